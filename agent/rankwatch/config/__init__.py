@@ -1,0 +1,1 @@
+"""Configuration: schema (defaults and docs) and the YAML loader that validates it."""

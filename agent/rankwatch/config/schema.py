@@ -1,0 +1,161 @@
+"""The configuration schema: every key, its type, its default and why it has that default.
+
+Each section is a dataclass; a field's ``metadata["doc"]`` is the one-line help that
+``rankwatch config show`` prints next to the key. Types the loader understands: bool,
+int, float, str, ``Duration`` (seconds, written ``30s``/``10m``/``2h``), ``Size`` (bytes,
+written ``512MiB``), ``X | None``, ``list[str]``, ``dict[str, str]``, ``Literal[...]`` and
+nested sections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, NewType
+
+Duration = NewType("Duration", float)
+Size = NewType("Size", int)
+
+LogFormat = Literal[
+    "auto", "hf", "lightning", "lightning_csv", "megatron", "deepspeed", "nanogpt", "torchtitan",
+    "json", "kv", "regex",
+]
+
+
+def opt(default: Any, doc: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
+def section(cls: type, doc: str) -> Any:
+    return field(default_factory=cls, metadata={"doc": doc})
+
+
+@dataclass
+class RunConfig:
+    name: str | None = opt(None, "run label; default: SLURM_JOB_ID, TORCHELASTIC_RUN_ID, else 'default'")
+    rank: int | None = opt(None, "global rank; default from SLURM_PROCID, RANK, OMPI_COMM_WORLD_RANK, PMI_RANK")
+    local_rank: int | None = opt(None, "local rank; default from SLURM_LOCALID, LOCAL_RANK, ...")
+    world_size: int | None = opt(None, "number of ranks; default from SLURM_NTASKS, WORLD_SIZE, ...")
+    node: str | None = opt(None, "node label; default: SLURMD_NODENAME or the host name")
+
+
+@dataclass
+class LogsConfig:
+    format: LogFormat = opt("auto", "log format; 'auto' sniffs the first lines")
+    regex: str | None = opt(
+        None,
+        "with format 'regex': a Python regex with named groups (step, loss, grad_norm, lr, ...)",
+    )
+    sniff_lines: int = opt(200, "how many parseable lines auto-detection looks at before deciding")
+    max_line_bytes: Size = opt(Size(1 << 20), "longer lines are cut here and counted (bounded memory)")
+    poll_interval: Duration = opt(Duration(0.25), "upper bound between two reads of a followed log")
+    encoding: str = opt("utf-8", "bytes that do not decode are replaced, never fatal")
+
+
+@dataclass
+class NanConfig:
+    enabled: bool = opt(True, "non-finite loss, grad norm, eval loss or loss scale")
+    zero_loss_min_prior: float = opt(
+        0.05, "a loss of exactly 0 after the median loss was above this is treated as NaN-filtered"
+    )
+    lookback_steps: int = opt(10, "steps before a NaN inspected to tell blow-up from bad batch")
+
+
+@dataclass
+class LossSpikeConfig:
+    enabled: bool = opt(True, "a single step's loss far above its recent mean")
+    factor: float = opt(2.0, "spike when loss > factor x rolling mean of the window")
+    window: int = opt(10, "logged steps in the rolling mean")
+    min_delta: float = opt(0.1, "and at least this absolute rise, so tiny losses do not fire")
+
+
+@dataclass
+class LossDivergenceConfig:
+    enabled: bool = opt(True, "a sustained rise of the loss, not a single spike")
+    window: int = opt(50, "logged steps per median window")
+    rise_ratio: float = opt(0.25, "diverging when the recent median is this far above the best median")
+    consecutive_windows: int = opt(2, "rise must hold over this many consecutive windows")
+
+
+@dataclass
+class LossPlateauConfig:
+    enabled: bool = opt(True, "loss stopped improving long after warmup")
+    window: int = opt(2000, "logged steps over which some improvement is expected")
+    min_improvement: float = opt(0.005, "relative improvement of the median below this is a plateau")
+
+
+@dataclass
+class OverfittingConfig:
+    enabled: bool = opt(True, "eval loss rising while train loss still falls")
+    eval_rise_ratio: float = opt(0.05, "eval loss this far above its minimum")
+    min_evals: int = opt(3, "evaluations needed before judging")
+    consecutive: int = opt(2, "evaluations in a row above the threshold")
+
+
+@dataclass
+class GradExplosionConfig:
+    enabled: bool = opt(True, "grad norm far above normal for several steps")
+    threshold: float = opt(10.0, "absolute grad-norm threshold")
+    factor: float = opt(10.0, "and this many times the post-warmup median")
+    consecutive: int = opt(3, "steps in a row above both")
+
+
+@dataclass
+class GradClippingConfig:
+    enabled: bool = opt(True, "pre-clip grad norm above max_grad_norm on most steps")
+    max_grad_norm: float = opt(1.0, "the run's clipping threshold (HF default 1.0)")
+    fraction: float = opt(0.9, "share of steps in the window that must exceed it")
+    window: int = opt(100, "logged steps judged")
+
+
+@dataclass
+class GradVanishingConfig:
+    enabled: bool = opt(True, "grad norm collapsed to ~0 for many steps")
+    threshold: float = opt(1e-6, "grad norm below this counts as vanished")
+    consecutive: int = opt(20, "steps in a row below it")
+
+
+@dataclass
+class LossScaleConfig:
+    enabled: bool = opt(True, "fp16 loss scaler shrinking again and again")
+    min_scale: float = opt(1.0, "a scale at or below this is a collapse")
+    max_overflows: int = opt(20, "overflow (skipped) steps within the window that count as a collapse")
+    window: int = opt(200, "steps the overflow count is taken over")
+
+
+@dataclass
+class ThroughputConfig:
+    enabled: bool = opt(True, "step time or tokens/s far worse than the learned baseline")
+    drop_ratio: float = opt(0.5, "throughput below this fraction of baseline is a drop")
+    baseline_steps: int = opt(20, "logged steps after warmup that form the baseline (median)")
+    consecutive: int = opt(5, "logged steps in a row below the threshold")
+
+
+@dataclass
+class RankLagConfig:
+    enabled: bool = opt(True, "one rank stopped or lags while others carry on")
+    min_lag_steps: int = opt(1, "steps behind the leading rank that count as lagging at the end")
+
+
+@dataclass
+class DetectorsConfig:
+    warmup_steps: int = opt(100, "steps ignored by statistical detectors (warmup, compile, first step)")
+    nan: NanConfig = section(NanConfig, "NaN / Inf detection")
+    loss_spike: LossSpikeConfig = section(LossSpikeConfig, "loss spikes")
+    loss_divergence: LossDivergenceConfig = section(LossDivergenceConfig, "sustained loss rise")
+    loss_plateau: LossPlateauConfig = section(LossPlateauConfig, "loss plateau")
+    overfitting: OverfittingConfig = section(OverfittingConfig, "eval rising while train falls")
+    grad_explosion: GradExplosionConfig = section(GradExplosionConfig, "gradient explosion")
+    grad_clipping: GradClippingConfig = section(GradClippingConfig, "clipping saturated")
+    grad_vanishing: GradVanishingConfig = section(GradVanishingConfig, "vanishing gradients")
+    loss_scale: LossScaleConfig = section(LossScaleConfig, "fp16 loss-scale collapse")
+    throughput: ThroughputConfig = section(ThroughputConfig, "throughput drop")
+    rank_lagging: RankLagConfig = section(RankLagConfig, "cross-rank lag")
+
+
+@dataclass
+class Config:
+    run: RunConfig = section(RunConfig, "identity of the run and this rank")
+    logs: LogsConfig = section(LogsConfig, "log following and parsing")
+    detectors: DetectorsConfig = section(DetectorsConfig, "thresholds of every detector")
