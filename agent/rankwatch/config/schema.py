@@ -16,8 +16,17 @@ Duration = NewType("Duration", float)
 Size = NewType("Size", int)
 
 LogFormat = Literal[
-    "auto", "hf", "lightning", "lightning_csv", "megatron", "deepspeed", "nanogpt", "torchtitan",
-    "json", "kv", "regex",
+    "auto",
+    "hf",
+    "lightning",
+    "lightning_csv",
+    "megatron",
+    "deepspeed",
+    "nanogpt",
+    "torchtitan",
+    "json",
+    "kv",
+    "regex",
 ]
 
 
@@ -34,7 +43,9 @@ def section(cls: type, doc: str) -> Any:
 @dataclass
 class RunConfig:
     name: str | None = opt(None, "run label; default: SLURM_JOB_ID, TORCHELASTIC_RUN_ID, else 'default'")
-    rank: int | None = opt(None, "global rank; default from SLURM_PROCID, RANK, OMPI_COMM_WORLD_RANK, PMI_RANK")
+    rank: int | None = opt(
+        None, "global rank; default from SLURM_PROCID, RANK, OMPI_COMM_WORLD_RANK, PMI_RANK"
+    )
     local_rank: int | None = opt(None, "local rank; default from SLURM_LOCALID, LOCAL_RANK, ...")
     world_size: int | None = opt(None, "number of ranks; default from SLURM_NTASKS, WORLD_SIZE, ...")
     node: str | None = opt(None, "node label; default: SLURMD_NODENAME or the host name")

@@ -1,0 +1,101 @@
+"""Shared pieces of the detectors: the interface and robust statistics.
+
+A detector is created once per rank and sees every record of that rank after it was
+added to the rank's state. It returns findings and does no I/O, so the live agent and
+``analyze`` run the very same code.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import ClassVar
+
+from rankwatch.records import Finding, Record, Severity
+from rankwatch.state import RankState
+
+
+class Detector:
+    kinds: ClassVar[tuple[str, ...]] = ()
+
+    def observe(self, state: RankState, record: Record) -> list[Finding]:
+        raise NotImplementedError
+
+    def finish(self, state: RankState) -> list[Finding]:
+        """Called once when a finished log is exhausted (analyze) or a rank ends."""
+        return []
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def mad(xs: Sequence[float]) -> float:
+    """Median absolute deviation: a spread that one wild value cannot inflate."""
+    if not xs:
+        return math.nan
+    m = statistics.median(xs)
+    return statistics.median([abs(x - m) for x in xs])
+
+
+def fmt(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    if not math.isfinite(x):
+        return str(x)
+    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
+        return f"{x:.3g}"
+    return f"{x:.4g}"
+
+
+def finding(
+    kind: str,
+    severity: Severity,
+    state: RankState,
+    message: str,
+    *,
+    record: Record | None = None,
+    step: int | None = None,
+    evidence: dict | None = None,
+    resolved: bool = False,
+) -> Finding:
+    line = getattr(record, "line", None) if record is not None else None
+    if step is None and record is not None:
+        step = getattr(record, "step", None)
+    t = getattr(record, "time", None) if record is not None else None
+    return Finding(
+        kind=kind,
+        severity=severity,
+        rank=state.rank,
+        message=message,
+        step=step,
+        line=line,
+        path=state.path,
+        time=t,
+        evidence=evidence or {},
+        resolved=resolved,
+    )
+
+
+class Episode:
+    """Open/closed bookkeeping so a lasting condition fires once and resolves once."""
+
+    __slots__ = ("active", "since_step")
+
+    def __init__(self) -> None:
+        self.active = False
+        self.since_step: int | None = None
+
+    def open(self, step: int | None) -> bool:
+        if self.active:
+            return False
+        self.active = True
+        self.since_step = step
+        return True
+
+    def close(self) -> bool:
+        if not self.active:
+            return False
+        self.active = False
+        return True

@@ -1,0 +1,118 @@
+"""Across ranks: name the rank that failed or stopped first.
+
+In synchronous training a rank that dies or hangs takes every peer down with it a
+collective later, and the peers' logs fill with NCCL timeouts that point nowhere. The
+useful answer is the rank whose own log holds the real error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rankwatch.config.schema import RankLagConfig
+from rankwatch.detectors.base import median
+from rankwatch.records import Finding, Severity
+from rankwatch.state import RankState
+
+PRIMARY = ("crash", "oom", "cuda_error", "xid")
+SECONDARY = ("nccl_timeout", "nccl_error")
+
+
+def _first_time(findings: Sequence[Finding], kinds: tuple[str, ...]) -> tuple[bool, float | None, int | None]:
+    hits = [f for f in findings if f.kind in kinds and not f.resolved]
+    if not hits:
+        return False, None, None
+    times = [f.time for f in hits if f.time is not None]
+    lines = [f.line for f in hits if f.line is not None]
+    return True, (min(times) if times else None), (min(lines) if lines else None)
+
+
+def _interval(state: RankState) -> int:
+    steps = [r.step for r in state.recent_records(50) if r.step is not None]
+    deltas = [b - a for a, b in zip(steps, steps[1:], strict=False) if b > a]
+    return int(median(deltas)) if deltas else 1
+
+
+def _label(ranks: Sequence[int | None]) -> str:
+    return ",".join(str(r) for r in ranks)
+
+
+def cross_rank(
+    states: Sequence[RankState], findings: dict[int | None, list[Finding]], cfg: RankLagConfig
+) -> list[Finding]:
+    if not cfg.enabled or len(states) < 2:
+        return []
+    out: dict[int | None, Finding] = {}
+    by_rank = {s.rank: s for s in states}
+
+    primary = {}
+    secondary = []
+    for s in states:
+        fs = findings.get(s.rank, [])
+        has_p, t_p, line_p = _first_time(fs, PRIMARY)
+        if has_p:
+            primary[s.rank] = (t_p, line_p)
+        if _first_time(fs, SECONDARY)[0]:
+            secondary.append(s.rank)
+
+    if primary and secondary:
+        timed = [(t, r) for r, (t, _) in primary.items() if t is not None]
+        culprit = min(timed)[1] if timed else sorted(primary, key=lambda r: (r is None, r))[0]
+        st = by_rank[culprit]
+        others = [r for r in secondary if r != culprit]
+        if others:
+            kinds = sorted({f.kind for f in findings.get(culprit, []) if f.kind in PRIMARY})
+            out[culprit] = Finding(
+                kind="rank_lagging",
+                severity=Severity.CRITICAL,
+                rank=culprit,
+                message=(
+                    f"rank {culprit} failed first ({', '.join(kinds)} at step {st.last_step}); the NCCL "
+                    f"timeouts/errors on rank(s) {_label(others)} are a consequence. The real traceback "
+                    f"is in rank {culprit}'s log ({st.path})."
+                ),
+                step=st.last_step,
+                line=primary[culprit][1],
+                path=st.path,
+            )
+
+    if len(secondary) >= 1 and not primary:
+        silent = [s.rank for s in states if s.rank not in secondary]
+        if len(silent) == 1 and len(secondary) >= len(states) - 1:
+            r = silent[0]
+            st = by_rank[r]
+            out[r] = Finding(
+                kind="rank_lagging",
+                severity=Severity.CRITICAL,
+                rank=r,
+                message=(
+                    f"rank {r} is the only rank without an NCCL timeout: it never reached the collective "
+                    f"the others waited in (ranks {_label(secondary)}), so it hung or died first (last "
+                    f"step {st.last_step}). Look at rank {r}'s log and stack ({st.path})."
+                ),
+                step=st.last_step,
+                path=st.path,
+            )
+
+    stepped = [s for s in states if s.last_step is not None]
+    if len(stepped) >= 2:
+        lead = max(stepped, key=lambda s: s.last_step or 0)
+        slack = max(cfg.min_lag_steps, _interval(lead))
+        lagging = [s for s in stepped if (s.last_step or 0) < (lead.last_step or 0) - slack]
+        if lagging and len(lagging) * 2 < len(stepped):
+            for s in lagging:
+                if s.rank in out:
+                    continue
+                out[s.rank] = Finding(
+                    kind="rank_lagging",
+                    severity=Severity.WARNING,
+                    rank=s.rank,
+                    message=(
+                        f"rank {s.rank} stopped at step {s.last_step} while rank {lead.rank} reached step "
+                        f"{lead.last_step}: it stopped or fell behind first. The real error, if any, is in "
+                        f"rank {s.rank}'s log ({s.path})."
+                    ),
+                    step=s.last_step,
+                    path=s.path,
+                )
+    return list(out.values())

@@ -1,0 +1,212 @@
+"""Gradient health: explosion, saturated clipping, vanishing, fp16 loss-scale collapse."""
+
+from __future__ import annotations
+
+from rankwatch.config.schema import (
+    GradClippingConfig,
+    GradExplosionConfig,
+    GradVanishingConfig,
+    LossScaleConfig,
+)
+from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
+from rankwatch.records import Finding, OverflowRecord, Record, Severity, StepRecord
+from rankwatch.state import RankState, finite
+
+
+class GradExplosionDetector(Detector):
+    """Grad norm above an absolute threshold *and* far above its own post-warmup median.
+
+    The relative test keeps runs whose healthy grad norm is simply large silent.
+    """
+
+    kinds = ("grad_explosion",)
+
+    def __init__(self, cfg: GradExplosionConfig, warmup_steps: int) -> None:
+        self.cfg = cfg
+        self.warmup = warmup_steps
+        self.run: list[tuple[int | None, float]] = []
+        self.baseline: list[float] = []
+        self.episode = Episode()
+
+    def observe(self, state: RankState, record: Record) -> list[Finding]:
+        if not self.cfg.enabled or not isinstance(record, StepRecord) or record.grad_norm is None:
+            return []
+        if state.position(record) <= self.warmup or not finite(record.grad_norm):
+            return []
+        g = float(record.grad_norm)
+        base = median(self.baseline) if len(self.baseline) >= 5 else None
+        high = g > self.cfg.threshold and (base is None or g > self.cfg.factor * base)
+        if not high:
+            self.run.clear()
+            if len(self.baseline) < 500:
+                self.baseline.append(g)
+            if self.episode.close():
+                return [
+                    finding(
+                        "grad_explosion",
+                        Severity.WARNING,
+                        state,
+                        f"grad norm back to {fmt(g)}",
+                        record=record,
+                        resolved=True,
+                    )
+                ]
+            return []
+        self.run.append((record.step, g))
+        if len(self.run) >= self.cfg.consecutive and self.episode.open(record.step):
+            vals = ", ".join(f"{s}: {fmt(v)}" for s, v in self.run[-8:])
+            return [
+                finding(
+                    "grad_explosion",
+                    Severity.WARNING,
+                    state,
+                    f"gradient explosion: grad norm above {fmt(self.cfg.threshold)}"
+                    + (f" and {fmt(self.cfg.factor)}x its median {fmt(base)}" if base else "")
+                    + f" for {len(self.run)} steps ({vals}). A NaN often follows. Usual fix: lower the "
+                    "LR, enable/tighten gradient clipping, check for a bad batch, prefer bf16.",
+                    record=record,
+                    evidence={"grad_norms": self.run[-16:], "baseline_median": base},
+                )
+            ]
+        return []
+
+
+class GradClippingDetector(Detector):
+    kinds = ("grad_clipping_saturated",)
+
+    def __init__(self, cfg: GradClippingConfig, warmup_steps: int) -> None:
+        self.cfg = cfg
+        self.warmup = warmup_steps
+        self.seen = 0
+        self.episode = Episode()
+
+    def observe(self, state: RankState, record: Record) -> list[Finding]:
+        if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.grad_norm):
+            return []
+        if state.position(record) <= self.warmup:
+            return []
+        self.seen += 1
+        w = self.cfg.window
+        if self.seen < w:
+            return []
+        grads = state.recent("grad_norm", w)
+        share = sum(g > self.cfg.max_grad_norm for g in grads) / len(grads)
+        if share >= self.cfg.fraction:
+            if self.episode.open(record.step):
+                return [
+                    finding(
+                        "grad_clipping_saturated",
+                        Severity.INFO,
+                        state,
+                        f"gradient clipping saturated: the pre-clip grad norm exceeded max_grad_norm "
+                        f"{fmt(self.cfg.max_grad_norm)} on {share * 100:.0f}% of the last {len(grads)} "
+                        f"logged steps (median {fmt(median(grads))}), so every update is rescaled. The "
+                        "learning rate is likely too high; lower it or raise max_grad_norm.",
+                        record=record,
+                        evidence={"share": share, "median_grad_norm": median(grads)},
+                    )
+                ]
+        elif share < self.cfg.fraction / 2 and self.episode.close():
+            return [
+                finding(
+                    "grad_clipping_saturated",
+                    Severity.INFO,
+                    state,
+                    "clipping no longer saturated",
+                    record=record,
+                    resolved=True,
+                )
+            ]
+        return []
+
+
+class GradVanishingDetector(Detector):
+    kinds = ("grad_vanishing",)
+
+    def __init__(self, cfg: GradVanishingConfig, warmup_steps: int) -> None:
+        self.cfg = cfg
+        self.warmup = warmup_steps
+        self.low = 0
+        self.episode = Episode()
+
+    def observe(self, state: RankState, record: Record) -> list[Finding]:
+        if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.grad_norm):
+            return []
+        if state.position(record) <= self.warmup:
+            return []
+        if record.grad_norm < self.cfg.threshold:  # type: ignore[operator]
+            self.low += 1
+        else:
+            self.low = 0
+            if self.episode.close():
+                return [
+                    finding(
+                        "grad_vanishing",
+                        Severity.WARNING,
+                        state,
+                        "grad norm recovered",
+                        record=record,
+                        resolved=True,
+                    )
+                ]
+        if self.low >= self.cfg.consecutive and self.episode.open(record.step):
+            return [
+                finding(
+                    "grad_vanishing",
+                    Severity.WARNING,
+                    state,
+                    f"vanishing gradients: grad norm below {fmt(self.cfg.threshold)} for {self.low} logged "
+                    f"steps (now {fmt(record.grad_norm)}); the model has stopped learning. Usual causes: "
+                    "LR decayed to ~0, frozen parameters, dead activations, or an fp16 underflow.",
+                    record=record,
+                    evidence={"grad_norm": record.grad_norm, "steps_below": self.low},
+                )
+            ]
+        return []
+
+
+class LossScaleDetector(Detector):
+    """fp16 dynamic loss scaling that keeps shrinking: every overflow is a skipped step."""
+
+    kinds = ("loss_scale_collapse",)
+
+    def __init__(self, cfg: LossScaleConfig, warmup_steps: int) -> None:
+        self.cfg = cfg
+        self.episode = Episode()
+
+    def observe(self, state: RankState, record: Record) -> list[Finding]:
+        if not self.cfg.enabled or not isinstance(record, (StepRecord, OverflowRecord)):
+            return []
+        scale = record.loss_scale if isinstance(record, StepRecord) else record.new_scale
+        if isinstance(record, StepRecord) and not record.skipped_iters:
+            if finite(scale) and scale > self.cfg.min_scale * 4 and self.episode.close():  # type: ignore[operator]
+                return [
+                    finding(
+                        "loss_scale_collapse",
+                        Severity.WARNING,
+                        state,
+                        f"loss scale recovered to {fmt(scale)}",
+                        record=record,
+                        resolved=True,
+                    )
+                ]
+            if scale is None:
+                return []
+        now = state.position()
+        recent = [s for s in state.overflows if s > now - self.cfg.window]
+        collapsed = finite(scale) and scale <= self.cfg.min_scale  # type: ignore[operator]
+        if (collapsed or len(recent) >= self.cfg.max_overflows) and self.episode.open(now):
+            return [
+                finding(
+                    "loss_scale_collapse",
+                    Severity.WARNING,
+                    state,
+                    f"fp16 loss scale collapsing: scale {fmt(scale)}, {len(recent)} overflow/skipped steps "
+                    f"in the last {self.cfg.window} steps. The model is producing inf/NaN gradients; "
+                    "switch to bf16, lower the LR, or check for a bad batch.",
+                    record=record,
+                    step=now,
+                    evidence={"loss_scale": scale, "overflows_in_window": len(recent)},
+                )
+            ]
+        return []

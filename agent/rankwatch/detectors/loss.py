@@ -1,0 +1,333 @@
+"""The "loss is wrong" family: NaN, spikes, divergence, plateau, overfitting."""
+
+from __future__ import annotations
+
+import math
+
+from rankwatch.config.schema import (
+    LossDivergenceConfig,
+    LossPlateauConfig,
+    LossSpikeConfig,
+    NanConfig,
+    OverfittingConfig,
+)
+from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
+from rankwatch.records import EvalRecord, Finding, Record, Severity, StepRecord
+from rankwatch.state import RankState, finite
+
+
+def _nonfinite(x: float | None) -> bool:
+    return x is not None and not math.isfinite(x)
+
+
+class NanDetector(Detector):
+    """Non-finite loss, grad norm, eval loss or loss scale.
+
+    Hugging Face's ``logging_nan_inf_filter`` drops NaN losses from the logged mean, so a
+    poisoned run may print ``loss 0`` beside ``grad_norm nan``: a loss that drops to exactly
+    zero from a normal level counts too. Under fp16 loss scaling an isolated inf grad norm
+    is an overflow the scaler skips, so there it takes a few in a row.
+    """
+
+    kinds = ("nan_loss",)
+
+    def __init__(self, cfg: NanConfig, warmup_steps: int) -> None:
+        self.cfg = cfg
+        self.episode = Episode()
+        self.bad_grads = 0
+
+    def observe(self, state: RankState, record: Record) -> list[Finding]:
+        if not self.cfg.enabled:
+            return []
+        if isinstance(record, EvalRecord):
+            if _nonfinite(record.eval_loss):
+                return self._fire(state, record, f"eval loss is {record.eval_loss}")
+            return []
+        if not isinstance(record, StepRecord):
+            return []
+        reasons: list[str] = []
+        if _nonfinite(record.loss):
+            reasons.append(f"loss is {record.loss}")
+        if _nonfinite(record.loss_scale):
+            reasons.append(f"loss scale is {record.loss_scale}")
+        if _nonfinite(record.grad_norm):
+            self.bad_grads += 1
+            needed = 3 if state.fp16_evidence else 1
+            if self.bad_grads >= needed or reasons or record.loss == 0:
+                reasons.append(f"grad norm is {record.grad_norm}")
+        else:
+            self.bad_grads = 0
+        if record.loss == 0 and not reasons:
+            prior = state.recent("loss", 20)[:-1]
+            if len(prior) >= 3 and median(prior) > self.cfg.zero_loss_min_prior:
+                reasons.append(
+                    f"loss fell to exactly 0 from a median of {fmt(median(prior))} "
+                    "(NaN losses filtered out of the logged mean, e.g. HF logging_nan_inf_filter)"
+                )
+        if reasons:
+            return self._fire(state, record, " and ".join(reasons))
+        if finite(record.loss) and record.loss != 0 and self.episode.close():
+            return [
+                finding(
+                    "nan_loss",
+                    Severity.CRITICAL,
+                    state,
+                    f"loss is finite again at step {record.step}",
+                    record=record,
+                    resolved=True,
+                )
+            ]
+        return []
+
+    def _story(self, state: RankState) -> tuple[str, dict]:
+        n = self.cfg.lookback_steps
+        grads = [r.grad_norm for r in state.recent_records(n + 1)[:-1] if r.grad_norm is not None]
+        history = state.recent("grad_norm", 200)
+        base = median(history[: max(0, len(history) - n)]) if len(history) > n else math.nan
+        evidence = {"grad_norm_before": grads, "grad_norm_baseline": base}
+        finite_grads = [g for g in grads if math.isfinite(g)]
+        if finite_grads and math.isfinite(base) and base > 0 and max(finite_grads) > 5 * base:
+            return (
+                f"Grad norm climbed before it ({', '.join(fmt(g) for g in grads[-5:])} vs a median of "
+                f"{fmt(base)}): an optimisation blow-up. Usual fix: lower the LR or lengthen warmup, "
+                "check gradient clipping, prefer bf16 over fp16; resume from the last good checkpoint.",
+                evidence,
+            )
+        if finite_grads:
+            return (
+                f"Grad norm was flat before it ({', '.join(fmt(g) for g in grads[-5:])}): points to a bad "
+                "sample or a numerics bug at this step. Usual fix: inspect the batch at this step "
+                "(skip it on resume), look for log(0)/division by zero or an overflow in fp16.",
+                evidence,
+            )
+        return (
+            "Usual fix: resume from the last good checkpoint with a lower LR, check the batch at this "
+            "step, prefer bf16 over fp16.",
+            evidence,
+        )
+
+    def _fire(self, state: RankState, record: StepRecord | EvalRecord, what: str) -> list[Finding]:
+        if not self.episode.open(record.step):
+            return []
+        story, evidence = self._story(state)
+        where = f"step {record.step}" if record.step is not None else "an unknown step"
+        first = "eval at " if isinstance(record, EvalRecord) else ""
+        return [
+            finding(
+                "nan_loss",
+                Severity.CRITICAL,
+                state,
+                f"NaN/Inf at {first}{where}: {what}. {story}",
+                record=record,
+                evidence=evidence,
+            )
+        ]
+
+
+class LossSpikeDetector(Detector):
+    kinds = ("loss_spike",)
+
+    def __init__(self, cfg: LossSpikeConfig, warmup_steps: int) -> None:
+        self.cfg = cfg
+        self.warmup = warmup_steps
+        self.quiet_until = -1
+
+    def observe(self, state: RankState, record: Record) -> list[Finding]:
+        if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.loss):
+            return []
+        step = state.position(record)
+        if step <= self.warmup or step <= self.quiet_until:
+            return []
+        window = state.recent("loss", self.cfg.window + 1)[:-1]
+        if len(window) < self.cfg.window:
+            return []
+        mean = sum(window) / len(window)
+        loss = float(record.loss)  # type: ignore[arg-type]
+        if mean > 0 and loss > self.cfg.factor * mean and loss - mean >= self.cfg.min_delta:
+            self.quiet_until = step + self.cfg.window
+            return [
+                finding(
+                    "loss_spike",
+                    Severity.WARNING,
+                    state,
+                    f"loss spiked to {fmt(loss)} at step {record.step}, {loss / mean:.1f}x the mean "
+                    f"{fmt(mean)} of the previous {len(window)} logged steps. One spike that recovers "
+                    "is survivable; repeated spikes usually mean the LR is too high or a bad batch: "
+                    "check the data at this step, lower the LR or tighten clipping.",
+                    record=record,
+                    evidence={"loss": loss, "baseline_mean": mean, "window": window},
+                )
+            ]
+        return []
+
+
+class LossDivergenceDetector(Detector):
+    """A sustained rise of the median loss over whole windows, immune to single spikes."""
+
+    kinds = ("loss_divergence",)
+
+    def __init__(self, cfg: LossDivergenceConfig, warmup_steps: int) -> None:
+        self.cfg = cfg
+        self.warmup = warmup_steps
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.rising = 0
+        self.seen = 0
+        self.episode = Episode()
+
+    def observe(self, state: RankState, record: Record) -> list[Finding]:
+        if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.loss):
+            return []
+        if state.position(record) <= self.warmup:
+            return []
+        self.seen += 1
+        w = self.cfg.window
+        if self.seen < w or self.seen % max(1, w // 2):
+            return []
+        cur = median(state.recent("loss", w))
+        if self.best is None or cur < self.best:
+            self.best, self.best_step = cur, record.step
+        if self.best > 0 and cur > self.best * (1 + self.cfg.rise_ratio):
+            self.rising += 1
+        else:
+            self.rising = 0
+            if self.episode.close():
+                return [
+                    finding(
+                        "loss_divergence",
+                        Severity.WARNING,
+                        state,
+                        f"loss back near its best (median {fmt(cur)})",
+                        record=record,
+                        resolved=True,
+                    )
+                ]
+        if self.rising >= self.cfg.consecutive_windows and self.episode.open(record.step):
+            return [
+                finding(
+                    "loss_divergence",
+                    Severity.WARNING,
+                    state,
+                    f"loss is diverging: median of the last {w} logged steps is {fmt(cur)}, "
+                    f"{(cur / self.best - 1) * 100:.0f}% above its best median {fmt(self.best)} "
+                    f"(around step {self.best_step}). Usual fix: lower the LR or lengthen warmup, "
+                    "check clipping; resume from a checkpoint before the rise.",
+                    record=record,
+                    evidence={"median": cur, "best_median": self.best, "best_step": self.best_step},
+                )
+            ]
+        return []
+
+
+class LossPlateauDetector(Detector):
+    """No meaningful improvement over a long window. Info only: converged runs plateau too."""
+
+    kinds = ("loss_plateau",)
+
+    def __init__(self, cfg: LossPlateauConfig, warmup_steps: int) -> None:
+        self.cfg = cfg
+        self.warmup = warmup_steps
+        self.seen = 0
+        self.episode = Episode()
+
+    def observe(self, state: RankState, record: Record) -> list[Finding]:
+        if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.loss):
+            return []
+        if state.position(record) <= self.warmup:
+            return []
+        self.seen += 1
+        w = self.cfg.window
+        if self.seen < w or self.seen % max(1, w // 10):
+            return []
+        losses = state.recent("loss", w)
+        if len(losses) < w:
+            return []
+        q = max(1, w // 5)
+        old, new = median(losses[:q]), median(losses[-q:])
+        if old <= 0:
+            return []
+        gain = (old - new) / old
+        if gain < self.cfg.min_improvement:
+            if self.episode.open(record.step):
+                return [
+                    finding(
+                        "loss_plateau",
+                        Severity.INFO,
+                        state,
+                        f"loss has plateaued: median {fmt(new)} now vs {fmt(old)} {w} logged steps ago "
+                        f"({gain * 100:.2f}% improvement). If this is not convergence, try a higher LR "
+                        "or a schedule change; otherwise consider stopping early.",
+                        record=record,
+                        evidence={"old_median": old, "new_median": new, "window": w},
+                    )
+                ]
+        elif self.episode.close():
+            return [
+                finding(
+                    "loss_plateau", Severity.INFO, state, "loss improving again", record=record, resolved=True
+                )
+            ]
+        return []
+
+
+class OverfittingDetector(Detector):
+    kinds = ("overfitting",)
+
+    def __init__(self, cfg: OverfittingConfig, warmup_steps: int) -> None:
+        self.cfg = cfg
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.train_at_best: float | None = None
+        self.above = 0
+        self.count = 0
+        self.episode = Episode()
+
+    def observe(self, state: RankState, record: Record) -> list[Finding]:
+        if not self.cfg.enabled or not isinstance(record, EvalRecord) or not finite(record.eval_loss):
+            return []
+        ev = float(record.eval_loss)  # type: ignore[arg-type]
+        self.count += 1
+        train = state.recent("loss", 20)
+        train_now = median(train) if train else None
+        if self.best is None or ev < self.best:
+            self.best, self.best_step, self.train_at_best = ev, record.step, train_now
+            self.above = 0
+            if self.episode.close():
+                return [
+                    finding(
+                        "overfitting",
+                        Severity.WARNING,
+                        state,
+                        f"eval loss at a new best {fmt(ev)}",
+                        record=record,
+                        resolved=True,
+                    )
+                ]
+            return []
+        if ev > self.best * (1 + self.cfg.eval_rise_ratio):
+            self.above += 1
+        else:
+            self.above = 0
+        train_falling = (
+            train_now is not None and self.train_at_best is not None and train_now < self.train_at_best
+        )
+        if (
+            self.count >= self.cfg.min_evals
+            and self.above >= self.cfg.consecutive
+            and train_falling
+            and self.episode.open(record.step)
+        ):
+            return [
+                finding(
+                    "overfitting",
+                    Severity.WARNING,
+                    state,
+                    f"overfitting: eval loss {fmt(ev)} is {(ev / self.best - 1) * 100:.1f}% above its best "
+                    f"{fmt(self.best)} (step {self.best_step}) while train loss kept falling "
+                    f"({fmt(self.train_at_best)} -> {fmt(train_now)}). Usual fix: keep the checkpoint "
+                    "from the best eval, add regularisation or data, or stop early.",
+                    record=record,
+                    evidence={"eval_loss": ev, "best_eval": self.best, "best_step": self.best_step},
+                )
+            ]
+        return []

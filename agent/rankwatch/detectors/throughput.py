@@ -1,0 +1,96 @@
+"""The "too slow" family as seen in the log: throughput against a learned baseline."""
+
+from __future__ import annotations
+
+from rankwatch.config.schema import ThroughputConfig
+from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
+from rankwatch.records import Finding, Record, Severity, StepRecord
+from rankwatch.state import RankState, finite
+
+
+def _rate(rec: StepRecord, prev: StepRecord | None) -> tuple[str, float] | None:
+    """A higher-is-better throughput figure, preferring what the framework printed."""
+    if finite(rec.tokens_per_s) and rec.tokens_per_s > 0:  # type: ignore[operator]
+        return "tokens/s", float(rec.tokens_per_s)  # type: ignore[arg-type]
+    if finite(rec.samples_per_s) and rec.samples_per_s > 0:  # type: ignore[operator]
+        return "samples/s", float(rec.samples_per_s)  # type: ignore[arg-type]
+    if finite(rec.step_time_s) and rec.step_time_s > 0:  # type: ignore[operator]
+        return "steps/s", 1.0 / rec.step_time_s  # type: ignore[operator]
+    if (
+        prev is not None
+        and rec.time is not None
+        and prev.time is not None
+        and rec.step is not None
+        and prev.step is not None
+        and rec.step > prev.step
+        and rec.time > prev.time
+    ):
+        return "steps/s", (rec.step - prev.step) / (rec.time - prev.time)
+    return None
+
+
+class ThroughputDetector(Detector):
+    """Baseline = median of the first logged steps after warmup, so a slow first step
+    (load, compile) never sets it; a drop must hold for several steps to count."""
+
+    kinds = ("throughput_drop",)
+
+    def __init__(self, cfg: ThroughputConfig, warmup_steps: int) -> None:
+        self.cfg = cfg
+        self.warmup = warmup_steps
+        self.unit: str | None = None
+        self.samples: list[float] = []
+        self.baseline: float | None = None
+        self.low: list[tuple[int | None, float]] = []
+        self.prev: StepRecord | None = None
+        self.episode = Episode()
+
+    def observe(self, state: RankState, record: Record) -> list[Finding]:
+        if not self.cfg.enabled or not isinstance(record, StepRecord):
+            return []
+        prev, self.prev = self.prev, record
+        got = _rate(record, prev)
+        if got is None or state.position(record) <= self.warmup:
+            return []
+        unit, value = got
+        if self.unit is None:
+            self.unit = unit
+        elif unit != self.unit:
+            return []
+        if self.baseline is None:
+            self.samples.append(value)
+            if len(self.samples) >= self.cfg.baseline_steps:
+                self.baseline = median(self.samples)
+            return []
+        if value < self.cfg.drop_ratio * self.baseline:
+            self.low.append((record.step, value))
+        else:
+            self.low.clear()
+            if value >= 0.8 * self.baseline and self.episode.close():
+                return [
+                    finding(
+                        "throughput_drop",
+                        Severity.WARNING,
+                        state,
+                        f"throughput recovered: {fmt(value)} {unit}",
+                        record=record,
+                        resolved=True,
+                    )
+                ]
+        if len(self.low) >= self.cfg.consecutive and self.episode.open(record.step):
+            cur = median([v for _, v in self.low])
+            return [
+                finding(
+                    "throughput_drop",
+                    Severity.WARNING,
+                    state,
+                    f"throughput dropped to {fmt(cur)} {unit}, {cur / self.baseline * 100:.0f}% of its "
+                    f"baseline {fmt(self.baseline)} {unit} for {len(self.low)} logged steps since step "
+                    f"{self.low[0][0]}. Usual causes: a straggler GPU (thermal/power throttling), a slow "
+                    "data loader or filesystem, another job on the node, or a network degradation.",
+                    record=record,
+                    step=self.low[0][0],
+                    evidence={"baseline": self.baseline, "current": cur, "unit": unit},
+                )
+            ]
+        return []

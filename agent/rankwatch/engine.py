@@ -1,0 +1,52 @@
+"""One rank's pipeline stage between sources and actions: state plus its detectors.
+
+Shared by the live agent and ``analyze``. A detector that raises is disabled for that
+record only, logged once and counted; the others keep running.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rankwatch.config.schema import DetectorsConfig
+from rankwatch.detectors import Detector, build_detectors
+from rankwatch.records import Finding, Record
+from rankwatch.state import RankState
+
+log = logging.getLogger("rankwatch.engine")
+
+
+class RankEngine:
+    def __init__(self, cfg: DetectorsConfig, rank: int | None, path: str | None = None) -> None:
+        self.state = RankState(rank=rank, path=path)
+        self.detectors: list[Detector] = build_detectors(cfg)
+        self.internal_errors = 0
+        self._logged: set[str] = set()
+
+    def feed(self, record: Record) -> list[Finding]:
+        self.state.add(record)
+        out: list[Finding] = []
+        for det in self.detectors:
+            try:
+                out.extend(det.observe(self.state, record))
+            except Exception:
+                self._failed(det)
+        return out
+
+    def finish(self) -> list[Finding]:
+        out: list[Finding] = []
+        for det in self.detectors:
+            try:
+                out.extend(det.finish(self.state))
+            except Exception:
+                self._failed(det)
+        return out
+
+    def _failed(self, det: Detector) -> None:
+        self.internal_errors += 1
+        name = type(det).__name__
+        if name not in self._logged:
+            self._logged.add(name)
+            log.exception(
+                "detector %s failed on rank %s (further failures counted only)", name, self.state.rank
+            )

@@ -1,0 +1,92 @@
+"""Per-rank rolling windows: the only mutable state detectors look at.
+
+Windows are bounded deques so a week-long run costs the same memory as an hour-long
+one. Detectors read from here and keep only their own episode bookkeeping.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from rankwatch.records import ErrorRecord, EvalRecord, OverflowRecord, Record, StepRecord
+
+HISTORY = 4096
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+@dataclass
+class RankState:
+    rank: int | None
+    path: str | None = None
+    steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    evals: deque[EvalRecord] = field(default_factory=lambda: deque(maxlen=512))
+    overflows: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY))  # step of each overflow
+    errors: deque[ErrorRecord] = field(default_factory=lambda: deque(maxlen=256))
+    step_count: int = 0
+    last_step: int | None = None
+    total_steps: int | None = None
+    first_time: float | None = None
+    last_time: float | None = None
+    last_progress_time: float | None = None
+    fp16_evidence: bool = False
+
+    def position(self, rec: StepRecord | None = None) -> int:
+        """Step number where the log gives one, else the count of logged steps."""
+        if rec is not None and rec.step is not None:
+            return rec.step
+        if self.last_step is not None:
+            return self.last_step
+        return self.step_count
+
+    def add(self, record: Record) -> None:
+        if isinstance(record, StepRecord):
+            if record.step is None:
+                record.step = (self.last_step + 1) if self.last_step is not None else self.step_count + 1
+                record.step_inferred = True
+            self.steps.append(record)
+            self.step_count += 1
+            if self.last_step is None or record.step > self.last_step:
+                self.last_step = record.step
+                if record.time is not None:
+                    self.last_progress_time = record.time
+            if record.total_steps is not None:
+                self.total_steps = record.total_steps
+            if record.loss_scale is not None:
+                self.fp16_evidence = True
+            if record.skipped_iters:
+                self.overflows.extend([record.step] * min(record.skipped_iters, 1000))
+        elif isinstance(record, EvalRecord):
+            if record.step is None:
+                record.step = self.last_step
+            self.evals.append(record)
+        elif isinstance(record, OverflowRecord):
+            self.fp16_evidence = True
+            self.overflows.append(record.step if record.step is not None else self.position())
+        elif isinstance(record, ErrorRecord):
+            self.errors.append(record)
+        t = record.time
+        if t is not None:
+            if self.first_time is None:
+                self.first_time = t
+            self.last_time = t
+
+    def recent(self, attr: str, n: int) -> list[float]:
+        """Last ``n`` finite values of a StepRecord field, oldest first."""
+        out: list[float] = []
+        for rec in reversed(self.steps):
+            v = getattr(rec, attr)
+            if finite(v):
+                out.append(v)
+                if len(out) >= n:
+                    break
+        out.reverse()
+        return out
+
+    def recent_records(self, n: int) -> list[StepRecord]:
+        k = min(n, len(self.steps))
+        return [self.steps[i] for i in range(len(self.steps) - k, len(self.steps))]

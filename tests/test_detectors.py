@@ -1,0 +1,274 @@
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from rankwatch.config.schema import DetectorsConfig, RankLagConfig
+from rankwatch.detectors.crossrank import cross_rank
+from rankwatch.engine import RankEngine
+from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Severity, StepRecord
+
+
+def healthy(step: int, rng: random.Random) -> StepRecord:
+    loss = 2.0 + 8.0 * math.exp(-step / 300) + rng.gauss(0, 0.03)
+    grad = (8.0 if step < 40 else 0.6) * (1 + rng.gauss(0, 0.15))
+    tps = 12000.0 * (1 + rng.gauss(0, 0.02)) if step > 1 else 800.0
+    lr = 3e-4 * min(1.0, step / 100)
+    return StepRecord(
+        step=step,
+        total_steps=5000,
+        loss=loss,
+        grad_norm=abs(grad),
+        learning_rate=lr,
+        tokens_per_s=tps,
+        line=step,
+    )
+
+
+def run(records, cfg: DetectorsConfig | None = None) -> list[Finding]:
+    eng = RankEngine(cfg or DetectorsConfig(), rank=0, path="rank-0.log")
+    out: list[Finding] = []
+    for r in records:
+        out.extend(eng.feed(r))
+    out.extend(eng.finish())
+    assert eng.internal_errors == 0
+    return out
+
+
+def alarms(fs: list[Finding]) -> list[Finding]:
+    return [f for f in fs if f.severity >= Severity.WARNING and not f.resolved]
+
+
+def healthy_run(n: int = 3000, seed: int = 1) -> list:
+    rng = random.Random(seed)
+    recs: list = []
+    for s in range(1, n + 1):
+        recs.append(healthy(s, rng))
+        if s % 250 == 0:
+            ev = 2.1 + 7.0 * math.exp(-s / 300) + rng.gauss(0, 0.02)
+            recs.append(EvalRecord(eval_loss=ev, step=s, line=s))
+    return recs
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_healthy_run_is_silent(seed: int) -> None:
+    assert alarms(run(healthy_run(seed=seed))) == []
+
+
+def test_eval_noise_of_a_few_percent_is_silent() -> None:
+    rng = random.Random(5)
+    recs: list = [healthy(s, rng) for s in range(1, 400)]
+    for i, s in enumerate(range(400, 2000, 100)):
+        recs.extend(healthy(x, rng) for x in range(s, s + 100))
+        recs.append(EvalRecord(eval_loss=2.0 * (1.03 if i % 2 else 0.99), step=s + 99))
+    assert alarms(run(recs)) == []
+
+
+def test_nan_after_grad_blowup_tells_the_blowup_story() -> None:
+    rng = random.Random(0)
+    recs = [healthy(s, rng) for s in range(1, 500)]
+    for i, s in enumerate(range(500, 505)):
+        recs.append(StepRecord(step=s, loss=2.5 + i, grad_norm=10.0 * 3**i, line=s))
+    recs.append(StepRecord(step=505, loss=math.nan, grad_norm=math.nan, line=505))
+    recs.extend(StepRecord(step=s, loss=math.nan, grad_norm=math.nan) for s in range(506, 520))
+    fs = [f for f in run(recs) if f.kind == "nan_loss"]
+    assert len(fs) == 1
+    f = fs[0]
+    assert f.severity is Severity.CRITICAL and f.step == 505 and f.line == 505
+    assert "blow-up" in f.message and "lower the LR" in f.message
+    ge = [x for x in run(recs) if x.kind == "grad_explosion"]
+    assert ge and ge[0].step < 505
+
+
+def test_nan_out_of_flat_grad_norm_tells_the_bad_batch_story() -> None:
+    rng = random.Random(0)
+    recs = [healthy(s, rng) for s in range(1, 300)]
+    recs.append(StepRecord(step=300, loss=math.inf, grad_norm=0.6))
+    f = next(f for f in run(recs) if f.kind == "nan_loss")
+    assert f.step == 300
+    assert "bad sample" in f.message and "batch at this step" in f.message
+
+
+def test_hf_nan_filter_zero_loss_and_nan_grad() -> None:
+    recs = [StepRecord(loss=2.0 - i * 0.01, grad_norm=0.8) for i in range(10)]
+    recs.append(StepRecord(loss=0.0, grad_norm=math.nan))
+    fs = run(recs)
+    nan = [f for f in fs if f.kind == "nan_loss"]
+    assert len(nan) == 1 and nan[0].step == 11
+
+
+def test_zero_loss_alone_from_normal_level() -> None:
+    recs = [StepRecord(step=i, loss=1.5) for i in range(1, 10)] + [StepRecord(step=10, loss=0.0)]
+    assert [f.step for f in run(recs) if f.kind == "nan_loss"] == [10]
+
+
+def test_nan_eval_loss() -> None:
+    recs = [StepRecord(step=1, loss=2.0), EvalRecord(eval_loss=math.nan, step=1)]
+    assert [f.kind for f in alarms(run(recs))] == ["nan_loss"]
+
+
+def test_isolated_inf_grad_under_fp16_is_an_overflow_not_nan() -> None:
+    recs = [StepRecord(step=s, loss=2.0, grad_norm=0.5, loss_scale=65536.0) for s in range(1, 200)]
+    recs.append(StepRecord(step=200, loss=2.0, grad_norm=math.inf, loss_scale=32768.0))
+    recs.extend(StepRecord(step=s, loss=2.0, grad_norm=0.5, loss_scale=32768.0) for s in range(201, 210))
+    assert [f for f in run(recs) if f.kind == "nan_loss"] == []
+
+
+def test_nan_resolves_when_loss_is_finite_again() -> None:
+    recs = [StepRecord(step=1, loss=2.0), StepRecord(step=2, loss=math.nan), StepRecord(step=3, loss=2.0)]
+    fs = [f for f in run(recs) if f.kind == "nan_loss"]
+    assert [f.resolved for f in fs] == [False, True]
+
+
+def test_loss_spike_fires_once_and_single_noise_does_not() -> None:
+    rng = random.Random(3)
+    recs = [healthy(s, rng) for s in range(1, 600)]
+    base = recs[-1].loss
+    recs.append(StepRecord(step=600, loss=base * 3, grad_norm=0.6))
+    recs.extend(healthy(s, rng) for s in range(601, 700))
+    fs = [f for f in run(recs) if f.kind == "loss_spike"]
+    assert [f.step for f in fs] == [600]
+    assert "3.0x" in fs[0].message or "2.9x" in fs[0].message
+
+
+def test_loss_spike_ignored_during_warmup() -> None:
+    recs = [StepRecord(step=s, loss=5.0) for s in range(1, 50)] + [StepRecord(step=50, loss=20.0)]
+    assert [f for f in run(recs) if f.kind == "loss_spike"] == []
+
+
+def test_divergence() -> None:
+    rng = random.Random(4)
+    recs = [healthy(s, rng) for s in range(1, 800)]
+    lvl = recs[-1].loss
+    recs.extend(StepRecord(step=s, loss=lvl * (1 + (s - 800) / 150), grad_norm=1.0) for s in range(800, 1100))
+    fs = [f for f in run(recs) if f.kind == "loss_divergence" and not f.resolved]
+    assert len(fs) == 1 and fs[0].severity is Severity.WARNING and 800 < fs[0].step < 1100
+
+
+def test_plateau_is_info_only() -> None:
+    cfg = DetectorsConfig()
+    cfg.loss_plateau.window = 200
+    rng = random.Random(1)
+    recs = [StepRecord(step=s, loss=3.0 + rng.gauss(0, 0.01)) for s in range(1, 800)]
+    fs = [f for f in run(recs, cfg) if f.kind == "loss_plateau"]
+    assert len(fs) == 1 and fs[0].severity is Severity.INFO
+
+
+def test_overfitting() -> None:
+    recs: list = []
+    evals = [2.0, 1.8, 1.7, 1.75, 1.82, 1.9]
+    for i, ev in enumerate(evals):
+        recs.extend(StepRecord(step=i * 100 + k, loss=2.0 - 0.002 * (i * 100 + k)) for k in range(1, 101))
+        recs.append(EvalRecord(eval_loss=ev, step=i * 100 + 100))
+    fs = [f for f in run(recs) if f.kind == "overfitting" and not f.resolved]
+    assert len(fs) == 1 and fs[0].step == 600 and "1.82" not in fs[0].message
+
+
+def test_grad_explosion_needs_consecutive_steps() -> None:
+    rng = random.Random(2)
+    recs = [healthy(s, rng) for s in range(1, 300)]
+    recs.append(StepRecord(step=300, loss=2.5, grad_norm=50.0))
+    recs.extend(healthy(s, rng) for s in range(301, 320))
+    assert [f for f in run(recs) if f.kind == "grad_explosion"] == []
+    recs.extend(StepRecord(step=s, loss=2.5, grad_norm=40.0 + s) for s in range(320, 324))
+    fs = [f for f in run(recs) if f.kind == "grad_explosion"]
+    assert len(fs) == 1 and fs[0].step == 322
+
+
+def test_grad_clipping_saturated() -> None:
+    recs = [StepRecord(step=s, loss=2.0, grad_norm=3.0 + (s % 5) * 0.1) for s in range(1, 400)]
+    fs = [f for f in run(recs) if f.kind == "grad_clipping_saturated"]
+    assert len(fs) == 1 and "too high" in fs[0].message
+
+
+def test_grad_vanishing() -> None:
+    recs = [StepRecord(step=s, loss=2.0, grad_norm=0.5) for s in range(1, 200)]
+    recs.extend(StepRecord(step=s, loss=2.0, grad_norm=1e-9) for s in range(200, 240))
+    fs = [f for f in run(recs) if f.kind == "grad_vanishing"]
+    assert len(fs) == 1 and fs[0].step == 219
+
+
+def test_loss_scale_collapse_from_overflows() -> None:
+    recs: list = [StepRecord(step=s, loss=2.0, loss_scale=65536.0) for s in range(1, 100)]
+    scale = 65536.0
+    for s in range(100, 130):
+        scale /= 2
+        recs.append(OverflowRecord(old_scale=scale * 2, new_scale=scale, step=s))
+    fs = [f for f in run(recs) if f.kind == "loss_scale_collapse"]
+    assert len(fs) == 1 and fs[0].severity is Severity.WARNING
+
+
+def test_throughput_drop_and_recovery() -> None:
+    rng = random.Random(7)
+    recs = [healthy(s, rng) for s in range(1, 400)]
+    for s in range(400, 420):
+        r = healthy(s, rng)
+        r.tokens_per_s = 3000.0
+        recs.append(r)
+    recs.extend(healthy(s, rng) for s in range(420, 440))
+    fs = [f for f in run(recs) if f.kind == "throughput_drop"]
+    assert [f.resolved for f in fs] == [False, True]
+    assert fs[0].step == 400 and "25%" in fs[0].message
+
+
+def test_slow_single_steps_do_not_fire_throughput() -> None:
+    rng = random.Random(8)
+    recs = []
+    for s in range(1, 1000):
+        r = healthy(s, rng)
+        if s % 100 == 0:
+            r.tokens_per_s = 1000.0  # eval / checkpoint step
+        recs.append(r)
+    assert [f for f in run(recs) if f.kind == "throughput_drop"] == []
+
+
+def test_error_records_become_findings_once() -> None:
+    err = ErrorRecord(
+        kind="nccl_error",
+        summary="NCCL WARN NET/IB : Got completion with error 12",
+        severity=Severity.WARNING,
+        line=7,
+    )
+    fs = run([StepRecord(step=1, loss=2.0), err, err, err])
+    assert [(f.kind, f.line) for f in fs] == [("nccl_error", 7)]
+
+
+def _state_with(rank, last_step, kinds, time=None):
+    eng = RankEngine(DetectorsConfig(), rank=rank, path=f"rank-{rank}.log")
+    for s in range(1, last_step + 1):
+        eng.feed(StepRecord(step=s, loss=2.0))
+    fs = []
+    for k in kinds:
+        fs += eng.feed(ErrorRecord(kind=k, summary=f"{k} on {rank}", time=time, line=99))
+    return eng.state, fs
+
+
+def test_cross_rank_names_the_crashed_rank_behind_nccl_timeouts() -> None:
+    states, findings = [], {}
+    for r in range(4):
+        st, fs = _state_with(r, 100, ["crash"] if r == 2 else ["nccl_timeout"])
+        states.append(st)
+        findings[r] = fs
+    out = cross_rank(states, findings, RankLagConfig())
+    assert [(f.kind, f.rank, f.severity) for f in out] == [("rank_lagging", 2, Severity.CRITICAL)]
+    assert "rank 2 failed first" in out[0].message and "0,1,3" in out[0].message
+
+
+def test_cross_rank_names_the_rank_without_timeout() -> None:
+    states, findings = [], {}
+    for r in range(4):
+        st, fs = _state_with(r, 50, [] if r == 1 else ["nccl_timeout"])
+        states.append(st)
+        findings[r] = fs
+    out = cross_rank(states, findings, RankLagConfig())
+    assert [f.rank for f in out] == [1]
+
+
+def test_cross_rank_lag_by_steps_and_healthy_silence() -> None:
+    states = [_state_with(r, 200 if r != 3 else 120, [])[0] for r in range(4)]
+    out = cross_rank(states, {}, RankLagConfig())
+    assert [(f.rank, f.step) for f in out] == [(3, 120)]
+    healthy_states = [_state_with(r, 200, [])[0] for r in range(4)]
+    assert cross_rank(healthy_states, {}, RankLagConfig()) == []
