@@ -8,6 +8,7 @@ useful answer is the rank whose own log holds the real error.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 from rankwatch.config.schema import RankLagConfig
 from rankwatch.detectors.base import median
@@ -29,7 +30,7 @@ def _first_time(findings: Sequence[Finding], kinds: tuple[str, ...]) -> tuple[bo
 
 def _interval(state: RankState) -> int:
     steps = [r.step for r in state.recent_records(50) if r.step is not None]
-    deltas = [b - a for a, b in zip(steps, steps[1:], strict=False) if b > a]
+    deltas = [b - a for a, b in pairwise(steps) if b > a]
     return int(median(deltas)) if deltas else 1
 
 

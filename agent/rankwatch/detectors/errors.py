@@ -16,8 +16,8 @@ FIXES = {
     "cuda_error": "Rerun with CUDA_LAUNCH_BLOCKING=1 to find the kernel; device-side asserts are "
     "usually out-of-range indices (labels vs vocab size, embedding ids). Illegal memory access with "
     "repeated Xid means a hardware problem: drain the node.",
-    "xid": "An NVIDIA driver Xid error: check `nvidia-smi -q` and the node's dmesg; Xid 79/48/63/64/74/92/94/95 "
-    "usually mean the GPU needs a reset or the node must be drained.",
+    "xid": "An NVIDIA driver Xid error: check `nvidia-smi -q` and the node's dmesg; "
+    "Xid 79/48/63/64/74/92/94/95 usually mean the GPU needs a reset or the node must be drained.",
     "crash": "The process raised: the traceback above names the failing frame.",
 }
 
