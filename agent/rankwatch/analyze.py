@@ -1,0 +1,207 @@
+"""Offline analysis: the live pipeline's parsers and detectors over finished log files.
+
+One file per rank (rank from the file name) or one file holding many ranks (rank from
+each line's launcher prefix). The output shapes are the ``analyze --json`` contract of
+DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rankwatch.config.schema import Config
+from rankwatch.detectors.crossrank import cross_rank
+from rankwatch.engine import RankEngine
+from rankwatch.records import Finding, Severity
+from rankwatch.sources.follower import read_lines
+from rankwatch.sources.logparser import LogParser
+
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|proc|worker|task|process)[-_.]?(\d+)", re.IGNORECASE)
+
+
+def rank_from_path(path: str | os.PathLike[str]) -> int | None:
+    """``rank-3.log``, ``rank3.out``, ``worker_3.txt``, ``job.task-3.log`` -> 3."""
+    m = _RANK_IN_NAME.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class RankReport:
+    path: str
+    rank: int | None
+    format: str | None
+    steps: int
+    last_step: int | None
+    total_steps: int | None
+    findings: list[Finding] = field(default_factory=list)
+    lines: int = 0
+    unparsed: int = 0
+    cut_lines: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "rank": self.rank,
+            "format": self.format,
+            "steps": self.steps,
+            "last_step": self.last_step,
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+@dataclass
+class Analysis:
+    ranks: list[RankReport]
+    findings: list[Finding]
+
+    @property
+    def worst(self) -> Severity | None:
+        return max((f.severity for f in self.findings), default=None)
+
+    def exit_code(self) -> int:
+        worst = self.worst
+        return 1 if worst is not None and worst >= Severity.WARNING else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ranks": [r.to_json() for r in self.ranks],
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+def _sort_key(f: Finding) -> tuple:
+    return (-int(f.severity), f.rank if f.rank is not None else -1, f.step or 0, f.line or 0)
+
+
+@dataclass
+class FileResult:
+    format: str | None
+    lines: int
+    unparsed: int
+    cut_lines: int
+    ranks: list[tuple[RankEngine, list[Finding]]]
+
+
+def analyze_file(path: str, cfg: Config, fallback_rank: int | None) -> FileResult:
+    """Run one file through a parser and one engine per rank seen in it."""
+    name_rank = rank_from_path(path)
+    parser = LogParser(
+        default_rank=name_rank,
+        fmt=cfg.logs.format,
+        regex=cfg.logs.regex,
+        sniff_lines=cfg.logs.sniff_lines,
+    )
+    engines: dict[int | None, tuple[RankEngine, list[Finding]]] = {}
+
+    def feed(records: list) -> None:
+        for rec in records:
+            entry = engines.get(rec.rank)
+            if entry is None:
+                entry = engines[rec.rank] = (RankEngine(cfg.detectors, rec.rank, path), [])
+            entry[1].extend(entry[0].feed(rec))
+
+    cut = 0
+    for fl in read_lines(path, max_line_bytes=cfg.logs.max_line_bytes):
+        cut += fl.cut
+        recs = parser.feed(fl.text, fl.lineno, cut=fl.cut)
+        if recs:
+            feed(recs)
+    feed(parser.finish())
+    for eng, found in engines.values():
+        found.extend(eng.finish())
+    if not engines:
+        engines[name_rank] = (RankEngine(cfg.detectors, name_rank, path), [])
+    if None in engines and len(engines) == 1:
+        # No rank in the name and no prefixes: this file is one rank, numbered by position.
+        eng, found = engines.pop(None)
+        eng.state.rank = fallback_rank
+        for f in found:
+            f.rank = fallback_rank
+        engines[fallback_rank] = (eng, found)
+    order = sorted(engines, key=lambda r: (r is None, r if r is not None else 0))
+    return FileResult(
+        format=parser.format,
+        lines=parser.stats.lines,
+        unparsed=parser.stats.unparsed,
+        cut_lines=cut,
+        ranks=[engines[k] for k in order],
+    )
+
+
+def analyze(paths: Sequence[str], cfg: Config) -> Analysis:
+    reports: list[RankReport] = []
+    states = []
+    by_rank: dict[int | None, list[Finding]] = {}
+    for i, path in enumerate(paths):
+        res = analyze_file(str(path), cfg, i)
+        for eng, found in res.ranks:
+            st = eng.state
+            active = [f for f in found if not f.resolved]
+            states.append(st)
+            by_rank.setdefault(st.rank, []).extend(active)
+            reports.append(
+                RankReport(
+                    path=str(path),
+                    rank=st.rank,
+                    format=res.format,
+                    steps=st.step_count,
+                    last_step=st.last_step,
+                    total_steps=st.total_steps,
+                    findings=active,
+                    lines=res.lines,
+                    unparsed=res.unparsed,
+                    cut_lines=res.cut_lines,
+                )
+            )
+    extra = cross_rank(states, by_rank, cfg.detectors.rank_lagging)
+    for f in extra:
+        for rep in reports:
+            if rep.rank == f.rank and rep.path == f.path:
+                rep.findings.append(f)
+                break
+    for rep in reports:
+        rep.findings.sort(key=_sort_key)
+    reports.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.path))
+    everything = sorted((f for rep in reports for f in rep.findings), key=_sort_key)
+    return Analysis(ranks=reports, findings=everything)
+
+
+_COLOURS = {Severity.CRITICAL: "\x1b[1;31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
+
+
+def format_human(result: Analysis, *, colour: bool = False) -> str:
+    out: list[str] = []
+    for rep in result.ranks:
+        n = len(rep.findings)
+        last = "-" if rep.last_step is None else str(rep.last_step)
+        if rep.total_steps:
+            last += f"/{rep.total_steps}"
+        out.append(
+            f"rank {rep.rank if rep.rank is not None else '?':>3}  {rep.path}  format={rep.format or '?'}  "
+            f"steps={rep.steps}  last_step={last}  findings={n}"
+            + (f"  cut_lines={rep.cut_lines}" if rep.cut_lines else "")
+        )
+    out.append("")
+    if not result.findings:
+        out.append("no findings: the run looks healthy")
+        return "\n".join(out)
+    for f in result.findings:
+        sev = f.severity.label.upper()
+        if colour:
+            sev = f"{_COLOURS[f.severity]}{sev}\x1b[0m"
+        where = f"{f.path}:{f.line}" if f.line is not None else (f.path or "")
+        step = f" step {f.step}" if f.step is not None else ""
+        out.append(f"{sev:<8} {f.kind:<24} rank {f.rank}{step}  {where}")
+        out.append(f"    {f.message}")
+    counts = {s: sum(1 for f in result.findings if f.severity is s) for s in Severity}
+    out.append("")
+    out.append(
+        f"{counts[Severity.CRITICAL]} critical, {counts[Severity.WARNING]} warning, "
+        f"{counts[Severity.INFO]} info"
+    )
+    return "\n".join(out)

@@ -1,0 +1,163 @@
+"""``rankwatch dumps ...``: list, show, diff and capture incident dumps.
+
+Handlers return exit codes (0 ok, 1 nothing found or a capture failed, 2 bad usage) so the
+main CLI can ``return args.func(args)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rankwatch.dumps.capture import capture
+from rankwatch.dumps.diff import diff_incident, format_diff, format_ranks
+from rankwatch.dumps.show import format_rank
+from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name
+
+DEFAULT_DIR = "rankwatch-dumps"
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("RANKWATCH_DUMPS_DIR") or DEFAULT_DIR)
+
+
+def _store(args: argparse.Namespace) -> DumpStore:
+    return DumpStore(Path(args.dir) if args.dir else default_dir())
+
+
+def _find(store: DumpStore, args: argparse.Namespace) -> IncidentInfo | None:
+    try:
+        return store.find(args.incident, run=args.run)
+    except KeyError as exc:
+        print(f"rankwatch dumps: {exc.args[0]}", file=sys.stderr)
+        return None
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    store = _store(args)
+    incidents = store.list_incidents()
+    if args.run:
+        incidents = [i for i in incidents if i.run == args.run]
+    if not incidents:
+        print(f"no incidents under {store.root}", file=sys.stderr)
+        return 1
+    print(f"{'TIME (UTC)':<20} {'RUN':<20} {'REASON':<16} {'RANKS':<12} INCIDENT")
+    for info in incidents:
+        when = info.time.strftime("%Y-%m-%d %H:%M:%S")
+        ranks = format_ranks(info.ranks) or "-"
+        print(f"{when:<20} {info.run:<20} {info.reason:<16} {ranks:<12} {info.name}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = _store(args)
+    info = _find(store, args)
+    if info is None:
+        return 1
+    if args.rank is not None and args.rank not in info.ranks:
+        print(
+            f"rankwatch dumps: incident {info.name} has no rank {args.rank} (has {info.ranks})",
+            file=sys.stderr,
+        )
+        return 1
+    ranks = [args.rank] if args.rank is not None else info.ranks
+    if not ranks:
+        print(f"rankwatch dumps: incident {info.name} holds no rank dumps", file=sys.stderr)
+        return 1
+    print(f"incident {info.run}/{info.name}  ({info.path})")
+    for rank in ranks:
+        print()
+        print(format_rank(store.load_rank(info, rank), fold_idle=not args.all_threads), end="")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    store = _store(args)
+    info = _find(store, args)
+    if info is None:
+        return 1
+    if not info.ranks:
+        print(f"rankwatch dumps: incident {info.name} holds no rank dumps", file=sys.stderr)
+        return 1
+    result = diff_incident({r: store.load_rank(info, r) for r in info.ranks})
+    if args.json:
+        print(json.dumps({"incident": info.name, "run": info.run, **result.to_dict()}, indent=2))
+    else:
+        print(f"incident {info.run}/{info.name}")
+        print(format_diff(result), end="")
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    pids: list[int] = args.pid
+    ranks: list[int] = args.rank or list(range(len(pids)))
+    if len(ranks) != len(pids):
+        print("rankwatch dumps capture: give one --rank per --pid (or none)", file=sys.stderr)
+        return 2
+    store = _store(args)
+    incident = incident_name(args.reason, datetime.now(timezone.utc))
+    folder = store.incident_dir(args.run, incident)
+    failures = 0
+    for pid, rank in zip(pids, ranks, strict=True):
+        result = capture(
+            pid,
+            native=args.native,
+            locals_=args.locals,
+            nonblocking=args.nonblocking,
+            timeout=args.timeout,
+        )
+        path = store.write_rank(args.run, incident, rank, result, {"source": "manual", "reason": args.reason})
+        if result.ok:
+            print(f"rank {rank} (pid {pid}): {path}")
+        else:
+            failures += 1
+            print(f"rank {rank} (pid {pid}): {result.error}\n{result.text}", file=sys.stderr)
+    print(f"incident: {folder}")
+    return 1 if failures else 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", help="dumps folder (default: $RANKWATCH_DUMPS_DIR or ./rankwatch-dumps)")
+
+
+def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``dumps`` and its own subcommands on the main CLI's subparsers."""
+    dumps = sub.add_parser("dumps", help="list, show, diff and capture py-spy stack dumps")
+    dsub = dumps.add_subparsers(dest="dumps_command", metavar="{list,show,diff,capture}")
+    dsub.required = True
+
+    p = dsub.add_parser("list", help="list incidents, newest first")
+    _common(p)
+    p.add_argument("--run", help="only this run")
+    p.set_defaults(func=cmd_list)
+
+    p = dsub.add_parser("show", help="show the stacks of an incident")
+    p.add_argument("incident", help="incident name, unique prefix, run/name or folder path")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--run")
+    p.add_argument("--all-threads", action="store_true", help="do not fold idle threads")
+    _common(p)
+    p.set_defaults(func=cmd_show)
+
+    p = dsub.add_parser("diff", help="group ranks by stack and name the rank that differs")
+    p.add_argument("incident", help="incident name, unique prefix, run/name or folder path")
+    p.add_argument("--run")
+    p.add_argument("--json", action="store_true")
+    _common(p)
+    p.set_defaults(func=cmd_diff)
+
+    p = dsub.add_parser("capture", help="dump processes now into a new incident")
+    p.add_argument("--pid", type=int, action="append", required=True)
+    p.add_argument("--rank", type=int, action="append", help="rank of each --pid, in order")
+    p.add_argument("--run", default=os.environ.get("RANKWATCH_RUN") or "default")
+    p.add_argument("--reason", default="manual")
+    p.add_argument("--native", action="store_true", help="include native (C/C++) frames")
+    p.add_argument("--locals", action="store_true", help="include local variables")
+    p.add_argument("--nonblocking", action="store_true", help="do not pause the target")
+    p.add_argument("--timeout", type=float, default=10.0)
+    _common(p)
+    p.set_defaults(func=cmd_capture)
