@@ -1,0 +1,497 @@
+"""``tail -F`` for one log path, shared by the live agent and the offline ``analyze`` command.
+
+Training logs are rotated (rename or copytruncate), created late (the launcher starts
+before the first rank writes), written in pieces, full of tqdm ``\\r`` redraws and now
+and then a multi-megabyte line of tensor dumps.  One splitter handles all of that so the
+live and offline paths can never disagree about what a line is or which number it has.
+
+Splitting rules: ``\\n`` ends a line and advances the line number; ``\\r`` ends a segment
+that keeps the line number of the ``\\n`` line it belongs to; empty segments (hence empty
+lines and the gap in ``\\r\\n``) are dropped; bytes are decoded as UTF-8 with replacement;
+a segment longer than ``max_line_bytes`` bytes is cut to its first ``max_line_bytes``
+bytes (never splitting a UTF-8 character) and the rest of it is discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import logging
+import os
+import pathlib
+import stat
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("rankwatch.follower")
+
+_MAX_CUT_WARNINGS = 10
+_FOLLOW_BATCH_BYTES = 128 << 10  # small batches: bounded loop latency and faster (cache, GC)
+_PIECE_BYTES = 32 << 10  # cache-sized batches of short-lived objects: measurably faster than 1 MiB
+_OBSERVER_RETRY_S = 5.0
+_SELF_EVENTS = frozenset({"opened", "closed_no_write"})  # caused by our own reads
+
+
+@dataclass(slots=True)
+class FollowedLine:
+    text: str  # without terminator
+    lineno: int  # 1-based, counts \n lines of the current file generation
+    cut: bool = False
+
+
+@dataclass
+class FollowerStats:
+    lines: int = 0
+    bytes_read: int = 0
+    cut_lines: int = 0
+    discarded_bytes: int = 0
+    rotations: int = 0
+    truncations: int = 0
+    reopen_errors: int = 0
+
+
+def _first_terminator(data: bytes) -> int:
+    nl = data.find(b"\n")
+    cr = data.find(b"\r", 0, nl if nl >= 0 else len(data))
+    return cr if cr >= 0 else nl
+
+
+class _Splitter:
+    """Byte stream to items; holds at most ``max_line_bytes`` of an unfinished segment."""
+
+    __slots__ = (
+        "_cut_warnings",
+        "discarding",
+        "label",
+        "lineno",
+        "max_line_bytes",
+        "pending",
+        "piece_size",
+        "stats",
+    )
+
+    def __init__(self, max_line_bytes: int, stats: FollowerStats, label: str) -> None:
+        if max_line_bytes < 4:  # room for one UTF-8 character
+            raise ValueError("max_line_bytes must be >= 4")
+        self.max_line_bytes = max_line_bytes
+        # A piece never exceeds the limit, so only its first segment can be too long.
+        self.piece_size = min(max_line_bytes, _PIECE_BYTES)
+        self.stats = stats
+        self.label = label
+        self.pending = bytearray()
+        self.lineno = 1
+        self.discarding = False
+        self._cut_warnings = 0
+
+    def reset(self) -> None:
+        self.pending = bytearray()
+        self.lineno = 1
+        self.discarding = False
+
+    def feed(self, data: bytes, out: list[FollowedLine]) -> None:
+        size = self.piece_size
+        if len(data) <= size:
+            self.feed_piece(data, out)
+            return
+        for start in range(0, len(data), size):
+            self.feed_piece(data[start : start + size], out)
+
+    def flush(self, out: list[FollowedLine]) -> None:
+        if self.pending:
+            text = self.pending.decode("utf-8", "replace")
+            self.pending = bytearray()
+            out.append(FollowedLine(text, self.lineno))
+            self.stats.lines += 1
+        self.discarding = False
+
+    def feed_piece(self, piece: bytes, out: list[FollowedLine]) -> None:
+        if self.discarding:
+            first = _first_terminator(piece)
+            if first < 0:
+                self.stats.discarded_bytes += len(piece)
+                return
+            self.stats.discarded_bytes += first
+            self.discarding = False
+            piece = piece[first:]
+        first = _first_terminator(piece)
+        held = len(self.pending)
+        if first < 0:
+            if held + len(piece) > self.max_line_bytes:
+                self._cut(self.pending + piece, out)
+                self.discarding = True
+            else:
+                self.pending += piece
+            return
+        if held + first > self.max_line_bytes:
+            self._cut(self.pending + piece[:first], out)
+            piece = piece[first:]
+        last = max(piece.rfind(b"\n"), piece.rfind(b"\r"))
+        body = piece[: last + 1]
+        if self.pending:
+            body = self.pending + body
+        self.pending = bytearray(piece[last + 1 :])
+        self._emit(body.decode("utf-8", "replace"), out)
+
+    def _emit(self, text: str, out: list[FollowedLine]) -> None:
+        """``text`` ends with a terminator; one decode and one split per piece keeps it fast."""
+        start = self.lineno
+        before = len(out)
+        if "\r" not in text:
+            parts = text.split("\n")
+            parts.pop()
+            if "" in parts:
+                out.extend([FollowedLine(t, n) for n, t in enumerate(parts, start) if t])
+            else:
+                out.extend(map(FollowedLine, parts, range(start, start + len(parts))))
+            self.lineno = start + len(parts)
+        else:
+            parts = text.split("\n")
+            lineno = start
+            for part in parts:
+                if "\r" in part:
+                    out.extend([FollowedLine(seg, lineno) for seg in part.split("\r") if seg])
+                elif part:
+                    out.append(FollowedLine(part, lineno))
+                lineno += 1
+            self.lineno = start + len(parts) - 1
+        self.stats.lines += len(out) - before
+
+    def _cut(self, segment: bytes | bytearray, out: list[FollowedLine]) -> None:
+        # final=False keeps a character that straddles the cut out instead of turning it into U+FFFD.
+        text, kept = codecs.utf_8_decode(segment[: self.max_line_bytes], "replace", False)
+        self.pending = bytearray()
+        out.append(FollowedLine(text, self.lineno, True))
+        self.stats.lines += 1
+        self.stats.cut_lines += 1
+        self.stats.discarded_bytes += len(segment) - kept
+        if self._cut_warnings < _MAX_CUT_WARNINGS:
+            self._cut_warnings += 1
+            more = " (further cuts are only counted)" if self._cut_warnings == _MAX_CUT_WARNINGS else ""
+            log.warning(
+                "%s: line %d longer than %d bytes, kept its first %d bytes%s",
+                self.label,
+                self.lineno,
+                self.max_line_bytes,
+                kept,
+                more,
+            )
+
+
+class LogFollower:
+    """Non-blocking reader of one path across rotations; the caller decides when to poll."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_line_bytes: int = 1 << 20,
+        chunk_size: int = 1 << 20,
+        from_end: bool = False,
+    ) -> None:
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        self.path = pathlib.Path(path)
+        self.stats = FollowerStats()
+        self.chunk_size = chunk_size
+        self._splitter = _Splitter(max_line_bytes, self.stats, str(self.path))
+        self._fd: int | None = None
+        self._identity: tuple[int, int] | None = None
+        self._offset = 0
+        self._behind = False
+        self._open_error_logged = False
+        if self._open() and from_end:
+            self._seek_to_end()
+
+    @property
+    def behind(self) -> bool:
+        """True when the last ``read_available`` stopped at ``max_bytes`` with more to read."""
+        return self._behind
+
+    def read_available(self, max_bytes: int | None = None) -> list[FollowedLine]:
+        """Everything complete that is new since the last call; never blocks.
+
+        Opens the file once it exists and follows rotation and truncation.  ``max_bytes``
+        bounds the work of one call so a live agent can interleave; ``behind`` then says
+        whether more is waiting.
+        """
+        out: list[FollowedLine] = []
+        self._behind = False
+        if self._fd is None and not self._open():
+            return out
+        budget = max_bytes if max_bytes is not None else -1
+        while True:
+            if budget == 0:
+                self._behind = True
+                return out
+            want = self.chunk_size if budget < 0 else min(self.chunk_size, budget)
+            data = self._read(want)
+            if data is None:
+                return out
+            if data:
+                if budget > 0:
+                    budget -= len(data)
+                self._splitter.feed(data, out)
+                if len(data) == want:
+                    continue
+            if not self._check_generation(out):
+                return out
+
+    def flush(self) -> list[FollowedLine]:
+        """The held unterminated line, for end of file and shutdown, where no terminator will come."""
+        out: list[FollowedLine] = []
+        self._splitter.flush(out)
+        return out
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> LogFollower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[FollowedLine]:
+        """Everything available now, then the held partial line: what ``analyze`` wants."""
+        while True:
+            batch = self.read_available(self.chunk_size * 8)
+            yield from batch
+            if not self._behind:
+                break
+        yield from self.flush()
+
+    def _open(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            self._open_failed(exc)
+            return False
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(f"{self.path} is a directory")
+        except OSError as exc:
+            os.close(fd)
+            self._open_failed(exc)
+            return False
+        identity = (st.st_dev, st.st_ino)
+        if identity == self._identity and st.st_size >= self._offset:
+            os.lseek(fd, self._offset, os.SEEK_SET)
+        else:
+            self._identity = identity
+            self._offset = 0
+            self._splitter.reset()
+        self._fd = fd
+        self._open_error_logged = False
+        return True
+
+    def _open_failed(self, exc: OSError) -> None:
+        self.stats.reopen_errors += 1
+        if not self._open_error_logged:
+            self._open_error_logged = True
+            log.warning("%s: cannot open: %s", self.path, exc)
+
+    def _seek_to_end(self) -> None:
+        """Start after the last complete line so the first item is never a line fragment."""
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        if size == 0:
+            return
+        window = min(size, self._splitter.max_line_bytes)
+        tail = os.pread(self._fd, window, size - window)
+        last = max(tail.rfind(b"\n"), tail.rfind(b"\r"))
+        if last >= 0:
+            self._offset = size - window + last + 1
+        elif window == size:
+            self._offset = 0
+        else:
+            self._offset = size
+            self._splitter.discarding = True
+        os.lseek(self._fd, self._offset, os.SEEK_SET)
+
+    def _read(self, want: int) -> bytes | None:
+        assert self._fd is not None
+        try:
+            data = os.read(self._fd, want)
+        except OSError as exc:
+            # e.g. ESTALE on NFS: reopen later; _open resumes at the offset if it is the same file.
+            log.warning("%s: read failed, will reopen: %s", self.path, exc)
+            self.stats.reopen_errors += 1
+            self.close()
+            return None
+        self._offset += len(data)
+        self.stats.bytes_read += len(data)
+        return data
+
+    def _check_generation(self, out: list[FollowedLine]) -> bool:
+        """At end of file: True when reading should go on (file truncated or replaced)."""
+        assert self._fd is not None
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError:
+            size = self._offset
+        if size < self._offset:
+            log.warning(
+                "%s: truncated (%d -> %d bytes), reading from the start", self.path, self._offset, size
+            )
+            self.stats.truncations += 1
+            self._splitter.flush(out)
+            self._splitter.reset()
+            os.lseek(self._fd, 0, os.SEEK_SET)
+            self._offset = 0
+            return True
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False  # moved away and not recreated yet: the open descriptor is still right
+        if (st.st_dev, st.st_ino) == self._identity:
+            return False
+        self._drain(out)
+        self._splitter.flush(out)
+        self.close()
+        self._identity = None
+        if not self._open():
+            return False
+        log.info("%s: rotated, now reading the new file", self.path)
+        self.stats.rotations += 1
+        return True
+
+    def _drain(self, out: list[FollowedLine]) -> None:
+        """Bytes written to the old file between the last read and the rename."""
+        while data := self._read(self.chunk_size):
+            self._splitter.feed(data, out)
+
+
+def read_lines(
+    path: str | os.PathLike[str], *, max_line_bytes: int = 1 << 20, chunk_size: int = 1 << 20
+) -> Iterator[FollowedLine]:
+    """Plain sequential read: no stat calls per chunk, for the offline path."""
+    stats = FollowerStats()
+    splitter = _Splitter(max_line_bytes, stats, str(path))
+    out: list[FollowedLine] = []
+    with open(path, "rb", buffering=0) as fh:
+        size = splitter.piece_size
+        while data := fh.read(chunk_size):
+            for start in range(0, len(data), size):
+                splitter.feed_piece(data[start : start + size], out)
+                if out:
+                    yield from out
+                    out.clear()
+    splitter.flush(out)
+    yield from out
+
+
+class _Waker:
+    """Watchdog observer on the parent directory; events reach the loop only as a wake-up."""
+
+    def __init__(self, path: pathlib.Path, loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+        self._path = path
+        self._loop = loop
+        self._event = event
+        self._scheduled = threading.Lock()
+        self._observer: Any = None
+        self._next_try = 0.0
+
+    def ensure_started(self) -> None:
+        if self._observer is not None or time.monotonic() < self._next_try:
+            return
+        self._next_try = time.monotonic() + _OBSERVER_RETRY_S
+        try:
+            from watchdog.events import FileSystemEvent, FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError:
+            self._next_try = float("inf")
+            return
+        parent = self._path.parent
+        if not parent.is_dir():
+            return
+        name = self._path.name
+        waker = self
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                if event.event_type in _SELF_EVENTS:
+                    return
+                for p in (event.src_path, getattr(event, "dest_path", "")):
+                    if p and os.path.basename(os.fsdecode(p)) == name:
+                        waker._wake_threadsafe()
+                        return
+
+        observer = Observer()
+        try:
+            observer.schedule(Handler(), str(parent), recursive=False)
+            observer.start()
+        except Exception as exc:  # inotify limits, vanished directory: polling still works
+            log.debug("%s: no filesystem watch, polling only: %s", self._path, exc)
+            with contextlib.suppress(Exception):
+                observer.stop()
+            return
+        self._observer = observer
+
+    def _wake_threadsafe(self) -> None:
+        # Coalesce bursts of writes into one pending callback.
+        if not self._scheduled.acquire(blocking=False):
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # loop closed
+            self._scheduled.release()
+
+    def _wake(self) -> None:
+        self._scheduled.release()
+        self._event.set()
+
+    def stop(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=2)
+            self._observer = None
+
+
+async def follow(
+    follower: LogFollower, *, poll_interval: float = 0.25, stop: asyncio.Event | None = None
+) -> AsyncIterator[list[FollowedLine]]:
+    """Batches as they appear; reads are bounded so other tasks run between large catch-ups.
+
+    Close it with ``contextlib.aclosing`` (or ``aclose()``) when leaving early so the
+    watchdog thread is joined at once rather than at garbage collection.
+    """
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+    waker = _Waker(follower.path, loop, wake)
+    stop_task = asyncio.ensure_future(stop.wait()) if stop is not None else None
+    try:
+        while stop is None or not stop.is_set():
+            waker.ensure_started()
+            wake.clear()
+            batch = follower.read_available(_FOLLOW_BATCH_BYTES)
+            if batch:
+                yield batch
+            if follower.behind:
+                await asyncio.sleep(0)
+                continue
+            wake_task = asyncio.ensure_future(wake.wait())
+            waiting = {wake_task} if stop_task is None else {wake_task, stop_task}
+            try:
+                await asyncio.wait(waiting, timeout=poll_interval, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wake_task.cancel()
+        while True:
+            batch = follower.read_available(_FOLLOW_BATCH_BYTES)
+            if batch:
+                yield batch
+            if not follower.behind:
+                break
+    finally:
+        if stop_task is not None:
+            stop_task.cancel()
+        waker.stop()

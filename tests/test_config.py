@@ -1,0 +1,756 @@
+from __future__ import annotations
+
+import dataclasses
+import re
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rankwatch.config import loader
+from rankwatch.config.loader import (
+    ConfigError,
+    config_from_dict,
+    load_config,
+    parse_override,
+    with_overrides,
+)
+from rankwatch.config.render import config_keys, render_config
+from rankwatch.config.schema import Config, Duration, Size
+from rankwatch.config.units import format_duration, format_size, parse_duration, parse_size
+
+
+def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return path
+
+
+def error_of(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> ConfigError:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env=env or {})
+    assert info.value.file == str(path)
+    return info.value
+
+
+# -- defaults and valid files -------------------------------------------------------------
+
+
+def test_none_means_defaults() -> None:
+    cfg = load_config(None)
+    assert cfg == Config()
+    assert cfg.detectors.loss_spike.factor == 2.0
+    assert cfg.logs.poll_interval == 0.25
+
+
+@pytest.mark.parametrize(
+    "text", ["", "\n\n", "# only a comment\n  # another\n", "---\n", "~\n", "\ufeff# bom\n"]
+)
+def test_empty_or_comment_only_file_gives_defaults(tmp_path: Path, text: str) -> None:
+    assert load_config(write(tmp_path, text)) == Config()
+
+
+def test_realistic_file(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        # production settings
+        run:
+          name: llama-70b-pretrain
+          rank: 3
+          node: 2024            # a number is fine for a string key
+        logs:
+          format: megatron
+          poll_interval: 1.5s
+          max_line_bytes: 4MiB
+          regex: '(?P<step>\\d+) loss (?P<loss>[\\d.]+)'
+        detectors:
+          warmup_steps: 500
+          nan:
+            enabled: no         # YAML 1.1 boolean
+          loss_spike:
+            factor: 3           # int accepted for float
+          grad_vanishing:
+            threshold: 1e-7     # YAML 1.1 reads this as a string; still a number here
+          loss_plateau:         # all keys commented out: defaults
+        """,
+    )
+    cfg = load_config(path)
+    assert cfg.run.name == "llama-70b-pretrain"
+    assert cfg.run.rank == 3
+    assert cfg.run.node == "2024"
+    assert cfg.run.world_size is None
+    assert cfg.logs.format == "megatron"
+    assert cfg.logs.poll_interval == 1.5
+    assert cfg.logs.max_line_bytes == 4 * 1024 * 1024
+    assert cfg.logs.regex == r"(?P<step>\d+) loss (?P<loss>[\d.]+)"
+    assert cfg.detectors.warmup_steps == 500
+    assert cfg.detectors.nan.enabled is False
+    assert cfg.detectors.loss_spike.factor == 3.0
+    assert isinstance(cfg.detectors.loss_spike.factor, float)
+    assert cfg.detectors.grad_vanishing.threshold == 1e-7
+    assert cfg.detectors.loss_plateau == Config().detectors.loss_plateau
+    assert cfg.detectors.loss_spike.window == 10  # untouched keys keep defaults
+
+
+def test_merge_keys_and_anchors(tmp_path: Path) -> None:
+    cfg = load_config(
+        write(
+            tmp_path,
+            """
+            detectors:
+              grad_explosion: &strict
+                consecutive: 1
+                enabled: false
+              throughput:
+                <<: *strict
+                enabled: true
+            """,
+        )
+    )
+    assert cfg.detectors.grad_explosion.consecutive == 1
+    assert cfg.detectors.throughput.consecutive == 1
+    assert cfg.detectors.throughput.enabled is True  # explicit key wins over the merged one
+
+
+# -- errors, each with its exact line -------------------------------------------------------
+
+
+def test_unknown_key_message_format(tmp_path: Path) -> None:
+    err = error_of(
+        tmp_path,
+        """
+        logs:
+          format: hf
+        detectors:
+          warmup_steps: 10
+          loss_spike:
+            window: 5
+            factr: 3.0
+        """,
+    )
+    assert (err.line, err.key) == (7, "detectors.loss_spike.factr")
+    assert str(err) == f"{err.file}:7: detectors.loss_spike.factr: unknown key (did you mean 'factor'?)"
+
+
+def test_unknown_nested_section(tmp_path: Path) -> None:
+    err = error_of(
+        tmp_path,
+        """
+        detectors:
+          nan:
+            enabled: true
+          loss_spikes:
+            factor: 3.0
+        """,
+    )
+    assert (err.line, err.key) == (4, "detectors.loss_spikes")
+    assert "did you mean 'loss_spike'?" in err.message
+
+
+def test_unknown_top_level_without_close_match_lists_sections(tmp_path: Path) -> None:
+    err = error_of(tmp_path, "run:\n  rank: 1\nzzzzzz: {}\n")
+    assert (err.line, err.key) == (3, "zzzzzz")
+    assert err.message == "unknown key; valid keys: run, logs, detectors"
+
+
+def test_dotted_key_written_flat(tmp_path: Path) -> None:
+    err = error_of(tmp_path, "detectors.warmup_steps: 10\n")
+    assert (err.line, err.key) == (1, "detectors.warmup_steps")
+    assert "nest it under 'detectors:'" in err.message
+
+
+def test_duplicate_key(tmp_path: Path) -> None:
+    err = error_of(
+        tmp_path,
+        """
+        detectors:
+          loss_spike:
+            factor: 2.5
+            window: 20
+            factor: 4.0
+        """,
+    )
+    assert (err.line, err.key) == (5, "detectors.loss_spike.factor")
+    assert err.message == "duplicate key (first defined on line 3)"
+
+
+def test_duplicate_section(tmp_path: Path) -> None:
+    err = error_of(tmp_path, "logs:\n  format: hf\nrun:\n  rank: 1\nlogs:\n  format: json\n")
+    assert (err.line, err.key) == (5, "logs")
+
+
+def test_literal_error_lists_every_choice(tmp_path: Path) -> None:
+    err = error_of(tmp_path, "run:\n  rank: 0\nlogs:\n  format: megatorn\n")
+    assert (err.line, err.key) == (4, "logs.format")
+    for choice in ("auto", "hf", "lightning", "megatron", "deepspeed", "nanogpt", "torchtitan", "json", "kv"):
+        assert f"'{choice}'" in err.message
+    assert "(got 'megatorn')" in err.message
+    assert "did you mean 'megatron'?" in err.message
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "expected"),
+    [
+        (
+            "detectors:\n  warmup_steps: true\n",
+            2,
+            "detectors.warmup_steps",
+            "expected an integer, got a boolean",
+        ),
+        (
+            "detectors:\n  warmup_steps: yes\n",
+            2,
+            "detectors.warmup_steps",
+            "expected an integer, got a boolean",
+        ),
+        (
+            "detectors:\n  warmup_steps: 1.5\n",
+            2,
+            "detectors.warmup_steps",
+            "expected an integer, got a number",
+        ),
+        (
+            "detectors:\n  warmup_steps: '100'\n",
+            2,
+            "detectors.warmup_steps",
+            "expected an integer, got a string",
+        ),
+        ("detectors:\n\n  warmup_steps: lots\n", 3, "detectors.warmup_steps", "expected an integer"),
+        (
+            "detectors:\n  loss_spike:\n    factor: on\n",
+            3,
+            "detectors.loss_spike.factor",
+            "expected a number",
+        ),
+        ("detectors:\n  loss_spike:\n    factor: .nan\n", 3, "detectors.loss_spike.factor", "NaN"),
+        ("detectors:\n  nan:\n    enabled: 1\n", 3, "detectors.nan.enabled", "expected true or false"),
+        ("detectors:\n  nan:\n    enabled: 'yes'\n", 3, "detectors.nan.enabled", "expected true or false"),
+        (
+            "detectors:\n  nan: [1, 2]\n",
+            2,
+            "detectors.nan",
+            "expected a section (a mapping of keys), got a list",
+        ),
+        ("detectors:\n  nan: true\n", 2, "detectors.nan", "expected a section"),
+        ("logs:\n  encoding: [utf-8]\n", 2, "logs.encoding", "expected a string, got a list"),
+        ("logs:\n  encoding:\n", 2, "logs.encoding", "expected a string, got null"),
+        ("logs:\n  sniff_lines:\n", 2, "logs.sniff_lines", "expected an integer, got null"),
+        ("logs:\n  poll_interval: soon\n", 2, "logs.poll_interval", "invalid duration 'soon'"),
+        ("logs:\n  poll_interval: 10x\n", 2, "logs.poll_interval", "unknown unit 'x'"),
+        ("logs:\n  poll_interval: -1s\n", 2, "logs.poll_interval", "must not be negative"),
+        ("logs:\n  poll_interval: true\n", 2, "logs.poll_interval", "expected a duration"),
+        ("logs:\n  max_line_bytes: 12 parsecs\n", 2, "logs.max_line_bytes", "unknown unit 'parsecs'"),
+        ("logs:\n  max_line_bytes: 1.5\n", 2, "logs.max_line_bytes", "whole number"),
+        ("logs:\n  max_line_bytes: -4KiB\n", 2, "logs.max_line_bytes", "must not be negative"),
+        ("run:\n  name: !secret x\n", 2, "run.name", "unsupported YAML tag '!secret'"),
+        ("run:\n  ? [a, b]\n  : 1\n", 2, "run", "keys must be plain names"),
+        ("logs: [hf]\n", 1, "logs", "expected a section"),
+    ],
+)
+def test_type_errors_name_line_key_and_expectation(
+    tmp_path: Path, text: str, line: int, key: str, expected: str
+) -> None:
+    err = error_of(tmp_path, text)
+    assert (err.line, err.key) == (line, key)
+    assert expected in err.message
+    assert str(err).startswith(f"{err.file}:{line}: {key}: ")
+
+
+@pytest.mark.parametrize("text", ["- run\n- logs\n", "just a string\n", "42\n"])
+def test_top_level_must_be_a_mapping(tmp_path: Path, text: str) -> None:
+    err = error_of(tmp_path, text)
+    assert err.line == 1 and err.key is None
+    assert "mapping of sections at the top level" in err.message
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("run:\n  rank: 1\nlogs:\n  format: hf\n  sniff_lines: [1, 2\n", 6),
+        ("run:\n  name: a\n  rank: 1: 2\n", 3),
+        ("run:\n  name: 'unterminated\n", 3),
+        ("run:\n  rank: 1\n bad_indent: 2\n", 3),
+        ("run:\n  rank: 1\n---\nlogs: {}\n", 3),
+        ("run:\n  name: \x07\n", 2),
+    ],
+)
+def test_yaml_syntax_errors_carry_the_line(tmp_path: Path, text: str, line: int) -> None:
+    err = error_of(tmp_path, text)
+    assert err.line == line
+    assert err.message.startswith("invalid YAML: ")
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match=r"nope\.yaml: file not found") as info:
+        load_config("/nonexistent/nope.yaml")
+    assert info.value.file == "/nonexistent/nope.yaml"
+
+
+def test_directory_and_unreadable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
+    path = write(tmp_path, "run: {}\n")
+
+    def denied(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(ConfigError, match="cannot read: Permission denied") as info:
+        load_config(path)
+    assert info.value.file == str(path)
+
+
+def test_not_utf8_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="not valid UTF-8") as info:
+        load_config(path)
+    assert (info.value.file, info.value.line) == (str(path), 2)
+
+
+# -- environment interpolation ------------------------------------------------------------
+
+
+def test_env_interpolation_types_the_result(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        run:
+          name: ${JOB}-${STAGE:-pretrain}
+          rank: ${RANK}
+          world_size: ${WORLD:-}
+        detectors:
+          loss_spike:
+            factor: ${SPIKE:-2.5}
+          nan:
+            enabled: ${NAN_ON:-false}
+        logs:
+          poll_interval: ${POLL:-2s}
+          regex: 'literal $${NOT_A_VAR} and $$ and $HOME'
+        """,
+    )
+    cfg = load_config(path, env={"JOB": "llm", "RANK": "7", "POLL": "", "STAGE": ""})
+    assert cfg.run.name == "llm-pretrain"  # ':-' also covers set-but-empty, as in the shell
+    assert cfg.run.rank == 7
+    assert cfg.run.world_size is None  # empty default reads as null
+    assert cfg.detectors.loss_spike.factor == 2.5
+    assert cfg.detectors.nan.enabled is False
+    assert cfg.logs.poll_interval == 2.0
+    assert cfg.logs.regex == "literal ${NOT_A_VAR} and $$ and $HOME"
+
+
+def test_env_value_is_validated_like_literal_text(tmp_path: Path) -> None:
+    err = error_of(
+        tmp_path, "run:\n  rank: 0\ndetectors:\n  warmup_steps: ${WARMUP}\n", env={"WARMUP": "many"}
+    )
+    assert (err.line, err.key) == (4, "detectors.warmup_steps")
+    assert "expected an integer, got a string ('many')" in err.message
+
+
+def test_env_missing_variable_names_line_key_and_variable(tmp_path: Path) -> None:
+    err = error_of(tmp_path, "run:\n  name: x\n  node: node-${NODE_ID}\n")
+    assert (err.line, err.key) == (3, "run.node")
+    assert "environment variable 'NODE_ID' is not set" in err.message
+
+
+@pytest.mark.parametrize(("value", "fragment"), [("a${B", "unterminated"), ("${1X}", "invalid environment")])
+def test_env_bad_references(tmp_path: Path, value: str, fragment: str) -> None:
+    err = error_of(tmp_path, f"run:\n  name: '{value}'\n")
+    assert (err.line, err.key) == (2, "run.name")
+    assert fragment in err.message
+
+
+def test_env_defaults_to_process_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RW_TEST_RANK", "5")
+    assert load_config(write(tmp_path, "run:\n  rank: ${RW_TEST_RANK}\n")).run.rank == 5
+
+
+# -- units ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30s", 30.0),
+        ("10m", 600.0),
+        ("2h", 7200.0),
+        ("1d", 86400.0),
+        ("250ms", 0.25),
+        ("1.5s", 1.5),
+        ("1h30m", 5400.0),
+        ("1h 30m 15s", 5415.0),
+        ("10min", 600.0),
+        ("2 hours", 7200.0),
+        ("1w", 604800.0),
+        ("500us", 0.0005),
+        ("45", 45.0),
+        ("0.5", 0.5),
+        ("1e-3", 0.001),
+        (" 5S ", 5.0),
+        (12, 12.0),
+        (0.1, 0.1),
+    ],
+)
+def test_parse_duration(text: str | float, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("-5s", "negative"),
+        ("5 fortnights", "unknown unit 'fortnights'"),
+        ("5m30", "has no unit"),
+        ("s", "invalid duration"),
+        ("1h-30m", "invalid duration"),
+        (-1, "negative"),
+        (float("inf"), "finite"),
+        (True, "expected a duration"),
+    ],
+)
+def test_parse_duration_rejects(text: str | float, fragment: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("512MiB", 512 * 2**20),
+        ("1GiB", 2**30),
+        ("10MB", 10_000_000),
+        ("100KiB", 102_400),
+        ("1kB", 1000),
+        ("1G", 2**30),
+        ("512m", 512 * 2**20),
+        ("2Gi", 2 * 2**30),
+        ("1.5KiB", 1536),
+        ("64B", 64),
+        ("4096", 4096),
+        ("1_000", 1000),
+        (" 3 MiB ", 3 * 2**20),
+        (8192, 8192),
+        (8192.0, 8192),
+    ],
+)
+def test_parse_size(text: str | int, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "empty"),
+        ("-1MiB", "negative"),
+        ("10 bananas", "unknown unit"),
+        ("1.5B", "whole"),
+        (2.5, "whole"),
+        ("MiB", "invalid size"),
+    ],
+)
+def test_parse_size_rejects(text: str | float, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (30, "30s"),
+        (600, "10m"),
+        (5400, "1h30m"),
+        (86400, "1d"),
+        (0.25, "250ms"),
+        (1.5, "1s500ms"),
+        (0, "0s"),
+        (90061, "1d1h1m1s"),
+    ],
+)
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [
+        (2**20, "1MiB"),
+        (512 * 2**20, "512MiB"),
+        (10_000_000, "10MB"),
+        (1000, "1kB"),
+        (1536, "1536B"),
+        (0, "0B"),
+        (2**40, "1TiB"),
+    ],
+)
+def test_format_size(size: int, text: str) -> None:
+    assert format_size(size) == text
+
+
+@given(
+    st.floats(min_value=0, max_value=1e9, allow_nan=False) | st.integers(0, 10**7).map(lambda ms: ms / 1000)
+)
+def test_format_duration_round_trips(seconds: float) -> None:
+    assert parse_duration(format_duration(seconds)) == seconds
+
+
+@given(st.integers(min_value=0, max_value=2**62))
+def test_format_size_round_trips(size: int) -> None:
+    assert parse_size(format_size(size)) == size
+
+
+# -- programmatic use -------------------------------------------------------------------------
+
+
+def test_config_from_dict() -> None:
+    cfg = config_from_dict(
+        {"logs": {"poll_interval": "2s", "format": "hf"}, "detectors": {"warmup_steps": 5}}
+    )
+    assert cfg.logs.poll_interval == 2.0 and cfg.logs.format == "hf" and cfg.detectors.warmup_steps == 5
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"detectors": {"loss_spike": {"factr": 3}}})
+    assert (info.value.file, info.value.line, info.value.key) == (
+        "<dict>",
+        None,
+        "detectors.loss_spike.factr",
+    )
+    assert str(info.value) == "<dict>: detectors.loss_spike.factr: unknown key (did you mean 'factor'?)"
+    with pytest.raises(ConfigError, match="expected an integer, got a string"):
+        config_from_dict({"detectors": {"warmup_steps": "10"}})  # no YAML guessing for Python values
+    with pytest.raises(ConfigError, match="expected an integer, got a boolean"):
+        config_from_dict({"detectors": {"warmup_steps": False}})
+
+
+def test_with_overrides() -> None:
+    base = Config()
+    cfg = with_overrides(
+        base,
+        {"detectors.warmup_steps": 10, "logs.poll_interval": "1s", "detectors.nan": {"lookback_steps": 3}},
+    )
+    assert cfg.detectors.warmup_steps == 10
+    assert cfg.logs.poll_interval == 1.0
+    assert cfg.detectors.nan.lookback_steps == 3 and cfg.detectors.nan.enabled is True  # merged
+    assert base == Config()  # the input is not mutated
+    with pytest.raises(ConfigError) as info:
+        with_overrides(base, {"detectors.warmup_stepz": 10})
+    assert info.value.key == "detectors.warmup_stepz" and "did you mean 'warmup_steps'?" in info.value.message
+    with pytest.raises(ConfigError, match="expected an integer, got a boolean"):
+        with_overrides(base, {"detectors.warmup_steps": True})
+    with pytest.raises(ConfigError, match=r"expected an integer, got a number \(2\.5\)"):
+        with_overrides(base, {"detectors.warmup_steps": 2.5})
+    with pytest.raises(ConfigError, match=r"'detectors\.warmup_steps' is not a section"):
+        with_overrides(base, {"detectors.warmup_steps.x": 1})
+    with pytest.raises(ConfigError, match="did you mean 'detectors'"):
+        with_overrides(base, {"detectorz.nan.enabled": False})
+
+
+def test_with_overrides_reads_text_like_a_file() -> None:
+    cfg = with_overrides(
+        Config(),
+        {
+            "detectors.warmup_steps": "50",
+            "detectors.nan.enabled": "off",
+            "detectors.loss_spike.factor": "3",
+            "logs.max_line_bytes": "2MiB",
+            "run.name": "007",
+            "run.rank": "",
+        },
+    )
+    assert cfg.detectors.warmup_steps == 50 and cfg.detectors.nan.enabled is False
+    assert cfg.detectors.loss_spike.factor == 3.0 and cfg.logs.max_line_bytes == 2 * 2**20
+    assert cfg.run.name == "007" and cfg.run.rank is None
+    with pytest.raises(ConfigError) as info:
+        with_overrides(Config(), {"detectors.warmup_steps": "fifty"})
+    assert str(info.value) == (
+        "<overrides>: detectors.warmup_steps: expected an integer, got a string ('fifty')"
+    )
+    kept = with_overrides(config_from_dict({"run": {"name": "null"}}), {"run.rank": "1"})
+    assert kept.run.name == "null"  # values already in the config are not re-read as text
+
+
+def test_parse_override_reads_values_as_yaml() -> None:
+    assert parse_override("detectors.warmup_steps=10") == ("detectors.warmup_steps", 10)
+    assert parse_override("logs.poll_interval=2s") == ("logs.poll_interval", "2s")
+    assert parse_override("run.name=") == ("run.name", None)
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_override("detectors.warmup_steps")
+    key, value = parse_override("detectors.nan.enabled=off")
+    assert with_overrides(Config(), {key: value}).detectors.nan.enabled is False
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def test_render_defaults_round_trip_and_docs(tmp_path: Path) -> None:
+    text = render_config(Config())
+    assert load_config(write(tmp_path, text), env={}) == Config()
+    assert "  poll_interval: 250ms  # upper bound between two reads of a followed log\n" in text
+    assert "  max_line_bytes: 1MiB  # " in text
+    assert "# thresholds of every detector\ndetectors:\n" in text
+    assert "  # loss spikes\n  loss_spike:\n    enabled: true  # " in text
+    value_lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    leaves = [ln for ln in value_lines if not ln.endswith(":")]
+    assert len(leaves) == len(config_keys())
+    assert all(re.search(r"\S  # \S", ln) for ln in leaves)
+
+
+def test_render_round_trips_awkward_values(tmp_path: Path) -> None:
+    awkward = {
+        "run": {"name": "yes", "node": "${HOME} and $${X}", "rank": 3},
+        "logs": {
+            "regex": "(?P<step>\\d+): 'loss' # \"x\"\nnext",
+            "encoding": "123",
+            "poll_interval": 0.1234567,
+            "max_line_bytes": 1536,
+            "format": "regex",
+        },
+        "detectors": {"grad_vanishing": {"threshold": 1e-9}, "loss_plateau": {"window": 0}},
+    }
+    cfg = config_from_dict(awkward)
+    assert cfg.run.node == "${HOME} and $${X}"
+    again = load_config(write(tmp_path, render_config(cfg)), env={"HOME": "/root"})
+    assert again == cfg
+
+
+def test_config_keys() -> None:
+    keys = config_keys()
+    assert keys[:2] == ["run.name", "run.rank"]
+    assert "detectors.loss_spike.factor" in keys and "logs.max_line_bytes" in keys
+    assert "detectors.nan" not in keys
+    assert len(keys) == len(set(keys))
+    for key in keys:  # every key is settable by its dotted name
+        section, _, leaf = key.rpartition(".")
+        obj = Config()
+        for part in section.split("."):
+            obj = getattr(obj, part)
+        value = getattr(obj, leaf)
+        assert with_overrides(Config(), {key: value}) == Config()
+
+
+# -- generic schema (the lead adds sections later) ----------------------------------------------
+
+
+@dataclass
+class SinkConf:
+    kind: Literal["slack", "webhook"] = field(metadata={"doc": "where to send"})
+    url: str = field(default="", metadata={"doc": "endpoint"})
+    timeout: Duration = field(default=Duration(5.0), metadata={"doc": "per request"})
+
+
+@dataclass
+class TlsConf:
+    cert: Path = field(default=Path("/etc/cert.pem"), metadata={"doc": "certificate"})
+
+
+@dataclass
+class Extended:
+    sinks: list[SinkConf] = field(default_factory=list, metadata={"doc": "alert sinks"})
+    labels: dict[str, str] = field(default_factory=dict, metadata={"doc": "extra labels"})
+    ranks: list[int] = field(default_factory=list, metadata={"doc": "ranks to watch"})
+    intervals: list[Duration] = field(default_factory=list, metadata={"doc": "backoff"})
+    tls: TlsConf | None = field(default=None, metadata={"doc": "optional TLS"})
+    quota: Size | None = field(default=None, metadata={"doc": "disk quota"})
+    mode: Literal["fast", "safe"] | None = field(default=None, metadata={"doc": "mode"})
+
+
+def load_extended(text: str) -> Extended:
+    return loader._build(loader._parse_yaml(textwrap.dedent(text), "ext.yaml"), Extended, "ext.yaml", {})
+
+
+def test_generic_schema_lists_dicts_and_optional_sections() -> None:
+    cfg = load_extended(
+        """
+        sinks:
+          - kind: slack
+            url: https://hooks.example/x
+          - {kind: webhook, timeout: 30s}
+        labels: {team: ml, "zone": 1}
+        ranks: [0, 1, 7]
+        intervals: [1s, 2m]
+        tls:
+          cert: /tmp/c.pem
+        quota: 10GiB
+        """
+    )
+    assert cfg.sinks == [
+        SinkConf("slack", "https://hooks.example/x"),
+        SinkConf("webhook", timeout=Duration(30.0)),
+    ]
+    assert cfg.labels == {"team": "ml", "zone": "1"}
+    assert cfg.ranks == [0, 1, 7] and cfg.intervals == [1.0, 120.0]
+    assert cfg.tls == TlsConf(Path("/tmp/c.pem")) and cfg.quota == 10 * 2**30 and cfg.mode is None
+    assert load_extended(render_config(cfg)) == cfg  # type: ignore[arg-type]
+    assert load_extended(render_config(Extended())) == Extended()  # type: ignore[arg-type]
+    with_doc = render_config(Extended(sinks=[SinkConf("slack")]))  # type: ignore[arg-type]
+    assert "sinks:  # alert sinks\n  - kind: slack  # where to send\n    url: ''  # endpoint\n" in with_doc
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "fragment"),
+    [
+        ("sinks:\n  - kind: slack\n  - url: x\n", 3, "sinks[1].kind", "missing required key"),
+        (
+            "sinks:\n  - kind: slack\n  - kind: email\n",
+            3,
+            "sinks[1].kind",
+            "must be one of 'slack', 'webhook'",
+        ),
+        ("sinks:\n  - kind: slack\n    timeout: forever\n", 3, "sinks[0].timeout", "invalid duration"),
+        ("sinks: {kind: slack}\n", 1, "sinks", "expected a list"),
+        ("ranks: [0, true]\n", 1, "ranks[1]", "expected an integer"),
+        ("labels: [a]\n", 1, "labels", "expected a mapping"),
+        ("labels:\n  a: x\n  a: y\n", 3, "labels.a", "duplicate key"),
+        ("labels:\n  team: [x]\n", 2, "labels.team", "expected a string"),
+        ("tls:\n  crt: x\n", 2, "tls.crt", "did you mean 'cert'?"),
+        ("mode: quick\n", 1, "mode", "must be one of 'fast', 'safe'"),
+    ],
+)
+def test_generic_schema_errors(text: str, line: int, key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_extended(text)
+    assert (info.value.line, info.value.key) == (line, key)
+    assert fragment in info.value.message
+
+
+def test_generic_schema_null_optional_section() -> None:
+    assert load_extended("tls: null\nmode: ~\nquota:\n") == Extended()
+    assert load_extended("tls:\n").tls is None
+
+
+# -- robustness -------------------------------------------------------------------------------------
+
+# fmt: off
+_TOKENS = [
+    *{part for key in config_keys() for part in key.split(".")},
+    "run", "logs", "detectors", ":", ": ", "\n", "\n  ", "\n    ", "- ", "[", "]", "{", "}", ",", "&a ", "*a",
+    "<<: ", "!!int ", "!!bool ", "!x ", "'", '"', "#", "|", ">", "~", "null", "yes", "1e5", "10m", "5MiB",
+    "${X}", "${Y:-3}", "$${", "${", "-1", ".nan", "\t", "?", "%", "@", "`", "\x00", "\ufeff", "é", "---\n",
+]
+# fmt: on
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(st.sampled_from(_TOKENS) | st.text(max_size=4), max_size=40))
+def test_arbitrary_yamlish_text_raises_only_config_error(tmp_path: Path, pieces: list[str]) -> None:
+    path = tmp_path / "fuzz.yaml"
+    path.write_bytes("".join(pieces).encode("utf-8", "surrogatepass"))
+    try:
+        cfg = load_config(path, env={"X": "1"})
+    except ConfigError as e:
+        assert str(e).startswith(str(path))
+    else:
+        assert isinstance(cfg, Config)
+        assert dataclasses.is_dataclass(cfg)
+
+
+def test_config_error_str_without_location() -> None:
+    assert str(ConfigError("boom")) == "boom"
+    assert str(ConfigError("boom", line=3)) == "line 3: boom"
+    assert str(ConfigError("boom", file="a.yaml", key="x.y")) == "a.yaml: x.y: boom"
