@@ -272,3 +272,14 @@ def test_cross_rank_lag_by_steps_and_healthy_silence() -> None:
     assert [(f.rank, f.step) for f in out] == [(3, 120)]
     healthy_states = [_state_with(r, 200, [])[0] for r in range(4)]
     assert cross_rank(healthy_states, {}, RankLagConfig()) == []
+
+
+def test_bf16_constant_loss_scale_of_one_is_not_a_collapse() -> None:
+    recs = [StepRecord(step=s, loss=2.0, grad_norm=0.5, loss_scale=1.0) for s in range(1, 400)]
+    assert [f for f in run(recs) if f.kind == "loss_scale_collapse"] == []
+
+
+def test_dynamic_scale_falling_to_one_is_a_collapse() -> None:
+    recs = [StepRecord(step=s, loss=2.0, loss_scale=2.0 ** max(0, 16 - s // 10)) for s in range(1, 400)]
+    fs = [f for f in run(recs) if f.kind == "loss_scale_collapse"]
+    assert len(fs) == 1 and fs[0].step == 160

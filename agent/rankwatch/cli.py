@@ -27,7 +27,9 @@ def _setup_logging(verbose: int, quiet: bool) -> None:
     level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
     if not verbose and not quiet:
         level = logging.WARNING
-    logging.basicConfig(level=level, format="rankwatch %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=level, format="rankwatch %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
 
 
 def _load_config(args: argparse.Namespace):
@@ -76,8 +78,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     paths = _expand_paths(args.paths)
     result = analyze(paths, cfg)
     if args.json:
-        json.dump(result.to_json(), sys.stdout, indent=2 if args.pretty else None, allow_nan=False,
-                  default=str)
+        json.dump(
+            result.to_json(), sys.stdout, indent=2 if args.pretty else None, allow_nan=False, default=str
+        )
         sys.stdout.write("\n")
     else:
         colour = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ
@@ -114,7 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", "-c", metavar="FILE", help="YAML config (default: $RANKWATCH_CONFIG)")
     common.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", help="override one config key, e.g. detectors.warmup_steps=50"
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override one config key, e.g. detectors.warmup_steps=50",
     )
 
     a = sub.add_parser(
@@ -122,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="run the parsers and detectors over finished log files (one per rank)",
         description="Analyze finished logs. Rank comes from the file name (rank-3.log) or from launcher "
-        "prefixes on each line. Exit 0: nothing of severity warning or above; 1: such findings; 2: bad input.",
+        "prefixes on each line. Exit 0: nothing of severity warning or above; 1: such findings; "
+        "2: bad input.",
     )
     a.add_argument("paths", nargs="+", metavar="PATH", help="log files, or directories of them")
     a.add_argument("--json", action="store_true", help="print one JSON document (the DESIGN.md contract)")

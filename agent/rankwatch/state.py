@@ -34,6 +34,7 @@ class RankState:
     last_time: float | None = None
     last_progress_time: float | None = None
     fp16_evidence: bool = False
+    max_loss_scale: float | None = None
 
     def position(self, rec: StepRecord | None = None) -> int:
         """Step number where the log gives one, else the count of logged steps."""
@@ -56,8 +57,12 @@ class RankState:
                     self.last_progress_time = record.time
             if record.total_steps is not None:
                 self.total_steps = record.total_steps
-            if record.loss_scale is not None:
-                self.fp16_evidence = True
+            ls = record.loss_scale
+            if ls is not None and ls == ls:
+                # bf16 runs print a constant scale of 1.0; only a dynamic scale means fp16.
+                self.max_loss_scale = ls if self.max_loss_scale is None else max(self.max_loss_scale, ls)
+                if ls != 1.0:
+                    self.fp16_evidence = True
             if record.skipped_iters:
                 self.overflows.extend([record.step] * min(record.skipped_iters, 1000))
         elif isinstance(record, EvalRecord):

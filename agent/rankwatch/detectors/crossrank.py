@@ -63,12 +63,13 @@ def cross_rank(
         others = [r for r in secondary if r != culprit]
         if others:
             kinds = sorted({f.kind for f in findings.get(culprit, []) if f.kind in PRIMARY})
+            at = f" at step {st.last_step}" if st.last_step is not None else ""
             out[culprit] = Finding(
                 kind="rank_lagging",
                 severity=Severity.CRITICAL,
                 rank=culprit,
                 message=(
-                    f"rank {culprit} failed first ({', '.join(kinds)} at step {st.last_step}); the NCCL "
+                    f"rank {culprit} failed first ({', '.join(kinds)}{at}); the NCCL "
                     f"timeouts/errors on rank(s) {_label(others)} are a consequence. The real traceback "
                     f"is in rank {culprit}'s log ({st.path})."
                 ),

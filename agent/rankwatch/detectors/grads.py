@@ -194,7 +194,13 @@ class LossScaleDetector(Detector):
                 return []
         now = state.position()
         recent = [s for s in state.overflows if s > now - self.cfg.window]
-        collapsed = finite(scale) and scale <= self.cfg.min_scale  # type: ignore[operator]
+        peak = state.max_loss_scale
+        collapsed = (
+            finite(scale)
+            and scale <= self.cfg.min_scale  # type: ignore[operator]
+            and peak is not None
+            and peak > self.cfg.min_scale
+        )
         if (collapsed or len(recent) >= self.cfg.max_overflows) and self.episode.open(now):
             return [
                 finding(

@@ -1,0 +1,143 @@
+"""Strip what launchers and log shippers put in front of a training job's own text.
+
+Parsers and error signatures want the line the framework printed. Between it and us sit
+ANSI colour, timestamps (python logging, ``ts``, Docker/containerd/Kubernetes), ``srun
+--label`` task numbers, torchrun ``--tee``/``--redirects`` prefixes and Open MPI
+``--tag-output`` tags, stacked in whatever order the launchers were nested. The rank they
+name and the time they carry are worth keeping, so ``strip`` returns both.
+
+Almost every line carries no decoration at all, so the fast path is one ``in`` test and
+one first-character test; regexes only run on lines that start like a decoration.
+Decorations are only recognised at the start of the line (never after leading white
+space, so Megatron's own `` [2024-...] iteration`` stays intact), and only one space
+after a prefix is consumed so that traceback indentation survives.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+
+__all__ = ["strip"]
+
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x40-\x5f])")
+
+_TS_CORE = (
+    r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[T ](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
+    r"(?:[.,](?P<f>\d{1,9}))?(?P<tz>Z|[+-]\d\d:?\d\d)?"
+)
+# Bare timestamp (ISO, python logging, containerd/CRI "stdout F"), then its separator.
+_TS = re.compile(_TS_CORE + r"(?: (?:stdout|stderr) [FP](?: |$)| - | \| | |$)")
+_TS_BRACKET = re.compile(r"\[" + _TS_CORE + r"\](?: - | |$)")
+# Hugging Face example scripts: "[INFO|trainer.py:2345] 2024-05-01 10:00:00,123 >> ".
+_HF_LOGGING = re.compile(r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\|[^\]\s]*\] " + _TS_CORE + r" >> ?")
+_PY_LOGGING = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.<>-]+:")
+_MPI = re.compile(r"\[\d+,(?P<r>\d{1,7})\]<std(?:out|err|diag)>:")
+_SRUN = re.compile(r" *(?P<r>\d{1,7}): ")
+
+_START = frozenset("[0123456789 DIWEC")
+_MAX_PREFIXES = 8
+_MINUTE_CACHE: dict[tuple[str, str, str, str, str], int] = {}
+_RANK_CACHE: dict[str, tuple[int, bool]] = {}  # "[rank3" -> (3, True)
+
+
+def _epoch(m: re.Match[str]) -> float | None:
+    """Seconds since the epoch; a timestamp without a zone is UTC. None if not a real date."""
+    key = (m["y"], m["mo"], m["d"], m["h"], m["mi"])
+    base = _MINUTE_CACHE.get(key)
+    if base is None:
+        y, mo, d, h, mi = (int(v) for v in key)
+        if not (1 <= mo <= 12 and 1 <= d <= 31 and h <= 23 and mi <= 59 and y >= 1970):
+            return None
+        base = calendar.timegm((y, mo, d, h, mi, 0, 0, 0, 0))
+        if len(_MINUTE_CACHE) >= 4096:
+            _MINUTE_CACHE.clear()
+        _MINUTE_CACHE[key] = base
+    sec = int(m["s"])
+    if sec > 60:
+        return None
+    t = float(base + sec)
+    frac = m["f"]
+    if frac:
+        t += int(frac) / 10 ** len(frac)
+    tz = m["tz"]
+    if tz and tz != "Z":
+        digits = tz[1:].replace(":", "")
+        offset = int(digits[:2]) * 3600 + int(digits[2:]) * 60
+        t += -offset if tz[0] == "+" else offset
+    return t
+
+
+def _bracket_rank(head: str) -> tuple[int, bool] | None:
+    """``[rank3`` / ``[default3`` (before ``]:``): (rank, whether one following space goes too)."""
+    for tag, space in (("[rank", True), ("[default", False)):
+        if head.startswith(tag):
+            digits = head[len(tag) :]
+            if 0 < len(digits) <= 7 and digits.isdecimal():
+                return int(digits), space
+    return None
+
+
+def strip(raw: str) -> tuple[str, int | None, float | None]:
+    """(text, rank, epoch seconds) with every leading launcher decoration removed.
+
+    When prefixes nest (``0: [rank3]: ...``) the innermost rank wins: it is the one the
+    training process itself belongs to. The first timestamp found wins for the time.
+    """
+    if "\x1b" in raw:
+        raw = _ANSI.sub("", raw)
+    if not raw or raw[0] not in _START:
+        return raw, None, None
+    text = raw
+    rank: int | None = None
+    when: float | None = None
+    for _ in range(_MAX_PREFIXES):
+        if not text or text[0] not in _START:
+            break
+        c = text[0]
+        m: re.Match[str] | None = None
+        if c == "[":
+            head, sep, rest = text.partition("]:")
+            if sep and len(head) <= 16:
+                hit = _RANK_CACHE.get(head)
+                if hit is None:
+                    hit = _bracket_rank(head)
+                    if hit is not None and len(_RANK_CACHE) < 4096:
+                        _RANK_CACHE[head] = hit
+                if hit is not None:
+                    rank = hit[0]
+                    text = rest[1:] if hit[1] and rest[:1] == " " else rest
+                    continue
+            m = _MPI.match(text)
+            if m is not None:
+                rank = int(m["r"])
+            else:
+                m = _TS_BRACKET.match(text) or _HF_LOGGING.match(text)
+                if m is not None:
+                    t = _epoch(m)
+                    if t is None:
+                        break
+                    if when is None:
+                        when = t
+        elif c == " ":
+            m = _SRUN.match(text)
+            if m is not None:
+                rank = int(m["r"])
+        elif c in "DIWEC":
+            m = _PY_LOGGING.match(text)
+        else:
+            m = _TS.match(text)
+            if m is not None:
+                t = _epoch(m)
+                if t is None:
+                    break
+                if when is None:
+                    when = t
+            else:
+                m = _SRUN.match(text)
+                if m is not None:
+                    rank = int(m["r"])
+        if m is None or m.end() == 0:
+            break
+        text = text[m.end() :]
+    return text, rank, when

@@ -1,0 +1,234 @@
+"""One object per log stream: raw lines in, typed records out.
+
+A stream may carry many ranks (``srun --label``, torchrun ``--tee``), so everything that
+keeps state — the error-signature matcher and the format parser — exists once per rank
+seen on the stream, created on demand.
+
+Format auto-detection: until a format is decided every stripped line is offered to
+``sniff_format``; the first positive answer decides. Generic formats (``json``, ``kv``)
+match many things a specific format also prints, so for ``sniff_lines`` lines after a
+generic decision a specific format may still take over; after that, or once a specific
+format is decided, the choice is final. A forced format never sniffs.
+
+A format parser that raises loses only that line: the error is counted, logged once per
+parser, and the stream goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from rankwatch.records import ErrorRecord, Record
+from rankwatch.sources import parsers as _formats
+from rankwatch.sources.decorations import strip
+from rankwatch.sources.parsers.base import FormatParser, LogLine
+from rankwatch.sources.signatures import SignatureMatcher
+
+__all__ = ["LogParser", "ParseStats"]
+
+log = logging.getLogger("rankwatch.parse")
+
+_GENERIC = frozenset({"json", "kv"})
+
+
+@dataclass
+class ParseStats:
+    lines: int = 0
+    parsed: int = 0  # lines that produced at least one record
+    unparsed: int = 0  # complete lines that produced none
+    cut: int = 0  # lines the follower cut at max_line_bytes (only error signatures look at them)
+    errors: int = 0  # exceptions caught from parsers (and, never expected, from matchers)
+
+
+class LogParser:
+    def __init__(
+        self,
+        *,
+        default_rank: int | None = None,
+        fmt: str = "auto",
+        regex: str | None = None,
+        sniff_lines: int = 200,
+    ) -> None:
+        self.default_rank = default_rank
+        self.stats = ParseStats()
+        self.ranks_seen: set[int] = set()
+        self._last_lineno: int | None = None
+        self._last_rank: int | None = None
+        self._auto = fmt == "auto"
+        self.format: str | None = None if self._auto else fmt
+        self._regex = regex
+        self._sniff_lines = max(0, sniff_lines)
+        self._upgrade_left = 0
+        self._matchers: dict[int | None, SignatureMatcher] = {}
+        self._parsers: dict[int | None, FormatParser] = {}
+        self._waiting: set[int | None] = set()
+        self._logged: set[Any] = set()
+        if not self._auto:
+            # Build one now so that an unknown format or a bad regex fails at startup.
+            self._parsers[default_rank] = _formats.make_parser(fmt, regex=regex)
+
+    # -- public -------------------------------------------------------------------------------
+
+    def feed(self, text: str, lineno: int, *, cut: bool = False, now: float | None = None) -> list[Record]:
+        st = self.stats
+        st.lines += 1
+        body, prank, ts = strip(text)
+        if prank is not None:
+            rank: int | None = prank
+            self.ranks_seen.add(prank)
+        elif lineno == self._last_lineno:
+            # A \r segment (tqdm) of a line whose launcher prefix came with its first segment.
+            rank = self._last_rank
+        else:
+            rank = self.default_rank
+        self._last_lineno, self._last_rank = lineno, rank
+        when = ts if ts is not None else now
+
+        out: list[Record] = list(self._signatures(body, lineno, rank, when))
+        for rec in out:
+            # torchelastic's failure box is printed by the launcher, about another rank.
+            failed = getattr(rec, "details", {}).get("failed_rank") if rec.rank is None else None
+            if isinstance(failed, int):
+                rec.rank = failed
+        if cut:
+            st.cut += 1
+        else:
+            recs = self._parse(body, lineno, rank, when)
+            if recs:
+                out.extend(recs)
+        if out:
+            st.parsed += 1
+        elif not cut:
+            st.unparsed += 1
+        return out
+
+    def finish(self) -> list[Record]:
+        """End of stream (or a long quiet spell): flush every held-back error record.
+
+        Feeding may continue afterwards; format parsers keep their state.
+        """
+        out: list[Record] = []
+        for m in self._matchers.values():
+            out.extend(self._guard(m.flush, "matcher"))
+        self._waiting.clear()
+        for rank, parser in self._parsers.items():
+            fin = getattr(parser, "finish", None)
+            if callable(fin):
+                recs = self._guard(fin, parser) or []
+                out.extend(self._fill(recs, None, rank, None))
+        return out
+
+    def release_pending(self) -> list[Record]:
+        """Tracebacks that are complete but held back in case they continue; for idle streams."""
+        out: list[Record] = []
+        for rank in list(self._waiting):
+            out.extend(self._guard(self._matchers[rank].release, "matcher"))
+        self._waiting.clear()
+        return out
+
+    def progress(self, rank: int | None = None) -> Any:
+        """The format parser's own progress view (HF tqdm bars), when it has one."""
+        parser = self._parsers.get(rank if rank is not None else self.default_rank)
+        attr = getattr(parser, "progress", None)
+        if attr is None:
+            return None
+        if not callable(attr):
+            return attr
+        try:
+            return attr()
+        except Exception:
+            return None
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _signatures(self, body: str, lineno: int, rank: int | None, when: float | None) -> list[ErrorRecord]:
+        m = self._matchers.get(rank)
+        if m is None:
+            m = self._matchers[rank] = SignatureMatcher()
+        try:
+            out = m.feed(body, lineno, rank, when)
+        except Exception:
+            self._error("matcher", "error-signature matcher failed")
+            out = []
+        waiting = self._waiting
+        if m.waiting:
+            waiting.add(rank)
+        elif rank in waiting:
+            waiting.discard(rank)
+        if waiting and (len(waiting) > 1 or rank not in waiting):
+            for r in list(waiting):
+                if r != rank:
+                    other = self._matchers[r]
+                    out = out + self._guard(lambda o=other: o.expire(lineno), "matcher")
+                    if not other.waiting:
+                        waiting.discard(r)
+        return out
+
+    def _parse(self, body: str, lineno: int, rank: int | None, when: float | None) -> list[Record]:
+        if self._auto and (self.format is None or self._upgrade_left > 0):
+            self._sniff(body)
+            if self.format is None:
+                return []
+        parser = self._parsers.get(rank)
+        if parser is None:
+            try:
+                parser = _formats.make_parser(self.format, regex=self._regex)
+            except Exception:
+                self._error("make_parser", f"cannot build a parser for format {self.format!r}")
+                return []
+            self._parsers[rank] = parser
+        try:
+            recs = parser.parse(LogLine(body, lineno, rank, when))
+        except Exception:
+            self._error(parser, f"format parser {self.format!r} failed on line {lineno}")
+            return []
+        return self._fill(recs, lineno, rank, when) if recs else []
+
+    def _sniff(self, body: str) -> None:
+        if self.format is not None:
+            self._upgrade_left -= 1
+        try:
+            name = _formats.sniff_format(body)
+        except Exception:
+            self._error("sniff_format", "format sniffing failed")
+            return
+        if not name:
+            return
+        if self.format is None:
+            self.format = name
+            self._upgrade_left = self._sniff_lines if name in _GENERIC else 0
+            log.info("log format detected: %s", name)
+            return
+        if name not in _GENERIC and name != self.format:
+            log.info("log format refined: %s -> %s", self.format, name)
+            self.format = name
+            self._parsers.clear()
+            self._upgrade_left = 0
+
+    @staticmethod
+    def _fill(recs: list[Record], lineno: int | None, rank: int | None, when: float | None) -> list[Record]:
+        for r in recs:
+            if r.rank is None:
+                r.rank = rank
+            if r.line is None:
+                r.line = lineno
+            if r.time is None:
+                r.time = when
+        return recs
+
+    def _guard(self, fn: Any, who: Any) -> list[Any]:
+        try:
+            return fn()
+        except Exception:
+            self._error(who, "error-signature matcher failed" if who == "matcher" else "parser finish failed")
+            return []
+
+    def _error(self, who: Any, what: str) -> None:
+        self.stats.errors += 1
+        key = who if isinstance(who, str) else id(who)
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        log.warning("%s (further errors from it are counted, not logged)", what, exc_info=True)

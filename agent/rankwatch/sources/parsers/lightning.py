@@ -1,0 +1,206 @@
+"""PyTorch Lightning: the training progress bar (tqdm or rich) and ``CSVLogger`` files.
+
+The bar shows the batch within the epoch; a global step is derived as
+``epoch * batches_per_epoch + batch`` so it increases across epochs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from rankwatch.records import Record
+
+from ._common import (
+    MetricBag,
+    OverflowTracker,
+    eval_record,
+    rate_to_step_time,
+    step_record,
+    strip_ansi,
+    to_float,
+    to_int,
+)
+from .base import LogLine
+
+_TQDM = re.compile(
+    r"Epoch (?P<epoch>\d{1,9}):\s{0,4}"
+    r"(?:\d{1,3}%\|[^|\r\n]{0,400}\|\s{0,4}(?P<n>\d{1,18})/(?P<total>\d{1,18})|(?P<count>\d{1,18})it)"
+    r"\s{0,4}\[(?P<info>[^\]\r\n]{0,2000})\]"
+)
+_RICH = re.compile(
+    r"Epoch (?P<epoch>\d{1,9})(?:/(?P<last>\d{1,9}))?\s+[━╸╺╾╼─ ]{1,400}\s(?P<n>\d{1,18})/(?P<total>\d{1,18})"
+    r"\s+\S+\s+•\s+\S+\s+(?P<rate>[\d.]+it/s|[\d.]+s/it)?(?P<info>.{0,2000})"
+)
+_POSTFIX = re.compile(r"(?P<k>[A-Za-z_][\w/.\-]{0,80})\s{0,2}[=:]\s{0,2}(?P<v>[^,\s\]]{1,400})")
+_EVAL_KEYS = ("val_loss", "val/loss", "valid_loss", "validation_loss", "val_loss_epoch", "eval_loss")
+
+
+class LightningParser:
+    name: ClassVar[str] = "lightning"
+
+    def __init__(self) -> None:
+        self._overflow = OverflowTracker()
+        self._last_step: int | None = None
+        self._last_epoch: int | None = None
+        self._epoch_base = 0
+        self._last_n = 0
+        self._last_val: str | None = None
+        self._postfix: str | None = None
+        self._metrics: tuple[dict[str, float], dict[str, float], str | None] = ({}, {}, None)
+
+    def sniff(self, text: str) -> bool:
+        if "Epoch " not in text:
+            return False
+        text = strip_ansi(text)
+        return _TQDM.search(text) is not None or _RICH.search(text) is not None
+
+    def parse(self, line: LogLine) -> list[Record]:
+        text = line.text
+        if "Epoch " not in text:
+            if OverflowTracker.maybe(text):
+                return list(self._overflow.feed(line, strip_ansi(text)) or ())
+            return []
+        text = strip_ansi(text)
+        if "\r" in text:  # an unsplit run of redraws: the last one is current
+            text = text.rstrip("\r")
+            text = text[text.rfind("\r") + 1 :]
+        m = _TQDM.search(text)
+        if m is not None:
+            n_raw = m.group("n") or m.group("count")
+            parts = m.group("info").split(",", 2)
+            rate = parts[1] if len(parts) > 1 else ""
+            postfix = parts[2] if len(parts) > 2 else ""
+            return self._bar(line, m.group("epoch"), n_raw, m.group("total"), rate, postfix, None)
+        r = _RICH.search(text)
+        if r is not None:
+            last = to_int(r.group("last")) if r.group("last") else None
+            rate = r.group("rate") or ""
+            return self._bar(
+                line, r.group("epoch"), r.group("n"), r.group("total"), rate, r.group("info"), last
+            )
+        return []
+
+    def _bar(
+        self,
+        line: LogLine,
+        epoch_raw: str,
+        n_raw: str,
+        total_raw: str | None,
+        rate: str,
+        postfix: str,
+        last_epoch: int | None,
+    ) -> list[Record]:
+        epoch, n = to_int(epoch_raw), to_int(n_raw)
+        if epoch is None or n is None:
+            return []
+        total = to_int(total_raw) if total_raw else None
+        step = self._global_step(epoch, n, total)
+        # Redraws repeat the postfix between two logging steps; parse it once.
+        if postfix != self._postfix:
+            self._postfix = postfix
+            self._metrics = self._read_postfix(postfix)
+        fields, eval_metrics, raw_val = self._metrics
+        out: list[Record] = []
+        if step != self._last_step:
+            self._last_step = step
+            total_steps = total * (last_epoch + 1) if total is not None and last_epoch is not None else None
+            out.append(
+                step_record(
+                    line,
+                    step=step,
+                    total_steps=total_steps,
+                    epoch=float(epoch),
+                    loss=fields.get("loss"),
+                    grad_norm=fields.get("grad_norm"),
+                    learning_rate=fields.get("learning_rate"),
+                    step_time_s=rate_to_step_time(rate),
+                )
+            )
+        if raw_val is not None and raw_val != self._last_val:
+            self._last_val = raw_val
+            val = to_float(raw_val)
+            if val is not None:
+                out.append(eval_record(line, eval_loss=val, step=step, metrics=dict(eval_metrics)))
+        return out
+
+    @staticmethod
+    def _read_postfix(postfix: str) -> tuple[dict[str, float], dict[str, float], str | None]:
+        bag = MetricBag()
+        raw_val: str | None = None
+        for key, raw in _POSTFIX.findall(postfix):
+            if key == "v_num":
+                continue
+            if raw_val is None and key in _EVAL_KEYS:
+                raw_val = raw
+            bag.put(key, to_float(raw))
+        return bag.fields, bag.eval_metrics, raw_val
+
+    def _global_step(self, epoch: int, n: int, total: int | None) -> int:
+        if total:
+            return epoch * total + n
+        if self._last_epoch is not None and epoch != self._last_epoch:
+            self._epoch_base += self._last_n
+        self._last_epoch, self._last_n = epoch, n
+        return self._epoch_base + n
+
+
+class LightningCsvParser:
+    """Rows of ``CSVLogger``'s ``metrics.csv``; columns are named by its header line.
+
+    Lightning rewrites the file with a wider header when new metric names appear, so a
+    header seen at any point replaces the column list.
+    """
+
+    name: ClassVar[str] = "lightning_csv"
+
+    _IDENT = re.compile(r"[A-Za-z_][\w/.\-() ]{0,120}")
+
+    def __init__(self) -> None:
+        self._cols: list[str] | None = None
+        self._commas = -1
+
+    def sniff(self, text: str) -> bool:
+        return self._header(text) is not None
+
+    def _header(self, text: str) -> list[str] | None:
+        if "step" not in text or "," not in text:
+            return None
+        cols = [c.strip().strip('"') for c in text.strip().split(",")]
+        if len(cols) < 2 or "step" not in cols:
+            return None
+        if not all(self._IDENT.fullmatch(c) for c in cols):
+            return None
+        if not any("loss" in c or c == "epoch" for c in cols):
+            return None
+        return cols
+
+    def parse(self, line: LogLine) -> list[Record]:
+        text = line.text
+        if self._cols is None or "step" in text:
+            cols = self._header(text)
+            if cols is not None:
+                self._cols, self._commas = cols, len(cols) - 1
+                return []
+        if self._cols is None or text.count(",") != self._commas:
+            return []
+        return self._row(line, text)
+
+    def _row(self, line: LogLine, text: str) -> list[Record]:
+        assert self._cols is not None
+        bag = MetricBag()
+        for col, cell in zip(self._cols, text.split(","), strict=False):
+            bag.put(col, to_float(cell) if cell.strip() else None)
+        f = bag.fields
+        if "step" not in f:
+            return []
+        step = to_int(f["step"])
+        out: list[Record] = []
+        if any(k in f for k in ("loss", "grad_norm")):
+            rec = bag.step_record(line)
+            if rec is not None:
+                out.append(rec)
+        if "eval_loss" in f or bag.eval_metrics:
+            metrics = dict(bag.eval_metrics)
+            out.append(eval_record(line, eval_loss=f.get("eval_loss"), step=step, metrics=metrics))
+        return out

@@ -1,0 +1,793 @@
+"""Recognise the error text that frameworks, launchers, drivers and schedulers print.
+
+The wording matched here is the wording the tools really print (PyTorch's caching
+allocator and ProcessGroupNCCL, NCCL's own ``NCCL WARN``, the NVIDIA kernel driver, Slurm's
+``srun``/``slurmstepd``, torchelastic), old and new variants alike.
+
+Errors span lines: a Python traceback is one event from ``Traceback (most recent call
+last):`` through its final exception line, plus the lines Python and PyTorch append to
+the message (the CUDA "kernel errors might be asynchronously reported" advice, NCCL's
+``Last error:``, torchelastic's failure box, chained tracebacks). So a matcher is a small
+state machine, one per (stream, rank): interleaved ranks must not share one. A finished
+traceback is held back until the next line shows it is not continued; ``flush`` (end of
+stream), ``release`` (stream went quiet) or ``expire`` (other ranks moved on) hand it out.
+
+Most lines are not errors, so an idle matcher spends a handful of substring tests per
+line; regexes run only on lines that contain a trigger word.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Any, NamedTuple
+
+from rankwatch.records import ErrorRecord, Severity
+
+__all__ = ["Hit", "SignatureMatcher", "classify"]
+
+_C = Severity.CRITICAL
+_W = Severity.WARNING
+
+_UNITS = {
+    "bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+}  # fmt: skip
+_SIZE = r"(\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB|TiB|KB|MB|GB|TB|B)\b"
+
+# --- GPU and host memory -------------------------------------------------------------
+_GPU_OOM = re.compile(
+    r"(?:CUDA|HIP) out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
+    r"|CUBLAS_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED: Out of memory"
+)
+_OOM_TRIED = re.compile(r"Tried to allocate " + _SIZE)
+# Before torch 2.1: "(GPU 0; 79.15 GiB total capacity; 1.2 GiB already allocated; 6.00 MiB free; ..."
+_OOM_OLD = re.compile(
+    r"\(GPU (\d+); " + _SIZE + r" total capacity(?:; " + _SIZE + r" already allocated)?"
+    r"(?:; " + _SIZE + " free)?"
+)
+# Since: "GPU 0 has a total capacity of 79.11 GiB of which 6.00 MiB is free." (some say "capacty")
+_OOM_NEW = re.compile(r"GPU (\d+) has a total capaci?ty of " + _SIZE + r" of which " + _SIZE + r" is free")
+_KERNEL_OOM = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)")
+_DL_KILLED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) is killed by signal: Killed")
+_SLURM_OOM = re.compile(
+    r"Detected (\d+) oom[-_]kill events?(?:\(s\))?(?: in (?:StepId=|step )([\w.]+?)\.?(?=\s|$))?"
+)
+
+# --- NCCL ------------------------------------------------------------------------------
+_NCCL_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
+    r"(?:.*?Timeout\(ms\)=(\d+)\))?(?: ran for (\d+) milliseconds)?"
+)
+_NCCL_STUCK = re.compile(r"watchdog got stuck for (\d+) seconds")
+_NCCL_WARN = re.compile(r"NCCL WARN (.*)")
+_NCCL_ABORTED = re.compile(
+    r"NCCL communicator was aborted on rank (\d+)\.?\s*"
+    r"(?:Original reason for (?:failure|the abort|aborting) was:\s*(.*))?"
+)
+_NCCL_ERROR_IN = re.compile(r"NCCL error in: ([^,]+), (.*?)(?:, NCCL version (\S+))?\s*$")
+_NCCL_ERROR = re.compile(r"NCCL [Ee]rror(?: (\d+))?: (.*)")
+_NCCL_CODE = re.compile(
+    r"\b(nccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage|InvalidArgument|InProgress)Error)\b:?\s*(.*)"
+)
+
+# --- CUDA and the driver ------------------------------------------------------------------
+_CUDA_ERR = re.compile(
+    r"CUDA error: (.+)|CUDA driver error: (.+)|(cudaError\w+)|(CUDNN_STATUS_\w+|CUBLAS_STATUS_\w+)"
+    r"|(uncorrectable ECC error.*)|CUDA failure \d+: (.+)"
+)
+_XID = re.compile(
+    r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)(?:, pid=([^,]*))?(?:, name=([^,]*))?(?:,\s*(.*))?"
+)
+# Xids that usually mean the application, not the GPU, misbehaved (or pure bookkeeping).
+_XID_WARNING = frozenset({13, 31, 43, 45, 63, 64, 92})
+
+# --- Slurm and the shell ----------------------------------------------------------------
+_SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+?)\s*$")
+_SRUN_EXIT = re.compile(r"Exited with exit code (\d+)")
+_SLURM_CANCEL = re.compile(
+    r"\*\*\* (JOB|STEP) (\S+) (?:ON (\S+) )?CANCELLED AT (\S+)"
+    r"(?: DUE TO ([A-Z][A-Z ]*?))?(?: [Oo][Nn] (\S+))? \*\*\*"
+)
+_CANCEL_REASONS = {
+    "TIME LIMIT": ("time_limit", _C, "the time limit was reached"),
+    "PREEMPTION": ("preemption", _C, "it was preempted"),
+    "NODE FAILURE": ("node_failure", _C, "a node failed"),
+    "JOB REQUEUE": ("requeue", _W, "it was requeued"),
+}
+_SIGNALS = {
+    "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT",
+    "Illegal instruction": "SIGILL", "Floating point exception": "SIGFPE", "Killed": "SIGKILL",
+}  # fmt: skip
+_SIG_NAMES = r"(Segmentation fault|Bus error|Aborted|Illegal instruction|Floating point exception|Killed)"
+# bash reporting a dead child: "script.sh: line 28:  8156 Killed   python train.py", or bare "Killed".
+_SHELL_SIGNAL = re.compile(
+    r"(?:\S*:? ?line \d+: +\d+ " + _SIG_NAMES + r"(?: +\(core dumped\))?(?: +\S.*)?"
+    r"|" + _SIG_NAMES + r"(?: +\(core dumped\))?)\s*$"
+)
+_WHAT = re.compile(r"\s*(?:what\(\):\s+)+(.*)")
+
+# --- Python tracebacks ----------------------------------------------------------------
+_TB_HEAD = "Traceback (most recent call last)"
+_EXC_LINE = re.compile(r"([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+_EXC_SUFFIXES = ("Error", "Exception", "Interrupt", "Exit", "Iteration", "Warning", "Failure", "Fault")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)(?:, in (.+))?')
+_RICH_FRAME = re.compile(r"[│|] (\S+\.py):(\d+) in (\S+)")  # rich.traceback's boxed frames
+_RICH_BOX = frozenset("│╭╰|")
+_LIBRARY_PATH = ("site-packages", "dist-packages", "/lib/python", "<frozen", "/bin/", "\\lib\\")
+_CHAIN_HEADS = (
+    "During handling of the above exception",
+    "The above exception was the direct cause",
+)
+# Lines that extend the message of the error just seen rather than start a new one.
+_CONT = re.compile(
+    r"\s*(?:CUDA kernel errors might be|For debugging consider passing|Compile with .?TORCH_USE_CUDA_DSA"
+    r"|Device-side assertions? w|nccl[A-Z]\w*Error\b|Last error:|Exception raised from |frame #\d+:"
+    r"|Search for .cuda|(?:Current thread|Thread) 0x[0-9a-fA-F]+|File \"|If reserved but unallocated"
+    r"|See documentation for Memory Management|Including non-PyTorch memory|Of the allocated memory)"
+)
+_BOX_FIELD = re.compile(r"(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*)")
+_BOX_RANK = re.compile(r"(\d+)(?: \(local_rank: (\d+)\))?")
+_BOX_EXIT = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
+_BOX_SIGNAL = re.compile(r"Signal (\d+) \((SIG\w+)\)")
+
+_IDLE, _TB, _TAIL, _CHAIN, _BOX = range(5)
+_DEDUP_LINES = 1000  # the same condition re-reported within this many lines is one event
+_ATTACH_LINES = 20  # continuation lines this close to a one-line error join its evidence
+_TAIL_LINES = 200  # a finished traceback waits at most this many stream lines for more
+_MAX_NOISE = 50  # stray lines inside a traceback before giving up on its final line
+_MAX_TB_LINES = 20000
+_MAX_SUMMARY = 500
+
+
+class Hit(NamedTuple):
+    """What one line says: ``key`` names the event so its repetitions can be folded."""
+
+    kind: str
+    severity: Severity
+    summary: str
+    details: dict[str, Any]
+    key: tuple[Any, ...] | None = None
+
+
+def _bytes(num: str, unit: str) -> int:
+    return int(float(num) * _UNITS[unit])
+
+
+def _maybe(t: str) -> bool:
+    """Cheap gate: every signature contains one of these words."""
+    return (
+        "rror" in t
+        or "emory" in t
+        or "illed" in t
+        or "NCCL" in t
+        or "NVRM" in t
+        or "what()" in t
+        or "fault" in t
+        or "Aborted" in t
+        or "xception" in t
+        or "nstruction" in t
+        or "CANCELLED" in t
+    )
+
+
+def _short(text: str) -> str:
+    s = text.strip()
+    return s if len(s) <= _MAX_SUMMARY else s[: _MAX_SUMMARY - 3] + "..."
+
+
+def _gpu_oom(t: str) -> Hit:
+    d: dict[str, Any] = {}
+    m = _OOM_TRIED.search(t)
+    if m:
+        d["tried_bytes"] = _bytes(m[1], m[2])
+    m = _OOM_NEW.search(t)
+    if m:
+        d["gpu"] = int(m[1])
+        d["total_bytes"] = _bytes(m[2], m[3])
+        d["free_bytes"] = _bytes(m[4], m[5])
+    else:
+        m = _OOM_OLD.search(t)
+        if m:
+            d["gpu"] = int(m[1])
+            d["total_bytes"] = _bytes(m[2], m[3])
+            if m[4]:
+                d["allocated_bytes"] = _bytes(m[4], m[5])
+            if m[6]:
+                d["free_bytes"] = _bytes(m[6], m[7])
+    return Hit("oom", _C, _short(t), d)
+
+
+def _host_oom(summary: str, **details: Any) -> Hit:
+    return Hit("oom", _C, summary, {"host": True, **details})
+
+
+def _slurm(t: str) -> Hit | None:
+    m = _SRUN.search(t)
+    if m:
+        node, tasks, status = m[1], m[2], m[3]
+        first = re.match(r"\d+", tasks)
+        d: dict[str, Any] = {"node": node, "tasks": tasks, "task": int(first[0]) if first else None}
+        if status.startswith("Out Of Memory"):
+            return _host_oom(f"srun: task {tasks} on {node} ran out of host memory", **d)
+        e = _SRUN_EXIT.search(status)
+        if e:
+            d["exit_code"] = int(e[1])
+            return Hit("crash", _C, f"srun: task {tasks} on {node} exited with exit code {e[1]}", d)
+        if status.startswith("Killed"):
+            d["killed"] = True
+            d["signal"] = "SIGKILL"
+            return Hit("crash", _C, f"srun: task {tasks} on {node} was killed (SIGKILL)", d)
+        d["status"] = status
+        sig = _SIGNALS.get(status.split(" (")[0])
+        if sig:
+            d["signal"] = sig
+        # srun terminates the surviving tasks once one has failed: a consequence, not a cause.
+        sev = _W if status.startswith("Terminated") else _C
+        return Hit("crash", sev, f"srun: task {tasks} on {node}: {status}", d)
+    if "slurmstepd" not in t:
+        return None
+    m = _SLURM_OOM.search(t)
+    if m:
+        step = m[2]
+        d = {"events": int(m[1])}
+        if step:
+            d["step"] = step
+        return Hit("oom", _C, _short(t), {"host": True, **d}, ("slurm_oom", step))
+    m = _SLURM_CANCEL.search(t)
+    if m:
+        what, ident, node, at, due = m[1], m[2], m[3] or m[6], m[4], m[5]
+        reason, sev, why = _CANCEL_REASONS.get(due or "", (None, _W, None))
+        if reason is None:
+            reason = due.strip().lower().replace(" ", "_") if due else "cancelled"
+            why = f"due to {due.strip().lower()}" if due else "it was cancelled"
+        where = f" on {node}" if node else ""
+        d = {"reason": reason, "scope": what.lower(), "id": ident, "at": at}
+        if node:
+            d["node"] = node
+        summary = f"Slurm {what.lower()} {ident}{where} was cancelled at {at}: {why}"
+        return Hit("crash", sev, summary, d, ("slurm_cancel", ident.split(".")[0], reason))
+    return None
+
+
+def _nccl(t: str) -> Hit | None:
+    m = _NCCL_WARN.search(t)
+    if m:
+        msg = m[1].strip()
+        norm = re.sub(r"0x[0-9a-fA-F]+|\d+", "#", msg)[:160]
+        return Hit("nccl_error", _W, _short(t), {"warn": msg}, ("nccl_warn", norm))
+    m = _NCCL_TIMEOUT.search(t)
+    if m:
+        d: dict[str, Any] = {"seq_num": int(m[1]), "op_type": m[2]}
+        if m[3]:
+            d["timeout_ms"] = int(m[3])
+        if m[4]:
+            d["ran_for_ms"] = int(m[4])
+        return Hit("nccl_timeout", _C, _short(t), d, ("nccl_timeout", d["seq_num"], m[2]))
+    if "collective operation timeout" in t:
+        return Hit("nccl_timeout", _C, _short(t), {}, ("nccl_timeout", None, None))
+    m = _NCCL_STUCK.search(t)
+    if m:
+        return Hit("nccl_timeout", _C, _short(t), {"watchdog_stuck_s": int(m[1])}, ("nccl_stuck",))
+    if "CUDA error:" in t:
+        return None  # the watchdog reporting a CUDA fault: the CUDA rule names it better
+    m = _NCCL_ABORTED.search(t)
+    if m:
+        d = {"aborted_rank": int(m[1])}
+        if m[2]:
+            d["reason"] = m[2].strip()
+        return Hit("nccl_error", _C, _short(t), d)
+    m = _NCCL_ERROR_IN.search(t)
+    if m:
+        d = {"where": m[1].strip(), "error": m[2].strip()}
+        if m[3]:
+            d["nccl_version"] = m[3]
+        return Hit("nccl_error", _C, _short(t), d)
+    m = _NCCL_ERROR.search(t)
+    if m:
+        d = {"error": m[2].strip()}
+        if m[1]:
+            d["code"] = int(m[1])
+        return Hit("nccl_error", _C, _short(t), d)
+    m = _NCCL_CODE.search(t)
+    if m:
+        return Hit("nccl_error", _C, _short(t), {"code": m[1], "error": m[2].strip()})
+    return None
+
+
+def _cuda(t: str) -> Hit | None:
+    m = _CUDA_ERR.search(t)
+    if m is None:
+        return None
+    err = next(g for g in m.groups() if g).strip()
+    d: dict[str, Any] = {"error": err}
+    if "ECC" in err:
+        d["ecc"] = True
+    if "device-side assert" in err:
+        d["device_assert"] = True
+    return Hit("cuda_error", _C, _short(t), d)
+
+
+def _xid(t: str) -> Hit | None:
+    m = _XID.search(t)
+    if m:
+        xid = int(m[2])
+        d: dict[str, Any] = {"xid": xid, "pci": m[1]}
+        if m[3] and m[3].strip("'<>") not in ("", "unknown"):
+            d["pid"] = m[3].strip("'")
+        if m[4]:
+            d["process"] = m[4].strip()
+        if m[5]:
+            d["message"] = m[5].strip()
+        sev = _W if xid in _XID_WARNING else _C
+        return Hit("xid", sev, _short(t), d, ("xid", m[1], xid))
+    if "fallen off the bus" in t:
+        return Hit("xid", _C, _short(t), {"xid": 79, "pci": None}, ("xid", None, 79))
+    return None
+
+
+def classify(line: str) -> Hit | None:
+    """The error a single (decoration-free) line reports, if any.
+
+    Rules run from most to least specific: an OOM reported through NCCL is an OOM, a
+    CUDA fault the NCCL watchdog tripped over is a CUDA error.
+    """
+    t = line
+    if "NCCL INFO" in t or not _maybe(t):
+        return None
+    if "srun: error:" in t or "slurmstepd" in t:
+        hit = _slurm(t)
+        if hit is not None:
+            return hit
+    if "emory" in t or "ALLOC_FAILED" in t:
+        if _GPU_OOM.search(t):
+            return _gpu_oom(t)
+        m = _KERNEL_OOM.search(t)
+        if m:
+            return _host_oom(_short(t), pid=int(m[1]), process=m[2])
+        s = t.lstrip()
+        if s.startswith(("MemoryError", "builtins.MemoryError")):
+            return _host_oom(_short(t))
+    if "DataLoader worker" in t:
+        m = _DL_KILLED.search(t)
+        if m:
+            return _host_oom(_short(t), dataloader=True, pids=m[1].strip())
+    if "NCCL" in t or "nccl" in t:
+        hit = _nccl(t)
+        if hit is not None:
+            return hit
+    if "CUDA" in t or "cuda" in t or "CUBLAS" in t or "CUDNN" in t or "ECC" in t:
+        hit = _cuda(t)
+        if hit is not None:
+            return hit
+    if "NVRM" in t:
+        hit = _xid(t)
+        if hit is not None:
+            return hit
+    m = _WHAT.match(t)
+    if m:
+        msg = m[1]
+        inner = classify(msg)
+        if inner is not None:
+            return inner
+        if "bad_alloc" in msg:
+            return _host_oom(_short(t), cpp_exception="std::bad_alloc")
+        return Hit("crash", _C, _short("terminate called: " + msg), {"cpp_exception": msg.strip()})
+    s = t.strip()
+    if s.startswith("Fatal Python error:"):
+        msg = s[len("Fatal Python error:") :].strip()
+        d: dict[str, Any] = {"fatal": msg}
+        sig = _SIGNALS.get(msg.split(":")[0].strip())
+        if sig:
+            d["signal"] = sig
+        return Hit("crash", _C, _short(s), d)
+    m = _SHELL_SIGNAL.match(s)
+    if m:
+        sig = _SIGNALS[m[1] or m[2]]
+        if sig == "SIGKILL":
+            return _host_oom(
+                _short(f"{s} (SIGKILL: usually the host OOM killer)"), signal="SIGKILL", killed=True
+            )
+        return Hit("crash", _C, _short(s), {"signal": sig})
+    return None
+
+
+def _is_exception_line(stripped: str) -> re.Match[str] | None:
+    m = _EXC_LINE.match(stripped)
+    if m is None:
+        return None
+    name = m[1]
+    if name.endswith(_EXC_SUFFIXES) or (m[2] is not None and ("." in name or name[:1].isupper())):
+        return m
+    return None
+
+
+def _is_rule(stripped: str) -> bool:
+    return len(stripped) >= 8 and stripped.count("=") == len(stripped)
+
+
+class _Pending:
+    """A traceback (or torchelastic failure box) being collected."""
+
+    __slots__ = (
+        "after_last_error", "blanks", "box", "box_entry", "box_section", "cont", "exc", "first_line",
+        "first_time", "frame", "frames", "half", "head", "indent", "last_line", "noise", "omitted",
+        "rank", "rules", "tail", "total",
+    )  # fmt: skip
+
+    def __init__(self, lineno: int, time: float | None, rank: int | None, indent: int, half: int) -> None:
+        self.first_line = lineno
+        self.first_time = time
+        self.last_line = lineno
+        self.rank = rank
+        self.indent = indent
+        self.half = half
+        self.head: list[str] = []
+        self.tail: deque[str] = deque(maxlen=half)
+        self.omitted = 0
+        self.total = 0
+        self.exc: list[tuple[str, int, float | None]] = []
+        self.frame: str | None = None  # innermost training-code frame of the current section
+        self.frames: list[str | None] = []
+        self.noise = 0
+        self.blanks = 0
+        self.cont = 0
+        self.after_last_error = False
+        self.rules = 0
+        self.box: list[tuple[str, dict[str, Any]]] = []
+        self.box_entry: dict[str, Any] | None = None
+        self.box_section = "other"
+
+    def add(self, text: str, lineno: int) -> None:
+        self.total += 1
+        self.last_line = lineno
+        if len(self.head) < self.half:
+            self.head.append(text)
+            return
+        if len(self.tail) == self.half:
+            self.omitted += 1
+        self.tail.append(text)
+
+    def evidence(self) -> list[str]:
+        out = list(self.head)
+        if self.omitted:
+            out.append(f"... {self.omitted} lines omitted ...")
+        out.extend(self.tail)
+        return out
+
+    def box_line(self, stripped: str) -> None:
+        if stripped.startswith("Root Cause"):
+            self.box_section = "root"
+            return
+        if stripped.startswith("Failures:"):
+            self.box_section = "other"
+            return
+        if stripped.startswith("[") and stripped.endswith("]:"):
+            self.box_entry = {}
+            self.box.append((self.box_section, self.box_entry))
+            return
+        m = _BOX_FIELD.match(stripped)
+        if m is None or self.box_entry is None or m[1] in self.box_entry:
+            return
+        key, val = m[1], m[2].strip()
+        entry = self.box_entry
+        entry[key] = val
+        if key == "rank":
+            r = _BOX_RANK.match(val)
+            if r:
+                entry["rank_n"] = int(r[1])
+                if r[2]:
+                    entry["local_rank"] = int(r[2])
+        elif key == "exitcode":
+            e = _BOX_EXIT.match(val)
+            if e:
+                entry["exitcode_n"] = int(e[1])
+                if e[2]:
+                    entry["pid"] = int(e[2])
+        elif key == "traceback":
+            s = _BOX_SIGNAL.search(val)
+            if s:
+                entry["signal"] = s[2]
+
+
+class SignatureMatcher:
+    """Turns the lines of one rank's stream into ``ErrorRecord``s.
+
+    ``feed`` returns the records a line completes; a traceback's record comes out when
+    the line after it shows it is over (or on ``flush``/``release``/``expire``).
+    """
+
+    def __init__(self, *, max_evidence: int = 200) -> None:
+        self._state = _IDLE
+        self._p: _Pending | None = None
+        self._half = max(2, max_evidence // 2)
+        self._seen: dict[tuple[Any, ...], int] = {}
+        self._last: ErrorRecord | None = None
+        self._last_line = 0
+        self._last_wants_next = False
+
+    @property
+    def waiting(self) -> bool:
+        """A finished traceback is held back, waiting to see whether it continues."""
+        return self._state == _TAIL or self._state == _CHAIN
+
+    @property
+    def busy(self) -> bool:
+        return self._state != _IDLE
+
+    def feed(
+        self, text: str, lineno: int, rank: int | None = None, time: float | None = None
+    ) -> list[ErrorRecord]:
+        if self._state == _IDLE:
+            if "NCCL INFO" in text:
+                return []
+            return self._idle(text, lineno, rank, time)
+        if self._state == _TB:
+            return self._in_traceback(text, lineno, rank, time)
+        if self._state == _TAIL:
+            return self._in_tail(text, lineno, rank, time)
+        if self._state == _CHAIN:
+            return self._in_chain(text, lineno, rank, time)
+        return self._in_box(text, lineno, rank, time)
+
+    def flush(self) -> list[ErrorRecord]:
+        """End of stream: whatever was being collected becomes a record."""
+        out = self._finish() if self._p is not None else []
+        self._last = None
+        return out
+
+    def release(self) -> list[ErrorRecord]:
+        """The stream went quiet: hand out a finished traceback that was held back."""
+        return self._finish() if self.waiting else []
+
+    def expire(self, lineno: int) -> list[ErrorRecord]:
+        """Hand out a held-back traceback once the stream is far past it."""
+        p = self._p
+        if self.waiting and p is not None and lineno - p.last_line > _TAIL_LINES:
+            return self._finish()
+        return []
+
+    # -- idle ---------------------------------------------------------------------------
+
+    def _idle(self, text: str, lineno: int, rank: int | None, time: float | None) -> list[ErrorRecord]:
+        last = self._last
+        if last is not None:
+            if lineno - self._last_line <= _ATTACH_LINES and (self._last_wants_next or _CONT.match(text)):
+                if len(last.evidence) < 2 * self._half:
+                    last.evidence.append(text)
+                self._last_line = lineno
+                self._last_wants_next = text.strip() == "Last error:"
+                return []
+            self._last = None
+            self._last_wants_next = False
+        if "Traceback" in text:
+            s = text.lstrip()
+            if s.startswith(_TB_HEAD) or (s.startswith("╭") and _TB_HEAD in s):
+                self._start(text, lineno, rank, time, len(text) - len(s))
+                return []
+        if not _maybe(text):
+            return []
+        if "ChildFailedError" in text:
+            s = text.lstrip()
+            if _is_exception_line(s):
+                p = self._start(text, lineno, rank, time, len(text) - len(s))
+                p.exc.append((s, lineno, time))
+                p.frames.append(None)
+                self._state = _BOX
+                return []
+        hit = classify(text)
+        if hit is None:
+            return []
+        if hit.key is not None:
+            prev = self._remember(hit.key, lineno)
+            if prev is not None and lineno - prev <= _DEDUP_LINES:
+                return []
+        rec = ErrorRecord(
+            kind=hit.kind,
+            summary=hit.summary,
+            evidence=[text],
+            severity=hit.severity,
+            details=hit.details,
+            rank=rank,
+            line=lineno,
+            time=time,
+        )
+        self._last = rec
+        self._last_line = lineno
+        self._last_wants_next = False
+        return [rec]
+
+    def _remember(self, key: tuple[Any, ...], lineno: int) -> int | None:
+        prev = self._seen.get(key)
+        if prev is None and len(self._seen) >= 512:
+            self._seen = {k: v for k, v in self._seen.items() if lineno - v <= _DEDUP_LINES}
+        self._seen[key] = lineno
+        return prev
+
+    def _start(self, text: str, lineno: int, rank: int | None, time: float | None, indent: int) -> _Pending:
+        self._last = None
+        p = _Pending(lineno, time, rank, indent, self._half)
+        p.add(text, lineno)
+        self._p = p
+        self._state = _TB
+        return p
+
+    # -- inside a traceback ----------------------------------------------------------------
+
+    def _in_traceback(
+        self, text: str, lineno: int, rank: int | None, time: float | None
+    ) -> list[ErrorRecord]:
+        p = self._p
+        assert p is not None
+        s = text.lstrip()
+        indent = len(text) - len(s)
+        if s and indent > p.indent:
+            p.add(text, lineno)
+            if s.startswith('File "'):
+                m = _FRAME.match(s)
+                if m and not any(x in m[1] for x in _LIBRARY_PATH):
+                    p.frame = f"{m[1]}:{m[2]} {m[3] or '?'}".rstrip()
+            return self._finish() if p.total > _MAX_TB_LINES else []
+        if s.startswith(_TB_HEAD):
+            out = self._finish()
+            self._start(text, lineno, rank, time, indent)
+            return out
+        if s[:1] in _RICH_BOX:
+            p.add(text, lineno)
+            m = _RICH_FRAME.match(s)
+            if m and not any(x in m[1] for x in _LIBRARY_PATH):
+                p.frame = f"{m[1]}:{m[2]} {m[3]}"
+            return self._finish() if p.total > _MAX_TB_LINES else []
+        if s and _is_exception_line(s.rstrip()):
+            p.add(text, lineno)
+            p.exc.append((s.rstrip(), lineno, time))
+            p.frames.append(p.frame)
+            p.frame = None
+            p.blanks = 0
+            p.cont = 0
+            self._state = _BOX if "ChildFailedError" in s else _TAIL
+            return []
+        p.add(text, lineno)
+        p.noise += 1
+        return self._finish() if p.noise > _MAX_NOISE else []
+
+    def _in_tail(self, text: str, lineno: int, rank: int | None, time: float | None) -> list[ErrorRecord]:
+        p = self._p
+        assert p is not None
+        s = text.strip()
+        if not s:
+            p.blanks += 1
+            return self._finish() if p.blanks > 2 else []
+        if s.startswith(_CHAIN_HEADS):
+            p.add(text, lineno)
+            self._state = _CHAIN
+            return []
+        if (
+            p.blanks == 0
+            and p.cont < 2 * self._half
+            and (p.after_last_error or _CONT.match(text) or text[0].isspace())
+        ):
+            p.add(text, lineno)
+            p.cont += 1
+            p.after_last_error = s == "Last error:"
+            return []
+        out = self._finish()
+        out.extend(self._idle(text, lineno, rank, time))
+        return out
+
+    def _in_chain(self, text: str, lineno: int, rank: int | None, time: float | None) -> list[ErrorRecord]:
+        p = self._p
+        assert p is not None
+        s = text.lstrip()
+        if not s.strip():
+            p.blanks += 1
+            return self._finish() if p.blanks > 6 else []
+        if s.startswith(_TB_HEAD):
+            p.add(text, lineno)
+            p.indent = len(text) - len(s)
+            p.noise = 0
+            self._state = _TB
+            return []
+        out = self._finish()
+        out.extend(self._idle(text, lineno, rank, time))
+        return out
+
+    def _in_box(self, text: str, lineno: int, rank: int | None, time: float | None) -> list[ErrorRecord]:
+        p = self._p
+        assert p is not None
+        s = text.strip()
+        if _is_rule(s):
+            p.add(text, lineno)
+            p.rules += 1
+            return self._finish() if p.rules >= 2 else []
+        if p.rules == 0:
+            if not s:
+                p.blanks += 1
+                return self._finish() if p.blanks > 2 else []
+            out = self._finish()  # no box follows this ChildFailedError line
+            out.extend(self._idle(text, lineno, rank, time))
+            return out
+        p.add(text, lineno)
+        p.box_line(s)
+        return self._finish() if p.total > 2000 else []
+
+    # -- the record ------------------------------------------------------------------------
+
+    def _finish(self) -> list[ErrorRecord]:
+        p = self._p
+        assert p is not None
+        self._p = None
+        self._state = _IDLE
+        self._last = None
+        details: dict[str, Any] = {"first_line": p.first_line}
+        kind, severity = "crash", _C
+        if p.exc:
+            summary, line, time = p.exc[-1]
+            m = _EXC_LINE.match(summary)
+            if m:
+                details["exception"] = m[1]
+                if m[2]:
+                    details["message"] = m[2]
+            if len(p.exc) > 1:
+                details["chained"] = len(p.exc)
+            frame = next((f for f in reversed(p.frames) if f), None)
+            if frame:
+                details["frame"] = frame
+            hit = None
+            for exc_line, _, _ in reversed(p.exc):
+                h = classify(exc_line)
+                if h is not None and h.kind != "crash":
+                    hit = h
+                    break
+            if hit is not None:
+                kind, severity = hit.kind, hit.severity
+                details = {**hit.details, **details}
+                if hit.key is not None:
+                    self._remember(hit.key, line)
+            elif details.get("exception", "").endswith("KeyboardInterrupt"):
+                severity = _W
+            if p.box:
+                summary = self._box_summary(p, details) or summary
+        else:
+            line, time = p.last_line, p.first_time
+            summary = "Traceback without its final exception line (stream ended or output interleaved)"
+            if p.frame:
+                details["frame"] = p.frame
+            details["incomplete"] = True
+        rec = ErrorRecord(
+            kind=kind,
+            summary=_short(summary),
+            evidence=p.evidence(),
+            severity=severity,
+            details=details,
+            rank=p.rank,
+            line=line,
+            time=time if time is not None else p.first_time,
+        )
+        return [rec]
+
+    @staticmethod
+    def _box_summary(p: _Pending, details: dict[str, Any]) -> str | None:
+        roots = [e for sec, e in p.box if sec == "root"] or [e for _, e in p.box]
+        if not roots:
+            return None
+        root = roots[0]
+        details["failed_ranks"] = [e["rank_n"] for _, e in p.box if "rank_n" in e]
+        for src, dst in (
+            ("rank_n", "failed_rank"), ("local_rank", "local_rank"), ("exitcode_n", "exitcode"),
+            ("pid", "pid"), ("signal", "signal"), ("host", "host"),
+        ):  # fmt: skip
+            if src in root:
+                details[dst] = root[src]
+        parts = ["torchelastic: rank", str(root.get("rank_n", "?"))]
+        if "local_rank" in root:
+            parts.append(f"(local_rank {root['local_rank']})")
+        if root.get("host"):
+            parts.append(f"on {root['host']}")
+        parts.append(f"failed with exitcode {root.get('exitcode_n', '?')}")
+        text = " ".join(parts)
+        if "signal" in root:
+            text += f" ({root['signal']})"
+            if root["signal"] == "SIGKILL":
+                text += " - SIGKILL usually means the host OOM killer"
+        return text

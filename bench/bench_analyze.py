@@ -1,0 +1,98 @@
+"""Throughput of `rankwatch analyze` on a mixed log, against a floor measured in the same run.
+
+    python bench/bench_analyze.py [--lines 2000000] [--keep]
+
+The log is step lines (Megatron format, one every 50 lines) among NCCL_DEBUG=INFO noise,
+a few tqdm segments and warnings. The floor is the least any log tool must do: read the
+lines and apply one compiled regex. Targets (issue 2): >= 50% of the floor's rate and
+>= 200,000 lines/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from rankwatch.analyze import analyze
+from rankwatch.config.schema import Config
+
+
+def write_log(path: Path, n: int) -> int:
+    noise = [
+        "gpu-node01:41200:41260 [0] NCCL INFO Channel {c:02d}/32 :    0   1   2   3   4   5   6   7",
+        "gpu-node01:41200:41260 [0] NCCL INFO Channel {c:02d}/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
+        "gpu-node01:41200:41261 [0] NCCL INFO AllReduce: opCount {c:x} sendbuff 0x7f3a1c000000 recvbuff "
+        "0x7f3a1c000000 count 131334144 datatype 9 op 0 root 0 comm 0x5581c2d0 [nranks=8] stream 0x55823f10",
+        "gpu-node01:41200:41260 [0] NCCL INFO Connected all trees",
+        "[2026-11-20 09:00:00,123] [WARNING] [stage3.py:2069:step] 1 pytorch allocator cache flushes since last step.",
+    ]
+    written = 0
+    with open(path, "w") as f:
+        step = 0
+        for i in range(n):
+            if i % 50 == 0:
+                step += 1
+                f.write(
+                    f" [2026-11-20 09:00:00] iteration {step:>8}/  500000 | consumed samples: {step * 256:>12} | "
+                    "elapsed time per iteration (ms): 1532.4 | throughput per GPU (TFLOP/s/GPU): 178.3 | "
+                    "learning rate: 2.999000E-04 | global batch size:   256 | lm loss: 3.123400E+00 | "
+                    "loss scale: 1.0 | grad norm: 0.452 | number of skipped iterations:   0 | "
+                    "number of nan iterations:   0 |\n"
+                )
+            else:
+                f.write(noise[i % len(noise)].format(c=i % 32) + "\n")
+            written += 1
+    return written
+
+
+def floor(path: Path) -> float:
+    rx = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*lm loss: ([0-9.E+-]+)")
+    t0 = time.perf_counter()
+    hits = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if rx.search(line):
+                hits += 1
+    assert hits > 0
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lines", type=int, default=2_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="rw-bench-"))
+    path = tmp / "rank-0.log"
+    n = write_log(path, args.lines)
+    size = path.stat().st_size
+    cfg = Config()
+    best_floor = min(floor(path) for _ in range(args.repeat))
+    best = float("inf")
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        res = analyze([str(path)], cfg)
+        best = min(best, time.perf_counter() - t0)
+        assert res.ranks[0].steps == n // 50, res.ranks[0].steps
+    rate, frate = n / best, n / best_floor
+    print(f"log: {n:,} lines, {size / 1e6:.0f} MB ({os.cpu_count()} cpus)")
+    print(f"floor (read + 1 regex): {frate:,.0f} lines/s  ({best_floor:.2f} s)")
+    print(f"rankwatch analyze:      {rate:,.0f} lines/s  ({best:.2f} s)")
+    print(f"ratio to floor: {rate / frate:.2f}  (target >= 0.50)")
+    print(f"1 GB estimate: {1e9 / size * best:.0f} s")
+    print(
+        f"target >= 200,000 lines/s: {'PASS' if rate >= 200_000 else 'FAIL'}; "
+        f"ratio >= 0.5: {'PASS' if rate / frate >= 0.5 else 'FAIL'}"
+    )
+    if not args.keep:
+        path.unlink()
+        tmp.rmdir()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rankwatch.analyze import rank_from_path
+from rankwatch.cli import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+FINDING_KEYS = {"kind", "severity", "rank", "path", "step", "line", "message"}
+RANK_KEYS = {"path", "rank", "format", "steps", "last_step", "findings"}
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    code = main(["analyze", "--json", *args])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def check_contract(doc: dict) -> None:
+    assert set(doc) == {"ranks", "findings"}
+    for r in doc["ranks"]:
+        assert set(r) == RANK_KEYS
+        for f in r["findings"]:
+            assert set(f) == FINDING_KEYS
+            assert f["severity"] in {"info", "warning", "critical"}
+    for f in doc["findings"]:
+        assert set(f) == FINDING_KEYS
+
+
+@pytest.mark.parametrize(
+    ("name", "rank"),
+    [
+        ("rank-3.log", 3),
+        ("rank3.out", 3),
+        ("worker_12.txt", 12),
+        ("job.task-7.log", 7),
+        ("slurm-1234.out", None),
+        ("train.log", None),
+    ],
+)
+def test_rank_from_path(name: str, rank: int | None) -> None:
+    assert rank_from_path(name) == rank
+
+
+def test_megatron_nan_example(capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = run_json(capsys, str(EXAMPLES / "megatron-nan"))
+    check_contract(doc)
+    assert code == 1
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+    assert {r["format"] for r in doc["ranks"]} == {"megatron"}
+    assert all(r["last_step"] == 1330 for r in doc["ranks"])
+    nan = [f for f in doc["findings"] if f["kind"] == "nan_loss"]
+    assert sorted(f["rank"] for f in nan) == [0, 1, 2, 3]
+    assert all(f["step"] == 1300 and f["severity"] == "critical" for f in nan)
+    assert all("blow-up" in f["message"] for f in nan)
+    assert doc["findings"][0]["severity"] == "critical"
+    kinds = {f["kind"] for f in doc["findings"]}
+    assert "loss_scale_collapse" not in kinds  # bf16 prints a constant scale of 1.0
+    assert "grad_explosion" in kinds
+
+
+def test_hf_oom_example_names_rank_1(capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = run_json(capsys, str(EXAMPLES / "hf-oom" / "train.log"))
+    check_contract(doc)
+    assert code == 1
+    by_kind = {(f["kind"], f["rank"]) for f in doc["findings"]}
+    assert ("oom", 1) in by_kind
+    assert ("nccl_timeout", 0) in by_kind
+    lag = [f for f in doc["findings"] if f["kind"] == "rank_lagging"]
+    assert [f["rank"] for f in lag] == [1]
+    r0 = next(r for r in doc["ranks"] if r["rank"] == 0)
+    assert r0["format"] == "hf" and r0["last_step"] == 1240
+
+
+def test_healthy_example_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = run_json(capsys, str(EXAMPLES / "healthy-nanogpt"))
+    check_contract(doc)
+    assert code == 0
+    assert [f for f in doc["findings"] if f["severity"] != "info"] == []
+    assert [r["last_step"] for r in doc["ranks"]] == [5000, 5000]
+
+
+def test_human_summary_is_most_severe_first(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", "--no-color", str(EXAMPLES / "megatron-nan")]) == 1
+    out = capsys.readouterr().out
+    assert out.index("CRITICAL") < out.index("WARNING")
+    assert "rank   0" in out and "format=megatron" in out
+
+
+def test_missing_file_is_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["analyze", str(tmp_path / "nope.log")]) == 2
+    assert "nope.log: no such file" in capsys.readouterr().err
+
+
+def test_bad_config_is_exit_2_with_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text("detectors:\n  loss_spike:\n    factr: 3\n")
+    assert main(["analyze", "--config", str(cfg), str(EXAMPLES / "megatron-nan")]) == 2
+    err = capsys.readouterr().err
+    assert f"{cfg}:3: detectors.loss_spike.factr: unknown key (did you mean 'factor'?)" in err
+
+
+def test_set_override_changes_a_threshold(capsys: pytest.CaptureFixture[str]) -> None:
+    _, doc = run_json(
+        capsys, "--set", "detectors.grad_explosion.enabled=false", str(EXAMPLES / "megatron-nan")
+    )
+    assert "grad_explosion" not in {f["kind"] for f in doc["findings"]}
+
+
+def test_garbage_and_huge_line_do_not_break_analysis(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = tmp_path / "rank-0.log"
+    src = (EXAMPLES / "megatron-nan" / "rank-0.log").read_bytes()
+    head, tail = src[: len(src) // 2], src[len(src) // 2 :]
+    cut = head.rfind(b"\n") + 1
+    log.write_bytes(
+        head[:cut] + b"\xff\xfe\x00garbage\x1b[31m\n" + b"x" * (3 << 20) + b"\n" + head[cut:] + tail
+    )
+    code, doc = run_json(capsys, str(log))
+    assert code == 1
+    assert doc["ranks"][0]["last_step"] == 1330
+    assert any(f["kind"] == "nan_loss" for f in doc["findings"])
+
+
+def test_srun_label_prefixes_split_one_file_into_ranks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    lines = []
+    for i in range(1, 40):
+        for r in range(2):
+            loss = "nan" if (r == 1 and i >= 30) else f"{2.0 - i * 0.01:.3f}"
+            lines.append(f"{r}: step={i} loss={loss} lr=1e-4")
+    (tmp_path / "slurm-99.out").write_text("\n".join(lines) + "\n")
+    code, doc = run_json(capsys, str(tmp_path / "slurm-99.out"))
+    assert code == 1
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    nan = [f for f in doc["findings"] if f["kind"] == "nan_loss"]
+    assert [(f["rank"], f["step"]) for f in nan] == [(1, 30)]
+
+
+def test_python_dash_m_and_help() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0
+    for cmd in ("analyze", "config", "dumps"):
+        assert cmd in out.stdout
+    ver = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert ver.stdout.startswith("rankwatch ")

@@ -1,0 +1,619 @@
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rankwatch.records import ErrorRecord, Severity
+from rankwatch.sources.signatures import SignatureMatcher, classify
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def run(text: str, rank: int | None = 0, flush: bool = True) -> list[ErrorRecord]:
+    m = SignatureMatcher()
+    out: list[ErrorRecord] = []
+    for i, line in enumerate(textwrap.dedent(text).strip("\n").split("\n"), 1):
+        out.extend(m.feed(line, i, rank, 1000.0 + i))
+    if flush:
+        out.extend(m.flush())
+    return out
+
+
+def one(text: str) -> ErrorRecord:
+    recs = run(text)
+    assert len(recs) == 1, recs
+    return recs[0]
+
+
+# -- out of memory ---------------------------------------------------------------------
+
+
+OOM_NEW_TB = """\
+    Traceback (most recent call last):
+      File "/workspace/train.py", line 301, in <module>
+        main()
+      File "/workspace/train.py", line 278, in main
+        loss = model(batch).loss
+               ^^^^^^^^^^^^
+      File "/opt/conda/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1736, in _wrapped_call_impl
+        return self._call_impl(*args, **kwargs)
+    torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.11 GiB of which 6.00 MiB is free. Including non-PyTorch memory, this process has 79.10 GiB memory in use. Of the allocated memory 77.20 GiB is allocated by PyTorch, and 1.10 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)
+    """  # noqa: E501
+
+
+def test_oom_new_wording_in_traceback_is_one_oom_record_with_the_traceback() -> None:
+    rec = one(OOM_NEW_TB + "step 10 done\n")
+    assert rec.kind == "oom"
+    assert rec.severity is Severity.CRITICAL
+    assert rec.summary.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB")
+    assert rec.evidence[0] == "Traceback (most recent call last):"
+    assert len(rec.evidence) == 9
+    assert rec.evidence[-1].startswith("torch.OutOfMemoryError")
+    d = rec.details
+    assert d["tried_bytes"] == 20 * MiB
+    assert d["gpu"] == 0
+    assert d["total_bytes"] == pytest.approx(79.11 * GiB, rel=1e-6)
+    assert d["free_bytes"] == 6 * MiB
+    assert d["exception"] == "torch.OutOfMemoryError"
+    assert d["frame"] == "/workspace/train.py:278 main"
+    assert d["first_line"] == 1
+    assert rec.line == 9 and rec.rank == 0 and rec.time == 1009.0
+
+
+def test_oom_record_waits_for_the_next_line_or_flush() -> None:
+    m = SignatureMatcher()
+    lines = textwrap.dedent(OOM_NEW_TB).strip("\n").split("\n")
+    got = [r for i, line in enumerate(lines, 1) for r in m.feed(line, i)]
+    assert got == [] and m.waiting
+    assert [r.kind for r in m.release()] == ["oom"]
+    assert not m.busy
+
+
+def test_oom_old_wording() -> None:
+    rec = one(
+        "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 3; 79.15 GiB total capacity; "
+        "75.10 GiB already allocated; 1.50 GiB free; 77.00 GiB reserved in total by "
+        "PyTorch) If reserved memory "
+        "is >> allocated memory try setting max_split_size_mb to avoid fragmentation."
+    )
+    assert rec.kind == "oom"
+    assert rec.details["tried_bytes"] == 2 * GiB
+    assert rec.details["gpu"] == 3
+    assert rec.details["free_bytes"] == int(1.5 * GiB)
+    assert rec.details["allocated_bytes"] == int(75.10 * GiB)
+    assert "host" not in rec.details
+
+
+def test_oom_typo_capacty_and_zero_bytes_free() -> None:
+    rec = one(
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.70 GiB. GPU 1 has a total "
+        "capacty of 6.00 GiB of which 0 bytes is free. Of the allocated memory 2.93 GiB is "
+        "allocated by PyTorch"
+    )
+    assert (
+        rec.details["free_bytes"] == 0 and rec.details["gpu"] == 1 and rec.details["total_bytes"] == 6 * GiB
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "extra"),
+    [
+        ("slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0. Some of the step "
+         "tasks have been OOM Killed.",
+         {"events": 1, "step": "1234.0"}),
+        ("slurmstepd: error: Detected 2 oom-kill event(s) in step 3495064.batch cgroup. "
+         "Some of your processes may "
+         "have been killed by the cgroup out-of-memory handler.", {"events": 2, "step": "3495064.batch"}),
+        ("srun: error: node01: task 4: Out Of Memory", {"task": 4, "node": "node01"}),
+        ("Killed", {"signal": "SIGKILL"}),
+        ("/var/spool/slurmd/job00191/slurm_script: line 28:  8156 Killed                  python3 main.py",
+         {"signal": "SIGKILL"}),
+        ("MemoryError", {}),
+        ("[12345.678] Out of memory: Killed process 4242 (python)", {"pid": 4242, "process": "python"}),
+        ("RuntimeError: DataLoader worker (pid 12345) is killed by signal: Killed.", {"dataloader": True}),
+    ],
+)  # fmt: skip
+def test_host_oom(line: str, extra: dict[str, object]) -> None:
+    rec = one(line)
+    assert rec.kind == "oom"
+    assert rec.details["host"] is True
+    for k, v in extra.items():
+        assert rec.details[k] == v
+
+
+def test_memory_error_traceback_is_host_oom() -> None:
+    rec = one(
+        """
+        Traceback (most recent call last):
+          File "/w/data.py", line 12, in load
+            arr = np.zeros((1 << 40,))
+        MemoryError
+        """
+    )
+    assert rec.kind == "oom" and rec.details["host"] is True and rec.details["frame"] == "/w/data.py:12 load"
+
+
+# -- NCCL ------------------------------------------------------------------------------
+
+
+NCCL_TIMEOUT_LOG = """\
+    [E ProcessGroupNCCL.cpp:563] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=158046, OpType=GATHER, NumelIn=2867200, NumelOut=0, Timeout(ms)=600000) ran for 600027 milliseconds before timing out.
+    [E ProcessGroupNCCL.cpp:1537] [PG 1 Rank 1] Timeout at NCCL work: 158046, last enqueued NCCL work: 158046, last completed NCCL work: 158045.
+    [E ProcessGroupNCCL.cpp:577] [Rank 1] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.
+    [E ProcessGroupNCCL.cpp:583] [Rank 1] To avoid data inconsistency, we are taking the entire process down.
+    [E ProcessGroupNCCL.cpp:1414] [PG 1 Rank 1] Process group watchdog thread terminated with exception: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=158046, OpType=GATHER, NumelIn=2867200, NumelOut=0, Timeout(ms)=600000) ran for 600027 milliseconds before timing out.
+    Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:565 (most recent call first):
+    frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x57 (0x7f8c in /usr/lib/python3/dist-packages/torch/lib/libc10.so)
+    frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout() + 0x1d2 (0x7f3b in /usr/lib/python3/dist-packages/torch/lib/libtorch_cuda.so)
+    terminate called after throwing an instance of 'c10::DistBackendError'
+      what():  [PG 1 Rank 1] Process group watchdog thread terminated with exception: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=158046, OpType=GATHER, NumelIn=2867200, NumelOut=0, Timeout(ms)=600000) ran for 600027 milliseconds before timing out.
+    """  # noqa: E501
+
+
+def test_nccl_watchdog_timeout_is_one_record_however_often_it_is_repeated() -> None:
+    rec = one(NCCL_TIMEOUT_LOG)
+    assert rec.kind == "nccl_timeout"
+    assert rec.details == {"seq_num": 158046, "op_type": "GATHER", "timeout_ms": 600000, "ran_for_ms": 600027}
+    assert rec.line == 1
+
+
+def test_nccl_timeout_old_wording_without_numel() -> None:
+    rec = one(
+        "[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=469508, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1802212 "
+        "milliseconds before timing out."
+    )
+    assert rec.details == {
+        "seq_num": 469508,
+        "op_type": "ALLREDUCE",
+        "timeout_ms": 1800000,
+        "ran_for_ms": 1802212,
+    }
+
+
+def test_nccl_heartbeat_watchdog_stuck() -> None:
+    rec = one(
+        "[E704 13:48:58.260494728 ProcessGroupNCCL.cpp:1746] [PG ID 0 PG GUID 0(default_pg) Rank 2] "
+        "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in "
+        "monitoring enqueued "
+        "collectives. This typically indicates a NCCL/CUDA API (e.g., CudaEventDestroy) "
+        "hang blocking the watchdog"
+    )
+    assert rec.kind == "nccl_timeout" and rec.details["watchdog_stuck_s"] == 480
+
+
+def test_nccl_error_traceback_with_multiline_message() -> None:
+    rec = one(
+        """
+        Traceback (most recent call last):
+          File "/lus/bench/train.py", line 301, in <module>
+            main()
+          File "/usr/local/lib/python3.12/dist-packages/torch/distributed/utils.py", line 281, in _verify
+            return dist._verify_params_across_processes(process_group, tensors, logger)
+        torch.distributed.DistBackendError: NCCL error in: /opt/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3763, remote process exited or there was a network error, NCCL version 2.28.8
+        ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.
+        Last error:
+        NET/OFI Request 0x7f14cc5b60c0 completed with error. RC: 113. Error: 2 (UNDELIVERABLE). Completed length: 0
+        iteration 5 restarted
+        """  # noqa: E501
+    )
+    assert rec.kind == "nccl_error" and rec.severity is Severity.CRITICAL
+    assert rec.details["error"] == "remote process exited or there was a network error"
+    assert rec.details["nccl_version"] == "2.28.8"
+    assert rec.details["exception"] == "torch.distributed.DistBackendError"
+    assert rec.evidence[-1].startswith("NET/OFI Request")
+    assert rec.summary.startswith("torch.distributed.DistBackendError: NCCL error in:")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825, "
+        "unhandled system error, "
+        "NCCL version 2.7.8",
+        "RuntimeError: NCCL Error 2: unhandled system error",
+        "RuntimeError: NCCL communicator was aborted on rank 2. Original reason for failure was: NCCL error: "
+        "remote process exited",
+        "ncclInternalError: Internal check failed.",
+    ],
+)
+def test_nccl_errors(line: str) -> None:
+    rec = one(line)
+    assert rec.kind == "nccl_error" and rec.severity is Severity.CRITICAL
+
+
+def test_communicator_aborted_by_watchdog_timeout_is_a_timeout() -> None:
+    rec = one(
+        "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 2. "
+        "Original reason for failure "
+        "was: [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=BROADCAST, "
+        "NumelIn=112, NumelOut=112, Timeout(ms)=1800000) ran for 1800010 milliseconds before timing out."
+    )
+    assert rec.kind == "nccl_timeout" and rec.details["seq_num"] == 7
+
+
+def test_nccl_warn_is_a_warning_and_does_not_flood() -> None:
+    lines = [
+        f"kp-ddp-worker-0:3468:3905 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer "
+        f"10.216.210.236<{50000 + i}> with status=12 opcode=0 len=0 vendor err 129 (Recv)"
+        for i in range(50)
+    ]
+    recs = run("\n".join(lines))
+    assert len(recs) == 1
+    assert recs[0].kind == "nccl_error" and recs[0].severity is Severity.WARNING
+
+
+def test_nccl_info_lines_are_noise() -> None:
+    noise = """
+        node17-2:36748:36748 [0] NCCL INFO Using network IB
+        node17-2:36754:36754 [6] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB ens5f0np0:192.168.89.206<0>
+        node17-2:36754:36754 [6] NCCL INFO ncclCommInitRank comm 0xa624cf0 rank 6 nranks 8 cudaDev 6 nvmlDev 6 busId 90000 commId 0x551d - Init START
+        dgx1v-loki-23:5892:6289 [2] NCCL INFO misc/socket.cc:47 -> 3
+        a100-st-p4d24xlarge-22:183006:183220 [1] NCCL INFO transport/net_socket.cc:368 -> 6 ncclRemoteError
+        """  # noqa: E501
+    assert run(noise) == []
+
+
+# -- CUDA and the driver ------------------------------------------------------------------
+
+
+CUDA_TB = """\
+    Traceback (most recent call last):
+      File "/workspace/train.py", line 88, in train_step
+        loss.backward()
+      File "/usr/lib/python3.10/site-packages/torch/_tensor.py", line 521, in backward
+        torch.autograd.backward(
+    RuntimeError: CUDA error: an illegal memory access was encountered
+    CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+    For debugging consider passing CUDA_LAUNCH_BLOCKING=1
+    Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.
+    """  # noqa: E501
+
+
+def test_cuda_error_traceback_keeps_the_advice_lines_as_evidence() -> None:
+    rec = one(CUDA_TB)
+    assert rec.kind == "cuda_error"
+    assert rec.details["error"] == "an illegal memory access was encountered"
+    assert rec.evidence[-1] == "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions."
+    assert rec.line == 6
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("RuntimeError: CUDA error: device-side assert triggered", "device_assert"),
+        ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "ecc"),
+        ("RuntimeError: CUDA error: unspecified launch failure", None),
+        ("  what():  CUDA error: an illegal memory access was encountered", None),
+        ("cudaErrorLaunchFailure: unspecified launch failure", None),
+        (
+            "[PG 0 Rank 3] Process group watchdog thread terminated with exception: CUDA "
+            "error: misaligned address",
+            None,
+        ),
+    ],
+)
+def test_cuda_errors(line: str, key: str | None) -> None:
+    rec = one(line)
+    assert rec.kind == "cuda_error"
+    if key:
+        assert rec.details[key] is True
+
+
+def test_cuda_error_then_its_cpp_stack_is_one_record() -> None:
+    recs = run(
+        """
+        terminate called after throwing an instance of 'c10::Error'
+          what():  CUDA error: an illegal memory access was encountered
+        CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+        For debugging consider passing CUDA_LAUNCH_BLOCKING=1.
+        Exception raised from c10_cuda_check_implementation at ../c10/cuda/CUDAException.cpp:43 (most recent call first):
+        frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7ff6 in /x/torch/lib/libc10.so)
+        frame #1: c10::cuda::c10_cuda_check_implementation(int, char const*, char const*, int, bool) + 0x118
+        """  # noqa: E501
+    )
+    assert [r.kind for r in recs] == ["cuda_error"]
+    assert len(recs[0].evidence) == 6
+
+
+def test_xid() -> None:
+    rec = one(
+        "[ 1843.308145] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+    )
+    assert rec.kind == "xid" and rec.severity is Severity.CRITICAL
+    assert rec.details["xid"] == 79 and rec.details["pci"] == "0000:3b:00" and rec.details["pid"] == "1234"
+    app = one("kernel: NVRM: Xid (PCI:0000:19:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception")
+    assert app.details["xid"] == 13 and app.severity is Severity.WARNING and "pid" not in app.details
+
+
+# -- crashes -------------------------------------------------------------------------------
+
+
+def test_plain_traceback_is_a_crash() -> None:
+    recs = run(
+        """
+        {'loss': 1.2, 'epoch': 0.1}
+        Traceback (most recent call last):
+          File "/w/train.py", line 40, in <module>
+            main(cfg)
+          File "/w/train.py", line 31, in main
+            batch = next(it)
+          File "/usr/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 630, in __next__
+            data = self._next_data()
+        KeyError: 'input_ids'
+        {'loss': 1.1, 'epoch': 0.2}
+        """
+    )
+    assert len(recs) == 1
+    rec = recs[0]
+    assert rec.kind == "crash" and rec.summary == "KeyError: 'input_ids'"
+    assert rec.details["exception"] == "KeyError" and rec.details["message"] == "'input_ids'"
+    assert rec.details["frame"] == "/w/train.py:31 main"
+    assert rec.line == 9 and rec.details["first_line"] == 2 and len(rec.evidence) == 8
+
+
+def test_chained_traceback_is_one_record_named_by_the_root_cause() -> None:
+    recs = run(
+        CUDA_TB
+        + """
+    During handling of the above exception, another exception occurred:
+
+    Traceback (most recent call last):
+      File "/workspace/train.py", line 120, in <module>
+        main()
+      File "/workspace/train.py", line 95, in main
+        save_checkpoint(model)
+    RuntimeError: checkpoint save failed
+    """
+    )
+    assert len(recs) == 1
+    rec = recs[0]
+    assert rec.kind == "cuda_error"
+    assert rec.summary == "RuntimeError: checkpoint save failed"
+    assert rec.details["chained"] == 2
+    assert rec.details["frame"] == "/workspace/train.py:95 main"
+    assert rec.evidence[0] == "Traceback (most recent call last):"
+    assert rec.evidence[-1] == "RuntimeError: checkpoint save failed"
+    assert "During handling of the above exception, another exception occurred:" in rec.evidence
+
+
+def test_direct_cause_chain() -> None:
+    rec = one(
+        """
+        Traceback (most recent call last):
+          File "/w/a.py", line 1, in f
+        ValueError: inner
+
+        The above exception was the direct cause of the following exception:
+
+        Traceback (most recent call last):
+          File "/w/a.py", line 9, in g
+        RuntimeError: outer
+        """
+    )
+    assert rec.kind == "crash" and rec.summary == "RuntimeError: outer" and rec.details["chained"] == 2
+
+
+def test_two_separate_tracebacks_are_two_records() -> None:
+    tb = 'Traceback (most recent call last):\n  File "/w/a.py", line 1, in f\nValueError: {}\n'
+    recs = run(tb.format("one") + tb.format("two"))
+    assert [r.summary for r in recs] == ["ValueError: one", "ValueError: two"]
+
+
+def test_traceback_cut_short_by_end_of_stream() -> None:
+    rec = one('Traceback (most recent call last):\n  File "/w/a.py", line 7, in f\n    g()')
+    assert rec.kind == "crash" and rec.details["incomplete"] is True and rec.details["frame"] == "/w/a.py:7 f"
+
+
+def test_long_traceback_evidence_is_capped_keeping_first_and_last() -> None:
+    frames = "".join(f'  File "/w/rec.py", line {i}, in f\n    f()\n' for i in range(1000))
+    rec = one(
+        "Traceback (most recent call last):\n" + frames + "RecursionError: maximum recursion depth exceeded\n"
+    )
+    assert len(rec.evidence) == 201
+    assert rec.evidence[0] == "Traceback (most recent call last):"
+    assert rec.evidence[100].startswith("... ") and "omitted" in rec.evidence[100]
+    assert rec.evidence[-1] == "RecursionError: maximum recursion depth exceeded"
+
+
+CHILD_FAILED = """\
+    E0501 10:00:01.123000 1200 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) local_rank: 1 (pid: 1234) of binary: /usr/bin/python
+    Traceback (most recent call last):
+      File "/usr/local/bin/torchrun", line 8, in <module>
+        sys.exit(main())
+      File "/usr/local/lib/python3.10/dist-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 346, in wrapper
+        return f(*args, **kwargs)
+      File "/usr/local/lib/python3.10/dist-packages/torch/distributed/launcher/api.py", line 250, in launch_agent
+        raise ChildFailedError(
+    torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+    ============================================================
+    train.py FAILED
+    ------------------------------------------------------------
+    Failures:
+    [1]:
+      time      : 2024-05-01_10:00:01
+      host      : node01
+      rank      : 2 (local_rank: 2)
+      exitcode  : -15 (pid: 1235)
+      error_file: <N/A>
+      traceback : Signal 15 (SIGTERM) received by PID 1235
+    ------------------------------------------------------------
+    Root Cause (first observed failure):
+    [0]:
+      time      : 2024-05-01_10:00:01
+      host      : node01
+      rank      : 1 (local_rank: 1)
+      exitcode  : -9 (pid: 1234)
+      error_file: <N/A>
+      traceback : Signal 9 (SIGKILL) received by PID 1234
+    ============================================================
+    """  # noqa: E501, W291
+
+
+def test_torchelastic_child_failed_box() -> None:
+    lines = textwrap.dedent(CHILD_FAILED).strip("\n").split("\n")
+    m = SignatureMatcher()
+    recs = [r for i, line in enumerate(lines, 1) for r in m.feed(line, i, None)]
+    assert len(recs) == 1, "the closing rule ends the record without waiting for another line"
+    rec = recs[0]
+    assert rec.kind == "crash" and rec.severity is Severity.CRITICAL
+    d = rec.details
+    assert d["failed_rank"] == 1 and d["local_rank"] == 1 and d["exitcode"] == -9 and d["signal"] == "SIGKILL"
+    assert d["host"] == "node01" and d["pid"] == 1234 and d["failed_ranks"] == [2, 1]
+    assert "rank 1" in rec.summary and "SIGKILL" in rec.summary
+    assert rec.evidence[-1].startswith("=====") and len(rec.evidence) == len(lines) - 1
+    assert m.flush() == []
+
+
+def test_child_failed_box_without_its_traceback() -> None:
+    box = textwrap.dedent(CHILD_FAILED).split("\n")[8:]
+    recs = run("\n".join(box))
+    assert len(recs) == 1 and recs[0].details["exitcode"] == -9
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "severity", "details"),
+    [
+        ("srun: error: node01: task 3: Exited with exit code 1", "crash", Severity.CRITICAL,
+         {"task": 3, "exit_code": 1, "node": "node01"}),
+        ("srun: error: node01: task 3: Killed", "crash", Severity.CRITICAL, {"task": 3, "killed": True}),
+        ("srun: error: nid01934: tasks 2,4-5,7: Terminated", "crash", Severity.WARNING, {"tasks": "2,4-5,7"}),
+        ("slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-05-01T10:00:00 DUE TO TIME LIMIT ***",
+         "crash", Severity.CRITICAL, {"reason": "time_limit", "id": "1234", "node": "node01"}),
+        ("slurmstepd: error: *** JOB 32391783 ON cn119 CANCELLED AT 2021-06-18T13:05:36 DUE "
+         "TO PREEMPTION ***",
+         "crash", Severity.CRITICAL, {"reason": "preemption"}),
+        ("slurmstepd: *** JOB 830329 CANCELLED AT 2018-08-06T17:21:44 DUE TO TIME LIMIT on n447 ***",
+         "crash", Severity.CRITICAL, {"reason": "time_limit", "node": "n447"}),
+        ("slurmstepd: error: *** STEP 3495064.0 ON orion-01-01 CANCELLED AT 2021-10-27T19:35:36 ***",
+         "crash", Severity.WARNING, {"reason": "cancelled"}),
+        ("Segmentation fault (core dumped)", "crash", Severity.CRITICAL, {"signal": "SIGSEGV"}),
+        ("Fatal Python error: Segmentation fault", "crash", Severity.CRITICAL, {"signal": "SIGSEGV"}),
+    ],
+)  # fmt: skip
+def test_launcher_and_scheduler_lines(
+    line: str, kind: str, severity: Severity, details: dict[str, object]
+) -> None:
+    rec = one(line)
+    assert (rec.kind, rec.severity) == (kind, severity)
+    for k, v in details.items():
+        assert rec.details[k] == v
+
+
+def test_time_limit_summary_says_so() -> None:
+    rec = one(
+        "slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-05-01T10:00:00 DUE TO TIME LIMIT ***"
+    )
+    assert "time limit" in rec.summary
+
+
+def test_job_and_step_cancel_lines_are_one_event() -> None:
+    recs = run(
+        """
+        srun: Job step aborted: Waiting up to 47 seconds for job step to finish.
+        slurmstepd: error: *** JOB 494583 ON n1 CANCELLED AT 2024-04-20T09:09:37 DUE TO TIME LIMIT ***
+        slurmstepd: error: *** STEP 494583.0 ON n1 CANCELLED AT 2024-04-20T09:09:37 DUE TO TIME LIMIT ***
+        """
+    )
+    assert len(recs) == 1 and recs[0].details["reason"] == "time_limit"
+
+
+def test_slurm_oom_sequence() -> None:
+    recs = run(
+        """
+        slurmstepd: error: Detected 1 oom-kill event(s) in step 3495064.0 cgroup. Some of your processes may have been killed by the cgroup out-of-memory handler.
+        srun: error: Orion-01-01: task 4: Out Of Memory
+        srun: Terminating job step 3495064.0
+        """  # noqa: E501
+    )
+    assert [r.kind for r in recs] == ["oom", "oom"]
+    assert all(r.details["host"] for r in recs)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Aborted training run because the config asked for it",
+        "Killed 3 stale workers",
+        "{'loss': 0.5, 'grad_norm': 1.0, 'learning_rate': 1e-05, 'epoch': 1.0}",
+        " iteration      100/    1000 | lm loss: 2.345678E+00 | number of nan iterations:   0 |",
+        "[E ProcessGroupNCCL.cpp:577] [Rank 1] Some NCCL operations have failed or timed out.",
+        "terminate called after throwing an instance of 'c10::DistBackendError'",
+        "eval_loss: 1.23 error_rate: 0.1",
+        "Error(s) are fine",
+    ],
+)
+def test_healthy_lines_are_silent(line: str) -> None:
+    assert run(line) == []
+    assert classify(line) is None
+
+
+def test_keyboard_interrupt_is_a_warning() -> None:
+    rec = one(
+        """
+        Traceback (most recent call last):
+          File "/w/t.py", line 3, in <module>
+            time.sleep(9)
+        KeyboardInterrupt
+        """
+    )
+    assert rec.kind == "crash" and rec.severity is Severity.WARNING
+
+
+LINES = st.sampled_from(
+    [
+        "Traceback (most recent call last):",
+        '  File "/w/a.py", line 1, in f',
+        "    f()",
+        "ValueError: x",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "=" * 40,
+        "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : -9 (pid: 1)",
+        "[0]:",
+        "Root Cause (first observed failure):",
+        "Last error:",
+        "  what():  CUDA error: x",
+        "NCCL WARN x",
+        "srun: error: n: task 1: Killed",
+        "Killed",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(LINES, st.text(max_size=80)), max_size=40))
+def test_matcher_never_raises(lines: list[str]) -> None:
+    m = SignatureMatcher()
+    for i, line in enumerate(lines, 1):
+        for r in m.feed(line, i, 0, None):
+            assert r.kind in {"oom", "nccl_timeout", "nccl_error", "cuda_error", "xid", "crash"}
+        m.expire(i + 500)
+    m.flush()
+    assert not m.busy
+
+
+RICH_TB = """\
+╭───────────────────── Traceback (most recent call last) ──────────────────────╮
+│ /w/train.py:12 in <module>                                                   │
+│                                                                              │
+│ ❱ 12 │   main()                                                              │
+│                                                                              │
+│ /w/train.py:8 in main                                                        │
+│                                                                              │
+│ ❱  8 │   1 / 0                                                               │
+╰──────────────────────────────────────────────────────────────────────────────╯
+ZeroDivisionError: division by zero
+"""
+
+
+def test_rich_traceback() -> None:
+    rec = one(RICH_TB)
+    assert rec.kind == "crash" and rec.summary == "ZeroDivisionError: division by zero"
+    assert rec.details["frame"] == "/w/train.py:8 main" and len(rec.evidence) == 10
