@@ -296,6 +296,16 @@ def test_hf_dict_never_finished_keeps_only_whole_pairs() -> None:
     assert (rec.loss, rec.grad_norm, rec.learning_rate) == (1.9, 0.5, None)
 
 
+def test_hf_finish_flushes_a_dict_cut_at_end_of_stream() -> None:
+    for parser in (HFParser(), DeepSpeedParser()):
+        run(
+            parser, " 10%|█         | 100/1000 [00:50<07:30,  2.00it/s]\n{'loss': 1.9, 'grad_norm': 0.5, 'lea"
+        )
+        (rec,) = parser.finish()  # type: ignore[attr-defined]
+        assert isinstance(rec, StepRecord) and (rec.step, rec.loss, rec.grad_norm) == (100, 1.9, 0.5)
+        assert parser.finish() == []  # type: ignore[attr-defined]
+
+
 def test_hf_evaluate_before_train_does_not_hijack_the_step() -> None:
     log = """\
   0%|          | 0/63 [00:00<?, ?it/s]
@@ -353,6 +363,13 @@ Epoch 0: 10it [00:02,  4.00it/s, v_num=1, loss=3.1]
 Epoch 0: 20it [00:05,  4.00it/s, v_num=1, loss=3.0]
 Epoch 1: 5it [00:01,  4.00it/s, v_num=1, loss=2.9]"""
     assert [(r.step, r.loss) for r in steps(feed("lightning", log))] == [(10, 3.1), (20, 3.0), (25, 2.9)]
+    slow = "Epoch 0:  10%|█ | 10/100 [00:15<02:15,  1.50s/it, v_num=0, train_loss=3.0]\n" + (
+        "Epoch 0:  11%|█ | 11/100 [00:16<02:13,  1.50s/it, v_num=0, train_loss=2.5]"
+    )
+    assert [(r.step, r.loss, r.step_time_s) for r in steps(feed("lightning", slow))] == [
+        (10, 3.0, 1.5),
+        (11, 2.5, 1.5),
+    ]
     redraws = (
         "\r".join(f"Epoch 0: {i}it [00:0{i},  1.00it/s, v_num=1, loss=3.{i}]" for i in range(1, 4)) + "\r"
     )

@@ -18,7 +18,7 @@ from rankwatch.config.schema import Config
 from rankwatch.detectors.crossrank import cross_rank
 from rankwatch.engine import RankEngine
 from rankwatch.records import Finding, Severity
-from rankwatch.sources.follower import read_lines
+from rankwatch.sources.follower import NOISE, read_lines
 from rankwatch.sources.logparser import LogParser
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|proc|worker|task|process)[-_.]?(\d+)", re.IGNORECASE)
@@ -106,7 +106,7 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None) -> FileResul
             entry[1].extend(entry[0].feed(rec))
 
     cut = 0
-    for fl in read_lines(path, max_line_bytes=cfg.logs.max_line_bytes):
+    for fl in read_lines(path, max_line_bytes=cfg.logs.max_line_bytes, drop=NOISE):
         cut += fl.cut
         recs = parser.feed(fl.text, fl.lineno, cut=fl.cut)
         if recs:

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import pathlib
+import re
 import stat
 import threading
 import time
@@ -31,6 +32,8 @@ log = logging.getLogger("rankwatch.follower")
 
 _MAX_CUT_WARNINGS = 10
 _FOLLOW_BATCH_BYTES = 128 << 10  # small batches: bounded loop latency and faster (cache, GC)
+# NCCL_DEBUG=INFO chatter: often most of a log's lines, never evidence of anything.
+NOISE = re.compile(r"(?m)^.*? NCCL INFO .*$")
 _PIECE_BYTES = 32 << 10  # cache-sized batches of short-lived objects: measurably faster than 1 MiB
 _OBSERVER_RETRY_S = 5.0
 _SELF_EVENTS = frozenset({"opened", "closed_no_write"})  # caused by our own reads
@@ -52,6 +55,7 @@ class FollowerStats:
     rotations: int = 0
     truncations: int = 0
     reopen_errors: int = 0
+    dropped_lines: int = 0
 
 
 def _first_terminator(data: bytes) -> int:
@@ -66,6 +70,7 @@ class _Splitter:
     __slots__ = (
         "_cut_warnings",
         "discarding",
+        "drop",
         "label",
         "lineno",
         "max_line_bytes",
@@ -74,7 +79,9 @@ class _Splitter:
         "stats",
     )
 
-    def __init__(self, max_line_bytes: int, stats: FollowerStats, label: str) -> None:
+    def __init__(
+        self, max_line_bytes: int, stats: FollowerStats, label: str, drop: re.Pattern[str] | None = None
+    ) -> None:
         if max_line_bytes < 4:  # room for one UTF-8 character
             raise ValueError("max_line_bytes must be >= 4")
         self.max_line_bytes = max_line_bytes
@@ -85,6 +92,7 @@ class _Splitter:
         self.pending = bytearray()
         self.lineno = 1
         self.discarding = False
+        self.drop = drop
         self._cut_warnings = 0
 
     def reset(self) -> None:
@@ -140,6 +148,10 @@ class _Splitter:
         """``text`` ends with a terminator; one decode and one split per piece keeps it fast."""
         start = self.lineno
         before = len(out)
+        if self.drop is not None:
+            # Blank known noise in C, keeping its newline so line numbers stay true.
+            text, n = self.drop.subn("", text)
+            self.stats.dropped_lines += n
         if "\r" not in text:
             parts = text.split("\n")
             parts.pop()
@@ -372,11 +384,19 @@ class LogFollower:
 
 
 def read_lines(
-    path: str | os.PathLike[str], *, max_line_bytes: int = 1 << 20, chunk_size: int = 1 << 20
+    path: str | os.PathLike[str],
+    *,
+    max_line_bytes: int = 1 << 20,
+    chunk_size: int = 1 << 20,
+    drop: re.Pattern[str] | None = None,
+    stats: FollowerStats | None = None,
 ) -> Iterator[FollowedLine]:
-    """Plain sequential read: no stat calls per chunk, for the offline path."""
-    stats = FollowerStats()
-    splitter = _Splitter(max_line_bytes, stats, str(path))
+    """Plain sequential read: no stat calls per chunk, for the offline path.
+
+    ``drop`` matches whole lines of known noise (see ``NOISE``) that are skipped unseen.
+    """
+    stats = stats if stats is not None else FollowerStats()
+    splitter = _Splitter(max_line_bytes, stats, str(path), drop)
     out: list[FollowedLine] = []
     with open(path, "rb", buffering=0) as fh:
         size = splitter.piece_size

@@ -54,6 +54,15 @@ class DeepSpeedParser:
         """The framework parser this stream turned out to run under, once known."""
         return self._host
 
+    def finish(self) -> list[Record]:
+        """End of stream: whatever the host parser still holds back."""
+        out: list[Record] = []
+        for host in [self._host] if self._host is not None else self._hosts:
+            fin = getattr(host, "finish", None)
+            if fin is not None:
+                out.extend(fin())
+        return out
+
     def sniff(self, text: str) -> bool:
         if "step" in text:
             if "step=" in text and (_STEP.search(text) or _TIMER.search(text)):

@@ -82,6 +82,10 @@ class HFParser:
         bar = self._bars.get(self._bar_total) if self._bar_total is not None else None
         return bar[1] if bar is not None else None
 
+    def finish(self) -> list[Record]:
+        """End of stream: a dict still waiting for its cut-off end is emitted as it is."""
+        return self._flush()
+
     def parse(self, line: LogLine) -> list[Record]:
         text = line.text
         if self._pending is None and "'" not in text and "|" not in text:
