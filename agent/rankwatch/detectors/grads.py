@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from rankwatch.config.schema import (
     GradClippingConfig,
     GradExplosionConfig,
@@ -26,6 +28,7 @@ class GradExplosionDetector(Detector):
         self.warmup = warmup_steps
         self.run: list[tuple[int | None, float]] = []
         self.baseline: list[float] = []
+        self._base: float | None = None
         self.episode = Episode()
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
@@ -34,12 +37,15 @@ class GradExplosionDetector(Detector):
         if state.position(record) <= self.warmup or not finite(record.grad_norm):
             return []
         g = float(record.grad_norm)
-        base = median(self.baseline) if len(self.baseline) >= 5 else None
+        base = self._base
         high = g > self.cfg.threshold and (base is None or g > self.cfg.factor * base)
         if not high:
             self.run.clear()
             if len(self.baseline) < 500:
                 self.baseline.append(g)
+                n = len(self.baseline)
+                if n >= 5 and (n < 50 or n % 25 == 0):
+                    self._base = median(self.baseline)
             if self.episode.close():
                 return [
                     finding(
@@ -78,6 +84,8 @@ class GradClippingDetector(Detector):
         self.cfg = cfg
         self.warmup = warmup_steps
         self.seen = 0
+        self.flags: deque[bool] = deque(maxlen=cfg.window)
+        self.over = 0
         self.episode = Episode()
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
@@ -87,12 +95,17 @@ class GradClippingDetector(Detector):
             return []
         self.seen += 1
         w = self.cfg.window
+        over = record.grad_norm > self.cfg.max_grad_norm  # type: ignore[operator]
+        if len(self.flags) == w:
+            self.over -= self.flags[0]
+        self.flags.append(over)
+        self.over += over
         if self.seen < w:
             return []
-        grads = state.recent("grad_norm", w)
-        share = sum(g > self.cfg.max_grad_norm for g in grads) / len(grads)
+        share = self.over / len(self.flags)
         if share >= self.cfg.fraction:
             if self.episode.open(record.step):
+                grads = state.recent("grad_norm", w)
                 return [
                     finding(
                         "grad_clipping_saturated",
