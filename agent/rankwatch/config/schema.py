@@ -166,7 +166,52 @@ class DetectorsConfig:
 
 
 @dataclass
+class StallConfig:
+    enabled: bool = opt(True, "no progress while the process lives")
+    startup_grace: Duration = opt(Duration(900.0), "before the first step: model load, compile, data index")
+    floor: Duration = opt(Duration(60.0), "never flag a stall sooner than this after the last progress")
+    factor: float = opt(10.0, "after the first step: timeout = max(floor, factor x p99 step interval)")
+    checkpoint_allowance: Duration = opt(Duration(600.0), "extra time while a checkpoint is being written")
+    silent_rank_timeout: Duration = opt(
+        Duration(300.0), "ranks that print no steps: no log growth and no CPU progress for this long"
+    )
+    busy_cpu_percent: float = opt(50.0, "CPU % above this while stalled: a spin or loader deadlock")
+    idle_cpu_percent: float = opt(5.0, "CPU below this while stalled: blocked in a collective or I/O")
+
+
+@dataclass
+class ProcessConfig:
+    sample_interval: Duration = opt(Duration(1.0), "how often the process tree is sampled (psutil)")
+    tail_lines: int = opt(50, "last lines of output kept to attach to a crash")
+
+
+@dataclass
+class DumpsConfig:
+    dir: str = opt("rankwatch-dumps", "root of the incident folders (<dir>/<run>/<UTC time>_<reason>/)")
+    on_stall: bool = opt(True, "capture a py-spy dump of every watched process when a stall is found")
+    py_spy: str = opt("py-spy", "py-spy executable (PATH, then next to the agent's Python)")
+    native: bool = opt(False, "include native (C/C++/CUDA) frames: slower, pauses the target longer")
+    locals: bool = opt(False, "include local variables: may reveal data, off by default")
+    nonblocking: bool = opt(False, "do not pause the target while sampling (stacks may be torn)")
+    timeout: Duration = opt(Duration(20.0), "give up on one dump after this long")
+    flight_recorder: bool = opt(True, "run mode: set TORCH_FR_DEBUG_INFO_PIPE_FILE and collect its dump")
+
+
+@dataclass
+class RunModeConfig:
+    log_dir: str = opt("rankwatch-logs", "run mode: the child's output file goes here (rank-<r>.log)")
+    log_file: str | None = opt(None, "run mode: exact output file (overrides log_dir)")
+    echo: bool = opt(True, "echo the child's output to the agent's stdout")
+    unbuffered: bool = opt(True, "set PYTHONUNBUFFERED=1 for the child")
+    term_grace: Duration = opt(Duration(30.0), "after forwarding SIGTERM, wait this long, then SIGKILL")
+
+
+@dataclass
 class Config:
     run: RunConfig = section(RunConfig, "identity of the run and this rank")
     logs: LogsConfig = section(LogsConfig, "log following and parsing")
     detectors: DetectorsConfig = section(DetectorsConfig, "thresholds of every detector")
+    stall: StallConfig = section(StallConfig, "hang detection (live agent)")
+    process: ProcessConfig = section(ProcessConfig, "process sampling (live agent)")
+    dumps: DumpsConfig = section(DumpsConfig, "py-spy stack dumps")
+    runner: RunModeConfig = section(RunModeConfig, "`rankwatch run`: the child's output and signals")
