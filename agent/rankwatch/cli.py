@@ -103,6 +103,64 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _live_setup(args: argparse.Namespace):
+    from rankwatch.actions.console import ConsoleSink, JsonlSink
+    from rankwatch.identity import identity_from_env
+
+    cfg = _load_config(args)
+    if getattr(args, "dumps_dir", None):
+        from rankwatch.config.loader import with_overrides
+
+        cfg = with_overrides(cfg, {"dumps.dir": args.dumps_dir})
+    identity = identity_from_env(cfg.run)
+    sinks: list = [ConsoleSink(identity)]
+    if args.findings_jsonl:
+        sinks.append(JsonlSink(args.findings_jsonl, identity))
+    return cfg, identity, sinks
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rankwatch.runtime.modes import run_command
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("run: no command given (rankwatch run [options] -- CMD ARGS...)")
+    cfg, identity, sinks = _live_setup(args)
+    return asyncio.run(run_command(cfg, identity, cmd, sinks=sinks))
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import asyncio
+    import re
+
+    from rankwatch.runtime.modes import watch_processes
+
+    if args.match:
+        try:
+            re.compile(args.match)
+        except re.error as e:
+            raise UsageError(f"--match {args.match!r}: bad regex: {e}") from e
+    if not (args.pid or args.match or args.log):
+        raise UsageError("watch: give --pid PID, --match REGEX and/or --log PATH")
+    if args.checkpoint_dir:
+        logging.getLogger("rankwatch").info("--checkpoint-dir: checkpoint watching is not built yet; ignored")
+    cfg, identity, sinks = _live_setup(args)
+    logs = [Path(p) for p in args.log or []]
+    return asyncio.run(
+        watch_processes(cfg, identity, pids=args.pid or [], match=args.match, logs=logs, sinks=sinks)
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rankwatch.demo.scenario import run_demo
+
+    return run_demo(workdir=args.workdir, ranks=args.ranks, keep=args.keep)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rankwatch",
@@ -137,6 +195,49 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--format", help="force a log format instead of auto-detection")
     a.add_argument("--no-color", action="store_true", help="no ANSI colour in the summary")
     a.set_defaults(func=cmd_analyze)
+
+    live = argparse.ArgumentParser(add_help=False, parents=[common])
+    live.add_argument(
+        "--findings-jsonl", metavar="FILE", help="also append every finding to FILE as JSON lines"
+    )
+    live.add_argument("--dumps-dir", metavar="DIR", help="root of stack-dump incidents (config dumps.dir)")
+
+    r = sub.add_parser(
+        "run",
+        parents=[live],
+        help="launch CMD as the watched rank (output to a log file the agent follows and echoes)",
+        description="Launch CMD as the watched rank. Its output goes to a log file (runner.log_dir) that "
+        "the agent follows and echoes; SIGTERM/SIGINT/SIGHUP/SIGUSR2 are forwarded; SIGUSR1 captures stack "
+        "dumps. The exit status is the child's (128+N for signal N).",
+    )
+    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    r.set_defaults(func=cmd_run)
+
+    w = sub.add_parser(
+        "watch",
+        parents=[live],
+        help="attach to running processes and their logs (sidecar, srun --overlap)",
+    )
+    w.add_argument("--pid", type=int, action="append", help="process to watch (repeatable)")
+    w.add_argument(
+        "--match", metavar="REGEX", help="watch processes whose command line matches (found again on restart)"
+    )
+    w.add_argument(
+        "--log", action="append", metavar="PATH", help="log file to follow (repeatable; rank from its name)"
+    )
+    w.add_argument(
+        "--checkpoint-dir", metavar="DIR", help="checkpoint directory (reserved for the checkpoint watcher)"
+    )
+    w.set_defaults(func=cmd_watch)
+
+    d = sub.add_parser(
+        "demo",
+        help="simulated 4-rank job with injected faults and a live agent per rank (about a minute)",
+    )
+    d.add_argument("--ranks", type=int, default=4, help="number of simulated ranks (2..8)")
+    d.add_argument("--workdir", help="where logs and dumps go (default: a temporary folder)")
+    d.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("config", help="show the effective configuration or check a file")
     csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)

@@ -1,0 +1,1 @@
+"""Actions: what happens because of a finding (printing, alerts, stack dumps)."""

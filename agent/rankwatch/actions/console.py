@@ -1,0 +1,60 @@
+"""Findings to a terminal (stderr) and to a JSON-lines file for other tools."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from rankwatch.identity import Identity
+from rankwatch.records import Finding, Severity
+
+_COLOURS = {Severity.CRITICAL: "\x1b[1;31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
+
+
+class ConsoleSink:
+    def __init__(
+        self, identity: Identity, stream: TextIO | None = None, min_severity: Severity = Severity.INFO
+    ):
+        self.identity = identity
+        self.stream = stream or sys.stderr
+        self.min_severity = min_severity
+        self.colour = self.stream.isatty()
+
+    def send(self, f: Finding) -> None:
+        if f.severity < self.min_severity:
+            return
+        sev = "RESOLVED" if f.resolved else f.severity.label.upper()
+        if self.colour and not f.resolved:
+            sev = f"{_COLOURS[f.severity]}{sev}\x1b[0m"
+        step = f" step {f.step}" if f.step is not None else ""
+        rank = f.rank if f.rank is not None else self.identity.rank
+        try:
+            self.stream.write(
+                f"rankwatch: [run={self.identity.run} rank={rank}] {sev} {f.kind}{step}: {f.message}\n"
+            )
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+class JsonlSink:
+    """One JSON object per finding, appended and flushed, so a crash of the agent loses nothing written."""
+
+    def __init__(self, path: str | Path, identity: Identity) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.identity = identity
+
+    def send(self, f: Finding) -> None:
+        doc = {
+            **f.to_json(),
+            "resolved": f.resolved,
+            "time": f.time,
+            "run": self.identity.run,
+            "node": self.identity.node,
+            "evidence": f.evidence,
+        }
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(doc, default=str, allow_nan=True) + "\n")

@@ -1,0 +1,251 @@
+"""The hang family: no progress while the process lives.
+
+Pure: the agent passes monotonic ``now`` in, so a wall-clock jump (NTP, suspend) can
+neither fake nor hide a stall. A rank that prints step lines is judged from them, with a
+timeout that adapts to its own logging interval. Many ranks print no step lines at all
+(Hugging Face and Lightning log on rank 0 only): those are judged from what they do show,
+log growth, CPU time and checkpoint writes, since a rank blocked in a collective on a
+CPU/gloo backend sits idle.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+from rankwatch.config.schema import StallConfig
+from rankwatch.detectors.base import Episode, finding
+from rankwatch.records import Finding, Severity
+from rankwatch.sources.process import ProcessSample
+from rankwatch.state import RankState
+
+INTERVALS = 100
+SAMPLES = 10
+# Lines read in one chunk share an arrival time; a block-buffered log delivers dozens at
+# once. Arrivals closer than this are one burst, so bursts, not lines, set the interval.
+BURST_S = 0.1
+CPU_ACTIVE_RATIO = 0.01  # of one core, over the sample window
+
+_CLASS_TEXT = {
+    "busy": "busy on CPU ({cpu}): a spin or a data-loader deadlock",
+    "idle": "idle on CPU ({cpu}): blocked in a collective or I/O",
+    "partly busy": "partly busy on CPU ({cpu})",
+    "disk-wait": "stuck in uninterruptible I/O (state D, {cpu} CPU): filesystem (NFS/Lustre) or driver",
+    "stopped": "STOPPED by a signal (SIGSTOP/SIGTSTP: a debugger, `kill -STOP` or Ctrl-Z); "
+    "resume it with `kill -CONT {pid}`",
+}
+
+
+def p99(xs: deque[float] | list[float]) -> float:
+    """Nearest-rank 99th percentile: with fewer than 100 values, the largest."""
+    s = sorted(xs)
+    return s[max(0, math.ceil(0.99 * len(s)) - 1)]
+
+
+def _secs(x: float) -> str:
+    return f"{x:.0f}s" if x >= 10 else f"{x:.1f}s"
+
+
+class StallDetector:
+    kinds = ("stall",)
+
+    def __init__(self, cfg: StallConfig, *, started: float) -> None:
+        self.cfg = cfg
+        self.started = started
+        self.now = started
+        self.episode = Episode()
+        self.intervals: deque[float] = deque(maxlen=INTERVALS)
+        self.samples: deque[ProcessSample] = deque(maxlen=SAMPLES)
+        self.last_step: int | None = None
+        self.steps_seen = 0
+        self.state_has_steps = False
+        self.last_progress = started  # last step line (stepping ranks)
+        self.last_burst: float | None = None
+        self.last_signal = started  # last log growth / CPU progress / checkpoint (silent ranks)
+        self.signal_what = ""
+        self.last_checkpoint: float | None = None
+        self.checkpoints_seen = False
+        self.stalled_at = 0.0
+        self.quiet_from = started
+        self.rank: int | None = None
+        self.path: str | None = None
+        self._cpu_window: deque[tuple[float, float]] = deque(maxlen=SAMPLES + 1)
+        self._cpu_total = 0.0
+        self._cpu_prev: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.episode.active
+
+    def _stepping(self, state: RankState | None = None) -> bool:
+        if state is not None and state.step_count > 0:
+            self.state_has_steps = True
+        return self.steps_seen > 0 or self.state_has_steps
+
+    def _checkpoint_extra(self) -> float:
+        a = float(self.cfg.checkpoint_allowance)
+        lc = self.last_checkpoint
+        return a if lc is not None and 0 <= self.now - lc <= a else 0.0
+
+    def _base_timeout(self) -> tuple[float, str]:
+        floor, grace = float(self.cfg.floor), float(self.cfg.startup_grace)
+        if not self.intervals:
+            t = max(floor, grace)
+            return t, f"{_secs(t)} startup grace, no step interval measured yet"
+        q = p99(self.intervals)
+        t = max(floor, self.cfg.factor * q)
+        return t, (
+            f"{_secs(t)} = max({_secs(floor)} floor, {self.cfg.factor:g} x p99 step interval {_secs(q)})"
+        )
+
+    def timeout(self) -> float:
+        """The effective timeout now, in seconds (for metrics and messages)."""
+        if not self._stepping():
+            if self.now - self.started < float(self.cfg.startup_grace):
+                return float(self.cfg.startup_grace)
+            return float(self.cfg.silent_rank_timeout)
+        return self._base_timeout()[0] + self._checkpoint_extra()
+
+    # -- events -----------------------------------------------------------------------
+
+    def on_step(self, now: float, step: int | None) -> list[Finding]:
+        self.now = max(self.now, now)
+        if step is not None and self.last_step is not None and step == self.last_step:
+            return []
+        restarted = step is not None and self.last_step is not None and step < self.last_step
+        if self.last_burst is not None and not restarted and now - self.last_burst >= BURST_S:
+            self.intervals.append(now - self.last_burst)
+        if self.last_burst is None or restarted or now - self.last_burst >= BURST_S:
+            self.last_burst = now
+        self.last_progress = now
+        self.last_signal = max(self.last_signal, now)
+        self.steps_seen += 1
+        if step is not None:
+            self.last_step = step
+        if not self.episode.close():
+            return []
+        where = f"at step {step}" if step is not None else "(a new step line)"
+        return [self._resolved(f"progress resumed {where} after {_secs(now - self.quiet_from)}", step)]
+
+    def on_activity(self, now: float, what: str) -> None:
+        """``log`` (the log grew), ``checkpoint`` (one was written), ``checkpoint_writing``."""
+        self.now = max(self.now, now)
+        if what in ("checkpoint", "checkpoint_writing"):
+            self.last_checkpoint = now
+            self.checkpoints_seen = True
+            self._signal(now, "checkpoint write")
+        elif what == "log":
+            self._signal(now, "log growth")
+
+    def _signal(self, now: float, what: str) -> None:
+        if now >= self.last_signal:
+            self.last_signal, self.signal_what = now, what
+
+    def _cpu_progress(self, sample: ProcessSample) -> bool:
+        """More than ~1% of a core over the last few samples; one short burst is not enough."""
+        c = sample.cpu_time_s
+        if self._cpu_prev is not None:
+            self._cpu_total += max(0.0, c - self._cpu_prev)  # exited children make it drop
+        self._cpu_prev = c
+        self._cpu_window.append((sample.time, self._cpu_total))
+        t0, c0 = self._cpu_window[0]
+        span = sample.time - t0
+        return span > 0 and (self._cpu_total - c0) > CPU_ACTIVE_RATIO * span
+
+    def on_sample(self, state: RankState, sample: ProcessSample, now: float) -> list[Finding]:
+        self.now = max(self.now, now)
+        if not self.cfg.enabled:
+            return []
+        if not sample.alive:
+            if self.episode.close():
+                waited = _secs(now - self.quiet_from)
+                msg = f"process exited after {waited} without progress (see the crash finding)"
+                return [self._resolved(msg, state.last_step)]
+            return []
+        self.samples.append(sample)
+        if self._cpu_progress(sample) and sample.state != "stopped":
+            self._signal(now, "CPU time")
+        if self._stepping(state):
+            since = now - self.last_progress
+            limit = self.timeout()
+            stalled = since > limit
+        else:
+            since = now - self.last_signal
+            limit = float(self.cfg.silent_rank_timeout)
+            past_grace = now - self.started >= float(self.cfg.startup_grace)
+            stalled = past_grace and since > limit
+            if self.episode.active and self.last_signal > self.stalled_at:
+                self.episode.close()
+                msg = f"signs of life again ({self.signal_what}) after {_secs(now - self.quiet_from)}"
+                return [self._resolved(msg, state.last_step)]
+        if not stalled or not self.episode.open(state.last_step):
+            return []
+        self.stalled_at = now
+        self.quiet_from = now - since
+        self.rank, self.path = state.rank, state.path
+        return [self._fire(state, sample, since)]
+
+    # -- findings -----------------------------------------------------------------------
+
+    def _classify(self) -> tuple[str, float]:
+        alive = [s for s in self.samples if s.alive]
+        cpu = statistics.median(s.cpu_percent for s in alive) if alive else 0.0
+        if not alive:
+            return "unknown", cpu
+        if alive[-1].state == "stopped":
+            return "stopped", cpu
+        d = sum(s.state == "disk-wait" for s in alive)
+        if alive[-1].state == "disk-wait" or 2 * d > len(alive):
+            return "disk-wait", cpu
+        if cpu >= self.cfg.busy_cpu_percent:
+            return "busy", cpu
+        if cpu <= self.cfg.idle_cpu_percent:
+            return "idle", cpu
+        return "partly busy", cpu
+
+    def _fire(self, state: RankState, sample: ProcessSample, since: float) -> Finding:
+        cls, cpu = self._classify()
+        text = _CLASS_TEXT.get(cls, "state unknown").format(cpu=f"{cpu:.1f}%", pid=sample.pid)
+        if self._stepping(state):
+            signals = ["step lines"]
+            t, why = self._base_timeout()
+            extra = self._checkpoint_extra()
+            if extra:
+                why += f" + {_secs(extra)} checkpoint allowance"
+            timeout = t + extra
+            head = f"no progress for {_secs(since)} (timeout {why})"
+        else:
+            signals = ["log growth", "CPU time"] + (["checkpoint writes"] if self.checkpoints_seen else [])
+            timeout = float(self.cfg.silent_rank_timeout)
+            head = (
+                f"no sign of life for {_secs(since)} (timeout {_secs(timeout)} for a rank that prints no "
+                f"step lines, after the {_secs(float(self.cfg.startup_grace))} startup grace)"
+            )
+        last = f"last step {state.last_step}" if state.last_step is not None else "no step line seen yet"
+        alive = "process stopped" if cls == "stopped" else "process alive"
+        msg = (
+            f"{head}; {last}; {alive}, {text}. Judged from: {', '.join(signals)}. Stacks are being captured."
+        )
+        evidence = {
+            "seconds_since_progress": since,
+            "timeout": timeout,
+            "last_step": state.last_step,
+            "signals": signals,
+            "classification": cls,
+            "cpu_percent": cpu,
+            "state": sample.state,
+        }
+        return finding("stall", Severity.CRITICAL, state, msg, step=state.last_step, evidence=evidence)
+
+    def _resolved(self, msg: str, step: int | None) -> Finding:
+        """Carries the rank of the stall it ends, so the alert router can pair the two."""
+        return Finding(
+            kind="stall",
+            severity=Severity.CRITICAL,
+            rank=self.rank,
+            message=msg,
+            step=step,
+            path=self.path,
+            resolved=True,
+        )

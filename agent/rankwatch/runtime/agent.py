@@ -1,0 +1,226 @@
+"""The live agent: watchers in, findings out to sinks, stack dumps when a rank hangs.
+
+One asyncio loop. Blocking work (psutil, py-spy, file writes of dumps) runs in threads
+with timeouts. A sink that raises is logged once and counted; detection goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+from rankwatch.config.schema import Config
+from rankwatch.dumps.capture import capture
+from rankwatch.dumps.store import DumpStore, incident_name, sanitise_reason, sanitise_run
+from rankwatch.identity import Identity
+from rankwatch.records import Finding
+from rankwatch.runtime.watcher import RankWatcher
+
+log = logging.getLogger("rankwatch.agent")
+
+# Agents of the ranks of one job each see the same hang within a sample interval or two of
+# each other; joining a recent incident of the same reason keeps their dumps in one folder.
+JOIN_WINDOW_S = 120.0
+NCCL_RAS_PORT = 28028
+
+
+class Sink(Protocol):
+    def send(self, f: Finding) -> None: ...
+
+
+class Agent:
+    def __init__(
+        self,
+        cfg: Config,
+        identity: Identity,
+        *,
+        sinks: Sequence[Sink] = (),
+        clock: Callable[[], float] = time.monotonic,
+        fr_prefix: tuple[str, str] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.identity = identity
+        self.sinks = list(sinks)
+        self.clock = clock
+        self.watchers: list[RankWatcher] = []
+        self.store = DumpStore(Path(cfg.dumps.dir))
+        self.findings: list[Finding] = []
+        self.sink_errors: dict[str, int] = {}
+        self.dumps_captured = 0
+        self.last_incident: Path | None = None
+        self.fr_prefix = fr_prefix  # (pipe prefix, trace file prefix) for PyTorch's flight recorder
+        self._dump_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+
+    def add_watcher(
+        self, logs: list[Path], identity: Identity | None = None, *, from_end: bool = False
+    ) -> RankWatcher:
+        w = RankWatcher(
+            self.cfg, identity or self.identity, logs, emit=self.emit, clock=self.clock, from_end=from_end
+        )
+        self.watchers.append(w)
+        return w
+
+    # --- findings ----------------------------------------------------------------------
+    def emit(self, f: Finding) -> None:
+        self.findings.append(f)
+        if len(self.findings) > 10_000:
+            del self.findings[:5_000]
+        for sink in self.sinks:
+            try:
+                sink.send(f)
+            except Exception:
+                name = type(sink).__name__
+                self.sink_errors[name] = self.sink_errors.get(name, 0) + 1
+                if self.sink_errors[name] == 1:
+                    log.exception("sink %s failed (further failures only counted)", name)
+        if f.kind == "stall" and not f.resolved and self.cfg.dumps.on_stall:
+            self._spawn(self.capture_dumps("stall"))
+
+    def _spawn(self, coro) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(coro)
+        except RuntimeError:
+            coro.close()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- dumps -------------------------------------------------------------------------
+    def _incident(self, reason: str) -> str:
+        run = sanitise_run(self.identity.run)
+        now = datetime.now(timezone.utc)
+        try:
+            for info in self.store.list_incidents():
+                if info.run == run and info.reason == sanitise_reason(reason):
+                    if abs((now - info.time).total_seconds()) <= JOIN_WINDOW_S:
+                        return info.name
+                    break
+        except Exception:
+            log.debug("could not list incidents", exc_info=True)
+        return incident_name(reason, now)
+
+    async def capture_dumps(self, reason: str) -> Path | None:
+        """py-spy every watched process into one incident folder; never raises."""
+        if self._dump_lock.locked():
+            return self.last_incident
+        async with self._dump_lock:
+            try:
+                return await self._capture(reason)
+            except Exception:
+                log.exception("dump capture failed")
+                return None
+
+    async def _capture(self, reason: str) -> Path | None:
+        c = self.cfg.dumps
+        incident = await asyncio.to_thread(self._incident, reason)
+        folder: Path | None = None
+        for w in self.watchers:
+            pids = w.pids()
+            if not pids:
+                continue
+            rank = w.rank if w.rank is not None else 0
+            result = await asyncio.to_thread(
+                capture,
+                pids[0],
+                py_spy=c.py_spy,
+                native=c.native,
+                locals_=c.locals,
+                subprocesses=True,
+                nonblocking=c.nonblocking,
+                timeout=c.timeout,
+            )
+            meta = {
+                "run": self.identity.run,
+                "node": self.identity.node,
+                "reason": reason,
+                "last_step": w.engine.state.last_step,
+                "local_rank": w.identity.local_rank,
+            }
+            txt = await asyncio.to_thread(
+                self.store.write_rank, self.identity.run, incident, rank, result, meta
+            )
+            folder = txt.parent
+            self.dumps_captured += 1
+            if not result.ok:
+                log.warning("rank %s: stack dump failed: %s (see %s)", rank, result.error, txt)
+            extras = await asyncio.to_thread(self._extras, rank)
+            for name, data in extras.items():
+                await asyncio.to_thread(self.store.write_extra, self.identity.run, incident, name, data)
+        if folder is not None:
+            self.last_incident = folder
+            log.warning("stack dumps written to %s", folder)
+            for sink in self.sinks:
+                note = getattr(sink, "note", None)
+                if callable(note):
+                    with contextlib.suppress(Exception):
+                        note(f"stack dumps for rank {self.identity.rank}: {folder}")
+        return folder
+
+    def _extras(self, rank: int) -> dict[str, str | bytes]:
+        """Best effort: PyTorch's flight recorder and NCCL's RAS report, or why they are absent."""
+        out: dict[str, str | bytes] = {}
+        notes: list[str] = []
+        if self.fr_prefix is not None:
+            pipe_prefix, trace_prefix = self.fr_prefix
+            pipe = Path(f"{pipe_prefix}{rank}.pipe")
+            trace = Path(f"{trace_prefix}{rank}")
+            try:
+                if pipe.exists() and stat.S_ISFIFO(pipe.stat().st_mode):
+                    fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+                    try:
+                        os.write(fd, b"1\n")
+                    finally:
+                        os.close(fd)
+                    deadline = time.monotonic() + 5.0
+                    while time.monotonic() < deadline and not (trace.exists() and trace.stat().st_size > 0):
+                        time.sleep(0.1)
+                    if trace.exists():
+                        out[f"flight-recorder-rank-{rank}.pkl"] = trace.read_bytes()
+                    else:
+                        notes.append(f"flight recorder: asked via {pipe}, no trace at {trace} within 5s")
+                else:
+                    notes.append(
+                        f"flight recorder: absent (no pipe at {pipe}; needs PyTorch >= 2.5 with NCCL)"
+                    )
+            except OSError as e:
+                notes.append(f"flight recorder: failed: {e}")
+        else:
+            notes.append(
+                "flight recorder: not configured (watch mode, or TORCH_FR_DEBUG_INFO_PIPE_FILE unset)"
+            )
+        try:
+            with socket.create_connection(("127.0.0.1", NCCL_RAS_PORT), timeout=1.0) as s:
+                s.settimeout(3.0)
+                s.sendall(b"CLIENT PROTOCOL 2\nSTATUS\n")
+                chunks = []
+                with contextlib.suppress(OSError):
+                    while data := s.recv(65536):
+                        chunks.append(data)
+                out[f"nccl-ras-rank-{rank}.txt"] = b"".join(chunks)
+        except OSError as e:
+            notes.append(f"NCCL RAS: absent (127.0.0.1:{NCCL_RAS_PORT}: {e.strerror or e})")
+        out[f"extras-rank-{rank}.txt"] = "\n".join(notes) + "\n"
+        return out
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def install_dump_signal(self) -> None:
+        """SIGUSR1 to the agent captures stacks now (never forwarded: it would kill an unprepared child)."""
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGUSR1, lambda: self._spawn(self.capture_dumps("manual")))
+
+    async def settle(self, timeout: float = 30.0) -> None:
+        """Wait for dump captures in flight (bounded)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout)

@@ -1,0 +1,239 @@
+"""`rankwatch run` (launch the rank) and `rankwatch watch` (attach as a sidecar).
+
+In run mode the child writes straight into a log file that the agent follows: there is
+no pipe between them, so a crash or SIGKILL of the agent never blocks or kills the child
+and the file always holds all of its output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from rankwatch.analyze import rank_from_path
+from rankwatch.config.schema import Config
+from rankwatch.identity import Identity
+from rankwatch.runtime.agent import Agent, Sink
+from rankwatch.runtime.watcher import RankWatcher
+from rankwatch.sources.process import find_processes
+
+log = logging.getLogger("rankwatch.run")
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+
+
+def child_log_path(cfg: Config, identity: Identity) -> Path:
+    if cfg.runner.log_file:
+        return Path(cfg.runner.log_file)
+    rank = identity.rank if identity.rank is not None else 0
+    return Path(cfg.runner.log_dir) / f"rank-{rank}.log"
+
+
+def child_env(
+    cfg: Config, identity: Identity, base: dict[str, str] | None = None
+) -> tuple[dict[str, str], tuple[str, str] | None]:
+    env = dict(os.environ if base is None else base)
+    if cfg.runner.unbuffered:
+        env.setdefault("PYTHONUNBUFFERED", "1")
+    fr: tuple[str, str] | None = None
+    if cfg.dumps.flight_recorder:
+        if "TORCH_FR_DEBUG_INFO_PIPE_FILE" not in env and "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in env:
+            state = Path(tempfile.gettempdir()) / f"rankwatch-{os.getpid()}"
+            state.mkdir(parents=True, exist_ok=True)
+            env["TORCH_FR_DEBUG_INFO_PIPE_FILE"] = str(state / "fr_pipe_rank_")
+            env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(state / "fr_trace_rank_"))
+        pipe = env.get("TORCH_FR_DEBUG_INFO_PIPE_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "")
+        trace = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get(
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/tmp/nccl_trace_rank_"
+        )
+        fr = (pipe, trace)
+    return env, fr
+
+
+async def _echo(path: Path, start: int, out: BinaryIO, stop: asyncio.Event) -> None:
+    """Copy the child's bytes to our stdout unchanged (progress bars included)."""
+    pos = start
+    while True:
+        stopping = stop.is_set()
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(pos)
+                while data := fh.read(1 << 20):
+                    pos += len(data)
+                    with contextlib.suppress(OSError, ValueError):
+                        out.write(data)
+                        out.flush()
+        except OSError:
+            pass
+        if stopping:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
+
+
+def exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+async def run_command(cfg: Config, identity: Identity, cmd: Sequence[str], *, sinks: Sequence[Sink]) -> int:
+    path = child_log_path(cfg, identity)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    env, fr = child_env(cfg, identity)
+    agent = Agent(cfg, identity, sinks=sinks, fr_prefix=fr)
+    with open(path, "ab") as fh:
+        start = fh.tell()
+        watcher = agent.add_watcher([path], from_end=True)
+        try:
+            child = subprocess.Popen(
+                list(cmd),
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as e:
+            print(f"rankwatch: cannot start {cmd[0]!r}: {e.strerror or e}", file=sys.stderr)
+            return 127 if isinstance(e, FileNotFoundError) else 126
+    watcher.attach(child.pid)
+    loop = asyncio.get_running_loop()
+    agent.install_dump_signal()
+    kill_handle: list[asyncio.TimerHandle] = []
+
+    stop_requested: list[signal.Signals] = []
+
+    def forward(sig: signal.Signals) -> None:
+        if child.poll() is not None:
+            return
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            stop_requested.append(sig)
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(sig)
+        if sig == signal.SIGTERM and not kill_handle:
+            kill_handle.append(loop.call_later(cfg.runner.term_grace, _kill))
+
+    def _kill() -> None:
+        if child.poll() is None:
+            log.warning("child did not exit %.0fs after SIGTERM: sending SIGKILL", cfg.runner.term_grace)
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+
+    for sig in FORWARDED:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, forward, sig)
+
+    stop_echo = asyncio.Event()
+    echo = asyncio.create_task(_echo(path, start, sys.stdout.buffer, stop_echo)) if cfg.runner.echo else None
+    watch_task = asyncio.create_task(watcher.run())
+    try:
+        while child.poll() is None:
+            await asyncio.sleep(0.05)
+    finally:
+        for sig in FORWARDED:
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
+        for h in kill_handle:
+            h.cancel()
+    rc = child.returncode
+    watcher.stop()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(watch_task, 5.0)
+    sig = -rc if rc < 0 else None
+    stopped = bool(stop_requested) and (rc < 0 or rc in (128 + signal.SIGTERM, 128 + signal.SIGINT, 1))
+    watcher.on_exit(rc if rc >= 0 else None, sig, requested=stopped)
+    stop_echo.set()
+    if echo is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(echo, 5.0)
+    await agent.settle()
+    watcher.close()
+    return exit_status(rc)
+
+
+def _process_rank(pid: int) -> int | None:
+    try:
+        import psutil
+
+        env = psutil.Process(pid).environ()
+    except Exception:
+        return None
+    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        v = env.get(name, "")
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+async def watch_processes(
+    cfg: Config,
+    identity: Identity,
+    *,
+    pids: Sequence[int],
+    match: str | None,
+    logs: Sequence[Path],
+    sinks: Sequence[Sink],
+    stop: asyncio.Event | None = None,
+) -> int:
+    stop = stop or asyncio.Event()
+    agent = Agent(cfg, identity, sinks=sinks)
+    watchers: list[RankWatcher] = []
+    if len(logs) <= 1:
+        watchers.append(agent.add_watcher(list(logs), from_end=True))
+    else:
+        for i, p in enumerate(logs):
+            r = rank_from_path(p)
+            ident = dataclasses.replace(identity, rank=r if r is not None else i, local_rank=i)
+            watchers.append(agent.add_watcher([p], ident, from_end=True))
+
+    def assign(found: Sequence[int]) -> None:
+        free = [w for w in watchers if w.prober is None or w.exited]
+        if not free or not found:
+            return
+        if len(watchers) == 1:
+            if free:
+                watchers[0].attach(found[0])
+            return
+        by_rank = {w.rank: w for w in free}
+        for pid in found:
+            w = by_rank.pop(_process_rank(pid), None)
+            if w is not None:
+                w.attach(pid)
+
+    assign(list(pids) or (find_processes(match) if match else []))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    agent.install_dump_signal()
+    tasks = [asyncio.create_task(w.run()) for w in watchers]
+    try:
+        while not stop.is_set():
+            for w in watchers:
+                s = w.last_sample
+                if s is not None and not s.alive and not w.exited:
+                    w.on_exit(s.exit_code, None)
+            if match and any(w.prober is None or w.exited for w in watchers):
+                assign(await asyncio.to_thread(find_processes, match))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), cfg.process.sample_interval)
+    finally:
+        for w in watchers:
+            w.stop()
+        for t in tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, 5.0)
+        for w in watchers:
+            w.drain()
+            w.close()
+        await agent.settle()
+    return 0

@@ -1,0 +1,255 @@
+"""One watched rank, live: its logs, its process, its detectors.
+
+Log data flows follower -> parser -> engine exactly as in ``analyze``; on top of that a
+rank has a process (sampled off the event loop) and a stall detector fed with monotonic
+time. Everything found goes to ``emit``; this module does no alerting or dumping itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from rankwatch.config.schema import Config
+from rankwatch.detectors.crash import crash_finding
+from rankwatch.detectors.liveness import StallDetector
+from rankwatch.engine import RankEngine
+from rankwatch.identity import Identity
+from rankwatch.records import ErrorRecord, Finding, Record, Severity, StepRecord
+from rankwatch.sources.follower import LogFollower, follow
+from rankwatch.sources.logparser import LogParser
+from rankwatch.sources.process import ProcessProber, ProcessSample
+
+log = logging.getLogger("rankwatch.watcher")
+
+QUIET_RELEASE_S = 1.0  # a stream idle this long hands out tracebacks held back for continuation
+
+
+class Stream:
+    __slots__ = ("follower", "last_data", "parser", "path")
+
+    def __init__(self, path: Path, cfg: Config, rank: int | None, from_end: bool) -> None:
+        self.path = path
+        self.follower = LogFollower(path, max_line_bytes=cfg.logs.max_line_bytes, from_end=from_end)
+        self.parser = LogParser(
+            default_rank=rank, fmt=cfg.logs.format, regex=cfg.logs.regex, sniff_lines=cfg.logs.sniff_lines
+        )
+        self.last_data = 0.0
+
+
+class RankWatcher:
+    def __init__(
+        self,
+        cfg: Config,
+        identity: Identity,
+        logs: list[Path],
+        *,
+        emit: Callable[[Finding], None],
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        from_end: bool = False,
+    ) -> None:
+        self.cfg = cfg
+        self.identity = identity
+        self.rank = identity.rank
+        self.emit = emit
+        self.clock = clock
+        self.wall = wall
+        self.path = str(logs[0]) if logs else None
+        self.streams = [Stream(p, cfg, self.rank, from_end) for p in logs]
+        self.engines: dict[int | None, RankEngine] = {}
+        self.stall = StallDetector(cfg.stall, started=clock())
+        self.tail: deque[str] = deque(maxlen=max(1, cfg.process.tail_lines))
+        self.prober: ProcessProber | None = None
+        self.last_sample: ProcessSample | None = None
+        self.exited = False
+        self.internal_errors = 0
+        self.sample_errors = 0
+        self.lines = 0
+        self._stop = asyncio.Event()
+
+    # --- state -------------------------------------------------------------------------
+    @property
+    def engine(self) -> RankEngine:
+        return self._engine(self.rank)
+
+    def _engine(self, rank: int | None) -> RankEngine:
+        eng = self.engines.get(rank)
+        if eng is None:
+            eng = self.engines[rank] = RankEngine(self.cfg.detectors, rank, self.path)
+        return eng
+
+    def attach(self, pid: int) -> None:
+        self.prober = ProcessProber(pid, clock=self.clock)
+        self.last_sample = None
+        self.exited = False
+        log.info("rank %s: watching pid %d", self.rank, pid)
+
+    def pids(self) -> list[int]:
+        if self.prober is None:
+            return []
+        try:
+            return self.prober.pids()
+        except Exception:
+            return []
+
+    # --- logs --------------------------------------------------------------------------
+    def _records(self, records: list[Record]) -> None:
+        now = self.clock()
+        for rec in records:
+            eng = self._engine(rec.rank if rec.rank is not None else self.rank)
+            before = eng.state.last_step
+            try:
+                found = eng.feed(rec)
+            except Exception:
+                self.internal_errors += 1
+                log.exception("engine failed on a record")
+                continue
+            if isinstance(rec, StepRecord) and eng.state.last_step != before:
+                found = found + self.stall.on_step(now, eng.state.last_step)
+            for f in found:
+                self.emit(f)
+
+    def feed_lines(self, stream: Stream, batch: list) -> None:
+        now_wall = self.wall()
+        stream.last_data = self.clock()
+        self.stall.on_activity(stream.last_data, "log")
+        out: list[Record] = []
+        for fl in batch:
+            self.lines += 1
+            if not fl.cut:
+                self.tail.append(fl.text)
+            try:
+                recs = stream.parser.feed(fl.text, fl.lineno, cut=fl.cut, now=now_wall)
+            except Exception:
+                self.internal_errors += 1
+                continue
+            if recs:
+                out.extend(recs)
+        if out:
+            self._records(out)
+
+    def release_quiet(self, force: bool = False) -> None:
+        now = self.clock()
+        for s in self.streams:
+            if force or now - s.last_data >= QUIET_RELEASE_S:
+                recs = s.parser.finish() if force else s.parser.release_pending()
+                if recs:
+                    self._records(recs)
+
+    def drain(self) -> None:
+        """Everything still in the files, then every held line and traceback (on exit)."""
+        for s in self.streams:
+            while True:
+                batch = s.follower.read_available()
+                if not batch:
+                    break
+                self.feed_lines(s, batch)
+            rest = s.follower.flush()
+            if rest:
+                self.feed_lines(s, rest)
+        self.release_quiet(force=True)
+
+    async def _follow(self, stream: Stream) -> None:
+        interval = self.cfg.logs.poll_interval
+        async with contextlib.aclosing(
+            follow(stream.follower, poll_interval=interval, stop=self._stop)
+        ) as it:
+            async for batch in it:
+                if batch:
+                    self.feed_lines(stream, batch)
+
+    # --- process -----------------------------------------------------------------------
+    async def sample_once(self) -> list[Finding]:
+        if self.prober is None or self.exited:
+            return []
+        timeout = max(2.0, self.cfg.process.sample_interval * 5)
+        try:
+            sample = await asyncio.wait_for(asyncio.to_thread(self.prober.sample), timeout)
+        except Exception as e:
+            self.sample_errors += 1
+            if self.sample_errors == 1:
+                log.warning(
+                    "rank %s: process sampling failed (%s); further failures only counted", self.rank, e
+                )
+            return []
+        self.last_sample = sample
+        found = self.stall.on_sample(self.engine.state, sample, self.clock())
+        for f in found:
+            self.emit(f)
+        return found
+
+    def on_exit(
+        self, exit_code: int | None, signal: int | None, *, requested: bool = False
+    ) -> Finding | None:
+        """The process ended: a crash finding unless it ended cleanly, on our forwarded stop
+        signal, or we cannot tell."""
+        if self.exited:
+            return None
+        self.exited = True
+        self.drain()
+        state = self.engine.state
+        if requested and not [e for e in state.errors if isinstance(e, ErrorRecord)]:
+            status = f"signal {signal}" if signal else f"exit code {exit_code}"
+            f = Finding(
+                kind="process_exit",
+                severity=Severity.INFO,
+                rank=self.rank,
+                message=f"process stopped on the forwarded stop signal ({status})",
+                step=state.last_step,
+                path=self.path,
+                time=self.wall(),
+            )
+            self.emit(f)
+            return f
+        if exit_code is None and signal is None:
+            errors = [e for e in state.errors if isinstance(e, ErrorRecord)]
+            if not errors:
+                f = Finding(
+                    kind="process_exit",
+                    severity=Severity.INFO,
+                    rank=self.rank,
+                    message="watched process exited (exit status unknown in watch mode; no error in its log)",
+                    step=state.last_step,
+                    path=self.path,
+                    time=self.wall(),
+                )
+                self.emit(f)
+                return f
+        f = crash_finding(
+            state, exit_code=exit_code, signal=signal, tail=list(self.tail), rank=self.rank, path=self.path
+        )
+        if f is not None:
+            f.time = f.time or self.wall()
+            self.emit(f)
+        return f
+
+    # --- lifecycle ---------------------------------------------------------------------
+    async def run(self) -> None:
+        """Follow every log and sample the process until ``stop()``."""
+        tasks = [asyncio.create_task(self._follow(s), name=f"follow:{s.path}") for s in self.streams]
+        try:
+            while not self._stop.is_set():
+                await self.sample_once()
+                self.release_quiet()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.cfg.process.sample_interval)
+        finally:
+            self._stop.set()
+            for t in tasks:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(t, 2.0)
+            for t in tasks:
+                t.cancel()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        for s in self.streams:
+            s.follower.close()

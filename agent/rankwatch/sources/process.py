@@ -1,0 +1,194 @@
+"""Sampling the watched process tree with psutil.
+
+Blocking code: the agent runs ``ProcessProber.sample`` in a thread. A training process
+can vanish, turn into a zombie or belong to another user at any moment, so every psutil
+call is guarded and a sample degrades to ``alive=False`` or partial data instead of
+raising. CPU time includes the reaped children's share (``children_user``/
+``children_system``), so DataLoader workers that exit do not make the counter drop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import psutil
+
+__all__ = ["ProcessProber", "ProcessSample", "find_processes", "state_name"]
+
+_T = TypeVar("_T")
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, ProcessLookupError, OSError)
+
+_Z = psutil.STATUS_ZOMBIE
+_STATES = {
+    psutil.STATUS_RUNNING: "running",
+    psutil.STATUS_SLEEPING: "sleeping",
+    psutil.STATUS_DISK_SLEEP: "disk-wait",
+    psutil.STATUS_STOPPED: "stopped",
+    psutil.STATUS_ZOMBIE: "zombie",
+    psutil.STATUS_DEAD: "dead",
+}
+
+
+def state_name(psutil_status: str) -> str:
+    """psutil's status in the agent's words; unknown statuses pass through unchanged.
+
+    ``tracing-stop`` stays as it is on purpose: py-spy pauses its target with ptrace
+    while dumping, and that must not read as a SIGSTOP.
+    """
+    return _STATES.get(psutil_status, psutil_status)
+
+
+@dataclass(slots=True)
+class ProcessSample:
+    time: float  # monotonic seconds, from the prober's clock
+    pid: int
+    alive: bool
+    exit_code: int | None = None  # only for our own child, else None
+    cpu_time_s: float = 0.0  # user+system of the tree, reaped children included
+    cpu_percent: float = 0.0  # since the previous sample, of one core (may exceed 100)
+    rss_bytes: int = 0  # tree total
+    threads: int = 0  # tree total
+    state: str = "dead"
+    children: int = 0  # live descendants
+    cmdline: list[str] = field(default_factory=list)
+
+
+def _safe(fn: Callable[[], _T], default: _T) -> _T:
+    try:
+        return fn()
+    except _GONE:
+        return default
+
+
+def _cpu(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+
+
+class ProcessProber:
+    """Samples one process and its descendants; remembers enough to compute CPU %.
+
+    ``returncode`` is for our own child: a callable that reads its exit status without
+    reaping it (``lambda: proc.returncode`` of an asyncio process, or ``Popen.poll``
+    when nothing else waits for it).
+    """
+
+    def __init__(
+        self,
+        pid: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        returncode: Callable[[], int | None] | None = None,
+    ) -> None:
+        self.pid = pid
+        self.clock = clock
+        self.returncode = returncode
+        self._proc: psutil.Process | None = _safe(lambda: psutil.Process(pid), None)
+        self._cmdline: list[str] = []
+        self._last_cpu = 0.0
+        self._last_time = clock()
+        if self._proc is not None:
+            self._cmdline = _safe(self._proc.cmdline, [])
+            self._last_cpu = self._tree_cpu(self._proc, self._descendants(self._proc))
+
+    @staticmethod
+    def _descendants(p: psutil.Process) -> list[psutil.Process]:
+        return _safe(lambda: p.children(recursive=True), [])
+
+    @staticmethod
+    def _tree_cpu(p: psutil.Process, kids: list[psutil.Process]) -> float:
+        return sum(_safe(lambda q=q: _cpu(q), 0.0) for q in [p, *kids])
+
+    def _exit_code(self) -> int | None:
+        if self.returncode is None:
+            return None
+        try:
+            return self.returncode()
+        except Exception:
+            return None
+
+    def _dead(self, now: float, state: str) -> ProcessSample:
+        self._last_time = now
+        return ProcessSample(
+            time=now,
+            pid=self.pid,
+            alive=False,
+            exit_code=self._exit_code(),
+            cpu_time_s=self._last_cpu,
+            state=state,
+            cmdline=list(self._cmdline),
+        )
+
+    def sample(self) -> ProcessSample:
+        now = self.clock()
+        p = self._proc
+        if p is None or not _safe(p.is_running, False):
+            return self._dead(now, "dead")
+        status = _safe(p.status, psutil.STATUS_DEAD)
+        if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return self._dead(now, state_name(status))
+        kids = [k for k in self._descendants(p) if _safe(k.status, _Z) != _Z]
+        cpu = self._tree_cpu(p, kids)
+        dt = now - self._last_time
+        pct = max(0.0, cpu - self._last_cpu) / dt * 100.0 if dt > 0 else 0.0
+        self._last_cpu, self._last_time = cpu, now
+        rss = threads = 0
+        for q in [p, *kids]:
+            rss += _safe(lambda q=q: q.memory_info().rss, 0)
+            threads += _safe(q.num_threads, 0)
+        if not self._cmdline:
+            self._cmdline = _safe(p.cmdline, [])
+        return ProcessSample(
+            time=now,
+            pid=self.pid,
+            alive=True,
+            exit_code=None,
+            cpu_time_s=cpu,
+            cpu_percent=pct,
+            rss_bytes=rss,
+            threads=threads,
+            state=state_name(status),
+            children=len(kids),
+            cmdline=list(self._cmdline),
+        )
+
+    def pids(self) -> list[int]:
+        """The process and its live descendants, e.g. for py-spy."""
+        p = self._proc
+        if p is None or not _safe(p.is_running, False):
+            return []
+        return [self.pid, *(k.pid for k in self._descendants(p))]
+
+
+def _ancestors(pid: int) -> set[int]:
+    out = {pid}
+    p = _safe(lambda: psutil.Process(pid), None)
+    if p is not None:
+        out.update(q.pid for q in _safe(p.parents, []))
+    return out
+
+
+def find_processes(pattern: str, *, exclude_self: bool = True) -> list[int]:
+    """PIDs whose space-joined cmdline matches ``pattern`` (``re.search``).
+
+    The agent's own command line names the pattern (``--match train.py``), and so may
+    the shell or ``srun`` that started it: the agent and its ancestors never match.
+    A malformed pattern raises ``re.error``.
+    """
+    rx = re.compile(pattern)
+    skip = _ancestors(os.getpid()) if exclude_self else set()
+    found: list[int] = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        info = p.info
+        pid = info.get("pid")
+        cmd = info.get("cmdline") or []
+        if pid is None or pid in skip or not cmd:
+            continue
+        if rx.search(" ".join(cmd)):
+            found.append(pid)
+    return sorted(found)

@@ -1,0 +1,230 @@
+"""The live agent end to end: `rankwatch run` around the fake trainer, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TRAINER = [sys.executable, "-m", "rankwatch.demo.trainer"]
+
+
+def write_config(tmp: Path, extra: str = "") -> Path:
+    cfg = tmp / "rw.yaml"
+    cfg.write_text(
+        f"""\
+run: {{name: t}}
+detectors: {{warmup_steps: 5}}
+stall: {{startup_grace: 20s, floor: 2s, factor: 10}}
+process: {{sample_interval: 200ms}}
+dumps: {{dir: {tmp / "dumps"}}}
+runner: {{log_dir: {tmp / "logs"}, term_grace: 3s}}
+{extra}"""
+    )
+    return cfg
+
+
+def agent_cmd(cfg: Path, tmp: Path, rank: int, *trainer_args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "rankwatch",
+        "run",
+        "--config",
+        str(cfg),
+        "--findings-jsonl",
+        str(tmp / f"findings-{rank}.jsonl"),
+        "--",
+        *TRAINER,
+        "--rank",
+        str(rank),
+        "--step-time",
+        "0.01",
+        *trainer_args,
+    ]
+
+
+def findings(tmp: Path, rank: int) -> list[dict]:
+    p = tmp / f"findings-{rank}.jsonl"
+    if not p.exists():
+        return []
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+
+
+def run_agent(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RANK="0")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_nan_is_reported_and_exit_status_is_the_childs(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    out = run_agent(agent_cmd(cfg, tmp_path, 0, "--steps", "60", "--fault", "nan@30", "--format", "nanogpt"))
+    assert out.returncode == 0, out.stderr
+    nan = [f for f in findings(tmp_path, 0) if f["kind"] == "nan_loss" and not f["resolved"]]
+    assert len(nan) == 1 and nan[0]["step"] == 30 and nan[0]["run"] == "t"
+    assert "nan_loss step 30" in out.stderr
+    # The child's output is echoed and is complete in the log file.
+    log = (tmp_path / "logs" / "rank-0.log").read_text()
+    assert "iter 59:" in log and "iter 59:" in out.stdout
+
+
+def test_crash_with_traceback_is_classified(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    out = run_agent(agent_cmd(cfg, tmp_path, 0, "--steps", "50", "--fault", "crash@20"))
+    assert out.returncode == 1
+    crash = [f for f in findings(tmp_path, 0) if f["kind"] == "crash"]
+    assert len(crash) == 1
+    ev = crash[0]["evidence"]
+    assert ev["exit_code"] == 1 and ev["cause_kind"] == "cuda_error"
+    assert any("Traceback" in line for line in ev["traceback"])
+    assert "illegal memory access" in crash[0]["message"]
+
+
+def test_sigkill_of_child_is_a_crash_with_exit_137(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    out = run_agent(agent_cmd(cfg, tmp_path, 0, "--steps", "50", "--fault", "kill@15"))
+    assert out.returncode == 137
+    crash = [f for f in findings(tmp_path, 0) if f["kind"] == "crash"]
+    assert len(crash) == 1 and crash[0]["evidence"]["signal"] == 9
+    assert "SIGKILL" in crash[0]["message"]
+
+
+def test_sigterm_is_forwarded(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    p = subprocess.Popen(
+        agent_cmd(cfg, tmp_path, 0, "--steps", "100000"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, RANK="0"),
+    )
+    try:
+        log = tmp_path / "logs" / "rank-0.log"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "iteration" not in (log.read_text() if log.exists() else ""):
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 143
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_agent_killed_with_sigkill_leaves_child_running_and_log_complete(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    p = subprocess.Popen(
+        agent_cmd(cfg, tmp_path, 0, "--steps", "150", "--format", "kv"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, RANK="0"),
+    )
+    log = tmp_path / "logs" / "rank-0.log"
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "step=5 " not in (log.read_text() if log.exists() else ""):
+            time.sleep(0.05)
+        p.kill()
+        p.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "step=150 " not in log.read_text():
+            time.sleep(0.1)
+        text = log.read_text()
+        steps = [int(x.split("step=")[1].split()[0]) for x in text.splitlines() if x.startswith("step=")]
+        assert steps == list(range(1, 151))
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_two_rank_hang_dumps_and_diff_names_the_hung_rank(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    procs = []
+    try:
+        for r in range(2):
+            cmd = agent_cmd(
+                cfg,
+                tmp_path,
+                r,
+                "--world-size",
+                "2",
+                "--sync-dir",
+                str(sync),
+                "--steps",
+                "100000",
+                "--fault",
+                "hang@40:rank=1",
+            )
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE="2")
+            procs.append(
+                subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            )
+        from rankwatch.dumps.store import DumpStore
+
+        store = DumpStore(tmp_path / "dumps")
+        deadline = time.monotonic() + 60
+        incident = None
+        while time.monotonic() < deadline:
+            done = [i for i in store.list_incidents() if i.reason == "stall" and len(i.ranks) == 2]
+            if done:
+                incident = done[0]
+                break
+            time.sleep(0.2)
+        assert incident is not None, [f["kind"] for r in (0, 1) for f in findings(tmp_path, r)]
+        stalls = {r: [f for f in findings(tmp_path, r) if f["kind"] == "stall"] for r in (0, 1)}
+        assert stalls[0] and stalls[1]
+        assert stalls[0][0]["step"] == 39
+        r0 = (incident.path / "rank-0.txt").read_text()
+        r1 = (incident.path / "rank-1.txt").read_text()
+        assert "all_reduce" in r0 and "wait_for_batch" in r1
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rankwatch",
+                "dumps",
+                "diff",
+                incident.name,
+                "--dir",
+                str(tmp_path / "dumps"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert "suspect: rank 1" in out.stdout, out.stdout
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.mark.parametrize("bad", [["run"], ["run", "--"]])
+def test_run_without_command_is_usage_error(bad: list[str]) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "rankwatch", *bad], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 2 and "no command" in out.stderr
+
+
+def test_missing_executable_is_127(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "run", "--config", str(cfg), "--", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 127 and "cannot start" in out.stderr
