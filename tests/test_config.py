@@ -156,7 +156,9 @@ def test_unknown_nested_section(tmp_path: Path) -> None:
 def test_unknown_top_level_without_close_match_lists_sections(tmp_path: Path) -> None:
     err = error_of(tmp_path, "run:\n  rank: 1\nzzzzzz: {}\n")
     assert (err.line, err.key) == (3, "zzzzzz")
-    assert err.message == "unknown key; valid keys: run, logs, detectors, stall, process, dumps, runner"
+    assert err.message == (
+        "unknown key; valid keys: run, logs, detectors, stall, process, dumps, runner, server, alerts"
+    )
 
 
 def test_dotted_key_written_flat(tmp_path: Path) -> None:

@@ -207,6 +207,57 @@ class RunModeConfig:
 
 
 @dataclass
+class ServerConfig:
+    enabled: bool = opt(True, "serve /metrics, health and the JSON API (run and watch modes)")
+    listen: str = opt("0.0.0.0:9478", "host:port; 9478 avoids node_exporter (9100) and dcgm-exporter (9400)")
+    token: str | None = opt(None, "bearer token required on /api/* (use ${RANKWATCH_TOKEN}, never a literal)")
+    metrics_token: str | None = opt(None, "bearer token required on /metrics (default: open)")
+    max_request_bytes: Size = opt(Size(64 << 10), "larger requests are refused with 413")
+
+
+@dataclass
+class SlackConfig:
+    token: str | None = opt(None, "bot token (xoxb-...), from ${SLACK_BOT_TOKEN}")
+    channel: str | None = opt(None, "channel id or name for chat.postMessage")
+    webhook_url: str | None = opt(None, "incoming-webhook URL, instead of token + channel")
+    base_url: str | None = opt(None, "Slack Web API base URL (tests, proxies); default slack-sdk's")
+    timeout: Duration = opt(Duration(10.0), "per-request timeout")
+
+
+@dataclass
+class AlertmanagerConfig:
+    urls: list[str] = opt([], "Alertmanager base URLs; alerts go to <url>/api/v2/alerts")
+    timeout: Duration = opt(Duration(10.0), "per-request timeout")
+
+
+@dataclass
+class WebhookConfig:
+    urls: list[str] = opt([], "generic JSON webhooks (POST)")
+    headers: dict[str, str] = opt({}, "extra headers, e.g. Authorization: Bearer ${HOOK_TOKEN}")
+    timeout: Duration = opt(Duration(10.0), "per-request timeout")
+
+
+@dataclass
+class AlertsConfig:
+    min_severity: Literal["info", "warning", "critical"] = opt("warning", "findings below this never alert")
+    startup_quiet: Duration = opt(Duration(60.0), "no alerts in the first seconds after the agent starts")
+    group_wait: Duration = opt(Duration(5.0), "collect findings of many ranks this long into one message")
+    repeat_interval: Duration = opt(Duration(4 * 3600.0), "re-send a still-active alert this often")
+    send_resolved: bool = opt(True, "send a resolve message when a finding clears")
+    rate_limit_per_minute: int = opt(20, "per sink; beyond it alerts wait in the queue")
+    max_retries: int = opt(8, "per alert and sink, with exponential backoff and jitter")
+    backoff_max: Duration = opt(Duration(300.0), "longest wait between two retries")
+    spool_dir: str = opt("rankwatch-spool", "undelivered alerts survive agent restarts here")
+    spool_max_bytes: Size = opt(Size(16 << 20), "bounded spool; the oldest entries are dropped and counted")
+    grafana_url: str | None = opt(
+        None, "link template in messages, e.g. https://grafana/d/rankwatch-run?var-run={run}&var-rank={rank}"
+    )
+    slack: SlackConfig = section(SlackConfig, "Slack (slack-sdk)")
+    alertmanager: AlertmanagerConfig = section(AlertmanagerConfig, "Prometheus Alertmanager v2 API")
+    webhook: WebhookConfig = section(WebhookConfig, "generic JSON webhook")
+
+
+@dataclass
 class Config:
     run: RunConfig = section(RunConfig, "identity of the run and this rank")
     logs: LogsConfig = section(LogsConfig, "log following and parsing")
@@ -215,3 +266,5 @@ class Config:
     process: ProcessConfig = section(ProcessConfig, "process sampling (live agent)")
     dumps: DumpsConfig = section(DumpsConfig, "py-spy stack dumps")
     runner: RunModeConfig = section(RunModeConfig, "`rankwatch run`: the child's output and signals")
+    server: ServerConfig = section(ServerConfig, "HTTP server: /metrics, health, JSON API")
+    alerts: AlertsConfig = section(AlertsConfig, "alert routing and sinks")
