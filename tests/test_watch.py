@@ -1,0 +1,146 @@
+"""Sidecar mode: `rankwatch watch` attaches to a process and log it did not start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _config(tmp: Path) -> Path:
+    cfg = tmp / "rw.yaml"
+    cfg.write_text(
+        f"run: {{name: side, rank: 0}}\ndetectors: {{warmup_steps: 5}}\nprocess: {{sample_interval: 200ms}}\n"
+        f"dumps: {{dir: {tmp / 'dumps'}}}\n"
+    )
+    return cfg
+
+
+def _findings(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _wait(pred, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _trainer(log: Path, marker: str, *args: str) -> subprocess.Popen:
+    fh = open(log, "ab")  # noqa: SIM115 - handed to the child
+    try:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rankwatch.demo.trainer",
+                "--format",
+                "kv",
+                "--step-time",
+                "0.05",
+                "--seed",
+                marker,
+                *args,
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+    finally:
+        fh.close()
+
+
+def test_watch_pid_and_log_finds_nan_then_sees_the_exit(tmp_path: Path) -> None:
+    log = tmp_path / "rank-0.log"
+    log.touch()
+    found = tmp_path / "f.jsonl"
+    trainer = _trainer(log, "11", "--steps", "80", "--fault", "nan@40")
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rankwatch",
+            "watch",
+            "--config",
+            str(_config(tmp_path)),
+            "--pid",
+            str(trainer.pid),
+            "--log",
+            str(log),
+            "--findings-jsonl",
+            str(found),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert _wait(lambda: any(f["kind"] == "nan_loss" for f in _findings(found)))
+        nan = next(f for f in _findings(found) if f["kind"] == "nan_loss")
+        assert nan["step"] == 40 and nan["run"] == "side"
+        trainer.wait(timeout=30)
+        assert _wait(lambda: any(f["kind"] in ("process_exit", "crash") for f in _findings(found)))
+        exits = [f for f in _findings(found) if f["kind"] in ("process_exit", "crash")]
+        assert exits[0]["severity"] != "critical"  # a clean finish seen from outside is not a crash
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=20) == 0
+        assert trainer.returncode == 0
+    finally:
+        for p in (agent, trainer):
+            if p.poll() is None:
+                p.kill()
+
+
+def test_watch_match_finds_a_restarted_process(tmp_path: Path) -> None:
+    log = tmp_path / "rank-0.log"
+    log.touch()
+    found = tmp_path / "f.jsonl"
+    marker = "90210"
+    first = _trainer(log, marker, "--steps", "100000")
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-u",
+            "-m",
+            "rankwatch",
+            "-v",
+            "watch",
+            "--config",
+            str(_config(tmp_path)),
+            "--match",
+            f"--seed {marker}",
+            "--log",
+            str(log),
+            "--findings-jsonl",
+            str(found),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    second = None
+    try:
+        time.sleep(1.5)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        assert _wait(lambda: any(f["kind"] in ("crash", "process_exit") for f in _findings(found)))
+        second = _trainer(log, marker, "--steps", "100000")
+        agent_err: list[str] = []
+        time.sleep(2.0)
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=20)
+        agent_err.append(err)
+        assert f"watching pid {second.pid}" in err, err[-2000:]
+    finally:
+        for p in (agent, first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
