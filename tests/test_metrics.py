@@ -1,0 +1,324 @@
+"""The Prometheus exposition of a live agent: series, labels, values, lint."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.openmetrics.exposition import generate_latest as om_generate
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+from prometheus_client.parser import text_string_to_metric_families
+
+from rankwatch.config.schema import Config
+from rankwatch.exporter import make_registry, render
+from rankwatch.exporter.process import STATES
+from rankwatch.identity import Identity
+from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
+from rankwatch.runtime.agent import Agent
+from rankwatch.runtime.watcher import RankWatcher
+
+IDENT = Identity(run="t", rank=0, local_rank=0, world_size=2, node="n1")
+RANK_LABELS = {"run", "rank", "local_rank", "node"}
+ALLOWED_LABELS = RANK_LABELS | {
+    "kind",
+    "severity",
+    "state",
+    "result",
+    "component",
+    "sink",
+    "version",
+    "python",
+}
+
+
+def _agent(tmp_path: Path, ranks: int = 1) -> Agent:
+    cfg = Config()
+    cfg.dumps.dir = str(tmp_path / "dumps")
+    agent = Agent(cfg, dataclasses.replace(IDENT, world_size=max(2, ranks)))
+    for r in range(ranks):
+        ident = dataclasses.replace(agent.identity, rank=r, local_rank=r % 8, node=f"n{1 + r // 8}")
+        agent.add_watcher([tmp_path / f"rank-{r}.log"], ident)
+    return agent
+
+
+def _steps(w: RankWatcher, n: int, *, t0: float, start: int = 1, total: int = 1000, **extra: float) -> None:
+    recs = [
+        StepRecord(
+            step=i,
+            total_steps=total,
+            loss=3.0 - 0.001 * i,
+            grad_norm=0.8,
+            learning_rate=3e-4,
+            tokens_per_s=12_000.0,
+            step_time_s=0.5,
+            tflops=180.5,
+            time=t0 + 0.5 * i,
+            **extra,
+        )
+        for i in range(start, start + n)
+    ]
+    w._records(recs)
+
+
+def _samples(agent: Agent) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(render(agent).decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def _one(samples: dict[str, list], name: str, **labels: str):
+    hits = [s for s in samples.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(hits) == 1, f"{name} {labels}: {hits}"
+    return hits[0].value
+
+
+def test_training_series_carry_identity_labels_and_printed_values(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    w = agent.watchers[0]
+    _steps(w, 200, t0=1_700_000_000.0, mfu=0.41, memory_bytes=30e9)
+    w._records([EvalRecord(eval_loss=2.75, step=200, time=1_700_000_100.0)])
+    s = _samples(agent)
+    step = s["rankwatch_step"]
+    assert len(step) == 1
+    assert step[0].labels == {"run": "t", "rank": "0", "local_rank": "0", "node": "n1"}
+    assert step[0].value == 200
+    assert _one(s, "rankwatch_total_steps") == 1000
+    assert _one(s, "rankwatch_loss") == pytest.approx(2.8)
+    assert _one(s, "rankwatch_eval_loss") == 2.75
+    assert _one(s, "rankwatch_grad_norm") == 0.8
+    assert _one(s, "rankwatch_learning_rate") == 3e-4
+    assert _one(s, "rankwatch_tokens_per_second") == 12_000
+    assert _one(s, "rankwatch_tflops") == 180.5
+    assert _one(s, "rankwatch_mfu_ratio") == 0.41
+    assert _one(s, "rankwatch_framework_memory_bytes") == 30e9
+    assert _one(s, "rankwatch_step_duration_seconds") == 0.5
+    # 2 steps/s from the timestamps, 800 steps to go.
+    assert _one(s, "rankwatch_eta_seconds") == pytest.approx(400.0)
+    assert _one(s, "rankwatch_last_progress_timestamp_seconds") == 1_700_000_100.0
+    assert 0 <= _one(s, "rankwatch_seconds_since_progress") < 5
+    # No log line carried these: no series, not a fake zero.
+    for absent in ("rankwatch_samples_per_second", "rankwatch_loss_scale", "rankwatch_process_up"):
+        assert absent not in s
+
+
+def test_nan_loss_is_exported_as_nan_and_counted_as_a_finding(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    w = agent.watchers[0]
+    _steps(w, 150, t0=time.time() - 100)
+    w._records([StepRecord(step=151, loss=math.nan, grad_norm=math.inf, time=time.time())])
+    text = render(agent).decode()
+    line = next(x for x in text.splitlines() if x.startswith("rankwatch_loss{"))
+    assert line.endswith(" NaN")
+    assert "rankwatch_grad_norm{" in text and "+Inf" in text
+    s = _samples(agent)
+    assert math.isnan(_one(s, "rankwatch_loss"))
+    assert _one(s, "rankwatch_findings_total", kind="nan_loss", severity="critical", rank="0") == 1
+    assert _one(s, "rankwatch_active_findings", kind="nan_loss", severity="critical", rank="0") == 1
+
+
+def test_no_job_label_and_every_label_is_bounded(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, ranks=3)
+    for w in agent.watchers:
+        _steps(w, 120, t0=time.time() - 60)
+    agent.emit(Finding("stall", Severity.CRITICAL, 1, "no progress for 900s at /some/path", step=120))
+    agent.alert_stats = {"slack": {"sent": 1, "failed": 0, "dropped": 0}}  # type: ignore[attr-defined]
+    fams = list(text_string_to_metric_families(render(agent).decode()))
+    names = {f.name for f in fams}
+    assert all(n.startswith(("rankwatch_", "process_")) for n in names)
+    for fam in fams:
+        assert fam.documentation, fam.name
+        for smp in fam.samples:
+            assert "job" not in smp.labels
+            assert set(smp.labels) <= ALLOWED_LABELS, smp
+            for v in smp.labels.values():
+                assert "/" not in v and len(v) < 64, smp
+            if "state" in smp.labels:
+                assert smp.labels["state"] in STATES
+            if "result" in smp.labels:
+                assert smp.labels["result"] in ("parsed", "unparsed", "cut")
+    ranks = {smp.labels["rank"] for fam in fams if fam.name == "rankwatch_step" for smp in fam.samples}
+    assert ranks == {"0", "1", "2"}
+
+
+def test_findings_counter_never_decreases_when_the_log_is_trimmed(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    reg = make_registry(agent, process=False)
+
+    def total() -> float:
+        s = {}
+        for fam in text_string_to_metric_families(render(agent, reg).decode()):
+            for smp in fam.samples:
+                if smp.name == "rankwatch_findings_total" and smp.labels["kind"] == "loss_spike":
+                    s[smp.labels["severity"]] = smp.value
+        return s.get("warning", 0.0)
+
+    spike = lambda i: Finding("loss_spike", Severity.WARNING, 0, f"spike {i}", step=i)  # noqa: E731
+    for i in range(30):
+        agent.emit(spike(i))
+    assert total() == 30
+    for i in range(30, 40):
+        agent.emit(spike(i))
+    del agent.findings[:25]  # what Agent.emit does past its cap
+    assert total() == 40
+    agent.findings.clear()
+    agent.emit(spike(99))
+    assert total() == 41
+
+
+def test_resolved_finding_drops_the_active_gauge_to_zero(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    agent.emit(Finding("stall", Severity.CRITICAL, 0, "no progress"))
+    s = _samples(agent)
+    assert _one(s, "rankwatch_active_findings", kind="stall") == 1
+    agent.emit(Finding("stall", Severity.CRITICAL, 0, "progress resumed", resolved=True))
+    s = _samples(agent)
+    assert _one(s, "rankwatch_active_findings", kind="stall") == 0
+    assert _one(s, "rankwatch_findings_total", kind="stall") == 1
+
+
+def test_process_metrics_follow_a_real_subprocess(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"], stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"  # asleep from here on
+        agent = _agent(tmp_path)
+        w = agent.watchers[0]
+        w.attach(child.pid)
+
+        async def sample() -> None:
+            await w.sample_once()
+
+        for _ in range(100):  # the child may still be between print() and sleep()
+            asyncio.run(sample())
+            if w.last_sample is not None and w.last_sample.state == "sleeping":
+                break
+            time.sleep(0.02)
+        s = _samples(agent)
+        assert _one(s, "rankwatch_process_up") == 1
+        assert _one(s, "rankwatch_process_resident_memory_bytes") > 1_000_000
+        assert _one(s, "rankwatch_process_threads") >= 1
+        assert _one(s, "rankwatch_process_cpu_seconds_total") >= 0
+        assert _one(s, "rankwatch_process_cpu_ratio") >= 0
+        assert _one(s, "rankwatch_process_children") == 0
+        states = {x.labels["state"]: x.value for x in s["rankwatch_process_state"]}
+        assert set(states) == set(STATES) and sum(states.values()) == 1
+        assert states["sleeping"] == 1
+        assert _one(s, "rankwatch_sources_attached") == 1
+        child.kill()
+        child.wait(10)
+        asyncio.run(sample())
+        s = _samples(agent)
+        assert _one(s, "rankwatch_process_up") == 0
+        assert "rankwatch_process_resident_memory_bytes" not in s
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+MEGATRON = (
+    " [2024-05-01 10:00:{sec:02d}] iteration {i:8d}/    1000 | consumed samples: {cs:12d} |"
+    " elapsed time per iteration (ms): 512.0 | throughput per GPU (TFLOP/s/GPU): 181.2 |"
+    " learning rate: 3.000000E-04 | global batch size:   256 | lm loss: {loss:.6E} |"
+    " loss scale: 1.0 | grad norm: 0.812 | number of skipped iterations:   0 |"
+    " number of nan iterations:   0 |\n"
+)
+
+
+def test_log_file_pipeline_counts_lines_by_outcome(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    w = agent.watchers[0]
+    log = tmp_path / "rank-0.log"
+    with log.open("w") as fh:
+        fh.write("training ...\nsome unrelated line\n")
+        for i in range(1, 21):
+            fh.write(MEGATRON.format(sec=i, i=i, cs=256 * i, loss=3.0 - 0.01 * i))
+    w.drain()
+    s = _samples(agent)
+    assert _one(s, "rankwatch_step") == 20
+    assert _one(s, "rankwatch_tflops") == pytest.approx(181.2)
+    assert _one(s, "rankwatch_step_duration_seconds") == pytest.approx(0.512)
+    assert _one(s, "rankwatch_log_lines_total", result="parsed") == 20
+    assert _one(s, "rankwatch_log_lines_total", result="unparsed") == 2
+    assert _one(s, "rankwatch_log_lines_total", result="cut") == 0
+    assert _one(s, "rankwatch_log_read_bytes_total") == log.stat().st_size
+    assert _one(s, "rankwatch_sources_attached") == 1
+
+
+def test_agent_health_alert_counters_and_internal_errors(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    s = _samples(agent)
+    assert not any(n.startswith("rankwatch_alerts_") for n in s)
+    info = s["rankwatch_build_info"][0]
+    assert info.value == 1 and set(info.labels) == {"version", "python"}
+    assert _one(s, "rankwatch_internal_errors_total", component="server") == 0
+    agent.alert_stats = {"slack": {"sent": 3, "failed": 2, "dropped": 1}}  # type: ignore[attr-defined]
+    agent.internal_errors_by_component = {"server": 2, "gpu": 1}  # type: ignore[attr-defined]
+    agent.sink_errors["SlackSink"] = 4
+    agent.dumps_captured = 5
+    s = _samples(agent)
+    assert _one(s, "rankwatch_alerts_sent_total", sink="slack") == 3
+    assert _one(s, "rankwatch_alerts_failed_total", sink="slack") == 2
+    assert _one(s, "rankwatch_alerts_dropped_total", sink="slack") == 1
+    assert _one(s, "rankwatch_internal_errors_total", component="server") == 2
+    assert _one(s, "rankwatch_internal_errors_total", component="gpu") == 1
+    assert _one(s, "rankwatch_internal_errors_total", component="sink") == 4
+    assert _one(s, "rankwatch_dumps_captured_total") == 5
+    assert _one(s, "rankwatch_world_size") == 2
+
+
+def test_a_failing_concern_leaves_the_rest_of_the_scrape(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    w = agent.watchers[0]
+    _steps(w, 10, t0=time.time())
+    w.attach(1)  # pid 1 exists; sample replaced below by something that breaks the collector
+    w.last_sample = object()  # type: ignore[assignment]
+    s = _samples(agent)
+    assert _one(s, "rankwatch_step") == 10
+    assert _one(s, "rankwatch_internal_errors_total", component="exporter") == 1
+    assert "rankwatch_process_up" not in s
+
+
+def _eight_ranks(tmp_path: Path) -> Agent:
+    agent = _agent(tmp_path, ranks=8)
+    now = time.time()
+    for r, w in enumerate(agent.watchers):
+        _steps(w, 300, t0=now - 200, samples_per_s=64.0, loss_scale=65536.0, mfu=0.4)
+        w._records([EvalRecord(eval_loss=2.5 + r / 100, time=now)])
+    agent.watchers[3]._records([StepRecord(step=301, loss=math.nan, time=now)])
+    agent.emit(Finding("stall", Severity.CRITICAL, 5, "no progress"))
+    agent.emit(Finding("throughput_drop", Severity.WARNING, 2, "slow"))
+    agent.alert_stats = {"slack": {"sent": 2, "failed": 0, "dropped": 0}}  # type: ignore[attr-defined]
+    return agent
+
+
+def test_promtool_check_metrics_is_clean_on_eight_ranks(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package 'prometheus'); CI installs it")
+    agent = _eight_ranks(tmp_path)
+    body = render(agent)
+    assert body.count(b"rankwatch_step{") == 8
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=body, capture_output=True, timeout=30, check=False
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip() == b"" and res.stderr.strip() == b""
+
+
+def test_openmetrics_exposition_parses(tmp_path: Path) -> None:
+    agent = _eight_ranks(tmp_path)
+    text = om_generate(make_registry(agent)).decode()
+    fams = {f.name: f for f in om_parse(text)}
+    assert fams["rankwatch_findings"].type == "counter"
+    assert fams["rankwatch_build"].type == "info"
+    assert any(math.isnan(s.value) for s in fams["rankwatch_loss"].samples)

@@ -1,0 +1,361 @@
+"""The agent's HTTP server, served for real on loopback and driven with aiohttp."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
+
+from rankwatch.config.schema import Config, ServerConfig
+from rankwatch.dumps.capture import DumpResult
+from rankwatch.dumps.store import incident_name
+from rankwatch.identity import Identity
+from rankwatch.records import Finding, Severity, StepRecord
+from rankwatch.runtime.agent import Agent
+from rankwatch.server import Server, parse_listen, start_server
+
+IDENT = Identity(run="t", rank=0, local_rank=0, world_size=2, node="n1")
+TIMEOUT = aiohttp.ClientTimeout(total=10)
+
+
+def _agent(tmp_path: Path, ranks: int = 2, logs: bool = True) -> Agent:
+    cfg = Config()
+    cfg.dumps.dir = str(tmp_path / "dumps")
+    agent = Agent(cfg, IDENT)
+    now = time.time()
+    for r in range(ranks):
+        log = tmp_path / f"rank-{r}.log"
+        if logs:
+            log.touch()
+        w = agent.add_watcher([log], dataclasses.replace(IDENT, rank=r, local_rank=r))
+        w._records(
+            [
+                StepRecord(step=i, total_steps=500, loss=2.0, tokens_per_s=9000.0, time=now - 50 + i / 4)
+                for i in range(1, 201)
+            ]
+        )
+    return agent
+
+
+@contextlib.asynccontextmanager
+async def _serve(agent: Agent, **cfg: Any) -> AsyncIterator[tuple[Server, aiohttp.ClientSession]]:
+    server = await start_server(agent, ServerConfig(listen="127.0.0.1:0", **cfg))
+    try:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+            yield server, session
+    finally:
+        await server.close()
+
+
+def _run(fn: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(fn(), 30))
+
+
+def _dump(agent: Agent, ranks: tuple[int, ...] = (0, 1)) -> str:
+    incident = incident_name("stall", datetime(2024, 5, 1, 10, 0, 0, tzinfo=timezone.utc))
+    for r in ranks:
+        result = DumpResult(
+            pid=1000 + r,
+            ok=True,
+            threads=[{"pid": 1000 + r, "thread_name": "MainThread", "frames": []}],
+            text=f"Thread 1000 (idle): MainThread\n    all_reduce (rank{r}.py:1)\n",
+            error=None,
+            duration_s=0.1,
+            command=["py-spy", "dump"],
+        )
+        agent.store.write_rank("t", incident, r, result, {"run": "t", "last_step": 200})
+    return incident
+
+
+def test_every_route_answers(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    incident = _dump(agent)
+    agent.emit(Finding("stall", Severity.CRITICAL, 1, "no progress for 901s", step=200, time=time.time()))
+
+    async def go() -> None:
+        async with _serve(agent) as (srv, s):
+            assert srv.port > 0 and srv.url == f"http://127.0.0.1:{srv.port}"
+            async with s.get(srv.url + "/healthz") as r:
+                assert r.status == 200 and await r.text() == "ok\n"
+            async with s.get(srv.url + "/readyz") as r:
+                assert r.status == 200 and (await r.json())["ready"] is True
+            async with s.get(srv.url + "/metrics") as r:
+                assert r.status == 200
+                assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                fams = {f.name: f for f in text_string_to_metric_families(await r.text())}
+                assert [x.value for x in fams["rankwatch_step"].samples] == [200, 200]
+            async with s.get(srv.url + "/api/status") as r:
+                assert r.status == 200
+                doc = await r.json()
+                assert [x["rank"] for x in doc["ranks"]] == [0, 1]
+                r1 = doc["ranks"][1]
+                assert r1["step"] == 200 and r1["total_steps"] == 500 and r1["node"] == "n1"
+                assert r1["rates"]["tokens_per_s"] == 9000.0
+                assert r1["rates"]["steps_per_s"] == pytest.approx(4.0)
+                assert r1["last_progress"]["iso"].endswith("Z") and r1["last_progress"]["epoch"] > 0
+                assert r1["stall_timeout_s"] > 0 and r1["seconds_since_progress"] >= 0
+                assert [f["kind"] for f in r1["active_findings"]] == ["stall"]
+                assert doc["ranks"][0]["active_findings"] == []
+            async with s.get(srv.url + "/api/findings") as r:
+                assert r.status == 200 and (await r.json())["findings"][0]["kind"] == "stall"
+            async with s.get(srv.url + "/api/dumps") as r:
+                doc = await r.json()
+                assert [(i["incident"], i["ranks"]) for i in doc["incidents"]] == [(incident, [0, 1])]
+            async with s.get(f"{srv.url}/api/dumps/{incident}/1") as r:
+                assert r.status == 200
+                doc = await r.json()
+                assert doc["rank"] == 1 and doc["pid"] == 1001 and "rank1.py" in doc["text"]
+            async with s.get(f"{srv.url}/api/dumps/{incident}/0?format=text") as r:
+                assert r.status == 200 and r.content_type == "text/plain"
+                text = await r.text()
+                assert text.startswith("# rankwatch dump: rank 0, pid 1000") and "rank0.py" in text
+            async with s.get(srv.url + "/") as r:
+                assert r.status == 200 and r.content_type == "text/html"
+                assert 'http-equiv="refresh"' in await r.text()
+
+    _run(go)
+
+
+def test_findings_newest_first_limited_and_active_only(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, ranks=1)
+    for i in range(5):
+        agent.emit(Finding("loss_spike", Severity.WARNING, 0, f"spike {i}", step=i))
+    agent.emit(Finding("stall", Severity.CRITICAL, 0, "no progress"))
+    agent.emit(Finding("stall", Severity.CRITICAL, 0, "progress resumed", resolved=True))
+
+    async def go() -> None:
+        async with _serve(agent) as (srv, s):
+            async with s.get(srv.url + "/api/findings?limit=3") as r:
+                doc = await r.json()
+                assert [f["message"] for f in doc["findings"]] == [
+                    "progress resumed",
+                    "no progress",
+                    "spike 4",
+                ]
+            async with s.get(srv.url + "/api/findings?active=1") as r:
+                doc = await r.json()
+                assert [(f["kind"], f["message"]) for f in doc["findings"]] == [("loss_spike", "spike 4")]
+            async with s.get(srv.url + "/api/findings?kind=loss_spike&limit=2") as r:
+                assert [f["step"] for f in (await r.json())["findings"]] == [4, 3]
+            for bad in ("limit=0", "limit=1001", "limit=abc", "active=maybe", "kind=../x", "rank=-1"):
+                async with s.get(f"{srv.url}/api/findings?{bad}") as r:
+                    assert r.status == 400, bad
+
+    _run(go)
+
+
+def test_nan_loss_survives_into_json(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, ranks=1)
+    agent.watchers[0]._records([StepRecord(step=201, loss=math.nan, time=time.time())])
+
+    async def go() -> None:
+        async with _serve(agent) as (srv, s), s.get(srv.url + "/api/status") as r:
+            raw = await r.text()
+            assert "NaN" in raw
+            doc = await r.json()  # strict JSON: NaN is a string
+            assert doc["ranks"][0]["loss"] == "NaN"
+            assert doc["active_findings"][0]["kind"] == "nan_loss"
+
+    _run(go)
+
+
+def test_readyz_is_503_until_a_source_is_attached(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, ranks=2, logs=False)
+    (tmp_path / "rank-0.log").touch()
+
+    async def go() -> None:
+        async with _serve(agent) as (srv, s):
+            async with s.get(srv.url + "/readyz") as r:
+                assert r.status == 503
+                doc = await r.json()
+                assert doc["ready"] is False and len(doc["detail"]) == 1
+                assert "rank 1" in doc["detail"][0] and "rank-1.log" in doc["detail"][0]
+            (tmp_path / "rank-1.log").touch()
+            async with s.get(srv.url + "/readyz") as r:
+                assert r.status == 200
+
+    _run(go)
+
+
+def test_tokens_guard_api_page_and_metrics(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, ranks=1)
+
+    async def go() -> None:
+        async with _serve(agent, token="s3cret", metrics_token="m3trics") as (srv, s):
+            good = {"Authorization": "Bearer s3cret"}
+            for path in ("/api/status", "/api/findings", "/api/dumps", "/api/dumps/x/0", "/", "/api/nope"):
+                async with s.get(srv.url + path) as r:
+                    assert r.status == 401, path
+                    assert r.headers["WWW-Authenticate"].startswith("Bearer")
+                async with s.get(srv.url + path, headers={"Authorization": "Bearer wrong"}) as r:
+                    assert r.status == 401, path
+                    assert 'error="invalid_token"' in r.headers["WWW-Authenticate"]
+            for path in ("/api/status", "/api/findings", "/api/dumps", "/"):
+                async with s.get(srv.url + path, headers=good) as r:
+                    assert r.status == 200, path
+            async with s.get(srv.url + "/api/status", headers={"Authorization": "bearer s3cret"}) as r:
+                assert r.status == 200
+            async with s.get(srv.url + "/metrics", headers=good) as r:
+                assert r.status == 401  # the API token is not the metrics token
+            async with s.get(srv.url + "/metrics", headers={"Authorization": "Bearer m3trics"}) as r:
+                assert r.status == 200 and "rankwatch_step" in await r.text()
+            for sneaky in ("/%61pi/status", "/api/./status", "/%6Detrics"):  # decoded before the check
+                async with s.get(URL(srv.url + sneaky, encoded=True)) as r:
+                    assert r.status == 401, sneaky
+            async with s.get(srv.url + "/healthz") as r:
+                assert r.status == 200  # probes stay open
+        async with _serve(agent, token="s3cret") as (srv, s), s.get(srv.url + "/metrics") as r:
+            assert r.status == 200  # no metrics_token: open
+
+    _run(go)
+
+
+def test_dump_routes_reject_traversal_and_unknown_names(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, ranks=1)
+    incident = _dump(agent, ranks=(0,))
+    outside = tmp_path / "elsewhere" / "t" / incident  # a look-alike outside the store
+    outside.mkdir(parents=True)
+    (outside / "rank-0.json").write_text('{"rank": 0, "text": "SECRET"}')
+
+    async def go() -> None:
+        async with _serve(agent) as (srv, s):
+            cases = {
+                "/api/dumps/..%2F..%2Fetc/0": (400, 404),
+                "/api/dumps/%2E%2E/0": (400, 404),
+                "/api/dumps/..%2Felsewhere%2Ft%2F" + incident + "/0": (400, 404),
+                f"/api/dumps/{quote(str(outside), safe='')}/0": (400, 404),
+                "/api/dumps/x/abc": (400,),
+                "/api/dumps/x/-1": (400,),
+                f"/api/dumps/{incident}/1e3": (400,),
+                f"/api/dumps/{incident}/7": (404,),
+                "/api/dumps/20990101T000000Z_stall/0": (404,),
+                f"/api/dumps/{incident}/0?format=html": (400,),
+                "/api/dumps/../../etc/passwd": (404,),
+            }
+            for path, want in cases.items():
+                async with s.get(URL(srv.url + path, encoded=True)) as r:
+                    body = await r.text()
+                    assert r.status in want, (path, r.status, body)
+                    assert "SECRET" not in body and "root:" not in body
+            prefix = incident[:10]  # a unique prefix is what DumpStore.find accepts
+            async with s.get(f"{srv.url}/api/dumps/{prefix}/0") as r:
+                assert r.status == 200 and (await r.json())["pid"] == 1000
+
+    _run(go)
+
+
+def test_method_size_and_route_errors(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, ranks=1)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(40):
+            yield b"x" * 4096
+
+    async def go() -> None:
+        async with _serve(agent, max_request_bytes=64 << 10) as (srv, s):
+            async with s.post(srv.url + "/api/status", data=b"x" * (200 << 10)) as r:
+                assert r.status == 413
+            async with s.post(srv.url + "/api/status", data=chunks()) as r:
+                assert r.status == 413  # chunked, no Content-Length
+            async with s.post(srv.url + "/api/status", data=b"{}") as r:
+                assert r.status == 405
+            async with s.delete(srv.url + "/metrics") as r:
+                assert r.status == 405
+            async with s.get(srv.url + "/nope") as r:
+                assert r.status == 404
+            async with s.get(srv.url + "/api/dumps/a/b/c") as r:
+                assert r.status == 404
+            async with s.head(srv.url + "/healthz") as r:
+                assert r.status == 200
+
+    _run(go)
+
+
+def test_handler_failure_is_500_json_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    agent = _agent(tmp_path, ranks=1)
+
+    def boom() -> list:
+        raise OSError("disk gone")
+
+    agent.store.list_incidents = boom  # type: ignore[method-assign]
+
+    async def go() -> None:
+        async with _serve(agent) as (srv, s):
+            for _ in range(3):
+                async with s.get(srv.url + "/api/dumps") as r:
+                    assert r.status == 500
+                    assert (await r.json())["error"].startswith("internal error")
+            async with s.get(srv.url + "/metrics") as r:
+                text = await r.text()
+            line = next(x for x in text.splitlines() if 'component="server"' in x)
+            assert line.endswith(" 3.0")
+            async with s.get(srv.url + "/healthz") as r:
+                assert r.status == 200
+
+    with caplog.at_level("ERROR", logger="rankwatch.server"):
+        _run(go)
+    assert sum("/api/dumps" in rec.getMessage() for rec in caplog.records) == 1
+
+
+def test_status_page_lists_ranks_and_escapes_log_text(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, ranks=3)
+    agent.emit(Finding("crash", Severity.CRITICAL, 2, "Traceback: <script>alert(1)</script>", step=200))
+
+    async def go() -> None:
+        async with _serve(agent) as (srv, s):
+            async with s.get(srv.url + "/") as r:
+                html = await r.text()
+                assert r.headers["Content-Security-Policy"].startswith("default-src 'none'")
+            assert html.count('<tr class="') + html.count("<tr><td") >= 3
+            for rank in range(3):
+                assert f'<td class="l">{rank}</td>' in html
+            assert "<script>" not in html and "&lt;script&gt;" in html
+            assert '<tr class="critical">' in html
+            assert "200 / 500" in html
+
+    _run(go)
+
+
+def test_listen_parsing() -> None:
+    assert parse_listen("0.0.0.0:9478") == ("0.0.0.0", 9478)
+    assert parse_listen("[::1]:0") == ("::1", 0)
+    assert parse_listen(":9478") == ("0.0.0.0", 9478)
+    assert parse_listen("node-1.cluster:80") == ("node-1.cluster", 80)
+    for bad in ("9478", "::1:9478", "[::1]9478", "host:port", "host:70000", "[::1"):
+        with pytest.raises(ValueError):
+            parse_listen(bad)
+
+
+def test_ipv6_loopback_listen(tmp_path: Path) -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback here: {e}")
+    agent = _agent(tmp_path, ranks=1)
+
+    async def go() -> None:
+        server = await start_server(agent, ServerConfig(listen="[::1]:0"))
+        try:
+            assert server.url == f"http://[::1]:{server.port}"
+            async with aiohttp.ClientSession(timeout=TIMEOUT) as s, s.get(server.url + "/healthz") as r:
+                assert r.status == 200
+        finally:
+            await server.close()
+
+    _run(go)
