@@ -1,0 +1,83 @@
+"""Prometheus Alertmanager sink: POST <url>/api/v2/alerts, one sink per URL (HA pairs).
+
+Alertmanager forgets a firing alert that is not posted again within its
+``resolve_timeout`` (5 min by default) and then reports it resolved. So while an alert
+is active the dispatcher re-posts it every ``refresh_interval`` (60 s; one small POST,
+the same labels and ``startsAt``, which Alertmanager merges into the existing alert).
+Grouping, routing, silences and inhibition are Alertmanager's job: each rank of a grouped
+message is posted as its own alert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+
+import aiohttp
+
+from rankwatch.actions.alerts.message import AlertMessage, DeliveryError, iso
+
+REFRESH_INTERVAL_S = 60.0
+
+
+def alertname(kind: str) -> str:
+    """`nan_loss` -> `RankwatchNanLoss`."""
+    return "Rankwatch" + "".join(p[:1].upper() + p[1:] for p in re.split(r"[^A-Za-z0-9]+", kind) if p)
+
+
+def payload(alert: AlertMessage, now: float) -> list[dict[str, Any]]:
+    out = []
+    for m in alert.members:
+        labels = {
+            "alertname": alertname(alert.kind),
+            "run": alert.run,
+            "rank": "" if m.rank is None else str(m.rank),
+            "severity": alert.severity.label,
+            "kind": alert.kind,
+            "node": alert.node,
+        }
+        summary = f"{alert.kind} on rank {m.rank}" if m.rank is not None else alert.kind
+        annotations = {"summary": f"{summary} (run {alert.run})", "description": m.message}
+        if m.dump_path:
+            annotations["dump_path"] = m.dump_path
+        if m.step is not None:
+            annotations["step"] = str(m.step)
+        doc: dict[str, Any] = {"labels": labels, "annotations": annotations, "startsAt": iso(m.starts_at)}
+        if alert.status == "resolved":
+            doc["endsAt"] = iso(alert.ends_at or now)
+        if alert.grafana_url:
+            doc["generatorURL"] = alert.grafana_url
+        out.append(doc)
+    return out
+
+
+class AlertmanagerSink:
+    refresh_interval = REFRESH_INTERVAL_S
+
+    def __init__(self, url: str, *, timeout: float = 10.0, name: str = "alertmanager") -> None:
+        self.name = name
+        self.url = url.rstrip("/") + "/api/v2/alerts"
+        self.timeout = float(timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def deliver(self, alert: AlertMessage) -> None:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        try:
+            async with self._session.post(self.url, json=payload(alert, time.time())) as r:
+                body = (await r.text())[:300]
+                if r.status < 300:
+                    return
+                if r.status == 429 or r.status >= 500:
+                    ra = r.headers.get("Retry-After")
+                    retry_after = float(ra) if ra and ra.isdigit() else None
+                    raise DeliveryError(f"alertmanager: HTTP {r.status} {body}", retry_after=retry_after)
+                raise DeliveryError(f"alertmanager: HTTP {r.status} {body}", permanent=True)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise DeliveryError(f"alertmanager {self.url}: {type(e).__name__}: {e}") from e
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,574 @@
+"""Alert routing: findings in, few and reliable messages out.
+
+Policy (each rule exists because the alternative wakes someone for nothing or loses an alert):
+
+- An alert is a finding with severity >= ``min_severity``; it is identified by
+  (run, rank, kind). A second firing of an active alert is not re-sent (a higher severity
+  is, as an escalation); ``repeat_interval`` re-sends still-active ones; a resolved finding
+  closes it and, with ``send_resolved``, sends a resolve message.
+- Grouping: the findings of one kind (and status) arriving within ``group_wait`` of the
+  first become one message, "stall on 7 of 8 ranks, suspect rank 2" (see
+  ``message.suspect_rank``). A resolve that arrives before its firing left the group
+  cancels both; a re-firing that arrives before its resolve left cancels both (flapping
+  stays silent).
+- Startup quiet: for ``startup_quiet`` after ``run()`` starts, groups are held, not
+  dropped; when the window ends, what is still active is sent (one message per kind), and
+  what resolved meanwhile is forgotten. ``close()`` sends held alerts at once: a crash in
+  the first minute must not be lost because the agent exits with it.
+- Delivery: one queue and one task per sink, so a sink that hangs never delays another
+  nor the caller (``send`` only enqueues). Per sink: FIFO (a resolve never overtakes its
+  firing), a token bucket of ``rate_limit_per_minute`` (excess waits, is not dropped),
+  retries with exponential backoff and full jitter up to ``backoff_max``, at most
+  ``max_retries``, a sink's Retry-After honoured, permanent errors not retried.
+- Spool: while a sink fails, every alert queued for it, and whatever is undelivered at
+  ``close``, is written to a per run+rank spool file and removed once delivered; a new
+  dispatcher loads it and delivers it (with a fresh retry budget). Delivery is
+  at-least-once: a crash between delivery and removal re-sends one alert. Only an alert
+  whose first attempt is still in flight when the agent is SIGKILLed is lost.
+- Sinks with ``refresh_interval`` (Alertmanager) get the active alerts re-posted that
+  often, best effort (never retried nor spooled; skipped while that sink has a backlog).
+
+``stats[sink]``: ``sent`` deliveries, ``failed`` failed attempts, ``retried`` retries
+scheduled, ``dropped`` alerts given up (retries exhausted, permanent error, spool or queue
+bound). Each dropped alert is logged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rankwatch.actions.alerts.message import (
+    AlertMember,
+    AlertMessage,
+    AlertSink,
+    DeliveryError,
+    Status,
+    jsonable,
+    render_link,
+)
+from rankwatch.actions.alerts.spool import Spool, SpoolEntry, spool_path
+from rankwatch.config.schema import AlertsConfig
+from rankwatch.identity import Identity
+from rankwatch.records import Finding, Severity
+
+log = logging.getLogger("rankwatch.alerts")
+
+MAX_QUEUE = 10_000
+BACKOFF_BASE_S = 1.0
+Key = tuple[str, int | None, str]  # (run, rank, kind)
+
+
+def sinks_from_config(cfg: AlertsConfig) -> list[AlertSink]:
+    from rankwatch.actions.alerts.alertmanager import AlertmanagerSink
+    from rankwatch.actions.alerts.slack import SlackSink
+    from rankwatch.actions.alerts.webhook import WebhookSink
+
+    sinks: list[AlertSink] = []
+    s = cfg.slack
+    if (s.token and s.channel) or s.webhook_url:
+        sinks.append(SlackSink(s))
+    elif s.token or s.channel:
+        log.warning("alerts.slack: set both token and channel (or webhook_url); Slack alerts are off")
+    for i, url in enumerate(cfg.alertmanager.urls):
+        name = "alertmanager" if i == 0 else f"alertmanager-{i + 1}"
+        sinks.append(AlertmanagerSink(url, timeout=cfg.alertmanager.timeout, name=name))
+    for i, url in enumerate(cfg.webhook.urls):
+        name = "webhook" if i == 0 else f"webhook-{i + 1}"
+        sinks.append(WebhookSink(url, headers=cfg.webhook.headers, timeout=cfg.webhook.timeout, name=name))
+    return sinks
+
+
+@dataclass(eq=False)
+class _Active:
+    severity: Severity
+    member: AlertMember
+    sent: bool = False  # announced at least once
+    pending: bool = True  # in a firing group not yet emitted
+    last_sent: float = 0.0
+
+
+@dataclass(eq=False)
+class _Group:
+    kind: str
+    status: Status
+    deadline: float
+    severity: Severity
+    members: dict[Key, AlertMember] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class _Item:
+    alert: AlertMessage
+    entry_id: str
+    attempts: int = 0
+    not_before: float = 0.0
+    spooled: bool = False
+    refresh: bool = False
+    dropped: bool = False
+
+
+class _Bucket:
+    """Token bucket: ``per_minute`` burst, refilled continuously; <= 0 means unlimited."""
+
+    def __init__(self, per_minute: int, now: float) -> None:
+        self.capacity = float(per_minute)
+        self.tokens = self.capacity
+        self.rate = per_minute / 60.0
+        self.last = now
+
+    def wait_time(self, now: float) -> float:
+        if self.capacity <= 0:
+            return 0.0
+        self.tokens = min(self.capacity, self.tokens + max(0.0, now - self.last) * self.rate)
+        self.last = now
+        return 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / self.rate
+
+    def take(self) -> None:
+        if self.capacity > 0:
+            self.tokens -= 1.0
+
+
+class _Worker:
+    def __init__(self, sink: AlertSink, bucket: _Bucket) -> None:
+        self.sink = sink
+        self.name = sink.name
+        self.queue: deque[_Item] = deque()
+        self.bucket = bucket
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task | None = None
+        self.refresh_interval: float | None = getattr(sink, "refresh_interval", None)
+        self.next_refresh = 0.0
+
+
+class AlertDispatcher:
+    def __init__(
+        self,
+        cfg: AlertsConfig,
+        identity: Identity,
+        *,
+        sinks: list[AlertSink] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+        backoff_base: float = BACKOFF_BASE_S,
+    ) -> None:
+        self.cfg = cfg
+        self.identity = identity
+        self.clock = clock
+        self.wall = wall
+        self.rng = rng
+        self.backoff_base = backoff_base
+        self.min_severity = Severity.parse(cfg.min_severity)
+        self.sinks = sinks_from_config(cfg) if sinks is None else list(sinks)
+        names = [s.name for s in self.sinks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"alert sink names must be unique: {names}")
+        now = clock()
+        self._workers = {s.name: _Worker(s, _Bucket(cfg.rate_limit_per_minute, now)) for s in self.sinks}
+        self.stats: dict[str, dict[str, int]] = {
+            n: {"sent": 0, "failed": 0, "dropped": 0, "retried": 0} for n in names
+        }
+        self.spool = Spool(spool_path(cfg.spool_dir, identity.run, identity.rank), cfg.spool_max_bytes)
+        self._active: dict[Key, _Active] = {}
+        self._resolving: dict[Key, _Active] = {}
+        self._pending: dict[tuple[str, Status], _Group] = {}
+        self._dumps: dict[int | None, str] = {}
+        self._wake = asyncio.Event()
+        self._spool_lock = asyncio.Lock()
+        self._t0: float | None = None
+        self._started = False
+        self._closed = False
+        self._spool_errors = 0
+
+    # --- intake (synchronous, called by the agent) ---------------------------------------
+    def send(self, f: Finding) -> None:
+        """Enqueue only: never blocks, never raises for a well-formed finding."""
+        if self._closed:
+            return
+        rank = f.rank if f.rank is not None else self.identity.rank
+        key: Key = (self.identity.run, rank, f.kind)
+        if f.resolved:
+            self._resolve(key, f)
+        elif f.severity >= self.min_severity:
+            self._fire(key, f)
+        self._wake.set()
+
+    def _member(self, rank: int | None, f: Finding, starts_at: float) -> AlertMember:
+        dump = f.evidence.get("dump_path") or self._dumps.get(rank)
+        return AlertMember(
+            rank, f.message, f.step, jsonable(f.evidence), str(dump) if dump else None, starts_at
+        )
+
+    def _fire(self, key: Key, f: Finding) -> None:
+        a = self._active.get(key)
+        if a is not None:
+            fresh = self._member(key[1], f, a.member.starts_at)
+            a.member.message, a.member.step, a.member.evidence = fresh.message, fresh.step, fresh.evidence
+            a.member.dump_path = a.member.dump_path or fresh.dump_path
+            if f.severity > a.severity:
+                a.severity = f.severity
+                a.pending = True
+                self._add(key, a.member, "firing", f.severity)
+            return
+        back = self._resolving.pop(key, None)
+        if back is not None:
+            group = self._pending.get((f.kind, "resolved"))
+            if group is not None:
+                group.members.pop(key, None)
+            self._active[key] = back
+            return
+        starts = f.time if f.time is not None else self.wall()
+        a = _Active(f.severity, self._member(key[1], f, starts))
+        self._active[key] = a
+        self._add(key, a.member, "firing", f.severity)
+
+    def _resolve(self, key: Key, f: Finding) -> None:
+        a = self._active.pop(key, None)
+        if a is None:
+            return
+        if a.pending:
+            group = self._pending.get((key[2], "firing"))
+            if group is not None:
+                group.members.pop(key, None)
+        if not a.sent:
+            return
+        if not self.cfg.send_resolved:
+            return
+        self._resolving[key] = a
+        m = self._member(key[1], f, a.member.starts_at)
+        m.dump_path = m.dump_path or a.member.dump_path
+        self._add(key, m, "resolved", a.severity)
+
+    def _add(self, key: Key, m: AlertMember, status: Status, severity: Severity) -> None:
+        gk = (key[2], status)
+        g = self._pending.get(gk)
+        if g is None:
+            g = self._pending[gk] = _Group(key[2], status, self.clock() + self.cfg.group_wait, severity)
+        g.severity = max(g.severity, severity)
+        g.members[key] = m
+
+    def set_dump_path(self, rank: int | None, path: str | Path) -> None:
+        """Where the stacks of ``rank`` are; shown in messages built from now on."""
+        self._dumps[rank] = str(path)
+        for (_, r, _), a in self._active.items():
+            if r == rank and not a.member.dump_path:
+                a.member.dump_path = str(path)
+
+    def note(self, text: str) -> None:
+        """The agent's dump notice ("stack dumps for rank R: PATH") sets the dump path."""
+        m = re.match(r"stack dumps for rank (\w+): (.+)$", text.strip())
+        if m:
+            self.set_dump_path(int(m[1]) if m[1].isdigit() else None, m[2])
+
+    def wake(self) -> None:
+        """Re-evaluate timers now (tests with a fake clock call it after advancing)."""
+        self._wake.set()
+        for w in self._workers.values():
+            w.wake.set()
+
+    # --- timers ----------------------------------------------------------------------------
+    def pump(self, now: float, *, force: bool = False) -> float:
+        """Move due groups, repeats and refreshes into the sink queues; returns the next due time."""
+        due = float("inf")
+        quiet_end = (
+            -float("inf") if force else (now if self._t0 is None else self._t0) + self.cfg.startup_quiet
+        )
+        for gk, g in list(self._pending.items()):
+            if not g.members:
+                del self._pending[gk]
+                continue
+            ready = max(g.deadline, quiet_end) if not force else now
+            if now >= ready:
+                del self._pending[gk]
+                self._emit(g, now)
+            else:
+                due = min(due, ready)
+        sent = [(k, a) for k, a in self._active.items() if a.sent and not a.pending]
+        interval = self.cfg.repeat_interval
+        if interval > 0 and sent and not force:
+            repeat = [(k, a) for k, a in sent if now - a.last_sent >= interval]
+            for kind in sorted({k[2] for k, _ in repeat}):
+                group = [(k, a) for k, a in repeat if k[2] == kind]
+                for _, a in group:
+                    a.last_sent = now
+                self._enqueue(self._message(kind, "firing", group, repeat=True), self._workers.values())
+            due = min(due, *(a.last_sent + interval for _, a in sent))
+        for w in self._workers.values():
+            if not w.refresh_interval or force:
+                continue
+            if now >= w.next_refresh:
+                w.next_refresh = now + w.refresh_interval
+                if sent and not w.queue:
+                    for kind in sorted({k[2] for k, _ in sent}):
+                        msg = self._message(kind, "firing", [(k, a) for k, a in sent if k[2] == kind])
+                        self._enqueue(msg, [w], refresh=True)
+            if sent:
+                due = min(due, w.next_refresh)
+        return due
+
+    def _message(
+        self, kind: str, status: Status, actives: list[tuple[Key, _Active]], *, repeat: bool = False
+    ) -> AlertMessage:
+        members = [dataclasses.replace(a.member) for _, a in sorted(actives, key=_rank_order)]
+        sev = max(a.severity for _, a in actives)
+        return self._finish(
+            AlertMessage(
+                self.identity.run,
+                kind,
+                sev,
+                status,
+                members,
+                self.identity.node,
+                self.identity.world_size,
+                repeat=repeat,
+            )
+        )
+
+    def _finish(self, msg: AlertMessage) -> AlertMessage:
+        for m in msg.members:
+            m.dump_path = m.dump_path or self._dumps.get(m.rank)
+        msg.grafana_url = render_link(self.cfg.grafana_url, msg.run, msg.rank, msg.kind)
+        if msg.status == "resolved":
+            msg.ends_at = self.wall()
+        return msg
+
+    def _emit(self, g: _Group, now: float) -> None:
+        keys = sorted(g.members, key=lambda k: (k[1] is None, k[1] or 0))
+        members = [dataclasses.replace(g.members[k]) for k in keys]
+        msg = AlertMessage(
+            self.identity.run,
+            g.kind,
+            g.severity,
+            g.status,
+            members,
+            self.identity.node,
+            self.identity.world_size,
+        )
+        for k in keys:
+            a = self._active.get(k)
+            if g.status == "firing" and a is not None:
+                a.sent, a.pending, a.last_sent = True, False, now
+            else:
+                self._resolving.pop(k, None)
+        self._enqueue(self._finish(msg), self._workers.values())
+
+    def _enqueue(self, msg: AlertMessage, workers: Iterable[_Worker], *, refresh: bool = False) -> None:
+        for w in workers:
+            w.queue.append(_Item(msg, f"{msg.id}:{w.name}", refresh=refresh))
+            while len(w.queue) > MAX_QUEUE:
+                self._drop(w, w.queue.popleft(), "the in-memory queue is full")
+            w.wake.set()
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def _start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._t0 = self.clock()
+        entries = await self._spool_op(self.spool.load) or []
+        seen: set[str] = set()
+        orphans: set[str] = set()
+        for e in entries:
+            if e.id in seen:
+                continue
+            seen.add(e.id)
+            w = self._workers.get(e.sink)
+            try:
+                alert = AlertMessage.from_json(e.alert)
+            except (TypeError, KeyError, ValueError):
+                alert = None
+            if w is None or alert is None:
+                orphans.add(e.id)
+                continue
+            w.queue.append(_Item(alert, e.id, spooled=True))
+        if seen:
+            log.info(
+                "alert spool %s: %d undelivered alert(s) re-queued", self.spool.path, len(seen) - len(orphans)
+            )
+        if orphans:
+            log.warning("alert spool: %d alert(s) for unknown or unreadable sinks discarded", len(orphans))
+            await self._spool_op(self.spool.remove, orphans)
+        for w in self._workers.values():
+            w.task = asyncio.get_running_loop().create_task(self._work(w), name=f"alerts-{w.name}")
+
+    async def run(self) -> None:
+        """The timer loop (grouping, quiet, repeats, refreshes); sinks run in their own tasks."""
+        await self._start()
+        while not self._closed:
+            self._wake.clear()
+            due = self.pump(self.clock())
+            await _wait(self._wake, due - self.clock())
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Send what can be sent within ``timeout`` (real seconds), spool the rest."""
+        if self._closed:
+            return
+        await self._start()
+        deadline = time.monotonic() + max(0.0, timeout)
+        for w in self._workers.values():
+            if w.task is None or w.task.done():  # run() was cancelled with its workers: flush anyway
+                w.task = asyncio.get_running_loop().create_task(self._work(w), name=f"alerts-{w.name}")
+        self.pump(self.clock(), force=True)
+        for w in self._workers.values():
+            w.queue = deque(i for i in w.queue if not i.refresh)
+        while any(w.queue for w in self._workers.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+        self._closed = True
+        self._wake.set()
+        tasks = [w.task for w in self._workers.values() if w.task is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        rest: list[SpoolEntry] = []
+        for w in self._workers.values():
+            for item in w.queue:
+                if not item.spooled and not item.refresh and not item.dropped:
+                    rest.append(SpoolEntry(item.entry_id, w.name, item.alert.to_json(), item.attempts))
+                    item.spooled = True
+        if rest:
+            log.warning(
+                "%d undelivered alert(s) written to %s for the next start", len(rest), self.spool.path
+            )
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._append(rest), 10.0)
+        for s in self.sinks:
+            aclose = getattr(s, "aclose", None)
+            if callable(aclose):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(aclose(), 2.0)
+
+    # --- delivery ------------------------------------------------------------------------
+    async def _work(self, w: _Worker) -> None:
+        hard_timeout = float(getattr(w.sink, "timeout", 30.0)) + 5.0
+        while True:
+            w.wake.clear()
+            while w.queue and w.queue[0].dropped:
+                w.queue.popleft()
+            if not w.queue:
+                await _wait(w.wake, None)
+                continue
+            item = w.queue[0]
+            now = self.clock()
+            if item.not_before > now:
+                await self._spool_backlog(w)
+                await _wait(w.wake, item.not_before - now)
+                continue
+            pause = w.bucket.wait_time(now)
+            if pause > 0:
+                await _wait(w.wake, pause)
+                continue
+            w.bucket.take()
+            try:
+                await asyncio.wait_for(w.sink.deliver(item.alert), hard_timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                err = e if isinstance(e, DeliveryError) else DeliveryError(f"{type(e).__name__}: {e}")
+                if not isinstance(e, DeliveryError):
+                    log.debug("sink %s raised", w.name, exc_info=True)
+                await self._failed(w, item, err)
+            else:
+                self.stats[w.name]["sent"] += 1
+                _discard(w.queue, item)
+                if item.spooled:
+                    await self._spool_op(self.spool.remove, {item.entry_id})
+
+    async def _failed(self, w: _Worker, item: _Item, err: DeliveryError) -> None:
+        self.stats[w.name]["failed"] += 1
+        if item.refresh:
+            _discard(w.queue, item)
+            return
+        item.attempts += 1
+        if err.permanent or item.attempts > self.cfg.max_retries:
+            why = "permanent error" if err.permanent else f"gave up after {item.attempts} attempts"
+            self._drop(w, item, f"{why}: {err}")
+            _discard(w.queue, item)
+            if item.spooled:
+                await self._spool_op(self.spool.remove, {item.entry_id})
+            return
+        if err.retry_after is not None:
+            delay = err.retry_after
+        else:
+            cap = min(float(self.cfg.backoff_max), self.backoff_base * 2 ** (item.attempts - 1))
+            delay = self.rng() * cap
+        item.not_before = self.clock() + delay
+        self.stats[w.name]["retried"] += 1
+        log.info(
+            "alert %r to %s failed (%s); retry %d in %.1fs",
+            item.alert.title,
+            w.name,
+            err,
+            item.attempts,
+            delay,
+        )
+        await self._spool_backlog(w)
+
+    async def _spool_backlog(self, w: _Worker) -> None:
+        """While a sink fails, everything queued for it is undelivered: put it on disk."""
+        fresh = [i for i in w.queue if not (i.spooled or i.refresh or i.dropped)]
+        for i in fresh:
+            i.spooled = True
+        if fresh:
+            await self._append([SpoolEntry(i.entry_id, w.name, i.alert.to_json(), i.attempts) for i in fresh])
+
+    def _drop(self, w: _Worker, item: _Item, why: str) -> None:
+        if item.dropped:
+            return
+        item.dropped = True
+        self.stats[w.name]["dropped"] += 1
+        log.error("alert %r (run %s) to %s dropped: %s", item.alert.title, item.alert.run, w.name, why)
+
+    async def _append(self, entries: list[SpoolEntry]) -> None:
+        lost = await self._spool_op(self.spool.append, entries) or []
+        for e in lost:
+            w = self._workers.get(e.sink)
+            item = next((i for i in w.queue if i.entry_id == e.id), None) if w else None
+            if w is not None and item is not None:
+                self._drop(w, item, f"spool full ({self.cfg.spool_max_bytes} bytes), oldest dropped")
+            elif w is not None:
+                self.stats[w.name]["dropped"] += 1
+                log.error("alert %s to %s dropped: spool full", e.id, e.sink)
+
+    async def _spool_op(self, fn: Callable[..., Any], *args: Any) -> Any:
+        async with self._spool_lock:
+            try:
+                return await asyncio.to_thread(fn, *args)
+            except OSError as e:
+                self._spool_errors += 1
+                if self._spool_errors == 1:
+                    log.error(
+                        "alert spool %s unusable (%s); undelivered alerts will not survive a restart",
+                        self.spool.path,
+                        e,
+                    )
+                return None
+
+
+def _rank_order(ka: tuple[Key, _Active]) -> tuple[bool, int]:
+    r = ka[0][1]
+    return (r is None, r or 0)
+
+
+def _discard(q: deque[_Item], item: _Item) -> None:
+    with contextlib.suppress(ValueError):
+        q.remove(item)
+
+
+async def _wait(event: asyncio.Event, timeout: float | None) -> None:
+    if timeout is not None:
+        if timeout <= 0:
+            return
+        timeout = min(timeout, 3600.0)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout)

@@ -1,0 +1,202 @@
+"""The alert as the dispatcher hands it to sinks: one finding, or one kind on several ranks.
+
+It is plain JSON-able data so an undelivered alert can wait in the spool across an agent
+restart and be rebuilt unchanged (same id, same start time) by the next agent.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal, Protocol
+
+from rankwatch.records import Severity
+
+Status = Literal["firing", "resolved"]
+
+
+@dataclass
+class AlertMember:
+    """One rank's part of an alert."""
+
+    rank: int | None
+    message: str
+    step: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    dump_path: str | None = None
+    starts_at: float = 0.0  # wall clock (epoch seconds) when the condition was first seen
+
+
+@dataclass(eq=False)
+class AlertMessage:
+    run: str
+    kind: str
+    severity: Severity
+    status: Status
+    members: list[AlertMember]
+    node: str
+    world_size: int | None = None
+    repeat: bool = False
+    grafana_url: str | None = None
+    ends_at: float | None = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: float = field(default_factory=time.time)
+
+    @property
+    def ranks(self) -> list[int | None]:
+        return [m.rank for m in self.members]
+
+    @property
+    def suspect(self) -> int | None:
+        return suspect_rank(self.members)
+
+    @property
+    def rank(self) -> int | None:
+        """The rank to point a human at: the suspect, else the lowest rank."""
+        s = self.suspect
+        if s is not None:
+            return s
+        known = sorted(r for r in self.ranks if r is not None)
+        return known[0] if known else None
+
+    @property
+    def step(self) -> int | None:
+        steps = [m.step for m in self.members if m.step is not None]
+        return min(steps) if steps else None
+
+    @property
+    def message(self) -> str:
+        lead = next((m for m in self.members if m.rank == self.rank), self.members[0])
+        return lead.message
+
+    @property
+    def dump_path(self) -> str | None:
+        return next((m.dump_path for m in self.members if m.dump_path), None)
+
+    @property
+    def starts_at(self) -> float:
+        return min(m.starts_at for m in self.members)
+
+    @property
+    def title(self) -> str:
+        """`stall on 7 of 8 ranks, suspect rank 2`; prefixed when resolved or repeated."""
+        n = len(self.members)
+        if n == 1:
+            r = self.members[0].rank
+            body = self.kind if r is None else f"{self.kind} on rank {r}"
+        elif self.world_size:
+            body = f"{self.kind} on {n} of {self.world_size} ranks"
+        else:
+            body = f"{self.kind} on {n} ranks ({rank_list(self.ranks)})"
+        s = self.suspect
+        if s is not None and n > 1 and self.status == "firing":
+            body += f", suspect rank {s}"
+        if self.status == "resolved":
+            return f"resolved: {body}"
+        return f"still firing: {body}" if self.repeat else body
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["severity"] = self.severity.label
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> AlertMessage:
+        d = dict(d)
+        d["severity"] = Severity.parse(d["severity"])
+        d["members"] = [AlertMember(**m) for m in d["members"]]
+        return cls(**d)
+
+
+def suspect_rank(members: list[AlertMember]) -> int | None:
+    """The rank a human should look at first, kept deliberately simple.
+
+    1. A rank named by a finding's evidence ``suspect`` (detectors that compare ranks know).
+    2. Else, with three or more ranks, the single rank whose evidence ``classification``
+       differs from the one all the others share (e.g. the one busy rank among idle ones
+       waiting in a collective).
+    Otherwise none.
+    """
+    for m in members:
+        s = m.evidence.get("suspect")
+        if isinstance(s, int) and not isinstance(s, bool):
+            return s
+    if len(members) < 3:
+        return None
+    classes = [m.evidence.get("classification") for m in members]
+    if any(c is None for c in classes):
+        return None
+    distinct = set(classes)
+    if len(distinct) != 2:
+        return None
+    odd = [m for m in members if classes.count(m.evidence.get("classification")) == 1]
+    return odd[0].rank if len(odd) == 1 else None
+
+
+def rank_list(ranks: list[int | None]) -> str:
+    """`0-3, 5`: short for a human, whatever the count."""
+    known = sorted({r for r in ranks if r is not None})
+    parts: list[str] = []
+    i = 0
+    while i < len(known):
+        j = i
+        while j + 1 < len(known) and known[j + 1] == known[j] + 1:
+            j += 1
+        parts.append(str(known[i]) if i == j else f"{known[i]}-{known[j]}")
+        i = j + 1
+    if len(known) < len(ranks):
+        parts.append("?")
+    return ", ".join(parts)
+
+
+def jsonable(v: Any) -> Any:
+    """Evidence as strict JSON: NaN/Inf become strings (receivers reject bare NaN), odd types str()."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else str(v)
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [jsonable(x) for x in v]
+    return str(v)
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def render_link(template: str | None, run: str, rank: int | None, kind: str) -> str | None:
+    """Fill `{run}`, `{rank}`, `{kind}`; other braces stay, so any URL is a valid template."""
+    if not template:
+        return None
+    return (
+        template.replace("{run}", run)
+        .replace("{rank}", "" if rank is None else str(rank))
+        .replace("{kind}", kind)
+    )
+
+
+class DeliveryError(Exception):
+    """A sink could not deliver. ``permanent`` means retrying cannot help (bad token, unknown channel)."""
+
+    def __init__(self, reason: str, *, retry_after: float | None = None, permanent: bool = False) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
+        self.permanent = permanent
+
+
+class AlertSink(Protocol):
+    """Where alerts go. ``deliver`` raises DeliveryError; anything else counts as a retryable failure.
+
+    Optional attributes the dispatcher looks for: ``timeout`` (seconds one delivery may take),
+    ``refresh_interval`` (re-post active alerts this often, for receivers that forget them)
+    and ``async aclose()``.
+    """
+
+    name: str
+
+    async def deliver(self, alert: AlertMessage) -> None: ...

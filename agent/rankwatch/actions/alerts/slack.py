@@ -1,0 +1,183 @@
+"""Slack sink (slack-sdk, async): Block Kit message, resolve threaded under the original.
+
+slack-sdk's own retry handlers are switched off: the dispatcher owns retries, backoff and
+the spool, and must see every failure to count it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.webhook.async_client import AsyncWebhookClient
+
+from rankwatch.actions.alerts.message import AlertMessage, DeliveryError, iso, rank_list
+from rankwatch.config.schema import SlackConfig
+from rankwatch.records import Severity
+
+log = logging.getLogger("rankwatch.alerts.slack")
+
+EMOJI = {
+    Severity.CRITICAL: ":rotating_light:",
+    Severity.WARNING: ":warning:",
+    Severity.INFO: ":information_source:",
+}
+RESOLVED_EMOJI = ":white_check_mark:"
+# Slack answers these with ok=false and a 200: a retry may succeed. Any other error is ours
+# (token, channel, payload) and retrying only repeats it.
+TRANSIENT = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+MAX_THREADS = 10_000
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def build_blocks(a: AlertMessage) -> list[dict[str, Any]]:
+    emoji = RESOLVED_EMOJI if a.status == "resolved" else EMOJI[a.severity]
+    sev = "RESOLVED" if a.status == "resolved" else a.severity.label.upper()
+    header = _cut(f"{emoji} {sev}: {a.title} — run {a.run}", 150)
+    ranks = rank_list(a.ranks) or "?"
+    if a.suspect is not None and len(a.members) > 1:
+        ranks += f" (suspect {a.suspect})"
+    fields = [
+        f"*Run*\n`{_esc(a.run)}`",
+        f"*{'Ranks' if len(a.members) > 1 else 'Rank'}*\n{ranks}",
+        f"*Node*\n{_esc(a.node)}",
+        f"*Step*\n{a.step if a.step is not None else '—'}",
+        f"*Severity*\n{a.severity.label}",
+        f"*Since*\n{iso(a.starts_at)}",
+    ]
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": header, "emoji": True}},
+        {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields]},
+        {"type": "section", "text": {"type": "mrkdwn", "text": _cut(_esc(a.message), 2900)}},
+    ]
+    if a.dump_path:
+        text = f"*Stack dumps:* `{_esc(a.dump_path)}`  (`rankwatch dumps show`)"
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
+    if a.grafana_url:
+        link = f"<{a.grafana_url}|Open in Grafana>"
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": link}})
+    return blocks
+
+
+def fallback_text(a: AlertMessage) -> str:
+    sev = "RESOLVED" if a.status == "resolved" else a.severity.label.upper()
+    return _cut(f"[{sev}] {a.title} (run {a.run}, node {a.node}): {a.message}", 3000)
+
+
+class SlackSink:
+    name = "slack"
+
+    def __init__(self, cfg: SlackConfig) -> None:
+        self.timeout = float(cfg.timeout)
+        self.channel = cfg.channel
+        self._web: AsyncWebClient | None = None
+        self._hook: AsyncWebhookClient | None = None
+        if cfg.token and cfg.channel:
+            base = cfg.base_url or AsyncWebClient.BASE_URL
+            if not base.endswith("/"):
+                base += "/"
+            self._web = AsyncWebClient(
+                token=cfg.token,
+                base_url=base,
+                timeout=self.timeout,  # type: ignore[arg-type]
+                retry_handlers=[],
+            )
+        elif cfg.webhook_url:
+            self._hook = AsyncWebhookClient(
+                cfg.webhook_url,
+                timeout=self.timeout,  # type: ignore[arg-type]
+                retry_handlers=[],
+            )
+        else:
+            raise ValueError("slack needs token + channel or webhook_url")
+        self._threads: dict[tuple[str, int | None, str], str] = {}
+        self._logged: set[str] = set()
+
+    async def deliver(self, alert: AlertMessage) -> None:
+        blocks = build_blocks(alert)
+        text = fallback_text(alert)
+        try:
+            if self._web is not None:
+                await self._post(alert, text, blocks)
+            else:
+                await self._webhook(text, blocks)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise DeliveryError(f"slack: {type(e).__name__}: {e}") from e
+
+    async def _post(self, alert: AlertMessage, text: str, blocks: list[dict[str, Any]]) -> None:
+        assert self._web is not None and self.channel is not None
+        keys = [(alert.run, r, alert.kind) for r in alert.ranks]
+        thread = None
+        if alert.status == "resolved" or alert.repeat:
+            thread = next((self._threads[k] for k in keys if k in self._threads), None)
+        try:
+            resp = await self._web.chat_postMessage(
+                channel=self.channel,
+                text=text,
+                blocks=blocks,
+                thread_ts=thread,
+                reply_broadcast=True if thread else None,
+            )
+        except SlackApiError as e:
+            raise self._api_error(e) from e
+        if alert.status == "resolved":
+            for k in keys:
+                self._threads.pop(k, None)
+        elif not alert.repeat and isinstance(resp.get("ts"), str):
+            for k in keys:
+                self._threads[k] = resp["ts"]
+            while len(self._threads) > MAX_THREADS:
+                del self._threads[next(iter(self._threads))]
+
+    def _api_error(self, e: SlackApiError) -> DeliveryError:
+        r = e.response
+        status = getattr(r, "status_code", 0) or 0
+        data = getattr(r, "data", None)
+        code = data.get("error", "") if isinstance(data, dict) else ""
+        if status == 429 or code == "ratelimited":
+            return DeliveryError("slack: rate limited (429)", retry_after=_retry_after(r.headers))
+        if status >= 500 or code in TRANSIENT:
+            return DeliveryError(f"slack: HTTP {status} {code}".rstrip())
+        self._log_once(code or f"HTTP {status}")
+        return DeliveryError(f"slack: {code or f'HTTP {status}'}", permanent=True)
+
+    async def _webhook(self, text: str, blocks: list[dict[str, Any]]) -> None:
+        assert self._hook is not None
+        resp = await self._hook.send(text=text, blocks=blocks)
+        if resp.status_code == 200:
+            return
+        if resp.status_code == 429:
+            raise DeliveryError("slack webhook: rate limited (429)", retry_after=_retry_after(resp.headers))
+        if resp.status_code >= 500:
+            raise DeliveryError(f"slack webhook: HTTP {resp.status_code}")
+        self._log_once(f"HTTP {resp.status_code} {resp.body}")
+        raise DeliveryError(f"slack webhook: HTTP {resp.status_code} {resp.body}", permanent=True)
+
+    def _log_once(self, what: str) -> None:
+        if what in self._logged:
+            return
+        self._logged.add(what)
+        hint = ""
+        if "invalid_auth" in what or "not_authed" in what or "token" in what:
+            hint = " (check alerts.slack.token / SLACK_BOT_TOKEN)"
+        elif "channel_not_found" in what or "not_in_channel" in what:
+            hint = f" (check alerts.slack.channel {self.channel!r} and invite the bot)"
+        log.error("Slack rejected alerts: %s%s; such alerts are dropped, not retried", what, hint)
+
+
+def _retry_after(headers: Any) -> float:
+    try:
+        return max(0.0, float((headers or {}).get("Retry-After", 1)))
+    except (TypeError, ValueError):
+        return 1.0

@@ -1,0 +1,628 @@
+"""Alert routing and delivery against real loopback servers (a fake Slack Web API, a webhook receiver).
+
+Timing that is policy (repeat interval, startup quiet, rate limit, grouping) runs on a fake
+clock; timing that is network (Retry-After, backoff, client timeouts) is measured for real
+at the server, with short values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from rankwatch.actions.alerts import AlertDispatcher, AlertMessage, DeliveryError
+from rankwatch.actions.alerts.alertmanager import alertname
+from rankwatch.actions.alerts.alertmanager import payload as am_payload
+from rankwatch.actions.alerts.message import AlertMember, rank_list, suspect_rank
+from rankwatch.actions.alerts.slack import SlackSink
+from rankwatch.actions.alerts.spool import Spool, SpoolEntry, spool_path
+from rankwatch.actions.alerts.webhook import WebhookSink
+from rankwatch.config.schema import AlertsConfig, SlackConfig
+from rankwatch.identity import Identity
+from rankwatch.records import Finding, Severity
+
+IDENT = Identity(run="job42", rank=3, local_rank=3, world_size=8, node="gpu-node-7")
+STALL_MSG = (
+    "no progress for 12m (timeout 10m = 10 x p99 step interval); last step 1200; process alive, "
+    "idle (CPU 0.4%): blocked in a collective. Usual fix: check the rank that differs in the dumps."
+)
+
+
+def stall(rank: int | None = 3, *, resolved: bool = False, **evidence: Any) -> Finding:
+    return Finding(
+        kind="stall",
+        severity=Severity.CRITICAL,
+        rank=rank,
+        message="progress resumed" if resolved else STALL_MSG,
+        step=1200,
+        evidence=evidence,
+        resolved=resolved,
+    )
+
+
+def finding(kind: str, rank: int = 0, severity: Severity = Severity.CRITICAL) -> Finding:
+    return Finding(kind=kind, severity=severity, rank=rank, message=f"{kind} on rank {rank}", step=10)
+
+
+def config(tmp_path: Path, **kw: Any) -> AlertsConfig:
+    base: dict[str, Any] = dict(
+        startup_quiet=0.0, group_wait=0.0, spool_dir=str(tmp_path / "spool"), backoff_max=5.0
+    )
+    base.update(kw)
+    return AlertsConfig(**base)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+@dataclass
+class RecordingSink:
+    name: str = "rec"
+    fail: int = 0
+    alerts: list[AlertMessage] = field(default_factory=list)
+    attempts: int = 0
+
+    async def deliver(self, alert: AlertMessage) -> None:
+        self.attempts += 1
+        if self.fail:
+            self.fail -= 1
+            raise DeliveryError("down")
+        self.alerts.append(alert)
+
+
+async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def settle(d: AlertDispatcher) -> None:
+    """Let the loop act on a fake-clock advance; negative checks follow."""
+    for _ in range(5):
+        d.wake()
+        await asyncio.sleep(0.01)
+
+
+# --- loopback servers ----------------------------------------------------------------------
+@dataclass
+class Server:
+    url: str
+    requests: list[tuple[float, dict[str, Any], dict[str, str]]] = field(default_factory=list)
+    script: list[str] = field(default_factory=list)
+    default: str = "ok"
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [b for _, b, _ in self.requests]
+
+
+@asynccontextmanager
+async def serve(path: str, *, slack: bool) -> AsyncIterator[Server]:
+    srv = Server(url="")
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        srv.requests.append((time.monotonic(), await request.json(), dict(request.headers)))
+        what = srv.script.pop(0) if srv.script else srv.default
+        if what == "hang":
+            await srv.release.wait()
+            return web.Response(status=503)
+        if what == "429":
+            return web.json_response(
+                {"ok": False, "error": "ratelimited"}, status=429, headers={"Retry-After": "1"}
+            )
+        if what == "500":
+            return web.Response(status=500, text="Internal Server Error")
+        if what == "invalid_auth":
+            return web.json_response({"ok": False, "error": "invalid_auth"})
+        if slack:
+            return web.json_response({"ok": True, "channel": "C1", "ts": f"{len(srv.requests)}.000100"})
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post(path, handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    srv.url = f"http://127.0.0.1:{port}"
+    try:
+        yield srv
+    finally:
+        srv.release.set()
+        await runner.cleanup()
+
+
+def slack_sink(srv: Server, timeout: float = 5.0) -> SlackSink:
+    cfg = SlackConfig(token="xoxb-test", channel="C0ALERTS", base_url=srv.url + "/api/", timeout=timeout)
+    return SlackSink(cfg)
+
+
+@asynccontextmanager
+async def running(d: AlertDispatcher, close_timeout: float = 1.0) -> AsyncIterator[AlertDispatcher]:
+    task = asyncio.create_task(d.run())
+    try:
+        yield d
+    finally:
+        await d.close(close_timeout)
+        await asyncio.wait_for(task, 2.0)
+
+
+def texts(body: dict[str, Any]) -> str:
+    return json.dumps(body["blocks"])
+
+
+# --- Slack ---------------------------------------------------------------------------------
+def test_slack_block_kit_content_and_threaded_resolve(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with serve("/api/chat.postMessage", slack=True) as srv:
+            cfg = config(tmp_path, grafana_url="https://grafana.example/d/rw?var-run={run}&var-rank={rank}")
+            d = AlertDispatcher(cfg, IDENT, sinks=[slack_sink(srv)])
+            async with running(d):
+                d.send(stall(dump_path="/dumps/job42/20250101T000000Z_stall"))
+                await until(lambda: len(srv.requests) == 1)
+                d.send(stall(resolved=True))
+                await until(lambda: len(srv.requests) == 2)
+            (_, first, headers), (_, second, _) = srv.requests
+            assert headers["Authorization"] == "Bearer xoxb-test"
+            assert first["channel"] == "C0ALERTS" and "thread_ts" not in first
+            header = first["blocks"][0]["text"]["text"]
+            assert ":rotating_light:" in header and "CRITICAL" in header
+            assert "stall on rank 3" in header and "job42" in header
+            fields = " ".join(f["text"] for f in first["blocks"][1]["fields"])
+            for want in ("*Run*\n`job42`", "*Rank*\n3", "*Node*\ngpu-node-7", "*Step*\n1200", "critical"):
+                assert want in fields
+            blob = texts(first)
+            assert "Usual fix: check the rank that differs" in blob
+            assert "/dumps/job42/20250101T000000Z_stall" in blob
+            assert "<https://grafana.example/d/rw?var-run=job42&var-rank=3|Open in Grafana>" in blob
+            assert "stall on rank 3" in first["text"]
+            assert second["thread_ts"] == "1.000100"
+            assert "RESOLVED" in second["blocks"][0]["text"]["text"]
+            assert ":white_check_mark:" in second["blocks"][0]["text"]["text"]
+            assert d.stats["slack"] == {"sent": 2, "failed": 0, "dropped": 0, "retried": 0}
+
+    asyncio.run(go())
+
+
+def test_slack_429_retry_after_is_honoured(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with serve("/api/chat.postMessage", slack=True) as srv:
+            srv.script = ["429"]
+            d = AlertDispatcher(config(tmp_path), IDENT, sinks=[slack_sink(srv)], rng=lambda: 0.0)
+            async with running(d):
+                d.send(stall())
+                await until(lambda: len(srv.requests) == 2)
+            (t1, _, _), (t2, _, _) = srv.requests
+            assert t2 - t1 >= 1.0
+            assert d.stats["slack"] == {"sent": 1, "failed": 1, "dropped": 0, "retried": 1}
+
+    asyncio.run(go())
+
+
+def test_slack_500_retried_with_exponential_backoff(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with serve("/api/chat.postMessage", slack=True) as srv:
+            srv.script = ["500", "500"]
+            cfg = config(tmp_path)
+            d = AlertDispatcher(cfg, IDENT, sinks=[slack_sink(srv)], rng=lambda: 1.0, backoff_base=0.1)
+            spool = spool_path(cfg.spool_dir, IDENT.run, IDENT.rank)
+            async with running(d):
+                d.send(stall())
+                await until(lambda: len(srv.requests) == 2)
+                assert spool.exists()  # undelivered after a failure: on disk
+                await until(lambda: len(srv.requests) == 3)
+                await until(lambda: d.stats["slack"]["sent"] == 1)
+                await until(lambda: not spool.exists())
+            t = [r[0] for r in srv.requests]
+            assert t[1] - t[0] >= 0.1 and t[2] - t[1] >= 0.2
+            assert d.stats["slack"] == {"sent": 1, "failed": 2, "dropped": 0, "retried": 2}
+
+    asyncio.run(go())
+
+
+def test_slack_invalid_auth_is_permanent(tmp_path: Path, caplog: Any) -> None:
+    async def go() -> None:
+        async with serve("/api/chat.postMessage", slack=True) as srv:
+            srv.default = "invalid_auth"
+            d = AlertDispatcher(config(tmp_path), IDENT, sinks=[slack_sink(srv)], rng=lambda: 0.0)
+            async with running(d):
+                d.send(stall())
+                await until(lambda: d.stats["slack"]["dropped"] == 1)
+                await asyncio.sleep(0.2)
+            assert len(srv.requests) == 1
+            assert d.stats["slack"] == {"sent": 0, "failed": 1, "dropped": 1, "retried": 0}
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(go())
+    assert any(
+        "invalid_auth" in r.getMessage() and "SLACK_BOT_TOKEN" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_slack_hang_times_out_and_retries(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with serve("/api/chat.postMessage", slack=True) as srv:
+            srv.script = ["hang"]
+            d = AlertDispatcher(
+                config(tmp_path), IDENT, sinks=[slack_sink(srv, timeout=0.3)], rng=lambda: 0.0
+            )
+            async with running(d):
+                d.send(stall())
+                await until(lambda: d.stats["slack"]["sent"] == 1)
+            (t1, _, _), (t2, _, _) = srv.requests
+            assert t2 - t1 >= 0.3
+            assert d.stats["slack"]["failed"] == 1 and d.stats["slack"]["retried"] == 1
+
+    asyncio.run(go())
+
+
+def test_slack_incoming_webhook_mode_retries_5xx(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with serve("/services/T0/B0/secret", slack=False) as srv:
+            srv.script = ["500"]
+            sink = SlackSink(SlackConfig(webhook_url=srv.url + "/services/T0/B0/secret", timeout=2.0))
+            d = AlertDispatcher(config(tmp_path), IDENT, sinks=[sink], rng=lambda: 0.0)
+            async with running(d):
+                d.send(stall())
+                await until(lambda: d.stats["slack"]["sent"] == 1)
+            assert len(srv.requests) == 2
+            body = srv.requests[1][1]
+            assert "stall on rank 3" in body["text"] and body["blocks"][0]["type"] == "header"
+            assert d.stats["slack"]["retried"] == 1
+
+    asyncio.run(go())
+
+
+# --- routing policy (fake clock) -------------------------------------------------------------
+def test_dedup_and_repeat_interval(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        d = AlertDispatcher(config(tmp_path, repeat_interval=600.0), IDENT, sinks=[sink], clock=clock)
+        async with running(d):
+            d.send(stall())
+            await until(lambda: len(sink.alerts) == 1)
+            d.send(stall())
+            clock.advance(599)
+            await settle(d)
+            assert len(sink.alerts) == 1
+            clock.advance(2)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 2)
+            assert sink.alerts[1].repeat and sink.alerts[1].title == "still firing: stall on rank 3"
+            d.send(stall(resolved=True))
+            await until(lambda: len(sink.alerts) == 3)
+            clock.advance(1000)
+            await settle(d)
+            assert [a.status for a in sink.alerts] == ["firing", "firing", "resolved"]
+            d.send(stall())  # a new incident after the resolve alerts again
+            await until(lambda: len(sink.alerts) == 4)
+
+    asyncio.run(go())
+
+
+def test_grouping_four_ranks_into_one_message(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        d = AlertDispatcher(config(tmp_path, group_wait=5.0), IDENT, sinks=[sink], clock=clock)
+        async with running(d):
+            for r in range(4):
+                d.send(stall(r, classification="busy" if r == 2 else "idle"))
+                clock.advance(1)
+                await settle(d)
+            assert sink.alerts == []
+            clock.advance(1.1)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 1)
+            a = sink.alerts[0]
+            assert a.title == "stall on 4 of 8 ranks, suspect rank 2"
+            assert a.ranks == [0, 1, 2, 3] and a.rank == 2
+            d.send(stall(6))  # after the window: its own message
+            clock.advance(5.1)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 2)
+            assert sink.alerts[1].title == "stall on rank 6"
+
+    asyncio.run(go())
+
+
+def test_startup_quiet_holds_then_sends_what_is_still_active(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        d = AlertDispatcher(config(tmp_path, startup_quiet=60.0), IDENT, sinks=[sink], clock=clock)
+        async with running(d):
+            await settle(d)
+            clock.advance(10)
+            d.send(finding("nan_loss", 0))
+            d.send(stall(1))
+            clock.advance(10)
+            d.send(stall(1, resolved=True))
+            clock.advance(39)
+            await settle(d)
+            assert sink.alerts == []
+            clock.advance(2)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 1)
+            await settle(d)
+            assert [a.kind for a in sink.alerts] == ["nan_loss"]
+
+    asyncio.run(go())
+
+
+def test_flapping_within_group_wait_stays_silent(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        d = AlertDispatcher(config(tmp_path, group_wait=5.0), IDENT, sinks=[sink], clock=clock)
+        async with running(d):
+            d.send(stall(1))
+            d.send(stall(1, resolved=True))  # cleared before its group left: never announced
+            clock.advance(6)
+            await settle(d)
+            assert sink.alerts == []
+            d.send(stall(1))
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 1)
+            d.send(stall(1, resolved=True))
+            d.send(stall(1))  # back before the resolve left: neither is sent
+            clock.advance(6)
+            await settle(d)
+            assert [a.status for a in sink.alerts] == ["firing"]
+            d.send(finding("stall", 1, Severity.CRITICAL))  # still the same active alert
+            d.send(stall(1, resolved=True))
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 2)
+            assert sink.alerts[1].status == "resolved" and sink.alerts[1].ranks == [1]
+
+    asyncio.run(go())
+
+
+def test_dump_path_noted_after_the_finding_is_in_the_message(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        d = AlertDispatcher(config(tmp_path, group_wait=5.0), IDENT, sinks=[sink], clock=clock)
+        async with running(d):
+            d.send(stall(3))
+            d.note("stack dumps for rank 3: /dumps/job42/20250101T000000Z_stall")  # Agent's notice
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 1)
+        assert sink.alerts[0].dump_path == "/dumps/job42/20250101T000000Z_stall"
+
+    asyncio.run(go())
+
+
+@dataclass
+class ForgetfulReceiver(RecordingSink):
+    """Like Alertmanager: wants active alerts re-posted."""
+
+    refresh_interval: float = 60.0
+
+
+def test_active_alerts_are_reposted_to_refreshing_sinks(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        am = ForgetfulReceiver(name="am")
+        other = RecordingSink()
+        d = AlertDispatcher(config(tmp_path), IDENT, sinks=[am, other], clock=clock)
+        async with running(d):
+            d.send(stall(3))
+            await until(lambda: len(am.alerts) == 1 and len(other.alerts) == 1)
+            clock.advance(61)
+            await settle(d)
+            await until(lambda: len(am.alerts) == 2)
+            assert am.alerts[1].starts_at == am.alerts[0].starts_at and am.alerts[1].status == "firing"
+            d.send(stall(3, resolved=True))
+            await until(lambda: len(am.alerts) == 3)
+            clock.advance(61)
+            await settle(d)
+        assert [a.status for a in am.alerts] == ["firing", "firing", "resolved"]
+        assert len(other.alerts) == 2  # the re-post is for the forgetful sink only
+
+    asyncio.run(go())
+
+
+def test_below_min_severity_never_alerts(tmp_path: Path) -> None:
+    async def go() -> None:
+        sink = RecordingSink()
+        d = AlertDispatcher(config(tmp_path), IDENT, sinks=[sink])
+        async with running(d):
+            d.send(finding("loss_plateau", 0, Severity.INFO))
+            d.send(finding("throughput_drop", 0, Severity.WARNING))
+            await until(lambda: len(sink.alerts) == 1)
+            await settle(d)
+        assert [a.kind for a in sink.alerts] == ["throughput_drop"]
+
+    asyncio.run(go())
+
+
+def test_rate_limit_queues_excess_without_dropping(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        d = AlertDispatcher(config(tmp_path, rate_limit_per_minute=2), IDENT, sinks=[sink], clock=clock)
+        async with running(d):
+            for kind in ("nan_loss", "oom", "crash"):
+                d.send(finding(kind))
+            await until(lambda: len(sink.alerts) == 2)
+            clock.advance(29)
+            await settle(d)
+            assert len(sink.alerts) == 2
+            clock.advance(2)  # one token per 30 s
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 3)
+        assert [a.kind for a in sink.alerts] == ["nan_loss", "oom", "crash"]
+        assert d.stats["rec"]["dropped"] == 0
+
+    asyncio.run(go())
+
+
+def test_retries_exhausted_drop_once_and_count(tmp_path: Path) -> None:
+    async def go() -> None:
+        sink = RecordingSink(fail=100)
+        cfg = config(tmp_path, max_retries=2)
+        d = AlertDispatcher(cfg, IDENT, sinks=[sink], rng=lambda: 0.0)
+        async with running(d):
+            d.send(stall())
+            await until(lambda: d.stats["rec"]["dropped"] == 1)
+            await asyncio.sleep(0.05)
+        assert sink.attempts == 3
+        assert d.stats["rec"] == {"sent": 0, "failed": 3, "dropped": 1, "retried": 2}
+        assert not spool_path(cfg.spool_dir, IDENT.run, IDENT.rank).exists()
+
+    asyncio.run(go())
+
+
+# --- isolation and the spool -----------------------------------------------------------------
+def test_down_sink_does_not_block_other_sink_or_caller(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with (
+            serve("/api/chat.postMessage", slack=True) as slack,
+            serve("/hook", slack=False) as hook,
+        ):
+            slack.default = "hang"
+            webhook = WebhookSink(hook.url + "/hook", headers={"Authorization": "Bearer hooktoken"})
+            cfg = config(tmp_path)
+            d = AlertDispatcher(cfg, IDENT, sinks=[slack_sink(slack, timeout=5.0), webhook])
+            async with running(d, close_timeout=0.1):
+                t0 = time.monotonic()
+                d.send(stall(loss=float("nan"), last_good=Path("/ckpt/step-1100")))
+                assert time.monotonic() - t0 < 0.05
+                await until(lambda: len(hook.requests) == 1, timeout=1.0)
+                assert time.monotonic() - t0 < 1.0
+                await until(lambda: len(slack.requests) == 1)
+            _, body, headers = hook.requests[0]
+            assert headers["Authorization"] == "Bearer hooktoken"
+            assert body["version"] == "1" and body["status"] == "firing"
+            assert (body["run"], body["rank"], body["ranks"], body["node"]) == ("job42", 3, [3], "gpu-node-7")
+            assert (body["kind"], body["severity"], body["step"]) == ("stall", "critical", 1200)
+            assert body["message"] == STALL_MSG
+            assert body["evidence"] == {"loss": "nan", "last_good": "/ckpt/step-1100"}  # strict JSON
+            entries = Spool(spool_path(cfg.spool_dir, IDENT.run, IDENT.rank), 1 << 20).load()
+            assert [e.sink for e in entries] == ["slack"]  # the hung delivery was kept for the next start
+
+    asyncio.run(go())
+
+
+def test_spool_survives_restart_and_delivers_once(tmp_path: Path) -> None:
+    async def go() -> None:
+        cfg = config(tmp_path)
+        path = spool_path(cfg.spool_dir, IDENT.run, IDENT.rank)
+        async with serve("/api/chat.postMessage", slack=True) as srv:
+            srv.default = "500"
+            d1 = AlertDispatcher(cfg, IDENT, sinks=[slack_sink(srv)], backoff_base=10.0, rng=lambda: 1.0)
+            async with running(d1, close_timeout=0.05):
+                d1.send(stall())
+                d1.send(finding("nan_loss", 3))
+                await until(lambda: d1.stats["slack"]["failed"] == 1)
+            entries = Spool(path, 1 << 20).load()
+            assert len(entries) == 2 and {e.sink for e in entries} == {"slack"}
+            srv.default = "ok"
+            srv.requests.clear()
+            d2 = AlertDispatcher(cfg, IDENT, sinks=[slack_sink(srv)])
+            async with running(d2):
+                await until(lambda: len(srv.requests) == 2)
+                await until(lambda: not path.exists())
+                await asyncio.sleep(0.1)
+            assert len(srv.requests) == 2
+            headers = [b["blocks"][0]["text"]["text"] for b in srv.bodies()]
+            assert "stall on rank 3" in headers[0] and "nan_loss on rank 3" in headers[1]
+            assert d2.stats["slack"]["sent"] == 2
+
+    asyncio.run(go())
+
+
+def test_spool_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink(fail=1000)
+        probe = SpoolEntry("x" * 32 + ":rec", "rec", finding_alert().to_json()).line()
+        cfg = config(tmp_path, spool_max_bytes=int(len(probe) * 2.5), backoff_max=1e6)
+        d = AlertDispatcher(cfg, IDENT, sinks=[sink], clock=clock, rng=lambda: 1.0, backoff_base=1e6)
+        async with running(d, close_timeout=0.0):
+            for kind in ("k1", "k2", "k3", "k4"):
+                d.send(finding(kind, 3))
+            await until(lambda: d.stats["rec"]["dropped"] == 2)
+        path = spool_path(cfg.spool_dir, IDENT.run, IDENT.rank)
+        assert path.stat().st_size <= cfg.spool_max_bytes
+        assert [e.alert["kind"] for e in Spool(path, cfg.spool_max_bytes).load()] == ["k3", "k4"]
+        assert d.stats["rec"]["dropped"] == 2
+
+    asyncio.run(go())
+
+
+def finding_alert() -> AlertMessage:
+    return AlertMessage("job42", "k1", Severity.CRITICAL, "firing", [AlertMember(3, "k1 on rank 3", 10)], "n")
+
+
+def test_spool_file_is_per_run_and_rank_and_skips_torn_lines(tmp_path: Path) -> None:
+    assert spool_path(tmp_path, "job/42", 3).name == "job_42.rank-3.jsonl"
+    assert spool_path(tmp_path, "job42", 3) != spool_path(tmp_path, "job42", 4)
+    s = Spool(spool_path(tmp_path, "job42", 3), 1 << 20)
+    s.append([SpoolEntry("a", "slack", {"kind": "stall"}), SpoolEntry("b", "slack", {"kind": "oom"})])
+    with open(s.path, "ab") as fh:
+        fh.write(b'{"v":1,"id":"c","si')  # crash mid-append
+    assert [e.id for e in s.load()] == ["a", "b"]
+    s.remove({"a"})
+    assert [e.id for e in s.load()] == ["b"]
+    assert not s.path.with_name(s.path.name + ".tmp").exists()
+
+
+# --- message content -------------------------------------------------------------------------
+def test_suspect_rank_and_rank_list() -> None:
+    idle = [AlertMember(r, "m", evidence={"classification": "idle"}) for r in range(5)]
+    assert suspect_rank(idle) is None
+    idle[3].evidence = {"classification": "busy"}
+    assert suspect_rank(idle) == 3
+    assert suspect_rank([AlertMember(0, "m"), AlertMember(1, "m", evidence={"suspect": 5})]) == 5
+    assert rank_list([0, 1, 2, 3, 5, 7, 8]) == "0-3, 5, 7-8"
+
+
+def test_alertmanager_payload_labels_and_resolve() -> None:
+    assert alertname("nan_loss") == "RankwatchNanLoss"
+    assert alertname("stall") == "RankwatchStall"
+    members = [
+        AlertMember(r, f"stall on {r}", 5, dump_path="/d" if r == 1 else None, starts_at=1.7e9)
+        for r in (0, 1)
+    ]
+    a = AlertMessage("job42", "stall", Severity.CRITICAL, "firing", members, "gpu-node-7", 8)
+    docs = am_payload(a, now=1.7e9 + 60)
+    assert [d["labels"]["rank"] for d in docs] == ["0", "1"]
+    assert docs[0]["labels"] == {
+        "alertname": "RankwatchStall",
+        "run": "job42",
+        "rank": "0",
+        "severity": "critical",
+        "kind": "stall",
+        "node": "gpu-node-7",
+    }
+    assert docs[1]["annotations"]["dump_path"] == "/d" and "dump_path" not in docs[0]["annotations"]
+    assert docs[0]["startsAt"].endswith("Z") and "endsAt" not in docs[0]
+    a.status = "resolved"
+    assert am_payload(a, now=1.7e9 + 60)[0]["endsAt"] == "2023-11-14T22:14:20.000Z"
+    restored = AlertMessage.from_json(json.loads(json.dumps(a.to_json())))
+    assert restored.title == a.title and restored.id == a.id and restored.severity is Severity.CRITICAL
