@@ -157,7 +157,8 @@ def test_unknown_top_level_without_close_match_lists_sections(tmp_path: Path) ->
     err = error_of(tmp_path, "run:\n  rank: 1\nzzzzzz: {}\n")
     assert (err.line, err.key) == (3, "zzzzzz")
     assert err.message == (
-        "unknown key; valid keys: run, logs, detectors, stall, process, dumps, runner, server, alerts"
+        "unknown key; valid keys: run, logs, detectors, stall, process, dumps, runner, server, alerts, gpu, "
+        "checkpoints"
     )
 
 

@@ -258,6 +258,63 @@ class AlertsConfig:
 
 
 @dataclass
+class GpuConfig:
+    enabled: bool = opt(True, "sample the watched ranks' GPUs through NVML (off on CPU-only nodes is fine)")
+    interval: Duration = opt(Duration(5.0), "time between two GPU samples")
+    call_timeout: Duration = opt(
+        Duration(10.0), "one sample (all NVML calls) gives up after this long; a hung driver skips samples"
+    )
+    xid_wait: Duration = opt(Duration(0.1), "how long each sample waits on NVML's Xid event set")
+    devices: list[str] = opt(
+        [], "GPU indices or UUIDs to watch; empty: the watched processes' GPUs, else every GPU"
+    )
+    overheat_celsius: float = opt(85.0, "GPU temperature at or above this is overheating")
+    sustain_samples: int = opt(
+        6, "samples in a row a condition must hold (overheat, throttle, memory pressure)"
+    )
+    clear_samples: int = opt(3, "samples in a row without the condition before it resolves")
+    memory_pressure_ratio: float = opt(0.95, "used/total GPU memory above this is an out-of-memory risk")
+    leak_window: int = opt(36, "samples over which a staircase of GPU memory growth is judged")
+    leak_min_growth: Size = opt(Size(256 << 20), "growth over the window below this is never a leak")
+    leak_min_steps: int = opt(4, "rising steps needed within the window for a staircase")
+    warmup_samples: int = opt(12, "first samples ignored by the leak rule (allocator warm-up)")
+    xid_quiet: Duration = opt(Duration(300.0), "an Xid episode resolves after this long without a new Xid")
+    lost_reprobe: Duration = opt(Duration(60.0), "a lost GPU is probed again this often")
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str | None = opt(None, "checkpoint directory to watch (it may appear later); unset: not watched")
+    mode: Literal["auto", "poll"] = opt(
+        "auto",
+        "auto: filesystem events plus a slow safety poll; poll: for NFS/Lustre where events are silent",
+    )
+    poll_interval: Duration | None = opt(
+        None, "rescan period; default 60s with filesystem events, 10s in poll mode"
+    )
+    settle: Duration = opt(
+        Duration(10.0), "files unchanged this long (and the framework's marker) = save done"
+    )
+    incomplete_after: Duration = opt(
+        Duration(900.0), "a save with no completion marker this long after its last write is incomplete"
+    )
+    glob: str | None = opt(None, "extra checkpoints: glob relative to dir, e.g. 'runs/*/step_*.pt'")
+    step_regex: str | None = opt(None, "regex whose first group is the step, applied to a checkpoint's name")
+    max_depth: int = opt(3, "folder levels below dir searched for checkpoints")
+    max_age: Duration | None = opt(
+        None, "no new good checkpoint for this long = stale; default: stale_factor x median save interval"
+    )
+    stale_factor: float = opt(3.0, "derived max age = this many median save intervals")
+    stale_min: Duration = opt(Duration(1800.0), "the derived max age is never shorter than this")
+    min_size_ratio: float = opt(0.5, "smaller than this fraction of the previous good checkpoint = suspect")
+    disk_margin: float = opt(1.5, "warn when free space < next checkpoint size x this margin")
+    min_free: Size = opt(Size(0), "also warn below this many free bytes (0: only the size rule)")
+    deep: bool = opt(False, "sha256 every file and catch later silent changes (reads every byte)")
+    rehash_interval: Duration = opt(Duration(6 * 3600.0), "deep mode: re-hash good checkpoints this often")
+    manifest: str | None = opt(None, "deep mode: JSON manifest of sha256 sums, kept across agent restarts")
+
+
+@dataclass
 class Config:
     run: RunConfig = section(RunConfig, "identity of the run and this rank")
     logs: LogsConfig = section(LogsConfig, "log following and parsing")
@@ -268,3 +325,5 @@ class Config:
     runner: RunModeConfig = section(RunModeConfig, "`rankwatch run`: the child's output and signals")
     server: ServerConfig = section(ServerConfig, "HTTP server: /metrics, health, JSON API")
     alerts: AlertsConfig = section(AlertsConfig, "alert routing and sinks")
+    gpu: GpuConfig = section(GpuConfig, "GPU telemetry through NVML")
+    checkpoints: CheckpointConfig = section(CheckpointConfig, "checkpoint directory watching")

@@ -1,0 +1,343 @@
+"""The live checkpoint watcher: filesystem events where they work, polling where they do not.
+
+inotify is silent for writes made by other nodes on NFS/Lustre, so events only wake the
+scan early; a slow poll is always the safety net (``mode: poll`` drops events for a
+faster poll). Scans and verification run in a daemon thread: a filesystem stuck in
+uninterruptible I/O can hang that thread but never the agent's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rankwatch.checkpoints import CheckpointConfig
+from rankwatch.checkpoints import layouts as L
+from rankwatch.checkpoints.catalog import Catalog, Entry
+from rankwatch.detectors import checkpoints as rules
+from rankwatch.records import Finding, Severity
+
+log = logging.getLogger("rankwatch.checkpoints")
+
+EVENT_POLL_S = 60.0
+PLAIN_POLL_S = 10.0
+MISSING_DIR_POLL_S = 5.0
+STUCK_WARN_S = 120.0
+MIN_GAP_S = 1.0
+
+
+class _Events:
+    """A watchdog observer whose only job is to wake the loop.
+
+    Recursive on the checkpoint directory; while that does not exist yet, on its nearest
+    existing ancestor, so its creation wakes the loop too.
+    """
+
+    def __init__(self, root: Path, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
+        self.root = root
+        self.loop = loop
+        self.wake = wake
+        self.observer: Any = None
+        self.target: Path | None = None
+        self.failed = False
+        self._pending = threading.Lock()
+
+    def ensure(self, target: Path | None) -> None:
+        """Watch ``target`` (found by the scan thread: a stat may hang, the loop must not)."""
+        if self.failed or target is None:
+            return
+        if target == self.target and self.observer is not None:
+            return
+        self.stop()
+        try:
+            from watchdog.events import FileSystemEvent, FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError:
+            self.failed = True
+            return
+        events = self
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                if event.event_type not in ("opened", "closed_no_write"):
+                    events.fire()
+
+        observer = Observer()
+        try:
+            observer.schedule(Handler(), str(target), recursive=target == self.root)
+            observer.start()
+        except Exception as exc:  # inotify watch limit, a filesystem without events: poll
+            log.info("%s: no filesystem events (%s); polling", target, exc)
+            with contextlib.suppress(Exception):
+                observer.stop()
+            self.failed = True
+            return
+        self.observer, self.target = observer, target
+
+    def fire(self) -> None:
+        if not self._pending.acquire(blocking=False):
+            return
+        try:
+            self.loop.call_soon_threadsafe(self._set)
+        except RuntimeError:  # loop closed
+            self._pending.release()
+
+    def _set(self) -> None:
+        self._pending.release()
+        self.wake.set()
+
+    def stop(self) -> None:
+        if self.observer is not None:
+            self.observer.stop()
+            self.observer.join(timeout=2)
+            self.observer, self.target = None, None
+
+
+def _in_daemon(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def done(ok: bool, value: Any) -> None:
+        if fut.done():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def body() -> None:
+        try:
+            result: tuple[bool, Any] = (True, fn())
+        except BaseException as exc:  # handed to the loop, logged there
+            result = (False, exc)
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(done, *result)
+
+    threading.Thread(target=body, name="rankwatch-checkpoints", daemon=True).start()
+    return fut
+
+
+class CheckpointWatcher:
+    """Watches one checkpoint directory for the live agent.
+
+    ``clock`` is monotonic (settle times); ``wall`` is compared with file mtimes. The
+    agent passes every finding of the run to ``on_finding`` so checkpoints saved after a
+    NaN are marked suspect, and reads ``writing`` to give the stall detector extra time.
+    """
+
+    def __init__(
+        self,
+        dir: Path | str,
+        cfg: CheckpointConfig | None = None,
+        *,
+        emit: Callable[[Finding], None],
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        rank: int | None = None,
+        statvfs: Callable[[str], os.statvfs_result] | None = None,
+    ) -> None:
+        self.root = Path(dir)
+        self.cfg = cfg or CheckpointConfig()
+        self.emit = emit
+        self.clock = clock
+        self.wall = wall
+        self.rank = rank
+        self.statvfs = statvfs or os.statvfs
+        self.catalog = Catalog(self.root, self.cfg, clock=clock, wall=wall, rank=rank)
+        self.stale = rules.StaleRule(self.cfg)
+        self.disk = rules.DiskRule(self.cfg)
+        self.started = wall()
+        self.fs_free: int | None = None
+        self.fs_total: int | None = None
+        self.scans = 0
+        self.errors = 0
+        self._queued: deque[tuple[int | None, str, float | None]] = deque(maxlen=64)
+        self._exists = False
+        self.events_active = False  # filesystem events are being received (else: polling only)
+        self._events_failed = False
+        self._watch_target: Path | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # --- the API the agent uses ---------------------------------------------------------
+
+    @property
+    def writing(self) -> bool:
+        return self.catalog.writing()
+
+    def last_good(self) -> Entry | None:
+        return self.catalog.last_good()
+
+    def mark_bad_from(self, step: int | None, kind: str, time: float | None = None) -> list[Entry]:
+        return self.catalog.mark_bad_from(step, kind, time=time)
+
+    def on_finding(self, finding: Finding) -> None:
+        if finding.kind not in rules.POISON_KINDS or finding.resolved or finding.severity < Severity.WARNING:
+            return
+        when = finding.time if finding.time is not None else self.wall()
+        if self.catalog.lock.acquire(blocking=False):
+            try:
+                self.catalog.mark_bad_from(finding.step, finding.kind, time=when)
+            finally:
+                self.catalog.lock.release()
+        else:  # a scan holds the lock: apply at its end rather than block the loop
+            self._queued.append((finding.step, finding.kind, when))
+            if self._wake is not None:
+                self._wake.set()
+
+    def snapshot(self) -> dict[str, Any]:
+        now = self.wall()
+        cat = self.catalog
+        newest = cat.newest_judged()
+        good = cat.last_good()
+        return {
+            "dir": str(self.root),
+            "dir_exists": self._exists,
+            "last_checkpoint_name": newest.name if newest else None,
+            "last_checkpoint_step": newest.step if newest else None,
+            "last_checkpoint_timestamp_seconds": newest.saved_at if newest else None,
+            "last_checkpoint_bytes": newest.size if newest else None,
+            "last_save_duration_seconds": newest.save_duration if newest else None,
+            "last_checkpoint_status": newest.status if newest else None,
+            "last_good_name": good.name if good else None,
+            "last_good_step": good.step if good else None,
+            "last_good_timestamp_seconds": good.saved_at if good else None,
+            "seconds_since_last_good": now - good.saved_at if good else None,
+            "checkpoints": cat.counts(),
+            "writing": cat.writing(),
+            "events_active": self.events_active,
+            "fs_free_bytes": self.fs_free,
+            "fs_size_bytes": self.fs_total,
+            "next_checkpoint_bytes": cat.next_size(),
+            "max_age_seconds": self.stale.max_age(cat.save_times),
+            "poisoned_from_step": cat.bad.step if cat.bad else None,
+            "scans_total": self.scans,
+            "errors_total": self.errors,
+        }
+
+    # --- one round ------------------------------------------------------------------------
+
+    def tick(self) -> list[Finding]:
+        """Scan, judge what completed, check staleness and free space. Blocking I/O."""
+        self._drain()
+        scan = L.scan(
+            self.root, glob=self.cfg.glob, step_regex=self.cfg.step_regex, max_depth=self.cfg.max_depth
+        )
+        findings = self.catalog.update(scan)
+        self._drain()
+        self._exists = scan.exists
+        self.scans += 1
+        now = self.wall()
+        findings += self._disk(now)
+        findings += self.stale.check(
+            now,
+            self.catalog.last_good(),
+            self.catalog.save_times,
+            self.started,
+            rank=self.rank,
+            path=str(self.root),
+        )
+        return findings
+
+    def _drain(self) -> None:
+        while self._queued:
+            step, kind, when = self._queued.popleft()
+            self.catalog.mark_bad_from(step, kind, time=when)
+
+    def _disk(self, now: float) -> list[Finding]:
+        probe = self.root
+        while not probe.is_dir() and probe != probe.parent:
+            probe = probe.parent
+        self._watch_target = probe
+        try:
+            st = self.statvfs(str(probe))
+        except OSError as exc:
+            log.debug("statvfs %s: %s", probe, exc)
+            return []
+        self.fs_free = st.f_bavail * st.f_frsize
+        self.fs_total = st.f_blocks * st.f_frsize
+        return self.disk.check(
+            self.fs_free, self.catalog.next_size(), rank=self.rank, path=str(self.root), now=now
+        )
+
+    def _interval(self) -> float:
+        base = self.cfg.poll_interval
+        if base is None:
+            base = PLAIN_POLL_S if self.cfg.mode == "poll" or self._events_failed else EVENT_POLL_S
+        if not self._exists:
+            return min(float(base), MISSING_DIR_POLL_S)
+        if self.catalog.pending():
+            return max(0.05, min(float(base), float(self.cfg.settle) / 2))
+        return float(base)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        self._wake, self._loop = wake, loop
+        events = _Events(self.root, loop, wake) if self.cfg.mode != "poll" else None
+        stop_task = asyncio.ensure_future(stop.wait())
+        inflight: asyncio.Future[Any] | None = None
+        started_at = 0.0
+        warned = False
+        try:
+            while not stop.is_set():
+                wake.clear()
+                if inflight is None:
+                    inflight, started_at, warned = _in_daemon(self.tick), self.clock(), False
+                await asyncio.wait({inflight, stop_task}, timeout=STUCK_WARN_S, return_when="FIRST_COMPLETED")
+                if stop.is_set():
+                    break
+                if not inflight.done():
+                    if not warned:
+                        warned = True
+                        log.warning(
+                            "%s: checkpoint scan running for %.0fs (filesystem hung?)",
+                            self.root,
+                            self.clock() - started_at,
+                        )
+                    continue
+                self._deliver(inflight)
+                inflight = None
+                if events is not None:
+                    events.ensure(self._watch_target)
+                    self.events_active = events.observer is not None
+                    self._events_failed = events.failed
+                wake_task = asyncio.ensure_future(wake.wait())
+                try:
+                    await asyncio.wait(
+                        {wake_task, stop_task}, timeout=self._interval(), return_when="FIRST_COMPLETED"
+                    )
+                finally:
+                    wake_task.cancel()
+                # A big save is a storm of write events: rescan at most this often.
+                rest = min(MIN_GAP_S, float(self.cfg.settle) / 4) - (self.clock() - started_at)
+                if rest > 0 and not stop.is_set():
+                    await asyncio.wait({stop_task}, timeout=rest)
+        finally:
+            stop_task.cancel()
+            if events is not None:
+                events.stop()
+
+    def _deliver(self, fut: asyncio.Future[Any]) -> None:
+        try:
+            findings = fut.result()
+        except Exception:
+            self.errors += 1
+            log.exception("%s: checkpoint scan failed", self.root)
+            return
+        for f in findings:
+            try:
+                self.emit(f)
+            except Exception:
+                self.errors += 1
+                log.exception("emitting a checkpoint finding failed")

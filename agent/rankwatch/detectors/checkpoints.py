@@ -1,0 +1,330 @@
+"""The "can't resume" family: corrupt, incomplete, stale checkpoints and a filling disk.
+
+Pure: the checkpoint catalog and watcher pass plain numbers and entries in, so these
+rules are tested without a filesystem. Messages say which checkpoint to resume from,
+since that is the question the reader has at 3 AM.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from rankwatch.detectors.base import Episode
+from rankwatch.records import Finding, Severity
+
+if TYPE_CHECKING:
+    from rankwatch.checkpoints import CheckpointConfig
+    from rankwatch.checkpoints.catalog import Entry
+    from rankwatch.checkpoints.layouts import Pointer
+
+KINDS = (
+    "checkpoint_corrupt",
+    "checkpoint_incomplete",
+    "checkpoint_weights_only",
+    "checkpoint_stale",
+    "disk_low",
+)
+# Findings after which weights saved later are not trusted for a resume.
+POISON_KINDS = frozenset({"nan_loss", "loss_divergence", "grad_explosion"})
+_RESUME_HINT = {
+    "hf": "Trainer(resume_from_checkpoint=True) picks the highest checkpoint-N: delete or move it away",
+    "megatron": "resume follows latest_checkpointed_iteration.txt: point it at the last good iteration",
+    "deepspeed": "resume follows the 'latest' file: point it at the last good tag",
+    "lightning": "pass ckpt_path= explicitly to the last good file",
+}
+
+
+def human_size(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    s = max(0.0, seconds)
+    if s < 90:
+        return f"{s:.0f}s ago"
+    if s < 5400:
+        return f"{s / 60:.0f}m ago"
+    if s < 2 * 86400:
+        return f"{s / 3600:.0f}h ago"
+    return f"{s / 86400:.0f}d ago"
+
+
+def duration(seconds: float) -> str:
+    return ago(seconds).removesuffix(" ago")
+
+
+def describe(entry: Entry | None, now: float) -> str:
+    if entry is None:
+        return "none"
+    step = f"step {entry.step}, " if entry.step is not None else ""
+    age = ago(now - entry.saved_at) if entry.saved_at else "time unknown"
+    name = entry.path.name if entry.name == "." else entry.name
+    only = ", weights only" if getattr(entry, "weights_only", False) else ""
+    return f"{name} ({step}{age}{only})"
+
+
+def last_good_line(entry: Entry | None, now: float) -> str:
+    return f"last good: {describe(entry, now)}"
+
+
+def _finding(
+    kind: str,
+    severity: Severity,
+    rank: int | None,
+    message: str,
+    entry: Entry | None = None,
+    *,
+    path: str | None = None,
+    now: float | None = None,
+    evidence: dict | None = None,
+    resolved: bool = False,
+) -> Finding:
+    return Finding(
+        kind=kind,
+        severity=severity,
+        rank=rank,
+        message=message,
+        step=entry.step if entry is not None else None,
+        path=path if path is not None else (str(entry.path) if entry is not None else None),
+        time=now,
+        evidence=evidence or {},
+        resolved=resolved,
+    )
+
+
+def corrupt_finding(
+    entry: Entry, problem: str, check: str, last_good: Entry | None, *, rank: int | None, now: float
+) -> Finding:
+    hint = _RESUME_HINT.get(entry.layout, "resume explicitly from the last good one")
+    return _finding(
+        "checkpoint_corrupt",
+        Severity.CRITICAL,
+        rank,
+        f"checkpoint {entry.name} is corrupt: {problem}. Do not resume from it ({hint}); "
+        f"{last_good_line(last_good, now)}. Usual causes: disk full or quota hit during the save, "
+        "the job killed mid-save, a flaky network filesystem.",
+        entry,
+        now=now,
+        evidence={"check": check, "problem": problem, "last_good": last_good.name if last_good else None},
+    )
+
+
+def changed_finding(
+    entry: Entry, file: str, last_good: Entry | None, *, rank: int | None, now: float
+) -> Finding:
+    return _finding(
+        "checkpoint_corrupt",
+        Severity.CRITICAL,
+        rank,
+        f"checkpoint {entry.name}: {file} changed on disk after it was verified (sha256 differs, size and "
+        f"time unchanged): silent corruption. {last_good_line(last_good, now)}.",
+        entry,
+        now=now,
+        evidence={"check": "sha256", "file": file},
+    )
+
+
+def incomplete_finding(
+    entry: Entry, marker: str | None, quiet_s: float, last_good: Entry | None, *, rank: int | None, now: float
+) -> Finding:
+    what = f"no {marker}" if marker else "it never finished"
+    hint = _RESUME_HINT.get(entry.layout, "resume explicitly from the last good one")
+    return _finding(
+        "checkpoint_incomplete",
+        Severity.WARNING,
+        rank,
+        f"checkpoint {entry.name} is incomplete: {what} {duration(quiet_s)} after its last write. The save "
+        f"was interrupted (crash, kill, full disk); do not resume from it ({hint}); "
+        f"{last_good_line(last_good, now)}.",
+        entry,
+        now=now,
+        evidence={"marker": marker, "quiet_s": quiet_s},
+    )
+
+
+def small_finding(entry: Entry, prev: Entry, *, rank: int | None, now: float) -> Finding:
+    ratio = entry.size / prev.size if prev.size else 0.0
+    return _finding(
+        "checkpoint_corrupt",
+        Severity.WARNING,
+        rank,
+        f"checkpoint {entry.name} is suspiciously small: {human_size(entry.size)}, {ratio:.0%} of "
+        f"{prev.name} ({human_size(prev.size)}). A shard or tensor may be missing; check it before relying "
+        "on it.",
+        entry,
+        now=now,
+        evidence={
+            "check": "size",
+            "size_bytes": entry.size,
+            "previous_bytes": prev.size,
+            "previous": prev.name,
+        },
+    )
+
+
+def weights_only_finding(entry: Entry, *, regressed: bool, rank: int | None, now: float) -> Finding:
+    was = " (the previous checkpoint had optimizer state)" if regressed else ""
+    return _finding(
+        "checkpoint_weights_only",
+        Severity.WARNING if regressed else Severity.INFO,
+        rank,
+        f"checkpoint {entry.name} holds weights only, no optimizer state{was}: resume will restart Adam's "
+        "moments and the LR schedule (HF save_only_model, Lightning save_weights_only, "
+        "Megatron --no-save-optim).",
+        entry,
+        now=now,
+    )
+
+
+def pointer_finding(ptr: Pointer, root: str, *, rank: int | None, now: float) -> Finding:
+    return Finding(
+        kind="checkpoint_corrupt",
+        severity=Severity.CRITICAL,
+        rank=rank,
+        message=f"{ptr.file} points at {ptr.value!r} but {ptr.target} does not exist: resume will fail. "
+        "Point it at the last good checkpoint.",
+        step=ptr.step,
+        path=root,
+        time=now,
+        evidence={"check": "pointer", "file": ptr.file, "value": ptr.value},
+    )
+
+
+def resolved_corrupt(entry: Entry, *, rank: int | None, now: float) -> Finding:
+    return _finding(
+        "checkpoint_corrupt",
+        Severity.CRITICAL,
+        rank,
+        f"checkpoint {entry.name} verified good: the newest checkpoint is usable again",
+        entry,
+        now=now,
+        resolved=True,
+    )
+
+
+class StaleRule:
+    """No new good checkpoint for much longer than the run's own save cadence."""
+
+    def __init__(self, cfg: CheckpointConfig) -> None:
+        self.cfg = cfg
+        self.episode = Episode()
+
+    def max_age(self, save_times: Sequence[float]) -> float | None:
+        if self.cfg.max_age is not None:
+            return float(self.cfg.max_age)
+        times = sorted(save_times)
+        gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+        if not gaps:
+            return None
+        return max(float(self.cfg.stale_min), self.cfg.stale_factor * statistics.median(gaps))
+
+    def check(
+        self,
+        now: float,
+        last_good: Entry | None,
+        save_times: Sequence[float],
+        started: float,
+        *,
+        rank: int | None,
+        path: str,
+    ) -> list[Finding]:
+        limit = self.max_age(save_times)
+        if limit is None:
+            return []
+        # A checkpoint from before the agent started (a restarted job) is not this run's fault.
+        ref = max(started, last_good.saved_at) if last_good is not None else started
+        age = now - ref
+        if age > limit:
+            if not self.episode.open(last_good.step if last_good else None):
+                return []
+            since = f"{describe(last_good, now)}" if last_good else "none since the agent started"
+            return [
+                _finding(
+                    "checkpoint_stale",
+                    Severity.WARNING,
+                    rank,
+                    f"no new good checkpoint for {duration(age)} (limit {duration(limit)}, from the save "
+                    f"cadence); last good: {since}. A crash now loses everything since. Check that saves "
+                    "still run and succeed (disk, permissions, a hung save).",
+                    last_good,
+                    path=path,
+                    now=now,
+                    evidence={"age_s": age, "max_age_s": limit},
+                )
+            ]
+        if self.episode.close():
+            return [
+                _finding(
+                    "checkpoint_stale",
+                    Severity.WARNING,
+                    rank,
+                    f"new good checkpoint: {describe(last_good, now)}",
+                    last_good,
+                    path=path,
+                    now=now,
+                    resolved=True,
+                )
+            ]
+        return []
+
+
+class DiskRule:
+    """Free space too small for the next save: said before the save fails."""
+
+    def __init__(self, cfg: CheckpointConfig) -> None:
+        self.cfg = cfg
+        self.severity: Severity | None = None
+
+    def check(
+        self, free: int, next_size: int | None, *, rank: int | None, path: str, now: float
+    ) -> list[Finding]:
+        need = max(float(self.cfg.min_free), (next_size or 0) * self.cfg.disk_margin)
+        if need <= 0:
+            return []
+        if free < need:
+            sev = Severity.CRITICAL if next_size and free < next_size else Severity.WARNING
+            if self.severity is not None and sev <= self.severity:
+                return []
+            self.severity = sev
+            size = (
+                f"the next checkpoint needs about {human_size(next_size)}" if next_size else "below min_free"
+            )
+            return [
+                Finding(
+                    kind="disk_low",
+                    severity=sev,
+                    rank=rank,
+                    message=f"checkpoint filesystem has {human_size(free)} free; {size} "
+                    f"(x{self.cfg.disk_margin:g} margin = {human_size(need)}). The next save will "
+                    f"{'fail' if sev is Severity.CRITICAL else 'likely fail'}: free space, lower "
+                    "save_total_limit, or move checkpoints off this filesystem.",
+                    path=path,
+                    time=now,
+                    evidence={"free_bytes": free, "next_checkpoint_bytes": next_size, "need_bytes": need},
+                )
+            ]
+        if self.severity is not None and free >= need * 1.05:
+            sev, self.severity = self.severity, None
+            return [
+                Finding(
+                    kind="disk_low",
+                    severity=sev,
+                    rank=rank,
+                    message=f"checkpoint filesystem has {human_size(free)} free again",
+                    path=path,
+                    time=now,
+                    resolved=True,
+                )
+            ]
+        return []

@@ -1,0 +1,376 @@
+"""The one narrow interface to GPU telemetry, and its real implementation over pynvml.
+
+Everything above this module sees plain numbers in base units and one error type,
+``GpuError``, whose ``kind`` says what the caller should do: ``not_supported`` (skip that
+field on that GPU for good), ``gone`` (the GPU fell off the bus: a ``gpu_lost`` finding)
+or ``failed`` (anything else: skip this reading, try again next sample). That keeps
+pynvml's error zoo and ctypes structs out of the sampler, and lets a scripted fake
+stand in for a driver in tests.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+GpuErrorKind = Literal["not_supported", "gone", "failed"]
+
+# The per-GPU readings, in the order the sampler takes them; each is a backend method
+# taking the GPU index. NOT_SUPPORTED on one of them skips only that one.
+FIELDS = (
+    "memory",
+    "utilization",
+    "temperature",
+    "memory_temperature",
+    "power",
+    "power_limit",
+    "clocks",
+    "throttle_reasons",
+    "ecc_errors",
+    "retired_pages",
+    "remapped_rows",
+    "pcie_replays",
+)
+
+THROTTLE_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+
+class GpuError(Exception):
+    def __init__(self, kind: GpuErrorKind, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.kind: GpuErrorKind = kind
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    gpu: int | None  # NVML index; None when the event could not be tied to a device
+    xid: int
+    time: float
+
+
+@dataclass(slots=True)
+class GpuSample:
+    """One GPU at one moment. ``None`` means "not read" (unsupported or failed), never zero."""
+
+    index: int
+    time: float
+    uuid: str | None = None
+    name: str | None = None
+    lost: bool = False
+    lost_reason: str | None = None
+    utilization: float | None = None  # ratio 0..1
+    memory_utilization: float | None = None  # memory-controller busy ratio 0..1
+    memory_used: int | None = None  # bytes
+    memory_total: int | None = None
+    temperature: float | None = None  # celsius
+    memory_temperature: float | None = None
+    power: float | None = None  # watts
+    power_limit: float | None = None
+    sm_clock: float | None = None  # hertz
+    memory_clock: float | None = None
+    throttle: dict[str, bool] | None = None  # supported reason -> active
+    ecc: dict[tuple[str, str], int] | None = None  # (corrected|uncorrected, volatile|aggregate)
+    retired_pages: dict[str, int] | None = None  # cause -> pages
+    retired_pages_pending: bool | None = None
+    remapped_rows: dict[str, int] | None = None  # correctable|uncorrectable -> rows
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    pcie_replays: int | None = None
+    xids: list[int] = field(default_factory=list)  # Xid numbers seen since the previous sample
+    xid_counts: dict[int, int] = field(default_factory=dict)  # cumulative since the sampler started
+
+    @property
+    def memory_ratio(self) -> float | None:
+        if self.memory_used is None or not self.memory_total:
+            return None
+        return self.memory_used / self.memory_total
+
+
+class GpuBackend(Protocol):
+    """Every method returns plain values in base units or raises ``GpuError``."""
+
+    def init(self) -> None: ...
+    def shutdown(self) -> None: ...
+    def device_count(self) -> int: ...
+    def device_info(self, index: int) -> GpuInfo: ...
+    def memory(self, index: int) -> tuple[int, int]: ...  # used, total bytes
+    def utilization(self, index: int) -> tuple[float, float]: ...  # gpu, memory ratio
+    def temperature(self, index: int) -> float: ...
+    def memory_temperature(self, index: int) -> float: ...
+    def power(self, index: int) -> float: ...  # watts
+    def power_limit(self, index: int) -> float: ...
+    def clocks(self, index: int) -> tuple[float, float]: ...  # sm, memory hertz
+    def throttle_reasons(self, index: int) -> dict[str, bool]: ...
+    def ecc_errors(self, index: int) -> dict[tuple[str, str], int]: ...
+    def retired_pages(self, index: int) -> tuple[dict[str, int], bool]: ...  # by cause, pending
+    def remapped_rows(self, index: int) -> tuple[int, int, bool, bool]: ...  # corr, unc, pending, fail
+    def pcie_replays(self, index: int) -> int: ...
+    def compute_pids(self, index: int) -> list[int]: ...
+    def xid_events(self, timeout_s: float) -> list[XidEvent]: ...
+
+
+# NVML return codes (nvml.h); kept here so this module imports without pynvml.
+_NOT_SUPPORTED = {3, 4, 13, 25, 26}  # not supported, no permission, function not found, version, deprecated
+_GONE = {15, 16, 28, 999}  # GPU is lost, reset required, GPU not found, unknown error
+_GONE_TEXT = ("gpu is lost", "fallen off the bus", "unknown error")
+
+
+def error_kind(code: int | None, text: str = "") -> GpuErrorKind:
+    if code in _NOT_SUPPORTED:
+        return "not_supported"
+    if code in _GONE or any(t in text.lower() for t in _GONE_TEXT):
+        return "gone"
+    return "failed"
+
+
+def _text(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+class NvmlBackend:
+    """pynvml behind ``GpuBackend``. Handles are cached; every call maps NVMLError to GpuError."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._handles: dict[int, Any] = {}
+        self._events: Any = None
+        self._event_indices: dict[int, int] = {}
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        nv = self._nvml
+        try:
+            return fn(*args)
+        except nv.NVMLError as e:
+            code = getattr(e, "value", None)
+            raise GpuError(error_kind(code, str(e)), str(e), code=code) from e
+
+    def init(self) -> None:
+        try:
+            import pynvml
+        except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
+            raise GpuError("failed", f"pynvml not importable ({e})") from e
+        self._nvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            code = getattr(e, "value", None)
+            raise GpuError("failed", str(e), code=code) from e
+        except OSError as e:
+            raise GpuError("failed", str(e)) from e
+        self._setup_events()
+
+    def _setup_events(self) -> None:
+        nv = self._nvml
+        try:
+            self._events = nv.nvmlEventSetCreate()
+        except nv.NVMLError:
+            self._events = None
+            return
+        try:
+            count = self.device_count()
+        except GpuError:
+            return
+        for i in range(count):
+            try:
+                h = self._handle(i)
+                supported = nv.nvmlDeviceGetSupportedEventTypes(h)
+                if supported & nv.nvmlEventTypeXidCriticalError:
+                    nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._events)
+                    self._event_indices[i] = i
+            except (nv.NVMLError, GpuError):
+                continue
+
+    @property
+    def xid_supported(self) -> bool:
+        return bool(self._event_indices)
+
+    def shutdown(self) -> None:
+        nv = self._nvml
+        if nv is None:
+            return
+        try:
+            if self._events is not None:
+                nv.nvmlEventSetFree(self._events)
+            nv.nvmlShutdown()
+        except nv.NVMLError:
+            pass
+        self._events = None
+        self._handles.clear()
+
+    def _handle(self, index: int) -> Any:
+        h = self._handles.get(index)
+        if h is None:
+            h = self._call(self._nvml.nvmlDeviceGetHandleByIndex, index)
+            self._handles[index] = h
+        return h
+
+    def device_count(self) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetCount))
+
+    def device_info(self, index: int) -> GpuInfo:
+        nv, h = self._nvml, self._handle(index)
+        uuid = _text(self._call(nv.nvmlDeviceGetUUID, h))
+        name = _text(self._call(nv.nvmlDeviceGetName, h))
+        try:
+            bus = _text(self._call(nv.nvmlDeviceGetPciInfo, h).busId)
+        except GpuError as e:
+            if e.kind == "gone":
+                raise
+            bus = None
+        return GpuInfo(index=index, uuid=uuid, name=name, pci_bus_id=bus)
+
+    def memory(self, index: int) -> tuple[int, int]:
+        m = self._call(self._nvml.nvmlDeviceGetMemoryInfo, self._handle(index))
+        return int(m.used), int(m.total)
+
+    def utilization(self, index: int) -> tuple[float, float]:
+        u = self._call(self._nvml.nvmlDeviceGetUtilizationRates, self._handle(index))
+        return u.gpu / 100.0, u.memory / 100.0
+
+    def temperature(self, index: int) -> float:
+        nv = self._nvml
+        return float(self._call(nv.nvmlDeviceGetTemperature, self._handle(index), nv.NVML_TEMPERATURE_GPU))
+
+    def memory_temperature(self, index: int) -> float:
+        nv = self._nvml
+        v = self._call(nv.nvmlDeviceGetFieldValues, self._handle(index), [nv.NVML_FI_DEV_MEMORY_TEMP])[0]
+        if v.nvmlReturn != nv.NVML_SUCCESS:
+            raise GpuError(error_kind(v.nvmlReturn), f"memory temperature: NVML code {v.nvmlReturn}")
+        value = _field_value(nv, v)
+        if value <= 0:  # boards without an HBM sensor answer 0 rather than NOT_SUPPORTED
+            raise GpuError("not_supported", "memory temperature reads 0")
+        return value
+
+    def power(self, index: int) -> float:
+        return self._call(self._nvml.nvmlDeviceGetPowerUsage, self._handle(index)) / 1000.0
+
+    def power_limit(self, index: int) -> float:
+        return self._call(self._nvml.nvmlDeviceGetEnforcedPowerLimit, self._handle(index)) / 1000.0
+
+    def clocks(self, index: int) -> tuple[float, float]:
+        nv, h = self._nvml, self._handle(index)
+        sm = self._call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+        mem = self._call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
+        return sm * 1e6, mem * 1e6
+
+    def throttle_reasons(self, index: int) -> dict[str, bool]:
+        nv, h = self._nvml, self._handle(index)
+        try:
+            current = self._call(nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+        except GpuError as e:
+            if e.kind != "not_supported":
+                raise
+            current = self._call(nv.nvmlDeviceGetCurrentClocksThrottleReasons, h)  # drivers < 535
+        try:
+            supported = self._call(nv.nvmlDeviceGetSupportedClocksEventReasons, h)
+        except GpuError as e:
+            if e.kind == "gone":
+                raise
+            supported = sum(THROTTLE_BITS.values())
+        return {name: bool(current & bit) for name, bit in THROTTLE_BITS.items() if supported & bit}
+
+    def ecc_errors(self, index: int) -> dict[tuple[str, str], int]:
+        nv, h = self._nvml, self._handle(index)
+        out: dict[tuple[str, str], int] = {}
+        for tname, t in (
+            ("corrected", nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ("uncorrected", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+        ):
+            for sname, s in (("volatile", nv.NVML_VOLATILE_ECC), ("aggregate", nv.NVML_AGGREGATE_ECC)):
+                try:
+                    out[(tname, sname)] = int(self._call(nv.nvmlDeviceGetTotalEccErrors, h, t, s))
+                except GpuError as e:
+                    if e.kind != "not_supported":
+                        raise
+        if not out:
+            raise GpuError("not_supported", "ECC counters not supported (ECC off or not on this board)")
+        return out
+
+    def retired_pages(self, index: int) -> tuple[dict[str, int], bool]:
+        nv, h = self._nvml, self._handle(index)
+        counts = {
+            "single_bit_ecc": len(
+                self._call(
+                    nv.nvmlDeviceGetRetiredPages,
+                    h,
+                    nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+                )
+            ),
+            "double_bit_ecc": len(
+                self._call(
+                    nv.nvmlDeviceGetRetiredPages, h, nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+                )
+            ),
+        }
+        pending = bool(self._call(nv.nvmlDeviceGetRetiredPagesPendingStatus, h))
+        return counts, pending
+
+    def remapped_rows(self, index: int) -> tuple[int, int, bool, bool]:
+        corr, unc, pending, failure = self._call(self._nvml.nvmlDeviceGetRemappedRows, self._handle(index))
+        return int(corr), int(unc), bool(pending), bool(failure)
+
+    def pcie_replays(self, index: int) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetPcieReplayCounter, self._handle(index)))
+
+    def compute_pids(self, index: int) -> list[int]:
+        procs = self._call(self._nvml.nvmlDeviceGetComputeRunningProcesses, self._handle(index))
+        return [int(p.pid) for p in procs]
+
+    def xid_events(self, timeout_s: float) -> list[XidEvent]:
+        """Drain the event set: wait up to ``timeout_s`` for the first, then take what is queued."""
+        nv = self._nvml
+        if self._events is None or not self._event_indices:
+            return []
+        out: list[XidEvent] = []
+        wait_ms = max(0, int(timeout_s * 1000))
+        for _ in range(64):
+            try:
+                data = self._call(nv.nvmlEventSetWait_v2, self._events, wait_ms)
+            except GpuError as e:
+                if e.code == nv.NVML_ERROR_TIMEOUT:
+                    break
+                raise
+            wait_ms = 0
+            if not data.eventType & nv.nvmlEventTypeXidCriticalError:
+                continue
+            try:
+                gpu: int | None = int(nv.nvmlDeviceGetIndex(data.device))
+            except nv.NVMLError:
+                gpu = None
+            out.append(XidEvent(gpu=gpu, xid=int(data.eventData), time=time.time()))
+        return out
+
+
+def _field_value(nv: Any, v: Any) -> float:
+    t = v.valueType
+    if t == nv.NVML_VALUE_TYPE_DOUBLE:
+        return float(v.value.dVal)
+    if t == nv.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return float(v.value.ulVal)
+    if t == nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+        return float(v.value.ullVal)
+    if t == nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return float(v.value.sllVal)
+    if t == nv.NVML_VALUE_TYPE_SIGNED_INT:
+        return float(v.value.siVal)
+    return float(v.value.uiVal)

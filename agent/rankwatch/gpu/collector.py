@@ -1,0 +1,161 @@
+"""Prometheus metric families from GPU samples, for a custom prometheus-client collector.
+
+A reading the sample does not have produces no series at all: an unsupported memory
+temperature must not show up as 0 C in Grafana. NVML's cumulative counters (ECC, PCIe
+replays) are exported as counters; Xid counts are the events this agent saw since it
+started, labelled by a bounded ``xid`` value (see ``xid.xid_label``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from rankwatch.gpu.backend import GpuSample
+from rankwatch.gpu.xid import xid_label
+
+GPU_LABELS = ("run", "rank", "node", "gpu", "uuid")
+
+# metric name (after rankwatch_gpu_), help, GpuSample attribute
+_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("utilization_ratio", "Share of time a kernel ran on the GPU (NVML utilization.gpu)", "utilization"),
+    (
+        "memory_utilization_ratio",
+        "Share of time device memory was read or written (NVML utilization.memory)",
+        "memory_utilization",
+    ),
+    ("memory_used_bytes", "Device memory in use (all processes)", "memory_used"),
+    ("memory_total_bytes", "Device memory in total", "memory_total"),
+    ("temperature_celsius", "GPU core temperature", "temperature"),
+    (
+        "memory_temperature_celsius",
+        "GPU memory (HBM) temperature, where the board reports it",
+        "memory_temperature",
+    ),
+    ("power_watts", "Power draw", "power"),
+    ("power_limit_watts", "Enforced power limit", "power_limit"),
+    ("sm_clock_hertz", "Current SM clock", "sm_clock"),
+    ("memory_clock_hertz", "Current memory clock", "memory_clock"),
+)
+
+
+def _gauge(name: str, doc: str, extra: Sequence[str] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"rankwatch_gpu_{name}", doc, labels=[*GPU_LABELS, *extra])
+
+
+def _counter(name: str, doc: str, extra: Sequence[str] = ()) -> CounterMetricFamily:
+    return CounterMetricFamily(f"rankwatch_gpu_{name}", doc, labels=[*GPU_LABELS, *extra])
+
+
+def gpu_metric_families(
+    samples_by_rank: Mapping[Any, Sequence[GpuSample]],
+    identity_labels: Mapping[str, str],
+    *,
+    up: bool | None = None,
+) -> list[Metric]:
+    """Families for the latest samples of each rank (key: rank number, or None/"" if unknown).
+
+    ``identity_labels`` gives ``run`` and ``node`` (``Identity.labels()`` fits); ``up`` is the
+    sampler's ``up`` (default: whether any sample is present).
+    """
+    run = str(identity_labels.get("run", ""))
+    node = str(identity_labels.get("node", ""))
+    if up is None:
+        up = any(samples_by_rank.values())
+    up_family = GaugeMetricFamily(
+        "rankwatch_gpu_collector_up",
+        "1 when NVML initialised and answers, 0 when GPU metrics are unavailable",
+        labels=["run", "rank", "node"],
+    )
+    up_family.add_metric([run, str(identity_labels.get("rank", "")), node], 1.0 if up else 0.0)
+
+    gauges = {attr: _gauge(name, doc) for name, doc, attr in _GAUGES}
+    lost = _gauge("lost", "1 when NVML reports the GPU lost (fallen off the bus)")
+    throttle = _gauge("throttle_reason", "1 while this clock-event (throttle) reason is active", ["reason"])
+    ecc = _counter(
+        "ecc_errors_total",
+        "ECC errors counted by NVML (volatile: since driver load; aggregate: lifetime)",
+        ["type", "scope"],
+    )
+    retired = _gauge("retired_pages", "Memory pages retired, by cause (pre-Ampere GPUs)", ["cause"])
+    retired_pending = _gauge("retired_pages_pending", "1 when a page retirement waits for a GPU reset")
+    remapped = _gauge("remapped_rows", "Memory rows remapped, by error type (Ampere and later)", ["type"])
+    remap_pending = _gauge("remapped_rows_pending", "1 when a row remapping waits for a GPU reset")
+    remap_failure = _gauge("remapped_rows_failure", "1 when a row remapping failed")
+    replays = _counter("pcie_replay_total", "PCIe replay counter")
+    xids = _counter("xid_errors_total", "Xid critical-error events seen by this agent", ["xid"])
+
+    for rank, samples in samples_by_rank.items():
+        rank_label = "" if rank is None else str(rank)
+        for s in samples:
+            base = [run, rank_label, node, str(s.index), s.uuid or ""]
+            lost.add_metric(base, 1.0 if s.lost else 0.0)
+            by_label: Counter[str] = Counter()
+            for x, n in s.xid_counts.items():
+                by_label[xid_label(x)] += n
+            for label in sorted(by_label, key=lambda v: (v == "other", int(v) if v.isdigit() else 0)):
+                xids.add_metric([*base, label], float(by_label[label]))
+            if s.lost:
+                continue
+            for attr, fam in gauges.items():
+                v = getattr(s, attr)
+                if v is not None:
+                    fam.add_metric(base, float(v))
+            for reason, on in sorted((s.throttle or {}).items()):
+                throttle.add_metric([*base, reason], 1.0 if on else 0.0)
+            for (etype, scope), n in sorted((s.ecc or {}).items()):
+                ecc.add_metric([*base, etype, scope], float(n))
+            for cause, n in sorted((s.retired_pages or {}).items()):
+                retired.add_metric([*base, cause], float(n))
+            if s.retired_pages_pending is not None:
+                retired_pending.add_metric(base, float(s.retired_pages_pending))
+            for etype, n in sorted((s.remapped_rows or {}).items()):
+                remapped.add_metric([*base, etype], float(n))
+            if s.remap_pending is not None:
+                remap_pending.add_metric(base, float(s.remap_pending))
+            if s.remap_failure is not None:
+                remap_failure.add_metric(base, float(s.remap_failure))
+            if s.pcie_replays is not None:
+                replays.add_metric(base, float(s.pcie_replays))
+
+    families: list[Metric] = [
+        up_family,
+        lost,
+        *gauges.values(),
+        throttle,
+        ecc,
+        retired,
+        retired_pending,
+        remapped,
+        remap_pending,
+        remap_failure,
+        replays,
+        xids,
+    ]
+    return [f for f in families if f.samples or f is up_family]
+
+
+class GpuCollector:
+    """A prometheus-client custom collector: ``registry.register(GpuCollector(...))``.
+
+    ``source`` returns ``(samples_by_rank, up)`` at scrape time, e.g.
+    ``lambda: ({identity.rank: sampler.latest()}, sampler.up)``.
+    """
+
+    def __init__(
+        self,
+        source: Callable[[], tuple[Mapping[Any, Sequence[GpuSample]], bool]],
+        identity_labels: Mapping[str, str],
+    ) -> None:
+        self.source = source
+        self.identity_labels = dict(identity_labels)
+
+    def collect(self) -> Iterable[Metric]:
+        samples_by_rank, up = self.source()
+        return gpu_metric_families(samples_by_rank, self.identity_labels, up=up)
+
+    def describe(self) -> Iterable[Metric]:
+        return []

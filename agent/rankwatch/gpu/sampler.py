@@ -1,0 +1,440 @@
+"""Periodic GPU samples for the live agent, safe against missing, partial and hung drivers.
+
+NVML calls run in one daemon thread at a time, awaited with a timeout. A daemon thread
+rather than ``asyncio.to_thread``: executor workers are joined at interpreter exit, so a
+driver call hung for good would keep the agent from exiting. While a call is still hung,
+later samples are skipped instead of starting more threads that would hang as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rankwatch.gpu import GpuConfig
+from rankwatch.gpu.backend import FIELDS, GpuBackend, GpuError, GpuInfo, GpuSample, NvmlBackend
+from rankwatch.identity import LOCAL_RANK_VARS
+
+log = logging.getLogger("rankwatch.gpu")
+
+T = TypeVar("T")
+_NO_DEVICES = frozenset({"", "nodevfiles", "none", "void"})
+
+
+class NvmlBusy(RuntimeError):
+    """An earlier NVML call has not returned yet."""
+
+
+def _parse_visible(value: str, devices: Sequence[GpuInfo]) -> list[int]:
+    """CUDA_VISIBLE_DEVICES as NVML indices. Like CUDA, parsing stops at the first bad entry.
+
+    Integer entries are CUDA ordinals, which match NVML's PCI order on nodes of identical
+    GPUs (CUDA breaks FASTEST_FIRST ties by PCI bus id). ``MIG-`` entries cannot be tied to
+    a parent GPU without more NVML calls and stop the list.
+    """
+    out: list[int] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if entry.isdigit():
+            idx = int(entry)
+            if devices and idx >= len(devices):
+                break
+            out.append(idx)
+        elif entry.upper().startswith("GPU-"):
+            match = [d.index for d in devices if d.uuid and d.uuid.lower().startswith(entry.lower())]
+            if len(match) != 1:
+                break
+            out.append(match[0])
+        else:
+            break
+    return out
+
+
+def map_pids_to_gpus(
+    pids: Iterable[int],
+    env: Mapping[str, str],
+    *,
+    processes: Mapping[int, Iterable[int]] | None = None,
+    devices: Sequence[GpuInfo] = (),
+) -> list[int] | None:
+    """The NVML indices of the GPUs the watched processes use; ``None`` when unknown.
+
+    First NVML's compute-process lists (``processes``: GPU index -> PIDs; pass the whole
+    process tree, the launcher's children hold the contexts); then the rank's
+    ``CUDA_VISIBLE_DEVICES`` (one entry per local rank when it lists several and a local
+    rank is known); then the local rank alone. An empty list means "no GPU visible".
+    """
+    wanted = set(pids)
+    if processes:
+        hit = sorted(i for i, ps in processes.items() if wanted.intersection(ps))
+        if hit:
+            return hit
+    local: int | None = None
+    for name in LOCAL_RANK_VARS:
+        v = env.get(name, "").strip()
+        if v.isdigit():
+            local = int(v)
+            break
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        if cvd.strip().lower() in _NO_DEVICES:
+            return []
+        visible = _parse_visible(cvd, devices)
+        if len(visible) > 1 and local is not None and local < len(visible):
+            return [visible[local]]
+        if visible:
+            return visible
+    if local is not None and (not devices or local < len(devices)):
+        return [local]
+    return None
+
+
+@dataclass
+class _Lost:
+    reason: str
+    probed: float
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
+
+
+class GpuSampler:
+    """Samples the watched GPUs; ``start`` once, then ``sample_once`` or ``run``, then ``close``."""
+
+    def __init__(
+        self,
+        cfg: GpuConfig | None = None,
+        *,
+        backend: GpuBackend | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg or GpuConfig()
+        self.backend: GpuBackend = backend if backend is not None else NvmlBackend()
+        self.clock = clock
+        self.available = False
+        self.reason: str | None = None
+        self.devices: dict[int, GpuInfo] = {}
+        self.watched: list[int] | None = None  # None: every device
+        self.timeouts = 0
+        self.skipped = 0
+        self.errors = 0
+        self._busy: asyncio.Future[Any] | None = None
+        self._hung = False
+        self._latest: list[GpuSample] = []
+        self._lost: dict[int, _Lost] = {}
+        self._unsupported: dict[int, set[str]] = {}
+        self._logged: set[tuple[str, str]] = set()
+        self._xid_counts: dict[int, Counter[int]] = {}
+        self._xid_off = False
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def up(self) -> bool:
+        """What ``rankwatch_gpu_collector_up`` reports: NVML initialised and not hung now."""
+        return self.available and not self._hung
+
+    async def start(self) -> bool:
+        """Initialise NVML; on failure log one line and stay disabled (everything else runs on)."""
+        if not self.cfg.enabled:
+            self.reason = "disabled in the configuration"
+            log.info("GPU sampling disabled in the configuration")
+            return False
+        try:
+            infos = await self._in_thread(self._init)
+        except asyncio.TimeoutError:
+            self.reason = f"nvmlInit did not return within {self.cfg.call_timeout:g}s"
+        except GpuError as e:
+            self.reason = str(e) or e.kind
+        except Exception as e:  # a broken binding must not take the agent down
+            self.reason = f"{type(e).__name__}: {e}"
+        else:
+            if not infos:
+                self.reason = "no GPU visible to NVML"
+            else:
+                self.devices = {i.index: i for i in infos}
+                self.available = True
+                if self.cfg.devices:
+                    self.watch(self.cfg.devices)
+                names = sorted({i.name for i in infos if i.name})
+                log.info("NVML: %d GPU(s) %s", len(infos), ", ".join(names))
+                return True
+        log.warning("NVML not available: %s; GPU metrics disabled", self.reason)
+        return False
+
+    def _init(self) -> list[GpuInfo]:
+        self.backend.init()
+        infos: list[GpuInfo] = []
+        for i in range(self.backend.device_count()):
+            try:
+                infos.append(self.backend.device_info(i))
+            except GpuError as e:
+                infos.append(GpuInfo(index=i))
+                if e.kind == "gone":
+                    self._mark_lost(i, str(e), self.clock())
+        return infos
+
+    async def close(self) -> None:
+        if not self.available:
+            return
+        self.available = False
+        try:
+            await self._in_thread(self.backend.shutdown)
+        except (asyncio.TimeoutError, NvmlBusy, GpuError):
+            pass
+
+    # --- which GPUs ----------------------------------------------------------------------
+
+    def watch(self, gpus: Iterable[int | str] | None) -> list[int]:
+        """Watch these GPUs (NVML indices or UUID prefixes); ``None`` or nothing known: all."""
+        if gpus is None:
+            self.watched = None
+            return sorted(self.devices)
+        chosen: list[int] = []
+        for g in gpus:
+            s = str(g).strip()
+            if s.isdigit() and int(s) in self.devices:
+                chosen.append(int(s))
+                continue
+            hit = [d.index for d in self.devices.values() if d.uuid and d.uuid.lower().startswith(s.lower())]
+            if len(hit) == 1:
+                chosen.append(hit[0])
+            else:
+                log.warning("GPU %r is not among NVML's devices; ignored", s)
+        self.watched = sorted(set(chosen)) if chosen else None
+        return sorted(self.devices) if self.watched is None else list(self.watched)
+
+    async def gpus_of(self, pids: Iterable[int], env: Mapping[str, str]) -> list[int] | None:
+        """The GPUs of one process tree (see ``map_pids_to_gpus``); ``None`` when unknown."""
+        if not self.available:
+            return []
+        try:
+            procs: dict[int, list[int]] | None = await self._in_thread(self._compute_pids)
+        except (asyncio.TimeoutError, NvmlBusy):
+            procs = None
+        mapped = map_pids_to_gpus(
+            list(pids), env, processes=procs, devices=[self.devices[i] for i in sorted(self.devices)]
+        )
+        return None if mapped is None else [i for i in mapped if i in self.devices]
+
+    async def watch_pids(self, pids: Iterable[int], env: Mapping[str, str]) -> list[int]:
+        """Point the sampler at the GPUs of the watched process tree.
+
+        Configured ``devices`` win. When nothing maps, every GPU is watched.
+        """
+        if not self.available:
+            return []
+        if self.cfg.devices:
+            return self.watch(self.cfg.devices)
+        mapped = await self.gpus_of(pids, env)
+        if mapped is None:
+            return self.watch(None)
+        self.watched = mapped
+        return list(self.watched)
+
+    def _compute_pids(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for i in self.devices:
+            if i in self._lost:
+                continue
+            try:
+                out[i] = self.backend.compute_pids(i)
+            except GpuError:
+                continue
+        return out
+
+    # --- sampling ------------------------------------------------------------------------
+
+    def latest(self) -> list[GpuSample]:
+        return list(self._latest)
+
+    async def sample_once(self) -> list[GpuSample]:
+        """One sample of every watched GPU; ``[]`` when disabled, timed out or still hung."""
+        if not self.available:
+            return []
+        indices = sorted(self.devices) if self.watched is None else list(self.watched)
+        try:
+            samples = await self._in_thread(self._collect, indices)
+        except NvmlBusy:
+            self.skipped += 1
+            return []
+        except asyncio.TimeoutError:
+            return []
+        self._latest = samples
+        return samples
+
+    async def run(
+        self, on_samples: Callable[[list[GpuSample]], object], stop: asyncio.Event | None = None
+    ) -> None:
+        """Sample every ``interval`` until ``stop`` is set; ``on_samples`` must not block."""
+        if not self.available:
+            return
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            started = loop.time()
+            try:
+                samples = await self.sample_once()
+                if samples:
+                    on_samples(samples)
+            except Exception:
+                self.errors += 1
+                log.exception("GPU sampling round failed")
+            delay = max(0.0, self.cfg.interval - (loop.time() - started))
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    def _collect(self, indices: Sequence[int]) -> list[GpuSample]:
+        now = self.clock()
+        samples = [self._read_gpu(i, now) for i in indices]
+        by_index = {s.index: s for s in samples}
+        for ev in self._xid_events():
+            counts = self._xid_counts.setdefault(ev.gpu if ev.gpu is not None else -1, Counter())
+            counts[ev.xid] += 1
+            s = by_index.get(ev.gpu) if ev.gpu is not None else None
+            if s is not None:
+                s.xids.append(ev.xid)
+            else:
+                log.info("Xid %d on GPU %s, which this agent does not watch", ev.xid, ev.gpu)
+        for s in samples:
+            s.xid_counts = dict(self._xid_counts.get(s.index, {}))
+        return samples
+
+    def _xid_events(self) -> list[Any]:
+        if self._xid_off:
+            return []
+        try:
+            return self.backend.xid_events(self.cfg.xid_wait)
+        except GpuError as e:
+            if e.kind == "not_supported":
+                self._xid_off = True
+            self._log_once("xid", e.kind, "Xid events: %s (%s)", e.kind.replace("_", " "), e)
+            return []
+
+    def _read_gpu(self, i: int, now: float) -> GpuSample:
+        info = self.devices.get(i) or GpuInfo(index=i)
+        s = GpuSample(index=i, time=now, uuid=info.uuid, name=info.name)
+        lost = self._lost.get(i)
+        if lost is not None:
+            if now - lost.probed < self.cfg.lost_reprobe:
+                s.lost, s.lost_reason = True, lost.reason
+                return s
+            lost.probed = now
+        skip = self._unsupported.setdefault(i, set())
+        for name in FIELDS:
+            if name in skip:
+                continue
+            try:
+                value = getattr(self.backend, name)(i)
+            except GpuError as e:
+                if e.kind == "gone":
+                    self._mark_lost(i, str(e), now)
+                    s = GpuSample(index=i, time=now, uuid=info.uuid, name=info.name)
+                    s.lost, s.lost_reason = True, str(e)
+                    return s
+                if e.kind == "not_supported":
+                    skip.add(name)
+                    self._log_once(
+                        name, "not_supported", "GPU %d: %s not supported (%s); skipped", i, name, e
+                    )
+                else:
+                    self.errors += 1
+                    self._log_once(name, "failed", "GPU %d: reading %s failed (%s); retried", i, name, e)
+                continue
+            except Exception as e:
+                self.errors += 1
+                self._log_once(name, "failed", "GPU %d: reading %s raised %r; retried", i, name, e)
+                continue
+            _assign(s, name, value)
+        if self._lost.pop(i, None) is not None:
+            log.warning("GPU %d answers NVML again", i)
+        return s
+
+    def _mark_lost(self, i: int, reason: str, now: float) -> None:
+        if i not in self._lost:
+            log.error("GPU %d is lost: %s", i, reason)
+        self._lost[i] = _Lost(reason=reason, probed=now)
+
+    def _log_once(self, what: str, kind: str, msg: str, *args: Any) -> None:
+        if (what, kind) in self._logged:
+            return
+        self._logged.add((what, kind))
+        (log.info if kind == "not_supported" else log.warning)(msg, *args)
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run one NVML job in a daemon thread; only one may be outstanding at a time."""
+        if self._busy is not None and not self._busy.done():
+            raise NvmlBusy(getattr(fn, "__name__", "nvml"))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def work() -> None:
+            result: Any = None
+            exc: BaseException | None = None
+            try:
+                result = fn(*args)
+            except BaseException as e:
+                exc = e
+            try:
+                loop.call_soon_threadsafe(_settle, fut, result, exc)
+            except RuntimeError:  # the loop closed while the call hung
+                pass
+
+        self._busy = fut
+        threading.Thread(target=work, name="rankwatch-nvml", daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.cfg.call_timeout)
+        except asyncio.TimeoutError:
+            self.timeouts += 1
+            if not self._hung:
+                self._hung = True
+                log.warning(
+                    "NVML did not answer within %gs (%s); GPU samples are skipped until it does",
+                    self.cfg.call_timeout,
+                    getattr(fn, "__name__", "nvml"),
+                )
+            fut.add_done_callback(self._unhang)
+            raise
+
+    def _unhang(self, fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled():
+            fut.exception()  # retrieved, so asyncio does not warn about it
+        if self._hung:
+            self._hung = False
+            log.warning("NVML answers again")
+
+
+def _assign(s: GpuSample, name: str, v: Any) -> None:
+    if name == "memory":
+        s.memory_used, s.memory_total = int(v[0]), int(v[1])
+    elif name == "utilization":
+        s.utilization, s.memory_utilization = float(v[0]), float(v[1])
+    elif name == "clocks":
+        s.sm_clock, s.memory_clock = float(v[0]), float(v[1])
+    elif name == "throttle_reasons":
+        s.throttle = dict(v)
+    elif name == "ecc_errors":
+        s.ecc = dict(v)
+    elif name == "retired_pages":
+        s.retired_pages, s.retired_pages_pending = dict(v[0]), bool(v[1])
+    elif name == "remapped_rows":
+        s.remapped_rows = {"correctable": int(v[0]), "uncorrectable": int(v[1])}
+        s.remap_pending, s.remap_failure = bool(v[2]), bool(v[3])
+    elif name == "pcie_replays":
+        s.pcie_replays = int(v)
+    else:  # temperature, memory_temperature, power, power_limit
+        setattr(s, name, float(v))

@@ -1,0 +1,526 @@
+"""GPU telemetry with the scripted fake backend: sampler, findings, PID mapping, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from rankwatch.detectors.gpu import (
+    ACTIVITY_BUSY,
+    ACTIVITY_IDLE,
+    ACTIVITY_SPINNING,
+    ACTIVITY_UNKNOWN,
+    GpuDetector,
+    gpu_activity,
+    staircase_step,
+)
+from rankwatch.gpu import GpuConfig, GpuInfo, GpuSample
+from rankwatch.gpu.backend import error_kind
+from rankwatch.gpu.collector import GpuCollector, gpu_metric_families
+from rankwatch.gpu.fake import (
+    H100_TOTAL,
+    FakeBackend,
+    FakeGpu,
+    GiB,
+    MiB,
+    const,
+    healthy,
+    heat_up,
+    leak,
+    lost,
+    seq,
+    throttle,
+    unsupported,
+)
+from rankwatch.gpu.sampler import GpuSampler, map_pids_to_gpus
+from rankwatch.records import Finding, Severity
+
+INTERVAL = 5.0
+LABELS = {"run": "llama-7b", "rank": "0", "node": "gpu-node-01"}
+
+
+def drive(
+    gpus: list[FakeGpu], ticks: int, cfg: GpuConfig | None = None
+) -> tuple[list[tuple[int, Finding]], GpuSampler, FakeBackend]:
+    """Sample the fake every tick (5 s apart on the sampler's clock) through the detector."""
+    cfg = cfg or GpuConfig()
+    fb = FakeBackend(gpus)
+    sampler = GpuSampler(cfg, backend=fb, clock=lambda: 1000.0 + fb.tick * INTERVAL)
+    det = GpuDetector(cfg, rank=0)
+
+    async def go() -> list[tuple[int, Finding]]:
+        assert await sampler.start()
+        out: list[tuple[int, Finding]] = []
+        for t in range(ticks):
+            out.extend((t, f) for f in det.observe_all(await sampler.sample_once()))
+            fb.advance()
+        return out
+
+    return asyncio.run(go()), sampler, fb
+
+
+def kinds(findings: list[tuple[int, Finding]]) -> list[tuple[str, bool]]:
+    return [(f.kind, f.resolved) for _, f in findings]
+
+
+# --- scripted sequences -> findings -------------------------------------------------------
+
+
+def test_healthy_gpus_stay_silent() -> None:
+    findings, sampler, _ = drive([healthy(0), healthy(1)], 120)
+    assert findings == []
+    s = sampler.latest()[0]
+    assert s.temperature == 62.0 and s.memory_total == H100_TOTAL and s.utilization == 0.98
+    assert s.ecc is not None and s.ecc[("uncorrected", "volatile")] == 0
+
+
+def test_heat_up_fires_overheat_once_then_resolves() -> None:
+    findings, _, _ = drive([heat_up(0, start=65, peak=92, over=5, cool_at=20)], 40)
+    assert kinds(findings) == [("gpu_overheat", False), ("gpu_overheat", True)]
+    (t_fire, fire), (t_clear, _) = findings
+    # 86.6 C from tick 4: six samples in a row at or above 85 C -> tick 9.
+    assert t_fire == 9
+    assert fire.severity == Severity.WARNING and fire.rank == 0
+    assert "92 C" in fire.message and "85 C" in fire.message and "cooling" in fire.message
+    assert fire.evidence["gpu"] == 0 and fire.evidence["uuid"].startswith("GPU-")
+    assert t_clear == 22  # cooled at 20, three cool samples
+
+
+def test_short_heat_spike_is_not_overheat() -> None:
+    temps = [60.0] * 10 + [90.0] * 4 + [60.0] * 30
+    findings, _, _ = drive([healthy(0, fields={"temperature": seq(temps)})], len(temps))
+    assert findings == []
+
+
+def test_overheat_resolves_only_below_the_hysteresis_band() -> None:
+    temps = [90.0] * 8 + [82.0] * 10 + [70.0] * 5
+    findings, _, _ = drive([healthy(0, fields={"temperature": seq(temps)})], len(temps))
+    assert [(t, f.resolved) for t, f in findings] == [(5, False), (20, True)]
+
+
+def test_thermal_throttle_window_fires_once_and_resolves() -> None:
+    findings, _, _ = drive([throttle(0, begin=3, end=15)], 30)
+    assert kinds(findings) == [("gpu_throttle", False), ("gpu_throttle", True)]
+    fire = findings[0][1]
+    assert findings[0][0] == 8
+    assert "hw_thermal_slowdown" in fire.message and "1100 MHz" in fire.message
+
+
+def test_power_cap_alone_is_not_a_throttle_finding() -> None:
+    findings, sampler, _ = drive([throttle(0, begin=0, end=100, reason="sw_power_cap")], 30)
+    assert findings == []
+    assert sampler.latest()[0].throttle == {
+        "gpu_idle": False,
+        "sw_power_cap": True,
+        "hw_slowdown": False,
+        "sw_thermal_slowdown": False,
+        "hw_thermal_slowdown": False,
+    }
+
+
+def test_leak_staircase_fires_once_with_slope_and_resolves_on_plateau() -> None:
+    cfg = GpuConfig(leak_window=24, warmup_samples=4)
+    findings, _, _ = drive([leak(0, step=96 * MiB, every=2, begin=0, end=60)], 100, cfg)
+    assert kinds(findings) == [("gpu_memory_leak", False), ("gpu_memory_leak", True)]
+    (t_fire, fire), (t_clear, _) = findings
+    assert t_fire == 23  # first full window after warm-up
+    # 96 MiB every other 5 s sample: 48 MiB per sample, 576 MiB per minute.
+    assert fire.evidence["step_bytes"] == 96 * MiB
+    assert fire.evidence["slope_bytes_per_sample"] == pytest.approx(48 * MiB, rel=0.05)
+    assert fire.evidence["slope_bytes_per_minute"] == pytest.approx(576 * MiB, rel=0.05)
+    assert "MiB per sample" in fire.message and "MiB/min" in fire.message
+    assert "full in about" in fire.message
+    assert 60 < t_clear < 80
+
+
+def test_warmup_ramp_then_plateau_is_not_a_leak() -> None:
+    # Allocator warm-up: big early steps that level off, then a flat line for good.
+    used = [int(20 * GiB + min(t, 8) * 900 * MiB) for t in range(80)]
+    findings, _, _ = drive(
+        [healthy(0, fields={"memory": seq([(u, H100_TOTAL) for u in used])})],
+        80,
+        GpuConfig(leak_window=24, warmup_samples=0),
+    )
+    assert findings == []
+
+
+def test_staircase_shapes() -> None:
+    kw = {"min_steps": 4, "min_growth": 256 * MiB}
+    stairs = [10 * GiB + (i // 2) * 64 * MiB for i in range(24)]
+    assert staircase_step(stairs, **kw) == 64 * MiB
+    plateau = [10 * GiB + min(i, 6) * 128 * MiB for i in range(24)]
+    assert staircase_step(plateau, **kw) is None
+    sawtooth = [10 * GiB + (i % 4) * 256 * MiB for i in range(24)]
+    assert staircase_step(sawtooth, **kw) is None
+    one_jump = [10 * GiB] * 12 + [14 * GiB] * 12
+    assert staircase_step(one_jump, **kw) is None
+    uneven = [10 * GiB + s * MiB for s in (0, 16, 32, 48, 1600, 1616, 1632, 1648, 3000, 3016, 3032, 3048)]
+    assert staircase_step(uneven, **kw) is None  # two huge jumps among small steps
+
+
+def test_memory_pressure_fires_once_and_resolves() -> None:
+    full = (int(H100_TOTAL * 0.97), H100_TOTAL)
+    ok = (int(H100_TOTAL * 0.80), H100_TOTAL)
+    mem = seq([ok] * 5 + [full] * 15 + [ok] * 10)
+    findings, _, _ = drive([healthy(0, fields={"memory": mem})], 30)
+    assert kinds(findings) == [("gpu_memory_pressure", False), ("gpu_memory_pressure", True)]
+    assert findings[0][0] == 10
+    assert "97%" in findings[0][1].message and "out-of-memory" in findings[0][1].message
+
+
+def test_xid_79_fires_once_with_meaning_and_resolves_after_quiet() -> None:
+    cfg = GpuConfig(xid_quiet=60.0)
+    gpu = healthy(0, xids={3: [79], 5: [79]})
+    findings, sampler, _ = drive([gpu], 30, cfg)
+    assert kinds(findings) == [("xid", False), ("xid", True)]
+    (t_fire, fire), (t_clear, clear) = findings
+    assert t_fire == 3 and fire.severity == Severity.CRITICAL
+    assert "Xid 79" in fire.message and "fallen off the bus" in fire.message
+    assert fire.evidence["xid"] == 79
+    assert t_clear == 5 + 12  # 60 s after the last Xid 79
+    assert clear.severity == Severity.CRITICAL
+    assert sampler.latest()[0].xid_counts == {79: 2}
+
+
+def test_application_xid_is_a_warning_and_a_new_xid_fires_in_the_same_episode() -> None:
+    findings, _, _ = drive([healthy(0, xids={2: [13], 4: [13, 31], 6: [48]})], 10)
+    fired = [(f.evidence["xid"], f.severity) for _, f in findings if not f.resolved]
+    assert fired == [(13, Severity.WARNING), (31, Severity.WARNING), (48, Severity.CRITICAL)]
+
+
+def test_lost_gpu_is_one_critical_finding_and_other_gpus_keep_sampling() -> None:
+    cfg = GpuConfig(lost_reprobe=20.0)
+    findings, _, fb = drive([healthy(0), lost(1, at=3, back_at=10)], 14, cfg)
+    assert kinds(findings) == [("gpu_lost", False), ("gpu_lost", True)]
+    (t_lost, f), (t_back, _) = findings
+    assert t_lost == 3 and f.severity == Severity.CRITICAL and f.evidence["gpu"] == 1
+    assert "GPU is lost" in f.message and "drain" in f.message
+    # Reprobed every 4 ticks (20 s): 7 still lost, 11 answers again.
+    assert t_back == 11
+    # GPU 0 read every tick; GPU 1 while alive (0-2, 11-13), when lost (3) and at the failed reprobe (7).
+    assert fb.calls["memory"] == 14 + (3 + 2 + 3)
+
+
+def test_lost_gpu_samples_carry_no_readings() -> None:
+    _, sampler, _ = drive([healthy(0), lost(1, at=0)], 3)
+    s0, s1 = sampler.latest()
+    assert not s0.lost and s0.temperature is not None
+    assert s1.lost and s1.lost_reason == "GPU is lost" and s1.temperature is None and s1.memory_used is None
+
+
+def test_uncorrectable_ecc_increase_fires_and_resolves() -> None:
+    def ecc(unc: int) -> dict[tuple[str, str], int]:
+        return {("uncorrected", "volatile"): unc, ("uncorrected", "aggregate"): unc + 5}
+
+    script = seq([ecc(2)] * 5 + [ecc(3)] * 10)  # 2 already there when the agent starts
+    findings, _, _ = drive([healthy(0, fields={"ecc_errors": script})], 15)
+    assert kinds(findings) == [("ecc_error", False), ("ecc_error", True)]
+    assert findings[0][0] == 5 and findings[0][1].severity == Severity.CRITICAL
+    assert "from 2 to 3" in findings[0][1].message
+
+
+def test_pending_remap_then_failure_escalates() -> None:
+    rows = seq([(0, 0, False, False)] * 2 + [(0, 1, True, False)] * 3 + [(0, 1, True, True)] * 3)
+    findings, _, _ = drive([healthy(0, fields={"remapped_rows": rows})], 8)
+    assert [(f.kind, f.severity) for _, f in findings] == [
+        ("ecc_error", Severity.WARNING),
+        ("ecc_error", Severity.CRITICAL),
+    ]
+
+
+# --- degraded backends -----------------------------------------------------------------------
+
+
+def test_not_supported_fields_are_skipped_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="rankwatch.gpu")
+    names = ("memory_temperature", "ecc_errors", "retired_pages")
+    findings, sampler, fb = drive([unsupported(0, names), unsupported(1, names)], 6)
+    assert findings == []
+    for s in sampler.latest():
+        assert s.memory_temperature is None and s.ecc is None and s.retired_pages is None
+        assert s.temperature == 62.0 and s.remapped_rows == {"correctable": 0, "uncorrectable": 0}
+    assert fb.calls["memory_temperature"] == 2  # once per GPU, never again
+    assert fb.calls["temperature"] == 12
+    for name in names:
+        assert sum(f"{name} not supported" in r.getMessage() for r in caplog.records) == 1
+    text = exposition({0: sampler.latest()}, up=sampler.up)
+    assert "rankwatch_gpu_memory_temperature_celsius" not in text
+    assert "rankwatch_gpu_ecc_errors_total" not in text
+    assert "rankwatch_gpu_temperature_celsius{" in text
+
+
+def test_xid_events_not_supported_disable_the_event_wait() -> None:
+    fb = FakeBackend([healthy(0)], xid_supported=False)
+    sampler = GpuSampler(backend=fb)
+
+    async def go() -> None:
+        assert await sampler.start()
+        for _ in range(3):
+            assert len(await sampler.sample_once()) == 1
+
+    asyncio.run(go())
+    assert fb.calls["xid_events"] == 1
+
+
+def test_hung_call_returns_within_timeout_and_does_not_pile_up_threads() -> None:
+    release = threading.Event()
+    fb = FakeBackend([healthy(0, hang={"temperature": release})])
+    sampler = GpuSampler(GpuConfig(call_timeout=0.2), backend=fb)
+
+    def nvml_threads() -> int:
+        return sum(t.name == "rankwatch-nvml" for t in threading.enumerate())
+
+    async def go() -> None:
+        assert await sampler.start()
+        t0 = time.monotonic()
+        assert await sampler.sample_once() == []
+        assert time.monotonic() - t0 < 1.0
+        assert not sampler.up and sampler.timeouts == 1
+        t0 = time.monotonic()
+        for _ in range(3):
+            assert await sampler.sample_once() == []
+        assert time.monotonic() - t0 < 0.1
+        assert sampler.skipped == 3 and fb.calls["temperature"] == 1 and nvml_threads() == 1
+        release.set()
+        for _ in range(200):
+            if sampler.up:
+                break
+            await asyncio.sleep(0.01)
+        assert sampler.up
+        fb.gpus[0].hang.clear()
+        samples = await sampler.sample_once()
+        assert len(samples) == 1 and samples[0].temperature == 62.0
+
+    try:
+        asyncio.run(go())
+    finally:
+        release.set()
+
+
+def test_no_nvml_logs_one_line_and_exports_collector_down(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="rankwatch.gpu")
+    fb = FakeBackend([], init_error="NVML Shared Library Not Found")
+    sampler = GpuSampler(backend=fb)
+
+    async def go() -> list[GpuSample]:
+        assert not await sampler.start()
+        return await sampler.sample_once()
+
+    assert asyncio.run(go()) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "NVML not available: NVML Shared Library Not Found; GPU metrics disabled"
+    ]
+    assert caplog.records[0].levelno == logging.WARNING
+    families = gpu_metric_families({0: sampler.latest()}, LABELS, up=sampler.up)
+    assert [f.name for f in families] == ["rankwatch_gpu_collector_up"]
+    assert families[0].samples[0].value == 0.0
+    assert families[0].samples[0].labels == {"run": "llama-7b", "rank": "0", "node": "gpu-node-01"}
+
+
+def test_run_loop_samples_until_stopped() -> None:
+    fb = FakeBackend([healthy(0)])
+    sampler = GpuSampler(GpuConfig(interval=0.01), backend=fb)
+    got: list[list[GpuSample]] = []
+
+    async def go() -> None:
+        assert await sampler.start()
+        stop = asyncio.Event()
+        task = asyncio.create_task(sampler.run(got.append, stop))
+        for _ in range(200):
+            if len(got) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, 1.0)
+        await sampler.close()
+
+    asyncio.run(go())
+    assert len(got) >= 3 and fb.calls["shutdown"] == 1
+
+
+def test_error_kinds_from_nvml_codes() -> None:
+    assert error_kind(3) == "not_supported"
+    assert error_kind(15) == "gone"
+    assert error_kind(999, "Unknown Error") == "gone"
+    assert error_kind(None, "GPU has fallen off the bus") == "gone"
+    assert error_kind(12, "NVML Shared Library Not Found") == "failed"
+
+
+# --- PID -> GPU mapping ----------------------------------------------------------------------
+
+DEVICES = [GpuInfo(i, uuid=f"GPU-{i}abc{i}-0000-1111", name="H100") for i in range(8)]
+
+
+def test_pids_map_through_nvml_process_lists_first() -> None:
+    procs = {0: [111], 3: [4242, 999], 5: [4243]}
+    env = {"CUDA_VISIBLE_DEVICES": "6", "LOCAL_RANK": "6"}
+    assert map_pids_to_gpus([4242, 4243], env, processes=procs, devices=DEVICES) == [3, 5]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": "2,3", "LOCAL_RANK": "1"}, [3]),
+        ({"CUDA_VISIBLE_DEVICES": "5", "LOCAL_RANK": "3"}, [5]),  # one GPU per task (Slurm)
+        ({"CUDA_VISIBLE_DEVICES": "4,5"}, [4, 5]),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-2abc2,GPU-7abc7", "SLURM_LOCALID": "1"}, [7]),
+        ({"CUDA_VISIBLE_DEVICES": "1,MIG-abc,3"}, [1]),  # parsing stops like CUDA's
+        ({"CUDA_VISIBLE_DEVICES": "1,99"}, [1]),
+        ({"CUDA_VISIBLE_DEVICES": ""}, []),
+        ({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, []),
+        ({"LOCAL_RANK": "6"}, [6]),
+        ({"LOCAL_RANK": "9"}, None),
+        ({}, None),
+    ],
+)
+def test_pids_map_through_env_fallbacks(env: dict[str, str], expected: list[int] | None) -> None:
+    assert map_pids_to_gpus([4242], env, processes={0: [1]}, devices=DEVICES) == expected
+
+
+def test_sampler_watches_the_gpu_holding_the_pid() -> None:
+    gpus = [healthy(i, fields={"compute_pids": const([7000 + i])}) for i in range(4)]
+    fb = FakeBackend(gpus)
+    sampler = GpuSampler(backend=fb)
+
+    async def go() -> tuple[list[int], list[int], list[int]]:
+        assert await sampler.start()
+        by_pid = await sampler.watch_pids([1, 7002], {"LOCAL_RANK": "0"})
+        indices = [s.index for s in await sampler.sample_once()]
+        by_env = await sampler.watch_pids([1], {"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_RANK": "1"})
+        return by_pid, indices, by_env
+
+    assert asyncio.run(go()) == ([2], [2], [1])
+
+
+def test_configured_devices_win_and_accept_uuids() -> None:
+    fb = FakeBackend([healthy(i) for i in range(4)])
+    sampler = GpuSampler(GpuConfig(devices=["3", "GPU-00000001"]), backend=fb)
+
+    async def go() -> list[int]:
+        assert await sampler.start()
+        await sampler.watch_pids([1], {"LOCAL_RANK": "0"})
+        return [s.index for s in await sampler.sample_once()]
+
+    assert asyncio.run(go()) == [1, 3]
+
+
+# --- activity ------------------------------------------------------------------------------
+
+
+def _s(util: float | None, power: float | None, mem: float | None = 0.3, lost: bool = False) -> GpuSample:
+    return GpuSample(
+        index=0,
+        time=0.0,
+        utilization=util,
+        memory_utilization=mem,
+        power=power,
+        power_limit=700.0,
+        lost=lost,
+    )
+
+
+def test_gpu_activity_classes() -> None:
+    assert gpu_activity([_s(0.98, 610.0)] * 3) == ACTIVITY_BUSY
+    assert gpu_activity([_s(1.0, 110.0, mem=0.0)] * 3) == ACTIVITY_SPINNING
+    assert gpu_activity([_s(0.0, 75.0, mem=0.0)] * 3) == ACTIVITY_IDLE
+    assert gpu_activity([_s(0.02, 80.0), _s(0.0, 75.0)]) == ACTIVITY_IDLE
+    assert gpu_activity([_s(1.0, None, mem=None)]) == ACTIVITY_BUSY  # no power reading: cannot tell
+    assert gpu_activity([_s(None, None)]) == ACTIVITY_UNKNOWN
+    assert gpu_activity([_s(0.0, 75.0, lost=True)]) == ACTIVITY_UNKNOWN
+    assert gpu_activity([]) == ACTIVITY_UNKNOWN
+
+
+# --- metrics -------------------------------------------------------------------------------
+
+
+def exposition(samples_by_rank: dict, up: bool) -> str:
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(lambda: (samples_by_rank, up), LABELS))
+    return generate_latest(registry).decode()
+
+
+def _value(families: list, name: str, **labels: str) -> float | None:
+    for fam in families:
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+def _sampled_families() -> tuple[list, list[GpuSample]]:
+    gpus = [
+        healthy(0, xids={1: [79, 79, 13, 160]}),
+        lost(1, at=1),
+        unsupported(2, ("memory_temperature",)),
+    ]
+    _, sampler, _ = drive(gpus, 3)
+    samples = sampler.latest()
+    return gpu_metric_families({0: samples}, LABELS, up=sampler.up), samples
+
+
+def test_metric_families_values_labels_and_absent_fields() -> None:
+    fams, samples = _sampled_families()
+    names = {f.name for f in fams}
+    assert {
+        "rankwatch_gpu_collector_up",
+        "rankwatch_gpu_utilization_ratio",
+        "rankwatch_gpu_memory_utilization_ratio",
+        "rankwatch_gpu_memory_used_bytes",
+        "rankwatch_gpu_memory_total_bytes",
+        "rankwatch_gpu_temperature_celsius",
+        "rankwatch_gpu_memory_temperature_celsius",
+        "rankwatch_gpu_power_watts",
+        "rankwatch_gpu_power_limit_watts",
+        "rankwatch_gpu_sm_clock_hertz",
+        "rankwatch_gpu_memory_clock_hertz",
+        "rankwatch_gpu_throttle_reason",
+        "rankwatch_gpu_ecc_errors",
+        "rankwatch_gpu_retired_pages",
+        "rankwatch_gpu_remapped_rows",
+        "rankwatch_gpu_pcie_replay",
+        "rankwatch_gpu_xid_errors",
+    } <= names
+    g0 = {"gpu": "0", "rank": "0", "run": "llama-7b", "node": "gpu-node-01", "uuid": samples[0].uuid}
+    assert _value(fams, "rankwatch_gpu_collector_up") == 1.0
+    assert _value(fams, "rankwatch_gpu_utilization_ratio", **g0) == 0.98
+    assert _value(fams, "rankwatch_gpu_power_watts", **g0) == 610.0
+    assert _value(fams, "rankwatch_gpu_sm_clock_hertz", **g0) == 1.98e9
+    assert _value(fams, "rankwatch_gpu_throttle_reason", reason="sw_power_cap", **g0) == 0.0
+    assert _value(fams, "rankwatch_gpu_ecc_errors_total", type="corrected", scope="aggregate", **g0) == 3
+    assert _value(fams, "rankwatch_gpu_xid_errors_total", xid="79", **g0) == 2
+    assert _value(fams, "rankwatch_gpu_xid_errors_total", xid="13", **g0) == 1
+    assert _value(fams, "rankwatch_gpu_xid_errors_total", xid="other", **g0) == 1  # 160: bounded label
+    # The lost GPU: only its lost flag, no stale or zero readings.
+    assert _value(fams, "rankwatch_gpu_lost", gpu="1") == 1.0
+    assert _value(fams, "rankwatch_gpu_temperature_celsius", gpu="1") is None
+    # Unsupported memory temperature on GPU 2: no series, not a zero.
+    assert _value(fams, "rankwatch_gpu_memory_temperature_celsius", gpu="2") is None
+    assert _value(fams, "rankwatch_gpu_memory_temperature_celsius", gpu="0") == 70.0
+
+
+def test_exposition_passes_promtool() -> None:
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    if not os.path.exists(promtool):
+        pytest.skip("promtool not installed")
+    _, samples = _sampled_families()
+    text = exposition({0: samples, 1: samples[:1]}, up=True)
+    assert "rankwatch_gpu_ecc_errors_total{" in text and "rankwatch_gpu_pcie_replay_total{" in text
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip() == "" and res.stderr.strip() == "", res.stdout + res.stderr
+    down = exposition({}, up=False)
+    assert "rankwatch_gpu_collector_up" in down and "} 0.0" in down
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=down, capture_output=True, text=True, timeout=30
+    )
+    assert res.returncode == 0, res.stdout + res.stderr

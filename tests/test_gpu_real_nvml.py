@@ -1,0 +1,95 @@
+"""The real pynvml backend: sane readings on a GPU node, the degraded path anywhere else."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import subprocess
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from rankwatch.gpu import GpuConfig, GpuSample
+from rankwatch.gpu.backend import NvmlBackend
+from rankwatch.gpu.collector import GpuCollector, gpu_metric_families
+from rankwatch.gpu.sampler import GpuSampler
+
+LABELS = {"run": "real", "rank": "0", "node": "this-node"}
+GiB = 1 << 30
+
+
+def _up_value(families: list) -> float:
+    (up,) = [f for f in families if f.name == "rankwatch_gpu_collector_up"]
+    return up.samples[0].value
+
+
+def test_real_nvml_backend(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="rankwatch.gpu")
+    backend = NvmlBackend()
+    sampler = GpuSampler(GpuConfig(call_timeout=30.0), backend=backend)
+
+    async def go() -> tuple[bool, bool, list[GpuSample], list[GpuSample], list[int], list]:
+        ok = await sampler.start()
+        first = await sampler.sample_once()
+        watched = await sampler.watch_pids([os.getpid()], {}) if ok else []
+        second = await sampler.sample_once()
+        up = sampler.up
+        xids = backend.xid_events(0.01) if ok else []  # a healthy GPU: the wait times out cleanly
+        await sampler.close()
+        return ok, up, first, second, watched, xids
+
+    ok, up, first, second, watched, xids = asyncio.run(go())
+    families = gpu_metric_families({0: second}, LABELS, up=up)
+
+    if not ok:
+        lines = [r.getMessage() for r in caplog.records if "NVML" in r.getMessage()]
+        assert lines == [f"NVML not available: {sampler.reason}; GPU metrics disabled"]
+        assert first == [] and second == []
+        assert _up_value(families) == 0.0 and len(families) == 1
+        pytest.skip(f"no GPU here: NVML not available: {sampler.reason}")
+
+    assert up and _up_value(families) == 1.0
+    assert len(first) == len(sampler.devices) >= 1
+    assert sorted(watched) == sorted(sampler.devices)  # this test process holds no GPU context
+    for a, b in zip(first, second, strict=True):
+        for s in (a, b):
+            assert not s.lost, s.lost_reason
+            assert s.uuid and s.uuid.startswith(("GPU-", "MIG-")) and s.name
+            assert s.memory_total is not None and s.memory_total > 1 * GiB
+            assert s.memory_used is not None and 0 <= s.memory_used <= s.memory_total
+            if s.utilization is not None:
+                assert 0.0 <= s.utilization <= 1.0
+                assert s.memory_utilization is not None and 0.0 <= s.memory_utilization <= 1.0
+            if s.temperature is not None:
+                assert 5.0 < s.temperature < 120.0
+            if s.memory_temperature is not None:
+                assert 5.0 < s.memory_temperature < 130.0
+            if s.power is not None:
+                assert 0.0 < s.power < 2000.0
+            if s.power_limit is not None:
+                assert 10.0 < s.power_limit < 2000.0
+            if s.sm_clock is not None:
+                assert 0.0 < s.sm_clock < 5e9 and s.memory_clock is not None and 0.0 < s.memory_clock < 2e10
+            if s.throttle is not None:
+                assert s.throttle and all(isinstance(v, bool) for v in s.throttle.values())
+            if s.ecc is not None:
+                assert all(v >= 0 for v in s.ecc.values())
+            if s.pcie_replays is not None:
+                assert s.pcie_replays >= 0
+        for key, n in (a.ecc or {}).items():  # NVML counters never go down between two samples
+            assert (b.ecc or {}).get(key, n) >= n
+        assert b.time >= a.time
+    assert xids == []
+
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(lambda: ({0: second}, True), LABELS))
+    text = generate_latest(registry).decode()
+    assert "rankwatch_gpu_memory_total_bytes{" in text
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    if os.path.exists(promtool):
+        res = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
