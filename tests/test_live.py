@@ -25,6 +25,7 @@ stall: {{startup_grace: 20s, floor: 2s, factor: 10}}
 process: {{sample_interval: 200ms}}
 dumps: {{dir: {tmp / "dumps"}}}
 runner: {{log_dir: {tmp / "logs"}, term_grace: 3s}}
+server: {{listen: "127.0.0.1:0"}}
 {extra}"""
     )
     return cfg

@@ -31,6 +31,7 @@ def test_gloo_hang_is_stalled_dumped_and_diffed(tmp_path: Path) -> None:
         f"run: {{name: torchjob}}\nstall: {{startup_grace: 60s, floor: 3s, factor: 10}}\n"
         f"process: {{sample_interval: 250ms}}\ndumps: {{dir: {tmp_path / 'dumps'}}}\n"
         f"runner: {{log_dir: {tmp_path / 'logs'}, term_grace: 3s}}\n"
+        f"server: {{listen: '127.0.0.1:0'}}\ngpu: {{enabled: false}}\n"
     )
     port = free_port()
     procs = []

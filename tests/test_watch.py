@@ -15,7 +15,7 @@ def _config(tmp: Path) -> Path:
     cfg = tmp / "rw.yaml"
     cfg.write_text(
         f"run: {{name: side, rank: 0}}\ndetectors: {{warmup_steps: 5}}\nprocess: {{sample_interval: 200ms}}\n"
-        f"dumps: {{dir: {tmp / 'dumps'}}}\n"
+        f"dumps: {{dir: {tmp / 'dumps'}}}\nserver: {{listen: '127.0.0.1:0'}}\n"
     )
     return cfg
 

@@ -108,10 +108,25 @@ def _live_setup(args: argparse.Namespace):
     from rankwatch.identity import identity_from_env
 
     cfg = _load_config(args)
-    if getattr(args, "dumps_dir", None):
+    flags = {
+        "dumps.dir": getattr(args, "dumps_dir", None),
+        "checkpoints.dir": getattr(args, "checkpoint_dir", None),
+        "server.listen": getattr(args, "listen", None),
+    }
+    overrides = {k: v for k, v in flags.items() if v}
+    if getattr(args, "no_server", False):
+        overrides["server.enabled"] = False
+    if overrides:
         from rankwatch.config.loader import with_overrides
 
-        cfg = with_overrides(cfg, {"dumps.dir": args.dumps_dir})
+        cfg = with_overrides(cfg, overrides)
+    if cfg.server.enabled:
+        from rankwatch.server import parse_listen
+
+        try:
+            parse_listen(cfg.server.listen)
+        except ValueError as e:
+            raise UsageError(f"server.listen: {e}") from e
     identity = identity_from_env(cfg.run)
     sinks: list = [ConsoleSink(identity)]
     if args.findings_jsonl:
@@ -146,8 +161,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
             raise UsageError(f"--match {args.match!r}: bad regex: {e}") from e
     if not (args.pid or args.match or args.log):
         raise UsageError("watch: give --pid PID, --match REGEX and/or --log PATH")
-    if args.checkpoint_dir:
-        logging.getLogger("rankwatch").info("--checkpoint-dir: checkpoint watching is not built yet; ignored")
     cfg, identity, sinks = _live_setup(args)
     logs = [Path(p) for p in args.log or []]
     return asyncio.run(
@@ -201,6 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--findings-jsonl", metavar="FILE", help="also append every finding to FILE as JSON lines"
     )
     live.add_argument("--dumps-dir", metavar="DIR", help="root of stack-dump incidents (config dumps.dir)")
+    live.add_argument(
+        "--checkpoint-dir", metavar="DIR", help="watch this checkpoint directory (config checkpoints.dir)"
+    )
+    live.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="serve /metrics and the API here (config server.listen; default :9478)",
+    )
+    live.add_argument("--no-server", action="store_true", help="no HTTP server (config server.enabled)")
 
     r = sub.add_parser(
         "run",
@@ -225,9 +247,6 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--log", action="append", metavar="PATH", help="log file to follow (repeatable; rank from its name)"
     )
-    w.add_argument(
-        "--checkpoint-dir", metavar="DIR", help="checkpoint directory (reserved for the checkpoint watcher)"
-    )
     w.set_defaults(func=cmd_watch)
 
     d = sub.add_parser(
@@ -247,12 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("file")
     cc.set_defaults(func=cmd_config_check)
 
-    try:
-        from rankwatch.dumps.cli import add_subcommands
-    except ImportError:  # pragma: no cover - the dumps package ships with rankwatch
-        pass
-    else:
-        add_subcommands(sub)
+    from rankwatch.checkpoints.cli import add_subcommands as add_checkpoints
+    from rankwatch.dumps.cli import add_subcommands as add_dumps
+
+    add_dumps(sub)
+    add_checkpoints(sub)
     return p
 
 

@@ -42,6 +42,10 @@ runner:
   log_dir: {logs}
   echo: false
   term_grace: 5s
+server:
+  listen: 127.0.0.1:0
+gpu:
+  enabled: false
 """
 
 

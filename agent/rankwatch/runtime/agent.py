@@ -56,6 +56,9 @@ class Agent:
         self.store = DumpStore(Path(cfg.dumps.dir))
         self.findings: list[Finding] = []
         self.sink_errors: dict[str, int] = {}
+        self.internal_errors_by_component: dict[str, int] = {}
+        self.alert_stats: dict[str, dict[str, int]] | None = None
+        self.started_at = time.time()
         self.dumps_captured = 0
         self.last_incident: Path | None = None
         self.fr_prefix = fr_prefix  # (pipe prefix, trace file prefix) for PyTorch's flight recorder

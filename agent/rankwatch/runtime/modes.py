@@ -24,6 +24,7 @@ from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
 from rankwatch.identity import Identity
 from rankwatch.runtime.agent import Agent, Sink
+from rankwatch.runtime.services import Services
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.sources.process import find_processes
 
@@ -85,7 +86,14 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-async def run_command(cfg: Config, identity: Identity, cmd: Sequence[str], *, sinks: Sequence[Sink]) -> int:
+async def run_command(
+    cfg: Config,
+    identity: Identity,
+    cmd: Sequence[str],
+    *,
+    sinks: Sequence[Sink],
+    services: dict | None = None,
+) -> int:
     path = child_log_path(cfg, identity)
     path.parent.mkdir(parents=True, exist_ok=True)
     env, fr = child_env(cfg, identity)
@@ -108,6 +116,8 @@ async def run_command(cfg: Config, identity: Identity, cmd: Sequence[str], *, si
     watcher.attach(child.pid)
     loop = asyncio.get_running_loop()
     agent.install_dump_signal()
+    extras = Services(agent, cfg, **(services or {}))
+    await extras.start()
     kill_handle: list[asyncio.TimerHandle] = []
 
     stop_requested: list[signal.Signals] = []
@@ -156,6 +166,7 @@ async def run_command(cfg: Config, identity: Identity, cmd: Sequence[str], *, si
         with contextlib.suppress(Exception):
             await asyncio.wait_for(echo, 5.0)
     await agent.settle()
+    await extras.close()
     watcher.close()
     return exit_status(rc)
 
@@ -183,6 +194,7 @@ async def watch_processes(
     logs: Sequence[Path],
     sinks: Sequence[Sink],
     stop: asyncio.Event | None = None,
+    services: dict | None = None,
 ) -> int:
     stop = stop or asyncio.Event()
     agent = Agent(cfg, identity, sinks=sinks)
@@ -215,6 +227,8 @@ async def watch_processes(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     agent.install_dump_signal()
+    extras = Services(agent, cfg, **(services or {}))
+    await extras.start()
     tasks = [asyncio.create_task(w.run()) for w in watchers]
     try:
         while not stop.is_set():
@@ -234,6 +248,8 @@ async def watch_processes(
                 await asyncio.wait_for(t, 5.0)
         for w in watchers:
             w.drain()
-            w.close()
         await agent.settle()
+        await extras.close()
+        for w in watchers:
+            w.close()
     return 0

@@ -1,0 +1,295 @@
+"""What runs around the rank watchers in a live agent: the HTTP server, the alert
+dispatcher, the GPU sampler and the checkpoint watcher.
+
+Each one is optional and independent: one that cannot start (port taken, NVML absent,
+no checkpoint directory) logs one line, counts an internal error, and the others run on.
+Detection never waits for any of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rankwatch.config.schema import Config
+from rankwatch.detectors.gpu import GpuDetector
+from rankwatch.exporter.checkpoints import CheckpointCollector
+from rankwatch.exporter.metrics import make_registry
+from rankwatch.exporter.view import identity_labels
+from rankwatch.gpu.backend import GpuBackend, GpuSample
+from rankwatch.records import Finding
+from rankwatch.runtime.agent import Agent
+
+log = logging.getLogger("rankwatch.services")
+
+GPU_REMAP_S = 30.0
+CHECKPOINT_ACTIVITY_S = 1.0
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        import psutil
+
+        return dict(psutil.Process(pid).environ())
+    except Exception:
+        return {}
+
+
+class _FindingTap:
+    """A sink that hands every finding to the checkpoint watcher (NaN marks later saves suspect)."""
+
+    def __init__(self, fn: Callable[[Finding], None]) -> None:
+        self.fn = fn
+
+    def send(self, f: Finding) -> None:
+        self.fn(f)
+
+
+class _Guarded:
+    """A collector that fails alone: its series go missing, the rest of the scrape stays."""
+
+    def __init__(self, component: str, inner: Any, services: Services) -> None:
+        self.component = component
+        self.inner = inner
+        self.services = services
+        self.logged = False
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        try:
+            return list(self.inner.collect())
+        except Exception:
+            errs = self.services.agent.internal_errors_by_component
+            errs[self.component] = errs.get(self.component, 0) + 1
+            if not self.logged:
+                self.logged = True
+                log.exception("%s metrics failed (further failures only counted)", self.component)
+            return []
+
+
+class Services:
+    def __init__(
+        self,
+        agent: Agent,
+        cfg: Config,
+        *,
+        gpu_backend: GpuBackend | None = None,
+        alert_sinks: list[Any] | None = None,
+        server: bool | None = None,
+        on_start: Callable[[Services], None] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.cfg = cfg
+        self.gpu_backend = gpu_backend
+        self.alert_sinks = alert_sinks
+        self.want_server = cfg.server.enabled if server is None else server
+        self.on_start = on_start
+        self.server: Any = None
+        self.dispatcher: Any = None
+        self.sampler: Any = None
+        self.checkpoints: Any = None
+        self.gpu_detectors: dict[int | None, GpuDetector] = {}
+        self.gpu_owner: dict[int, int | None] = {}
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    def _failed(self, component: str, msg: str, *args: Any) -> None:
+        errs = self.agent.internal_errors_by_component
+        errs[component] = errs.get(component, 0) + 1
+        log.error(msg, *args)
+
+    # --- start ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._start_alerts()
+        await self._start_gpu()
+        self._start_checkpoints()
+        if self.want_server:
+            await self._start_server()
+        if self.on_start is not None:
+            self.on_start(self)
+
+    def _start_alerts(self) -> None:
+        from rankwatch.actions.alerts import AlertDispatcher
+
+        try:
+            d = AlertDispatcher(self.cfg.alerts, self.agent.identity, sinks=self.alert_sinks)
+        except Exception as e:
+            self._failed("alerts", "alerting disabled: %s", e)
+            return
+        if not d.sinks:
+            return
+        self.dispatcher = d
+        self.agent.sinks.append(d)
+        self.agent.alert_stats = d.stats
+        self._tasks.append(asyncio.create_task(d.run(), name="alerts"))
+        log.info("alerts go to %s", ", ".join(s.name for s in d.sinks))
+
+    async def _start_gpu(self) -> None:
+        from rankwatch.gpu.sampler import GpuSampler
+
+        if not self.cfg.gpu.enabled:
+            return
+        sampler = GpuSampler(self.cfg.gpu, backend=self.gpu_backend)
+        if not await sampler.start():
+            return  # the sampler logged its one line
+        self.sampler = sampler
+        await self._map_gpus()
+        self._tasks.append(asyncio.create_task(self._gpu_loop(), name="gpu"))
+
+    async def _map_gpus(self) -> None:
+        """Which GPUs each watched rank uses: configured devices, NVML's process list, env."""
+        s = self.sampler
+        owner: dict[int, int | None] = {}
+        for w in self.agent.watchers:
+            pids = w.pids()
+            if not pids:
+                continue
+            env = await asyncio.to_thread(_environ, pids[0])
+            for i in await s.gpus_of(pids, env) or []:
+                owner.setdefault(i, w.rank)
+        if self.cfg.gpu.devices:
+            if s.watched is None:
+                s.watch(self.cfg.gpu.devices)
+        else:
+            s.watch(sorted(owner) or None)
+        self.gpu_owner = owner
+
+    def _rank_of(self, sample: GpuSample) -> int | None:
+        if sample.index in self.gpu_owner:
+            return self.gpu_owner[sample.index]
+        return self.agent.identity.rank if len(self.agent.watchers) <= 1 else None
+
+    def on_gpu_samples(self, samples: list[GpuSample]) -> None:
+        for s in samples:
+            rank = self._rank_of(s)
+            det = self.gpu_detectors.get(rank)
+            if det is None:
+                det = self.gpu_detectors[rank] = GpuDetector(self.cfg.gpu, rank)
+            for f in det.observe(s):
+                self.agent.emit(f)
+
+    def gpu_by_rank(self) -> tuple[Mapping[Any, list[GpuSample]], bool]:
+        out: dict[Any, list[GpuSample]] = {}
+        if self.sampler is None:
+            return out, False
+        for s in self.sampler.latest():
+            rank = self._rank_of(s)
+            out.setdefault(rank if rank is not None else "", []).append(s)
+        return out, self.sampler.up
+
+    async def _gpu_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_map = loop.time() + GPU_REMAP_S
+        known: set[int] = set()
+        while not self._stop.is_set():
+            started = loop.time()
+            pids = {p for w in self.agent.watchers for p in w.pids()}
+            if pids != known or started >= next_map:
+                known, next_map = pids, started + GPU_REMAP_S
+                with contextlib.suppress(Exception):
+                    await self._map_gpus()
+            try:
+                samples = await self.sampler.sample_once()
+                if samples:
+                    self.on_gpu_samples(samples)
+            except Exception:
+                self._failed("gpu", "GPU sampling round failed")
+            delay = max(0.0, self.cfg.gpu.interval - (loop.time() - started))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+
+    def _start_checkpoints(self) -> None:
+        from rankwatch.checkpoints.watcher import CheckpointWatcher
+
+        c = self.cfg.checkpoints
+        if not c.dir:
+            return
+        try:
+            cw = CheckpointWatcher(Path(c.dir), c, emit=self.agent.emit, rank=self.agent.identity.rank)
+        except Exception as e:
+            self._failed("checkpoints", "checkpoint watching disabled: %s", e)
+            return
+        self.checkpoints = cw
+        self.agent.sinks.append(_FindingTap(cw.on_finding))
+        self._tasks.append(asyncio.create_task(cw.run(self._stop), name="checkpoints"))
+        self._tasks.append(asyncio.create_task(self._checkpoint_activity(), name="checkpoint-activity"))
+
+    async def _checkpoint_activity(self) -> None:
+        """A save in progress, or one just finished, is progress: the stall detector waits for it."""
+        last_saved: float | None = None
+        while not self._stop.is_set():
+            try:
+                cw = self.checkpoints
+                saved = cw.snapshot().get("last_checkpoint_timestamp_seconds")
+                what = None
+                if cw.writing:
+                    what = "checkpoint_writing"
+                elif saved is not None and saved != last_saved and last_saved is not None:
+                    what = "checkpoint"
+                last_saved = saved if saved is not None else last_saved
+                if what:
+                    for w in self.agent.watchers:
+                        w.stall.on_activity(w.clock(), what)
+            except Exception:
+                self._failed("checkpoints", "checkpoint activity check failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), CHECKPOINT_ACTIVITY_S)
+
+    def registry(self) -> Any:
+        from rankwatch.gpu.collector import GpuCollector
+
+        extra: list[Any] = []
+        if self.cfg.gpu.enabled:
+            extra.append(_Guarded("gpu", GpuCollector(self.gpu_by_rank, self.agent.identity.labels()), self))
+        if self.cfg.checkpoints.dir:
+            extra.append(
+                _Guarded(
+                    "checkpoints",
+                    CheckpointCollector(
+                        lambda: self.checkpoints.snapshot() if self.checkpoints is not None else None,
+                        identity_labels(self.agent),
+                    ),
+                    self,
+                )
+            )
+        return make_registry(self.agent, extra=extra)
+
+    async def _start_server(self) -> None:
+        from rankwatch.server import start_server
+
+        try:
+            self.server = await start_server(self.agent, self.cfg.server, registry=self.registry())
+        except (OSError, ValueError) as e:
+            self._failed(
+                "server", "HTTP server not started on %s: %s (detection goes on)", self.cfg.server.listen, e
+            )
+
+    # --- stop ----------------------------------------------------------------------------
+    async def close(self, timeout: float = 10.0) -> None:
+        """Flush alerts (bounded), then stop everything. Never raises."""
+        self._stop.set()
+        if self.dispatcher is not None:
+            try:
+                await self.dispatcher.close(timeout)
+            except Exception:
+                log.exception("closing the alert dispatcher failed")
+        for t in self._tasks:
+            if not t.done():
+                try:
+                    await asyncio.wait_for(t, 5.0)
+                except (asyncio.TimeoutError, asyncio.CancelledError):
+                    pass
+                except Exception:
+                    log.exception("task %s failed", t.get_name())
+        if self.sampler is not None:
+            with contextlib.suppress(Exception):
+                await self.sampler.close()
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                await self.server.close()

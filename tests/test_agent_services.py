@@ -1,0 +1,180 @@
+"""The wired live agent: a real child under run mode, the HTTP server, an alert webhook,
+GPU metrics from the fake NVML backend, and the checkpoint watcher, all at once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import zipfile
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from rankwatch.config.loader import load_config
+from rankwatch.gpu.fake import FakeBackend, healthy
+from rankwatch.identity import Identity
+from rankwatch.runtime.modes import run_command
+from rankwatch.runtime.services import Services
+
+TRAINER = [sys.executable, "-m", "rankwatch.demo.trainer", "--rank", "0", "--step-time", "0.02"]
+IDENT = Identity(run="svc", rank=0, local_rank=0, world_size=1, node="n1")
+
+
+def _plain_checkpoint(path: Path) -> None:
+    """A torch.save-style zip with the entries torch writes (no torch needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        z.writestr("archive/version", b"3\n")
+        z.writestr("archive/data/0", b"\0" * 4096)
+
+
+def _config(tmp: Path, hook: str) -> Path:
+    cfg = tmp / "rw.yaml"
+    cfg.write_text(
+        f"""\
+run: {{name: svc}}
+detectors: {{warmup_steps: 5}}
+process: {{sample_interval: 200ms}}
+dumps: {{dir: {tmp / "dumps"}}}
+runner: {{log_dir: {tmp / "logs"}, echo: false, term_grace: 3s}}
+server: {{listen: "127.0.0.1:0", token: sekrit}}
+gpu: {{interval: 200ms}}
+checkpoints: {{dir: {tmp / "ckpt"}, settle: 0s, poll_interval: 200ms, mode: poll}}
+alerts:
+  startup_quiet: 0s
+  group_wait: 0s
+  spool_dir: {tmp / "spool"}
+  webhook: {{urls: ["{hook}"]}}
+"""
+    )
+    return cfg
+
+
+async def _until(pred, timeout: float = 30.0) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await pred():
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+def test_run_mode_serves_metrics_alerts_gpu_and_checkpoints(tmp_path: Path) -> None:
+    _plain_checkpoint(tmp_path / "ckpt" / "step_10.pt")
+
+    async def main() -> None:
+        received: list[dict] = []
+
+        async def hook(request: web.Request) -> web.Response:
+            received.append(await request.json())
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_post("/hook", hook)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        cfg = load_config(_config(tmp_path, f"http://127.0.0.1:{port}/hook"))
+        started: list[Services] = []
+        backend = FakeBackend([healthy(0)])
+        cmd = [*TRAINER, "--steps", "400", "--fault", "nan@30", "--format", "nanogpt"]
+        task = asyncio.create_task(
+            run_command(
+                cfg, IDENT, cmd, sinks=[], services={"gpu_backend": backend, "on_start": started.append}
+            )
+        )
+        try:
+            assert await _until(lambda: _true(bool(started)), 20)
+            svc = started[0]
+            assert svc.server is not None and svc.sampler is not None and svc.checkpoints is not None
+            base = svc.server.url
+
+            async def nan_alerted() -> bool:
+                return any(r.get("kind") == "nan_loss" for r in received)
+
+            assert await _until(nan_alerted), received
+            async with aiohttp.ClientSession() as http:
+
+                async def scrape() -> str:
+                    async with http.get(base + "/metrics") as r:
+                        assert r.status == 200
+                        return await r.text()
+
+                async def complete() -> bool:
+                    text = await scrape()
+                    return all(
+                        m in text
+                        for m in (
+                            "rankwatch_gpu_utilization_ratio{",
+                            "rankwatch_checkpoint_last_good_step{",
+                            "rankwatch_alerts_sent_total{",
+                        )
+                    )
+
+                assert await _until(complete), await scrape()
+                text = await scrape()
+                assert 'rankwatch_gpu_collector_up{node="n1",rank="0",run="svc"} 1.0' in text
+                assert (
+                    'rankwatch_checkpoint_last_good_step{local_rank="0",node="n1",rank="0",run="svc"} 10.0'
+                    in text
+                )
+                assert 'kind="nan_loss"' in text
+                assert "rankwatch_step{" in text
+                async with http.get(base + "/api/status") as r:
+                    assert r.status == 401
+                async with http.get(base + "/api/status", headers={"Authorization": "Bearer sekrit"}) as r:
+                    doc = await r.json()
+                assert doc["run"] == "svc" and any(f["kind"] == "nan_loss" for f in doc["active_findings"])
+        finally:
+            rc = await asyncio.wait_for(task, 60)
+            await runner.cleanup()
+        assert rc == 0
+        alert = next(r for r in received if r["kind"] == "nan_loss")
+        assert (alert["run"], alert["rank"], alert["severity"], alert["step"]) == ("svc", 0, "critical", 30)
+        assert backend.calls["memory"] > 0
+
+    asyncio.run(main())
+
+
+async def _true(v: bool) -> bool:
+    return v
+
+
+def test_services_degrade_without_nvml_and_with_port_taken(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVML absent: one log line, no GPU series. Port taken: one error, counted; the rank runs on."""
+
+    async def main() -> None:
+        blocker = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = blocker.sockets[0].getsockname()[1]
+        cfg_path = tmp_path / "rw.yaml"
+        cfg_path.write_text(
+            f"run: {{name: deg}}\nrunner: {{log_dir: {tmp_path / 'logs'}, echo: false}}\n"
+            f"server: {{listen: '127.0.0.1:{port}'}}\ndumps: {{dir: {tmp_path / 'd'}}}\n"
+        )
+        cfg = load_config(cfg_path)
+        started: list[Services] = []
+        cmd = [*TRAINER, "--steps", "20", "--format", "nanogpt"]
+        try:
+            rc = await asyncio.wait_for(
+                run_command(cfg, IDENT, cmd, sinks=[], services={"on_start": started.append}), 60
+            )
+        finally:
+            blocker.close()
+        assert rc == 0
+        svc = started[0]
+        assert svc.server is None and svc.agent.internal_errors_by_component.get("server") == 1
+        if svc.sampler is None:  # no NVML on this machine (the usual case in CI)
+            gpu_lines = [r for r in caplog.records if "NVML" in r.getMessage() or "GPU" in r.getMessage()]
+            assert len(gpu_lines) == 1, [r.getMessage() for r in gpu_lines]
+
+    with caplog.at_level(logging.INFO, logger="rankwatch"):
+        asyncio.run(main())
