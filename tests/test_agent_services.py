@@ -178,3 +178,40 @@ def test_services_degrade_without_nvml_and_with_port_taken(
 
     with caplog.at_level(logging.INFO, logger="rankwatch"):
         asyncio.run(main())
+
+
+def test_eta_past_slurm_time_limit_is_warned(tmp_path: Path) -> None:
+    """A run that needs days more inside a job ending in an hour, with no checkpoint due."""
+    import dataclasses
+    import time
+
+    async def main() -> None:
+        cfg_path = tmp_path / "rw.yaml"
+        cfg_path.write_text(
+            f"runner: {{log_dir: {tmp_path / 'logs'}, echo: false}}\ngpu: {{enabled: false}}\n"
+            f"server: {{listen: '127.0.0.1:0'}}\ndumps: {{dir: {tmp_path / 'd'}}}\n"
+        )
+        cfg = load_config(cfg_path)
+        ident = dataclasses.replace(IDENT, job_end=time.time() + 3600)
+        started: list[Services] = []
+        cmd = [*TRAINER, "--steps", "150", "--total-steps", "1000000", "--format", "megatron"]
+        task = asyncio.create_task(
+            run_command(cfg, ident, cmd, sinks=[], services={"on_start": started.append})
+        )
+        try:
+            assert await _until(lambda: _true(bool(started)), 20)
+            svc = started[0]
+            w = svc.agent.watchers[0]
+            assert await _until(lambda: _true((w.engine.state.last_step or 0) >= 60), 30)
+            for _ in range(3):
+                svc.check_deadline(time.time())
+            warned = [f for f in svc.agent.findings if f.kind == "eta_past_job_end"]
+            assert len(warned) == 1 and "job ends in 59m" in warned[0].message
+            async with aiohttp.ClientSession() as http, http.get(svc.server.url + "/metrics") as r:
+                text = await r.text()
+            assert "rankwatch_job_end_timestamp_seconds{" in text
+            assert "rankwatch_eta_seconds{" in text
+        finally:
+            assert await asyncio.wait_for(task, 60) == 0
+
+    asyncio.run(main())

@@ -283,3 +283,61 @@ def test_dynamic_scale_falling_to_one_is_a_collapse() -> None:
     recs = [StepRecord(step=s, loss=2.0, loss_scale=2.0 ** max(0, 16 - s // 10)) for s in range(1, 400)]
     fs = [f for f in run(recs) if f.kind == "loss_scale_collapse"]
     assert len(fs) == 1 and fs[0].step == 160
+
+
+# --- job time limit ----------------------------------------------------------------------
+def test_eta_past_job_end_warns_once_and_resolves() -> None:
+    from rankwatch.detectors.deadline import KIND, SUSTAIN, DeadlineDetector
+
+    d = DeadlineDetector(3)
+    kw = dict(job_end=10_000.0, step=500, checkpoints_watched=True)
+    out = []
+    for i in range(SUSTAIN + 2):
+        out += d.check(now=1000.0 + i, eta=20_000.0, next_checkpoint=None, **kw)
+    assert [f.kind for f in out] == [KIND] and not out[0].resolved and out[0].rank == 3
+    assert "job ends in 2h29m" in out[0].message
+    # A checkpoint due well before the end: the loss is bounded, nothing to say.
+    res = d.check(now=1100.0, eta=20_000.0, next_checkpoint=5000.0, **kw)
+    assert len(res) == 1 and res[0].resolved
+
+
+def test_eta_past_job_end_silent_when_run_finishes_or_saves_in_time() -> None:
+    from rankwatch.detectors.deadline import SUSTAIN, DeadlineDetector
+
+    d = DeadlineDetector(0)
+    out = []
+    for i in range(SUSTAIN * 3):
+        out += d.check(
+            now=1000.0 + i,
+            eta=3000.0,
+            next_checkpoint=None,
+            job_end=10_000.0,
+            step=1,
+            checkpoints_watched=False,
+        )
+        out += d.check(
+            now=1000.0 + i,
+            eta=90_000.0,
+            next_checkpoint=2000.0,
+            job_end=10_000.0,
+            step=1,
+            checkpoints_watched=True,
+        )
+        out += d.check(
+            now=1000.0 + i, eta=90_000.0, next_checkpoint=None, job_end=None, step=1, checkpoints_watched=True
+        )
+    assert out == []
+    # A blip shorter than SUSTAIN checks never fires.
+    for i in range(SUSTAIN - 1):
+        out += d.check(
+            now=2000.0 + i,
+            eta=90_000.0,
+            next_checkpoint=None,
+            job_end=10_000.0,
+            step=1,
+            checkpoints_watched=True,
+        )
+    out += d.check(
+        now=2100.0, eta=10.0, next_checkpoint=None, job_end=10_000.0, step=1, checkpoints_watched=True
+    )
+    assert out == []

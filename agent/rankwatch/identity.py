@@ -26,6 +26,7 @@ class Identity:
     local_rank: int | None
     world_size: int | None
     node: str
+    job_end: float | None = None  # unix time the allocation ends (Slurm time limit)
 
     def labels(self) -> dict[str, str]:
         return {
@@ -44,6 +45,17 @@ def _int(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
     return None
 
 
+def _float(env: Mapping[str, str], names: tuple[str, ...]) -> float | None:
+    for n in names:
+        try:
+            v = float(env.get(n, "").strip())
+        except ValueError:
+            continue
+        if v > 0:
+            return v
+    return None
+
+
 def identity_from_env(cfg: RunConfig, env: Mapping[str, str] | None = None) -> Identity:
     env = os.environ if env is None else env
     run = cfg.name
@@ -57,4 +69,5 @@ def identity_from_env(cfg: RunConfig, env: Mapping[str, str] | None = None) -> I
         local_rank=cfg.local_rank if cfg.local_rank is not None else _int(env, LOCAL_RANK_VARS),
         world_size=cfg.world_size if cfg.world_size is not None else _int(env, WORLD_VARS),
         node=cfg.node or env.get("SLURMD_NODENAME") or socket.gethostname(),
+        job_end=cfg.job_end if cfg.job_end is not None else _float(env, ("SLURM_JOB_END_TIME",)),
     )

@@ -218,6 +218,7 @@ class CheckpointWatcher:
             "fs_size_bytes": self.fs_total,
             "next_checkpoint_bytes": cat.next_size(),
             "max_age_seconds": self.stale.max_age(cat.save_times),
+            "next_save_due_timestamp_seconds": rules.next_save_due(cat.save_times),
             "poisoned_from_step": cat.bad.step if cat.bad else None,
             "scans_total": self.scans,
             "errors_total": self.errors,

@@ -49,6 +49,9 @@ class RunConfig:
     local_rank: int | None = opt(None, "local rank; default from SLURM_LOCALID, LOCAL_RANK, ...")
     world_size: int | None = opt(None, "number of ranks; default from SLURM_NTASKS, WORLD_SIZE, ...")
     node: str | None = opt(None, "node label; default: SLURMD_NODENAME or the host name")
+    job_end: float | None = opt(
+        None, "unix time the allocation ends (warn if the run cannot finish); default SLURM_JOB_END_TIME"
+    )
 
 
 @dataclass

@@ -213,6 +213,13 @@ def resolved_corrupt(entry: Entry, *, rank: int | None, now: float) -> Finding:
     )
 
 
+def next_save_due(save_times: Sequence[float]) -> float | None:
+    """The last save plus the run's median save interval; None before two saves."""
+    times = sorted(save_times)
+    gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+    return times[-1] + statistics.median(gaps) if gaps else None
+
+
 class StaleRule:
     """No new good checkpoint for much longer than the run's own save cadence."""
 

@@ -59,6 +59,15 @@ def collect_agent(
         ws = GaugeMetricFamily("rankwatch_world_size", "Number of ranks of the run", labels=RANK_LABELS)
         ws.add_metric(labels, world)
         out.append(ws)
+    job_end = getattr(agent.identity, "job_end", None)
+    if job_end is not None:
+        je = GaugeMetricFamily(
+            "rankwatch_job_end_timestamp_seconds",
+            "Unix time the job's allocation ends (Slurm time limit)",
+            labels=RANK_LABELS,
+        )
+        je.add_metric(labels, float(job_end))
+        out.append(je)
     dumps = CounterMetricFamily(
         "rankwatch_dumps_captured_total",
         "Stack dumps written (one per rank per incident)",

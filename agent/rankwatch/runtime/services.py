@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rankwatch.config.schema import Config
+from rankwatch.detectors.deadline import DeadlineDetector
 from rankwatch.detectors.gpu import GpuDetector
 from rankwatch.exporter.checkpoints import CheckpointCollector
 from rankwatch.exporter.metrics import make_registry
-from rankwatch.exporter.view import identity_labels
+from rankwatch.exporter.view import identity_labels, rank_views
 from rankwatch.gpu.backend import GpuBackend, GpuSample
 from rankwatch.records import Finding
 from rankwatch.runtime.agent import Agent
@@ -27,6 +29,7 @@ from rankwatch.runtime.agent import Agent
 log = logging.getLogger("rankwatch.services")
 
 GPU_REMAP_S = 30.0
+DEADLINE_CHECK_S = 30.0
 CHECKPOINT_ACTIVITY_S = 1.0
 
 
@@ -96,6 +99,7 @@ class Services:
         self.checkpoints: Any = None
         self.gpu_detectors: dict[int | None, GpuDetector] = {}
         self.gpu_owner: dict[int, int | None] = {}
+        self.deadlines: dict[int | None, DeadlineDetector] = {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -109,6 +113,8 @@ class Services:
         self._start_alerts()
         await self._start_gpu()
         self._start_checkpoints()
+        if self.agent.identity.job_end is not None:
+            self._tasks.append(asyncio.create_task(self._deadline_loop(), name="deadline"))
         if self.want_server:
             await self._start_server()
         if self.on_start is not None:
@@ -240,6 +246,38 @@ class Services:
                 self._failed("checkpoints", "checkpoint activity check failed")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), CHECKPOINT_ACTIVITY_S)
+
+    def check_deadline(self, now: float) -> None:
+        """Per rank: will the run end after the job's time limit with no checkpoint due before it?"""
+        job_end = self.agent.identity.job_end
+        due = None
+        if self.checkpoints is not None:
+            due = self.checkpoints.snapshot().get("next_save_due_timestamp_seconds")
+        for v in rank_views(list(self.agent.watchers)):
+            if not v.own:
+                continue
+            det = self.deadlines.get(v.rank)
+            if det is None:
+                det = self.deadlines[v.rank] = DeadlineDetector(v.rank)
+            step = v.state.last_step if v.state is not None else None
+            for f in det.check(
+                now=now,
+                job_end=job_end,
+                eta=v.eta_s,
+                step=step,
+                next_checkpoint=due,
+                checkpoints_watched=self.checkpoints is not None,
+            ):
+                self.agent.emit(f)
+
+    async def _deadline_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.check_deadline(time.time())
+            except Exception:
+                self._failed("deadline", "job time-limit check failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), DEADLINE_CHECK_S)
 
     def registry(self) -> Any:
         from rankwatch.gpu.collector import GpuCollector
