@@ -273,6 +273,21 @@ def test_silent_rank_checkpoint_writes_count() -> None:
     assert f.evidence["signals"] == ["log growth", "CPU time", "checkpoint writes"]
 
 
+def test_silent_rank_gpu_compute_is_life_but_collective_spin_is_not() -> None:
+    r = Rank(started=1000.0)
+    for t in range(1000, 3000, 5):  # CPU idle (GPU-bound), no log lines, GPUs really computing
+        r.det.on_gpu(float(t), "busy")
+        assert r.sample(float(t) + 1, cpu_percent=0.0) == []
+    fired: list[Finding] = []
+    for t in range(3000, 3400, 5):  # hung: NCCL kernels spin at 100% utilisation, low power
+        r.det.on_gpu(float(t), "spinning in a collective")
+        fired += r.sample(float(t) + 1, cpu_percent=0.0)
+    (f,) = fired
+    assert f.evidence["gpu_activity"] == "spinning in a collective"
+    assert "GPU activity" in f.evidence["signals"]
+    assert "; GPU spinning in a collective." in f.message
+
+
 # -- crashes -------------------------------------------------------------------------------
 
 OOM_TB = """\

@@ -66,6 +66,7 @@ class StallDetector:
         self.signal_what = ""
         self.last_checkpoint: float | None = None
         self.checkpoints_seen = False
+        self.gpu_activity: str | None = None
         self.stalled_at = 0.0
         self.quiet_from = started
         self.rank: int | None = None
@@ -137,6 +138,17 @@ class StallDetector:
             self._signal(now, "checkpoint write")
         elif what == "log":
             self._signal(now, "log growth")
+
+    def on_gpu(self, now: float, activity: str) -> None:
+        """What the rank's GPUs do (``detectors.gpu.gpu_activity``); real compute is a sign of life.
+
+        A GPU "spinning in a collective" is not: NCCL kernels poll at full utilisation for a
+        peer that never comes, which is exactly what a hang looks like.
+        """
+        self.now = max(self.now, now)
+        self.gpu_activity = activity
+        if activity == "busy":
+            self._signal(now, "GPU compute")
 
     def _signal(self, now: float, what: str) -> None:
         if now >= self.last_signal:
@@ -217,6 +229,8 @@ class StallDetector:
             head = f"no progress for {_secs(since)} (timeout {why})"
         else:
             signals = ["log growth", "CPU time"] + (["checkpoint writes"] if self.checkpoints_seen else [])
+            if self.gpu_activity not in (None, "unknown"):
+                signals.append("GPU activity")
             timeout = float(self.cfg.silent_rank_timeout)
             head = (
                 f"no sign of life for {_secs(since)} (timeout {_secs(timeout)} for a rank that prints no "
@@ -224,6 +238,8 @@ class StallDetector:
             )
         last = f"last step {state.last_step}" if state.last_step is not None else "no step line seen yet"
         alive = "process stopped" if cls == "stopped" else "process alive"
+        if self.gpu_activity not in (None, "unknown"):
+            text += f"; GPU {self.gpu_activity}"
         msg = (
             f"{head}; {last}; {alive}, {text}. Judged from: {', '.join(signals)}. Stacks are being captured."
         )
@@ -236,6 +252,8 @@ class StallDetector:
             "cpu_percent": cpu,
             "state": sample.state,
         }
+        if self.gpu_activity is not None:
+            evidence["gpu_activity"] = self.gpu_activity
         return finding("stall", Severity.CRITICAL, state, msg, step=state.last_step, evidence=evidence)
 
     def _resolved(self, msg: str, step: int | None) -> Finding:

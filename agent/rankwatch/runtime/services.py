@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rankwatch.config.schema import Config
 from rankwatch.detectors.deadline import DeadlineDetector
-from rankwatch.detectors.gpu import GpuDetector
+from rankwatch.detectors.gpu import GpuDetector, gpu_activity
 from rankwatch.exporter.checkpoints import CheckpointCollector
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.exporter.view import identity_labels, rank_views
@@ -30,6 +31,7 @@ log = logging.getLogger("rankwatch.services")
 
 GPU_REMAP_S = 30.0
 DEADLINE_CHECK_S = 30.0
+GPU_ACTIVITY_SAMPLES = 3
 CHECKPOINT_ACTIVITY_S = 1.0
 
 
@@ -100,6 +102,7 @@ class Services:
         self.gpu_detectors: dict[int | None, GpuDetector] = {}
         self.gpu_owner: dict[int, int | None] = {}
         self.deadlines: dict[int | None, DeadlineDetector] = {}
+        self.gpu_recent: dict[int | None, deque[list[GpuSample]]] = {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -172,13 +175,22 @@ class Services:
         return self.agent.identity.rank if len(self.agent.watchers) <= 1 else None
 
     def on_gpu_samples(self, samples: list[GpuSample]) -> None:
+        by_rank: dict[int | None, list[GpuSample]] = {}
         for s in samples:
             rank = self._rank_of(s)
+            by_rank.setdefault(rank, []).append(s)
             det = self.gpu_detectors.get(rank)
             if det is None:
                 det = self.gpu_detectors[rank] = GpuDetector(self.cfg.gpu, rank)
             for f in det.observe(s):
                 self.agent.emit(f)
+        for rank, mine in by_rank.items():
+            recent = self.gpu_recent.setdefault(rank, deque(maxlen=GPU_ACTIVITY_SAMPLES))
+            recent.append(mine)
+            activity = gpu_activity([s for batch in recent for s in batch])
+            for w in self.agent.watchers:
+                if w.rank == rank or len(self.agent.watchers) == 1:
+                    w.stall.on_gpu(w.clock(), activity)
 
     def gpu_by_rank(self) -> tuple[Mapping[Any, list[GpuSample]], bool]:
         out: dict[Any, list[GpuSample]] = {}
