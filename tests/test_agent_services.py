@@ -84,7 +84,7 @@ def test_run_mode_serves_metrics_alerts_gpu_and_checkpoints(tmp_path: Path) -> N
         cfg = load_config(_config(tmp_path, f"http://127.0.0.1:{port}/hook"))
         started: list[Services] = []
         backend = FakeBackend([healthy(0)])
-        cmd = [*TRAINER, "--steps", "400", "--fault", "nan@30", "--format", "nanogpt"]
+        cmd = [*TRAINER, "--steps", "400", "--fault", "nan@100", "--format", "nanogpt"]
         task = asyncio.create_task(
             run_command(
                 cfg, IDENT, cmd, sinks=[], services={"gpu_backend": backend, "on_start": started.append}
@@ -137,7 +137,10 @@ def test_run_mode_serves_metrics_alerts_gpu_and_checkpoints(tmp_path: Path) -> N
             await runner.cleanup()
         assert rc == 0
         alert = next(r for r in received if r["kind"] == "nan_loss")
-        assert (alert["run"], alert["rank"], alert["severity"], alert["step"]) == ("svc", 0, "critical", 30)
+        assert (alert["run"], alert["rank"], alert["severity"], alert["step"]) == ("svc", 0, "critical", 100)
+        assert "Last good checkpoint to resume from: " in alert["message"]
+        assert alert["message"].endswith("step_10.pt (step 10).")
+        assert alert["evidence"]["last_good_step"] == 10
         assert backend.calls["memory"] > 0
 
     asyncio.run(main())

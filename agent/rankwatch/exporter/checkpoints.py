@@ -34,6 +34,11 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
         "Unix time of the newest good checkpoint: the point a restart resumes from",
         "last_good_timestamp_seconds",
     ),
+    (
+        "seconds_since_last_good",
+        "Seconds since the newest good checkpoint was saved",
+        "seconds_since_last_good",
+    ),
     ("max_age_seconds", "No new good checkpoint for longer than this is stale", "max_age_seconds"),
     (
         "next_size_bytes",

@@ -59,6 +59,8 @@ class Agent:
         self.internal_errors_by_component: dict[str, int] = {}
         self.alert_stats: dict[str, dict[str, int]] | None = None
         self.started_at = time.time()
+        # Add context to a finding before anyone sees it (e.g. the last good checkpoint for a NaN).
+        self.enrichers: list[Callable[[Finding], Finding]] = []
         self.dumps_captured = 0
         self.last_incident: Path | None = None
         self.fr_prefix = fr_prefix  # (pipe prefix, trace file prefix) for PyTorch's flight recorder
@@ -76,6 +78,14 @@ class Agent:
 
     # --- findings ----------------------------------------------------------------------
     def emit(self, f: Finding) -> None:
+        for enrich in self.enrichers:
+            try:
+                f = enrich(f)
+            except Exception:
+                self.internal_errors_by_component["enrich"] = (
+                    self.internal_errors_by_component.get("enrich", 0) + 1
+                )
+                log.debug("finding enricher failed", exc_info=True)
         self.findings.append(f)
         if len(self.findings) > 10_000:
             del self.findings[:5_000]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rankwatch.config.schema import Config
+from rankwatch.detectors.checkpoints import POISON_KINDS
 from rankwatch.detectors.deadline import DeadlineDetector
 from rankwatch.detectors.gpu import GpuDetector, gpu_activity
 from rankwatch.exporter.checkpoints import CheckpointCollector
@@ -42,16 +44,6 @@ def _environ(pid: int) -> dict[str, str]:
         return dict(psutil.Process(pid).environ())
     except Exception:
         return {}
-
-
-class _FindingTap:
-    """A sink that hands every finding to the checkpoint watcher (NaN marks later saves suspect)."""
-
-    def __init__(self, fn: Callable[[Finding], None]) -> None:
-        self.fn = fn
-
-    def send(self, f: Finding) -> None:
-        self.fn(f)
 
 
 class _Guarded:
@@ -234,9 +226,30 @@ class Services:
             self._failed("checkpoints", "checkpoint watching disabled: %s", e)
             return
         self.checkpoints = cw
-        self.agent.sinks.append(_FindingTap(cw.on_finding))
+        self.agent.enrichers.append(self._with_last_good)
         self._tasks.append(asyncio.create_task(cw.run(self._stop), name="checkpoints"))
         self._tasks.append(asyncio.create_task(self._checkpoint_activity(), name="checkpoint-activity"))
+
+    def _with_last_good(self, f: Finding) -> Finding:
+        """A NaN or divergence marks later checkpoints suspect, and its alert names the one to resume from."""
+        cw = self.checkpoints
+        cw.on_finding(f)
+        if f.kind not in POISON_KINDS or f.resolved:
+            return f
+        good = cw.last_good()
+        if good is not None and f.step is not None and good.step is not None and good.step >= f.step:
+            good = next(
+                (e for e in reversed(cw.catalog.ordered()) if e.status == "good" and (e.step or 0) < f.step),
+                None,
+            )
+        if good is None:
+            text = "No good checkpoint from before it is known."
+            evidence = {"last_good_checkpoint": None}
+        else:
+            where = f" (step {good.step})" if good.step is not None else ""
+            text = f"Last good checkpoint to resume from: {good.path}{where}."
+            evidence = {"last_good_checkpoint": str(good.path), "last_good_step": good.step}
+        return dataclasses.replace(f, message=f"{f.message} {text}", evidence={**f.evidence, **evidence})
 
     async def _checkpoint_activity(self) -> None:
         """A save in progress, or one just finished, is progress: the stall detector waits for it."""
