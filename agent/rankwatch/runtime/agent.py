@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rankwatch.config.schema import Config
 from rankwatch.dumps.capture import capture
@@ -62,6 +62,8 @@ class Agent:
         # Add context to a finding before anyone sees it (e.g. the last good checkpoint for a NaN).
         self.enrichers: list[Callable[[Finding], Finding]] = []
         self.dumps_captured = 0
+        # Set by the GPU service: () -> ({rank: [GpuSample]}, sampler up); read by the status page.
+        self.gpu_latest: Callable[[], tuple[Any, bool]] | None = None
         self.last_incident: Path | None = None
         self.fr_prefix = fr_prefix  # (pipe prefix, trace file prefix) for PyTorch's flight recorder
         self._dump_lock = asyncio.Lock()

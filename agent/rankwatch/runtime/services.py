@@ -136,6 +136,7 @@ class Services:
 
         if not self.cfg.gpu.enabled:
             return
+        self.agent.gpu_latest = self.gpu_by_rank  # the status page shows "sampler down" until up
         sampler = GpuSampler(self.cfg.gpu, backend=self.gpu_backend)
         if not await sampler.start():
             return  # the sampler logged its one line

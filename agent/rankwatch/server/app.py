@@ -27,7 +27,7 @@ from prometheus_client.exposition import choose_encoder
 from rankwatch.config.schema import ServerConfig
 from rankwatch.exporter.findings import FindingTracker
 from rankwatch.exporter.metrics import make_registry
-from rankwatch.server.page import render_page
+from rankwatch.server.page import load_page_extras, render_page
 from rankwatch.server.status import (
     FINDINGS_DEFAULT,
     FINDINGS_MAX,
@@ -165,7 +165,9 @@ async def page(request: web.Request) -> web.Response:
         "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
         "X-Content-Type-Options": "nosniff",
     }
-    return web.Response(text=render_page(_status(request)), content_type="text/html", headers=headers)
+    extras = await load_page_extras(request.app[AGENT])
+    html = render_page(_status(request), extras)
+    return web.Response(text=html, content_type="text/html", headers=headers)
 
 
 def _int_param(q: Any, name: str, default: int | None, lo: int, hi: int) -> int | None:
