@@ -382,3 +382,28 @@ def test_pieces_and_chunks_do_not_change_the_result(
     assert whole == expected
     assert items(got) == expected
     assert all(x.text for x in got)
+
+
+@pytest.mark.parametrize("chunk_size", [7, 64, 1 << 20])
+def test_noise_lines_are_dropped_and_line_numbers_stay_true(tmp_path: Path, chunk_size: int) -> None:
+    from rankwatch.sources.follower import NOISE, FollowerStats
+
+    p = tmp_path / "rank-0.log"
+    p.write_bytes(
+        b"node:1:2 [0] NCCL INFO Channel 00/32 : 0 1\n"
+        b"iteration 1/ 10 | lm loss: 2.0 |\n"
+        b"\n"
+        b"node:1:2 [0] NCCL INFO Connected all trees\n"
+        b"bar 10%\rbar 20%\n"
+        b"node:1:2 [0] NCCL INFO Init COMPLETE\r\n"
+        b"iteration 2/ 10 | lm loss: 1.9 |"
+    )
+    stats = FollowerStats()
+    got = [(x.lineno, x.text) for x in read_lines(p, chunk_size=chunk_size, drop=NOISE, stats=stats)]
+    assert got == [
+        (2, "iteration 1/ 10 | lm loss: 2.0 |"),
+        (5, "bar 10%"),
+        (5, "bar 20%"),
+        (7, "iteration 2/ 10 | lm loss: 1.9 |"),
+    ]
+    assert stats.dropped_lines == 3

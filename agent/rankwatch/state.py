@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
+from operator import attrgetter
 
 from rankwatch.records import ErrorRecord, EvalRecord, OverflowRecord, Record, StepRecord
 
@@ -81,7 +83,16 @@ class RankState:
             self.last_time = t
 
     def recent(self, attr: str, n: int) -> list[float]:
-        """Last ``n`` finite values of a StepRecord field, oldest first."""
+        """Last ``n`` finite values of a StepRecord field, oldest first.
+
+        Detectors call this on every step, so the common case (the last ``n`` records all
+        carry a finite value) takes one C-level pass; ``v - v == 0`` is false for NaN and
+        infinities.
+        """
+        vals = [v for v in map(attrgetter(attr), islice(reversed(self.steps), n)) if v is not None]
+        if len(vals) == n and all(v - v == 0 for v in vals):
+            vals.reverse()
+            return vals
         out: list[float] = []
         for rec in reversed(self.steps):
             v = getattr(rec, attr)
