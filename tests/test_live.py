@@ -117,6 +117,51 @@ def test_sigterm_is_forwarded(tmp_path: Path) -> None:
             p.kill()
 
 
+def test_step_wide_sigterm_is_a_requested_stop_not_a_crash(tmp_path: Path) -> None:
+    """Slurm's scancel and time limit signal every process of a step at once: the child may be
+    dead before the agent's own SIGTERM is handled. That must still read as a requested stop."""
+    import psutil
+
+    cfg = write_config(tmp_path)
+    jsonl = tmp_path / "findings.jsonl"
+    cmd = [sys.executable, "-m", "rankwatch", "run", "--config", str(cfg), "--findings-jsonl", str(jsonl)]
+    cmd += ["--", sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=dict(os.environ, RANK="0")
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == b"up"
+        (child,) = psutil.Process(p.pid).children()
+        child.send_signal(signal.SIGTERM)  # the worst order: the child is gone first
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.001)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 143
+    finally:
+        if p.poll() is None:
+            p.kill()
+    got = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()]
+    assert [f["kind"] for f in got if f["kind"] in ("crash", "process_exit")] == ["process_exit"], got
+
+
+def test_stall_finding_says_when_dumps_are_off(tmp_path: Path) -> None:
+    from rankwatch.config.schema import Config
+    from rankwatch.identity import Identity
+    from rankwatch.records import Finding, Severity
+    from rankwatch.runtime.agent import Agent
+
+    cfg = Config()
+    cfg.dumps.on_stall = False
+    cfg.dumps.dir = str(tmp_path / "dumps")
+    agent = Agent(cfg, Identity(run="r", rank=0, local_rank=0, world_size=1, node="n"))
+    msg = "no progress for 61s; process alive, idle. Judged from: step lines. Stacks are being captured."
+    agent.emit(Finding("stall", Severity.CRITICAL, 0, msg))
+    (f,) = agent.findings
+    assert "Stacks are being captured" not in f.message and "Stack dumps are off" in f.message
+    assert f.evidence["dumps"] == "off" and not (tmp_path / "dumps").exists()
+
+
 def test_agent_killed_with_sigkill_leaves_child_running_and_log_complete(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     p = subprocess.Popen(

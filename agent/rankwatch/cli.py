@@ -103,10 +103,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _live_setup(args: argparse.Namespace):
-    from rankwatch.actions.console import ConsoleSink, JsonlSink
-    from rankwatch.identity import identity_from_env
-
+def _live_config(args: argparse.Namespace):
+    """The file, then --set, then the live flags: also what a config hot reload rebuilds."""
     cfg = _load_config(args)
     flags = {
         "dumps.dir": getattr(args, "dumps_dir", None),
@@ -120,6 +118,14 @@ def _live_setup(args: argparse.Namespace):
         from rankwatch.config.loader import with_overrides
 
         cfg = with_overrides(cfg, overrides)
+    return cfg
+
+
+def _live_setup(args: argparse.Namespace):
+    from rankwatch.actions.console import ConsoleSink, JsonlSink
+    from rankwatch.identity import identity_from_env
+
+    cfg = _live_config(args)
     if cfg.server.enabled:
         from rankwatch.server import parse_listen
 
@@ -134,6 +140,13 @@ def _live_setup(args: argparse.Namespace):
     return cfg, identity, sinks
 
 
+def _live_services(args: argparse.Namespace) -> dict:
+    from rankwatch.runtime.reload import ConfigSource, config_path_from
+
+    path = config_path_from(getattr(args, "config", None))
+    return {} if path is None else {"config_source": ConfigSource(path, lambda: _live_config(args))}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -145,7 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd:
         raise UsageError("run: no command given (rankwatch run [options] -- CMD ARGS...)")
     cfg, identity, sinks = _live_setup(args)
-    return asyncio.run(run_command(cfg, identity, cmd, sinks=sinks))
+    return asyncio.run(run_command(cfg, identity, cmd, sinks=sinks, services=_live_services(args)))
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -164,7 +177,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
     cfg, identity, sinks = _live_setup(args)
     logs = [Path(p) for p in args.log or []]
     return asyncio.run(
-        watch_processes(cfg, identity, pids=args.pid or [], match=args.match, logs=logs, sinks=sinks)
+        watch_processes(
+            cfg,
+            identity,
+            pids=args.pid or [],
+            match=args.match,
+            logs=logs,
+            sinks=sinks,
+            services=_live_services(args),
+        )
     )
 
 

@@ -248,7 +248,9 @@ class AlertsConfig:
     repeat_interval: Duration = opt(Duration(4 * 3600.0), "re-send a still-active alert this often")
     send_resolved: bool = opt(True, "send a resolve message when a finding clears")
     rate_limit_per_minute: int = opt(20, "per sink; beyond it alerts wait in the queue")
-    max_retries: int = opt(8, "per alert and sink, with exponential backoff and jitter")
+    max_retries: int = opt(
+        12, "per alert and sink, with exponential backoff and jitter (12: a sink down ~10 min loses nothing)"
+    )
     backoff_max: Duration = opt(Duration(300.0), "longest wait between two retries")
     spool_dir: str = opt("rankwatch-spool", "undelivered alerts survive agent restarts here")
     spool_max_bytes: Size = opt(Size(16 << 20), "bounded spool; the oldest entries are dropped and counted")
@@ -318,6 +320,14 @@ class CheckpointConfig:
 
 
 @dataclass
+class ReloadConfig:
+    interval: Duration = opt(
+        Duration(5.0),
+        "live agent: check the --config file for edits this often (0: never); bad edits keep the last good",
+    )
+
+
+@dataclass
 class Config:
     run: RunConfig = section(RunConfig, "identity of the run and this rank")
     logs: LogsConfig = section(LogsConfig, "log following and parsing")
@@ -330,3 +340,4 @@ class Config:
     alerts: AlertsConfig = section(AlertsConfig, "alert routing and sinks")
     gpu: GpuConfig = section(GpuConfig, "GPU telemetry through NVML")
     checkpoints: CheckpointConfig = section(CheckpointConfig, "checkpoint directory watching")
+    reload: ReloadConfig = section(ReloadConfig, "config hot reload (live agent)")

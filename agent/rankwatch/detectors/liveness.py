@@ -172,7 +172,7 @@ class StallDetector:
         if not sample.alive:
             if self.episode.close():
                 waited = _secs(now - self.quiet_from)
-                msg = f"process exited after {waited} without progress (see the crash finding)"
+                msg = f"process exited after {waited} without progress (its exit is reported separately)"
                 return [self._resolved(msg, state.last_step)]
             return []
         self.samples.append(sample)

@@ -80,6 +80,11 @@ class Agent:
 
     # --- findings ----------------------------------------------------------------------
     def emit(self, f: Finding) -> None:
+        if f.kind == "stall" and not f.resolved and not self.cfg.dumps.on_stall:
+            # Say so, so nobody goes looking for stacks that were never taken.
+            f.message = f.message.replace(" Stacks are being captured.", "")
+            f.message += " Stack dumps are off (dumps.on_stall: false): no stacks were captured."
+            f.evidence = {**f.evidence, "dumps": "off"}
         for enrich in self.enrichers:
             try:
                 f = enrich(f)

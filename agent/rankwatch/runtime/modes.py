@@ -31,6 +31,8 @@ from rankwatch.sources.process import find_processes
 log = logging.getLogger("rankwatch.run")
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+# How a child ends when asked to stop: killed by the signal, or exiting with 128+N itself.
+STOP_STATUSES = frozenset({-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT})
 
 
 def child_log_path(cfg: Config, identity: Identity) -> Path:
@@ -123,10 +125,10 @@ async def run_command(
     stop_requested: list[signal.Signals] = []
 
     def forward(sig: signal.Signals) -> None:
-        if child.poll() is not None:
-            return
         if sig in (signal.SIGTERM, signal.SIGINT):
             stop_requested.append(sig)
+        if child.poll() is not None:  # srun/scancel signal the whole step: the child may be gone already
+            return
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(sig)
         if sig == signal.SIGTERM and not kill_handle:
@@ -148,6 +150,10 @@ async def run_command(
     try:
         while child.poll() is None:
             await asyncio.sleep(0.05)
+        if child.returncode in STOP_STATUSES and not stop_requested:
+            # The same signal may be on its way to us (a Slurm step stop): let it be recorded,
+            # or a time-limit stop reads as a crash.
+            await asyncio.sleep(0.2)
     finally:
         for sig in FORWARDED:
             with contextlib.suppress(Exception):
@@ -159,7 +165,7 @@ async def run_command(
     with contextlib.suppress(Exception):
         await asyncio.wait_for(watch_task, 5.0)
     sig = -rc if rc < 0 else None
-    stopped = bool(stop_requested) and (rc < 0 or rc in (128 + signal.SIGTERM, 128 + signal.SIGINT, 1))
+    stopped = bool(stop_requested) and (rc < 0 or rc in STOP_STATUSES or rc == 1)
     watcher.on_exit(rc if rc >= 0 else None, sig, requested=stopped)
     stop_echo.set()
     if echo is not None:

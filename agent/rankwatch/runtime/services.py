@@ -23,11 +23,13 @@ from rankwatch.detectors.checkpoints import POISON_KINDS
 from rankwatch.detectors.deadline import DeadlineDetector
 from rankwatch.detectors.gpu import GpuDetector, gpu_activity
 from rankwatch.exporter.checkpoints import CheckpointCollector
+from rankwatch.exporter.config import ConfigReloadCollector
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.exporter.view import identity_labels, rank_views
 from rankwatch.gpu.backend import GpuBackend, GpuSample
 from rankwatch.records import Finding
 from rankwatch.runtime.agent import Agent
+from rankwatch.runtime.reload import ConfigReloader, ConfigSource
 
 log = logging.getLogger("rankwatch.services")
 
@@ -80,6 +82,7 @@ class Services:
         alert_sinks: list[Any] | None = None,
         server: bool | None = None,
         on_start: Callable[[Services], None] | None = None,
+        config_source: ConfigSource | None = None,
     ) -> None:
         self.agent = agent
         self.cfg = cfg
@@ -87,6 +90,8 @@ class Services:
         self.alert_sinks = alert_sinks
         self.want_server = cfg.server.enabled if server is None else server
         self.on_start = on_start
+        self.config_source = config_source
+        self.reloader: ConfigReloader | None = None
         self.server: Any = None
         self.dispatcher: Any = None
         self.sampler: Any = None
@@ -105,6 +110,7 @@ class Services:
 
     # --- start ---------------------------------------------------------------------------
     async def start(self) -> None:
+        self._start_reload()
         self._start_alerts()
         await self._start_gpu()
         self._start_checkpoints()
@@ -130,6 +136,18 @@ class Services:
         self.agent.alert_stats = d.stats
         self._tasks.append(asyncio.create_task(d.run(), name="alerts"))
         log.info("alerts go to %s", ", ".join(s.name for s in d.sinks))
+
+    def _start_reload(self) -> None:
+        if self.config_source is None or self.cfg.reload.interval <= 0:
+            return
+        self.reloader = ConfigReloader(self.config_source, self.cfg, on_applied=self._config_applied)
+        self._tasks.append(
+            asyncio.create_task(self.reloader.run(self._stop, self.cfg.reload.interval), name="reload")
+        )
+
+    def _config_applied(self, keys: list[str]) -> None:
+        if self.dispatcher is not None and any(k.startswith("alerts.") for k in keys):
+            self.dispatcher.refresh_policy()
 
     async def _start_gpu(self) -> None:
         from rankwatch.gpu.sampler import GpuSampler
@@ -320,6 +338,13 @@ class Services:
                         identity_labels(self.agent),
                     ),
                     self,
+                )
+            )
+        if self.reloader is not None:
+            reloader = self.reloader
+            extra.append(
+                _Guarded(
+                    "config", ConfigReloadCollector(reloader.snapshot, identity_labels(self.agent)), self
                 )
             )
         return make_registry(self.agent, extra=extra)

