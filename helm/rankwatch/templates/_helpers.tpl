@@ -1,0 +1,249 @@
+{{/*
+Named templates. "rankwatch.sidecar", "rankwatch.volumes", "rankwatch.trainerVolumeMounts"
+and "rankwatch.podSecurity" are the public ones: include them in your own pod specs
+(README.md, "Your own workload").
+*/}}
+
+{{- define "rankwatch.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "rankwatch.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "rankwatch.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "rankwatch.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rankwatch.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "rankwatch.labels" -}}
+helm.sh/chart: {{ include "rankwatch.chart" . }}
+{{ include "rankwatch.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "rankwatch.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{- define "rankwatch.runName" -}}
+{{- .Values.agent.runName | default (include "rankwatch.fullname" .) }}
+{{- end }}
+
+{{- define "rankwatch.slackSecretName" -}}
+{{- .Values.slack.existingSecret | default (printf "%s-slack" (include "rankwatch.fullname" .)) }}
+{{- end }}
+
+{{/* The agent's YAML config: chart-managed keys, then agent.config over them. */}}
+{{- define "rankwatch.agentConfig" -}}
+{{- $base := dict
+  "run" (dict "name" (include "rankwatch.runName" .) "node" "${NODE_NAME:-}")
+  "dumps" (dict "dir" (printf "%s/dumps" .Values.state.mountPath) "on_stall" .Values.stackDumps.enabled)
+  "alerts" (dict "spool_dir" (printf "%s/spool" .Values.state.mountPath))
+  "server" (dict "listen" (printf "0.0.0.0:%d" (int .Values.sidecar.port)))
+-}}
+{{- if .Values.slack.enabled }}
+{{- $_ := set $base.alerts "slack" (dict "token" "${SLACK_BOT_TOKEN}" "channel" .Values.slack.channel) }}
+{{- end }}
+{{- $cfg := mergeOverwrite $base (deepCopy .Values.agent.config) }}
+{{- if not .Values.stackDumps.enabled }}
+{{- $_ := set $cfg.dumps "on_stall" false }}
+{{- end }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/* Container securityContext for the "restricted" Pod Security Standard. */}}
+{{- define "rankwatch.restrictedSecurityContext" -}}
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+runAsNonRoot: true
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/*
+Pod-level fields: the shared process namespace and, without stack dumps, the restricted
+pod securityContext. Include at the pod spec's indentation.
+*/}}
+{{- define "rankwatch.podSecurity" -}}
+shareProcessNamespace: {{ .Values.shareProcessNamespace }}
+{{- if not .Values.stackDumps.enabled }}
+securityContext:
+  runAsNonRoot: true
+  seccompProfile:
+    type: RuntimeDefault
+{{- end }}
+{{- end }}
+
+{{/*
+The sidecar container, a mapping: include it as an initContainers item with
+`- {{ include "rankwatch.sidecar" . | nindent N }}`. restartPolicy: Always makes it a
+native sidecar: it starts before the trainer and does not keep a Job from completing.
+*/}}
+{{- define "rankwatch.sidecar" -}}
+name: {{ .Values.sidecar.name }}
+image: {{ include "rankwatch.image" . | quote }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+restartPolicy: Always
+args:
+  - watch
+  - --config
+  - /etc/rankwatch/rankwatch.yaml
+  - --match
+  - {{ .Values.sidecar.match | quote }}
+  {{- range .Values.sidecar.logs }}
+  - --log
+  - {{ . | quote }}
+  {{- end }}
+  {{- if .Values.checkpoints.enabled }}
+  - --checkpoint-dir
+  - {{ .Values.checkpoints.mountPath | quote }}
+  {{- end }}
+  {{- with .Values.sidecar.extraArgs }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+env:
+  {{- if .Values.sidecar.rankFromJobIndex }}
+  - name: RANK
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.annotations['batch.kubernetes.io/job-completion-index']
+  - name: LOCAL_RANK
+    value: "0"
+  {{- end }}
+  {{- if .Values.workload.enabled }}
+  - name: WORLD_SIZE
+    value: {{ .Values.workload.ranks | quote }}
+  {{- end }}
+  - name: NODE_NAME
+    valueFrom:
+      fieldRef:
+        fieldPath: spec.nodeName
+  {{- if .Values.slack.enabled }}
+  - name: SLACK_BOT_TOKEN
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "rankwatch.slackSecretName" . }}
+        key: {{ .Values.slack.secretKey }}
+  {{- end }}
+  {{- with .Values.sidecar.nvidiaVisibleDevices }}
+  - name: NVIDIA_VISIBLE_DEVICES
+    value: {{ . | quote }}
+  {{- end }}
+  {{- with .Values.sidecar.env }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+ports:
+  - name: rankwatch
+    containerPort: {{ .Values.sidecar.port }}
+    protocol: TCP
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: rankwatch
+  periodSeconds: 1
+  failureThreshold: 60
+{{- if .Values.sidecar.livenessProbe.enabled }}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: rankwatch
+  periodSeconds: {{ .Values.sidecar.livenessProbe.periodSeconds }}
+  failureThreshold: {{ .Values.sidecar.livenessProbe.failureThreshold }}
+{{- end }}
+{{- with .Values.sidecar.resources }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- if .Values.stackDumps.enabled }}
+  # py-spy in the image carries the file capability cap_sys_ptrace+ep; the kernel grants
+  # it to a non-root user only when SYS_PTRACE is in the bounding set (added here) and
+  # no_new_privs is unset (allowPrivilegeEscalation: true).
+  allowPrivilegeEscalation: true
+  capabilities:
+    drop: ["ALL"]
+    add: ["SYS_PTRACE"]
+  runAsNonRoot: true
+  seccompProfile:
+    type: RuntimeDefault
+  {{- else }}
+  {{- include "rankwatch.restrictedSecurityContext" . | nindent 2 }}
+  {{- end }}
+  runAsUser: {{ .Values.sidecar.runAsUser }}
+  runAsGroup: {{ .Values.sidecar.runAsGroup }}
+  readOnlyRootFilesystem: true
+volumeMounts:
+  - name: rankwatch-logs
+    mountPath: {{ .Values.logs.mountPath }}
+    readOnly: true
+  - name: rankwatch-config
+    mountPath: /etc/rankwatch
+    readOnly: true
+  - name: rankwatch-state
+    mountPath: {{ .Values.state.mountPath }}
+  - name: rankwatch-tmp
+    mountPath: /tmp
+  {{- if .Values.checkpoints.enabled }}
+  - name: rankwatch-checkpoints
+    mountPath: {{ .Values.checkpoints.mountPath }}
+    readOnly: true
+  {{- end }}
+{{- end }}
+
+{{/* Volume mounts the training container needs: the shared logs and the checkpoints. */}}
+{{- define "rankwatch.trainerVolumeMounts" -}}
+- name: rankwatch-logs
+  mountPath: {{ .Values.logs.mountPath }}
+{{- if .Values.checkpoints.enabled }}
+- name: rankwatch-checkpoints
+  mountPath: {{ .Values.checkpoints.mountPath }}
+{{- end }}
+{{- end }}
+
+{{/* The pod's volumes for the sidecar and the trainer (list items). */}}
+{{- define "rankwatch.volumes" -}}
+- name: rankwatch-logs
+  emptyDir:
+    sizeLimit: {{ .Values.logs.sizeLimit }}
+- name: rankwatch-config
+  configMap:
+    name: {{ include "rankwatch.fullname" . }}-config
+- name: rankwatch-state
+  {{- if .Values.state.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.state.existingClaim }}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
+- name: rankwatch-tmp
+  emptyDir:
+    sizeLimit: 256Mi
+{{- if .Values.checkpoints.enabled }}
+- name: rankwatch-checkpoints
+  {{- with .Values.checkpoints.volume }}
+  {{- toYaml . | nindent 2 }}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
+{{- end }}
+{{- end }}
