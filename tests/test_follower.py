@@ -407,3 +407,26 @@ def test_noise_lines_are_dropped_and_line_numbers_stay_true(tmp_path: Path, chun
         (7, "iteration 2/ 10 | lm loss: 1.9 |"),
     ]
     assert stats.dropped_lines == 3
+
+
+def test_copytruncate_refilled_past_the_offset_before_the_next_poll(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """logrotate's copytruncate, then the writer refills the file beyond where we were before
+    we look again: the size never shrinks in our eyes, yet nothing may be skipped."""
+    p = tmp_path / "rank-0.log"
+    with open(p, "ab") as w:  # O_APPEND, as a redirected stdout is
+        w.write(b"".join(b"old %04d\n" % i for i in range(100)))
+        w.flush()
+        f = LogFollower(p)
+        assert len(f.read_available()) == 100
+        os.truncate(p, 0)
+        w.write(b"".join(b"new line %04d\n" % i for i in range(300)))
+        w.flush()
+        got = [x.text for x in f.read_available()]
+    assert got == [f"new line {i:04d}" for i in range(300)]
+    assert f.stats.truncations == 1 and "rewritten" in caplog.text
+    with open(p, "ab") as w:
+        w.write(b"tail\n")
+    assert [x.text for x in f.read_available()] == ["tail"] and f.stats.truncations == 1
+    f.close()

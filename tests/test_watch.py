@@ -144,3 +144,39 @@ def test_watch_match_finds_a_restarted_process(tmp_path: Path) -> None:
         for p in (agent, first, second):
             if p is not None and p.poll() is None:
                 p.kill()
+
+
+def test_watch_match_without_logs_watches_every_rank_and_follows_its_stdout(tmp_path: Path) -> None:
+    """A node daemon: `watch --match` alone finds each rank process (not the launcher shell
+    that also matches), labels it with the rank from its environment and follows its stdout."""
+    marker = "77001"
+    trainer = f"{sys.executable} -m rankwatch.demo.trainer --format kv --step-time 0.05 --seed {marker}"
+    script = " & ".join(
+        f"RANK={r} LOCAL_RANK={r} {trainer} --rank {r} --world-size 2 --steps 100000 "
+        f"--fault nan@40:rank=1 > {tmp_path / f'out-{r}.txt'} 2>&1"
+        for r in range(2)
+    )
+    launcher = subprocess.Popen(
+        ["sh", "-c", f"{script} & wait # launcher {marker}"],
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        start_new_session=True,
+    )
+    found = tmp_path / "f.jsonl"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "rankwatch", "-v", "watch", "--config", str(_config(tmp_path)),
+         "--match", f"--seed {marker}", "--findings-jsonl", str(found)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert _wait(lambda: any(f["kind"] == "nan_loss" for f in _findings(found))), _findings(found)
+        nans = [f for f in _findings(found) if f["kind"] == "nan_loss"]
+        assert {f["rank"] for f in nans} == {1}, nans
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=20)
+        assert "rank 0: pid" in err and "rank 1: pid" in err and "out-1.txt" in err, err[-3000:]
+        assert f"pid {launcher.pid}" not in err  # the launcher matched too, but is not a rank
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=10)
+        if agent.poll() is None:
+            agent.kill()

@@ -177,17 +177,54 @@ async def run_command(
     return exit_status(rc)
 
 
-def _process_rank(pid: int) -> int | None:
+RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+def _process_env(pid: int) -> dict[str, str]:
     try:
         import psutil
 
-        env = psutil.Process(pid).environ()
+        return psutil.Process(pid).environ()
     except Exception:
-        return None
-    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        return {}
+
+
+def _env_int(env: dict[str, str], names: Sequence[str]) -> int | None:
+    for name in names:
         v = env.get(name, "")
         if v.isdigit():
             return int(v)
+    return None
+
+
+def _process_rank(pid: int) -> int | None:
+    return _env_int(_process_env(pid), RANK_VARS)
+
+
+def _leaves(pids: Sequence[int]) -> list[int]:
+    """Drop matches that are ancestors of other matches: `torchrun train.py` and the shell
+    that runs `python train.py` match as well as the rank processes themselves."""
+    import psutil
+
+    found = set(pids)
+    parents: set[int] = set()
+    for pid in found:
+        try:
+            parents.update(p.pid for p in psutil.Process(pid).parents())
+        except Exception:
+            continue
+    return sorted(found - parents)
+
+
+def _stdout_file(pid: int) -> Path | None:
+    """The rank's stdout when it is a regular file (`> rank-0.log`, Slurm's --output)."""
+    try:
+        target = os.readlink(f"/proc/{pid}/fd/1")
+        if os.path.isfile(target):
+            return Path(target)
+    except OSError:
+        pass
     return None
 
 
@@ -205,15 +242,49 @@ async def watch_processes(
     stop = stop or asyncio.Event()
     agent = Agent(cfg, identity, sinks=sinks)
     watchers: list[RankWatcher] = []
-    if len(logs) <= 1:
+    tasks: list[asyncio.Task] = []
+    # A node daemon (`watch --match train.py`, no logs): one watcher per matched rank process,
+    # each with its own rank and labels, following the process's stdout when that is a file.
+    per_process = bool(match) and not logs and not pids
+    if not per_process and len(logs) <= 1:
         watchers.append(agent.add_watcher(list(logs), from_end=True))
-    else:
+    elif not per_process:
         for i, p in enumerate(logs):
             r = rank_from_path(p)
             ident = dataclasses.replace(identity, rank=r if r is not None else i, local_rank=i)
             watchers.append(agent.add_watcher([p], ident, from_end=True))
 
+    def add_process(pid: int) -> None:
+        env = _process_env(pid)
+        rank = _env_int(env, RANK_VARS)
+        local = _env_int(env, LOCAL_RANK_VARS)
+        ident = dataclasses.replace(
+            identity,
+            rank=rank if rank is not None else identity.rank,
+            local_rank=local if local is not None else identity.local_rank,
+        )
+        out = _stdout_file(pid)
+        w = agent.add_watcher([out] if out is not None else [], ident, from_end=True)
+        w.attach(pid)
+        watchers.append(w)
+        if started:
+            tasks.append(asyncio.create_task(w.run()))
+        log.info("rank %s: pid %d%s", ident.rank, pid, f", following {out}" if out else ", no log file")
+
     def assign(found: Sequence[int]) -> None:
+        if per_process:
+            found = _leaves(found)
+            attached = {w.prober.pid for w in watchers if w.prober is not None and not w.exited}
+            for pid in found:
+                if pid in attached:
+                    continue
+                rank = _process_rank(pid)
+                again = next((w for w in watchers if w.exited and w.rank == rank and rank is not None), None)
+                if again is not None:
+                    again.attach(pid)  # the rank restarted: same state and labels
+                else:
+                    add_process(pid)
+            return
         free = [w for w in watchers if w.prober is None or w.exited]
         if not free or not found:
             return
@@ -227,6 +298,7 @@ async def watch_processes(
             if w is not None:
                 w.attach(pid)
 
+    started = False
     assign(list(pids) or (find_processes(match) if match else []))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -235,14 +307,15 @@ async def watch_processes(
     agent.install_dump_signal()
     extras = Services(agent, cfg, **(services or {}))
     await extras.start()
-    tasks = [asyncio.create_task(w.run()) for w in watchers]
+    tasks.extend(asyncio.create_task(w.run()) for w in watchers)
+    started = True
     try:
         while not stop.is_set():
             for w in watchers:
                 s = w.last_sample
                 if s is not None and not s.alive and not w.exited:
                     w.on_exit(s.exit_code, None)
-            if match and any(w.prober is None or w.exited for w in watchers):
+            if match and (per_process or any(w.prober is None or w.exited for w in watchers)):
                 assign(await asyncio.to_thread(find_processes, match))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), cfg.process.sample_interval)

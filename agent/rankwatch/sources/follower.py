@@ -38,6 +38,7 @@ _FOLLOW_BATCH_BYTES = 128 << 10  # small batches: bounded loop latency and faste
 NOISE = " NCCL INFO "
 _PIECE_BYTES = 32 << 10  # cache-sized batches of short-lived objects: measurably faster than 1 MiB
 _OBSERVER_RETRY_S = 5.0
+_MARK_BYTES = 64  # the last bytes read: copytruncate then a refill past our offset changes them
 _SELF_EVENTS = frozenset({"opened", "closed_no_write"})  # caused by our own reads
 
 
@@ -220,6 +221,7 @@ class LogFollower:
         self._fd: int | None = None
         self._identity: tuple[int, int] | None = None
         self._offset = 0
+        self._mark = b""
         self._behind = False
         self._open_error_logged = False
         if self._open() and from_end:
@@ -241,6 +243,8 @@ class LogFollower:
         self._behind = False
         if self._fd is None and not self._open():
             return out
+        if self._mark and self._rewritten():
+            self._restart("truncated and rewritten past the read position", out)
         budget = max_bytes if max_bytes is not None else -1
         while True:
             if budget == 0:
@@ -308,6 +312,7 @@ class LogFollower:
         else:
             self._identity = identity
             self._offset = 0
+            self._mark = b""
             self._splitter.reset()
         self._fd = fd
         self._open_error_logged = False
@@ -336,6 +341,8 @@ class LogFollower:
             self._offset = size
             self._splitter.discarding = True
         os.lseek(self._fd, self._offset, os.SEEK_SET)
+        n = min(_MARK_BYTES, self._offset)
+        self._mark = os.pread(self._fd, n, self._offset - n) if n else b""
 
     def _read(self, want: int) -> bytes | None:
         assert self._fd is not None
@@ -349,7 +356,31 @@ class LogFollower:
             return None
         self._offset += len(data)
         self.stats.bytes_read += len(data)
+        if data:
+            self._mark = (
+                data[-_MARK_BYTES:] if len(data) >= _MARK_BYTES else (self._mark + data)[-_MARK_BYTES:]
+            )
         return data
+
+    def _rewritten(self) -> bool:
+        """The bytes before our offset are not the ones we read: truncated, then refilled
+        past the offset before we looked (the size check alone cannot see that)."""
+        assert self._fd is not None
+        n = len(self._mark)
+        try:
+            return os.pread(self._fd, n, self._offset - n) != self._mark
+        except OSError:
+            return False
+
+    def _restart(self, why: str, out: list[FollowedLine]) -> None:
+        assert self._fd is not None
+        log.warning("%s: %s, reading from the start", self.path, why)
+        self.stats.truncations += 1
+        self._splitter.flush(out)
+        self._splitter.reset()
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        self._offset = 0
+        self._mark = b""
 
     def _check_generation(self, out: list[FollowedLine]) -> bool:
         """At end of file: True when reading should go on (file truncated or replaced)."""
@@ -359,14 +390,7 @@ class LogFollower:
         except OSError:
             size = self._offset
         if size < self._offset:
-            log.warning(
-                "%s: truncated (%d -> %d bytes), reading from the start", self.path, self._offset, size
-            )
-            self.stats.truncations += 1
-            self._splitter.flush(out)
-            self._splitter.reset()
-            os.lseek(self._fd, 0, os.SEEK_SET)
-            self._offset = 0
+            self._restart(f"truncated ({self._offset} -> {size} bytes)", out)
             return True
         try:
             st = os.stat(self.path)
