@@ -180,3 +180,36 @@ def test_watch_match_without_logs_watches_every_rank_and_follows_its_stdout(tmp_
         launcher.wait(timeout=10)
         if agent.poll() is None:
             agent.kill()
+
+
+def test_restarted_watch_rebuilds_state_from_the_log_without_reporting_history_again(
+    tmp_path: Path,
+) -> None:
+    """An agent (re)started next to a running rank re-reads the log's recent history: it knows
+    the last step at once, does not alert again on the old NaN, and alerts on a new one."""
+    log = tmp_path / "rank-0.log"
+    with open(log, "w") as fh:
+        for s in range(1, 201):
+            loss = "nan" if s == 150 else f"{3.0 - s / 1000:.4f}"
+            fh.write(f"step={s} loss={loss} grad_norm=0.5 lr=0.0003 step_time=0.100\n")
+    found = tmp_path / "f.jsonl"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "rankwatch", "-v", "watch", "--config", str(_config(tmp_path)),
+         "--log", str(log), "--findings-jsonl", str(found)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1.0)
+        with open(log, "a") as fh:
+            fh.write("step=201 loss=2.7990 grad_norm=0.5 lr=0.0003 step_time=0.100\n")
+            fh.write("step=202 loss=nan grad_norm=nan lr=0.0003 step_time=0.100\n")
+        assert _wait(lambda: any(f["kind"] == "nan_loss" for f in _findings(found)), 20)
+        nans = [f for f in _findings(found) if f["kind"] == "nan_loss"]
+        assert [f["step"] for f in nans] == [202], nans
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=20)
+        assert "replayed the last 200 lines" in err and "last step 200" in err, err[-3000:]
+        assert "nan_loss x1" in err, err[-3000:]
+    finally:
+        if agent.poll() is None:
+            agent.kill()

@@ -64,6 +64,11 @@ class LogsConfig:
     sniff_lines: int = opt(200, "how many parseable lines auto-detection looks at before deciding")
     max_line_bytes: Size = opt(Size(1 << 20), "longer lines are cut here and counted (bounded memory)")
     poll_interval: Duration = opt(Duration(0.25), "upper bound between two reads of a followed log")
+    replay: Size = opt(
+        Size(8 << 20),
+        "watch mode: how much of an existing log is re-read at start to rebuild the detectors' "
+        "windows (baselines, last step); nothing found in it is reported again. 0: none",
+    )
     encoding: str = opt("utf-8", "bytes that do not decode are replaced, never fatal")
 
 

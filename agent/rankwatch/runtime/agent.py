@@ -70,10 +70,21 @@ class Agent:
         self._tasks: set[asyncio.Task] = set()
 
     def add_watcher(
-        self, logs: list[Path], identity: Identity | None = None, *, from_end: bool = False
+        self,
+        logs: list[Path],
+        identity: Identity | None = None,
+        *,
+        from_end: bool = False,
+        replay: bool = False,
     ) -> RankWatcher:
         w = RankWatcher(
-            self.cfg, identity or self.identity, logs, emit=self.emit, clock=self.clock, from_end=from_end
+            self.cfg,
+            identity or self.identity,
+            logs,
+            emit=self.emit,
+            clock=self.clock,
+            from_end=from_end,
+            replay=replay,
         )
         self.watchers.append(w)
         return w
@@ -167,16 +178,23 @@ class Agent:
                 "last_step": w.engine.state.last_step,
                 "local_rank": w.identity.local_rank,
             }
-            txt = await asyncio.to_thread(
-                self.store.write_rank, self.identity.run, incident, rank, result, meta
-            )
+            try:
+                txt = await asyncio.to_thread(
+                    self.store.write_rank, self.identity.run, incident, rank, result, meta
+                )
+            except OSError as e:
+                self._store_failed(e)
+                continue
             folder = txt.parent
             self.dumps_captured += 1
             if not result.ok:
                 log.warning("rank %s: stack dump failed: %s (see %s)", rank, result.error, txt)
             extras = await asyncio.to_thread(self._extras, rank)
             for name, data in extras.items():
-                await asyncio.to_thread(self.store.write_extra, self.identity.run, incident, name, data)
+                try:
+                    await asyncio.to_thread(self.store.write_extra, self.identity.run, incident, name, data)
+                except OSError as e:
+                    self._store_failed(e)
         if folder is not None:
             self.last_incident = folder
             log.warning("stack dumps written to %s", folder)
@@ -186,6 +204,17 @@ class Agent:
                     with contextlib.suppress(Exception):
                         note(f"stack dumps for rank {self.identity.rank}: {folder}")
         return folder
+
+    def _store_failed(self, e: OSError) -> None:
+        """A full or read-only dumps dir loses these stacks, not the agent: said once, then counted."""
+        errs = self.internal_errors_by_component
+        errs["dumps"] = errs.get("dumps", 0) + 1
+        if errs["dumps"] == 1:
+            log.error(
+                "cannot write stack dumps under %s: %s; monitoring goes on (further failures only counted)",
+                self.store.root,
+                e.strerror or e,
+            )
 
     def _extras(self, rank: int) -> dict[str, str | bytes]:
         """Best effort: PyTorch's flight recorder and NCCL's RAS report, or why they are absent."""

@@ -247,12 +247,12 @@ async def watch_processes(
     # each with its own rank and labels, following the process's stdout when that is a file.
     per_process = bool(match) and not logs and not pids
     if not per_process and len(logs) <= 1:
-        watchers.append(agent.add_watcher(list(logs), from_end=True))
+        watchers.append(agent.add_watcher(list(logs), from_end=True, replay=True))
     elif not per_process:
         for i, p in enumerate(logs):
             r = rank_from_path(p)
             ident = dataclasses.replace(identity, rank=r if r is not None else i, local_rank=i)
-            watchers.append(agent.add_watcher([p], ident, from_end=True))
+            watchers.append(agent.add_watcher([p], ident, from_end=True, replay=True))
 
     def add_process(pid: int) -> None:
         env = _process_env(pid)
@@ -264,7 +264,7 @@ async def watch_processes(
             local_rank=local if local is not None else identity.local_rank,
         )
         out = _stdout_file(pid)
-        w = agent.add_watcher([out] if out is not None else [], ident, from_end=True)
+        w = agent.add_watcher([out] if out is not None else [], ident, from_end=True, replay=True)
         w.attach(pid)
         watchers.append(w)
         if started:

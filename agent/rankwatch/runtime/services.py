@@ -125,7 +125,12 @@ class Services:
         from rankwatch.actions.alerts import AlertDispatcher
 
         try:
-            d = AlertDispatcher(self.cfg.alerts, self.agent.identity, sinks=self.alert_sinks)
+            d = AlertDispatcher(
+                self.cfg.alerts,
+                self.agent.identity,
+                sinks=self.alert_sinks,
+                errors=self.agent.internal_errors_by_component,
+            )
         except Exception as e:
             self._failed("alerts", "alerting disabled: %s", e)
             return

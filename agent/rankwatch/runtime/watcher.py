@@ -53,6 +53,7 @@ class RankWatcher:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         from_end: bool = False,
+        replay: bool = False,
     ) -> None:
         self.cfg = cfg
         self.identity = identity
@@ -72,6 +73,9 @@ class RankWatcher:
         self.sample_errors = 0
         self.lines = 0
         self._stop = asyncio.Event()
+        if replay and from_end and int(cfg.logs.replay) > 0:
+            for stream in self.streams:
+                self._replay(stream, int(cfg.logs.replay))
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -99,6 +103,49 @@ class RankWatcher:
             return []
 
     # --- logs --------------------------------------------------------------------------
+    def _replay(self, stream: Stream, budget: int) -> None:
+        """An agent started (or restarted) next to a running rank: rebuild its windows from the
+        log's recent history, as ``analyze`` would, so baselines and the last step are known at
+        once. What the history holds was reported when it happened (or is in the alert spool),
+        so its findings are only summarised in the log, never emitted again."""
+        end = stream.follower.position
+        start = max(0, end - budget)
+        try:
+            with open(stream.path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read(end - start)
+        except OSError as e:
+            log.warning("%s: cannot replay its history: %s", stream.path, e)
+            return
+        if start > 0:
+            data = data[data.find(b"\n") + 1 :]  # the first line is cut
+        kinds: dict[str, int] = {}
+        lines = 0
+        for lineno, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            lines += 1
+            try:
+                recs = stream.parser.feed(raw[: int(self.cfg.logs.max_line_bytes)], lineno)
+            except Exception:
+                self.internal_errors += 1
+                continue
+            for rec in recs:
+                eng = self._engine(rec.rank if rec.rank is not None else self.rank)
+                try:
+                    for f in eng.feed(rec):
+                        if not f.resolved:
+                            kinds[f.kind] = kinds.get(f.kind, 0) + 1
+                except Exception:
+                    self.internal_errors += 1
+        state = self.engine.state
+        if state.last_step is not None:
+            self.stall.on_step(self.clock(), state.last_step)
+        if lines:
+            seen = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none"
+            log.info(
+                "rank %s: replayed the last %d lines of %s: %d steps, last step %s; findings then: %s",
+                self.rank, lines, stream.path, state.step_count, state.last_step, seen,
+            )  # fmt: skip
+
     def _records(self, records: list[Record]) -> None:
         now = self.clock()
         for rec in records:

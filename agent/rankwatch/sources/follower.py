@@ -228,6 +228,11 @@ class LogFollower:
             self._seek_to_end()
 
     @property
+    def position(self) -> int:
+        """Bytes of the current file consumed so far (after ``from_end``: where live reading starts)."""
+        return self._offset
+
+    @property
     def behind(self) -> bool:
         """True when the last ``read_available`` stopped at ``max_bytes`` with more to read."""
         return self._behind

@@ -162,8 +162,11 @@ class AlertDispatcher:
         wall: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         backoff_base: float = BACKOFF_BASE_S,
+        errors: dict[str, int] | None = None,
     ) -> None:
         self.cfg = cfg
+        # The agent's internal-error counters, so a spool that cannot be written shows in /metrics.
+        self.errors = errors if errors is not None else {}
         self.identity = identity
         self.clock = clock
         self.wall = wall
@@ -551,6 +554,7 @@ class AlertDispatcher:
                 return await asyncio.to_thread(fn, *args)
             except OSError as e:
                 self._spool_errors += 1
+                self.errors["alerts"] = self.errors.get("alerts", 0) + 1
                 if self._spool_errors == 1:
                     log.error(
                         "alert spool %s unusable (%s); undelivered alerts will not survive a restart",

@@ -9,6 +9,7 @@ The methods block on disk: the dispatcher calls them in a thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -54,10 +55,22 @@ class Spool:
             return []
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "ab") as fh:
-                fh.write(b"".join(e.line() for e in entries))
-                fh.flush()
-                os.fsync(fh.fileno())
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+            try:
+                start = os.lseek(fd, 0, os.SEEK_END)
+                data = memoryview(b"".join(e.line() for e in entries))
+                try:
+                    while data:
+                        data = data[os.write(fd, data) :]
+                    os.fsync(fd)
+                except OSError:
+                    # A full disk takes part of the write: cut it off, or the next append is
+                    # glued to the torn line and lost with it on load.
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, start)
+                    raise
+            finally:
+                os.close(fd)
             if self.path.stat().st_size <= self.max_bytes:
                 return []
             kept = self._read()
@@ -103,11 +116,15 @@ class Spool:
             self.path.unlink(missing_ok=True)
             return
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(b"".join(e.line() for e in entries))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(b"".join(e.line() for e in entries))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk must not keep the half copy as well
+            raise
         try:
             fd = os.open(self.path.parent, os.O_RDONLY)
             try:
