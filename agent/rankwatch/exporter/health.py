@@ -15,7 +15,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from rankwatch import __version__
 from rankwatch.exporter.view import RANK_LABELS, RankView
 
-COMPONENTS = ("parser", "watcher", "detector", "sampler", "sink", "exporter", "server", "dumps", "alerts", "gpu")
+COMPONENTS = (
+    "parser",
+    "watcher",
+    "detector",
+    "sampler",
+    "sink",
+    "exporter",
+    "server",
+    "dumps",
+    "alerts",
+    "gpu",
+)
 ALERT_COUNTS = (
     ("sent", "delivered to the sink"),
     ("failed", "failed delivery attempts"),

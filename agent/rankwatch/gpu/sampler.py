@@ -132,6 +132,7 @@ class GpuSampler:
         self.errors = 0
         self._busy: asyncio.Future[Any] | None = None
         self._hung = False
+        self._failing: str | None = None  # why every reading of every watched GPU failed last round
         self._latest: list[GpuSample] = []
         self._lost: dict[int, _Lost] = {}
         self._unsupported: dict[int, set[str]] = {}
@@ -143,8 +144,8 @@ class GpuSampler:
 
     @property
     def up(self) -> bool:
-        """What ``rankwatch_gpu_collector_up`` reports: NVML initialised and not hung now."""
-        return self.available and not self._hung
+        """What ``rankwatch_gpu_collector_up`` reports: NVML initialised, not hung, and answering."""
+        return self.available and not self._hung and self._failing is None
 
     async def start(self) -> bool:
         """Initialise NVML; on failure log one line and stay disabled (everything else runs on)."""
@@ -300,7 +301,9 @@ class GpuSampler:
 
     def _collect(self, indices: Sequence[int]) -> list[GpuSample]:
         now = self.clock()
-        samples = [self._read_gpu(i, now) for i in indices]
+        failed: dict[int, str] = {}
+        samples = [self._read_gpu(i, now, failed) for i in indices]
+        self._judge_round(samples, failed)
         by_index = {s.index: s for s in samples}
         for ev in self._xid_events():
             counts = self._xid_counts.setdefault(ev.gpu if ev.gpu is not None else -1, Counter())
@@ -325,7 +328,19 @@ class GpuSampler:
             self._log_once("xid", e.kind, "Xid events: %s (%s)", e.kind.replace("_", " "), e)
             return []
 
-    def _read_gpu(self, i: int, now: float) -> GpuSample:
+    def _judge_round(self, samples: Sequence[GpuSample], failed: Mapping[int, str]) -> None:
+        """A driver that fails every call (unloaded, wedged) is down, said in one line, not one per field."""
+        answering = [s for s in samples if not s.lost]
+        why = next(iter(failed.values()), None)
+        if answering and all(s.index in failed for s in answering):
+            if self._failing is None:
+                log.warning("NVML fails every reading (%s); GPU metrics are down until it answers", why)
+            self._failing = why or "failed"
+        elif self._failing is not None:
+            self._failing = None
+            log.warning("NVML answers again")
+
+    def _read_gpu(self, i: int, now: float, failed: dict[int, str] | None = None) -> GpuSample:
         info = self.devices.get(i) or GpuInfo(index=i)
         s = GpuSample(index=i, time=now, uuid=info.uuid, name=info.name)
         lost = self._lost.get(i)
@@ -335,6 +350,8 @@ class GpuSampler:
                 return s
             lost.probed = now
         skip = self._unsupported.setdefault(i, set())
+        errors: list[tuple[str, str]] = []
+        read = 0
         for name in FIELDS:
             if name in skip:
                 continue
@@ -353,13 +370,19 @@ class GpuSampler:
                     )
                 else:
                     self.errors += 1
-                    self._log_once(name, "failed", "GPU %d: reading %s failed (%s); retried", i, name, e)
+                    errors.append((name, f"{e}"))
                 continue
             except Exception as e:
                 self.errors += 1
-                self._log_once(name, "failed", "GPU %d: reading %s raised %r; retried", i, name, e)
+                errors.append((name, repr(e)))
                 continue
             _assign(s, name, value)
+            read += 1
+        if errors and not read and failed is not None:
+            failed[i] = errors[0][1]
+        else:
+            for name, e in errors:
+                self._log_once(name, "failed", "GPU %d: reading %s failed (%s); retried", i, name, e)
         if self._lost.pop(i, None) is not None:
             log.warning("GPU %d answers NVML again", i)
         return s

@@ -228,12 +228,17 @@ class Services:
                 known, next_map = pids, started + GPU_REMAP_S
                 with contextlib.suppress(Exception):
                     await self._map_gpus()
+            failures = self.sampler.errors + self.sampler.timeouts
             try:
                 samples = await self.sampler.sample_once()
                 if samples:
                     self.on_gpu_samples(samples)
             except Exception:
                 self._failed("gpu", "GPU sampling round failed")
+            if self.sampler.errors + self.sampler.timeouts > failures:
+                # The sampler logged it once; a round with failed NVML calls still counts.
+                errs = self.agent.internal_errors_by_component
+                errs["gpu"] = errs.get("gpu", 0) + 1
             delay = max(0.0, self.cfg.gpu.interval - (loop.time() - started))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
