@@ -70,6 +70,9 @@ def _cpu(p: psutil.Process) -> float:
     return t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
 
 
+TREE_RESCAN = 10
+
+
 class ProcessProber:
     """Samples one process and its descendants; remembers enough to compute CPU %.
 
@@ -92,6 +95,8 @@ class ProcessProber:
         self._cmdline: list[str] = []
         self._last_cpu = 0.0
         self._last_time = clock()
+        self._kids: list[psutil.Process] = []
+        self._samples = 0
         if self._proc is not None:
             self._cmdline = _safe(self._proc.cmdline, [])
             self._last_cpu = self._tree_cpu(self._proc, self._descendants(self._proc))
@@ -99,6 +104,17 @@ class ProcessProber:
     @staticmethod
     def _descendants(p: psutil.Process) -> list[psutil.Process]:
         return _safe(lambda: p.children(recursive=True), [])
+
+    def _tree(self, p: psutil.Process) -> list[psutil.Process]:
+        """Descendants, re-walked every ``TREE_RESCAN`` samples: a walk reads /proc/*/stat of
+        every process on the node, the costliest thing a sample does. In between the known
+        ones are reused (a new data-loader worker shows up within a rescan)."""
+        if self._samples % TREE_RESCAN == 0:
+            self._kids = self._descendants(p)
+        else:
+            self._kids = [k for k in self._kids if _safe(k.is_running, False)]
+        self._samples += 1
+        return self._kids
 
     @staticmethod
     def _tree_cpu(p: psutil.Process, kids: list[psutil.Process]) -> float:
@@ -132,7 +148,7 @@ class ProcessProber:
         status = _safe(p.status, psutil.STATUS_DEAD)
         if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
             return self._dead(now, state_name(status))
-        kids = [k for k in self._descendants(p) if _safe(k.status, _Z) != _Z]
+        kids = [k for k in self._tree(p) if _safe(k.status, _Z) != _Z]
         cpu = self._tree_cpu(p, kids)
         dt = now - self._last_time
         pct = max(0.0, cpu - self._last_cpu) / dt * 100.0 if dt > 0 else 0.0
