@@ -93,8 +93,10 @@ def train(a: argparse.Namespace) -> None:
 
 
 def nan(a: argparse.Namespace) -> None:
-    """Finite steps every ``--interval``; every 8-14 steps one NaN step (then finite again, so
-    the finding resolves and the next NaN is a fresh alert). Stamps: one JSON line per NaN."""
+    """Finite steps every ``--interval``; every 8-14 steps ``--nan-steps`` NaN steps (then finite
+    again, so the finding resolves and the next NaN is a fresh alert). The episode lasts longer
+    than the agent's log poll: a NaN that is already gone when the agent reads it is, by the
+    alert policy, a flap that fires no alert. Stamps: one JSON line per episode's first NaN."""
     rng = random.Random(a.seed)
     stamps = open(a.stamps, "a", buffering=1)  # noqa: SIM115
     step = 0
@@ -107,10 +109,12 @@ def nan(a: argparse.Namespace) -> None:
             step += 1
             emit(megatron_line(step, 1_000_000, loss_at(step), a.interval * 1000))
             time.sleep(a.interval * rng.uniform(0.7, 1.3))
-        step += 1
-        t = emit(megatron_line(step, 1_000_000, math.nan, a.interval * 1000, grad=math.nan))
-        stamps.write(json.dumps({"step": step, "t": t}) + "\n")
-        time.sleep(a.interval)
+        for i in range(a.nan_steps):
+            step += 1
+            t = emit(megatron_line(step, 1_000_000, math.nan, a.interval * 1000, grad=math.nan))
+            if i == 0:
+                stamps.write(json.dumps({"step": step, "t": t}) + "\n")
+            time.sleep(a.interval)
     for _ in range(5):
         step += 1
         emit(megatron_line(step, 1_000_000, loss_at(step), a.interval * 1000))
@@ -209,6 +213,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p = sub.add_parser("nan")
     p.add_argument("--episodes", type=int, default=20)
+    p.add_argument("--nan-steps", type=int, default=5)
     p.add_argument("--interval", type=float, default=0.1)
     p.add_argument("--lead", type=int, default=20)
     p.add_argument("--seed", type=int, default=1)

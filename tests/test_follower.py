@@ -337,7 +337,8 @@ async def _first_batch(path: Path, poll_interval: float) -> tuple[list[FollowedL
 
 @pytest.mark.parametrize("poll_interval", [0.05, 30.0])
 def test_follow_picks_up_appended_nan_line(tmp_path: Path, poll_interval: float) -> None:
-    """With a 30 s poll interval only the watchdog wake-up can deliver the line in time."""
+    """With a 30 s poll interval only the watchdog wake-up can deliver the line in time: the
+    writer here opens, appends and closes, which a file-level event (close-after-write) sees."""
     path = tmp_path / "rank-0.log"
     append(path, "iteration 1 | lm loss: 7.1\n")
     before = _watchdog_threads()

@@ -462,7 +462,15 @@ class _Waker:
             return
         self._next_try = time.monotonic() + _OBSERVER_RETRY_S
         try:
-            from watchdog.events import FileSystemEvent, FileSystemEventHandler
+            from watchdog.events import (
+                DirMovedEvent,
+                FileClosedEvent,
+                FileCreatedEvent,
+                FileDeletedEvent,
+                FileMovedEvent,
+                FileSystemEvent,
+                FileSystemEventHandler,
+            )
             from watchdog.observers import Observer
         except ImportError:
             self._next_try = float("inf")
@@ -484,7 +492,11 @@ class _Waker:
 
         observer = Observer()
         try:
-            observer.schedule(Handler(), str(parent), recursive=False)
+            # Which-file events only (and a writer closing it). A wake-up per write (IN_MODIFY)
+            # cost a run-mode agent five times its CPU (bench_overhead.py); new data in an open
+            # file waits for the next poll (logs.poll_interval) instead.
+            events = [FileCreatedEvent, FileDeletedEvent, FileMovedEvent, DirMovedEvent, FileClosedEvent]
+            observer.schedule(Handler(), str(parent), recursive=False, event_filter=events)
             observer.start()
         except Exception as exc:  # inotify limits, vanished directory: polling still works
             log.debug("%s: no filesystem watch, polling only: %s", self._path, exc)
