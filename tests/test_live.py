@@ -274,3 +274,28 @@ def test_missing_executable_is_127(tmp_path: Path) -> None:
         timeout=30,
     )
     assert out.returncode == 127 and "cannot start" in out.stderr
+
+
+def test_agent_yields_the_cpu_but_the_child_keeps_its_priority(tmp_path: Path) -> None:
+    import psutil
+
+    cfg = write_config(tmp_path)
+    cmd = [sys.executable, "-m", "rankwatch", "run", "--config", str(cfg), "--"]
+    cmd += [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=dict(os.environ, RANK="0")
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == b"up"
+        agent = psutil.Process(p.pid)
+        (child,) = agent.children()
+        base = psutil.Process().nice()
+        assert child.nice() == base
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and agent.nice() != base + 10:
+            time.sleep(0.05)
+        assert agent.nice() == min(19, base + 10)
+        assert all(psutil.Process(t.id).nice() == agent.nice() for t in agent.threads())
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=20)

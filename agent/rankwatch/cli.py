@@ -158,7 +158,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd:
         raise UsageError("run: no command given (rankwatch run [options] -- CMD ARGS...)")
     cfg, identity, sinks = _live_setup(args)
-    return asyncio.run(run_command(cfg, identity, cmd, sinks=sinks, services=_live_services(args)))
+    nice = cfg.process.agent_nice
+    return asyncio.run(run_command(cfg, identity, cmd, sinks=sinks, services=_live_services(args), nice=nice))
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -185,6 +186,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             logs=logs,
             sinks=sinks,
             services=_live_services(args),
+            nice=cfg.process.agent_nice,
         )
     )
 

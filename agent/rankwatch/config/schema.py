@@ -191,6 +191,11 @@ class StallConfig:
 class ProcessConfig:
     sample_interval: Duration = opt(Duration(1.0), "how often the process tree is sampled (psutil)")
     tail_lines: int = opt(50, "last lines of output kept to attach to a crash")
+    agent_nice: int = opt(
+        10,
+        "the agent lowers its own CPU priority by this much (run mode: after starting the child, "
+        "which keeps its own), so on saturated cores the rank wins; 0: off",
+    )
 
 
 @dataclass

@@ -115,6 +115,18 @@ async def _wait_exit(child: subprocess.Popen) -> None:
         os.close(fd)
 
 
+def lower_priority(nice: int) -> None:
+    """The agent yields the CPU to the ranks it watches. Linux keeps a nice value per thread
+    and new threads inherit their creator's, so this runs on the main thread before the
+    agent starts its own threads (and, in run mode, after the child is started)."""
+    if nice <= 0:
+        return
+    try:
+        os.nice(nice)
+    except OSError as e:
+        log.debug("cannot lower the agent's priority: %s", e)
+
+
 def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
@@ -126,6 +138,7 @@ async def run_command(
     *,
     sinks: Sequence[Sink],
     services: dict | None = None,
+    nice: int = 0,
 ) -> int:
     path = child_log_path(cfg, identity)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -147,6 +160,7 @@ async def run_command(
             print(f"rankwatch: cannot start {cmd[0]!r}: {e.strerror or e}", file=sys.stderr)
             return 127 if isinstance(e, FileNotFoundError) else 126
     watcher.attach(child.pid)
+    lower_priority(nice)
     loop = asyncio.get_running_loop()
     agent.install_dump_signal()
     extras = Services(agent, cfg, **(services or {}))
@@ -268,8 +282,10 @@ async def watch_processes(
     sinks: Sequence[Sink],
     stop: asyncio.Event | None = None,
     services: dict | None = None,
+    nice: int = 0,
 ) -> int:
     stop = stop or asyncio.Event()
+    lower_priority(nice)
     agent = Agent(cfg, identity, sinks=sinks)
     watchers: list[RankWatcher] = []
     tasks: list[asyncio.Task] = []
