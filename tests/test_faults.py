@@ -20,6 +20,7 @@ import pytest
 from faultlib import free_port, live_watch, metric, until
 from rankwatch.config.loader import config_from_yaml, load_config
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource
+from rankwatch.runtime.watcher import RankWatcher
 
 pytestmark = pytest.mark.faults
 
@@ -137,6 +138,19 @@ def _writer(log: Path, total: int, every: int, rotate) -> threading.Thread:
     return threading.Thread(target=go, daemon=True)
 
 
+def _spy_steps(w: RankWatcher) -> list[int]:
+    """Every step the watcher's engines get, in order (wraps its record hand-off)."""
+    seen: list[int] = []
+    orig = w._records
+
+    def spy(records: list) -> None:
+        seen.extend(r.step for r in records if getattr(r, "step", None) is not None)
+        orig(records)
+
+    w._records = spy
+    return seen
+
+
 @pytest.mark.parametrize("mode", ["rename", "delete"])
 def test_rotation_by_rename_or_delete_under_heavy_writing_loses_no_line(tmp_path: Path, mode: str) -> None:
     log = tmp_path / "rank-0.log"
@@ -156,15 +170,8 @@ def test_rotation_by_rename_or_delete_under_heavy_writing_loses_no_line(tmp_path
 
     async def main() -> None:
         async with live_watch(cfg, [log]) as live:
-            seen: list[int] = []
             w = live.watcher
-            orig = w._records
-
-            def spy(records):
-                seen.extend(r.step for r in records if getattr(r, "step", None) is not None)
-                orig(records)
-
-            w._records = spy
+            seen = _spy_steps(w)
             t = _writer(log, total, every, rotate)
             t.start()
             await asyncio.to_thread(t.join, 30)
@@ -200,15 +207,8 @@ def test_copytruncate_under_heavy_writing_reads_every_line_once_or_leaves_it_in_
 
     async def main() -> None:
         async with live_watch(cfg, [log]) as live:
-            seen: list[int] = []
             w = live.watcher
-            orig = w._records
-
-            def spy(records):
-                seen.extend(r.step for r in records if getattr(r, "step", None) is not None)
-                orig(records)
-
-            w._records = spy
+            seen = _spy_steps(w)
             t = _writer(log, total, every, rotate)
             t.start()
             await asyncio.to_thread(t.join, 60)

@@ -223,13 +223,8 @@ def _cleanup_job(env: dict[str, str], jid: str | None, marker: str) -> None:
         _kill_ours(marker)
 
 
-def test_train_sbatch_run_per_task_stall_dumps_and_scancel(slurm: dict[str, str], tmp_path: Path) -> None:
-    """Two `rankwatch run` agents under train.sbatch: metrics per rank, a stall with one
-    incident for both ranks, then scancel ends ranks and agents in order."""
-    marker = str(tmp_path)
-    port = _free_ports(2)
-    sd = tmp_path / "sd"
-    env = dict(
+def _job_env(slurm: dict[str, str], tmp_path: Path, port: int, sd: Path) -> dict[str, str]:
+    return dict(
         slurm,
         RANKWATCH_CONFIG=str(_config(tmp_path)),
         RANKWATCH_PORT=str(port),
@@ -237,10 +232,23 @@ def test_train_sbatch_run_per_task_stall_dumps_and_scancel(slurm: dict[str, str]
         RANKWATCH_SD_DIR=str(sd),
         RANKWATCH_LOG_DIR=str(tmp_path / "logs"),
     )
+
+
+def _tail(out: Path) -> str:
+    return out.read_text(errors="replace")[-4000:] if out.exists() else "(no job output)"
+
+
+def test_train_sbatch_run_per_task_stall_dumps_and_scancel(slurm: dict[str, str], tmp_path: Path) -> None:
+    """Two `rankwatch run` agents under train.sbatch: metrics per rank, a stall with one
+    incident for both ranks, then scancel ends ranks and agents in order."""
+    marker = str(tmp_path)
+    port = _free_ports(2)
+    sd = tmp_path / "sd"
+    env = _job_env(slurm, tmp_path, port, sd)
     out = tmp_path / "job.out"
 
     def diag() -> str:
-        return out.read_text(errors="replace")[-4000:] if out.exists() else "(no job output)"
+        return _tail(out)
 
     jid = None
     try:
@@ -294,18 +302,11 @@ def test_watch_sbatch_per_node_sidecar_sees_both_ranks(slurm: dict[str, str], tm
     marker = str(tmp_path)
     port = _free_ports(1)
     sd = tmp_path / "sd"
-    env = dict(
-        slurm,
-        RANKWATCH_CONFIG=str(_config(tmp_path)),
-        RANKWATCH_PORT=str(port),
-        RANKWATCH_BIND="127.0.0.1",
-        RANKWATCH_SD_DIR=str(sd),
-        RANKWATCH_LOG_DIR=str(tmp_path / "logs"),
-    )
+    env = _job_env(slurm, tmp_path, port, sd)
     out = tmp_path / "job.out"
 
     def diag() -> str:
-        return out.read_text(errors="replace")[-4000:] if out.exists() else "(no job output)"
+        return _tail(out)
 
     jid = None
     try:
