@@ -358,6 +358,25 @@ def test_save_in_pieces_is_judged_only_after_marker_and_settle(tmp_path: Path) -
     assert cat.last_good() is e
 
 
+def test_empty_folder_at_start_is_a_save_beginning_not_an_ancient_failure(tmp_path: Path) -> None:
+    """The watcher's first scan can land between a save's mkdir and its first file (CI saw it)."""
+    clock = Clock()
+    cat = catalog(tmp_path, clock)
+    (tmp_path / "checkpoint-8").mkdir()
+    assert update(cat) == [] and cat.entries["checkpoint-8"].status == "writing"
+    write_hf(tmp_path / "x", 8)
+    for f in (tmp_path / "x" / "checkpoint-8").iterdir():
+        f.rename(tmp_path / "checkpoint-8" / f.name)
+    assert update(cat) == []
+    clock.advance(6)
+    assert update(cat) == [] and cat.last_good().name == "checkpoint-8"
+
+    cli = Catalog(tmp_path, CheckpointConfig(settle=5.0), oneshot=True)
+    (tmp_path / "checkpoint-16").mkdir()
+    update(cli)
+    assert cli.entries["checkpoint-16"].status == "incomplete"  # the CLI judges what is there now
+
+
 def test_markerless_file_written_slowly_is_not_called_corrupt(tmp_path: Path) -> None:
     torch = _torch()
     clock = Clock()

@@ -272,7 +272,9 @@ class Catalog:
             seen[c.name] = c
             e = self.entries.get(c.name)
             if e is None:
-                quiet = max(0.0, wall - c.saved_at) if initial or self.oneshot else 0.0
+                # an empty folder has no mtime to go by: live, it is a save just beginning
+                found_done = self.oneshot or (initial and bool(c.files))
+                quiet = max(0.0, wall - c.saved_at) if found_done else 0.0
                 e = Entry(
                     name=c.name,
                     path=c.path,
@@ -282,7 +284,7 @@ class Catalog:
                     sig=frozenset(),
                     first_seen=now,
                     last_change=now - quiet,
-                    observed=not (initial or self.oneshot),
+                    observed=not found_done,
                 )
                 _adopt(e, c)
                 self.entries[c.name] = e
