@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from rankwatch.records import Record
+from rankwatch.records import Record, StepRecord
 
-from ._common import OverflowTracker, eval_record, step_record, strip_ansi, to_float, to_int
+from ._common import OverflowTracker, eval_record, strip_ansi, to_float, to_int
 from .base import LogLine
 
 _ITER = re.compile(r"\biteration\s{0,40}(\d{1,18})\s{0,40}/\s{0,40}(\d{1,18}|infinity)\s{0,40}\|")
@@ -37,6 +37,13 @@ _FIELDS: dict[str, str] = {
     "tokens/s/gpu": "tokens_per_s",
     "tokens per second per gpu": "tokens_per_s",
 }
+
+
+def _number(raw: str) -> float | None:
+    try:
+        return float(raw)
+    except ValueError:
+        return to_float(raw)
 
 
 def _cells(text: str) -> list[tuple[str, str]]:
@@ -87,27 +94,38 @@ class MegatronParser:
         return []
 
     def _train(self, line: LogLine, text: str, m: re.Match[str]) -> list[Record]:
+        # The hot path of `analyze` on Megatron logs: one pass over the cells, float() first
+        # (it takes the surrounding blanks), the forgiving to_float only when that fails.
         it = to_int(m.group(1))
         total = to_int(m.group(2)) if m.group(2) != "infinity" else None
         f: dict[str, float] = {}
         other_loss: float | None = None
-        for key, raw in _cells(text[m.end() :]):
-            field = _FIELDS.get(key)
+        fields = _FIELDS
+        for cell in text[m.end() :].split("|"):
+            key, sep, raw = cell.rpartition(":")
+            if not sep:
+                key, _, raw = cell.strip().rpartition(" ")  # old releases: "learning rate 1.0E-04"
+                if not key:
+                    continue
+            key = key.strip().lower()
+            field = fields.get(key)
             if field is None:
-                if key.endswith("loss") and other_loss is None:
-                    other_loss = to_float(raw)
+                if other_loss is None and key.endswith("loss"):
+                    other_loss = _number(raw)
                 continue
-            val = to_float(raw)
-            if val is None or field in f:
+            if field in f:
                 continue
-            f[field] = val
-        if "loss" not in f and other_loss is not None:
+            val = _number(raw)
+            if val is not None:
+                f[field] = val
+        if other_loss is not None and "loss" not in f:
             f["loss"] = other_loss
         step_ms = f.get("step_time_ms")
         self._last_iter = it
+        skipped = f.get("skipped_iters")
+        nans = f.get("nan_iters")
         return [
-            step_record(
-                line,
+            StepRecord(
                 step=it,
                 total_steps=total,
                 loss=f.get("loss"),
@@ -118,8 +136,11 @@ class MegatronParser:
                 samples_per_s=f.get("samples_per_s"),
                 step_time_s=step_ms / 1000.0 if step_ms is not None else None,
                 tflops=f.get("tflops"),
-                skipped_iters=to_int(f.get("skipped_iters")),
-                nan_iters=to_int(f.get("nan_iters")),
+                skipped_iters=to_int(skipped) if skipped is not None else None,
+                nan_iters=to_int(nans) if nans is not None else None,
+                rank=line.rank,
+                line=line.lineno,
+                time=line.time,
             )
         ]
 
