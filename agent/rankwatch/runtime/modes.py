@@ -127,6 +127,12 @@ def lower_priority(nice: int) -> None:
         log.debug("cannot lower the agent's priority: %s", e)
 
 
+def _remove_handlers(loop: asyncio.AbstractEventLoop) -> None:
+    for sig in FORWARDED:
+        with contextlib.suppress(Exception):
+            loop.remove_signal_handler(sig)
+
+
 def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
@@ -144,6 +150,34 @@ async def run_command(
     path.parent.mkdir(parents=True, exist_ok=True)
     env, fr = child_env(cfg, identity)
     agent = Agent(cfg, identity, sinks=sinks, fr_prefix=fr)
+    loop = asyncio.get_running_loop()
+    started: list[subprocess.Popen] = []
+    kill_handle: list[asyncio.TimerHandle] = []
+    stop_requested: list[signal.Signals] = []
+
+    def forward(sig: signal.Signals) -> None:
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            stop_requested.append(sig)
+        child = started[0]
+        if child.poll() is not None:  # srun/scancel signal the whole step: the child may be gone already
+            return
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(sig)
+        if sig == signal.SIGTERM and not kill_handle:
+            kill_handle.append(loop.call_later(cfg.runner.term_grace, _kill))
+
+    def _kill() -> None:
+        if started[0].poll() is None:
+            log.warning("child did not exit %.0fs after SIGTERM: sending SIGKILL", cfg.runner.term_grace)
+            with contextlib.suppress(ProcessLookupError):
+                started[0].kill()
+
+    # Before the child starts: a SIGTERM in the seconds the agent needs to come up (server,
+    # GPU, checkpoints) would otherwise kill the agent and leave the child running unwatched.
+    # The handlers run from the loop, so none fires before ``started`` is filled.
+    for sig in FORWARDED:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, forward, sig)
     with open(path, "ab") as fh:
         start = fh.tell()
         watcher = agent.add_watcher([path], from_end=True)
@@ -157,37 +191,19 @@ async def run_command(
                 start_new_session=True,
             )
         except OSError as e:
+            _remove_handlers(loop)
             print(f"rankwatch: cannot start {cmd[0]!r}: {e.strerror or e}", file=sys.stderr)
             return 127 if isinstance(e, FileNotFoundError) else 126
+    started.append(child)
     watcher.attach(child.pid)
     lower_priority(nice)
-    loop = asyncio.get_running_loop()
     agent.install_dump_signal()
     extras = Services(agent, cfg, **(services or {}))
-    await extras.start()
-    kill_handle: list[asyncio.TimerHandle] = []
-
-    stop_requested: list[signal.Signals] = []
-
-    def forward(sig: signal.Signals) -> None:
-        if sig in (signal.SIGTERM, signal.SIGINT):
-            stop_requested.append(sig)
-        if child.poll() is not None:  # srun/scancel signal the whole step: the child may be gone already
-            return
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(sig)
-        if sig == signal.SIGTERM and not kill_handle:
-            kill_handle.append(loop.call_later(cfg.runner.term_grace, _kill))
-
-    def _kill() -> None:
-        if child.poll() is None:
-            log.warning("child did not exit %.0fs after SIGTERM: sending SIGKILL", cfg.runner.term_grace)
-            with contextlib.suppress(ProcessLookupError):
-                child.kill()
-
-    for sig in FORWARDED:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, forward, sig)
+    try:
+        await extras.start()
+    except BaseException:
+        _remove_handlers(loop)
+        raise
 
     stop_echo = asyncio.Event()
     echo = asyncio.create_task(_echo(path, start, sys.stdout.buffer, stop_echo)) if cfg.runner.echo else None
@@ -199,9 +215,7 @@ async def run_command(
             # or a time-limit stop reads as a crash.
             await asyncio.sleep(0.2)
     finally:
-        for sig in FORWARDED:
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)
+        _remove_handlers(loop)
         for h in kill_handle:
             h.cancel()
     rc = child.returncode
