@@ -98,7 +98,7 @@ def test_timeout_adapts_to_slow_logging() -> None:
 
 def test_block_buffered_log_bursts_set_the_interval() -> None:
     """A file-buffered stdout delivers 100 step lines at once every minute: the interval is 60s."""
-    r = Rank()
+    r = Rank(StallConfig(ceiling=0))  # type: ignore[arg-type]
     step = 0
     for burst in range(6):
         now = 1100.0 + 60.0 * burst
@@ -107,6 +107,24 @@ def test_block_buffered_log_bursts_set_the_interval() -> None:
             assert r.det.on_step(now, step) == []
     assert r.det.timeout() == pytest.approx(600.0)
     assert r.samples(1400.0 + 1, 1400.0 + 590, every=10.0) == []
+
+
+def test_ceiling_keeps_slow_logging_under_the_nccl_watchdog() -> None:
+    """Steps every 60 s would give 600 s: the NCCL watchdog's default, too late for the stacks."""
+    r = Rank()
+    last = r.steps(1100.0, 30, 60.0)
+    assert r.det.timeout() == pytest.approx(420.0)
+    assert r.samples(last + 1, last + 419, every=6.0) == []
+    (f,) = r.sample(last + 421)
+    assert "420s: the 420s ceiling, under PyTorch's NCCL watchdog" in f.message
+    assert f.evidence["timeout"] == pytest.approx(420.0)
+
+
+def test_ceiling_never_undercuts_the_floor() -> None:
+    r = Rank(StallConfig(floor=600.0, ceiling=420.0))  # type: ignore[arg-type]
+    last = r.steps(1100.0, 30, 100.0)
+    assert r.det.timeout() == pytest.approx(600.0)
+    assert r.samples(last + 1, last + 599, every=10.0) == []
 
 
 def test_first_step_then_silence_uses_startup_grace() -> None:
@@ -286,6 +304,21 @@ def test_silent_rank_gpu_compute_is_life_but_collective_spin_is_not() -> None:
     assert f.evidence["gpu_activity"] == "spinning in a collective"
     assert "GPU activity" in f.evidence["signals"]
     assert "; GPU spinning in a collective." in f.message
+
+
+def test_silent_rank_grace_ends_once_its_gpu_computed() -> None:
+    """Hung at minute 5 of a job: judged 5 minutes later, not after the 15-minute grace."""
+    r = Rank(started=1000.0)
+    for t in range(1000, 1300, 5):
+        r.det.on_gpu(float(t), "busy")
+        assert r.sample(float(t) + 1, cpu_percent=0.0) == []
+    fired: list[Finding] = []
+    for t in range(1300, 1620, 5):
+        r.det.on_gpu(float(t), "idle")
+        fired += r.sample(float(t) + 1, cpu_percent=0.0)
+    (f,) = fired
+    assert 1300 + 300 < 1620 < 1000 + 900
+    assert "after its GPU had computed" in f.message
 
 
 # -- crashes -------------------------------------------------------------------------------

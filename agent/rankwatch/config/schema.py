@@ -179,6 +179,12 @@ class StallConfig:
     startup_grace: Duration = opt(Duration(900.0), "before the first step: model load, compile, data index")
     floor: Duration = opt(Duration(60.0), "never flag a stall sooner than this after the last progress")
     factor: float = opt(10.0, "after the first step: timeout = max(floor, factor x p99 step interval)")
+    ceiling: Duration = opt(
+        Duration(420.0),
+        "once a step interval is known, never wait longer than this (plus the checkpoint allowance): "
+        "PyTorch's NCCL watchdog aborts a hung collective after 600 s by default and takes the evidence "
+        "with it; 0: none",
+    )
     checkpoint_allowance: Duration = opt(Duration(600.0), "extra time while a checkpoint is being written")
     silent_rank_timeout: Duration = opt(
         Duration(300.0), "ranks that print no steps: no log growth and no CPU progress for this long"
@@ -207,7 +213,11 @@ class DumpsConfig:
     locals: bool = opt(False, "include local variables: may reveal data, off by default")
     nonblocking: bool = opt(False, "do not pause the target while sampling (stacks may be torn)")
     timeout: Duration = opt(Duration(20.0), "give up on one dump after this long")
-    flight_recorder: bool = opt(True, "run mode: set TORCH_FR_DEBUG_INFO_PIPE_FILE and collect its dump")
+    flight_recorder: bool = opt(
+        True,
+        "run mode: give the child a flight-recorder pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE, trace "
+        "buffer on unless set) and collect its trace into the incident on a stall",
+    )
 
 
 @dataclass
@@ -293,8 +303,29 @@ class GpuConfig:
     leak_min_growth: Size = opt(Size(256 << 20), "growth over the window below this is never a leak")
     leak_min_steps: int = opt(4, "rising steps needed within the window for a staircase")
     warmup_samples: int = opt(12, "first samples ignored by the leak rule (allocator warm-up)")
+    leak_long_window: Duration = opt(
+        Duration(3600.0),
+        "a slow leak (the overnight OOM) is judged over this horizon: memory must climb in each quarter",
+    )
+    leak_long_resolution: Duration = opt(
+        Duration(60.0), "the long horizon keeps one point (the lowest reading) per this long"
+    )
+    leak_long_min_growth: Size = opt(
+        Size(512 << 20), "growth over the long horizon (its largest jump left out) below this is never a leak"
+    )
+    ecc_corrected_rate: float = opt(
+        10.0,
+        "corrected (single-bit) ECC errors per hour, sustained over ecc_corrected_window, reported as info; "
+        "10x this rate: warning",
+    )
+    ecc_corrected_window: Duration = opt(Duration(3600.0), "the corrected-error rate is judged over this")
     xid_quiet: Duration = opt(Duration(300.0), "an Xid episode resolves after this long without a new Xid")
     lost_reprobe: Duration = opt(Duration(60.0), "a lost GPU is probed again this often")
+    lost_after: int = opt(
+        3,
+        "samples in a row in which every reading of a GPU fails with NVML's Unknown Error (999) before it "
+        "counts as lost; GPU_IS_LOST (fallen off the bus) is immediate",
+    )
 
 
 @dataclass

@@ -67,6 +67,7 @@ class StallDetector:
         self.last_checkpoint: float | None = None
         self.checkpoints_seen = False
         self.gpu_activity: str | None = None
+        self.gpu_computed = False  # real GPU compute seen: startup (model load, compile) is over
         self.stalled_at = 0.0
         self.quiet_from = started
         self.rank: int | None = None
@@ -96,14 +97,20 @@ class StallDetector:
             return t, f"{_secs(t)} startup grace, no step interval measured yet"
         q = p99(self.intervals)
         t = max(floor, self.cfg.factor * q)
-        return t, (
-            f"{_secs(t)} = max({_secs(floor)} floor, {self.cfg.factor:g} x p99 step interval {_secs(q)})"
-        )
+        why = f"{_secs(t)} = max({_secs(floor)} floor, {self.cfg.factor:g} x p99 step interval {_secs(q)})"
+        ceiling = float(self.cfg.ceiling)
+        if 0 < ceiling < t:
+            t = max(floor, ceiling)
+            why = (
+                f"{_secs(t)}: the {_secs(ceiling)} ceiling, under PyTorch's NCCL watchdog; "
+                f"{self.cfg.factor:g} x p99 step interval {_secs(q)} would be longer"
+            )
+        return t, why
 
     def timeout(self) -> float:
         """The effective timeout now, in seconds (for metrics and messages)."""
         if not self._stepping():
-            if self.now - self.started < float(self.cfg.startup_grace):
+            if not self.gpu_computed and self.now - self.started < float(self.cfg.startup_grace):
                 return float(self.cfg.startup_grace)
             return float(self.cfg.silent_rank_timeout)
         return self._base_timeout()[0] + self._checkpoint_extra()
@@ -149,6 +156,7 @@ class StallDetector:
         self.gpu_activity = activity
         if activity == "busy":
             self._signal(now, "GPU compute")
+            self.gpu_computed = True
 
     def _signal(self, now: float, what: str) -> None:
         if now >= self.last_signal:
@@ -185,7 +193,7 @@ class StallDetector:
         else:
             since = now - self.last_signal
             limit = float(self.cfg.silent_rank_timeout)
-            past_grace = now - self.started >= float(self.cfg.startup_grace)
+            past_grace = self.gpu_computed or now - self.started >= float(self.cfg.startup_grace)
             stalled = past_grace and since > limit
             if self.episode.active and self.last_signal > self.stalled_at:
                 self.episode.close()
@@ -232,9 +240,14 @@ class StallDetector:
             if self.gpu_activity not in (None, "unknown"):
                 signals.append("GPU activity")
             timeout = float(self.cfg.silent_rank_timeout)
+            after = (
+                "after its GPU had computed"
+                if self.gpu_computed
+                else f"after the {_secs(float(self.cfg.startup_grace))} startup grace"
+            )
             head = (
                 f"no sign of life for {_secs(since)} (timeout {_secs(timeout)} for a rank that prints no "
-                f"step lines, after the {_secs(float(self.cfg.startup_grace))} startup grace)"
+                f"step lines, {after})"
             )
         last = f"last step {state.last_step}" if state.last_step is not None else "no step line seen yet"
         alive = "process stopped" if cls == "stopped" else "process alive"
