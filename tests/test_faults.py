@@ -482,6 +482,13 @@ def test_dump_without_py_spy_or_ptrace_is_reported_once_and_the_rank_is_untouche
         want = "not found" if broken == "missing" else "ptrace"
         assert want in text.lower(), text
         assert _count(caplog, "stack dump failed") == 1
+        assert agent.dumps_failed == {("py-spy not found" if broken == "missing" else "ptrace denied"): 1}
+        from rankwatch.records import Finding, Severity
+
+        agent.emit(Finding("stall", Severity.CRITICAL, 0, "no progress for 61s. Stacks are being captured."))
+        msg = agent.findings[-1].message
+        assert "Stacks are being captured" not in msg and "Stack dumps will fail" in msg
+        assert ("pip install py-spy" if broken == "missing" else "CAP_SYS_PTRACE") in msg
         assert rank.poll() is None  # the rank runs on
     finally:
         rank.kill()

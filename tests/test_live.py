@@ -299,3 +299,133 @@ def test_agent_yields_the_cpu_but_the_child_keeps_its_priority(tmp_path: Path) -
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=20)
+
+
+FAKE_FR_CHILD = r"""
+import os, sys, threading, time
+stem = os.environ["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]
+assert os.environ["TORCH_FR_DEBUG_INFO_PIPE_FILE"] == stem
+assert int(os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+trace = os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] + "0"
+with open(trace, "wb") as f:
+    f.write(b"stale trace of an earlier stall")
+pipe = stem + "0.pipe"
+os.mkfifo(pipe)  # what ProcessGroupNCCL's DumpPipe does when the trace buffer is on
+
+def serve():
+    fd = os.open(pipe, os.O_RDONLY)
+    while True:
+        if os.read(fd, 64):
+            time.sleep(0.05)
+            with open(trace + ".tmp", "wb") as f:
+                f.write(b"FLIGHT-RECORDER-TRACE")
+            os.replace(trace + ".tmp", trace)
+            return
+        time.sleep(0.05)
+
+threading.Thread(target=serve, daemon=True).start()
+for i in range(1, 31):
+    print(f" iteration {i:>8}/     100 | lm loss: 2.5 | grad norm: 0.5 |", flush=True)
+    time.sleep(0.05)
+time.sleep(60)
+"""
+
+
+def test_stall_collects_the_flight_recorder_trace_through_its_pipe(tmp_path: Path) -> None:
+    """A stand-in for PyTorch's DumpPipe: the agent writes to it, the new trace lands in the incident."""
+    cfg = write_config(tmp_path, "")
+    cfg.write_text(cfg.read_text().replace("floor: 2s", "floor: 1s"))
+    child = tmp_path / "child.py"
+    child.write_text(FAKE_FR_CHILD)
+    env = {k: v for k, v in os.environ.items() if "DEBUG_INFO" not in k and "TRACE_BUFFER" not in k}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "rankwatch", "run", "--config", str(cfg), "--", sys.executable, str(child)],
+        env=dict(env, RANK="0"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 40
+        got: list[Path] = []
+        while time.monotonic() < deadline and not got:
+            got = list((tmp_path / "dumps").glob("t/*_stall/flight-recorder-rank-0.pkl"))
+            time.sleep(0.2)
+        assert got, "no flight recorder trace in the incident"
+        assert got[0].read_bytes() == b"FLIGHT-RECORDER-TRACE"
+        state = Path(__import__("tempfile").gettempdir()) / f"rankwatch-{p.pid}"
+        assert state.is_dir()
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=20)
+        assert not state.exists(), "run mode leaves its flight-recorder folder behind"
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def _run_script(tmp_path: Path, script: str) -> tuple[int, list[dict]]:
+    cfg = write_config(tmp_path)
+    child = tmp_path / "child.py"
+    child.write_text(script)
+    cmd = [sys.executable, "-m", "rankwatch", "run", "--config", str(cfg), "--findings-jsonl",
+           str(tmp_path / "findings-0.jsonl"), "--", sys.executable, str(child)]  # fmt: skip
+    out = run_agent(cmd)
+    return out.returncode, findings(tmp_path, 0)
+
+
+def test_plain_exception_is_one_crash_with_the_exit_code(tmp_path: Path) -> None:
+    """The traceback in the log and the exit are one event: one crash, carrying both."""
+    rc, found = _run_script(
+        tmp_path,
+        "import time\n"
+        "for i in range(1, 6):\n"
+        "    print(f'iteration {i:>8}/     100 | lm loss: 2.5 |', flush=True); time.sleep(0.05)\n"
+        "raise ValueError('bad batch shape')\n",
+    )
+    assert rc == 1
+    crashes = [f for f in found if f["kind"] == "crash"]
+    assert len(crashes) == 1, crashes
+    assert crashes[0]["evidence"]["exit_code"] == 1
+    assert "ValueError: bad batch shape" in crashes[0]["message"]
+    assert not [f for f in found if f["kind"] == "traceback"]
+
+
+def test_handled_traceback_of_a_live_process_is_a_warning_not_a_crash(tmp_path: Path) -> None:
+    rc, found = _run_script(
+        tmp_path,
+        "import time, traceback\n"
+        "try:\n"
+        "    raise KeyError('tokenizer cache')\n"
+        "except KeyError:\n"
+        "    traceback.print_exc()\n"
+        "for i in range(1, 6):\n"
+        "    print(f'iteration {i:>8}/     100 | lm loss: 2.5 |', flush=True); time.sleep(0.05)\n",
+    )
+    assert rc == 0
+    assert not [f for f in found if f["kind"] == "crash"], found
+    (tb,) = [f for f in found if f["kind"] == "traceback"]
+    assert tb["severity"] == "warning" and "exited cleanly" in tb["message"]
+
+
+def test_traceback_of_a_process_still_running_becomes_a_warning_after_the_hold() -> None:
+    from faultlib import IDENT, FakeClock
+    from rankwatch.config.schema import Config
+    from rankwatch.records import ErrorRecord, Severity
+    from rankwatch.runtime import watcher as wmod
+
+    clock = FakeClock(100.0)
+    found: list = []
+    w = wmod.RankWatcher(Config(), IDENT, [], emit=found.append, clock=clock, wall=lambda: 1.7e9)
+    w.prober = object()  # type: ignore[assignment]  # a live process is attached
+    tb = ["Traceback (most recent call last):", '  File "x.py", line 1', "KeyError: 'cache'"]
+    w._records([ErrorRecord(kind="crash", severity=Severity.CRITICAL, summary="KeyError: 'cache'",
+                            evidence=tb, rank=0, line=3)])  # fmt: skip
+    assert found == []
+    clock.advance(wmod.CRASH_HOLD_S - 1)
+    w.release_held()
+    assert found == []
+    clock.advance(2)
+    w.release_held()
+    (f,) = found
+    assert f.kind == "traceback" and f.severity is Severity.WARNING
+    assert "still running 16s later" in f.message

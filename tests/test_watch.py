@@ -91,8 +91,7 @@ def test_watch_pid_and_log_finds_nan_then_sees_the_exit(tmp_path: Path) -> None:
         assert _wait(lambda: any(f["kind"] in ("process_exit", "crash") for f in _findings(found)))
         exits = [f for f in _findings(found) if f["kind"] in ("process_exit", "crash")]
         assert exits[0]["severity"] != "critical"  # a clean finish seen from outside is not a crash
-        agent.send_signal(signal.SIGTERM)
-        assert agent.wait(timeout=20) == 0
+        assert agent.wait(timeout=20) == 0  # --pid alone: nothing can come back, the agent is done
         assert trainer.returncode == 0
     finally:
         for p in (agent, trainer):
@@ -213,3 +212,15 @@ def test_restarted_watch_rebuilds_state_from_the_log_without_reporting_history_a
     finally:
         if agent.poll() is None:
             agent.kill()
+
+
+def test_watch_pid_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=10)
+    out = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "watch", "--config", str(_config(tmp_path)),
+         "--pid", str(dead.pid)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert f"no process with pid {dead.pid}" in out.stderr

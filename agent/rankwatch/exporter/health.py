@@ -85,6 +85,14 @@ def collect_agent(
         labels=RANK_LABELS,
     )
     dumps.add_metric(labels, getattr(agent, "dumps_captured", 0))
+    failed = CounterMetricFamily(
+        "rankwatch_dumps_failed_total",
+        "Stack dumps that could not read the stacks (the rank's file says why), by reason",
+        labels=[*RANK_LABELS, "reason"],
+    )
+    for reason, n in sorted(getattr(agent, "dumps_failed", {}).items()):
+        failed.add_metric([*labels, reason], n)
+    out.append(failed)
     errors = CounterMetricFamily(
         "rankwatch_internal_errors_total",
         "Failures inside the agent, isolated and survived, by component",

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rankwatch.config.schema import Config
-from rankwatch.dumps.capture import capture
+from rankwatch.dumps.capture import capture, find_py_spy
 from rankwatch.dumps.store import DumpStore, incident_name, sanitise_reason, sanitise_run
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
@@ -62,9 +62,11 @@ class Agent:
         # Add context to a finding before anyone sees it (e.g. the last good checkpoint for a NaN).
         self.enrichers: list[Callable[[Finding], Finding]] = []
         self.dumps_captured = 0
+        self.dumps_failed: dict[str, int] = {}  # by DumpResult.error: a small fixed vocabulary
         # Set by the GPU service: () -> ({rank: [GpuSample]}, sampler up); read by the status page.
         self.gpu_latest: Callable[[], tuple[Any, bool]] | None = None
         self.last_incident: Path | None = None
+        self.last_dump_problem: str | None = None
         self.fr_prefix = fr_prefix  # (pipe prefix, trace file prefix) for PyTorch's flight recorder
         self._dump_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
@@ -96,6 +98,12 @@ class Agent:
             f.message = f.message.replace(" Stacks are being captured.", "")
             f.message += " Stack dumps are off (dumps.on_stall: false): no stacks were captured."
             f.evidence = {**f.evidence, "dumps": "off"}
+        elif f.kind == "stall" and not f.resolved:
+            problem = self.dump_problem()
+            if problem is not None:
+                f.message = f.message.replace(" Stacks are being captured.", "")
+                f.message += f" Stack dumps will fail: {problem}"
+                f.evidence = {**f.evidence, "dumps": "unavailable"}
         for enrich in self.enrichers:
             try:
                 f = enrich(f)
@@ -117,6 +125,13 @@ class Agent:
                     log.exception("sink %s failed (further failures only counted)", name)
         if f.kind == "stall" and not f.resolved and self.cfg.dumps.on_stall:
             self._spawn(self.capture_dumps("stall"))
+
+    def dump_problem(self) -> str | None:
+        """Why a py-spy dump cannot work here, known before trying (or from the last try)."""
+        if find_py_spy(self.cfg.dumps.py_spy) is None:
+            exe = self.cfg.dumps.py_spy
+            return f"py-spy not found ({exe!r}). Fix: pip install py-spy in the agent's environment."
+        return self.last_dump_problem
 
     def _spawn(self, coro) -> None:
         try:
@@ -188,7 +203,17 @@ class Agent:
             folder = txt.parent
             self.dumps_captured += 1
             if not result.ok:
+                reason = result.error or "unknown"
+                self.dumps_failed[reason] = self.dumps_failed.get(reason, 0) + 1
                 log.warning("rank %s: stack dump failed: %s (see %s)", rank, result.error, txt)
+                if result.error == "ptrace denied":
+                    self.last_dump_problem = (
+                        "the kernel refused ptrace on the last try. Fix: CAP_SYS_PTRACE for the agent, "
+                        "kernel.yama.ptrace_scope=0, or on Kubernetes shareProcessNamespace plus SYS_PTRACE "
+                        f"(details in {txt})."
+                    )
+            else:
+                self.last_dump_problem = None
             extras = await asyncio.to_thread(self._extras, rank)
             for name, data in extras.items():
                 try:
@@ -226,27 +251,30 @@ class Agent:
             trace = Path(f"{trace_prefix}{rank}")
             try:
                 if pipe.exists() and stat.S_ISFIFO(pipe.stat().st_mode):
+                    before = _mtime(trace)  # a trace left by an earlier stall is not this one's
                     fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
                     try:
                         os.write(fd, b"1\n")
                     finally:
                         os.close(fd)
                     deadline = time.monotonic() + 5.0
-                    while time.monotonic() < deadline and not (trace.exists() and trace.stat().st_size > 0):
+                    while time.monotonic() < deadline and not _fresh(trace, before):
                         time.sleep(0.1)
-                    if trace.exists():
+                    if _fresh(trace, before):
+                        time.sleep(0.2)  # PyTorch writes then renames; let a slow write finish
                         out[f"flight-recorder-rank-{rank}.pkl"] = trace.read_bytes()
                     else:
-                        notes.append(f"flight recorder: asked via {pipe}, no trace at {trace} within 5s")
+                        notes.append(f"flight recorder: asked via {pipe}, no new trace at {trace} within 5s")
                 else:
                     notes.append(
-                        f"flight recorder: absent (no pipe at {pipe}; needs PyTorch >= 2.5 with NCCL)"
+                        f"flight recorder: absent (no pipe at {pipe}: needs PyTorch >= 2.5 with an NCCL "
+                        "process group and TORCH_NCCL_TRACE_BUFFER_SIZE > 0)"
                     )
             except OSError as e:
                 notes.append(f"flight recorder: failed: {e}")
         else:
             notes.append(
-                "flight recorder: not configured (watch mode, or TORCH_FR_DEBUG_INFO_PIPE_FILE unset)"
+                "flight recorder: not configured (watch mode, or TORCH_NCCL_DEBUG_INFO_PIPE_FILE unset)"
             )
         try:
             with socket.create_connection(("127.0.0.1", NCCL_RAS_PORT), timeout=1.0) as s:
@@ -273,3 +301,16 @@ class Agent:
         """Wait for dump captures in flight (bounded)."""
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime if st.st_size > 0 else None
+
+
+def _fresh(path: Path, before: float | None) -> bool:
+    m = _mtime(path)
+    return m is not None and (before is None or m > before)

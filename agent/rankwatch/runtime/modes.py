@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
+
+import psutil
 
 from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
@@ -43,6 +46,19 @@ def child_log_path(cfg: Config, identity: Identity) -> Path:
     return Path(cfg.runner.log_dir) / f"rank-{rank}.log"
 
 
+# PyTorch reads the TORCH_NCCL_* names (ProcessGroupNCCL); newer builds and other backends the
+# TORCH_FR_* ones. The pipe exists only while the trace buffer is on.
+_PIPE_VARS = ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DEBUG_INFO_PIPE_FILE")
+_TRACE_VARS = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+_BUFFER_VARS = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")
+FR_BUFFER_ENTRIES = "2000"
+
+
+def fr_state_dir() -> Path:
+    """Where run mode puts the flight recorder's pipe and trace; removed when the child is done."""
+    return Path(tempfile.gettempdir()) / f"rankwatch-{os.getpid()}"
+
+
 def child_env(
     cfg: Config, identity: Identity, base: dict[str, str] | None = None
 ) -> tuple[dict[str, str], tuple[str, str] | None]:
@@ -51,16 +67,20 @@ def child_env(
         env.setdefault("PYTHONUNBUFFERED", "1")
     fr: tuple[str, str] | None = None
     if cfg.dumps.flight_recorder:
-        if "TORCH_FR_DEBUG_INFO_PIPE_FILE" not in env and "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in env:
-            state = Path(tempfile.gettempdir()) / f"rankwatch-{os.getpid()}"
+        pipe = next((env[v] for v in _PIPE_VARS if env.get(v)), "")
+        trace = next((env[v] for v in _TRACE_VARS if env.get(v)), "")
+        if not pipe:
+            state = fr_state_dir()
             state.mkdir(parents=True, exist_ok=True)
-            env["TORCH_FR_DEBUG_INFO_PIPE_FILE"] = str(state / "fr_pipe_rank_")
-            env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(state / "fr_trace_rank_"))
-        pipe = env.get("TORCH_FR_DEBUG_INFO_PIPE_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "")
-        trace = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get(
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/tmp/nccl_trace_rank_"
-        )
-        fr = (pipe, trace)
+            pipe, trace = str(state / "fr_pipe_rank_"), trace or str(state / "fr_trace_rank_")
+            for v in _PIPE_VARS:
+                env[v] = pipe
+            for v in _TRACE_VARS:
+                env.setdefault(v, trace)
+            size = next((env[v] for v in _BUFFER_VARS if env.get(v)), FR_BUFFER_ENTRIES)
+            for v in _BUFFER_VARS:
+                env.setdefault(v, size)
+        fr = (pipe, trace or "/tmp/nccl_trace_rank_")
     return env, fr
 
 
@@ -232,6 +252,7 @@ async def run_command(
     await agent.settle()
     await extras.close()
     watcher.close()
+    shutil.rmtree(fr_state_dir(), ignore_errors=True)
     return exit_status(rc)
 
 
@@ -299,6 +320,10 @@ async def watch_processes(
     nice: int = 0,
 ) -> int:
     stop = stop or asyncio.Event()
+    missing = [p for p in pids if not psutil.pid_exists(p)]
+    if missing:
+        print(f"rankwatch: no process with pid {', '.join(map(str, missing))}", file=sys.stderr)
+        return 2
     lower_priority(nice)
     agent = Agent(cfg, identity, sinks=sinks)
     watchers: list[RankWatcher] = []
@@ -375,6 +400,10 @@ async def watch_processes(
                 s = w.last_sample
                 if s is not None and not s.alive and not w.exited:
                     w.on_exit(s.exit_code, None)
+            if pids and not match and all(w.exited for w in watchers if w.prober is not None):
+                # Nothing can bring a --pid back (no --match to find a restart): done.
+                log.info("every watched pid has exited; stopping")
+                break
             if match and (per_process or any(w.prober is None or w.exited for w in watchers)):
                 assign(await asyncio.to_thread(find_processes, match))
             with contextlib.suppress(asyncio.TimeoutError):

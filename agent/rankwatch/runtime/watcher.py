@@ -28,6 +28,9 @@ from rankwatch.sources.process import ProcessProber, ProcessSample
 log = logging.getLogger("rankwatch.watcher")
 
 QUIET_RELEASE_S = 1.0  # a stream idle this long hands out tracebacks held back for continuation
+# A traceback in the log of a live process is held this long: if the process dies, its exit is
+# the one crash finding (with that traceback as cause); if it lives on, it was no crash.
+CRASH_HOLD_S = 15.0
 
 
 class Stream:
@@ -72,6 +75,7 @@ class RankWatcher:
         self.internal_errors = 0
         self.sample_errors = 0
         self.lines = 0
+        self._held: list[tuple[float, Finding]] = []
         self._stop = asyncio.Event()
         if replay and from_end and int(cfg.logs.replay) > 0:
             for stream in self.streams:
@@ -160,7 +164,21 @@ class RankWatcher:
             if isinstance(rec, StepRecord) and eng.state.last_step != before:
                 found = found + self.stall.on_step(now, eng.state.last_step)
             for f in found:
-                self.emit(f)
+                if f.kind == "crash" and not f.resolved and self.prober is not None:
+                    self._held.append((now, f))
+                else:
+                    self.emit(f)
+
+    def release_held(self, force: bool = False) -> None:
+        """Crash text from a process that is still running: a handled exception, not a crash."""
+        now = self.clock()
+        keep: list[tuple[float, Finding]] = []
+        for t, f in self._held:
+            if force or now - t >= CRASH_HOLD_S:
+                self.emit(_still_running(f, now - t))
+            else:
+                keep.append((t, f))
+        self._held = keep
 
     def feed_lines(self, stream: Stream, batch: list) -> None:
         now_wall = self.wall()
@@ -240,6 +258,7 @@ class RankWatcher:
             return None
         self.exited = True
         self.drain()
+        held, self._held = self._held, []
         state = self.engine.state
         if requested and not [e for e in state.errors if isinstance(e, ErrorRecord)]:
             status = f"signal {signal}" if signal else f"exit code {exit_code}"
@@ -274,6 +293,9 @@ class RankWatcher:
         if f is not None:
             f.time = f.time or self.wall()
             self.emit(f)
+        else:
+            for _, h in held:
+                self.emit(_still_running(h, None))
         return f
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -284,6 +306,8 @@ class RankWatcher:
             while not self._stop.is_set():
                 await self.sample_once()
                 self.release_quiet()
+                if self._held and not self.exited:
+                    self.release_held()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.cfg.process.sample_interval)
         finally:
@@ -300,3 +324,21 @@ class RankWatcher:
     def close(self) -> None:
         for s in self.streams:
             s.follower.close()
+
+
+def _still_running(f: Finding, after: float | None) -> Finding:
+    when = f"was still running {after:.0f}s later" if after is not None else "then exited cleanly"
+    return Finding(
+        kind="traceback",
+        severity=Severity.WARNING,
+        rank=f.rank,
+        message=(
+            f"the log shows a crash-like error, but the process {when}: a handled exception, or a rank "
+            f"stuck tearing down (a stall would follow). {f.message}"
+        ),
+        step=f.step,
+        line=f.line,
+        path=f.path,
+        time=f.time,
+        evidence=f.evidence,
+    )
