@@ -639,3 +639,9 @@ def test_hadolint() -> None:
         [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@integration
+def test_grafana_dashboards_configmap_validates() -> None:
+    cm = yaml.safe_load((ROOT / "grafana" / "kubernetes" / "dashboards-configmap.yaml").read_text())
+    _validate_all([cm])

@@ -95,14 +95,16 @@ def _fill(fs: Path, leave: int = 0) -> Path:
 
 
 def test_checkpoint_dir_on_a_full_filesystem_warns_before_and_judges_the_torn_save(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import numpy as np
+    from safetensors.numpy import save_file
+
     with _tmpfs(tmp_path / "ckpt") as ckpt:
         log = tmp_path / "rank-0.log"
         log.write_bytes(b"")
-        src = tmp_path / "src.pt"
-        torch.save({"model": {"w": torch.zeros(115_000)}, "iteration": 100}, src)
+        src = tmp_path / "src.safetensors"
+        save_file({"w": np.zeros(115_000, dtype=np.float32)}, str(src))
         data = src.read_bytes()  # ~460 KB: one fits on 1 MiB with room to spare, 1.5 x does not
-        (ckpt / "ckpt_100.pt").write_bytes(data)
+        (ckpt / "ckpt_100.safetensors").write_bytes(data)
         extra = (
             f"gpu: {{enabled: false}}\ncheckpoints: {{dir: {ckpt}, mode: poll, poll_interval: 100ms,"
             " settle: 300ms, incomplete_after: 1s}\n"
@@ -122,10 +124,10 @@ def test_checkpoint_dir_on_a_full_filesystem_warns_before_and_judges_the_torn_sa
                     lambda: len([f for f in live.recorder.findings if f.kind == "disk_low"]) == 2
                 )
                 # The trainer's next save hits the full disk.
-                with pytest.raises(OSError) as exc, open(ckpt / "ckpt_200.pt", "wb") as fh:
+                with pytest.raises(OSError) as exc, open(ckpt / "ckpt_200.safetensors", "wb") as fh:
                     fh.write(data)
                 assert exc.value.errno == errno.ENOSPC
-                assert 0 < (ckpt / "ckpt_200.pt").stat().st_size < len(data)
+                assert 0 < (ckpt / "ckpt_200.safetensors").stat().st_size < len(data)
 
                 def judged() -> list:
                     return [f for f in live.recorder.findings if f.kind.startswith("checkpoint_")]
@@ -137,12 +139,13 @@ def test_checkpoint_dir_on_a_full_filesystem_warns_before_and_judges_the_torn_sa
                 await asyncio.sleep(0.5)  # several more scans of the same torn file
                 (bad,) = judged()
                 assert bad.kind in ("checkpoint_corrupt", "checkpoint_incomplete")
-                assert "ckpt_200.pt" in bad.message and "last good: ckpt_100.pt" in bad.message
+                assert "ckpt_200.safetensors" in bad.message
+                assert "last good: ckpt_100.safetensors" in bad.message
                 disk = [
                     (f.severity.label, f.resolved) for f in live.recorder.findings if f.kind == "disk_low"
                 ]
                 assert disk == [("warning", False), ("critical", False)]
-                assert cw.last_good().name == "ckpt_100.pt"
+                assert cw.last_good().name == "ckpt_100.safetensors"
                 text = await live.metrics()
                 assert metric(text, "rankwatch_checkpoint_fs_free_bytes") == 0
                 assert metric(text, "rankwatch_checkpoint_last_good_step") == 100
