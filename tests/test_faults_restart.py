@@ -1,0 +1,147 @@
+"""The agent SIGKILLed mid-run and started again, as real processes: the rank never notices,
+the alert spooled while the webhook was down is delivered exactly once after the restart, and
+the new agent knows the rank's step from the log without re-alerting its history."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.faults
+
+
+class Hook:
+    """A webhook receiver that can be down (503) and records what it accepted."""
+
+    def __init__(self) -> None:
+        self.down = True
+        self.posted: list[dict] = []
+        self.refused = 0
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if hook.down:
+                    hook.refused += 1
+                    self.send_response(503)
+                else:
+                    hook.posted.append(json.loads(body))
+                    self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _wait(cond, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _lines(first: int, last: int, loss: str = "2.5") -> str:
+    """Healthy step lines; the last one carries ``loss``."""
+    return "".join(
+        f"step={i} loss={loss if i == last else '2.5'} lr=0.0003 grad_norm=0.4\n"
+        for i in range(first, last + 1)
+    )
+
+
+PORT = re.compile(r"serving metrics and API on [^\s]+:(\d+)")
+
+
+def _agent(cfg: Path, trainer: int, log: Path, err: Path) -> subprocess.Popen:
+    with open(err, "wb") as fh:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "-v", "watch", "--config", str(cfg), "--pid", str(trainer),
+             "--log", str(log), "--listen", "127.0.0.1:0"],
+            stdout=subprocess.DEVNULL, stderr=fh,
+        )  # fmt: skip
+
+
+def _port(err: Path) -> int | None:
+    m = PORT.search(err.read_text(errors="replace")) if err.exists() else None
+    return int(m.group(1)) if m else None
+
+
+def _status(err: Path) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{_port(err)}/api/status", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_agent_sigkilled_and_restarted_sends_the_spooled_alert_once_and_rebuilds_from_the_log(
+    tmp_path: Path,
+) -> None:
+    hook = Hook()
+    log = tmp_path / "rank-0.log"
+    log.write_text(_lines(1, 30))
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(
+        f"run: {{name: restart, rank: 0}}\ndetectors: {{warmup_steps: 5}}\n"
+        f"process: {{sample_interval: 200ms}}\ndumps: {{dir: {tmp_path / 'dumps'}}}\n"
+        f"gpu: {{enabled: false}}\n"
+        f"alerts: {{startup_quiet: 0s, group_wait: 0s, backoff_max: 1s, spool_dir: {tmp_path / 'spool'},"
+        f" webhook: {{urls: ['{hook.url}']}}}}\n"
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    agents: list[subprocess.Popen] = []
+    try:
+        err1, err2 = tmp_path / "agent1.err", tmp_path / "agent2.err"
+        agents.append(_agent(cfg, trainer.pid, log, err1))
+        assert _wait(lambda: _port(err1) is not None), err1.read_text()
+        assert _wait(lambda: _status(err1)["ranks"][0].get("step") == 30)
+        with log.open("a") as fh:
+            fh.write(_lines(31, 40, loss="nan"))
+        spool = tmp_path / "spool"
+        assert _wait(lambda: hook.refused >= 1 and any(p.stat().st_size for p in spool.glob("*.jsonl")))
+
+        agents[0].send_signal(signal.SIGKILL)
+        agents[0].wait(timeout=10)
+        assert trainer.poll() is None  # the rank never noticed
+        hook.down = False
+
+        agents.append(_agent(cfg, trainer.pid, log, err2))
+        assert _wait(lambda: _port(err2) is not None), err2.read_text()
+        assert _wait(lambda: len(hook.posted) >= 1), err2.read_text()
+        rank = _status(err2)["ranks"][0]
+        assert rank["step"] == 40  # rebuilt from the log's history at start
+        time.sleep(2.0)  # retries, a replayed history, a second spool pass: none may re-send
+        nan = [p for p in hook.posted if "nan_loss" in json.dumps(p)]
+        assert len(nan) == 1, hook.posted
+        assert len(hook.posted) == 1, hook.posted
+        assert not any(p.stat().st_size for p in spool.glob("*.jsonl"))
+        assert trainer.poll() is None
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.send_signal(signal.SIGTERM)
+                try:
+                    a.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    a.kill()
+        trainer.kill()
+        trainer.wait(10)
+        hook.close()
