@@ -356,3 +356,39 @@ def test_sbatch_scripts_pass_shellcheck() -> None:
     scripts = [TRAIN_SBATCH, WATCH_SBATCH, UP, DOWN, *sorted((REPO / "deploy" / "slurm").glob("*.sh"))]
     out = subprocess.run([sc, "-s", "bash", *map(str, scripts)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout
+
+
+def test_watch_sbatch_scancel_ends_ranks_and_the_node_agent(slurm: dict[str, str], tmp_path: Path) -> None:
+    """The per-node form under scancel: training step and `srun --overlap` agent both end
+    promptly, nothing of the job is left running, and the agent reports no crash."""
+    marker = str(tmp_path)
+    port = _free_ports(1)
+    sd = tmp_path / "sd"
+    env = _job_env(slurm, tmp_path, port, sd)
+    out = tmp_path / "job.out"
+
+    def diag() -> str:
+        return _tail(out)
+
+    jid = None
+    try:
+        jid = _sbatch(env, WATCH_SBATCH, tmp_path, *_trainer(tmp_path))
+        base = f"http://127.0.0.1:{port}"
+
+        def both_ranks() -> bool:
+            t = _get(base + "/metrics")
+            return t is not None and all((_step_value(t, r, jid) or 0) >= 5 for r in range(2))
+
+        _wait(both_ranks, 30, "rankwatch_step for ranks 0 and 1 from the one node agent", diag)
+        agents = [p for p in _ours(marker) if "watch" in p.info["cmdline"]]
+        assert agents, "no rankwatch watch process"
+
+        cancelled = time.monotonic()
+        subprocess.run(["scancel", jid], env=env, check=True, timeout=15)
+        _wait(lambda: not _ours(marker), 15, "ranks and the node agent to end after scancel", diag)
+        took = time.monotonic() - cancelled
+        assert took < 5, f"{took:.1f}s: slower than KillWait, so Slurm had to SIGKILL"
+        _wait(lambda: _job_state(env, jid) in ("CANCELLED", "GONE"), 15, "the job to end", diag)
+        assert not re.search(r"CRITICAL crash|Traceback", diag()), diag()
+    finally:
+        _cleanup_job(env, jid, marker)
