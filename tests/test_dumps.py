@@ -582,7 +582,9 @@ def test_cli_errors_and_default_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("RANKWATCH_DUMPS_DIR", str(tmp_path))
-    assert _cli(["dumps", "list"]) == 1
+    assert _cli(["dumps", "list"]) == 1  # a dumps dir with nothing in it yet
+    assert _cli(["dumps", "list", "--dir", str(tmp_path / "typo")]) == 2
+    assert "typo: no such directory" in capsys.readouterr().err
     _populate(tmp_path)
     assert _cli(["dumps", "list", "--run", "run-b"]) == 0
     assert "20261122T111500Z_nccl_timeout" in capsys.readouterr().out

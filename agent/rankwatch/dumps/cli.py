@@ -39,6 +39,9 @@ def _find(store: DumpStore, args: argparse.Namespace) -> IncidentInfo | None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     store = _store(args)
+    if not store.root.is_dir():
+        print(f"rankwatch dumps: {store.root}: no such directory (set --dir or dumps.dir)", file=sys.stderr)
+        return 2
     incidents = store.list_incidents()
     if args.run:
         incidents = [i for i in incidents if i.run == args.run]
