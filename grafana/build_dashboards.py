@@ -1050,8 +1050,8 @@ def gpu_fleet() -> Json:
             "Memory health per GPU",
             [
                 target(f"{by} ({ecc})", instant=True, table=True),
-                target(f"{by} (rankwatch_gpu_retired_pages{{{g}}})", instant=True, table=True),
-                target(f"{by} (rankwatch_gpu_remapped_rows{{{g}}})", instant=True, table=True),
+                target(f"{by} (rankwatch_gpu_retired_pages_total{{{g}}})", instant=True, table=True),
+                target(f"{by} (rankwatch_gpu_remapped_rows_total{{{g}}})", instant=True, table=True),
                 target(
                     f"max by (node, gpu, uuid) (rankwatch_gpu_remapped_rows_pending{{{g}}}"
                     f" + rankwatch_gpu_retired_pages_pending{{{g}}})",

@@ -16,7 +16,7 @@ from rankwatch.gpu.backend import NvmlBackend
 from rankwatch.gpu.collector import GpuCollector, gpu_metric_families
 from rankwatch.gpu.sampler import GpuSampler
 
-LABELS = {"run": "real", "rank": "0", "node": "this-node"}
+LABELS = {"run": "real", "rank": "0", "local_rank": "0", "node": "this-node"}
 GiB = 1 << 30
 
 
@@ -86,7 +86,7 @@ def test_real_nvml_backend(caplog: pytest.LogCaptureFixture) -> None:
     registry = CollectorRegistry()
     registry.register(GpuCollector(lambda: ({0: second}, True), LABELS))
     text = generate_latest(registry).decode()
-    assert "rankwatch_gpu_memory_total_bytes{" in text
+    assert "rankwatch_gpu_memory_total_bytes{" in text and 'local_rank="0"' in text
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
     if os.path.exists(promtool):
         res = subprocess.run(

@@ -8,13 +8,20 @@ keeps one set of rules per GPU (by UUID). Lasting conditions fire once and resol
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 from rankwatch.detectors.base import Episode, fmt
 from rankwatch.gpu import GpuConfig, GpuSample
+from rankwatch.gpu.trend import (
+    CLIMB_SEGMENTS,
+    LEAK_NOISE,
+    CounterWindow,
+    FloorHistory,
+    staircase_step,
+    sustained_climb,
+)
 from rankwatch.gpu.xid import xid_info
 from rankwatch.records import Finding, Severity
 
@@ -26,12 +33,11 @@ GiB = float(1 << 30)
 SLOWDOWN_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown", "hw_power_brake_slowdown")
 COOL_MARGIN_C = 5.0  # hysteresis: an overheat resolves below threshold minus this
 PRESSURE_MARGIN = 0.02
-LEAK_NOISE = 1 * MiB  # a steady training job's NVML "used" does not move by a byte between steps
-LEAK_STEP_SPREAD = 3.0  # steps of one staircase are within this factor of their median
 
 ACTIVITY_BUSY = "busy"
 ACTIVITY_SPINNING = "spinning in a collective"
 ACTIVITY_IDLE = "idle"
+ACTIVITY_AMBIGUOUS = "fully utilised, but no power reading tells compute from a collective's spin"
 ACTIVITY_UNKNOWN = "unknown"
 IDLE_UTIL = 0.05
 SPIN_UTIL = 0.9
@@ -50,13 +56,19 @@ def _mean(xs: Sequence[float]) -> float:
 def gpu_activity(samples: Sequence[GpuSample]) -> str:
     """What the GPU(s) of a stalled rank are doing, from their last few samples.
 
+    Only ``busy`` counts as a sign of life for the stall detector, so it must be earned:
+    NVML's utilisation is the share of time *a* kernel was resident, and an NCCL kernel
+    polling for a peer that never comes keeps it at 100%.
+
     - ``idle``: utilisation ~0: nothing is launched, the host side is stuck (data loader,
       I/O, a Python deadlock).
-    - ``spinning in a collective``: utilisation ~100% (NVML counts a resident kernel as
-      busy) while power stays near idle (< 30% of the limit) and the memory controller is
-      quiet: NCCL kernels polling for a peer that never arrives, i.e. another rank hung.
-    - ``busy``: anything else with work on it: real compute (power well above idle) or
-      partial load.
+    - ``spinning in a collective``: utilisation ~100% with a quiet GPU: power near idle
+      (< 30% of the limit) and the memory controller quiet where it is read, or, without a
+      power reading, the memory controller quiet: another rank is hung.
+    - ``busy``: real work: partial load (kernels come and go, so the host is launching
+      them), or full load with power well above idle, or without power, with memory traffic.
+    - the ambiguous class: full load and neither power nor memory utilisation to tell
+      (NOT_SUPPORTED on some boards, vGPUs): not taken as life.
     - ``unknown``: no utilisation reading.
     """
     live = [s for s in samples if not s.lost and s.utilization is not None]
@@ -65,42 +77,18 @@ def gpu_activity(samples: Sequence[GpuSample]) -> str:
     util = _mean([s.utilization for s in live if s.utilization is not None])
     if util <= IDLE_UTIL:
         return ACTIVITY_IDLE
+    if util < SPIN_UTIL:
+        return ACTIVITY_BUSY
     power = [s.power / s.power_limit for s in live if s.power is not None and s.power_limit]
     mem = [s.memory_utilization for s in live if s.memory_utilization is not None]
-    if (
-        util >= SPIN_UTIL
-        and power
-        and _mean(power) < SPIN_POWER_RATIO
-        and (not mem or _mean(mem) < SPIN_MEMORY_UTIL)
-    ):
-        return ACTIVITY_SPINNING
-    return ACTIVITY_BUSY
-
-
-def staircase_step(values: Sequence[float], *, min_steps: int, min_growth: float) -> float | None:
-    """The median step when ``values`` climb as a staircase over the whole window, else None.
-
-    A staircase: at least ``min_steps`` rises of similar size (within ``LEAK_STEP_SPREAD``
-    of their median), no fall, at least ``min_growth`` in all, and rises in the first and
-    the last third of the window. That rules out a warm-up ramp that levels off into a
-    plateau, a sawtooth (allocate/free) and one big allocation.
-    """
-    if len(values) < 3:
-        return None
-    diffs = [b - a for a, b in itertools.pairwise(values)]
-    if any(d < -LEAK_NOISE for d in diffs) or values[-1] - values[0] < min_growth:
-        return None
-    rises = [(i, d) for i, d in enumerate(diffs) if d > LEAK_NOISE]
-    if len(rises) < min_steps:
-        return None
-    sizes = [d for _, d in rises]
-    med = statistics.median(sizes)
-    if any(d > med * LEAK_STEP_SPREAD or d < med / LEAK_STEP_SPREAD for d in sizes):
-        return None
-    third = max(1, len(diffs) // 3)
-    if rises[0][0] >= third or rises[-1][0] < len(diffs) - third:
-        return None
-    return med
+    quiet_memory = _mean(mem) < SPIN_MEMORY_UTIL if mem else None
+    if power:
+        if _mean(power) < SPIN_POWER_RATIO and quiet_memory is not False:
+            return ACTIVITY_SPINNING
+        return ACTIVITY_BUSY
+    if quiet_memory is None:
+        return ACTIVITY_AMBIGUOUS
+    return ACTIVITY_SPINNING if quiet_memory else ACTIVITY_BUSY
 
 
 class GpuRule:
@@ -267,39 +255,57 @@ class MemoryPressureRule(_Sustained):
 
 
 class MemoryLeakRule(GpuRule):
+    """Two horizons, because leaks come at two speeds.
+
+    A leak of a tensor per step climbs as a staircase within minutes: the short window.
+    A leak of a few MiB per step (a list of losses kept on the GPU, a cache that grows with
+    every new shape) hides under the short window's thresholds and still runs out overnight:
+    the long horizon watches the memory *floor* (lowest reading per minute) for an hour and
+    flags it when it climbs in every quarter of that hour. Warm-up growth, a plateau and a
+    one-off allocator jump do not, so healthy runs stay silent.
+    """
+
     kind = "gpu_memory_leak"
 
     def __init__(self, cfg: GpuConfig, rank: int | None) -> None:
         super().__init__(cfg, rank)
         self.seen = 0
         self.window: deque[tuple[float, float]] = deque(maxlen=max(3, cfg.leak_window))
+        self.history = FloorHistory(float(cfg.leak_long_resolution), float(cfg.leak_long_window))
+        self.horizon: str | None = None  # which horizon opened the current episode
 
     def observe(self, s: GpuSample) -> list[Finding]:
         if s.lost or s.memory_used is None:
             return []
         self.seen += 1
+        if self.seen <= self.cfg.warmup_samples:  # kept out of both horizons, not just of judgement
+            return []
         self.window.append((s.time, float(s.memory_used)))
-        if self.seen <= self.cfg.warmup_samples or len(self.window) < self.window.maxlen:  # type: ignore[operator]
+        new_point = self.history.add(s.time, float(s.memory_used))
+        if self.episode.active:
+            return self._maybe_resolve(s, new_point)
+        out = self._short(s)
+        if not out and new_point and self.cfg.leak_long_window > 0 and self.history.full():
+            out = self._long(s)
+        return out
+
+    def _short(self, s: GpuSample) -> list[Finding]:
+        if len(self.window) < (self.window.maxlen or 0):
             return []
         times = [t for t, _ in self.window]
         used = [u for _, u in self.window]
-        if self.episode.active:
-            return self._maybe_resolve(s, used)
         step = staircase_step(
             used, min_steps=self.cfg.leak_min_steps, min_growth=float(self.cfg.leak_min_growth)
         )
         if step is None or not self.episode.open(None):
             return []
+        self.horizon = "short"
         n = len(used) - 1
         growth = used[-1] - used[0]
         per_sample = growth / n
         span = times[-1] - times[0]
         per_min = growth / span * 60 if span > 0 else None
         rate = f", {per_min / MiB:.0f} MiB/min" if per_min else ""
-        eta = ""
-        if per_min and s.memory_total:
-            minutes = (s.memory_total - used[-1]) / per_min
-            eta = f"; at this rate memory is full in about {minutes:.0f} min"
         steps = sum(1 for a, b in itertools.pairwise(used) if b - a > LEAK_NOISE)
         return [
             self.finding(
@@ -307,11 +313,12 @@ class MemoryLeakRule(GpuRule):
                 s,
                 f"{where(s)} memory is climbing as a staircase: +{growth / MiB:.0f} MiB over the last "
                 f"{n} samples in {steps} steps of ~{step / MiB:.0f} MiB ({per_sample / MiB:.1f} MiB per "
-                f"sample{rate}), now {used[-1] / GiB:.1f} GiB{eta}. A plateau after warm-up is normal; "
-                "steady steps mean something keeps tensors alive across steps (a loss summed without "
-                ".item()/.detach(), outputs appended to a list, a cache keyed by shape). Usual fix: "
-                "take a torch.cuda.memory snapshot and find what holds the references.",
+                f"sample{rate}), now {used[-1] / GiB:.1f} GiB{_eta(s, used[-1], per_min)}. A plateau "
+                "after warm-up is normal; steady steps mean something keeps tensors alive across steps "
+                "(a loss summed without .item()/.detach(), outputs appended to a list, a cache keyed by "
+                "shape). Usual fix: take a torch.cuda.memory snapshot and find what holds the references.",
                 {
+                    "horizon": "short",
                     "growth_bytes": growth,
                     "step_bytes": step,
                     "slope_bytes_per_sample": per_sample,
@@ -320,83 +327,228 @@ class MemoryLeakRule(GpuRule):
             )
         ]
 
-    def _maybe_resolve(self, s: GpuSample, used: list[float]) -> list[Finding]:
+    def _long(self, s: GpuSample) -> list[Finding]:
+        climb = sustained_climb(self.history.points, min_growth=float(self.cfg.leak_long_min_growth))
+        if climb is None or not self.episode.open(None):
+            return []
+        self.horizon = "long"
+        floor = self.history.points[-1][1]
+        minutes = climb.span / 60
+        jump = f" (plus one jump of {climb.jump / MiB:.0f} MiB, left out)" if climb.jump else ""
+        return [
+            self.finding(
+                Severity.WARNING,
+                s,
+                f"{where(s)} memory has been creeping up for {minutes:.0f} min: its floor rose "
+                f"+{climb.growth / MiB:.0f} MiB{jump} in every quarter of that time, "
+                f"{climb.per_minute / MiB:.1f} MiB/min, now {floor / GiB:.1f} GiB"
+                f"{_eta(s, floor, climb.per_minute)}. Too slow to show within minutes, it is the usual "
+                "overnight out-of-memory: a little memory kept alive per step (losses or metrics kept as "
+                "GPU tensors, a list that grows, a cache keyed by shape or sequence length). Usual fix: "
+                "compare two torch.cuda.memory snapshots an hour apart and find what grew.",
+                {
+                    "horizon": "long",
+                    "growth_bytes": climb.growth,
+                    "largest_jump_bytes": climb.jump,
+                    "window_seconds": climb.span,
+                    "slope_bytes_per_minute": climb.per_minute,
+                },
+            )
+        ]
+
+    def _maybe_resolve(self, s: GpuSample, new_point: bool) -> list[Finding]:
+        stopped = self._short_stopped() if self.horizon == "short" else new_point and self._long_stopped()
+        if not stopped or not self.episode.close():
+            return []
+        return [
+            self.finding(
+                Severity.WARNING,
+                s,
+                f"{where(s)} memory stopped climbing at {float(s.memory_used or 0) / GiB:.1f} GiB",
+                resolved=True,
+            )
+        ]
+
+    def _short_stopped(self) -> bool:
+        used = [u for _, u in self.window]
         tail = used[-max(3, len(used) // 3) :]
         diffs = [b - a for a, b in itertools.pairwise(tail)]
         freed = min(diffs) < -float(self.cfg.leak_min_growth)
-        if (freed or all(d <= LEAK_NOISE for d in diffs)) and self.episode.close():
-            return [
-                self.finding(
-                    Severity.WARNING,
-                    s,
-                    f"{where(s)} memory stopped climbing at {used[-1] / GiB:.1f} GiB",
-                    resolved=True,
-                )
-            ]
-        return []
+        return freed or all(d <= LEAK_NOISE for d in diffs)
+
+    def _long_stopped(self) -> bool:
+        """The last quarter of the horizon no longer climbs as the episode's start demanded."""
+        pts = self.history.points
+        since = pts[-1][0] - self.history.window / CLIMB_SEGMENTS
+        tail = [v for t, v in pts if t >= since]
+        if len(tail) < 2:
+            return False
+        freed = min(tail) < tail[0] - float(self.cfg.leak_min_growth)
+        return freed or tail[-1] - tail[0] < float(self.cfg.leak_long_min_growth) / (2 * CLIMB_SEGMENTS)
+
+
+def _eta(s: GpuSample, used: float, per_min: float | None) -> str:
+    if not per_min or per_min <= 0 or not s.memory_total:
+        return ""
+    return f"; at this rate memory is full in about {(s.memory_total - used) / per_min:.0f} min"
+
+
+ECC_STORM = 10.0  # times the configured corrected-error rate: a storm, worth a warning
+_ECC_ADVICE = {
+    Severity.CRITICAL: "Uncorrectable errors kill the processes using that memory (Xid 48/94/95). Usual "
+    "fix: drain the node and reset the GPU (`nvidia-smi -r`) so the bad rows are remapped; RMA if it "
+    "repeats or remapping fails.",
+    Severity.WARNING: "The board is retiring or remapping memory, which takes effect at the next GPU "
+    "reset. Usual fix: drain the node when the job allows and reset the GPU; RMA if it keeps happening.",
+    Severity.INFO: "Nothing fails now, but it is the first place to look if this rank later dies with "
+    "Xid 48/63/64/94/95. `nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER` shows the details.",
+}
 
 
 class EccRule(GpuRule):
+    """Memory errors, from the board's ECC counters, retired pages and row-remapper flags.
+
+    Severity follows what the error does to the job. An uncorrectable error, or a row that
+    could not be remapped, kills the processes using that memory: critical. A retired page
+    or a pending remap is the board healing itself at the next reset: warning. A steady
+    trickle of corrected errors harms nothing yet but precedes both: info, warning when it
+    is a storm. What the board carried before the agent started is a history, told once as
+    info. One episode per GPU; it fires again only when its severity rises, so flags that
+    stay set until a reset do not repeat.
+    """
+
     kind = "ecc_error"
 
     def __init__(self, cfg: GpuConfig, rank: int | None) -> None:
         super().__init__(cfg, rank)
-        self.prev: int | None = None
+        self.first = True
+        self.prev_unc: int | None = None
+        self.prev_retired: dict[str, int] | None = None
+        self.corrected = CounterWindow(float(cfg.ecc_corrected_window))
+        self.rate_on = False
         self.quiet = 0
-        self.severity = Severity.WARNING
+        self.severity = Severity.INFO
 
     def observe(self, s: GpuSample) -> list[Finding]:
         if s.lost:
             return []
-        reasons: list[str] = []
-        severity = Severity.WARNING
-        ecc = s.ecc or {}
-        unc = ecc.get(("uncorrected", "volatile"), ecc.get(("uncorrected", "aggregate")))
-        if unc is not None:
-            if self.prev is not None and unc > self.prev:
-                reasons.append(f"uncorrectable ECC errors rose from {self.prev} to {unc}")
-                severity = Severity.CRITICAL
-            self.prev = unc
-        if s.remap_failure:
-            reasons.append("a memory row could not be remapped (remapping failure)")
-            severity = Severity.CRITICAL
-        if s.remap_pending:
-            reasons.append("row remapping is pending until the GPU is reset")
-        if s.retired_pages_pending:
-            reasons.append("page retirement is pending until the GPU is reset")
+        reasons = self._history(s) if self.first else []
+        self.first = False
+        reasons += self._uncorrected(s) + self._retired(s) + self._flags(s) + self._corrected(s)
         if not reasons:
-            if self.episode.active:
-                self.quiet += 1
-                if self.quiet >= self.cfg.clear_samples and self.episode.close():
-                    return [
-                        self.finding(
-                            self.severity,
-                            s,
-                            f"{where(s)}: no new uncorrectable ECC errors and nothing pending",
-                            resolved=True,
-                        )
-                    ]
-            return []
+            return self._maybe_resolve(s)
         self.quiet = 0
+        severity = max(sev for _, sev in reasons)
         if self.episode.active and severity <= self.severity:
             return []
         self.episode.open(None)
         self.severity = max(self.severity, severity)
+        ecc = s.ecc or {}
         return [
             self.finding(
                 severity,
                 s,
-                f"{where(s)} memory errors: {'; '.join(reasons)}. Uncorrectable errors kill the "
-                "processes using that memory (Xid 48/94/95). Usual fix: drain the node and reset the GPU "
-                "(`nvidia-smi -r`) so the bad rows are remapped; RMA if it repeats or remapping fails.",
+                f"{where(s)} memory errors: {'; '.join(t for t, _ in reasons)}. {_ECC_ADVICE[severity]}",
                 {
-                    "uncorrected": unc,
+                    "uncorrected": self.prev_unc,
+                    "corrected": ecc.get(("corrected", "volatile"), ecc.get(("corrected", "aggregate"))),
+                    "retired_pages": s.retired_pages,
+                    "remapped_rows": s.remapped_rows,
                     "remap_pending": s.remap_pending,
                     "remap_failure": s.remap_failure,
                     "retired_pages_pending": s.retired_pages_pending,
                 },
             )
         ]
+
+    def _maybe_resolve(self, s: GpuSample) -> list[Finding]:
+        if not self.episode.active:
+            return []
+        self.quiet += 1
+        if self.quiet < self.cfg.clear_samples or not self.episode.close():
+            return []
+        severity, self.severity = self.severity, Severity.INFO
+        return [
+            self.finding(
+                severity,
+                s,
+                f"{where(s)}: no new ECC errors or retired pages, nothing pending",
+                resolved=True,
+            )
+        ]
+
+    def _history(self, s: GpuSample) -> list[tuple[str, Severity]]:
+        ecc = s.ecc or {}
+        facts: list[str] = []
+        vol, agg = ecc.get(("uncorrected", "volatile")), ecc.get(("uncorrected", "aggregate"))
+        if vol:
+            facts.append(f"{vol} uncorrectable ECC errors since the driver loaded")
+        if agg and agg != vol:
+            facts.append(f"{agg} uncorrectable ECC errors in the board's lifetime")
+        pages = sum((s.retired_pages or {}).values())
+        if pages:
+            facts.append(f"{pages} pages retired")
+        rows = sum((s.remapped_rows or {}).values())
+        if rows:
+            facts.append(f"{rows} rows remapped")
+        if not facts:
+            return []
+        return [(f"before this agent started: {', '.join(facts)}", Severity.INFO)]
+
+    def _uncorrected(self, s: GpuSample) -> list[tuple[str, Severity]]:
+        ecc = s.ecc or {}
+        unc = ecc.get(("uncorrected", "volatile"), ecc.get(("uncorrected", "aggregate")))
+        if unc is None:
+            return []
+        prev, self.prev_unc = self.prev_unc, unc
+        if prev is not None and unc > prev:
+            return [(f"uncorrectable ECC errors rose from {prev} to {unc}", Severity.CRITICAL)]
+        return []
+
+    def _retired(self, s: GpuSample) -> list[tuple[str, Severity]]:
+        if s.retired_pages is None:
+            return []
+        prev, self.prev_retired = self.prev_retired, dict(s.retired_pages)
+        if prev is None:
+            return []
+        out: list[tuple[str, Severity]] = []
+        for cause, n in sorted(s.retired_pages.items()):
+            before = prev.get(cause, n)
+            if n > before:
+                sev = Severity.CRITICAL if cause == "double_bit_ecc" else Severity.WARNING
+                out.append((f"{n - before} more page(s) retired ({cause.replace('_', '-')}, now {n})", sev))
+        return out
+
+    def _flags(self, s: GpuSample) -> list[tuple[str, Severity]]:
+        out: list[tuple[str, Severity]] = []
+        if s.remap_failure:
+            out.append(("a memory row could not be remapped (remapping failure)", Severity.CRITICAL))
+        if s.remap_pending:
+            out.append(("row remapping is pending until the GPU is reset", Severity.WARNING))
+        if s.retired_pages_pending:
+            out.append(("page retirement is pending until the GPU is reset", Severity.WARNING))
+        return out
+
+    def _corrected(self, s: GpuSample) -> list[tuple[str, Severity]]:
+        """A sustained corrected-error rate, with hysteresis: on at the rate, off below half of it."""
+        ecc = s.ecc or {}
+        count = ecc.get(("corrected", "volatile"), ecc.get(("corrected", "aggregate")))
+        need = self.cfg.ecc_corrected_rate * self.corrected.window / 3600
+        if count is None or need <= 0:
+            return []
+        self.corrected.add(s.time, float(count))
+        rise, covered, spread = self.corrected.increase(s.time)
+        if rise < need / 2:
+            self.rate_on = False
+        elif covered and spread and rise >= need:
+            self.rate_on = True
+        if not self.rate_on:
+            return []
+        sev = Severity.WARNING if rise >= ECC_STORM * need else Severity.INFO
+        per_hour = rise * 3600 / self.corrected.window
+        minutes = self.corrected.window / 60
+        text = f"corrected ECC errors keep coming: +{rise:.0f} in {minutes:.0f} min ({per_hour:.0f}/h)"
+        return [(text, sev)]
 
 
 class XidRule(GpuRule):

@@ -2,8 +2,10 @@
 
 Everything above this module sees plain numbers in base units and one error type,
 ``GpuError``, whose ``kind`` says what the caller should do: ``not_supported`` (skip that
-field on that GPU for good), ``gone`` (the GPU fell off the bus: a ``gpu_lost`` finding)
-or ``failed`` (anything else: skip this reading, try again next sample). That keeps
+field on that GPU for good), ``gone`` (the GPU fell off the bus: a ``gpu_lost`` finding),
+``unknown`` (NVML's catch-all error 999: what a dying GPU often answers, but also a
+transient driver hiccup, so it means lost only when it persists) or ``failed`` (anything
+else: skip this reading, try again next sample). That keeps
 pynvml's error zoo and ctypes structs out of the sampler, and lets a scripted fake
 stand in for a driver in tests.
 """
@@ -14,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-GpuErrorKind = Literal["not_supported", "gone", "failed"]
+GpuErrorKind = Literal["not_supported", "gone", "unknown", "failed"]
 
 # The per-GPU readings, in the order the sampler takes them; each is a backend method
 # taking the GPU index. NOT_SUPPORTED on one of them skips only that one.
@@ -131,8 +133,9 @@ class GpuBackend(Protocol):
 
 # NVML return codes (nvml.h); kept here so this module imports without pynvml.
 _NOT_SUPPORTED = {3, 4, 13, 25, 26}  # not supported, no permission, function not found, version, deprecated
-_GONE = {15, 16, 28, 999}  # GPU is lost, reset required, GPU not found, unknown error
-_GONE_TEXT = ("gpu is lost", "fallen off the bus", "unknown error")
+_GONE = {15, 16, 28}  # GPU is lost, reset required, GPU not found
+_GONE_TEXT = ("gpu is lost", "fallen off the bus")
+_UNKNOWN = 999
 
 
 def error_kind(code: int | None, text: str = "") -> GpuErrorKind:
@@ -140,6 +143,8 @@ def error_kind(code: int | None, text: str = "") -> GpuErrorKind:
         return "not_supported"
     if code in _GONE or any(t in text.lower() for t in _GONE_TEXT):
         return "gone"
+    if code == _UNKNOWN or (code is None and "unknown error" in text.lower()):
+        return "unknown"
     return "failed"
 
 

@@ -1,9 +1,13 @@
 """Prometheus metric families from GPU samples, for a custom prometheus-client collector.
 
 A reading the sample does not have produces no series at all: an unsupported memory
-temperature must not show up as 0 C in Grafana. NVML's cumulative counters (ECC, PCIe
-replays) are exported as counters; Xid counts are the events this agent saw since it
-started, labelled by a bounded ``xid`` value (see ``xid.xid_label``).
+temperature must not show up as 0 C in Grafana. NVML's cumulative counts (ECC errors,
+retired pages, remapped rows, PCIe replays) are exported as ``_total`` counters, so that
+``increase()`` works on them; they are lifetime values that only grow (a replaced board
+has a new UUID, hence new series). Xid counts are the events this agent saw since it
+started, labelled by a bounded ``xid`` value (see ``xid.xid_label``). Series carry the
+same rank labels as the agent's other per-rank series, ``local_rank`` included, so they
+join with them without ``ignoring()``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from rankwatch.gpu.backend import GpuSample
 from rankwatch.gpu.xid import xid_label
 
-GPU_LABELS = ("run", "rank", "node", "gpu", "uuid")
+GPU_LABELS = ("run", "rank", "local_rank", "node", "gpu", "uuid")
 
 # metric name (after rankwatch_gpu_), help, GpuSample attribute
 _GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -50,27 +54,42 @@ def _counter(name: str, doc: str, extra: Sequence[str] = ()) -> CounterMetricFam
     return CounterMetricFamily(f"rankwatch_gpu_{name}", doc, labels=[*GPU_LABELS, *extra])
 
 
+def _label(v: Any) -> str:
+    return "" if v is None else str(v)
+
+
 def gpu_metric_families(
     samples_by_rank: Mapping[Any, Sequence[GpuSample]],
     identity_labels: Mapping[str, str],
     *,
     up: bool | None = None,
+    local_ranks: Mapping[Any, Any] | None = None,
 ) -> list[Metric]:
     """Families for the latest samples of each rank (key: rank number, or None/"" if unknown).
 
-    ``identity_labels`` gives ``run`` and ``node`` (``Identity.labels()`` fits); ``up`` is the
-    sampler's ``up`` (default: whether any sample is present).
+    ``identity_labels`` gives ``run``, ``rank``, ``local_rank`` and ``node``
+    (``Identity.labels()`` fits); ``up`` is the sampler's ``up`` (default: whether any sample
+    is present). ``local_ranks`` maps other ranks (a node agent watching several) to their
+    local rank; the agent's own rank takes it from ``identity_labels``, any other: empty.
     """
     run = str(identity_labels.get("run", ""))
     node = str(identity_labels.get("node", ""))
+    own_rank = str(identity_labels.get("rank", ""))
+    own_local = str(identity_labels.get("local_rank", ""))
+    locals_ = {_label(k): _label(v) for k, v in (local_ranks or {}).items()}
+
+    def local_of(rank_label: str) -> str:
+        return locals_.get(rank_label, own_local if rank_label == own_rank else "")
+
     if up is None:
         up = any(samples_by_rank.values())
+    # Per agent, not per GPU: it keeps the labels dashboards and tests already select it by.
     up_family = GaugeMetricFamily(
         "rankwatch_gpu_collector_up",
         "1 when NVML initialised and answers, 0 when GPU metrics are unavailable",
         labels=["run", "rank", "node"],
     )
-    up_family.add_metric([run, str(identity_labels.get("rank", "")), node], 1.0 if up else 0.0)
+    up_family.add_metric([run, own_rank, node], 1.0 if up else 0.0)
 
     gauges = {attr: _gauge(name, doc) for name, doc, attr in _GAUGES}
     lost = _gauge("lost", "1 when NVML reports the GPU lost (fallen off the bus)")
@@ -80,18 +99,23 @@ def gpu_metric_families(
         "ECC errors counted by NVML (volatile: since driver load; aggregate: lifetime)",
         ["type", "scope"],
     )
-    retired = _gauge("retired_pages", "Memory pages retired, by cause (pre-Ampere GPUs)", ["cause"])
+    retired = _counter(
+        "retired_pages_total", "Memory pages retired in the board's life, by cause (pre-Ampere)", ["cause"]
+    )
     retired_pending = _gauge("retired_pages_pending", "1 when a page retirement waits for a GPU reset")
-    remapped = _gauge("remapped_rows", "Memory rows remapped, by error type (Ampere and later)", ["type"])
+    remapped = _counter(
+        "remapped_rows_total", "Memory rows remapped in the board's life, by error type (Ampere+)", ["type"]
+    )
     remap_pending = _gauge("remapped_rows_pending", "1 when a row remapping waits for a GPU reset")
     remap_failure = _gauge("remapped_rows_failure", "1 when a row remapping failed")
     replays = _counter("pcie_replay_total", "PCIe replay counter")
     xids = _counter("xid_errors_total", "Xid critical-error events seen by this agent", ["xid"])
 
     for rank, samples in samples_by_rank.items():
-        rank_label = "" if rank is None else str(rank)
+        rank_label = _label(rank)
+        local = local_of(rank_label)
         for s in samples:
-            base = [run, rank_label, node, str(s.index), s.uuid or ""]
+            base = [run, rank_label, local, node, str(s.index), s.uuid or ""]
             lost.add_metric(base, 1.0 if s.lost else 0.0)
             by_label: Counter[str] = Counter()
             for x, n in s.xid_counts.items():
@@ -142,20 +166,24 @@ class GpuCollector:
     """A prometheus-client custom collector: ``registry.register(GpuCollector(...))``.
 
     ``source`` returns ``(samples_by_rank, up)`` at scrape time, e.g.
-    ``lambda: ({identity.rank: sampler.latest()}, sampler.up)``.
+    ``lambda: ({identity.rank: sampler.latest()}, sampler.up)``; ``local_ranks``, if given,
+    returns the local rank of each rank that is not the agent's own.
     """
 
     def __init__(
         self,
         source: Callable[[], tuple[Mapping[Any, Sequence[GpuSample]], bool]],
         identity_labels: Mapping[str, str],
+        local_ranks: Callable[[], Mapping[Any, Any]] | None = None,
     ) -> None:
         self.source = source
         self.identity_labels = dict(identity_labels)
+        self.local_ranks = local_ranks
 
     def collect(self) -> Iterable[Metric]:
         samples_by_rank, up = self.source()
-        return gpu_metric_families(samples_by_rank, self.identity_labels, up=up)
+        local_ranks = self.local_ranks() if self.local_ranks is not None else None
+        return gpu_metric_families(samples_by_rank, self.identity_labels, up=up, local_ranks=local_ranks)
 
     def describe(self) -> Iterable[Metric]:
         return []

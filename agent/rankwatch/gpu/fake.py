@@ -1,8 +1,8 @@
 """A scripted ``GpuBackend``: GPUs whose readings follow a script over sample ticks.
 
 A script maps the tick (advanced by the test, one per sample) to a value, so a heat-up,
-a leak staircase, a throttle window, an Xid 79, a lost GPU or a board that answers
-NOT_SUPPORTED play out deterministically without a driver. Builders at the bottom give
+a leak staircase, a throttle window, an Xid 79, a lost GPU, a transient Unknown Error or a
+board that answers NOT_SUPPORTED play out deterministically without a driver. Builders at the bottom give
 the usual scenarios; ``hang`` makes a reading block until an event is set.
 """
 
@@ -87,6 +87,7 @@ class FakeGpu:
     unsupported: set[str] = field(default_factory=set)
     lost_at: int | None = None
     back_at: int | None = None
+    unknown_at: set[int] = field(default_factory=set)  # ticks on which every call fails with error 999
     xids: dict[int, list[int]] = field(default_factory=dict)  # tick -> Xid numbers
     hang: dict[str, threading.Event] = field(default_factory=dict)  # field -> released when set
 
@@ -144,6 +145,8 @@ class FakeBackend:
         g = self.gpus[index]
         if g.lost(self.tick):
             raise GpuError("gone", "GPU is lost", code=15)
+        if self.tick in g.unknown_at:
+            raise GpuError("unknown", "Unknown Error", code=999)
         return g
 
     def _read(self, name: str, index: int) -> Any:
@@ -263,6 +266,11 @@ def xid(i: int = 0, number: int = 79, *, at: int = 3) -> FakeGpu:
 
 def lost(i: int = 0, *, at: int = 3, back_at: int | None = None) -> FakeGpu:
     return healthy(i, lost_at=at, back_at=back_at)
+
+
+def flaky(i: int = 0, *, ticks: Iterable[int] = (3,)) -> FakeGpu:
+    """Every call fails with NVML's Unknown Error (999) on these ticks, and answers otherwise."""
+    return healthy(i, unknown_at=set(ticks))
 
 
 def unsupported(

@@ -41,7 +41,7 @@ def _parse_visible(value: str, devices: Sequence[GpuInfo]) -> list[int]:
     out: list[int] = []
     for raw in value.split(","):
         entry = raw.strip()
-        if entry.isdigit():
+        if entry.isascii() and entry.isdigit():  # "²".isdigit() too, but int() refuses it
             idx = int(entry)
             if devices and idx >= len(devices):
                 break
@@ -136,6 +136,7 @@ class GpuSampler:
         self._latest: list[GpuSample] = []
         self._lost: dict[int, _Lost] = {}
         self._unsupported: dict[int, set[str]] = {}
+        self._unknown: dict[int, int] = {}  # GPU -> samples in a row that read nothing but error 999
         self._logged: set[tuple[str, str]] = set()
         self._xid_counts: dict[int, Counter[int]] = {}
         self._xid_off = False
@@ -351,6 +352,7 @@ class GpuSampler:
             lost.probed = now
         skip = self._unsupported.setdefault(i, set())
         errors: list[tuple[str, str]] = []
+        unknown: str | None = None
         read = 0
         for name in FIELDS:
             if name in skip:
@@ -369,6 +371,8 @@ class GpuSampler:
                         name, "not_supported", "GPU %d: %s not supported (%s); skipped", i, name, e
                     )
                 else:
+                    if e.kind == "unknown" and unknown is None:
+                        unknown = str(e) or "Unknown Error"
                     self.errors += 1
                     errors.append((name, f"{e}"))
                 continue
@@ -383,8 +387,20 @@ class GpuSampler:
         else:
             for name, e in errors:
                 self._log_once(name, "failed", "GPU %d: reading %s failed (%s); retried", i, name, e)
-        if self._lost.pop(i, None) is not None:
-            log.warning("GPU %d answers NVML again", i)
+        if read:
+            self._unknown.pop(i, None)
+            if self._lost.pop(i, None) is not None:
+                log.warning("GPU %d answers NVML again", i)
+            return s
+        reason = lost.reason if lost is not None else None
+        if unknown is not None:
+            streak = self._unknown[i] = self._unknown.get(i, 0) + 1
+            if streak >= self.cfg.lost_after:
+                reason = f"{unknown} (NVML error 999) on every reading for {streak} samples in a row"
+        if reason is None:  # nothing read, but not (yet) lost: a hiccup is retried next sample
+            return s
+        self._mark_lost(i, reason, now)  # also a reprobe that read nothing: still lost
+        s.lost, s.lost_reason = True, reason
         return s
 
     def _mark_lost(self, i: int, reason: str, now: float) -> None:
