@@ -7,6 +7,11 @@ lock so a reader (the agent's event loop asking for ``last_good``) never waits o
 
 "Good" means intact *and* saved before the run was poisoned: the first NaN/divergence
 finding (``mark_bad_from``) or a NaN in a checkpoint's own ``trainer_state.json``.
+
+Findings resolve when their cause clears: a failed or suspect save once a newer sound
+one exists (or it is gone or re-verified), a pointer once it leads somewhere, weights-only
+once the newest checkpoint is resumable. "Sound" includes intact saves made after a NaN:
+the save path works again, and the NaN has its own finding.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from rankwatch.checkpoints import CheckpointConfig
 from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.verify import Verdict, hash_files, verify_candidate
 from rankwatch.detectors import checkpoints as rules
-from rankwatch.records import Finding
+from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 
 log = logging.getLogger("rankwatch.checkpoints")
 
@@ -39,6 +44,7 @@ DELETED = "deleted"
 STATUSES = (GOOD, SUSPECT, CORRUPT, INCOMPLETE, WRITING, DELETED)
 _JUDGED = (GOOD, SUSPECT, CORRUPT, INCOMPLETE)
 _KEEP_DELETED = 256
+_MAX_HISTORY = 4096  # trainer_state records handed out at once: what a rank's windows hold
 
 
 @dataclass(slots=True)
@@ -140,9 +146,9 @@ class Catalog:
         self.updates = 0
         self._seen_root = False
         self._broken_pointers: dict[tuple[str, str], float] = {}
-        self._said_pointer: set[tuple[str, str]] = set()
-        self._corrupt_open = False
-        self._weights_only_said = False
+        self.firing = rules.OpenFindings()
+        self._history: dict[tuple[bool, int], StepRecord | EvalRecord] = {}
+        self._history_step: int | None = None
         self._manifest: dict[str, dict[str, Any]] = self._load_manifest()
 
     # --- reading -----------------------------------------------------------------
@@ -256,9 +262,12 @@ class Catalog:
             for e, c, verdict, error in results:
                 if self.entries.get(e.name) is e and e.sig == c.signature():
                     self._apply(e, verdict, error, findings)
+                    if verdict is not None:
+                        self._gather(verdict.history)
             for e, hashes in rehashed:
                 self._compare_hashes(e, hashes, findings)
             findings.extend(self._pointer_findings(scan))
+            findings.extend(self._settle())
         if any(v is not None and v.hashes for _, _, v, _ in results) or rehashed:
             self._save_manifest()
         return findings
@@ -354,6 +363,7 @@ class Catalog:
         if e.removing:
             what = "files disappeared"
         e.reason = f"{what} ({rules.duration(quiet)} since the last write)"
+        self.firing.open("checkpoint_incomplete", ("saved", e.name), Severity.WARNING)
         findings.append(
             rules.incomplete_finding(
                 e,
@@ -378,7 +388,7 @@ class Catalog:
             check = problem.check if problem is not None else "read"
             e.status, e.reason, e.intact = CORRUPT, text, False
             findings.append(rules.corrupt_finding(e, text, check, self.last_good(), rank=self.rank, now=wall))
-            self._corrupt_open = True
+            self.firing.open("checkpoint_corrupt", ("saved", e.name), Severity.CRITICAL)
             return
         e.intact, e.resumable, e.weights_only = True, v.resumable, v.weights_only
         e.notes = [str(p) for p in v.problems] + list(v.notes)
@@ -403,16 +413,13 @@ class Catalog:
             small, before = rules.human_size(e.size), rules.human_size(prev.size)
             e.reason = f"suspiciously small: {small} vs {before} ({prev.name})"
             findings.append(rules.small_finding(e, prev, rank=self.rank, now=wall))
+            self.firing.open("checkpoint_suspect", ("saved", e.name), Severity.WARNING)
         if e.weights_only:
             e.notes.append("weights-only: resume will restart Adam")
             regressed = prev is not None and prev.resumable is True
-            if regressed or not self._weights_only_said:
+            sev = Severity.WARNING if regressed else Severity.INFO
+            if self.firing.open("checkpoint_weights_only", ("weights",), sev):
                 findings.append(rules.weights_only_finding(e, regressed=regressed, rank=self.rank, now=wall))
-                self._weights_only_said = True
-        newest = self.newest_judged()
-        if self._corrupt_open and e.status == GOOD and newest is e:
-            self._corrupt_open = False
-            findings.append(rules.resolved_corrupt(e, rank=self.rank, now=wall))
 
     def _too_small(self, e: Entry, prev: Entry) -> bool:
         if prev.size <= 0 or e.size >= self.cfg.min_size_ratio * prev.size:
@@ -439,14 +446,68 @@ class Catalog:
                 del self._broken_pointers[key]
         for key, p in broken.items():
             since = self._broken_pointers.setdefault(key, now - max(0.0, wall - p.mtime))
-            if key in self._said_pointer or (now - since < float(self.cfg.settle) and not self.oneshot):
+            cause = ("pointer", *key)
+            if self.firing.is_open("checkpoint_corrupt", cause):
                 continue
-            self._said_pointer.add(key)
+            if now - since < float(self.cfg.settle) and not self.oneshot:
+                continue
+            self.firing.open("checkpoint_corrupt", cause, Severity.CRITICAL)
             out.append(rules.pointer_finding(p, str(self.root), rank=self.rank, now=wall))
         return out
 
     def broken_pointers(self) -> list[L.Pointer]:
         return [p for p in self.pointers if not p.exists]
+
+    # --- resolving -------------------------------------------------------------------
+
+    def _sound(self, e: Entry) -> bool:
+        """Intact and not suspiciously small: proof the save path works (NaN or not)."""
+        return e.status == GOOD or (e.status == SUSPECT and e.intact and self._poisoned(e))
+
+    def _holds(self, cause: rules.Cause) -> bool:
+        what = cause[0]
+        if what == "pointer":
+            return (cause[1], cause[2]) in self._broken_pointers
+        if what == "weights":
+            newest = next((e for e in reversed(self.ordered()) if e.intact), None)
+            return newest is not None and newest.weights_only
+        e = self.entries.get(cause[1])
+        if e is None:
+            return False  # deleted
+        if what == "changed":
+            return not e.intact  # until rewritten and verified again
+        if self._sound(e):
+            return False
+        later = self.ordered()
+        return not any(self._sound(o) for o in later[later.index(e) + 1 :])
+
+    def _settle(self) -> list[Finding]:
+        good, wall = self.last_good(), self.wall()
+        return [
+            rules.resolved_finding(kind, sev, cleared, good, rank=self.rank, path=str(self.root), now=wall)
+            for kind, sev, cleared in self.firing.settle(self._holds)
+        ]
+
+    # --- trainer_state.json history -------------------------------------------------------
+
+    def _gather(self, records: list[StepRecord | EvalRecord]) -> None:
+        fed = self._history_step
+        for r in records:
+            if r.step is not None and (fed is None or r.step > fed):
+                self._history.setdefault((isinstance(r, EvalRecord), r.step), r)
+
+    def new_history(self) -> list[StepRecord | EvalRecord]:
+        """log_history records newer than any handed out before, oldest first, each handed out once.
+
+        Every checkpoint repeats the whole history: only its new tail is news to a detector.
+        """
+        with self.lock:
+            keys = sorted(self._history, key=lambda k: (k[1], k[0]))[-_MAX_HISTORY:]
+            out = [self._history[k] for k in keys]
+            self._history.clear()
+            if keys:
+                self._history_step = keys[-1][1]  # every gathered step was above the old mark
+        return out
 
     # --- deep mode: sha256 manifest -----------------------------------------------------
 
@@ -498,7 +559,7 @@ class Catalog:
     def _changed(self, e: Entry, rel: str, findings: list[Finding]) -> None:
         e.status, e.intact = CORRUPT, False
         e.reason = f"{rel}: changed on disk after it was verified (sha256 differs)"
-        self._corrupt_open = True
+        self.firing.open("checkpoint_corrupt", ("changed", e.name), Severity.CRITICAL)
         findings.append(rules.changed_finding(e, rel, self.last_good(), rank=self.rank, now=self.wall()))
 
     def _due_rehash(self) -> list[Entry]:

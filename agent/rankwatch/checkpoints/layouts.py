@@ -426,7 +426,8 @@ def records_from_state(state: dict[str, Any]) -> list[StepRecord | EvalRecord]:
     out: list[StepRecord | EvalRecord] = []
     total = state.get("max_steps")
     total = int(total) if isinstance(total, int) and total > 0 else None
-    for entry in state.get("log_history") or []:
+    history = state.get("log_history")
+    for entry in history if isinstance(history, list) else []:
         if not isinstance(entry, dict):
             continue
         step = _step_of(entry)

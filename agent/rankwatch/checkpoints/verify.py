@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from rankwatch.checkpoints import layouts as L
-from rankwatch.records import Severity
+from rankwatch.records import EvalRecord, Severity, StepRecord
 
 _CHUNK = 1 << 20
 _MAX_ST_HEADER = 100 << 20  # the safetensors library refuses larger headers
@@ -90,6 +90,7 @@ class Verdict:
     weights_only: bool = False
     content_step: int | None = None
     bad: tuple[int, str] | None = None  # first poisoned step seen in the checkpoint's own history
+    history: list[StepRecord | EvalRecord] = field(default_factory=list)  # HF log_history
     hashes: dict[str, str] | None = None
 
     @property
@@ -421,17 +422,28 @@ def verify_candidate(cand: L.Candidate, *, deep: bool = False) -> Verdict:
         and v.content_step not in (None, named)
         and layout in (L.HF, L.MEGATRON, L.LIGHTNING)
     ):
-        v.problems.append(
-            Problem(
-                "",
-                "step_mismatch",
-                f"named for step {cand.step} but its state says step {v.content_step}",
-                Severity.WARNING,
-            )
-        )
+        v.problems.append(_step_mismatch(layout, named, v.content_step))
     if deep and v.ok:
         v.hashes = hash_files(cand)
     return v
+
+
+def _step_mismatch(layout: str, named: int, inside: int | None) -> Problem:
+    """The Trainer names ``checkpoint-N`` after the very ``global_step`` it writes beside it, so a
+    mismatch means the folder holds another save's state (copied, renamed, overwritten):
+    ``resume_from_checkpoint=True`` picks it by name, then restores step, LR schedule and data
+    position from the wrong save, so it fails HF verification. Other names are looser (Lightning's
+    filename template is the user's; converted Megatron checkpoints get renamed): a warning."""
+    if layout == L.HF:
+        return Problem(
+            L.TRAINER_STATE,
+            "step_mismatch",
+            f"global_step is {inside} but the folder is named for step {named}: the state belongs to "
+            "another save, and a resume would restore the wrong step and LR schedule",
+        )
+    return Problem(
+        "", "step_mismatch", f"named for step {named} but its state says step {inside}", Severity.WARNING
+    )
 
 
 def _check_indexes(cand: L.Candidate, checks: dict[str, FileCheck], v: Verdict) -> None:
@@ -460,7 +472,8 @@ def _check_hf(cand: L.Candidate, names: set[str], checks: dict[str, FileCheck], 
         gs = state.parsed.get("global_step")
         if isinstance(gs, int):
             v.content_step = gs
-        v.bad = L.first_bad_step(L.records_from_state(state.parsed))
+        v.history = L.records_from_state(state.parsed)
+        v.bad = L.first_bad_step(v.history)
     elif cand.layout == L.HF and state is not None and not state.problems:
         v.problems.append(Problem(L.TRAINER_STATE, "json", "not a JSON object"))
     if not any(_WEIGHTS_FILE.search(n) or n.endswith(".safetensors") for n in names):

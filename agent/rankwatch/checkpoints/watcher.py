@@ -23,7 +23,7 @@ from rankwatch.checkpoints import CheckpointConfig
 from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.catalog import Catalog, Entry
 from rankwatch.detectors import checkpoints as rules
-from rankwatch.records import Finding, Severity
+from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 
 log = logging.getLogger("rankwatch.checkpoints")
 
@@ -131,6 +131,8 @@ class CheckpointWatcher:
     ``clock`` is monotonic (settle times); ``wall`` is compared with file mtimes. The
     agent passes every finding of the run to ``on_finding`` so checkpoints saved after a
     NaN are marked suspect, and reads ``writing`` to give the stall detector extra time.
+    ``on_records`` gets, on the event loop, each new tail of HF ``log_history``: the agent
+    feeds it to a rank whose log shows no steps.
     """
 
     def __init__(
@@ -143,6 +145,7 @@ class CheckpointWatcher:
         wall: Callable[[], float] = time.time,
         rank: int | None = None,
         statvfs: Callable[[str], os.statvfs_result] | None = None,
+        on_records: Callable[[list[StepRecord | EvalRecord]], None] | None = None,
     ) -> None:
         self.root = Path(dir)
         self.cfg = cfg or CheckpointConfig()
@@ -151,6 +154,8 @@ class CheckpointWatcher:
         self.wall = wall
         self.rank = rank
         self.statvfs = statvfs or os.statvfs
+        self.on_records = on_records
+        self.history: list[StepRecord | EvalRecord] = []  # from the last tick, for on_records
         self.catalog = Catalog(self.root, self.cfg, clock=clock, wall=wall, rank=rank)
         self.stale = rules.StaleRule(self.cfg)
         self.disk = rules.DiskRule(self.cfg)
@@ -233,6 +238,7 @@ class CheckpointWatcher:
             self.root, glob=self.cfg.glob, step_regex=self.cfg.step_regex, max_depth=self.cfg.max_depth
         )
         findings = self.catalog.update(scan)
+        self.history = self.catalog.new_history()
         self._drain()
         self._exists = scan.exists
         self.scans += 1
@@ -342,3 +348,10 @@ class CheckpointWatcher:
             except Exception:
                 self.errors += 1
                 log.exception("emitting a checkpoint finding failed")
+        records, self.history = self.history, []
+        if records and self.on_records is not None:
+            try:
+                self.on_records(records)
+            except Exception:
+                self.errors += 1
+                log.exception("handing trainer_state.json history on failed")

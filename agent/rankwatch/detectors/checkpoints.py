@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from rankwatch.detectors.base import Episode
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 KINDS = (
     "checkpoint_corrupt",
+    "checkpoint_suspect",
     "checkpoint_incomplete",
     "checkpoint_weights_only",
     "checkpoint_stale",
@@ -156,7 +157,7 @@ def incomplete_finding(
 def small_finding(entry: Entry, prev: Entry, *, rank: int | None, now: float) -> Finding:
     ratio = entry.size / prev.size if prev.size else 0.0
     return _finding(
-        "checkpoint_corrupt",
+        "checkpoint_suspect",
         Severity.WARNING,
         rank,
         f"checkpoint {entry.name} is suspiciously small: {human_size(entry.size)}, {ratio:.0%} of "
@@ -201,14 +202,84 @@ def pointer_finding(ptr: Pointer, root: str, *, rank: int | None, now: float) ->
     )
 
 
-def resolved_corrupt(entry: Entry, *, rank: int | None, now: float) -> Finding:
+# One cause of a firing checkpoint finding: ("saved", name) a save that failed or is
+# suspect, ("changed", name) a verified file altered later, ("pointer", file, value) a
+# "latest" pointer leading nowhere, ("weights",) the newest checkpoint holds weights only.
+Cause = tuple[str, ...]
+
+_CLEARED = {
+    "checkpoint_corrupt": "no corrupt checkpoint or broken pointer is left in the way of a resume",
+    "checkpoint_suspect": "the suspiciously small checkpoint is no longer the newest",
+    "checkpoint_incomplete": "the interrupted save is no longer the newest",
+    "checkpoint_weights_only": "the newest checkpoint holds optimizer state again",
+}
+
+
+def cause_text(cause: Cause) -> str:
+    if cause[0] == "pointer":
+        return f"{cause[1]} -> {cause[2]!r}"
+    if cause[0] == "weights":
+        return "weights-only saves"
+    return cause[1]
+
+
+class OpenFindings:
+    """Which checkpoint findings are still firing, and for what, so each kind resolves once.
+
+    Alerts are keyed by (kind, rank): one resolve closes the alert whatever fired it, so a
+    kind with two causes (a corrupt save and a broken ``latest``) resolves only when the
+    last of them clears. A cause that cleared and comes back fires again.
+    """
+
+    def __init__(self) -> None:
+        self.causes: dict[str, dict[Cause, Severity]] = {}
+
+    def open(self, kind: str, cause: Cause, severity: Severity) -> bool:
+        """Note a cause; False when it was already firing (say it once)."""
+        mine = self.causes.setdefault(kind, {})
+        new = cause not in mine
+        mine[cause] = max(severity, mine.get(cause, severity))
+        return new
+
+    def is_open(self, kind: str, cause: Cause) -> bool:
+        return cause in self.causes.get(kind, {})
+
+    def settle(self, holds: Callable[[Cause], bool]) -> list[tuple[str, Severity, list[Cause]]]:
+        """Forget causes that no longer hold; per kind left with none: (kind, worst severity, cleared)."""
+        out: list[tuple[str, Severity, list[Cause]]] = []
+        for kind, mine in list(self.causes.items()):
+            gone = [c for c in mine if not holds(c)]
+            if not gone:
+                continue
+            worst = max(mine.values())
+            for c in gone:
+                del mine[c]
+            if not mine:
+                del self.causes[kind]
+                out.append((kind, worst, gone))
+        return out
+
+
+def resolved_finding(
+    kind: str,
+    severity: Severity,
+    cleared: Sequence[Cause],
+    last_good: Entry | None,
+    *,
+    rank: int | None,
+    path: str,
+    now: float,
+) -> Finding:
+    what = ", ".join(cause_text(c) for c in cleared)
     return _finding(
-        "checkpoint_corrupt",
-        Severity.CRITICAL,
+        kind,
+        severity,
         rank,
-        f"checkpoint {entry.name} verified good: the newest checkpoint is usable again",
-        entry,
+        f"{_CLEARED.get(kind, kind + ' cleared')} ({what}); {last_good_line(last_good, now)}",
+        last_good,
+        path=str(last_good.path) if last_good is not None else path,
         now=now,
+        evidence={"cleared": [cause_text(c) for c in cleared]},
         resolved=True,
     )
 
