@@ -105,9 +105,16 @@ class Live:
 
 @asynccontextmanager
 async def live_watch(
-    cfg: Config, logs: list[Path], *, pids: list[int] | None = None, **services: Any
+    cfg: Config,
+    logs: list[Path],
+    *,
+    pids: list[int] | None = None,
+    may_stop: bool = False,
+    **services: Any,
 ) -> AsyncIterator[Live]:
-    """``rankwatch watch`` in this process (the real code path), with its HTTP server."""
+    """``rankwatch watch`` in this process (the real code path), with its HTTP server.
+
+    ``may_stop``: the agent may end on its own (every ``--pid`` it watched has exited)."""
     started: list[Services] = []
     stop = asyncio.Event()
     rec = Recorder()
@@ -128,7 +135,7 @@ async def live_watch(
         if task.done():
             task.result()
         yield Live(started[0], stop, rec)
-        assert not task.done(), "the agent stopped on its own"
+        assert may_stop or not task.done(), "the agent stopped on its own"
     finally:
         stop.set()
         assert await asyncio.wait_for(task, 30) == 0

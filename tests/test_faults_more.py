@@ -444,7 +444,11 @@ def test_run_mode_rank_that_forks_then_exits_is_reported_once_and_not_waited_for
             os.kill(kid, signal.SIGKILL)
 
 
-def test_watch_mode_rank_that_forks_then_exits_is_one_exit_and_the_agent_stays(tmp_path: Path) -> None:
+def test_watch_mode_rank_that_forks_then_exits_is_one_exit_and_the_agent_ends_cleanly(
+    tmp_path: Path,
+) -> None:
+    """The rank's child lives on; the rank's own exit is one info finding, and the agent,
+    watching only that --pid, flushes and ends by itself."""
     log = tmp_path / "rank-0.log"
     log.write_bytes(b"")
     cfg = config_from_yaml(
@@ -460,15 +464,15 @@ def test_watch_mode_rank_that_forks_then_exits_is_one_exit_and_the_agent_stays(t
     try:
 
         async def main() -> None:
-            async with live_watch(cfg, [log], pids=[rank.pid]) as live:
+            async with live_watch(cfg, [log], pids=[rank.pid], may_stop=True) as live:
                 assert await until(lambda: live.watcher.engine.state.last_step == 5)
+                assert (await live.metrics()) is not None
                 (tmp_path / "go").write_text("")
                 assert await until(lambda: live.watcher.exited, 20)
                 await asyncio.sleep(0.5)  # more samples after the exit
                 ends = [f for f in live.recorder.findings if f.kind in ("crash", "process_exit")]
                 assert [(f.kind, f.severity.label) for f in ends] == [("process_exit", "info")]
                 assert _alive(int(kid_file.read_text()))
-                assert (await live.metrics()) is not None
 
         asyncio.run(main())
         assert rank.wait(10) == 0

@@ -27,7 +27,7 @@ from rankwatch.exporter.config import ConfigReloadCollector
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.exporter.view import identity_labels, rank_views
 from rankwatch.gpu.backend import GpuBackend, GpuSample
-from rankwatch.records import Finding
+from rankwatch.records import Finding, StepRecord
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource
 
@@ -96,6 +96,7 @@ class Services:
         self.dispatcher: Any = None
         self.sampler: Any = None
         self.checkpoints: Any = None
+        self._history_fed = 0  # step records handed from trainer_state.json to a rank's engine
         self.gpu_detectors: dict[int | None, GpuDetector] = {}
         self.gpu_owner: dict[int, int | None] = {}
         self.deadlines: dict[int | None, DeadlineDetector] = {}
@@ -204,9 +205,12 @@ class Services:
             recent = self.gpu_recent.setdefault(rank, deque(maxlen=GPU_ACTIVITY_SAMPLES))
             recent.append(mine)
             activity = gpu_activity([s for batch in recent for s in batch])
+            utils = [s.utilization for s in mine if not s.lost and s.utilization is not None]
+            util = sum(utils) / len(utils) if utils else None
             for w in self.agent.watchers:
                 if w.rank == rank or len(self.agent.watchers) == 1:
                     w.stall.on_gpu(w.clock(), activity)
+                    w.on_gpu_utilization(util)
 
     def gpu_by_rank(self) -> tuple[Mapping[Any, list[GpuSample]], bool]:
         out: dict[Any, list[GpuSample]] = {}
@@ -250,7 +254,13 @@ class Services:
         if not c.dir:
             return
         try:
-            cw = CheckpointWatcher(Path(c.dir), c, emit=self.agent.emit, rank=self.agent.identity.rank)
+            cw = CheckpointWatcher(
+                Path(c.dir),
+                c,
+                emit=self.agent.emit,
+                rank=self.agent.identity.rank,
+                on_records=self._checkpoint_history,
+            )
         except Exception as e:
             self._failed("checkpoints", "checkpoint watching disabled: %s", e)
             return
@@ -258,6 +268,22 @@ class Services:
         self.agent.enrichers.append(self._with_last_good)
         self._tasks.append(asyncio.create_task(cw.run(self._stop), name="checkpoints"))
         self._tasks.append(asyncio.create_task(self._checkpoint_activity(), name="checkpoint-activity"))
+
+    def _checkpoint_history(self, records: list[Any]) -> None:
+        """HF log_history, with exact step numbers, for the detectors of a rank whose log shows
+        no steps (none followed, or no step lines): else a NaN seen only there finds nothing.
+        Once the log has steps of its own it is the source, and history would count twice."""
+        ws = self.agent.watchers
+        w = next((w for w in ws if w.rank == self.agent.identity.rank), None)
+        if w is None and ws:  # a node daemon: rank 0 is the one that writes HF checkpoints
+            w = ws[0] if len(ws) == 1 else next((w for w in ws if w.rank == 0), None)
+        if w is None or w.engine.state.step_count > self._history_fed:
+            return
+        for rec in records:
+            if isinstance(rec, StepRecord):
+                self._history_fed += 1
+            for f in w.engine.feed(rec):
+                self.agent.emit(f)
 
     def _with_last_good(self, f: Finding) -> Finding:
         """A NaN or divergence marks later checkpoints suspect, and its alert names the one to resume from."""

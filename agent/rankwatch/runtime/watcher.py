@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rankwatch.config.schema import Config
 from rankwatch.detectors.crash import crash_finding
+from rankwatch.detectors.input_bound import DataloaderStallDetector
 from rankwatch.detectors.liveness import StallDetector
 from rankwatch.engine import RankEngine
 from rankwatch.identity import Identity
@@ -68,6 +69,7 @@ class RankWatcher:
         self.streams = [Stream(p, cfg, self.rank, from_end) for p in logs]
         self.engines: dict[int | None, RankEngine] = {}
         self.stall = StallDetector(cfg.stall, started=clock())
+        self.input_bound = DataloaderStallDetector(cfg.gpu, identity.rank, self.path)
         self.tail: deque[str] = deque(maxlen=max(1, cfg.process.tail_lines))
         self.prober: ProcessProber | None = None
         self.last_sample: ProcessSample | None = None
@@ -163,6 +165,7 @@ class RankWatcher:
                 continue
             if isinstance(rec, StepRecord) and eng.state.last_step != before:
                 found = found + self.stall.on_step(now, eng.state.last_step)
+                self.input_bound.on_step(now, eng.state.last_step)
             for f in found:
                 if f.kind == "crash" and not f.resolved and self.prober is not None:
                     self._held.append((now, f))
@@ -244,10 +247,17 @@ class RankWatcher:
                 )
             return []
         self.last_sample = sample
+        if sample.alive:
+            self.input_bound.on_cpu(self.clock(), sample.cpu_percent)
         found = self.stall.on_sample(self.engine.state, sample, self.clock())
         for f in found:
             self.emit(f)
         return found
+
+    def on_gpu_utilization(self, utilization: float | None) -> None:
+        """Mean utilisation of this rank's GPUs, from the GPU service."""
+        for f in self.input_bound.on_gpu(self.clock(), utilization):
+            self.emit(f)
 
     def on_exit(
         self, exit_code: int | None, signal: int | None, *, requested: bool = False
