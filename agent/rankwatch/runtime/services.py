@@ -212,6 +212,10 @@ class Services:
                     w.stall.on_gpu(w.clock(), activity)
                     w.on_gpu_utilization(util)
 
+    def _local_ranks(self) -> dict[Any, Any]:
+        """Each watched rank's own local rank, for a node agent's GPU series."""
+        return {w.rank: w.identity.local_rank for w in self.agent.watchers if w.rank is not None}
+
     def gpu_by_rank(self) -> tuple[Mapping[Any, list[GpuSample]], bool]:
         out: dict[Any, list[GpuSample]] = {}
         if self.sampler is None:
@@ -364,7 +368,8 @@ class Services:
 
         extra: list[Any] = []
         if self.cfg.gpu.enabled:
-            extra.append(_Guarded("gpu", GpuCollector(self.gpu_by_rank, self.agent.identity.labels()), self))
+            collector = GpuCollector(self.gpu_by_rank, self.agent.identity.labels(), self._local_ranks)
+            extra.append(_Guarded("gpu", collector, self))
         if self.cfg.checkpoints.dir:
             extra.append(
                 _Guarded(
