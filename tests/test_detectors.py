@@ -341,3 +341,77 @@ def test_eta_past_job_end_silent_when_run_finishes_or_saves_in_time() -> None:
         now=2100.0, eta=10.0, next_checkpoint=None, job_end=10_000.0, step=1, checkpoints_watched=True
     )
     assert out == []
+
+
+# -- noisy but healthy: the false alarms a reviewer found ------------------------------------
+
+
+def test_per_batch_loss_noise_of_sft_is_silent_but_a_real_spike_is_not() -> None:
+    """logging_steps=1: per-batch losses jump 2-3x now and then and come straight back."""
+    rng = random.Random(7)
+    recs = []
+    for s in range(1, 1001):
+        loss = 0.9 * (1 + rng.uniform(-0.4, 0.4))
+        if rng.random() < 0.006:
+            loss *= rng.uniform(2.3, 3.0)  # a hard batch: the heavy tail of a healthy run
+        recs.append(StepRecord(step=s, loss=loss, grad_norm=0.5, learning_rate=1e-5))
+    assert [f for f in run(recs) if f.kind == "loss_spike"] == []
+    recs.append(StepRecord(step=1001, loss=9.0, grad_norm=0.5, learning_rate=1e-5))
+    (f,) = [f for f in run(recs) if f.kind == "loss_spike"]
+    assert f.step == 1001 and f.evidence["noise_sigma"] > 0
+
+
+def test_a_second_spike_no_larger_than_the_first_is_not_news() -> None:
+    rng = random.Random(3)
+    recs = [healthy(s, rng) for s in range(1, 600)]
+    base = recs[-1].loss
+    recs.append(StepRecord(step=600, loss=base * 3, grad_norm=0.6))
+    recs.extend(healthy(s, rng) for s in range(601, 800))
+    recs.append(StepRecord(step=800, loss=base * 2.9, grad_norm=0.6))
+    recs.extend(healthy(s, rng) for s in range(801, 900))
+    assert [f.step for f in run(recs) if f.kind == "loss_spike"] == [600]
+
+
+def test_grad_norms_high_through_a_long_lr_warmup_are_silent() -> None:
+    """LLM pretraining warms the LR up over hundreds of steps, well past warmup_steps."""
+    rng = random.Random(5)
+    recs = []
+    for s in range(1, 1000):
+        lr = 3e-4 * min(1.0, s / 400)
+        g = rng.uniform(5.0, 40.0) if s < 400 else rng.uniform(0.3, 1.2)
+        recs.append(StepRecord(step=s, loss=3.0, grad_norm=g, learning_rate=lr))
+    assert [f for f in run(recs) if f.kind == "grad_explosion"] == []
+
+
+def test_a_blow_up_right_after_warmup_fires_without_a_baseline() -> None:
+    recs = [StepRecord(step=s, loss=3.0, grad_norm=0.5, learning_rate=3e-4) for s in range(1, 102)]
+    recs += [StepRecord(step=s, loss=3.0, grad_norm=5e3, learning_rate=3e-4) for s in range(102, 106)]
+    (f,) = [f for f in run(recs) if f.kind == "grad_explosion"]
+    assert f.step == 104 and f.evidence["baseline_median"] is None
+
+
+def test_deepspeed_fp16_start_up_overflows_are_silent_and_counted_once() -> None:
+    """DeepSpeed backs the scale off from 2^32 at start: one OVERFLOW line per skipped step,
+    and its step line's cumulative skipped= counts the same steps again."""
+    recs: list = []
+    scale = 2.0**32
+    for s in range(1, 17):
+        recs.append(OverflowRecord(old_scale=scale, new_scale=scale / 2, step=s))
+        scale /= 2
+    recs.append(StepRecord(step=100, loss=3.0, learning_rate=1e-4, skipped_iters=16))
+    recs += [StepRecord(step=s, loss=3.0, learning_rate=1e-4, skipped_iters=0) for s in range(110, 400, 10)]
+    eng = RankEngine(DetectorsConfig(), rank=0, path="rank-0.log")
+    out = [f for r in recs for f in eng.feed(r)]
+    assert [f for f in out if f.kind == "loss_scale_collapse"] == []
+    assert len(eng.state.overflows) == 16 and eng.state.last_loss_scale == 65536.0
+
+
+def test_loss_scale_collapse_message_names_the_scale_from_overflow_lines() -> None:
+    recs: list = [StepRecord(step=s, loss=2.0, learning_rate=1e-4) for s in range(1, 150, 10)]
+    scale = 65536.0
+    for s in range(150, 180):
+        scale /= 2
+        recs.append(OverflowRecord(old_scale=scale * 2, new_scale=scale, step=s))
+        recs.append(StepRecord(step=s, loss=2.0, learning_rate=1e-4, skipped_iters=1))
+    (f,) = [f for f in run(recs) if f.kind == "loss_scale_collapse"]
+    assert "scale n/a" not in f.message

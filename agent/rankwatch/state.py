@@ -37,6 +37,8 @@ class RankState:
     last_progress_time: float | None = None
     fp16_evidence: bool = False
     max_loss_scale: float | None = None
+    last_loss_scale: float | None = None
+    overflow_lines: int = 0  # the rank prints one line per overflow (DeepSpeed, Megatron fp16)
 
     def position(self, rec: StepRecord | None = None) -> int:
         """Step number where the log gives one, else the count of logged steps."""
@@ -61,11 +63,12 @@ class RankState:
                 self.total_steps = record.total_steps
             ls = record.loss_scale
             if ls is not None and ls == ls:
+                self.last_loss_scale = ls
                 # bf16 runs print a constant scale of 1.0; only a dynamic scale means fp16.
                 self.max_loss_scale = ls if self.max_loss_scale is None else max(self.max_loss_scale, ls)
                 if ls != 1.0:
                     self.fp16_evidence = True
-            if record.skipped_iters:
+            if record.skipped_iters and not self.overflow_lines:  # else each was counted from its line
                 self.overflows.extend([record.step] * min(record.skipped_iters, 1000))
         elif isinstance(record, EvalRecord):
             if record.step is None:
@@ -73,6 +76,9 @@ class RankState:
             self.evals.append(record)
         elif isinstance(record, OverflowRecord):
             self.fp16_evidence = True
+            self.overflow_lines += 1
+            if record.new_scale is not None and record.new_scale == record.new_scale:
+                self.last_loss_scale = record.new_scale
             self.overflows.append(record.step if record.step is not None else self.position())
         elif isinstance(record, ErrorRecord):
             self.errors.append(record)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import ClassVar
 
 from rankwatch.records import Finding, Record, Severity
@@ -37,6 +38,18 @@ def mad(xs: Sequence[float]) -> float:
         return math.nan
     m = statistics.median(xs)
     return statistics.median([abs(x - m) for x in xs])
+
+
+def step_noise(xs: Sequence[float]) -> float:
+    """Robust standard deviation of a series' noise, from its step-to-step differences.
+
+    Differences cancel a trend (a falling loss curve would inflate a plain MAD), and the
+    median absolute deviation ignores the odd outlier; /sqrt(2) undoes the differencing.
+    """
+    if len(xs) < 3:
+        return 0.0
+    diffs = [b - a for a, b in pairwise(xs)]
+    return 1.4826 * mad(diffs) / math.sqrt(2)
 
 
 def fmt(x: float | None) -> str:

@@ -14,6 +14,13 @@ from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
 from rankwatch.records import Finding, OverflowRecord, Record, Severity, StepRecord
 from rankwatch.state import RankState, finite
 
+LR_RISING = 1.01  # the LR 10 logged steps ago was more than 1% lower: still in warmup
+
+
+def lr_warming_up(state: RankState) -> bool:
+    lrs = state.recent("learning_rate", 10)
+    return len(lrs) >= 2 and lrs[-1] > lrs[0] * LR_RISING
+
 
 class GradExplosionDetector(Detector):
     """Grad norm above an absolute threshold *and* far above its own post-warmup median.
@@ -36,9 +43,14 @@ class GradExplosionDetector(Detector):
             return []
         if state.position(record) <= self.warmup or not finite(record.grad_norm):
             return []
+        if lr_warming_up(state):
+            return []  # warmup by the run's own schedule, however long: grad norms run high
         g = float(record.grad_norm)
-        base = self._base
-        high = g > self.cfg.threshold and (base is None or g > self.cfg.factor * base)
+        base = self._base if len(self.baseline) >= self.cfg.baseline_steps else None
+        # Without a baseline yet, only a blow-up far past the absolute threshold counts.
+        high = g > self.cfg.factor * base and g > self.cfg.threshold if base is not None else (
+            g > self.cfg.threshold * self.cfg.factor
+        )
         if not high:
             self.run.clear()
             if len(self.baseline) < 500:
@@ -185,12 +197,15 @@ class LossScaleDetector(Detector):
 
     def __init__(self, cfg: LossScaleConfig, warmup_steps: int) -> None:
         self.cfg = cfg
+        self.warmup = warmup_steps
         self.episode = Episode()
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, (StepRecord, OverflowRecord)):
             return []
         scale = record.loss_scale if isinstance(record, StepRecord) else record.new_scale
+        if not finite(scale):
+            scale = state.last_loss_scale  # DeepSpeed's step lines print no scale; its OVERFLOW lines do
         if isinstance(record, StepRecord) and not record.skipped_iters:
             if finite(scale) and scale > self.cfg.min_scale * 4 and self.episode.close():  # type: ignore[operator]
                 return [
@@ -206,7 +221,9 @@ class LossScaleDetector(Detector):
             if scale is None:
                 return []
         now = state.position()
-        recent = [s for s in state.overflows if s > now - self.cfg.window]
+        # The scaler backing off from its initial 2^16..2^32 in the first steps is normal.
+        start = max(now - self.cfg.window, self.warmup)
+        recent = [s for s in state.overflows if s > start]
         peak = state.max_loss_scale
         collapsed = (
             finite(scale)

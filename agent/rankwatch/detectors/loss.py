@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from rankwatch.config.schema import (
     LossDivergenceConfig,
@@ -11,7 +12,7 @@ from rankwatch.config.schema import (
     NanConfig,
     OverfittingConfig,
 )
-from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
+from rankwatch.detectors.base import Detector, Episode, finding, fmt, median, step_noise
 from rankwatch.records import EvalRecord, Finding, Record, Severity, StepRecord
 from rankwatch.state import RankState, finite
 
@@ -124,13 +125,25 @@ class NanDetector(Detector):
         ]
 
 
+SPIKE_MEMORY = 1000  # logged steps a past jump is remembered as "this run's normal"
+SPIKE_RECORD_MARGIN = 1.25  # and a new one must beat it by this much to be news
+
+
 class LossSpikeDetector(Detector):
+    """A jump far above the recent mean, beyond the run's own noise, larger than any lately.
+
+    Per-batch losses (SFT, logging_steps=1) jump 2-3x now and then and come straight back:
+    a spike must stand out from the step-to-step noise (median/MAD) and beat the largest jump
+    of the last ``SPIKE_MEMORY`` logged steps by a quarter to be news.
+    """
+
     kinds = ("loss_spike",)
 
     def __init__(self, cfg: LossSpikeConfig, warmup_steps: int) -> None:
         self.cfg = cfg
         self.warmup = warmup_steps
         self.quiet_until = -1
+        self.ratios: deque[float] = deque(maxlen=SPIKE_MEMORY)  # loss / rolling mean, per logged step
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.loss):
@@ -143,7 +156,16 @@ class LossSpikeDetector(Detector):
             return []
         mean = sum(window) / len(window)
         loss = float(record.loss)  # type: ignore[arg-type]
-        if mean > 0 and loss > self.cfg.factor * mean and loss - mean >= self.cfg.min_delta:
+        ratio = loss / mean if mean > 0 else 0.0
+        before = self.ratios.copy() if ratio > self.cfg.factor else None
+        self.ratios.append(ratio)
+        if before is not None and loss - mean >= self.cfg.min_delta:
+            history = state.recent("loss", max(self.cfg.noise_window, self.cfg.window) + 1)[:-1]
+            level, sigma = median(history[-self.cfg.window :]), step_noise(history)
+            if loss - level <= self.cfg.noise_factor * sigma:
+                return []  # within this run's own step-to-step noise (per-batch losses of SFT)
+            if before and ratio <= SPIKE_RECORD_MARGIN * max(before):
+                return []  # this run had a jump as large recently and recovered: its normal tail
             self.quiet_until = step + self.cfg.window
             return [
                 finding(
@@ -155,7 +177,7 @@ class LossSpikeDetector(Detector):
                     "is survivable; repeated spikes usually mean the LR is too high or a bad batch: "
                     "check the data at this step, lower the LR or tighten clipping.",
                     record=record,
-                    evidence={"loss": loss, "baseline_mean": mean, "window": window},
+                    evidence={"loss": loss, "baseline_mean": mean, "window": window, "noise_sigma": sigma},
                 )
             ]
         return []
