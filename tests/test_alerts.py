@@ -19,14 +19,14 @@ from typing import Any
 
 from aiohttp import web
 
-from rankwatch.actions.alerts import AlertDispatcher, AlertMessage, DeliveryError
+from rankwatch.actions.alerts import AlertDispatcher, AlertMessage, DeliveryError, sinks_from_config
 from rankwatch.actions.alerts.alertmanager import alertname
 from rankwatch.actions.alerts.alertmanager import payload as am_payload
 from rankwatch.actions.alerts.message import AlertMember, rank_list, suspect_rank
 from rankwatch.actions.alerts.slack import SlackSink
 from rankwatch.actions.alerts.spool import Spool, SpoolEntry, spool_path
 from rankwatch.actions.alerts.webhook import WebhookSink
-from rankwatch.config.schema import AlertsConfig, SlackConfig
+from rankwatch.config.schema import AlertmanagerConfig, AlertsConfig, SlackConfig, WebhookConfig
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
 
@@ -203,6 +203,42 @@ def test_slack_block_kit_content_and_threaded_resolve(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+def test_slack_message_carries_the_crash_evidence_within_the_block_limit(tmp_path: Path) -> None:
+    """A crash's traceback and log tail exist only in the evidence: the message must show them."""
+    frames = [f'  File "/app/model.py", line {i}, in layer_{i}' for i in range(500)]
+    error = "RuntimeError: CUDA error: <illegal> & memory"
+    traceback = ["Traceback (most recent call last):", *frames, error]
+    crash = Finding(
+        kind="crash",
+        severity=Severity.CRITICAL,
+        rank=3,
+        message="rank 3 exited with code 1 after step 1200. Cause (cuda_error): CUDA error.",
+        step=1200,
+        evidence={
+            "exit_code": 1,
+            "signal": None,
+            "traceback": traceback,
+            "tail": [*traceback[-2:], "srun: error: gpu-node-7: task 3: Exited with exit code 1"],
+        },
+    )
+
+    async def go() -> None:
+        async with serve("/api/chat.postMessage", slack=True) as srv:
+            d = AlertDispatcher(config(tmp_path), IDENT, sinks=[slack_sink(srv)])
+            async with running(d):
+                d.send(crash)
+                await until(lambda: len(srv.requests) == 1)
+            texts = [b.get("text", {}).get("text", "") for b in srv.bodies()[0]["blocks"]]
+            assert all(len(t) <= 3000 for t in texts)
+            code = next(t for t in texts if t.startswith("```"))
+            assert "RuntimeError: CUDA error: &lt;illegal&gt; &amp; memory" in code
+            assert "srun: error: gpu-node-7: task 3: Exited with exit code 1" in code
+            assert "exit_code: 1" in code and "layer_499" in code
+            assert code.count("RuntimeError") == 1  # the tail does not repeat the traceback
+
+    asyncio.run(go())
+
+
 def test_slack_429_retry_after_is_honoured(tmp_path: Path) -> None:
     async def go() -> None:
         async with serve("/api/chat.postMessage", slack=True) as srv:
@@ -324,7 +360,8 @@ def test_grouping_four_ranks_into_one_message(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()
         sink = RecordingSink()
-        d = AlertDispatcher(config(tmp_path, group_wait=5.0), IDENT, sinks=[sink], clock=clock)
+        cfg = config(tmp_path, group_wait=5.0)
+        d = AlertDispatcher(cfg, IDENT, sinks=[sink], clock=clock, ranks=range(8))  # sees all 8
         async with running(d):
             for r in range(4):
                 d.send(stall(r, classification="busy" if r == 2 else "idle"))
@@ -342,6 +379,23 @@ def test_grouping_four_ranks_into_one_message(tmp_path: Path) -> None:
             await settle(d)
             await until(lambda: len(sink.alerts) == 2)
             assert sink.alerts[1].title == "stall on rank 6"
+
+    asyncio.run(go())
+
+
+def test_grouped_title_claims_the_world_size_only_when_every_rank_is_seen(tmp_path: Path) -> None:
+    """A per-node agent watching ranks 8-11 of 32 must not say "4 of 32": 28 unseen ranks may be
+    stalled too."""
+
+    async def go() -> None:
+        sink = RecordingSink()
+        ident = Identity(run="job42", rank=None, local_rank=None, world_size=32, node="gpu-node-3")
+        d = AlertDispatcher(config(tmp_path), ident, sinks=[sink], ranks=range(8, 12))
+        async with running(d):
+            for r in range(8, 12):
+                d.send(stall(r))
+            await until(lambda: len(sink.alerts) == 1)
+        assert sink.alerts[0].title == "stall on 4 ranks (8-11)"
 
     asyncio.run(go())
 
@@ -573,6 +627,38 @@ def test_spool_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
         assert d.stats["rec"]["dropped"] == 2
 
     asyncio.run(go())
+
+
+def test_spooled_alerts_for_a_removed_sink_are_counted_as_dropped(tmp_path: Path, caplog: Any) -> None:
+    cfg = config(tmp_path)
+    path = spool_path(cfg.spool_dir, IDENT.run, IDENT.rank)
+    alert = finding_alert().to_json()
+    Spool(path, 1 << 20).append(
+        [SpoolEntry("a:webhook-0ld", "webhook-0ld", alert), SpoolEntry("b:rec", "rec", {"kind": "torn"})]
+    )
+
+    async def go() -> None:
+        d = AlertDispatcher(cfg, IDENT, sinks=[RecordingSink()])
+        async with running(d):
+            await until(lambda: not path.exists())
+        assert d.stats["webhook-0ld"]["dropped"] == 1  # its receiver is gone from the config
+        assert d.stats["rec"]["dropped"] == 1  # unreadable entry
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(go())
+    assert any("webhook-0ld dropped (no longer configured)" in r.getMessage() for r in caplog.records)
+
+
+def test_sink_names_follow_the_target_not_its_position() -> None:
+    a, b = "http://hooks.example/a", "http://hooks.example/b"
+    first = AlertsConfig(webhook=WebhookConfig(urls=[a, b]), alertmanager=AlertmanagerConfig(urls=[a]))
+    again = AlertsConfig(webhook=WebhookConfig(urls=[b, a, a]))
+    names = {s.url: s.name for s in sinks_from_config(first) if isinstance(s, WebhookSink)}
+    assert {s.url: s.name for s in sinks_from_config(again)} == names  # reordered, deduplicated
+    assert names[a].startswith("webhook-") and names[a] != names[b]
+    assert sinks_from_config(first)[0].name == "alertmanager"  # the only one of its kind
+    named = AlertsConfig(webhook=WebhookConfig(urls=[a], names={a: "oncall"}))
+    assert [s.name for s in sinks_from_config(named)] == ["oncall"]
 
 
 def finding_alert() -> AlertMessage:

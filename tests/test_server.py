@@ -284,6 +284,42 @@ def test_method_size_and_route_errors(tmp_path: Path) -> None:
     _run(go)
 
 
+async def _raw(port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return (await asyncio.wait_for(reader.read(), 10)).split(b"\r\n")[0]
+    finally:
+        writer.close()
+
+
+def test_oversized_request_line_and_headers_are_414_431_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """These arrive before authentication: a stranger must not fill the log with tracebacks."""
+    agent = _agent(tmp_path, ranks=1)
+    long_url = b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    long_header = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n"
+    many = b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n"
+
+    async def go() -> None:
+        async with _serve(agent) as (srv, s):
+            for _ in range(5):
+                assert await _raw(srv.port, long_url) == b"HTTP/1.0 414 Request-URI Too Long"
+            assert await _raw(srv.port, long_header) == b"HTTP/1.0 431 Request Header Fields Too Large"
+            assert (await _raw(srv.port, many)).startswith(b"HTTP/1.0 431")
+            assert (await _raw(srv.port, b"GET / HTTP/1.1\r\nBad Header\r\n\r\n")).startswith(b"HTTP/1.0 400")
+            async with s.get(srv.url + "/healthz") as r:
+                assert r.status == 200
+
+    with caplog.at_level("DEBUG"):
+        _run(go)
+    assert not [r for r in caplog.records if "Error handling request" in r.getMessage()]
+    assert [r.levelname for r in caplog.records if "malformed HTTP request" in r.getMessage()] == ["WARNING"]
+    assert agent.http_rejected == {414: 5, 431: 2, 400: 1}  # type: ignore[attr-defined]
+
+
 def test_handler_failure_is_500_json_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     agent = _agent(tmp_path, ranks=1)
 

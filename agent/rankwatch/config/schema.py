@@ -87,6 +87,11 @@ class LossSpikeConfig:
     factor: float = opt(2.0, "spike when loss > factor x rolling mean of the window")
     window: int = opt(10, "logged steps in the rolling mean")
     min_delta: float = opt(0.1, "and at least this absolute rise, so tiny losses do not fire")
+    noise_factor: float = opt(
+        8.0,
+        "and this many robust standard deviations of the step-to-step noise (MAD), so noisy runs do not fire",
+    )
+    noise_window: int = opt(50, "logged steps the noise is measured over")
 
 
 @dataclass
@@ -118,6 +123,9 @@ class GradExplosionConfig:
     threshold: float = opt(10.0, "absolute grad-norm threshold")
     factor: float = opt(10.0, "and this many times the post-warmup median")
     consecutive: int = opt(3, "steps in a row above both")
+    baseline_steps: int = opt(
+        10, "post-warmup steps that form the median; before it, only threshold x factor counts"
+    )
 
 
 @dataclass
@@ -250,12 +258,18 @@ class SlackConfig:
 @dataclass
 class AlertmanagerConfig:
     urls: list[str] = opt([], "Alertmanager base URLs; alerts go to <url>/api/v2/alerts")
+    names: dict[str, str] = opt(
+        {}, "URL -> sink name (sink label, spool routing); default alertmanager (-<URL hash> if several)"
+    )
     timeout: Duration = opt(Duration(10.0), "per-request timeout")
 
 
 @dataclass
 class WebhookConfig:
     urls: list[str] = opt([], "generic JSON webhooks (POST)")
+    names: dict[str, str] = opt(
+        {}, "URL -> sink name (sink label, spool routing); default webhook (-<URL hash> if several)"
+    )
     headers: dict[str, str] = opt({}, "extra headers, e.g. Authorization: Bearer ${HOOK_TOKEN}")
     timeout: Duration = opt(Duration(10.0), "per-request timeout")
 
@@ -274,6 +288,14 @@ class AlertsConfig:
     backoff_max: Duration = opt(Duration(300.0), "longest wait between two retries")
     spool_dir: str = opt("rankwatch-spool", "undelivered alerts survive agent restarts here")
     spool_max_bytes: Size = opt(Size(16 << 20), "bounded spool; the oldest entries are dropped and counted")
+    board_dir: str | None = opt(
+        None,
+        "shared folder where the agents of a run elect one sender per grouped alert (<dir>/<run>/.alerts);"
+        " default dumps.dir, '' turns it off",
+    )
+    board_takeover: Duration = opt(
+        Duration(30.0), "a peer that should send a grouped alert and has not after this long is taken over"
+    )
     grafana_url: str | None = opt(
         None, "link template in messages, e.g. https://grafana/d/rankwatch-run?var-run={run}&var-rank={rank}"
     )
@@ -305,7 +327,7 @@ class GpuConfig:
     warmup_samples: int = opt(12, "first samples ignored by the leak rule (allocator warm-up)")
     leak_long_window: Duration = opt(
         Duration(3600.0),
-        "a slow leak (the overnight OOM) is judged over this horizon: memory must climb in each quarter",
+        "a slow leak (the overnight OOM) is judged over this horizon, climbing in each quarter; 0: off",
     )
     leak_long_resolution: Duration = opt(
         Duration(60.0), "the long horizon keeps one point (the lowest reading) per this long"
@@ -320,6 +342,13 @@ class GpuConfig:
     )
     ecc_corrected_window: Duration = opt(Duration(3600.0), "the corrected-error rate is judged over this")
     xid_quiet: Duration = opt(Duration(300.0), "an Xid episode resolves after this long without a new Xid")
+    dataloader_window: Duration = opt(
+        Duration(600.0), "dataloader_stall: GPU starved while the rank steps, judged over this long; 0: off"
+    )
+    dataloader_max_util: float = opt(0.3, "dataloader_stall: mean GPU utilisation (0..1) below this")
+    dataloader_min_cpu_percent: float = opt(
+        80.0, "dataloader_stall: ... while the rank's processes (loader workers included) use this much CPU"
+    )
     lost_reprobe: Duration = opt(Duration(60.0), "a lost GPU is probed again this often")
     lost_after: int = opt(
         3,

@@ -110,4 +110,25 @@ def collect_agent(
             for sink, counts in sorted(dict(stats).items()):
                 fam.add_metric([*labels, str(sink)], int(counts.get(key, 0)))
             out.append(fam)
+    peers: Mapping[str, int] | None = getattr(agent, "alert_peer_stats", None)
+    if peers is not None:
+        fam = CounterMetricFamily(
+            "rankwatch_alert_groups_total",
+            "Cross-agent grouped alerts by this agent's role: led (sent for its peers too), took_over "
+            "(a silent sender's), grouped_by_peer (a peer sent it), fallback (board unusable, sent alone)",
+            labels=[*RANK_LABELS, "role"],
+        )
+        for role, n in sorted(dict(peers).items()):
+            fam.add_metric([*labels, role], int(n))
+        out.append(fam)
+    rejected: Mapping[int, int] | None = getattr(agent, "http_rejected", None)
+    if rejected is not None:
+        fam = CounterMetricFamily(
+            "rankwatch_http_rejected_total",
+            "Malformed or oversized HTTP requests refused before routing, by status code",
+            labels=[*RANK_LABELS, "code"],
+        )
+        for code, n in sorted(dict(rejected).items()):
+            fam.add_metric([*labels, str(code)], int(n))
+        out.append(fam)
     return out

@@ -58,6 +58,8 @@ class Agent:
         self.sink_errors: dict[str, int] = {}
         self.internal_errors_by_component: dict[str, int] = {}
         self.alert_stats: dict[str, dict[str, int]] | None = None
+        self.alert_peer_stats: dict[str, int] | None = None  # cross-agent grouping, by role
+        self.http_rejected: dict[int, int] | None = None  # malformed requests, by status (server)
         self.started_at = time.time()
         # Add context to a finding before anyone sees it (e.g. the last good checkpoint for a NaN).
         self.enrichers: list[Callable[[Finding], Finding]] = []

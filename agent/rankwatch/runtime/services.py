@@ -131,6 +131,8 @@ class Services:
                 self.agent.identity,
                 sinks=self.alert_sinks,
                 errors=self.agent.internal_errors_by_component,
+                ranks=[w.rank for w in self.agent.watchers if w.rank is not None],
+                dumps_dir=self.cfg.dumps.dir,
             )
         except Exception as e:
             self._failed("alerts", "alerting disabled: %s", e)
@@ -140,6 +142,7 @@ class Services:
         self.dispatcher = d
         self.agent.sinks.append(d)
         self.agent.alert_stats = d.stats
+        self.agent.alert_peer_stats = d.peer_stats  # the live dict: read at every scrape
         self._tasks.append(asyncio.create_task(d.run(), name="alerts"))
         log.info("alerts go to %s", ", ".join(s.name for s in d.sinks))
 

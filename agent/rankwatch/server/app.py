@@ -2,10 +2,14 @@
 
 It runs on the agent's event loop and only reads agent state, so it needs no locks:
 a handler never awaits between reading and answering. Rendering /metrics for eight busy
-ranks takes 3-6 ms (bench/bench_scrape.py), too little to be worth a thread, which would
-also race the loop's appends to the rolling windows. File reads for the dump routes
-go to a thread. Everything is GET; bodies are refused beyond
-``max_request_bytes`` (413) whatever the route.
+ranks with eight GPUs and a checkpoint folder (~620 series) takes 6-10 ms
+(bench/bench_scrape.py), too little to be worth a thread, which would also race the
+loop's appends to the rolling windows. File reads for the dump routes go to a thread.
+Everything is GET; bodies are refused beyond
+``max_request_bytes`` (413) whatever the route; a request line over ``MAX_REQUEST_LINE``
+gets 414, a header over ``MAX_HEADER_FIELD`` (or too many) 431, other unparsable requests
+400, each with one log line for the first and a count for the rest (``http_rejected``):
+these come before any authentication, so a stranger must not be able to fill the log.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
@@ -52,6 +58,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _INCIDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 _RANK_RE = re.compile(r"^[0-9]{1,9}$")
 _NO_STORE = {"Cache-Control": "no-store"}
+# The two limits differ on purpose: aiohttp reports both overflows as the same error and
+# the limit it names is what tells a long URL (414) from a long header (431).
+MAX_REQUEST_LINE = 8192
+MAX_HEADER_FIELD = 8190
+MAX_HEADERS = 128
 
 
 def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -289,9 +300,72 @@ def parse_listen(listen: str) -> tuple[str, int]:
             raise ValueError(f"listen {listen!r}: expected host:port")
         if ":" in host:
             raise ValueError(f"listen {listen!r}: an IPv6 address needs brackets, e.g. [::1]:9478")
-    if not port.isdigit() or int(port) > 65535:
+    if not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise ValueError(f"listen {listen!r}: port must be 0..65535")
     return host or "0.0.0.0", int(port)
+
+
+def _reject_status(exc: BadHttpMessage) -> int:
+    if isinstance(exc, LineTooLong):
+        limit = exc.args[1] if len(exc.args) > 1 else None
+        if str(limit) == str(MAX_REQUEST_LINE):
+            return 414
+        if str(limit) == str(MAX_HEADER_FIELD):
+            return 431
+    return 431 if "too many headers" in str(exc).lower() else 400
+
+
+class _QuietProtocol(web.RequestHandler):
+    """aiohttp logs each unparsable request with a full traceback; here it is a counted status."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not isinstance(exc, BadHttpMessage) or status != 400:
+            return super().handle_error(request, status, exc, message)
+        code = _reject_status(exc)
+        on_reject = getattr(self._manager, "on_reject", None)
+        if callable(on_reject):
+            on_reject(code, request, exc)
+        resp = web.Response(status=code, text=f"{code} {HTTPStatus(code).phrase}\n")
+        resp.force_close()
+        return resp
+
+
+class _QuietServer(web.Server):
+    on_reject: Callable[[int, Any, BaseException], None] | None = None
+
+    def __call__(self) -> web.RequestHandler:
+        proto = super().__call__()
+        proto.__class__ = _QuietProtocol  # same layout (no new slots): only handle_error differs
+        return proto
+
+
+def _rejecter(agent: Any) -> Callable[[int, Any, BaseException], None]:
+    counts: dict[int, int] = {}
+    try:
+        agent.http_rejected = counts  # by status, for the exporter and the status page
+    except AttributeError:
+        pass
+
+    def on_reject(code: int, request: Any, exc: BaseException) -> None:
+        counts[code] = counts.get(code, 0) + 1
+        if sum(counts.values()) == 1:
+            peer = getattr(request, "remote", None) or "?"
+            log.warning(
+                "refused a malformed HTTP request from %s with %d (%s); further ones only counted",
+                peer,
+                code,
+                " ".join(str(getattr(exc, "message", exc)).split())[:100],
+            )
+
+    return on_reject
 
 
 class Server:
@@ -315,9 +389,19 @@ async def start_server(agent: Any, cfg: ServerConfig, *, registry: CollectorRegi
     """Listen on ``cfg.listen``; raises ``ValueError`` (bad address) or ``OSError`` (bind)."""
     host, port = parse_listen(cfg.listen)
     runner = web.AppRunner(
-        make_app(agent, cfg, registry=registry), access_log=None, handle_signals=False, shutdown_timeout=1.0
+        make_app(agent, cfg, registry=registry),
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=1.0,
+        max_line_size=MAX_REQUEST_LINE,
+        max_field_size=MAX_HEADER_FIELD,
+        max_headers=MAX_HEADERS,
     )
     await runner.setup()
+    server = runner.server
+    if server is not None and type(server) is web.Server:
+        server.__class__ = _QuietServer
+        server.on_reject = _rejecter(agent)  # type: ignore[attr-defined]
     try:
         site = web.TCPSite(runner, host, port, reuse_address=True)
         await site.start()

@@ -36,7 +36,7 @@ def payload(alert: AlertMessage, now: float) -> list[dict[str, Any]]:
             "rank": "" if m.rank is None else str(m.rank),
             "severity": alert.severity.label,
             "kind": alert.kind,
-            "node": alert.node,
+            "node": m.node or alert.node,
         }
         summary = f"{alert.kind} on rank {m.rank}" if m.rank is not None else alert.kind
         annotations = {"summary": f"{summary} (run {alert.run})", "description": m.message}

@@ -10,7 +10,11 @@ Policy (each rule exists because the alternative wakes someone for nothing or lo
   first become one message, "stall on 7 of 8 ranks, suspect rank 2" (see
   ``message.suspect_rank``). A resolve that arrives before its firing left the group
   cancels both; a re-firing that arrives before its resolve left cancels both (flapping
-  stays silent).
+  stays silent). "of 8" only when every rank of the world is known to exist (watched
+  here, or present on the board), else "7 ranks (0-6)".
+- Across agents (one agent per rank): with an alert board (``board.py``, ``peers.py``)
+  the agents of one run send one message per group between them, not one each; repeats
+  and resolves go the same way. Without a usable board each agent sends its own.
 - Startup quiet: for ``startup_quiet`` after ``run()`` starts, groups are held, not
   dropped; when the window ends, what is still active is sent (one message per kind), and
   what resolved meanwhile is forgotten. ``close()`` sends held alerts at once: a crash in
@@ -38,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import random
 import re
@@ -48,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankwatch.actions.alerts.board import Board, board_path
 from rankwatch.actions.alerts.message import (
     AlertMember,
     AlertMessage,
@@ -57,6 +63,7 @@ from rankwatch.actions.alerts.message import (
     jsonable,
     render_link,
 )
+from rankwatch.actions.alerts.peers import MAX_POSITION, PeerGroups
 from rankwatch.actions.alerts.spool import Spool, SpoolEntry, spool_path
 from rankwatch.config.schema import AlertsConfig
 from rankwatch.identity import Identity
@@ -67,6 +74,18 @@ log = logging.getLogger("rankwatch.alerts")
 MAX_QUEUE = 10_000
 BACKOFF_BASE_S = 1.0
 Key = tuple[str, int | None, str]  # (run, rank, kind)
+GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
+STALE_MIN_S = 600.0  # board records younger than this are never ignored as stale
+
+
+def sink_name(kind: str, target: str, names: dict[str, str], *, alone: bool) -> str:
+    """Named by what it sends to, not by position: the spool routes backlog by this name, so
+    reordering the URLs in the config must not send one receiver's alerts to another. The
+    only sink of its kind keeps the plain kind name (``sink="alertmanager"`` in dashboards)."""
+    given = names.get(target)
+    if given:
+        return given
+    return kind if alone else f"{kind}-{hashlib.sha256(target.encode()).hexdigest()[:8]}"
 
 
 def sinks_from_config(cfg: AlertsConfig) -> list[AlertSink]:
@@ -77,15 +96,19 @@ def sinks_from_config(cfg: AlertsConfig) -> list[AlertSink]:
     sinks: list[AlertSink] = []
     s = cfg.slack
     if (s.token and s.channel) or s.webhook_url:
-        sinks.append(SlackSink(s))
+        sinks.append(SlackSink(s))  # one Slack sink at most: "slack" is already stable
     elif s.token or s.channel:
         log.warning("alerts.slack: set both token and channel (or webhook_url); Slack alerts are off")
-    for i, url in enumerate(cfg.alertmanager.urls):
-        name = "alertmanager" if i == 0 else f"alertmanager-{i + 1}"
-        sinks.append(AlertmanagerSink(url, timeout=cfg.alertmanager.timeout, name=name))
-    for i, url in enumerate(cfg.webhook.urls):
-        name = "webhook" if i == 0 else f"webhook-{i + 1}"
-        sinks.append(WebhookSink(url, headers=cfg.webhook.headers, timeout=cfg.webhook.timeout, name=name))
+    am = cfg.alertmanager
+    urls = list(dict.fromkeys(am.urls))
+    for url in urls:
+        name = sink_name("alertmanager", url, am.names, alone=len(urls) == 1)
+        sinks.append(AlertmanagerSink(url, timeout=am.timeout, name=name))
+    wh = cfg.webhook
+    urls = list(dict.fromkeys(wh.urls))
+    for url in urls:
+        name = sink_name("webhook", url, wh.names, alone=len(urls) == 1)
+        sinks.append(WebhookSink(url, headers=wh.headers, timeout=wh.timeout, name=name))
     return sinks
 
 
@@ -96,6 +119,7 @@ class _Active:
     sent: bool = False  # announced at least once
     pending: bool = True  # in a firing group not yet emitted
     last_sent: float = 0.0
+    board_time: float = 0.0  # wall clock of this episode's board record
 
 
 @dataclass(eq=False)
@@ -105,6 +129,8 @@ class _Group:
     deadline: float
     severity: Severity
     members: dict[Key, AlertMember] = field(default_factory=dict)
+    repeat: bool = False
+    times: dict[Key, float] = field(default_factory=dict)  # board record time per member
 
 
 @dataclass(eq=False)
@@ -163,7 +189,11 @@ class AlertDispatcher:
         rng: Callable[[], float] = random.random,
         backoff_base: float = BACKOFF_BASE_S,
         errors: dict[str, int] | None = None,
+        ranks: Iterable[int] = (),
+        dumps_dir: str | Path | None = None,
     ) -> None:
+        """``ranks``: the ranks this agent watches (for "N of WORLD"); ``dumps_dir``: where the
+        alert board lives by default (``alerts.board_dir`` unset)."""
         self.cfg = cfg
         # The agent's internal-error counters, so a spool that cannot be written shows in /metrics.
         self.errors = errors if errors is not None else {}
@@ -185,7 +215,7 @@ class AlertDispatcher:
         self.spool = Spool(spool_path(cfg.spool_dir, identity.run, identity.rank), cfg.spool_max_bytes)
         self._active: dict[Key, _Active] = {}
         self._resolving: dict[Key, _Active] = {}
-        self._pending: dict[tuple[str, Status], _Group] = {}
+        self._pending: dict[GroupKey, _Group] = {}
         self._dumps: dict[int | None, str] = {}
         self._wake = asyncio.Event()
         self._spool_lock = asyncio.Lock()
@@ -193,6 +223,36 @@ class AlertDispatcher:
         self._started = False
         self._closed = False
         self._spool_errors = 0
+        self._ranks: set[int] = {r for r in ranks if r is not None}
+        if identity.rank is not None:
+            self._ranks.add(identity.rank)
+        self.peers = self._make_peers(dumps_dir)
+
+    def _make_peers(self, dumps_dir: str | Path | None) -> PeerGroups | None:
+        path = board_path(self.cfg.board_dir, dumps_dir, self.identity.run)
+        if path is None:
+            return None
+        chain = float(self.cfg.group_wait) + (MAX_POSITION + 2) * float(self.cfg.board_takeover)
+        stale = max(STALE_MIN_S, float(self.cfg.startup_quiet) + chain)
+        return PeerGroups(
+            self,
+            Board(path, self.identity.run, stale),
+            run=self.identity.run,
+            node=self.identity.node,
+            ranks=self._ranks,
+            clock=self.clock,
+            wall=self.wall,
+            takeover=float(self.cfg.board_takeover),
+            errors=self.errors,
+        )
+
+    @property
+    def peer_stats(self) -> dict[str, int]:
+        """led / took_over: grouped messages this agent sent for its peers too; grouped_by_peer:
+        alerts a peer sent for this agent; fallback: groups sent alone, the board being unusable."""
+        if self.peers is None:
+            return {"led": 0, "took_over": 0, "grouped_by_peer": 0, "fallback": 0}
+        return self.peers.stats
 
     # --- intake (synchronous, called by the agent) ---------------------------------------
     def send(self, f: Finding) -> None:
@@ -201,6 +261,8 @@ class AlertDispatcher:
             return
         rank = f.rank if f.rank is not None else self.identity.rank
         key: Key = (self.identity.run, rank, f.kind)
+        if rank is not None:
+            self._ranks.add(rank)
         if f.resolved:
             self._resolve(key, f)
         elif f.severity >= self.min_severity:
@@ -210,7 +272,7 @@ class AlertDispatcher:
     def _member(self, rank: int | None, f: Finding, starts_at: float) -> AlertMember:
         dump = f.evidence.get("dump_path") or self._dumps.get(rank)
         return AlertMember(
-            rank, f.message, f.step, jsonable(f.evidence), str(dump) if dump else None, starts_at
+            rank, f.message, f.step, jsonable(f.evidence), str(dump) if dump else None, starts_at, None
         )
 
     def _fire(self, key: Key, f: Finding) -> None:
@@ -219,47 +281,61 @@ class AlertDispatcher:
             fresh = self._member(key[1], f, a.member.starts_at)
             a.member.message, a.member.step, a.member.evidence = fresh.message, fresh.step, fresh.evidence
             a.member.dump_path = a.member.dump_path or fresh.dump_path
-            if f.severity > a.severity:
+            if f.severity > a.severity:  # an escalation is news: a new board episode
                 a.severity = f.severity
                 a.pending = True
-                self._add(key, a.member, "firing", f.severity)
+                a.board_time = self.wall()
+                self._add(key, a.member, "firing", f.severity, a.board_time)
             return
         back = self._resolving.pop(key, None)
         if back is not None:
-            group = self._pending.get((f.kind, "resolved"))
+            group = self._pending.get((f.kind, "resolved", False))
             if group is not None:
                 group.members.pop(key, None)
+            if self.peers is not None:
+                self.peers.forget(key, "resolved")
             self._active[key] = back
+            self._post(key, back.member, "firing", back.severity, back.board_time)  # covered already
             return
         starts = f.time if f.time is not None else self.wall()
-        a = _Active(f.severity, self._member(key[1], f, starts))
+        a = _Active(f.severity, self._member(key[1], f, starts), board_time=self.wall())
         self._active[key] = a
-        self._add(key, a.member, "firing", f.severity)
+        self._add(key, a.member, "firing", f.severity, a.board_time)
 
     def _resolve(self, key: Key, f: Finding) -> None:
         a = self._active.pop(key, None)
         if a is None:
             return
-        if a.pending:
-            group = self._pending.get((key[2], "firing"))
+        for repeat in (False, True):
+            group = self._pending.get((key[2], "firing", repeat))
             if group is not None:
                 group.members.pop(key, None)
-        if not a.sent:
-            return
-        if not self.cfg.send_resolved:
+        if self.peers is not None:
+            self.peers.forget(key, "firing")
+        if not a.sent or not self.cfg.send_resolved:
+            self._post(key, a.member, "cleared", a.severity, self.wall())
             return
         self._resolving[key] = a
         m = self._member(key[1], f, a.member.starts_at)
         m.dump_path = m.dump_path or a.member.dump_path
-        self._add(key, m, "resolved", a.severity)
+        self._add(key, m, "resolved", a.severity, self.wall())
 
-    def _add(self, key: Key, m: AlertMember, status: Status, severity: Severity) -> None:
-        gk = (key[2], status)
+    def _add(
+        self, key: Key, m: AlertMember, status: Status, severity: Severity, when: float, repeat: bool = False
+    ) -> None:
+        gk: GroupKey = (key[2], status, repeat)
         g = self._pending.get(gk)
         if g is None:
-            g = self._pending[gk] = _Group(key[2], status, self.clock() + self.cfg.group_wait, severity)
+            g = _Group(key[2], status, self.clock() + self.cfg.group_wait, severity, repeat=repeat)
+            self._pending[gk] = g
         g.severity = max(g.severity, severity)
         g.members[key] = m
+        g.times[key] = when
+        self._post(key, m, status, severity, when)
+
+    def _post(self, key: Key, m: AlertMember, state: str, severity: Severity, when: float) -> None:
+        if self.peers is not None:
+            self.peers.post(key, m, state, severity, when)
 
     def set_dump_path(self, rank: int | None, path: str | Path) -> None:
         """Where the stacks of ``rank`` are; shown in messages built from now on."""
@@ -299,7 +375,8 @@ class AlertDispatcher:
             ready = max(g.deadline, quiet_end) if not force else now
             if now >= ready:
                 del self._pending[gk]
-                self._emit(g, now)
+                if force or self.peers is None or not self.peers.hold(g, now):
+                    self._emit(g, now)
             else:
                 due = min(due, ready)
         sent = [(k, a) for k, a in self._active.items() if a.sent and not a.pending]
@@ -310,6 +387,12 @@ class AlertDispatcher:
                 group = [(k, a) for k, a in repeat if k[2] == kind]
                 for _, a in group:
                     a.last_sent = now
+                if self.peers is not None and self.peers.usable(now):
+                    for k, a in group:  # peers repeat too: one "still firing" between them
+                        a.board_time = self.wall()
+                        self._add(k, dataclasses.replace(a.member), "firing", a.severity, a.board_time, True)
+                    due = min(due, now + self.cfg.group_wait)
+                    continue
                 self._enqueue(self._message(kind, "firing", group, repeat=True), self._workers.values())
             due = min(due, *(a.last_sent + interval for _, a in sent))
         for w in self._workers.values():
@@ -339,9 +422,18 @@ class AlertDispatcher:
                 members,
                 self.identity.node,
                 self.identity.world_size,
+                saw_all=self._saw_all(),
                 repeat=repeat,
             )
         )
+
+    def _saw_all(self, extra: set[int] | None = None) -> bool:
+        """Every rank of the world is known to exist, so "N of WORLD ranks" is a fact."""
+        world = self.identity.world_size
+        if not world:
+            return False
+        known = self._ranks | (extra or set())
+        return all(r in known for r in range(world))
 
     def _finish(self, msg: AlertMessage) -> AlertMessage:
         for m in msg.members:
@@ -351,7 +443,7 @@ class AlertDispatcher:
             msg.ends_at = self.wall()
         return msg
 
-    def _emit(self, g: _Group, now: float) -> None:
+    def _emit(self, g: _Group, now: float, *, saw_all: bool | None = None) -> None:
         keys = sorted(g.members, key=lambda k: (k[1] is None, k[1] or 0))
         members = [dataclasses.replace(g.members[k]) for k in keys]
         msg = AlertMessage(
@@ -362,14 +454,20 @@ class AlertDispatcher:
             members,
             self.identity.node,
             self.identity.world_size,
+            saw_all=self._saw_all() if saw_all is None else saw_all,
+            repeat=g.repeat,
         )
+        self._by_peer(g, keys, now)
+        self._enqueue(self._finish(msg), self._workers.values())
+
+    def _by_peer(self, g: _Group, keys: list[Key], now: float) -> None:
+        """These members are announced (by us, or by the peer that led the group)."""
         for k in keys:
             a = self._active.get(k)
             if g.status == "firing" and a is not None:
                 a.sent, a.pending, a.last_sent = True, False, now
-            else:
+            elif g.status == "resolved":
                 self._resolving.pop(k, None)
-        self._enqueue(self._finish(msg), self._workers.values())
 
     def _enqueue(self, msg: AlertMessage, workers: Iterable[_Worker], *, refresh: bool = False) -> None:
         for w in workers:
@@ -386,7 +484,7 @@ class AlertDispatcher:
         self._t0 = self.clock()
         entries = await self._spool_op(self.spool.load) or []
         seen: set[str] = set()
-        orphans: set[str] = set()
+        orphans: dict[str, str] = {}  # entry id -> sink name
         for e in entries:
             if e.id in seen:
                 continue
@@ -397,7 +495,7 @@ class AlertDispatcher:
             except (TypeError, KeyError, ValueError):
                 alert = None
             if w is None or alert is None:
-                orphans.add(e.id)
+                orphans[e.id] = e.sink
                 continue
             w.queue.append(_Item(alert, e.id, spooled=True))
         if seen:
@@ -405,8 +503,8 @@ class AlertDispatcher:
                 "alert spool %s: %d undelivered alert(s) re-queued", self.spool.path, len(seen) - len(orphans)
             )
         if orphans:
-            log.warning("alert spool: %d alert(s) for unknown or unreadable sinks discarded", len(orphans))
-            await self._spool_op(self.spool.remove, orphans)
+            self._drop_orphans(orphans)
+            await self._spool_op(self.spool.remove, set(orphans))
         for w in self._workers.values():
             w.task = asyncio.get_running_loop().create_task(self._work(w), name=f"alerts-{w.name}")
 
@@ -416,6 +514,8 @@ class AlertDispatcher:
         while not self._closed:
             self._wake.clear()
             due = self.pump(self.clock())
+            if self.peers is not None:
+                due = min(due, await self.peers.step(self.clock()))
             await _wait(self._wake, due - self.clock())
 
     async def close(self, timeout: float = 10.0) -> None:
@@ -427,6 +527,16 @@ class AlertDispatcher:
         for w in self._workers.values():
             if w.task is None or w.task.done():  # run() was cancelled with its workers: flush anyway
                 w.task = asyncio.get_running_loop().create_task(self._work(w), name=f"alerts-{w.name}")
+        if self.peers is not None:
+            # Agents of a crashed job close together: decide on the board now rather than
+            # each sending alone, within half the budget (the rest is for delivery).
+            now = self.clock()
+            for g in list(self._pending.values()):
+                if g.members and self.peers.hold(g, now):
+                    del self._pending[(g.kind, g.status, g.repeat)]
+            if self.peers.waiting:
+                budget = min(float(self.cfg.board_takeover), max(0.0, timeout) / 2)
+                await self.peers.settle(budget)
         self.pump(self.clock(), force=True)
         for w in self._workers.values():
             w.queue = deque(i for i in w.queue if not i.refresh)
@@ -529,6 +639,18 @@ class AlertDispatcher:
             i.spooled = True
         if fresh:
             await self._append([SpoolEntry(i.entry_id, w.name, i.alert.to_json(), i.attempts) for i in fresh])
+
+    def _drop_orphans(self, orphans: dict[str, str]) -> None:
+        """Undelivered alerts nobody can deliver any more are losses like any other: counted
+        under the sink they were meant for (so a removed or renamed sink shows its loss)."""
+        by_sink: dict[str, int] = {}
+        for sink in orphans.values():
+            by_sink[sink] = by_sink.get(sink, 0) + 1
+        for sink, n in sorted(by_sink.items()):
+            counts = self.stats.setdefault(sink, {"sent": 0, "failed": 0, "dropped": 0, "retried": 0})
+            counts["dropped"] += n
+            known = "unreadable" if sink in self._workers else "no longer configured"
+            log.error("alert spool: %d alert(s) for sink %s dropped (%s)", n, sink, known)
 
     def _drop(self, w: _Worker, item: _Item, why: str) -> None:
         if item.dropped:

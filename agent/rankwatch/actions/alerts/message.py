@@ -28,6 +28,7 @@ class AlertMember:
     evidence: dict[str, Any] = field(default_factory=dict)
     dump_path: str | None = None
     starts_at: float = 0.0  # wall clock (epoch seconds) when the condition was first seen
+    node: str | None = None  # set when a peer agent's rank joins the message (another node)
 
 
 @dataclass(eq=False)
@@ -39,6 +40,9 @@ class AlertMessage:
     members: list[AlertMember]
     node: str
     world_size: int | None = None
+    # The sender saw every rank of the world (its own, or present on the alert board), so
+    # "7 of 8 ranks" is a fact; a per-node agent that sees 8 of 32 ranks must not claim it.
+    saw_all: bool = False
     repeat: bool = False
     grafana_url: str | None = None
     ends_at: float | None = None
@@ -77,6 +81,15 @@ class AlertMessage:
         return next((m.dump_path for m in self.members if m.dump_path), None)
 
     @property
+    def nodes(self) -> list[str]:
+        """Every node with a rank in the message, the sender's first."""
+        seen = [self.node]
+        for m in self.members:
+            if m.node and m.node not in seen:
+                seen.append(m.node)
+        return seen
+
+    @property
     def starts_at(self) -> float:
         return min(m.starts_at for m in self.members)
 
@@ -87,7 +100,7 @@ class AlertMessage:
         if n == 1:
             r = self.members[0].rank
             body = self.kind if r is None else f"{self.kind} on rank {r}"
-        elif self.world_size:
+        elif self.world_size and self.saw_all:
             body = f"{self.kind} on {n} of {self.world_size} ranks"
         else:
             body = f"{self.kind} on {n} ranks ({rank_list(self.ranks)})"

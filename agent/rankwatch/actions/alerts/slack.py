@@ -31,6 +31,9 @@ RESOLVED_EMOJI = ":white_check_mark:"
 # (token, channel, payload) and retrying only repeats it.
 TRANSIENT = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
 MAX_THREADS = 10_000
+BLOCK_TEXT_MAX = 3000  # Slack rejects a section whose text is longer (invalid_blocks)
+# Evidence lists in the order a human wants them: the error, then what the log said last.
+EVIDENCE_LISTS = {"traceback": "Traceback (last lines)", "lines": "Error lines", "tail": "Log tail"}
 
 
 def _esc(text: str) -> str:
@@ -39,6 +42,63 @@ def _esc(text: str) -> str:
 
 def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _code_line(x: Any) -> str:
+    return _esc(str(x).rstrip().replace("```", "`\u200b``"))  # a fence inside would end the block
+
+
+def _tail(lines: list[str], room: int) -> list[str]:
+    """The last lines that fit in ``room`` characters (newlines included)."""
+    kept: list[str] = []
+    for line in reversed(lines):
+        room -= len(line) + 1
+        if room < 0:
+            break
+        kept.append(line)
+    return kept[::-1]
+
+
+def evidence_text(evidence: dict[str, Any], limit: int = BLOCK_TEXT_MAX) -> str | None:
+    """The evidence as one mrkdwn code block of at most ``limit`` characters.
+
+    A crash's traceback and log tail live only in the evidence, so without this block the
+    message says "crashed" and nobody sees why. The scalars (exit code, classification, ...)
+    share one short first line; then the lists, traceback first, each keeping its last
+    lines (a traceback's point is at its bottom) and leaving room for the ones after it;
+    lines the traceback already showed are not repeated.
+    """
+    scalars = "  ".join(
+        f"{k}: {_esc(', '.join(map(str, v)) if isinstance(v, list) else str(v))}"
+        for k, v in evidence.items()
+        if k not in EVIDENCE_LISTS and v is not None and not isinstance(v, dict) and _flat(v)
+    )
+    parts = [_cut(scalars, 300)] if scalars else []
+    sections: list[tuple[str, list[str]]] = []
+    shown: set[str] = set()
+    for key, label in EVIDENCE_LISTS.items():
+        raw = evidence.get(key)
+        lines = raw.splitlines() if isinstance(raw, str) else raw
+        if isinstance(lines, list):
+            fresh = [_code_line(x) for x in lines if str(x).strip() and str(x).strip() not in shown]
+            shown.update(str(x).strip() for x in lines)
+            if fresh:
+                sections.append((f"-- {label} --", fresh))
+    for i, (head, lines) in enumerate(sections):
+        left = limit - 6 - sum(len(p) + 1 for p in parts) - len(head) - 1  # 6: the fences
+        later = len(sections) - i - 1
+        kept = _tail(lines, left - min(400 * later, left * 2 // 3))
+        if kept:
+            parts.append("\n".join([head, *kept]))
+    return "```" + "\n".join(parts) + "```" if parts else None
+
+
+def _flat(v: Any) -> bool:
+    return not isinstance(v, list) or (len(v) <= 20 and all(isinstance(x, (str, int, float)) for x in v))
+
+
+def _nodes(nodes: list[str]) -> str:
+    return ", ".join(nodes[:3]) + (f" +{len(nodes) - 3} more" if len(nodes) > 3 else "")
 
 
 def build_blocks(a: AlertMessage) -> list[dict[str, Any]]:
@@ -51,7 +111,7 @@ def build_blocks(a: AlertMessage) -> list[dict[str, Any]]:
     fields = [
         f"*Run*\n`{_esc(a.run)}`",
         f"*{'Ranks' if len(a.members) > 1 else 'Rank'}*\n{ranks}",
-        f"*Node*\n{_esc(a.node)}",
+        f"*{'Nodes' if len(a.nodes) > 1 else 'Node'}*\n{_esc(_nodes(a.nodes))}",
         f"*Step*\n{a.step if a.step is not None else '—'}",
         f"*Severity*\n{a.severity.label}",
         f"*Since*\n{iso(a.starts_at)}",
@@ -61,6 +121,10 @@ def build_blocks(a: AlertMessage) -> list[dict[str, Any]]:
         {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields]},
         {"type": "section", "text": {"type": "mrkdwn", "text": _cut(_esc(a.message), 2900)}},
     ]
+    lead = next((m for m in a.members if m.rank == a.rank), a.members[0])
+    evidence = evidence_text(lead.evidence) if a.status == "firing" else None
+    if evidence:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": evidence}})
     if a.dump_path:
         text = f"*Stack dumps:* `{_esc(a.dump_path)}`  (`rankwatch dumps show`)"
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})

@@ -36,7 +36,13 @@ def payload(alert: AlertMessage) -> dict[str, Any]:
         "starts_at": iso(alert.starts_at),
         "ends_at": iso(alert.ends_at or time.time()) if alert.status == "resolved" else None,
         "members": [
-            {"rank": m.rank, "step": m.step, "message": m.message, "evidence": m.evidence}
+            {
+                "rank": m.rank,
+                "node": m.node or alert.node,
+                "step": m.step,
+                "message": m.message,
+                "evidence": m.evidence,
+            }
             for m in alert.members
         ],
     }

@@ -1,0 +1,254 @@
+"""The alert board: a shared folder where the agents of one run agree who sends a grouped alert.
+
+Why a folder: the recommended Slurm setup runs one agent per rank, so a job-wide stall is
+seen by eight dispatchers that each group only what they see, and eight messages go out.
+The agents of a run already share a filesystem for their stack dumps (one incident folder
+per hang); small files written atomically beside them let the agents elect one sender with
+no network protocol, no server and no extra port. The lowest rank with a fresh record that
+no sender has covered yet sends for all of them and leaves a marker naming what it covered.
+
+Layout (default ``<dumps.dir>/<run>/.alerts/``)::
+
+    present/r<rank>.json                          an agent watches this rank ("7 of 8 ranks")
+    <kind>/r<rank>-<state>-<us>.json              that rank's latest state of that kind
+    <kind>/sent-<status>-r<by>-<us>-<rand>.json   a sender covered these records (rank -> us)
+
+State and time sit in the file names, so deciding who leads costs one directory listing
+per agent even with a thousand ranks (a metadata storm on Lustre is what a job-wide stall
+must not cause); only the leader reads the records it sends for. ``<us>`` is the wall
+clock of the episode in microseconds: it ties a marker to the records it covered.
+
+All of it is best effort: a file that does not parse is ignored, a record older than
+``stale_after`` is ignored, and stale files are removed by whoever reads them (another
+agent's record only once it is far older, so a slow writer's fresh record is never lost).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rankwatch.dumps.store import sanitise_run
+
+FORMAT = 1
+_RECORD_RE = re.compile(r"^r(\d{1,9})-(firing|resolved|cleared)-(\d{1,20})\.json$")
+_MARKER_RE = re.compile(r"^sent-(firing|resolved)-r\d{1,9}-(\d{1,20})-[0-9a-f]+\.json$")
+_PRESENT_RE = re.compile(r"^r(\d{1,9})\.json$")
+MAX_TEXT = 1000  # per evidence string and message: records stay small on a shared filesystem
+MAX_EVIDENCE = 16
+
+
+def stamp(t: float) -> int:
+    """Wall-clock seconds as the integer microseconds in file names and markers."""
+    return round(t * 1e6)
+
+
+def board_path(board_dir: str | None, dumps_dir: str | os.PathLike[str] | None, run: str) -> Path | None:
+    """``<board_dir or dumps_dir>/<run>/.alerts``; ``''`` (or no directory at all) is off."""
+    root = board_dir if board_dir is not None else dumps_dir
+    if root is None or str(root) == "":
+        return None
+    return Path(root) / sanitise_run(run) / ".alerts"
+
+
+def _kind_dir(kind: str) -> str:
+    return re.sub(r"[^a-z0-9_-]+", "_", kind.lower()).strip("_")[:64] or "kind"
+
+
+def small_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
+    """What a peer needs to build the grouped message: scalars and short lists, cut short."""
+    out: dict[str, Any] = {}
+    for k, v in evidence.items():
+        if len(out) >= MAX_EVIDENCE:
+            break
+        if v is None or isinstance(v, (bool, int, float)):
+            out[k] = v
+        elif isinstance(v, str):
+            out[k] = v[-MAX_TEXT:]
+        elif isinstance(v, list) and all(isinstance(x, str) for x in v):
+            out[k] = [x[-200:] for x in v[-10:]]
+    return out
+
+
+@dataclass
+class Record:
+    run: str
+    kind: str
+    rank: int
+    state: str  # firing | resolved | cleared
+    time: float  # wall clock of the episode; a re-post of the same episode keeps it
+    node: str
+    severity: str
+    member: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Record:
+        return cls(
+            str(d["run"]),
+            str(d["kind"]),
+            int(d["rank"]),
+            str(d["state"]),
+            float(d["time"]),
+            str(d.get("node", "")),
+            str(d.get("severity", "warning")),
+            dict(d.get("member") or {}),
+        )
+
+
+@dataclass
+class Entry:
+    """A record as its file name tells it: enough to elect a leader without opening it."""
+
+    rank: int
+    state: str
+    us: int
+    path: Path
+
+
+@dataclass
+class Marker:
+    status: str
+    by: int
+    time: float
+    covers: dict[int, int]  # rank -> record time (us)
+
+
+@dataclass
+class View:
+    """The board for one kind as one agent read it."""
+
+    records: dict[int, Entry]  # fresh records, by rank
+    markers: list[Marker]
+    present: set[int]
+
+    def covered(self, rank: int, status: str, since_us: int) -> bool:
+        """A sender covered this rank's record of ``since_us`` (or a later one)."""
+        return any(m.status == status and m.covers.get(rank, -1) >= since_us for m in self.markers)
+
+    def open(self, status: str) -> list[int]:
+        """Ranks in ``status`` that nobody has sent for yet, lowest first."""
+        recs = self.records.items()
+        return sorted(r for r, e in recs if e.state == status and not self.covered(r, status, e.us))
+
+    def ranks(self) -> set[int]:
+        return self.present | set(self.records)
+
+
+class Board:
+    """Blocking file operations; the dispatcher runs them in a thread with a timeout."""
+
+    def __init__(self, path: Path, run: str, stale_after: float) -> None:
+        self.path = Path(path)
+        self.run = run
+        self.stale_after = stale_after
+
+    def post(self, records: Iterable[Record]) -> None:
+        for rec in records:
+            folder = self.path / _kind_dir(rec.kind)
+            folder.mkdir(parents=True, exist_ok=True)
+            name = f"r{rec.rank}-{rec.state}-{stamp(rec.time)}.json"
+            _write(folder / name, {"v": FORMAT, **asdict(rec)})
+            for old in folder.glob(f"r{rec.rank}-*.json"):  # ours: only this agent writes rank r
+                if old.name != name:
+                    _unlink(old)
+
+    def present(self, ranks: Iterable[int], node: str, now: float) -> None:
+        folder = self.path / "present"
+        folder.mkdir(parents=True, exist_ok=True)
+        for r in ranks:
+            doc = {"v": FORMAT, "run": self.run, "rank": r, "node": node, "time": now}
+            _write(folder / f"r{r}.json", doc)
+
+    def mark(self, kind: str, marker: Marker) -> None:
+        folder = self.path / _kind_dir(kind)
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"sent-{marker.status}-r{marker.by}-{stamp(marker.time)}-{secrets.token_hex(3)}.json"
+        doc = {"v": FORMAT, "status": marker.status, "by": marker.by, "time": marker.time}
+        _write(folder / name, {**doc, "covers": {str(r): t for r, t in marker.covers.items()}})
+
+    def view(self, kind: str, now: float, mine: Iterable[int] = ()) -> View:
+        """List one kind; removes stale markers, this agent's stale records and long-dead ones."""
+        own = set(mine)
+        records: dict[int, Entry] = {}
+        markers: list[Marker] = []
+        fresh_us = stamp(now - self.stale_after)
+        dead_us = stamp(now - 4 * self.stale_after)
+        for entry in _scan(self.path / _kind_dir(kind)):
+            if m := _RECORD_RE.match(entry.name):
+                e = Entry(int(m[1]), m[2], int(m[3]), entry)
+                if e.us < fresh_us:
+                    if e.rank in own or e.us < dead_us:
+                        _unlink(entry)
+                elif e.rank not in records or e.us > records[e.rank].us:  # mid-replace: newest
+                    records[e.rank] = e
+            elif m := _MARKER_RE.match(entry.name):
+                if int(m[2]) < fresh_us:
+                    _unlink(entry)
+                elif (marker := _marker(entry)) is not None:
+                    markers.append(marker)
+        present = {int(m[1]) for e in _scan(self.path / "present") if (m := _PRESENT_RE.match(e.name))}
+        return View(records, markers, present)
+
+    def load(self, entries: Iterable[Entry]) -> dict[int, Record]:
+        """The leader's read of the records it is about to send for; unreadable ones are left out."""
+        out: dict[int, Record] = {}
+        for e in entries:
+            doc = _read(e.path)
+            try:
+                rec = Record.from_json(doc) if doc is not None else None
+            except (KeyError, TypeError, ValueError):
+                rec = None
+            if rec is not None and rec.run == self.run and rec.rank == e.rank:
+                out[e.rank] = rec
+        return out
+
+
+def _marker(path: Path) -> Marker | None:
+    doc = _read(path)
+    if doc is None:
+        return None
+    try:
+        covers = {int(r): int(t) for r, t in dict(doc["covers"]).items()}
+        return Marker(str(doc["status"]), int(doc["by"]), float(doc["time"]), covers)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _scan(folder: Path) -> list[Path]:
+    try:
+        return [e for e in folder.iterdir() if not e.name.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None  # gone meanwhile, or torn by a writer that crashed before its rename
+    return doc if isinstance(doc, dict) else None
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass  # another agent cleaned it first
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    """tmp + rename: a reader on another node sees the old file or the new one, never half."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, allow_nan=False, default=str, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
