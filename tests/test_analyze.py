@@ -155,3 +155,66 @@ def test_python_dash_m_and_help() -> None:
         [sys.executable, "-m", "rankwatch", "--version"], capture_output=True, text=True, timeout=60
     )
     assert ver.stdout.startswith("rankwatch ")
+
+
+def test_unrecognised_input_is_exit_2_naming_the_files(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    binary = tmp_path / "model.bin.log"
+    binary.write_bytes(bytes(range(256)) * 64)
+    prose = tmp_path / "notes.txt"
+    prose.write_text("meeting notes\nnothing about training here\n")
+    for args in ([str(binary)], ["--json", str(binary), str(prose)]):
+        assert main(["analyze", *args]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert "no training records or error lines recognised" in captured.err
+        assert str(binary) in captured.err
+
+
+def test_unrecognised_file_among_good_ones_is_exit_neutral(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Megatron prints iterations on the last rank only: a file without step lines is normal.
+    quiet = tmp_path / "rank-2.log"
+    quiet.write_text("gpu-node01:41200:41260 [0] NCCL INFO Connected all trees\nusing world size: 4\n")
+    good = EXAMPLES / "healthy-nanogpt"
+    assert main(["analyze", "--no-color", str(good), str(quiet)]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "rank-2.log" in x)
+    assert line.endswith("no training records recognised (format unknown)")
+    assert "no findings: the run looks healthy" in out
+
+
+MEG_ITER = (
+    " [2024-05-01 10:{m:02d}:{s:02d}] iteration {i:>8}/  500000 | consumed samples: {c:>12} | "
+    "elapsed time per iteration (ms): 1234.5 | learning rate: 3.000000E-04 | global batch size:   128 | "
+    "lm loss: {loss:.6E} | "
+    "loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+)
+WATCHDOG = (
+    "[rank{r}]:[E ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=4021, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600011 "
+    "milliseconds before timing out."
+)
+
+
+def test_lagging_rank_is_listed_before_the_timeouts_it_caused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for r in range(3):
+        lines = [
+            MEG_ITER.format(m=i // 60, s=i % 60, i=i * 10, c=i * 1280, loss=6.0 - i * 0.01)
+            for i in range(1, 30)
+        ]
+        if r < 2:
+            lines.append(WATCHDOG.format(r=r))
+        (tmp_path / f"rank-{r}.log").write_text("\n".join(lines) + "\n")
+    code, doc = run_json(capsys, str(tmp_path))
+    assert code == 1
+    crit = [(f["kind"], f["rank"]) for f in doc["findings"] if f["severity"] == "critical"]
+    assert crit[0] == ("rank_lagging", 2), crit
+    assert {("nccl_timeout", 0), ("nccl_timeout", 1)} <= set(crit[1:])
+    assert main(["analyze", "--no-color", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.index("rank_lagging") < out.index("nccl_timeout")

@@ -136,16 +136,19 @@ steps: 6010 loss: nan iter time (s): 0.498 samples/sec: 257.000
 
 
 def test_deepspeed_steps_and_timer() -> None:
+    # step=, the timer's global_step= and the pipeline's steps: line tell one step each:
+    # one record per step, with the fields of all three.
     s = steps(feed("deepspeed", DEEPSPEED_LOG))
-    assert [r.step for r in s] == [6000, 6000, 6000, 6010, 6010]
-    step_line, timer, pipe, step2, pipe2 = s
-    assert step_line.learning_rate == 0.001 and step_line.skipped_iters == 10
-    assert step2.learning_rate == pytest.approx(1.371e-4) and step2.skipped_iters == 2
-    assert timer.samples_per_s == pytest.approx(6601.5)
-    assert timer.memory_bytes == pytest.approx(6.01 * GIB)
-    assert timer.max_memory_bytes == pytest.approx(19.52 * GIB)
-    assert (pipe.loss, pipe.step_time_s, pipe.samples_per_s) == (1.2093, 0.512, 250.1)
-    assert math.isnan(pipe2.loss)  # type: ignore[arg-type]
+    assert [r.step for r in s] == [6000, 6010]
+    first, second = s
+    assert first.learning_rate == 0.001 and first.skipped_iters == 10 and first.line == 5
+    assert first.samples_per_s == pytest.approx(6601.5)
+    assert first.memory_bytes == pytest.approx(6.01 * GIB)
+    assert first.max_memory_bytes == pytest.approx(19.52 * GIB)
+    assert (first.loss, first.step_time_s) == (1.2093, 0.512)
+    assert second.learning_rate == pytest.approx(1.371e-4) and second.skipped_iters == 2
+    assert math.isnan(second.loss) and second.step_time_s == 0.498  # type: ignore[arg-type]
+    assert second.samples_per_s == 257.0
 
 
 def test_deepspeed_overflow_is_counted_once_per_event() -> None:
@@ -173,9 +176,9 @@ steps: 2500 loss: 13.1 iter time (s): 1.2 samples/sec: 26.6
     parser = DeepSpeedParser()
     recs = run(parser, meg_ds)
     assert isinstance(parser.host, MegatronParser)
-    # Before Megatron was recognised DeepSpeed's own lines count; after, only Megatron's.
+    # Before Megatron was recognised DeepSpeed's own lines count (as one step); after, only
+    # Megatron's.
     assert [(r.step, r.step_time_s) for r in steps(recs)] == [
-        (2499, None),
         (2499, 1.202),
         (2499, pytest.approx(1.2054)),
         (2500, pytest.approx(1.201)),
@@ -188,7 +191,7 @@ steps: 2500 loss: 13.1 iter time (s): 1.2 samples/sec: 26.6
 {'loss': 2.4512, 'grad_norm': 1.23, 'learning_rate': 4.9e-05, 'epoch': 0.01}
 [Rank 0] step=20, skipped=0, lr=[4.8e-05], mom=[(0.9, 0.999)]"""
     parser = DeepSpeedParser()
-    s = steps(run(parser, hf_ds))
+    s = steps(run(parser, hf_ds) + parser.finish())
     assert isinstance(parser.host, HFParser)
     assert [(r.step, r.loss) for r in s] == [(10, None), (10, 2.4512), (20, None)]
 
@@ -227,10 +230,11 @@ def test_hf_dicts_take_step_from_training_bar() -> None:
         0.05,
         1000,
     )
-    assert a.step_time_s == pytest.approx(1 / 1.98)
+    assert a.step_time_s == 0.5  # 50 steps in 00:25, not tqdm's smoothed 1.98it/s
     assert (b.loss, b.grad_norm, b.learning_rate, b.epoch) == (2.061, 0.8, 4.8e-05, 0.1)
     assert math.isnan(c.loss) and math.isnan(c.grad_norm)  # type: ignore[arg-type]
-    assert c.learning_rate == 4.7e-05 and c.step_time_s == 4.0
+    # 01:15 includes the evaluation: the rate measured before it stands.
+    assert c.learning_rate == 4.7e-05 and c.step_time_s == 0.5
     (ev,) = evals(recs)
     assert ev.step == 100 and ev.eval_loss == 1.8
     assert ev.metrics == {

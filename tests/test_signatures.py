@@ -109,11 +109,11 @@ def test_oom_typo_capacty_and_zero_bytes_free() -> None:
          "Some of your processes may "
          "have been killed by the cgroup out-of-memory handler.", {"events": 2, "step": "3495064.batch"}),
         ("srun: error: node01: task 4: Out Of Memory", {"task": 4, "node": "node01"}),
-        ("Killed", {"signal": "SIGKILL"}),
-        ("/var/spool/slurmd/job00191/slurm_script: line 28:  8156 Killed                  python3 main.py",
-         {"signal": "SIGKILL"}),
         ("MemoryError", {}),
         ("[12345.678] Out of memory: Killed process 4242 (python)", {"pid": 4242, "process": "python"}),
+        ("[ 5012.345678] Memory cgroup out of memory: Killed process 4242 (python3) total-vm:91234567kB, "
+         "anon-rss:81234567kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:160000kB oom_score_adj:0",
+         {"pid": 4242, "process": "python3"}),
         ("RuntimeError: DataLoader worker (pid 12345) is killed by signal: Killed.", {"dataloader": True}),
     ],
 )  # fmt: skip
@@ -123,6 +123,44 @@ def test_host_oom(line: str, extra: dict[str, object]) -> None:
     assert rec.details["host"] is True
     for k, v in extra.items():
         assert rec.details[k] == v
+
+
+KILLED = "killed (SIGKILL: the kernel OOM killer, scancel or a time limit)"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Killed",
+        "/var/spool/slurmd/job00191/slurm_script: line 28:  8156 Killed                  python3 main.py",
+    ],
+)
+def test_killed_alone_is_a_crash_that_names_who_sends_sigkill(line: str) -> None:
+    # bash only knows the signal: the OOM killer, scancel and a time limit all send SIGKILL.
+    rec = one(line)
+    assert (rec.kind, rec.severity) == ("crash", Severity.CRITICAL)
+    assert rec.details["signal"] == "SIGKILL" and KILLED in rec.summary
+
+
+@pytest.mark.parametrize(
+    "oom_line",
+    [
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=1234.0. Some of the step tasks have been "
+        "OOM Killed.",
+        "[ 5012.345678] Out of memory: Killed process 8156 (python3) total-vm:91234567kB, "
+        "anon-rss:81234567kB",
+    ],
+)
+def test_killed_just_after_an_oom_kill_line_is_that_oom(oom_line: str) -> None:
+    recs = run(f"{oom_line}\nsome output\nKilled")
+    assert [(r.kind, r.details.get("host")) for r in recs] == [("oom", True), ("oom", True)]
+    assert recs[1].details["signal"] == "SIGKILL" and "OOM killer" in recs[1].summary
+
+
+def test_killed_long_after_an_oom_kill_line_is_a_crash() -> None:
+    noise = "\n".join(f"step {i}" for i in range(200))
+    recs = run("[1.0] Out of memory: Killed process 1 (python)\n" + noise + "\nKilled")
+    assert [r.kind for r in recs] == ["oom", "crash"]
 
 
 def test_memory_error_traceback_is_host_oom() -> None:
@@ -465,8 +503,76 @@ def test_torchelastic_child_failed_box() -> None:
     assert d["failed_rank"] == 1 and d["local_rank"] == 1 and d["exitcode"] == -9 and d["signal"] == "SIGKILL"
     assert d["host"] == "node01" and d["pid"] == 1234 and d["failed_ranks"] == [2, 1]
     assert "rank 1" in rec.summary and "SIGKILL" in rec.summary
-    assert rec.evidence[-1].startswith("=====") and len(rec.evidence) == len(lines) - 1
+    assert rec.evidence[-1].startswith("=====") and len(rec.evidence) == len(lines)
+    assert "failed (exitcode: -9)" in rec.evidence[0], "the launcher's own line is the same event"
+    assert d["binary"] == "/usr/bin/python"
     assert m.flush() == []
+
+
+ELASTIC_FAILED = (
+    "E0101 12:00:00.123000 140 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) "
+    "local_rank: 0 (pid: 1234) of binary: /usr/bin/python3"
+)
+
+
+def test_torchelastic_failed_line_alone_is_a_crash() -> None:
+    recs = run(
+        ELASTIC_FAILED + "\nI0101 12:00:01.000000 140 torch/distributed/elastic/agent/server/api.py:8] done"
+    )
+    (rec,) = recs
+    assert (rec.kind, rec.severity, rec.line) == ("crash", Severity.CRITICAL, 1)
+    assert rec.details["exitcode"] == 1 and rec.details["local_rank"] == 0 and rec.details["pid"] == 1234
+    assert rec.summary == "torchelastic: local_rank 0 (pid 1234) failed with exitcode 1"
+    assert rec.evidence == [ELASTIC_FAILED]
+
+
+def test_torchelastic_failed_line_at_end_of_stream_and_when_idle() -> None:
+    # The old logging format, and a function entrypoint killed by a signal.
+    line = (
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 (pid: 77) "
+        "of fn: main (start_method: spawn)"
+    )
+    (rec,) = run(line)
+    assert rec.details["signal"] == "SIGKILL" and rec.details["fn"] == "main"
+    assert "local_rank 3" in rec.summary and "SIGKILL" in rec.summary
+    m = SignatureMatcher()
+    assert m.feed(line, 1) == [] and m.waiting, "a ChildFailedError box may follow"
+    assert [r.kind for r in m.release()] == ["crash"] and not m.busy
+
+
+CUDA_ASSERT = (
+    "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [{b},0,0], thread: [{t},0,0] "
+    'Assertion `-sizes[i] <= index && index < sizes[i] && "index out of bounds"` failed.'
+)
+CUDA_ASSERT_TB = """Traceback (most recent call last):
+  File "/workspace/train.py", line 88, in <module>
+    loss.item()
+RuntimeError: CUDA error: device-side assert triggered
+CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+For debugging consider passing CUDA_LAUNCH_BLOCKING=1
+Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.
+"""  # noqa: E501
+
+
+def test_device_side_assert_burst_is_one_cuda_error() -> None:
+    burst = "\n".join(CUDA_ASSERT.format(b=b, t=t) for b in range(16) for t in range(128))
+    recs = run(burst + "\n" + CUDA_ASSERT_TB)
+    assert [r.kind for r in recs] == ["cuda_error", "cuda_error"]
+    first = recs[0]
+    assert first.line == 1 and first.details["device_assert"] is True
+    assert first.details["where"] == "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92"
+    assert first.details["block"] == [0, 0, 0] and first.details["thread"] == [0, 0, 0]
+    assert first.summary.startswith("CUDA device-side assert in IndexKernel.cu:92 (operator()): `-sizes[i]")
+    assert recs[1].details["error"] == "device-side assert triggered"
+
+
+def test_device_side_assert_from_a_loss_kernel() -> None:
+    rec = one(
+        "../aten/src/ATen/native/cuda/Loss.cu:240: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], "
+        "thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed."
+    )
+    assert rec.kind == "cuda_error" and rec.details["assertion"] == "t >= 0 && t < n_classes"
+    assert rec.details["kernel"] == "nll_loss_forward_reduce_cuda_kernel_2d"
 
 
 def test_child_failed_box_without_its_traceback() -> None:
@@ -583,6 +689,10 @@ LINES = st.sampled_from(
         "NCCL WARN x",
         "srun: error: n: task 1: Killed",
         "Killed",
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=1.0. Some of the step tasks have been "
+        "OOM Killed.",
+        ELASTIC_FAILED,
+        CUDA_ASSERT.format(b=0, t=1),
     ]
 )
 

@@ -42,6 +42,7 @@ class RankReport:
     lines: int = 0
     unparsed: int = 0
     cut_lines: int = 0
+    records: int = 0  # of any kind, in this rank's whole file: 0 means nothing was recognised
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +68,12 @@ class Analysis:
         worst = self.worst
         return 1 if worst is not None and worst >= Severity.WARNING else 0
 
+    @property
+    def recognised_any(self) -> bool:
+        """False when not one line of any file was understood: a wrong path or an unknown
+        format, which must not pass for a healthy run."""
+        return any(rep.records > 0 for rep in self.ranks)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "ranks": [r.to_json() for r in self.ranks],
@@ -75,7 +82,15 @@ class Analysis:
 
 
 def _sort_key(f: Finding) -> tuple:
-    return (-int(f.severity), f.rank if f.rank is not None else -1, f.step or 0, f.line or 0)
+    # Among equally severe findings the lagging rank goes first: it is the answer, the
+    # NCCL timeouts on the other ranks are its consequence.
+    return (
+        -int(f.severity),
+        f.kind != "rank_lagging",
+        f.rank if f.rank is not None else -1,
+        f.step or 0,
+        f.line or 0,
+    )
 
 
 @dataclass
@@ -85,6 +100,7 @@ class FileResult:
     unparsed: int
     cut_lines: int
     ranks: list[tuple[RankEngine, list[Finding]]]
+    records: int = 0
 
 
 def analyze_file(path: str, cfg: Config, fallback_rank: int | None) -> FileResult:
@@ -106,12 +122,16 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None) -> FileResul
             entry[1].extend(entry[0].feed(rec))
 
     cut = 0
+    n_records = 0
     for fl in read_lines(path, max_line_bytes=cfg.logs.max_line_bytes, drop=NOISE):
         cut += fl.cut
         recs = parser.feed(fl.text, fl.lineno, cut=fl.cut)
         if recs:
+            n_records += len(recs)
             feed(recs)
-    feed(parser.finish())
+    last = parser.finish()
+    n_records += len(last)
+    feed(last)
     for eng, found in engines.values():
         found.extend(eng.finish())
     if not engines:
@@ -130,6 +150,7 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None) -> FileResul
         unparsed=parser.stats.unparsed,
         cut_lines=cut,
         ranks=[engines[k] for k in order],
+        records=n_records,
     )
 
 
@@ -156,6 +177,7 @@ def analyze(paths: Sequence[str], cfg: Config) -> Analysis:
                     lines=res.lines,
                     unparsed=res.unparsed,
                     cut_lines=res.cut_lines,
+                    records=res.records,
                 )
             )
     extra = cross_rank(states, by_rank, cfg.detectors.rank_lagging)
@@ -171,6 +193,7 @@ def analyze(paths: Sequence[str], cfg: Config) -> Analysis:
     return Analysis(ranks=reports, findings=everything)
 
 
+_NOTHING = "no training records recognised"
 _COLOURS = {Severity.CRITICAL: "\x1b[1;31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
 
 
@@ -185,6 +208,7 @@ def format_human(result: Analysis, *, colour: bool = False) -> str:
             f"rank {rep.rank if rep.rank is not None else '?':>3}  {rep.path}  format={rep.format or '?'}  "
             f"steps={rep.steps}  last_step={last}  findings={n}"
             + (f"  cut_lines={rep.cut_lines}" if rep.cut_lines else "")
+            + ("" if rep.records else f"  {_NOTHING}{' (format unknown)' if rep.format is None else ''}")
         )
     out.append("")
     if not result.findings:

@@ -77,6 +77,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
     paths = _expand_paths(args.paths)
     result = analyze(paths, cfg)
+    if not result.recognised_any:
+        # A wrong path or an unknown format must not read as a healthy run.
+        names = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+        raise UsageError(
+            f"no training records or error lines recognised in {names}: not a training log, or a "
+            "format rankwatch does not detect (force one with --format, or set logs.regex)"
+        )
     if args.json:
         json.dump(
             result.to_json(), sys.stdout, indent=2 if args.pretty else None, allow_nan=False, default=str

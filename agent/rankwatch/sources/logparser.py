@@ -10,6 +10,10 @@ match many things a specific format also prints, so for ``sniff_lines`` lines af
 generic decision a specific format may still take over; after that, or once a specific
 format is decided, the choice is final. A forced format never sniffs.
 
+Progress bars and run headers come before the first line that gives the format away
+(tqdm draws step 10 before Hugging Face prints step 10's dict), so the last few such
+lines are kept while the format is unknown and replayed into each rank's new parser.
+
 A format parser that raises loses only that line: the error is counted, logged once per
 parser, and the stream goes on.
 """
@@ -17,6 +21,7 @@ parser, and the stream goes on.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +36,7 @@ __all__ = ["LogParser", "ParseStats"]
 log = logging.getLogger("rankwatch.parse")
 
 _GENERIC = frozenset({"json", "kv"})
+_REPLAY_LINES = 16
 
 
 @dataclass
@@ -64,6 +70,8 @@ class LogParser:
         self._matchers: dict[int | None, SignatureMatcher] = {}
         self._parsers: dict[int | None, FormatParser] = {}
         self._waiting: set[int | None] = set()
+        # Lines a parser may need before the format is known: (text, lineno, rank, time).
+        self._before: deque[tuple[str, int, int | None, float | None]] = deque(maxlen=_REPLAY_LINES)
         self._logged: set[Any] = set()
         if not self._auto:
             # Build one now so that an unknown format or a bad regex fails at startup.
@@ -121,11 +129,16 @@ class LogParser:
         return out
 
     def release_pending(self) -> list[Record]:
-        """Tracebacks that are complete but held back in case they continue; for idle streams."""
+        """Records held back in case more lines complete them (a traceback, a DeepSpeed step
+        told twice); for idle streams."""
         out: list[Record] = []
         for rank in list(self._waiting):
             out.extend(self._guard(self._matchers[rank].release, "matcher"))
         self._waiting.clear()
+        for rank, parser in self._parsers.items():
+            rel = getattr(parser, "release", None)
+            if callable(rel):
+                out.extend(self._fill(self._guard(rel, parser) or [], None, rank, None))
         return out
 
     def progress(self, rank: int | None = None) -> Any:
@@ -170,8 +183,11 @@ class LogParser:
         if self._auto and (self.format is None or self._upgrade_left > 0):
             self._sniff(body)
             if self.format is None:
+                if "%|" in body or "steps =" in body:
+                    self._before.append((body, lineno, rank, when))
                 return []
         parser = self._parsers.get(rank)
+        out: list[Record] = []
         if parser is None:
             try:
                 parser = _formats.make_parser(self.format, regex=self._regex)
@@ -179,12 +195,28 @@ class LogParser:
                 self._error("make_parser", f"cannot build a parser for format {self.format!r}")
                 return []
             self._parsers[rank] = parser
+            if self._before:
+                out = self._replay(parser, rank)
+        out.extend(self._run(parser, body, lineno, rank, when))
+        return out
+
+    def _run(
+        self, parser: FormatParser, body: str, lineno: int, rank: int | None, when: float | None
+    ) -> list[Record]:
         try:
             recs = parser.parse(LogLine(body, lineno, rank, when))
         except Exception:
             self._error(parser, f"format parser {self.format!r} failed on line {lineno}")
             return []
         return self._fill(recs, lineno, rank, when) if recs else []
+
+    def _replay(self, parser: FormatParser, rank: int | None) -> list[Record]:
+        mine = [item for item in self._before if item[2] == rank]
+        self._before = deque((item for item in self._before if item[2] != rank), maxlen=_REPLAY_LINES)
+        out: list[Record] = []
+        for body, lineno, _, when in mine:
+            out.extend(self._run(parser, body, lineno, rank, when))
+        return out
 
     def _sniff(self, body: str) -> None:
         if self.format is not None:

@@ -48,7 +48,7 @@ _OOM_OLD = re.compile(
 )
 # Since: "GPU 0 has a total capacity of 79.11 GiB of which 6.00 MiB is free." (some say "capacty")
 _OOM_NEW = re.compile(r"GPU (\d+) has a total capaci?ty of " + _SIZE + r" of which " + _SIZE + r" is free")
-_KERNEL_OOM = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)")
+_KERNEL_OOM = re.compile(r"[Oo]ut of memory: Killed process (\d+) \(([^)]*)\)")
 _DL_KILLED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) is killed by signal: Killed")
 _SLURM_OOM = re.compile(
     r"Detected (\d+) oom[-_]kill events?(?:\(s\))?(?: in (?:StepId=|step )([\w.]+?)\.?(?=\s|$))?"
@@ -81,6 +81,19 @@ _XID = re.compile(
 )
 # Xids that usually mean the application, not the GPU, misbehaved (or pure bookkeeping).
 _XID_WARNING = frozenset({13, 31, 43, 45, 63, 64, 92})
+# A kernel's assert: ".../IndexKernel.cu:92: operator(): block: [0,0,0], thread: [0,0,0]
+# Assertion `...` failed." One line per failing GPU thread, so thousands per burst.
+_DEVICE_ASSERT = re.compile(
+    r"(\S+\.cuh?):(\d+): (.*?):? ?block: \[(\d+),(\d+),(\d+)\], thread: \[(\d+),(\d+),(\d+)\]"
+    r" Assertion(?: [`'](.*)[`'])? failed"
+)
+
+# --- torchelastic ------------------------------------------------------------------------
+# api.py: "failed (exitcode: 1) local_rank: 0 (pid: 1234) of binary: /usr/bin/python3"
+# (``of fn: main (start_method: spawn)`` when the entrypoint is a function).
+_ELASTIC_FAILED = re.compile(
+    r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of (binary|fn): (\S+)"
+)
 
 # --- Slurm and the shell ----------------------------------------------------------------
 _SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+?)\s*$")
@@ -131,9 +144,14 @@ _BOX_RANK = re.compile(r"(\d+)(?: \(local_rank: (\d+)\))?")
 _BOX_EXIT = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 _BOX_SIGNAL = re.compile(r"Signal (\d+) \((SIG\w+)\)")
 
-_IDLE, _TB, _TAIL, _CHAIN, _BOX = range(5)
+_KILLED = "killed (SIGKILL: the kernel OOM killer, scancel or a time limit)"
+_SIGNUMS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
+            11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}  # fmt: skip
+
+_IDLE, _TB, _TAIL, _CHAIN, _BOX, _LEAD = range(6)
 _DEDUP_LINES = 1000  # the same condition re-reported within this many lines is one event
 _ATTACH_LINES = 20  # continuation lines this close to a one-line error join its evidence
+_OOM_KILL_NEAR = 50  # a "Killed" this soon after an OOM-kill line was that OOM kill
 _TAIL_LINES = 200  # a finished traceback waits at most this many stream lines for more
 _MAX_NOISE = 50  # stray lines inside a traceback before giving up on its final line
 _MAX_TB_LINES = 20000
@@ -168,6 +186,8 @@ def _maybe(t: str) -> bool:
         or "xception" in t
         or "nstruction" in t
         or "CANCELLED" in t
+        or "xitcode" in t
+        or "ssertion" in t
     )
 
 
@@ -326,6 +346,41 @@ def _xid(t: str) -> Hit | None:
     return None
 
 
+def _device_assert(t: str) -> Hit | None:
+    m = _DEVICE_ASSERT.search(t)
+    if m is None:
+        return None
+    where = f"{m[1].rsplit('/', 1)[-1]}:{m[2]}"
+    d: dict[str, Any] = {
+        "error": "device-side assert triggered", "device_assert": True, "kernel": m[3].strip(),
+        "where": f"{m[1]}:{m[2]}", "block": [int(m[4]), int(m[5]), int(m[6])],
+        "thread": [int(m[7]), int(m[8]), int(m[9])],
+    }  # fmt: skip
+    what = "assertion failed"
+    if m[10] is not None:
+        d["assertion"] = m[10]
+        what = f"`{m[10]}` failed"
+    summary = _short(f"CUDA device-side assert in {where} ({d['kernel']}): {what}")
+    # One line per failing GPU thread: the whole burst is one event.
+    return Hit("cuda_error", _C, summary, d, ("device_assert",))
+
+
+def _elastic_failed(t: str) -> Hit | None:
+    m = _ELASTIC_FAILED.search(t)
+    if m is None:
+        return None
+    code, local_rank, pid = int(m[1]), int(m[2]), int(m[3])
+    # Named as in torchelastic's failure box, which tells the same event when it follows.
+    d: dict[str, Any] = {"exitcode": code, "local_rank": local_rank, "pid": pid, m[4]: m[5], "lead": True}
+    how = f"exitcode {code}"
+    if code < 0:
+        sig = _SIGNUMS.get(-code, f"signal {-code}")
+        d["signal"] = sig
+        how += f" ({sig})"
+    summary = f"torchelastic: local_rank {local_rank} (pid {pid}) failed with {how}"
+    return Hit("crash", _C, summary, d, ("elastic_failed", local_rank, pid))
+
+
 def classify(line: str) -> Hit | None:
     """The error a single (decoration-free) line reports, if any.
 
@@ -364,6 +419,14 @@ def classify(line: str) -> Hit | None:
         hit = _xid(t)
         if hit is not None:
             return hit
+    if "Assertion" in t and "block: [" in t:
+        hit = _device_assert(t)
+        if hit is not None:
+            return hit
+    if "exitcode: " in t:
+        hit = _elastic_failed(t)
+        if hit is not None:
+            return hit
     m = _WHAT.match(t)
     if m:
         msg = m[1]
@@ -385,9 +448,10 @@ def classify(line: str) -> Hit | None:
     if m:
         sig = _SIGNALS[m[1] or m[2]]
         if sig == "SIGKILL":
-            return _host_oom(
-                _short(f"{s} (SIGKILL: usually the host OOM killer)"), signal="SIGKILL", killed=True
-            )
+            # Who sent it is not on this line; SignatureMatcher makes it an OOM when an
+            # OOM-kill line came just before.
+            summary = _KILLED if s == "Killed" else f"{s}: {_KILLED}"
+            return Hit("crash", _C, _short(summary), {"signal": "SIGKILL", "killed": True, "shell": True})
         return Hit("crash", _C, _short(s), {"signal": sig})
     return None
 
@@ -411,8 +475,8 @@ class _Pending:
 
     __slots__ = (
         "after_last_error", "blanks", "box", "box_entry", "box_section", "cont", "exc", "first_line",
-        "first_time", "frame", "frames", "half", "head", "indent", "last_line", "noise", "omitted",
-        "rank", "rules", "tail", "total",
+        "first_time", "frame", "frames", "half", "head", "indent", "last_line", "lead", "noise",
+        "omitted", "rank", "rules", "tail", "total",
     )  # fmt: skip
 
     def __init__(self, lineno: int, time: float | None, rank: int | None, indent: int, half: int) -> None:
@@ -437,6 +501,7 @@ class _Pending:
         self.box: list[tuple[str, dict[str, Any]]] = []
         self.box_entry: dict[str, Any] | None = None
         self.box_section = "other"
+        self.lead: Hit | None = None  # a one-line error that a traceback may go on to explain
 
     def add(self, text: str, lineno: int) -> None:
         self.total += 1
@@ -505,11 +570,12 @@ class SignatureMatcher:
         self._last: ErrorRecord | None = None
         self._last_line = 0
         self._last_wants_next = False
+        self._oom_kill_line = -_OOM_KILL_NEAR - 1  # last line that reported a host OOM kill
 
     @property
     def waiting(self) -> bool:
         """A finished traceback is held back, waiting to see whether it continues."""
-        return self._state == _TAIL or self._state == _CHAIN
+        return self._state == _TAIL or self._state == _CHAIN or self._state == _LEAD
 
     @property
     def busy(self) -> bool:
@@ -528,6 +594,8 @@ class SignatureMatcher:
             return self._in_tail(text, lineno, rank, time)
         if self._state == _CHAIN:
             return self._in_chain(text, lineno, rank, time)
+        if self._state == _LEAD:
+            return self._in_lead(text, lineno, rank, time)
         return self._in_box(text, lineno, rank, time)
 
     def flush(self) -> list[ErrorRecord]:
@@ -578,10 +646,27 @@ class SignatureMatcher:
         hit = classify(text)
         if hit is None:
             return []
+        if hit.kind == "oom":
+            d = hit.details
+            if d.get("host") and ("events" in d or "process" in d or "tasks" in d):
+                self._oom_kill_line = lineno
+        elif hit.details.get("shell") and lineno - self._oom_kill_line <= _OOM_KILL_NEAR:
+            hit = _host_oom(
+                _short(f"{text.strip()}: SIGKILL from the OOM killer (line {self._oom_kill_line})"),
+                signal="SIGKILL",
+                killed=True,
+            )
         if hit.key is not None:
             prev = self._remember(hit.key, lineno)
             if prev is not None and lineno - prev <= _DEDUP_LINES:
                 return []
+        if hit.details.get("lead"):
+            # torchrun logs the failed child, then raises ChildFailedError with a box that
+            # names its global rank: one event, told best by the box when it comes.
+            p = self._start(text, lineno, rank, time, 0)
+            p.lead = hit
+            self._state = _LEAD
+            return []
         rec = ErrorRecord(
             kind=hit.kind,
             summary=hit.summary,
@@ -611,6 +696,23 @@ class SignatureMatcher:
         self._p = p
         self._state = _TB
         return p
+
+    def _in_lead(self, text: str, lineno: int, rank: int | None, time: float | None) -> list[ErrorRecord]:
+        p = self._p
+        assert p is not None
+        s = text.lstrip()
+        if not s:
+            p.blanks += 1
+            return self._finish() if p.blanks > 2 else []
+        if s.startswith(_TB_HEAD):
+            p.add(text, lineno)
+            p.indent = len(text) - len(s)
+            p.blanks = 0
+            self._state = _TB
+            return []
+        out = self._finish()
+        out.extend(self._idle(text, lineno, rank, time))
+        return out
 
     # -- inside a traceback ----------------------------------------------------------------
 
@@ -721,7 +823,16 @@ class SignatureMatcher:
         self._last = None
         details: dict[str, Any] = {"first_line": p.first_line}
         kind, severity = "crash", _C
-        if p.exc:
+        lead = p.lead
+        if lead is not None:
+            details = {**lead.details, **details}
+            details.pop("lead", None)
+        if lead is not None and not p.exc:
+            kind, severity, summary = lead.kind, lead.severity, lead.summary
+            line, time = p.first_line, p.first_time
+            if p.total > 1:
+                details["incomplete"] = True
+        elif p.exc:
             summary, line, time = p.exc[-1]
             m = _EXC_LINE.match(summary)
             if m:

@@ -5,11 +5,20 @@ DeepSpeed is a runtime under another framework (HF Trainer, Megatron-DeepSpeed,
 Lightning), and its lines often come first in the log, so auto-detection picks this
 parser for those runs. It therefore hands every line it does not own to the host
 framework's parser, locked on the first one that yields a record.
+
+One step is told up to three times (``log_dist``'s ``step=`` line, the throughput timer's
+``global_step=`` line, the pipeline engine's ``steps:`` line), each with different fields.
+Counting each would double the step count and the rate of everything per step, so a step
+record is held until a line about another step arrives, or ``_MERGE_LINES`` lines pass,
+and the lines about the same step are merged into it. A record with a loss is never held
+(a NaN must reach the detectors at once); a line about a step already handed out only
+adds its fields to that record.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from typing import ClassVar
 
 from rankwatch.records import Record, StepRecord
@@ -28,9 +37,19 @@ _TIMER = re.compile(
 _STEPS = re.compile(r"\bsteps?:\s{0,8}(\d{1,18})(?:\s{0,4}/\s{0,4}(\d{1,18}))?\s+loss:\s{0,4}([^\s]{1,400})")
 _ITER_TIME = re.compile(r"iter time \(s\):\s{0,4}([^\s]{1,400})")
 _SPS = re.compile(r"samples/sec:\s{0,4}([^\s]{1,400})")
+_MERGE_LINES = 8  # the timer line follows the step= line at once, give or take a warning
+_MERGED = tuple(
+    f.name for f in fields(StepRecord) if f.name not in ("step", "step_inferred", "rank", "line", "time")
+)
 _SNIFF_OVF = re.compile(
     r"Attempted loss scale|Reducing dynamic loss scale|Grad overflow on iteration|OVERFLOW!"
 )
+
+
+def _merge(into: StepRecord, rec: StepRecord) -> None:
+    for name in _MERGED:
+        if getattr(into, name) is None:
+            setattr(into, name, getattr(rec, name))
 
 
 def _lr(raw: str) -> float | None:
@@ -48,15 +67,25 @@ class DeepSpeedParser:
         self._skipped: int | None = None
         self._hosts: list[FormatParser] = [MegatronParser(), HFParser(), LightningParser()]
         self._host: FormatParser | None = None
+        self._held: StepRecord | None = None  # a step record that more lines may complete
+        self._done: StepRecord | None = None  # the last step record handed out
 
     @property
     def host(self) -> FormatParser | None:
         """The framework parser this stream turned out to run under, once known."""
         return self._host
 
+    def release(self) -> list[Record]:
+        """The stream went quiet: the held step record is as complete as it will get."""
+        held, self._held = self._held, None
+        if held is None:
+            return []
+        self._done = held
+        return [held]
+
     def finish(self) -> list[Record]:
-        """End of stream: whatever the host parser still holds back."""
-        out: list[Record] = []
+        """End of stream: whatever this parser and the host parser still hold back."""
+        out: list[Record] = self.release()
         for host in [self._host] if self._host is not None else self._hosts:
             fin = getattr(host, "finish", None)
             if fin is not None:
@@ -72,6 +101,12 @@ class DeepSpeedParser:
         return OverflowTracker.maybe(text) and _SNIFF_OVF.search(text) is not None
 
     def parse(self, line: LogLine) -> list[Record]:
+        held = self._held
+        if held is not None and held.line is not None and line.lineno - held.line > _MERGE_LINES:
+            return [*self.release(), *self._parse(line)]
+        return self._parse(line)
+
+    def _parse(self, line: LogLine) -> list[Record]:
         text = line.text
         if "step" in text:
             if "step=" in text:
@@ -90,8 +125,14 @@ class DeepSpeedParser:
         if OverflowTracker.maybe(text) and not ("|" in text and "iteration" in text):
             found = self._overflow.feed(line, strip_ansi(text))
             if found is not None:
-                return list(found)
-        return self._delegate(line)
+                return self._after_held(list(found))
+        return self._after_held(self._delegate(line))
+
+    def _after_held(self, recs: list[Record]) -> list[Record]:
+        """Records from later lines than the held step's: hand the step out first, in order."""
+        if recs and self._held is not None:
+            return [*self.release(), *recs]
+        return recs
 
     def _delegate(self, line: LogLine) -> list[Record]:
         if self._host is not None:
@@ -104,6 +145,8 @@ class DeepSpeedParser:
             if out:
                 if any(isinstance(r, StepRecord) for r in out):
                     self._host = host
+                    if isinstance(host, (MegatronParser, LightningParser)):
+                        self._held = None  # the host prints that step itself
                 return out
         return []
 
@@ -112,7 +155,22 @@ class DeepSpeedParser:
         # only duplicate the step with fewer fields.
         if isinstance(self._host, (MegatronParser, LightningParser)):
             return []
-        return [rec]
+        held = self._held
+        if rec.step is not None and held is not None and held.step == rec.step:
+            _merge(held, rec)
+            # A loss may be NaN: never hold it back waiting for more fields.
+            return self.release() if held.loss is not None else []
+        done = self._done
+        if rec.step is not None and done is not None and done.step == rec.step:
+            _merge(done, rec)  # already handed out: fields that come late are kept, not counted
+            return []
+        out = self.release()
+        if rec.loss is not None:
+            self._done = rec
+            out.append(rec)
+        else:
+            self._held = rec
+        return out
 
     def _step_line(self, line: LogLine, m: re.Match[str]) -> StepRecord:
         skipped = to_int(m.group(2))

@@ -14,11 +14,11 @@ from typing import ClassVar
 
 from rankwatch.records import Record
 
+from ._bars import BarClock
 from ._common import (
     TQDM_BAR,
     OverflowTracker,
     eval_record,
-    rate_to_step_time,
     step_record,
     strip_ansi,
     to_float,
@@ -50,7 +50,7 @@ class HFParser:
         self._overflow = OverflowTracker()
         # Undescribed "it" bars by total: the training bar and the evaluation bar differ
         # only in total; the first one drawn is normally the training bar.
-        self._bars: dict[int, tuple[int, float | None]] = {}
+        self._bars: dict[int, BarClock] = {}
         self._recent_total: int | None = None
         self._bar_total: int | None = None
         self._total_steps: int | None = None
@@ -73,14 +73,18 @@ class HFParser:
         return n, self._bar_total
 
     @property
+    def _train_bar(self) -> BarClock | None:
+        return self._bars.get(self._bar_total) if self._bar_total is not None else None
+
+    @property
     def _bar_n(self) -> int | None:
-        bar = self._bars.get(self._bar_total) if self._bar_total is not None else None
-        return bar[0] if bar is not None else None
+        bar = self._train_bar
+        return bar.n if bar is not None else None
 
     @property
     def _bar_step_time(self) -> float | None:
-        bar = self._bars.get(self._bar_total) if self._bar_total is not None else None
-        return bar[1] if bar is not None else None
+        bar = self._train_bar
+        return bar.step_time if bar is not None else None
 
     def finish(self) -> list[Record]:
         """End of stream: a dict still waiting for its cut-off end is emitted as it is."""
@@ -151,19 +155,25 @@ class HFParser:
         n = to_int(m.group("n"))
         if total is None or n is None:
             return
-        prev = self._bars.get(total)
-        if prev is not None and 0 < n < prev[0]:
+        bar = self._bars.get(total)
+        if bar is not None and 0 < n < bar.n:
             return  # a stale redraw
-        st = rate_to_step_time(info)
-        if st is None and prev is not None:
-            st = prev[1]
-        if prev is None and len(self._bars) >= 8:
-            oldest = next(t for t in self._bars if t != self._bar_total)
-            del self._bars[oldest]
-        self._bars[total] = (n, st)
+        if bar is None:
+            if len(self._bars) >= 8:
+                oldest = next(t for t in self._bars if t != self._bar_total)
+                del self._bars[oldest]
+            bar = self._bars[total] = BarClock()
+        if total != self._bar_total:
+            self._pause_training()  # another bar (evaluation) runs: training waits
+        bar.update(n, info)
         self._recent_total = total
         if self._bar_total is None:
             self._bar_total = total
+
+    def _pause_training(self) -> None:
+        train = self._train_bar
+        if train is not None:
+            train.pause()
 
     def _continue_pending(self, line: LogLine, text: str, out: list[Record]) -> str:
         pending = self._pending or ""
@@ -202,6 +212,7 @@ class HFParser:
         if not vals or "train_runtime" in vals or "train_samples_per_second" in vals:
             return []  # the end-of-training summary is not a step
         if any(k.startswith("eval_") for k in vals):
+            self._pause_training()
             metrics = {k: v for k, v in vals.items() if k.startswith("eval_") and k != "eval_loss"}
             return [
                 eval_record(line, eval_loss=vals.get("eval_loss"), step=self._eval_step(), metrics=metrics)
