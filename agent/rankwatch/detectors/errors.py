@@ -18,7 +18,8 @@ FIXES = {
     "repeated Xid means a hardware problem: drain the node.",
     "xid": "An NVIDIA driver Xid error: check `nvidia-smi -q` and the node's dmesg; "
     "Xid 79/48/63/64/74/92/94/95 usually mean the GPU needs a reset or the node must be drained.",
-    "crash": "The process raised: the traceback above names the failing frame.",
+    "crash": "The rank ended abnormally: a traceback in the evidence names the failing frame; "
+    "without one, the exit code or signal says how it was stopped.",
 }
 
 MAX_PER_KIND = 20
