@@ -15,6 +15,7 @@ these come before any authentication, so a stranger must not be able to fill the
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hmac
 import json
 import logging
@@ -145,11 +146,14 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 # --- handlers ----------------------------------------------------------------------------
 async def metrics(request: web.Request) -> web.Response:
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    resp = web.Response(body=encoder(request.app[REGISTRY]), headers=_NO_STORE)
-    resp.headers["Content-Type"] = content_type
+    body = encoder(request.app[REGISTRY])
+    headers = {**_NO_STORE, "Content-Type": content_type, "Vary": "Accept-Encoding"}
     if "gzip" in request.headers.get("Accept-Encoding", ""):
-        resp.enable_compression()
-    return resp
+        # Level 1 in the handler: ~0.3 ms for 100 KB and 5-8x smaller; aiohttp's own
+        # compression hands bodies over 1 KiB to a thread, which doubled the scrape's p99.
+        body = gzip.compress(body, compresslevel=1)
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=body, headers=headers)
 
 
 async def healthz(request: web.Request) -> web.Response:
