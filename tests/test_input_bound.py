@@ -91,3 +91,15 @@ def test_live_agent_names_a_starved_gpu(tmp_path: Path) -> None:
     starved = [f for f in found if f.kind == "dataloader_stall" and not f.resolved]
     assert len(starved) == 1, [(f.kind, f.resolved) for f in found]
     assert "utilisation averaged 8%" in starved[0].message
+
+
+def test_memory_stays_bounded_without_gpu_readings() -> None:
+    det = DataloaderStallDetector(GpuConfig(), 0)
+    for t in range(20_000):
+        det.on_step(float(t), t)
+        det.on_cpu(float(t), 50.0)
+    assert len(det.steps) <= 601 and len(det.cpu) <= 601
+    off = DataloaderStallDetector(GpuConfig(dataloader_window=0), 0)  # type: ignore[arg-type]
+    off.on_step(1.0, 1)
+    off.on_cpu(1.0, 50.0)
+    assert not off.steps and not off.cpu

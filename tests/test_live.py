@@ -429,3 +429,25 @@ def test_traceback_of_a_process_still_running_becomes_a_warning_after_the_hold()
     (f,) = found
     assert f.kind == "traceback" and f.severity is Severity.WARNING
     assert "still running 16s later" in f.message
+
+
+def test_launcher_death_lines_are_not_held_and_a_stopping_agent_loses_nothing_held() -> None:
+    from faultlib import IDENT, FakeClock
+    from rankwatch.config.schema import Config
+    from rankwatch.records import ErrorRecord, Severity
+    from rankwatch.runtime import watcher as wmod
+
+    clock = FakeClock(100.0)
+    found: list = []
+    w = wmod.RankWatcher(Config(), IDENT, [], emit=found.append, clock=clock, wall=lambda: 1.7e9)
+    w.prober = object()  # type: ignore[assignment]
+    elastic = ["E0101 api.py:869] failed (exitcode: 1) local_rank: 0 (pid: 1234) of binary: python3"]
+    w._records([ErrorRecord(kind="crash", severity=Severity.CRITICAL, summary="worker failed",
+                            evidence=elastic, rank=0, line=1)])  # fmt: skip
+    assert [f.kind for f in found] == ["crash"]  # a death already happened: out at once
+    tb = ["Traceback (most recent call last):", '  File "x.py", line 1', "KeyError: 'cache'"]
+    w._records([ErrorRecord(kind="crash", severity=Severity.CRITICAL, summary="KeyError",
+                            evidence=tb, rank=0, line=5)])  # fmt: skip
+    assert len(found) == 1
+    w.flush_held()  # the agent stops (SIGTERM) inside the hold: the traceback still goes out
+    assert [f.kind for f in found] == ["crash", "traceback"]

@@ -436,3 +436,15 @@ def test_priority_prefers_oom_over_nccl_and_warnings_lose_to_critical() -> None:
     f = crash_finding(st, exit_code=1, signal=None, tail=[], rank=0, path=None)
     assert f is not None and f.evidence["cause_kind"] == "oom"
     assert f.evidence["traceback"] == ["Traceback", "  a", "E"]  # the traceback that went with it
+
+
+def test_a_gpu_warm_up_blip_does_not_end_a_silent_rank_grace() -> None:
+    """A compile warm-up, then a long barrier while rank 0 tokenises: still inside the grace."""
+    r = Rank(started=1000.0)
+    r.det.on_gpu(1010.0, "busy")
+    r.det.on_gpu(1015.0, "busy")
+    fired: list[Finding] = []
+    for t in range(1020, 1890, 5):
+        r.det.on_gpu(float(t), "idle")
+        fired += r.sample(float(t) + 1, cpu_percent=0.0)
+    assert fired == []

@@ -224,3 +224,24 @@ def test_watch_pid_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 2
     assert f"no process with pid {dead.pid}" in out.stderr
+
+
+def test_watch_pid_of_a_launcher_with_several_logs_keeps_watching(tmp_path: Path) -> None:
+    """A --pid without RANK in its environment attaches to no rank: that is no reason to stop."""
+    for r in range(2):
+        (tmp_path / f"rank-{r}.log").write_text("")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                               env={k: v for k, v in os.environ.items() if k != "RANK"})  # fmt: skip
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "rankwatch", "watch", "--config", str(_config(tmp_path)),
+         "--pid", str(sleeper.pid),
+         "--log", str(tmp_path / "rank-0.log"), "--log", str(tmp_path / "rank-1.log")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(3.0)
+        assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+    finally:
+        for p in (agent, sleeper):
+            p.terminate()
+            p.wait(10)

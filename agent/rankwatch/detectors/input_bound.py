@@ -47,11 +47,15 @@ class DataloaderStallDetector:
             self.steps.popleft()
 
     def on_step(self, now: float, step: int | None) -> None:
-        self.steps.append(now)
         self.last_step = step
+        if self.cfg.dataloader_window:
+            self.steps.append(now)
+            self._prune(now)  # bounded even when no GPU reading ever comes (no NVML)
 
     def on_cpu(self, now: float, cpu_percent: float) -> None:
-        self.cpu.append((now, cpu_percent))
+        if self.cfg.dataloader_window:
+            self.cpu.append((now, cpu_percent))
+            self._prune(now)
 
     def on_gpu(self, now: float, utilization: float | None) -> list[Finding]:
         """One reading of the rank's GPUs (mean utilisation, 0..1); judged here."""
@@ -85,7 +89,8 @@ class DataloaderStallDetector:
                 f"while the rank kept stepping ({len(self.steps)} steps) and its processes used "
                 f"{cpu:.0f}% CPU. Usual fix: more DataLoader workers (num_workers), pin_memory and a "
                 "larger prefetch_factor, cheaper decoding/augmentation (pre-process offline or on the "
-                "GPU), or faster storage."
+                "GPU), or faster storage. (With CPU offload, e.g. ZeRO-Offload, the optimizer step on "
+                "the CPU looks the same: then it is the offload that bounds the step.)"
             )
         return Finding(
             kind="dataloader_stall",

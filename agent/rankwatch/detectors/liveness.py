@@ -26,6 +26,7 @@ SAMPLES = 10
 # once. Arrivals closer than this are one burst, so bursts, not lines, set the interval.
 BURST_S = 0.1
 CPU_ACTIVE_RATIO = 0.01  # of one core, over the sample window
+GPU_TRAINING_S = 60.0  # GPU busy this long without a break: the rank is training
 
 _CLASS_TEXT = {
     "busy": "busy on CPU ({cpu}): a spin or a data-loader deadlock",
@@ -67,7 +68,8 @@ class StallDetector:
         self.last_checkpoint: float | None = None
         self.checkpoints_seen = False
         self.gpu_activity: str | None = None
-        self.gpu_computed = False  # real GPU compute seen: startup (model load, compile) is over
+        self.gpu_computed = False  # sustained GPU compute seen: startup (model load, compile) is over
+        self._busy_since: float | None = None
         self.stalled_at = 0.0
         self.quiet_from = started
         self.rank: int | None = None
@@ -101,8 +103,11 @@ class StallDetector:
         ceiling = float(self.cfg.ceiling)
         if 0 < ceiling < t:
             t = max(floor, ceiling)
+            cap = f"the {_secs(ceiling)} ceiling"
+            if t != ceiling:
+                cap = f"the {_secs(floor)} floor (above the ceiling)"
             why = (
-                f"{_secs(t)}: the {_secs(ceiling)} ceiling, under PyTorch's NCCL watchdog; "
+                f"{_secs(t)}: {cap}, under PyTorch's NCCL watchdog; "
                 f"{self.cfg.factor:g} x p99 step interval {_secs(q)} would be longer"
             )
         return t, why
@@ -156,7 +161,13 @@ class StallDetector:
         self.gpu_activity = activity
         if activity == "busy":
             self._signal(now, "GPU compute")
-            self.gpu_computed = True
+            if self._busy_since is None:
+                self._busy_since = now
+            # Training computes for minutes on end; a warm-up or compile blip does not end the grace.
+            if now - self._busy_since >= GPU_TRAINING_S:
+                self.gpu_computed = True
+        else:
+            self._busy_since = None
 
     def _signal(self, now: float, what: str) -> None:
         if now >= self.last_signal:

@@ -400,7 +400,8 @@ async def watch_processes(
                 s = w.last_sample
                 if s is not None and not s.alive and not w.exited:
                     w.on_exit(s.exit_code, None)
-            if pids and not match and all(w.exited for w in watchers if w.prober is not None):
+            attached = [w for w in watchers if w.prober is not None]
+            if pids and not match and attached and all(w.exited for w in attached):
                 # Nothing can bring a --pid back (no --match to find a restart): done.
                 log.info("every watched pid has exited; stopping")
                 break
@@ -416,6 +417,7 @@ async def watch_processes(
                 await asyncio.wait_for(t, 5.0)
         for w in watchers:
             w.drain()
+            w.flush_held()
         await agent.settle()
         await extras.close()
         for w in watchers:

@@ -167,13 +167,15 @@ class RankWatcher:
                 found = found + self.stall.on_step(now, eng.state.last_step)
                 self.input_bound.on_step(now, eng.state.last_step)
             for f in found:
-                if f.kind == "crash" and not f.resolved and self.prober is not None:
+                if f.kind == "crash" and not f.resolved and self.prober is not None and _may_be_handled(f):
                     self._held.append((now, f))
                 else:
                     self.emit(f)
 
     def release_held(self, force: bool = False) -> None:
         """Crash text from a process that is still running: a handled exception, not a crash."""
+        if not force and self.last_sample is not None and not self.last_sample.alive:
+            return  # it died: on_exit reports the crash, with this traceback as its cause
         now = self.clock()
         keep: list[tuple[float, Finding]] = []
         for t, f in self._held:
@@ -331,9 +333,31 @@ class RankWatcher:
     def stop(self) -> None:
         self._stop.set()
 
+    def flush_held(self) -> None:
+        """The agent is stopping: nothing held may be lost. A dead process's traceback is its
+        crash; a live one's goes out as the ``traceback`` warning."""
+        if not self._held:
+            return
+        s = self.last_sample
+        if s is not None and not s.alive and not self.exited:
+            self.on_exit(s.exit_code, None)
+        else:
+            self.release_held(force=True)
+
     def close(self) -> None:
         for s in self.streams:
             s.follower.close()
+
+
+def _may_be_handled(f: Finding) -> bool:
+    """A bare Python traceback: printed by handled exceptions too (logging.exception,
+    traceback.print_exc), so it waits for the process's fate. Launcher and signal lines
+    (torchelastic's "failed (exitcode", ChildFailedError, srun, a fatal signal) report a
+    death that already happened and go out at once."""
+    lines = [str(x) for x in (f.evidence.get("lines") or [])]
+    if not lines or "Traceback (most recent call last)" not in lines[0]:
+        return False
+    return not any("ChildFailedError" in x or "failed (exitcode" in x for x in lines)
 
 
 def _still_running(f: Finding, after: float | None) -> Finding:
