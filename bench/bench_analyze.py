@@ -1,6 +1,6 @@
 """Throughput of `rankwatch analyze` on a mixed log, against a floor measured in the same run.
 
-    python bench/bench_analyze.py [--lines 2000000] [--keep] [--quick]
+    python bench/bench_analyze.py [--lines 2000000] [--keep] [--quick] [--files N]
 
 The log is step lines (Megatron format, one every 50 lines) among NCCL_DEBUG=INFO noise
 (``--mix varied`` adds DeepSpeed warnings that have to go through the parsers). The floor is the least any log tool must do: read the
@@ -70,6 +70,12 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--quick", action="store_true", help="300,000 lines, best of 2")
     ap.add_argument(
+        "--files",
+        type=int,
+        default=1,
+        help="N rank files of --lines each: also time them with one worker process per core (-j)",
+    )
+    ap.add_argument(
         "--mix",
         choices=("nccl", "varied"),
         default="nccl",
@@ -101,6 +107,28 @@ def main() -> None:
         f"target >= 200,000 lines/s: {'PASS' if rate >= 200_000 else 'MISS'}; "
         f"ratio >= 0.5: {'PASS' if rate / frate >= 0.5 else 'MISS'}"
     )
+    if args.files > 1:
+        paths = [str(path)]
+        for r in range(1, args.files):
+            other = tmp / f"rank-{r}.log"
+            other.write_bytes(path.read_bytes())
+            paths.append(str(other))
+        times = {}
+        for jobs in (1, None):
+            best_n = float("inf")
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                analyze(paths, cfg, jobs=jobs)
+                best_n = min(best_n, time.perf_counter() - t0)
+            times[jobs] = best_n
+        total = n * args.files
+        print(
+            f"{args.files} files, {total:,} lines: one process {total / times[1]:,.0f} lines/s "
+            f"({times[1]:.2f} s); workers (-j {min(args.files, os.cpu_count() or 1)}) "
+            f"{total / times[None]:,.0f} lines/s ({times[None]:.2f} s); speed-up {times[1] / times[None]:.2f}x"
+        )
+        for extra in paths[1:]:
+            Path(extra).unlink()
     if not args.keep:
         path.unlink()
         tmp.rmdir()

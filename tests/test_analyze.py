@@ -218,3 +218,23 @@ def test_lagging_rank_is_listed_before_the_timeouts_it_caused(
     assert main(["analyze", "--no-color", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert out.index("rank_lagging") < out.index("nccl_timeout")
+
+
+def test_files_in_worker_processes_give_the_same_answer(tmp_path: Path) -> None:
+    """-j N: per-file work in spawned workers, cross-rank findings after: identical output."""
+    from rankwatch.analyze import analyze
+    from rankwatch.config.schema import Config
+
+    logs = sorted((Path(__file__).resolve().parent.parent / "examples" / "megatron-nan").glob("rank-*.log"))
+    serial = analyze([str(p) for p in logs], Config(), jobs=1).to_json()
+    parallel = analyze([str(p) for p in logs], Config(), jobs=2).to_json()
+    assert parallel == serial
+    assert any(f["kind"] == "nan_loss" for f in serial["findings"])
+
+
+def test_jobs_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    from rankwatch.cli import main
+
+    log = Path(__file__).resolve().parent.parent / "examples" / "hf-oom" / "train.log"
+    assert main(["analyze", "-j", "0", str(log)]) == 2
+    assert "--jobs must be 1 or more" in capsys.readouterr().err

@@ -76,7 +76,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     cfg = _load_config(args)
     paths = _expand_paths(args.paths)
-    result = analyze(paths, cfg)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be 1 or more, got {args.jobs}")
+    result = analyze(paths, cfg, jobs=args.jobs)
     if not result.recognised_any:
         # A wrong path or an unknown format must not read as a healthy run.
         names = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
@@ -237,6 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--pretty", action="store_true", help="indent the JSON")
     a.add_argument("--format", help="force a log format instead of auto-detection")
     a.add_argument("--no-color", action="store_true", help="no ANSI colour in the summary")
+    a.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="analyze up to N files at once in worker processes (default: one per core when the "
+        "files add up to 64 MiB or more; 1: all in this process)",
+    )
     a.set_defaults(func=cmd_analyze)
 
     live = argparse.ArgumentParser(add_help=False, parents=[common])
