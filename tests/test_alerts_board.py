@@ -266,3 +266,397 @@ def test_board_off(tmp_path: Path, board_dir: str | None) -> None:
         AlertsConfig(spool_dir=str(tmp_path)), Identity(RUN, 0, 0, 2, "n"), sinks=[], dumps_dir=tmp_path / "d"
     )
     assert d2.peers is not None and d2.peers.board.path == tmp_path / "d" / RUN / ".alerts"
+
+
+# --- regressions: an alert must never be lost to the board ---------------------------------
+
+
+def peer_record(path: Path, rank: int, clock: FakeClock, severity: str = "critical", **member: Any) -> None:
+    """A record of a peer agent that is not running in this test (dead, or just slow)."""
+    m: dict[str, Any] = {
+        "message": f"no progress on rank {rank}",
+        "step": 1,
+        "evidence": {},
+        "starts_at": clock(),
+    }
+    m.update(member)
+    Board(path, RUN, 600).post([Record(RUN, "stall", rank, "firing", clock(), f"node-{rank}", severity, m)])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"starts_at": "2024-01-01T00:00:00Z"},
+        {"severity": "fatal"},
+        {"evidence": ["a"]},
+        {"step": "12"},
+        {"message": {"nested": 1}},
+    ],
+)
+def test_a_malformed_peer_record_never_stops_alerting(tmp_path: Path, bad: dict[str, Any]) -> None:
+    """A peer record that parses but holds odd values (another version, corruption) used to
+    raise out of the leader and end the dispatcher's run() task: no alert was ever sent again."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        path = board_path(str(board), None, RUN)
+        assert path is not None
+        peer_record(path, 1, clock, **bad)
+        d, sink = agent(tmp_path, 0, 2, clock, board)
+        task = asyncio.create_task(d.run())
+        try:
+            d.send(stall(0))
+            await until(lambda: state(board, 0) == "firing")
+            await tick([d], clock, 5.1)
+            await until(lambda: len(sink.alerts) == 1)
+            assert not task.done()
+            assert 0 in sink.alerts[0].ranks
+            if "severity" in bad:  # unusable: left out, so its own agent sends it
+                assert sink.alerts[0].ranks == [0]
+            else:  # the odd field is dropped, the rank is grouped
+                assert sink.alerts[0].ranks == [0, 1]
+            d.send(Finding("crash", Severity.CRITICAL, 0, "rank 0 crashed", 1))
+            await tick([d], clock, 5.1)
+            await until(lambda: len(sink.alerts) == 2)
+            assert not task.done()
+        finally:
+            await d.close(1.0)
+            await asyncio.wait_for(task, 5.0)
+
+    asyncio.run(go())
+
+
+def test_board_load_skips_bad_records_and_never_raises(tmp_path: Path) -> None:
+    from rankwatch.actions.alerts.board import Entry
+
+    path = tmp_path / "b"
+    folder = path / "stall"
+    folder.mkdir(parents=True)
+    good = {
+        "run": RUN,
+        "kind": "stall",
+        "rank": 0,
+        "state": "firing",
+        "time": 1.7e9,
+        "node": "n",
+        "severity": "critical",
+    }
+    docs: list[Any] = [
+        {**good, "member": {"evidence": {"k": [1, 2], 3: "x", "f": float("inf")}, "starts_at": -1}},
+        {**good, "rank": 1, "severity": "fatal"},
+        {**good, "rank": 2, "time": "yesterday"},
+        {**good, "rank": 3, "run": "other"},
+        {**good, "rank": 4, "state": "exploded"},
+        {**good, "rank": 5, "member": "not a dict"},
+        ["not", "a", "dict"],
+        {**good, "rank": True},
+    ]
+    entries = []
+    for i, doc in enumerate(docs):
+        p = folder / f"r{i}-firing-1.json"
+        p.write_text(json.dumps(doc).replace("Infinity", "1e999"))
+        entries.append(Entry(i, "firing", 1, p))
+    deep = folder / "r8-firing-1.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    entries.append(Entry(8, "firing", 1, deep))
+    entries.append(Entry(9, "firing", 1, folder / "r9-firing-1.json"))  # gone meanwhile
+    out = Board(path, RUN, 600).load(entries)
+    assert {r for r, rec in out.items() if rec is not None} == {0, 5}
+    assert (
+        out[0] is not None and out[0].member["evidence"] == {"3": "x"} and out[0].member["starts_at"] == 1.7e9
+    )
+    assert out[5] is not None and out[5].member["message"] == ""
+
+
+@pytest.mark.parametrize("where", ["post", "hold", "_flush", "_decide", "_lead"])
+def test_any_board_error_sends_alone_and_alerting_goes_on(
+    tmp_path: Path, caplog: Any, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Whatever goes wrong inside the board's coordination, the alert goes out alone."""
+    from rankwatch.actions.alerts import peers as P
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise RuntimeError(f"boom in {where}")
+
+    async def aboom(*a: Any, **k: Any) -> Any:
+        boom()
+
+    monkeypatch.setattr(P.PeerGroups, where, aboom if where.startswith("_") else boom)
+
+    async def go() -> None:
+        clock = FakeClock()
+        d, sink = agent(tmp_path, 0, 2, clock, tmp_path / "board")
+        task = asyncio.create_task(d.run())
+        try:
+            d.send(stall(0))
+            await tick([d], clock, 5.1)
+            await until(lambda: len(sink.alerts) == 1)
+            assert sink.alerts[0].ranks == [0] and not task.done()
+            d.send(Finding("crash", Severity.CRITICAL, 0, "rank 0 crashed", 1))
+            await tick([d], clock, 5.1)
+            await until(lambda: len(sink.alerts) == 2)
+            await tick([d], clock, P.RETRY_S)  # the board is tried again, and fails again
+            d.send(Finding("oom", Severity.CRITICAL, 0, "rank 0 out of memory", 1))
+            await tick([d], clock, 5.1)
+            await until(lambda: len(sink.alerts) == 3)
+            assert not task.done()
+            assert d.peer_stats["fallback"] >= 2 and d.errors["alerts"] >= 2
+        finally:
+            await d.close(1.0)
+            await asyncio.wait_for(task, 5.0)
+        assert [a.kind for a in sink.alerts] == ["stall", "crash", "oom"]
+
+    with caplog.at_level(logging.ERROR, logger="rankwatch.alerts"):
+        asyncio.run(go())
+    assert sum("coordination failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_resolve_is_sent_when_a_peer_announced_the_firing_we_had_not_heard_of(tmp_path: Path) -> None:
+    """Rank 0 sends the grouped firing for ranks 0-1; rank 1 recovers before its next board
+    poll. It used to post 'cleared' (never announced, it thought) and its resolve was lost."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        pairs = [agent(tmp_path, r, 2, clock, board) for r in range(2)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        async with all_running(ds):
+            for r in range(2):
+                ds[r].send(stall(r))
+            await until(lambda: all(state(board, r) == "firing" for r in range(2)))
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) == 1)
+            assert sent(sinks)[0].ranks == [0, 1] and ds[1].peers is not None and ds[1].peers.waiting
+            clock.advance(1.0)
+            for r in range(2):
+                ds[r].send(stall(r, resolved=True))
+            for _ in range(10):
+                await tick(ds, clock, 2.0)
+            await until(lambda: state(board, 1) == "resolved")
+            for _ in range(5):
+                await tick(ds, clock, 2.0)
+        resolves = [a for a in sent(sinks) if a.status == "resolved"]
+        assert sorted(r for a in resolves for r in a.ranks) == [0, 1]
+
+    asyncio.run(go())
+
+
+def test_refire_after_a_peer_sent_the_resolve_is_sent(tmp_path: Path) -> None:
+    """Rank 0 sends the grouped resolve for ranks 0-1; rank 1 stalls again 1 s later, before
+    its next poll. It used to take that for a flap and stay silent until repeat_interval."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        pairs = [agent(tmp_path, r, 2, clock, board, repeat_interval=4 * 3600.0) for r in range(2)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        async with all_running(ds):
+            for r in range(2):
+                ds[r].send(stall(r))
+            await until(lambda: all(state(board, r) == "firing" for r in range(2)))
+            await tick(ds, clock, 5.1)
+            await tick(ds, clock, 2.1)
+            await until(lambda: len(sent(sinks)) == 1)
+            for r in range(2):
+                ds[r].send(stall(r, resolved=True))
+            await until(lambda: all(state(board, r) == "resolved" for r in range(2)))
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) == 2)
+            assert sent(sinks)[1].title == "resolved: stall on 2 of 2 ranks"
+            clock.advance(1.0)
+            ds[1].send(stall(1))
+            for _ in range(12):
+                await tick(ds, clock, 2.0)
+            await until(lambda: len(sent(sinks)) == 3)
+            for _ in range(5):
+                await tick(ds, clock, 2.0)
+        assert [(a.status, a.ranks) for a in sent(sinks)][2:] == [("firing", [1])]
+
+    asyncio.run(go())
+
+
+def test_a_flap_seen_by_no_peer_stays_silent_with_a_board(tmp_path: Path) -> None:
+    """The watch for a peer's send must not turn a plain flap into messages."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        d, sink = agent(tmp_path, 1, 2, clock, board)
+        async with running(d):
+            d.send(stall(1))
+            await until(lambda: state(board, 1) == "firing")
+            d.send(stall(1, resolved=True))  # within group_wait: cleared, never sent
+            await until(lambda: state(board, 1) == "cleared")
+            for _ in range(8):
+                await tick([d], clock, 10.0)
+            assert sink.alerts == []
+            d.send(stall(1))
+            await tick([d], clock, 5.1)
+            await until(lambda: len(sink.alerts) == 1)
+            d.send(stall(1, resolved=True))
+            await until(lambda: state(board, 1) == "resolved")
+            d.send(stall(1))  # a flap before its resolve left: silent
+            for _ in range(8):
+                await tick([d], clock, 10.0)
+        assert [a.status for a in sink.alerts] == ["firing"]
+
+    asyncio.run(go())
+
+
+def test_live_ranks_behind_dead_ones_take_over_one_at_a_time(tmp_path: Path) -> None:
+    """Ranks 0-7 posted records and died (one node); ranks 8-15 are alive. Every rank at
+    position >= MAX_POSITION used to get the same takeover time: all eight sent at once."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        path = board_path(str(board), None, RUN)
+        assert path is not None
+        for r in range(8):
+            peer_record(path, r, clock)
+        pairs = [agent(tmp_path, r, 16, clock, board) for r in range(8, 16)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        async with all_running(ds):
+            for d, r in zip(ds, range(8, 16), strict=True):
+                d.send(stall(r))
+            await until(lambda: all(state(board, r) == "firing" for r in range(8, 16)))
+            await tick(ds, clock, 5.1)
+            for _ in range(8 * 4 + 8):
+                await tick(ds, clock, TAKEOVER / 4)
+            await until(lambda: len(sent(sinks)) >= 1)
+        assert [a.ranks for a in sent(sinks)] == [list(range(16))]
+        assert sum(d.peer_stats["took_over"] for d in ds) == 1
+
+    asyncio.run(go())
+
+
+def test_takeover_delays_are_spread_past_max_position() -> None:
+    import itertools
+    import random
+
+    from rankwatch.actions.alerts.peers import MAX_POSITION, SPREAD, _gap, max_takeover_delay, takeover_delay
+
+    t = 30.0
+    assert [takeover_delay(p, t) for p in range(MAX_POSITION + 1)] == [p * t for p in range(MAX_POSITION + 1)]
+    rng = random.Random(1)
+    delays = [takeover_delay(p, t, rng.random()) for p in range(1024)]
+    distinct = delays[: MAX_POSITION + SPREAD + 1]
+    assert all(b - a >= _gap(t) / 2 for a, b in itertools.pairwise(distinct))
+    rest = delays[MAX_POSITION + SPREAD + 1 :]
+    assert min(rest) > distinct[-1] and max(delays) <= max_takeover_delay(t)
+    assert len({round(x, 3) for x in rest}) > len(rest) * 0.9  # jittered: not one instant
+
+
+def test_slow_peer_reads_still_send_one_grouped_alert_and_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader's read of its peers' records hangs after the first one (a slow metadata
+    server). It used to set the board aside, write no marker, and every rank sent alone."""
+    import threading
+
+    from rankwatch.actions.alerts import board as B
+    from rankwatch.actions.alerts import peers as P
+
+    release = threading.Event()
+    orig = B.Board.load
+
+    def slow(self: Board, entries: Any, out: Any = None, stop: Any = None) -> Any:
+        entries = list(entries)
+        out = orig(self, entries[:1], out)
+        release.wait(8.0)
+        return orig(self, entries[1:], out, stop)
+
+    monkeypatch.setattr(B.Board, "load", slow)
+    monkeypatch.setattr(P, "LOAD_MAX_S", 0.3)
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        pairs = [agent(tmp_path, r, 4, clock, board) for r in range(4)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        async with all_running(ds):
+            for r in range(4):
+                ds[r].send(stall(r))
+            await until(lambda: all(state(board, r) == "firing" for r in range(4)))
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) == 1, timeout=10)
+            for _ in range(4 * 4 + 4):
+                await tick(ds, clock, TAKEOVER / 4)
+            await until(lambda: sum(d.peer_stats["grouped_by_peer"] for d in ds) == 3)
+        release.set()
+        [a] = sent(sinks)
+        assert a.ranks == [0, 1, 2, 3] and a.title == "stall on 4 of 4 ranks"
+        assert a.members[1].message == "no progress for 12m on rank 1"  # read in time
+        assert "details not read" in a.members[2].message and a.members[2].node is None
+        assert ds[0].peer_stats["led"] == 1 and ds[0].peer_stats["fallback"] == 0
+
+    try:
+        asyncio.run(go())
+    finally:
+        release.set()
+
+
+def test_a_hung_board_does_not_keep_the_agent_from_exiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A board call stuck on a dead NFS mount: the alert goes out alone after the I/O timeout,
+    and asyncio.run (how the agent runs) returns. Board I/O on the default executor made it
+    wait for the stuck thread at exit."""
+    import threading
+
+    from rankwatch.actions.alerts import board as B
+    from rankwatch.actions.alerts import peers as P
+
+    hang = threading.Event()
+    orig = B.Board.view
+
+    def stuck(self: Board, *a: Any, **k: Any) -> Any:
+        hang.wait(10.0)
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(B.Board, "view", stuck)
+    monkeypatch.setattr(P, "IO_TIMEOUT_S", 0.3)
+
+    async def go() -> list[AlertMessage]:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        d, sink = agent(tmp_path, 0, 2, clock, board)
+        async with running(d):
+            d.send(stall(0))
+            await until(lambda: state(board, 0) == "firing")
+            await tick([d], clock, 5.1)
+            await until(lambda: len(sink.alerts) == 1)
+        return sink.alerts
+
+    t0 = time.monotonic()
+    try:
+        alerts = asyncio.run(go())
+        took = time.monotonic() - t0
+    finally:
+        hang.set()
+    assert [a.ranks for a in alerts] == [[0]]
+    assert took < 5.0, f"asyncio.run returned after {took:.1f}s"
+
+
+def test_board_cleans_old_temp_files_and_keeps_markers_longer_than_records(tmp_path: Path) -> None:
+    import os
+
+    from rankwatch.actions.alerts.board import Marker
+
+    stale = 600.0
+    now = time.time()
+    b = Board(tmp_path / "b", RUN, stale)
+    b.post([Record(RUN, "stall", 3, "firing", now - 1.5 * stale, "n", "critical", {})])
+    b.mark("stall", Marker("firing", 3, now - 1.5 * stale, {3: 1}))
+    b.mark("stall", Marker("firing", 4, now - 5 * stale, {4: 1}))
+    folder = tmp_path / "b" / "stall"
+    old_tmp, new_tmp = folder / ".r1-firing-1.json.1.ab.tmp", folder / ".r2-firing-1.json.1.cd.tmp"
+    for p in (old_tmp, new_tmp):
+        p.write_text("{")
+    os.utime(old_tmp, (now - 2 * stale, now - 2 * stale))
+    v = b.view("stall", now)
+    assert not old_tmp.exists() and new_tmp.exists()  # a writer mid-write keeps its temp file
+    assert v.records == {}  # the record is stale (kept on disk: not ours, not dead)
+    assert [m.by for m in v.markers] == [3]  # the marker is still read; the dead one is gone
+    assert len(list(folder.glob("sent-*"))) == 1

@@ -18,17 +18,21 @@ per agent even with a thousand ranks (a metadata storm on Lustre is what a job-w
 must not cause); only the leader reads the records it sends for. ``<us>`` is the wall
 clock of the episode in microseconds: it ties a marker to the records it covered.
 
-All of it is best effort: a file that does not parse is ignored, a record older than
-``stale_after`` is ignored, and stale files are removed by whoever reads them (another
-agent's record only once it is far older, so a slow writer's fresh record is never lost).
+All of it is best effort: a file that does not parse (or carries a value this version does
+not know) is ignored, a record older than ``stale_after`` is ignored, and stale files are
+removed by whoever reads them (another agent's record only once it is far older, so a slow
+writer's fresh record is never lost; markers outlive the records they cover; temp files
+of a writer that died mid-write go once they are older than ``stale_after``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
+import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +44,9 @@ FORMAT = 1
 _RECORD_RE = re.compile(r"^r(\d{1,9})-(firing|resolved|cleared)-(\d{1,20})\.json$")
 _MARKER_RE = re.compile(r"^sent-(firing|resolved)-r\d{1,9}-(\d{1,20})-[0-9a-f]+\.json$")
 _PRESENT_RE = re.compile(r"^r(\d{1,9})\.json$")
+_TEMP_RE = re.compile(r"^\..+\.tmp$")
+STATES = ("firing", "resolved", "cleared")
+SEVERITIES = ("info", "warning", "critical")  # Severity labels; a record with another is ignored
 MAX_TEXT = 1000  # per evidence string and message: records stay small on a shared filesystem
 MAX_EVIDENCE = 16
 
@@ -67,7 +74,9 @@ def small_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
     for k, v in evidence.items():
         if len(out) >= MAX_EVIDENCE:
             break
-        if v is None or isinstance(v, (bool, int, float)):
+        if not isinstance(k, str):
+            continue
+        if v is None or isinstance(v, (bool, int)) or (isinstance(v, float) and math.isfinite(v)):
             out[k] = v
         elif isinstance(v, str):
             out[k] = v[-MAX_TEXT:]
@@ -89,16 +98,50 @@ class Record:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Record:
+        """A record as another agent (maybe of another version) wrote it; ValueError if it is not
+        one this agent can use. Its member part is cleaned rather than refused: a field of an odd
+        type is left out, so building the message from it cannot fail."""
+        run, kind, state, node, sev = (d.get(k) for k in ("run", "kind", "state", "node", "severity"))
+        rank, t = d.get("rank"), d.get("time")
+        if not (isinstance(run, str) and isinstance(kind, str) and isinstance(node, (str, type(None)))):
+            raise ValueError("run, kind or node is not a string")
+        if not _is_int(rank) or rank < 0 or state not in STATES or not _is_time(t):
+            raise ValueError("bad rank, state or time")
+        if not isinstance(sev, str) or sev.strip().lower() not in SEVERITIES:
+            raise ValueError(f"unknown severity {sev!r}")
         return cls(
-            str(d["run"]),
-            str(d["kind"]),
-            int(d["rank"]),
-            str(d["state"]),
-            float(d["time"]),
-            str(d.get("node", "")),
-            str(d.get("severity", "warning")),
-            dict(d.get("member") or {}),
+            run,
+            kind,
+            rank,
+            state,
+            float(t),
+            node or "",
+            sev.strip().lower(),
+            clean_member(d.get("member"), t),
         )
+
+
+def clean_member(m: Any, t: float) -> dict[str, Any]:
+    """The member fields of a record with the types the message needs (odd ones left out)."""
+    m = m if isinstance(m, dict) else {}
+    message, step, evidence, dump, starts = (
+        m.get(k) for k in ("message", "step", "evidence", "dump_path", "starts_at")
+    )
+    return {
+        "message": message[:MAX_TEXT] if isinstance(message, str) else "",
+        "step": step if _is_int(step) else None,
+        "evidence": small_evidence(evidence) if isinstance(evidence, dict) else {},
+        "dump_path": dump[:MAX_TEXT] if isinstance(dump, str) and dump else None,
+        "starts_at": float(starts) if _is_time(starts) else float(t),
+    }
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_time(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1e11
 
 
 @dataclass
@@ -141,21 +184,37 @@ class View:
 
 
 class Board:
-    """Blocking file operations; the dispatcher runs them in a thread with a timeout."""
+    """Blocking file operations; the dispatcher runs them in a thread with a timeout.
+
+    Nothing here raises for what another agent wrote: a file that does not parse, or that
+    holds values of the wrong type, is left out. Only the folder itself failing (permissions,
+    ENOSPC, a dead mount) raises OSError."""
+
+    MARKER_KEEP = 2.0  # markers are read this many times stale_after (clock skew between nodes)
+    DEAD = 4.0  # anyone removes records and markers this many times stale_after old
 
     def __init__(self, path: Path, run: str, stale_after: float) -> None:
         self.path = Path(path)
         self.run = run
         self.stale_after = stale_after
+        self._markers: dict[tuple[str, str], Marker] = {}  # written once under a unique name
+        self._lock = threading.Lock()  # a timed-out operation may still run beside the next
 
     def post(self, records: Iterable[Record]) -> None:
+        by_kind: dict[str, list[Record]] = {}
         for rec in records:
-            folder = self.path / _kind_dir(rec.kind)
+            by_kind.setdefault(_kind_dir(rec.kind), []).append(rec)
+        for kind, recs in by_kind.items():
+            folder = self.path / kind
             folder.mkdir(parents=True, exist_ok=True)
-            name = f"r{rec.rank}-{rec.state}-{stamp(rec.time)}.json"
-            _write(folder / name, {"v": FORMAT, **asdict(rec)})
-            for old in folder.glob(f"r{rec.rank}-*.json"):  # ours: only this agent writes rank r
-                if old.name != name:
+            names = {}
+            for rec in recs:
+                names[rec.rank] = name = f"r{rec.rank}-{rec.state}-{stamp(rec.time)}.json"
+                _write(folder / name, {"v": FORMAT, **asdict(rec)})
+            for old in _scan(folder):  # one listing per kind, not one per record
+                m = _RECORD_RE.match(old.name)
+                # ours: only this agent writes rank r
+                if m and int(m[1]) in names and old.name != names[int(m[1])]:
                     _unlink(old)
 
     def present(self, ranks: Iterable[int], node: str, now: float) -> None:
@@ -175,11 +234,15 @@ class Board:
     def view(self, kind: str, now: float, mine: Iterable[int] = ()) -> View:
         """List one kind; removes stale markers, this agent's stale records and long-dead ones."""
         own = set(mine)
+        kd = _kind_dir(kind)
         records: dict[int, Entry] = {}
         markers: list[Marker] = []
         fresh_us = stamp(now - self.stale_after)
-        dead_us = stamp(now - 4 * self.stale_after)
-        for entry in _scan(self.path / _kind_dir(kind)):
+        keep_us = stamp(now - self.MARKER_KEEP * self.stale_after)
+        dead_us = stamp(now - self.DEAD * self.stale_after)
+        folder = self.path / kd
+        seen: dict[tuple[str, str], Marker] = {}
+        for entry in _scan(folder, temps=now - self.stale_after):
             if m := _RECORD_RE.match(entry.name):
                 e = Entry(int(m[1]), m[2], int(m[3]), entry)
                 if e.us < fresh_us:
@@ -188,24 +251,46 @@ class Board:
                 elif e.rank not in records or e.us > records[e.rank].us:  # mid-replace: newest
                     records[e.rank] = e
             elif m := _MARKER_RE.match(entry.name):
-                if int(m[2]) < fresh_us:
+                us = int(m[2])
+                if us < dead_us:
                     _unlink(entry)
-                elif (marker := _marker(entry)) is not None:
-                    markers.append(marker)
-        present = {int(m[1]) for e in _scan(self.path / "present") if (m := _PRESENT_RE.match(e.name))}
+                elif us >= keep_us:
+                    ck = (kd, entry.name)
+                    marker = self._markers.get(ck) or _marker(entry)
+                    if marker is not None:
+                        seen[ck] = marker
+                        markers.append(marker)
+        with self._lock:  # parsed markers are kept while their file is listed
+            for ck in [ck for ck in self._markers if ck[0] == kd and ck not in seen]:
+                del self._markers[ck]
+            self._markers.update(seen)
+        present = {
+            int(m[1])
+            for e in _scan(self.path / "present", temps=now - self.stale_after)
+            if (m := _PRESENT_RE.match(e.name))
+        }
         return View(records, markers, present)
 
-    def load(self, entries: Iterable[Entry]) -> dict[int, Record]:
-        """The leader's read of the records it is about to send for; unreadable ones are left out."""
-        out: dict[int, Record] = {}
+    def load(
+        self,
+        entries: Iterable[Entry],
+        out: dict[int, Record | None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> dict[int, Record | None]:
+        """The leader's read of the records it is about to send for, into ``out`` as it goes (a
+        caller that stops waiting keeps what was read, and sets ``stop``): rank -> the record,
+        or None where it is gone, torn, of another run or holds values this agent cannot use."""
+        out = {} if out is None else out
         for e in entries:
+            if stop is not None and stop.is_set():
+                break
             doc = _read(e.path)
             try:
                 rec = Record.from_json(doc) if doc is not None else None
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, OverflowError):
                 rec = None
-            if rec is not None and rec.run == self.run and rec.rank == e.rank:
-                out[e.rank] = rec
+            ok = rec is not None and rec.run == self.run and rec.rank == e.rank and rec.state == e.state
+            out[e.rank] = rec if ok else None
         return out
 
 
@@ -213,25 +298,45 @@ def _marker(path: Path) -> Marker | None:
     doc = _read(path)
     if doc is None:
         return None
-    try:
-        covers = {int(r): int(t) for r, t in dict(doc["covers"]).items()}
-        return Marker(str(doc["status"]), int(doc["by"]), float(doc["time"]), covers)
-    except (KeyError, TypeError, ValueError):
+    status, by, t, covers = (doc.get(k) for k in ("status", "by", "time", "covers"))
+    if (
+        status not in ("firing", "resolved")
+        or not _is_int(by)
+        or not _is_time(t)
+        or not isinstance(covers, dict)
+    ):
         return None
-
-
-def _scan(folder: Path) -> list[Path]:
     try:
-        return [e for e in folder.iterdir() if not e.name.startswith(".")]
+        cov = {int(r): t for r, t in covers.items() if _is_int(t)}
+    except (TypeError, ValueError):
+        return None
+    return Marker(status, by, float(t), cov)
+
+
+def _scan(folder: Path, temps: float | None = None) -> list[Path]:
+    """The folder's files; with ``temps`` (wall clock), temp files not changed since are removed
+    (a writer that died between its write and its rename leaves one behind)."""
+    try:
+        entries = list(folder.iterdir())
     except FileNotFoundError:
         return []
+    if temps is not None:
+        for e in entries:
+            if _TEMP_RE.match(e.name):
+                try:
+                    old = e.stat().st_mtime < temps
+                except OSError:
+                    continue
+                if old:
+                    _unlink(e)
+    return [e for e in entries if not e.name.startswith(".")]
 
 
 def _read(path: Path) -> dict[str, Any] | None:
     try:
         doc = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None  # gone meanwhile, or torn by a writer that crashed before its rename
+    except (OSError, ValueError, RecursionError):
+        return None  # gone meanwhile, torn by a writer that crashed before its rename, or hostile
     return doc if isinstance(doc, dict) else None
 
 

@@ -14,7 +14,9 @@ Policy (each rule exists because the alternative wakes someone for nothing or lo
   here, or present on the board), else "7 ranks (0-6)".
 - Across agents (one agent per rank): with an alert board (``board.py``, ``peers.py``)
   the agents of one run send one message per group between them, not one each; repeats
-  and resolves go the same way. Without a usable board each agent sends its own.
+  and resolves go the same way. Without a usable board each agent sends its own, and so
+  it does after any error in the board's coordination (logged once, counted as
+  ``fallback``): a duplicate is acceptable, a lost alert is not.
 - Startup quiet: for ``startup_quiet`` after ``run()`` starts, groups are held, not
   dropped; when the window ends, what is still active is sent (one message per kind), and
   what resolved meanwhile is forgotten. ``close()`` sends held alerts at once: a crash in
@@ -63,7 +65,7 @@ from rankwatch.actions.alerts.message import (
     jsonable,
     render_link,
 )
-from rankwatch.actions.alerts.peers import MAX_POSITION, PeerGroups
+from rankwatch.actions.alerts.peers import PeerGroups, max_takeover_delay
 from rankwatch.actions.alerts.spool import Spool, SpoolEntry, spool_path
 from rankwatch.config.schema import AlertsConfig
 from rankwatch.identity import Identity
@@ -120,6 +122,7 @@ class _Active:
     pending: bool = True  # in a firing group not yet emitted
     last_sent: float = 0.0
     board_time: float = 0.0  # wall clock of this episode's board record
+    resolved_at: float = 0.0  # wall clock of its resolve's board record
 
 
 @dataclass(eq=False)
@@ -223,6 +226,7 @@ class AlertDispatcher:
         self._started = False
         self._closed = False
         self._spool_errors = 0
+        self._peer_errors = 0
         self._ranks: set[int] = {r for r in ranks if r is not None}
         if identity.rank is not None:
             self._ranks.add(identity.rank)
@@ -232,7 +236,8 @@ class AlertDispatcher:
         path = board_path(self.cfg.board_dir, dumps_dir, self.identity.run)
         if path is None:
             return None
-        chain = float(self.cfg.group_wait) + (MAX_POSITION + 2) * float(self.cfg.board_takeover)
+        takeover = float(self.cfg.board_takeover)
+        chain = float(self.cfg.group_wait) + max_takeover_delay(takeover) + 2 * takeover
         stale = max(STALE_MIN_S, float(self.cfg.startup_quiet) + chain)
         return PeerGroups(
             self,
@@ -242,9 +247,59 @@ class AlertDispatcher:
             ranks=self._ranks,
             clock=self.clock,
             wall=self.wall,
-            takeover=float(self.cfg.board_takeover),
+            takeover=takeover,
             errors=self.errors,
+            rng=self.rng,
         )
+
+    # --- the board, guarded: any error in it sends alone, never loses an alert --------------
+    def _peers_failed(self, e: BaseException, alone: int = 0) -> None:
+        """Take back what the board held and send it alone; the board is set aside for a while.
+        ``alone``: groups the caller sends alone because of it (counted as fallbacks too)."""
+        peers = self.peers
+        assert peers is not None
+        self._peer_errors += 1
+        self.errors["alerts"] = self.errors.get("alerts", 0) + 1
+        if self._peer_errors == 1:
+            log.error(
+                "alert board %s: coordination failed (%s: %s); each agent sends its own alerts"
+                " (further errors counted)",
+                peers.board.path,
+                type(e).__name__,
+                e,
+                exc_info=e,
+            )
+        try:
+            groups, thens = peers.abandon()
+        except Exception:
+            groups, thens = [], []
+        peers.stats["fallback"] += alone
+        now = self.clock()
+        for g in groups:
+            self._emit(g, now)
+        for then in thens:  # in doubt whether a peer sent it: act as if it did
+            try:
+                then()
+            except Exception:
+                log.debug("alert board watch failed", exc_info=True)
+        self._wake.set()
+
+    def _peers_call(self, fn: Callable[..., Any], *args: Any, failed: Any = None, alone: int = 0) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._peers_failed(e, alone)
+            return failed
+
+    async def _peers_step(self, now: float) -> float:
+        assert self.peers is not None
+        if not self.peers.usable(now) and not self.peers.waiting:
+            return float("inf")  # set aside, and nothing left to decide
+        try:
+            return await self.peers.step(now)
+        except Exception as e:
+            self._peers_failed(e)
+            return float("inf")  # what it held is sent: nothing is due there (and no busy loop)
 
     @property
     def peer_stats(self) -> dict[str, int]:
@@ -293,7 +348,10 @@ class AlertDispatcher:
             if group is not None:
                 group.members.pop(key, None)
             if self.peers is not None:
-                self.peers.forget(key, "resolved")
+                self._peers_call(self.peers.forget, key, "resolved")
+                # A flap: silent, unless a peer sent our resolve before we learned it.
+                again = lambda: self._fire_after_peer_resolve(key, back)  # noqa: E731
+                self._peers_call(self.peers.watch, key, "resolved", back.resolved_at, again, failed=True)
             self._active[key] = back
             self._post(key, back.member, "firing", back.severity, back.board_time)  # covered already
             return
@@ -311,14 +369,39 @@ class AlertDispatcher:
             if group is not None:
                 group.members.pop(key, None)
         if self.peers is not None:
-            self.peers.forget(key, "firing")
+            self._peers_call(self.peers.forget, key, "firing")
+        m = self._member(key[1], f, a.member.starts_at)
+        m.dump_path = m.dump_path or a.member.dump_path
         if not a.sent or not self.cfg.send_resolved:
+            if self.peers is not None and self.cfg.send_resolved:
+                # Not announced by us, but maybe by a peer before we learned it: then it is owed.
+                owed = lambda: self._resolve_after_peer_fire(key, a, m)  # noqa: E731
+                self._peers_call(self.peers.watch, key, "firing", a.board_time, owed, failed=True)
             self._post(key, a.member, "cleared", a.severity, self.wall())
             return
         self._resolving[key] = a
-        m = self._member(key[1], f, a.member.starts_at)
-        m.dump_path = m.dump_path or a.member.dump_path
-        self._add(key, m, "resolved", a.severity, self.wall())
+        a.resolved_at = self.wall()
+        self._add(key, m, "resolved", a.severity, a.resolved_at)
+
+    def _resolve_after_peer_fire(self, key: Key, a: _Active, m: AlertMember) -> None:
+        """A peer announced this alert, which cleared before we learned it: send its resolve."""
+        if self._closed or key in self._active or key in self._resolving:
+            return  # firing again (its announcement stands) or already resolving
+        a.sent = True
+        self._resolving[key] = a
+        a.resolved_at = self.wall()
+        self._add(key, m, "resolved", a.severity, a.resolved_at)
+        self._wake.set()
+
+    def _fire_after_peer_resolve(self, key: Key, a: _Active) -> None:
+        """A peer sent our resolve, and we fired again before we learned it: a new episode."""
+        if self._closed or self._active.get(key) is not a:
+            return
+        a.sent, a.pending = False, True
+        a.board_time = self.wall()
+        a.member = dataclasses.replace(a.member, starts_at=a.board_time)
+        self._add(key, a.member, "firing", a.severity, a.board_time)
+        self._wake.set()
 
     def _add(
         self, key: Key, m: AlertMember, status: Status, severity: Severity, when: float, repeat: bool = False
@@ -335,7 +418,7 @@ class AlertDispatcher:
 
     def _post(self, key: Key, m: AlertMember, state: str, severity: Severity, when: float) -> None:
         if self.peers is not None:
-            self.peers.post(key, m, state, severity, when)
+            self._peers_call(self.peers.post, key, m, state, severity, when)
 
     def set_dump_path(self, rank: int | None, path: str | Path) -> None:
         """Where the stacks of ``rank`` are; shown in messages built from now on."""
@@ -375,7 +458,11 @@ class AlertDispatcher:
             ready = max(g.deadline, quiet_end) if not force else now
             if now >= ready:
                 del self._pending[gk]
-                if force or self.peers is None or not self.peers.hold(g, now):
+                if (
+                    force
+                    or self.peers is None
+                    or not self._peers_call(self.peers.hold, g, now, failed=False, alone=1)
+                ):
                     self._emit(g, now)
             else:
                 due = min(due, ready)
@@ -515,7 +602,7 @@ class AlertDispatcher:
             self._wake.clear()
             due = self.pump(self.clock())
             if self.peers is not None:
-                due = min(due, await self.peers.step(self.clock()))
+                due = min(due, await self._peers_step(self.clock()))
             await _wait(self._wake, due - self.clock())
 
     async def close(self, timeout: float = 10.0) -> None:
@@ -532,11 +619,14 @@ class AlertDispatcher:
             # each sending alone, within half the budget (the rest is for delivery).
             now = self.clock()
             for g in list(self._pending.values()):
-                if g.members and self.peers.hold(g, now):
+                if g.members and self._peers_call(self.peers.hold, g, now, failed=False, alone=1):
                     del self._pending[(g.kind, g.status, g.repeat)]
             if self.peers.waiting:
                 budget = min(float(self.cfg.board_takeover), max(0.0, timeout) / 2)
-                await self.peers.settle(budget)
+                try:
+                    await self.peers.settle(budget)
+                except Exception as e:
+                    self._peers_failed(e)
         self.pump(self.clock(), force=True)
         for w in self._workers.values():
             w.queue = deque(i for i in w.queue if not i.refresh)

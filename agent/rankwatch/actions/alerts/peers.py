@@ -9,11 +9,23 @@ Protocol, per group the dispatcher would send (kind + status):
    message for all of them (the in-agent grouping and suspect logic, fed the peers'
    records) and write a marker naming the records we covered.
 3. Otherwise we wait for that marker. A leader that is dead never writes it, so the
-   next-lowest rank takes over after ``takeover`` (the one after it after twice that, ...).
+   next-lowest rank takes over after ``takeover`` (the one after it after twice that, ...;
+   past ``MAX_POSITION`` the steps are shorter and jittered, see ``takeover_delay``). Just
+   before sending, the sender reads the board once more: a marker that appeared meanwhile
+   (a slow leader, an earlier taker) wins, and records that changed are left out.
+4. A leader that cannot read a peer's record in time still sends for that rank (named,
+   without details) and still writes its marker; a record that holds values this agent
+   cannot use is left out, so its owner sends it.
+5. An agent whose alert clears before it learned that a peer announced it (or that fires
+   again before it learned that a peer sent its resolve) does not decide alone: it reads
+   the markers for that record for ``WATCH_S`` and sends the resolve (or the new firing)
+   itself when one shows the peer did send.
 
 The board is an optimisation, never a dependency: when it cannot be written or read
 (permissions, ENOSPC, a hung NFS mount), each agent sends its own alerts again, which is
 logged once and counted, and the board is left alone for ``RETRY_S`` before the next try.
+Its I/O runs on daemon threads of its own, not the loop's default executor: a call stuck
+on a dead mount is abandoned after its timeout and cannot hold up the agent's exit.
 All waits are on the dispatcher's clock; only ``settle`` (used by ``close``, whose budget
 is real seconds) waits in real time.
 """
@@ -23,11 +35,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rankwatch.actions.alerts.board import MAX_TEXT, Board, Marker, Record, View, small_evidence, stamp
+from rankwatch.actions.alerts.board import (
+    MAX_TEXT,
+    Board,
+    Entry,
+    Marker,
+    Record,
+    View,
+    small_evidence,
+    stamp,
+)
 from rankwatch.actions.alerts.message import AlertMember
 from rankwatch.records import Severity
 
@@ -37,9 +60,39 @@ if TYPE_CHECKING:
 log = logging.getLogger("rankwatch.alerts")
 
 IO_TIMEOUT_S = 5.0  # one board operation (real seconds); a hung mount must not hold alerts
+LOAD_PER_RECORD_S = 0.02  # the leader's read of its peers' records may take this much more each
+LOAD_MAX_S = 30.0  # ... up to this; what is not read by then is sent without details
 RETRY_S = 300.0  # after a failure, the board is not tried again for this long
-MAX_POSITION = 8  # takeover waits grow with the rank's position, up to this many steps
+MAX_POSITION = 8  # takeover waits grow by one ``takeover`` per position, up to this many steps
+SPREAD = 24  # ... then by a shorter step for this many more positions; the rest share a window
 POLL_S = 2.0  # a follower re-reads the board at least this often while it waits
+WATCH_S = 60.0  # how long a cleared (or re-fired) record's markers are watched for a peer's send
+
+
+def _gap(takeover: float) -> float:
+    return max(POLL_S, takeover / 4) if takeover > 0 else 0.0
+
+
+def takeover_delay(position: int, takeover: float, jitter: float = 0.0) -> float:
+    """How long the rank at ``position`` among the open ranks waits before it sends for all.
+
+    One ``takeover`` per position up to ``MAX_POSITION``; past it, a shorter step per
+    position (``_gap``, still longer than one board poll) plus up to half a step of jitter
+    (``jitter`` in [0, 1)), for ``SPREAD`` more positions; beyond those all share one window
+    spread by jitter. So when the ranks before are dead (a node gone with its agents), the
+    live ones behind them do not send at once: the first sends, the others see its marker."""
+    takeover = max(0.0, takeover)
+    if position <= MAX_POSITION:
+        return position * takeover
+    extra = position - MAX_POSITION
+    if extra <= SPREAD:
+        return MAX_POSITION * takeover + (extra + jitter / 2) * _gap(takeover)
+    return MAX_POSITION * takeover + (SPREAD + 1 + jitter * SPREAD) * _gap(takeover)
+
+
+def max_takeover_delay(takeover: float) -> float:
+    """The longest ``takeover_delay``: records must stay fresh at least this long."""
+    return MAX_POSITION * max(0.0, takeover) + (2 * SPREAD + 1) * _gap(takeover)
 
 
 class _Host(Protocol):
@@ -55,6 +108,17 @@ class _Held:
     group: _Group
     since: float  # dispatcher clock: when the group's own wait was over
     next_check: float
+    jitter: float = 0.0  # [0, 1): spreads takeovers past MAX_POSITION
+
+
+@dataclasses.dataclass(eq=False)
+class _Watch:
+    key: Key
+    status: str  # a marker of this status covering the record means a peer sent it
+    since_us: int  # the record's time
+    until: float  # dispatcher clock
+    next_check: float
+    then: Callable[[], None]  # called (once) when a peer did send it, or when that cannot be known
 
 
 class PeerGroups:
@@ -70,6 +134,7 @@ class PeerGroups:
         wall: Callable[[], float],
         takeover: float,
         errors: dict[str, int],
+        rng: Callable[[], float] = random.random,
     ) -> None:
         self.host = host
         self.board = board
@@ -80,9 +145,12 @@ class PeerGroups:
         self.wall = wall
         self.takeover = max(0.0, takeover)
         self.errors = errors
+        self.rng = rng
         self.stats = {"led": 0, "took_over": 0, "grouped_by_peer": 0, "fallback": 0}
         self._outbox: list[Record] = []
         self._held: list[_Held] = []
+        self._watches: list[_Watch] = []
+        self._posted: dict[tuple[str, int], tuple[str, int]] = {}  # (kind, rank) -> (state, us)
         self._present: set[int] = set()
         self._broken_until = -float("inf")
         self._failures = 0
@@ -113,7 +181,7 @@ class PeerGroups:
         if not self.usable(now):
             self._fallback()
             return False
-        self._held.append(_Held(g, now, now))
+        self._held.append(_Held(g, now, now, min(max(float(self.rng()), 0.0), 1.0)))
         return True
 
     def forget(self, key: Key, status: str) -> None:
@@ -122,9 +190,31 @@ class PeerGroups:
             if h.group.status == status:
                 h.group.members.pop(key, None)
 
+    def watch(self, key: Key, status: str, since: float, then: Callable[[], None]) -> bool:
+        """This rank's ``status`` record of ``since`` is being replaced before this agent learned
+        whether a peer sent it: call ``then`` if a peer's marker shows it did (or if the board
+        cannot tell). False: that record never reached the board, so no peer can have sent it."""
+        if key[1] is None or self._posted.get((key[2], key[1])) != (status, stamp(since)):
+            return False
+        now = self.clock()
+        self._watches.append(_Watch(key, status, stamp(since), now + WATCH_S, now, then))
+        return True
+
+    def abandon(self) -> tuple[list[_Group], list[Callable[[], None]]]:
+        """Something went wrong that should not have: hand back every held group (to be sent
+        alone) and every watch (to be acted on: in doubt, send), and leave the board alone."""
+        groups = [h.group for h in self._held if h.group.members]
+        thens = [w.then for w in self._watches]
+        self._held.clear()
+        self._watches.clear()
+        self._outbox.clear()
+        self._broken_until = self.clock() + RETRY_S
+        self.stats["fallback"] += len(groups)
+        return groups, thens
+
     @property
     def waiting(self) -> int:
-        return len(self._held)
+        return len(self._held) + len(self._watches)
 
     # --- the dispatcher's timer loop -------------------------------------------------------
     async def step(self, now: float, *, closing: bool = False, poll: bool = False) -> float:
@@ -132,11 +222,11 @@ class PeerGroups:
         await self._flush()
         due = float("inf")
         for h in list(self._held):
-            if closing or poll or now >= h.next_check:
+            if h in self._held and (closing or poll or now >= h.next_check):
                 await self._decide(h, now, closing=closing)
             if h in self._held:
                 due = min(due, h.next_check)
-        return due
+        return min(due, await self._check(now, closing=closing, poll=poll))
 
     async def settle(self, budget_s: float) -> None:
         """At close: decide every held group now; followers wait for a marker within the budget."""
@@ -146,10 +236,13 @@ class PeerGroups:
             if not self._held or time.monotonic() >= end:
                 break
             await asyncio.sleep(min(0.2, max(0.0, end - time.monotonic())))
-        if self._held:
+        if self._held or self._watches:
             await self.step(self.clock(), closing=True)
 
     # --- decisions -------------------------------------------------------------------------
+    def _poll(self) -> float:
+        return min(POLL_S, max(self.takeover / 4, 0.01))
+
     async def _decide(self, h: _Held, now: float, *, closing: bool) -> None:
         g = h.group
         if not g.members:
@@ -158,41 +251,66 @@ class PeerGroups:
         mine = sorted({k[1] for k in g.members if k[1] is not None})
         view = await self._io(self.board.view, g.kind, self.wall(), mine)
         if view is None:
-            self._held.remove(h)
-            self._fallback()
-            self.host._emit(g, now)
+            self._alone(h, now)
             return
+        if self._drop_covered(g, view, now):
+            self._held.remove(h)
+            return
+        open_ranks = view.open(g.status)
+        mine = sorted({k[1] for k in g.members if k[1] is not None})
+        if not set(mine) <= set(open_ranks):  # our record is not there: the board lost it
+            self._alone(h, now)
+            return
+        position = open_ranks.index(mine[0])
+        takeover_at = h.since + takeover_delay(position, self.takeover, h.jitter)
+        if position == 0 or closing or now >= takeover_at:
+            await self._lead(h, view, open_ranks, now, took_over=position > 0)
+            return
+        h.next_check = min(takeover_at, now + self._poll())
+
+    def _drop_covered(self, g: _Group, view: View, now: float) -> bool:
+        """Our members a peer sent are announced; True when none is left to send."""
         covered = [k for k in g.members if k in g.times and view.covered(k[1], g.status, stamp(g.times[k]))]
         if covered:
             self.stats["grouped_by_peer"] += len(covered)
             self.host._by_peer(g, covered, now)
             for k in covered:
                 g.members.pop(k, None)
-        if not g.members:
-            self._held.remove(h)
-            return
-        open_ranks = view.open(g.status)
-        mine = sorted({k[1] for k in g.members if k[1] is not None})
-        if not set(mine) <= set(open_ranks):  # our record is not there: the board lost it
-            self._held.remove(h)
-            self._fallback()
-            self.host._emit(g, now)
-            return
-        position = open_ranks.index(mine[0])
-        takeover_at = h.since + min(position, MAX_POSITION) * self.takeover
-        if position == 0 or closing or now >= takeover_at:
-            self._held.remove(h)
-            await self._lead(g, view, open_ranks, now, took_over=position > 0)
-            return
-        h.next_check = min(takeover_at, now + min(POLL_S, max(self.takeover / 4, 0.01)))
+        return not g.members
 
-    async def _lead(self, g: _Group, view: View, ranks: list[int], now: float, *, took_over: bool) -> None:
+    def _alone(self, h: _Held, now: float) -> None:
+        self._fallback()
+        self.host._emit(h.group, now)
+        self._held.remove(h)  # only once it is out: an error before leaves it for abandon()
+
+    async def _lead(self, h: _Held, view: View, ranks: list[int], now: float, *, took_over: bool) -> None:
+        g = h.group
         mine = {k[1] for k in g.members}
         theirs = [view.records[r] for r in ranks if r not in mine]
-        loaded = (await self._io(self.board.load, theirs) if theirs else None) or {}
-        for r, rec in sorted(loaded.items()):
-            g.members[(self.run, r, g.kind)] = _member(rec)
-            g.severity = max(g.severity, Severity.parse(rec.severity))
+        loaded = await self._load(g.kind, theirs) if theirs else {}
+        # Just before sending: a marker may have appeared while we read (a slow leader, an
+        # earlier taker), and a peer's record may have changed (cleared, fired again).
+        again = await self._io(self.board.view, g.kind, self.wall(), sorted(r for r in mine if r is not None))
+        if again is not None:
+            if self._drop_covered(g, again, now):
+                self._held.remove(h)
+                return
+            theirs = [e for e in theirs if _still_open(again, e, g.status)]
+        extra: dict[Key, AlertMember] = {}
+        covers: dict[int, int] = {}
+        severity = g.severity
+        for e in theirs:
+            if e.rank not in loaded:  # not read in time: named, without its details
+                extra[(self.run, e.rank, g.kind)] = _bare(e, g.kind)
+            elif (rec := loaded[e.rank]) is not None:
+                extra[(self.run, e.rank, g.kind)] = _member(rec)
+                severity = max(severity, Severity.parse(rec.severity))
+            else:
+                continue  # gone or unusable: its own agent sends it (not covered)
+            covers[e.rank] = e.us
+        by = min(k[1] for k in g.members if k[1] is not None)  # ours only, before the peers join
+        g.members.update(extra)
+        g.severity = severity
         self.stats["took_over" if took_over else "led"] += 1
         if took_over:
             log.warning(
@@ -200,15 +318,51 @@ class PeerGroups:
                 g.kind,
                 g.status,
                 ranks,
-                min(mine),
+                by,
             )
-        self.host._emit(g, now, saw_all=self.host._saw_all(view.ranks()))
-        covers = {r: view.records[r].us for r in loaded}
+        seen = view.ranks() | (again.ranks() if again is not None else set())
+        self.host._emit(g, now, saw_all=self.host._saw_all(seen))
+        self._held.remove(h)
         for k, t in g.times.items():
             if k[1] is not None and k in g.members:
                 covers[k[1]] = stamp(t)
-        marker = Marker(g.status, min(r for r in mine if r is not None), self.wall(), covers)
-        await self._io(self.board.mark, g.kind, marker)
+        await self._io(self.board.mark, g.kind, Marker(g.status, by, self.wall(), covers))
+
+    async def _load(self, kind: str, entries: list[Entry]) -> dict[int, Record | None]:
+        """The peers' records, as many as can be read in a time that grows with their number."""
+        out: dict[int, Record | None] = {}
+        stop = threading.Event()
+        timeout = min(LOAD_MAX_S, IO_TIMEOUT_S + LOAD_PER_RECORD_S * len(entries))
+        done = await self._io(self.board.load, entries, out, stop, timeout=timeout, soft=True)
+        stop.set()
+        got = dict(out)
+        if done is None:
+            log.warning(
+                "alert board: read %d of %d peer %s records in %.0fs; the others are sent without details",
+                len(got),
+                len(entries),
+                kind,
+                timeout,
+            )
+        return got
+
+    async def _check(self, now: float, *, closing: bool, poll: bool) -> float:
+        """Watched records: did a peer send them after all?"""
+        due_kinds = sorted({w.key[2] for w in self._watches if closing or poll or now >= w.next_check})
+        for kind in due_kinds:
+            ws = [w for w in self._watches if w.key[2] == kind]
+            view = await self._io(self.board.view, kind, self.wall(), sorted({w.key[1] for w in ws}))
+            for w in ws:
+                if w not in self._watches:
+                    continue
+                if view is None or view.covered(w.key[1], w.status, w.since_us):
+                    self._watches.remove(w)  # in doubt (no board), act as if the peer sent it
+                    w.then()
+                elif closing or now >= w.until:
+                    self._watches.remove(w)
+                else:
+                    w.next_check = now + self._poll()
+        return min((w.next_check for w in self._watches), default=float("inf"))
 
     # --- I/O -------------------------------------------------------------------------------
     async def _flush(self) -> None:
@@ -221,26 +375,35 @@ class PeerGroups:
             self._present.update(fresh)
         if self._outbox:
             batch, self._outbox = self._outbox, []
+            for r in batch:  # from now on a peer may see it (even if the write times out)
+                self._posted[(r.kind, r.rank)] = (r.state, stamp(r.time))
             await self._io(self.board.post, batch)
 
-    async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run one board operation in a thread; None (and the board set aside) on any failure."""
+    async def _io(
+        self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, soft: bool = False
+    ) -> Any:
+        """Run one board operation on a thread; None (and the board set aside) on any failure.
+        ``soft``: a timeout or error only returns None (the thread is left to finish)."""
         if not self.usable(self.clock()):
             return None
         if self._inflight is not None and not self._inflight.done():
             return self._failed("a previous board operation is still hanging")
-        self._inflight = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        fut = _in_thread(fn, *args)
+        if not soft:
+            self._inflight = fut
+        limit = IO_TIMEOUT_S if timeout is None else timeout
         try:
-            result = await asyncio.wait_for(asyncio.shield(self._inflight), IO_TIMEOUT_S)
+            result = await asyncio.wait_for(asyncio.shield(fut), limit)
         except asyncio.TimeoutError:
-            return self._failed(f"no answer in {IO_TIMEOUT_S:.0f}s")
+            return None if soft else self._failed(f"no answer in {limit:.0f}s")
         except Exception as e:  # OSError mostly; whatever it is, alerts must still go out
-            return self._failed(f"{type(e).__name__}: {e}")
+            return None if soft else self._failed(f"{type(e).__name__}: {e}")
         return True if result is None else result
 
     def _failed(self, why: str) -> None:
         self._failures += 1
         self._broken_until = self.clock() + RETRY_S
+        self._outbox.clear()  # by the next try these may be out of date: posted afresh then
         self.errors["alerts"] = self.errors.get("alerts", 0) + 1
         if self._failures == 1:
             log.error(
@@ -255,15 +418,68 @@ class PeerGroups:
         self.stats["fallback"] += 1
 
 
+def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    """``fn(*args)`` on a daemon thread of its own. Not ``asyncio.to_thread``: the default
+    executor's threads are joined when ``asyncio.run`` returns, so one stuck on a dead NFS
+    mount would keep the agent from exiting; a daemon thread is simply left behind."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, even if abandoned
+
+    def settle(ok: bool, value: Any) -> None:
+        if fut.done():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def work() -> None:
+        try:
+            ok, value = True, fn(*args)
+        except Exception as e:
+            ok, value = False, e
+        except BaseException as e:  # never raise SystemExit & co. into the loop
+            ok, value = False, RuntimeError(repr(e))
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits for it any more
+
+    threading.Thread(target=work, name="rankwatch-board", daemon=True).start()
+    return fut
+
+
+def _still_open(view: View, e: Entry, status: str) -> bool:
+    """The peer's record read earlier is still one to send for: in that state, and unsent."""
+    cur = view.records.get(e.rank)
+    return cur is not None and cur.state == status and not view.covered(e.rank, status, e.us)
+
+
+def _bare(e: Entry, kind: str) -> AlertMember:
+    """A peer's rank whose record could not be read in time: named, without its details."""
+    return AlertMember(
+        e.rank,
+        f"{kind} on rank {e.rank} (details not read from the alert board in time)",
+        None,
+        {},
+        None,
+        e.us / 1e6,
+    )
+
+
 def _member(rec: Record) -> AlertMember:
+    """A peer's record (cleaned by ``Record.from_json``) as a member of our message."""
     m = rec.member
     step = m.get("step")
+    starts = m.get("starts_at")
+    evidence = m.get("evidence")
     return AlertMember(
         rec.rank,
-        str(m.get("message", ""))[:MAX_TEXT],
-        step if isinstance(step, int) else None,
-        dict(m.get("evidence") or {}),
+        str(m.get("message") or "")[:MAX_TEXT],
+        step if isinstance(step, int) and not isinstance(step, bool) else None,
+        dict(evidence) if isinstance(evidence, dict) else {},
         str(m["dump_path"]) if m.get("dump_path") else None,
-        float(m.get("starts_at") or rec.time),
+        float(starts) if isinstance(starts, (int, float)) and not isinstance(starts, bool) else rec.time,
         node=rec.node or None,
     )
