@@ -329,6 +329,34 @@ def test_slack_incoming_webhook_mode_retries_5xx(tmp_path: Path) -> None:
 
 
 # --- routing policy (fake clock) -------------------------------------------------------------
+def test_retry_after_is_capped_at_backoff_max(tmp_path: Path) -> None:
+    """A server asking for a day's pause gets backoff_max (5 s here), not a parked queue."""
+
+    @dataclass
+    class Throttled(RecordingSink):
+        async def deliver(self, alert: AlertMessage) -> None:
+            self.attempts += 1
+            if self.attempts == 1:
+                raise DeliveryError("rate limited", retry_after=86400.0)
+            self.alerts.append(alert)
+
+    async def go() -> None:
+        clock = FakeClock()
+        sink = Throttled()
+        d = AlertDispatcher(config(tmp_path), IDENT, sinks=[sink], clock=clock)
+        async with running(d):
+            d.send(stall())
+            await until(lambda: sink.attempts == 1)
+            clock.advance(4.9)
+            await settle(d)
+            assert sink.alerts == []
+            clock.advance(0.2)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 1)
+
+    asyncio.run(go())
+
+
 def test_dedup_and_repeat_interval(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()

@@ -93,3 +93,38 @@ def test_real_nvml_backend(caplog: pytest.LogCaptureFixture) -> None:
             [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
         )
         assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_xid_of_a_gpu_that_no_longer_answers_is_tied_to_its_cached_handle() -> None:
+    """After an Xid 79 NVML may refuse nvmlDeviceGetIndex for that GPU; the event must still
+    land on it (matched to the handle opened at start), not be dropped as 'not watched'."""
+    import ctypes
+
+    import pynvml
+
+    structs = [pynvml.struct_c_nvmlDevice_t() for _ in range(2)]
+    handles = [ctypes.cast(ctypes.pointer(s), pynvml.c_nvmlDevice_t) for s in structs]
+    queued = [pynvml.c_nvmlEventData_t() for _ in range(2)]
+    for ev, gpu, xid in zip(queued, (1, 0), (79, 13), strict=True):
+        ev.device = ctypes.cast(ctypes.pointer(structs[gpu]), pynvml.c_nvmlDevice_t)  # a fresh pointer object
+        ev.eventType = pynvml.nvmlEventTypeXidCriticalError
+        ev.eventData = xid
+
+    def wait(_events: object, _ms: int) -> object:
+        if not queued:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return queued.pop(0)
+
+    def index(h: object) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    fake = type(pynvml)("fake_pynvml")
+    for name in ("NVMLError", "NVML_ERROR_TIMEOUT", "nvmlEventTypeXidCriticalError"):
+        setattr(fake, name, getattr(pynvml, name))
+    fake.nvmlEventSetWait_v2 = wait  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetIndex = index  # type: ignore[attr-defined]
+    b = NvmlBackend()
+    b._nvml, b._events, b._event_indices = fake, object(), {0: 0, 1: 1}
+    b._handles = dict(enumerate(handles))
+    got = b.xid_events(0.0)
+    assert [(e.gpu, e.xid) for e in got] == [(1, 79), (0, 13)]

@@ -28,6 +28,18 @@ BURST_S = 0.1
 CPU_ACTIVE_RATIO = 0.01  # of one core, over the sample window
 GPU_TRAINING_S = 60.0  # GPU busy this long without a break: the rank is training
 
+# What to do next, by what the stalled process was doing.
+_CLASS_FIX = {
+    "busy": "Usual fix: read this rank's stack (`rankwatch dumps show`): a DataLoader worker deadlock "
+    "(confirm with num_workers=0) or a loop that never ends.",
+    "idle": "Usual fix: `rankwatch dumps diff` names the rank whose stack differs; the others wait for it "
+    "in the collective, and its log holds the real error.",
+    "partly busy": "Usual fix: compare the ranks' stacks with `rankwatch dumps diff`.",
+    "disk-wait": "Usual fix: check the filesystem or driver (`dmesg`, the NFS/Lustre servers), not the "
+    "training code.",
+    "stopped": "Usual fix: resume the process (`kill -CONT`) or find what stopped it.",
+}
+
 _CLASS_TEXT = {
     "busy": "busy on CPU ({cpu}): a spin or a data-loader deadlock",
     "idle": "idle on CPU ({cpu}): blocked in a collective or I/O",
@@ -264,8 +276,10 @@ class StallDetector:
         alive = "process stopped" if cls == "stopped" else "process alive"
         if self.gpu_activity not in (None, "unknown"):
             text += f"; GPU {self.gpu_activity}"
+        fix = _CLASS_FIX.get(cls, "Usual fix: compare the ranks' stacks with `rankwatch dumps diff`.")
         msg = (
-            f"{head}; {last}; {alive}, {text}. Judged from: {', '.join(signals)}. Stacks are being captured."
+            f"{head}; {last}; {alive}, {text}. Judged from: {', '.join(signals)}. {fix} "
+            "Stacks are being captured."
         )
         evidence = {
             "seconds_since_progress": since,

@@ -87,7 +87,9 @@ class ThroughputDetector(Detector):
                     f"throughput dropped to {fmt(cur)} {unit}, {cur / self.baseline * 100:.0f}% of its "
                     f"baseline {fmt(self.baseline)} {unit} for {len(self.low)} logged steps since step "
                     f"{self.low[0][0]}. Usual causes: a straggler GPU (thermal/power throttling), a slow "
-                    "data loader or filesystem, another job on the node, or a network degradation.",
+                    "data loader or filesystem, another job on the node, or a network degradation. "
+                    "Usual fix: compare this rank's GPU clocks, throttle reasons and data-loader CPU with "
+                    "its peers' (Grafana's rank detail board), then drain or fix the slow part.",
                     record=record,
                     step=self.low[0][0],
                     evidence={"baseline": self.baseline, "current": cur, "unit": unit},

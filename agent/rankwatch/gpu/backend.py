@@ -12,6 +12,7 @@ stand in for a driver in tests.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -229,6 +230,16 @@ class NvmlBackend:
             self._handles[index] = h
         return h
 
+    def _index_of(self, device: Any) -> int | None:
+        """The index of a handle we opened earlier, matched by address, without asking NVML."""
+        want = _address(device)
+        if want is None:
+            return None
+        for index, h in self._handles.items():
+            if _address(h) == want:
+                return index
+        return None
+
     def device_count(self) -> int:
         return int(self._call(self._nvml.nvmlDeviceGetCount))
 
@@ -361,9 +372,16 @@ class NvmlBackend:
             try:
                 gpu: int | None = int(nv.nvmlDeviceGetIndex(data.device))
             except nv.NVMLError:
-                gpu = None
+                gpu = self._index_of(data.device)  # a GPU that fell off the bus no longer answers
             out.append(XidEvent(gpu=gpu, xid=int(data.eventData), time=time.time()))
         return out
+
+
+def _address(handle: Any) -> int | None:
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return None
 
 
 def _field_value(nv: Any, v: Any) -> float:

@@ -312,6 +312,8 @@ class GpuSampler:
             s = by_index.get(ev.gpu) if ev.gpu is not None else None
             if s is not None:
                 s.xids.append(ev.xid)
+            elif ev.gpu is None:
+                log.warning("Xid %d on a GPU that NVML could not name: see the kernel log (dmesg)", ev.xid)
             else:
                 log.info("Xid %d on GPU %s, which this agent does not watch", ev.xid, ev.gpu)
         for s in samples:

@@ -706,7 +706,8 @@ class AlertDispatcher:
                 await self._spool_op(self.spool.remove, {item.entry_id})
             return
         if err.retry_after is not None:
-            delay = err.retry_after
+            # A server's wish, within our own ceiling: one absurd Retry-After must not park the queue.
+            delay = min(max(0.0, err.retry_after), float(self.cfg.backoff_max))
         else:
             cap = min(float(self.cfg.backoff_max), self.backoff_base * 2 ** (item.attempts - 1))
             delay = self.rng() * cap
