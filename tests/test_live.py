@@ -117,6 +117,52 @@ def test_sigterm_is_forwarded(tmp_path: Path) -> None:
             p.kill()
 
 
+def test_sigterm_grace_then_sigkill_takes_the_childs_whole_process_group(tmp_path: Path) -> None:
+    """A child that ignores SIGTERM and has a worker of its own: after runner.term_grace both
+    are SIGKILLed, so nothing of the rank outlives the agent's step."""
+    cfg = write_config(tmp_path, "")
+    pidfile = tmp_path / "worker.pid"
+    script = (
+        "import os, signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "w = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(w.pid))\n"
+        "print('iteration 1/ 10 | lm loss: 1.0E+00 |', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    cmd = [sys.executable, "-m", "rankwatch", "run", "--config", str(cfg), "--", sys.executable, "-c", script]
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ, RANK="0")
+    )
+    worker = None
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (pidfile.exists() and pidfile.read_text()):
+            time.sleep(0.05)
+        worker = int(pidfile.read_text())
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 137
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _alive(worker):
+            time.sleep(0.05)
+        assert not _alive(worker), "the child's own worker outlived the SIGKILL"
+        assert "SIGKILL to its process group" in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if worker is not None and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_step_wide_sigterm_is_a_requested_stop_not_a_crash(tmp_path: Path) -> None:
     """Slurm's scancel and time limit signal every process of a step at once: the child may be
     dead before the agent's own SIGTERM is handled. That must still read as a requested stop."""

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from rankwatch.config.schema import Config
 from rankwatch.dumps.capture import capture, find_py_spy
+from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scope
 from rankwatch.dumps.store import DumpStore, incident_name, sanitise_reason, sanitise_run
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
@@ -69,6 +70,7 @@ class Agent:
         self.gpu_latest: Callable[[], tuple[Any, bool]] | None = None
         self.last_incident: Path | None = None
         self.last_dump_problem: str | None = None
+        self.launched = False  # run mode: the rank is our child and named us its ptracer
         self.fr_prefix = fr_prefix  # (pipe prefix, trace file prefix) for PyTorch's flight recorder
         self._dump_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
@@ -133,7 +135,9 @@ class Agent:
         if find_py_spy(self.cfg.dumps.py_spy) is None:
             exe = self.cfg.dumps.py_spy
             return f"py-spy not found ({exe!r}). Fix: pip install py-spy in the agent's environment."
-        return self.last_dump_problem
+        if self.last_dump_problem is not None:
+            return self.last_dump_problem
+        return ptrace_problem(launched=self.launched, scope=yama_scope(), cap=has_cap_sys_ptrace())
 
     def _spawn(self, coro) -> None:
         try:

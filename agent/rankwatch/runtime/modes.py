@@ -25,6 +25,7 @@ import psutil
 
 from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
+from rankwatch.dumps.ptrace import tracer_preexec
 from rankwatch.identity import Identity
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.services import Services
@@ -170,6 +171,7 @@ async def run_command(
     path.parent.mkdir(parents=True, exist_ok=True)
     env, fr = child_env(cfg, identity)
     agent = Agent(cfg, identity, sinks=sinks, fr_prefix=fr)
+    agent.launched = True
     loop = asyncio.get_running_loop()
     started: list[subprocess.Popen] = []
     kill_handle: list[asyncio.TimerHandle] = []
@@ -188,7 +190,13 @@ async def run_command(
 
     def _kill() -> None:
         if started[0].poll() is None:
-            log.warning("child did not exit %.0fs after SIGTERM: sending SIGKILL", cfg.runner.term_grace)
+            log.warning(
+                "child did not exit %.0fs after SIGTERM: sending SIGKILL to its process group",
+                cfg.runner.term_grace,
+            )
+            # The child leads its own session: its workers and launcher children go with it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(started[0].pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 started[0].kill()
 
@@ -209,6 +217,7 @@ async def run_command(
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
+                preexec_fn=tracer_preexec(os.getpid()),
             )
         except OSError as e:
             _remove_handlers(loop)
