@@ -303,6 +303,55 @@ def test_two_rank_hang_dumps_and_diff_names_the_hung_rank(tmp_path: Path) -> Non
                 p.kill()
 
 
+def test_silent_rank_joins_the_incident_its_logging_peer_opened(tmp_path: Path) -> None:
+    """Megatron-style logging: only the last rank prints steps. Rank 0 hangs in its data
+    loader; rank 1 (the logger) waits in all_reduce and is flagged after the floor. Rank 0's
+    agent, whose own silent-rank timeout is minutes away, adds its stack to that incident, so
+    the alert's folder holds both ranks and `dumps diff` names rank 0."""
+    cfg = write_config(tmp_path)
+    text = cfg.read_text().replace("factor: 10}", "factor: 10, silent_rank_timeout: 10m}", 1)
+    cfg.write_text(text.replace("dumps: {dir:", "dumps: {join_peers: 500ms, dir:"))
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    procs = []
+    try:
+        for r in range(2):
+            args = ["--world-size", "2", "--sync-dir", str(sync), "--steps", "100000"]
+            cmd = agent_cmd(cfg, tmp_path, r, *args, "--no-all-ranks-log", "--fault", "hang@40:rank=0")
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE="2")
+            procs.append(
+                subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            )
+        from rankwatch.dumps.store import DumpStore
+
+        store = DumpStore(tmp_path / "dumps")
+        deadline = time.monotonic() + 60
+        incident = None
+        while time.monotonic() < deadline and incident is None:
+            done = [i for i in store.list_incidents() if i.reason == "stall" and len(i.ranks) == 2]
+            incident = done[0] if done else None
+            time.sleep(0.2)
+        assert incident is not None, [(i.name, i.ranks) for i in store.list_incidents()]
+        assert len(store.list_incidents()) == 1
+        assert [f["kind"] for f in findings(tmp_path, 0) if f["kind"] == "stall"] == []  # not yet its own
+        assert "wait_for_batch" in (incident.path / "rank-0.txt").read_text()
+        out = subprocess.run(
+            [sys.executable, "-m", "rankwatch", "dumps", "diff", incident.name,
+             "--dir", str(tmp_path / "dumps")],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert "suspect: rank 0" in out.stdout, out.stdout
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
 @pytest.mark.parametrize("bad", [["run"], ["run", "--"]])
 def test_run_without_command_is_usage_error(bad: list[str]) -> None:
     out = subprocess.run(

@@ -221,6 +221,11 @@ class DumpsConfig:
     locals: bool = opt(False, "include local variables: may reveal data, off by default")
     nonblocking: bool = opt(False, "do not pause the target while sampling (stacks may be torn)")
     timeout: Duration = opt(Duration(20.0), "give up on one dump after this long")
+    join_peers: Duration = opt(
+        Duration(5.0),
+        "look this often for a stall incident another agent of the run opened, and add this agent's "
+        "ranks to it (ranks that log no steps stall minutes later than the one that does); 0: off",
+    )
     flight_recorder: bool = opt(
         True,
         "run mode: give the child a flight-recorder pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE, trace "

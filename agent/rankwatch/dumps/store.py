@@ -144,12 +144,14 @@ class DumpStore:
             self._note(f"cannot read {folder}: {exc}")
         return IncidentInfo(run, folder.name, match.group(2), when, folder, sorted(ranks))
 
-    def list_incidents(self) -> list[IncidentInfo]:
-        """Every incident under the root, newest first; anything else in the tree is ignored."""
+    def list_incidents(self, run: str | None = None) -> list[IncidentInfo]:
+        """Every incident under the root (or of one run), newest first; anything else in the tree
+        is ignored."""
         out: list[IncidentInfo] = []
         if not self.root.is_dir():
             return out
-        for run_dir in sorted(self.root.iterdir()):
+        runs = sorted(self.root.iterdir()) if run is None else [self.root / sanitise_run(run)]
+        for run_dir in runs:
             if not run_dir.is_dir() or run_dir.name.startswith("."):
                 continue
             try:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from rankwatch.config.schema import Config
 from rankwatch.dumps.capture import capture, find_py_spy
 from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scope
-from rankwatch.dumps.store import DumpStore, incident_name, sanitise_reason, sanitise_run
+from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
 from rankwatch.runtime.watcher import RankWatcher
@@ -73,6 +73,7 @@ class Agent:
         self.launched = False  # run mode: the rank is our child and named us its ptracer
         self.fr_prefix = fr_prefix  # (pipe prefix, trace file prefix) for PyTorch's flight recorder
         self._dump_lock = asyncio.Lock()
+        self._joined: set[str] = set()  # incidents this agent dumped into or decided to leave
         self._tasks: set[asyncio.Task] = set()
 
     def add_watcher(
@@ -149,33 +150,70 @@ class Agent:
         task.add_done_callback(self._tasks.discard)
 
     # --- dumps -------------------------------------------------------------------------
+    def _joinable(self, reason: str, now: datetime) -> list[IncidentInfo]:
+        """This run's incidents of ``reason`` within the join window, oldest first: every agent
+        sorts them the same way, so agents that name one at the same moment agree on it."""
+        why = sanitise_reason(reason)
+        found = [
+            i
+            for i in self.store.list_incidents(self.identity.run)
+            if i.reason == why and abs((now - i.time).total_seconds()) <= JOIN_WINDOW_S
+        ]
+        return sorted(found, key=lambda i: (i.time, i.name))
+
     def _incident(self, reason: str) -> str:
-        run = sanitise_run(self.identity.run)
         now = datetime.now(timezone.utc)
         try:
-            for info in self.store.list_incidents():
-                if info.run == run and info.reason == sanitise_reason(reason):
-                    if abs((now - info.time).total_seconds()) <= JOIN_WINDOW_S:
-                        return info.name
-                    break
+            if found := self._joinable(reason, now):
+                return found[0].name
+            # Create it now, not when the first dump lands: an agent firing a second later
+            # (another UTC second) must find it, or one hang splits into two folders.
+            name = incident_name(reason, now)
+            self.store.incident_dir(self.identity.run, name)
+            first = self._joinable(reason, now)[0]
+            if first.name != name:  # a peer named one at the same moment: the oldest wins
+                with contextlib.suppress(OSError):
+                    first.path.parent.joinpath(name).rmdir()
+            return first.name
         except Exception:
-            log.debug("could not list incidents", exc_info=True)
+            log.debug("could not list or create incidents", exc_info=True)
         return incident_name(reason, now)
 
-    async def capture_dumps(self, reason: str) -> Path | None:
+    def peer_incident(self) -> str | None:
+        """A stall incident of this run, opened by another agent within the join window, that
+        holds none of this agent's live ranks yet. A rank that logs no step lines is judged
+        stalled minutes after the one that logs; without this its stack would be missing from
+        the incident that the alert points to, and ``dumps diff`` could not name the suspect."""
+        if self._dump_lock.locked():
+            return None
+        ranks = {w.rank if w.rank is not None else 0 for w in self.watchers if w.pids()}
+        if not ranks:
+            return None
+        now = datetime.now(timezone.utc)
+        for info in self._joinable("stall", now):
+            if info.name in self._joined or not info.ranks:  # empty: its author is still dumping
+                continue
+            self._joined.add(info.name)
+            if not ranks & set(info.ranks):
+                return info.name
+        return None
+
+    async def capture_dumps(self, reason: str, incident: str | None = None) -> Path | None:
         """py-spy every watched process into one incident folder; never raises."""
         if self._dump_lock.locked():
             return self.last_incident
         async with self._dump_lock:
             try:
-                return await self._capture(reason)
+                return await self._capture(reason, incident)
             except Exception:
                 log.exception("dump capture failed")
                 return None
 
-    async def _capture(self, reason: str) -> Path | None:
+    async def _capture(self, reason: str, incident: str | None = None) -> Path | None:
         c = self.cfg.dumps
-        incident = await asyncio.to_thread(self._incident, reason)
+        if incident is None:
+            incident = await asyncio.to_thread(self._incident, reason)
+        self._joined.add(incident)
         folder: Path | None = None
         for w in self.watchers:
             pids = w.pids()

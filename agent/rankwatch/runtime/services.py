@@ -117,6 +117,8 @@ class Services:
         self._start_checkpoints()
         if self.agent.identity.job_end is not None:
             self._tasks.append(asyncio.create_task(self._deadline_loop(), name="deadline"))
+        if self.cfg.dumps.on_stall and float(self.cfg.dumps.join_peers) > 0:
+            self._tasks.append(asyncio.create_task(self._join_peer_incidents(), name="join-incidents"))
         if self.want_server:
             await self._start_server()
         if self.on_start is not None:
@@ -356,6 +358,27 @@ class Services:
                 checkpoints_watched=self.checkpoints is not None,
             ):
                 self.agent.emit(f)
+
+    async def _join_peer_incidents(self) -> None:
+        """Add this agent's stacks to a stall incident a peer agent of the run opened."""
+        failed = False
+        while not self._stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), float(self.cfg.dumps.join_peers))
+            if self._stop.is_set() or not self.cfg.dumps.on_stall:
+                return
+            try:
+                incident = await asyncio.wait_for(asyncio.to_thread(self.agent.peer_incident), 10.0)
+            except Exception as e:
+                errs = self.agent.internal_errors_by_component
+                errs["dumps"] = errs.get("dumps", 0) + 1
+                if not failed:
+                    failed = True
+                    log.error("cannot look for peers' stall incidents: %s (further failures only counted)", e)
+                continue
+            if incident is not None:
+                log.warning("a peer agent of this run found a stall: adding our stacks to %s", incident)
+                await self.agent.capture_dumps("stall", incident)
 
     async def _deadline_loop(self) -> None:
         while not self._stop.is_set():
