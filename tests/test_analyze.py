@@ -238,3 +238,23 @@ def test_jobs_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     log = Path(__file__).resolve().parent.parent / "examples" / "hf-oom" / "train.log"
     assert main(["analyze", "-j", "0", str(log)]) == 2
     assert "--jobs must be 1 or more" in capsys.readouterr().err
+
+
+def test_nan_dict_glued_to_an_nccl_info_line_is_found(tmp_path: Path) -> None:
+    """analyze skips NCCL INFO chatter unseen, but not a step dict that block-buffered stdout
+    glued onto such a line."""
+    lines = [f"{{'loss': {2.0 - i / 100:.4f}, 'grad_norm': 0.5, 'learning_rate': 1e-4, 'epoch': 0.{i:02d}}}"
+             for i in range(30)]  # fmt: skip
+    lines.append("gpu1:123:456 [0] NCCL INFO Connected all trees{'loss': 'nan', 'grad_norm': 'nan', "
+                 "'learning_rate': 1e-4, 'epoch': 0.31}")  # fmt: skip
+    p = tmp_path / "rank-0.log"
+    p.write_text("\n".join(lines) + "\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "analyze", "--json", str(p)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    doc = json.loads(out.stdout)
+    assert out.returncode == 1, out.stdout
+    assert [f["line"] for f in doc["findings"] if f["kind"] == "nan_loss"] == [31]

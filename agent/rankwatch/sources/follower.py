@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import contains, not_
+from operator import contains, not_, or_
 from typing import Any
 
 log = logging.getLogger("rankwatch.follower")
@@ -36,6 +36,9 @@ _FOLLOW_BATCH_BYTES = 128 << 10  # small batches: bounded loop latency and faste
 # NCCL_DEBUG=INFO chatter: often most of a log's lines, never evidence of anything. A line
 # holding this text is skipped unseen (a substring test runs at C speed; a regex did not).
 NOISE = " NCCL INFO "
+# ... unless it also holds one of these: stdout is block-buffered and shares the file with
+# NCCL's writes, so a step dict or an exception can arrive glued to an INFO line.
+RESCUE = ("loss", "Error")
 _PIECE_BYTES = 32 << 10  # cache-sized batches of short-lived objects: measurably faster than 1 MiB
 _OBSERVER_RETRY_S = 5.0
 _MARK_BYTES = 64  # the last bytes read: copytruncate then a refill past our offset changes them
@@ -160,6 +163,9 @@ class _Splitter:
             if drop is not None and drop in text:
                 # Line numbers stay true: the mask drops a line and its number together.
                 keep = list(map(not_, map(contains, parts, repeat(drop))))
+                for word in RESCUE:
+                    if word in text:
+                        keep = list(map(or_, keep, map(contains, parts, repeat(word))))
                 self.stats.dropped_lines += len(parts) - sum(keep)
                 parts, numbers = list(compress(parts, keep)), compress(numbers, keep)
             if "" in parts:
@@ -170,7 +176,7 @@ class _Splitter:
             parts = text.split("\n")
             lineno = start
             for part in parts:
-                if drop is not None and drop in part:
+                if drop is not None and drop in part and not any(w in part for w in RESCUE):
                     self.stats.dropped_lines += 1
                 elif "\r" in part:
                     out.extend([FollowedLine(seg, lineno) for seg in part.split("\r") if seg])
