@@ -75,6 +75,20 @@ def test_hf_oom_example_names_rank_1(capsys: pytest.CaptureFixture[str]) -> None
     assert [f["rank"] for f in lag] == [1]
     r0 = next(r for r in doc["ranks"] if r["rank"] == 0)
     assert r0["format"] == "hf" and r0["last_step"] == 1240
+    # torchelastic's own 'failed (exitcode: 1) local_rank: 1' line and its ChildFailedError box
+    # are one death: one crash, on rank 1, and no rank-less row.
+    assert [f["rank"] for f in doc["findings"] if f["kind"] == "crash"] == [1]
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+
+
+def test_human_output_shows_the_failing_frame_and_the_traceback_tail(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["analyze", str(EXAMPLES / "hf-oom" / "train.log")]) == 1
+    out = capsys.readouterr().out
+    assert "    at /workspace/train.py:205 main" in out
+    assert "    | torch.OutOfMemoryError: CUDA out of memory." in out
+    assert "rank   ?" not in out
 
 
 def test_healthy_example_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:

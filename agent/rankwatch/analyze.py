@@ -137,6 +137,7 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None) -> FileResul
     feed(last)
     for eng, found in engines.values():
         found.extend(eng.finish())
+    _merge_launcher_crashes(engines)
     if not engines:
         engines[name_rank] = (RankEngine(cfg.detectors, name_rank, path), [])
     if None in engines and len(engines) == 1:
@@ -155,6 +156,26 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None) -> FileResul
         ranks=[engines[k] for k in order],
         records=n_records,
     )
+
+
+def _merge_launcher_crashes(engines: dict[int | None, tuple[RankEngine, list[Finding]]]) -> None:
+    """torchelastic reports one death twice: its own unprefixed 'failed (exitcode: 1)
+    local_rank: 1' line and the ChildFailedError box that names the rank. The first is
+    dropped when a ranked crash of the same local rank says it better; an unprefixed part
+    left with nothing in it is no rank of its own."""
+    if None not in engines or len(engines) == 1:
+        return
+    eng, found = engines[None]
+    ranked = {
+        f.evidence.get("local_rank")
+        for r, (_, fs) in engines.items()
+        if r is not None
+        for f in fs
+        if f.kind == "crash"
+    }
+    found[:] = [f for f in found if not (f.kind == "crash" and f.evidence.get("local_rank") in ranked - {None})]
+    if not found and eng.state.step_count == 0 and not eng.state.evals:
+        del engines[None]
 
 
 PARALLEL_MIN_BYTES = 64 << 20  # below this a worker's start-up (~0.3 s) costs more than it saves
@@ -225,6 +246,23 @@ _NOTHING = "no training records recognised"
 _COLOURS = {Severity.CRITICAL: "\x1b[1;31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
 
 
+TRACEBACK_TAIL = 8
+
+
+def _traceback_lines(f: Finding) -> list[str]:
+    """The end of the Python traceback behind an error finding: the frame that failed is what
+    a human reads first (``--json`` keeps the whole of it in no field: the contract is fixed)."""
+    frame = f.evidence.get("frame")
+    at = [f"    at {frame} (the innermost frame outside the libraries)"] if isinstance(frame, str) else []
+    lines = f.evidence.get("lines")
+    if not isinstance(lines, list) or not lines or not str(lines[0]).startswith("Traceback"):
+        return at
+    tail = [str(x) for x in lines[-TRACEBACK_TAIL:]]
+    more = len(lines) - len(tail)
+    head = [f"    | ... {more} more traceback lines above"] if more > 0 else [f"    | {lines[0]}"]
+    return at + head + [f"    | {x[:300]}" for x in tail if x is not lines[0]]
+
+
 def format_human(result: Analysis, *, colour: bool = False) -> str:
     out: list[str] = []
     for rep in result.ranks:
@@ -250,6 +288,7 @@ def format_human(result: Analysis, *, colour: bool = False) -> str:
         step = f" step {f.step}" if f.step is not None else ""
         out.append(f"{sev:<8} {f.kind:<24} rank {f.rank}{step}  {where}")
         out.append(f"    {f.message}")
+        out.extend(_traceback_lines(f))
     counts = {s: sum(1 for f in result.findings if f.severity is s) for s in Severity}
     out.append("")
     out.append(
