@@ -173,7 +173,8 @@ def _merge_launcher_crashes(engines: dict[int | None, tuple[RankEngine, list[Fin
         for f in fs
         if f.kind == "crash"
     }
-    found[:] = [f for f in found if not (f.kind == "crash" and f.evidence.get("local_rank") in ranked - {None})]
+    ranked.discard(None)
+    found[:] = [f for f in found if not (f.kind == "crash" and f.evidence.get("local_rank") in ranked)]
     if not found and eng.state.step_count == 0 and not eng.state.evals:
         del engines[None]
 
