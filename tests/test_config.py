@@ -757,3 +757,31 @@ def test_config_error_str_without_location() -> None:
     assert str(ConfigError("boom")) == "boom"
     assert str(ConfigError("boom", line=3)) == "line 3: boom"
     assert str(ConfigError("boom", file="a.yaml", key="x.y")) == "a.yaml: x.y: boom"
+
+
+def test_literal_secrets_warned_and_config_show_redacts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    from rankwatch.cli import main
+
+    f = tmp_path / "rw.yaml"
+    f.write_text(
+        "alerts:\n"
+        "  slack: {token: xoxb-literal-secret, channel: C1}\n"
+        "  webhook: {urls: ['http://127.0.0.1:1/hook'], headers: {Authorization: Bearer hook-secret}}\n"
+        "server:\n"
+        "  token: ${RW_TEST_TOKEN}\n"
+    )
+    caplog.set_level("WARNING", logger="rankwatch.config")
+    env = {"RW_TEST_TOKEN": "env-secret"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        assert main(["config", "show", "--config", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "xoxb-literal-secret" not in out and "hook-secret" not in out and "env-secret" not in out
+    assert out.count("<redacted>") == 3
+    warned = [r.getMessage() for r in caplog.records]
+    want = f"{f}:2: alerts.slack.token holds a literal secret; write ${{SLACK_BOT_TOKEN}}"
+    assert any(want in m for m in warned), warned
+    assert not any("server.token" in m for m in warned)  # from the environment: fine

@@ -23,6 +23,7 @@ import dataclasses
 import difflib
 import enum
 import functools
+import logging
 import os
 import re
 import types
@@ -36,6 +37,17 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .schema import Config, Duration, Size
 from .units import DURATION_HINT, SIZE_HINT, parse_duration, parse_size
+
+log = logging.getLogger("rankwatch.config")
+
+# Keys that hold credentials, with the variable the docs suggest: a literal is warned about
+# (the file is then a secret too) and `config show` prints them redacted.
+SECRET_KEYS = {
+    "alerts.slack.token": "SLACK_BOT_TOKEN",
+    "alerts.slack.webhook_url": "SLACK_WEBHOOK_URL",
+    "server.token": "RANKWATCH_TOKEN",
+    "server.metrics_token": "RANKWATCH_METRICS_TOKEN",
+}
 
 __all__ = [
     "ConfigError",
@@ -166,6 +178,15 @@ class _Builder:
         if isinstance(node, ScalarNode):
             if not node.tag.startswith(_T):
                 self.fail(f"unsupported YAML tag {node.tag!r}", node, path)
+            if path in SECRET_KEYS and self.env is not None and node.value and "${" not in node.value:
+                where = f"{self.file}:{node.start_mark.line + 1}" if self.file else "config"
+                log.warning(
+                    "%s: %s holds a literal secret; write ${%s} and set it in the environment, so the "
+                    "file can be shared and read without it",
+                    where,
+                    path,
+                    SECRET_KEYS[path],
+                )
             node = self._interpolate(node, path)
         return self._convert(node, hint, path)
 

@@ -7,6 +7,7 @@ to the same values: strings are quoted whenever YAML would read them otherwise, 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import os
@@ -133,8 +134,31 @@ def _entry_lines(head: str, item: Any, hint: Any, indent: str) -> list[str]:
     return [f"{head} {text}"] if head else [f"{indent}{text}"]
 
 
-def render_config(cfg: Config) -> str:
+REDACTED = "<redacted>"
+
+
+def redacted(cfg: Config) -> Config:
+    """A copy with credentials replaced: `config show` output gets pasted into tickets."""
+    from rankwatch.config.loader import SECRET_KEYS
+
+    out = copy.deepcopy(cfg)
+    for dotted in [*SECRET_KEYS, "alerts.webhook.headers"]:
+        *parents, leaf = dotted.split(".")
+        section: Any = out
+        for p in parents:
+            section = getattr(section, p, None)
+        value = getattr(section, leaf, None)
+        if isinstance(value, dict):
+            setattr(section, leaf, {k: REDACTED for k in value})
+        elif value:
+            setattr(section, leaf, REDACTED)
+    return out
+
+
+def render_config(cfg: Config, *, redact: bool = True) -> str:
     """The effective configuration as YAML with every key and its doc as a comment."""
+    if redact:
+        cfg = redacted(cfg)
     return "\n".join(_section_lines(cfg, "")) + "\n"
 
 
