@@ -272,3 +272,17 @@ def test_nan_dict_glued_to_an_nccl_info_line_is_found(tmp_path: Path) -> None:
     doc = json.loads(out.stdout)
     assert out.returncode == 1, out.stdout
     assert [f["line"] for f in doc["findings"] if f["kind"] == "nan_loss"] == [31]
+
+
+def test_counted_hf_steps_are_said_to_be_counted(tmp_path: Path) -> None:
+    """Without its progress bar an HF log has no step numbers: a finding must not present the
+    count of logged dicts as the trainer's step."""
+    lines = [f"{{'loss': {2.0 - i / 100:.4f}, 'grad_norm': 0.5, 'learning_rate': 1e-4, 'epoch': 0.{i:02d}}}"
+             for i in range(30)]  # fmt: skip
+    lines.append("{'loss': 'nan', 'grad_norm': 'nan', 'learning_rate': 1e-4, 'epoch': 0.31}")
+    p = tmp_path / "rank-0.log"
+    p.write_text("\n".join(lines) + "\n")
+    cmd = [sys.executable, "-m", "rankwatch", "analyze", "--json", str(p)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    (nan,) = [f for f in json.loads(out.stdout)["findings"] if f["kind"] == "nan_loss"]
+    assert nan["step"] == 31 and "counted log records" in nan["message"]

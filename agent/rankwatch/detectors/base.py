@@ -62,6 +62,12 @@ def fmt(x: float | None) -> str:
     return f"{x:.4g}"
 
 
+COUNTED_NOTE = (
+    " (Step numbers are counted log records: this log prints none, so the trainer's step is "
+    "about logging_steps times this.)"
+)
+
+
 def finding(
     kind: str,
     severity: Severity,
@@ -77,6 +83,10 @@ def finding(
     if step is None and record is not None:
         step = getattr(record, "step", None)
     t = getattr(record, "time", None) if record is not None else None
+    if step is not None and getattr(record, "step_inferred", False) and not resolved:
+        # HF prints no step number without its progress bar: the N-th logged record is "step N".
+        message += COUNTED_NOTE
+        evidence = {**(evidence or {}), "step_counted": True}
     return Finding(
         kind=kind,
         severity=severity,
