@@ -193,7 +193,9 @@ class StallConfig:
         "PyTorch's NCCL watchdog aborts a hung collective after 600 s by default and takes the evidence "
         "with it; 0: none",
     )
-    checkpoint_allowance: Duration = opt(Duration(600.0), "extra time while a checkpoint is being written")
+    checkpoint_allowance: Duration = opt(
+        Duration(600.0), "extra time while a checkpoint is being written (ends when the save is seen finished)"
+    )
     silent_rank_timeout: Duration = opt(
         Duration(300.0), "ranks that print no steps: no log growth and no CPU progress for this long"
     )

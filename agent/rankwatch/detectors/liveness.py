@@ -77,7 +77,8 @@ class StallDetector:
         self.last_burst: float | None = None
         self.last_signal = started  # last log growth / CPU progress / checkpoint (silent ranks)
         self.signal_what = ""
-        self.last_checkpoint: float | None = None
+        self.last_checkpoint: float | None = None  # a save seen in progress (the allowance runs)
+        self.save_done = -math.inf  # a save seen finished
         self.checkpoints_seen = False
         self.gpu_activity: str | None = None
         self.gpu_computed = False  # sustained GPU compute seen: startup (model load, compile) is over
@@ -156,8 +157,15 @@ class StallDetector:
     def on_activity(self, now: float, what: str) -> None:
         """``log`` (the log grew), ``checkpoint`` (one was written), ``checkpoint_writing``."""
         self.now = max(self.now, now)
-        if what in ("checkpoint", "checkpoint_writing"):
+        if what == "checkpoint_writing":
             self.last_checkpoint = now
+            self.checkpoints_seen = True
+            self._signal(now, "checkpoint write")
+        elif what == "checkpoint":
+            # A finished save is progress, and the allowance for writing it ends with it: a
+            # hang right after a save must still be caught before the NCCL watchdog.
+            self.last_checkpoint = None
+            self.save_done = now
             self.checkpoints_seen = True
             self._signal(now, "checkpoint write")
         elif what == "log":
@@ -210,7 +218,7 @@ class StallDetector:
         if self._cpu_progress(sample) and sample.state != "stopped":
             self._signal(now, "CPU time")
         if self._stepping(state):
-            since = now - self.last_progress
+            since = now - max(self.last_progress, self.save_done)
             limit = self.timeout()
             stalled = since > limit
         else:
@@ -257,7 +265,8 @@ class StallDetector:
             if extra:
                 why += f" + {_secs(extra)} checkpoint allowance"
             timeout = t + extra
-            head = f"no progress for {_secs(since)} (timeout {why})"
+            after = " since its checkpoint save finished" if self.save_done > self.last_progress else ""
+            head = f"no progress for {_secs(since)}{after} (timeout {why})"
         else:
             signals = ["log growth", "CPU time"] + (["checkpoint writes"] if self.checkpoints_seen else [])
             if self.gpu_activity not in (None, "unknown"):
