@@ -194,7 +194,7 @@ class StallConfig:
         "with it; 0: none",
     )
     checkpoint_allowance: Duration = opt(
-        Duration(600.0), "extra time while a checkpoint is being written (ends when the save is seen finished)"
+        Duration(600.0), "extra time while a checkpoint is being written (ends when the save finishes)"
     )
     silent_rank_timeout: Duration = opt(
         Duration(300.0), "ranks that print no steps: no log growth and no CPU progress for this long"
