@@ -245,3 +245,24 @@ def test_watch_pid_of_a_launcher_with_several_logs_keeps_watching(tmp_path: Path
         for p in (agent, sleeper):
             p.terminate()
             p.wait(10)
+
+
+def test_a_restarted_rank_gets_the_startup_grace_again() -> None:
+    """Re-attached to a new pid (torchrun restart, requeue), the rank reloads its model: the
+    stall timeout must be the startup grace again, not the old one-minute timeout."""
+    from rankwatch.config.schema import Config
+    from rankwatch.identity import Identity
+    from rankwatch.runtime.watcher import RankWatcher
+
+    t = [1000.0]
+    ident = Identity(rank=0, local_rank=0, world_size=1, node="n", run="t")
+    w = RankWatcher(Config(), ident, [], emit=lambda f: None, clock=lambda: t[0], wall=lambda: 1.7e9)
+    w.attach(os.getpid())
+    for i in range(50):
+        t[0] += 2.0
+        w.stall.on_step(t[0], i)
+    assert w.stall.timeout() == 60.0
+    w.attach(os.getpid())  # the same process again: nothing changes
+    assert w.stall.timeout() == 60.0
+    w.attach(os.getppid())
+    assert w.stall.timeout() == float(Config().stall.startup_grace)

@@ -95,6 +95,10 @@ class RankWatcher:
         return eng
 
     def attach(self, pid: int) -> None:
+        if self.prober is not None and self.prober.pid != pid:
+            # The rank restarted (torchrun, a requeue): it loads its model again, so it gets
+            # the startup grace, not the old step interval's timeout.
+            self.stall = StallDetector(self.cfg.stall, started=self.clock())
         self.prober = ProcessProber(pid, clock=self.clock)
         self.last_sample = None
         self.exited = False
