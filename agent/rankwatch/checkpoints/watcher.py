@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -300,7 +301,8 @@ class CheckpointWatcher:
             while not stop.is_set():
                 wake.clear()
                 if inflight is None:
-                    inflight, started_at, warned = _in_daemon(self.tick), self.clock(), False
+                    work = functools.partial(self._scan_and_watch, events)
+                    inflight, started_at, warned = _in_daemon(work), self.clock(), False
                 await asyncio.wait({inflight, stop_task}, timeout=STUCK_WARN_S, return_when="FIRST_COMPLETED")
                 if stop.is_set():
                     break
@@ -316,7 +318,6 @@ class CheckpointWatcher:
                 self._deliver(inflight)
                 inflight = None
                 if events is not None:
-                    events.ensure(self._watch_target)
                     self.events_active = events.observer is not None
                     self._events_failed = events.failed
                 wake_task = asyncio.ensure_future(wake.wait())
@@ -333,7 +334,15 @@ class CheckpointWatcher:
         finally:
             stop_task.cancel()
             if events is not None:
-                events.stop()
+                _in_daemon(events.stop)  # joins watchdog's thread: not on the loop, not awaited
+
+    def _scan_and_watch(self, events: _Events | None) -> list[Finding]:
+        """One scan, then the filesystem watch it calls for: watchdog's setup walks the tree
+        and a stat on a hung NFS mount blocks, so neither may run on the event loop."""
+        found = self.tick()
+        if events is not None:
+            events.ensure(self._watch_target)
+        return found
 
     def _deliver(self, fut: asyncio.Future[Any]) -> None:
         try:
