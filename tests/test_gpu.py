@@ -832,3 +832,42 @@ def test_metric_names_follow_prometheus_conventions() -> None:
     assert 'rankwatch_gpu_remapped_rows_total{gpu="0"' in text
     for name, kind in types.items():
         assert name.endswith("_total") == (kind == "counter"), name
+
+
+def test_a_hang_clears_the_last_readings_and_a_long_one_is_a_finding() -> None:
+    """While NVML hangs, /metrics must not keep serving the last good temperature and memory,
+    and a hang that lasts (the way a GPU off the bus first shows) pages, then resolves."""
+    from rankwatch.detectors.gpu import NvmlHangRule
+
+    release = threading.Event()
+    fb = FakeBackend([healthy(0)])
+    sampler = GpuSampler(GpuConfig(call_timeout=0.2), backend=fb)
+
+    async def go() -> None:
+        assert await sampler.start()
+        assert len(await sampler.sample_once()) == 1 and len(sampler.latest()) == 1
+        assert sampler.hung_for() is None
+        fb.gpus[0].hang["temperature"] = release
+        assert await sampler.sample_once() == []
+        assert sampler.latest() == []
+        hung = sampler.hung_for()
+        assert hung is not None and hung >= 0.0
+        release.set()
+        for _ in range(200):
+            if sampler.up:
+                break
+            await asyncio.sleep(0.01)
+        assert sampler.hung_for() is None
+
+    try:
+        asyncio.run(go())
+    finally:
+        release.set()
+
+    rule = NvmlHangRule(60.0, rank=3)
+    assert rule.observe(None) == [] and rule.observe(59.0) == []
+    (f,) = rule.observe(61.0)
+    assert f.kind == "gpu_unresponsive" and f.rank == 3 and "dmesg" in f.message and not f.resolved
+    assert rule.observe(120.0) == []  # once per episode
+    (r,) = rule.observe(None)
+    assert r.resolved

@@ -618,6 +618,42 @@ class LostRule(GpuRule):
         return []
 
 
+class NvmlHangRule:
+    """NVML itself stops answering (a driver call hangs past ``gpu.call_timeout``): no sample
+    can say which GPU, yet it is often how a GPU that fell off the bus first shows. Judged on
+    how long the hang has lasted, so one slow call is not a page."""
+
+    kind = "gpu_unresponsive"
+
+    def __init__(self, after_s: float, rank: int | None) -> None:
+        self.after_s = after_s
+        self.rank = rank
+        self.episode = Episode()
+
+    def observe(self, hung_for: float | None) -> list[Finding]:
+        if hung_for is not None and hung_for >= self.after_s and self.episode.open(None):
+            msg = (
+                f"NVML has not answered for {hung_for:.0f}s (a driver call hangs): GPU metrics stopped. "
+                "After an Xid 79 this is how a GPU that fell off the bus shows; the ranks on this node "
+                "will hang or die. Usual fix: check dmesg for Xid lines and `nvidia-smi` on the node; "
+                "drain it and resubmit from the last checkpoint if a GPU is gone."
+            )
+            return [self._finding(msg, {"seconds_unanswered": hung_for})]
+        if hung_for is None and self.episode.close():
+            return [self._finding("NVML answers again", {}, resolved=True)]
+        return []
+
+    def _finding(self, msg: str, evidence: dict[str, Any], resolved: bool = False) -> Finding:
+        return Finding(
+            kind=self.kind,
+            severity=Severity.CRITICAL,
+            rank=self.rank,
+            message=msg,
+            evidence=evidence,
+            resolved=resolved,
+        )
+
+
 RULES: tuple[type[GpuRule], ...] = (
     LostRule,
     XidRule,

@@ -132,6 +132,7 @@ class GpuSampler:
         self.errors = 0
         self._busy: asyncio.Future[Any] | None = None
         self._hung = False
+        self._hung_since = 0.0
         self._failing: str | None = None  # why every reading of every watched GPU failed last round
         self._latest: list[GpuSample] = []
         self._lost: dict[int, _Lost] = {}
@@ -147,6 +148,10 @@ class GpuSampler:
     def up(self) -> bool:
         """What ``rankwatch_gpu_collector_up`` reports: NVML initialised, not hung, and answering."""
         return self.available and not self._hung and self._failing is None
+
+    def hung_for(self) -> float | None:
+        """Seconds NVML has not answered a call (real time: the call hangs in real time), or None."""
+        return time.monotonic() - self._hung_since if self._hung else None
 
     async def start(self) -> bool:
         """Initialise NVML; on failure log one line and stay disabled (everything else runs on)."""
@@ -271,8 +276,10 @@ class GpuSampler:
             samples = await self._in_thread(self._collect, indices)
         except NvmlBusy:
             self.skipped += 1
+            self._latest = []  # no stale readings in /metrics while NVML hangs
             return []
         except asyncio.TimeoutError:
+            self._latest = []
             return []
         self._latest = samples
         return samples
@@ -443,6 +450,7 @@ class GpuSampler:
             self.timeouts += 1
             if not self._hung:
                 self._hung = True
+                self._hung_since = time.monotonic()
                 log.warning(
                     "NVML did not answer within %gs (%s); GPU samples are skipped until it does",
                     self.cfg.call_timeout,

@@ -21,7 +21,7 @@ from typing import Any
 from rankwatch.config.schema import Config
 from rankwatch.detectors.checkpoints import POISON_KINDS
 from rankwatch.detectors.deadline import DeadlineDetector
-from rankwatch.detectors.gpu import GpuDetector, gpu_activity
+from rankwatch.detectors.gpu import GpuDetector, NvmlHangRule, gpu_activity
 from rankwatch.exporter.checkpoints import CheckpointCollector
 from rankwatch.exporter.config import ConfigReloadCollector
 from rankwatch.exporter.metrics import make_registry
@@ -34,6 +34,7 @@ from rankwatch.runtime.reload import ConfigReloader, ConfigSource
 log = logging.getLogger("rankwatch.services")
 
 GPU_REMAP_S = 30.0
+NVML_HANG_S = 60.0  # NVML unanswered this long (or 3 call timeouts): gpu_unresponsive
 DEADLINE_CHECK_S = 30.0
 GPU_ACTIVITY_SAMPLES = 3
 CHECKPOINT_ACTIVITY_S = 1.0
@@ -231,6 +232,8 @@ class Services:
         return out, self.sampler.up
 
     async def _gpu_loop(self) -> None:
+        hang_after = max(NVML_HANG_S, 3 * float(self.cfg.gpu.call_timeout))
+        self.nvml_hang = NvmlHangRule(hang_after, self.agent.identity.rank)
         loop = asyncio.get_running_loop()
         next_map = loop.time() + GPU_REMAP_S
         known: set[int] = set()
@@ -248,6 +251,8 @@ class Services:
                     self.on_gpu_samples(samples)
             except Exception:
                 self._failed("gpu", "GPU sampling round failed")
+            for f in self.nvml_hang.observe(self.sampler.hung_for()):
+                self.agent.emit(f)
             if self.sampler.errors + self.sampler.timeouts > failures:
                 # The sampler logged it once; a round with failed NVML calls still counts.
                 errs = self.agent.internal_errors_by_component
