@@ -554,9 +554,12 @@ def test_rate_limit_queues_excess_without_dropping(tmp_path: Path) -> None:
             clock.advance(29)
             await settle(d)
             assert len(sink.alerts) == 2
+            # Held back by the rate limit: on disk, so a SIGKILL now does not lose it.
+            assert [e.alert["kind"] for e in d.spool.load()] == ["crash"]
             clock.advance(2)  # one token per 30 s
             await settle(d)
             await until(lambda: len(sink.alerts) == 3)
+            await until(lambda: d.spool.load() == [])
         assert [a.kind for a in sink.alerts] == ["nan_loss", "oom", "crash"]
         assert d.stats["rec"]["dropped"] == 0
 

@@ -29,8 +29,10 @@ Policy (each rule exists because the alternative wakes someone for nothing or lo
 - Spool: while a sink fails, every alert queued for it, and whatever is undelivered at
   ``close``, is written to a per run+rank spool file and removed once delivered; a new
   dispatcher loads it and delivers it (with a fresh retry budget). Delivery is
-  at-least-once: a crash between delivery and removal re-sends one alert. Only an alert
-  whose first attempt is still in flight when the agent is SIGKILLed is lost.
+  at-least-once: a crash between delivery and removal re-sends one alert. Alerts held back
+  by the rate limit are spooled too. What a SIGKILL of the agent can still lose: an alert
+  whose first attempt is in flight, and findings not yet made alerts (inside ``group_wait``
+  or ``startup_quiet``), which live in memory.
 - Sinks with ``refresh_interval`` (Alertmanager) get the active alerts re-posted that
   often, best effort (never retried nor spooled; skipped while that sink has a backlog).
 
@@ -674,6 +676,7 @@ class AlertDispatcher:
                 continue
             pause = w.bucket.wait_time(now)
             if pause > 0:
+                await self._spool_backlog(w)  # held back by the rate limit: on disk meanwhile
                 await _wait(w.wake, pause)
                 continue
             w.bucket.take()
