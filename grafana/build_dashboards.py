@@ -674,6 +674,11 @@ def rank_detail() -> Json:
                 target(
                     '1.25 * quantile(0.5, rankwatch_step_duration_seconds{run=~"$run"})', "straggler line"
                 ),
+                target(
+                    "histogram_quantile(0.99, sum by (le) "
+                    f"(rate(rankwatch_step_time_seconds_bucket{{{r}}}[$__rate_interval])))",
+                    "this rank p99",
+                ),
             ],
             unit="s",
         ),

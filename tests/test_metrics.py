@@ -35,6 +35,7 @@ ALLOWED_LABELS = RANK_LABELS | {
     "sink",
     "version",
     "python",
+    "le",  # the fixed buckets of rankwatch_step_time_seconds
 }
 
 
@@ -322,3 +323,17 @@ def test_openmetrics_exposition_parses(tmp_path: Path) -> None:
     assert fams["rankwatch_findings"].type == "counter"
     assert fams["rankwatch_build"].type == "info"
     assert any(math.isnan(s.value) for s in fams["rankwatch_loss"].samples)
+
+
+def test_step_time_histogram_counts_every_printed_step_time(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    _steps(agent.watchers[0], 120, t0=time.time() - 60)  # each printed 0.5 s
+    slow = [StepRecord(step=i, step_time_s=7.0, time=time.time()) for i in (121, 122, 123)]
+    agent.watchers[0]._records(slow)
+    s = _samples(agent)
+    assert _one(s, "rankwatch_step_time_seconds_count") == 123
+    assert _one(s, "rankwatch_step_time_seconds_sum") == pytest.approx(120 * 0.5 + 3 * 7.0)
+    assert _one(s, "rankwatch_step_time_seconds_bucket", le="0.5") == 120
+    assert _one(s, "rankwatch_step_time_seconds_bucket", le="5") == 120
+    assert _one(s, "rankwatch_step_time_seconds_bucket", le="10") == 123
+    assert _one(s, "rankwatch_step_time_seconds_bucket", le="+Inf") == 123

@@ -7,6 +7,7 @@ one. Detectors read from here and keep only their own episode bookkeeping.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
@@ -15,6 +16,9 @@ from operator import attrgetter
 from rankwatch.records import ErrorRecord, EvalRecord, OverflowRecord, Record, StepRecord
 
 HISTORY = 4096
+# Upper bounds (seconds) of the printed step-time histogram: from 50 ms micro-steps to
+# the minutes a pipeline-parallel giant takes.
+STEP_TIME_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 def finite(x: float | None) -> bool:
@@ -36,6 +40,9 @@ class RankState:
     last_time: float | None = None
     last_progress_time: float | None = None
     fp16_evidence: bool = False
+    # Every printed step time since start (cumulative, for a Prometheus histogram).
+    step_time_counts: list[int] = field(default_factory=lambda: [0] * (len(STEP_TIME_BUCKETS) + 1))
+    step_time_sum: float = 0.0
     max_loss_scale: float | None = None
     last_loss_scale: float | None = None
     overflow_lines: int = 0  # the rank prints one line per overflow (DeepSpeed, Megatron fp16)
@@ -61,6 +68,10 @@ class RankState:
                     self.last_progress_time = record.time
             if record.total_steps is not None:
                 self.total_steps = record.total_steps
+            t = record.step_time_s
+            if t is not None and 0 <= t < math.inf:
+                self.step_time_counts[bisect_left(STEP_TIME_BUCKETS, t)] += 1
+                self.step_time_sum += t
             ls = record.loss_scale
             if ls is not None and ls == ls:
                 self.last_loss_scale = ls

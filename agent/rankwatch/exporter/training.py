@@ -7,10 +7,12 @@ A value appears only if the log carried it: a run that never prints MFU has no
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from rankwatch.exporter.view import RANK_LABELS, RankView
+from rankwatch.state import STEP_TIME_BUCKETS
 
 # metric name, help, key in RankView.latest
 _PRINTED: tuple[tuple[str, str, str], ...] = (
@@ -52,6 +54,12 @@ def collect_training(views: Sequence[RankView]) -> list[Metric]:
         "step_duration_seconds",
         "Median of the last 20 printed step times; derived from the step rate if none is printed",
     )
+    hist = HistogramMetricFamily(
+        "rankwatch_step_time_seconds",
+        "Printed step times since the agent started: rate(_sum)/rate(_count) is the mean over any "
+        "range, histogram_quantile() a percentile (ranks that print no step time have none)",
+        labels=RANK_LABELS,
+    )
     eval_loss = _g("eval_loss", "Last evaluation (validation) loss")
     printed = [(_g(name, doc), key) for name, doc, key in _PRINTED]
     for v in views:
@@ -60,6 +68,11 @@ def collect_training(views: Sequence[RankView]) -> list[Metric]:
         if st is not None:
             if st.last_step is not None:
                 step.add_metric(labels, st.last_step)
+            counts = st.step_time_counts
+            if counts[-1] or any(counts):
+                cum = list(accumulate(counts))
+                bounds = [f"{b:g}" for b in STEP_TIME_BUCKETS] + ["+Inf"]
+                hist.add_metric(labels, list(zip(bounds, cum, strict=True)), st.step_time_sum)
             if st.total_steps is not None:
                 total.add_metric(labels, st.total_steps)
         if v.eta_s is not None:
@@ -78,4 +91,4 @@ def collect_training(views: Sequence[RankView]) -> list[Metric]:
             x = v.latest.get(key)
             if x is not None:
                 fam.add_metric(labels, x)
-    return [step, total, eta, last, since, timeout, duration, eval_loss, *(f for f, _ in printed)]
+    return [step, total, eta, last, since, timeout, duration, hist, eval_loss, *(f for f, _ in printed)]
