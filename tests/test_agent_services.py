@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -65,6 +67,9 @@ async def _until(pred, timeout: float = 30.0) -> bool:
 
 
 def test_run_mode_serves_metrics_alerts_gpu_and_checkpoints(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package 'prometheus'); CI installs it")
     _plain_checkpoint(tmp_path / "ckpt" / "step_10.pt")
 
     async def main() -> None:
@@ -127,6 +132,12 @@ def test_run_mode_serves_metrics_alerts_gpu_and_checkpoints(tmp_path: Path) -> N
                 )
                 assert 'kind="nan_loss"' in text
                 assert "rankwatch_step{" in text
+                # The whole exposition a live agent serves (agent, GPU, checkpoint, alert and
+                # config families together) passes promtool, not just each collector alone.
+                res = subprocess.run(
+                    [promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30
+                )
+                assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), res
                 async with http.get(base + "/api/status") as r:
                     assert r.status == 401
                 async with http.get(base + "/api/status", headers={"Authorization": "Bearer sekrit"}) as r:
