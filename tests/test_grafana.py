@@ -491,3 +491,19 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(tmp_path: Path) -
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=5)
+
+
+def test_every_metric_in_the_prometheus_rules_is_exported_or_recorded(tmp_path: Path) -> None:
+    """A renamed metric must break CI here, not silently turn an alert into one that never fires."""
+    exported = _exported_names(tmp_path) | {"up"}
+    for path in (
+        ROOT / "deploy" / "prometheus" / "rankwatch.rules.yml",
+        ROOT / "helm" / "rankwatch" / "files" / "rankwatch.rules.yml",
+    ):
+        groups = yaml.safe_load(path.read_text())["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        recorded = {r["record"] for r in rules if "record" in r}
+        assert rules and recorded
+        for r in rules:
+            unknown = metric_names(r["expr"]) - exported - recorded
+            assert not unknown, f"{path.name}: {r.get('alert') or r.get('record')} uses {unknown}"
