@@ -186,6 +186,33 @@ def test_not_a_python_process() -> None:
     assert "sleep 30" in result.text and "Failed to find python version" in result.text
 
 
+@needs_py_spy
+def test_a_shell_wrapper_is_dumped_through_its_python_child(tmp_path: Path) -> None:
+    """`rankwatch run -- bash train.sh`: the watched pid is bash; the stack is its child's."""
+    ready = tmp_path / "ready"
+    code = (
+        "import pathlib, time\n"
+        "def wait_for_batch():\n"
+        f"    pathlib.Path({str(ready)!r}).touch()\n"
+        "    time.sleep(60)\n"
+        "wait_for_batch()"
+    )
+    proc = subprocess.Popen(["bash", "-c", f'{sys.executable} -c "$0"; true', code])
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        result = capture(proc.pid, timeout=15)
+    finally:
+        for c in psutil.Process(proc.pid).children(recursive=True):
+            c.kill()
+        proc.kill()
+        proc.wait(timeout=5)
+    assert result.ok, result.text
+    assert "wait_for_batch" in result.text
+    assert any("is not a Python process: its Python descendants were dumped" in n for n in result.notes)
+
+
 def test_timeout_kills_py_spy_and_its_children(tmp_path: Path) -> None:
     child_file = tmp_path / "child.pid"
     fake = _fake_py_spy(tmp_path, f"sleep 30 &\necho $! > {child_file}\nwait")

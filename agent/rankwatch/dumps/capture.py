@@ -162,8 +162,8 @@ def _classify(pid: int, run: _Run, timeout: float) -> tuple[str, str]:
     if _NOT_PYTHON_RE.search(run.output):
         cmd = _process_info(pid).get("cmdline") or "?"
         return "not a python process", (
-            f"pid {pid} ({cmd}) does not look like a Python process. Point rankwatch at the"
-            " python rank itself (or its launcher with subprocesses enabled), not a shell wrapper." + quoted
+            f"pid {pid} ({cmd}) does not look like a Python process (nor has a Python process below"
+            " it). Point rankwatch at the python rank itself, or at a wrapper that starts it." + quoted
         )
     return "py-spy failed", f"py-spy exited with status {run.rc}." + quoted
 
@@ -242,10 +242,15 @@ def capture(
 
     processes = [_process_info(pid)]
     threads, error, text = _dump_once(command, pid, timeout)
-    if threads is None:
-        return result(False, [], text, error, processes=processes)
-
     notes: list[str] = []
+    failed = (text, error)
+    if threads is None:
+        # `rankwatch run -- bash train.sh`: the rank is the shell's Python child, not the shell.
+        if error != "not a python process" or not subprocesses:
+            return result(False, [], text, error, processes=processes)
+        cmd = processes[0].get("cmdline") or "?"
+        notes.append(f"pid {pid} ({cmd}) is not a Python process: its Python descendants were dumped")
+        threads, processes = [], []
     if subprocesses:
         seen = {t.get("pid") for t in threads}
         for child in [c for c in _children(pid) if c not in seen][:MAX_CHILDREN]:
@@ -261,5 +266,7 @@ def capture(
             elif child_error not in ("not a python process", "process gone"):
                 notes.append(f"child pid {child}: {child_error}")
 
+    if not threads:  # a wrapper with no Python below it
+        return result(False, [], failed[0], failed[1], processes=[_process_info(pid)])
     rendered = render_threads(threads, pid=pid, processes=processes)
     return result(True, threads, rendered, None, processes=processes, notes=notes)
