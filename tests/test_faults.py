@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -459,14 +460,24 @@ def test_wall_clock_jump_neither_fires_nor_resolves_a_stall(
 def test_dump_without_py_spy_or_ptrace_is_reported_once_and_the_rank_is_untouched(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, broken: str
 ) -> None:
+    import shutil
     import subprocess
     import sys
 
     from faultlib import IDENT
+    from rankwatch.dumps.capture import find_py_spy
+    from rankwatch.exporter.metrics import render
     from rankwatch.runtime.agent import Agent
 
     py_spy = tmp_path / "py-spy"
-    if broken == "ptrace_denied":
+    real, setpriv = find_py_spy("py-spy"), shutil.which("setpriv")
+    if broken == "ptrace_denied" and os.geteuid() == 0 and real and setpriv:
+        # The kernel's own refusal: py-spy as nobody may not trace a root-owned rank.
+        tmp_path.chmod(0o755)
+        drop = f"{setpriv} --reuid=65534 --regid=65534 --clear-groups"
+        py_spy.write_text(f'#!/bin/sh\nexec {drop} {real} "$@"\n')
+        py_spy.chmod(0o755)
+    elif broken == "ptrace_denied":  # not root: what py-spy prints when refused
         py_spy.write_text("#!/bin/sh\necho 'Error: Permission denied (os error 13)' >&2\nexit 1\n")
         py_spy.chmod(0o755)
     cfg = config_from_yaml(
@@ -482,7 +493,12 @@ def test_dump_without_py_spy_or_ptrace_is_reported_once_and_the_rank_is_untouche
         want = "not found" if broken == "missing" else "ptrace"
         assert want in text.lower(), text
         assert _count(caplog, "stack dump failed") == 1
-        assert agent.dumps_failed == {("py-spy not found" if broken == "missing" else "ptrace denied"): 1}
+        reason = "py-spy not found" if broken == "missing" else "ptrace denied"
+        assert agent.dumps_failed == {reason: 1}
+        exposed = re.search(
+            rf'rankwatch_dumps_failed_total{{[^}}]*reason="{reason}"[^}}]*}} (\S+)', render(agent).decode()
+        )
+        assert exposed and float(exposed.group(1)) == 1.0
         from rankwatch.records import Finding, Severity
 
         agent.emit(Finding("stall", Severity.CRITICAL, 0, "no progress for 61s. Stacks are being captured."))
