@@ -268,8 +268,12 @@ def test_binary_garbage_and_a_50mb_line_are_cut_counted_and_parsing_goes_on(
 
 
 # --- alert sinks ---------------------------------------------------------------------------
-def test_alertmanager_unreachable_never_blocks_detection_or_slack(tmp_path: Path) -> None:
+def test_alertmanager_unreachable_never_blocks_detection_or_slack(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from faultlib import fake_slack
+
+    caplog.set_level(logging.INFO, logger="rankwatch")
 
     log = tmp_path / "rank-0.log"
     log.write_bytes(b"")
@@ -303,6 +307,9 @@ alerts:
                 assert metric(text, "rankwatch_alerts_dropped_total", sink="alertmanager") == 1
                 assert metric(text, "rankwatch_alerts_dropped_total", sink="slack") == 0
                 assert "nan_loss" in live.recorder.kinds()
+                # Retries are INFO; the loss itself is one ERROR line.
+                errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+                assert len([m for m in errors if "alertmanager" in m]) == 1, errors
 
     asyncio.run(main())
 
@@ -321,10 +328,14 @@ def _finding(kind: str, step: int):
     return Finding(kind=kind, severity=Severity.CRITICAL, rank=0, message=f"{kind} at {step}", step=step)
 
 
-def test_slack_down_for_five_minutes_then_back_delivers_everything_once_in_order(tmp_path: Path) -> None:
+def test_slack_down_for_five_minutes_then_back_delivers_everything_once_in_order(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Default retry budget, mid-range jitter, a fake clock for the five minutes."""
     from faultlib import IDENT, FakeClock, fake_slack
     from rankwatch.actions.alerts import AlertDispatcher
+
+    caplog.set_level(logging.INFO, logger="rankwatch")
 
     async def main() -> None:
         clock = FakeClock()
@@ -358,6 +369,9 @@ def test_slack_down_for_five_minutes_then_back_delivers_everything_once_in_order
             assert d.stats["slack"]["sent"] == 4 and d.stats["slack"]["dropped"] == 0
             assert d.stats["slack"]["failed"] == slack.refused
             assert not any((tmp_path / "spool").glob("*.jsonl"))  # delivered, so unspooled
+            # Five minutes of refusals are retries (INFO), not a warning per attempt.
+            loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+            assert len(loud) <= 1, loud
 
     asyncio.run(main())
 
