@@ -266,3 +266,44 @@ def test_a_restarted_rank_gets_the_startup_grace_again() -> None:
     assert w.stall.timeout() == 60.0
     w.attach(os.getppid())
     assert w.stall.timeout() == float(Config().stall.startup_grace)
+
+
+def test_watch_several_pids_without_logs_watches_each_rank(tmp_path: Path) -> None:
+    """`watch --pid A --pid B` and no --log: each pid is its own rank (from its environment),
+    followed through its stdout file; not just the first pid."""
+    procs = []
+    for r in range(2):
+        out = tmp_path / f"out-{r}.txt"
+        with open(out, "ab") as fh:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "rankwatch.demo.trainer", "--format", "kv", "--step-time", "0.05",
+                 "--rank", str(r), "--world-size", "2", "--steps", "100000", "--fault", "nan@40:rank=1"],
+                stdout=fh, stderr=subprocess.STDOUT,
+                env=dict(os.environ, PYTHONUNBUFFERED="1", RANK=str(r), LOCAL_RANK=str(r)),
+            ))  # fmt: skip
+    found = tmp_path / "f.jsonl"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "rankwatch", "-v", "watch", "--config", str(_config(tmp_path)),
+         "--pid", str(procs[0].pid), "--pid", str(procs[1].pid), "--findings-jsonl", str(found)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert _wait(lambda: any(f["kind"] == "nan_loss" for f in _findings(found))), _findings(found)
+        assert {f["rank"] for f in _findings(found) if f["kind"] == "nan_loss"} == {1}
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=20)
+        assert "rank 0: pid" in err and "rank 1: pid" in err, err[-3000:]
+    finally:
+        for p in (*procs, agent):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def test_one_log_for_several_pids_is_a_usage_error(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "watch", "--config", str(_config(tmp_path)),
+         "--pid", str(os.getpid()), "--pid", str(os.getppid()), "--log", str(tmp_path / "x.log")],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 2 and "one --log for several --pid" in out.stderr

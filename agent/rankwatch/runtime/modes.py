@@ -333,13 +333,20 @@ async def watch_processes(
     if missing:
         print(f"rankwatch: no process with pid {', '.join(map(str, missing))}", file=sys.stderr)
         return 2
+    if len(pids) > 1 and len(logs) == 1:
+        print(
+            "rankwatch: one --log for several --pid: give one --log per rank (rank-<r>.log), or none "
+            "to follow each process's own stdout file",
+            file=sys.stderr,
+        )
+        return 2
     lower_priority(nice)
     agent = Agent(cfg, identity, sinks=sinks)
     watchers: list[RankWatcher] = []
     tasks: list[asyncio.Task] = []
-    # A node daemon (`watch --match train.py`, no logs): one watcher per matched rank process,
-    # each with its own rank and labels, following the process's stdout when that is a file.
-    per_process = bool(match) and not logs and not pids
+    # A node daemon (`watch --match train.py`, or several --pid, no logs): one watcher per rank
+    # process, each with its own rank and labels, following its stdout when that is a file.
+    per_process = not logs and ((bool(match) and not pids) or len(pids) > 1)
     if not per_process and len(logs) <= 1:
         watchers.append(agent.add_watcher(list(logs), from_end=True, replay=True))
     elif not per_process:
@@ -351,6 +358,8 @@ async def watch_processes(
     def add_process(pid: int) -> None:
         env = _process_env(pid)
         rank = _env_int(env, RANK_VARS)
+        if rank is None and pid in pids and len(pids) > 1:
+            rank = pids.index(pid)  # several --pid without RANK: their order on the command line
         local = _env_int(env, LOCAL_RANK_VARS)
         ident = dataclasses.replace(
             identity,
