@@ -635,3 +635,20 @@ def test_cli_capture_failure_exit_code(tmp_path: Path, monkeypatch: pytest.Monke
     [folder] = (tmp_path / "default").iterdir()
     assert json.loads((folder / "rank-0.json").read_text())["error"] == "ptrace denied"
     assert "FAILED: ptrace denied" in (folder / "rank-0.txt").read_text()
+
+
+def test_cli_reads_dumps_dir_and_run_from_the_agents_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rankwatch dumps ... --config rankwatch.yaml` (or $RANKWATCH_CONFIG) finds the folder and
+    run name the agents used, without retyping them."""
+    monkeypatch.delenv("RANKWATCH_DUMPS_DIR", raising=False)
+    monkeypatch.setattr("rankwatch.dumps.cli.capture", lambda pid, **_: _result(pid=pid, ok=False))
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(f"run: {{name: job-77}}\ndumps: {{dir: {tmp_path / 'agent-dumps'}}}\n")
+    assert _cli(["dumps", "capture", "--pid", "5", "--config", str(cfg)]) == 1
+    [folder] = (tmp_path / "agent-dumps" / "job-77").iterdir()
+    capsys.readouterr()
+    monkeypatch.setenv("RANKWATCH_CONFIG", str(cfg))
+    assert _cli(["dumps", "list"]) == 0
+    assert folder.name in capsys.readouterr().out

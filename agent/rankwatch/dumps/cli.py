@@ -26,7 +26,23 @@ def default_dir() -> Path:
 
 
 def _store(args: argparse.Namespace) -> DumpStore:
-    return DumpStore(Path(args.dir) if args.dir else default_dir())
+    """--dir, else $RANKWATCH_DUMPS_DIR, else the agents' config (--config or $RANKWATCH_CONFIG)
+    dumps.dir: the folder the agents wrote to, without retyping it."""
+    if args.dir:
+        return DumpStore(Path(args.dir))
+    cfg = _config(args)
+    if cfg is not None and not os.environ.get("RANKWATCH_DUMPS_DIR"):
+        return DumpStore(Path(cfg.dumps.dir))
+    return DumpStore(default_dir())
+
+
+def _config(args: argparse.Namespace):  # -> Config | None
+    path = getattr(args, "config", None) or os.environ.get("RANKWATCH_CONFIG")
+    if not path:
+        return None
+    from rankwatch.config.loader import load_config
+
+    return load_config(path)
 
 
 def _find(store: DumpStore, args: argparse.Namespace) -> IncidentInfo | None:
@@ -102,6 +118,12 @@ def cmd_capture(args: argparse.Namespace) -> int:
         print("rankwatch dumps capture: give one --rank per --pid (or none)", file=sys.stderr)
         return 2
     store = _store(args)
+    if args.run is None:  # the agents' own run name: the Slurm job id or torchrun's run id
+        from rankwatch.config.schema import RunConfig
+        from rankwatch.identity import identity_from_env
+
+        cfg = _config(args)
+        args.run = identity_from_env(cfg.run if cfg is not None else RunConfig()).run
     incident = incident_name(args.reason, datetime.now(timezone.utc))
     folder = store.incident_dir(args.run, incident)
     failures = 0
@@ -124,7 +146,12 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", help="dumps folder (default: $RANKWATCH_DUMPS_DIR or ./rankwatch-dumps)")
+    parser.add_argument(
+        "--dir",
+        help="dumps folder (default: $RANKWATCH_DUMPS_DIR, else the config's dumps.dir, "
+        "else ./rankwatch-dumps)",
+    )
+    parser.add_argument("--config", help="agent config whose dumps.dir to read (default: $RANKWATCH_CONFIG)")
 
 
 def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -156,7 +183,11 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = dsub.add_parser("capture", help="dump processes now into a new incident")
     p.add_argument("--pid", type=int, action="append", required=True)
     p.add_argument("--rank", type=int, action="append", help="rank of each --pid, in order")
-    p.add_argument("--run", default=os.environ.get("RANKWATCH_RUN") or "default")
+    p.add_argument(
+        "--run",
+        default=os.environ.get("RANKWATCH_RUN") or None,
+        help="run name (default: $RANKWATCH_RUN, else the Slurm job id or torchrun run id, as the agents)",
+    )
     p.add_argument("--reason", default="manual")
     p.add_argument("--native", action="store_true", help="include native (C/C++) frames")
     p.add_argument("--locals", action="store_true", help="include local variables")
