@@ -518,7 +518,16 @@ def run_overview() -> Json:
         8,
         8,
     )
-    L.add(timeseries("TFLOP/s per GPU", [target(f"rankwatch_tflops{{{s}}}", RANK_LEGEND)], min0=True), 8, 8)
+    L.add(
+        timeseries(
+            "FLOP/s per GPU",
+            [target(f"rankwatch_flops_per_second{{{s}}}", RANK_LEGEND)],
+            unit="flops",
+            min0=True,
+        ),
+        8,
+        8,
+    )
     L.row("Findings, checkpoints, dumps")
     L.add(
         table(
@@ -728,8 +737,12 @@ def rank_detail() -> Json:
     )
     L.add(
         timeseries(
-            "MFU and TFLOP/s",
-            [target(f"rankwatch_mfu_ratio{{{r}}}", "MFU"), target(f"rankwatch_tflops{{{r}}}", "TFLOP/s")],
+            "MFU and FLOP/s",
+            [
+                target(f"rankwatch_mfu_ratio{{{r}}}", "MFU"),
+                target(f"rankwatch_flops_per_second{{{r}}}", "FLOP/s"),
+            ],
+            unit="flops",
             overrides=[
                 {
                     "matcher": {"id": "byName", "options": "MFU"},

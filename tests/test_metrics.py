@@ -98,7 +98,7 @@ def test_training_series_carry_identity_labels_and_printed_values(tmp_path: Path
     assert _one(s, "rankwatch_grad_norm") == 0.8
     assert _one(s, "rankwatch_learning_rate") == 3e-4
     assert _one(s, "rankwatch_tokens_per_second") == 12_000
-    assert _one(s, "rankwatch_tflops") == 180.5
+    assert _one(s, "rankwatch_flops_per_second") == pytest.approx(180.5e12)
     assert _one(s, "rankwatch_mfu_ratio") == 0.41
     assert _one(s, "rankwatch_framework_memory_bytes") == 30e9
     assert _one(s, "rankwatch_step_duration_seconds") == 0.5
@@ -246,7 +246,7 @@ def test_log_file_pipeline_counts_lines_by_outcome(tmp_path: Path) -> None:
     w.drain()
     s = _samples(agent)
     assert _one(s, "rankwatch_step") == 20
-    assert _one(s, "rankwatch_tflops") == pytest.approx(181.2)
+    assert _one(s, "rankwatch_flops_per_second") == pytest.approx(181.2e12)
     assert _one(s, "rankwatch_step_duration_seconds") == pytest.approx(0.512)
     assert _one(s, "rankwatch_log_lines_total", result="parsed") == 20
     assert _one(s, "rankwatch_log_lines_total", result="unparsed") == 2

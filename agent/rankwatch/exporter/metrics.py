@@ -10,7 +10,7 @@ node_exporter style:
   printed step times, else derived from the step rate; no histogram, since a window that
   slides is not a cumulative distribution), and what the framework printed: ``_loss``
   (NaN stays NaN), ``_eval_loss``, ``_grad_norm``, ``_learning_rate``, ``_loss_scale``,
-  ``_tokens_per_second``, ``_samples_per_second``, ``_tflops``, ``_mfu_ratio``,
+  ``_tokens_per_second``, ``_samples_per_second``, ``_flops_per_second``, ``_mfu_ratio``,
   ``_framework_memory_bytes``, ``_framework_max_memory_bytes``; only when printed.
 - ``findings``: ``rankwatch_findings_total{kind,severity}``, ``rankwatch_active_findings``.
 - ``process``: ``rankwatch_process_{up,cpu_ratio,cpu_seconds_total,resident_memory_bytes,

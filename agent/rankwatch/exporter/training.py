@@ -22,7 +22,11 @@ _PRINTED: tuple[tuple[str, str, str], ...] = (
     ("loss_scale", "fp16 dynamic loss scale as last printed", "loss_scale"),
     ("tokens_per_second", "Tokens per second as last printed by the framework", "tokens_per_s"),
     ("samples_per_second", "Samples per second as last printed by the framework", "samples_per_s"),
-    ("tflops", "Achieved TFLOP/s per GPU as last printed by the framework", "tflops"),
+    (
+        "flops_per_second",
+        "Achieved FLOP/s per GPU as last printed by the framework (TFLOP/s x 1e12)",
+        "tflops",
+    ),
     ("mfu_ratio", "Model FLOPs utilisation (0..1) as last printed by the framework", "mfu"),
     ("framework_memory_bytes", "Device memory the framework reported in its step line", "memory_bytes"),
     (
@@ -90,5 +94,5 @@ def collect_training(views: Sequence[RankView]) -> list[Metric]:
         for fam, key in printed:
             x = v.latest.get(key)
             if x is not None:
-                fam.add_metric(labels, x)
+                fam.add_metric(labels, x * 1e12 if key == "tflops" else x)  # base units
     return [step, total, eta, last, since, timeout, duration, hist, eval_loss, *(f for f, _ in printed)]
