@@ -164,7 +164,9 @@ class _Splitter:
                 # Line numbers stay true: the mask drops a line and its number together.
                 keep = list(map(not_, map(contains, parts, repeat(drop))))
                 for word in RESCUE:
-                    if word in text:
+                    # Only when a dropped line holds the word: the kept lines are few to count.
+                    seen = text.count(word)
+                    if seen and seen > sum(p.count(word) for p in compress(parts, keep)):
                         keep = list(map(or_, keep, map(contains, parts, repeat(word))))
                 self.stats.dropped_lines += len(parts) - sum(keep)
                 parts, numbers = list(compress(parts, keep)), compress(numbers, keep)
