@@ -652,3 +652,16 @@ def test_cli_reads_dumps_dir_and_run_from_the_agents_config(
     monkeypatch.setenv("RANKWATCH_CONFIG", str(cfg))
     assert _cli(["dumps", "list"]) == 0
     assert folder.name in capsys.readouterr().out
+
+
+def test_list_incidents_since_skips_older_folders_by_name(tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    store = DumpStore(tmp_path)
+    for name in ("20261122T101500Z_stall", "20261122T111500Z_stall", "20261122T111600Z_manual"):
+        store.incident_dir("r", name)
+    store.incident_dir("other", "20261122T111700Z_stall")
+    since = datetime(2026, 11, 22, 11, 0, tzinfo=timezone.utc)
+    got = [i.name for i in store.list_incidents("r", since=since)]
+    assert got == ["20261122T111600Z_manual", "20261122T111500Z_stall"]
+    assert len(store.list_incidents()) == 4

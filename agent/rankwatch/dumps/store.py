@@ -144,9 +144,11 @@ class DumpStore:
             self._note(f"cannot read {folder}: {exc}")
         return IncidentInfo(run, folder.name, match.group(2), when, folder, sorted(ranks))
 
-    def list_incidents(self, run: str | None = None) -> list[IncidentInfo]:
-        """Every incident under the root (or of one run), newest first; anything else in the tree
-        is ignored."""
+    def list_incidents(self, run: str | None = None, since: datetime | None = None) -> list[IncidentInfo]:
+        """Every incident under the root (or of one run; or named no earlier than ``since``),
+        newest first; anything else in the tree is ignored. ``since`` is judged from the folder
+        names alone, so older incidents cost no stat and no listing (a shared filesystem)."""
+        cutoff = since.astimezone(timezone.utc).strftime(TIME_FORMAT) if since is not None else None
         out: list[IncidentInfo] = []
         if not self.root.is_dir():
             return out
@@ -160,6 +162,8 @@ class DumpStore:
                 self._note(f"cannot read {run_dir}: {exc}")
                 continue
             for folder in folders:
+                if cutoff is not None and folder.name[: len(cutoff)] < cutoff:
+                    continue
                 info = self._info(run_dir.name, folder) if folder.is_dir() else None
                 if info is not None:
                     out.append(info)

@@ -15,14 +15,14 @@ import socket
 import stat
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from rankwatch.config.schema import Config
 from rankwatch.dumps.capture import capture, find_py_spy
 from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scope
-from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason
+from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason, sanitise_run
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
 from rankwatch.runtime.watcher import RankWatcher
@@ -74,6 +74,8 @@ class Agent:
         self.fr_prefix = fr_prefix  # (pipe prefix, trace file prefix) for PyTorch's flight recorder
         self._dump_lock = asyncio.Lock()
         self._joined: set[str] = set()  # incidents this agent dumped into or decided to leave
+        self._peer_pending: set[str] = set()  # peers' incidents with no rank file yet
+        self._run_mtime: int | None = None
         self._tasks: set[asyncio.Task] = set()
 
     def add_watcher(
@@ -154,9 +156,10 @@ class Agent:
         """This run's incidents of ``reason`` within the join window, oldest first: every agent
         sorts them the same way, so agents that name one at the same moment agree on it."""
         why = sanitise_reason(reason)
+        since = now - timedelta(seconds=JOIN_WINDOW_S)
         found = [
             i
-            for i in self.store.list_incidents(self.identity.run)
+            for i in self.store.list_incidents(self.identity.run, since=since)
             if i.reason == why and abs((now - i.time).total_seconds()) <= JOIN_WINDOW_S
         ]
         return sorted(found, key=lambda i: (i.time, i.name))
@@ -189,14 +192,30 @@ class Agent:
         ranks = {w.rank if w.rank is not None else 0 for w in self.watchers if w.pids()}
         if not ranks:
             return None
+        # One stat per poll while nothing happens: a new incident changes the run folder's
+        # mtime; one still being written (no rank file yet) is looked at again until it has one.
+        try:
+            mtime = (self.store.root / sanitise_run(self.identity.run)).stat().st_mtime_ns
+        except OSError:
+            return None
+        settled = time.time() - mtime / 1e9 > 2.0  # coarse mtimes (NFS): a second may hide a change
+        if mtime == self._run_mtime and settled and not self._peer_pending:
+            return None
+        self._run_mtime = mtime
         now = datetime.now(timezone.utc)
+        pending: set[str] = set()
+        found = None
         for info in self._joinable("stall", now):
-            if info.name in self._joined or not info.ranks:  # empty: its author is still dumping
+            if info.name in self._joined:
+                continue
+            if not info.ranks or found is not None:  # its author is still dumping, or next poll
+                pending.add(info.name)
                 continue
             self._joined.add(info.name)
             if not ranks & set(info.ranks):
-                return info.name
-        return None
+                found = info.name
+        self._peer_pending = pending
+        return found
 
     async def capture_dumps(self, reason: str, incident: str | None = None) -> Path | None:
         """py-spy every watched process into one incident folder; never raises."""
