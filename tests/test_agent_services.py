@@ -229,3 +229,56 @@ def test_eta_past_slurm_time_limit_is_warned(tmp_path: Path) -> None:
             assert await asyncio.wait_for(task, 60) == 0
 
     asyncio.run(main())
+
+
+def test_a_runs_first_save_ends_the_checkpoint_allowance(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Saves already on disk when the agent starts are history; the first save of the run is
+    seen being written, then finished (which ends the allowance), like every later one."""
+    import rankwatch.runtime.services as services_mod
+    from rankwatch.config.schema import Config
+    from rankwatch.runtime.agent import Agent
+    from rankwatch.runtime.services import Services
+
+    monkeypatch.setattr(services_mod, "CHECKPOINT_ACTIVITY_S", 0.01)
+
+    class FakeCheckpoints:
+        scans, writing, saved = 0, False, None
+
+        def snapshot(self) -> dict:
+            return {"last_checkpoint_timestamp_seconds": self.saved}
+
+    cfg = Config()
+    cfg.dumps.dir = str(tmp_path / "dumps")
+    agent = Agent(cfg, IDENT)
+    w = agent.add_watcher([])
+    seen: list[str] = []
+    monkeypatch.setattr(w.stall, "on_activity", lambda now, what: seen.append(what))
+    svc = Services(agent, cfg)
+    cw = FakeCheckpoints()
+    svc.checkpoints = cw  # type: ignore[assignment]
+
+    async def main() -> None:
+        task = asyncio.create_task(svc._checkpoint_activity())
+
+        async def settle() -> None:
+            await asyncio.sleep(0.08)
+
+        await settle()
+        cw.scans = 1  # the first scan: a fresh run, nothing saved yet
+        await settle()
+        assert seen == []
+        cw.writing = True
+        await settle()
+        assert seen and set(seen) == {"checkpoint_writing"}
+        cw.writing, cw.saved = False, 2000.0
+        await settle()
+        assert seen[-1] == "checkpoint" and seen.count("checkpoint") == 1
+        cw.saved = 3000.0  # and the next one
+        await settle()
+        assert seen.count("checkpoint") == 2
+        svc._stop.set()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(main())

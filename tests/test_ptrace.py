@@ -38,6 +38,13 @@ def test_ptrace_problem(scope: int | None, cap: bool, launched: bool, expect: st
         assert got is not None and expect in got and "Fix:" in got
 
 
+def test_run_mode_through_a_wrapper_is_not_covered_by_the_tracer_exception() -> None:
+    got = ptrace_problem(launched=True, scope=1, cap=False, wrapper=True)
+    assert got is not None and "not the Python rank" in got and "Fix:" in got
+    assert ptrace_problem(launched=True, scope=1, cap=True, wrapper=True) is None
+    assert ptrace_problem(launched=True, scope=0, cap=False, wrapper=True) is None
+
+
 def test_yama_scope_and_capability_read_from_proc_files(tmp_path: Path) -> None:
     f = tmp_path / "scope"
     assert yama_scope(f) is None
@@ -77,5 +84,21 @@ def test_watch_mode_stall_says_up_front_that_yama_will_refuse(
     problem = a.dump_problem()
     assert problem is not None and "ptrace_scope=1" in problem
     a.launched = True
-    assert a.dump_problem() is None
+    assert a.dump_problem() is None  # no process attached: nothing says it is not the rank
+    w = a.add_watcher([])
+    shell = subprocess.Popen(["sleep", "30"])
+    try:
+        w.attach(shell.pid)  # `rankwatch run -- bash train.sh`: the exception stops at the shell
+        problem = a.dump_problem()
+        assert problem is not None and "not the Python rank" in problem
+        py = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            w.attach(py.pid)
+            assert a.dump_problem() is None
+        finally:
+            py.kill()
+            py.wait(5)
+    finally:
+        shell.kill()
+        shell.wait(5)
     assert ptrace.PR_SET_PTRACER == 0x59616D61

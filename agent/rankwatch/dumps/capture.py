@@ -244,6 +244,7 @@ def capture(
     threads, error, text = _dump_once(command, pid, timeout)
     notes: list[str] = []
     failed = (text, error)
+    child_failures: list[tuple[str, str]] = []
     if threads is None:
         # `rankwatch run -- bash train.sh`: the rank is the shell's Python child, not the shell.
         if error != "not a python process" or not subprocesses:
@@ -259,14 +260,18 @@ def capture(
                 notes.append("timeout reached before all child processes were dumped")
                 break
             child_cmd = [command[0], "dump", "--pid", str(child), "--json", *flags]
-            child_threads, child_error, _ = _dump_once(child_cmd, child, remaining)
+            child_threads, child_error, child_text = _dump_once(child_cmd, child, remaining)
             if child_threads is not None:
                 threads.extend(child_threads)
                 processes.append(_process_info(child))
             elif child_error not in ("not a python process", "process gone"):
                 notes.append(f"child pid {child}: {child_error}")
+                child_failures.append((child_text, child_error))
 
-    if not threads:  # a wrapper with no Python below it
-        return result(False, [], failed[0], failed[1], processes=[_process_info(pid)])
+    if not threads:
+        # A wrapper: say why its Python children were not read (ptrace refused, a timeout) before
+        # saying that there were none.
+        text, error = child_failures[0] if child_failures else failed
+        return result(False, [], text, error, processes=[_process_info(pid)], notes=notes)
     rendered = render_threads(threads, pid=pid, processes=processes)
     return result(True, threads, rendered, None, processes=processes, notes=notes)

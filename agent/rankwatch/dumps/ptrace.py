@@ -10,7 +10,6 @@ agent as its tracer (``PR_SET_PTRACER``), which covers the agent's descendants; 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -38,9 +37,11 @@ def has_cap_sys_ptrace(status: Path = Path("/proc/self/status")) -> bool:
     return os.geteuid() == 0
 
 
-def ptrace_problem(*, launched: bool, scope: int | None, cap: bool) -> str | None:
+def ptrace_problem(*, launched: bool, scope: int | None, cap: bool, wrapper: bool = False) -> str | None:
     """Why py-spy will be refused, or None. ``launched``: the agent started the rank itself
-    and the rank named the agent as its tracer (run mode)."""
+    and the rank named the agent as its tracer (run mode). ``wrapper``: what the agent started
+    is not the Python rank (a shell, torchrun): the exception covers only that process, since
+    Yama does not pass it on to children."""
     if scope is None or scope == 0:
         return None
     if scope >= 3:
@@ -55,8 +56,15 @@ def ptrace_problem(*, launched: bool, scope: int | None, cap: bool) -> str | Non
             "kernel.yama.ptrace_scope=2 allows ptrace only with CAP_SYS_PTRACE, which the agent lacks. "
             "Fix: grant it (Kubernetes: capabilities add [SYS_PTRACE]; docker --cap-add SYS_PTRACE)."
         )
-    if launched:
+    if launched and not wrapper:
         return None
+    if launched:
+        return (
+            "kernel.yama.ptrace_scope=1: the command rankwatch started named the agent its tracer, but "
+            "it is not the Python rank, and Yama does not pass that on to its children. Fix: "
+            "`rankwatch run -- python train.py` (one agent per rank), grant the agent CAP_SYS_PTRACE, "
+            "or sysctl kernel.yama.ptrace_scope=0."
+        )
     return (
         "kernel.yama.ptrace_scope=1 lets a process trace only its descendants, and this agent did not "
         "start the ranks it watches. Fix: grant the agent CAP_SYS_PTRACE (Kubernetes: capabilities add "
@@ -75,7 +83,7 @@ def tracer_preexec(
     if scope != 1 or cap:
         return None
     try:
-        prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # libc is already mapped; no ldconfig run
     except (OSError, AttributeError):
         return None
     prctl.restype = ctypes.c_int

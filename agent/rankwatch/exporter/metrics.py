@@ -7,9 +7,10 @@ node_exporter style:
 - ``training``: ``rankwatch_step``, ``_total_steps``, ``_eta_seconds``,
   ``_last_progress_timestamp_seconds``, ``_seconds_since_progress``,
   ``_stall_timeout_seconds``, ``_step_duration_seconds`` (a gauge: median of the last 20
-  printed step times, else derived from the step rate; no histogram, since a window that
-  slides is not a cumulative distribution), and what the framework printed: ``_loss``
-  (NaN stays NaN), ``_eval_loss``, ``_grad_norm``, ``_learning_rate``, ``_loss_scale``,
+  printed step times, else derived from the step rate), ``_step_time_seconds`` (a
+  histogram of every printed step time since start, for means and quantiles), and what
+  the framework printed: ``_loss`` (NaN stays NaN), ``_eval_loss``, ``_grad_norm``,
+  ``_learning_rate``, ``_loss_scale``,
   ``_tokens_per_second``, ``_samples_per_second``, ``_flops_per_second``, ``_mfu_ratio``,
   ``_framework_memory_bytes``, ``_framework_max_memory_bytes``; only when printed.
 - ``findings``: ``rankwatch_findings_total{kind,severity}``, ``rankwatch_active_findings``.

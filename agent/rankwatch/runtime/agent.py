@@ -19,6 +19,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+import psutil
+
 from rankwatch.config.schema import Config
 from rankwatch.dumps.capture import capture, find_py_spy
 from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scope
@@ -32,6 +34,9 @@ log = logging.getLogger("rankwatch.agent")
 # Agents of the ranks of one job each see the same hang within a sample interval or two of
 # each other; joining a recent incident of the same reason keeps their dumps in one folder.
 JOIN_WINDOW_S = 120.0
+LAUNCHERS = frozenset(
+    {"torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed", "accelerate", "mpirun"}
+)
 NCCL_RAS_PORT = 28028
 
 
@@ -140,7 +145,25 @@ class Agent:
             return f"py-spy not found ({exe!r}). Fix: pip install py-spy in the agent's environment."
         if self.last_dump_problem is not None:
             return self.last_dump_problem
-        return ptrace_problem(launched=self.launched, scope=yama_scope(), cap=has_cap_sys_ptrace())
+        scope = yama_scope()
+        if scope is None or scope == 0:
+            return None
+        wrapper = self.launched and not self._child_is_python()
+        return ptrace_problem(launched=self.launched, scope=scope, cap=has_cap_sys_ptrace(), wrapper=wrapper)
+
+    def _child_is_python(self) -> bool:
+        pids = self.watchers[0].pids() if self.watchers else []
+        if not pids:
+            return True  # nothing known to say otherwise
+        try:
+            proc = psutil.Process(pids[0])
+            argv = [os.path.basename(a) for a in proc.cmdline()[:3]]
+            names = [proc.name(), *argv[:1]]
+        except (psutil.Error, OSError):
+            return True
+        if any(a in LAUNCHERS for a in argv):  # a Python launcher: the ranks are its children
+            return False
+        return any(n.startswith("python") for n in names)
 
     def _spawn(self, coro) -> None:
         try:

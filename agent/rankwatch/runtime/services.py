@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -323,16 +324,19 @@ class Services:
     async def _checkpoint_activity(self) -> None:
         """A save in progress, or one just finished, is progress: the stall detector waits for it."""
         last_saved: float | None = None
+        primed = False  # what the first scan found was saved before the agent came
         while not self._stop.is_set():
             try:
                 cw = self.checkpoints
                 saved = cw.snapshot().get("last_checkpoint_timestamp_seconds")
                 what = None
-                if cw.writing:
-                    what = "checkpoint_writing"
-                elif saved is not None and saved != last_saved and last_saved is not None:
+                if not primed:
+                    primed, last_saved = cw.scans > 0, saved
+                elif cw.writing:
+                    what = "checkpoint_writing"  # a save that finished meanwhile is seen next time
+                elif saved is not None and saved != last_saved:
                     what = "checkpoint"
-                last_saved = saved if saved is not None else last_saved
+                    last_saved = saved
                 if what:
                     for w in self.agent.watchers:
                         w.stall.on_activity(w.clock(), what)
@@ -365,22 +369,33 @@ class Services:
                 self.agent.emit(f)
 
     async def _join_peer_incidents(self) -> None:
-        """Add this agent's stacks to a stall incident a peer agent of the run opened."""
+        """Add this agent's stacks to a stall incident a peer agent of the run opened.
+
+        The look runs on a daemon thread of its own, one at a time: on a hung shared
+        filesystem it stays stuck there, never in the loop's executor (which process sampling
+        needs) and never in the way of the agent's exit."""
         failed = False
+        inflight: asyncio.Future[str | None] | None = None
         while not self._stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), float(self.cfg.dumps.join_peers))
             if self._stop.is_set() or not self.cfg.dumps.on_stall:
                 return
+            if inflight is None:
+                inflight = _in_daemon(self.agent.peer_incident, "rankwatch-join")
             try:
-                incident = await asyncio.wait_for(asyncio.to_thread(self.agent.peer_incident), 10.0)
+                incident = await asyncio.wait_for(asyncio.shield(inflight), 10.0)
+            except asyncio.TimeoutError:
+                continue  # still stuck: look again at the next poll, no second thread
             except Exception as e:
+                inflight = None
                 errs = self.agent.internal_errors_by_component
                 errs["dumps"] = errs.get("dumps", 0) + 1
                 if not failed:
                     failed = True
                     log.error("cannot look for peers' stall incidents: %s (further failures only counted)", e)
                 continue
+            inflight = None
             if incident is not None:
                 log.warning("a peer agent of this run found a stall: adding our stacks to %s", incident)
                 await self.agent.capture_dumps("stall", incident)
@@ -454,3 +469,24 @@ class Services:
         if self.server is not None:
             with contextlib.suppress(Exception):
                 await self.server.close()
+
+
+def _in_daemon(fn: Callable[[], Any], name: str) -> asyncio.Future[Any]:
+    """``fn`` on a daemon thread; its result (or exception) lands in the returned future."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not fut.done():
+            fut.set_result(value) if ok else fut.set_exception(value)
+
+    def body() -> None:
+        try:
+            result: tuple[bool, Any] = (True, fn())
+        except Exception as exc:
+            result = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, *result)
+
+    threading.Thread(target=body, name=name, daemon=True).start()
+    return fut
