@@ -49,10 +49,22 @@ class _Events:
         self.observer: Any = None
         self.target: Path | None = None
         self.failed = False
+        self.closed = False
         self._pending = threading.Lock()
+        self._lock = threading.Lock()
 
     def ensure(self, target: Path | None) -> None:
         """Watch ``target`` (found by the scan thread: a stat may hang, the loop must not)."""
+        with self._lock:  # never beside close(): a scan finishing late must not start a watch
+            if not self.closed:
+                self._ensure(target)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self.stop()
+
+    def _ensure(self, target: Path | None) -> None:
         if self.failed or target is None:
             return
         if target == self.target and self.observer is not None:
@@ -334,7 +346,7 @@ class CheckpointWatcher:
         finally:
             stop_task.cancel()
             if events is not None:
-                _in_daemon(events.stop)  # joins watchdog's thread: not on the loop, not awaited
+                _in_daemon(events.close)  # joins watchdog's thread: not on the loop, not awaited
 
     def _scan_and_watch(self, events: _Events | None) -> list[Finding]:
         """One scan, then the filesystem watch it calls for: watchdog's setup walks the tree

@@ -2,7 +2,9 @@
 
 The output is meant to be copied into a config file and edited, so it must load back
 to the same values: strings are quoted whenever YAML would read them otherwise, and
-``${`` is escaped as ``$${`` so that nothing is interpolated on the way back.
+``${`` is escaped as ``$${`` so that nothing is interpolated on the way back. Secrets are
+the exception: they print as the ``${VAR}`` to take them from (webhook headers as
+``<redacted>``).
 """
 
 from __future__ import annotations
@@ -33,8 +35,14 @@ def _comment(doc: str) -> str:
     return f"  # {doc}" if doc else ""
 
 
+class EnvRef(str):
+    """A value printed as the ``${VAR}`` it should come from (a redacted secret): not escaped."""
+
+    __slots__ = ()
+
+
 def _string(text: str, in_flow: bool) -> str:
-    text = text.replace("${", "$${")
+    text = str(text) if isinstance(text, EnvRef) else text.replace("${", "$${")
     out = yaml.safe_dump(text, allow_unicode=True, width=float("inf")).removesuffix("\n...\n").rstrip("\n")
     plain = not out.startswith(("'", '"'))
     if "\n" in out or (in_flow and plain and _FLOW_UNSAFE & set(out)):
@@ -57,6 +65,8 @@ def _inline(value: Any, hint: Any, in_flow: bool = False) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return yaml.safe_dump(value).removesuffix("\n...\n").rstrip("\n")
+    if isinstance(value, EnvRef):
+        return _string(value, in_flow)
     if isinstance(value, (str, os.PathLike)):
         return _string(os.fspath(value), in_flow)
     args = typing.get_args(hint)
@@ -138,7 +148,9 @@ REDACTED = "<redacted>"
 
 
 def redacted(cfg: Config) -> Config:
-    """A copy with credentials replaced: `config show` output gets pasted into tickets."""
+    """A copy with credentials replaced: `config show` output gets pasted into tickets, and
+    copied into config files: a token becomes the ``${VAR}`` it should come from (so the copy
+    loads back, from the environment), header values ``<redacted>``."""
     from rankwatch.config.loader import SECRET_KEYS
 
     out = copy.deepcopy(cfg)
@@ -151,7 +163,7 @@ def redacted(cfg: Config) -> Config:
         if isinstance(value, dict):
             setattr(section, leaf, {k: REDACTED for k in value})
         elif value:
-            setattr(section, leaf, REDACTED)
+            setattr(section, leaf, EnvRef(f"${{{SECRET_KEYS[dotted]}}}"))
     return out
 
 

@@ -30,19 +30,29 @@ def _store(args: argparse.Namespace) -> DumpStore:
     dumps.dir: the folder the agents wrote to, without retyping it."""
     if args.dir:
         return DumpStore(Path(args.dir))
+    if os.environ.get("RANKWATCH_DUMPS_DIR"):
+        return DumpStore(default_dir())
     cfg = _config(args)
-    if cfg is not None and not os.environ.get("RANKWATCH_DUMPS_DIR"):
-        return DumpStore(Path(cfg.dumps.dir))
-    return DumpStore(default_dir())
+    return DumpStore(Path(cfg.dumps.dir) if cfg is not None else default_dir())
 
 
 def _config(args: argparse.Namespace):  # -> Config | None
-    path = getattr(args, "config", None) or os.environ.get("RANKWATCH_CONFIG")
+    """The agents' config, for its dumps.dir and run name. One given with --config must load
+    (exit 2 otherwise); one only named by $RANKWATCH_CONFIG may need variables this shell
+    lacks (the Slack token): then the defaults, with a note."""
+    from rankwatch.config.loader import ConfigError, load_config
+
+    given = getattr(args, "config", None)
+    path = given or os.environ.get("RANKWATCH_CONFIG")
     if not path:
         return None
-    from rankwatch.config.loader import load_config
-
-    return load_config(path)
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        if given:
+            raise
+        print(f"rankwatch dumps: ignoring $RANKWATCH_CONFIG ({e}); use --dir", file=sys.stderr)
+        return None
 
 
 def _find(store: DumpStore, args: argparse.Namespace) -> IncidentInfo | None:

@@ -120,7 +120,12 @@ class Services:
         if self.agent.identity.job_end is not None:
             self._tasks.append(asyncio.create_task(self._deadline_loop(), name="deadline"))
         if self.cfg.dumps.on_stall and float(self.cfg.dumps.join_peers) > 0:
-            self._tasks.append(asyncio.create_task(self._join_peer_incidents(), name="join-incidents"))
+            if self.agent.identity.run == "default":
+                # No job id, no torchrun run id, no run.name: unrelated jobs sharing the dumps
+                # folder would py-spy each other's ranks into one incident.
+                log.info("dumps.join_peers off: the run has no name (set run.name; Slurm, torchrun set one)")
+            else:
+                self._tasks.append(asyncio.create_task(self._join_peer_incidents(), name="join-incidents"))
         if self.want_server:
             await self._start_server()
         if self.on_start is not None:
