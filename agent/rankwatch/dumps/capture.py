@@ -245,6 +245,7 @@ def capture(
     notes: list[str] = []
     failed = (text, error)
     child_failures: list[tuple[str, str]] = []
+    wrapper = threads is None
     if threads is None:
         # `rankwatch run -- bash train.sh`: the rank is the shell's Python child, not the shell.
         if error != "not a python process" or not subprocesses:
@@ -268,7 +269,7 @@ def capture(
                 notes.append(f"child pid {child}: {child_error}")
                 child_failures.append((child_text, child_error))
 
-    if not threads:
+    if wrapper and not threads:
         # A wrapper: say why its Python children were not read (ptrace refused, a timeout) before
         # saying that there were none.
         text, error = child_failures[0] if child_failures else failed
