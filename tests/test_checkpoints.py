@@ -135,6 +135,7 @@ def write_hf(
 def catalog(root: Path, clock: Clock, **cfg: Any) -> Catalog:
     cfg.setdefault("settle", 5.0)
     cfg.setdefault("incomplete_after", 60.0)
+    cfg.setdefault("corrupt_after", 60.0)
     return Catalog(root, CheckpointConfig(**cfg), clock=clock.mono, wall=clock.wall)
 
 
@@ -1093,3 +1094,19 @@ def test_async_watcher_reports_writing_while_a_save_runs(tmp_path: Path) -> None
     clock.advance(1000)
     w.tick()
     assert not w.writing and w.catalog.entries["checkpoint-8"].status == "incomplete"
+
+
+def test_a_cut_markerless_save_is_corrupt_after_corrupt_after_not_the_quarter_hour(tmp_path: Path) -> None:
+    """A truncated .safetensors (no completion marker to wait for) is reported two minutes after its
+    last write by default, not after incomplete_after (15 min): the moment it matters."""
+    clock = Clock()
+    cat = Catalog(tmp_path, CheckpointConfig(settle=5.0), clock=clock.mono, wall=clock.wall)
+    f = tmp_path / "model_step100.safetensors"
+    _save_st(f, {"w": _rand(32, 16)})
+    f.write_bytes(f.read_bytes()[:-64])
+    update(cat)
+    clock.advance(60)
+    assert update(cat) == []  # a writer that paused still has time
+    clock.advance(61)
+    found = update(cat)
+    assert kinds(found) == [("checkpoint_corrupt", "critical", False)]

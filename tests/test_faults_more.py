@@ -107,7 +107,7 @@ def test_checkpoint_dir_on_a_full_filesystem_warns_before_and_judges_the_torn_sa
         (ckpt / "ckpt_100.safetensors").write_bytes(data)
         extra = (
             f"gpu: {{enabled: false}}\ncheckpoints: {{dir: {ckpt}, mode: poll, poll_interval: 100ms,"
-            " settle: 300ms, incomplete_after: 1s}\n"
+            " settle: 300ms, incomplete_after: 1s, corrupt_after: 1s}\n"
         )
         cfg = config_from_yaml(_cfg_text(tmp_path, extra))
 

@@ -338,10 +338,16 @@ class Catalog:
                 if quiet >= give_up:
                     self._incomplete(e, quiet, findings)
                 continue
-            if e.marker is None and e.failed_sig == e.sig and quiet < give_up:
+            if e.marker is None and e.failed_sig == e.sig and quiet < self._markerless_give_up():
                 continue
             todo.append((e, self._candidate(e)))
         return todo
+
+    def _markerless_give_up(self) -> float:
+        """How long a save that fails its check but has no marker to wait for may still be
+        being written: ``corrupt_after``, not the quarter hour a missing marker gets."""
+        settle = float(self.cfg.settle)
+        return settle if self.oneshot else max(settle, float(self.cfg.corrupt_after))
 
     @staticmethod
     def _candidate(e: Entry) -> L.Candidate:
@@ -378,10 +384,9 @@ class Catalog:
     def _apply(self, e: Entry, v: Verdict | None, error: str | None, findings: list[Finding]) -> None:
         now, wall = self.clock(), self.wall()
         quiet = now - e.last_change
-        give_up = float(self.cfg.settle) if self.oneshot else float(self.cfg.incomplete_after)
         problem = v.first_problem if v is not None else None
         if v is None or not v.ok:
-            if e.marker is None and quiet < give_up:
+            if e.marker is None and quiet < self._markerless_give_up():
                 e.failed_sig = e.sig  # a markerless save may still be writing: give it time
                 return
             text = error or str(problem)

@@ -380,6 +380,11 @@ class CheckpointConfig:
     incomplete_after: Duration = opt(
         Duration(900.0), "a save with no completion marker this long after its last write is incomplete"
     )
+    corrupt_after: Duration = opt(
+        Duration(120.0),
+        "a layout without a completion marker (.ckpt, .pt, .safetensors) that fails its check is corrupt "
+        "once its files have not changed for this long (a writer that only paused gets this much time)",
+    )
     glob: str | None = opt(None, "extra checkpoints: glob relative to dir, e.g. 'runs/*/step_*.pt'")
     step_regex: str | None = opt(None, "regex whose first group is the step, applied to a checkpoint's name")
     max_depth: int = opt(3, "folder levels below dir searched for checkpoints")
