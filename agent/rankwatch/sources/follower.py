@@ -37,8 +37,9 @@ _FOLLOW_BATCH_BYTES = 128 << 10  # small batches: bounded loop latency and faste
 # holding this text is skipped unseen (a substring test runs at C speed; a regex did not).
 NOISE = " NCCL INFO "
 # ... unless it also holds one of these: stdout is block-buffered and shares the file with
-# NCCL's writes, so a step dict or an exception can arrive glued to an INFO line.
-RESCUE = ("loss", "Error")
+# NCCL's writes, so a step line (every format's holds "loss") can arrive glued to an INFO
+# line. Each word costs a scan of every chunk (~0.1 s per 200 MB), so there is one.
+RESCUE = ("loss",)
 _PIECE_BYTES = 32 << 10  # cache-sized batches of short-lived objects: measurably faster than 1 MiB
 _OBSERVER_RETRY_S = 5.0
 _MARK_BYTES = 64  # the last bytes read: copytruncate then a refill past our offset changes them
