@@ -328,6 +328,45 @@ def test_slack_incoming_webhook_mode_retries_5xx(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+def test_slack_resolve_goes_in_the_thread_another_agent_started(tmp_path: Path) -> None:
+    """With one agent per rank the grouped resolve is often sent by another agent than the
+    firing: it still lands in the firing's thread, found beside the alert board."""
+    from rankwatch.actions.alerts.threads import ThreadStore
+
+    async def go() -> None:
+        async with serve("/api/chat.postMessage", slack=True) as srv:
+            dumps = tmp_path / "dumps"
+            d = AlertDispatcher(config(tmp_path), IDENT, sinks=[slack_sink(srv)], dumps_dir=dumps)
+            async with running(d):  # rank 3's agent: its firing's thread id is shared
+                d.send(stall())
+                await until(lambda: len(srv.requests) == 1)
+            shared = dumps / "job42" / ".alerts" / "slack-threads"
+            await until(lambda: (shared / "stall-r3.json").exists())
+            other = slack_sink(srv)  # the agent of rank 0, leading the grouped resolve
+            other.share_threads(ThreadStore(shared))
+            members = [AlertMember(0, "progress resumed", 1300), AlertMember(3, "progress resumed", 1300)]
+            await other.deliver(AlertMessage("job42", "stall", Severity.CRITICAL, "resolved", members, "n"))
+            assert srv.requests[-1][1]["thread_ts"] == "1.000100"
+            assert not (shared / "stall-r3.json").exists()  # the episode is over
+
+    asyncio.run(go())
+
+
+def test_thread_store_ignores_what_it_cannot_use(tmp_path: Path) -> None:
+    from rankwatch.actions.alerts.threads import ThreadStore
+
+    store = ThreadStore(tmp_path / "t")
+    assert store.get("stall", [3], "C1", 1000.0) is None  # nothing yet, no folder
+    store.put("stall", [3, 4], "C1", "9.000100", 1000.0)
+    assert store.get("stall", [5, 4], "C1", 1001.0) == "9.000100"
+    assert store.get("stall", [3], "C2", 1001.0) is None  # another channel's thread
+    assert store.get("stall", [3], "C1", 1000.0 + 8 * 86400) is None  # too old to continue
+    (tmp_path / "t" / "stall-r3.json").write_text("{torn")
+    assert store.get("stall", [3], "C1", 1001.0) is None
+    store.drop("stall", [3, 4, 9])
+    assert not list((tmp_path / "t").glob("*.json"))
+
+
 # --- routing policy (fake clock) -------------------------------------------------------------
 def test_retry_after_is_capped_at_backoff_max(tmp_path: Path) -> None:
     """A server asking for a day's pause gets backoff_max (5 s here), not a parked queue."""

@@ -69,6 +69,7 @@ from rankwatch.actions.alerts.message import (
 )
 from rankwatch.actions.alerts.peers import PeerGroups, max_takeover_delay
 from rankwatch.actions.alerts.spool import Spool, SpoolEntry, spool_path
+from rankwatch.actions.alerts.threads import ThreadStore
 from rankwatch.config.schema import AlertsConfig
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
@@ -233,6 +234,11 @@ class AlertDispatcher:
         if identity.rank is not None:
             self._ranks.add(identity.rank)
         self.peers = self._make_peers(dumps_dir)
+        shared = board_path(self.cfg.board_dir, dumps_dir, self.identity.run)
+        for s in self.sinks:
+            share = getattr(s, "share_threads", None)
+            if shared is not None and callable(share):
+                share(ThreadStore(shared / "slack-threads"))
 
     def _make_peers(self, dumps_dir: str | Path | None) -> PeerGroups | None:
         path = board_path(self.cfg.board_dir, dumps_dir, self.identity.run)

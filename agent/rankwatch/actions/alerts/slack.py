@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -16,6 +18,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from rankwatch.actions.alerts.message import AlertMessage, DeliveryError, iso, rank_list
+from rankwatch.actions.alerts.threads import ThreadStore, off_loop
 from rankwatch.config.schema import SlackConfig
 from rankwatch.records import Severity
 
@@ -31,6 +34,7 @@ RESOLVED_EMOJI = ":white_check_mark:"
 # (token, channel, payload) and retrying only repeats it.
 TRANSIENT = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
 MAX_THREADS = 10_000
+THREAD_IO_S = 2.0  # reading or writing a shared thread id; past it the message goes unthreaded
 BLOCK_TEXT_MAX = 3000  # Slack rejects a section whose text is longer (invalid_blocks)
 # Evidence lists in the order a human wants them: the error, then what the log said last.
 EVIDENCE_LISTS = {"traceback": "Traceback (last lines)", "lines": "Error lines", "tail": "Log tail"}
@@ -166,7 +170,21 @@ class SlackSink:
         else:
             raise ValueError("slack needs token + channel or webhook_url")
         self._threads: dict[tuple[str, int | None, str], str] = {}
+        self._store: ThreadStore | None = None
         self._logged: set[str] = set()
+
+    def share_threads(self, store: ThreadStore) -> None:
+        """Keep thread ids where the run's other agents (and this one after a restart) find them."""
+        self._store = store
+
+    async def _shared(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return await off_loop(fn, *args, timeout=THREAD_IO_S)
+        except Exception as e:  # threading is a nicety: the alert goes out regardless
+            if "threads" not in self._logged:
+                self._logged.add("threads")
+                log.warning("Slack thread ids not shared (%s): resolves may start new threads", e)
+            return None
 
     async def deliver(self, alert: AlertMessage) -> None:
         blocks = build_blocks(alert)
@@ -185,6 +203,10 @@ class SlackSink:
         thread = None
         if alert.status == "resolved" or alert.repeat:
             thread = next((self._threads[k] for k in keys if k in self._threads), None)
+            if thread is None and self._store is not None:
+                thread = await self._shared(
+                    self._store.get, alert.kind, alert.ranks, self.channel, time.time()
+                )
         try:
             resp = await self._web.chat_postMessage(
                 channel=self.channel,
@@ -198,11 +220,17 @@ class SlackSink:
         if alert.status == "resolved":
             for k in keys:
                 self._threads.pop(k, None)
+            if self._store is not None:
+                await self._shared(self._store.drop, alert.kind, alert.ranks)
         elif not alert.repeat and isinstance(resp.get("ts"), str):
             for k in keys:
                 self._threads[k] = resp["ts"]
             while len(self._threads) > MAX_THREADS:
                 del self._threads[next(iter(self._threads))]
+            if self._store is not None:
+                await self._shared(
+                    self._store.put, alert.kind, alert.ranks, self.channel, resp["ts"], time.time()
+                )
 
     def _api_error(self, e: SlackApiError) -> DeliveryError:
         r = e.response

@@ -1,0 +1,91 @@
+"""Slack thread ids shared by the agents of a run, and kept across an agent's restart.
+
+A resolve belongs in the thread of its firing. With one agent per rank, the agent that
+sends a grouped resolve is often not the one that sent the firing, and a restarted agent
+has forgotten what it sent: both would post the resolve at the top of the channel. So the
+thread of each (kind, rank) is also written next to the alert board, one small file each:
+``<board>/slack-threads/<kind>-r<rank>.json``. Best effort: a file that cannot be read or
+written only costs the threading, never the alert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+MAX_AGE_S = 7 * 86400.0  # a thread older than this is not continued (nobody reads it any more)
+
+
+def _name(kind: str, rank: int | None) -> str:
+    safe = re.sub(r"[^a-z0-9_-]+", "_", kind.lower()).strip("_")[:64] or "kind"
+    return f"{safe}-r{rank if rank is not None else 'x'}.json"
+
+
+class ThreadStore:
+    """Blocking file operations; the Slack sink runs them off the event loop with a timeout."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def get(self, kind: str, ranks: Iterable[int | None], channel: str, now: float) -> str | None:
+        for rank in ranks:
+            try:
+                doc = json.loads((self.path / _name(kind, rank)).read_bytes())
+            except (OSError, ValueError, RecursionError):
+                continue
+            if not isinstance(doc, dict):
+                continue
+            ts, ch, t = doc.get("ts"), doc.get("channel"), doc.get("time")
+            if isinstance(ts, str) and ch == channel and isinstance(t, (int, float)) and now - t < MAX_AGE_S:
+                return ts
+        return None
+
+    def put(self, kind: str, ranks: Iterable[int | None], channel: str, ts: str, now: float) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        data = json.dumps({"ts": ts, "channel": channel, "time": now}).encode()
+        for rank in ranks:
+            final = self.path / _name(kind, rank)
+            tmp = self.path / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+            try:
+                tmp.write_bytes(data)
+                os.replace(tmp, final)
+            except OSError:
+                tmp.unlink(missing_ok=True)
+                raise
+
+    def drop(self, kind: str, ranks: Iterable[int | None]) -> None:
+        for rank in ranks:
+            (self.path / _name(kind, rank)).unlink(missing_ok=True)
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, timeout: float) -> T:
+    """``fn(*args)`` on a daemon thread (a hung shared filesystem strands the thread, not the
+    loop or the agent's exit); TimeoutError after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, even if abandoned
+
+    def settle(ok: bool, value: Any) -> None:
+        if not fut.done():
+            fut.set_result(value) if ok else fut.set_exception(value)
+
+    def work() -> None:
+        try:
+            ok, value = True, fn(*args)
+        except Exception as e:
+            ok, value = False, e
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, ok, value)
+
+    threading.Thread(target=work, name="rankwatch-slack-threads", daemon=True).start()
+    return await asyncio.wait_for(asyncio.shield(fut), timeout)
