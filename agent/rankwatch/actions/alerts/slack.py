@@ -174,7 +174,7 @@ class SlackSink:
         self._logged: set[str] = set()
 
     def share_threads(self, store: ThreadStore) -> None:
-        """Keep thread ids where the run's other agents (and this one after a restart) find them."""
+        """Keep thread ids where the run's other agents find them (beside the alert board)."""
         self._store = store
 
     async def _shared(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -1,8 +1,8 @@
-"""Slack thread ids shared by the agents of a run, and kept across an agent's restart.
+"""Slack thread ids shared by the agents of a run.
 
 A resolve belongs in the thread of its firing. With one agent per rank, the agent that
-sends a grouped resolve is often not the one that sent the firing, and a restarted agent
-has forgotten what it sent: both would post the resolve at the top of the channel. So the
+sends a grouped resolve is often not the one that sent the firing, and it would post the
+resolve at the top of the channel. So the
 thread of each (kind, rank) is also written next to the alert board, one small file each:
 ``<board>/slack-threads/<kind>-r<rank>.json``. Best effort: a file that cannot be read or
 written only costs the threading, never the alert.
