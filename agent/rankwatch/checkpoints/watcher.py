@@ -24,6 +24,7 @@ from rankwatch.checkpoints import CheckpointConfig
 from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.catalog import Catalog, Entry
 from rankwatch.detectors import checkpoints as rules
+from rankwatch.offloop import in_daemon
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 
 log = logging.getLogger("rankwatch.checkpoints")
@@ -115,27 +116,7 @@ class _Events:
 
 
 def _in_daemon(fn: Callable[[], Any]) -> asyncio.Future[Any]:
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = loop.create_future()
-
-    def done(ok: bool, value: Any) -> None:
-        if fut.done():
-            return
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-
-    def body() -> None:
-        try:
-            result: tuple[bool, Any] = (True, fn())
-        except BaseException as exc:  # handed to the loop, logged there
-            result = (False, exc)
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(done, *result)
-
-    threading.Thread(target=body, name="rankwatch-checkpoints", daemon=True).start()
-    return fut
+    return in_daemon(fn, name="rankwatch-checkpoints")
 
 
 class CheckpointWatcher:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -28,6 +27,7 @@ from rankwatch.exporter.config import ConfigReloadCollector
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.exporter.view import identity_labels, rank_views
 from rankwatch.gpu.backend import GpuBackend, GpuSample
+from rankwatch.offloop import in_daemon
 from rankwatch.records import Finding, StepRecord
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource
@@ -387,7 +387,7 @@ class Services:
             if self._stop.is_set() or not self.cfg.dumps.on_stall:
                 return
             if inflight is None:
-                inflight = _in_daemon(self.agent.peer_incident, "rankwatch-join")
+                inflight = in_daemon(self.agent.peer_incident, name="rankwatch-join")
             try:
                 incident = await asyncio.wait_for(asyncio.shield(inflight), 10.0)
             except asyncio.TimeoutError:
@@ -474,24 +474,3 @@ class Services:
         if self.server is not None:
             with contextlib.suppress(Exception):
                 await self.server.close()
-
-
-def _in_daemon(fn: Callable[[], Any], name: str) -> asyncio.Future[Any]:
-    """``fn`` on a daemon thread; its result (or exception) lands in the returned future."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = loop.create_future()
-
-    def settle(ok: bool, value: Any) -> None:
-        if not fut.done():
-            fut.set_result(value) if ok else fut.set_exception(value)
-
-    def body() -> None:
-        try:
-            result: tuple[bool, Any] = (True, fn())
-        except Exception as exc:
-            result = (False, exc)
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, *result)
-
-    threading.Thread(target=body, name=name, daemon=True).start()
-    return fut

@@ -52,6 +52,7 @@ from rankwatch.actions.alerts.board import (
     stamp,
 )
 from rankwatch.actions.alerts.message import AlertMember
+from rankwatch.offloop import in_daemon
 from rankwatch.records import Severity
 
 if TYPE_CHECKING:
@@ -419,35 +420,7 @@ class PeerGroups:
 
 
 def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-    """``fn(*args)`` on a daemon thread of its own. Not ``asyncio.to_thread``: the default
-    executor's threads are joined when ``asyncio.run`` returns, so one stuck on a dead NFS
-    mount would keep the agent from exiting; a daemon thread is simply left behind."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = loop.create_future()
-    fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, even if abandoned
-
-    def settle(ok: bool, value: Any) -> None:
-        if fut.done():
-            return
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-
-    def work() -> None:
-        try:
-            ok, value = True, fn(*args)
-        except Exception as e:
-            ok, value = False, e
-        except BaseException as e:  # never raise SystemExit & co. into the loop
-            ok, value = False, RuntimeError(repr(e))
-        try:
-            loop.call_soon_threadsafe(settle, ok, value)
-        except RuntimeError:
-            pass  # the loop is closed: nobody waits for it any more
-
-    threading.Thread(target=work, name="rankwatch-board", daemon=True).start()
-    return fut
+    return in_daemon(fn, *args, name="rankwatch-board")
 
 
 def _still_open(view: View, e: Entry, status: str) -> bool:

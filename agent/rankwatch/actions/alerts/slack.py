@@ -18,8 +18,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from rankwatch.actions.alerts.message import AlertMessage, DeliveryError, iso, rank_list
-from rankwatch.actions.alerts.threads import ThreadStore, off_loop
+from rankwatch.actions.alerts.threads import ThreadStore
 from rankwatch.config.schema import SlackConfig
+from rankwatch.offloop import call
 from rankwatch.records import Severity
 
 log = logging.getLogger("rankwatch.alerts.slack")
@@ -179,7 +180,7 @@ class SlackSink:
 
     async def _shared(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
-            return await off_loop(fn, *args, timeout=THREAD_IO_S)
+            return await call(fn, *args, timeout=THREAD_IO_S, name="rankwatch-slack-threads")
         except Exception as e:  # threading is a nicety: the alert goes out regardless
             if "threads" not in self._logged:
                 self._logged.add("threads")

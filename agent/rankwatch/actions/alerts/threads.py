@@ -10,18 +10,12 @@ written only costs the threading, never the alert.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import re
 import secrets
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
-
-T = TypeVar("T")
 
 MAX_AGE_S = 7 * 86400.0  # a thread older than this is not continued (nobody reads it any more)
 
@@ -66,26 +60,3 @@ class ThreadStore:
     def drop(self, kind: str, ranks: Iterable[int | None]) -> None:
         for rank in ranks:
             (self.path / _name(kind, rank)).unlink(missing_ok=True)
-
-
-async def off_loop(fn: Callable[..., T], *args: Any, timeout: float) -> T:
-    """``fn(*args)`` on a daemon thread (a hung shared filesystem strands the thread, not the
-    loop or the agent's exit); TimeoutError after ``timeout``."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[T] = loop.create_future()
-    fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, even if abandoned
-
-    def settle(ok: bool, value: Any) -> None:
-        if not fut.done():
-            fut.set_result(value) if ok else fut.set_exception(value)
-
-    def work() -> None:
-        try:
-            ok, value = True, fn(*args)
-        except Exception as e:
-            ok, value = False, e
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, ok, value)
-
-    threading.Thread(target=work, name="rankwatch-slack-threads", daemon=True).start()
-    return await asyncio.wait_for(asyncio.shield(fut), timeout)
