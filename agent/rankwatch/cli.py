@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser(
         "analyze",
         parents=[common],
-        help="run the parsers and detectors over finished log files (one per rank)",
+        help="parsers and detectors over finished logs, one file per rank",
         description="Analyze finished logs. Rank comes from the file name (rank-3.log) or from launcher "
         "prefixes on each line. Exit 0: nothing of severity warning or above; 1: such findings; "
         "2: bad input.",
@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "run",
         parents=[live],
-        help="launch CMD as the watched rank (output to a log file the agent follows and echoes)",
+        help="launch CMD as the watched rank, following its output file",
         description="Launch CMD as the watched rank. Its output goes to a log file (runner.log_dir) that "
         "the agent follows and echoes; SIGTERM/SIGINT/SIGHUP/SIGUSR2 are forwarded; SIGUSR1 captures stack "
         "dumps. The exit status is the child's (128+N for signal N).",
@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser(
         "watch",
         parents=[live],
-        help="attach to running processes and their logs (sidecar, srun --overlap)",
+        help="attach to running ranks and logs (sidecar, srun --overlap)",
     )
     w.add_argument("--pid", type=int, action="append", help="process to watch (repeatable)")
     w.add_argument(
@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser(
         "demo",
-        help="simulated 4-rank job with injected faults and a live agent per rank (about a minute)",
+        help="4 simulated ranks with injected faults, an agent each (~20 s)",
     )
     d.add_argument("--ranks", type=int, default=4, help="number of simulated ranks (2..8)")
     d.add_argument("--workdir", help="where logs and dumps go (default: a temporary folder)")
