@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -160,11 +161,17 @@ def test_srun_label_prefixes_split_one_file_into_ranks(
 
 def test_python_dash_m_and_help() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "rankwatch", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "rankwatch", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, COLUMNS="80"),
     )
     assert out.returncode == 0
-    for cmd in ("analyze", "config", "dumps"):
-        assert cmd in out.stdout
+    for cmd in ("analyze", "run", "watch", "demo", "config", "dumps", "checkpoints"):
+        # one line each, even on an 80-column terminal
+        (line,) = [x for x in out.stdout.splitlines() if x.strip().startswith(cmd + " ")]
+        assert len(line) <= 80 and len(line.split(None, 1)[1]) > 20, line
     ver = subprocess.run(
         [sys.executable, "-m", "rankwatch", "--version"], capture_output=True, text=True, timeout=60
     )
