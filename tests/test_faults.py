@@ -469,6 +469,46 @@ def test_wall_clock_jump_neither_fires_nor_resolves_a_stall(
     assert [(f.kind, f.resolved) for f in found] == [("stall", False), ("stall", True)]
 
 
+@pytest.mark.parametrize("jump", [3600.0, -3600.0])
+def test_wall_clock_jump_neither_repeats_nor_holds_back_an_alert(tmp_path: Path, jump: float) -> None:
+    """Repeat interval, group wait and retry backoff run on the dispatcher's monotonic clock: a
+    wall-clock step sends no early "still firing" and delays nothing."""
+    from faultlib import IDENT, FakeClock, fake_slack
+    from rankwatch.actions.alerts import AlertDispatcher
+
+    async def main() -> None:
+        mono, wall = FakeClock(), [1.7e9]
+        async with fake_slack() as slack:
+            cfg = _slack_cfg(tmp_path, slack.url, repeat_interval=600.0, group_wait=5.0)
+            d = AlertDispatcher(cfg, IDENT, clock=mono, wall=lambda: wall[0], rng=lambda: 0.5)
+            task = asyncio.create_task(d.run())
+
+            async def tick(seconds: int) -> None:
+                for _ in range(seconds):
+                    mono.advance(1.0)
+                    wall[0] += 1.0
+                    d.wake()
+                    await asyncio.sleep(0.002)
+
+            d.send(_finding("nan_loss", 10))
+            wall[0] += jump  # before the group left: group_wait is not cut short nor stretched
+            await tick(4)
+            assert slack.posted == []
+            await tick(2)
+            assert await until(lambda: len(slack.posted) == 1)
+            wall[0] += jump  # and after: no early repeat, none held back
+            d.send(_finding("nan_loss", 11))
+            await tick(590)
+            assert len(slack.posted) == 1
+            await tick(30)
+            assert await until(lambda: len(slack.posted) == 2)
+            assert "still firing" in slack.posted[1]["text"]
+            await d.close(2.0)
+            await asyncio.wait_for(task, 5)
+
+    asyncio.run(main())
+
+
 # --- py-spy missing, ptrace denied -----------------------------------------------------------
 @pytest.mark.parametrize("broken", ["missing", "ptrace_denied"])
 def test_dump_without_py_spy_or_ptrace_is_reported_once_and_the_rank_is_untouched(
