@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -182,3 +184,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every live one, then wait for each (bounded), SIGKILL what does not go."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()

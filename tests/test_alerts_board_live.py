@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -64,13 +63,8 @@ def test_two_agents_send_one_grouped_stall_alert(tmp_path: Path) -> None:
         assert len(stalls) == 1, json.dumps(got, indent=1)[:3000]
         assert stalls[0]["ranks"] == [0, 1], json.dumps(stalls[0])[:2000]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        from faultlib import stop_processes
+
+        stop_processes(procs)
         srv.shutdown()
         srv.server_close()

@@ -293,14 +293,9 @@ def test_two_rank_hang_dumps_and_diff_names_the_hung_rank(tmp_path: Path) -> Non
         )
         assert "suspect: rank 1" in out.stdout, out.stdout
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        from faultlib import stop_processes
+
+        stop_processes(procs)
 
 
 def test_silent_rank_joins_the_incident_its_logging_peer_opened(tmp_path: Path) -> None:
@@ -342,14 +337,9 @@ def test_silent_rank_joins_the_incident_its_logging_peer_opened(tmp_path: Path) 
         )  # fmt: skip
         assert "suspect: rank 0" in out.stdout, out.stdout
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        from faultlib import stop_processes
+
+        stop_processes(procs)
 
 
 @pytest.mark.parametrize("bad", [["run"], ["run", "--"]])

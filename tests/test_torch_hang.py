@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -96,11 +95,6 @@ def test_gloo_hang_is_stalled_dumped_and_diffed(tmp_path: Path) -> None:
         )
         assert "suspect: rank 1" in out.stdout, out.stdout
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        from faultlib import stop_processes
+
+        stop_processes(procs)
