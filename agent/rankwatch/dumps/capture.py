@@ -243,16 +243,15 @@ def capture(
     processes = [_process_info(pid)]
     threads, error, text = _dump_once(command, pid, timeout)
     notes: list[str] = []
-    failed = (text, error)
+    failed: tuple[str, str] | None = None  # the wrapper's own failure, when the pid is not Python
     child_failures: list[tuple[str, str]] = []
-    wrapper = threads is None
     if threads is None:
         # `rankwatch run -- bash train.sh`: the rank is the shell's Python child, not the shell.
         if error != "not a python process" or not subprocesses:
             return result(False, [], text, error, processes=processes)
         cmd = processes[0].get("cmdline") or "?"
         notes.append(f"pid {pid} ({cmd}) is not a Python process: its Python descendants were dumped")
-        threads, processes = [], []
+        failed, threads, processes = (text, error), [], []
     if subprocesses:
         seen = {t.get("pid") for t in threads}
         for child in [c for c in _children(pid) if c not in seen][:MAX_CHILDREN]:
@@ -269,7 +268,7 @@ def capture(
                 notes.append(f"child pid {child}: {child_error}")
                 child_failures.append((child_text, child_error))
 
-    if wrapper and not threads:
+    if failed is not None and not threads:
         # A wrapper: say why its Python children were not read (ptrace refused, a timeout) before
         # saying that there were none.
         text, error = child_failures[0] if child_failures else failed

@@ -85,8 +85,11 @@ class DumpStore:
         self.notes.append(message)
         log.warning("dump store: %s", message)
 
+    def run_dir(self, run: str) -> Path:
+        return self.root / sanitise_run(run)
+
     def incident_dir(self, run: str, incident: str) -> Path:
-        path = self.root / sanitise_run(run) / _sanitise(incident, "A-Za-z0-9_-", lower=False, default="x")
+        path = self.run_dir(run) / _sanitise(incident, "A-Za-z0-9_-", lower=False, default="x")
         path.mkdir(parents=True, exist_ok=True)
         return path
 
@@ -152,7 +155,7 @@ class DumpStore:
         out: list[IncidentInfo] = []
         if not self.root.is_dir():
             return out
-        runs = sorted(self.root.iterdir()) if run is None else [self.root / sanitise_run(run)]
+        runs = sorted(self.root.iterdir()) if run is None else [self.run_dir(run)]
         for run_dir in runs:
             if not run_dir.is_dir() or run_dir.name.startswith("."):
                 continue

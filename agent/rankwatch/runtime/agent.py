@@ -24,7 +24,7 @@ import psutil
 from rankwatch.config.schema import Config
 from rankwatch.dumps.capture import capture, find_py_spy
 from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scope
-from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason, sanitise_run
+from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
 from rankwatch.runtime.watcher import RankWatcher
@@ -182,8 +182,8 @@ class Agent:
         since = now - timedelta(seconds=JOIN_WINDOW_S)
         found = [
             i
-            for i in self.store.list_incidents(self.identity.run, since=since)
-            if i.reason == why and abs((now - i.time).total_seconds()) <= JOIN_WINDOW_S
+            for i in self.store.list_incidents(self.identity.run, since=since)  # not older than the window
+            if i.reason == why and (i.time - now).total_seconds() <= JOIN_WINDOW_S  # nor far ahead (skew)
         ]
         return sorted(found, key=lambda i: (i.time, i.name))
 
@@ -195,11 +195,11 @@ class Agent:
             # Create it now, not when the first dump lands: an agent firing a second later
             # (another UTC second) must find it, or one hang splits into two folders.
             name = incident_name(reason, now)
-            self.store.incident_dir(self.identity.run, name)
+            mine = self.store.incident_dir(self.identity.run, name)
             first = self._joinable(reason, now)[0]
             if first.name != name:  # a peer named one at the same moment: the oldest wins
                 with contextlib.suppress(OSError):
-                    first.path.parent.joinpath(name).rmdir()
+                    mine.rmdir()
             return first.name
         except Exception:
             log.debug("could not list or create incidents", exc_info=True)
@@ -218,7 +218,7 @@ class Agent:
         # One stat per poll while nothing happens: a new incident changes the run folder's
         # mtime; one still being written (no rank file yet) is looked at again until it has one.
         try:
-            mtime = (self.store.root / sanitise_run(self.identity.run)).stat().st_mtime_ns
+            mtime = self.store.run_dir(self.identity.run).stat().st_mtime_ns
         except OSError:
             return None
         settled = time.time() - mtime / 1e9 > 2.0  # coarse mtimes (NFS): a second may hide a change
