@@ -239,7 +239,7 @@ class Services:
 
     async def _gpu_loop(self) -> None:
         hang_after = max(NVML_HANG_S, 3 * float(self.cfg.gpu.call_timeout))
-        self.nvml_hang = NvmlHangRule(hang_after, self.agent.identity.rank)
+        nvml_hang = NvmlHangRule(hang_after, self.agent.identity.rank)
         loop = asyncio.get_running_loop()
         next_map = loop.time() + GPU_REMAP_S
         known: set[int] = set()
@@ -257,7 +257,7 @@ class Services:
                     self.on_gpu_samples(samples)
             except Exception:
                 self._failed("gpu", "GPU sampling round failed")
-            for f in self.nvml_hang.observe(self.sampler.hung_for()):
+            for f in nvml_hang.observe(self.sampler.hung_for()):
                 self.agent.emit(f)
             if self.sampler.errors + self.sampler.timeouts > failures:
                 # The sampler logged it once; a round with failed NVML calls still counts.

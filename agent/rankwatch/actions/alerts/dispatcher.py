@@ -233,17 +233,14 @@ class AlertDispatcher:
         self._ranks: set[int] = {r for r in ranks if r is not None}
         if identity.rank is not None:
             self._ranks.add(identity.rank)
-        self.peers = self._make_peers(dumps_dir)
-        shared = board_path(self.cfg.board_dir, dumps_dir, self.identity.run)
+        path = board_path(self.cfg.board_dir, dumps_dir, self.identity.run)
+        self.peers = self._make_peers(path) if path is not None else None
         for s in self.sinks:
             share = getattr(s, "share_threads", None)
-            if shared is not None and callable(share):
-                share(ThreadStore(shared / "slack-threads"))
+            if path is not None and callable(share):
+                share(ThreadStore(path / "slack-threads"))
 
-    def _make_peers(self, dumps_dir: str | Path | None) -> PeerGroups | None:
-        path = board_path(self.cfg.board_dir, dumps_dir, self.identity.run)
-        if path is None:
-            return None
+    def _make_peers(self, path: Path) -> PeerGroups | None:
         takeover = float(self.cfg.board_takeover)
         chain = float(self.cfg.group_wait) + max_takeover_delay(takeover) + 2 * takeover
         stale = max(STALE_MIN_S, float(self.cfg.startup_quiet) + chain)
