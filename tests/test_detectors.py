@@ -9,6 +9,7 @@ from rankwatch.config.schema import DetectorsConfig, RankLagConfig
 from rankwatch.detectors.crossrank import cross_rank
 from rankwatch.engine import RankEngine
 from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Severity, StepRecord
+from rankwatch.state import HISTORY, RankState
 
 
 def healthy(step: int, rng: random.Random) -> StepRecord:
@@ -415,3 +416,18 @@ def test_loss_scale_collapse_message_names_the_scale_from_overflow_lines() -> No
         recs.append(StepRecord(step=s, loss=2.0, learning_rate=1e-4, skipped_iters=1))
     (f,) = [f for f in run(recs) if f.kind == "loss_scale_collapse"]
     assert "scale n/a" not in f.message
+
+
+def test_recent_windows_skip_non_finite_values_and_keep_order() -> None:
+    st = RankState(rank=0)
+    vals = [1.0, math.nan, 2.0, None, math.inf, 3.0, 4.0]
+    for i, v in enumerate(vals, 1):
+        st.add(StepRecord(step=i, loss=v, learning_rate=v, tokens_per_s=v))
+    for attr in ("loss", "learning_rate", "tokens_per_s"):  # tracked apart, and walked
+        assert st.recent(attr, 3) == [2.0, 3.0, 4.0]
+        assert st.recent(attr, 10) == [1.0, 2.0, 3.0, 4.0]
+        assert st.recent(attr, 0) == []
+    for i in range(HISTORY + 5):
+        st.add(StepRecord(step=100 + i, loss=float(i)))
+    assert len(st.recent("loss", 10 * HISTORY)) == HISTORY
+    assert st.recent("loss", 2) == [HISTORY + 3.0, HISTORY + 4.0]

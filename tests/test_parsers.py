@@ -116,6 +116,33 @@ def test_megatron_variants() -> None:
     assert c.total_steps is None and c.loss == pytest.approx(7.1)
 
 
+def test_megatron_layout_fast_path_reads_what_the_general_walk_reads() -> None:
+    """After its first iteration line the parser matches the next ones against that line's
+    layout; a line that differs in any way must still read as a fresh parser reads it."""
+    head = " iteration {it:>8}/    1000 | consumed samples: {c:>8} | elapsed time per iteration (ms): {ms} | "
+    lines = [
+        head + "learning rate: 1.0E-04 | lm loss: {loss} | loss scale: 1.0 | grad norm: {gn} |",
+        head + "learning rate: 1.0E-04 | lm loss: {loss} | loss scale: 1.0 | grad norm: {gn} |   ",
+        head + "learning rate: 1.0E-04 | lm loss: {loss} | loss scale: 1.0 | grad norm: {gn} | extra: 3 |",
+        head + "learning rate: 1.0E-04 | lm loss: {loss} | loss scale: 1.0 | grad norm: {gn} | tail",
+        head + "learning rate: 1.0E-04 | z loss: 0.5 | lm loss: {loss} | loss scale: 1.0 | grad norm: {gn} |",
+        head + "lm loss: {loss} | learning rate: 1.0E-04 | loss scale: 1.0 | grad norm: {gn} |",
+    ]
+    values = [("2.5", "0.3", "900.0"), ("nan", "inf", "901.5"), ("2.4", "-", "N/A")]
+    values.append(("1,234.5", "0.1", " 7 "))
+    warm = MegatronParser()
+    warm.parse(LogLine(lines[0].format(it=1, c=8, loss="3.0", gn="1.0", ms="1.0"), 1))
+    assert warm._layout is not None
+    n = 1
+    for tpl in lines:
+        for loss, gn, ms in values:
+            n += 1
+            text = tpl.format(it=n, c=8 * n, loss=loss, gn=gn, ms=ms)
+            got = warm.parse(LogLine(text, n))
+            want = MegatronParser().parse(LogLine(text, n))
+            assert repr(got) == repr(want), text
+
+
 # ---------------------------------------------------------------- DeepSpeed
 
 DEEPSPEED_LOG = """\

@@ -22,11 +22,15 @@ class RankEngine:
         self.detectors: list[Detector] = build_detectors(cfg)
         self.internal_errors = 0
         self._logged: set[str] = set()
+        self._routes: dict[type, list[Detector]] = {}
 
     def feed(self, record: Record) -> list[Finding]:
         self.state.add(record)
         out: list[Finding] = []
-        for det in self.detectors:
+        route = self._routes.get(type(record))
+        if route is None:
+            route = self._routes[type(record)] = [d for d in self.detectors if isinstance(record, d.accepts)]
+        for det in route:
             try:
                 out.extend(det.observe(self.state, record))
             except Exception:

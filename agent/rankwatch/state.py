@@ -19,6 +19,9 @@ HISTORY = 4096
 # Upper bounds (seconds) of the printed step-time histogram: from 50 ms micro-steps to
 # the minutes a pipeline-parallel giant takes.
 STEP_TIME_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+# StepRecord fields whose recent finite values detectors ask for on every step: kept apart
+# as they arrive, so a window is a slice and not a walk over the records.
+TRACKED = ("loss", "grad_norm", "learning_rate", "step_time_s")
 
 
 def finite(x: float | None) -> bool:
@@ -46,6 +49,9 @@ class RankState:
     max_loss_scale: float | None = None
     last_loss_scale: float | None = None
     overflow_lines: int = 0  # the rank prints one line per overflow (DeepSpeed, Megatron fp16)
+    finite_values: dict[str, deque[float]] = field(
+        default_factory=lambda: {attr: deque(maxlen=HISTORY) for attr in TRACKED}
+    )
 
     def position(self, rec: StepRecord | None = None) -> int:
         """Step number where the log gives one, else the count of logged steps."""
@@ -62,6 +68,10 @@ class RankState:
                 record.step_inferred = True
             self.steps.append(record)
             self.step_count += 1
+            for attr, kept in self.finite_values.items():
+                v = getattr(record, attr)
+                if v is not None and v - v == 0:  # false for NaN and infinities
+                    kept.append(v)
             if self.last_step is None or record.step > self.last_step:
                 self.last_step = record.step
                 if record.time is not None:
@@ -100,17 +110,20 @@ class RankState:
             self.last_time = t
 
     def recent(self, attr: str, n: int) -> list[float]:
-        """Last ``n`` finite values of a StepRecord field, oldest first.
-
-        Detectors call this on every step, so the common case (the last ``n`` records all
-        carry a finite value) takes one C-level pass; ``v - v == 0`` is false for NaN and
-        infinities.
-        """
+        """Last ``n`` finite values of a StepRecord field, oldest first (of the last
+        ``HISTORY`` the rank printed)."""
+        kept = self.finite_values.get(attr)
+        if kept is not None:
+            if n >= len(kept):
+                return list(kept)
+            out = list(islice(reversed(kept), n))
+            out.reverse()
+            return out
         vals = [v for v in map(attrgetter(attr), islice(reversed(self.steps), n)) if v is not None]
         if len(vals) == n and all(v - v == 0 for v in vals):
             vals.reverse()
             return vals
-        out: list[float] = []
+        out = []
         for rec in reversed(self.steps):
             v = getattr(rec, attr)
             if finite(v):

@@ -13,12 +13,14 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import ClassVar
 
-from rankwatch.records import Finding, Record, Severity
+from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Record, Severity, StepRecord
 from rankwatch.state import RankState
 
 
 class Detector:
     kinds: ClassVar[tuple[str, ...]] = ()
+    # The record types observe() can act on; the engine hands it no others.
+    accepts: ClassVar[tuple[type, ...]] = (StepRecord, EvalRecord, ErrorRecord, OverflowRecord)
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
         raise NotImplementedError

@@ -29,6 +29,7 @@ class ErrorSignatureDetector(Detector):
     """One finding per distinct error; a flood of identical NCCL WARN lines becomes one."""
 
     kinds = tuple(FIXES)
+    accepts = (ErrorRecord,)
 
     def __init__(self) -> None:
         self.seen: set[tuple[str, str]] = set()

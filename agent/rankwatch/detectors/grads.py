@@ -29,6 +29,7 @@ class GradExplosionDetector(Detector):
     """
 
     kinds = ("grad_explosion",)
+    accepts = (StepRecord,)
 
     def __init__(self, cfg: GradExplosionConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -91,6 +92,7 @@ class GradExplosionDetector(Detector):
 
 class GradClippingDetector(Detector):
     kinds = ("grad_clipping_saturated",)
+    accepts = (StepRecord,)
 
     def __init__(self, cfg: GradClippingConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -147,6 +149,7 @@ class GradClippingDetector(Detector):
 
 class GradVanishingDetector(Detector):
     kinds = ("grad_vanishing",)
+    accepts = (StepRecord,)
 
     def __init__(self, cfg: GradVanishingConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -194,6 +197,7 @@ class LossScaleDetector(Detector):
     """fp16 dynamic loss scaling that keeps shrinking: every overflow is a skipped step."""
 
     kinds = ("loss_scale_collapse",)
+    accepts = (StepRecord, OverflowRecord)
 
     def __init__(self, cfg: LossScaleConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -220,10 +224,6 @@ class LossScaleDetector(Detector):
                 ]
             if scale is None:
                 return []
-        now = state.position()
-        # The scaler backing off from its initial 2^16..2^32 in the first steps is normal.
-        start = max(now - self.cfg.window, self.warmup)
-        recent = [s for s in state.overflows if s > start]
         peak = state.max_loss_scale
         collapsed = (
             finite(scale)
@@ -231,6 +231,12 @@ class LossScaleDetector(Detector):
             and peak is not None
             and peak > self.cfg.min_scale
         )
+        if not collapsed and len(state.overflows) < self.cfg.max_overflows:
+            return []  # every step of a healthy run: too few overflows ever to count
+        now = state.position()
+        # The scaler backing off from its initial 2^16..2^32 in the first steps is normal.
+        start = max(now - self.cfg.window, self.warmup)
+        recent = [s for s in state.overflows if s > start]
         if (collapsed or len(recent) >= self.cfg.max_overflows) and self.episode.open(now):
             return [
                 finding(

@@ -31,6 +31,7 @@ class NanDetector(Detector):
     """
 
     kinds = ("nan_loss",)
+    accepts = (StepRecord, EvalRecord)
 
     def __init__(self, cfg: NanConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -138,6 +139,7 @@ class LossSpikeDetector(Detector):
     """
 
     kinds = ("loss_spike",)
+    accepts = (StepRecord,)
 
     def __init__(self, cfg: LossSpikeConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -187,6 +189,7 @@ class LossDivergenceDetector(Detector):
     """A sustained rise of the median loss over whole windows, immune to single spikes."""
 
     kinds = ("loss_divergence",)
+    accepts = (StepRecord,)
 
     def __init__(self, cfg: LossDivergenceConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -245,6 +248,7 @@ class LossPlateauDetector(Detector):
     """No meaningful improvement over a long window. Info only: converged runs plateau too."""
 
     kinds = ("loss_plateau",)
+    accepts = (StepRecord,)
 
     def __init__(self, cfg: LossPlateauConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -294,6 +298,7 @@ class LossPlateauDetector(Detector):
 
 class OverfittingDetector(Detector):
     kinds = ("overfitting",)
+    accepts = (EvalRecord,)
 
     def __init__(self, cfg: OverfittingConfig, warmup_steps: int) -> None:
         self.cfg = cfg

@@ -34,6 +34,7 @@ class ThroughputDetector(Detector):
     (load, compile) never sets it; a drop must hold for several steps to count."""
 
     kinds = ("throughput_drop",)
+    accepts = (StepRecord,)
 
     def __init__(self, cfg: ThroughputConfig, warmup_steps: int) -> None:
         self.cfg = cfg

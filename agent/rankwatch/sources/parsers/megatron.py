@@ -61,12 +61,66 @@ def _cells(text: str) -> list[tuple[str, str]]:
     return out
 
 
+# The record's values, in the order _Layout.read and _cells hand them over.
+_ORDER = (
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "loss_scale",
+    "tokens_per_s",
+    "samples_per_s",
+    "step_time_ms",
+    "tflops",
+    "skipped_iters",
+    "nan_iters",
+)
+
+
+class _Layout:
+    """One run's iteration line as a pattern: each cell's own text, then its value."""
+
+    __slots__ = ("order", "rx")
+
+    def __init__(self, rx: re.Pattern[str], order: tuple[int, ...]) -> None:
+        self.rx = rx
+        self.order = order  # per _ORDER, the index of its value among the groups; -1: absent
+
+    @classmethod
+    def build(cls, keys: list[tuple[str, str | None]]) -> _Layout:
+        """``keys``: (the cell's text up to its value, the field it gives or None)."""
+        parts: list[str] = []
+        fields: list[str] = []
+        for prefix, field in keys:
+            if field is None:
+                parts.append(re.escape(prefix) + r"[^|]*\|")
+            else:
+                fields.append(field)
+                parts.append(re.escape(prefix) + r"([^|]*)\|")
+        at = {f: i for i, f in enumerate(fields)}
+        if "loss" not in at and "other_loss" in at:
+            at["loss"] = at["other_loss"]
+        return cls(re.compile("".join(parts) + r"\s*\Z"), tuple(at.get(f, -1) for f in _ORDER))
+
+    def read(self, text: str, start: int) -> list[float | None] | None:
+        """The values in ``_ORDER``, or None when the line differs from the layout in any way."""
+        m = self.rx.match(text, start)
+        if m is None:
+            return None
+        try:
+            vals: list[float | None] = list(map(float, m.groups()))
+        except ValueError:  # "nan" is a float; anything else goes the general way
+            return None
+        vals.append(None)
+        return [vals[i] for i in self.order]
+
+
 class MegatronParser:
     name: ClassVar[str] = "megatron"
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()
         self._last_iter: int | None = None
+        self._layout: _Layout | None = None
 
     def sniff(self, text: str) -> bool:
         if "|" not in text:
@@ -85,7 +139,8 @@ class MegatronParser:
         if "iteration" not in text and "validation loss" not in text:
             return []
         text = strip_ansi(text)
-        m = _ITER.search(text)
+        at = text.find("iteration")
+        m = _ITER.search(text, at) if at >= 0 else None
         if m is not None:
             return self._train(line, text, m)
         v = _VALID.search(text)
@@ -94,48 +149,33 @@ class MegatronParser:
         return []
 
     def _train(self, line: LogLine, text: str, m: re.Match[str]) -> list[Record]:
-        # The hot path of `analyze` on Megatron logs: one pass over the cells, float() first
-        # (it takes the surrounding blanks), the forgiving to_float only when that fails.
+        # The hot path of `analyze` on Megatron logs. A run prints the same cells in the same
+        # order every iteration, so the first line's layout becomes one compiled pattern and
+        # the next lines cost one match and a float() per wanted cell; any other line takes
+        # the general walk over its cells.
         it = to_int(m.group(1))
         total = to_int(m.group(2)) if m.group(2) != "infinity" else None
-        f: dict[str, float] = {}
-        other_loss: float | None = None
-        fields = _FIELDS
-        for cell in text[m.end() :].split("|"):
-            key, sep, raw = cell.rpartition(":")
-            if not sep:
-                key, _, raw = cell.strip().rpartition(" ")  # old releases: "learning rate 1.0E-04"
-                if not key:
-                    continue
-            key = key.strip().lower()
-            field = fields.get(key)
-            if field is None:
-                if other_loss is None and key.endswith("loss"):
-                    other_loss = _number(raw)
-                continue
-            if field in f:
-                continue
-            val = _number(raw)
-            if val is not None:
-                f[field] = val
-        if other_loss is not None and "loss" not in f:
-            f["loss"] = other_loss
-        step_ms = f.get("step_time_ms")
+        start = m.end()
+        vals = None
+        layout = self._layout
+        if layout is not None:
+            vals = layout.read(text, start)
+        if vals is None:
+            vals = self._cells(text, start)
         self._last_iter = it
-        skipped = f.get("skipped_iters")
-        nans = f.get("nan_iters")
+        loss, grad_norm, lr, scale, tokens, samples, step_ms, tflops, skipped, nans = vals
         return [
             StepRecord(
                 step=it,
                 total_steps=total,
-                loss=f.get("loss"),
-                grad_norm=f.get("grad_norm"),
-                learning_rate=f.get("learning_rate"),
-                loss_scale=f.get("loss_scale"),
-                tokens_per_s=f.get("tokens_per_s"),
-                samples_per_s=f.get("samples_per_s"),
+                loss=loss,
+                grad_norm=grad_norm,
+                learning_rate=lr,
+                loss_scale=scale,
+                tokens_per_s=tokens,
+                samples_per_s=samples,
                 step_time_s=step_ms / 1000.0 if step_ms is not None else None,
-                tflops=f.get("tflops"),
+                tflops=tflops,
                 skipped_iters=to_int(skipped) if skipped is not None else None,
                 nan_iters=to_int(nans) if nans is not None else None,
                 rank=line.rank,
@@ -143,6 +183,43 @@ class MegatronParser:
                 time=line.time,
             )
         ]
+
+    def _cells(self, text: str, start: int) -> list[float | None]:
+        """Every cell after the iteration counter, float() first (it takes the surrounding
+        blanks), the forgiving to_float only when that fails."""
+        f: dict[str, float] = {}
+        other_loss: float | None = None
+        fields = _FIELDS
+        keys: list[tuple[str, str | None]] = []  # (the cell's text up to its value, field)
+        for cell in text[start:].split("|"):
+            key, sep, raw = cell.rpartition(":")
+            if not sep:
+                keys.append(("", None))
+                key, _, raw = cell.strip().rpartition(" ")  # old releases: "learning rate 1.0E-04"
+                if not key:
+                    continue
+            else:
+                keys.append((key + ":", None))
+            key = key.strip().lower()
+            field = fields.get(key)
+            if field is None:
+                if other_loss is None and key.endswith("loss"):
+                    other_loss = _number(raw)
+                    if not any(fd == "other_loss" for _, fd in keys):
+                        keys[-1] = (keys[-1][0], "other_loss")
+                continue
+            if field in f:
+                continue
+            keys[-1] = (keys[-1][0], field)
+            val = _number(raw)
+            if val is not None:
+                f[field] = val
+        if other_loss is not None and "loss" not in f:
+            f["loss"] = other_loss
+        if self._layout is None and keys and keys[-1] == ("", None) and all(k for k, _ in keys[:-1]):
+            # The cells after the last "|" are blank: a layout the next lines can be matched to.
+            self._layout = _Layout.build(keys[:-1])
+        return [f.get(k) for k in _ORDER]
 
     def _valid(self, line: LogLine, text: str, v: re.Match[str]) -> list[Record]:
         where = v.group(1)
