@@ -11,7 +11,8 @@ import contextlib
 import multiprocessing
 import os
 import re
-from collections.abc import Sequence
+import stat
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from rankwatch.config.schema import Config
 from rankwatch.detectors.crossrank import cross_rank
 from rankwatch.engine import RankEngine
 from rankwatch.records import Finding, Severity
-from rankwatch.sources.follower import NOISE, read_lines
+from rankwatch.sources.follower import NOISE, FollowedLine, read_lines
 from rankwatch.sources.logparser import LogParser
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|proc|worker|task|process)[-_.]?(\d+)", re.IGNORECASE)
@@ -106,8 +107,34 @@ class FileResult:
     records: int = 0
 
 
-def analyze_file(path: str, cfg: Config, fallback_rank: int | None) -> FileResult:
-    """Run one file through a parser and one engine per rank seen in it."""
+PARALLEL_MIN_BYTES = 64 << 20  # below this a worker's start-up (~0.3 s) costs more than it saves
+PREFETCH_MIN_BYTES = 64 << 20  # a file this big is read by a second process (~0.07 s to start)
+
+
+def _cores() -> int:
+    """The cores this process may run on (a Slurm step or a container may get fewer than the node has)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _lines(path: str, cfg: Config, prefetch: bool) -> Iterator[FollowedLine]:
+    limit = cfg.logs.max_line_bytes
+    if prefetch and os.name == "posix":
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if stat.S_ISREG(st.st_mode) and st.st_size >= PREFETCH_MIN_BYTES:
+                from rankwatch.sources.prefetch import prefetched_lines
+
+                yield from prefetched_lines(fh, path, max_line_bytes=limit)
+                return
+    yield from read_lines(path, max_line_bytes=limit, drop=NOISE)
+
+
+def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bool = False) -> FileResult:
+    """Run one file through a parser and one engine per rank seen in it. ``prefetch``: a big
+    file may be read by a second process while this one parses (a core to spare)."""
     name_rank = rank_from_path(path)
     parser = LogParser(
         default_rank=name_rank,
@@ -126,9 +153,9 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None) -> FileResul
 
     cut = 0
     n_records = 0
-    for fl in read_lines(path, max_line_bytes=cfg.logs.max_line_bytes, drop=NOISE):
+    for fl in _lines(path, cfg, prefetch):
         cut += fl.cut
-        recs = parser.feed(fl.text, fl.lineno, cut=fl.cut)
+        recs = parser.feed(fl.text, fl.lineno, cut=fl.cut, clean=fl.clean)
         if recs:
             n_records += len(recs)
             feed(recs)
@@ -179,15 +206,14 @@ def _merge_launcher_crashes(engines: dict[int | None, tuple[RankEngine, list[Fin
         del engines[None]
 
 
-PARALLEL_MIN_BYTES = 64 << 20  # below this a worker's start-up (~0.3 s) costs more than it saves
-
-
 def _file_results(paths: Sequence[str], cfg: Config, jobs: int | None) -> list[FileResult]:
     """One file per rank is independent until ``cross_rank``: files go to worker processes
-    when there are several, they are big, and more than one core is allowed."""
+    when there are several, they are big, and more than one core is allowed. Files read in
+    this process are read by a second one when big and a core is spare (``jobs`` unset)."""
     n = len(paths)
+    prefetch = jobs is None and _cores() > 1
     if jobs is None:
-        jobs = min(n, os.cpu_count() or 1)
+        jobs = min(n, _cores())
         total = 0
         for p in paths:
             with contextlib.suppress(OSError):
@@ -196,7 +222,7 @@ def _file_results(paths: Sequence[str], cfg: Config, jobs: int | None) -> list[F
             jobs = 1
     jobs = max(1, min(jobs, n))
     if jobs == 1:
-        return [analyze_file(str(p), cfg, i) for i, p in enumerate(paths)]
+        return [analyze_file(str(p), cfg, i, prefetch) for i, p in enumerate(paths)]
     # spawn, not fork: no inherited locks or threads, the same on every platform.
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:

@@ -51,6 +51,7 @@ class FollowedLine:
     text: str  # without terminator
     lineno: int  # 1-based, counts \n lines of the current file generation
     cut: bool = False
+    clean: bool = False  # a reader checked: no error-signature word in it (signatures.may_hold_signature)
 
 
 @dataclass
@@ -429,19 +430,21 @@ class LogFollower:
 
 
 def read_lines(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | int,
     *,
     max_line_bytes: int = 1 << 20,
     chunk_size: int = 1 << 20,
     drop: str | None = None,
     stats: FollowerStats | None = None,
+    label: str | None = None,
 ) -> Iterator[FollowedLine]:
     """Plain sequential read: no stat calls per chunk, for the offline path.
 
-    A line containing ``drop`` (see ``NOISE``) is known noise, skipped unseen.
+    A line containing ``drop`` (see ``NOISE``) is known noise, skipped unseen. ``path`` may
+    be an open descriptor (closed at the end); ``label`` names the file in warnings.
     """
     stats = stats if stats is not None else FollowerStats()
-    splitter = _Splitter(max_line_bytes, stats, str(path), drop)
+    splitter = _Splitter(max_line_bytes, stats, label or str(path), drop)
     out: list[FollowedLine] = []
     with open(path, "rb", buffering=0) as fh:
         size = splitter.piece_size

@@ -79,7 +79,11 @@ class LogParser:
 
     # -- public -------------------------------------------------------------------------------
 
-    def feed(self, text: str, lineno: int, *, cut: bool = False, now: float | None = None) -> list[Record]:
+    def feed(
+        self, text: str, lineno: int, *, cut: bool = False, now: float | None = None, clean: bool = False
+    ) -> list[Record]:
+        """``clean``: the reader already found no error-signature word in ``text``
+        (``signatures.may_hold_signature``)."""
         st = self.stats
         st.lines += 1
         body, prank, ts = strip(text)
@@ -94,7 +98,7 @@ class LogParser:
         self._last_lineno, self._last_rank = lineno, rank
         when = ts if ts is not None else now
 
-        out: list[Record] = list(self._signatures(body, lineno, rank, when))
+        out: list[Record] = list(self._signatures(body, lineno, rank, when, clean))
         for rec in out:
             # torchelastic's failure box is printed by the launcher, about another rank.
             failed = getattr(rec, "details", {}).get("failed_rank") if rec.rank is None else None
@@ -156,12 +160,14 @@ class LogParser:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _signatures(self, body: str, lineno: int, rank: int | None, when: float | None) -> list[ErrorRecord]:
+    def _signatures(
+        self, body: str, lineno: int, rank: int | None, when: float | None, clean: bool = False
+    ) -> list[ErrorRecord]:
         m = self._matchers.get(rank)
         if m is None:
             m = self._matchers[rank] = SignatureMatcher()
         try:
-            out = m.feed(body, lineno, rank, when)
+            out = m.feed(body, lineno, rank, when, clean=clean)
         except Exception:
             self._error("matcher", "error-signature matcher failed")
             out = []

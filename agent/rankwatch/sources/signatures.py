@@ -172,8 +172,9 @@ def _bytes(num: str, unit: str) -> int:
     return int(float(num) * _UNITS[unit])
 
 
-def _maybe(t: str) -> bool:
-    """Cheap gate: every signature contains one of these words."""
+def may_hold_signature(t: str) -> bool:
+    """Cheap gate: every signature contains one of these words (a text without any of them,
+    however long, cannot match)."""
     return (
         "rror" in t
         or "emory" in t
@@ -388,7 +389,7 @@ def classify(line: str) -> Hit | None:
     CUDA fault the NCCL watchdog tripped over is a CUDA error.
     """
     t = line
-    if "NCCL INFO" in t or not _maybe(t):
+    if "NCCL INFO" in t or not may_hold_signature(t):
         return None
     if "srun: error:" in t or "slurmstepd" in t:
         hit = _slurm(t)
@@ -582,12 +583,19 @@ class SignatureMatcher:
         return self._state != _IDLE
 
     def feed(
-        self, text: str, lineno: int, rank: int | None = None, time: float | None = None
+        self,
+        text: str,
+        lineno: int,
+        rank: int | None = None,
+        time: float | None = None,
+        *,
+        clean: bool = False,
     ) -> list[ErrorRecord]:
+        """``clean``: the caller found that ``may_hold_signature`` is false for this line."""
         if self._state == _IDLE:
             if "NCCL INFO" in text:
                 return []
-            return self._idle(text, lineno, rank, time)
+            return self._idle(text, lineno, rank, time, clean)
         if self._state == _TB:
             return self._in_traceback(text, lineno, rank, time)
         if self._state == _TAIL:
@@ -617,7 +625,9 @@ class SignatureMatcher:
 
     # -- idle ---------------------------------------------------------------------------
 
-    def _idle(self, text: str, lineno: int, rank: int | None, time: float | None) -> list[ErrorRecord]:
+    def _idle(
+        self, text: str, lineno: int, rank: int | None, time: float | None, clean: bool = False
+    ) -> list[ErrorRecord]:
         last = self._last
         if last is not None:
             if lineno - self._last_line <= _ATTACH_LINES and (self._last_wants_next or _CONT.match(text)):
@@ -633,7 +643,7 @@ class SignatureMatcher:
             if s.startswith(_TB_HEAD) or (s.startswith("╭") and _TB_HEAD in s):
                 self._start(text, lineno, rank, time, len(text) - len(s))
                 return []
-        if not _maybe(text):
+        if clean or not may_hold_signature(text):
             return []
         if "ChildFailedError" in text:
             s = text.lstrip()

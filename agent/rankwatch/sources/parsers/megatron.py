@@ -46,6 +46,12 @@ def _number(raw: str) -> float | None:
         return to_float(raw)
 
 
+def _count(x: float | None) -> int | None:
+    if x == 0:  # every healthy line
+        return 0
+    return to_int(x) if x is not None else None
+
+
 def _cells(text: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for cell in text.split("|"):
@@ -153,8 +159,9 @@ class MegatronParser:
         # order every iteration, so the first line's layout becomes one compiled pattern and
         # the next lines cost one match and a float() per wanted cell; any other line takes
         # the general walk over its cells.
-        it = to_int(m.group(1))
-        total = to_int(m.group(2)) if m.group(2) != "infinity" else None
+        it_text, total_text = m.groups()
+        it = int(it_text)  # at most 18 digits: the pattern says so
+        total = int(total_text) if total_text != "infinity" else None
         start = m.end()
         vals = None
         layout = self._layout
@@ -176,8 +183,8 @@ class MegatronParser:
                 samples_per_s=samples,
                 step_time_s=step_ms / 1000.0 if step_ms is not None else None,
                 tflops=tflops,
-                skipped_iters=to_int(skipped) if skipped is not None else None,
-                nan_iters=to_int(nans) if nans is not None else None,
+                skipped_iters=_count(skipped),
+                nan_iters=_count(nans),
                 rank=line.rank,
                 line=line.lineno,
                 time=line.time,

@@ -1,0 +1,114 @@
+"""A big finished log read in a second process, so that reading it (and dropping its noise)
+overlaps parsing it and running the detectors: `analyze` on one large file with two cores.
+
+The child is ``python -m rankwatch.sources.prefetch FD MAX_LINE_BYTES LABEL``. It reads the
+file the parent opened (its descriptor is passed on, so both see the same file and the
+parent alone reports a path it cannot open) and writes each kept line as
+``LINENO FLAGS TEXT`` and a newline (``_flags``); a kept line holds no newline or carriage return, the
+splitter cut there. ``END`` after the last line says it read to the end: without it the
+parent raises rather than pass a partial read off as the whole log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from rankwatch.sources.follower import NOISE, FollowedLine, read_lines
+from rankwatch.sources.signatures import may_hold_signature
+
+_END = "END\n"
+# The child writes small batches into a big pipe: it runs up to a megabyte of kept lines
+# ahead instead of waiting, with a full buffer, until the parent has parsed all of it.
+_PIPE_BYTES = 1 << 20
+_WRITE_BYTES = 64 << 10
+
+
+class PrefetchError(OSError):
+    """The reading process stopped before the end of the file."""
+
+
+def prefetched_lines(fh: BinaryIO, label: str, *, max_line_bytes: int) -> Iterator[FollowedLine]:
+    """What ``read_lines(path, drop=NOISE)`` yields, read by a child process."""
+    fd = fh.fileno()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", __name__, str(fd), str(max_line_bytes), label],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        pass_fds=(fd,),
+        bufsize=_WRITE_BYTES,
+    )
+    done = False
+    try:
+        assert proc.stdout is not None
+        with contextlib.suppress(AttributeError, OSError):  # Linux only; the default 64 KiB works too
+            fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        with io.TextIOWrapper(proc.stdout, encoding="utf-8", newline="\n") as out:
+            for raw in out:
+                if raw == _END:
+                    done = True
+                    break
+                lineno, flags, text = raw.split(" ", 2)
+                f = int(flags)
+                yield FollowedLine(text[:-1], int(lineno), bool(f & 1), bool(f & 2))
+    finally:
+        if proc.poll() is None and not done:
+            proc.kill()
+        code = proc.wait()
+    if not done or code != 0:
+        raise PrefetchError(f"{label}: the process reading it stopped early (exit {code})")
+
+
+def _flags(batch: list[FollowedLine]) -> list[int]:
+    """1: cut; 2: clean. The gate runs once over a batch: error lines are rare, so a batch
+    without any gate word (or ANSI code, which may split one) spares a test per line."""
+    cut = [1 if fl.cut else 0 for fl in batch]
+    joined = "\n".join(fl.text for fl in batch)
+    if "\x1b" not in joined and not may_hold_signature(joined):
+        return [c | 2 for c in cut]
+    return [
+        c | (2 if "\x1b" not in fl.text and not may_hold_signature(fl.text) else 0)
+        for c, fl in zip(cut, batch, strict=True)
+    ]
+
+
+def _serve(fd: int, max_line_bytes: int, label: str) -> int:
+    batch: list[FollowedLine] = []
+    held = 0
+    try:
+        with open(
+            sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", buffering=_WRITE_BYTES, closefd=False
+        ) as out:
+
+            def send() -> None:
+                flags = _flags(batch)
+                out.write("".join(f"{fl.lineno} {f} {fl.text}\n" for f, fl in zip(flags, batch, strict=True)))
+                batch.clear()
+
+            for fl in read_lines(fd, max_line_bytes=max_line_bytes, drop=NOISE, label=label):
+                batch.append(fl)
+                held += len(fl.text)
+                if held >= _WRITE_BYTES:
+                    send()
+                    held = 0
+            send()
+            out.write(_END)
+    except BrokenPipeError:  # the parent stopped reading: nothing left to do
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(
+        level=logging.WARNING, format="rankwatch %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    sys.exit(_serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]))

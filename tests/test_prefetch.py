@@ -1,0 +1,84 @@
+"""Reading a big log in a second process (analyze on a spare core) must change nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rankwatch import analyze as analyze_mod
+from rankwatch.analyze import analyze
+from rankwatch.config.schema import Config
+from rankwatch.sources.follower import NOISE, read_lines
+from rankwatch.sources.prefetch import PrefetchError, prefetched_lines
+from rankwatch.sources.signatures import may_hold_signature
+
+MIXED = (
+    b"node:1:2 [0] NCCL INFO Init COMPLETE\n"
+    b" iteration        1/      10 | lm loss: 2.0 | grad norm: 0.5 |\n"
+    b"\n"
+    b"bar 10%\rbar 20%\r\n"
+    b"caf\xc3\xa9 \xff\xfe not utf-8  \t tabs  and  spaces \n"
+    b"node:1:2 [0] NCCL INFO Connected all trees iteration 3/ 10 | lm loss: nan | grad norm: nan |\n"
+    b"RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    b"\x1b[31mE\x1b[0mrror split by colour\n"
+    + b"x" * 5000
+    + b"\n"
+    + b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    + b" iteration        2/      10 | lm loss: 1.9 | grad norm: 0.4 |"
+)
+
+
+def _prefetched(path: Path, max_line_bytes: int) -> list:
+    with open(path, "rb") as fh:
+        return list(prefetched_lines(fh, str(path), max_line_bytes=max_line_bytes))
+
+
+@pytest.mark.parametrize("max_line_bytes", [1 << 20, 1000])
+def test_the_reading_process_yields_what_read_lines_yields(tmp_path: Path, max_line_bytes: int) -> None:
+    p = tmp_path / "rank-0.log"
+    p.write_bytes(MIXED * 50)
+    here = list(read_lines(p, max_line_bytes=max_line_bytes, drop=NOISE))
+    there = _prefetched(p, max_line_bytes)
+    assert [(x.text, x.lineno, x.cut) for x in there] == [(x.text, x.lineno, x.cut) for x in here]
+    assert any(x.cut for x in there) == (max_line_bytes < 5000)
+    for x in there:
+        # "clean" promises the matcher's gate would say no; a colour code may split a word.
+        if x.clean:
+            assert not may_hold_signature(x.text) and "\x1b" not in x.text
+        elif "\x1b" not in x.text:
+            assert may_hold_signature(x.text)
+    assert sum(x.clean for x in there) > 0 and sum(not x.clean for x in there) > 0
+
+
+def test_a_reading_process_that_fails_is_an_error_not_a_short_log(tmp_path: Path) -> None:
+    p = tmp_path / "rank-0.log"
+    p.write_bytes(MIXED)
+    with pytest.raises(PrefetchError, match="stopped early"):
+        _prefetched(p, 2)  # the child's splitter refuses a limit below one character
+
+
+def test_analyze_reads_the_same_with_or_without_the_second_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = tmp_path / "rank-0.log"
+    p.write_bytes(MIXED * 20)
+    cfg = Config()
+    alone = analyze([str(p)], cfg, jobs=1)
+    monkeypatch.setattr(analyze_mod, "PREFETCH_MIN_BYTES", 0)
+    monkeypatch.setattr(analyze_mod, "_cores", lambda: 2)
+    used: list[bool] = []
+    real = analyze_mod.analyze_file
+
+    def spy(path: str, cfg: Config, fallback_rank: int | None, prefetch: bool = False):
+        used.append(prefetch)
+        return real(path, cfg, fallback_rank, prefetch)
+
+    monkeypatch.setattr(analyze_mod, "analyze_file", spy)
+    both = analyze([str(p)], cfg)
+    assert used == [True]
+    assert json.dumps(both.to_json(), default=str) == json.dumps(alone.to_json(), default=str)
+    kinds = {f.kind for f in both.findings}
+    assert {"nan_loss", "cuda_error", "oom"} <= kinds, kinds
+    assert (both.ranks[0].lines, both.ranks[0].cut_lines) == (alone.ranks[0].lines, alone.ranks[0].cut_lines)
