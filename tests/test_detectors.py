@@ -427,6 +427,8 @@ def test_recent_windows_skip_non_finite_values_and_keep_order() -> None:
         assert st.recent(attr, 3) == [2.0, 3.0, 4.0]
         assert st.recent(attr, 10) == [1.0, 2.0, 3.0, 4.0]
         assert st.recent(attr, 0) == []
+    assert st.ends("loss", 3) == (2.0, 4.0) and st.ends("loss", 50) == (1.0, 4.0)
+    assert st.ends("loss", 1) is None and RankState(rank=0).ends("loss", 10) is None
     for i in range(HISTORY + 5):
         st.add(StepRecord(step=100 + i, loss=float(i)))
     assert len(st.recent("loss", 10 * HISTORY)) == HISTORY

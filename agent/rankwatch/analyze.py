@@ -22,7 +22,7 @@ from rankwatch.config.schema import Config
 from rankwatch.detectors.crossrank import cross_rank
 from rankwatch.engine import RankEngine
 from rankwatch.records import Finding, Severity
-from rankwatch.sources.follower import NOISE, FollowedLine, read_lines
+from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
 from rankwatch.sources.logparser import LogParser
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|proc|worker|task|process)[-_.]?(\d+)", re.IGNORECASE)
@@ -122,14 +122,12 @@ def _cores() -> int:
 def _lines(path: str, cfg: Config, prefetch: bool) -> Iterator[FollowedLine]:
     limit = cfg.logs.max_line_bytes
     if prefetch and os.name == "posix":
-        with open(path, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if stat.S_ISREG(st.st_mode) and st.st_size >= PREFETCH_MIN_BYTES:
-                from rankwatch.sources.prefetch import prefetched_lines
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_size >= PREFETCH_MIN_BYTES:
+            from rankwatch.sources.prefetch import prefetched_lines
 
-                yield from prefetched_lines(fh, path, max_line_bytes=limit)
-                return
-    yield from read_lines(path, max_line_bytes=limit, drop=NOISE)
+            return prefetched_lines(path, max_line_bytes=limit)
+    return read_lines(path, max_line_bytes=limit, drop=NOISE)
 
 
 def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bool = False) -> FileResult:

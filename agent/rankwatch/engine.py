@@ -30,11 +30,15 @@ class RankEngine:
         route = self._routes.get(type(record))
         if route is None:
             route = self._routes[type(record)] = [d for d in self.detectors if isinstance(record, d.accepts)]
+        state = self.state
         for det in route:
             try:
-                out.extend(det.observe(self.state, record))
+                found = det.observe(state, record)
             except Exception:
                 self._failed(det)
+                continue
+            if found:
+                out.extend(found)
         return out
 
     def finish(self) -> list[Finding]:

@@ -86,7 +86,9 @@ class RankState:
             if ls is not None and ls == ls:
                 self.last_loss_scale = ls
                 # bf16 runs print a constant scale of 1.0; only a dynamic scale means fp16.
-                self.max_loss_scale = ls if self.max_loss_scale is None else max(self.max_loss_scale, ls)
+                peak = self.max_loss_scale
+                if peak is None or ls > peak:
+                    self.max_loss_scale = ls
                 if ls != 1.0:
                     self.fp16_evidence = True
             if record.skipped_iters and not self.overflow_lines:  # else each was counted from its line
@@ -132,6 +134,15 @@ class RankState:
                     break
         out.reverse()
         return out
+
+    def ends(self, attr: str, n: int) -> tuple[float, float] | None:
+        """(oldest, newest) of ``recent(attr, n)`` of a ``TRACKED`` field, without building
+        the list; None when fewer than two values."""
+        kept = self.finite_values[attr]
+        k = len(kept)
+        if k < 2 or n < 2:
+            return None
+        return kept[-min(n, k)], kept[-1]
 
     def recent_records(self, n: int) -> list[StepRecord]:
         k = min(n, len(self.steps))

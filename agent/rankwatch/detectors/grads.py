@@ -18,8 +18,8 @@ LR_RISING = 1.01  # the LR 10 logged steps ago was more than 1% lower: still in 
 
 
 def lr_warming_up(state: RankState) -> bool:
-    lrs = state.recent("learning_rate", 10)
-    return len(lrs) >= 2 and lrs[-1] > lrs[0] * LR_RISING
+    ends = state.ends("learning_rate", 10)
+    return ends is not None and ends[1] > ends[0] * LR_RISING
 
 
 class GradExplosionDetector(Detector):

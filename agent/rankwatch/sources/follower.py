@@ -1,21 +1,12 @@
-"""``tail -F`` for one log path, shared by the live agent and the offline ``analyze`` command.
-
-Training logs are rotated (rename or copytruncate), created late (the launcher starts
-before the first rank writes), written in pieces, full of tqdm ``\\r`` redraws and now
-and then a multi-megabyte line of tensor dumps.  One splitter handles all of that so the
-live and offline paths can never disagree about what a line is or which number it has.
-
-Splitting rules: ``\\n`` ends a line and advances the line number; ``\\r`` ends a segment
-that keeps the line number of the ``\\n`` line it belongs to; empty segments (hence empty
-lines and the gap in ``\\r\\n``) are dropped; bytes are decoded as UTF-8 with replacement;
-a segment longer than ``max_line_bytes`` bytes is cut to its first ``max_line_bytes``
-bytes (never splitting a UTF-8 character) and the rest of it is discarded.
+"""``tail -F`` for one log path: follows it across rotation (rename or copytruncate), a
+late start (the launcher starts before the first rank writes) and writes in pieces. The
+splitting itself (tqdm ``\\r`` redraws, multi-megabyte lines, bad UTF-8) is ``lines``'s,
+shared with the offline readers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import logging
 import os
@@ -23,192 +14,19 @@ import pathlib
 import stat
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
-from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import contains, not_, or_
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
+
+from rankwatch.sources.lines import NOISE, RESCUE, FollowedLine, FollowerStats, Splitter, read_lines
+
+__all__ = ["NOISE", "RESCUE", "FollowedLine", "FollowerStats", "LogFollower", "follow", "read_lines"]
 
 log = logging.getLogger("rankwatch.follower")
 
-_MAX_CUT_WARNINGS = 10
 _FOLLOW_BATCH_BYTES = 128 << 10  # small batches: bounded loop latency and faster (cache, GC)
-# NCCL_DEBUG=INFO chatter: often most of a log's lines, never evidence of anything. A line
-# holding this text is skipped unseen (a substring test runs at C speed; a regex did not).
-NOISE = " NCCL INFO "
-# ... unless it also holds one of these: stdout is block-buffered and shares the file with
-# NCCL's writes, so a step line (every format's holds "loss") can arrive glued to an INFO
-# line. Each word costs a scan of every chunk (~0.1 s per 200 MB), so there is one.
-RESCUE = ("loss",)
-_PIECE_BYTES = 32 << 10  # cache-sized batches of short-lived objects: measurably faster than 1 MiB
 _OBSERVER_RETRY_S = 5.0
 _MARK_BYTES = 64  # the last bytes read: copytruncate then a refill past our offset changes them
 _SELF_EVENTS = frozenset({"opened", "closed_no_write"})  # caused by our own reads
-
-
-@dataclass(slots=True)
-class FollowedLine:
-    text: str  # without terminator
-    lineno: int  # 1-based, counts \n lines of the current file generation
-    cut: bool = False
-    clean: bool = False  # a reader checked: no error-signature word in it (signatures.may_hold_signature)
-
-
-@dataclass
-class FollowerStats:
-    lines: int = 0
-    bytes_read: int = 0
-    cut_lines: int = 0
-    discarded_bytes: int = 0
-    rotations: int = 0
-    truncations: int = 0
-    reopen_errors: int = 0
-    dropped_lines: int = 0
-
-
-def _first_terminator(data: bytes) -> int:
-    nl = data.find(b"\n")
-    cr = data.find(b"\r", 0, nl if nl >= 0 else len(data))
-    return cr if cr >= 0 else nl
-
-
-class _Splitter:
-    """Byte stream to items; holds at most ``max_line_bytes`` of an unfinished segment."""
-
-    __slots__ = (
-        "_cut_warnings",
-        "discarding",
-        "drop",
-        "label",
-        "lineno",
-        "max_line_bytes",
-        "pending",
-        "piece_size",
-        "stats",
-    )
-
-    def __init__(
-        self, max_line_bytes: int, stats: FollowerStats, label: str, drop: str | None = None
-    ) -> None:
-        if max_line_bytes < 4:  # room for one UTF-8 character
-            raise ValueError("max_line_bytes must be >= 4")
-        self.max_line_bytes = max_line_bytes
-        # A piece never exceeds the limit, so only its first segment can be too long.
-        self.piece_size = min(max_line_bytes, _PIECE_BYTES)
-        self.stats = stats
-        self.label = label
-        self.pending = bytearray()
-        self.lineno = 1
-        self.discarding = False
-        self.drop = drop
-        self._cut_warnings = 0
-
-    def reset(self) -> None:
-        self.pending = bytearray()
-        self.lineno = 1
-        self.discarding = False
-
-    def feed(self, data: bytes, out: list[FollowedLine]) -> None:
-        size = self.piece_size
-        if len(data) <= size:
-            self.feed_piece(data, out)
-            return
-        for start in range(0, len(data), size):
-            self.feed_piece(data[start : start + size], out)
-
-    def flush(self, out: list[FollowedLine]) -> None:
-        if self.pending:
-            text = self.pending.decode("utf-8", "replace")
-            self.pending = bytearray()
-            out.append(FollowedLine(text, self.lineno))
-            self.stats.lines += 1
-        self.discarding = False
-
-    def feed_piece(self, piece: bytes, out: list[FollowedLine]) -> None:
-        if self.discarding:
-            first = _first_terminator(piece)
-            if first < 0:
-                self.stats.discarded_bytes += len(piece)
-                return
-            self.stats.discarded_bytes += first
-            self.discarding = False
-            piece = piece[first:]
-        first = _first_terminator(piece)
-        held = len(self.pending)
-        if first < 0:
-            if held + len(piece) > self.max_line_bytes:
-                self._cut(self.pending + piece, out)
-                self.discarding = True
-            else:
-                self.pending += piece
-            return
-        if held + first > self.max_line_bytes:
-            self._cut(self.pending + piece[:first], out)
-            piece = piece[first:]
-        last = max(piece.rfind(b"\n"), piece.rfind(b"\r"))
-        body = piece[: last + 1]
-        if self.pending:
-            body = self.pending + body
-        self.pending = bytearray(piece[last + 1 :])
-        self._emit(body.decode("utf-8", "replace"), out)
-
-    def _emit(self, text: str, out: list[FollowedLine]) -> None:
-        """``text`` ends with a terminator; one decode and one split per piece keeps it fast."""
-        start = self.lineno
-        before = len(out)
-        drop = self.drop
-        if "\r" not in text:
-            parts = text.split("\n")
-            parts.pop()
-            self.lineno = start + len(parts)
-            numbers: Iterable[int] = range(start, self.lineno)
-            if drop is not None and drop in text:
-                # Line numbers stay true: the mask drops a line and its number together.
-                keep = list(map(not_, map(contains, parts, repeat(drop))))
-                for word in RESCUE:
-                    # Only when a dropped line holds the word: the kept lines are few to count.
-                    seen = text.count(word)
-                    if seen and seen > sum(p.count(word) for p in compress(parts, keep)):
-                        keep = list(map(or_, keep, map(contains, parts, repeat(word))))
-                self.stats.dropped_lines += len(parts) - sum(keep)
-                parts, numbers = list(compress(parts, keep)), compress(numbers, keep)
-            if "" in parts:
-                out.extend([FollowedLine(t, n) for n, t in zip(numbers, parts, strict=True) if t])
-            else:
-                out.extend(map(FollowedLine, parts, numbers))
-        else:
-            parts = text.split("\n")
-            lineno = start
-            for part in parts:
-                if drop is not None and drop in part and not any(w in part for w in RESCUE):
-                    self.stats.dropped_lines += 1
-                elif "\r" in part:
-                    out.extend([FollowedLine(seg, lineno) for seg in part.split("\r") if seg])
-                elif part:
-                    out.append(FollowedLine(part, lineno))
-                lineno += 1
-            self.lineno = start + len(parts) - 1
-        self.stats.lines += len(out) - before
-
-    def _cut(self, segment: bytes | bytearray, out: list[FollowedLine]) -> None:
-        # final=False keeps a character that straddles the cut out instead of turning it into U+FFFD.
-        text, kept = codecs.utf_8_decode(segment[: self.max_line_bytes], "replace", False)
-        self.pending = bytearray()
-        out.append(FollowedLine(text, self.lineno, True))
-        self.stats.lines += 1
-        self.stats.cut_lines += 1
-        self.stats.discarded_bytes += len(segment) - kept
-        if self._cut_warnings < _MAX_CUT_WARNINGS:
-            self._cut_warnings += 1
-            more = " (further cuts are only counted)" if self._cut_warnings == _MAX_CUT_WARNINGS else ""
-            log.warning(
-                "%s: line %d longer than %d bytes, kept its first %d bytes%s",
-                self.label,
-                self.lineno,
-                self.max_line_bytes,
-                kept,
-                more,
-            )
 
 
 class LogFollower:
@@ -227,7 +45,7 @@ class LogFollower:
         self.path = pathlib.Path(path)
         self.stats = FollowerStats()
         self.chunk_size = chunk_size
-        self._splitter = _Splitter(max_line_bytes, self.stats, str(self.path))
+        self._splitter = Splitter(max_line_bytes, self.stats, str(self.path))
         self._fd: int | None = None
         self._identity: tuple[int, int] | None = None
         self._offset = 0
@@ -427,35 +245,6 @@ class LogFollower:
         """Bytes written to the old file between the last read and the rename."""
         while data := self._read(self.chunk_size):
             self._splitter.feed(data, out)
-
-
-def read_lines(
-    path: str | os.PathLike[str] | int,
-    *,
-    max_line_bytes: int = 1 << 20,
-    chunk_size: int = 1 << 20,
-    drop: str | None = None,
-    stats: FollowerStats | None = None,
-    label: str | None = None,
-) -> Iterator[FollowedLine]:
-    """Plain sequential read: no stat calls per chunk, for the offline path.
-
-    A line containing ``drop`` (see ``NOISE``) is known noise, skipped unseen. ``path`` may
-    be an open descriptor (closed at the end); ``label`` names the file in warnings.
-    """
-    stats = stats if stats is not None else FollowerStats()
-    splitter = _Splitter(max_line_bytes, stats, label or str(path), drop)
-    out: list[FollowedLine] = []
-    with open(path, "rb", buffering=0) as fh:
-        size = splitter.piece_size
-        while data := fh.read(chunk_size):
-            for start in range(0, len(data), size):
-                splitter.feed_piece(data[start : start + size], out)
-                if out:
-                    yield from out
-                    out.clear()
-    splitter.flush(out)
-    yield from out
 
 
 class _Waker:

@@ -107,9 +107,13 @@ class LogParser:
         if cut:
             st.cut += 1
         else:
-            recs = self._parse(body, lineno, rank, when)
+            parser = self._parsers.get(rank)
+            if parser is not None and not self._upgrade_left:  # the format is settled: the usual line
+                recs = self._run(parser, body, lineno, rank, when)
+            else:
+                recs = self._parse(body, lineno, rank, when)
             if recs:
-                out.extend(recs)
+                out = out + recs if out else recs
         if out:
             st.parsed += 1
         elif not cut:

@@ -1,9 +1,9 @@
 """A big finished log read in a second process, so that reading it (and dropping its noise)
 overlaps parsing it and running the detectors: `analyze` on one large file with two cores.
 
-The child is ``python -m rankwatch.sources.prefetch FD MAX_LINE_BYTES LABEL``. It reads the
-file the parent opened (its descriptor is passed on, so both see the same file and the
-parent alone reports a path it cannot open) and writes each kept line as
+The child is ``python -m rankwatch.sources.prefetch FD MAX_LINE_BYTES LABEL START``. It reads
+the file the parent opened (its descriptor is passed on, so the parent alone reports a path
+it cannot open) from byte START, where a line begins, and writes each kept line as
 ``LINENO FLAGS TEXT`` and a newline (``_flags``); a kept line holds no newline or carriage return, the
 splitter cut there. ``END`` after the last line says it read to the end: without it the
 parent raises rather than pass a partial read off as the whole log.
@@ -19,9 +19,8 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import BinaryIO
 
-from rankwatch.sources.follower import NOISE, FollowedLine, read_lines
+from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
 from rankwatch.sources.signatures import may_hold_signature
 
 _END = "END\n"
@@ -29,27 +28,44 @@ _END = "END\n"
 # ahead instead of waiting, with a full buffer, until the parent has parsed all of it.
 _PIPE_BYTES = 1 << 20
 _WRITE_BYTES = 64 << 10
+# Read here while the child starts (~0.05 s): about what this process parses meanwhile.
+HEAD_BYTES = 16 << 20
+_NEAR = 64 << 10  # a line that long at the head's end: no head, the child reads it all
 
 
 class PrefetchError(OSError):
     """The reading process stopped before the end of the file."""
 
 
-def prefetched_lines(fh: BinaryIO, label: str, *, max_line_bytes: int) -> Iterator[FollowedLine]:
-    """What ``read_lines(path, drop=NOISE)`` yields, read by a child process."""
-    fd = fh.fileno()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", __name__, str(fd), str(max_line_bytes), label],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        pass_fds=(fd,),
-        bufsize=_WRITE_BYTES,
-    )
+def _line_end(fd: int, at: int) -> int:
+    """Just past the newline that ends the line holding byte ``at``; 0 when none is near."""
+    tail = os.pread(fd, _NEAR, at)
+    i = tail.find(b"\n")
+    return at + i + 1 if i >= 0 else 0
+
+
+def prefetched_lines(
+    path: str, *, max_line_bytes: int, head_bytes: int = HEAD_BYTES
+) -> Iterator[FollowedLine]:
+    """What ``read_lines(path, drop=NOISE)`` yields: the first ``head_bytes`` (to the end of
+    a line) read here while the child starts, the rest by the child."""
+    with open(path, "rb") as fh:
+        fd = fh.fileno()
+        split = _line_end(fd, head_bytes) if head_bytes > 0 else 0
+        proc = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(fd), str(max_line_bytes), path, str(split)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            pass_fds=(fd,),
+            bufsize=_WRITE_BYTES,
+        )
     done = False
     try:
         assert proc.stdout is not None
         with contextlib.suppress(AttributeError, OSError):  # Linux only; the default 64 KiB works too
             fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        if split:
+            yield from read_lines(path, max_line_bytes=max_line_bytes, drop=NOISE, end=split)
         with io.TextIOWrapper(proc.stdout, encoding="utf-8", newline="\n") as out:
             for raw in out:
                 if raw == _END:
@@ -63,7 +79,7 @@ def prefetched_lines(fh: BinaryIO, label: str, *, max_line_bytes: int) -> Iterat
             proc.kill()
         code = proc.wait()
     if not done or code != 0:
-        raise PrefetchError(f"{label}: the process reading it stopped early (exit {code})")
+        raise PrefetchError(f"{path}: the process reading it stopped early (exit {code})")
 
 
 def _flags(batch: list[FollowedLine]) -> list[int]:
@@ -79,7 +95,8 @@ def _flags(batch: list[FollowedLine]) -> list[int]:
     ]
 
 
-def _serve(fd: int, max_line_bytes: int, label: str) -> int:
+def _serve(fd: int, max_line_bytes: int, label: str, start: int) -> int:
+    first = os.pread(fd, start, 0).count(b"\n") + 1 if start else 1
     batch: list[FollowedLine] = []
     held = 0
     try:
@@ -92,7 +109,10 @@ def _serve(fd: int, max_line_bytes: int, label: str) -> int:
                 out.write("".join(f"{fl.lineno} {f} {fl.text}\n" for f, fl in zip(flags, batch, strict=True)))
                 batch.clear()
 
-            for fl in read_lines(fd, max_line_bytes=max_line_bytes, drop=NOISE, label=label):
+            lines = read_lines(
+                fd, max_line_bytes=max_line_bytes, drop=NOISE, label=label, start=start, first_lineno=first
+            )
+            for fl in lines:
                 batch.append(fl)
                 held += len(fl.text)
                 if held >= _WRITE_BYTES:
@@ -111,4 +131,4 @@ if __name__ == "__main__":
     logging.basicConfig(
         level=logging.WARNING, format="rankwatch %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    sys.exit(_serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]))
+    sys.exit(_serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])))
