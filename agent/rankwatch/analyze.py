@@ -147,7 +147,9 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
             entry = engines.get(rec.rank)
             if entry is None:
                 entry = engines[rec.rank] = (RankEngine(cfg.detectors, rec.rank, path), [])
-            entry[1].extend(entry[0].feed(rec))
+            found = entry[0].feed(rec)
+            if found:
+                entry[1].extend(found)
 
     cut = 0
     n_records = 0

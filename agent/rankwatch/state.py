@@ -54,6 +54,11 @@ class RankState:
         default_factory=lambda: {attr: deque(maxlen=HISTORY) for attr in TRACKED}
     )
 
+    _kept: tuple[deque[float], ...] = field(init=False, repr=False, compare=False)  # in TRACKED order
+
+    def __post_init__(self) -> None:
+        self._kept = tuple(self.finite_values[attr] for attr in TRACKED)
+
     def position(self, rec: StepRecord | None = None) -> int:
         """Step number where the log gives one, else the count of logged steps."""
         if rec is not None and rec.step is not None:
@@ -69,7 +74,7 @@ class RankState:
                 record.step_inferred = True
             self.steps.append(record)
             self.step_count += 1
-            for kept, v in zip(self.finite_values.values(), _tracked(record), strict=True):
+            for kept, v in zip(self._kept, _tracked(record), strict=True):
                 if v is not None and v - v == 0:  # false for NaN and infinities
                     kept.append(v)
             if self.last_step is None or record.step > self.last_step:

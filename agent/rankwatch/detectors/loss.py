@@ -153,7 +153,8 @@ class LossSpikeDetector(Detector):
         step = state.position(record)
         if step <= self.warmup or step <= self.quiet_until:
             return []
-        window = state.recent("loss", self.cfg.window + 1)[:-1]
+        window = state.recent("loss", self.cfg.window + 1)
+        window.pop()  # this step's own loss
         if len(window) < self.cfg.window:
             return []
         mean = sum(window) / len(window)

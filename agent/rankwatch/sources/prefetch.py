@@ -3,19 +3,18 @@ overlaps parsing it and running the detectors: `analyze` on one large file with 
 
 The child is ``python -m rankwatch.sources.prefetch FD MAX_LINE_BYTES LABEL START``. It reads
 the file the parent opened (its descriptor is passed on, so the parent alone reports a path
-it cannot open) from byte START, where a line begins, and writes each kept line as
-``LINENO FLAGS TEXT`` and a newline (``_flags``); a kept line holds no newline or carriage return, the
-splitter cut there. ``END`` after the last line says it read to the end: without it the
-parent raises rather than pass a partial read off as the whole log.
+it cannot open) from byte START, where a line begins, and writes the kept lines in pickled
+batches, then None: without that end mark the parent raises rather than pass a partial
+read off as the whole log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import logging
 import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +22,6 @@ from collections.abc import Iterator
 from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
 from rankwatch.sources.signatures import may_hold_signature
 
-_END = "END\n"
 # The child writes small batches into a big pipe: it runs up to a megabyte of kept lines
 # ahead instead of waiting, with a full buffer, until the parent has parsed all of it.
 _PIPE_BYTES = 1 << 20
@@ -66,14 +64,13 @@ def prefetched_lines(
             fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         if split:
             yield from read_lines(path, max_line_bytes=max_line_bytes, drop=NOISE, end=split)
-        with io.TextIOWrapper(proc.stdout, encoding="utf-8", newline="\n") as out:
-            for raw in out:
-                if raw == _END:
-                    done = True
-                    break
-                lineno, flags, text = raw.split(" ", 2)
-                f = int(flags)
-                yield FollowedLine(text[:-1], int(lineno), bool(f & 1), bool(f & 2))
+        with proc.stdout as out:
+            # Our own child's batches: (texts, line numbers, cut flags, clean flags); None ends.
+            while (batch := pickle.load(out)) is not None:
+                yield from map(FollowedLine, *batch)
+            done = True
+    except (EOFError, pickle.UnpicklingError):
+        pass
     finally:
         if proc.poll() is None and not done:
             proc.kill()
@@ -82,17 +79,13 @@ def prefetched_lines(
         raise PrefetchError(f"{path}: the process reading it stopped early (exit {code})")
 
 
-def _flags(batch: list[FollowedLine]) -> list[int]:
-    """1: cut; 2: clean. The gate runs once over a batch: error lines are rare, so a batch
-    without any gate word (or ANSI code, which may split one) spares a test per line."""
-    cut = [1 if fl.cut else 0 for fl in batch]
-    joined = "\n".join(fl.text for fl in batch)
+def _clean(texts: list[str]) -> list[bool]:
+    """The gate runs once over a batch: error lines are rare, so a batch without any gate
+    word (or ANSI code, which may split one) spares a test per line."""
+    joined = "\n".join(texts)
     if "\x1b" not in joined and not may_hold_signature(joined):
-        return [c | 2 for c in cut]
-    return [
-        c | (2 if "\x1b" not in fl.text and not may_hold_signature(fl.text) else 0)
-        for c, fl in zip(cut, batch, strict=True)
-    ]
+        return [True] * len(texts)
+    return ["\x1b" not in t and not may_hold_signature(t) for t in texts]
 
 
 def _serve(fd: int, max_line_bytes: int, label: str, start: int) -> int:
@@ -100,13 +93,13 @@ def _serve(fd: int, max_line_bytes: int, label: str, start: int) -> int:
     batch: list[FollowedLine] = []
     held = 0
     try:
-        with open(
-            sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", buffering=_WRITE_BYTES, closefd=False
-        ) as out:
+        with open(sys.stdout.fileno(), "wb", buffering=_WRITE_BYTES, closefd=False) as out:
 
             def send() -> None:
-                flags = _flags(batch)
-                out.write("".join(f"{fl.lineno} {f} {fl.text}\n" for f, fl in zip(flags, batch, strict=True)))
+                texts = [fl.text for fl in batch]
+                numbers = [fl.lineno for fl in batch]
+                cuts = [fl.cut for fl in batch]
+                pickle.dump((texts, numbers, cuts, _clean(texts)), out, pickle.HIGHEST_PROTOCOL)
                 batch.clear()
 
             lines = read_lines(
@@ -119,7 +112,7 @@ def _serve(fd: int, max_line_bytes: int, label: str, start: int) -> int:
                     send()
                     held = 0
             send()
-            out.write(_END)
+            pickle.dump(None, out)
     except BrokenPipeError:  # the parent stopped reading: nothing left to do
         with open(os.devnull, "w") as sink:
             os.dup2(sink.fileno(), sys.stdout.fileno())
