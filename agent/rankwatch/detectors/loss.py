@@ -47,6 +47,16 @@ class NanDetector(Detector):
             return []
         if not isinstance(record, StepRecord):
             return []
+        loss, scale, grad = record.loss, record.loss_scale, record.grad_norm
+        if (
+            loss  # neither None nor 0: a NaN or inf is truthy, so it is tested below
+            and loss - loss == 0
+            and (scale is None or scale - scale == 0)
+            and (grad is None or grad - grad == 0)
+            and not self.episode.active
+        ):
+            self.bad_grads = 0
+            return []  # every healthy step
         reasons: list[str] = []
         if _nonfinite(record.loss):
             reasons.append(f"loss is {record.loss}")
@@ -146,19 +156,20 @@ class LossSpikeDetector(Detector):
         self.warmup = warmup_steps
         self.quiet_until = -1
         self.ratios: deque[float] = deque(maxlen=SPIKE_MEMORY)  # loss / rolling mean, per logged step
+        # The rank's last finite losses before this step: summed in place on every step.
+        self.previous: deque[float] = deque(maxlen=max(1, cfg.window))
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.loss):
             return []
-        step = state.position(record)
-        if step <= self.warmup or step <= self.quiet_until:
-            return []
-        window = state.recent("loss", self.cfg.window + 1)
-        window.pop()  # this step's own loss
-        if len(window) < self.cfg.window:
-            return []
-        mean = sum(window) / len(window)
         loss = float(record.loss)  # type: ignore[arg-type]
+        previous = self.previous
+        full = len(previous) == previous.maxlen
+        mean = sum(previous) / len(previous) if full else 0.0
+        previous.append(loss)
+        step = state.position(record)
+        if not full or step <= self.warmup or step <= self.quiet_until:
+            return []
         ratio = loss / mean if mean > 0 else 0.0
         before = self.ratios.copy() if ratio > self.cfg.factor else None
         self.ratios.append(ratio)
@@ -170,6 +181,7 @@ class LossSpikeDetector(Detector):
             if before and ratio <= SPIKE_RECORD_MARGIN * max(before):
                 return []  # this run had a jump as large recently and recovered: its normal tail
             self.quiet_until = step + self.cfg.window
+            window = list(previous)[:-1]
             return [
                 finding(
                     "loss_spike",

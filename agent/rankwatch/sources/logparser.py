@@ -176,6 +176,8 @@ class LogParser:
             self._error("matcher", "error-signature matcher failed")
             out = []
         waiting = self._waiting
+        if not waiting and not m.busy:  # the usual line: no traceback open on any rank
+            return out
         if m.waiting:
             waiting.add(rank)
         elif rank in waiting:
