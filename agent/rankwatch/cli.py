@@ -245,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="analyze up to N files at once in worker processes (default: one per core when the "
-        "files add up to 64 MiB or more; 1: all in this process)",
+        "files add up to 64 MiB or more, and a file of 64 MiB or more read in here is read by a second "
+        "process while this one parses; 1: all in this process)",
     )
     a.set_defaults(func=cmd_analyze)
 
