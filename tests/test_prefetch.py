@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,8 +13,9 @@ import pytest
 from rankwatch import analyze as analyze_mod
 from rankwatch.analyze import analyze
 from rankwatch.config.schema import Config
+from rankwatch.sources import prefetch
 from rankwatch.sources.lines import NOISE, read_lines
-from rankwatch.sources.prefetch import PrefetchError, prefetched_lines
+from rankwatch.sources.prefetch import prefetched_lines
 from rankwatch.sources.signatures import may_hold_signature
 
 MIXED = (
@@ -61,11 +65,41 @@ def test_a_head_ending_inside_a_cut_line_is_read_whole_by_the_child(tmp_path: Pa
     assert [(x.lineno, x.cut, len(x.text)) for x in there] == [(1, False, 5), (2, True, 1000), (3, False, 4)]
 
 
-def test_a_reading_process_that_fails_is_an_error_not_a_short_log(tmp_path: Path) -> None:
+def test_a_reading_process_that_dies_midway_is_replaced_by_reading_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its stream cut mid-batch (as if it were killed): the rest is read here, from the line
+    after the last one it sent whole; nothing lost, nothing twice, \\r segments included."""
     p = tmp_path / "rank-0.log"
-    p.write_bytes(MIXED)
-    with pytest.raises(PrefetchError, match="stopped early"):
-        _prefetched(p, 2)  # the child's splitter refuses a limit below one character
+    p.write_bytes(MIXED * 300)
+
+    def truncated(fd: int, limit: int, label: str, start: int) -> subprocess.Popen[bytes]:
+        child = f"{sys.executable} -m rankwatch.sources.prefetch {fd} {limit} {label} {start}"
+        return subprocess.Popen(
+            ["sh", "-c", f"{child} | head -c 150000"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            pass_fds=(fd,),
+        )
+
+    monkeypatch.setattr(prefetch, "_start", truncated)
+    want = [(x.text, x.lineno, x.cut) for x in read_lines(p, max_line_bytes=1000, drop=NOISE)]
+    for head in (0, 7777):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "rankwatch.prefetch"):
+            got = _prefetched(p, 1000, head)
+        assert [(x.text, x.lineno, x.cut) for x in got] == want
+        assert "reading the rest here" in caplog.text
+
+
+def test_a_reading_process_that_cannot_start_leaves_the_reading_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = tmp_path / "rank-0.log"
+    p.write_bytes(MIXED * 20)
+    monkeypatch.setattr(prefetch, "_start", lambda *a: None)
+    want = [(x.text, x.lineno, x.cut) for x in read_lines(p, drop=NOISE)]
+    assert [(x.text, x.lineno, x.cut) for x in _prefetched(p, 1 << 20, 7777)] == want
 
 
 def test_analyze_reads_the_same_with_or_without_the_second_process(

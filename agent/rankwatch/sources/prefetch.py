@@ -4,8 +4,8 @@ overlaps parsing it and running the detectors: `analyze` on one large file with 
 The child is ``python -m rankwatch.sources.prefetch FD MAX_LINE_BYTES LABEL START``. It reads
 the file the parent opened (its descriptor is passed on, so the parent alone reports a path
 it cannot open) from byte START, where a line begins, and writes the kept lines in pickled
-batches, then None: without that end mark the parent raises rather than pass a partial
-read off as the whole log.
+batches, then None: without that end mark the parent reads the rest itself rather than pass a
+partial read off as the whole log.
 """
 
 from __future__ import annotations
@@ -15,12 +15,16 @@ import fcntl
 import logging
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
 from rankwatch.sources.signatures import may_hold_signature
+
+log = logging.getLogger("rankwatch.prefetch")
 
 # The child writes small batches into a big pipe: it runs up to a megabyte of kept lines
 # ahead instead of waiting, with a full buffer, until the parent has parsed all of it.
@@ -31,10 +35,6 @@ HEAD_BYTES = 16 << 20
 _NEAR = 64 << 10  # a line that long at the head's end: no head, the child reads it all
 
 
-class PrefetchError(OSError):
-    """The reading process stopped before the end of the file."""
-
-
 def _line_end(fd: int, at: int) -> int:
     """Just past the newline that ends the line holding byte ``at``; 0 when none is near."""
     tail = os.pread(fd, _NEAR, at)
@@ -42,41 +42,80 @@ def _line_end(fd: int, at: int) -> int:
     return at + i + 1 if i >= 0 else 0
 
 
-def prefetched_lines(
-    path: str, *, max_line_bytes: int, head_bytes: int = HEAD_BYTES
-) -> Iterator[FollowedLine]:
-    """What ``read_lines(path, drop=NOISE)`` yields: the first ``head_bytes`` (to the end of
-    a line) read here while the child starts, the rest by the child."""
-    with open(path, "rb") as fh:
-        fd = fh.fileno()
-        split = _line_end(fd, head_bytes) if head_bytes > 0 else 0
-        proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(fd), str(max_line_bytes), path, str(split)],
+def _start(fd: int, max_line_bytes: int, label: str, start: int) -> subprocess.Popen[bytes] | None:
+    # The child imports this very copy of rankwatch, wherever the parent found it.
+    here = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", __name__, str(fd), str(max_line_bytes), label, str(start)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             pass_fds=(fd,),
             bufsize=_WRITE_BYTES,
+            env=env,
         )
+    except OSError as e:
+        log.warning("%s: cannot start a process to read it (%s); reading it here", label, e)
+        return None
+
+
+def prefetched_lines(
+    path: str, *, max_line_bytes: int, head_bytes: int = HEAD_BYTES
+) -> Iterator[FollowedLine]:
+    """What ``read_lines(path, drop=NOISE)`` yields: the first ``head_bytes`` (to the end of
+    a line) read here while the child starts, the rest by the child. If the child fails, the
+    rest is read here from the line after the last one it sent: logged, nothing lost or
+    handed out twice."""
+    with open(path, "rb") as fh:
+        fd = fh.fileno()
+        split = _line_end(fd, head_bytes) if head_bytes > 0 else 0
+        proc = _start(fd, max_line_bytes, path, split)
+    last, same = 0, 0  # line number of the last line sent, and how many segments of it
     done = False
     try:
-        assert proc.stdout is not None
-        with contextlib.suppress(AttributeError, OSError):  # Linux only; the default 64 KiB works too
-            fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        if proc is not None:
+            assert proc.stdout is not None
+            with contextlib.suppress(AttributeError, OSError):  # Linux only; the default 64 KiB works too
+                fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         if split:
             yield from read_lines(path, max_line_bytes=max_line_bytes, drop=NOISE, end=split)
-        with proc.stdout as out:
-            # Our own child's batches: (texts, line numbers, cut flags, clean flags); None ends.
-            while (batch := pickle.load(out)) is not None:
-                yield from map(FollowedLine, *batch)
-            done = True
-    except (EOFError, pickle.UnpicklingError):
-        pass
+        if proc is not None:
+            assert proc.stdout is not None
+            with contextlib.suppress(EOFError, ValueError, pickle.UnpicklingError), proc.stdout as out:
+                # Our own child's batches: (texts, line numbers, cut flags, clean flags); None ends.
+                while (batch := pickle.load(out)) is not None:
+                    yield from map(FollowedLine, *batch)
+                    numbers = batch[1]
+                    if numbers:
+                        n = numbers.count(numbers[-1])  # \r segments of one line are adjacent
+                        same = n + same if n == len(numbers) and numbers[-1] == last else n
+                        last = numbers[-1]
+                done = True
     finally:
-        if proc.poll() is None and not done:
-            proc.kill()
-        code = proc.wait()
-    if not done or code != 0:
-        raise PrefetchError(f"{path}: the process reading it stopped early (exit {code})")
+        code = None
+        if proc is not None:
+            if proc.poll() is None and not done:
+                proc.kill()
+            code = proc.wait()
+    if done and code == 0:
+        return
+    if proc is not None:
+        log.warning(
+            "%s: the process reading it stopped (exit %s) after line %d; reading the rest here",
+            path,
+            code,
+            last,
+        )
+    with open(path, "rb") as fh:
+        first = os.pread(fh.fileno(), split, 0).count(b"\n") + 1 if split else 1
+    rest = read_lines(path, max_line_bytes=max_line_bytes, drop=NOISE, start=split, first_lineno=first)
+    for fl in rest:
+        if fl.lineno < last or (fl.lineno == last and same > 0):
+            same -= fl.lineno == last
+            continue
+        yield fl
 
 
 def _clean(texts: list[str]) -> list[bool]:
@@ -121,6 +160,7 @@ def _serve(fd: int, max_line_bytes: int, label: str, start: int) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us
     logging.basicConfig(
         level=logging.WARNING, format="rankwatch %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
