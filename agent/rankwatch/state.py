@@ -53,7 +53,6 @@ class RankState:
     finite_values: dict[str, deque[float]] = field(
         default_factory=lambda: {attr: deque(maxlen=HISTORY) for attr in TRACKED}
     )
-
     _kept: tuple[deque[float], ...] = field(init=False, repr=False, compare=False)  # in TRACKED order
 
     def __post_init__(self) -> None:
