@@ -433,3 +433,18 @@ def test_recent_windows_skip_non_finite_values_and_keep_order() -> None:
         st.add(StepRecord(step=100 + i, loss=float(i)))
     assert len(st.recent("loss", 10 * HISTORY)) == HISTORY
     assert st.recent("loss", 2) == [HISTORY + 3.0, HISTORY + 4.0]
+
+
+def test_recent_windows_reach_no_further_back_than_the_last_history_records() -> None:
+    """A field most records lack (a loss on every third): the window is of the last HISTORY
+    records, as the records themselves are, not of the last HISTORY values."""
+    st = RankState(rank=0)
+    for i in range(3 * HISTORY + 7):
+        v = float(i) if i % 3 == 0 else None
+        st.add(StepRecord(step=i + 1, loss=v, learning_rate=v))
+        if i % 1000 == 0 or i > 3 * HISTORY:
+            want = [r.loss for r in st.steps if r.loss is not None]
+            assert st.recent("loss", 10 * HISTORY) == want
+            assert st.recent("loss", 5) == want[-5:]
+            ends = st.ends("learning_rate", 10 * HISTORY)
+            assert ends == ((want[0], want[-1]) if len(want) >= 2 else None)

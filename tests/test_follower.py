@@ -444,3 +444,23 @@ def test_copytruncate_refilled_past_the_offset_before_the_next_poll(
         w.write(b"tail\n")
     assert [x.text for x in f.read_available()] == ["tail"] and f.stats.truncations == 1
     f.close()
+
+
+def test_noise_among_carriage_return_segments_is_dropped_alike_wherever_reads_split(tmp_path: Path) -> None:
+    """tqdm redraws (\\r) with an NCCL INFO line glued among them: what is dropped is decided per
+    segment, so it cannot depend on where a read (or the analyze reader's first byte) falls."""
+    from rankwatch.sources.lines import NOISE
+
+    bars = [f"train {i}%|{'#' * (i // 10)}| {i}/100" for i in range(0, 101, 5)]
+    glued = "node:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"
+    line = "\r".join([*bars[:7], glued, *bars[7:], glued + "{'loss': 'nan'}"]) + "\n"
+    p = tmp_path / "rank-0.log"
+    p.write_text(("plain line\n" + line) * 40)
+    results = {
+        chunk: [(x.lineno, x.text) for x in read_lines(p, chunk_size=chunk, drop=NOISE)]
+        for chunk in (7, 61, 100, 4096, 1 << 20)
+    }
+    first = results[1 << 20]
+    assert all(r == first for r in results.values())
+    assert sum(1 for _, t in first if NOISE in t) == 40  # only the one holding "loss" stays
+    assert sum(1 for _, t in first if t.startswith("train ")) == 40 * len(bars)

@@ -141,6 +141,13 @@ def test_megatron_layout_fast_path_reads_what_the_general_walk_reads() -> None:
             got = warm.parse(LogLine(text, n))
             want = MegatronParser().parse(LogLine(text, n))
             assert repr(got) == repr(want), text
+    # A field told twice, unreadable the first time on the line the layout is built from.
+    dup = " iteration {it:>8}/    1000 | tflops: {a} | throughput per GPU (TFLOP/s/GPU): {b} | lm loss: 2.0 |"
+    warm = MegatronParser()
+    warm.parse(LogLine(dup.format(it=1, a="-", b="100.0"), 1))
+    for a, b in [("50.0", "100.0"), ("-", "7.0"), ("nan", "1.0")]:
+        text = dup.format(it=2, a=a, b=b)
+        assert repr(warm.parse(LogLine(text, 2))) == repr(MegatronParser().parse(LogLine(text, 2))), text
 
 
 # ---------------------------------------------------------------- DeepSpeed

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +76,9 @@ def test_a_reading_process_that_dies_midway_is_replaced_by_reading_here(
     p.write_bytes(MIXED * 300)
 
     def truncated(fd: int, limit: int, label: str, start: int) -> subprocess.Popen[bytes]:
-        child = f"{sys.executable} -m rankwatch.sources.prefetch {fd} {limit} {label} {start}"
+        here = str(Path(prefetch.__file__).resolve().parents[2])
+        args = [here, str(fd), str(limit), label, str(start)]
+        child = shlex.join([sys.executable, "-I", "-c", prefetch._CHILD, *args])
         return subprocess.Popen(
             ["sh", "-c", f"{child} | head -c 150000"],
             stdin=subprocess.DEVNULL,
@@ -89,7 +93,8 @@ def test_a_reading_process_that_dies_midway_is_replaced_by_reading_here(
         with caplog.at_level(logging.WARNING, "rankwatch.prefetch"):
             got = _prefetched(p, 1000, head)
         assert [(x.text, x.lineno, x.cut) for x in got] == want
-        assert "reading the rest here" in caplog.text
+        cut_after = re.search(r"after line (\d+); reading the rest here", caplog.text)
+        assert cut_after is not None and 0 < int(cut_after[1]) < want[-1][1], caplog.text
 
 
 def test_a_reading_process_that_cannot_start_leaves_the_reading_here(

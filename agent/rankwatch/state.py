@@ -20,7 +20,9 @@ HISTORY = 4096
 # the minutes a pipeline-parallel giant takes.
 STEP_TIME_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 # StepRecord fields whose recent finite values detectors ask for on every step: kept apart
-# as they arrive, so a window is a slice and not a walk over the records.
+# as they arrive, so a window is a slice and not a walk over the records. A value is taken
+# when its record is added: a parser that later amends a record it already handed out
+# (DeepSpeed's late fields) amends the record, not these windows.
 TRACKED = ("loss", "grad_norm", "learning_rate", "step_time_s")
 _tracked = attrgetter(*TRACKED)
 
@@ -50,13 +52,18 @@ class RankState:
     max_loss_scale: float | None = None
     last_loss_scale: float | None = None
     overflow_lines: int = 0  # the rank prints one line per overflow (DeepSpeed, Megatron fp16)
+    # Per TRACKED field: its finite values, and the number (step_count) of the record each
+    # came with, so a window never reaches past the last HISTORY records, as ``steps``.
     finite_values: dict[str, deque[float]] = field(
         default_factory=lambda: {attr: deque(maxlen=HISTORY) for attr in TRACKED}
     )
-    _kept: tuple[deque[float], ...] = field(init=False, repr=False, compare=False)  # in TRACKED order
+    finite_at: dict[str, deque[int]] = field(
+        default_factory=lambda: {attr: deque(maxlen=HISTORY) for attr in TRACKED}
+    )
+    _kept: tuple[tuple[deque[float], deque[int]], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._kept = tuple(self.finite_values[attr] for attr in TRACKED)
+        self._kept = tuple((self.finite_values[a], self.finite_at[a]) for a in TRACKED)
 
     def position(self, rec: StepRecord | None = None) -> int:
         """Step number where the log gives one, else the count of logged steps."""
@@ -73,9 +80,10 @@ class RankState:
                 record.step_inferred = True
             self.steps.append(record)
             self.step_count += 1
-            for kept, v in zip(self._kept, _tracked(record), strict=True):
+            for (kept, at), v in zip(self._kept, _tracked(record), strict=True):
                 if v is not None and v - v == 0:  # false for NaN and infinities
                     kept.append(v)
+                    at.append(self.step_count)
             if self.last_step is None or record.step > self.last_step:
                 self.last_step = record.step
                 if record.time is not None:
@@ -118,7 +126,7 @@ class RankState:
     def recent(self, attr: str, n: int) -> list[float]:
         """Last ``n`` finite values of a StepRecord field, oldest first (of the last
         ``HISTORY`` the rank printed)."""
-        kept = self.finite_values.get(attr)
+        kept = self._window(attr)
         if kept is not None:
             if n >= len(kept):
                 return list(kept)
@@ -142,11 +150,22 @@ class RankState:
     def ends(self, attr: str, n: int) -> tuple[float, float] | None:
         """(oldest, newest) of ``recent(attr, n)`` of a ``TRACKED`` field, without building
         the list; None when fewer than two values."""
-        kept = self.finite_values[attr]
+        kept = self._window(attr)
+        assert kept is not None, f"{attr} is not a TRACKED field"
         k = len(kept)
         if k < 2 or n < 2:
             return None
         return kept[-min(n, k)], kept[-1]
+
+    def _window(self, attr: str) -> deque[float] | None:
+        kept = self.finite_values.get(attr)
+        if kept is not None:
+            at = self.finite_at[attr]
+            gone = self.step_count - HISTORY  # records up to this number have left ``steps``
+            while at and at[0] <= gone:
+                at.popleft()
+                kept.popleft()
+        return kept
 
     def recent_records(self, n: int) -> list[StepRecord]:
         k = min(n, len(self.steps))

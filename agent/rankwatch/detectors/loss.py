@@ -156,20 +156,19 @@ class LossSpikeDetector(Detector):
         self.warmup = warmup_steps
         self.quiet_until = -1
         self.ratios: deque[float] = deque(maxlen=SPIKE_MEMORY)  # loss / rolling mean, per logged step
-        # The rank's last finite losses before this step: summed in place on every step.
-        self.previous: deque[float] = deque(maxlen=max(1, cfg.window))
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.loss):
             return []
-        loss = float(record.loss)  # type: ignore[arg-type]
-        previous = self.previous
-        full = len(previous) == previous.maxlen
-        mean = sum(previous) / len(previous) if full else 0.0
-        previous.append(loss)
         step = state.position(record)
-        if not full or step <= self.warmup or step <= self.quiet_until:
+        if step <= self.warmup or step <= self.quiet_until:
             return []
+        window = state.recent("loss", self.cfg.window + 1)
+        window.pop()  # this step's own loss
+        if len(window) < self.cfg.window:
+            return []
+        mean = sum(window) / len(window)
+        loss = float(record.loss)  # type: ignore[arg-type]
         ratio = loss / mean if mean > 0 else 0.0
         before = self.ratios.copy() if ratio > self.cfg.factor else None
         self.ratios.append(ratio)
@@ -181,7 +180,6 @@ class LossSpikeDetector(Detector):
             if before and ratio <= SPIKE_RECORD_MARGIN * max(before):
                 return []  # this run had a jump as large recently and recovered: its normal tail
             self.quiet_until = step + self.cfg.window
-            window = list(previous)[:-1]
             return [
                 finding(
                     "loss_spike",

@@ -155,15 +155,18 @@ class Splitter:
             else:
                 out.extend(map(FollowedLine, parts, range(start, self.lineno)))
         else:
+            # Noise is dropped per \r segment: a piece may end at any \r, so a decision per
+            # \n line would depend on where reads happen to split it.
             parts = text.split("\n")
             lineno = start
             for part in parts:
-                if drop is not None and drop in part and RESCUE not in part:
-                    self.stats.dropped_lines += 1
-                elif "\r" in part:
-                    out.extend([FollowedLine(seg, lineno) for seg in part.split("\r") if seg])
-                elif part:
-                    out.append(FollowedLine(part, lineno))
+                for seg in part.split("\r") if "\r" in part else (part,):
+                    if not seg:
+                        continue
+                    if drop is not None and drop in seg and RESCUE not in seg:
+                        self.stats.dropped_lines += 1
+                    else:
+                        out.append(FollowedLine(seg, lineno))
                 lineno += 1
             self.lineno = start + len(parts) - 1
         self.stats.lines += len(out) - before

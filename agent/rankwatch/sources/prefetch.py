@@ -1,7 +1,7 @@
 """A big finished log read in a second process, so that reading it (and dropping its noise)
 overlaps parsing it and running the detectors: `analyze` on one large file with two cores.
 
-The child is ``python -m rankwatch.sources.prefetch FD MAX_LINE_BYTES LABEL START``. It reads
+The child runs ``main(FD MAX_LINE_BYTES LABEL START)`` in a fresh interpreter. It reads
 the file the parent opened (its descriptor is passed on, so the parent alone reports a path
 it cannot open) from byte START, where a line begins, and writes the kept lines in pickled
 batches, then None: without that end mark the parent reads the rest itself rather than pass a
@@ -42,19 +42,24 @@ def _line_end(fd: int, at: int) -> int:
     return at + i + 1 if i >= 0 else 0
 
 
+# Isolated (-I: no PYTHONPATH, no current directory on the path), the child imports this
+# very copy of rankwatch: its folder goes first on the path unless the path already has it
+# (an installed copy, whose folder is site-packages: never put ahead of the standard library).
+_CHILD = (
+    "import sys; r = sys.argv[1]; r in sys.path or sys.path.insert(0, r); "
+    "from rankwatch.sources.prefetch import main; sys.exit(main(sys.argv[2:]))"
+)
+
+
 def _start(fd: int, max_line_bytes: int, label: str, start: int) -> subprocess.Popen[bytes] | None:
-    # The child imports this very copy of rankwatch, wherever the parent found it.
     here = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", __name__, str(fd), str(max_line_bytes), label, str(start)],
+            [sys.executable, "-I", "-c", _CHILD, here, str(fd), str(max_line_bytes), label, str(start)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             pass_fds=(fd,),
             bufsize=_WRITE_BYTES,
-            env=env,
         )
     except OSError as e:
         log.warning("%s: cannot start a process to read it (%s); reading it here", label, e)
@@ -83,7 +88,8 @@ def prefetched_lines(
             yield from read_lines(path, max_line_bytes=max_line_bytes, drop=NOISE, end=split)
         if proc is not None:
             assert proc.stdout is not None
-            with contextlib.suppress(EOFError, ValueError, pickle.UnpicklingError), proc.stdout as out:
+            # Whatever the child's stream holds that is not a batch ends it: the rest is read here.
+            with contextlib.suppress(Exception), proc.stdout as out:
                 # Our own child's batches: (texts, line numbers, cut flags, clean flags); None ends.
                 while (batch := pickle.load(out)) is not None:
                     yield from map(FollowedLine, *batch)
@@ -99,6 +105,8 @@ def prefetched_lines(
             if proc.poll() is None and not done:
                 proc.kill()
             code = proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
     if done and code == 0:
         return
     if proc is not None:
@@ -159,9 +167,10 @@ def _serve(fd: int, max_line_bytes: int, label: str, start: int) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> int:
+    """The child: ``FD MAX_LINE_BYTES LABEL START``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us
     logging.basicConfig(
         level=logging.WARNING, format="rankwatch %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    sys.exit(_serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])))
+    return _serve(int(argv[0]), int(argv[1]), argv[2], int(argv[3]))

@@ -198,6 +198,7 @@ class MegatronParser:
         other_loss: float | None = None
         fields = _FIELDS
         keys: list[tuple[str, str | None]] = []  # (the cell's text up to its value, field)
+        tagged: set[str] = set()
         for cell in text[start:].split("|"):
             key, sep, raw = cell.rpartition(":")
             if not sep:
@@ -215,9 +216,11 @@ class MegatronParser:
                     if not any(fd == "other_loss" for _, fd in keys):
                         keys[-1] = (keys[-1][0], "other_loss")
                 continue
+            if field not in tagged:  # the layout reads a field's first cell, as this walk does
+                tagged.add(field)
+                keys[-1] = (keys[-1][0], field)
             if field in f:
                 continue
-            keys[-1] = (keys[-1][0], field)
             val = _number(raw)
             if val is not None:
                 f[field] = val
