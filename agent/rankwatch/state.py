@@ -52,18 +52,19 @@ class RankState:
     max_loss_scale: float | None = None
     last_loss_scale: float | None = None
     overflow_lines: int = 0  # the rank prints one line per overflow (DeepSpeed, Megatron fp16)
-    # Per TRACKED field: its finite values, and the number (step_count) of the record each
-    # came with, so a window never reaches past the last HISTORY records, as ``steps``.
+    # Per TRACKED field: its finite values, and the numbers (step_count) of the records that
+    # lacked one (few, in a healthy run), so a window never reaches past the last HISTORY
+    # records, as ``steps`` does not.
     finite_values: dict[str, deque[float]] = field(
         default_factory=lambda: {attr: deque(maxlen=HISTORY) for attr in TRACKED}
     )
-    finite_at: dict[str, deque[int]] = field(
+    finite_missing: dict[str, deque[int]] = field(
         default_factory=lambda: {attr: deque(maxlen=HISTORY) for attr in TRACKED}
     )
     _kept: tuple[tuple[deque[float], deque[int]], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._kept = tuple((self.finite_values[a], self.finite_at[a]) for a in TRACKED)
+        self._kept = tuple((self.finite_values[a], self.finite_missing[a]) for a in TRACKED)
 
     def position(self, rec: StepRecord | None = None) -> int:
         """Step number where the log gives one, else the count of logged steps."""
@@ -80,10 +81,11 @@ class RankState:
                 record.step_inferred = True
             self.steps.append(record)
             self.step_count += 1
-            for (kept, at), v in zip(self._kept, _tracked(record), strict=True):
+            for (kept, missing), v in zip(self._kept, _tracked(record), strict=True):
                 if v is not None and v - v == 0:  # false for NaN and infinities
                     kept.append(v)
-                    at.append(self.step_count)
+                else:
+                    missing.append(self.step_count)
             if self.last_step is None or record.step > self.last_step:
                 self.last_step = record.step
                 if record.time is not None:
@@ -126,11 +128,12 @@ class RankState:
     def recent(self, attr: str, n: int) -> list[float]:
         """Last ``n`` finite values of a StepRecord field, oldest first (of the last
         ``HISTORY`` the rank printed)."""
-        kept = self._window(attr)
-        if kept is not None:
-            if n >= len(kept):
+        if attr in self.finite_values:
+            kept = self.finite_values[attr]
+            k = min(n, self._in_window(attr))
+            if k >= len(kept):
                 return list(kept)
-            out = list(islice(reversed(kept), n))
+            out = list(islice(reversed(kept), k))
             out.reverse()
             return out
         vals = [v for v in map(attrgetter(attr), islice(reversed(self.steps), n)) if v is not None]
@@ -150,22 +153,19 @@ class RankState:
     def ends(self, attr: str, n: int) -> tuple[float, float] | None:
         """(oldest, newest) of ``recent(attr, n)`` of a ``TRACKED`` field, without building
         the list; None when fewer than two values."""
-        kept = self._window(attr)
-        assert kept is not None, f"{attr} is not a TRACKED field"
-        k = len(kept)
-        if k < 2 or n < 2:
+        kept = self.finite_values[attr]
+        k = min(n, self._in_window(attr), len(kept))
+        if k < 2:
             return None
-        return kept[-min(n, k)], kept[-1]
+        return kept[-k], kept[-1]
 
-    def _window(self, attr: str) -> deque[float] | None:
-        kept = self.finite_values.get(attr)
-        if kept is not None:
-            at = self.finite_at[attr]
-            gone = self.step_count - HISTORY  # records up to this number have left ``steps``
-            while at and at[0] <= gone:
-                at.popleft()
-                kept.popleft()
-        return kept
+    def _in_window(self, attr: str) -> int:
+        """How many of a TRACKED field's newest finite values came with the last HISTORY records."""
+        missing = self.finite_missing[attr]
+        gone = self.step_count - HISTORY  # records up to this number have left ``steps``
+        while missing and missing[0] <= gone:
+            missing.popleft()
+        return min(self.step_count, HISTORY) - len(missing)
 
     def recent_records(self, n: int) -> list[StepRecord]:
         k = min(n, len(self.steps))

@@ -15,6 +15,7 @@ from rankwatch.records import Finding, OverflowRecord, Record, Severity, StepRec
 from rankwatch.state import RankState, finite
 
 LR_RISING = 1.01  # the LR 10 logged steps ago was more than 1% lower: still in warmup
+_BASELINE_MAX = 500  # grad norms the explosion baseline learns from
 
 
 def lr_warming_up(state: RankState) -> bool:
@@ -44,17 +45,19 @@ class GradExplosionDetector(Detector):
             return []
         if state.position(record) <= self.warmup or not finite(record.grad_norm):
             return []
-        if lr_warming_up(state):
-            return []  # warmup by the run's own schedule, however long: grad norms run high
         g = float(record.grad_norm)
         base = self._base if len(self.baseline) >= self.cfg.baseline_steps else None
         # Without a baseline yet, only a blow-up far past the absolute threshold counts.
         high = g > self.cfg.factor * base and g > self.cfg.threshold if base is not None else (
             g > self.cfg.threshold * self.cfg.factor
         )
+        if not high and not self.run and not self.episode.active and len(self.baseline) >= _BASELINE_MAX:
+            return []  # the usual step: nothing to learn, count or close, in warmup or not
+        if lr_warming_up(state):
+            return []  # warmup by the run's own schedule, however long: grad norms run high
         if not high:
             self.run.clear()
-            if len(self.baseline) < 500:
+            if len(self.baseline) < _BASELINE_MAX:
                 self.baseline.append(g)
                 n = len(self.baseline)
                 if n >= 5 and (n < 50 or n % 25 == 0):

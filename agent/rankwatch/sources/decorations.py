@@ -120,6 +120,8 @@ def strip(raw: str) -> tuple[str, int | None, float | None]:
                     if when is None:
                         when = t
         elif c == " ":
+            if not (text[1:2] == " " or text[1:2].isdecimal()):
+                break  # Megatron's own " [2024-...] iteration": no srun label
             m = _SRUN.match(text)
             if m is not None:
                 rank = int(m["r"])
