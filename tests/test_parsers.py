@@ -141,6 +141,11 @@ def test_megatron_layout_fast_path_reads_what_the_general_walk_reads() -> None:
             got = warm.parse(LogLine(text, n))
             want = MegatronParser().parse(LogLine(text, n))
             assert repr(got) == repr(want), text
+    # A colon inside a value: the walk reads the cell as "<text>: value".
+    warm = MegatronParser()
+    warm.parse(LogLine(" iteration 1/ 10 | foo: 1 | grad norm: 2.0 |", 1))
+    text = " iteration 2/ 10 | foo: x moe loss: 3.0 | grad norm: 2.0 |"
+    assert repr(warm.parse(LogLine(text, 2))) == repr(MegatronParser().parse(LogLine(text, 2)))
     # A field told twice, unreadable the first time on the line the layout is built from.
     dup = " iteration {it:>8}/    1000 | tflops: {a} | throughput per GPU (TFLOP/s/GPU): {b} | lm loss: 2.0 |"
     warm = MegatronParser()

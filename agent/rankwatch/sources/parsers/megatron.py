@@ -93,15 +93,16 @@ class _Layout:
 
     @classmethod
     def build(cls, keys: list[tuple[str, str | None]]) -> _Layout:
-        """``keys``: (the cell's text up to its value, the field it gives or None)."""
+        """``keys``: (the cell's text up to its value, the field it gives or None). A value
+        holding a colon does not match: the walk splits a cell at its last colon."""
         parts: list[str] = []
         fields: list[str] = []
         for prefix, field in keys:
             if field is None:
-                parts.append(re.escape(prefix) + r"[^|]*\|")
+                parts.append(re.escape(prefix) + r"[^|:]*\|")
             else:
                 fields.append(field)
-                parts.append(re.escape(prefix) + r"([^|]*)\|")
+                parts.append(re.escape(prefix) + r"([^|:]*)\|")
         at = {f: i for i, f in enumerate(fields)}
         if "loss" not in at and "other_loss" in at:
             at["loss"] = at["other_loss"]
