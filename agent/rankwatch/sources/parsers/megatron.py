@@ -85,33 +85,35 @@ _ORDER = (
 class _Layout:
     """One run's iteration line as a pattern: each cell's own text, then its value."""
 
-    __slots__ = ("order", "rx")
+    __slots__ = ("colons", "order", "rx")
 
-    def __init__(self, rx: re.Pattern[str], order: tuple[int, ...]) -> None:
+    def __init__(self, rx: re.Pattern[str], order: tuple[int, ...], colons: int) -> None:
         self.rx = rx
         self.order = order  # per _ORDER, the index of its value among the groups; -1: absent
+        self.colons = colons  # in the cells' own text: one more in a value moves the walk's split
 
     @classmethod
     def build(cls, keys: list[tuple[str, str | None]]) -> _Layout:
-        """``keys``: (the cell's text up to its value, the field it gives or None). A value
-        holding a colon does not match: the walk splits a cell at its last colon."""
+        """``keys``: (the cell's text up to its value, the field it gives or None)."""
         parts: list[str] = []
         fields: list[str] = []
         for prefix, field in keys:
             if field is None:
-                parts.append(re.escape(prefix) + r"[^|:]*\|")
+                parts.append(re.escape(prefix) + r"[^|]*\|")
             else:
                 fields.append(field)
-                parts.append(re.escape(prefix) + r"([^|:]*)\|")
+                parts.append(re.escape(prefix) + r"([^|]*)\|")
         at = {f: i for i, f in enumerate(fields)}
         if "loss" not in at and "other_loss" in at:
             at["loss"] = at["other_loss"]
-        return cls(re.compile("".join(parts) + r"\s*\Z"), tuple(at.get(f, -1) for f in _ORDER))
+        order = tuple(at.get(f, -1) for f in _ORDER)
+        return cls(re.compile("".join(parts) + r"\s*\Z"), order, sum(p.count(":") for p, _ in keys))
 
     def read(self, text: str, start: int) -> list[float | None] | None:
-        """The values in ``_ORDER``, or None when the line differs from the layout in any way."""
+        """The values in ``_ORDER``, or None when the line differs from the layout in any way
+        (a colon in a value too: the walk splits a cell at its last colon)."""
         m = self.rx.match(text, start)
-        if m is None:
+        if m is None or text.count(":", start) != self.colons:
             return None
         try:
             vals: list[float | None] = list(map(float, m.groups()))
