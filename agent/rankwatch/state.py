@@ -128,9 +128,9 @@ class RankState:
     def recent(self, attr: str, n: int) -> list[float]:
         """Last ``n`` finite values of a StepRecord field, oldest first (of the last
         ``HISTORY`` the rank printed)."""
-        if attr in self.finite_values:
-            kept = self.finite_values[attr]
-            k = min(n, self._in_window(attr))
+        kept = self.finite_values.get(attr)
+        if kept is not None:
+            k = min(n, self._in_window(attr)) if self.finite_missing[attr] else n
             if k >= len(kept):
                 return list(kept)
             out = list(islice(reversed(kept), k))
@@ -154,7 +154,7 @@ class RankState:
         """(oldest, newest) of ``recent(attr, n)`` of a ``TRACKED`` field, without building
         the list; None when fewer than two values."""
         kept = self.finite_values[attr]
-        k = min(n, self._in_window(attr), len(kept))
+        k = min(n, self._in_window(attr), len(kept)) if self.finite_missing[attr] else min(n, len(kept))
         if k < 2:
             return None
         return kept[-k], kept[-1]
