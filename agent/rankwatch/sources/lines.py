@@ -5,7 +5,8 @@ Splitting rules: ``\\n`` ends a line and advances the line number; ``\\r`` ends 
 that keeps the line number of the ``\\n`` line it belongs to; empty segments (hence empty
 lines and the gap in ``\\r\\n``) are dropped; bytes are decoded as UTF-8 with replacement;
 a segment longer than ``max_line_bytes`` bytes is cut to its first ``max_line_bytes``
-bytes (never splitting a UTF-8 character) and the rest of it is discarded.
+bytes (never splitting a UTF-8 character) and the rest of it is discarded; with ``drop``,
+a segment holding it (and not ``RESCUE``) is skipped, its number kept for the next.
 
 No asyncio here: a process that only reads (``sources.prefetch``) starts faster without it.
 """
