@@ -117,6 +117,14 @@ def sent(sinks: list[RecordingSink]) -> list[Any]:
     return [a for s in sinks for a in s.alerts]
 
 
+async def all_stalled(ds: list[AlertDispatcher], ranks: range, board: Path, clock: FakeClock) -> None:
+    """Each agent reports its rank's stall, all of them are on the board, group_wait passes."""
+    for d, r in zip(ds, ranks, strict=True):
+        d.send(stall(r))
+    await until(lambda: all(state(board, r) == "firing" for r in ranks))
+    await tick(ds, clock, 5.1)
+
+
 def test_job_wide_stall_is_one_message_from_the_lowest_rank(tmp_path: Path) -> None:
     """Ranks 0-2 stall, rank 3 is healthy: one "3 of 4" message, one resolve, one repeat."""
 
@@ -422,10 +430,7 @@ def test_resolve_is_sent_when_a_peer_announced_the_firing_we_had_not_heard_of(tm
         pairs = [agent(tmp_path, r, 2, clock, board) for r in range(2)]
         ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
         async with all_running(ds):
-            for r in range(2):
-                ds[r].send(stall(r))
-            await until(lambda: all(state(board, r) == "firing" for r in range(2)))
-            await tick(ds, clock, 5.1)
+            await all_stalled(ds, range(2), board, clock)
             await until(lambda: len(sent(sinks)) == 1)
             assert sent(sinks)[0].ranks == [0, 1] and ds[1].peers is not None and ds[1].peers.waiting
             clock.advance(1.0)
@@ -452,10 +457,7 @@ def test_refire_after_a_peer_sent_the_resolve_is_sent(tmp_path: Path) -> None:
         pairs = [agent(tmp_path, r, 2, clock, board, repeat_interval=4 * 3600.0) for r in range(2)]
         ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
         async with all_running(ds):
-            for r in range(2):
-                ds[r].send(stall(r))
-            await until(lambda: all(state(board, r) == "firing" for r in range(2)))
-            await tick(ds, clock, 5.1)
+            await all_stalled(ds, range(2), board, clock)
             await tick(ds, clock, 2.1)
             await until(lambda: len(sent(sinks)) == 1)
             for r in range(2):
@@ -518,10 +520,7 @@ def test_live_ranks_behind_dead_ones_take_over_one_at_a_time(tmp_path: Path) -> 
         pairs = [agent(tmp_path, r, 16, clock, board) for r in range(8, 16)]
         ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
         async with all_running(ds):
-            for d, r in zip(ds, range(8, 16), strict=True):
-                d.send(stall(r))
-            await until(lambda: all(state(board, r) == "firing" for r in range(8, 16)))
-            await tick(ds, clock, 5.1)
+            await all_stalled(ds, range(8, 16), board, clock)
             for _ in range(8 * 4 + 8):
                 await tick(ds, clock, TAKEOVER / 4)
             await until(lambda: len(sent(sinks)) >= 1)
@@ -576,10 +575,7 @@ def test_slow_peer_reads_still_send_one_grouped_alert_and_mark(
         pairs = [agent(tmp_path, r, 4, clock, board) for r in range(4)]
         ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
         async with all_running(ds):
-            for r in range(4):
-                ds[r].send(stall(r))
-            await until(lambda: all(state(board, r) == "firing" for r in range(4)))
-            await tick(ds, clock, 5.1)
+            await all_stalled(ds, range(4), board, clock)
             await until(lambda: len(sent(sinks)) == 1, timeout=10)
             for _ in range(4 * 4 + 4):
                 await tick(ds, clock, TAKEOVER / 4)

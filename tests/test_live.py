@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from faultlib import stop_processes
+from rankwatch.dumps.store import DumpStore, IncidentInfo
+
 TRAINER = [sys.executable, "-m", "rankwatch.demo.trainer"]
 
 
@@ -56,6 +59,41 @@ def findings(tmp: Path, rank: int) -> list[dict]:
     if not p.exists():
         return []
     return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+
+
+def start_two_ranks(cfg: Path, tmp: Path, *trainer_args: str) -> list[subprocess.Popen[str]]:
+    """Two run-mode agents, one per rank of a two-rank fake job synchronised through a folder."""
+    sync = tmp / "sync"
+    sync.mkdir()
+    procs = []
+    for r in range(2):
+        args = ["--world-size", "2", "--sync-dir", str(sync), "--steps", "100000", *trainer_args]
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2")
+        cmd = agent_cmd(cfg, tmp, r, *args)
+        out = subprocess.DEVNULL
+        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def two_rank_stall(store: DumpStore, timeout: float = 60.0) -> IncidentInfo | None:
+    """The first stall incident that holds both ranks' stacks, within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [i for i in store.list_incidents() if i.reason == "stall" and len(i.ranks) == 2]
+        if done:
+            return done[0]
+        time.sleep(0.2)
+    return None
+
+
+def dumps_diff(tmp: Path, incident: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "dumps", "diff", incident, "--dir", str(tmp / "dumps")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return out.stdout
 
 
 def run_agent(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
@@ -236,39 +274,9 @@ def test_agent_killed_with_sigkill_leaves_child_running_and_log_complete(tmp_pat
 
 def test_two_rank_hang_dumps_and_diff_names_the_hung_rank(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
-    sync = tmp_path / "sync"
-    sync.mkdir()
-    procs = []
+    procs = start_two_ranks(cfg, tmp_path, "--fault", "hang@40:rank=1")
     try:
-        for r in range(2):
-            cmd = agent_cmd(
-                cfg,
-                tmp_path,
-                r,
-                "--world-size",
-                "2",
-                "--sync-dir",
-                str(sync),
-                "--steps",
-                "100000",
-                "--fault",
-                "hang@40:rank=1",
-            )
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE="2")
-            procs.append(
-                subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            )
-        from rankwatch.dumps.store import DumpStore
-
-        store = DumpStore(tmp_path / "dumps")
-        deadline = time.monotonic() + 60
-        incident = None
-        while time.monotonic() < deadline:
-            done = [i for i in store.list_incidents() if i.reason == "stall" and len(i.ranks) == 2]
-            if done:
-                incident = done[0]
-                break
-            time.sleep(0.2)
+        incident = two_rank_stall(DumpStore(tmp_path / "dumps"))
         assert incident is not None, [f["kind"] for r in (0, 1) for f in findings(tmp_path, r)]
         stalls = {r: [f for f in findings(tmp_path, r) if f["kind"] == "stall"] for r in (0, 1)}
         assert stalls[0] and stalls[1]
@@ -276,25 +284,9 @@ def test_two_rank_hang_dumps_and_diff_names_the_hung_rank(tmp_path: Path) -> Non
         r0 = (incident.path / "rank-0.txt").read_text()
         r1 = (incident.path / "rank-1.txt").read_text()
         assert "all_reduce" in r0 and "wait_for_batch" in r1
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rankwatch",
-                "dumps",
-                "diff",
-                incident.name,
-                "--dir",
-                str(tmp_path / "dumps"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert "suspect: rank 1" in out.stdout, out.stdout
+        out = dumps_diff(tmp_path, incident.name)
+        assert "suspect: rank 1" in out, out
     finally:
-        from faultlib import stop_processes
-
         stop_processes(procs)
 
 
@@ -306,39 +298,17 @@ def test_silent_rank_joins_the_incident_its_logging_peer_opened(tmp_path: Path) 
     cfg = write_config(tmp_path)
     text = cfg.read_text().replace("factor: 10}", "factor: 10, silent_rank_timeout: 10m}", 1)
     cfg.write_text(text.replace("dumps: {dir:", "dumps: {join_peers: 500ms, dir:"))
-    sync = tmp_path / "sync"
-    sync.mkdir()
-    procs = []
+    procs = start_two_ranks(cfg, tmp_path, "--no-all-ranks-log", "--fault", "hang@40:rank=0")
     try:
-        for r in range(2):
-            args = ["--world-size", "2", "--sync-dir", str(sync), "--steps", "100000"]
-            cmd = agent_cmd(cfg, tmp_path, r, *args, "--no-all-ranks-log", "--fault", "hang@40:rank=0")
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE="2")
-            procs.append(
-                subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            )
-        from rankwatch.dumps.store import DumpStore
-
         store = DumpStore(tmp_path / "dumps")
-        deadline = time.monotonic() + 60
-        incident = None
-        while time.monotonic() < deadline and incident is None:
-            done = [i for i in store.list_incidents() if i.reason == "stall" and len(i.ranks) == 2]
-            incident = done[0] if done else None
-            time.sleep(0.2)
+        incident = two_rank_stall(store)
         assert incident is not None, [(i.name, i.ranks) for i in store.list_incidents()]
         assert len(store.list_incidents()) == 1
         assert [f["kind"] for f in findings(tmp_path, 0) if f["kind"] == "stall"] == []  # not yet its own
         assert "wait_for_batch" in (incident.path / "rank-0.txt").read_text()
-        out = subprocess.run(
-            [sys.executable, "-m", "rankwatch", "dumps", "diff", incident.name,
-             "--dir", str(tmp_path / "dumps")],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-        assert "suspect: rank 0" in out.stdout, out.stdout
+        out = dumps_diff(tmp_path, incident.name)
+        assert "suspect: rank 0" in out, out
     finally:
-        from faultlib import stop_processes
-
         stop_processes(procs)
 
 
