@@ -107,11 +107,7 @@ class LogParser:
         if cut:
             st.cut += 1
         else:
-            parser = self._parsers.get(rank)
-            if parser is not None and not self._upgrade_left:  # the format is settled: the usual line
-                recs = self._run(parser, body, lineno, rank, when)
-            else:
-                recs = self._parse(body, lineno, rank, when)
+            recs = self._parse(body, lineno, rank, when)
             if recs:
                 out = out + recs if out else recs
         if out:
@@ -192,6 +188,9 @@ class LogParser:
         return out
 
     def _parse(self, body: str, lineno: int, rank: int | None, when: float | None) -> list[Record]:
+        parser = self._parsers.get(rank)
+        if parser is not None and not self._upgrade_left:  # the format is settled: the usual line
+            return self._run(parser, body, lineno, rank, when)
         if self._auto and (self.format is None or self._upgrade_left > 0):
             self._sniff(body)
             if self.format is None:

@@ -51,6 +51,11 @@ _CHILD = (
 )
 
 
+def _first_lineno(fd: int, start: int) -> int:
+    """The number of the line that begins at byte ``start``."""
+    return os.pread(fd, start, 0).count(b"\n") + 1 if start else 1
+
+
 def _start(fd: int, max_line_bytes: int, label: str, start: int) -> subprocess.Popen[bytes] | None:
     here = str(Path(__file__).resolve().parents[2])
     try:
@@ -117,7 +122,7 @@ def prefetched_lines(
             last,
         )
     with open(path, "rb") as fh:
-        first = os.pread(fh.fileno(), split, 0).count(b"\n") + 1 if split else 1
+        first = _first_lineno(fh.fileno(), split)
     rest = read_lines(path, max_line_bytes=max_line_bytes, drop=NOISE, start=split, first_lineno=first)
     for fl in rest:
         if fl.lineno < last or (fl.lineno == last and same > 0):
@@ -136,7 +141,7 @@ def _clean(texts: list[str]) -> list[bool]:
 
 
 def _serve(fd: int, max_line_bytes: int, label: str, start: int) -> int:
-    first = os.pread(fd, start, 0).count(b"\n") + 1 if start else 1
+    first = _first_lineno(fd, start)
     batch: list[FollowedLine] = []
     held = 0
     try:
