@@ -6,7 +6,6 @@ one. Detectors read from here and keep only their own episode bookkeeping.
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,8 +22,7 @@ STEP_TIME_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.
 # as they arrive, so a window is a slice and not a walk over the records. A value is taken
 # when its record is added: a parser that later amends a record it already handed out
 # (DeepSpeed's late fields) amends the record, not these windows.
-TRACKED = ("loss", "grad_norm", "learning_rate", "step_time_s")
-_tracked = attrgetter(*TRACKED)
+TRACKED = ("loss", "grad_norm", "learning_rate", "step_time_s")  # in _add_step's order
 
 
 def finite(x: float | None) -> bool:
@@ -76,37 +74,7 @@ class RankState:
 
     def add(self, record: Record) -> None:
         if isinstance(record, StepRecord):
-            if record.step is None:
-                record.step = (self.last_step + 1) if self.last_step is not None else self.step_count + 1
-                record.step_inferred = True
-            self.steps.append(record)
-            self.step_count += 1
-            for (kept, missing), v in zip(self._kept, _tracked(record), strict=True):
-                if v is not None and v - v == 0:  # false for NaN and infinities
-                    kept.append(v)
-                else:
-                    missing.append(self.step_count)
-            if self.last_step is None or record.step > self.last_step:
-                self.last_step = record.step
-                if record.time is not None:
-                    self.last_progress_time = record.time
-            if record.total_steps is not None:
-                self.total_steps = record.total_steps
-            t = record.step_time_s
-            if t is not None and 0 <= t < math.inf:
-                self.step_time_counts[bisect_left(STEP_TIME_BUCKETS, t)] += 1
-                self.step_time_sum += t
-            ls = record.loss_scale
-            if ls is not None and ls == ls:
-                self.last_loss_scale = ls
-                # bf16 runs print a constant scale of 1.0; only a dynamic scale means fp16.
-                peak = self.max_loss_scale
-                if peak is None or ls > peak:
-                    self.max_loss_scale = ls
-                if ls != 1.0:
-                    self.fp16_evidence = True
-            if record.skipped_iters and not self.overflow_lines:  # else each was counted from its line
-                self.overflows.extend([record.step] * min(record.skipped_iters, 1000))
+            self._add_step(record)
         elif isinstance(record, EvalRecord):
             if record.step is None:
                 record.step = self.last_step
@@ -124,6 +92,57 @@ class RankState:
             if self.first_time is None:
                 self.first_time = t
             self.last_time = t
+
+    def _add_step(self, record: StepRecord) -> None:
+        """Every step of a run passes here: the TRACKED fields are written out one by one."""
+        step = record.step
+        last = self.last_step
+        if step is None:
+            step = record.step = (last + 1) if last is not None else self.step_count + 1
+            record.step_inferred = True
+        self.steps.append(record)
+        n = self.step_count = self.step_count + 1
+        (lk, lm), (gk, gm), (rk, rm), (tk, tm) = self._kept
+        v = record.loss
+        if v is not None and v - v == 0:  # false for NaN and infinities
+            lk.append(v)
+        else:
+            lm.append(n)
+        v = record.grad_norm
+        if v is not None and v - v == 0:
+            gk.append(v)
+        else:
+            gm.append(n)
+        v = record.learning_rate
+        if v is not None and v - v == 0:
+            rk.append(v)
+        else:
+            rm.append(n)
+        t = record.step_time_s
+        if t is not None and t - t == 0:
+            tk.append(t)
+            if t >= 0:
+                self.step_time_counts[bisect_left(STEP_TIME_BUCKETS, t)] += 1
+                self.step_time_sum += t
+        else:
+            tm.append(n)
+        if last is None or step > last:
+            self.last_step = step
+            if record.time is not None:
+                self.last_progress_time = record.time
+        if record.total_steps is not None:
+            self.total_steps = record.total_steps
+        ls = record.loss_scale
+        if ls is not None and ls == ls:
+            self.last_loss_scale = ls
+            # bf16 runs print a constant scale of 1.0; only a dynamic scale means fp16.
+            peak = self.max_loss_scale
+            if peak is None or ls > peak:
+                self.max_loss_scale = ls
+            if ls != 1.0:
+                self.fp16_evidence = True
+        if record.skipped_iters and not self.overflow_lines:  # else each was counted from its line
+            self.overflows.extend([step] * min(record.skipped_iters, 1000))
 
     def recent(self, attr: str, n: int) -> list[float]:
         """Last ``n`` finite values of a StepRecord field, oldest first (of the last
@@ -158,6 +177,17 @@ class RankState:
         if k < 2:
             return None
         return kept[-k], kept[-1]
+
+    def prior_sum(self, attr: str, n: int) -> float | None:
+        """``sum(recent(attr, n + 1)[:-1])`` of a TRACKED field, added in the same order, without
+        building the window; None when fewer than ``n + 1`` values."""
+        kept = self.finite_values[attr]
+        have = min(self._in_window(attr), len(kept)) if self.finite_missing[attr] else len(kept)
+        if have <= n:
+            return None
+        vals = list(islice(reversed(kept), 1, n + 1))
+        vals.reverse()
+        return sum(vals)
 
     def _in_window(self, attr: str) -> int:
         """How many of a TRACKED field's newest finite values came with the last HISTORY records."""

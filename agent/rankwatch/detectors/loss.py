@@ -158,21 +158,24 @@ class LossSpikeDetector(Detector):
         self.ratios: deque[float] = deque(maxlen=SPIKE_MEMORY)  # loss / rolling mean, per logged step
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
-        if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.loss):
+        if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
-        step = state.position(record)
+        loss = record.loss
+        if loss is None or loss - loss != 0:  # absent, NaN or inf: the NaN detector's
+            return []
+        step = record.step if record.step is not None else state.position()
         if step <= self.warmup or step <= self.quiet_until:
             return []
-        window = state.recent("loss", self.cfg.window + 1)
-        window.pop()  # this step's own loss
-        if len(window) < self.cfg.window:
+        cfg = self.cfg
+        total = state.prior_sum("loss", cfg.window)
+        if total is None:
             return []
-        mean = sum(window) / len(window)
-        loss = float(record.loss)  # type: ignore[arg-type]
+        mean = total / cfg.window
         ratio = loss / mean if mean > 0 else 0.0
-        before = self.ratios.copy() if ratio > self.cfg.factor else None
+        before = self.ratios.copy() if ratio > cfg.factor else None
         self.ratios.append(ratio)
-        if before is not None and loss - mean >= self.cfg.min_delta:
+        if before is not None and loss - mean >= cfg.min_delta:
+            window = state.recent("loss", cfg.window + 1)[:-1]
             history = state.recent("loss", max(self.cfg.noise_window, self.cfg.window) + 1)[:-1]
             level, sigma = median(history[-self.cfg.window :]), step_noise(history)
             if loss - level <= self.cfg.noise_factor * sigma:
@@ -212,9 +215,12 @@ class LossDivergenceDetector(Detector):
         self.episode = Episode()
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
-        if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.loss):
+        if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
-        if state.position(record) <= self.warmup:
+        loss = record.loss
+        if loss is None or loss - loss != 0:
+            return []
+        if (record.step if record.step is not None else state.position()) <= self.warmup:
             return []
         self.seen += 1
         w = self.cfg.window
@@ -268,9 +274,12 @@ class LossPlateauDetector(Detector):
         self.episode = Episode()
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
-        if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.loss):
+        if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
-        if state.position(record) <= self.warmup:
+        loss = record.loss
+        if loss is None or loss - loss != 0:
+            return []
+        if (record.step if record.step is not None else state.position()) <= self.warmup:
             return []
         self.seen += 1
         w = self.cfg.window
