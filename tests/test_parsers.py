@@ -128,6 +128,14 @@ def test_megatron_layout_fast_path_reads_what_the_general_walk_reads() -> None:
         head + "learning rate: 1.0E-04 | z loss: 0.5 | lm loss: {loss} | loss scale: 1.0 | grad norm: {gn} |",
         head + "lm loss: {loss} | learning rate: 1.0E-04 | loss scale: 1.0 | grad norm: {gn} |",
     ]
+    same = "learning rate: 1.0E-04 | lm loss: {loss} | loss scale: 1.0 | grad norm: {gn} |"
+    # The counter after another "iteration", coloured, or behind a timestamp.
+    lines += [
+        "per iteration: x | preiteration 3/ 4 |" + head + same,
+        "\x1b[32m" + head + same + "\x1b[0m",
+        " [2026-11-20 09:00:00]" + head + same,
+        head.replace(" |", " \x1b[0m|", 1) + same,
+    ]
     values = [("2.5", "0.3", "900.0"), ("nan", "inf", "901.5"), ("2.4", "-", "N/A")]
     values.append(("1,234.5", "0.1", " 7 "))
     warm = MegatronParser()

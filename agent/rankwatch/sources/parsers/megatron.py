@@ -7,6 +7,8 @@ cells split on ``|`` instead of one fixed regex.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from operator import itemgetter
 from typing import ClassVar
 
 from rankwatch.records import Record, StepRecord
@@ -83,19 +85,21 @@ _ORDER = (
 
 
 class _Layout:
-    """One run's iteration line as a pattern: each cell's own text, then its value."""
+    """One run's iteration line as a pattern from the counter on: each cell's own text, then
+    its value."""
 
-    __slots__ = ("colons", "order", "rx")
+    __slots__ = ("colons", "pick", "rx")
 
     def __init__(self, rx: re.Pattern[str], order: tuple[int, ...], colons: int) -> None:
         self.rx = rx
-        self.order = order  # per _ORDER, the index of its value among the groups; -1: absent
+        # per _ORDER, the value at that index of (the groups after the counter's two, None)
+        self.pick = itemgetter(*order)
         self.colons = colons  # in the cells' own text: one more in a value moves the walk's split
 
     @classmethod
     def build(cls, keys: list[tuple[str, str | None]]) -> _Layout:
         """``keys``: (the cell's text up to its value, the field it gives or None)."""
-        parts: list[str] = []
+        parts: list[str] = [_ITER.pattern]
         fields: list[str] = []
         for prefix, field in keys:
             if field is None:
@@ -106,21 +110,23 @@ class _Layout:
         at = {f: i for i, f in enumerate(fields)}
         if "loss" not in at and "other_loss" in at:
             at["loss"] = at["other_loss"]
-        order = tuple(at.get(f, -1) for f in _ORDER)
+        order = tuple(at.get(f, len(fields)) for f in _ORDER)
         return cls(re.compile("".join(parts) + r"\s*\Z"), order, sum(p.count(":") for p, _ in keys))
 
-    def read(self, text: str, start: int) -> list[float | None] | None:
-        """The values in ``_ORDER``, or None when the line differs from the layout in any way
-        (a colon in a value too: the walk splits a cell at its last colon)."""
-        m = self.rx.match(text, start)
-        if m is None or text.count(":", start) != self.colons:
+    def read(self, text: str, at: int) -> tuple[str, str, tuple[float | None, ...]] | None:
+        """The counter's two texts and the values in ``_ORDER`` of the line whose counter is at
+        ``at``, or None when the line differs from the layout in any way (a colon in a value
+        too: the walk splits a cell at its last colon)."""
+        m = self.rx.match(text, at)
+        if m is None or text.count(":", at) != self.colons:
             return None
+        it, total, *cells = m.groups()
         try:
-            vals: list[float | None] = list(map(float, m.groups()))
+            vals: list[float | None] = list(map(float, cells))
         except ValueError:  # "nan" is a float; anything else goes the general way
             return None
         vals.append(None)
-        return [vals[i] for i in self.order]
+        return it, total, self.pick(vals)
 
 
 class MegatronParser:
@@ -145,54 +151,53 @@ class MegatronParser:
             if OverflowTracker.maybe(text):
                 return list(self._overflow.feed(line, strip_ansi(text)) or ())
             return []
-        if "iteration" not in text and "validation loss" not in text:
-            return []
-        text = strip_ansi(text)
         at = text.find("iteration")
+        layout = self._layout
+        if layout is not None and at >= 0:
+            # The hot path of `analyze` on Megatron logs. A run prints the same cells in the
+            # same order every iteration, so the first line's layout becomes one compiled
+            # pattern and the next lines cost one match and a float() per wanted cell; any
+            # other line takes the general walk over its cells.
+            got = layout.read(text, at)
+            if got is not None:
+                return [self._record(line, *got)]
+        if at < 0 and "validation loss" not in text:
+            return []
+        if "\x1b" in text:
+            text = strip_ansi(text)
+            at = text.find("iteration")
         m = _ITER.search(text, at) if at >= 0 else None
         if m is not None:
-            return self._train(line, text, m)
+            it, total = m.groups()
+            return [self._record(line, it, total, self._cells(text, m.end()))]
         v = _VALID.search(text)
         if v is not None:
             return self._valid(line, text, v)
         return []
 
-    def _train(self, line: LogLine, text: str, m: re.Match[str]) -> list[Record]:
-        # The hot path of `analyze` on Megatron logs. A run prints the same cells in the same
-        # order every iteration, so the first line's layout becomes one compiled pattern and
-        # the next lines cost one match and a float() per wanted cell; any other line takes
-        # the general walk over its cells.
-        it_text, total_text = m.groups()
+    def _record(
+        self, line: LogLine, it_text: str, total_text: str, vals: Sequence[float | None]
+    ) -> StepRecord:
         it = int(it_text)  # at most 18 digits: the pattern says so
-        total = int(total_text) if total_text != "infinity" else None
-        start = m.end()
-        vals = None
-        layout = self._layout
-        if layout is not None:
-            vals = layout.read(text, start)
-        if vals is None:
-            vals = self._cells(text, start)
         self._last_iter = it
         loss, grad_norm, lr, scale, tokens, samples, step_ms, tflops, skipped, nans = vals
-        return [
-            StepRecord(
-                step=it,
-                total_steps=total,
-                loss=loss,
-                grad_norm=grad_norm,
-                learning_rate=lr,
-                loss_scale=scale,
-                tokens_per_s=tokens,
-                samples_per_s=samples,
-                step_time_s=step_ms / 1000.0 if step_ms is not None else None,
-                tflops=tflops,
-                skipped_iters=_count(skipped),
-                nan_iters=_count(nans),
-                rank=line.rank,
-                line=line.lineno,
-                time=line.time,
-            )
-        ]
+        return StepRecord(
+            step=it,
+            total_steps=int(total_text) if total_text != "infinity" else None,
+            loss=loss,
+            grad_norm=grad_norm,
+            learning_rate=lr,
+            loss_scale=scale,
+            tokens_per_s=tokens,
+            samples_per_s=samples,
+            step_time_s=step_ms / 1000.0 if step_ms is not None else None,
+            tflops=tflops,
+            skipped_iters=_count(skipped),
+            nan_iters=_count(nans),
+            rank=line.rank,
+            line=line.lineno,
+            time=line.time,
+        )
 
     def _cells(self, text: str, start: int) -> list[float | None]:
         """Every cell after the iteration counter, float() first (it takes the surrounding
