@@ -12,7 +12,7 @@ from rankwatch.config.schema import (
 )
 from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
 from rankwatch.records import Finding, OverflowRecord, Record, Severity, StepRecord
-from rankwatch.state import RankState, finite
+from rankwatch.state import RankState
 
 LR_RISING = 1.01  # the LR 10 logged steps ago was more than 1% lower: still in warmup
 _BASELINE_MAX = 500  # grad norms the explosion baseline learns from
@@ -41,11 +41,14 @@ class GradExplosionDetector(Detector):
         self.episode = Episode()
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
-        if not self.cfg.enabled or not isinstance(record, StepRecord) or record.grad_norm is None:
+        if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
-        if state.position(record) <= self.warmup or not finite(record.grad_norm):
+        g = record.grad_norm
+        if g is None or g - g != 0:  # absent, NaN or inf: the NaN detector's
             return []
-        g = float(record.grad_norm)
+        if (record.step if record.step is not None else state.position()) <= self.warmup:
+            return []
+        g = float(g)
         base = self._base if len(self.baseline) >= self.cfg.baseline_steps else None
         # Without a baseline yet, only a blow-up far past the absolute threshold counts.
         high = g > self.cfg.factor * base and g > self.cfg.threshold if base is not None else (
@@ -106,13 +109,16 @@ class GradClippingDetector(Detector):
         self.episode = Episode()
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
-        if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.grad_norm):
+        if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
-        if state.position(record) <= self.warmup:
+        g = record.grad_norm
+        if g is None or g - g != 0:
+            return []
+        if (record.step if record.step is not None else state.position()) <= self.warmup:
             return []
         self.seen += 1
         w = self.cfg.window
-        over = record.grad_norm > self.cfg.max_grad_norm  # type: ignore[operator]
+        over = g > self.cfg.max_grad_norm
         if len(self.flags) == w:
             self.over -= self.flags[0]
         self.flags.append(over)
@@ -161,11 +167,14 @@ class GradVanishingDetector(Detector):
         self.episode = Episode()
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
-        if not self.cfg.enabled or not isinstance(record, StepRecord) or not finite(record.grad_norm):
+        if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
-        if state.position(record) <= self.warmup:
+        g = record.grad_norm
+        if g is None or g - g != 0:
             return []
-        if record.grad_norm < self.cfg.threshold:  # type: ignore[operator]
+        if (record.step if record.step is not None else state.position()) <= self.warmup:
+            return []
+        if g < self.cfg.threshold:
             self.low += 1
         else:
             self.low = 0
@@ -210,11 +219,13 @@ class LossScaleDetector(Detector):
     def observe(self, state: RankState, record: Record) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, (StepRecord, OverflowRecord)):
             return []
-        scale = record.loss_scale if isinstance(record, StepRecord) else record.new_scale
-        if not finite(scale):
+        is_step = isinstance(record, StepRecord)
+        scale = record.loss_scale if is_step else record.new_scale  # type: ignore[union-attr]
+        if scale is None or scale - scale != 0:
             scale = state.last_loss_scale  # DeepSpeed's step lines print no scale; its OVERFLOW lines do
-        if isinstance(record, StepRecord) and not record.skipped_iters:
-            if finite(scale) and scale > self.cfg.min_scale * 4 and self.episode.close():  # type: ignore[operator]
+        ok = scale is not None and scale - scale == 0
+        if is_step and not record.skipped_iters:  # type: ignore[union-attr]
+            if ok and scale > self.cfg.min_scale * 4 and self.episode.close():  # type: ignore[operator]
                 return [
                     finding(
                         "loss_scale_collapse",
@@ -229,7 +240,7 @@ class LossScaleDetector(Detector):
                 return []
         peak = state.max_loss_scale
         collapsed = (
-            finite(scale)
+            ok
             and scale <= self.cfg.min_scale  # type: ignore[operator]
             and peak is not None
             and peak > self.cfg.min_scale

@@ -5,17 +5,20 @@ from __future__ import annotations
 from rankwatch.config.schema import ThroughputConfig
 from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
 from rankwatch.records import Finding, Record, Severity, StepRecord
-from rankwatch.state import RankState, finite
+from rankwatch.state import RankState
 
 
 def _rate(rec: StepRecord, prev: StepRecord | None) -> tuple[str, float] | None:
     """A higher-is-better throughput figure, preferring what the framework printed."""
-    if finite(rec.tokens_per_s) and rec.tokens_per_s > 0:  # type: ignore[operator]
-        return "tokens/s", float(rec.tokens_per_s)  # type: ignore[arg-type]
-    if finite(rec.samples_per_s) and rec.samples_per_s > 0:  # type: ignore[operator]
-        return "samples/s", float(rec.samples_per_s)  # type: ignore[arg-type]
-    if finite(rec.step_time_s) and rec.step_time_s > 0:  # type: ignore[operator]
-        return "steps/s", 1.0 / rec.step_time_s  # type: ignore[operator]
+    v = rec.tokens_per_s
+    if v is not None and v - v == 0 and v > 0:  # finite and positive
+        return "tokens/s", float(v)
+    v = rec.samples_per_s
+    if v is not None and v - v == 0 and v > 0:
+        return "samples/s", float(v)
+    v = rec.step_time_s
+    if v is not None and v - v == 0 and v > 0:
+        return "steps/s", 1.0 / v
     if (
         prev is not None
         and rec.time is not None
@@ -51,7 +54,7 @@ class ThroughputDetector(Detector):
             return []
         prev, self.prev = self.prev, record
         got = _rate(record, prev)
-        if got is None or state.position(record) <= self.warmup:
+        if got is None or (record.step if record.step is not None else state.position()) <= self.warmup:
             return []
         unit, value = got
         if self.unit is None:

@@ -98,7 +98,7 @@ class LogParser:
         self._last_lineno, self._last_rank = lineno, rank
         when = ts if ts is not None else now
 
-        out: list[Record] = list(self._signatures(body, lineno, rank, when, clean))
+        out: list[Record] = self._signatures(body, lineno, rank, when, clean)  # type: ignore[assignment]
         for rec in out:
             # torchelastic's failure box is printed by the launcher, about another rank.
             failed = getattr(rec, "details", {}).get("failed_rank") if rec.rank is None else None
