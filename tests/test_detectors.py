@@ -167,6 +167,15 @@ def test_overfitting() -> None:
     assert len(fs) == 1 and fs[0].step == 600 and "1.82" not in fs[0].message
 
 
+def test_overfitting_after_an_eval_loss_of_zero_fails_nothing() -> None:
+    """Found by fuzzing: a best eval loss of exactly 0 made the message divide by it."""
+    recs: list = []
+    for i, ev in enumerate([0.5, 0.0, 0.3, 0.4, 0.5, 0.6]):
+        recs.extend(StepRecord(step=i * 100 + k, loss=2.0 - 0.002 * (i * 100 + k)) for k in range(1, 101))
+        recs.append(EvalRecord(eval_loss=ev, step=i * 100 + 100))
+    assert [f for f in run(recs) if f.kind == "overfitting" and not f.resolved] == []
+
+
 def test_grad_explosion_needs_consecutive_steps() -> None:
     rng = random.Random(2)
     recs = [healthy(s, rng) for s in range(1, 300)]

@@ -351,7 +351,7 @@ class OverfittingDetector(Detector):
                     )
                 ]
             return []
-        if ev > self.best * (1 + self.cfg.eval_rise_ratio):
+        if self.best > 0 and ev > self.best * (1 + self.cfg.eval_rise_ratio):  # no percent of 0
             self.above += 1
         else:
             self.above = 0
