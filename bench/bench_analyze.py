@@ -13,7 +13,9 @@ first parses, when there is a second core.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import random
 import re
 import tempfile
 import time
@@ -35,17 +37,21 @@ def write_log(path: Path, n: int, mix: str = "nccl") -> int:
     if mix == "nccl":
         noise = [x for x in noise if "NCCL INFO" in x]
     written = 0
+    rng = random.Random(0)  # a healthy run's values, different on every line as in a real log
     with open(path, "w") as f:
         step = 0
         for i in range(n):
             if i % 50 == 0:
                 step += 1
+                ms = 1532.4 + rng.gauss(0, 15)
+                lr = 3e-4 * (0.55 + 0.45 * math.cos(math.pi * step / 500000))
+                loss = 2.5 + 2.0 / (1 + step / 2000) + rng.gauss(0, 0.03)
                 f.write(
                     f" [2026-11-20 09:00:00] iteration {step:>8}/  500000 | consumed samples: {step * 256:>12} | "
-                    "elapsed time per iteration (ms): 1532.4 | throughput per GPU (TFLOP/s/GPU): 178.3 | "
-                    "learning rate: 2.999000E-04 | global batch size:   256 | lm loss: 3.123400E+00 | "
-                    "loss scale: 1.0 | grad norm: 0.452 | number of skipped iterations:   0 | "
-                    "number of nan iterations:   0 |\n"
+                    f"elapsed time per iteration (ms): {ms:.1f} | throughput per GPU (TFLOP/s/GPU): "
+                    f"{178.3 * 1532.4 / ms:.1f} | learning rate: {lr:.6E} | global batch size:   256 | "
+                    f"lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: {0.45 + rng.gauss(0, 0.04):.3f} | "
+                    "number of skipped iterations:   0 | number of nan iterations:   0 |\n"
                 )
             else:
                 f.write(noise[i % len(noise)].format(c=i % 32) + "\n")
