@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rankwatch.records import EvalRecord, OverflowRecord, Record, StepRecord
 from rankwatch.sources.parsers import FORMATS, make_parser, sniff_format
@@ -161,6 +163,37 @@ def test_megatron_layout_fast_path_reads_what_the_general_walk_reads() -> None:
     for a, b in [("50.0", "100.0"), ("-", "7.0"), ("nan", "1.0")]:
         text = dup.format(it=2, a=a, b=b)
         assert repr(warm.parse(LogLine(text, 2))) == repr(MegatronParser().parse(LogLine(text, 2))), text
+
+
+_MEGATRON_LINES = (
+    " [2026-11-20 09:00:00] iteration      120/  500000 | consumed samples:        30720 | "
+    "elapsed time per iteration (ms): 1532.4 | throughput per GPU (TFLOP/s/GPU): 178.3 | "
+    "learning rate: 2.999000E-04 | global batch size:   256 | lm loss: 3.123400E+00 | "
+    "loss scale: 1.0 | grad norm: 0.452 | number of skipped iterations:   0 | "
+    "number of nan iterations:   0 |",
+    " iteration      120/  500000 | consumed samples:        30720 | grad norm: 0.452 |",  # no loss term
+)
+_EDITS = st.sampled_from(
+    [":", "|", " ", "nan", "-", "iteration", "loss", "\x1b[0m", "7", "/", "E+", ",", " z loss: 3", "infinity"]
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(_MEGATRON_LINES),
+    st.lists(st.tuples(st.floats(0, 1), st.integers(0, 3), _EDITS), min_size=1, max_size=4),
+)
+def test_megatron_layout_matches_the_walk_on_any_edit(line: str, edits: list[tuple[float, int, str]]) -> None:
+    """Any text inserted or overwritten anywhere in a line of a settled layout: the warm
+    parser's answer is a fresh parser's (which walks the cells)."""
+    text = line
+    for where, cut, piece in edits:
+        at = int(where * len(text))
+        text = text[:at] + piece + text[at + cut :]
+    warm = MegatronParser()
+    warm.parse(LogLine(line, 1))
+    assert warm._layout is not None
+    assert repr(warm.parse(LogLine(text, 2))) == repr(MegatronParser().parse(LogLine(text, 2)))
 
 
 # ---------------------------------------------------------------- DeepSpeed
