@@ -75,7 +75,10 @@ def test_a_reading_process_that_dies_midway_is_replaced_by_reading_here(
     p = tmp_path / "rank-0.log"
     p.write_bytes(MIXED * 300)
 
-    def truncated(fd: int, limit: int, label: str, start: int) -> subprocess.Popen[bytes]:
+    def truncated(
+        fd: int, limit: int, label: str, start: int, kind: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        assert kind is None
         here = str(Path(prefetch.__file__).resolve().parents[2])
         args = [here, str(fd), str(limit), label, str(start)]
         child = shlex.join([sys.executable, "-I", "-c", prefetch._CHILD, *args])

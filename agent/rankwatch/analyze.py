@@ -1,8 +1,8 @@
 """Offline analysis: the live pipeline's parsers and detectors over finished log files.
 
 One file per rank (rank from the file name) or one file holding many ranks (rank from
-each line's launcher prefix). The output shapes are the ``analyze --json`` contract of
-DESIGN.md.
+each line's launcher prefix); gzip, bzip2 and xz files are read as the text they hold.
+The output shapes are the ``analyze --json`` contract of DESIGN.md.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from rankwatch.config.schema import Config
 from rankwatch.detectors.crossrank import cross_rank
 from rankwatch.engine import RankEngine
 from rankwatch.records import Finding, Severity
+from rankwatch.sources.compressed import compression_of, open_decompressed
 from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
 from rankwatch.sources.logparser import LogParser
 
@@ -109,6 +110,7 @@ class FileResult:
 
 PARALLEL_MIN_BYTES = 64 << 20  # below this a worker's start-up (~0.3 s) costs more than it saves
 PREFETCH_MIN_BYTES = 64 << 20  # a file this big is read by a second process (~0.07 s to start)
+PREFETCH_COMPRESSED_MIN_BYTES = 1 << 20
 
 
 def _cores() -> int:
@@ -121,12 +123,20 @@ def _cores() -> int:
 
 def _lines(path: str, cfg: Config, prefetch: bool) -> Iterator[FollowedLine]:
     limit = cfg.logs.max_line_bytes
+    kind = compression_of(path)
     if prefetch and os.name == "posix":
         st = os.stat(path)
-        if stat.S_ISREG(st.st_mode) and st.st_size >= PREFETCH_MIN_BYTES:
+        # A compressed log holds 5 to 100 times its size in text, and decompressing it is more
+        # work for the second process to take.
+        least = PREFETCH_MIN_BYTES if kind is None else PREFETCH_COMPRESSED_MIN_BYTES
+        if stat.S_ISREG(st.st_mode) and st.st_size >= least:
             from rankwatch.sources.prefetch import prefetched_lines
 
-            return prefetched_lines(path, max_line_bytes=limit)
+            if kind is not None:
+                open_decompressed(path, kind).close()  # one that cannot be read fails here, not in the child
+            return prefetched_lines(path, max_line_bytes=limit, compression=kind)
+    if kind is not None:
+        return read_lines(open_decompressed(path, kind), max_line_bytes=limit, drop=NOISE, label=path)
     return read_lines(path, max_line_bytes=limit, drop=NOISE)
 
 

@@ -50,14 +50,28 @@ def _load_config(args: argparse.Namespace):
     return cfg
 
 
+def _is_log_name(f: Path) -> bool:
+    """``rank-0.log``, and compressed: ``rank-0.log.gz``, ``slurm-12.out.xz``."""
+    from rankwatch.sources.compressed import SUFFIXES
+
+    if f.suffix in SUFFIXES:
+        f = f.with_suffix("")
+    return f.suffix in LOG_SUFFIXES
+
+
 def _expand_paths(paths: Sequence[str]) -> list[str]:
+    from rankwatch.sources.compressed import READABLE, compression_of
+
     out: list[str] = []
     for p in paths:
         path = Path(p)
         if path.is_dir():
-            files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in LOG_SUFFIXES)
+            files = sorted(f for f in path.iterdir() if f.is_file() and _is_log_name(f))
             if not files:
-                raise UsageError(f"{p}: directory holds no log files ({', '.join(LOG_SUFFIXES)})")
+                raise UsageError(
+                    f"{p}: directory holds no log files ({', '.join(LOG_SUFFIXES)}, or one of them "
+                    "compressed: .gz, .bz2, .xz)"
+                )
             out.extend(str(f) for f in files)
         elif path.is_file():
             out.append(str(path))
@@ -68,6 +82,13 @@ def _expand_paths(paths: Sequence[str]) -> list[str]:
         for f in out[-1:]:
             if not os.access(f, os.R_OK):
                 raise UsageError(f"{f}: permission denied")
+    for f in out:
+        kind = compression_of(f)
+        if kind is not None and kind not in READABLE:
+            raise UsageError(
+                f"{f}: {kind}-compressed, which rankwatch cannot read (it reads gzip, bzip2 and xz); "
+                + ("decompress it first: zstd -d " + f if kind == "zstd" else "decompress it first")
+            )
     return out
 
 
@@ -231,8 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="parsers and detectors over finished logs, one file per rank",
         description="Analyze finished logs. Rank comes from the file name (rank-3.log) or from launcher "
-        "prefixes on each line. Exit 0: nothing of severity warning or above; 1: such findings; "
-        "2: bad input.",
+        "prefixes on each line; gzip, bzip2 and xz files are read as the text they hold. Exit 0: nothing "
+        "of severity warning or above; 1: such findings; 2: bad input.",
     )
     a.add_argument("paths", nargs="+", metavar="PATH", help="log files, or directories of them")
     a.add_argument("--json", action="store_true", help="print one JSON document (the DESIGN.md contract)")

@@ -18,6 +18,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 log = logging.getLogger("rankwatch.follower")
 
@@ -194,7 +195,7 @@ class Splitter:
 
 
 def read_lines(
-    path: str | os.PathLike[str] | int,
+    path: str | os.PathLike[str] | int | BinaryIO,
     *,
     max_line_bytes: int = 1 << 20,
     chunk_size: int = 1 << 20,
@@ -208,16 +209,18 @@ def read_lines(
     """Plain sequential read: no stat calls per chunk, for the offline path.
 
     A line containing ``drop`` (see ``NOISE``) is known noise, skipped unseen. ``path`` may
-    be an open descriptor (closed at the end); ``label`` names the file in warnings. A part
-    of the file: bytes ``start`` to ``end``, its first line numbered ``first_lineno``
-    (``start`` must be where a line begins).
+    be an open descriptor or a stream with ``read`` (a decompressed file), closed at the end;
+    ``label`` names the file in warnings. A part of the file: bytes ``start`` to ``end``, its
+    first line numbered ``first_lineno`` (``start`` must be where a line begins; not for a
+    stream).
     """
     stats = stats if stats is not None else FollowerStats()
     splitter = Splitter(max_line_bytes, stats, label or str(path), drop)
     splitter.lineno = first_lineno
     out: list[FollowedLine] = []
     left = end - start if end is not None else -1
-    with open(path, "rb", buffering=0) as fh:
+    stream = hasattr(path, "read")
+    with path if stream else open(path, "rb", buffering=0) as fh:  # type: ignore[arg-type,union-attr]
         if start:
             fh.seek(start)
         size = splitter.piece_size

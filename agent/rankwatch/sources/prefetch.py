@@ -1,11 +1,12 @@
 """A big finished log read in a second process, so that reading it (and dropping its noise)
 overlaps parsing it and running the detectors: `analyze` on one large file with two cores.
 
-The child runs ``main(FD MAX_LINE_BYTES LABEL START)`` in a fresh interpreter. It reads
-the file the parent opened (its descriptor is passed on, so the parent alone reports a path
-it cannot open) from byte START, where a line begins, and writes the kept lines in pickled
-batches, then None: without that end mark the parent reads the rest itself rather than pass a
-partial read off as the whole log.
+The child runs ``main(FD MAX_LINE_BYTES LABEL START [COMPRESSION])`` in a fresh
+interpreter. It reads the file the parent opened (its descriptor is passed on, so the parent
+alone reports a path it cannot open) from byte START, where a line begins, and writes the
+kept lines in pickled batches, then None: without that end mark the parent reads the rest
+itself rather than pass a partial read off as the whole log. A compressed file is read
+whole by the child, which decompresses it too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from rankwatch.sources.compressed import open_decompressed
 from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
 from rankwatch.sources.signatures import may_hold_signature
 
@@ -56,11 +58,14 @@ def _first_lineno(fd: int, start: int) -> int:
     return os.pread(fd, start, 0).count(b"\n") + 1 if start else 1
 
 
-def _start(fd: int, max_line_bytes: int, label: str, start: int) -> subprocess.Popen[bytes] | None:
+def _start(
+    fd: int, max_line_bytes: int, label: str, start: int, compression: str | None = None
+) -> subprocess.Popen[bytes] | None:
     here = str(Path(__file__).resolve().parents[2])
+    args = [here, str(fd), str(max_line_bytes), label, str(start)] + ([compression] if compression else [])
     try:
         return subprocess.Popen(
-            [sys.executable, "-I", "-c", _CHILD, here, str(fd), str(max_line_bytes), label, str(start)],
+            [sys.executable, "-I", "-c", _CHILD, *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             pass_fds=(fd,),
@@ -72,16 +77,16 @@ def _start(fd: int, max_line_bytes: int, label: str, start: int) -> subprocess.P
 
 
 def prefetched_lines(
-    path: str, *, max_line_bytes: int, head_bytes: int = HEAD_BYTES
+    path: str, *, max_line_bytes: int, head_bytes: int = HEAD_BYTES, compression: str | None = None
 ) -> Iterator[FollowedLine]:
     """What ``read_lines(path, drop=NOISE)`` yields: the first ``head_bytes`` (to the end of
     a line) read here while the child starts, the rest by the child. If the child fails, the
     rest is read here from the line after the last one it sent: logged, nothing lost or
-    handed out twice."""
+    handed out twice. ``compression`` (``sources.compressed``): the child reads it all."""
     with open(path, "rb") as fh:
         fd = fh.fileno()
-        split = _line_end(fd, head_bytes) if head_bytes > 0 else 0
-        proc = _start(fd, max_line_bytes, path, split)
+        split = _line_end(fd, head_bytes) if head_bytes > 0 and compression is None else 0
+        proc = _start(fd, max_line_bytes, path, split, compression)
     last, same = 0, 0  # line number of the last line sent, and how many segments of it
     done = False
     try:
@@ -121,9 +126,13 @@ def prefetched_lines(
             code,
             last,
         )
-    with open(path, "rb") as fh:
-        first = _first_lineno(fh.fileno(), split)
-    rest = read_lines(path, max_line_bytes=max_line_bytes, drop=NOISE, start=split, first_lineno=first)
+    if compression is not None:
+        source = open_decompressed(path, compression)
+        rest = read_lines(source, max_line_bytes=max_line_bytes, drop=NOISE, label=path)
+    else:
+        with open(path, "rb") as fh:
+            first = _first_lineno(fh.fileno(), split)
+        rest = read_lines(path, max_line_bytes=max_line_bytes, drop=NOISE, start=split, first_lineno=first)
     for fl in rest:
         if fl.lineno < last or (fl.lineno == last and same > 0):
             same -= fl.lineno == last
@@ -140,8 +149,9 @@ def _clean(texts: list[str]) -> list[bool]:
     return ["\x1b" not in t and not may_hold_signature(t) for t in texts]
 
 
-def _serve(fd: int, max_line_bytes: int, label: str, start: int) -> int:
-    first = _first_lineno(fd, start)
+def _serve(fd: int, max_line_bytes: int, label: str, start: int, compression: str | None = None) -> int:
+    first = _first_lineno(fd, start) if compression is None else 1
+    source = open_decompressed(fd, compression, label) if compression is not None else fd
     batch: list[FollowedLine] = []
     held = 0
     try:
@@ -155,7 +165,12 @@ def _serve(fd: int, max_line_bytes: int, label: str, start: int) -> int:
                 batch.clear()
 
             lines = read_lines(
-                fd, max_line_bytes=max_line_bytes, drop=NOISE, label=label, start=start, first_lineno=first
+                source,
+                max_line_bytes=max_line_bytes,
+                drop=NOISE,
+                label=label,
+                start=start,
+                first_lineno=first,
             )
             for fl in lines:
                 batch.append(fl)
@@ -173,9 +188,9 @@ def _serve(fd: int, max_line_bytes: int, label: str, start: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """The child: ``FD MAX_LINE_BYTES LABEL START``."""
+    """The child: ``FD MAX_LINE_BYTES LABEL START [COMPRESSION]``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us
     logging.basicConfig(
         level=logging.WARNING, format="rankwatch %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    return _serve(int(argv[0]), int(argv[1]), argv[2], int(argv[3]))
+    return _serve(int(argv[0]), int(argv[1]), argv[2], int(argv[3]), argv[4] if len(argv) > 4 else None)
