@@ -196,3 +196,25 @@ def stop_processes(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=15)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def cut_reader(nbytes: int) -> Callable[..., subprocess.Popen[bytes]]:
+    """A stand-in for ``sources.prefetch._start`` whose child's stream ends after ``nbytes``,
+    as if the reading process were killed mid-batch."""
+    import shlex
+    import sys
+
+    from rankwatch.sources import prefetch
+
+    def cut(fd: int, limit: int, label: str, offset: int, kind: str | None = None) -> subprocess.Popen[bytes]:
+        here = str(Path(prefetch.__file__).resolve().parents[2])
+        args = [here, str(fd), str(limit), label, str(offset), *([kind] if kind else [])]
+        child = shlex.join([sys.executable, "-I", "-c", prefetch._CHILD, *args])
+        return subprocess.Popen(
+            ["sh", "-c", f"{child} | head -c {nbytes}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            pass_fds=(fd,),
+        )
+
+    return cut

@@ -9,13 +9,11 @@ import json
 import logging
 import lzma
 import random
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from faultlib import cut_reader
 from rankwatch import analyze as analyze_mod
 from rankwatch.analyze import analyze
 from rankwatch.cli import main
@@ -150,18 +148,7 @@ def test_a_reading_process_that_dies_on_a_compressed_file_is_replaced(
     p = tmp_path / "rank-0.log.gz"
     p.write_bytes(gzip.compress(text))
 
-    def truncated(fd: int, limit: int, label: str, start: int, kind: str | None = None):
-        here = str(Path(prefetch.__file__).resolve().parents[2])
-        args = [here, str(fd), str(limit), label, str(start), *([kind] if kind else [])]
-        child = shlex.join([sys.executable, "-I", "-c", prefetch._CHILD, *args])
-        return subprocess.Popen(
-            ["sh", "-c", f"{child} | head -c 20000"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            pass_fds=(fd,),
-        )
-
-    monkeypatch.setattr(prefetch, "_start", truncated)
+    monkeypatch.setattr(prefetch, "_start", cut_reader(20000))
     want = [(x.text, x.lineno, x.cut) for x in read_lines(plain, drop=NOISE)]
     with caplog.at_level(logging.WARNING, "rankwatch.prefetch"):
         got = list(prefetched_lines(str(p), max_line_bytes=1 << 20, compression="gzip"))

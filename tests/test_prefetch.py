@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from faultlib import cut_reader
 from rankwatch import analyze as analyze_mod
 from rankwatch.analyze import analyze
 from rankwatch.config.schema import Config
@@ -75,21 +73,7 @@ def test_a_reading_process_that_dies_midway_is_replaced_by_reading_here(
     p = tmp_path / "rank-0.log"
     p.write_bytes(MIXED * 300)
 
-    def truncated(
-        fd: int, limit: int, label: str, start: int, kind: str | None = None
-    ) -> subprocess.Popen[bytes]:
-        assert kind is None
-        here = str(Path(prefetch.__file__).resolve().parents[2])
-        args = [here, str(fd), str(limit), label, str(start)]
-        child = shlex.join([sys.executable, "-I", "-c", prefetch._CHILD, *args])
-        return subprocess.Popen(
-            ["sh", "-c", f"{child} | head -c 150000"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            pass_fds=(fd,),
-        )
-
-    monkeypatch.setattr(prefetch, "_start", truncated)
+    monkeypatch.setattr(prefetch, "_start", cut_reader(150000))
     want = [(x.text, x.lineno, x.cut) for x in read_lines(p, max_line_bytes=1000, drop=NOISE)]
     for head in (0, 7777):
         caplog.clear()
