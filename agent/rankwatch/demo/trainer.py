@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import traceback
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -454,7 +455,7 @@ class _Colors:
         )
 
 
-class LogFormat:
+class LogFormat(ABC):
     """How one framework prints: preamble, step lines, eval lines, the end."""
 
     name: ClassVar[str] = ""
@@ -467,13 +468,15 @@ class LogFormat:
     def preamble(self) -> None:
         self.nccl_init()
 
+    @abstractmethod
     def step(self, m: StepLog) -> None:
-        raise NotImplementedError
+        """One logged step, as the framework prints it."""
 
+    @abstractmethod
     def evaluation(self, step: int, eval_loss: float, epoch: float) -> None:
-        raise NotImplementedError
+        """One evaluation result, as the framework prints it."""
 
-    def finish(self, train_loss: float, runtime_s: float) -> None:
+    def finish(self, train_loss: float, runtime_s: float) -> None:  # noqa: B027 - most print no summary
         pass
 
     def nccl_init(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import ClassVar
@@ -17,13 +18,14 @@ from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, 
 from rankwatch.state import RankState
 
 
-class Detector:
+class Detector(ABC):
     kinds: ClassVar[tuple[str, ...]] = ()
     # The record types observe() can act on; the engine hands it no others.
     accepts: ClassVar[tuple[type, ...]] = (StepRecord, EvalRecord, ErrorRecord, OverflowRecord)
 
+    @abstractmethod
     def observe(self, state: RankState, record: Record) -> list[Finding]:
-        raise NotImplementedError
+        """Findings this record (already added to ``state``) brings about."""
 
     def finish(self, state: RankState) -> list[Finding]:
         """Called once when a finished log is exhausted (analyze) or a rank ends."""

@@ -8,6 +8,7 @@ keeps one set of rules per GPU (by UUID). Lasting conditions fire once and resol
 from __future__ import annotations
 
 import itertools
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
@@ -91,7 +92,7 @@ def gpu_activity(samples: Sequence[GpuSample]) -> str:
     return ACTIVITY_SPINNING if quiet_memory else ACTIVITY_BUSY
 
 
-class GpuRule:
+class GpuRule(ABC):
     kind: ClassVar[str] = ""
 
     def __init__(self, cfg: GpuConfig, rank: int | None) -> None:
@@ -99,8 +100,9 @@ class GpuRule:
         self.rank = rank
         self.episode = Episode()
 
+    @abstractmethod
     def observe(self, s: GpuSample) -> list[Finding]:
-        raise NotImplementedError
+        """Findings this sample of the rule's GPU brings about."""
 
     def finding(
         self,
@@ -132,19 +134,21 @@ class _Sustained(GpuRule):
         self.hot = 0
         self.cool = 0
 
+    @abstractmethod
     def present(self, s: GpuSample) -> bool:
         """Whether the sample has the reading at all; a missing one changes nothing."""
-        raise NotImplementedError
 
+    @abstractmethod
     def active(self, s: GpuSample) -> bool | None:
         """True: condition holds; False: clearly gone; None: inside the hysteresis band."""
-        raise NotImplementedError
 
+    @abstractmethod
     def fire(self, s: GpuSample) -> Finding:
-        raise NotImplementedError
+        """The finding when the condition has held long enough."""
 
+    @abstractmethod
     def clear(self, s: GpuSample) -> Finding:
-        raise NotImplementedError
+        """The resolving finding when it has been gone long enough."""
 
     def observe(self, s: GpuSample) -> list[Finding]:
         if s.lost or not self.present(s):
