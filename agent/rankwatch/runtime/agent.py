@@ -27,6 +27,7 @@ from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scop
 from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
+from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.watcher import RankWatcher
 
 log = logging.getLogger("rankwatch.agent")
@@ -380,8 +381,7 @@ class Agent:
     def install_dump_signal(self) -> None:
         """SIGUSR1 to the agent captures stacks now (never forwarded: it would kill an unprepared child)."""
         loop = asyncio.get_running_loop()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signal.SIGUSR1, lambda: self._spawn(self.capture_dumps("manual")))
+        on_signal(loop, signal.SIGUSR1, lambda: self._spawn(self.capture_dumps("manual")))
 
     async def settle(self, timeout: float = 30.0) -> None:
         """Wait for dump captures in flight (bounded)."""

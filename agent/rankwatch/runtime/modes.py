@@ -29,6 +29,7 @@ from rankwatch.dumps.ptrace import tracer_preexec
 from rankwatch.identity import Identity
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.services import Services
+from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.sources.process import find_processes
 
@@ -204,8 +205,7 @@ async def run_command(
     # GPU, checkpoints) would otherwise kill the agent and leave the child running unwatched.
     # The handlers run from the loop, so none fires before ``started`` is filled.
     for sig in FORWARDED:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, forward, sig)
+        on_signal(loop, sig, forward, sig)
     with open(path, "ab") as fh:
         start = fh.tell()
         watcher = agent.add_watcher([path], from_end=True)
@@ -405,8 +405,7 @@ async def watch_processes(
     assign(list(pids) or (find_processes(match) if match else []))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+        on_signal(loop, sig, stop.set)
     agent.install_dump_signal()
     extras = Services(agent, cfg, **(services or {}))
     await extras.start()

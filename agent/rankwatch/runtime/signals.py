@@ -1,0 +1,32 @@
+"""Signal handlers on the running event loop, where the loop can have them.
+
+A loop outside the main thread (the agent embedded in another program, or in tests) or
+off Unix cannot install them: the agent then runs without, and says so once, rather than
+fail to start over a convenience.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("rankwatch.signals")
+_told = False
+
+
+def on_signal(
+    loop: asyncio.AbstractEventLoop, sig: signal.Signals, callback: Callable[..., Any], *args: Any
+) -> bool:
+    """``loop.add_signal_handler``; False (logged once per process) where the loop cannot."""
+    global _told
+    try:
+        loop.add_signal_handler(sig, callback, *args)
+    except (NotImplementedError, RuntimeError) as e:
+        if not _told:
+            _told = True
+            log.info("no signal handlers in this event loop (%s): running without %s and others", e, sig.name)
+        return False
+    return True
