@@ -22,7 +22,7 @@ from rankwatch.config.schema import Config
 from rankwatch.detectors.crossrank import cross_rank
 from rankwatch.engine import RankEngine
 from rankwatch.records import Finding, Severity
-from rankwatch.sources.compressed import compression_of, open_decompressed
+from rankwatch.sources.compressed import compression_of, open_decompressed, require_readable
 from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
 from rankwatch.sources.logparser import LogParser
 
@@ -133,7 +133,7 @@ def _lines(path: str, cfg: Config, prefetch: bool) -> Iterator[FollowedLine]:
             from rankwatch.sources.prefetch import prefetched_lines
 
             if kind is not None:
-                open_decompressed(path, kind).close()  # one that cannot be read fails here, not in the child
+                require_readable(kind, path)  # fails here, not in the child
             return prefetched_lines(path, max_line_bytes=limit, compression=kind)
     if kind is not None:
         return read_lines(open_decompressed(path, kind), max_line_bytes=limit, drop=NOISE, label=path)

@@ -60,7 +60,7 @@ def _is_log_name(f: Path) -> bool:
 
 
 def _expand_paths(paths: Sequence[str]) -> list[str]:
-    from rankwatch.sources.compressed import READABLE, compression_of
+    from rankwatch.sources.compressed import UnreadableCompression, compression_of, require_readable
 
     out: list[str] = []
     for p in paths:
@@ -84,11 +84,11 @@ def _expand_paths(paths: Sequence[str]) -> list[str]:
                 raise UsageError(f"{f}: permission denied")
     for f in out:
         kind = compression_of(f)
-        if kind is not None and kind not in READABLE:
-            raise UsageError(
-                f"{f}: {kind}-compressed, which rankwatch cannot read (it reads gzip, bzip2 and xz); "
-                + ("decompress it first: zstd -d " + f if kind == "zstd" else "decompress it first")
-            )
+        if kind is not None:
+            try:
+                require_readable(kind, f)
+            except UnreadableCompression as e:
+                raise UsageError(str(e)) from None
     return out
 
 

@@ -18,7 +18,14 @@ import zlib
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-__all__ = ["READABLE", "SUFFIXES", "UnreadableCompression", "compression_of", "open_decompressed"]
+__all__ = [
+    "READABLE",
+    "SUFFIXES",
+    "UnreadableCompression",
+    "compression_of",
+    "open_decompressed",
+    "require_readable",
+]
 
 log = logging.getLogger("rankwatch.compressed")
 
@@ -104,14 +111,19 @@ class _Decompressed:
         self.close()
 
 
+def require_readable(kind: str, label: str) -> None:
+    """Raise ``UnreadableCompression``, naming the file and what to do, unless ``kind`` is read here."""
+    if kind not in READABLE:
+        raise UnreadableCompression(
+            f"{label}: {kind}-compressed, which rankwatch cannot read (it reads gzip, bzip2 and xz); "
+            + (f"decompress it first: zstd -d {label}" if kind == "zstd" else "decompress it first")
+        )
+
+
 def open_decompressed(source: str | os.PathLike[str] | int, kind: str, label: str | None = None) -> BinaryIO:
     """The text of a compressed file (a path, or a descriptor it takes over) as a stream
     with ``read``; ``label`` names it in warnings."""
-    if kind not in READABLE:
-        raise UnreadableCompression(
-            f"{label or source}: {kind}-compressed, which rankwatch cannot read "
-            f"(it reads {', '.join(sorted(READABLE))}); decompress it first"
-            + (" (zstd -d FILE)" if kind == "zstd" else "")
-        )
+    name = str(label or source)
+    require_readable(kind, name)
     raw = open(source, "rb")  # noqa: SIM115 - closed by the stream
-    return _Decompressed(raw, kind, str(label or source))  # type: ignore[return-value]
+    return _Decompressed(raw, kind, name)  # type: ignore[return-value]
