@@ -34,7 +34,34 @@ FIELDS = (
     "retired_pages",
     "remapped_rows",
     "pcie_replays",
+    "memory_detail",
+    "energy",
+    "pcie_throughput",
+    "violations",
+    "nvlink",
+    "gpm",
 )
+
+# NVML's performance policies whose violation (clock-event) time dcgm-exporter exports as
+# DCGM_FI_DEV_*_VIOLATION; the key is our ``reason`` label.
+VIOLATION_POLICIES = {
+    "power": 0,
+    "thermal": 1,
+    "sync_boost": 2,
+    "board_limit": 3,
+    "low_utilization": 4,
+    "reliability": 5,
+}
+
+# NVML field ids (nvml.h), kept here so this module imports without pynvml.
+_FI_NVLINK_LINK_COUNT = 91
+_FI_NVLINK_TX_DATA_KIB = 138
+_FI_NVLINK_RX_DATA_KIB = 139
+NVLINK_ERROR_FIELDS = {"crc_flit": 38, "crc_data": 45, "replay": 52, "recovery": 59}
+_ALL_SCOPES = 0xFFFFFFFF
+
+# GPM metric ids (Hopper and later) -> GpuSample attribute; NVML reports them in percent.
+GPM_METRICS = {2: "sm_active", 3: "sm_occupancy", 5: "tensor_active", 10: "dram_active"}
 
 THROTTLE_BITS = {
     "gpu_idle": 0x1,
@@ -62,6 +89,8 @@ class GpuInfo:
     uuid: str | None = None
     name: str | None = None
     pci_bus_id: str | None = None
+    driver_version: str | None = None
+    compute_capability: str | None = None  # "9.0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +108,12 @@ class GpuSample:
     time: float
     uuid: str | None = None
     name: str | None = None
+    pci_bus_id: str | None = None
+    driver_version: str | None = None
+    compute_capability: str | None = None
+    # How this GPU was tied to the rank: configured, nvml_process, cuda_visible_devices,
+    # local_rank, or unattributed (every GPU of the node watched: it may be a neighbour's).
+    attribution: str | None = None
     lost: bool = False
     lost_reason: str | None = None
     utilization: float | None = None  # ratio 0..1
@@ -101,6 +136,19 @@ class GpuSample:
     pcie_replays: int | None = None
     xids: list[int] = field(default_factory=list)  # Xid numbers seen since the previous sample
     xid_counts: dict[int, int] = field(default_factory=dict)  # cumulative since the sampler started
+    memory_free: int | None = None  # bytes
+    memory_reserved: int | None = None  # bytes the driver keeps (NVML memory v2)
+    energy: float | None = None  # joules since the driver loaded (a counter)
+    pcie_tx: float | None = None  # bytes/s over the last NVML window (~20 ms)
+    pcie_rx: float | None = None
+    violations: dict[str, float] | None = None  # policy -> seconds of clock limitation (counters)
+    nvlink_tx: float | None = None  # bytes since the driver loaded, all links (a counter)
+    nvlink_rx: float | None = None
+    nvlink_errors: dict[str, int] | None = None  # crc_flit|crc_data|replay|recovery -> count
+    sm_active: float | None = None  # GPM ratios 0..1 (Hopper and later)
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
 
     @property
     def memory_ratio(self) -> float | None:
@@ -128,6 +176,12 @@ class GpuBackend(Protocol):
     def retired_pages(self, index: int) -> tuple[dict[str, int], bool]: ...  # by cause, pending
     def remapped_rows(self, index: int) -> tuple[int, int, bool, bool]: ...  # corr, unc, pending, fail
     def pcie_replays(self, index: int) -> int: ...
+    def memory_detail(self, index: int) -> tuple[int, int | None]: ...  # free, reserved bytes
+    def energy(self, index: int) -> float: ...  # joules
+    def pcie_throughput(self, index: int) -> tuple[float, float]: ...  # tx, rx bytes/s
+    def violations(self, index: int) -> dict[str, float]: ...  # policy -> seconds
+    def nvlink(self, index: int) -> tuple[float, float, dict[str, int]]: ...  # tx, rx bytes; errors
+    def gpm(self, index: int) -> dict[str, float]: ...  # GpuSample attribute -> ratio
     def compute_pids(self, index: int) -> list[int]: ...
     def xid_events(self, timeout_s: float) -> list[XidEvent]: ...
 
@@ -161,6 +215,8 @@ class NvmlBackend:
         self._handles: dict[int, Any] = {}
         self._events: Any = None
         self._event_indices: dict[int, int] = {}
+        self._gpm_prev: dict[int, Any] = {}
+        self._driver: str | None = None
 
     def _call(self, fn: Any, *args: Any) -> Any:
         nv = self._nvml
@@ -215,6 +271,9 @@ class NvmlBackend:
         if nv is None:
             return
         try:
+            for sample in self._gpm_prev.values():
+                nv.nvmlGpmSampleFree(sample)
+            self._gpm_prev.clear()
             if self._events is not None:
                 nv.nvmlEventSetFree(self._events)
             nv.nvmlShutdown()
@@ -253,7 +312,26 @@ class NvmlBackend:
             if e.kind == "gone":
                 raise
             bus = None
-        return GpuInfo(index=index, uuid=uuid, name=name, pci_bus_id=bus)
+        cc: str | None = None
+        try:
+            major, minor = self._call(nv.nvmlDeviceGetCudaComputeCapability, h)
+            cc = f"{int(major)}.{int(minor)}"
+        except GpuError as e:
+            if e.kind == "gone":
+                raise
+        if self._driver is None:
+            try:
+                self._driver = _text(self._call(nv.nvmlSystemGetDriverVersion))
+            except GpuError:
+                self._driver = ""
+        return GpuInfo(
+            index=index,
+            uuid=uuid,
+            name=name,
+            pci_bus_id=bus,
+            driver_version=self._driver or None,
+            compute_capability=cc,
+        )
 
     def memory(self, index: int) -> tuple[int, int]:
         m = self._call(self._nvml.nvmlDeviceGetMemoryInfo, self._handle(index))
@@ -347,6 +425,106 @@ class NvmlBackend:
 
     def pcie_replays(self, index: int) -> int:
         return int(self._call(self._nvml.nvmlDeviceGetPcieReplayCounter, self._handle(index)))
+
+    def memory_detail(self, index: int) -> tuple[int, int | None]:
+        """Free and driver-reserved framebuffer; drivers before r510 lack v2 and give free only."""
+        nv, h = self._nvml, self._handle(index)
+        try:
+            m = self._call(nv.nvmlDeviceGetMemoryInfo, h, nv.nvmlMemory_v2)
+            return int(m.free), int(m.reserved)
+        except GpuError as e:
+            if e.kind != "not_supported":
+                raise
+        m = self._call(nv.nvmlDeviceGetMemoryInfo, h)
+        return int(m.free), None
+
+    def energy(self, index: int) -> float:
+        return self._call(self._nvml.nvmlDeviceGetTotalEnergyConsumption, self._handle(index)) / 1000.0
+
+    def pcie_throughput(self, index: int) -> tuple[float, float]:
+        nv, h = self._nvml, self._handle(index)
+        tx = self._call(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self._call(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES)
+        return tx * 1024.0, rx * 1024.0  # NVML counts KiB/s
+
+    def violations(self, index: int) -> dict[str, float]:
+        nv, h = self._nvml, self._handle(index)
+        out: dict[str, float] = {}
+        for reason, policy in VIOLATION_POLICIES.items():
+            try:
+                v = self._call(nv.nvmlDeviceGetViolationStatus, h, policy)
+            except GpuError as e:
+                if e.kind != "not_supported":
+                    raise
+                continue
+            out[reason] = int(v.violationTime) / 1e9
+        if not out:
+            raise GpuError("not_supported", "no clock-event violation counter is supported")
+        return out
+
+    def _fields(self, index: int, ids: list[Any]) -> list[float | None]:
+        nv = self._nvml
+        values = self._call(nv.nvmlDeviceGetFieldValues, self._handle(index), ids)
+        out: list[float | None] = []
+        for v in values:
+            if v.nvmlReturn != nv.NVML_SUCCESS:
+                if error_kind(v.nvmlReturn) == "gone":
+                    raise GpuError("gone", f"field {v.fieldId}: NVML code {v.nvmlReturn}", code=v.nvmlReturn)
+                out.append(None)
+            else:
+                out.append(_field_value(nv, v))
+        return out
+
+    def nvlink(self, index: int) -> tuple[float, float, dict[str, int]]:
+        """Data bytes moved over all links (counters) and the error counters summed over links."""
+        (links,) = self._fields(index, [_FI_NVLINK_LINK_COUNT])
+        if not links:
+            raise GpuError("not_supported", "no NVLink on this GPU")
+        n = int(links)
+        pair = (_FI_NVLINK_TX_DATA_KIB, _FI_NVLINK_RX_DATA_KIB)
+        ids: list[Any] = [(f, link) for link in range(n) for f in pair]
+        ids += list(NVLINK_ERROR_FIELDS.values())
+        got = self._fields(index, ids)
+        tx = sum(v or 0.0 for v in got[0 : 2 * n : 2]) * 1024.0
+        rx = sum(v or 0.0 for v in got[1 : 2 * n : 2]) * 1024.0
+        errors = {k: int(v) for k, v in zip(NVLINK_ERROR_FIELDS, got[2 * n :], strict=True) if v is not None}
+        return tx, rx, errors
+
+    def gpm(self, index: int) -> dict[str, float]:
+        """SM, tensor and DRAM activity from GPM: two samples one interval apart, no DCGM needed.
+
+        The first call only takes the baseline sample and returns nothing.
+        """
+        nv, h = self._nvml, self._handle(index)
+        if index not in self._gpm_prev:
+            if not self._call(nv.nvmlGpmQueryDeviceSupport, h).isSupportedDevice:
+                raise GpuError("not_supported", "GPM not supported (Hopper or later only)")
+            sample = self._call(nv.nvmlGpmSampleAlloc)
+            self._call(nv.nvmlGpmSampleGet, h, sample)
+            self._gpm_prev[index] = sample
+            return {}
+        prev = self._gpm_prev[index]
+        cur = self._call(nv.nvmlGpmSampleAlloc)
+        try:
+            self._call(nv.nvmlGpmSampleGet, h, cur)
+            req = nv.c_nvmlGpmMetricsGet_t()
+            req.version = nv.NVML_GPM_METRICS_GET_VERSION
+            req.numMetrics = len(GPM_METRICS)
+            req.sample1, req.sample2 = prev, cur
+            for i, metric in enumerate(GPM_METRICS):
+                req.metrics[i].metricId = metric
+            self._call(nv.nvmlGpmMetricsGet, req)
+        except GpuError:
+            self._call(nv.nvmlGpmSampleFree, cur)
+            raise
+        self._gpm_prev[index] = cur
+        self._call(nv.nvmlGpmSampleFree, prev)
+        out: dict[str, float] = {}
+        for i, attr in enumerate(GPM_METRICS.values()):
+            m = req.metrics[i]
+            if m.nvmlReturn == nv.NVML_SUCCESS:
+                out[attr] = max(0.0, min(1.0, float(m.value) / 100.0))
+        return out
 
     def compute_pids(self, index: int) -> list[int]:
         procs = self._call(self._nvml.nvmlDeviceGetComputeRunningProcesses, self._handle(index))

@@ -43,6 +43,32 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("power_limit_watts", "Enforced power limit", "power_limit"),
     ("sm_clock_hertz", "Current SM clock", "sm_clock"),
     ("memory_clock_hertz", "Current memory clock", "memory_clock"),
+    ("memory_free_bytes", "Device memory free (dcgm-exporter DCGM_FI_DEV_FB_FREE)", "memory_free"),
+    (
+        "memory_reserved_bytes",
+        "Device memory reserved by the driver (dcgm-exporter DCGM_FI_DEV_FB_RESERVED)",
+        "memory_reserved",
+    ),
+    (
+        "sm_active_ratio",
+        "Share of cycles an SM had a warp resident (NVML GPM; dcgm-exporter DCGM_FI_PROF_SM_ACTIVE)",
+        "sm_active",
+    ),
+    (
+        "sm_occupancy_ratio",
+        "Resident warps over the SMs' maximum (NVML GPM; DCGM_FI_PROF_SM_OCCUPANCY)",
+        "sm_occupancy",
+    ),
+    (
+        "tensor_active_ratio",
+        "Share of cycles a tensor core pipe was busy (NVML GPM; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)",
+        "tensor_active",
+    ),
+    (
+        "dram_active_ratio",
+        "Share of cycles device memory was busy (NVML GPM; DCGM_FI_PROF_DRAM_ACTIVE)",
+        "dram_active",
+    ),
 )
 
 
@@ -110,6 +136,34 @@ def gpu_metric_families(
     remap_failure = _gauge("remapped_rows_failure", "1 when a row remapping failed")
     replays = _counter("pcie_replay_total", "PCIe replay counter")
     xids = _counter("xid_errors_total", "Xid critical-error events seen by this agent", ["xid"])
+    info = _gauge(
+        "info",
+        "1 per GPU: model, PCI bus, driver, compute capability and how the GPU was tied to this rank "
+        "(attribution=unattributed: every GPU of the node is reported, some may be other jobs')",
+        ["name", "pci_bus_id", "driver_version", "compute_capability", "attribution"],
+    )
+    energy = _counter(
+        "energy_joules_total",
+        "Energy used since the driver loaded (dcgm-exporter DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, in mJ)",
+    )
+    pcie = _gauge(
+        "pcie_throughput_bytes_per_second",
+        "PCIe traffic over NVML's last ~20 ms window (dcgm-exporter DCGM_FI_PROF_PCIE_TX/RX_BYTES)",
+        ["direction"],
+    )
+    violation = _counter(
+        "clock_event_seconds_total",
+        "Time the clocks were held below their target, by cause (dcgm-exporter DCGM_FI_DEV_*_VIOLATION, us)",
+        ["reason"],
+    )
+    nvlink = _counter(
+        "nvlink_data_bytes_total", "Data moved over all NVLinks since the driver loaded", ["direction"]
+    )
+    nvlink_errors = _counter(
+        "nvlink_errors_total",
+        "NVLink errors summed over links (dcgm-exporter DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL)",
+        ["type"],
+    )
 
     for rank, samples in samples_by_rank.items():
         rank_label = _label(rank)
@@ -117,6 +171,17 @@ def gpu_metric_families(
         for s in samples:
             base = [run, rank_label, local, node, str(s.index), s.uuid or ""]
             lost.add_metric(base, 1.0 if s.lost else 0.0)
+            info.add_metric(
+                [
+                    *base,
+                    s.name or "",
+                    s.pci_bus_id or "",
+                    s.driver_version or "",
+                    s.compute_capability or "",
+                    s.attribution or "unattributed",
+                ],
+                1.0,
+            )
             by_label: Counter[str] = Counter()
             for x, n in s.xid_counts.items():
                 by_label[xid_label(x)] += n
@@ -144,6 +209,18 @@ def gpu_metric_families(
                 remap_failure.add_metric(base, float(s.remap_failure))
             if s.pcie_replays is not None:
                 replays.add_metric(base, float(s.pcie_replays))
+            if s.energy is not None:
+                energy.add_metric(base, s.energy)
+            if s.pcie_tx is not None and s.pcie_rx is not None:
+                pcie.add_metric([*base, "tx"], s.pcie_tx)
+                pcie.add_metric([*base, "rx"], s.pcie_rx)
+            for reason, secs in sorted((s.violations or {}).items()):
+                violation.add_metric([*base, reason], secs)
+            if s.nvlink_tx is not None and s.nvlink_rx is not None:
+                nvlink.add_metric([*base, "tx"], s.nvlink_tx)
+                nvlink.add_metric([*base, "rx"], s.nvlink_rx)
+            for etype, n in sorted((s.nvlink_errors or {}).items()):
+                nvlink_errors.add_metric([*base, etype], float(n))
 
     families: list[Metric] = [
         up_family,
@@ -158,6 +235,12 @@ def gpu_metric_families(
         remap_failure,
         replays,
         xids,
+        info,
+        energy,
+        pcie,
+        violation,
+        nvlink,
+        nvlink_errors,
     ]
     return [f for f in families if f.samples or f is up_family]
 

@@ -74,6 +74,12 @@ def _healthy_fields(total: int = H100_TOTAL) -> dict[str, Script]:
         "retired_pages": const(({"single_bit_ecc": 0, "double_bit_ecc": 0}, False)),
         "remapped_rows": const((0, 0, False, False)),
         "pcie_replays": const(0),
+        "memory_detail": const((total - int(total * 0.6) - (528 << 20), 528 << 20)),
+        "energy": ramp(1.0e6, 1.0e6 + 610.0 * 3600, 3600),
+        "pcie_throughput": const((2.0e9, 1.5e9)),
+        "violations": const({"power": 0.0, "thermal": 0.0}),
+        "nvlink": const((0.0, 0.0, {"crc_flit": 0, "crc_data": 0, "replay": 0, "recovery": 0})),
+        "gpm": const({"sm_active": 0.82, "sm_occupancy": 0.41, "tensor_active": 0.55, "dram_active": 0.38}),
         "compute_pids": const([]),
     }  # fmt: skip
 
@@ -197,6 +203,24 @@ class FakeBackend:
 
     def pcie_replays(self, index: int) -> int:
         return self._read("pcie_replays", index)
+
+    def memory_detail(self, index: int) -> tuple[int, int | None]:
+        return self._read("memory_detail", index)
+
+    def energy(self, index: int) -> float:
+        return self._read("energy", index)
+
+    def pcie_throughput(self, index: int) -> tuple[float, float]:
+        return self._read("pcie_throughput", index)
+
+    def violations(self, index: int) -> dict[str, float]:
+        return self._read("violations", index)
+
+    def nvlink(self, index: int) -> tuple[float, float, dict[str, int]]:
+        return self._read("nvlink", index)
+
+    def gpm(self, index: int) -> dict[str, float]:
+        return self._read("gpm", index)
 
     def compute_pids(self, index: int) -> list[int]:
         return self._read("compute_pids", index)

@@ -56,25 +56,27 @@ def _parse_visible(value: str, devices: Sequence[GpuInfo]) -> list[int]:
     return out
 
 
-def map_pids_to_gpus(
+def attribute_pids_to_gpus(
     pids: Iterable[int],
     env: Mapping[str, str],
     *,
     processes: Mapping[int, Iterable[int]] | None = None,
     devices: Sequence[GpuInfo] = (),
-) -> list[int] | None:
-    """The NVML indices of the GPUs the watched processes use; ``None`` when unknown.
+) -> tuple[list[int] | None, str]:
+    """The NVML indices of the GPUs the watched processes use, and how that was found.
 
     First NVML's compute-process lists (``processes``: GPU index -> PIDs; pass the whole
-    process tree, the launcher's children hold the contexts); then the rank's
-    ``CUDA_VISIBLE_DEVICES`` (one entry per local rank when it lists several and a local
-    rank is known); then the local rank alone. An empty list means "no GPU visible".
+    process tree, the launcher's children hold the contexts; ``nvml_process``); then the
+    rank's ``CUDA_VISIBLE_DEVICES`` (one entry per local rank when it lists several and a
+    local rank is known; ``cuda_visible_devices``); then the local rank alone
+    (``local_rank``). ``(None, "unattributed")`` when nothing ties a GPU to the processes;
+    an empty list means "no GPU visible".
     """
     wanted = set(pids)
     if processes:
         hit = sorted(i for i, ps in processes.items() if wanted.intersection(ps))
         if hit:
-            return hit
+            return hit, "nvml_process"
     local: int | None = None
     for name in LOCAL_RANK_VARS:
         v = env.get(name, "").strip()
@@ -84,15 +86,47 @@ def map_pids_to_gpus(
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None:
         if cvd.strip().lower() in _NO_DEVICES:
-            return []
+            return [], "cuda_visible_devices"
         visible = _parse_visible(cvd, devices)
         if len(visible) > 1 and local is not None and local < len(visible):
-            return [visible[local]]
+            return [visible[local]], "cuda_visible_devices"
         if visible:
-            return visible
+            return visible, "cuda_visible_devices"
     if local is not None and (not devices or local < len(devices)):
-        return [local]
-    return None
+        return [local], "local_rank"
+    return None, "unattributed"
+
+
+def map_pids_to_gpus(
+    pids: Iterable[int],
+    env: Mapping[str, str],
+    *,
+    processes: Mapping[int, Iterable[int]] | None = None,
+    devices: Sequence[GpuInfo] = (),
+) -> list[int] | None:
+    """``attribute_pids_to_gpus`` without the how."""
+    return attribute_pids_to_gpus(pids, env, processes=processes, devices=devices)[0]
+
+
+def namespace_pids(pid: int, proc: str = "/proc") -> set[int]:
+    """Every PID this process has in nested PID namespaces (``NSpid`` in its status file).
+
+    NVML names processes by their PID in the namespace the driver sees, which is not the
+    agent's when the trainer runs in another container of the pod or the agent runs on the
+    host. Matching on all of a process's PIDs ties its GPU to it in either direction;
+    a trainer in a sibling namespace the agent cannot see stays unmatched, and its GPUs are
+    then attributed from the environment or reported as unattributed.
+    """
+    out = {pid}
+    try:
+        with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    out.update(int(x) for x in line.split()[1:] if x.isdigit())
+                    break
+    except OSError:
+        pass
+    return out
 
 
 @dataclass
@@ -141,6 +175,8 @@ class GpuSampler:
         self._logged: set[tuple[str, str]] = set()
         self._xid_counts: dict[int, Counter[int]] = {}
         self._xid_off = False
+        self.attribution: dict[int, str] = {}  # GPU index -> how it was tied to a watched rank
+        self._warned_unattributed = False
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -174,7 +210,8 @@ class GpuSampler:
                 self.devices = {i.index: i for i in infos}
                 self.available = True
                 if self.cfg.devices:
-                    self.watch(self.cfg.devices)
+                    for i in self.watch(self.cfg.devices):
+                        self.attribution[i] = "configured"
                 names = sorted({i.name for i in infos if i.name})
                 log.info("NVML: %d GPU(s) %s", len(infos), ", ".join(names))
                 return True
@@ -208,6 +245,16 @@ class GpuSampler:
         """Watch these GPUs (NVML indices or UUID prefixes); ``None`` or nothing known: all."""
         if gpus is None:
             self.watched = None
+            unknown = [i for i in sorted(self.devices) if i not in self.attribution]
+            if unknown and not self._warned_unattributed:
+                self._warned_unattributed = True
+                log.warning(
+                    "no GPU could be tied to the watched processes (NVML lists none of their PIDs, "
+                    "and no CUDA_VISIBLE_DEVICES or LOCAL_RANK says which): reporting all %d GPU(s) of "
+                    "this node, which may belong to other jobs (attribution=\"unattributed\" on "
+                    "rankwatch_gpu_info); set gpu.devices to name them",
+                    len(self.devices),
+                )
             return sorted(self.devices)
         chosen: list[int] = []
         for g in gpus:
@@ -231,10 +278,18 @@ class GpuSampler:
             procs: dict[int, list[int]] | None = await self._in_thread(self._compute_pids)
         except (asyncio.TimeoutError, NvmlBusy):
             procs = None
-        mapped = map_pids_to_gpus(
-            list(pids), env, processes=procs, devices=[self.devices[i] for i in sorted(self.devices)]
+        wanted: set[int] = set()
+        for pid in pids:
+            wanted |= namespace_pids(pid)
+        mapped, how = attribute_pids_to_gpus(
+            wanted, env, processes=procs, devices=[self.devices[i] for i in sorted(self.devices)]
         )
-        return None if mapped is None else [i for i in mapped if i in self.devices]
+        if mapped is None:
+            return None
+        mapped = [i for i in mapped if i in self.devices]
+        for i in mapped:
+            self.attribution.setdefault(i, how)
+        return mapped
 
     async def watch_pids(self, pids: Iterable[int], env: Mapping[str, str]) -> list[int]:
         """Point the sampler at the GPUs of the watched process tree.
@@ -352,7 +407,7 @@ class GpuSampler:
 
     def _read_gpu(self, i: int, now: float, failed: dict[int, str] | None = None) -> GpuSample:
         info = self.devices.get(i) or GpuInfo(index=i)
-        s = GpuSample(index=i, time=now, uuid=info.uuid, name=info.name)
+        s = self._blank(info, now)
         lost = self._lost.get(i)
         if lost is not None:
             if now - lost.probed < self.cfg.lost_reprobe:
@@ -371,7 +426,7 @@ class GpuSampler:
             except GpuError as e:
                 if e.kind == "gone":
                     self._mark_lost(i, str(e), now)
-                    s = GpuSample(index=i, time=now, uuid=info.uuid, name=info.name)
+                    s = self._blank(info, now)
                     s.lost, s.lost_reason = True, str(e)
                     return s
                 if e.kind == "not_supported":
@@ -411,6 +466,18 @@ class GpuSampler:
         self._mark_lost(i, reason, now)  # also a reprobe that read nothing: still lost
         s.lost, s.lost_reason = True, reason
         return s
+
+    def _blank(self, info: GpuInfo, now: float) -> GpuSample:
+        return GpuSample(
+            index=info.index,
+            time=now,
+            uuid=info.uuid,
+            name=info.name,
+            pci_bus_id=info.pci_bus_id,
+            driver_version=info.driver_version,
+            compute_capability=info.compute_capability,
+            attribution=self.attribution.get(info.index, "unattributed"),
+        )
 
     def _mark_lost(self, i: int, reason: str, now: float) -> None:
         if i not in self._lost:
@@ -485,5 +552,19 @@ def _assign(s: GpuSample, name: str, v: Any) -> None:
         s.remap_pending, s.remap_failure = bool(v[2]), bool(v[3])
     elif name == "pcie_replays":
         s.pcie_replays = int(v)
+    elif name == "memory_detail":
+        s.memory_free = int(v[0])
+        s.memory_reserved = None if v[1] is None else int(v[1])
+    elif name == "energy":
+        s.energy = float(v)
+    elif name == "pcie_throughput":
+        s.pcie_tx, s.pcie_rx = float(v[0]), float(v[1])
+    elif name == "violations":
+        s.violations = dict(v)
+    elif name == "nvlink":
+        s.nvlink_tx, s.nvlink_rx, s.nvlink_errors = float(v[0]), float(v[1]), dict(v[2])
+    elif name == "gpm":
+        for attr, ratio in v.items():
+            setattr(s, attr, float(ratio))
     else:  # temperature, memory_temperature, power, power_limit
         setattr(s, name, float(v))
