@@ -1063,6 +1063,87 @@ def gpu_fleet() -> Json:
         8,
         8,
     )
+    L.row("Activity, links and energy (dcgm-exporter's counters, from NVML)")
+    L.add(
+        timeseries(
+            "SM and tensor-core activity",
+            [
+                target(f"rankwatch_gpu_sm_active_ratio{{{g}}}", "{{node}} gpu {{gpu}} SM"),
+                target(f"rankwatch_gpu_tensor_active_ratio{{{g}}}", "{{node}} gpu {{gpu}} tensor"),
+                target(f"rankwatch_gpu_dram_active_ratio{{{g}}}", "{{node}} gpu {{gpu}} DRAM"),
+            ],
+            unit="percentunit",
+            min0=True,
+            max1=True,
+            description="NVML GPM (Hopper and later). Utilisation says a kernel ran; this says how busy "
+            "the SMs were: a rank spinning in NCCL shows high utilisation and low tensor activity.",
+        ),
+        12,
+        8,
+    )
+    L.add(
+        timeseries(
+            "Time with clocks held back",
+            [
+                target(
+                    f"sum by (node, gpu, reason) (rate(rankwatch_gpu_clock_event_seconds_total{{{g}}}"
+                    "[$__rate_interval]))",
+                    "{{node}} gpu {{gpu}} {{reason}}",
+                )
+            ],
+            unit="percentunit",
+            min0=True,
+            description="Share of time the clocks were limited, by cause (NVML violation counters).",
+        ),
+        12,
+        8,
+    )
+    L.add(
+        timeseries(
+            "PCIe throughput",
+            [
+                target(
+                    f"rankwatch_gpu_pcie_throughput_bytes_per_second{{{g}}}",
+                    "{{node}} gpu {{gpu}} {{direction}}",
+                )
+            ],
+            unit="Bps",
+            min0=True,
+        ),
+        8,
+        8,
+    )
+    L.add(
+        timeseries(
+            "NVLink throughput",
+            [
+                target(
+                    f"rate(rankwatch_gpu_nvlink_data_bytes_total{{{g}}}[$__rate_interval])",
+                    "{{node}} gpu {{gpu}} {{direction}}",
+                ),
+                target(
+                    "sum by (node, gpu) "
+                    f"(increase(rankwatch_gpu_nvlink_errors_total{{{g}}}[$__rate_interval]))",
+                    "{{node}} gpu {{gpu}} errors",
+                ),
+            ],
+            unit="Bps",
+            min0=True,
+        ),
+        8,
+        8,
+    )
+    L.add(
+        timeseries(
+            "Energy",
+            [target(f"increase(rankwatch_gpu_energy_joules_total{{{g}}}[$__rate_interval]) / 3.6e6", leg)],
+            unit="kwatth",
+            min0=True,
+            description="kWh per interval, from NVML's total-energy counter.",
+        ),
+        8,
+        8,
+    )
     L.add(
         table(
             "Memory health per GPU",
