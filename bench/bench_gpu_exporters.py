@@ -1,0 +1,201 @@
+"""rankwatch's /metrics side by side with the exporters people run today, in one run.
+
+- GPU: rankwatch (`rankwatch run`, 8 GPUs through the real NvmlBackend and pynvml) against
+  `nvitop-exporter` (PyPI), both over the same stand-in libnvidia-ml.so.1
+  (tests/nvml_standin) with the same 8 GPUs: scrape p50/p99, CPU per scrape, RSS.
+- Host: rankwatch's /metrics against Debian's `prometheus-node-exporter`: p99 per series, RSS.
+
+Scrapes alternate between the exporters so that both see the same machine load; every
+ratio is rankwatch / peer from this one run (lower is better for all of them).
+Needs gcc, `pip install nvitop-exporter` and `apt-get install prometheus-node-exporter`;
+a peer that is missing is reported as such and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from benchlib import PY, RANKWATCH, agent_env, free_port, machine, pct, scrape, start, stop, wait_http
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDIN = ROOT / "tests" / "nvml_standin" / "nvml_standin.c"
+
+
+def state_text(gpus: int) -> str:
+    lines = [f"count {gpus}", "driver 550.54.15"]
+    for g in range(gpus):
+        lines += [
+            f"gpu{g}.util {80 + g}",
+            f"gpu{g}.mem_util 40",
+            f"gpu{g}.mem_used {40 << 30}",
+            f"gpu{g}.temp {60 + g}",
+            f"gpu{g}.power_mw {600000 + g * 1000}",
+            f"gpu{g}.field82 70",
+            f"gpu{g}.violation0_ns 1000000",
+            f"gpu{g}.field91 18",
+            f"gpu{g}.gpm 1",
+            f"gpu{g}.gpm2 80",
+            f"gpu{g}.gpm5 50",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def build(out: Path) -> Path:
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        sys.exit("gcc is needed to build the NVML stand-in (apt-get install gcc)")
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", "-O2", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(out / "libnvidia-ml.so.1"),
+         str(STANDIN), "-lpthread"],
+        check=True,
+    )  # fmt: skip
+    return out
+
+
+def rss_mb(pid: int) -> float:
+    """RSS of the exporter process itself (for rankwatch: not the watched job it launched)."""
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def cpu_s(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def series_count(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def measure(arms: dict[str, tuple[int, int]], n: int) -> dict[str, dict[str, float]]:
+    """Scrape the arms round-robin ``n`` times each: latency, CPU of the exporter per scrape."""
+    lat: dict[str, list[float]] = {a: [] for a in arms}
+    cpu0 = {a: cpu_s(pid) for a, (_, pid) in arms.items()}
+    wall0 = time.monotonic()
+    size: dict[str, int] = {}
+    for _ in range(n):
+        for a, (port, _pid) in arms.items():
+            t = time.perf_counter()
+            text = scrape(port)
+            lat[a].append(time.perf_counter() - t)
+            size[a] = series_count(text)
+    wall = time.monotonic() - wall0
+    out: dict[str, dict[str, float]] = {}
+    for a, (_port, pid) in arms.items():
+        used = cpu_s(pid) - cpu0[a]
+        out[a] = {
+            "p50_ms": pct(lat[a], 50) * 1e3,
+            "p99_ms": pct(lat[a], 99) * 1e3,
+            "cpu_ms_per_scrape": used / n * 1e3,
+            "idle_cpu_pct": 0.0,
+            "series": float(size[a]),
+            "rss_mb": rss_mb(pid),
+            "wall_s": wall,
+        }
+    return out
+
+
+def idle_cpu(arms: dict[str, tuple[int, int]], seconds: float) -> dict[str, float]:
+    """CPU share of one core each exporter uses between scrapes (its own sampling loop)."""
+    c0 = {a: cpu_s(pid) for a, (_, pid) in arms.items()}
+    time.sleep(seconds)
+    return {a: (cpu_s(pid) - c0[a]) / seconds * 100 for a, (_, pid) in arms.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--scrapes", type=int, default=300)
+    ap.add_argument("--quick", action="store_true", help="60 scrapes, 5 s idle window")
+    args = ap.parse_args()
+    n = 60 if args.quick else args.scrapes
+    idle_s = 5.0 if args.quick else 20.0
+    print(f"machine: {machine()}")
+    tmp = Path(tempfile.mkdtemp(prefix="rw-bench-gpu-"))
+    lib = build(tmp)
+    state = tmp / "nvml-state.txt"
+    state.write_text(state_text(args.gpus))
+    env = agent_env(RANKWATCH_NVML_STANDIN=str(state), LD_LIBRARY_PATH=str(lib))
+    procs: list[subprocess.Popen] = []
+    arms: dict[str, tuple[int, int]] = {}
+    try:
+        port = free_port()
+        devices = ", ".join(str(i) for i in range(args.gpus))
+        cfg = tmp / "rw.yaml"
+        cfg.write_text(
+            "run: {name: bench}\n"
+            f"gpu: {{interval: 1s, devices: [{devices}]}}\n"
+            f"runner: {{log_dir: {tmp / 'logs'}}}\n"
+            f"dumps: {{dir: {tmp / 'dumps'}}}\n"
+            f'server: {{listen: "127.0.0.1:{port}"}}\n'
+        )
+        rw = start([*RANKWATCH, "run", "--config", str(cfg), "--", PY, "-c", "import time; time.sleep(3600)"],
+                   env=env, stderr=tmp / "rankwatch.err")  # fmt: skip
+        procs.append(rw)
+        wait_http(port, rw)
+        arms["rankwatch"] = (port, rw.pid)
+
+        nvitop = shutil.which("nvitop-exporter") or str(Path(PY).parent / "nvitop-exporter")
+        if os.path.exists(nvitop):
+            p2 = free_port()
+            nv = start([nvitop, "--bind-address", "127.0.0.1", "--port", str(p2), "--interval", "1"],
+                       env=env, stderr=tmp / "nvitop.err")  # fmt: skip
+            procs.append(nv)
+            wait_http(p2, nv)
+            arms["nvitop-exporter"] = (p2, nv.pid)
+        else:
+            print("nvitop-exporter: not installed (pip install nvitop-exporter); skipped")
+
+        node = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+        if node:
+            p3 = free_port()
+            ne = start([node, f"--web.listen-address=127.0.0.1:{p3}"], stderr=tmp / "node.err")
+            procs.append(ne)
+            wait_http(p3, ne)
+            arms["node-exporter"] = (p3, ne.pid)
+        else:
+            print("node_exporter: not installed (apt-get install prometheus-node-exporter); skipped")
+
+        time.sleep(3.0)  # both GPU exporters have sampled a few times
+        for a in arms:
+            scrape(arms[a][0])  # warm
+        idle = idle_cpu(arms, idle_s)
+        res = measure(arms, n)
+        for a in arms:
+            res[a]["idle_cpu_pct"] = idle[a]
+    finally:
+        for p in procs:
+            stop(p)
+
+    print(f"\n{args.gpus} GPUs on the NVML stand-in; {n} scrapes per exporter, round-robin")
+    print(f"{'exporter':<18}{'series':>8}{'p50 ms':>9}{'p99 ms':>9}{'us/series p99':>15}"
+          f"{'CPU ms/scrape':>15}{'idle CPU %':>12}{'RSS MB':>9}")  # fmt: skip
+    for a, r in res.items():
+        print(
+            f"{a:<18}{r['series']:>8.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
+            f"{r['p99_ms'] / r['series'] * 1e3:>15.1f}{r['cpu_ms_per_scrape']:>15.2f}"
+            f"{r['idle_cpu_pct']:>12.2f}{r['rss_mb']:>9.1f}"
+        )
+    rw = res["rankwatch"]
+    for peer in ("nvitop-exporter", "node-exporter"):
+        if peer not in res:
+            continue
+        p = res[peer]
+        print(f"\nrankwatch / {peer} (below 1: rankwatch ahead)")
+        print(f"  scrape p50            {rw['p50_ms'] / p['p50_ms']:.2f}")
+        print(f"  scrape p99            {rw['p99_ms'] / p['p99_ms']:.2f}")
+        print(f"  p99 per series        {(rw['p99_ms'] / rw['series']) / (p['p99_ms'] / p['series']):.2f}")
+        print(f"  CPU per scrape        {rw['cpu_ms_per_scrape'] / max(p['cpu_ms_per_scrape'], 1e-9):.2f}")
+        print(f"  RSS                   {rw['rss_mb'] / p['rss_mb']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
