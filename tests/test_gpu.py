@@ -871,3 +871,16 @@ def test_a_hang_clears_the_last_readings_and_a_long_one_is_a_finding() -> None:
     assert rule.observe(120.0) == []  # once per episode
     (r,) = rule.observe(None)
     assert r.resolved
+
+
+def test_a_finding_on_a_gpu_not_tied_to_the_rank_says_it_may_be_another_jobs() -> None:
+    from rankwatch.detectors.gpu import GpuDetector
+
+    det = GpuDetector(GpuConfig(), 0)
+    (mine,) = det.observe(GpuSample(index=0, time=1.0, uuid="GPU-a", lost=True, lost_reason="GPU is lost",
+                                    attribution="nvml_process"))  # fmt: skip
+    (other,) = det.observe(GpuSample(index=1, time=1.0, uuid="GPU-b", lost=True, lost_reason="GPU is lost",
+                                     attribution="unattributed"))  # fmt: skip
+    assert mine.kind == other.kind == "gpu_lost"
+    assert "another job" not in mine.message
+    assert "may belong to another job" in other.message and other.evidence["attribution"] == "unattributed"

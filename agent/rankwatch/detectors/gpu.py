@@ -113,13 +113,18 @@ class GpuRule(ABC):
         *,
         resolved: bool = False,
     ) -> Finding:
+        if s.attribution == "unattributed" and not resolved:
+            message += (
+                f" Note: GPU {s.index} was not tied to this rank's processes (every GPU of the node is "
+                "watched), so it may belong to another job; set gpu.devices to watch only this rank's."
+            )
         return Finding(
             kind=self.kind,
             severity=severity,
             rank=self.rank,
             message=message,
             time=s.time,
-            evidence={"gpu": s.index, "uuid": s.uuid, **(evidence or {})},
+            evidence={"gpu": s.index, "uuid": s.uuid, "attribution": s.attribution, **(evidence or {})},
             resolved=resolved,
         )
 
