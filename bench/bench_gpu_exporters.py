@@ -17,48 +17,26 @@ import argparse
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
-from benchlib import PY, RANKWATCH, agent_env, free_port, machine, pct, scrape, start, stop, wait_http
-
-ROOT = Path(__file__).resolve().parents[1]
-STANDIN = ROOT / "tests" / "nvml_standin" / "nvml_standin.c"
-
-
-def state_text(gpus: int) -> str:
-    lines = [f"count {gpus}", "driver 550.54.15"]
-    for g in range(gpus):
-        lines += [
-            f"gpu{g}.util {80 + g}",
-            f"gpu{g}.mem_util 40",
-            f"gpu{g}.mem_used {40 << 30}",
-            f"gpu{g}.temp {60 + g}",
-            f"gpu{g}.power_mw {600000 + g * 1000}",
-            f"gpu{g}.field82 70",
-            f"gpu{g}.violation0_ns 1000000",
-            f"gpu{g}.field91 18",
-            f"gpu{g}.gpm 1",
-            f"gpu{g}.gpm2 80",
-            f"gpu{g}.gpm5 50",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def build(out: Path) -> Path:
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        sys.exit("gcc is needed to build the NVML stand-in (apt-get install gcc)")
-    subprocess.run(
-        [gcc, "-shared", "-fPIC", "-O2", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(out / "libnvidia-ml.so.1"),
-         str(STANDIN), "-lpthread"],
-        check=True,
-    )  # fmt: skip
-    return out
+from benchlib import (
+    PY,
+    RANKWATCH,
+    agent_env,
+    build_nvml_standin,
+    free_port,
+    machine,
+    nvml_standin_state,
+    pct,
+    scrape,
+    start,
+    stop,
+    wait_http,
+)
 
 
 def rss_mb(pid: int) -> float:
@@ -120,9 +98,9 @@ def main() -> None:
     idle_s = 5.0 if args.quick else 20.0
     print(f"machine: {machine()}")
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-gpu-"))
-    lib = build(tmp)
+    lib = build_nvml_standin(tmp)
     state = tmp / "nvml-state.txt"
-    state.write_text(state_text(args.gpus))
+    state.write_text(nvml_standin_state(args.gpus))
     env = agent_env(RANKWATCH_NVML_STANDIN=str(state), LD_LIBRARY_PATH=str(lib))
     procs: list[subprocess.Popen] = []
     arms: dict[str, tuple[int, int]] = {}

@@ -207,6 +207,41 @@ def agent_cmd(args: Sequence[str], fake_gpus: int = 0) -> list[str]:
     return [*RANKWATCH, *args]
 
 
+def nvml_standin_state(gpus: int) -> str:
+    """Busy, healthy readings for ``gpus`` GPUs in the stand-in's state-file format."""
+    lines = [f"count {gpus}", "driver 550.54.15"]
+    for g in range(gpus):
+        lines += [
+            f"gpu{g}.util {80 + g}",
+            f"gpu{g}.mem_util 40",
+            f"gpu{g}.mem_used {40 << 30}",
+            f"gpu{g}.temp {60 + g}",
+            f"gpu{g}.power_mw {600000 + g * 1000}",
+            f"gpu{g}.field82 70",
+            f"gpu{g}.violation0_ns 1000000",
+            f"gpu{g}.field91 18",
+            f"gpu{g}.gpm 1",
+            f"gpu{g}.gpm2 80",
+            f"gpu{g}.gpm5 50",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def build_nvml_standin(out: Path) -> Path:
+    """The NVML stand-in of tests/nvml_standin built into ``out`` (a GPU-less machine's NVML)."""
+    import shutil
+
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        sys.exit("gcc is needed to build the NVML stand-in (apt-get install gcc)")
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", "-O2", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(out / "libnvidia-ml.so.1"),
+         str(BENCH.parent / "tests" / "nvml_standin" / "nvml_standin.c"), "-lpthread"],
+        check=True,
+    )  # fmt: skip
+    return out
+
+
 def agent_cpu_seconds(pid: int) -> float:
     """User + system CPU of the agent process itself (all its threads), not of its children."""
     import psutil
