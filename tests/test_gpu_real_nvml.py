@@ -78,9 +78,23 @@ def test_real_nvml_backend(caplog: pytest.LogCaptureFixture) -> None:
                 assert all(v >= 0 for v in s.ecc.values())
             if s.pcie_replays is not None:
                 assert s.pcie_replays >= 0
+            if s.memory_free is not None:
+                assert 0 <= s.memory_free <= s.memory_total
+                assert s.memory_reserved is None or 0 <= s.memory_reserved < s.memory_total
+            if s.energy is not None:
+                assert s.energy > 0.0  # joules since the driver loaded
+            if s.pcie_tx is not None:
+                assert s.pcie_tx >= 0.0 and s.pcie_rx is not None and s.pcie_rx >= 0.0
+            for secs in (s.violations or {}).values():
+                assert secs >= 0.0
+            for ratio in (s.sm_active, s.sm_occupancy, s.tensor_active, s.dram_active):
+                assert ratio is None or 0.0 <= ratio <= 1.0
+            assert s.driver_version and s.compute_capability and "." in s.compute_capability
         for key, n in (a.ecc or {}).items():  # NVML counters never go down between two samples
             assert (b.ecc or {}).get(key, n) >= n
         assert b.time >= a.time
+        if a.energy is not None and b.energy is not None:
+            assert b.energy >= a.energy  # a counter
     assert xids == []
 
     registry = CollectorRegistry()
