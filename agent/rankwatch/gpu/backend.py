@@ -356,10 +356,10 @@ class NvmlBackend:
         return value
 
     def power(self, index: int) -> float:
-        return self._call(self._nvml.nvmlDeviceGetPowerUsage, self._handle(index)) / 1000.0
+        return float(self._call(self._nvml.nvmlDeviceGetPowerUsage, self._handle(index))) / 1000.0
 
     def power_limit(self, index: int) -> float:
-        return self._call(self._nvml.nvmlDeviceGetEnforcedPowerLimit, self._handle(index)) / 1000.0
+        return float(self._call(self._nvml.nvmlDeviceGetEnforcedPowerLimit, self._handle(index))) / 1000.0
 
     def clocks(self, index: int) -> tuple[float, float]:
         nv, h = self._nvml, self._handle(index)
@@ -439,7 +439,7 @@ class NvmlBackend:
         return int(m.free), None
 
     def energy(self, index: int) -> float:
-        return self._call(self._nvml.nvmlDeviceGetTotalEnergyConsumption, self._handle(index)) / 1000.0
+        return float(self._call(self._nvml.nvmlDeviceGetTotalEnergyConsumption, self._handle(index))) / 1000.0
 
     def pcie_throughput(self, index: int) -> tuple[float, float]:
         nv, h = self._nvml, self._handle(index)

@@ -12,7 +12,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from rankwatch.gpu.backend import FIELDS, GpuError, GpuInfo, XidEvent
 
@@ -169,61 +169,61 @@ class FakeBackend:
         return value
 
     def memory(self, index: int) -> tuple[int, int]:
-        return self._read("memory", index)
+        return cast("tuple[int, int]", self._read("memory", index))
 
     def utilization(self, index: int) -> tuple[float, float]:
-        return self._read("utilization", index)
+        return cast("tuple[float, float]", self._read("utilization", index))
 
     def temperature(self, index: int) -> float:
-        return self._read("temperature", index)
+        return cast("float", self._read("temperature", index))
 
     def memory_temperature(self, index: int) -> float:
-        return self._read("memory_temperature", index)
+        return cast("float", self._read("memory_temperature", index))
 
     def power(self, index: int) -> float:
-        return self._read("power", index)
+        return cast("float", self._read("power", index))
 
     def power_limit(self, index: int) -> float:
-        return self._read("power_limit", index)
+        return cast("float", self._read("power_limit", index))
 
     def clocks(self, index: int) -> tuple[float, float]:
-        return self._read("clocks", index)
+        return cast("tuple[float, float]", self._read("clocks", index))
 
     def throttle_reasons(self, index: int) -> dict[str, bool]:
-        return self._read("throttle_reasons", index)
+        return cast("dict[str, bool]", self._read("throttle_reasons", index))
 
     def ecc_errors(self, index: int) -> dict[tuple[str, str], int]:
-        return self._read("ecc_errors", index)
+        return cast("dict[tuple[str, str], int]", self._read("ecc_errors", index))
 
     def retired_pages(self, index: int) -> tuple[dict[str, int], bool]:
-        return self._read("retired_pages", index)
+        return cast("tuple[dict[str, int], bool]", self._read("retired_pages", index))
 
     def remapped_rows(self, index: int) -> tuple[int, int, bool, bool]:
-        return self._read("remapped_rows", index)
+        return cast("tuple[int, int, bool, bool]", self._read("remapped_rows", index))
 
     def pcie_replays(self, index: int) -> int:
-        return self._read("pcie_replays", index)
+        return cast("int", self._read("pcie_replays", index))
 
     def memory_detail(self, index: int) -> tuple[int, int | None]:
-        return self._read("memory_detail", index)
+        return cast("tuple[int, int | None]", self._read("memory_detail", index))
 
     def energy(self, index: int) -> float:
-        return self._read("energy", index)
+        return cast("float", self._read("energy", index))
 
     def pcie_throughput(self, index: int) -> tuple[float, float]:
-        return self._read("pcie_throughput", index)
+        return cast("tuple[float, float]", self._read("pcie_throughput", index))
 
     def violations(self, index: int) -> dict[str, float]:
-        return self._read("violations", index)
+        return cast("dict[str, float]", self._read("violations", index))
 
     def nvlink(self, index: int) -> tuple[float, float, dict[str, int]]:
-        return self._read("nvlink", index)
+        return cast("tuple[float, float, dict[str, int]]", self._read("nvlink", index))
 
     def gpm(self, index: int) -> dict[str, float]:
-        return self._read("gpm", index)
+        return cast("dict[str, float]", self._read("gpm", index))
 
     def compute_pids(self, index: int) -> list[int]:
-        return self._read("compute_pids", index)
+        return cast("list[int]", self._read("compute_pids", index))
 
     def xid_events(self, timeout_s: float) -> list[XidEvent]:
         """Each scripted Xid is delivered once, at the first wait on or after its tick."""

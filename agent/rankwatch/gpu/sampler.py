@@ -449,8 +449,8 @@ class GpuSampler:
         if errors and not read and failed is not None:
             failed[i] = errors[0][1]
         else:
-            for name, e in errors:
-                self._log_once(name, "failed", "GPU %d: reading %s failed (%s); retried", i, name, e)
+            for name, why in errors:
+                self._log_once(name, "failed", "GPU %d: reading %s failed (%s); retried", i, name, why)
         if read:
             self._unknown.pop(i, None)
             if self._lost.pop(i, None) is not None:
