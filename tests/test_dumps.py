@@ -712,6 +712,8 @@ def test_store_reads_no_symlink_and_names_why_it_did_not(tmp_path: Path) -> None
         store.load_rank(info, 0, strict=True)
     with pytest.raises(KeyError):
         store.find("20261122T101600Z_stall")
+    with pytest.raises(KeyError):  # nor by its path: it is below the root
+        store.find(str(tmp_path / "dumps" / "r" / "20261122T101600Z_stall"))
     # The API's lookup takes names only: a folder path (even the right one) is not looked up.
     assert store.find(str(folder)).name == info.name
     with pytest.raises(KeyError):

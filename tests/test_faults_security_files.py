@@ -238,6 +238,10 @@ def test_log_swapped_for_a_symlink_to_a_root_only_file_is_never_read(shared: Pat
     assert len(refusals) == 1, logs
     assert str(job / "rank-0.log") in refusals[0] and "symlink" in refusals[0]
     assert _metric(metrics, "rankwatch_log_open_refused_total") == 1
+    promtool = shutil.which("promtool")
+    if promtool is not None:  # the new counter, with its sample, is a clean exposition
+        checked = subprocess.run([promtool, "check", "metrics"], input=metrics.encode(), capture_output=True)
+        assert checked.returncode == 0 and not checked.stdout.strip(), checked.stdout + checked.stderr
     # The agent kept watching: it saw the exit after the refusal.
     kinds = [json.loads(x)["kind"] for x in everything["findings jsonl"].splitlines()]
     assert "crash" in kinds or "process_exit" in kinds

@@ -260,12 +260,15 @@ class DumpStore:
         return out
 
     def _info_of_folder(self, folder: Path) -> IncidentInfo | None:
-        """An incident named by its folder's path: the user chose that path, so it is opened
-        as given; below the root it is read like any other incident of the store."""
+        """An incident named by its folder's path. Below the root (as written or resolved) it
+        is read like any other incident of the store, so a symlinked folder there is not
+        found; elsewhere the user chose that folder, and it is opened as given."""
+        roots = (Path(os.path.abspath(self.root)), self.root.resolve())
+        for where in (Path(os.path.abspath(folder)), folder.resolve()):
+            if where.parent.parent in roots:
+                named = self._run_incidents_named(where.parent.name, where.name)
+                return named[0] if named else None
         real = folder.resolve()
-        if real.parent.parent == self.root.resolve():
-            named = self._run_incidents_named(real.parent.name, real.name)
-            return named[0] if named else None
         try:
             fd = os.open(real, _ROOT_FLAGS)
         except OSError:
