@@ -431,7 +431,7 @@ def test_follower_refuses_a_log_folder_swapped_for_a_symlink(tmp_path: Path) -> 
     f.close()
 
 
-def test_follower_refuses_a_symlinked_log_but_follows_a_symlinked_folder_as_configured(
+def test_follower_follows_a_configured_symlinked_folder_and_a_link_beside_it_but_no_link_out(
     tmp_path: Path,
 ) -> None:
     real = tmp_path / "real"
@@ -441,10 +441,31 @@ def test_follower_refuses_a_symlinked_log_but_follows_a_symlinked_folder_as_conf
     f = LogFollower(tmp_path / "alias" / "rank-0.log")
     assert [x.text for x in f.read_available()] == ["x"]
     f.close()
-    (real / "latest.log").symlink_to(real / "rank-0.log")
-    g = LogFollower(real / "latest.log")
-    assert g.read_available() == [] and g.stats.refused_opens == 1
-    g.close()
+    secret = _secret_file(tmp_path / "secret")
+    for name, target in (("up.log", "../secret"), ("abs.log", str(secret)), ("sub.log", "sub/rank-0.log")):
+        (real / name).symlink_to(target)
+        g = LogFollower(real / name)
+        assert g.read_available() == [] and g.stats.refused_opens == 1, name
+        g.close()
+    # latest.log -> rank-0.log (relative or absolute) is the same file, read as such ...
+    (real / "abs-latest.log").symlink_to(real / "rank-0.log")
+    h = LogFollower(real / "abs-latest.log")
+    assert [x.text for x in h.read_available()] == ["x"]
+    h.close()
+    (real / "latest.log").symlink_to("rank-0.log")
+    f = LogFollower(real / "latest.log")
+    assert [x.text for x in f.read_available()] == ["x"]
+    with open(real / "rank-0.log", "a") as fh:
+        fh.write("y\n")
+    assert [x.text for x in f.read_available()] == ["y"]
+    assert f.read_available() == [] and f.stats.rotations == 0  # no rotation seen at every end
+    # ... and pointing it at the next file is a rotation.
+    (real / "rank-1.log").write_text("z\n")
+    (real / ".next").symlink_to("rank-1.log")
+    os.rename(real / ".next", real / "latest.log")
+    assert [x.text for x in f.read_available()] == ["z"]
+    assert f.stats.rotations == 1 and f.stats.refused_opens == 0
+    f.close()
 
 
 @needs_root
@@ -578,3 +599,20 @@ def test_resolve_dir_names_the_owner_of_a_users_symlink(tmp_path: Path) -> None:
     f = LogFollower(link / "rank-0.log")
     assert f.read_available() == [] and f.stats.refused_opens == 1
     f.close()
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("run-7.log", "run-7.log"),
+        ("/logs/run-7.log", "run-7.log"),
+        ("/logs/sub/run-7.log", None),
+        ("/other/run-7.log", None),
+        ("../logs/run-7.log", None),
+        ("./run-7.log", None),
+        ("..", None),
+        ("", None),
+    ],
+)
+def test_sibling_names_only_a_file_of_the_same_folder(target: str, expected: str | None) -> None:
+    assert safeio.sibling(target, "/logs") == expected

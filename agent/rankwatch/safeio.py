@@ -29,6 +29,7 @@ __all__ = [
     "open_file_beneath",
     "read_beneath",
     "resolve_dir",
+    "sibling",
     "trusted_uids",
 ]
 
@@ -130,12 +131,15 @@ def open_file_beneath(
     *,
     label: str = "",
     owners: Iterable[int] | None = None,
+    sibling_link: bool = False,
 ) -> tuple[int, os.stat_result]:
     """Open the regular file ``parts`` beneath ``root_fd`` read-only: ``(fd, fstat)``.
 
     Every folder on the way and the file itself must not be a symlink; the file must be
     a regular file (a FIFO or device is never opened) and, with ``owners``, owned by one
-    of them. Missing paths raise ``FileNotFoundError``; everything else refused, ``Refused``.
+    of them. With ``sibling_link``, the file may be a symlink to a file of the same
+    folder (``latest.log -> run-7.log``), which must then pass the same checks.
+    Missing paths raise ``FileNotFoundError``; everything else refused, ``Refused``.
     """
     if not parts:
         raise Refused(label or ".", "no file named")
@@ -145,6 +149,11 @@ def open_file_beneath(
     try:
         _check_name(name, os.path.join(label, *folders))
         before = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if sibling_link and stat.S_ISLNK(before.st_mode):
+            name = sibling(os.readlink(name, dir_fd=dfd), os.path.join(label, *folders))
+            if name is None:
+                raise Refused(path, "is a symlink out of its folder")
+            before = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         if not stat.S_ISREG(before.st_mode):
             raise Refused(path, f"is {kind_of(before.st_mode)}, not a regular file")
         allowed = None if owners is None else frozenset(owners)
@@ -168,6 +177,19 @@ def open_file_beneath(
         return fd, st
     finally:
         os.close(dfd)
+
+
+def sibling(target: str, folder: str) -> str | None:
+    """The name a symlink's ``target`` names in ``folder`` itself, or None when it leads
+    anywhere else (another folder, ``..``, a path through another spelling of the folder)."""
+    if target.startswith("/"):
+        head, name = os.path.split(target)
+        if head != folder.rstrip("/"):
+            return None
+        target = name
+    if not target or target in (".", "..") or "/" in target:
+        return None
+    return target
 
 
 def _owner_text(uid: int, allowed: frozenset[int]) -> str:

@@ -5,11 +5,12 @@ shared with the offline readers.
 
 The agent may read with more rights than the job (root, ``CAP_DAC_READ_SEARCH``) in a
 folder the job writes, so every open and reopen goes through ``safeio``: the folder as
-configured (resolved once, when the follower is made), no symlink anywhere after that,
-a regular file only, and always the same owner: the owner of the first file read, or
-the user who owns the folder or a symlink on the configured path when that is not root
-or the agent. A log swapped for a symlink to a root-only file, a FIFO or a device is
-refused, logged once and counted (``FollowerStats.refused_opens``); it is never opened.
+configured (resolved once, when the follower is made), no symlink anywhere after that
+but one to a file beside it (``latest.log -> run-7.log``), a regular file only, and
+always the same owner: the owner of the first file read, or the user who owns the folder
+or a symlink on the configured path when that is not root or the agent. A log swapped
+for a symlink to a root-only file, a FIFO or a device is refused, logged once and
+counted (``FollowerStats.refused_opens``); it is never opened.
 """
 
 from __future__ import annotations
@@ -175,10 +176,19 @@ class LogFollower:
         dfd = safeio.open_dir(self._dir)
         try:
             return safeio.open_file_beneath(
-                dfd, [self.path.name], label=self._dir, owners=self._owners(os.fstat(dfd))
+                dfd, [self.path.name], label=self._dir, owners=self._owners(os.fstat(dfd)), sibling_link=True
             )
         finally:
             os.close(dfd)
+
+    def _lstat_current(self) -> os.stat_result:
+        """What an open now would find: the file under the name, or the sibling a symlink
+        there names; a symlink out of the folder is a new file (its open is then refused)."""
+        where = os.path.join(self._dir, self.path.name)
+        st = os.lstat(where)
+        if stat.S_ISLNK(st.st_mode) and (name := safeio.sibling(os.readlink(where), self._dir)):
+            st = os.lstat(os.path.join(self._dir, name))
+        return st
 
     def _owners(self, folder: os.stat_result) -> frozenset[int] | None:
         """Whose file may be read here; None: anyone's, the first time only (then pinned)."""
@@ -278,7 +288,7 @@ class LogFollower:
             self._restart(f"truncated ({self._offset} -> {size} bytes)", out)
             return True
         try:
-            st = os.lstat(os.path.join(self._dir, self.path.name))  # a symlink swapped in is a new file
+            st = self._lstat_current()
         except OSError:
             return False  # moved away and not recreated yet: the open descriptor is still right
         if (st.st_dev, st.st_ino) == self._identity:
