@@ -150,9 +150,10 @@ def open_file_beneath(
         _check_name(name, os.path.join(label, *folders))
         before = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         if sibling_link and stat.S_ISLNK(before.st_mode):
-            name = sibling(os.readlink(name, dir_fd=dfd), os.path.join(label, *folders))
-            if name is None:
+            beside = sibling(os.readlink(name, dir_fd=dfd), os.path.join(label, *folders))
+            if beside is None:
                 raise Refused(path, "is a symlink out of its folder")
+            name = beside
             before = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         if not stat.S_ISREG(before.st_mode):
             raise Refused(path, f"is {kind_of(before.st_mode)}, not a regular file")
