@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
+from rankwatch import safeio
 from rankwatch.dumps.capture import DumpResult, capture, find_py_spy
 from rankwatch.dumps.cli import add_subcommands
 from rankwatch.dumps.diff import diff_incident, format_diff, format_ranks, main_stack
@@ -665,3 +666,55 @@ def test_list_incidents_since_skips_older_folders_by_name(tmp_path: Path) -> Non
     got = [i.name for i in store.list_incidents("r", since=since)]
     assert got == ["20261122T111600Z_manual", "20261122T111500Z_stall"]
     assert len(store.list_incidents()) == 4
+
+
+# ---------------------------------------------------------------- a shared, hostile folder
+def test_store_never_writes_through_a_symlink_planted_in_the_dumps_folder(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = DumpStore(tmp_path / "dumps")
+    (tmp_path / "dumps").mkdir()
+    (tmp_path / "dumps" / "r").symlink_to(outside)  # a run folder
+    with pytest.raises(safeio.Refused, match="symlink"):
+        store.write_rank("r", "20261122T101500Z_stall", 0, _result(), {})
+    with pytest.raises(safeio.Refused, match="symlink"):
+        store.incident_dir("r", "20261122T101500Z_stall")
+    (tmp_path / "dumps" / "s").mkdir()
+    (tmp_path / "dumps" / "s" / "20261122T101500Z_stall").symlink_to(outside)  # an incident folder
+    with pytest.raises(safeio.Refused, match="symlink"):
+        store.write_extra("s", "20261122T101500Z_stall", "trace.json", "{}")
+    assert list(outside.iterdir()) == []
+    # A symlink planted under a file's name is replaced, never written through.
+    target = outside / "precious"
+    target.write_text("keep")
+    folder = store.incident_dir("t", "20261122T101500Z_stall")
+    (folder / "rank-0.txt").symlink_to(target)
+    store.write_rank("t", "20261122T101500Z_stall", 0, _result(), {})
+    assert target.read_text() == "keep" and not (folder / "rank-0.txt").is_symlink()
+
+
+def test_store_reads_no_symlink_and_names_why_it_did_not(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text('{"rank": 1, "ok": true, "text": "SECRET"}')
+    store = DumpStore(tmp_path / "dumps")
+    store.write_rank("r", "20261122T101500Z_stall", 0, _result(), {})
+    folder = tmp_path / "dumps" / "r" / "20261122T101500Z_stall"
+    (folder / "rank-0.json").unlink()
+    (folder / "rank-0.json").symlink_to(secret)
+    (folder / "rank-1.json").symlink_to(secret)  # not a rank of the incident: not a regular file
+    (tmp_path / "dumps" / "r" / "20261122T101600Z_stall").symlink_to(folder)
+    [info] = store.list_incidents()
+    assert (info.name, info.ranks) == ("20261122T101500Z_stall", [0])  # rank 0 still has its .txt
+    doc = store.load_rank(info, 0)
+    assert doc["ok"] is False and "symlink" in doc["error"] and "SECRET" not in json.dumps(doc)
+    assert doc["text"].startswith("# rankwatch dump: rank 0")  # the regular text beside it is read
+    with pytest.raises(safeio.Refused):
+        store.load_rank(info, 0, strict=True)
+    with pytest.raises(KeyError):
+        store.find("20261122T101600Z_stall")
+    with pytest.raises(KeyError):  # nor by its path: it is below the root
+        store.find(str(tmp_path / "dumps" / "r" / "20261122T101600Z_stall"))
+    # The API's lookup takes names only: a folder path (even the right one) is not looked up.
+    assert store.find(str(folder)).name == info.name
+    with pytest.raises(KeyError):
+        store.find(str(folder), allow_path=False)

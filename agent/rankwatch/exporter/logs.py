@@ -37,6 +37,12 @@ def collect_logs(views: Sequence[RankView]) -> list[Metric]:
     reopen = CounterMetricFamily(
         "rankwatch_log_open_errors_total", "Failed attempts to open a log file", labels=RANK_LABELS
     )
+    refused = CounterMetricFamily(
+        "rankwatch_log_open_refused_total",
+        "Log files the agent refused to open: a symlink, FIFO, device or another user's file "
+        "where the log was (counted once per change, never opened)",
+        labels=RANK_LABELS,
+    )
     for v in views:
         if not v.own:
             continue
@@ -44,16 +50,18 @@ def collect_logs(views: Sequence[RankView]) -> list[Metric]:
         labels = list(v.labels)
         ok, _ = sources_status(w)
         attached.add_metric(labels, 1.0 if ok else 0.0)
-        parsed = unparsed = cut = nbytes = rot = trunc = errs = 0
+        parsed = unparsed = cut = nbytes = rot = trunc = errs = refusals = 0
         for s in w.streams:
             ps, fs = s.parser.stats, s.follower.stats
             parsed, unparsed, cut = parsed + ps.parsed, unparsed + ps.unparsed, cut + ps.cut
             nbytes, rot, trunc = nbytes + fs.bytes_read, rot + fs.rotations, trunc + fs.truncations
             errs += fs.reopen_errors
+            refusals += fs.refused_opens
         for result, n in (("parsed", parsed), ("unparsed", unparsed), ("cut", cut)):
             lines.add_metric([*labels, result], n)
         read.add_metric(labels, nbytes)
         rotations.add_metric(labels, rot)
         truncations.add_metric(labels, trunc)
         reopen.add_metric(labels, errs)
-    return [attached, lines, read, rotations, truncations, reopen]
+        refused.add_metric(labels, refusals)
+    return [attached, lines, read, rotations, truncations, reopen, refused]

@@ -18,7 +18,7 @@ node_exporter style:
   threads,children,state{state}}`` of the watched process tree.
 - ``logs``: ``rankwatch_sources_attached``, ``rankwatch_log_lines_total{result}``,
   ``_log_read_bytes_total``, ``_log_rotations_total``, ``_log_truncations_total``,
-  ``_log_open_errors_total``.
+  ``_log_open_errors_total``, ``_log_open_refused_total``.
 - ``health``: ``rankwatch_build_info{version,python}``, ``_agent_start_time_seconds``,
   ``_world_size``, ``_dumps_captured_total``, ``_internal_errors_total{component}``,
   ``_alerts_{sent,failed,dropped}_total{sink}`` (from ``agent.alert_stats`` if present).

@@ -121,9 +121,7 @@ class RankWatcher:
         end = stream.follower.position
         start = max(0, end - budget)
         try:
-            with open(stream.path, "rb") as fh:
-                fh.seek(start)
-                data = fh.read(end - start)
+            data = stream.follower.read_back(start, end)
         except OSError as e:
             log.warning("%s: cannot replay its history: %s", stream.path, e)
             return

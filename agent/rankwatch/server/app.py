@@ -23,7 +23,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -226,22 +225,27 @@ async def api_dumps(request: web.Request) -> web.Response:
 
 
 def _load_dump(store: Any, incident: str, rank: int, text: bool) -> tuple[int, Any]:
-    """(HTTP status, document or text); blocking, run in a thread."""
+    """(HTTP status, document or text); blocking, run in a thread.
+
+    Only regular files inside the incident folder are served: the store walks from its
+    root without following symlinks and refuses FIFOs and devices (``safeio``); anything
+    refused is a 404 like a missing dump, and nothing of it is read."""
     try:
-        info = store.find(incident)
+        info = store.find(incident, allow_path=False)
     except KeyError as e:
         return 404, str(e.args[0] if e.args else e)
-    root = Path(store.root).resolve()
-    if not Path(info.path).resolve().is_relative_to(root):
-        return 404, f"no incident {incident!r} in the dump store"
+    missing = f"incident {info.name} has no dump of rank {rank} (ranks: {info.ranks})"
     if rank not in info.ranks:
-        return 404, f"incident {info.name} has no dump of rank {rank} (ranks: {info.ranks})"
-    if text:
-        try:
-            return 200, (info.path / f"rank-{rank}.txt").read_text(errors="replace")
-        except OSError:
-            return 200, store.load_rank(info, rank).get("text", "")
-    return 200, store.load_rank(info, rank)
+        return 404, missing
+    try:
+        if text:
+            try:
+                return 200, store.read_file(info, f"rank-{rank}.txt").decode(errors="replace")
+            except FileNotFoundError:
+                return 200, store.load_rank(info, rank, strict=True).get("text", "")
+        return 200, store.load_rank(info, rank, strict=True)
+    except OSError:  # safeio.Refused, or the folder swapped since it was listed
+        return 404, missing
 
 
 async def api_dump(request: web.Request) -> web.Response:

@@ -2,6 +2,15 @@
 late start (the launcher starts before the first rank writes) and writes in pieces. The
 splitting itself (tqdm ``\\r`` redraws, multi-megabyte lines, bad UTF-8) is ``lines``'s,
 shared with the offline readers.
+
+The agent may read with more rights than the job (root, ``CAP_DAC_READ_SEARCH``) in a
+folder the job writes, so every open and reopen goes through ``safeio``: the folder as
+configured (resolved once, when the follower is made), no symlink anywhere after that
+but one to a file beside it (``latest.log -> run-7.log``), a regular file only, and
+always the same owner: the owner of the first file read, or the user who owns the folder
+or a symlink on the configured path when that is not root or the agent. A log swapped
+for a symlink to a root-only file, a FIFO or a device is refused, logged once and
+counted (``FollowerStats.refused_opens``); it is never opened.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from rankwatch import safeio
 from rankwatch.sources.lines import NOISE, RESCUE, FollowedLine, FollowerStats, Splitter, read_lines
 
 __all__ = ["NOISE", "RESCUE", "FollowedLine", "FollowerStats", "LogFollower", "follow", "read_lines"]
@@ -52,6 +62,12 @@ class LogFollower:
         self._mark = b""
         self._behind = False
         self._open_error_logged = False
+        try:
+            self._dir, self._dir_owners = safeio.resolve_dir(self.path.parent)
+        except OSError:  # a symlink loop: every open is then refused, and says so
+            self._dir, self._dir_owners = os.path.abspath(self.path.parent), frozenset()
+        self._owner: int | None = None  # pinned by the first file read
+        self._refused: str | None = None  # the refusal last logged and counted
         if self._open() and from_end:
             self._seek_to_end()
 
@@ -123,22 +139,27 @@ class LogFollower:
                 break
         yield from self.flush()
 
+    def read_back(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the file being followed, through the descriptor already
+        checked (a second open by name could land on whatever the job swapped in since)."""
+        if self._fd is None or end <= start:
+            return b""
+        return os.pread(self._fd, end - start, start)
+
     def _open(self) -> bool:
         try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd, st = self._open_checked()
         except FileNotFoundError:
             return False
+        except safeio.Refused as exc:
+            self._open_refused(exc)
+            return False
         except OSError as exc:
             self._open_failed(exc)
             return False
-        try:
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                raise IsADirectoryError(f"{self.path} is a directory")
-        except OSError as exc:
-            os.close(fd)
-            self._open_failed(exc)
-            return False
+        if self._owner is None:
+            self._owner = st.st_uid
+        self._refused = None
         identity = (st.st_dev, st.st_ino)
         if identity == self._identity and st.st_size >= self._offset:
             os.lseek(fd, self._offset, os.SEEK_SET)
@@ -150,6 +171,47 @@ class LogFollower:
         self._fd = fd
         self._open_error_logged = False
         return True
+
+    def _open_checked(self) -> tuple[int, os.stat_result]:
+        dfd = safeio.open_dir(self._dir)
+        try:
+            return safeio.open_file_beneath(
+                dfd, [self.path.name], label=self._dir, owners=self._owners(os.fstat(dfd)), sibling_link=True
+            )
+        finally:
+            os.close(dfd)
+
+    def _lstat_current(self) -> os.stat_result:
+        """What an open now would find: the file under the name, or the sibling a symlink
+        there names; a symlink out of the folder is a new file (its open is then refused)."""
+        where = os.path.join(self._dir, self.path.name)
+        st = os.lstat(where)
+        if stat.S_ISLNK(st.st_mode) and (name := safeio.sibling(os.readlink(where), self._dir)):
+            st = os.lstat(os.path.join(self._dir, name))
+        return st
+
+    def _owners(self, folder: os.stat_result) -> frozenset[int] | None:
+        """Whose file may be read here; None: anyone's, the first time only (then pinned)."""
+        if self._owner is not None:
+            return frozenset({self._owner})
+        if self._dir_owners:
+            return self._dir_owners
+        if folder.st_uid not in safeio.trusted_uids() and not folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return frozenset({folder.st_uid})  # a user's own folder: only their files
+        return None
+
+    def _open_refused(self, exc: safeio.Refused) -> None:
+        """Once per change of what is there, not per poll; the target is never opened."""
+        if exc.why == self._refused:
+            return
+        self._refused = exc.why
+        self.stats.refused_opens += 1
+        log.warning(
+            "%s: refusing to open it: %s (the agent reads only a regular file owned by the job's "
+            "user, never through a symlink; it reads on once the file is back)",
+            self.path,
+            exc.why,
+        )
 
     def _open_failed(self, exc: OSError) -> None:
         self.stats.reopen_errors += 1
@@ -226,7 +288,7 @@ class LogFollower:
             self._restart(f"truncated ({self._offset} -> {size} bytes)", out)
             return True
         try:
-            st = os.stat(self.path)
+            st = self._lstat_current()
         except OSError:
             return False  # moved away and not recreated yet: the open descriptor is still right
         if (st.st_dev, st.st_ino) == self._identity:

@@ -50,6 +50,7 @@ class FollowerStats:
     rotations: int = 0
     truncations: int = 0
     reopen_errors: int = 0
+    refused_opens: int = 0  # a symlink, FIFO, device or another user's file where the log was
     dropped_lines: int = 0
 
 
