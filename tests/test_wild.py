@@ -113,3 +113,55 @@ def test_wild_case(case: dict[str, Any]) -> None:
         assert sum(f.kind == kind for f in result.findings) <= n, why
     for r in case.get("not_ranks", []):
         assert not any(f.rank == r for f in serious), why
+
+
+def _job(tmp_path: Path, logs: dict[int, list[str]]) -> list[str]:
+    paths = []
+    steps = (WILD / "nanogpt_fp16_nan_iter3010.log").read_text().splitlines()[:8]  # healthy iterations
+    for rank, tail in logs.items():
+        p = tmp_path / f"rank-{rank}.log"
+        p.write_text("\n".join(steps + tail) + "\n")
+        paths.append(str(p))
+    return paths
+
+
+def _lines(name: str) -> list[str]:
+    return (WILD / name).read_text().splitlines()
+
+
+def test_gloo_peer_errors_point_at_the_rank_that_failed_first(tmp_path: Path) -> None:
+    """A job whose rank 1 ran out of memory while ranks 0 and 2 lost it as a gloo peer (each
+    rank's text from the wild cases): analyze over all logs names rank 1; the peers' errors
+    are warnings that point elsewhere, not crashes of their own."""
+    paths = _job(
+        tmp_path,
+        {
+            0: ["Traceback (most recent call last):", *_lines("gloo_isend_peer_closed.log")],
+            1: ["Traceback (most recent call last):", *_lines("oom_neurolens_grid_sampler.log")],
+            2: _lines("gloo_read_error_reset_by_peer.log"),
+        },
+    )
+    result = analyze(paths, Config(), jobs=1)
+    why = _describe(result)
+    first = result.findings[0]
+    assert (first.kind, first.rank, first.severity) == ("rank_lagging", 1, Severity.CRITICAL), why
+    assert "oom" in first.message and "0,2" in first.message, why
+    for r in (0, 2):
+        mine = [f for f in result.findings if f.rank == r]
+        assert {f.kind for f in mine} == {"peer_error"}, why
+        assert all(f.severity is Severity.WARNING for f in mine), why
+
+
+def test_the_rank_no_peer_lost_is_named_when_it_left_nothing(tmp_path: Path) -> None:
+    """Rank 1 was killed without a word (SIGKILL leaves no traceback); its peers lost it."""
+    paths = _job(
+        tmp_path,
+        {
+            0: _lines("gloo_isend_peer_closed.log")[-1:],
+            1: [],
+            2: _lines("gloo_read_error_reset_by_peer.log"),
+        },
+    )
+    result = analyze(paths, Config(), jobs=1)
+    first = result.findings[0]
+    assert (first.kind, first.rank) == ("rank_lagging", 1), _describe(result)

@@ -47,7 +47,7 @@ _HOST = re.compile(r"(?P<h>[A-Za-z][\w.-]{0,63}):(?P<r>\d{1,7})(?:\t| {2,8}|: )"
 _START = frozenset("[0123456789 DIWEC")
 _MAX_PREFIXES = 8
 _MINUTE_CACHE: dict[tuple[str, str, str, str, str], int] = {}
-_RANK_CACHE: dict[str, tuple[int, bool]] = {}  # "[rank3" -> (3, True)
+_RANK_CACHE: dict[str, tuple[int, bool]] = {}  # "[rank3" -> (3, True), "[gpu187:1" -> (1, True)
 
 
 def _epoch(m: re.Match[str]) -> float | None:
@@ -128,20 +128,19 @@ def strip(raw: str) -> tuple[str, int | None, float | None]:
         m: re.Match[str] | None = None
         if c == "[":
             head, sep, rest = text.partition("]:")
-            if sep and len(head) <= 16:
+            if sep and len(head) <= 72:
                 hit = _RANK_CACHE.get(head)
                 if hit is None:
                     hit = _bracket_rank(head)
+                    if hit is None:
+                        hm = _HOST_HEAD.match(head)
+                        if hm is not None:
+                            hit = (int(hm["r"]), True)
                     if hit is not None and len(_RANK_CACHE) < 4096:
                         _RANK_CACHE[head] = hit
                 if hit is not None:
                     rank = hit[0]
                     text = rest[1:] if hit[1] and rest[:1] == " " else rest
-                    continue
-                hm = _HOST_HEAD.match(head)
-                if hm is not None:
-                    rank = int(hm["r"])
-                    text = rest[1:] if rest[:1] == " " else rest
                     continue
             m = _MPI.match(text)
             if m is not None:
