@@ -165,3 +165,23 @@ def test_the_rank_no_peer_lost_is_named_when_it_left_nothing(tmp_path: Path) -> 
     result = analyze(paths, Config(), jobs=1)
     first = result.findings[0]
     assert (first.kind, first.rank) == ("rank_lagging", 1), _describe(result)
+
+
+@pytest.mark.parametrize("mode", ["raise", "exit"])
+def test_real_torchrun_gloo_job_names_the_rank_that_died(mode: str) -> None:
+    """torch 2.13 torchrun + gloo on the CPU (tests/data/wild/local/README.md): rank 1 dies at
+    step 5; its peers lose it. One crash for rank 1 (its traceback and torchrun's box are one
+    event), rank_lagging names it, the peers' gloo errors are warnings."""
+    result = analyze([str(WILD / "local" / f"torchrun_gloo_{mode}.log")], Config(), jobs=1)
+    why = _describe(result)
+    assert [(r.rank, r.format, r.last_step) for r in result.ranks] == [(r, "nanogpt", 4) for r in range(3)], (
+        why
+    )
+    first = result.findings[0]
+    assert (first.kind, first.rank, first.step) == ("rank_lagging", 1, 4), why
+    crashes = [f for f in result.findings if f.kind == "crash"]
+    assert [f.rank for f in crashes] == [1], why
+    told = "torchrun reported exit code 1" if mode == "raise" else "failed with exitcode 9"
+    assert told in crashes[0].message, why
+    peers = sorted((f.rank, f.kind, f.severity.label) for f in result.findings if f.rank != 1)
+    assert peers == [(0, "peer_error", "warning"), (2, "peer_error", "warning")], why
