@@ -452,7 +452,7 @@ def classify(line: str) -> Hit | None:
         s = t.lstrip()
         if s.startswith(("MemoryError", "builtins.MemoryError")):
             return _host_oom(_short(t))
-    if "by peer" in t or "Broken pipe" in t:
+    if ("by peer" in t or "Broken pipe" in t) and "NCCL" not in t:  # NCCL's own words say more
         hit = _peer(t)
         if hit is not None:
             return hit
