@@ -185,3 +185,27 @@ def test_real_torchrun_gloo_job_names_the_rank_that_died(mode: str) -> None:
     assert told in crashes[0].message, why
     peers = sorted((f.rank, f.kind, f.severity.label) for f in result.findings if f.rank != 1)
     assert peers == [(0, "peer_error", "warning"), (2, "peer_error", "warning")], why
+
+
+def test_without_timestamps_the_earlier_line_of_one_file_failed_first(tmp_path: Path) -> None:
+    """One torchrun --tee file: rank 2 runs out of memory, later rank 0 crashes on its own
+    and rank 1 loses a gloo peer. Rank 2 failed first though rank 0 has the lower number."""
+
+    def tagged(rank: int, lines: list[str]) -> list[str]:
+        return [f"[rank{rank}]: {x}" for x in lines]
+
+    oom = ["Traceback (most recent call last):", *_lines("oom_neurolens_grid_sampler.log")]
+    crash = ["Traceback (most recent call last):", *_lines("cuda_ecc_bloom_13b.log")[:4]]
+    log = tmp_path / "job.log"
+    log.write_text(
+        "\n".join(
+            tagged(2, oom)
+            + ["step"] * 3
+            + tagged(0, crash)
+            + tagged(1, _lines("gloo_read_error_reset_by_peer.log"))
+        )
+        + "\n"
+    )
+    result = analyze([str(log)], Config(), jobs=1)
+    first = result.findings[0]
+    assert (first.kind, first.rank) == ("rank_lagging", 2), _describe(result)

@@ -60,7 +60,17 @@ def cross_rank(
 
     if primary and secondary:
         timed = [(t, r) for r, (t, _) in primary.items() if t is not None]
-        culprit = min(timed)[1] if timed else sorted(primary, key=lambda r: (r is None, r))[0]
+        if timed:
+            culprit = min(timed)[1]
+        else:
+            # No timestamps: within one file (torchrun --tee) the earlier line failed first.
+            one_file = len({by_rank[r].path for r in primary}) == 1
+
+            def order(r: int | None) -> tuple[int, bool, int]:
+                line = primary[r][1]
+                return (line if one_file and line is not None else 0, r is None, r or 0)
+
+            culprit = min(primary, key=order)
         st = by_rank[culprit]
         others = [r for r in secondary if r != culprit]
         if others:
