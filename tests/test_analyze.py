@@ -76,9 +76,11 @@ def test_hf_oom_example_names_rank_1(capsys: pytest.CaptureFixture[str]) -> None
     assert [f["rank"] for f in lag] == [1]
     r0 = next(r for r in doc["ranks"] if r["rank"] == 0)
     assert r0["format"] == "hf" and r0["last_step"] == 1240
-    # torchelastic's own 'failed (exitcode: 1) local_rank: 1' line and its ChildFailedError box
-    # are one death: one crash, on rank 1, and no rank-less row.
-    assert [f["rank"] for f in doc["findings"] if f["kind"] == "crash"] == [1]
+    # torchelastic's own 'failed (exitcode: 1) local_rank: 1' line, its ChildFailedError box and
+    # rank 1's OOM traceback are one death: the OOM, with the exit code, and no rank-less row.
+    assert [f["rank"] for f in doc["findings"] if f["kind"] == "crash"] == []
+    oom = next(f for f in doc["findings"] if f["kind"] == "oom")
+    assert "torchrun reported exit code 1" in oom["message"]
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
 
 

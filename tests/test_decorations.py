@@ -57,6 +57,16 @@ T0 = calendar.timegm((2024, 5, 1, 10, 0, 0, 0, 0, 0))
             4,
             None,
         ),
+        # [host:local_rank]: tags, and OLMo's "host:local_rank" after its timestamp
+        ("[gpu187:1]: iteration 5", "iteration 5", 1, None),
+        ("[node-a.example:0]:x", "x", 0, None),
+        (
+            "2024-05-01 10:00:00.250 intern-studio-160750:0\tolmo.train:908\tINFO\t[step=1/739328,epoch=0]",
+            "olmo.train:908\tINFO\t[step=1/739328,epoch=0]",
+            0,
+            T0 + 0.25,
+        ),
+        ("2024-05-01 10:00:00 gpu187:3  olmo.train:908  INFO", "olmo.train:908  INFO", 3, T0),
     ],
 )
 def test_strip(raw: str, text: str | None, rank: int | None, time: float | None) -> None:
@@ -90,6 +100,27 @@ def test_deepspeed_timestamp_keeps_the_rest_of_the_line() -> None:
 )
 def test_content_that_looks_like_a_decoration_is_kept(raw: str) -> None:
     assert strip(raw) == (raw, None, None)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # NCCL's own "host:pid:tid [dev]" is not a process tag, nor a word before a colon
+        "gpu-node01:41200:41260 [0] NCCL INFO Connected all trees",
+        "2024-05-01 10:00:00 Epoch:1  loss 3.2",
+        "2024-05-01 10:00:00 step:10/100  loss 3.2",
+        "gpu187:1: a bare tag at the start of a line is not looked for",
+    ],
+)
+def test_host_tags_only_where_they_are(raw: str) -> None:
+    text, rank, _ = strip(raw)
+    assert rank is None
+    assert text.endswith(raw[-15:])
+
+
+def test_two_processes_of_one_host_stay_apart() -> None:
+    assert strip("[gpu187:0]: step 1")[1] == 0
+    assert strip("[gpu187:1]: step 1")[1] == 1
 
 
 def test_traceback_indentation_survives_prefixes() -> None:

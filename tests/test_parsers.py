@@ -16,6 +16,7 @@ from rankwatch.sources.parsers.hf import HFParser
 from rankwatch.sources.parsers.megatron import MegatronParser
 
 GIB = 1 << 30
+MIB = 1 << 20
 
 
 def feed(fmt: str, text: str, *, regex: str | None = None) -> list[Record]:
@@ -112,7 +113,8 @@ def test_megatron_variants() -> None:
  iteration     2000/   10000 | elapsed time per iteration (ms): 430.0 | learning rate 1.342E-04 | lm loss 7.399415E+00 | loss scale 16384.0 |
  iteration      199/  317892 | consumed samples:       152832 | consumed tokens:    625999872 | elapsed time per iteration (ms): 14287.5 | learning rate: 2.407E-04 | global batch size:   768 | lm loss: 5.905366E+00 | loss scale: 8192.0 | actual seqlen:  4096 | number of skipped iterations:   0 | number of nan iterations:   0 | samples per second: 53.753 | tokens per gpu per second (tgs): 1146.733 | TFLOPs: 69.85 |
  iteration        5/infinity | consumed samples: 40 | elapsed time per iteration (ms): 900.0 | learning rate: 1.0E-04 | global batch size: 8 | mtp_1 loss: 7.1E+00 | load_balancing_loss: 1.01E+00 | loss scale: 1.0 |"""  # noqa: E501
-    a, b, c = steps(feed("megatron", log))
+    # Three runs (releases and forks), each read by its own parser.
+    a, b, c = (steps(feed("megatron", variant))[0] for variant in log.split("\n"))
     assert (a.step, a.learning_rate, a.loss, a.loss_scale) == (2000, 1.342e-4, 7.399415, 16384.0)
     assert (b.samples_per_s, b.tokens_per_s, b.tflops) == (53.753, 1146.733, 69.85)
     assert c.total_steps is None and c.loss == pytest.approx(7.1)
@@ -193,7 +195,11 @@ def test_megatron_layout_matches_the_walk_on_any_edit(line: str, edits: list[tup
     warm = MegatronParser()
     warm.parse(LogLine(line, 1))
     assert warm._layout is not None
-    assert repr(warm.parse(LogLine(text, 2))) == repr(MegatronParser().parse(LogLine(text, 2)))
+    # The same history (a NaN reads as a missing loss cell after a line that had one), no layout.
+    walk = MegatronParser()
+    walk.parse(LogLine(line, 1))
+    walk._layout = None
+    assert repr(warm.parse(LogLine(text, 2))) == repr(walk.parse(LogLine(text, 2)))
 
 
 # ---------------------------------------------------------------- DeepSpeed
@@ -607,6 +613,8 @@ def test_registry() -> None:
     assert FORMATS[-3:] == ("json", "kv", "regex")
     assert set(FORMATS) == {
         "hf",
+        "llmc",
+        "olmo",
         "lightning",
         "lightning_csv",
         "megatron",
@@ -669,3 +677,146 @@ def test_tolerates_stray_ansi_and_indent() -> None:
     hf = "\x1b[32m{'loss': 1.5, 'grad_norm': 0.5, 'learning_rate': 1e-05, 'epoch': 0.5}\x1b[0m"
     assert sniff_format(hf) == "hf"
     assert steps(feed("hf", hf))[0].loss == 1.5
+
+
+# ---------------------------------------------------------------- llm.c, OLMo, OpenMMLab (wild formats)
+
+
+def test_llmc_logfile() -> None:
+    # karpathy/llm.c's main.log as committed in KellerJordan/modded-nanogpt (records/*_llmc, *_AdamW).
+    log = """\
+s:0 tel:11.0092
+s:0 trl:11.0091 lr:0.000001 norm:15.37
+s:1 trl:10.9598 lr:0.000002 norm:15.24
+s:250 eval:0.2512
+s:9535 trl:3.340180"""
+    recs = feed("llmc", log)
+    s = steps(recs)
+    assert [(r.step, r.loss, r.learning_rate, r.grad_norm) for r in s] == [
+        (0, 11.0091, 1e-6, 15.37),
+        (1, 10.9598, 2e-6, 15.24),
+        (9535, 3.34018, None, None),
+    ]
+    (ev,) = evals(recs)  # HellaSwag's "eval:" is an accuracy, not a loss
+    assert (ev.step, ev.eval_loss) == (0, 11.0092)
+
+
+def test_llmc_console() -> None:
+    log = """\
+val loss 11.129390
+step    1/32000 | loss 11.133732 (+nanz)| norm 52.9732 (+nanz)| lr 8.57e-07 | 3056.36 ms | 42.6% bf16 MFU | 343080 tok/s
+step    2/1765 | loss 10.958870 (+nanz)| norm 22.0987 (+nanz)| lr 1.71e-06 | 2679.79 ms | -100.0% bf16 MFU | 195645 tok/s
+step 19560/19560 | loss 3.252871 (-1.21z)| norm 0.2281 (+0.02z)| lr 0.00e+00 | 4367.96 ms | 30.9% bf16 MFU | 124072 tok/s
+val loss 3.265413
+step    1/74 | train loss 4.367631 | norm 1.2345 | lr 3.00e-04 | 80.64 ms | 6350 tok/s
+step 1/74: train loss 4.367631 (80.639749 ms, 6350 tok/s)"""  # noqa: E501
+    recs = feed("llmc", log)
+    a, b, c, d, e = steps(recs)
+    assert (a.step, a.total_steps, a.loss, a.grad_norm, a.learning_rate) == (
+        1,
+        32000,
+        11.133732,
+        52.9732,
+        8.57e-7,
+    )
+    assert (a.step_time_s, a.mfu, a.tokens_per_s) == (pytest.approx(3.05636), pytest.approx(0.426), 343080)
+    assert b.mfu is None  # -100% is "not measured yet"
+    assert (c.step, c.grad_norm) == (19560, 0.2281)
+    assert (d.loss, d.grad_norm, d.tokens_per_s) == (4.367631, 1.2345, 6350)
+    assert (e.step, e.loss, e.step_time_s, e.tokens_per_s) == (1, 4.367631, pytest.approx(0.0806397), 6350)
+    first, last = evals(recs)
+    assert (first.step, last.step, last.eval_loss) == (None, 19560, 3.265413)
+
+
+def test_llmc_sniff() -> None:
+    assert sniff_format("s:0 trl:10.965596") == "llmc"
+    assert sniff_format("s:0 tel:11.0092") == "llmc"
+    assert (
+        sniff_format(
+            "step    1/32000 | loss 11.133732 (+nanz)| norm 52.9732 (+nanz)| lr 8.57e-07 | 3056.36 ms"
+        )
+        == "llmc"
+    )
+
+
+OLMO_LOG = """\
+[2024-04-18 19:06:05] INFO     [olmo.train:816, rank=0] [step=74/739328]
+    train/CrossEntropyLoss=7.525
+    train/Perplexity=1,853
+    optim/total_grad_norm=0.4118
+    throughput/device/tokens_per_second=9,407
+    System/Peak GPU Memory (MB)=42,133
+INFO     [olmo.train:816, rank=0] [step=75/739328,epoch=0]
+    train/CrossEntropyLoss=nan
+    eval/v3-small-c4_en-validation/CrossEntropyLoss=3.5
+CRITICAL [olmo.util:158, rank=0] Uncaught OLMoThreadError: generator thread data thread 3 failed
+[step=30000/30000, eta=1 minute]
+    train/CE loss=1.2345"""
+
+
+def test_olmo_multiline_records() -> None:
+    parser = make_parser("olmo")
+    recs = run(parser, OLMO_LOG)
+    recs += parser.finish()  # type: ignore[attr-defined]
+    a, b, c = steps(recs)
+    assert (a.step, a.total_steps, a.loss, a.grad_norm, a.tokens_per_s) == (74, 739328, 7.525, 0.4118, 9407)
+    assert a.max_memory_bytes == 42133 * MIB and a.line == 1 and a.rank == 0
+    assert b.step == 75 and math.isnan(b.loss)  # type: ignore[arg-type]
+    assert (c.step, c.total_steps, c.loss, c.rank) == (30000, 30000, 1.2345, 3)  # no rank=: the stream's
+    (ev,) = evals(recs)
+    assert (ev.step, ev.eval_loss) == (75, 3.5)
+    assert sniff_format("INFO     [olmo.train:816, rank=0] [step=1/739328]") == "olmo"
+
+
+def test_openmmlab_and_epoch_counters_in_kv() -> None:
+    log = """\
+10/30 22:19:57 - mmengine - INFO - Epoch(train) [2][240/735]  lr: 1.9813e-04  eta: 2:44:49  time: 2.8874  loss: 2.5128  grad_norm: nan
+2021-11-22 01:32:34,502 - mmocr - INFO - Epoch [1][200/62598]\tlr: 1.000e-03, eta: 7 days, 15:55:58, time: 0.705, loss: 0.9186, grad_norm: 3.9772
+Iter(train) [  200/10000]  lr: 1.0e-04  loss: 3.1
+epoch: 3451 loss: nan"""  # noqa: E501
+    a, b, c, d = steps(feed("kv", log))
+    assert (a.step, a.loss) == (735 + 240, 2.5128) and math.isnan(a.grad_norm)  # type: ignore[arg-type]
+    assert (b.step, b.grad_norm) == (200, 3.9772)
+    assert (c.step, c.total_steps) == (200, 10000)
+    assert (d.step, d.epoch) == (None, 3451) and math.isnan(d.loss)  # type: ignore[arg-type]
+    assert sniff_format("epoch: 3442 loss: 0.2105546216666698") == "kv"
+    assert sniff_format("{'loss': 0.2051, 'grad_norm': nan, 'learning_rate': 9.7e-06, 'epoch': 0.53}") == "hf"
+
+
+def test_megatron_nan_is_a_missing_loss_cell() -> None:
+    # epfLLM/Megatron-LLM#33: training_log prints a loss only when its average is positive.
+    head = (
+        " iteration {it:>8}/    8000 | consumed samples: {c:>8} | elapsed time per iteration (ms): 7613.1 | "
+    )
+    tail = "loss scale: 1.0 | grad norm: 0.752 | number of skipped iterations: {sk:>3} | number of nan iterations: {n:>3} |"  # noqa: E501
+    line = head + "learning rate: 6.680E-06 | global batch size:    64 | lm loss: 7.334521E-01 | " + tail
+    no_loss = head + "learning rate: 6.680E-06 | global batch size:    64 | " + tail
+    log = "\n".join(
+        [
+            line.format(it=1, c=64, sk=0, n=0),
+            no_loss.format(it=2, c=128, sk=1, n=0),  # fp16: every iteration of the interval skipped
+            line.format(it=3, c=192, sk=0, n=0),
+            no_loss.format(it=4, c=256, sk=0, n=0),  # the loss was NaN
+            no_loss.format(it=5, c=320, sk=0, n=1),
+            line.format(it=6, c=384, sk=0, n=2),  # NaN iterations counted while a loss is printed
+        ]
+    )
+    s = steps(feed("megatron", log))
+    assert [r.step for r in s] == [1, 2, 3, 4, 5, 6]
+    assert s[0].loss == pytest.approx(0.7334521) and s[1].loss is None and s[2].loss is not None
+    assert all(math.isnan(r.loss) for r in s[3:])  # type: ignore[arg-type]
+    # A run that never prints its main loss is not read as NaN.
+    assert steps(feed("megatron", no_loss.format(it=1, c=64, sk=0, n=0)))[0].loss is None
+
+
+def test_torchtitan_same_step_from_several_ranks_counts_once() -> None:
+    # pytorch/torchtitan#2389: seven ranks print the same step on one unprefixed stream.
+    line = "[titan] 2026-02-24 19:46:17,508 - root - INFO - step:  {s}  loss:  7.62585  grad_norm: 26.6250  memory: 66.91GiB(37.51%)  tps: 10,050  tflops: 314.69  mfu: 13.99%"  # noqa: E501
+    log = "\n".join(
+        [line.format(s=4)] * 7
+        + [line.format(s=5)] * 7
+        + ["validate step: 5  loss: 7.1  memory: 1.0GiB(1%)  tps: 1"]
+    )
+    recs = feed("torchtitan", log)
+    assert [r.step for r in steps(recs)] == [4, 5]
+    assert [e.step for e in evals(recs)] == [5]

@@ -727,3 +727,92 @@ def test_rich_traceback() -> None:
     rec = one(RICH_TB)
     assert rec.kind == "crash" and rec.summary == "ZeroDivisionError: division by zero"
     assert rec.details["frame"] == "/w/train.py:8 main" and len(rec.evidence) == 10
+
+
+# -- the rank a message names; gloo peers; one OOM per event (wild logs) -------------------
+
+
+def test_watchdog_lines_without_a_prefix_belong_to_the_rank_they_name() -> None:
+    # OFA-Sys/OFA#271: eight ranks' watchdog lines on one stream, no launcher prefix.
+    text = "\n".join(
+        f"[E ProcessGroupNCCL.cpp:737] [Rank {r}] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=469508, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1802212 milliseconds "
+        "before timing out."
+        for r in (1, 3, 2, 6, 7, 3)
+    )
+    recs = run(text, rank=None)
+    assert [r.rank for r in recs] == [1, 3, 2, 6, 7]  # rank 3's repetition folded
+    assert {r.kind for r in recs} == {"nccl_timeout"}
+
+
+def test_a_launcher_prefix_wins_over_the_message() -> None:
+    line = (
+        "[PG 1 Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, "
+        "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600013 milliseconds before timing out."
+    )
+    assert run(line, rank=5)[0].rank == 5
+    assert run(line, rank=None)[0].rank is None  # a subgroup's rank is not the global one
+
+
+@pytest.mark.parametrize(
+    ("line", "peer"),
+    [
+        (
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer "
+            "[18.25.6.30]:30872",
+            "18.25.6.30:30872",
+        ),
+        (
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error "
+            "[192.168.70.92]:25266: Connection reset by peer",
+            "192.168.70.92:25266",
+        ),
+    ],
+)
+def test_gloo_lost_peer_is_a_consequence_naming_the_peer(line: str, peer: str) -> None:
+    rec = one(
+        f"""\
+        Traceback (most recent call last):
+          File "/home/u/test.py", line 20, in main_worker
+            dist.recv(input,0)
+          File "/usr/lib/python3.8/site-packages/torch/distributed/distributed_c10d.py", line 1002, in recv
+            pg.recv([tensor], src, tag).wait()
+        {line}
+        """
+    )
+    assert rec.kind == "peer_error" and rec.severity is Severity.WARNING
+    assert rec.details["peer"] == peer
+    assert rec.details["frame"] == "/home/u/test.py:20 main_worker"
+
+
+def test_connection_reset_outside_torch_distributed_is_not_a_peer_error() -> None:
+    assert classify("curl: (56) Recv failure: Connection reset by peer") is None
+
+
+def test_framework_uncaught_line_is_a_crash_of_the_rank_it_names() -> None:
+    # allenai/OLMo#552
+    (rec,) = run(
+        "CRITICAL [olmo.util:158, rank=0] Uncaught OLMoThreadError: generator thread data thread 3 failed",
+        rank=None,
+    )
+    assert (rec.kind, rec.rank, rec.details["exception"]) == ("crash", 0, "OLMoThreadError")
+
+
+def test_oom_traceback_and_the_frameworks_uncaught_line_are_one_event() -> None:
+    oom = (
+        "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.10 GiB of which "
+        "3.56 MiB is free."
+    )
+    tb = f"""\
+        Traceback (most recent call last):
+          File "/opt/olmo/scripts/train.py", line 300, in main
+            trainer.fit()
+        torch.OutOfMemoryError: {oom}
+        """
+    uncaught = f"CRITICAL [olmo.util:158, rank=0] Uncaught OutOfMemoryError: {oom}"
+    for text in (uncaught + "\n" + textwrap.dedent(tb), textwrap.dedent(tb) + uncaught):
+        recs = run(text, rank=None)
+        assert [r.kind for r in recs] == ["oom"], recs
+    # Two OOMs far apart are two events.
+    far = textwrap.dedent(tb) + "\n".join(["step"] * 1200) + "\n" + uncaught
+    assert [r.kind for r in run(far, rank=None)] == ["oom", "oom"]

@@ -216,6 +216,35 @@ def _merge_launcher_crashes(engines: dict[int | None, tuple[RankEngine, list[Fin
         del engines[None]
 
 
+_OWN_ERRORS = ("crash", "oom", "cuda_error", "peer_error", "nccl_error", "nccl_timeout")
+
+
+def _fold_launcher_boxes(reports: list[RankReport], by_rank: dict[int | None, list[Finding]]) -> None:
+    """torchrun's failure box names a rank whose own log (the same file under ``--tee``, or
+    its own file) already holds the traceback of that death: one event, told best by the
+    traceback. The box's exit code joins that finding; the box is no finding of its own."""
+    for rank, found in by_rank.items():
+        boxes = [f for f in found if f.kind == "crash" and "failed_rank" in f.evidence]
+        if rank is None or not boxes:
+            continue
+        own = [
+            f
+            for f in found
+            if f.kind in _OWN_ERRORS and "failed_rank" not in f.evidence and "exception" in f.evidence
+        ]
+        if not own:
+            continue
+        first = min(own, key=lambda f: f.line or 0)
+        for box in boxes:
+            code = box.evidence.get("exitcode")
+            if code is not None and "torchrun reported exit code" not in first.message:
+                first.message += f" (torchrun reported exit code {code})"
+            found.remove(box)
+            for rep in reports:
+                if box in rep.findings:
+                    rep.findings.remove(box)
+
+
 def _file_results(paths: Sequence[str], cfg: Config, jobs: int | None) -> list[FileResult]:
     """One file per rank is independent until ``cross_rank``: files go to worker processes
     when there are several, they are big, and more than one core is allowed. Files read in
@@ -266,6 +295,7 @@ def analyze(paths: Sequence[str], cfg: Config, *, jobs: int | None = None) -> An
                     records=res.records,
                 )
             )
+    _fold_launcher_boxes(reports, by_rank)
     extra = cross_rank(states, by_rank, cfg.detectors.rank_lagging)
     for f in extra:
         for rep in reports:

@@ -16,7 +16,9 @@ from rankwatch.records import Finding, Severity
 from rankwatch.state import RankState
 
 PRIMARY = ("crash", "oom", "cuda_error", "xid")
-SECONDARY = ("nccl_timeout", "nccl_error")
+# What a rank says when another one failed: a collective that timed out or broke, a peer
+# whose connection closed (gloo, the c10d store).
+SECONDARY = ("nccl_timeout", "nccl_error", "peer_error")
 
 
 def _first_time(findings: Sequence[Finding], kinds: tuple[str, ...]) -> tuple[bool, float | None, int | None]:
@@ -58,7 +60,17 @@ def cross_rank(
 
     if primary and secondary:
         timed = [(t, r) for r, (t, _) in primary.items() if t is not None]
-        culprit = min(timed)[1] if timed else sorted(primary, key=lambda r: (r is None, r))[0]
+        if timed:
+            culprit = min(timed)[1]
+        else:
+            # No timestamps: within one file (torchrun --tee) the earlier line failed first.
+            one_file = len({by_rank[r].path for r in primary}) == 1
+
+            def order(r: int | None) -> tuple[int, bool, int]:
+                line = primary[r][1]
+                return (line if one_file and line is not None else 0, r is None, r or 0)
+
+            culprit = min(primary, key=order)
         st = by_rank[culprit]
         others = [r for r in secondary if r != culprit]
         if others:
@@ -69,9 +81,9 @@ def cross_rank(
                 severity=Severity.CRITICAL,
                 rank=culprit,
                 message=(
-                    f"rank {culprit} failed first ({', '.join(kinds)}{at}); the NCCL "
-                    f"timeouts/errors on rank(s) {_label(others)} are a consequence. The real traceback "
-                    f"is in rank {culprit}'s log ({st.path})."
+                    f"rank {culprit} failed first ({', '.join(kinds)}{at}); the collective "
+                    f"timeouts/errors and lost peers on rank(s) {_label(others)} are a consequence. The "
+                    f"real traceback is in rank {culprit}'s log ({st.path})."
                 ),
                 step=st.last_step,
                 line=primary[culprit][1],
@@ -88,9 +100,9 @@ def cross_rank(
                 severity=Severity.CRITICAL,
                 rank=r,
                 message=(
-                    f"rank {r} is the only rank without an NCCL timeout: it never reached the collective "
-                    f"the others waited in (ranks {_label(secondary)}), so it hung or died first (last "
-                    f"step {st.last_step}). Look at rank {r}'s log and stack ({st.path})."
+                    f"rank {r} is the only rank without a collective timeout or lost peer: it never "
+                    f"reached the collective the others waited in (ranks {_label(secondary)}), so it hung "
+                    f"or died first (last step {st.last_step}). Look at rank {r}'s log and stack ({st.path})."
                 ),
                 step=st.last_step,
                 path=st.path,

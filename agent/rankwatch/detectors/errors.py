@@ -18,6 +18,9 @@ FIXES = {
     "repeated Xid means a hardware problem: drain the node.",
     "xid": "An NVIDIA driver Xid error: check `nvidia-smi -q` and the node's dmesg; "
     "Xid 79/48/63/64/74/92/94/95 usually mean the GPU needs a reset or the node must be drained.",
+    "peer_error": "The collective backend (gloo) or the c10d store lost its connection to a peer: "
+    "that peer died or exited first, and this rank's failure is its consequence. The peer's log "
+    "holds the cause; `rankwatch analyze` over every rank's log names the rank that failed first.",
     "crash": "The rank ended abnormally: a traceback in the evidence names the failing frame; "
     "without one, the exit code or signal says how it was stopped.",
 }

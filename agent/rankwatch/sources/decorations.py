@@ -3,8 +3,11 @@
 Parsers and error signatures want the line the framework printed. Between it and us sit
 ANSI colour, timestamps (python logging, ``ts``, Docker/containerd/Kubernetes), ``srun
 --label`` task numbers, torchrun ``--tee``/``--redirects`` prefixes and Open MPI
-``--tag-output`` tags, stacked in whatever order the launchers were nested. The rank they
-name and the time they carry are worth keeping, so ``strip`` returns both.
+``--tag-output`` tags, ``[host:N]:`` and, after a timestamp, ``host:N`` process tags (OLMo's
+console format puts ``hostname:local_rank`` there), stacked in whatever order the launchers were
+nested. The rank they name and the time they carry are worth keeping, so ``strip`` returns
+both. A ``host:N`` tag names the local rank: two processes of one host never merge, the same
+local rank on two hosts does (a rank is one number).
 
 Almost every line carries no decoration at all, so the fast path is one ``in`` test and
 one first-character test; regexes only run on lines that start like a decoration.
@@ -34,11 +37,17 @@ _HF_LOGGING = re.compile(r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\|[^\]\s]*\] "
 _PY_LOGGING = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.<>-]+:")
 _MPI = re.compile(r"\[\d+,(?P<r>\d{1,7})\]<std(?:out|err|diag)>:")
 _SRUN = re.compile(r" *(?P<r>\d{1,7}): ")
+# "[gpu187:1]:" (the head before "]:"), and after a timestamp "gpu187:1\t" / "node-3:0  " /
+# "gpu187:1: ". A host name holds a digit, "-" or "." ("Epoch:1 ..." is not one); NCCL's
+# "host:pid:tid [0]" is not a tag. A bare tag at the very start of a line is not looked for:
+# that would cost every NCCL INFO line (they start with their host) a look.
+_HOST_HEAD = re.compile(r"\[(?P<h>[A-Za-z][\w.-]{0,63}):(?P<r>\d{1,7})$")
+_HOST = re.compile(r"(?P<h>[A-Za-z][\w.-]{0,63}):(?P<r>\d{1,7})(?:\t| {2,8}|: )")
 
 _START = frozenset("[0123456789 DIWEC")
 _MAX_PREFIXES = 8
 _MINUTE_CACHE: dict[tuple[str, str, str, str, str], int] = {}
-_RANK_CACHE: dict[str, tuple[int, bool]] = {}  # "[rank3" -> (3, True)
+_RANK_CACHE: dict[str, tuple[int, bool]] = {}  # "[rank3" -> (3, True), "[gpu187:1" -> (1, True)
 
 
 def _epoch(m: re.Match[str]) -> float | None:
@@ -78,6 +87,27 @@ def _bracket_rank(head: str) -> tuple[int, bool] | None:
     return None
 
 
+def _host_tag(text: str) -> re.Match[str] | None:
+    """A ``host:N`` tag at the start of ``text``; cheap for the lines that cannot hold one."""
+    i = text.find(":", 1, 72)
+    if i < 0:
+        return None
+    rest = text[i + 1 : i + 11]
+    k = len(rest) - len(rest.lstrip("0123456789"))
+    if k == 0 or k > 7:
+        return None
+    after = rest[k : k + 2]
+    if not (after[:1] == "\t" or after == "  " or after == ": "):
+        return None  # NCCL's "host:pid:tid [0] NCCL INFO" and the like
+    m = _HOST.match(text)
+    if m is None:
+        return None
+    h = m["h"]
+    if not any(c.isdecimal() or c == "-" or c == "." for c in h):
+        return None
+    return m
+
+
 def strip(raw: str) -> tuple[str, int | None, float | None]:
     """(text, rank, epoch seconds) with every leading launcher decoration removed.
 
@@ -98,10 +128,14 @@ def strip(raw: str) -> tuple[str, int | None, float | None]:
         m: re.Match[str] | None = None
         if c == "[":
             head, sep, rest = text.partition("]:")
-            if sep and len(head) <= 16:
+            if sep and len(head) <= 72:
                 hit = _RANK_CACHE.get(head)
                 if hit is None:
                     hit = _bracket_rank(head)
+                    if hit is None:
+                        hm = _HOST_HEAD.match(head)
+                        if hm is not None:
+                            hit = (int(hm["r"]), True)
                     if hit is not None and len(_RANK_CACHE) < 4096:
                         _RANK_CACHE[head] = hit
                 if hit is not None:
@@ -142,4 +176,10 @@ def strip(raw: str) -> tuple[str, int | None, float | None]:
         if m is None or m.end() == 0:
             break
         text = text[m.end() :]
+        if text and text[0].isalpha() and text[0] not in _START:
+            # OLMo: "2024-08-06 09:59:26.181 host:0\tolmo.train:908\tINFO\t[step=1/739328]"
+            hm = _host_tag(text)
+            if hm is not None:
+                rank = int(hm["r"])
+                text = text[hm.end() :].lstrip(" \t")
     return text, rank, when

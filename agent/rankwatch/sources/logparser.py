@@ -109,7 +109,9 @@ class LogParser:
         else:
             recs = self._parse(body, lineno, rank, when)
             if recs:
-                out = out + recs if out else recs
+                # A parser's records come first: they tell steps reached before this line's
+                # error (a multi-line record this line completes, a bar drawn before it).
+                out = recs + out if out else recs
         if out:
             st.parsed += 1
         elif not cut:

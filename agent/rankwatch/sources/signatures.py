@@ -71,6 +71,35 @@ _NCCL_CODE = re.compile(
     r"\b(nccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage|InvalidArgument|InProgress)Error)\b:?\s*(.*)"
 )
 
+# --- gloo and the c10d store: a peer went away -------------------------------------------------
+# "[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [18.25.6.30]:30872",
+# "... pair.cc:589] Read error [192.168.70.92]:25266: Connection reset by peer".
+_PEER_LOST = re.compile(
+    r"(Connection closed by peer|Connection reset by peer|Broken pipe)(?: \[([^\]]{1,64})\]:(\d{1,5}))?"
+)
+_PEER_ADDR = re.compile(r"\[([0-9A-Za-z.:-]{1,64})\]:(\d{1,5})")
+_PEER_WHERE = ("gloo", "pair.cc", "TCPStore", "c10d", "ProcessGroup")
+
+# --- frameworks that log the exception that ended the run on one line -----------------------
+# OLMo: "CRITICAL [olmo.util:158, rank=0] Uncaught OLMoThreadError: generator thread data thread 3 failed".
+_UNCAUGHT = re.compile(r"\bUncaught ([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
+
+# --- the rank a message names, for lines no launcher prefixed ------------------------------
+# ProcessGroupNCCL's "[Rank 7] Watchdog caught ..." (the default group's rank, the global one;
+# "[PG 1 Rank 3]" is a rank in a subgroup and is not used) and OLMo's "[olmo.util:158, rank=0]".
+_MESSAGE_RANK = re.compile(r"\[Rank (\d{1,7})\]|[\[,] ?rank=(\d{1,7})\]")
+
+
+def message_rank(text: str) -> int | None:
+    """The rank a log line names in its own text (not in a launcher prefix), if any."""
+    if "ank" not in text:
+        return None
+    m = _MESSAGE_RANK.search(text)
+    if m is None:
+        return None
+    return int(m[1] if m[1] is not None else m[2])
+
+
 # --- CUDA and the driver ------------------------------------------------------------------
 _CUDA_ERR = re.compile(
     r"CUDA error: (.+)|CUDA driver error: (.+)|(cudaError\w+)|(CUDNN_STATUS_\w+|CUBLAS_STATUS_\w+)"
@@ -216,7 +245,10 @@ def _gpu_oom(t: str) -> Hit:
                 d["allocated_bytes"] = _bytes(m[4], m[5])
             if m[6]:
                 d["free_bytes"] = _bytes(m[6], m[7])
-    return Hit("oom", _C, _short(t), d)
+    # The traceback and a framework's own one-line report of it (OLMo's "Uncaught
+    # OutOfMemoryError: ...") tell one event: the same request on the same GPU.
+    key = ("gpu_oom", d.get("tried_bytes"), d.get("gpu")) if "tried_bytes" in d else None
+    return Hit("oom", _C, _short(t), d, key)
 
 
 def _host_oom(summary: str, **details: Any) -> Hit:
@@ -382,6 +414,22 @@ def _elastic_failed(t: str) -> Hit | None:
     return Hit("crash", _C, summary, d, ("elastic_failed", local_rank, pid))
 
 
+def _peer(t: str) -> Hit | None:
+    """A collective backend (gloo) or the c10d store lost the connection to a peer: the peer
+    died or exited first, so this rank's failure is a consequence and the peer's log holds
+    the cause. Not a crash of its own: a warning that points at the peer."""
+    m = _PEER_LOST.search(t)
+    if m is None or not any(w in t for w in _PEER_WHERE):
+        return None
+    d: dict[str, Any] = {"error": m[1]}
+    a = _PEER_ADDR.search(t)
+    if a is not None:
+        d["peer"] = f"{a[1]}:{a[2]}"
+    who = f"peer {d['peer']}" if "peer" in d else "a peer"
+    summary = _short(f"lost the connection to {who} ({m[1]}): {t.strip()}")
+    return Hit("peer_error", _W, summary, d, ("peer_error", d.get("peer")))
+
+
 def classify(line: str) -> Hit | None:
     """The error a single (decoration-free) line reports, if any.
 
@@ -404,6 +452,10 @@ def classify(line: str) -> Hit | None:
         s = t.lstrip()
         if s.startswith(("MemoryError", "builtins.MemoryError")):
             return _host_oom(_short(t))
+    if ("by peer" in t or "Broken pipe" in t) and "NCCL" not in t:  # NCCL's own words say more
+        hit = _peer(t)
+        if hit is not None:
+            return hit
     if "DataLoader worker" in t:
         m = _DL_KILLED.search(t)
         if m:
@@ -428,6 +480,10 @@ def classify(line: str) -> Hit | None:
         hit = _elastic_failed(t)
         if hit is not None:
             return hit
+    if "Uncaught " in t:
+        m = _UNCAUGHT.search(t)
+        if m:
+            return Hit("crash", _C, _short(f"{m[1]}: {m[2]}"), {"exception": m[1], "message": m[2].strip()})
     m = _WHAT.match(t)
     if m:
         msg = m[1]
@@ -666,8 +722,14 @@ class SignatureMatcher:
                 signal="SIGKILL",
                 killed=True,
             )
+        said = message_rank(text) if rank is None else None
+        if said is not None:
+            rank = said
         if hit.key is not None:
-            prev = self._remember(hit.key, lineno)
+            # Unprefixed lines of several ranks share this matcher: the rank a message names
+            # keeps their repetitions apart (one OOM is one event whoever tells it).
+            key = hit.key if said is None or hit.kind == "oom" else (*hit.key, said)
+            prev = self._remember(key, lineno)
             if prev is not None and lineno - prev <= _DEDUP_LINES:
                 return []
         if hit.details.get("lead"):
@@ -864,7 +926,9 @@ class SignatureMatcher:
                 kind, severity = hit.kind, hit.severity
                 details = {**hit.details, **details}
                 if hit.key is not None:
-                    self._remember(hit.key, line)
+                    prev = self._remember(hit.key, line)
+                    if kind == "oom" and prev is not None and 0 <= line - prev <= _DEDUP_LINES:
+                        return []  # the framework's one-line report of this OOM came first
             elif details.get("exception", "").endswith("KeyboardInterrupt"):
                 severity = _W
             if p.box:

@@ -12,8 +12,10 @@ from .deepspeed import DeepSpeedParser
 from .generic import JsonParser, KvParser, RegexParser
 from .hf import HFParser
 from .lightning import LightningCsvParser, LightningParser
+from .llmc import LlmcParser
 from .megatron import MegatronParser
 from .nanogpt import NanoGPTParser
+from .olmo import OlmoParser
 from .torchtitan import TorchTitanParser
 
 _FACTORIES: dict[str, Callable[[], FormatParser]] = {
@@ -21,6 +23,8 @@ _FACTORIES: dict[str, Callable[[], FormatParser]] = {
     "deepspeed": DeepSpeedParser,
     "torchtitan": TorchTitanParser,
     "nanogpt": NanoGPTParser,
+    "llmc": LlmcParser,
+    "olmo": OlmoParser,
     "lightning": LightningParser,
     "lightning_csv": LightningCsvParser,
     "hf": HFParser,
@@ -44,6 +48,8 @@ def _might_sniff(text: str) -> bool:
         or "verflow" in text
         or "OVERFLOW" in text
         or "OSS" in text
+        or "trl:" in text  # llm.c's logfile: "s:0 trl:11.0091 lr:0.000001 norm:15.37"
+        or "tel:" in text
     )
 
 
@@ -78,9 +84,11 @@ __all__ = [
     "KvParser",
     "LightningCsvParser",
     "LightningParser",
+    "LlmcParser",
     "LogLine",
     "MegatronParser",
     "NanoGPTParser",
+    "OlmoParser",
     "RegexParser",
     "TorchTitanParser",
     "make_parser",

@@ -16,8 +16,10 @@ from .base import LogLine
 from .deepspeed import DeepSpeedParser
 from .hf import HFParser
 from .lightning import LightningParser
+from .llmc import LlmcParser
 from .megatron import MegatronParser
 from .nanogpt import NanoGPTParser
+from .olmo import OlmoParser
 from .torchtitan import TorchTitanParser
 
 _SPECIFIC = (
@@ -25,6 +27,8 @@ _SPECIFIC = (
     DeepSpeedParser(),
     TorchTitanParser(),
     NanoGPTParser(),
+    LlmcParser(),
+    OlmoParser(),
     LightningParser(),
     HFParser(),
 )
@@ -142,6 +146,29 @@ def _kv_gate(text: str) -> bool:
     return "oss" in text or "OSS" in text
 
 
+# OpenMMLab (mmengine, mmcv): "Epoch(train) [1][240/735]  lr: 1.98e-04 ... loss: 2.51  grad_norm: nan",
+# "Iter(train) [  200/10000]  ...", older "Epoch [1][100/62598]\tlr: ...". An epoch-based run's
+# global iteration is (epoch - 1) x iterations per epoch + the iteration in the epoch.
+_MM = re.compile(
+    r"\b(?:(?P<e>Epoch)(?:\(train\))?\s?\[(?P<ep>\d{1,9})\]\[\s*(?P<i>\d{1,12})/(?P<n>\d{1,12})\]"
+    r"|Iter\(train\)\s?\[\s*(?P<it>\d{1,15})/(?P<tot>\d{1,15})\])"
+)
+
+
+def _mm_step(text: str, bag: MetricBag) -> None:
+    if "Epoch" not in text and "Iter(" not in text:
+        return
+    m = _MM.search(text)
+    if m is None:
+        return
+    if m.group("e"):
+        per_epoch = int(m.group("n"))
+        bag.fields.setdefault("step", float((int(m.group("ep")) - 1) * per_epoch + int(m.group("i"))))
+    else:
+        bag.fields.setdefault("step", float(m.group("it")))
+        bag.fields.setdefault("total_steps", float(m.group("tot")))
+
+
 class KvParser:
     """``step=10 loss=2.45 lr=6.67e-05``, ``Step 10: loss=2.45, lr=6.67e-05``,
     ``Epoch 1 Step 10 | loss: 2.45 | lr: 1e-4``, ``step 10/100 | loss 2.4 | dt 120ms``."""
@@ -152,13 +179,19 @@ class KvParser:
         if not _kv_gate(text):
             return False
         bag = self._bag(strip_ansi(text))
-        if "step" not in bag.fields or not ({"loss", "eval_loss"} & bag.fields.keys()):
+        f = bag.fields
+        if not ({"loss", "eval_loss"} & f.keys()):
+            return False
+        # A counter named "epoch" is a step counter when it is a whole number ("epoch: 3442
+        # loss: 0.21"); a fraction (HF's 'epoch': 0.53) is not.
+        if "step" not in f and not ("epoch" in f and f["epoch"] == int(f["epoch"])):
             return False
         return not _specific(text)
 
     @staticmethod
     def _bag(text: str) -> MetricBag:
         bag = MetricBag()
+        _mm_step(text, bag)
         for m in _PAIR.finditer(text):
             key = m.group("k")
             field = canonical(key)

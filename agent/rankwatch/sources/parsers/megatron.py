@@ -2,10 +2,17 @@
 
 The field set changes between versions and forks, so the line is read as ``key: value``
 cells split on ``|`` instead of one fixed regex.
+
+A NaN loss is not printed as ``nan``: ``training_log`` prints a loss only when its average
+is positive, so a NaN makes the ``lm loss`` cell vanish while ``number of nan iterations``
+counts it. A line without the loss its run prints every iteration, or with NaN iterations
+counted, is read as a NaN loss, except when the interval's iterations were all skipped (an
+fp16 overflow: ``number of skipped iterations`` > 0 and no NaN), which leaves no loss to average.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from operator import itemgetter
@@ -88,10 +95,11 @@ class _Layout:
     """One run's iteration line as a pattern from the counter on: each cell's own text, then
     its value."""
 
-    __slots__ = ("colons", "pick", "rx")
+    __slots__ = ("colons", "has_loss", "pick", "rx")
 
-    def __init__(self, rx: re.Pattern[str], order: tuple[int, ...], colons: int) -> None:
+    def __init__(self, rx: re.Pattern[str], order: tuple[int, ...], colons: int, has_loss: bool) -> None:
         self.rx = rx
+        self.has_loss = has_loss  # the line holds the run's main loss cell ("lm loss")
         # per _ORDER, the value at that index of (the groups after the counter's two, None)
         self.pick = itemgetter(*order)
         self.colons = colons  # in the cells' own text: one more in a value moves the walk's split
@@ -108,10 +116,11 @@ class _Layout:
                 fields.append(field)
                 parts.append(re.escape(prefix) + r"([^|]*)\|")
         at = {f: i for i, f in enumerate(fields)}
+        has_loss = "loss" in at
         if "loss" not in at and "other_loss" in at:
             at["loss"] = at["other_loss"]
         order = tuple(at.get(f, len(fields)) for f in _ORDER)
-        return cls(re.compile("".join(parts) + r"\s*\Z"), order, sum(p.count(":") for p, _ in keys))
+        return cls(re.compile("".join(parts) + r"\s*\Z"), order, sum(p.count(":") for p, _ in keys), has_loss)
 
     def read(self, text: str, at: int) -> tuple[str, str, tuple[float | None, ...]] | None:
         """The counter's two texts and the values in ``_ORDER`` of the line whose counter is at
@@ -136,6 +145,8 @@ class MegatronParser:
         self._overflow = OverflowTracker()
         self._last_iter: int | None = None
         self._layout: _Layout | None = None
+        self._had_loss = False  # an earlier iteration line held the main loss cell
+        self._main_loss = False  # the line being read holds it
 
     def sniff(self, text: str) -> bool:
         if "|" not in text:
@@ -160,6 +171,7 @@ class MegatronParser:
             # other line takes the general walk over its cells.
             got = layout.read(text, at)
             if got is not None:
+                self._main_loss = layout.has_loss
                 return [self._record(line, *got)]
         if at < 0 and "validation loss" not in text:
             return []
@@ -181,6 +193,12 @@ class MegatronParser:
         it = int(it_text)  # at most 18 digits: the pattern says so
         self._last_iter = it
         loss, grad_norm, lr, scale, tokens, samples, step_ms, tflops, skipped, nans = vals
+        if self._main_loss:
+            self._had_loss = True
+            if nans:
+                loss = math.nan
+        elif nans or (self._had_loss and not skipped):
+            loss = math.nan  # the loss cell left out: its average was NaN
         return StepRecord(
             step=it,
             total_steps=int(total_text) if total_text != "infinity" else None,
@@ -232,6 +250,7 @@ class MegatronParser:
             val = _number(raw)
             if val is not None:
                 f[field] = val
+        self._main_loss = "loss" in f
         if other_loss is not None and "loss" not in f:
             f["loss"] = other_loss
         if self._layout is None and keys and keys[-1] == ("", None) and all(k for k, _ in keys[:-1]):

@@ -2,6 +2,9 @@
 ``step: 10  loss:  9.1234  grad_norm:  1.2  memory: 12.34GiB(15.20%)  tps: 5,123
 tflops: 123.45  mfu: 12.34%`` and ``validate step: 10  loss: 8.9  memory: ...  tps: ...``.
 Older releases print ``wps`` instead of ``tps`` and no grad_norm/tflops.
+
+Every rank logs the same line; without a launcher prefix they all land on one stream (one
+parser), where a step told again is the same step told by another rank: it counts once.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ _SNIFF = ("memory:", "tps:", "wps:", "mfu:", "tflops:", "grad_norm:")
 
 class TorchTitanParser:
     name: ClassVar[str] = "torchtitan"
+
+    def __init__(self) -> None:
+        self._last: tuple[bool, int | None] | None = None  # (validate?, step) of the last line
 
     def sniff(self, text: str) -> bool:
         if "step:" not in text or "loss:" not in text:
@@ -51,6 +57,10 @@ class TorchTitanParser:
             f[key] = val
             units[key] = fm.group("u") or ""
         step = to_int(m.group("step"))
+        told = (bool(m.group("val")), step)
+        if told == self._last:
+            return []  # the same step printed by another rank
+        self._last = told
         mem = f.get("memory")
         max_mem = memory_bytes(mem, "gib") if mem is not None else None
         tps = f.get("tps", f.get("wps"))
