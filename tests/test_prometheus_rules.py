@@ -8,6 +8,7 @@ One case runs the real file with its annotations rendered.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -94,6 +95,7 @@ ALL_ALERTS = (
     "RankwatchGPUFault",
     "RankwatchCheckpointProblem",
     "RankwatchFinding",
+    "RankwatchAgentDegraded",
     "RankwatchAlertsDropped",
     "RankwatchAgentErrors",
 )
@@ -372,3 +374,22 @@ def test_finding_alerts_carry_the_agents_severity_and_skip_info(tmp_path: Path) 
             },
         ],
     )
+
+
+def test_agent_degraded_fires_while_a_fail_open_agent_watches_nothing(tmp_path: Path) -> None:
+    from rankwatch.runtime.failopen import metrics_text
+
+    # The series the fail-open agent really exports, as Prometheus would store it.
+    line = next(
+        ln
+        for ln in metrics_text("config_error", {"run": "d", "rank": "0"}).splitlines()
+        if ln.startswith("rankwatch_agent_degraded{")
+    )
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+    labels.update(job="rankwatch", instance="n1:9478")
+    series = [_series("rankwatch_agent_degraded", "1x5 stale", **labels)]
+    tests = [
+        _alert("RankwatchAgentDegraded", "2m", {**labels, "severity": "warning"}),
+        _alert("RankwatchAgentDegraded", "15m"),  # the pod was fixed and restarted
+    ]
+    _promtool_test(tmp_path, [{"interval": "1m", "input_series": series, "alert_rule_test": tests}])

@@ -194,17 +194,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     import asyncio
-    import re
 
     from rankwatch.runtime.modes import watch_processes
 
-    if args.match:
-        try:
-            re.compile(args.match)
-        except re.error as e:
-            raise UsageError(f"--match {args.match!r}: bad regex: {e}") from e
-    if not (args.pid or args.match or args.log):
-        raise UsageError("watch: give --pid PID, --match REGEX and/or --log PATH")
+    if args.fail_open:
+        return _watch_failing_open(args)
+    _check_watch_args(args)
     cfg, identity, sinks = _live_setup(args)
     logs = [Path(p) for p in args.log or []]
     return asyncio.run(
@@ -219,6 +214,60 @@ def cmd_watch(args: argparse.Namespace) -> int:
             nice=cfg.process.agent_nice,
         )
     )
+
+
+def _check_watch_args(args: argparse.Namespace) -> None:
+    import re
+
+    if args.match:
+        try:
+            re.compile(args.match)
+        except re.error as e:
+            raise UsageError(f"--match {args.match!r}: bad regex: {e}") from e
+    if not (args.pid or args.match or args.log):
+        raise UsageError("watch: give --pid PID, --match REGEX and/or --log PATH")
+
+
+def _watch_failing_open(args: argparse.Namespace) -> int:
+    """``watch --fail-open``: a config, usage or internal error leaves the agent up in a
+    degraded mode (runtime/failopen.py) instead of exiting, so a sidecar never holds back
+    or takes down the trainer it watches."""
+    import asyncio
+
+    from rankwatch.config.loader import ConfigError
+    from rankwatch.runtime.failopen import listen_from, run_degraded
+    from rankwatch.runtime.modes import watch_processes
+
+    config_path = getattr(args, "config", None) or os.environ.get("RANKWATCH_CONFIG") or None
+    listen = listen_from(config_path, args.listen)
+    try:
+        _check_watch_args(args)
+        cfg, identity, sinks = _live_setup(args)
+    except ConfigError as e:
+        return run_degraded("config_error", f"config error: {e}", listen)
+    except UsageError as e:
+        return run_degraded("usage_error", str(e), listen)
+    try:
+        rc = asyncio.run(
+            watch_processes(
+                cfg,
+                identity,
+                pids=args.pid or [],
+                match=args.match,
+                logs=[Path(p) for p in args.log or []],
+                sinks=sinks,
+                services=_live_services(args),
+                nice=cfg.process.agent_nice,
+            )
+        )
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # fail open: any crash leaves the trainer alone
+        logging.getLogger("rankwatch").exception("the agent failed")
+        return run_degraded("internal_error", f"{type(e).__name__}: {e}", listen)
+    if rc == 2:
+        return run_degraded("usage_error", "watch exited with status 2 (see the lines above)", listen)
+    return rc
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -301,6 +350,17 @@ def build_parser() -> argparse.ArgumentParser:
         "watch",
         parents=[live],
         help="attach to running ranks and logs (sidecar, srun --overlap)",
+        description="Attach to rank processes that are already running (by --pid, or every process "
+        "whose command line matches --match) and follow their logs: the Kubernetes sidecar, a node "
+        "daemon, or `srun --overlap` next to a job step. Nothing in the watched processes changes; "
+        "stopping the agent never affects them.",
+    )
+    w.add_argument(
+        "--fail-open",
+        action="store_true",
+        help="when the agent cannot start (bad config, bad flags, a crash), stay up watching nothing: "
+        "log the error, export rankwatch_agent_degraded 1, answer /readyz with 503; for sidecars, "
+        "which must never block or kill the trainer",
     )
     w.add_argument("--pid", type=int, action="append", help="process to watch (repeatable)")
     w.add_argument(
@@ -338,7 +398,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        if e.code == 2 and "watch" in argv and "--fail-open" in argv:
+            # A typo in a sidecar's extra arguments must not crash-loop it in front of the trainer.
+            from rankwatch.runtime.failopen import listen_from, run_degraded
+
+            _setup_logging(0, False)
+            return run_degraded("usage_error", f"bad arguments: {' '.join(argv)}", listen_from(None, None))
+        raise
     _setup_logging(args.verbose, args.quiet)
     if not getattr(args, "func", None):
         parser.print_help()
