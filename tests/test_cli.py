@@ -122,3 +122,64 @@ def test_degraded_metrics_pass_promtool(tmp_path: Path) -> None:
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- an agent that cannot read the ranks' environment -----------------------------------------
+
+
+def test_unreadable_rank_environment_is_loud_and_not_ready(tmp_path: Path) -> None:
+    """Several ranks per pod, the sidecar as another user than the trainers: it sees the
+    processes but not their RANK. It must say so (log, metric, /readyz 503), not sit ready
+    and silent with nothing attached. Here the rank runs as nobody and the agent as root
+    stripped of every capability, which is what reading /proc/PID/environ then needs."""
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv (util-linux) to run the rank as another user")
+    marker = f"3{os.getpid() % 100:02d}"
+    rank = subprocess.Popen(
+        [setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", "/bin/sleep", f"{marker}.5"],
+        env={"RANK": "5", "LOCAL_RANK": "0", "PATH": "/usr/bin:/bin"},
+    )
+    err = tmp_path / "stderr"
+    logs = [tmp_path / "rank-5.log", tmp_path / "rank-6.log"]
+    for p in logs:
+        p.write_text("")
+    agent = subprocess.Popen(
+        [
+            setpriv, "--inh-caps", "-all", "--ambient-caps", "-all", "--bounding-set", "-all", "--",
+            sys.executable, "-m", "rankwatch", "-v", "watch", "--match", rf"^/bin/sleep {marker}\.5$",
+            "--log", str(logs[0]), "--log", str(logs[1]), "--listen", "127.0.0.1:0",
+            "--dumps-dir", str(tmp_path / "dumps"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=err.open("w"),
+        env=_env(),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        port = None
+        while time.monotonic() < deadline and port is None:
+            assert agent.poll() is None, err.read_text()
+            m = re.search(r"serving metrics and API on [^\s]+:(\d+)", err.read_text())
+            port = m and int(m.group(1))
+            time.sleep(0.05)
+        assert port, err.read_text()
+        base = f"http://127.0.0.1:{port}"
+        while time.monotonic() < deadline:
+            status, body = _get(f"{base}/readyz")
+            if "cannot read the environment" in body:
+                break
+            time.sleep(0.1)
+        assert status == 503, body
+        assert f"pid {rank.pid}" in body and "UID 65534" in body
+        assert f"cannot read the environment of pid {rank.pid}" in err.read_text()
+        _, metrics = _get(f"{base}/metrics")
+        assert re.search(r'rankwatch_internal_errors_total\{[^}]*component="process_env"[^}]*\} 1', metrics)
+        assert err.read_text().count("cannot read the environment") == 1  # once, not every poll
+    finally:
+        agent.terminate()
+        rank.kill()
+        agent.wait(timeout=20)
+        rank.wait(timeout=20)
