@@ -148,6 +148,13 @@ def _live_config(args: argparse.Namespace):
         from rankwatch.config.loader import with_overrides
 
         cfg = with_overrides(cfg, overrides)
+    from rankwatch.slurm import resolve_listen
+
+    listen = resolve_listen(cfg.server.listen)
+    if listen != cfg.server.listen:
+        from rankwatch.config.loader import with_overrides
+
+        cfg = with_overrides(cfg, {"server.listen": listen})
     return cfg
 
 
@@ -174,11 +181,43 @@ def _live_services(args: argparse.Namespace) -> dict:
     from rankwatch.runtime.reload import ConfigSource, config_path_from
 
     path = config_path_from(getattr(args, "config", None))
-    return {} if path is None else {"config_source": ConfigSource(path, lambda: _live_config(args))}
+    services: dict = {} if path is None else {"config_source": ConfigSource(path, lambda: _live_config(args))}
+    if getattr(args, "sd_file", None):
+        services["on_start"] = lambda s: _write_sd_file(args.sd_file, s)
+    return services
+
+
+def _write_sd_file(path: str, services) -> None:
+    """--sd-file: the address the server really bound, for Prometheus file_sd."""
+    from rankwatch.slurm import sd_labels, target_host, write_sd_file
+
+    server = services.server
+    if server is None:
+        logging.getLogger("rankwatch").warning("--sd-file %s not written: no HTTP server is running", path)
+        return
+    target = f"{target_host(server.host, services.agent.identity.node)}:{server.port}"
+    try:
+        write_sd_file(path, target, sd_labels())
+    except OSError as e:
+        logging.getLogger("rankwatch").warning("--sd-file %s not written: %s", path, e)
+        return
+    logging.getLogger("rankwatch").info("Prometheus target %s written to %s", target, path)
+
+
+def _live(args: argparse.Namespace, main) -> int:
+    """Run a live agent's coroutine; its --sd-file goes away with it."""
+    import asyncio
+
+    try:
+        return asyncio.run(main)
+    finally:
+        if getattr(args, "sd_file", None):
+            from rankwatch.slurm import remove_sd_file
+
+            remove_sd_file(args.sd_file)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import asyncio
 
     from rankwatch.runtime.modes import run_command
 
@@ -189,11 +228,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("run: no command given (rankwatch run [options] -- CMD ARGS...)")
     cfg, identity, sinks = _live_setup(args)
     nice = cfg.process.agent_nice
-    return asyncio.run(run_command(cfg, identity, cmd, sinks=sinks, services=_live_services(args), nice=nice))
+    return _live(args, run_command(cfg, identity, cmd, sinks=sinks, services=_live_services(args), nice=nice))
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    import asyncio
 
     from rankwatch.runtime.modes import watch_processes
 
@@ -202,7 +240,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     _check_watch_args(args)
     cfg, identity, sinks = _live_setup(args)
     logs = [Path(p) for p in args.log or []]
-    return asyncio.run(
+    return _live(
+        args,
         watch_processes(
             cfg,
             identity,
@@ -212,7 +251,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             sinks=sinks,
             services=_live_services(args),
             nice=cfg.process.agent_nice,
-        )
+        ),
     )
 
 
@@ -232,7 +271,6 @@ def _watch_failing_open(args: argparse.Namespace) -> int:
     """``watch --fail-open``: a config, usage or internal error leaves the agent up in a
     degraded mode (runtime/failopen.py) instead of exiting, so a sidecar never holds back
     or takes down the trainer it watches."""
-    import asyncio
 
     from rankwatch.config.loader import ConfigError
     from rankwatch.runtime.failopen import listen_from, run_degraded
@@ -248,7 +286,8 @@ def _watch_failing_open(args: argparse.Namespace) -> int:
     except UsageError as e:
         return run_degraded("usage_error", str(e), listen)
     try:
-        rc = asyncio.run(
+        rc = _live(
+            args,
             watch_processes(
                 cfg,
                 identity,
@@ -258,7 +297,7 @@ def _watch_failing_open(args: argparse.Namespace) -> int:
                 sinks=sinks,
                 services=_live_services(args),
                 nice=cfg.process.agent_nice,
-            )
+            ),
         )
     except KeyboardInterrupt:
         return 130
@@ -331,7 +370,15 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument(
         "--listen",
         metavar="HOST:PORT",
-        help="serve /metrics and the API here (config server.listen; default :9478)",
+        help="serve /metrics and the API here (config server.listen; default :9478). PORT 'auto': the "
+        "Slurm step's reserved port (SLURM_STEP_RESV_PORTS, by SLURM_LOCALID) if any, else any free "
+        "port; with --sd-file Prometheus learns the real one",
+    )
+    live.add_argument(
+        "--sd-file",
+        metavar="FILE",
+        help="write a Prometheus file_sd entry with the address the server really bound (node:port, "
+        "Slurm job labels) once it listens; removed when the agent exits",
     )
     live.add_argument("--no-server", action="store_true", help="no HTTP server (config server.enabled)")
 

@@ -28,6 +28,12 @@ REMIND_EVERY = 3600.0
 def listen_from(config_path: str | None, flag: str | None) -> str:
     """Where to serve: ``--listen``, else ``server.listen`` read loosely from the broken
     file (the error may be elsewhere in it), else the default."""
+    from rankwatch.slurm import resolve_listen
+
+    return resolve_listen(_listen_from(config_path, flag))
+
+
+def _listen_from(config_path: str | None, flag: str | None) -> str:
     if flag:
         return flag
     if config_path:

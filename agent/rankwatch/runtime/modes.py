@@ -26,7 +26,7 @@ import psutil
 from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
-from rankwatch.identity import Identity
+from rankwatch.identity import Identity, identity_from_env
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
@@ -400,6 +400,11 @@ async def watch_processes(
             rank=rank if rank is not None else identity.rank,
             local_rank=local if local is not None else identity.local_rank,
         )
+        if cfg.run.name is None:
+            # A node daemon watches many jobs: each rank's run is its own job id, not the agent's.
+            own = identity_from_env(cfg.run, env)
+            if own.run != "default":
+                ident = dataclasses.replace(ident, run=own.run)
         out = _stdout_file(pid)
         w = agent.add_watcher([out] if out is not None else [], ident, from_end=True, replay=True)
         w.attach(pid)
