@@ -3,6 +3,8 @@ progress on a terminal, shell completion."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
 import signal
@@ -183,3 +185,145 @@ def test_unreadable_rank_environment_is_loud_and_not_ready(tmp_path: Path) -> No
         rank.kill()
         agent.wait(timeout=20)
         rank.wait(timeout=20)
+
+
+# --- help, --json, colour -------------------------------------------------------------------
+
+# dumps/cli.py belongs to the dumps work; its options are documented there.
+HELP_PENDING = {
+    "rankwatch dumps show --rank",
+    "rankwatch dumps show --run",
+    "rankwatch dumps diff --run",
+    "rankwatch dumps diff --json",
+    "rankwatch dumps capture --pid",
+    "rankwatch dumps capture --reason",
+    "rankwatch dumps capture --timeout",
+}
+
+
+def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    from rankwatch.cli import build_parser
+
+    out = []
+
+    def walk(p: argparse.ArgumentParser, path: str) -> None:
+        out.append((path, p))
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, f"{path} {name}")
+
+    walk(build_parser(), "rankwatch")
+    return out
+
+
+def test_every_option_and_command_has_help() -> None:
+    missing = set()
+    for path, p in _parsers():
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for choice in a._choices_actions:
+                    if not choice.help:
+                        missing.add(f"{path} {choice.dest}")
+            elif not a.help:
+                missing.add(f"{path} {a.option_strings[-1] if a.option_strings else a.dest}")
+    assert missing - HELP_PENDING == set(), sorted(missing - HELP_PENDING)
+
+
+def test_help_names_nothing_unshipped_and_watch_has_a_description() -> None:
+    parsers = dict(_parsers())
+    for path, p in parsers.items():
+        assert "DESIGN.md" not in p.format_help(), path
+    assert parsers["rankwatch watch"].description
+    assert "--fail-open" in parsers["rankwatch watch"].format_help()
+
+
+def test_config_show_json_is_the_effective_config_without_secrets(tmp_path: Path) -> None:
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(
+        "server:\n  token: ${RANKWATCH_TOKEN}\n"
+        "alerts:\n  webhook:\n    urls: [https://h]\n    headers:\n      Authorization: Bearer ${HOOK}\n"
+        "detectors:\n  warmup_steps: 7\n"
+    )
+    proc = _rankwatch(
+        "config", "show", "--json", "--config", str(cfg), env=_env(RANKWATCH_TOKEN="s3cret", HOOK="h00k")
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["detectors"]["warmup_steps"] == 7 and doc["stall"]["startup_grace"] == 900.0
+    assert doc["server"]["token"] == "${RANKWATCH_TOKEN}"
+    assert doc["alerts"]["webhook"]["headers"] == {"Authorization": "<redacted>"}
+    assert "s3cret" not in proc.stdout and "h00k" not in proc.stdout
+
+
+@pytest.mark.parametrize(("no_color", "coloured"), [(None, True), ("1", False), ("", True)])
+def test_live_console_honours_no_color(
+    monkeypatch: pytest.MonkeyPatch, no_color: str | None, coloured: bool
+) -> None:
+    import io
+
+    from rankwatch.actions.console import ConsoleSink
+    from rankwatch.identity import Identity
+    from rankwatch.records import Finding, Severity
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    if no_color is None:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    else:
+        monkeypatch.setenv("NO_COLOR", no_color)
+    out = Tty()
+    ConsoleSink(Identity("r", 0, 0, 1, "n"), stream=out).send(Finding("stall", Severity.CRITICAL, 0, "hung"))
+    assert ("\x1b[" in out.getvalue()) is coloured, out.getvalue()
+
+
+# --- shell completion ---------------------------------------------------------------------------
+
+
+def _bash_complete(script: Path, *words: str) -> list[str]:
+    cmd = (
+        f"source {script}; COMP_WORDS=({' '.join(repr(w) for w in words)}); "
+        'COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _rankwatch_complete; printf "%s\\n" "${COMPREPLY[@]}"'
+    )
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return [w for w in proc.stdout.splitlines() if w]
+
+
+def test_bash_completion(tmp_path: Path) -> None:
+    proc = _rankwatch("completion", "bash")
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "rankwatch.bash"
+    script.write_text(proc.stdout)
+    assert subprocess.run(["bash", "-n", str(script)], timeout=30).returncode == 0
+    assert set(_bash_complete(script, "rankwatch", "")) >= {"analyze", "run", "watch", "dumps", "completion"}
+    assert _bash_complete(script, "rankwatch", "con") == ["config"]
+    assert _bash_complete(script, "rankwatch", "-v", "dumps", "d") == ["diff"]
+    assert set(_bash_complete(script, "rankwatch", "analyze", "--j")) == {"--jobs", "--json"}
+    assert "--fail-open" in _bash_complete(script, "rankwatch", "watch", "--f")
+    # an option's value is a file, and does not count as a subcommand
+    assert _bash_complete(script, "rankwatch", "analyze", "--config", str(script)[:-3]) == [str(script)]
+    assert _bash_complete(script, "rankwatch", "completion", "") == ["bash", "zsh"]
+
+
+def test_zsh_completion(tmp_path: Path) -> None:
+    import shutil
+
+    zsh = shutil.which("zsh")
+    if zsh is None:
+        pytest.skip("zsh not installed (Debian: apt-get install -y zsh)")
+    proc = _rankwatch("completion", "zsh")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#compdef rankwatch\n")
+    script = tmp_path / "_rankwatch"
+    script.write_text(proc.stdout)
+    check = (
+        f"autoload -U compinit && compinit -u -D; source {script}; "
+        "COMP_WORDS=(rankwatch config ''); COMP_CWORD=2; "
+        'emulate sh -c "setopt ksharrays; _rankwatch_complete"; print -rl -- "${COMPREPLY[@]}"'
+    )
+    out = subprocess.run([zsh, "-f", "-c", check], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.split()) == ["check", "show"], out.stdout + out.stderr

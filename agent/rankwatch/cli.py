@@ -113,7 +113,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         )
         sys.stdout.write("\n")
     else:
-        colour = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ
+        colour = sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR")
         print(format_human(result, colour=colour))
     return result.exit_code()
 
@@ -121,6 +121,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_config_show(args: argparse.Namespace) -> int:
     from rankwatch.config.render import render_config
 
+    if getattr(args, "json", False):
+        import dataclasses
+
+        from rankwatch.config.render import redacted
+
+        json.dump(dataclasses.asdict(redacted(_load_config(args))), sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
     sys.stdout.write(render_config(_load_config(args)))
     return 0
 
@@ -309,6 +317,14 @@ def _watch_failing_open(args: argparse.Namespace) -> int:
     return rc
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from rankwatch.completion import bash_script, zsh_script
+
+    parser = build_parser()
+    sys.stdout.write(bash_script(parser) if args.shell == "bash" else zsh_script(parser))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from rankwatch.demo.scenario import run_demo
 
@@ -344,7 +360,12 @@ def build_parser() -> argparse.ArgumentParser:
         "of severity warning or above; 1: such findings; 2: bad input.",
     )
     a.add_argument("paths", nargs="+", metavar="PATH", help="log files, or directories of them")
-    a.add_argument("--json", action="store_true", help="print one JSON document (the DESIGN.md contract)")
+    a.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON document: {"ranks": [...], "findings": [...]}, each finding with kind, '
+        "severity, rank, path, step, line and message (README: Analyze finished logs)",
+    )
     a.add_argument("--pretty", action="store_true", help="indent the JSON")
     a.add_argument("--format", help="force a log format instead of auto-detection")
     a.add_argument("--no-color", action="store_true", help="no ANSI colour in the summary")
@@ -390,7 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the agent follows and echoes; SIGTERM/SIGINT/SIGHUP/SIGUSR2 are forwarded; SIGUSR1 captures stack "
         "dumps. The exit status is the child's (128+N for signal N).",
     )
-    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    r.add_argument(
+        "cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the rank's command line, after --"
+    )
     r.set_defaults(func=cmd_run)
 
     w = sub.add_parser(
@@ -430,9 +453,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="show the effective configuration or check a file")
     csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     cs = csub.add_parser("show", parents=[common], help="print the effective config with defaults and docs")
+    cs.add_argument(
+        "--json", action="store_true", help="print the effective config as one JSON object (secrets redacted)"
+    )
     cs.set_defaults(func=cmd_config_show)
     cc = csub.add_parser("check", help="validate a config file (exit 2 with file:line: key on error)")
-    cc.add_argument("file")
+    cc.add_argument("file", help="the YAML config file to validate")
     cc.set_defaults(func=cmd_config_check)
 
     from rankwatch.checkpoints.cli import add_subcommands as add_checkpoints
@@ -440,6 +466,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_dumps(sub)
     add_checkpoints(sub)
+
+    comp = sub.add_parser(
+        "completion",
+        help="print a shell completion script (bash or zsh)",
+        description='Print a completion script for the shell: eval "$(rankwatch completion bash)" in '
+        "~/.bashrc, or save it as /etc/bash_completion.d/rankwatch; zsh: eval "
+        '"$(rankwatch completion zsh)" in ~/.zshrc.',
+    )
+    comp.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete for")
+    comp.set_defaults(func=cmd_completion)
     return p
 
 
