@@ -327,3 +327,99 @@ def test_zsh_completion(tmp_path: Path) -> None:
     out = subprocess.run([zsh, "-f", "-c", check], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert sorted(out.stdout.split()) == ["check", "show"], out.stdout + out.stderr
+
+
+# --- analyze progress ---------------------------------------------------------------------------
+
+
+def test_progress_line_renders_bytes_and_never_claims_done_early() -> None:
+    from rankwatch.progress import render
+
+    assert render(412 << 20, 1 << 30, 12.4) == "analyze: 412.0 MiB of 1.0 GiB (40%), 12 s"
+    assert "(99%)" in render(1 << 30, 1 << 30, 3)  # read, but not yet analysed
+    assert "(0%)" in render(0, 0, 0)
+
+
+def test_progress_draws_then_erases_itself(tmp_path: Path) -> None:
+    import io
+
+    from rankwatch.progress import Progress
+
+    log = tmp_path / "rank-0.log"
+    log.write_bytes(b"x" * 1000)
+    now = [0.0]
+    out = io.StringIO()
+    prog = Progress([str(log)], out, read_bytes=lambda: 250, delay=0, interval=3600, clock=lambda: now[0])
+    now[0] = 2.0
+    prog.frame()
+    assert out.getvalue() == "\r\x1b[Kanalyze: 250 B of 1000 B (25%), 2 s"
+    with prog:
+        pass
+    assert out.getvalue().endswith("\r\x1b[K")
+
+
+def _run_in_pty(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Run rankwatch with stderr on a pseudo-terminal and stdout on a pipe."""
+    import pty
+
+    main, child = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rankwatch", *args],
+            stdout=subprocess.PIPE, stderr=child, stdin=subprocess.DEVNULL, env=env, timeout=60,
+        )  # fmt: skip
+        os.close(child)
+        child = -1
+        chunks = []
+        while True:
+            try:
+                data = os.read(main, 65536)
+            except OSError:  # EIO: the terminal's other side is closed and drained
+                break
+            if not data:
+                break
+            chunks.append(data)
+        return proc.returncode, proc.stdout.decode(), b"".join(chunks).decode(errors="replace")
+    finally:
+        if child >= 0:
+            os.close(child)
+        os.close(main)
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [(["analyze"], True), (["analyze", "--quiet"], False), (["-q", "analyze"], False)],
+)
+def test_analyze_shows_progress_on_a_terminal_only(tmp_path: Path, argv: list[str], shown: bool) -> None:
+    log = tmp_path / "rank-0.log"
+    log.write_text("".join(f"step={i} loss={2.0 - i / 10000:.4f} lr=0.0003\n" for i in range(1, 3000)))
+    env = _env(RANKWATCH_PROGRESS_DELAY="0")
+    rc, out, err = _run_in_pty([*argv, str(log)], env)
+    assert rc == 0, err
+    assert ("analyze: " in err) is shown, repr(err)
+    if shown:
+        assert err.rstrip("\r\n").endswith("\x1b[K"), repr(err[-40:])  # erased at the end
+        assert "analyze: " not in out
+    # Not a terminal: never.
+    piped = _rankwatch(*argv, str(log), env=env)
+    assert piped.returncode == 0 and "analyze: " not in piped.stderr and "\r" not in piped.stderr
+
+
+def test_pyproject_declares_the_supported_pythons_and_project_urls() -> None:
+    setuptools_config = pytest.importorskip("setuptools.config.pyprojecttoml")
+    project = setuptools_config.read_configuration(ROOT / "pyproject.toml")["project"]
+    assert project["requires-python"] == ">=3.10"
+    versions = {
+        c.rsplit(" :: ", 1)[1]
+        for c in project["classifiers"]
+        if c.startswith("Programming Language :: Python :: 3.")
+    }
+    assert {"3.10", "3.13"} <= versions
+    # .ci/run smoke-tests the oldest and the newest classifier version.
+    ci = (ROOT / ".ci" / "run").read_text()
+    oldest, newest = (
+        min(versions, key=lambda v: tuple(map(int, v.split(".")))),
+        max(versions, key=lambda v: tuple(map(int, v.split(".")))),
+    )
+    assert f"for v in {oldest} {newest}; do" in ci
+    assert {"Homepage", "Source", "Issues"} <= set(project["urls"])

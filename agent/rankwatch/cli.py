@@ -99,7 +99,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     paths = _expand_paths(args.paths)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be 1 or more, got {args.jobs}")
-    result = analyze(paths, cfg, jobs=args.jobs)
+    if sys.stderr.isatty() and not args.quiet and not args.no_progress:
+        from rankwatch.progress import DELAY, Progress
+
+        delay = float(os.environ.get("RANKWATCH_PROGRESS_DELAY", DELAY))
+        with Progress(paths, sys.stderr, delay=delay):
+            result = analyze(paths, cfg, jobs=args.jobs)
+    else:
+        result = analyze(paths, cfg, jobs=args.jobs)
     if not result.recognised_any:
         # A wrong path or an unknown format must not read as a healthy run.
         names = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
@@ -369,6 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--pretty", action="store_true", help="indent the JSON")
     a.add_argument("--format", help="force a log format instead of auto-detection")
     a.add_argument("--no-color", action="store_true", help="no ANSI colour in the summary")
+    a.add_argument(
+        "--quiet",
+        dest="no_progress",
+        action="store_true",
+        help="no progress line (shown on stderr only when it is a terminal; also off with -q)",
+    )
     a.add_argument(
         "-j",
         "--jobs",
