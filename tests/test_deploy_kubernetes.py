@@ -735,6 +735,9 @@ def test_plain_manifests_have_the_sidecar() -> None:
         assert {"logs", "checkpoints"} <= shared
         assert _mounts(sidecar)["checkpoints"]["readOnly"] is True
         assert _mounts(sidecar)["logs"]["mountPath"] == _mounts(trainer)["logs"]["mountPath"]
+        # Monitoring never holds back or kills training (see the chart's README).
+        assert "startupProbe" not in sidecar
+        assert "--fail-open" in " ".join(sidecar.get("args", []) + sidecar.get("command", []))
 
 
 def test_plain_configmap_passes_rankwatch_config_check(tmp_path: Path) -> None:
