@@ -564,6 +564,23 @@ def test_operator_settings_render() -> None:
 
 
 @integration
+def test_a_token_variable_the_sidecar_never_gets_fails_the_install() -> None:
+    """agent.config.server.token: ${RANKWATCH_TOKEN} with nothing passing RANKWATCH_TOKEN would
+    stop the agent in the pod; `helm install` (a render) fails first, naming the fix."""
+    helm = _helm()
+    bad = {"agent": {"config": {"server": {"token": "${RANKWATCH_TOKEN}"}}}}
+    with helm.Chart.load(str(CHART)) as chart:
+        with pytest.raises(Exception, match=r"set server\.existingSecret"):
+            chart.render(values=bad, name="demo", namespace="ml")
+        for fixed in (
+            {**bad, "server": {"existingSecret": "rankwatch-api"}},
+            {**bad, "sidecar": {"env": [{"name": "RANKWATCH_TOKEN", "value": "t"}]}},
+            {"agent": {"config": {"server": {"token": "${RANKWATCH_TOKEN:-}"}}}},
+        ):
+            assert chart.render(values=fixed, name="demo", namespace="ml")
+
+
+@integration
 def test_operator_crd_validation_is_strict() -> None:
     """The CRD check above means something: a misspelt endpoint field or a bad type fails."""
     monitor = json.loads(json.dumps(_one(_render("operator"), "PodMonitor")))

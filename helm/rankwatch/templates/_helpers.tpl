@@ -109,6 +109,26 @@ authorization:
 {{- end }}
 {{- end }}
 
+{{/*
+A ${VAR} the agent config reads for a token must reach the sidecar, or the agent cannot start:
+fail the install instead, naming the fix.
+*/}}
+{{- define "rankwatch.checkTokenRefs" -}}
+{{- $server := (.Values.agent.config | default dict).server | default dict }}
+{{- $given := list }}
+{{- if include "rankwatch.apiTokenKey" . }}{{ $given = append $given "RANKWATCH_TOKEN" }}{{ end }}
+{{- if include "rankwatch.metricsTokenKey" . }}{{ $given = append $given "RANKWATCH_METRICS_TOKEN" }}{{ end }}
+{{- range .Values.sidecar.env }}{{ $given = append $given .name }}{{ end }}
+{{- range $key := list "token" "metrics_token" }}
+{{- with index $server $key }}
+{{- $var := regexReplaceAll `^.*\$\{([A-Za-z_][A-Za-z0-9_]*).*$` (toString .) "${1}" }}
+{{- if and (not (contains ":-" (toString .))) (not (has $var $given)) }}
+{{- fail (printf "agent.config.server.%s reads ${%s}, which the sidecar does not get: set server.existingSecret (the chart then passes RANKWATCH_TOKEN / RANKWATCH_METRICS_TOKEN from it), or add %s to sidecar.env" $key $var $var) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The agent's YAML config: chart-managed keys, then agent.config over them. */}}
 {{- define "rankwatch.agentConfig" -}}
 {{- $base := dict
