@@ -11,6 +11,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import shutil
 import time
 import warnings
@@ -1110,3 +1111,58 @@ def test_a_cut_markerless_save_is_corrupt_after_corrupt_after_not_the_quarter_ho
     clock.advance(61)
     found = update(cat)
     assert kinds(found) == [("checkpoint_corrupt", "critical", False)]
+
+
+def test_cli_judges_a_fresh_copy_with_completion_markers_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rankwatch checkpoints DIR` right after `cp -r`/rsync: every file is seconds old, but a
+    save whose layout's completion marker is there is done, and judged by its content."""
+    torch = _torch()
+    import torch.distributed.checkpoint as dcp
+
+    src = tmp_path / "src"
+    write_hf(src / "hf", 32)
+    write_hf(src / "hf", 64)
+    no_state = write_hf(src / "hf", 96, state=False)  # no trainer_state.json: not finished
+    meg = src / "megatron" / "iter_0000100" / "mp_rank_00"
+    meg.mkdir(parents=True)
+    torch.save({"iteration": 100, "model": {"w": torch.ones(2)}, "optimizer": {}}, meg / "model_optim_rng.pt")
+    (src / "megatron" / L.MEGATRON_TRACKER).write_text("100")
+    ds = src / "ds" / "global_step20"
+    ds.mkdir(parents=True)
+    torch.save({"module": {"w": torch.ones(2)}, "global_steps": 20}, ds / "mp_rank_00_model_states.pt")
+    torch.save({"optimizer_state_dict": {}}, ds / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    (src / "ds" / "latest").write_text("global_step20")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": {"w": torch.randn(4)}}, checkpoint_id=str(src / "dcp" / "step-300"))
+    plain = src / "plain"
+    plain.mkdir()
+    torch.save({"model": {}, "optimizer": {}, "iter_num": 4000}, plain / "ckpt.pt")  # no marker to go by
+
+    old = time.time() - 3600
+    for p in src.rglob("*"):
+        os.utime(p, (old, old))
+    assert no_state.exists()
+    copy = tmp_path / "copy"
+    shutil.copytree(src, copy, copy_function=shutil.copyfile)  # new files, new mtimes
+
+    def statuses(root: Path) -> dict[str, str]:
+        _cli(["checkpoints", str(root), "--json"])()
+        doc = json.loads(capsys.readouterr().out)
+        return {c["name"]: c["status"] for c in doc["checkpoints"]}
+
+    assert statuses(copy / "hf") == {
+        "checkpoint-32": "good",
+        "checkpoint-64": "good",
+        "checkpoint-96": "writing",
+    }
+    assert _cli(["checkpoints", str(copy / "hf")])() == 0
+    assert re.search(r"last good: checkpoint-64 \(step 64, \d+s ago\)$", capsys.readouterr().out.rstrip())
+    assert statuses(copy / "megatron") == {"iter_0000100": "good"}
+    assert statuses(copy / "ds") == {"global_step20": "good"}
+    assert statuses(copy / "dcp") == {"step-300": "good"}
+    assert statuses(copy / "plain") == {"ckpt.pt": "writing"}  # only settling tells, as before
+    # The originals, long settled, read the same.
+    assert statuses(src / "hf")["checkpoint-64"] == "good"

@@ -2,9 +2,10 @@
 
 The chart is rendered and linted by real Helm (helm-python-sdk bundles Helm 4 as a
 library) and every core object is validated against the Kubernetes OpenAPI schemas by
-kubernetes-validate, strictly (unknown fields fail). Its schemas know only core kinds:
-PodMonitor and PrometheusRule get a structural check here, and the PyTorchJob's pod
-templates are validated as core PodTemplates.
+kubernetes-validate, strictly (unknown fields fail). PodMonitor, ServiceMonitor and
+PrometheusRule are validated against prometheus-operator's CRD schemas (the models
+cloudcoil-models-prometheus-operator generates from them; a field they drop is unknown), and
+the PyTorchJob's pod templates as core PodTemplates.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ PLAIN = sorted(PLAIN_DIR.glob("*.yaml"))
 DOCKERFILE = ROOT / "Dockerfile"
 # Native sidecars are on by default from 1.29; validate against a release that has them.
 KUBE_VERSION = "1.30"
-CRD_KINDS = {"PodMonitor", "PrometheusRule", "PyTorchJob"}
+CRD_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule", "PyTorchJob"}
 PSS_RESTRICTED_VOLUMES = {
     "configMap",
     "csi",
@@ -119,11 +120,58 @@ def _validate_core(obj: dict[str, Any]) -> None:
         pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {where}: {e.message}")
 
 
+def _operator_models() -> Any:
+    try:
+        from cloudcoil.models.prometheus_operator import v1
+    except ImportError:
+        pytest.skip("cloudcoil-models-prometheus-operator is not installed (pip install it)")
+    return v1
+
+
+def _without_empty(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_empty(v) for k, v in value.items() if v not in (None, {}, [])}
+    if isinstance(value, list):
+        return [_without_empty(v) for v in value]
+    return value
+
+
+def _validate_operator_crd(obj: dict[str, Any]) -> None:
+    """Against prometheus-operator's own schema, strictly: the models are generated from its
+    CRDs and drop what they do not know, so a round trip that loses a field names it."""
+    import pydantic
+
+    model = getattr(_operator_models(), obj["kind"])
+    try:
+        parsed = model.model_validate(obj)
+    except pydantic.ValidationError as e:
+        pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e}")
+    back = _without_empty(parsed.model_dump(by_alias=True, exclude_unset=True, mode="json"))
+    sent = _without_empty(json.loads(json.dumps(obj)))
+    if back != sent:
+        lost = sorted(_paths(sent) - _paths(back))
+        pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: unknown to prometheus-operator: {lost}")
+
+
+def _paths(value: Any, prefix: str = "") -> set[str]:
+    if isinstance(value, dict):
+        return {p for k, v in value.items() for p in _paths(v, f"{prefix}.{k}")} | {prefix}
+    if isinstance(value, list):
+        return {p for i, v in enumerate(value) for p in _paths(v, f"{prefix}[{i}]")} | {prefix}
+    return {f"{prefix}={value!r}"}
+
+
 def _check_crd(obj: dict[str, Any]) -> None:
-    """No schema for these: check the fields the operators read."""
+    """Validate against the CRD schema where there is one, and check the fields the operators read."""
     kind, spec = obj["kind"], obj["spec"]
     assert obj["metadata"]["name"]
-    if kind == "PodMonitor":
+    if kind in {"PodMonitor", "ServiceMonitor", "PrometheusRule"}:
+        _validate_operator_crd(obj)
+    if kind == "ServiceMonitor":
+        assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+        for ep in spec["endpoints"]:
+            assert ep["port"] and ep["path"] == "/metrics"
+    elif kind == "PodMonitor":
         assert obj["apiVersion"] == "monitoring.coreos.com/v1"
         assert spec["selector"]["matchLabels"]
         for ep in spec["podMetricsEndpoints"]:
@@ -209,7 +257,7 @@ def _pss_restricted_violations(pod: dict[str, Any]) -> list[str]:
 
 
 def test_ci_values_files_exist() -> None:
-    assert {"default", "restricted", "multirank", "minimal"} <= set(CI_VALUES)
+    assert {"default", "restricted", "multirank", "minimal", "operator"} <= set(CI_VALUES)
 
 
 @integration
@@ -230,6 +278,17 @@ def test_chart_lints_strict(name: str) -> None:
         ({"slack": {"enabled": True}}, "/slack"),
         ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
         ({"stackDumps": {"enabled": "no"}}, "/stackDumps/enabled"),
+        # agent.config is checked against the agent's own schema (helm/gen_values_schema.py).
+        ({"agent": {"config": {"stall": {"startup_grase": "10m"}}}}, "startup_grase"),
+        (
+            {"agent": {"config": {"stall": {"startup_grace": "ten minutes"}}}},
+            "/agent/config/stall/startup_grace",
+        ),
+        ({"agent": {"config": {"alerts": {"min_severity": "warn"}}}}, "/agent/config/alerts/min_severity"),
+        ({"agent": {"config": {"server": {"token": "s3cret"}}}}, "/agent/config/server/token"),
+        # --set 'server.token=${RANKWATCH_TOKEN}': Helm would install the literal.
+        ({"server": {"token": "${RANKWATCH_TOKEN}"}}, "/server/token"),
+        ({"sidecar": {"startupProbe": {"enabeld": False}}}, "enabeld"),
     ],
 )
 def test_lint_enforces_the_values_schema(values: dict[str, Any], where: str) -> None:
@@ -253,6 +312,44 @@ def test_values_and_ci_files_match_the_schema() -> None:
         for name in CI_VALUES:
             errors = [e.message for e in validator.iter_errors(chart.merge_values(_values(name)))]
             assert not errors, f"{name}: {errors}"
+
+
+@integration
+def test_agent_config_schema_accepts_what_the_agent_accepts() -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    good = {
+        "stall": {"startup_grace": "1h30m", "floor": 30, "ceiling": "7 min"},
+        "logs": {"format": "megatron", "max_line_bytes": "1MiB", "replay": 0},
+        "detectors": {"warmup_steps": 500, "grad_clipping": {"max_grad_norm": "${MAX_GRAD_NORM:-1.0}"}},
+        "detectors_": None,
+    }
+    good.pop("detectors_")
+    good["gpu"] = {"devices": ["0", "GPU-1234"], "ecc_corrected_rate": 2.5}
+    good["alerts"] = {"webhook": {"urls": ["https://h"], "headers": {"Authorization": "Bearer ${T}"}}}
+    good["server"] = {"token": "${RANKWATCH_TOKEN}", "metrics_token": None}
+    assert not [e.message for e in validator.iter_errors({"agent": {"config": good}})]
+    from rankwatch.config.loader import config_from_dict
+
+    config_from_dict(
+        {**good, "detectors": {**good["detectors"], "grad_clipping": {"max_grad_norm": 1.0}}},
+        source="test",
+    )
+
+
+def test_values_schema_is_generated_from_the_agent_config_schema() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "helm" / "gen_values_schema.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    from rankwatch.config.schema import Config
+
+    config = json.loads((CHART / "values.schema.json").read_text())["properties"]["agent"]["properties"]
+    assert set(config["config"]["properties"]) == set(Config.__dataclass_fields__)
 
 
 def test_every_value_is_documented() -> None:
@@ -337,7 +434,11 @@ def test_default_render_is_a_native_sidecar_with_ptrace() -> None:
     assert "job-completion-index" in env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert "SLACK_BOT_TOKEN" not in env and "NVIDIA_VISIBLE_DEVICES" not in env
     assert "resources" in sidecar and "nvidia.com/gpu" not in json.dumps(sidecar["resources"])
-    assert sidecar["startupProbe"]["httpGet"]["path"] == "/healthz"
+    # Monitoring never holds the trainer back: no startup probe, and an agent that cannot
+    # start stays up (fail open) instead of crash-looping in front of it.
+    assert "startupProbe" not in sidecar and "readinessProbe" not in sidecar
+    assert "--fail-open" in args
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
     cfg = _agent_config(docs)
     assert cfg["dumps"]["on_stall"] is True
@@ -385,7 +486,8 @@ def test_multirank_render() -> None:
     env = {e["name"]: e for e in sidecar["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["WORLD_SIZE"]["value"] == "8"
-    assert "RANKWATCH_TOKEN" in env
+    assert env["RANKWATCH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "rankwatch-api", "key": "token"}
+    assert "RANKWATCH_METRICS_TOKEN" not in env
     (trainer,) = pod["containers"]
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 1
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -395,6 +497,7 @@ def test_multirank_render() -> None:
     assert base64.b64decode(secret["data"]["slack-bot-token"]).decode() == "xoxb-not-a-real-token"
     assert env["SLACK_BOT_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
     cfg = _agent_config(docs)
+    assert cfg["server"]["token"] == "${RANKWATCH_TOKEN}" and "metrics_token" not in cfg["server"]
     assert cfg["run"]["name"] == "llama-8b-pretrain"
     assert cfg["detectors"]["warmup_steps"] == 500 and cfg["stall"]["startup_grace"] == "15m"
     assert "xoxb" not in json.dumps(cfg)
@@ -408,6 +511,132 @@ def test_multirank_render() -> None:
 
 
 @integration
+def test_operator_settings_render() -> None:
+    docs = _render("operator")
+    job = _one(docs, "Job")
+    meta, pod = job["spec"]["template"]["metadata"], job["spec"]["template"]["spec"]
+    assert meta["labels"]["team"] == "llm"
+    assert meta["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    assert pod["priorityClassName"] == "training-high"
+    account = _one(docs, "ServiceAccount")
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is False and account["automountServiceAccountToken"] is False
+    sidecar = _sidecar(pod)
+    assert sidecar["securityContext"]["runAsUser"] == 20001
+    assert "SYS_PTRACE" in sidecar["securityContext"]["capabilities"]["add"]  # merged, not replaced
+    assert sidecar["startupProbe"]["failureThreshold"] == 10
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+    # Tokens come from a chart Secret as environment variables; the ConfigMap holds references only.
+    secret = _one(docs, "Secret", "-server")
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data == {"token": "api-token-from-ci", "metrics-token": "metrics-token-from-ci"}
+    env = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in sidecar["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert env["RANKWATCH_TOKEN"] == {"name": secret["metadata"]["name"], "key": "token"}
+    assert env["RANKWATCH_METRICS_TOKEN"] == {"name": secret["metadata"]["name"], "key": "metrics-token"}
+    cm = _one(docs, "ConfigMap", "-config")
+    assert "token-from-ci" not in json.dumps(cm)
+    cfg = _agent_config(docs)
+    assert cfg["server"]["token"] == "${RANKWATCH_TOKEN}"
+    assert cfg["server"]["metrics_token"] == "${RANKWATCH_METRICS_TOKEN}"
+
+    auth = {"type": "Bearer", "credentials": {"name": secret["metadata"]["name"], "key": "metrics-token"}}
+    (pm_ep,) = _one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    monitor = _one(docs, "ServiceMonitor")
+    (sm_ep,) = monitor["spec"]["endpoints"]
+    for ep in (pm_ep, sm_ep):
+        assert ep["authorization"] == auth
+        assert ep["scrapeTimeout"] == "10s"
+        assert ep["relabelings"][0]["targetLabel"] == "hostname"
+    assert pm_ep["metricRelabelings"][0]["action"] == "drop"
+    assert _one(docs, "PodMonitor")["spec"]["selector"] == {"matchLabels": {"team": "llm"}}
+    assert _one(docs, "PodMonitor")["spec"]["selector"]["matchLabels"].items() <= meta["labels"].items()
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    # The ServiceMonitor finds the metrics Service, which finds the pods.
+    svc = _one(docs, "Service", "-metrics")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert svc["spec"]["selector"].items() <= meta["labels"].items()
+    assert svc["spec"]["ports"][0]["targetPort"] == sidecar["ports"][0]["name"] == sm_ep["port"]
+
+
+@integration
+def test_a_token_variable_the_sidecar_never_gets_fails_the_install() -> None:
+    """agent.config.server.token: ${RANKWATCH_TOKEN} with nothing passing RANKWATCH_TOKEN would
+    stop the agent in the pod; `helm install` (a render) fails first, naming the fix."""
+    helm = _helm()
+    bad = {"agent": {"config": {"server": {"token": "${RANKWATCH_TOKEN}"}}}}
+    with helm.Chart.load(str(CHART)) as chart:
+        with pytest.raises(Exception, match=r"set server\.existingSecret"):
+            chart.render(values=bad, name="demo", namespace="ml")
+        for fixed in (
+            {**bad, "server": {"existingSecret": "rankwatch-api"}},
+            {**bad, "sidecar": {"env": [{"name": "RANKWATCH_TOKEN", "value": "t"}]}},
+            {"agent": {"config": {"server": {"token": "${RANKWATCH_TOKEN:-}"}}}},
+        ):
+            assert chart.render(values=fixed, name="demo", namespace="ml")
+
+
+@integration
+def test_operator_crd_validation_is_strict() -> None:
+    """The CRD check above means something: a misspelt endpoint field or a bad type fails."""
+    monitor = json.loads(json.dumps(_one(_render("operator"), "PodMonitor")))
+    monitor["spec"]["podMetricsEndpoints"][0]["scrapeTimout"] = "10s"
+    with pytest.raises(pytest.fail.Exception):
+        _validate_operator_crd(monitor)
+    monitor = json.loads(json.dumps(_one(_render("operator"), "ServiceMonitor")))
+    monitor["spec"]["endpoints"][0]["relabelings"] = "hostname"
+    with pytest.raises(pytest.fail.Exception):
+        _validate_operator_crd(monitor)
+
+
+@integration
+def test_a_broken_agent_config_leaves_the_sidecar_up_and_unready(tmp_path: Path) -> None:
+    """What the kubelet would run: the rendered sidecar's arguments, over a config with a typo
+    (one that got past the schema: an older chart, --skip-schema-validation, a hand edit)."""
+    docs = _render("default")
+    args = list(_sidecar(_pod(docs))["args"])
+    text = _one(docs, "ConfigMap", "-config")["data"]["rankwatch.yaml"]
+    bad = yaml.safe_load(text)
+    bad["stall"]["startup_grase"] = "10m"
+    bad["server"]["listen"] = "127.0.0.1:0"
+    config = tmp_path / "rankwatch.yaml"
+    config.write_text(yaml.safe_dump(bad))
+    args[args.index("--config") + 1] = str(config)
+    args = [a.replace("$(RANK)", "0") for a in args]
+    err = tmp_path / "stderr"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "agent"), "RANK": "0", "NODE_NAME": "n"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankwatch", *args], stderr=err.open("w"), stdout=subprocess.DEVNULL, env=env
+    )
+    try:
+        import time
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + 30
+        port = None
+        while port is None and time.monotonic() < deadline:
+            assert proc.poll() is None, err.read_text()
+            m = re.search(r"serving /healthz.* on [^\s]+:(\d+)", err.read_text())
+            port = m and int(m.group(1))
+            time.sleep(0.05)
+        assert port, err.read_text()
+        with pytest.raises(urllib.error.HTTPError) as ready:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5)
+        assert ready.value.code == 503
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'rankwatch_agent_degraded{reason="config_error"' in metrics
+        assert "startup_grase" in err.read_text()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+
+
+@integration
 def test_minimal_render_is_only_the_agent_config() -> None:
     assert _kinds(_render("minimal")) == ["ConfigMap"]
 
@@ -417,7 +646,8 @@ def test_minimal_render_is_only_the_agent_config() -> None:
 def test_rendered_agent_config_passes_rankwatch_config_check(name: str, tmp_path: Path) -> None:
     path = tmp_path / "rankwatch.yaml"
     path.write_text(_one(_render(name), "ConfigMap", "-config")["data"]["rankwatch.yaml"])
-    env = {"PATH": "/usr/bin:/bin", "RANKWATCH_TOKEN": "t", "SLACK_BOT_TOKEN": "x", "NODE_NAME": "n"}
+    env = {"PATH": "/usr/bin:/bin", "NODE_NAME": "n", "SLACK_BOT_TOKEN": "x"}
+    env.update(RANKWATCH_TOKEN="t", RANKWATCH_METRICS_TOKEN="m")
     proc = subprocess.run(
         [sys.executable, "-m", "rankwatch", "config", "check", str(path)],
         capture_output=True,
@@ -522,6 +752,9 @@ def test_plain_manifests_have_the_sidecar() -> None:
         assert {"logs", "checkpoints"} <= shared
         assert _mounts(sidecar)["checkpoints"]["readOnly"] is True
         assert _mounts(sidecar)["logs"]["mountPath"] == _mounts(trainer)["logs"]["mountPath"]
+        # Monitoring never holds back or kills training (see the chart's README).
+        assert "startupProbe" not in sidecar
+        assert "--fail-open" in " ".join(sidecar.get("args", []) + sidecar.get("command", []))
 
 
 def test_plain_configmap_passes_rankwatch_config_check(tmp_path: Path) -> None:

@@ -130,7 +130,11 @@ def _exported_names(tmp_path: Path) -> set[str]:
         "rankwatch_mfu_ratio",
     ):
         assert must in names
-    return names
+    # A sidecar that could not start (watch --fail-open) exports only its degraded gauge.
+    from rankwatch.runtime.failopen import metrics_text
+
+    fail_open = metrics_text("config_error", ident.labels())
+    return names | {s.name for fam in text_string_to_metric_families(fail_open) for s in fam.samples}
 
 
 _KEYWORDS = {

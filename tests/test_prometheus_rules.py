@@ -8,6 +8,7 @@ One case runs the real file with its annotations rendered.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -94,8 +95,18 @@ ALL_ALERTS = (
     "RankwatchGPUFault",
     "RankwatchCheckpointProblem",
     "RankwatchFinding",
+    "RankwatchAgentDegraded",
     "RankwatchAlertsDropped",
     "RankwatchAgentErrors",
+)
+FINDING_ALERTS = (
+    "RankwatchNaNLoss",
+    "RankwatchRankStalled",
+    "RankwatchRankCrashed",
+    "RankwatchNCCLFailure",
+    "RankwatchGPUFault",
+    "RankwatchCheckpointProblem",
+    "RankwatchFinding",
 )
 
 
@@ -111,6 +122,18 @@ def test_rules_file_passes_promtool_check() -> None:
         assert "job" not in a.get("labels", {})
         # Every alert names its severity: statically, or through the finding's own label.
         assert "severity" in a.get("labels", {}) or "rankwatch_active_findings" in a["expr"], a["alert"]
+
+
+def test_finding_rules_keep_the_agents_severity() -> None:
+    """A rule built on the agent's findings must neither set a severity of its own (an info
+    `ecc_error` would become a critical "drain the node") nor match info findings."""
+    doc = yaml.safe_load(RULES.read_text())
+    alerts = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+    finding_rules = [a for a in alerts if "rankwatch_active_findings" in a["expr"]]
+    assert {a["alert"] for a in finding_rules} == set(FINDING_ALERTS)
+    for a in finding_rules:
+        assert "severity" not in a.get("labels", {}), a["alert"]
+        assert 'severity=~"warning|critical"' in a["expr"], a["alert"]
 
 
 def test_example_prometheus_config_passes_promtool_check() -> None:
@@ -306,5 +329,67 @@ def test_a_run_of_1024_ranks_names_only_the_lagging_rank_and_the_straggler(tmp_p
         _alert("RankwatchRankLagging", "20m", {**alert(lagging), "severity": "warning"}),
         _alert("RankwatchStraggler", "20m", {**alert(straggler), "severity": "warning"}),
         *_silent("20m", "RankwatchRunStalled", "RankwatchAgentDown"),
+    ]
+    _promtool_test(tmp_path, [{"interval": "1m", "input_series": series, "alert_rule_test": tests}])
+
+
+def test_finding_alerts_carry_the_agents_severity_and_skip_info(tmp_path: Path) -> None:
+    """One info, one warning and one critical finding of a kind each finding rule covers: the
+    info one fires nothing, the others fire with the agent's severity (never overwritten)."""
+    kinds = {
+        "RankwatchNaNLoss": "nan_loss",
+        "RankwatchRankStalled": "stall",
+        "RankwatchRankCrashed": "oom",
+        "RankwatchNCCLFailure": "nccl_error",
+        "RankwatchGPUFault": "ecc_error",
+        "RankwatchCheckpointProblem": "checkpoint_corrupt",
+        "RankwatchFinding": "throughput_drop",
+    }
+    assert set(kinds) == set(FINDING_ALERTS)
+    series = []
+    tests = []
+    for alert, kind in kinds.items():
+        run = kind.replace("_", "-")
+        fired = []
+        for rank, severity in enumerate(("info", "warning", "critical")):
+            labels = {**_rank(run, rank), "kind": kind, "severity": severity}
+            series.append(_series("rankwatch_active_findings", "1x30", **labels))
+            if severity != "info":
+                fired.append(labels)
+        # promtool wants every firing alert of the name at that time, across all runs.
+        tests.append(_alert(alert, "5m", *fired))
+    # The info-only GPU fault of the issue: an ECC history note never pages anyone.
+    info_only = [
+        _series("rankwatch_active_findings", "1x30", **{**_rank("quiet", 0), "kind": k, "severity": "info"})
+        for k in ("ecc_error", "xid", "checkpoint_stale", "disk_low", "loss_plateau", "nan_loss")
+    ]
+    _promtool_test(
+        tmp_path,
+        [
+            {"interval": "1m", "input_series": series, "alert_rule_test": tests},
+            {
+                "interval": "1m",
+                "input_series": info_only,
+                "alert_rule_test": _silent("5m", *FINDING_ALERTS),
+            },
+        ],
+    )
+
+
+def test_agent_degraded_fires_while_a_fail_open_agent_watches_nothing(tmp_path: Path) -> None:
+    from rankwatch.runtime.failopen import metrics_text
+
+    # The series the fail-open agent really exports, as Prometheus would store it.
+    line = next(
+        ln
+        for ln in metrics_text("config_error", {"run": "d", "rank": "0"}).splitlines()
+        if ln.startswith("rankwatch_agent_degraded{")
+    )
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+    labels.update(job="rankwatch", instance="n1:9478")
+    series = [_series("rankwatch_agent_degraded", "1x5 stale", **labels)]
+    tests = [
+        _alert("RankwatchAgentDegraded", "2m", {**labels, "severity": "warning"}),
+        _alert("RankwatchAgentDegraded", "15m"),  # the pod was fixed and restarted
     ]
     _promtool_test(tmp_path, [{"interval": "1m", "input_series": series, "alert_rule_test": tests}])

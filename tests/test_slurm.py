@@ -7,6 +7,7 @@ capture every rank's stack into one incident, and leave nothing behind when the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -228,15 +229,35 @@ def _cleanup_job(env: dict[str, str], jid: str | None, marker: str) -> None:
         _kill_ours(marker)
 
 
-def _job_env(slurm: dict[str, str], tmp_path: Path, port: int, sd: Path) -> dict[str, str]:
+def _job_env(slurm: dict[str, str], tmp_path: Path, sd: Path) -> dict[str, str]:
+    """No RANKWATCH_PORT: the scripts' default, a reserved or free port per agent."""
     return dict(
         slurm,
         RANKWATCH_CONFIG=str(_config(tmp_path)),
-        RANKWATCH_PORT=str(port),
         RANKWATCH_BIND="127.0.0.1",
         RANKWATCH_SD_DIR=str(sd),
         RANKWATCH_LOG_DIR=str(tmp_path / "logs"),
     )
+
+
+def _sd_targets(sd: Path, jid: str) -> dict[str, list[str]]:
+    """file name -> its targets, for the job's file_sd files."""
+    out = {}
+    for f in sorted(sd.glob(f"slurm-{jid}-*.json")):
+        doc = json.loads(f.read_text())
+        assert len(doc) == 1 and doc[0]["labels"]["slurm_job_id"] == jid, doc
+        out[f.name] = doc[0]["targets"]
+    return out
+
+
+def _agent_bases(sd: Path, jid: str, names: list[str], diag: Callable[[], str]) -> list[str]:
+    """The agents' URLs, from the addresses they wrote into file_sd (one entry each)."""
+    targets = _wait(
+        lambda: (t := _sd_targets(sd, jid)) and set(t) == set(names) and t, 30, f"file_sd files {names}", diag
+    )
+    for name, tg in targets.items():
+        assert len(tg) == 1, (name, tg)
+    return [f"http://{targets[n][0]}" for n in names]
 
 
 def _tail(out: Path) -> str:
@@ -247,30 +268,32 @@ def test_train_sbatch_run_per_task_stall_dumps_and_scancel(slurm: dict[str, str]
     """Two `rankwatch run` agents under train.sbatch: metrics per rank, a stall with one
     incident for both ranks, then scancel ends ranks and agents in order."""
     marker = str(tmp_path)
-    port = _free_ports(2)
     sd = tmp_path / "sd"
-    env = _job_env(slurm, tmp_path, port, sd)
+    env = _job_env(slurm, tmp_path, sd)
     out = tmp_path / "job.out"
 
     def diag() -> str:
         return _tail(out)
 
     jid = None
+    # The fixed port local rank 0 used to take, held by "another job's agent" on this node
+    # (or already taken by something else: just as good).
+    squatter = socket.socket()
+    with contextlib.suppress(OSError):
+        squatter.bind(("127.0.0.1", 9478))
+        squatter.listen()
     try:
         submitted = time.time()
         jid = _sbatch(env, TRAIN_SBATCH, tmp_path, *_trainer(tmp_path))
-        bases = [f"http://127.0.0.1:{port + i}" for i in range(2)]
+        bases = _agent_bases(sd, jid, [f"slurm-{jid}-0.json", f"slurm-{jid}-1.json"], diag)
+        assert len(set(bases)) == 2 and all(b.startswith("http://127.0.0.1:") for b in bases), bases
+        assert ":9478" not in " ".join(bases)
 
         def both_stepping() -> bool:
             texts = [_get(b + "/metrics") for b in bases]
             return all(t is not None and (_step_value(t, r, jid) or 0) >= 5 for r, t in enumerate(texts))
 
         _wait(both_stepping, 30, "both agents' rankwatch_step for rank 0 and 1 with run=<job id>", diag)
-
-        targets = json.loads((sd / f"slurm-{jid}.json").read_text())
-        host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
-        assert targets[0]["targets"] == [f"{host}:{port}", f"{host}:{port + 1}"], targets
-        assert targets[0]["labels"]["slurm_job_id"] == jid
 
         agents = [p for p in _ours(marker) if "run" in p.info["cmdline"] and "--listen" in p.info["cmdline"]]
         assert len(agents) == 2, [p.cmdline() for p in agents]
@@ -296,8 +319,10 @@ def test_train_sbatch_run_per_task_stall_dumps_and_scancel(slurm: dict[str, str]
         for r in range(2):
             assert re.search(rf"\[run={jid} rank={r}\] INFO process_exit .*forwarded stop signal", text), text
         assert not re.search(r"CRITICAL crash|SIGKILL|Traceback", text), text
-        _wait(lambda: not (sd / f"slurm-{jid}.json").exists(), 10, "the file_sd file to be removed", diag)
+        _wait(lambda: not _sd_targets(sd, jid), 10, "the file_sd files to be removed", diag)
+        assert not list(sd.iterdir()), list(sd.iterdir())
     finally:
+        squatter.close()
         _cleanup_job(env, jid, marker)
 
 
@@ -306,9 +331,8 @@ def test_watch_sbatch_per_node_sidecar_sees_both_ranks(slurm: dict[str, str], tm
     metrics, a stall with both stacks, the peer's NCCL-style timeout, and the job ending by
     itself (kill-on-bad-exit) with the agent stopped by the script."""
     marker = str(tmp_path)
-    port = _free_ports(1)
     sd = tmp_path / "sd"
-    env = _job_env(slurm, tmp_path, port, sd)
+    env = _job_env(slurm, tmp_path, sd)
     out = tmp_path / "job.out"
 
     def diag() -> str:
@@ -317,16 +341,13 @@ def test_watch_sbatch_per_node_sidecar_sees_both_ranks(slurm: dict[str, str], tm
     jid = None
     try:
         jid = _sbatch(env, WATCH_SBATCH, tmp_path, *_trainer(tmp_path, "--collective-timeout", "10"))
-        base = f"http://127.0.0.1:{port}"
+        (base,) = _agent_bases(sd, jid, [f"slurm-{jid}-node0.json"], diag)
 
         def both_ranks() -> bool:
             t = _get(base + "/metrics")
             return t is not None and all((_step_value(t, r, jid) or 0) >= 5 for r in range(2))
 
         _wait(both_ranks, 30, "rankwatch_step for ranks 0 and 1 from the one node agent", diag)
-        targets = json.loads((sd / f"slurm-{jid}.json").read_text())
-        assert len(targets[0]["targets"]) == 1 and targets[0]["targets"][0].endswith(f":{port}"), targets
-
         status = _get_json(base + "/readyz")
         assert status is not None
         incident = _wait(
@@ -349,7 +370,7 @@ def test_watch_sbatch_per_node_sidecar_sees_both_ranks(slurm: dict[str, str], tm
         m = re.search(r"watch\.sbatch: training exited with status (\d+), agents with status (\d+)", text)
         assert m and m.group(1) != "0" and m.group(2) == "0", text
         assert _job_state(env, jid) in ("FAILED", "GONE")
-        assert not (sd / f"slurm-{jid}.json").exists()
+        assert not _sd_targets(sd, jid)
     finally:
         _cleanup_job(env, jid, marker)
 
@@ -367,9 +388,8 @@ def test_watch_sbatch_scancel_ends_ranks_and_the_node_agent(slurm: dict[str, str
     """The per-node form under scancel: training step and `srun --overlap` agent both end
     promptly, nothing of the job is left running, and the agent reports no crash."""
     marker = str(tmp_path)
-    port = _free_ports(1)
     sd = tmp_path / "sd"
-    env = _job_env(slurm, tmp_path, port, sd)
+    env = _job_env(slurm, tmp_path, sd)
     out = tmp_path / "job.out"
 
     def diag() -> str:
@@ -378,7 +398,7 @@ def test_watch_sbatch_scancel_ends_ranks_and_the_node_agent(slurm: dict[str, str
     jid = None
     try:
         jid = _sbatch(env, WATCH_SBATCH, tmp_path, *_trainer(tmp_path))
-        base = f"http://127.0.0.1:{port}"
+        (base,) = _agent_bases(sd, jid, [f"slurm-{jid}-node0.json"], diag)
 
         def both_ranks() -> bool:
             t = _get(base + "/metrics")
@@ -397,3 +417,23 @@ def test_watch_sbatch_scancel_ends_ranks_and_the_node_agent(slurm: dict[str, str
         assert not re.search(r"CRITICAL crash|Traceback", diag()), diag()
     finally:
         _cleanup_job(env, jid, marker)
+
+
+# --- ports ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "listen", "expected"),
+    [
+        ({}, "127.0.0.1:auto", "127.0.0.1:0"),
+        ({"SLURM_STEP_RESV_PORTS": "12000-12003", "SLURM_LOCALID": "2"}, "0.0.0.0:auto", "0.0.0.0:12002"),
+        ({"SLURM_STEP_RESV_PORTS": "12000,12005-12006", "SLURM_LOCALID": "2"}, "[::]:auto", "[::]:12006"),
+        # more local tasks than reserved ports: any free port rather than a neighbour's
+        ({"SLURM_STEP_RESV_PORTS": "12000-12001", "SLURM_LOCALID": "3"}, ":auto", ":0"),
+        ({"SLURM_STEP_RESV_PORTS": "12000-12001"}, "127.0.0.1:9478", "127.0.0.1:9478"),
+    ],
+)
+def test_listen_auto_takes_the_steps_reserved_port(env: dict[str, str], listen: str, expected: str) -> None:
+    from rankwatch.slurm import resolve_listen
+
+    assert resolve_listen(listen, env) == expected

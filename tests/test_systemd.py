@@ -178,3 +178,54 @@ def test_systemd_analyze_security_exposure(tmp_path: Path) -> None:
     level = re.search(r"Overall exposure level for \S+: ([0-9.]+)", proc.stdout)
     assert level, proc.stdout[-500:] + proc.stderr
     assert proc.returncode == 0 and float(level.group(1)) <= 5.0, level.group(0)
+
+
+def test_node_daemon_names_each_rank_after_its_own_job(tmp_path: Path) -> None:
+    """The daemon's config (the example) has no run name: two ranks of two Slurm jobs on the
+    node are labelled with their own job ids, not one static name."""
+    import os
+    import time
+    import urllib.request
+
+    marker = f"{os.getpid() % 1000:03d}"
+    procs = []
+    for job in ("4101", "4102"):
+        out = open(tmp_path / f"job-{job}.out", "ab")  # noqa: SIM115 - held by the child
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "rankwatch.demo.trainer", "--format", "kv", "--step-time", "0.05",
+                 "--rank", "0", "--world-size", "1", "--steps", f"100{marker}"],
+                stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "SLURM_JOB_ID": job, "SLURM_PROCID": "0"},
+            )
+        )  # fmt: skip
+        out.close()
+    err = tmp_path / "agent.err"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANKWATCH_"))}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "rankwatch", "-v", "watch", "--config", str(CONFIG_EXAMPLE),
+         "--match", rf"rankwatch\.demo\.trainer .*--steps 100{marker}$", "--listen", "127.0.0.1:0",
+         "--dumps-dir", str(tmp_path / "dumps"), "--set", f"alerts.spool_dir={tmp_path / 'spool'}",
+         "--set", "gpu.enabled=false"],
+        stdout=subprocess.DEVNULL, stderr=err.open("w"), env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        runs: set[str] = set()
+        port = None
+        while time.monotonic() < deadline:
+            assert agent.poll() is None, err.read_text()
+            if port is None:
+                m = re.search(r"serving metrics and API on [^\s]+:(\d+)", err.read_text())
+                port = m and int(m.group(1))
+            else:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+                runs = set(re.findall(r'^rankwatch_step\{[^}]*run="([^"]+)"', text, re.M))
+                if {"4101", "4102"} <= runs:
+                    break
+            time.sleep(0.2)
+        assert runs == {"4101", "4102"}, (runs, err.read_text()[-2000:])
+    finally:
+        for p in (*procs, agent):
+            p.kill()
+            p.wait(10)

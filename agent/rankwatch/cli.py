@@ -99,7 +99,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     paths = _expand_paths(args.paths)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be 1 or more, got {args.jobs}")
-    result = analyze(paths, cfg, jobs=args.jobs)
+    if sys.stderr.isatty() and not args.quiet and not args.no_progress:
+        from rankwatch.progress import DELAY, Progress
+
+        delay = float(os.environ.get("RANKWATCH_PROGRESS_DELAY", DELAY))
+        with Progress(paths, sys.stderr, delay=delay):
+            result = analyze(paths, cfg, jobs=args.jobs)
+    else:
+        result = analyze(paths, cfg, jobs=args.jobs)
     if not result.recognised_any:
         # A wrong path or an unknown format must not read as a healthy run.
         names = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
@@ -113,7 +120,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         )
         sys.stdout.write("\n")
     else:
-        colour = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ
+        colour = sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR")
         print(format_human(result, colour=colour))
     return result.exit_code()
 
@@ -121,6 +128,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_config_show(args: argparse.Namespace) -> int:
     from rankwatch.config.render import render_config
 
+    if getattr(args, "json", False):
+        import dataclasses
+
+        from rankwatch.config.render import redacted
+
+        json.dump(dataclasses.asdict(redacted(_load_config(args))), sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
     sys.stdout.write(render_config(_load_config(args)))
     return 0
 
@@ -148,6 +163,13 @@ def _live_config(args: argparse.Namespace):
         from rankwatch.config.loader import with_overrides
 
         cfg = with_overrides(cfg, overrides)
+    from rankwatch.slurm import resolve_listen
+
+    listen = resolve_listen(cfg.server.listen)
+    if listen != cfg.server.listen:
+        from rankwatch.config.loader import with_overrides
+
+        cfg = with_overrides(cfg, {"server.listen": listen})
     return cfg
 
 
@@ -174,11 +196,43 @@ def _live_services(args: argparse.Namespace) -> dict:
     from rankwatch.runtime.reload import ConfigSource, config_path_from
 
     path = config_path_from(getattr(args, "config", None))
-    return {} if path is None else {"config_source": ConfigSource(path, lambda: _live_config(args))}
+    services: dict = {} if path is None else {"config_source": ConfigSource(path, lambda: _live_config(args))}
+    if getattr(args, "sd_file", None):
+        services["on_start"] = lambda s: _write_sd_file(args.sd_file, s)
+    return services
+
+
+def _write_sd_file(path: str, services) -> None:
+    """--sd-file: the address the server really bound, for Prometheus file_sd."""
+    from rankwatch.slurm import sd_labels, target_host, write_sd_file
+
+    server = services.server
+    if server is None:
+        logging.getLogger("rankwatch").warning("--sd-file %s not written: no HTTP server is running", path)
+        return
+    target = f"{target_host(server.host, services.agent.identity.node)}:{server.port}"
+    try:
+        write_sd_file(path, target, sd_labels())
+    except OSError as e:
+        logging.getLogger("rankwatch").warning("--sd-file %s not written: %s", path, e)
+        return
+    logging.getLogger("rankwatch").info("Prometheus target %s written to %s", target, path)
+
+
+def _live(args: argparse.Namespace, main) -> int:
+    """Run a live agent's coroutine; its --sd-file goes away with it."""
+    import asyncio
+
+    try:
+        return asyncio.run(main)
+    finally:
+        if getattr(args, "sd_file", None):
+            from rankwatch.slurm import remove_sd_file
+
+            remove_sd_file(args.sd_file)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import asyncio
 
     from rankwatch.runtime.modes import run_command
 
@@ -189,25 +243,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("run: no command given (rankwatch run [options] -- CMD ARGS...)")
     cfg, identity, sinks = _live_setup(args)
     nice = cfg.process.agent_nice
-    return asyncio.run(run_command(cfg, identity, cmd, sinks=sinks, services=_live_services(args), nice=nice))
+    return _live(args, run_command(cfg, identity, cmd, sinks=sinks, services=_live_services(args), nice=nice))
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    import asyncio
-    import re
 
     from rankwatch.runtime.modes import watch_processes
 
-    if args.match:
-        try:
-            re.compile(args.match)
-        except re.error as e:
-            raise UsageError(f"--match {args.match!r}: bad regex: {e}") from e
-    if not (args.pid or args.match or args.log):
-        raise UsageError("watch: give --pid PID, --match REGEX and/or --log PATH")
+    if args.fail_open:
+        return _watch_failing_open(args)
+    _check_watch_args(args)
     cfg, identity, sinks = _live_setup(args)
     logs = [Path(p) for p in args.log or []]
-    return asyncio.run(
+    return _live(
+        args,
         watch_processes(
             cfg,
             identity,
@@ -217,8 +266,70 @@ def cmd_watch(args: argparse.Namespace) -> int:
             sinks=sinks,
             services=_live_services(args),
             nice=cfg.process.agent_nice,
-        )
+        ),
     )
+
+
+def _check_watch_args(args: argparse.Namespace) -> None:
+    import re
+
+    if args.match:
+        try:
+            re.compile(args.match)
+        except re.error as e:
+            raise UsageError(f"--match {args.match!r}: bad regex: {e}") from e
+    if not (args.pid or args.match or args.log):
+        raise UsageError("watch: give --pid PID, --match REGEX and/or --log PATH")
+
+
+def _watch_failing_open(args: argparse.Namespace) -> int:
+    """``watch --fail-open``: a config, usage or internal error leaves the agent up in a
+    degraded mode (runtime/failopen.py) instead of exiting, so a sidecar never holds back
+    or takes down the trainer it watches."""
+
+    from rankwatch.config.loader import ConfigError
+    from rankwatch.runtime.failopen import listen_from, run_degraded
+    from rankwatch.runtime.modes import watch_processes
+
+    config_path = getattr(args, "config", None) or os.environ.get("RANKWATCH_CONFIG") or None
+    listen = listen_from(config_path, args.listen)
+    try:
+        _check_watch_args(args)
+        cfg, identity, sinks = _live_setup(args)
+    except ConfigError as e:
+        return run_degraded("config_error", f"config error: {e}", listen)
+    except UsageError as e:
+        return run_degraded("usage_error", str(e), listen)
+    try:
+        rc = _live(
+            args,
+            watch_processes(
+                cfg,
+                identity,
+                pids=args.pid or [],
+                match=args.match,
+                logs=[Path(p) for p in args.log or []],
+                sinks=sinks,
+                services=_live_services(args),
+                nice=cfg.process.agent_nice,
+            ),
+        )
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # fail open: any crash leaves the trainer alone
+        logging.getLogger("rankwatch").exception("the agent failed")
+        return run_degraded("internal_error", f"{type(e).__name__}: {e}", listen)
+    if rc == 2:
+        return run_degraded("usage_error", "watch exited with status 2 (see the lines above)", listen)
+    return rc
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from rankwatch.completion import bash_script, zsh_script
+
+    parser = build_parser()
+    sys.stdout.write(bash_script(parser) if args.shell == "bash" else zsh_script(parser))
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -256,10 +367,21 @@ def build_parser() -> argparse.ArgumentParser:
         "of severity warning or above; 1: such findings; 2: bad input.",
     )
     a.add_argument("paths", nargs="+", metavar="PATH", help="log files, or directories of them")
-    a.add_argument("--json", action="store_true", help="print one JSON document (the DESIGN.md contract)")
+    a.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON document: {"ranks": [...], "findings": [...]}, each finding with kind, '
+        "severity, rank, path, step, line and message (README: Analyze finished logs)",
+    )
     a.add_argument("--pretty", action="store_true", help="indent the JSON")
     a.add_argument("--format", help="force a log format instead of auto-detection")
     a.add_argument("--no-color", action="store_true", help="no ANSI colour in the summary")
+    a.add_argument(
+        "--quiet",
+        dest="no_progress",
+        action="store_true",
+        help="no progress line (shown on stderr only when it is a terminal; also off with -q)",
+    )
     a.add_argument(
         "-j",
         "--jobs",
@@ -282,7 +404,15 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument(
         "--listen",
         metavar="HOST:PORT",
-        help="serve /metrics and the API here (config server.listen; default :9478)",
+        help="serve /metrics and the API here (config server.listen; default :9478). PORT 'auto': the "
+        "Slurm step's reserved port (SLURM_STEP_RESV_PORTS, by SLURM_LOCALID) if any, else any free "
+        "port; with --sd-file Prometheus learns the real one",
+    )
+    live.add_argument(
+        "--sd-file",
+        metavar="FILE",
+        help="write a Prometheus file_sd entry with the address the server really bound (node:port, "
+        "Slurm job labels) once it listens; removed when the agent exits",
     )
     live.add_argument("--no-server", action="store_true", help="no HTTP server (config server.enabled)")
 
@@ -294,13 +424,26 @@ def build_parser() -> argparse.ArgumentParser:
         "the agent follows and echoes; SIGTERM/SIGINT/SIGHUP/SIGUSR2 are forwarded; SIGUSR1 captures stack "
         "dumps. The exit status is the child's (128+N for signal N).",
     )
-    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    r.add_argument(
+        "cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the rank's command line, after --"
+    )
     r.set_defaults(func=cmd_run)
 
     w = sub.add_parser(
         "watch",
         parents=[live],
         help="attach to running ranks and logs (sidecar, srun --overlap)",
+        description="Attach to rank processes that are already running (by --pid, or every process "
+        "whose command line matches --match) and follow their logs: the Kubernetes sidecar, a node "
+        "daemon, or `srun --overlap` next to a job step. Nothing in the watched processes changes; "
+        "stopping the agent never affects them.",
+    )
+    w.add_argument(
+        "--fail-open",
+        action="store_true",
+        help="when the agent cannot start (bad config, bad flags, a crash), stay up watching nothing: "
+        "log the error, export rankwatch_agent_degraded 1, answer /readyz with 503; for sidecars, "
+        "which must never block or kill the trainer",
     )
     w.add_argument("--pid", type=int, action="append", help="process to watch (repeatable)")
     w.add_argument(
@@ -323,9 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="show the effective configuration or check a file")
     csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     cs = csub.add_parser("show", parents=[common], help="print the effective config with defaults and docs")
+    cs.add_argument(
+        "--json", action="store_true", help="print the effective config as one JSON object (secrets redacted)"
+    )
     cs.set_defaults(func=cmd_config_show)
     cc = csub.add_parser("check", help="validate a config file (exit 2 with file:line: key on error)")
-    cc.add_argument("file")
+    cc.add_argument("file", help="the YAML config file to validate")
     cc.set_defaults(func=cmd_config_check)
 
     from rankwatch.checkpoints.cli import add_subcommands as add_checkpoints
@@ -333,12 +479,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_dumps(sub)
     add_checkpoints(sub)
+
+    comp = sub.add_parser(
+        "completion",
+        help="print a shell completion script (bash or zsh)",
+        description='Print a completion script for the shell: eval "$(rankwatch completion bash)" in '
+        "~/.bashrc, or save it as /etc/bash_completion.d/rankwatch; zsh: eval "
+        '"$(rankwatch completion zsh)" in ~/.zshrc.',
+    )
+    comp.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete for")
+    comp.set_defaults(func=cmd_completion)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        if e.code == 2 and "watch" in argv and "--fail-open" in argv:
+            # A typo in a sidecar's extra arguments must not crash-loop it in front of the trainer.
+            from rankwatch.runtime.failopen import listen_from, run_degraded
+
+            _setup_logging(0, False)
+            return run_degraded("usage_error", f"bad arguments: {' '.join(argv)}", listen_from(None, None))
+        raise
     _setup_logging(args.verbose, args.quiet)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -9,5 +9,6 @@ RANKWATCH_SD_DIR=${RANKWATCH_SD_DIR:-/shared/prometheus/file_sd/rankwatch}
 case "${SLURM_JOB_ID:-}" in
   '' | *[!0-9]*) exit 0 ;;
 esac
-rm -f "$RANKWATCH_SD_DIR/slurm-$SLURM_JOB_ID.json" "$RANKWATCH_SD_DIR/.slurm-$SLURM_JOB_ID".*
+rm -f "$RANKWATCH_SD_DIR/slurm-$SLURM_JOB_ID.json" "$RANKWATCH_SD_DIR/slurm-$SLURM_JOB_ID-"*.json \
+  "$RANKWATCH_SD_DIR/.slurm-$SLURM_JOB_ID".* "$RANKWATCH_SD_DIR/.slurm-$SLURM_JOB_ID-"*
 exit 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -20,7 +21,8 @@ class ConsoleSink:
         self.identity = identity
         self.stream = stream or sys.stderr
         self.min_severity = min_severity
-        self.colour = self.stream.isatty()
+        # https://no-color.org: any non-empty NO_COLOR turns colour off.
+        self.colour = self.stream.isatty() and not os.environ.get("NO_COLOR")
 
     def send(self, f: Finding) -> None:
         if f.severity < self.min_severity:

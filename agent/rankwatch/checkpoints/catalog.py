@@ -332,7 +332,10 @@ class Catalog:
             if e.status != WRITING:
                 continue
             quiet = now - e.last_change
-            if quiet < settle:
+            # Found finished (the CLI, or the agent's first scan) with its framework's completion
+            # marker: judged by content now. A folder just copied or rsynced has every file new,
+            # and waiting for it to "settle" would call every good save "writing".
+            if quiet < settle and not (e.marker is True and not e.observed):
                 continue
             if e.staging or e.marker is False or (e.removing and quiet < give_up):
                 if quiet >= give_up:

@@ -64,6 +64,9 @@ class Agent:
         self.findings: list[Finding] = []
         self.sink_errors: dict[str, int] = {}
         self.internal_errors_by_component: dict[str, int] = {}
+        # pid -> why a matched process could not be attached (e.g. its environment is unreadable);
+        # /readyz is not ready while any is left.
+        self.attach_problems: dict[int, str] = {}
         self.alert_stats: dict[str, dict[str, int]] | None = None
         self.alert_peer_stats: dict[str, int] | None = None  # cross-agent grouping, by role
         self.http_rejected: dict[int, int] | None = None  # malformed requests, by status (server)

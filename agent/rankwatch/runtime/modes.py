@@ -26,7 +26,7 @@ import psutil
 from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
-from rankwatch.identity import Identity
+from rankwatch.identity import Identity, identity_from_env
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
@@ -270,12 +270,45 @@ LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", 
 
 
 def _process_env(pid: int) -> dict[str, str]:
-    try:
-        import psutil
+    return _read_process_env(pid)[0]
 
-        return psutil.Process(pid).environ()
+
+def _read_process_env(pid: int) -> tuple[dict[str, str], str | None]:
+    """The process's environment, and why it could not be read when the reason matters: a
+    sidecar or daemon running as another user than the ranks (the chart's UID 10001 next to a
+    root trainer) sees the processes but not their RANK, so it cannot tell them apart."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).environ(), None
+    except psutil.AccessDenied:
+        try:
+            owner = psutil.Process(pid).uids().effective
+        except Exception:
+            owner = None
+        whose = f"owned by UID {owner}" if owner is not None else "of another user"
+        return {}, (
+            f"cannot read the environment of pid {pid} ({whose}; this agent runs as UID {os.geteuid()}), "
+            "so its RANK is unknown and no rank was attached to it: run the agent as the ranks' user "
+            "(Kubernetes: sidecar.securityContext.runAsUser / the trainer's runAsUser), or give it "
+            "CAP_SYS_PTRACE"
+        )
     except Exception:
-        return {}
+        return {}, None
+
+
+def _note_unreadable(agent: Agent, pid: int, problem: str | None) -> None:
+    """Say it loudly, once per process: an error in the log, rankwatch_internal_errors_total
+    {component="process_env"} and /readyz not ready until the process is attached or gone."""
+    problems = agent.attach_problems
+    if problem is None:
+        problems.pop(pid, None)
+        return
+    if pid not in problems:
+        log.error("%s", problem)
+        errs = agent.internal_errors_by_component
+        errs["process_env"] = errs.get("process_env", 0) + 1
+    problems[pid] = problem
 
 
 def _env_int(env: dict[str, str], names: Sequence[str]) -> int | None:
@@ -356,7 +389,8 @@ async def watch_processes(
             watchers.append(agent.add_watcher([p], ident, from_end=True, replay=True))
 
     def add_process(pid: int) -> None:
-        env = _process_env(pid)
+        env, problem = _read_process_env(pid)
+        _note_unreadable(agent, pid, problem)
         rank = _env_int(env, RANK_VARS)
         if rank is None and pid in pids and len(pids) > 1:
             rank = pids.index(pid)  # several --pid without RANK: their order on the command line
@@ -366,6 +400,11 @@ async def watch_processes(
             rank=rank if rank is not None else identity.rank,
             local_rank=local if local is not None else identity.local_rank,
         )
+        if cfg.run.name is None:
+            # A node daemon watches many jobs: each rank's run is its own job id, not the agent's.
+            own = identity_from_env(cfg.run, env)
+            if own.run != "default":
+                ident = dataclasses.replace(ident, run=own.run)
         out = _stdout_file(pid)
         w = agent.add_watcher([out] if out is not None else [], ident, from_end=True, replay=True)
         w.attach(pid)
@@ -375,6 +414,8 @@ async def watch_processes(
         log.info("rank %s: pid %d%s", ident.rank, pid, f", following {out}" if out else ", no log file")
 
     def assign(found: Sequence[int]) -> None:
+        for gone in set(agent.attach_problems) - set(found):
+            agent.attach_problems.pop(gone, None)
         if per_process:
             found = _leaves(found)
             attached = {w.prober.pid for w in watchers if w.prober is not None and not w.exited}
@@ -397,7 +438,9 @@ async def watch_processes(
             return
         by_rank = {w.rank: w for w in free}
         for pid in found:
-            w = by_rank.pop(_process_rank(pid), None)
+            env, problem = _read_process_env(pid)
+            _note_unreadable(agent, pid, problem)
+            w = by_rank.pop(_env_int(env, RANK_VARS), None)
             if w is not None:
                 w.attach(pid)
 

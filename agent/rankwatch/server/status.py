@@ -49,6 +49,9 @@ def finding_doc(f: Finding) -> dict[str, Any]:
 
 def ready(agent: Any) -> tuple[bool, list[str]]:
     watchers = list(agent.watchers)
+    problems = list(getattr(agent, "attach_problems", {}).values())
+    if problems:
+        return False, problems
     if not watchers:
         return False, ["no rank is being watched yet"]
     results = [sources_status(w) for w in watchers]

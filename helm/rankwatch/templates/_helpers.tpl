@@ -48,8 +48,85 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- .Values.agent.runName | default (include "rankwatch.fullname" .) }}
 {{- end }}
 
+{{- define "rankwatch.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- .Values.serviceAccount.name | default (include "rankwatch.fullname" .) }}
+{{- else }}
+{{- .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
 {{- define "rankwatch.slackSecretName" -}}
 {{- .Values.slack.existingSecret | default (printf "%s-slack" (include "rankwatch.fullname" .)) }}
+{{- end }}
+
+{{/* The Secret with the API and /metrics tokens; empty when there is none. */}}
+{{- define "rankwatch.serverSecretName" -}}
+{{- if .Values.server.existingSecret }}
+{{- .Values.server.existingSecret }}
+{{- else if or .Values.server.token .Values.server.metricsToken }}
+{{- printf "%s-server" (include "rankwatch.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Key of the /api/* token in that Secret; empty: no token. */}}
+{{- define "rankwatch.apiTokenKey" -}}
+{{- if .Values.server.existingSecret }}
+{{- .Values.server.tokenKey }}
+{{- else if .Values.server.token }}
+{{- print "token" }}
+{{- end }}
+{{- end }}
+
+{{/* Key of the /metrics token in that Secret; empty: /metrics is open. */}}
+{{- define "rankwatch.metricsTokenKey" -}}
+{{- if .Values.server.existingSecret }}
+{{- .Values.server.metricsTokenKey }}
+{{- else if .Values.server.metricsToken }}
+{{- print "metrics-token" }}
+{{- end }}
+{{- end }}
+
+{{/* Pod selector of the PodMonitor: podMonitor.selector, else the chart's selector labels. */}}
+{{- define "rankwatch.podMonitorSelector" -}}
+{{- if .Values.podMonitor.selector }}
+{{- toYaml .Values.podMonitor.selector }}
+{{- else }}
+matchLabels:
+  {{- include "rankwatch.selectorLabels" . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Bearer authorization for a PodMonitor/ServiceMonitor endpoint when /metrics has a token. */}}
+{{- define "rankwatch.scrapeAuthorization" -}}
+{{- $key := include "rankwatch.metricsTokenKey" . }}
+{{- if $key }}
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ include "rankwatch.serverSecretName" . }}
+    key: {{ $key }}
+{{- end }}
+{{- end }}
+
+{{/*
+A ${VAR} the agent config reads for a token must reach the sidecar, or the agent cannot start:
+fail the install instead, naming the fix.
+*/}}
+{{- define "rankwatch.checkTokenRefs" -}}
+{{- $server := (.Values.agent.config | default dict).server | default dict }}
+{{- $given := list }}
+{{- if include "rankwatch.apiTokenKey" . }}{{ $given = append $given "RANKWATCH_TOKEN" }}{{ end }}
+{{- if include "rankwatch.metricsTokenKey" . }}{{ $given = append $given "RANKWATCH_METRICS_TOKEN" }}{{ end }}
+{{- range .Values.sidecar.env }}{{ $given = append $given .name }}{{ end }}
+{{- range $key := list "token" "metrics_token" }}
+{{- with index $server $key }}
+{{- $var := regexReplaceAll `^.*\$\{([A-Za-z_][A-Za-z0-9_]*).*$` (toString .) "${1}" }}
+{{- if and (not (contains ":-" (toString .))) (not (has $var $given)) }}
+{{- fail (printf "agent.config.server.%s reads ${%s}, which the sidecar does not get: set server.existingSecret (the chart then passes RANKWATCH_TOKEN / RANKWATCH_METRICS_TOKEN from it), or add %s to sidecar.env" $key $var $var) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* The agent's YAML config: chart-managed keys, then agent.config over them. */}}
@@ -63,7 +140,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.slack.enabled }}
 {{- $_ := set $base.alerts "slack" (dict "token" "${SLACK_BOT_TOKEN}" "channel" .Values.slack.channel) }}
 {{- end }}
-{{- $cfg := mergeOverwrite $base (deepCopy .Values.agent.config) }}
+{{- if include "rankwatch.apiTokenKey" . }}
+{{- $_ := set $base.server "token" "${RANKWATCH_TOKEN}" }}
+{{- end }}
+{{- if include "rankwatch.metricsTokenKey" . }}
+{{- $_ := set $base.server "metrics_token" "${RANKWATCH_METRICS_TOKEN}" }}
+{{- end }}
+{{- $cfg := mergeOverwrite $base (deepCopy (.Values.agent.config | default dict)) }}
 {{- if not .Values.stackDumps.enabled }}
 {{- $_ := set $cfg.dumps "on_stall" false }}
 {{- end }}
@@ -108,6 +191,9 @@ args:
   - watch
   - --config
   - /etc/rankwatch/rankwatch.yaml
+  {{- if .Values.sidecar.failOpen }}
+  - --fail-open
+  {{- end }}
   - --match
   - {{ .Values.sidecar.match | quote }}
   {{- range .Values.sidecar.logs }}
@@ -145,6 +231,21 @@ env:
         name: {{ include "rankwatch.slackSecretName" . }}
         key: {{ .Values.slack.secretKey }}
   {{- end }}
+  {{- $secret := include "rankwatch.serverSecretName" . }}
+  {{- with include "rankwatch.apiTokenKey" . }}
+  - name: RANKWATCH_TOKEN
+    valueFrom:
+      secretKeyRef:
+        name: {{ $secret }}
+        key: {{ . }}
+  {{- end }}
+  {{- with include "rankwatch.metricsTokenKey" . }}
+  - name: RANKWATCH_METRICS_TOKEN
+    valueFrom:
+      secretKeyRef:
+        name: {{ $secret }}
+        key: {{ . }}
+  {{- end }}
   {{- with .Values.sidecar.nvidiaVisibleDevices }}
   - name: NVIDIA_VISIBLE_DEVICES
     value: {{ . | quote }}
@@ -156,12 +257,26 @@ ports:
   - name: rankwatch
     containerPort: {{ .Values.sidecar.port }}
     protocol: TCP
+{{- with .Values.sidecar.startupProbe }}
+{{- if .enabled }}
 startupProbe:
   httpGet:
     path: /healthz
     port: rankwatch
-  periodSeconds: 1
-  failureThreshold: 60
+  periodSeconds: {{ .periodSeconds }}
+  failureThreshold: {{ .failureThreshold }}
+{{- end }}
+{{- end }}
+{{- with .Values.sidecar.readinessProbe }}
+{{- if .enabled }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: rankwatch
+  periodSeconds: {{ .periodSeconds }}
+  failureThreshold: {{ .failureThreshold }}
+{{- end }}
+{{- end }}
 {{- if .Values.sidecar.livenessProbe.enabled }}
 livenessProbe:
   httpGet:
@@ -174,24 +289,22 @@ livenessProbe:
 resources:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- /*
+py-spy in the image carries the file capability cap_sys_ptrace+ep; the kernel grants it to a
+non-root user only when SYS_PTRACE is in the bounding set (added here) and no_new_privs is
+unset (allowPrivilegeEscalation: true).
+*/}}
+{{- $sc := dict }}
+{{- if .Values.stackDumps.enabled }}
+{{- $sc = dict "allowPrivilegeEscalation" true "capabilities" (dict "drop" (list "ALL") "add" (list "SYS_PTRACE")) "runAsNonRoot" true "seccompProfile" (dict "type" "RuntimeDefault") }}
+{{- else }}
+{{- $sc = include "rankwatch.restrictedSecurityContext" . | fromYaml }}
+{{- end }}
+{{- $_ := set $sc "runAsUser" (int .Values.sidecar.runAsUser) }}
+{{- $_ := set $sc "runAsGroup" (int .Values.sidecar.runAsGroup) }}
+{{- $_ := set $sc "readOnlyRootFilesystem" true }}
 securityContext:
-  {{- if .Values.stackDumps.enabled }}
-  # py-spy in the image carries the file capability cap_sys_ptrace+ep; the kernel grants
-  # it to a non-root user only when SYS_PTRACE is in the bounding set (added here) and
-  # no_new_privs is unset (allowPrivilegeEscalation: true).
-  allowPrivilegeEscalation: true
-  capabilities:
-    drop: ["ALL"]
-    add: ["SYS_PTRACE"]
-  runAsNonRoot: true
-  seccompProfile:
-    type: RuntimeDefault
-  {{- else }}
-  {{- include "rankwatch.restrictedSecurityContext" . | nindent 2 }}
-  {{- end }}
-  runAsUser: {{ .Values.sidecar.runAsUser }}
-  runAsGroup: {{ .Values.sidecar.runAsGroup }}
-  readOnlyRootFilesystem: true
+  {{- mergeOverwrite $sc (deepCopy .Values.sidecar.securityContext) | toYaml | nindent 2 }}
 volumeMounts:
   - name: rankwatch-logs
     mountPath: {{ .Values.logs.mountPath }}

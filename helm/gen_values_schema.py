@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Writes the JSON schema of the chart's ``agent.config`` from the agent's own config schema.
+
+One source of truth: ``agent/rankwatch/config/schema.py`` names every key, its type and its
+one-line doc; this turns it into ``properties.agent.properties.config`` of
+``helm/rankwatch/values.schema.json``, so a key the agent would reject (``stall.startup_grase``)
+fails ``helm lint`` and ``helm install`` instead of crash-looping the sidecar. Every other part
+of values.schema.json is written by hand and left as it is.
+
+    python helm/gen_values_schema.py          # rewrite values.schema.json
+    python helm/gen_values_schema.py --check  # exit 1 if it is stale (tests/test_deploy_kubernetes.py)
+
+Any scalar may be a ``${VAR}`` reference (the agent reads the environment); secrets must be one,
+since the chart puts ``agent.config`` in a ConfigMap.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_FILE = ROOT / "helm" / "rankwatch" / "values.schema.json"
+sys.path.insert(0, str(ROOT / "agent"))
+
+from rankwatch.config.loader import SECRET_KEYS, is_section, section_fields, union_args  # noqa: E402
+from rankwatch.config.schema import Config, Duration, Size  # noqa: E402
+from rankwatch.config.units import _DURATION_UNITS, _SIZE_UNITS  # noqa: E402
+
+# A ${VAR} or ${VAR:-default} reference somewhere in a string (the loader substitutes it).
+ENV_REF = r"\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}"
+_ENV = {"type": "string", "pattern": ENV_REF}
+_NUMBER = r"([0-9][0-9_]*(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?"
+
+
+def _units(units: typing.Iterable[str]) -> str:
+    return "|".join(sorted((u for u in units if u), key=lambda u: (-len(u), u)))
+
+
+DURATION_PATTERN = rf"(?i)^\s*([+]?{_NUMBER}|(\s*{_NUMBER}\s*({_units(_DURATION_UNITS)})\s*)+)\s*$"
+SIZE_PATTERN = rf"(?i)^\s*{_NUMBER}\s*({_units(_SIZE_UNITS)})?\s*$"
+
+
+def _or_env(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, _ENV]}
+
+
+def _type(hint: Any, path: str) -> dict[str, Any]:
+    if path in SECRET_KEYS:
+        return {
+            "anyOf": [
+                {
+                    "type": "string",
+                    "pattern": ENV_REF,
+                    "description": f"a secret: write ${{{SECRET_KEYS[path]}}} and give the variable "
+                    "from a Secret (agent.config is a ConfigMap)",
+                },
+                {"type": "null"},
+            ]
+        }
+    if hint is Duration:
+        return {
+            "anyOf": [
+                {"type": "number", "minimum": 0},
+                {"type": "string", "pattern": DURATION_PATTERN},
+                _ENV,
+            ]
+        }
+    if hint is Size:
+        return {
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": SIZE_PATTERN},
+                _ENV,
+            ]
+        }
+    args = union_args(hint)
+    if args is not None:
+        arms = [_type(a, path) for a in args if a is not type(None)]
+        if type(None) in args:
+            arms.append({"type": "null"})
+        return arms[0] if len(arms) == 1 else {"anyOf": arms}
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return _or_env({"enum": list(typing.get_args(hint))})
+    if is_section(hint):
+        return _section(hint, path)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return {"type": ["array", "null"], "items": _type(item, f"{path}[]")}
+    if origin is dict:
+        _, value = typing.get_args(hint)
+        return {"type": ["object", "null"], "additionalProperties": _type(value, f"{path}.*")}
+    if hint is str:
+        return {"type": "string"}
+    if hint is bool:
+        return _or_env({"type": "boolean"})
+    if hint is int:
+        return _or_env({"type": "integer"})
+    if hint is float:
+        # YAML 1.1 reads 1e-6 as a string; the agent takes it as the number it means.
+        return {"anyOf": [{"type": "number"}, {"type": "string", "pattern": rf"^[-+]?{_NUMBER}$"}, _ENV]}
+    raise TypeError(f"{path}: no JSON schema for {hint!r}")
+
+
+def _section(cls: type, path: str) -> dict[str, Any]:
+    props: dict[str, Any] = {}
+    for f, hint in section_fields(cls):
+        child = f"{path}.{f.name}" if path else f.name
+        schema = _type(hint, child)
+        doc = f.metadata.get("doc")
+        if doc and "description" not in schema:
+            schema = {"description": doc, **schema}
+        props[f.name] = schema
+    return {"type": ["object", "null"], "additionalProperties": False, "properties": props}
+
+
+def config_schema() -> dict[str, Any]:
+    schema = _section(Config, "")
+    schema["type"] = "object"
+    return {
+        "description": "rankwatch configuration merged over the chart's (rankwatch config show); generated "
+        "from the agent's config schema by helm/gen_values_schema.py",
+        **schema,
+    }
+
+
+def render() -> str:
+    doc = json.loads(SCHEMA_FILE.read_text())
+    doc["properties"]["agent"]["properties"]["config"] = config_schema()
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if SCHEMA_FILE.read_text() != text:
+            print(f"{SCHEMA_FILE} is stale: run python helm/gen_values_schema.py", file=sys.stderr)
+            return 1
+        return 0
+    SCHEMA_FILE.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
