@@ -96,7 +96,7 @@ def test_without_a_token_network_peers_get_metrics_but_not_the_api_or_page(tmp_p
                 async with s.get(remote + path) as r:
                     body = await r.text()
                     assert r.status == 403, (path, r.status)
-                    assert "server.token" in body and "rank" not in body.split("server.token")[0][:0]
+                    assert "server.token" in body and '"ranks"' not in body and "step" not in body
             async with s.get(remote + "/", headers={"Accept": "text/html"}) as r:
                 assert r.status == 403 and "loopback" in await r.text()
             # the same server from loopback: the API answers (kubectl port-forward, SSH tunnel)
@@ -336,7 +336,8 @@ def test_idle_connection_flood_under_prlimit_keeps_metrics_and_healthz(
     err = tmp_path / "agent.err"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = ["prlimit", f"--nofile={nofile}", sys.executable, "-m", "rankwatch", "watch", "-c", str(cfg)]
-    cmd += ["--log", str(log)]
+    findings = tmp_path / "findings.jsonl"
+    cmd += ["--log", str(log), "--findings-jsonl", str(findings)]
     with open(err, "wb") as fh:
         agent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, env=env)
     socks: list[socket.socket] = []
@@ -348,6 +349,8 @@ def test_idle_connection_flood_under_prlimit_keeps_metrics_and_healthz(
             with contextlib.suppress(BlockingIOError):
                 s.connect(("127.0.0.1", port))
             socks.append(s)
+        with open(log, "a") as fh:  # a NaN during the flood is still found and written
+            fh.write("step=2 loss=nan\n")
         t0 = time.monotonic()
         status, _ = _answers(f"http://127.0.0.1:{port}/healthz", 30)
         assert status == 200
@@ -363,6 +366,14 @@ def test_idle_connection_flood_under_prlimit_keeps_metrics_and_healthz(
             assert float(dropped.get("accept_failed", 0)) + float(dropped.get("shed_on_emfile", 0)) > 0, (
                 dropped
             )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "nan_loss" not in (
+            findings.read_text() if findings.exists() else ""
+        ):
+            time.sleep(0.2)
+        assert "nan_loss" in findings.read_text(), (
+            findings.read_text() if findings.exists() else "no findings file"
+        )
         assert agent.poll() is None, "the agent died"
     finally:
         for s in socks:

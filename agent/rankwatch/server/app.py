@@ -188,10 +188,6 @@ def _bearer_ok(request: web.Request, token: str) -> bool:
     return hmac.compare_digest(cred.strip().encode(), token.encode()) and ok_scheme
 
 
-def _authorised(request: web.Request, token: str) -> bool:
-    return _bearer_ok(request, token)
-
-
 def session_value(token: str) -> str:
     """The cookie a browser holds after logging in: derived from the token, never the token
     itself, so a cookie read off a disk does not open other agents that share the token."""
