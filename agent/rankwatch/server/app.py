@@ -583,10 +583,13 @@ class ConnectionGuard:
         if transport is not None:
             transport.close()
 
-    def shed(self, fraction: float = 0.5) -> int:
-        """Close the older ``fraction`` of the idle connections (descriptors ran out)."""
+    def shed(self) -> int:
+        """Descriptors ran out: lower the cap to half the connections open now (never below 4)
+        and close the longest-idle ones down to it, so that the rest of the agent (log files,
+        findings, dumps) gets descriptors again and later connections evict instead of failing."""
+        self.cap = max(4, min(self.cap, len(self._open) // 2))
         idle = [p for p in self._open if p not in self._busy]
-        victims = idle[: max(1, int(len(idle) * fraction))] if idle else []
+        victims = idle[: max(0, len(self._open) - self.cap)] or idle[:1]
         for p in victims:
             self._close(p)
         self.counts["shed_on_emfile"] = self.counts.get("shed_on_emfile", 0) + len(victims)
@@ -670,11 +673,12 @@ class _AcceptErrors:
                 self.logged = True
                 log.error(
                     "HTTP server cannot accept connections: %s (open connections: %d, %d idle ones "
-                    "closed); further failures only counted in rankwatch_http_connections_dropped_total"
-                    '{reason="accept_failed"}',
+                    "closed, at most %d from now on); further failures only counted in "
+                    'rankwatch_http_connections_dropped_total{reason="accept_failed"}',
                     exc.strerror or exc,
                     len(self.guard) + shed,
                     shed,
+                    self.guard.cap,
                 )
             return
         if self.previous is not None:
@@ -736,6 +740,29 @@ def exposure_warning(cfg: ServerConfig, host: str) -> str | None:
     )
 
 
+def connection_cap(configured: int) -> int:
+    """``server.max_connections``, but never more than a quarter of the process's descriptor
+    limit: the HTTP server must leave the rest to logs, findings, dumps and the child."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return configured
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return configured
+    cap = max(4, int(soft) // 4)
+    if configured > cap:
+        log.info(
+            "server.max_connections %d lowered to %d: a quarter of this process's %d file descriptors",
+            configured,
+            cap,
+            soft,
+        )
+        return cap
+    return configured
+
+
 async def start_server(agent: Any, cfg: ServerConfig, *, registry: CollectorRegistry | None = None) -> Server:
     """Listen on ``cfg.listen``; raises ``ValueError`` (bad address) or ``OSError`` (bind)."""
     host, port = parse_listen(cfg.listen)
@@ -754,7 +781,7 @@ async def start_server(agent: Any, cfg: ServerConfig, *, registry: CollectorRegi
         agent.http_connections_dropped = counts  # by reason, for the exporter
     except AttributeError:
         pass
-    guard = ConnectionGuard(int(cfg.max_connections), counts)
+    guard = ConnectionGuard(connection_cap(int(cfg.max_connections)), counts)
     app[GUARD] = guard
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, **handler_kwargs)
     await runner.setup()
@@ -769,7 +796,7 @@ async def start_server(agent: Any, cfg: ServerConfig, *, registry: CollectorRegi
     accept_errors = _AcceptErrors(loop, guard, counts)
     # asyncio accepts up to ``backlog`` connections per loop turn: at half the cap, a burst of
     # idle connections cannot evict a scrape's connection before its request has been read.
-    backlog = max(16, min(128, int(cfg.max_connections) // 2))
+    backlog = max(16, min(128, guard.cap // 2))
     try:
         listener = await loop.create_server(factory, host, port, reuse_address=True, backlog=backlog)
     except BaseException:
