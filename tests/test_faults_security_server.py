@@ -125,6 +125,13 @@ def test_loopback_without_token_refuses_a_dns_name_in_host(tmp_path: Path) -> No
                     assert r.status == want, host
             async with s.get(srv.url + "/metrics", headers={"Host": "evil.example"}) as r:
                 assert r.status == 200  # metrics carry no code or data
+            # HTTP/1.0 without Host (curl -0, old tools) is not a browser: served on loopback
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+            writer.write(b"GET /api/status HTTP/1.0\r\n\r\n")
+            await writer.drain()
+            head = (await asyncio.wait_for(reader.read(), 10)).split(b"\r\n", 1)[0]
+            writer.close()
+            assert head.endswith(b"200 OK"), head
 
     _run(go)
 

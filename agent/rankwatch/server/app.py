@@ -32,10 +32,12 @@ resource" is logged once and counted, and idle connections are shed so that /met
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gzip
 import hashlib
 import hmac
+import html
 import ipaddress
 import json
 import logging
@@ -169,6 +171,8 @@ def _host_is_local(request: web.Request) -> bool:
     """The Host header names a loopback address or is an IP literal: never a DNS name that a
     web page could rebind to 127.0.0.1 to read the API through a local browser."""
     host = request.headers.get("Host", "")
+    if not host:
+        return True  # HTTP/1.0 without Host: not a browser, so not a rebinding page
     if host.startswith("["):
         name = host[1:].partition("]")[0]
     else:
@@ -216,7 +220,7 @@ def _login_page(status: int, note: str) -> web.Response:
     body = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>rankwatch: sign in</title>'
         "<style>body{font:14px system-ui,sans-serif;margin:2em}input{font:inherit;padding:.3em}</style>"
-        f'</head><body><h1>rankwatch</h1><p>{note}</p><form method="post" action="/login">'
+        f'</head><body><h1>rankwatch</h1><p>{html.escape(note)}</p><form method="post" action="/login">'
         '<label>Token <input type="password" name="token" autocomplete="current-password" autofocus>'
         '</label> <button type="submit">Open</button></form>'
         '<p style="color:#777">The token is the agent\'s <code>server.token</code> '
@@ -721,6 +725,9 @@ class Server:
             self.listener.close()
         try:
             await self.runner.cleanup()
+            if self.listener is not None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.listener.wait_closed(), 2.0)
         finally:
             if self.accept_errors is not None:
                 self.accept_errors.uninstall()
