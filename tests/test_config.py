@@ -804,7 +804,7 @@ def test_literal_secrets_warned_and_config_show_redacts(
         ("process:\n  sample_interval: 0s\n", "process.sample_interval", 2),
         ("gpu: {interval: 1ms}\n", "gpu.interval", 1),
         ("checkpoints:\n  dir: /x\n  poll_interval: 0\n", "checkpoints.poll_interval", 3),
-        ("reload: {interval: 10ms}\n", "reload.interval", 1),
+        ("reload: {interval: 1ms}\n", "reload.interval", 1),
         ("dumps: {join_peers: 1ms}\n", "dumps.join_peers", 1),
         ("server: {max_connections: 0}\n", "server.max_connections", 1),
         ("server: {idle_timeout: 0s}\n", "server.idle_timeout", 1),

@@ -491,7 +491,7 @@ class ReloadConfig:
     interval: Duration = opt(
         Duration(5.0),
         "live agent: check the --config file for edits this often (0: never); bad edits keep the last good",
-        min=0.1,
+        min=0.01,
         zero_off=True,
     )
 
