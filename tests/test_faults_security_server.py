@@ -92,6 +92,10 @@ def test_without_a_token_network_peers_get_metrics_but_not_the_api_or_page(tmp_p
             for path in ("/metrics", "/healthz", "/readyz"):
                 async with s.get(remote + path) as r:
                     assert r.status == 200, path
+            async with s.get(remote + "/readyz") as r:
+                assert "rank 0" not in await r.text()  # probes get the status, not what is watched
+            async with s.get(f"http://127.0.0.1:{srv.port}/readyz") as r:
+                assert "rank 0" in await r.text()
             for path in ("/", "/api/status", "/api/findings", "/api/dumps", "/api/dumps/x/0", "/api"):
                 async with s.get(remote + path) as r:
                     body = await r.text()

@@ -265,24 +265,30 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     if not _private(path):
         return await handler(request)
-    token = cfg.token
-    if not token:
-        if not _peer_is_loopback(request):
-            if _wants_html(request):
-                return _login_page(403, _LOOPBACK_ONLY.capitalize() + ".")
-            return _error(403, _LOOPBACK_ONLY)
-        if not _host_is_local(request):
-            return _error(403, "a loopback request must name a local host (127.0.0.1, [::1], localhost)")
+    refusal = _refusal(request)
+    if refusal is None or (path == "/login" and cfg.token):
         return await handler(request)
-    if path == "/login":
-        return await handler(request)
-    if _bearer_ok(request, token) or _cookie_ok(request, token):
-        return await handler(request)
-    if path == "/" and "token" in request.query:
-        if hmac.compare_digest(request.query["token"].encode(), token.encode()):
-            return _signed_in(request, token)
+    if cfg.token and path == "/" and "token" in request.query:
+        if hmac.compare_digest(request.query["token"].encode(), cfg.token.encode()):
+            return _signed_in(request, cfg.token)
         return _login_page(401, "Wrong token.")
-    return _unauthorised(request)
+    return refusal
+
+
+def _refusal(request: web.Request) -> web.Response | None:
+    """Why this request may not read the page or the API, as the answer to give; None: it may."""
+    token = request.app[CFG].token
+    if token:
+        if _bearer_ok(request, token) or _cookie_ok(request, token):
+            return None
+        return _unauthorised(request)
+    if not _peer_is_loopback(request):
+        if _wants_html(request):
+            return _login_page(403, _LOOPBACK_ONLY.capitalize() + ".")
+        return _error(403, _LOOPBACK_ONLY)
+    if not _host_is_local(request):
+        return _error(403, "a loopback request must name a local host (127.0.0.1, [::1], localhost)")
+    return None
 
 
 @web.middleware
@@ -321,6 +327,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     ok, reasons = ready(request.app[AGENT])
+    if _refusal(request) is not None:  # a probe needs the status; paths and pids need the token
+        reasons = ["details with the token, or from loopback"]
     return _json({"ready": ok, "detail": reasons}, 200 if ok else 503)
 
 
