@@ -948,3 +948,40 @@ def test_redacting_log_filter(caplog: pytest.LogCaptureFixture) -> None:
     assert RedactingFilter(["s3cr3tv4lue"]).filter(record)
     msg = record.getMessage()
     assert "pw" not in msg and "zz" not in msg and "s3cr3tv4lue" not in msg and "h/x" in msg
+
+
+def test_cli_config_check_and_show(tmp_path: Path) -> None:
+    """The real CLI: `config check` exits 2 naming the key; `config show` prints no credential."""
+    import os
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RANKWATCH_")}
+        return subprocess.run(
+            [sys.executable, "-m", "rankwatch", *args], capture_output=True, text=True, timeout=60, env=env
+        )
+
+    bad = write(tmp_path, "logs:\n  poll_interval: 0s\n", "bad.yaml")
+    out = cli("config", "check", str(bad))
+    assert out.returncode == 2 and f"{bad}:2: logs.poll_interval: must be at least 10ms" in out.stderr
+    both = write(
+        tmp_path,
+        'alerts:\n  webhook:\n    urls: ["https://u:pw0rd-x@h.example/x"]\n'
+        "    headers: {Authorization: lit3ral-s3cret}\n",
+        "both.yaml",
+    )
+    out = cli("config", "check", str(both))
+    assert out.returncode == 2 and "alerts.webhook.urls[0]" in out.stderr
+    assert "pw0rd-x" not in out.stderr and "lit3ral-s3cret" not in out.stderr
+    assert "alerts.webhook.headers.Authorization holds a literal secret" in out.stderr
+    shown = write(
+        tmp_path,
+        'alerts:\n  webhook:\n    urls: ["https://u:pw0rd-x@h.example/x?sig=s1gn4ture"]\n'
+        "    headers: {X-Api-Key: lit3ral-s3cret}\nserver: {token: t0k3n-literal}\n",
+        "show.yaml",
+    )
+    out = cli("config", "show", "-c", str(shown))
+    assert out.returncode == 0, out.stderr
+    for secret in ("pw0rd-x", "s1gn4ture", "lit3ral-s3cret", "t0k3n-literal"):
+        assert secret not in out.stdout and secret not in out.stderr, secret
