@@ -193,7 +193,7 @@ def test_slack_block_kit_content_and_threaded_resolve(tmp_path: Path) -> None:
             blob = texts(first)
             assert "Usual fix: check the rank that differs" in blob
             assert "/dumps/job42/20250101T000000Z_stall" in blob
-            assert "<https://grafana.example/d/rw?var-run=job42&var-rank=3|Open in Grafana>" in blob
+            assert "<https://grafana.example/d/rw?var-run=job42&amp;var-rank=3|Open in Grafana>" in blob
             assert "stall on rank 3" in first["text"]
             assert second["thread_ts"] == "1.000100"
             assert "RESOLVED" in second["blocks"][0]["text"]["text"]
@@ -782,3 +782,113 @@ def test_alertmanager_payload_labels_and_resolve() -> None:
     assert am_payload(a, now=1.7e9 + 60)[0]["endsAt"] == "2023-11-14T22:14:20.000Z"
     restored = AlertMessage.from_json(json.loads(json.dumps(a.to_json())))
     assert restored.title == a.title and restored.id == a.id and restored.severity is Severity.CRITICAL
+
+
+# --- log text cannot command Slack (issue 16 item 5) ---------------------------------------
+HOSTILE = (
+    "RuntimeError: <!channel> <!here> <@U024BE7LH> <#C024BE7LH> "
+    "<https://evil.example/phish|click to view the dashboard> & co > done in <module>"
+)
+
+
+def _hostile_alert(**kw: Any) -> AlertMessage:
+    member = AlertMember(
+        rank=3,
+        message=HOSTILE,
+        step=7,
+        evidence={"lines": [HOSTILE], "tail": ["<!everyone> tail"], "exit_code": "<!channel>"},
+        dump_path="/dumps/<!channel>",
+        starts_at=1.0,
+    )
+    base: dict[str, Any] = dict(
+        run="<!channel>", kind="crash", severity=Severity.CRITICAL, status="firing", members=[member],
+        node="<@U1>|node",
+    )  # fmt: skip
+    base.update(kw)
+    return AlertMessage(**base)
+
+
+def _unescaped_sequences(text: str) -> list[str]:
+    """Slack control sequences that would act: '<' followed by a mention sigil or a scheme."""
+    import re
+
+    return re.findall(r"<(?:[!@#][^>]*|[a-z]+://[^>|]*\|[^>]*)>", text)
+
+
+def test_slack_text_and_blocks_escape_log_text(tmp_path: Path) -> None:
+    from rankwatch.actions.alerts.slack import build_blocks, fallback_text
+
+    url = "https://grafana.example/d/rw?var-run={run}"
+    alert = _hostile_alert(grafana_url=url.format(run="x>|<!channel>"))
+    text = fallback_text(alert)
+    assert _unescaped_sequences(text) == [], text
+    assert "&lt;!channel&gt;" in text and "&amp; co &gt; done" in text
+    mrkdwn: list[str] = []
+    for block in build_blocks(alert):
+        if block["type"] == "header":
+            assert block["text"]["type"] == "plain_text"  # never parsed for mentions
+            continue
+        if "text" in block:
+            mrkdwn.append(block["text"]["text"])
+        mrkdwn += [f["text"] for f in block.get("fields", [])]
+    joined = "\n".join(mrkdwn)
+    links = _unescaped_sequences(joined)
+    assert links == ["<https://grafana.example/d/rw?var-run=x%3E%7C%3C!channel%3E|Open in Grafana>"], links
+    assert "&lt;https://evil.example/phish|click to view the dashboard&gt;" in joined
+    # a link we do not make is never a javascript: one
+    assert not any("Open in Grafana" in b.get("text", {}).get("text", "") for b in build_blocks(
+        _hostile_alert(grafana_url="javascript:alert(1)")
+    ))  # fmt: skip
+
+
+def test_slack_post_carries_only_escaped_text(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with serve("/api/chat.postMessage", slack=True) as srv:
+            d = AlertDispatcher(config(tmp_path), IDENT, sinks=[slack_sink(srv)])
+            async with running(d):
+                d.send(Finding("crash", Severity.CRITICAL, 3, HOSTILE, step=7, evidence={"lines": [HOSTILE]}))
+                await until(lambda: len(srv.requests) == 1)
+            body = srv.requests[0][1]
+            assert _unescaped_sequences(body["text"]) == []
+            assert _unescaped_sequences(texts(body).replace("\\n", "\n")) == []
+
+    asyncio.run(go())
+
+
+def test_alertmanager_annotations_defuse_mentions_but_keep_labels_exact() -> None:
+    docs = am_payload(_hostile_alert(), now=2.0)
+    desc = docs[0]["annotations"]["description"]
+    assert _unescaped_sequences(desc) == [] and "\u2039!channel>" in desc
+    assert "<module>" in desc  # a traceback's frame name is not a mention
+    assert _unescaped_sequences(docs[0]["annotations"]["summary"]) == []
+    assert docs[0]["labels"]["run"] == "<!channel>"  # routing matches the exact value
+
+
+def test_sink_errors_never_carry_credentials(tmp_path: Path) -> None:
+    async def go() -> None:
+        # aiohttp refuses user:pass@ with an Authorization header: permanent, and redacted
+        hook = WebhookSink(
+            "http://bob:pa55word@127.0.0.1:9/x?token=abc123", headers={"Authorization": "Bearer h00k-secret"}
+        )
+        try:
+            try:
+                await hook.deliver(_hostile_alert())
+            except DeliveryError as e:
+                err = e
+            assert err.permanent, err
+            for secret in ("pa55word", "abc123", "h00k-secret"):
+                assert secret not in str(err) and secret not in hook.where
+        finally:
+            await hook.aclose()
+        am = sinks_from_config(
+            AlertsConfig(alertmanager=AlertmanagerConfig(urls=["http://am:s3cr3tpw@127.0.0.1:9/?sig=zzz999"]))
+        )
+        for sink in am:
+            try:
+                await sink.deliver(_hostile_alert())
+            except DeliveryError as e:
+                assert "s3cr3tpw" not in str(e) and "zzz999" not in str(e), str(e)
+            finally:
+                await sink.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(go())

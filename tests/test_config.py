@@ -594,7 +594,9 @@ def test_parse_override_reads_values_as_yaml() -> None:
 def test_render_defaults_round_trip_and_docs(tmp_path: Path) -> None:
     text = render_config(Config())
     assert load_config(write(tmp_path, text), env={}) == Config()
-    assert "  poll_interval: 250ms  # upper bound between two reads of a followed log\n" in text
+    assert "  poll_interval: 250ms  # upper bound between two reads of a followed log (at least 10ms)\n" in (
+        text
+    )
     assert "  max_line_bytes: 1MiB  # " in text
     assert "# thresholds of every detector\ndetectors:\n" in text
     assert "  # loss spikes\n  loss_spike:\n    enabled: true  # " in text
@@ -790,3 +792,196 @@ def test_literal_secrets_warned_and_config_show_redacts(
     want = f"{f}:2: alerts.slack.token holds a literal secret; write ${{SLACK_BOT_TOKEN}}"
     assert any(want in m for m in warned), warned
     assert not any("server.token" in m for m in warned)  # from the environment: fine
+
+
+# -- intervals that would spin a core, sink settings, credentials (issue 16 items 5, 11) ----
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        ("logs:\n  poll_interval: 0s\n", "logs.poll_interval", 2),
+        ("process:\n  sample_interval: 0s\n", "process.sample_interval", 2),
+        ("gpu: {interval: 1ms}\n", "gpu.interval", 1),
+        ("checkpoints:\n  dir: /x\n  poll_interval: 0\n", "checkpoints.poll_interval", 3),
+        ("reload: {interval: 1ms}\n", "reload.interval", 1),
+        ("dumps: {join_peers: 1ms}\n", "dumps.join_peers", 1),
+        ("server: {max_connections: 0}\n", "server.max_connections", 1),
+        ("server: {idle_timeout: 0s}\n", "server.idle_timeout", 1),
+    ],
+)
+def test_spinning_or_zero_settings_are_rejected_naming_the_key(
+    tmp_path: Path, text: str, key: str, line: int
+) -> None:
+    err = error_of(tmp_path, text)
+    assert err.key == key and err.line == line
+    assert "must be at least" in err.message
+
+
+def test_interval_minimum_names_the_reason_and_zero_means_off_where_documented(tmp_path: Path) -> None:
+    err = error_of(tmp_path, "logs: {poll_interval: 0s}\n")
+    assert "CPU core" in err.message and "10ms" in err.message
+    cfg = load_config(write(tmp_path, "reload: {interval: 0s}\ndumps: {join_peers: 0s}\n"), env={})
+    assert cfg.reload.interval == 0 and cfg.dumps.join_peers == 0
+    with pytest.raises(ConfigError) as info:
+        with_overrides(Config(), {"process.sample_interval": "0s"})
+    assert info.value.key == "process.sample_interval"
+
+
+def test_webhook_userinfo_with_authorization_header_is_rejected(tmp_path: Path) -> None:
+    text = """
+        alerts:
+          webhook:
+            urls:
+              - https://ok.example/hook
+              - https://bob:pw@hooks.example/x
+            headers: {Authorization: "Bearer ${HOOK_TOKEN}"}
+        """
+    err = error_of(tmp_path, text, env={"HOOK_TOKEN": "t"})
+    assert err.key == "alerts.webhook.urls[1]" and err.line == 5
+    assert "Authorization" in err.message and "pw" not in err.message
+    # either one alone is fine
+    ok = "alerts:\n  webhook:\n    urls: [https://bob:pw@hooks.example/x]\n"
+    assert load_config(write(tmp_path, ok), env={}).alerts.webhook.urls
+    ok = 'alerts:\n  webhook:\n    urls: [https://hooks.example/x]\n    headers: {Authorization: "x"}\n'
+    assert load_config(write(tmp_path, ok), env={}).alerts.webhook.headers
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("alerts: {webhook: {urls: [hooks.example/x]}}\n", "alerts.webhook.urls[0]"),
+        ("alerts: {alertmanager: {urls: ['ftp://am:9093']}}\n", "alerts.alertmanager.urls[0]"),
+        ("alerts: {slack: {webhook_url: 'http://[::1'}}\n", "alerts.slack.webhook_url"),
+    ],
+)
+def test_sink_urls_are_validated(tmp_path: Path, text: str, key: str) -> None:
+    assert error_of(tmp_path, text).key == key
+
+
+def test_literal_secret_in_webhook_headers_or_url_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = """
+        alerts:
+          webhook:
+            urls: ["https://hooks.example/x?sig=abc123"]
+            headers: {Authorization: "Bearer s3cr3t-literal", X-Team: ml}
+        """
+    with caplog.at_level("WARNING", logger="rankwatch.config"):
+        load_config(write(tmp_path, text), env={})
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any(
+        "alerts.webhook.headers.Authorization holds a literal secret" in m and ":4:" in m for m in msgs
+    )
+    assert any("alerts.webhook.urls[0] holds a credential" in m for m in msgs)
+    assert not any("X-Team" in m for m in msgs)
+    assert not any("s3cr3t" in m or "abc123" in m for m in msgs)
+    caplog.clear()
+    text = 'alerts:\n  webhook:\n    headers: {Authorization: "Bearer ${HOOK_TOKEN}"}\n'
+    with caplog.at_level("WARNING", logger="rankwatch.config"):
+        load_config(write(tmp_path, text), env={"HOOK_TOKEN": "x"})
+    assert not caplog.records
+
+
+def test_config_show_redacts_every_credential(tmp_path: Path) -> None:
+    secrets = [
+        "t0psecret-abc",
+        "glsa_ABCDEF123456",
+        "XXXXsecretXXXX",
+        "pw123456",
+        "deadbeef",
+        "k123",
+        "abcdefABCDEF0123456789xyz",
+        "hook-secret-42",
+        "xoxb-1-2-3",
+    ]
+    text = """
+        server: {token: "${RANKWATCH_TOKEN:-t0psecret-abc}", metrics_token: m3trics-secret}
+        alerts:
+          grafana_url: "https://grafana.example/d/rw?var-run={run}&auth_token=glsa_ABCDEF123456"
+          slack: {webhook_url: "https://hooks.slack.com/services/T000/B000/XXXXsecretXXXX", token: xoxb-1-2-3}
+          alertmanager: {urls: ["https://admin:pw123456@am.example:9093/?sig=deadbeef"]}
+          webhook:
+            urls: ["https://hooks.example/rw/abcdefABCDEF0123456789xyz?key=k123&team=ml"]
+            names: {"https://hooks.example/rw/abcdefABCDEF0123456789xyz?key=k123&team=ml": hook}
+            headers: {Authorization: "Bearer ${HOOK_TOKEN:-hook-secret-42}"}
+        """
+    shown = render_config(load_config(write(tmp_path, text), env={}))
+    for s in [*secrets, "m3trics-secret"]:
+        assert s not in shown, s
+    assert "https://<redacted>@am.example:9093/?sig=<redacted>" in shown
+    assert "team=ml" in shown and "var-run={run}" in shown and "hooks.example" in shown
+
+
+@pytest.mark.parametrize(
+    ("url", "want"),
+    [
+        ("https://u:p@am:9093/x", "https://<redacted>@am:9093/x"),
+        ("https://h/x?token=a&b=c", "https://h/x?token=<redacted>&b=c"),
+        ("https://hooks.slack.com/services/T1/B2/abc", "https://hooks.slack.com/services/<redacted>"),
+        ("https://discord.com/api/webhooks/1/tok", "https://discord.com/api/webhooks/<redacted>"),
+        ("http://am:9093", "http://am:9093"),
+        ("https://grafana/d/rankwatch-run?var-run={run}", "https://grafana/d/rankwatch-run?var-run={run}"),
+    ],
+)
+def test_redact_url(url: str, want: str) -> None:
+    from rankwatch.config.redact import redact_url
+
+    assert redact_url(url) == want
+
+
+def test_redacting_log_filter(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from rankwatch.config.redact import RedactingFilter
+
+    record = logging.LogRecord(
+        "x",
+        logging.ERROR,
+        __file__,
+        1,
+        "delivery to %s failed: %s",
+        ("https://u:pw@h/x?key=zz", "s3cr3tv4lue"),
+        None,
+    )
+    assert RedactingFilter(["s3cr3tv4lue"]).filter(record)
+    msg = record.getMessage()
+    assert "pw" not in msg and "zz" not in msg and "s3cr3tv4lue" not in msg and "h/x" in msg
+
+
+def test_cli_config_check_and_show(tmp_path: Path) -> None:
+    """The real CLI: `config check` exits 2 naming the key; `config show` prints no credential."""
+    import os
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RANKWATCH_")}
+        return subprocess.run(
+            [sys.executable, "-m", "rankwatch", *args], capture_output=True, text=True, timeout=60, env=env
+        )
+
+    bad = write(tmp_path, "logs:\n  poll_interval: 0s\n", "bad.yaml")
+    out = cli("config", "check", str(bad))
+    assert out.returncode == 2 and f"{bad}:2: logs.poll_interval: must be at least 10ms" in out.stderr
+    both = write(
+        tmp_path,
+        'alerts:\n  webhook:\n    urls: ["https://u:pw0rd-x@h.example/x"]\n'
+        "    headers: {Authorization: lit3ral-s3cret}\n",
+        "both.yaml",
+    )
+    out = cli("config", "check", str(both))
+    assert out.returncode == 2 and "alerts.webhook.urls[0]" in out.stderr
+    assert "pw0rd-x" not in out.stderr and "lit3ral-s3cret" not in out.stderr
+    assert "alerts.webhook.headers.Authorization holds a literal secret" in out.stderr
+    shown = write(
+        tmp_path,
+        'alerts:\n  webhook:\n    urls: ["https://u:pw0rd-x@h.example/x?sig=s1gn4ture"]\n'
+        "    headers: {X-Api-Key: lit3ral-s3cret}\nserver: {token: t0k3n-literal}\n",
+        "show.yaml",
+    )
+    out = cli("config", "show", "-c", str(shown))
+    assert out.returncode == 0, out.stderr
+    for secret in ("pw0rd-x", "s1gn4ture", "lit3ral-s3cret", "t0k3n-literal"):
+        assert secret not in out.stdout and secret not in out.stderr, secret

@@ -435,3 +435,58 @@ def test_browser_shows_the_stalled_rank_and_opens_its_stack(tmp_path: Path) -> N
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=5)
+
+
+@pytest.mark.integration
+def test_browser_opens_the_page_with_the_token_and_not_without(tmp_path: Path) -> None:
+    """Issue 20: with server.token set, a browser opens / with ?token= (a session cookie, then a
+    redirect that drops the token from the address); without it, it gets the login form."""
+    chrome = _chromium()
+    token = "br0wser-t0ken-" + "x" * 20
+    log = tmp_path / "rank-0.log"
+    log.write_text("".join(f"step={i} loss={2.0 - i / 100:.3f}\n" for i in range(1, 40)))
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(
+        "run: {name: tokentest, rank: 0}\nlogs: {format: kv}\ngpu: {enabled: false}\n"
+        f"dumps: {{dir: {tmp_path / 'dumps'}}}\nalerts: {{spool_dir: {tmp_path / 'spool'}}}\n"
+        "server: {listen: '127.0.0.1:0', token: '${RANKWATCH_TOKEN}'}\n"
+    )
+    err_path = tmp_path / "agent.err"
+    env = dict(os.environ, RANKWATCH_TOKEN=token, PYTHONUNBUFFERED="1")
+    with open(err_path, "wb") as err:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "-v", "watch", "--config", str(cfg), "--log", str(log)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+        )
+    try:
+        pattern = re.compile(r"serving metrics and API on [^\s]+:(\d+)")
+        port = _wait(lambda: pattern.search(err_path.read_text(errors="replace")), 20, "the agent's port")
+        base = f"http://127.0.0.1:{port.group(1)}/"
+
+        without = _browse(chrome, tmp_path, base, "--dump-dom")
+        page = _parse(without)
+        assert page.rows == {}, page.rows
+        assert 'action="/login"' in without and "needs its token" in without
+
+        wrong = _browse(chrome, tmp_path, base + "?token=nope", "--dump-dom")
+        assert _parse(wrong).rows == {} and "Wrong token" in wrong
+
+        with_token = _browse(chrome, tmp_path, base + f"?token={token}", "--dump-dom")
+        page = _parse(with_token)
+        assert set(page.rows) == {"0"}, with_token[:2000]
+        assert token not in with_token
+
+        # scripts keep using the header
+        req = urllib.request.Request(base + "api/status", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert r.status == 200
+        assert token not in err_path.read_text(errors="replace")
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait(timeout=5)

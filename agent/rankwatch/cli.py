@@ -178,6 +178,9 @@ def _live_setup(args: argparse.Namespace):
     from rankwatch.identity import identity_from_env
 
     cfg = _live_config(args)
+    from rankwatch.config.redact import config_secrets, install_log_redaction
+
+    install_log_redaction(config_secrets(cfg))  # no token, password or hook URL in the agent's log
     if cfg.server.enabled:
         from rankwatch.server import parse_listen
 

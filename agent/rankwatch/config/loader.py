@@ -35,8 +35,9 @@ from typing import Any, Literal, NoReturn
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from .redact import redact_url, secret_header
 from .schema import Config, Duration, Size
-from .units import DURATION_HINT, SIZE_HINT, parse_duration, parse_size
+from .units import DURATION_HINT, SIZE_HINT, format_duration, format_size, parse_duration, parse_size
 
 log = logging.getLogger("rankwatch.config")
 
@@ -48,6 +49,8 @@ SECRET_KEYS = {
     "server.token": "RANKWATCH_TOKEN",
     "server.metrics_token": "RANKWATCH_METRICS_TOKEN",
 }
+# Keys holding URLs, where a credential may sit in the userinfo, the query or the path.
+URL_KEYS = ("alerts.alertmanager.urls", "alerts.webhook.urls", "alerts.grafana_url", "alerts.slack.base_url")
 
 __all__ = [
     "ConfigError",
@@ -178,17 +181,36 @@ class _Builder:
         if isinstance(node, ScalarNode):
             if not node.tag.startswith(_T):
                 self.fail(f"unsupported YAML tag {node.tag!r}", node, path)
-            if path in SECRET_KEYS and self.env is not None and node.value and "${" not in node.value:
-                where = f"{self.file}:{node.start_mark.line + 1}" if self.file else "config"
-                log.warning(
-                    "%s: %s holds a literal secret; write ${%s} and set it in the environment, so the "
-                    "file can be shared and read without it",
-                    where,
-                    path,
-                    SECRET_KEYS[path],
-                )
+            if self.env is not None and node.value and "${" not in node.value:
+                self._warn_literal_secret(node, path)
             node = self._interpolate(node, path)
         return self._convert(node, hint, path)
+
+    def _warn_literal_secret(self, node: ScalarNode, path: str) -> None:
+        """A credential written into the file makes the file a secret: say so, with its line."""
+        where = f"{self.file}:{node.start_mark.line + 1}" if self.file else "config"
+        if path in SECRET_KEYS:
+            var = SECRET_KEYS[path]
+        elif path.startswith("alerts.webhook.headers.") and secret_header(path.rsplit(".", 1)[1]):
+            var = "HOOK_TOKEN"
+        elif path.split("[", 1)[0] in URL_KEYS and redact_url(node.value) != node.value:
+            log.warning(
+                "%s: %s holds a credential in its URL (%s); take the URL from the environment "
+                "(${...}) so the file can be shared and read without it",
+                where,
+                path,
+                redact_url(node.value),
+            )
+            return
+        else:
+            return
+        log.warning(
+            "%s: %s holds a literal secret; write ${%s} and set it in the environment, so the "
+            "file can be shared and read without it",
+            where,
+            path,
+            var,
+        )
 
     def _convert(self, node: Node, hint: Any, path: str) -> Any:
         """Like ``convert`` for a node already interpolated."""
@@ -369,7 +391,9 @@ class _Builder:
         out: dict[Any, Any] = {}
         for key, key_node, value_node in self.pairs(node, path):
             child = _join(path, key)
-            out[self.convert(key_node, key_hint, child)] = self.convert(value_node, value_hint, child)
+            # a key is a name: interpolated, typed, but never warned about as a secret
+            key_value = self._convert(self._interpolate(key_node, child), key_hint, child)
+            out[key_value] = self.convert(value_node, value_hint, child)
         return out
 
     def pairs(self, node: MappingNode, path: str) -> list[tuple[str, ScalarNode, Node]]:
@@ -406,13 +430,40 @@ class _Builder:
             what = "a section (a mapping of keys)" if path else "a mapping of sections at the top level"
             self.fail(f"expected {what}, got {_describe_node(node)}", node, path)
         fields = {f.name: hint for f, hint in section_fields(cls)}
+        meta = {f.name: f.metadata for f, _ in section_fields(cls)}
         values: dict[str, Any] = {}
+        nodes: dict[str, Node] = {}
         for key, key_node, value_node in self.pairs(node, path):
             child = _join(path, key)
             if key not in fields:
                 self.fail(self._unknown(key, list(fields)), key_node, child)
             values[key] = self.convert(value_node, fields[key], child)
-        return self._instantiate(cls, values, node, path)
+            nodes[key] = value_node
+            self._check_min(values[key], fields[key], meta[key], value_node, child)
+        obj = self._instantiate(cls, values, node, path)
+        problems = getattr(obj, "problems", None)
+        for key, message in problems() if callable(problems) else ():
+            head, _, index = key.partition("[")
+            where = nodes.get(head, node)
+            if isinstance(where, SequenceNode) and index.rstrip("]").isdigit():
+                items = where.value
+                where = items[int(index.rstrip("]"))] if int(index.rstrip("]")) < len(items) else where
+            self.fail(message, where, _join(path, key))
+        return obj
+
+    def _check_min(self, value: Any, hint: Any, meta: Mapping[str, Any], node: Node, path: str) -> None:
+        low = meta.get("min")
+        if low is None or not isinstance(value, (int, float)) or isinstance(value, bool) or value >= low:
+            return
+        if meta.get("zero_off") and value == 0:
+            return
+        hint = strip_optional(hint)
+        show: Callable[[Any], str] = {Duration: format_duration, Size: format_size}.get(hint, str)
+        off = " or 0 (off)" if meta.get("zero_off") else ""
+        why = ""
+        if hint is Duration and ("interval" in path or "join_peers" in path or "reprobe" in path):
+            why = ": a shorter interval keeps a CPU core busy next to the rank"
+        self.fail(f"must be at least {show(low)}{off} (got {show(value)}){why}", node, path)
 
     @staticmethod
     def _unknown(key: str, names: list[str]) -> str:

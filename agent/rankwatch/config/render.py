@@ -4,7 +4,7 @@ The output is meant to be copied into a config file and edited, so it must load 
 to the same values: strings are quoted whenever YAML would read them otherwise, and
 ``${`` is escaped as ``$${`` so that nothing is interpolated on the way back. Secrets are
 the exception: they print as the ``${VAR}`` to take them from (webhook headers as
-``<redacted>``).
+``<redacted>``, credentials inside URLs as ``<redacted>``).
 """
 
 from __future__ import annotations
@@ -150,8 +150,10 @@ REDACTED = "<redacted>"
 def redacted(cfg: Config) -> Config:
     """A copy with credentials replaced: `config show` output gets pasted into tickets, and
     copied into config files: a token becomes the ``${VAR}`` it should come from (so the copy
-    loads back, from the environment), header values ``<redacted>``."""
+    loads back, from the environment), header values ``<redacted>``, and URLs keep their host
+    but lose their userinfo, secret query values and key-like path segments."""
     from rankwatch.config.loader import SECRET_KEYS
+    from rankwatch.config.redact import redact_url
 
     out = copy.deepcopy(cfg)
     for dotted in [*SECRET_KEYS, "alerts.webhook.headers"]:
@@ -164,6 +166,16 @@ def redacted(cfg: Config) -> Config:
             setattr(section, leaf, {k: REDACTED for k in value})
         elif value:
             setattr(section, leaf, EnvRef(f"${{{SECRET_KEYS[dotted]}}}"))
+    alerts = getattr(out, "alerts", None)
+    if alerts is None:
+        return out
+    for sink in (alerts.webhook, alerts.alertmanager):
+        sink.urls = [redact_url(u) for u in sink.urls]
+        sink.names = {redact_url(u): n for u, n in sink.names.items()}
+    if alerts.grafana_url:
+        alerts.grafana_url = redact_url(alerts.grafana_url)
+    if alerts.slack.base_url:
+        alerts.slack.base_url = redact_url(alerts.slack.base_url)
     return out
 
 

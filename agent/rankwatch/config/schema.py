@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal, NewType
+from urllib.parse import urlsplit
 
 Duration = NewType("Duration", float)
 Size = NewType("Size", int)
@@ -30,10 +31,37 @@ LogFormat = Literal[
 ]
 
 
-def opt(default: Any, doc: str) -> Any:
+def opt(default: Any, doc: str, *, min: float | None = None, zero_off: bool = False) -> Any:
+    """A key with its default and help; ``min`` is the smallest value the loader accepts
+    (with ``zero_off``, 0 is also accepted: it means "off"), so an interval that would
+    spin a core next to the rank (``poll_interval: 0s``) is refused with the key named."""
+    meta: dict[str, Any] = {"doc": doc}
+    if min is not None:
+        meta["min"] = min
+        meta["zero_off"] = zero_off
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
-    return field(default=default, metadata={"doc": doc})
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be POSTed to, or None (the URL itself is never quoted: it may hold a key)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as e:
+        return f"not a valid URL ({e})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host"
+    return None
+
+
+def _has_userinfo(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return parts.username is not None or parts.password is not None
 
 
 def section(cls: type, doc: str) -> Any:
@@ -63,7 +91,9 @@ class LogsConfig:
     )
     sniff_lines: int = opt(200, "how many parseable lines auto-detection looks at before deciding")
     max_line_bytes: Size = opt(Size(1 << 20), "longer lines are cut here and counted (bounded memory)")
-    poll_interval: Duration = opt(Duration(0.25), "upper bound between two reads of a followed log")
+    poll_interval: Duration = opt(
+        Duration(0.25), "upper bound between two reads of a followed log (at least 10ms)", min=0.01
+    )
     replay: Size = opt(
         Size(8 << 20),
         "watch mode: how much of an existing log is re-read at start to rebuild the detectors' "
@@ -205,7 +235,9 @@ class StallConfig:
 
 @dataclass
 class ProcessConfig:
-    sample_interval: Duration = opt(Duration(1.0), "how often the process tree is sampled (psutil)")
+    sample_interval: Duration = opt(
+        Duration(1.0), "how often the process tree is sampled (psutil; at least 50ms)", min=0.05
+    )
     tail_lines: int = opt(50, "last lines of output kept to attach to a crash")
     agent_nice: int = opt(
         10,
@@ -222,11 +254,13 @@ class DumpsConfig:
     native: bool = opt(False, "include native (C/C++/CUDA) frames: slower, pauses the target longer")
     locals: bool = opt(False, "include local variables: may reveal data, off by default")
     nonblocking: bool = opt(False, "do not pause the target while sampling (stacks may be torn)")
-    timeout: Duration = opt(Duration(20.0), "give up on one dump after this long")
+    timeout: Duration = opt(Duration(20.0), "give up on one dump after this long", min=0.1)
     join_peers: Duration = opt(
         Duration(5.0),
         "look this often for a stall incident another agent of the run opened, and add this agent's "
         "ranks to it (ranks that log no steps stall minutes later than the one that does); 0: off",
+        min=0.1,
+        zero_off=True,
     )
     flight_recorder: bool = opt(
         True,
@@ -247,10 +281,30 @@ class RunModeConfig:
 @dataclass
 class ServerConfig:
     enabled: bool = opt(True, "serve /metrics, health and the JSON API (run and watch modes)")
-    listen: str = opt("0.0.0.0:9478", "host:port; 9478 avoids node_exporter (9100) and dcgm-exporter (9400)")
-    token: str | None = opt(None, "bearer token required on /api/* (use ${RANKWATCH_TOKEN}, never a literal)")
+    listen: str = opt(
+        "0.0.0.0:9478",
+        "host:port; 9478 avoids node_exporter (9100) and dcgm-exporter (9400). /metrics, /healthz and "
+        "/readyz answer everyone; / and /api/* need the token, or, without one, answer loopback only",
+    )
+    token: str | None = opt(
+        None,
+        "bearer token for / and /api/* (use ${RANKWATCH_TOKEN}, never a literal); unset: they answer "
+        "only on loopback (127.0.0.1, ::1, kubectl port-forward). A browser logs in with /?token=...",
+    )
     metrics_token: str | None = opt(None, "bearer token required on /metrics (default: open)")
-    max_request_bytes: Size = opt(Size(64 << 10), "larger requests are refused with 413")
+    max_request_bytes: Size = opt(Size(64 << 10), "larger requests are refused with 413", min=1024)
+    max_connections: int = opt(
+        128,
+        "open HTTP connections at once; a new one beyond it closes the longest-idle one (or itself "
+        "when all are busy), so idle sockets cannot exhaust the agent's file descriptors",
+        min=4,
+    )
+    idle_timeout: Duration = opt(
+        Duration(15.0),
+        "a connection with no request in progress is closed after this long: idle keep-alive, a "
+        "request whose headers are not complete, or a body that has not arrived",
+        min=0.5,
+    )
 
 
 @dataclass
@@ -259,7 +313,16 @@ class SlackConfig:
     channel: str | None = opt(None, "channel id or name for chat.postMessage")
     webhook_url: str | None = opt(None, "incoming-webhook URL, instead of token + channel")
     base_url: str | None = opt(None, "Slack Web API base URL (tests, proxies); default slack-sdk's")
-    timeout: Duration = opt(Duration(10.0), "per-request timeout")
+    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        for key in ("webhook_url", "base_url"):
+            url = getattr(self, key)
+            why = _url_problem(url) if url else None
+            if why:
+                out.append((key, why))
+        return out
 
 
 @dataclass
@@ -268,7 +331,10 @@ class AlertmanagerConfig:
     names: dict[str, str] = opt(
         {}, "URL -> sink name (sink label, spool routing); default alertmanager (-<URL hash> if several)"
     )
-    timeout: Duration = opt(Duration(10.0), "per-request timeout")
+    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
+
+    def problems(self) -> list[tuple[str, str]]:
+        return [(f"urls[{i}]", why) for i, u in enumerate(self.urls) if (why := _url_problem(u))]
 
 
 @dataclass
@@ -278,7 +344,22 @@ class WebhookConfig:
         {}, "URL -> sink name (sink label, spool routing); default webhook (-<URL hash> if several)"
     )
     headers: dict[str, str] = opt({}, "extra headers, e.g. Authorization: Bearer ${HOOK_TOKEN}")
-    timeout: Duration = opt(Duration(10.0), "per-request timeout")
+    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = [(f"urls[{i}]", why) for i, u in enumerate(self.urls) if (why := _url_problem(u))]
+        if any(k.strip().lower() == "authorization" for k in self.headers):
+            out += [
+                (
+                    f"urls[{i}]",
+                    "holds user:password@ and alerts.webhook.headers sets Authorization: an HTTP "
+                    "request carries one or the other; keep the header (Bearer ${HOOK_TOKEN}) or the "
+                    "URL's credentials, not both",
+                )
+                for i, u in enumerate(self.urls)
+                if _has_userinfo(u)
+            ]
+        return out
 
 
 @dataclass
@@ -288,7 +369,7 @@ class AlertsConfig:
     group_wait: Duration = opt(Duration(5.0), "collect findings of many ranks this long into one message")
     repeat_interval: Duration = opt(Duration(4 * 3600.0), "re-send a still-active alert this often")
     send_resolved: bool = opt(True, "send a resolve message when a finding clears")
-    rate_limit_per_minute: int = opt(20, "per sink; beyond it alerts wait in the queue")
+    rate_limit_per_minute: int = opt(20, "per sink; beyond it alerts wait in the queue", min=1)
     max_retries: int = opt(
         12, "per alert and sink, with exponential backoff and jitter (12: a sink down ~10 min loses nothing)"
     )
@@ -314,9 +395,11 @@ class AlertsConfig:
 @dataclass
 class GpuConfig:
     enabled: bool = opt(True, "sample the watched ranks' GPUs through NVML (off on CPU-only nodes is fine)")
-    interval: Duration = opt(Duration(5.0), "time between two GPU samples")
+    interval: Duration = opt(Duration(5.0), "time between two GPU samples (at least 50ms)", min=0.05)
     call_timeout: Duration = opt(
-        Duration(10.0), "one sample (all NVML calls) gives up after this long; a hung driver skips samples"
+        Duration(10.0),
+        "one sample (all NVML calls) gives up after this long; a hung driver skips samples",
+        min=0.05,
     )
     xid_wait: Duration = opt(Duration(0.1), "how long each sample waits on NVML's Xid event set")
     devices: list[str] = opt(
@@ -356,7 +439,7 @@ class GpuConfig:
     dataloader_min_cpu_percent: float = opt(
         80.0, "dataloader_stall: ... while the rank's processes (loader workers included) use this much CPU"
     )
-    lost_reprobe: Duration = opt(Duration(60.0), "a lost GPU is probed again this often")
+    lost_reprobe: Duration = opt(Duration(60.0), "a lost GPU is probed again this often", min=0.05)
     lost_after: int = opt(
         3,
         "samples in a row in which every reading of a GPU fails with NVML's Unknown Error (999) before it "
@@ -372,7 +455,7 @@ class CheckpointConfig:
         "auto: filesystem events plus a slow safety poll; poll: for NFS/Lustre where events are silent",
     )
     poll_interval: Duration | None = opt(
-        None, "rescan period; default 60s with filesystem events, 10s in poll mode"
+        None, "rescan period (at least 50ms); default 60s with filesystem events, 10s in poll mode", min=0.05
     )
     settle: Duration = opt(
         Duration(10.0), "files unchanged this long (and the framework's marker) = save done"
@@ -397,7 +480,9 @@ class CheckpointConfig:
     disk_margin: float = opt(1.5, "warn when free space < next checkpoint size x this margin")
     min_free: Size = opt(Size(0), "also warn below this many free bytes (0: only the size rule)")
     deep: bool = opt(False, "sha256 every file and catch later silent changes (reads every byte)")
-    rehash_interval: Duration = opt(Duration(6 * 3600.0), "deep mode: re-hash good checkpoints this often")
+    rehash_interval: Duration = opt(
+        Duration(6 * 3600.0), "deep mode: re-hash good checkpoints this often (at least 1m)", min=60.0
+    )
     manifest: str | None = opt(None, "deep mode: JSON manifest of sha256 sums, kept across agent restarts")
 
 
@@ -406,6 +491,8 @@ class ReloadConfig:
     interval: Duration = opt(
         Duration(5.0),
         "live agent: check the --config file for edits this often (0: never); bad edits keep the last good",
+        min=0.01,
+        zero_off=True,
     )
 
 

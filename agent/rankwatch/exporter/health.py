@@ -131,4 +131,15 @@ def collect_agent(
         for code, n in sorted(dict(rejected).items()):
             fam.add_metric([*labels, str(code)], int(n))
         out.append(fam)
+    dropped: Mapping[str, int] | None = getattr(agent, "http_connections_dropped", None)
+    if dropped is not None:
+        fam = CounterMetricFamily(
+            "rankwatch_http_connections_dropped_total",
+            "HTTP connections the server closed to stay within server.max_connections and its file "
+            "descriptors: idle_evicted, all_busy, shed_on_emfile; accept_failed counts failed accept() calls",
+            labels=[*RANK_LABELS, "reason"],
+        )
+        for reason in ("idle_evicted", "all_busy", "shed_on_emfile", "accept_failed"):
+            fam.add_metric([*labels, reason], int(dict(dropped).get(reason, 0)))
+        out.append(fam)
     return out

@@ -6,6 +6,11 @@ is active the dispatcher re-posts it every ``refresh_interval`` (60 s; one small
 the same labels and ``startsAt``, which Alertmanager merges into the existing alert).
 Grouping, routing, silences and inhibition are Alertmanager's job: each rank of a grouped
 message is posted as its own alert.
+
+Annotations carry log text, and Alertmanager's Slack receiver puts them into a message
+unescaped: a log line holding ``<!channel>`` would page a whole channel. Slack's mention
+and link sequences are therefore made inert in annotations (their ``<`` becomes ``‹``),
+and control characters dropped; label values are left exact (routing matches on them).
 """
 
 from __future__ import annotations
@@ -17,7 +22,17 @@ from typing import Any
 
 import aiohttp
 
+from rankwatch.actions.alerts.escape import defuse_mentions
 from rankwatch.actions.alerts.message import AlertMessage, DeliveryError, iso
+from rankwatch.config.redact import redact_text, redact_url
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
+
+
+def annotation(text: str) -> str:
+    """Log-derived text made safe for whatever renders the annotation (Slack, a terminal)."""
+    return defuse_mentions(_CONTROL.sub("", text))
+
 
 REFRESH_INTERVAL_S = 60.0
 
@@ -39,7 +54,10 @@ def payload(alert: AlertMessage, now: float) -> list[dict[str, Any]]:
             "node": m.node or alert.node,
         }
         summary = f"{alert.kind} on rank {m.rank}" if m.rank is not None else alert.kind
-        annotations = {"summary": f"{summary} (run {alert.run})", "description": m.message}
+        annotations = {
+            "summary": annotation(f"{summary} (run {alert.run})"),
+            "description": annotation(m.message),
+        }
         if m.dump_path:
             annotations["dump_path"] = m.dump_path
         if m.step is not None:
@@ -59,6 +77,8 @@ class AlertmanagerSink:
     def __init__(self, url: str, *, timeout: float = 10.0, name: str = "alertmanager") -> None:
         self.name = name
         self.url = url.rstrip("/") + "/api/v2/alerts"
+        self.where = redact_url(self.url)
+        self._secrets = [url]
         self.timeout = float(timeout)
         self._session: aiohttp.ClientSession | None = None
 
@@ -67,7 +87,7 @@ class AlertmanagerSink:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         try:
             async with self._session.post(self.url, json=payload(alert, time.time())) as r:
-                body = (await r.text())[:300]
+                body = redact_text((await r.text())[:300], self._secrets)
                 if r.status < 300:
                     return
                 if r.status == 429 or r.status >= 500:
@@ -76,7 +96,13 @@ class AlertmanagerSink:
                     raise DeliveryError(f"alertmanager: HTTP {r.status} {body}", retry_after=retry_after)
                 raise DeliveryError(f"alertmanager: HTTP {r.status} {body}", permanent=True)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise DeliveryError(f"alertmanager {self.url}: {type(e).__name__}: {e}") from e
+            raise DeliveryError(
+                redact_text(f"alertmanager {self.where}: {type(e).__name__}: {e}", self._secrets)
+            ) from e
+        except ValueError as e:
+            raise DeliveryError(
+                redact_text(f"alertmanager {self.where}: {e}", self._secrets), permanent=True
+            ) from e
 
     async def aclose(self) -> None:
         if self._session is not None:

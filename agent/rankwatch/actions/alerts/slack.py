@@ -2,6 +2,14 @@
 
 slack-sdk's own retry handlers are switched off: the dispatcher owns retries, backoff and
 the spool, and must see every failure to count it.
+
+Messages, evidence, run and node names come from logs and the environment: attacker text.
+Slack reads ``<!channel>``, ``<@U123>`` and ``<https://evil|harmless text>`` as commands
+in mrkdwn, and the notification ``text`` is mrkdwn too, so every such value is escaped
+(``&``, ``<``, ``>`` as ``&amp;``, ``&lt;``, ``&gt;``, Slack's own rule) wherever it is
+put: ``text``, section and field blocks, code blocks. Header blocks are plain_text (never
+parsed). The one link we make (Grafana) gets a URL whose ``|``, ``<``, ``>`` are
+percent-encoded, and only http(s).
 """
 
 from __future__ import annotations
@@ -17,8 +25,11 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
+from rankwatch.actions.alerts.escape import slack_escape as _esc
+from rankwatch.actions.alerts.escape import slack_link as _link
 from rankwatch.actions.alerts.message import AlertMessage, DeliveryError, iso, rank_list
 from rankwatch.actions.alerts.threads import ThreadStore
+from rankwatch.config.redact import redact_text
 from rankwatch.config.schema import SlackConfig
 from rankwatch.offloop import call
 from rankwatch.records import Severity
@@ -39,10 +50,6 @@ THREAD_IO_S = 2.0  # reading or writing a shared thread id; past it the message 
 BLOCK_TEXT_MAX = 3000  # Slack rejects a section whose text is longer (invalid_blocks)
 # Evidence lists in the order a human wants them: the error, then what the log said last.
 EVIDENCE_LISTS = {"traceback": "Traceback (last lines)", "lines": "Error lines", "tail": "Log tail"}
-
-
-def _esc(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _cut(text: str, n: int) -> str:
@@ -133,15 +140,16 @@ def build_blocks(a: AlertMessage) -> list[dict[str, Any]]:
     if a.dump_path:
         text = f"*Stack dumps:* `{_esc(a.dump_path)}`  (`rankwatch dumps show`)"
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
-    if a.grafana_url:
-        link = f"<{a.grafana_url}|Open in Grafana>"
+    link = _link(a.grafana_url, "Open in Grafana") if a.grafana_url else None
+    if link:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": link}})
     return blocks
 
 
 def fallback_text(a: AlertMessage) -> str:
+    """The notification text (push, sidebar, screen readers): mrkdwn, so escaped like blocks."""
     sev = "RESOLVED" if a.status == "resolved" else a.severity.label.upper()
-    return _cut(f"[{sev}] {a.title} (run {a.run}, node {a.node}): {a.message}", 3000)
+    return _cut(_esc(f"[{sev}] {a.title} (run {a.run}, node {a.node}): {a.message}"), 3000)
 
 
 class SlackSink:
@@ -150,6 +158,7 @@ class SlackSink:
     def __init__(self, cfg: SlackConfig) -> None:
         self.timeout = float(cfg.timeout)
         self.channel = cfg.channel
+        self._secrets = [x for x in (cfg.token, cfg.webhook_url) if x]
         self._web: AsyncWebClient | None = None
         self._hook: AsyncWebhookClient | None = None
         if cfg.token and cfg.channel:
@@ -196,7 +205,11 @@ class SlackSink:
             else:
                 await self._webhook(text, blocks)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise DeliveryError(f"slack: {type(e).__name__}: {e}") from e
+            raise DeliveryError(redact_text(f"slack: {type(e).__name__}: {e}", self._secrets)) from e
+        except ValueError as e:  # a URL aiohttp cannot use: retrying repeats it
+            raise DeliveryError(
+                redact_text(f"slack: {type(e).__name__}: {e}", self._secrets), permanent=True
+            ) from e
 
     async def _post(self, alert: AlertMessage, text: str, blocks: list[dict[str, Any]]) -> None:
         assert self._web is not None and self.channel is not None

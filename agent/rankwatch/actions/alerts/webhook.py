@@ -1,4 +1,10 @@
-"""Generic JSON webhook sink: one POST per alert, one sink per URL."""
+"""Generic JSON webhook sink: one POST per alert, one sink per URL.
+
+The payload is JSON, so text from a log (message, evidence) arrives as the exact string
+the log held, quoted by JSON and nothing else: a receiver that puts it into HTML, Slack or
+a shell must escape it for that target. Error messages name the endpoint without its
+credentials (userinfo, query, secret path).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from rankwatch.actions.alerts.message import AlertMessage, DeliveryError, iso
+from rankwatch.config.redact import redact_text, redact_url
 
 
 def payload(alert: AlertMessage) -> dict[str, Any]:
@@ -55,8 +62,9 @@ class WebhookSink:
         self.name = name
         self.url = url
         u = urlsplit(url)
-        self.where = f"{u.scheme}://{u.netloc}"  # the path or query may hold a secret
+        self.where = redact_url(f"{u.scheme}://{u.netloc}")  # userinfo, path or query may hold a secret
         self.headers = dict(headers or {})
+        self._secrets = [url, *(v for v in self.headers.values() if v)]
         self.timeout = float(timeout)
         self._session: aiohttp.ClientSession | None = None
 
@@ -67,7 +75,7 @@ class WebhookSink:
             async with self._session.post(self.url, json=payload(alert), headers=self.headers) as r:
                 if r.status < 300:
                     return
-                body = (await r.text())[:300]
+                body = redact_text((await r.text())[:300], self._secrets)
                 ra = r.headers.get("Retry-After")
                 retry_after = float(ra) if ra and ra.isdigit() else None
                 transient = r.status in (408, 425, 429) or r.status >= 500
@@ -77,7 +85,15 @@ class WebhookSink:
                     permanent=not transient,
                 )
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise DeliveryError(f"webhook {self.where}: {type(e).__name__}: {e}") from e
+            raise DeliveryError(
+                redact_text(f"webhook {self.where}: {type(e).__name__}: {e}", self._secrets)
+            ) from e
+        except ValueError as e:
+            # aiohttp refuses the request itself (user:pass@ in the URL and an Authorization
+            # header, a malformed URL): the same every time, so not retried.
+            raise DeliveryError(
+                redact_text(f"webhook {self.where}: {e}", self._secrets), permanent=True
+            ) from e
 
     async def aclose(self) -> None:
         if self._session is not None:
