@@ -83,6 +83,8 @@ class Agent:
         self._peer_pending: set[str] = set()  # peers' incidents with no rank file yet
         self._run_mtime: int | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.echo: Any = None  # run mode: runtime.echo.Echo (its dropped bytes are a metric)
+        self.loop_monitor: Any = None  # runtime.loopmon.LoopMonitor, set by Services (/healthz)
 
     def add_watcher(
         self,

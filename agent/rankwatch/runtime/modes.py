@@ -19,7 +19,6 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 import psutil
 
@@ -28,6 +27,7 @@ from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
 from rankwatch.identity import Identity
 from rankwatch.runtime.agent import Agent, Sink
+from rankwatch.runtime.echo import Echo
 from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.watcher import RankWatcher
@@ -35,7 +35,6 @@ from rankwatch.sources.process import find_processes
 
 log = logging.getLogger("rankwatch.run")
 
-ECHO_INTERVAL_S = 0.25
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 # How a child ends when asked to stop: killed by the signal, or exiting with 128+N itself.
 STOP_STATUSES = frozenset({-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT})
@@ -86,32 +85,14 @@ def child_env(
     return env, fr
 
 
-async def _echo(path: Path, start: int, out: BinaryIO, stop: asyncio.Event) -> None:
-    """Copy the child's bytes to our stdout unchanged (progress bars included).
-
-    The file stays open and is read every ``ECHO_INTERVAL_S``: this runs next to the rank
-    for its whole life, so its wake-ups are CPU taken from training (bench_overhead.py)."""
-    fh: BinaryIO | None = None
+def _stdout_echo(path: Path, start: int) -> Echo | None:
     try:
-        while True:
-            stopping = stop.is_set()
-            try:
-                if fh is None:
-                    fh = open(path, "rb")  # noqa: SIM115 - kept open across iterations
-                    fh.seek(start)
-                while data := fh.read(1 << 20):
-                    with contextlib.suppress(OSError, ValueError):
-                        out.write(data)
-                        out.flush()
-            except OSError:
-                pass
-            if stopping:
-                return
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), ECHO_INTERVAL_S)
-    finally:
-        if fh is not None:
-            fh.close()
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None  # no real stdout (closed, or replaced by a test)
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stdout.flush()
+    return Echo(path, start, fd)
 
 
 async def _wait_exit(child: subprocess.Popen) -> None:
@@ -227,6 +208,10 @@ async def run_command(
     watcher.attach(child.pid)
     lower_priority(nice)
     agent.install_dump_signal()
+    echo = _stdout_echo(path, start) if cfg.runner.echo else None
+    agent.echo = echo
+    if echo is not None:
+        echo.start()
     extras = Services(agent, cfg, **(services or {}))
     try:
         await extras.start()
@@ -234,8 +219,6 @@ async def run_command(
         _remove_handlers(loop)
         raise
 
-    stop_echo = asyncio.Event()
-    echo = asyncio.create_task(_echo(path, start, sys.stdout.buffer, stop_echo)) if cfg.runner.echo else None
     watch_task = asyncio.create_task(watcher.run())
     try:
         await _wait_exit(child)
@@ -254,10 +237,8 @@ async def run_command(
     sig = -rc if rc < 0 else None
     stopped = bool(stop_requested) and (rc < 0 or rc in STOP_STATUSES or rc == 1)
     watcher.on_exit(rc if rc >= 0 else None, sig, requested=stopped)
-    stop_echo.set()
     if echo is not None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(echo, 5.0)
+        await echo.close()
     await agent.settle()
     await extras.close()
     watcher.close()

@@ -30,6 +30,7 @@ from rankwatch.gpu.backend import GpuBackend, GpuSample
 from rankwatch.offloop import in_daemon
 from rankwatch.records import Finding, StepRecord
 from rankwatch.runtime.agent import Agent
+from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource
 
 log = logging.getLogger("rankwatch.services")
@@ -74,6 +75,44 @@ class _Guarded:
             return []
 
 
+class _LoopCollector:
+    """The agent's own event loop and run mode's echo: is the agent keeping up."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from rankwatch.exporter.view import RANK_LABELS, identity_labels
+
+        labels = list(identity_labels(self.agent))
+        out: list[Any] = []
+        mon = self.agent.loop_monitor
+        if mon is not None:
+            lag = GaugeMetricFamily(
+                "rankwatch_event_loop_lag_seconds",
+                "How late the agent's event loop ran its last periodic tick (detection is that late)",
+                labels=RANK_LABELS,
+            )
+            lag.add_metric(labels, mon.lag)
+            out.append(lag)
+        echo = self.agent.echo
+        if echo is not None:
+            dropped = CounterMetricFamily(
+                "rankwatch_echo_dropped_bytes_total",
+                "Bytes of the rank's output not echoed to the agent's stdout because nobody read it "
+                "(the log file has them)",
+                labels=RANK_LABELS,
+            )
+            dropped.add_metric(labels, echo.dropped_bytes)
+            out.append(dropped)
+        return out
+
+
 class Services:
     def __init__(
         self,
@@ -113,6 +152,8 @@ class Services:
 
     # --- start ---------------------------------------------------------------------------
     async def start(self) -> None:
+        mon = self.agent.loop_monitor = LoopMonitor()
+        self._tasks.append(asyncio.create_task(mon.run(self._stop), name="loop-monitor"))
         self._start_reload()
         self._start_alerts()
         await self._start_gpu()
@@ -417,7 +458,7 @@ class Services:
     def registry(self) -> Any:
         from rankwatch.gpu.collector import GpuCollector
 
-        extra: list[Any] = []
+        extra: list[Any] = [_Guarded("exporter", _LoopCollector(self.agent), self)]
         if self.cfg.gpu.enabled:
             collector = GpuCollector(self.gpu_by_rank, self.agent.identity.labels(), self._local_ranks)
             extra.append(_Guarded("gpu", collector, self))

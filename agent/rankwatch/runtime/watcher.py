@@ -22,9 +22,10 @@ from rankwatch.detectors.liveness import StallDetector
 from rankwatch.engine import RankEngine
 from rankwatch.identity import Identity
 from rankwatch.records import ErrorRecord, Finding, Record, Severity, StepRecord
-from rankwatch.sources.follower import LogFollower, follow
+from rankwatch.sources.follower import NOISE, LogFollower, follow
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.process import ProcessProber, ProcessSample
+from rankwatch.sources.signatures import may_hold_signature
 
 log = logging.getLogger("rankwatch.watcher")
 
@@ -32,14 +33,22 @@ QUIET_RELEASE_S = 1.0  # a stream idle this long hands out tracebacks held back 
 # A traceback in the log of a live process is held this long: if the process dies, its exit is
 # the one crash finding (with that traceback as cause); if it lives on, it was no crash.
 CRASH_HOLD_S = 15.0
+# Lines parsed per loop turn: a backlog (a 2M-line burst, a restart behind a big log) is worked
+# off in slices, so /healthz, /metrics and the other ranks' detection run between them.
+FEED_SLICE = 2048
 
 
 class Stream:
-    __slots__ = ("follower", "last_data", "parser", "path")
+    __slots__ = ("dropped", "follower", "last_data", "parser", "path")
 
     def __init__(self, path: Path, cfg: Config, rank: int | None, from_end: bool) -> None:
         self.path = path
-        self.follower = LogFollower(path, max_line_bytes=cfg.logs.max_line_bytes, from_end=from_end)
+        # NCCL INFO chatter is skipped before parsing, as ``analyze`` does: it is often most of
+        # a burst and never evidence; it is still counted (unparsed) and still a sign of life.
+        self.follower = LogFollower(
+            path, max_line_bytes=cfg.logs.max_line_bytes, from_end=from_end, drop=NOISE
+        )
+        self.dropped = 0
         self.parser = LogParser(
             default_rank=rank, fmt=cfg.logs.format, regex=cfg.logs.regex, sniff_lines=cfg.logs.sniff_lines
         )
@@ -193,6 +202,14 @@ class RankWatcher:
         now_wall = self.wall()
         stream.last_data = self.clock()
         self.stall.on_activity(stream.last_data, "log")
+        dropped = stream.follower.stats.dropped_lines
+        if dropped != stream.dropped:
+            self.lines += dropped - stream.dropped
+            stream.parser.stats.lines += dropped - stream.dropped
+            stream.parser.stats.unparsed += dropped - stream.dropped
+            stream.dropped = dropped
+        if len(batch) > 1:
+            batch = _latest_redraws(batch, stream.parser.stats)
         out: list[Record] = []
         for fl in batch:
             self.lines += 1
@@ -235,8 +252,12 @@ class RankWatcher:
             follow(stream.follower, poll_interval=interval, stop=self._stop)
         ) as it:
             async for batch in it:
-                if batch:
+                if len(batch) <= FEED_SLICE:
                     self.feed_lines(stream, batch)
+                    continue
+                for i in range(0, len(batch), FEED_SLICE):
+                    self.feed_lines(stream, batch[i : i + FEED_SLICE])
+                    await asyncio.sleep(0)
 
     # --- process -----------------------------------------------------------------------
     async def sample_once(self) -> list[Finding]:
@@ -351,6 +372,29 @@ class RankWatcher:
     def close(self) -> None:
         for s in self.streams:
             s.follower.close()
+
+
+def _latest_redraws(batch: list, stats: object) -> list:
+    """A progress bar redraws one line with ``\r`` hundreds of times a second: of the segments
+    of one line read together only the first (it carries a launcher's rank prefix) and the
+    last (what the screen shows) are parsed, and any that may hold an error signature. The
+    rest are counted as unparsed lines."""
+    out = [batch[0]]
+    first = 0  # index in ``out`` of the first segment of the current line
+    for fl in batch[1:]:
+        prev = out[-1]
+        if fl.lineno != prev.lineno:
+            first = len(out)
+            out.append(fl)
+        elif len(out) - 1 > first and not prev.cut and not may_hold_signature(prev.text):
+            out[-1] = fl
+        else:
+            out.append(fl)
+    skipped = len(batch) - len(out)
+    if skipped:
+        stats.lines += skipped  # type: ignore[attr-defined]
+        stats.unparsed += skipped  # type: ignore[attr-defined]
+    return out
 
 
 def _may_be_handled(f: Finding) -> bool:

@@ -39,13 +39,14 @@ class LogFollower:
         max_line_bytes: int = 1 << 20,
         chunk_size: int = 1 << 20,
         from_end: bool = False,
+        drop: str | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         self.path = pathlib.Path(path)
         self.stats = FollowerStats()
         self.chunk_size = chunk_size
-        self._splitter = Splitter(max_line_bytes, self.stats, str(self.path))
+        self._splitter = Splitter(max_line_bytes, self.stats, str(self.path), drop=drop)
         self._fd: int | None = None
         self._identity: tuple[int, int] | None = None
         self._offset = 0
@@ -330,6 +331,7 @@ async def follow(
     follower: LogFollower, *, poll_interval: float = 0.25, stop: asyncio.Event | None = None
 ) -> AsyncIterator[list[FollowedLine]]:
     """Batches as they appear; reads are bounded so other tasks run between large catch-ups.
+    A batch may be empty when the file grew by lines the follower drops (``drop``).
 
     Close it with ``contextlib.aclosing`` (or ``aclose()``) when leaving early so the
     watchdog thread is joined at once rather than at garbage collection.
@@ -342,9 +344,10 @@ async def follow(
         while stop is None or not stop.is_set():
             waker.ensure_started()
             wake.clear()
+            before = follower.stats.bytes_read
             batch = follower.read_available(_FOLLOW_BATCH_BYTES)
-            if batch:
-                yield batch
+            if batch or follower.stats.bytes_read != before:
+                yield batch  # empty: the file grew by dropped noise only (still a sign of life)
             if follower.behind:
                 await asyncio.sleep(0)
                 continue
