@@ -36,8 +36,9 @@ from rankwatch.sources.process import find_processes
 log = logging.getLogger("rankwatch.run")
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # forwarded, they ask the child to end
 # How a child ends when asked to stop: killed by the signal, or exiting with 128+N itself.
-STOP_STATUSES = frozenset({-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT})
+STOP_STATUSES = frozenset({-s for s in STOPS} | {128 + s for s in STOPS})
 
 
 def child_log_path(cfg: Config, identity: Identity) -> Path:
@@ -160,7 +161,7 @@ async def run_command(
     stop_requested: list[signal.Signals] = []
 
     def forward(sig: signal.Signals) -> None:
-        if sig in (signal.SIGTERM, signal.SIGINT):
+        if sig in STOPS:
             stop_requested.append(sig)
         child = started[0]
         if child.poll() is not None:  # srun/scancel signal the whole step: the child may be gone already
@@ -235,8 +236,16 @@ async def run_command(
     with contextlib.suppress(Exception):
         await asyncio.wait_for(watch_task, 5.0)
     sig = -rc if rc < 0 else None
-    stopped = bool(stop_requested) and (rc < 0 or rc in STOP_STATUSES or rc == 1)
-    watcher.on_exit(rc if rc >= 0 else None, sig, requested=stopped)
+    # After a stop we forwarded, any way the child ends (its handler's exit code, the signal,
+    # our SIGKILL after term_grace) is the stop: a clean exit is no finding at all.
+    requested: bool | int = int(stop_requested[0]) if stop_requested and rc != 0 else False
+    disk_full = None
+    if rc != 0:
+        # In run mode the log is the child's stdout: a full disk kills it without a word.
+        with contextlib.suppress(Exception):
+            await extras.sample_disks(2.0)
+        disk_full = agent.log_disk_full(watcher)
+    watcher.on_exit(rc if rc >= 0 else None, sig, requested=requested, disk_full=disk_full)
     if echo is not None:
         await echo.close()
     await agent.settle()
@@ -397,7 +406,7 @@ async def watch_processes(
             for w in watchers:
                 s = w.last_sample
                 if s is not None and not s.alive and not w.exited:
-                    w.on_exit(s.exit_code, None)
+                    w.on_exit(s.exit_code, None, disk_full=agent.log_disk_full(w))
             attached = [w for w in watchers if w.prober is not None]
             if pids and not match and attached and all(w.exited for w in attached):
                 # Nothing can bring a --pid back (no --match to find a restart): done.

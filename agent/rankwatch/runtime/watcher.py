@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal as _signal
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 from rankwatch.config.schema import Config
-from rankwatch.detectors.crash import crash_finding
+from rankwatch.detectors.crash import crash_finding, pick_cause
 from rankwatch.detectors.input_bound import DataloaderStallDetector
 from rankwatch.detectors.liveness import StallDetector
 from rankwatch.engine import RankEngine
@@ -39,7 +40,7 @@ FEED_SLICE = 2048
 
 
 class Stream:
-    __slots__ = ("dropped", "follower", "last_data", "parser", "path")
+    __slots__ = ("dropped", "follower", "last_data", "lines_before", "parser", "path")
 
     def __init__(self, path: Path, cfg: Config, rank: int | None, from_end: bool) -> None:
         self.path = path
@@ -49,6 +50,12 @@ class Stream:
             path, max_line_bytes=cfg.logs.max_line_bytes, from_end=from_end, drop=NOISE
         )
         self.dropped = 0
+        self.lines_before = 0
+        if from_end:
+            try:
+                self.lines_before = self.follower.number_from_start()
+            except OSError as e:
+                log.warning("%s: cannot count its lines (line numbers start where reading did): %s", path, e)
         self.parser = LogParser(
             default_rank=rank, fmt=cfg.logs.format, regex=cfg.logs.regex, sniff_lines=cfg.logs.sniff_lines
         )
@@ -140,7 +147,8 @@ class RankWatcher:
             data = data[data.find(b"\n") + 1 :]  # the first line is cut
         kinds: dict[str, int] = {}
         lines = 0
-        for lineno, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        first = max(1, stream.lines_before + 1 - data.count(b"\n"))  # numbered as in the file
+        for lineno, raw in enumerate(data.decode("utf-8", "replace").splitlines(), first):
             lines += 1
             try:
                 recs = stream.parser.feed(raw[: int(self.cfg.logs.max_line_bytes)], lineno)
@@ -287,29 +295,48 @@ class RankWatcher:
             self.emit(f)
 
     def on_exit(
-        self, exit_code: int | None, signal: int | None, *, requested: bool = False
+        self,
+        exit_code: int | None,
+        signal: int | None,
+        *,
+        requested: bool | int = False,
+        disk_full: str | None = None,
     ) -> Finding | None:
         """The process ended: a crash finding unless it ended cleanly, on our forwarded stop
-        signal, or we cannot tell."""
+        signal, or we cannot tell.
+
+        ``requested``: we forwarded a stop (SIGTERM, SIGINT, SIGHUP; the number when known).
+        However the child then ends (killed by it, or exiting non-zero from its handler, with
+        a KeyboardInterrupt traceback) it did what it was told: no critical crash. Only an
+        error of its own in the log makes it a ``crash``, and then a warning.
+        """
         if self.exited:
             return None
         self.exited = True
         self.drain()
         held, self._held = self._held, []
         state = self.engine.state
-        if requested and not [e for e in state.errors if isinstance(e, ErrorRecord)]:
-            status = f"signal {signal}" if signal else f"exit code {exit_code}"
-            f = Finding(
-                kind="process_exit",
-                severity=Severity.INFO,
-                rank=self.rank,
-                message=f"process stopped on the forwarded stop signal ({status})",
-                step=state.last_step,
-                path=self.path,
-                time=self.wall(),
-            )
-            self.emit(f)
-            return f
+        status = f"signal {signal}" if signal else f"exit code {exit_code}"
+        if requested:
+            cause, _ = pick_cause(state)
+            interrupted = cause is not None and _interrupt(cause.summary)
+            if cause is None or interrupted or cause.severity < Severity.CRITICAL:
+                how = (
+                    f"{_signame(requested)} we forwarded"
+                    if requested is not True
+                    else "forwarded stop signal"
+                )
+                f = Finding(
+                    kind="process_exit",
+                    severity=Severity.INFO,
+                    rank=self.rank,
+                    message=f"process stopped on the {how} ({status})",
+                    step=state.last_step,
+                    path=self.path,
+                    time=self.wall(),
+                )
+                self.emit(f)
+                return f
         if exit_code is None and signal is None:
             errors = [e for e in state.errors if isinstance(e, ErrorRecord)]
             if not errors:
@@ -325,10 +352,19 @@ class RankWatcher:
                 self.emit(f)
                 return f
         f = crash_finding(
-            state, exit_code=exit_code, signal=signal, tail=list(self.tail), rank=self.rank, path=self.path
+            state,
+            exit_code=exit_code,
+            signal=signal,
+            tail=list(self.tail),
+            rank=self.rank,
+            path=self.path,
+            disk_full=disk_full,
         )
         if f is not None:
             f.time = f.time or self.wall()
+            if requested:
+                f.severity = Severity.WARNING
+                f.message = f"after the stop signal we forwarded: {f.message}"
             self.emit(f)
         else:
             for _, h in held:
@@ -395,6 +431,18 @@ def _latest_redraws(batch: list, stats: object) -> list:
         stats.lines += skipped  # type: ignore[attr-defined]
         stats.unparsed += skipped  # type: ignore[attr-defined]
     return out
+
+
+def _signame(sig: int | bool) -> str:
+    try:
+        return _signal.Signals(int(sig)).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _interrupt(summary: str) -> bool:
+    """The traceback a stop signal itself prints (Python's default SIGINT handler, sys.exit)."""
+    return "KeyboardInterrupt" in summary or "SystemExit" in summary
 
 
 def _may_be_handled(f: Finding) -> bool:

@@ -61,6 +61,22 @@ class LogFollower:
         """Bytes of the current file consumed so far (after ``from_end``: where live reading starts)."""
         return self._offset
 
+    def number_from_start(self) -> int:
+        """Number lines from the file's start, not from where reading began (``from_end``), so
+        a finding's line is the one an editor shows. Counts the newlines before the read
+        position (C speed: ~1 GB/s from the page cache). Returns the count."""
+        if self._fd is None:
+            return 0
+        n = pos = 0
+        while pos < self._offset:
+            chunk = os.pread(self._fd, min(1 << 20, self._offset - pos), pos)
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            pos += len(chunk)
+        self._splitter.lineno = n + 1
+        return n
+
     @property
     def behind(self) -> bool:
         """True when the last ``read_available`` stopped at ``max_bytes`` with more to read."""
