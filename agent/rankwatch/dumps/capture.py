@@ -86,6 +86,19 @@ def find_py_spy(name: str = "py-spy") -> str | None:
     return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
 
 
+def py_spy_missing(name: str) -> tuple[str, str]:
+    """(short error, explanation) when ``find_py_spy(name)`` found nothing runnable."""
+    if os.sep in name and os.path.exists(name):
+        return "py-spy not runnable", (
+            f"{name} exists but the agent may not execute it: permission denied (no x bit for the "
+            "agent's user, or a filesystem mounted noexec).\nFix: chmod +x it, or point dumps.py_spy at a "
+            "py-spy the agent may run."
+        )
+    if os.sep in name:
+        return "py-spy not found", f"{name} (dumps.py_spy) does not exist.\n{INSTALL_HINT}"
+    return "py-spy not found", INSTALL_HINT
+
+
 def _process_info(pid: int) -> dict[str, Any]:
     try:
         proc = psutil.Process(pid)
@@ -265,7 +278,8 @@ def capture(
         )
 
     if exe is None:
-        return result(False, [], INSTALL_HINT, "py-spy not found")
+        error, text = py_spy_missing(py_spy)
+        return result(False, [], text, error)
     if not _alive(pid):
         return result(
             False, [], f"pid {pid} does not exist (or is a zombie): nothing to dump.", "process gone"

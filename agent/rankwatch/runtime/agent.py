@@ -24,7 +24,7 @@ import psutil
 
 from rankwatch.config.schema import Config
 from rankwatch.detectors.disk import DiskSample, human, is_full
-from rankwatch.dumps.capture import capture, find_py_spy
+from rankwatch.dumps.capture import capture, find_py_spy, py_spy_missing
 from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scope
 from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason
 from rankwatch.identity import Identity
@@ -201,8 +201,8 @@ class Agent:
     def dump_problem(self) -> str | None:
         """Why a py-spy dump cannot work here, known before trying (or from the last try)."""
         if find_py_spy(self.cfg.dumps.py_spy) is None:
-            exe = self.cfg.dumps.py_spy
-            return f"py-spy not found ({exe!r}). Fix: pip install py-spy in the agent's environment."
+            error, text = py_spy_missing(self.cfg.dumps.py_spy)
+            return f"{error}: {' '.join(text.split())}"
         full = self.dumps_disk_full()
         if full is not None:
             return full
