@@ -216,7 +216,7 @@ class RankWatcher:
             stream.parser.stats.lines += dropped - stream.dropped
             stream.parser.stats.unparsed += dropped - stream.dropped
             stream.dropped = dropped
-        if len(batch) > 1:
+        if len(batch) > 1 and batch[-1].lineno - batch[0].lineno + 1 < len(batch):  # \r segments in it
             batch = _latest_redraws(batch, stream.parser.stats)
         out: list[Record] = []
         for fl in batch:
