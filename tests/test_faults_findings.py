@@ -95,10 +95,10 @@ for s in range(1, 21):
     print(f"step={s} loss={2 + 1 / s:.3f} lr=1e-4")
     time.sleep(0.02)
 line = "data: " + "x" * 1000
-while True:  # ~250 KB/s: the agent sees the disk filling before it is full
+while True:  # ~100 KB/s: the agent sees the disk filling before it is full
     for _ in range(50):
         print(line)
-    time.sleep(0.2)
+    time.sleep(0.5)
 """
 
 
@@ -307,3 +307,38 @@ def test_findings_jsonl_is_strict_json(tmp_path: Path) -> None:
 
     (doc,) = [json.loads(x, parse_constant=strict) for x in (tmp_path / "f.jsonl").read_text().splitlines()]
     assert doc["evidence"] == {"loss": "NaN", "window": [1.0, "Infinity", "-Infinity"]}
+
+
+def test_disk_detector_warns_low_then_full_once_each_and_resolves() -> None:
+    from rankwatch.detectors.disk import DiskDetector, DiskSample
+
+    det = DiskDetector(0)
+    gib = 1 << 30
+    roles = {"/logs": "log", "/dumps": "dumps"}
+
+    def at(t: float, free: int) -> list[Finding]:
+        return det.observe(DiskSample(dict(roles), free, 100 * gib, t), wall=1000.0 + t)
+
+    assert at(0, 60 * gib) == []
+    assert at(5, 20 * gib) == []  # a checkpoint save's burst on a roomy disk: no alarm
+    (low,) = at(100, 4 * gib)  # under min(10%, 5 GiB)
+    assert low.kind == "disk_low" and low.severity is Severity.WARNING and not low.resolved
+    assert "log folder /logs" in low.message and "dumps folder /dumps" in low.message and low.time == 1100.0
+    assert at(101, 4 * gib) == []  # said once
+    (full,) = at(102, 1000)
+    assert full.severity is Severity.CRITICAL and "disk full" in full.message
+    assert at(400, 5 * gib) == []  # not yet above the threshold with its margin
+    (back,) = at(500, 50 * gib)
+    assert back.resolved and back.severity is Severity.CRITICAL
+
+
+def test_disk_detector_warns_a_sustained_fill_before_the_threshold() -> None:
+    from rankwatch.detectors.disk import DiskDetector, DiskSample
+
+    det = DiskDetector(0)
+    mib = 1 << 20
+    out: list[Finding] = []
+    for t in range(0, 34):  # 2 MiB filling at 50 KiB/s: a quarter left at 31 s, the threshold at 37 s
+        out += det.observe(DiskSample({"/logs": "log"}, 2 * mib - t * 50 * 1024, 2 * mib, float(t)))
+    (f,) = out
+    assert "full in about" in f.message and f.evidence["free_bytes"] > 0.1 * 2 * mib

@@ -21,6 +21,8 @@ LOW_BYTES_CAP = 5 << 30  # ... but never asks for more than this free
 FULL_BYTES = 1 << 20  # less than this available: a write of a few lines fails
 ETA_WARN_S = 1800.0  # filling at the recent rate, full within this: warn now
 RATE_WINDOW_S = 60.0
+FILL_SPAN_S = 10.0
+FILL_RATIO = 0.25
 RESOLVE_MARGIN = 1.2
 
 
@@ -80,7 +82,14 @@ class DiskDetector:
         if s.time - t0 > 0 and s.free < f0:
             eta = s.free / ((f0 - s.free) / (s.time - t0))
         full = is_full(s)
-        filling = eta is not None and eta < ETA_WARN_S and s.free < 0.5 * s.total
+        # A sustained fill, not one checkpoint save's burst: a rate over FILL_SPAN_S at least,
+        # on a filesystem already three-quarters used.
+        filling = (
+            eta is not None
+            and eta < ETA_WARN_S
+            and s.time - t0 >= FILL_SPAN_S
+            and s.free < FILL_RATIO * s.total
+        )
         if full or s.free < threshold or filling:
             sev = Severity.CRITICAL if full else Severity.WARNING
             if key in self.active and sev <= self.active[key]:
@@ -88,7 +97,7 @@ class DiskDetector:
             self.active[key] = sev
             pct = 100.0 * s.free / s.total
             why = [f"{human(s.free)} free of {human(s.total)} ({pct:.1f}%)"]
-            if eta is not None and eta < ETA_WARN_S:
+            if filling and eta is not None:
                 rate = human((f0 - s.free) / (s.time - t0))
                 why.append(f"filling at {rate}/s, full in about {eta / 60:.0f} min")
             if "log" in s.roles.values():
