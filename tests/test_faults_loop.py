@@ -3,6 +3,7 @@ log lines, CR-only progress floods. Real ``rankwatch run`` processes; waits are 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlib import free_port, metric, stop_processes, wait_for
+from faultlib import free_port, metric, stop_processes, until, wait_for
 from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.watcher import _latest_redraws
 from rankwatch.sources.lines import FollowedLine
@@ -237,3 +238,44 @@ def test_progress_redraws_collapse_to_first_and_last_segment() -> None:
     out = _latest_redraws(batch, stats)
     assert [fl.text for fl in out] == ["step=1 loss=2", bar[0].text, err.text, bar[99].text, "step=2 loss=2"]
     assert stats.unparsed == stats.lines == len(batch) - len(out)
+
+
+def test_echo_to_a_full_pipe_drops_counts_and_resumes_with_a_note(tmp_path: Path) -> None:
+    from rankwatch.runtime.echo import Echo
+
+    log = tmp_path / "rank-0.log"
+    log.write_bytes(b"")
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    echo = Echo(log, 0, w, max_backlog=256 << 10, poll_s=0.05)
+
+    def read_all() -> bytes:
+        out = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(r, 1 << 16):
+                out += chunk
+        return out
+
+    async def main() -> bytes:
+        echo.start()
+        with open(log, "ab") as fh:
+            fh.write(b"a" * (1 << 20))  # the pipe (64 KiB) fills, the rest is over the backlog bound
+            fh.flush()
+            assert await until(lambda: echo.dropped_bytes > 0)
+            got = read_all()  # the reader comes back
+            fh.write(b"after\n")
+        assert await until(lambda: echo.written_bytes >= len(got) + 6)
+        await asyncio.sleep(0.2)
+        got += read_all()
+        t = time.monotonic()
+        await echo.close(2.0)
+        assert time.monotonic() - t < 3.0
+        return got
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        os.close(r)
+        os.close(w)
+    assert echo.dropped_bytes > 0 and echo.written_bytes + echo.dropped_bytes >= (1 << 20) + 6
+    assert b"not echoed so far: our stdout was not being read" in got and got.endswith(b"after\n")
