@@ -24,6 +24,7 @@ from faultlib import IDENT, free_port, live_watch, stop_processes, until, wait_f
 from rankwatch.actions.console import JsonlSink
 from rankwatch.config.loader import config_from_yaml
 from rankwatch.dumps.capture import capture, find_py_spy
+from rankwatch.dumps.ptrace import tracer_preexec
 from rankwatch.records import Finding, Severity
 
 pytestmark = pytest.mark.faults
@@ -147,7 +148,10 @@ def _stall(tmp: Path, py_spy: str, dumps: Path) -> Finding:
     """A real rank process whose log stops: the stall finding the agent sends."""
     log = tmp / "rank-0.log"
     log.write_bytes(b"")
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    # Names this process (the agent, in-process) its ptracer, as run mode does, for Yama scope 1.
+    rank = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=tracer_preexec(os.getpid())
+    )
     try:
 
         async def main() -> Finding:
