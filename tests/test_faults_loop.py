@@ -279,3 +279,58 @@ def test_echo_to_a_full_pipe_drops_counts_and_resumes_with_a_note(tmp_path: Path
         os.close(w)
     assert echo.dropped_bytes > 0 and echo.written_bytes + echo.dropped_bytes >= (1 << 20) + 6
     assert b"not echoed so far: our stdout was not being read" in got and got.endswith(b"after\n")
+
+
+def _full_pipe() -> tuple[int, int]:
+    """A pipe already full: the next blocking write to it waits for a reader that never comes."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(w, b"x" * 4096)
+    os.set_blocking(w, True)
+    return r, w
+
+
+def test_stdout_and_stderr_nobody_reads_do_not_freeze_the_agent(tmp_path: Path) -> None:
+    """srun's output channel stalled: both of the agent's streams are full pipes from the start.
+    Its log lines and console findings go nowhere, but detection, /healthz and the exit go on."""
+    r1, w1 = _full_pipe()
+    r2, w2 = _full_pipe()
+    port = free_port()
+    cfg = _config(tmp_path, port)
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    cmd = [
+        sys.executable, "-m", "rankwatch", "-v", "run", "--config", str(cfg),
+        "--findings-jsonl", str(tmp_path / "findings.jsonl"), "--",
+        sys.executable, str(child), "1000", "100", str(tmp_path / "done"), str(tmp_path / "child.pid"),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "SLURM_PROCID", "LOCAL_RANK")}
+    p = subprocess.Popen(cmd, stdout=w1, stderr=w2, stdin=subprocess.DEVNULL, env=env)
+    os.close(w1)
+    os.close(w2)
+    try:
+
+        def up() -> bool:
+            assert p.poll() is None
+            with contextlib.suppress(OSError):
+                return _get(f"http://127.0.0.1:{port}/healthz", 2.0) == (200, "ok\n")
+            return False
+
+        assert wait_for(up, 60), "agent did not serve"
+        found = tmp_path / "findings.jsonl"
+        assert wait_for(lambda: any(f["kind"] == "nan_loss" for f in _findings(found)), 60)
+        assert wait_for(lambda: _stderr_dropped(port) > 0, 30)  # -v: it logs, nobody reads
+        assert _get(f"http://127.0.0.1:{port}/healthz", 5.0) == (200, "ok\n")
+        (tmp_path / "done").touch()
+        assert p.wait(60) == 0
+    finally:
+        stop_processes([p])
+        os.close(r1)
+        os.close(r2)
+
+
+def _stderr_dropped(port: int) -> float:
+    text = _get(f"http://127.0.0.1:{port}/metrics")[1]
+    return metric(text, "rankwatch_stderr_dropped_bytes_total") or 0.0

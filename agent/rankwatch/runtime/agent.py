@@ -103,6 +103,7 @@ class Agent:
         self.last_capture: tuple[Path | None, int, list[str]] = (None, 0, [])  # folder, ok ranks, failures
         self._held_stalls: dict[int | None, list[Finding]] = {}  # stalls waiting for their stacks
         self.disk_latest: list[DiskSample] = []  # free space of log/dumps/spool (Services samples it)
+        self.stderr_guard: Any = None  # runtime.stdio.StderrGuard (its dropped bytes are a metric)
         self.echo: Any = None  # run mode: runtime.echo.Echo (its dropped bytes are a metric)
         self.loop_monitor: Any = None  # runtime.loopmon.LoopMonitor, set by Services (/healthz)
 
@@ -179,7 +180,13 @@ class Agent:
                     pass
                 folder, ok, failures = self.last_capture
             else:
-                await self.capture_dumps("stall")
+                stacks = asyncio.Event()
+                capture = asyncio.ensure_future(self.capture_dumps("stall", on_stacks=stacks.set))
+                self._tasks.add(capture)  # runs on (extras) after the finding is out
+                capture.add_done_callback(self._tasks.discard)
+                waiting = asyncio.ensure_future(stacks.wait())
+                await asyncio.wait({capture, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
                 folder, ok, failures = self.last_capture
             text = dumps_outcome(folder, ok, failures)
             problem = None if ok else self.dump_problem()
@@ -323,18 +330,23 @@ class Agent:
         self._peer_pending = pending
         return found
 
-    async def capture_dumps(self, reason: str, incident: str | None = None) -> Path | None:
-        """py-spy every watched process into one incident folder; never raises."""
+    async def capture_dumps(
+        self, reason: str, incident: str | None = None, on_stacks: Callable[[], None] | None = None
+    ) -> Path | None:
+        """py-spy every watched process into one incident folder; never raises. ``on_stacks``
+        is called once the stacks are written, before the slower extras (flight recorder)."""
         if self._dump_lock.locked():
             return self.last_incident
         async with self._dump_lock:
             try:
-                return await self._capture(reason, incident)
+                return await self._capture(reason, incident, on_stacks)
             except Exception:
                 log.exception("dump capture failed")
                 return None
 
-    async def _capture(self, reason: str, incident: str | None = None) -> Path | None:
+    async def _capture(
+        self, reason: str, incident: str | None = None, on_stacks: Callable[[], None] | None = None
+    ) -> Path | None:
         c = self.cfg.dumps
         if incident is None:
             incident = await asyncio.to_thread(self._incident, reason)
@@ -342,6 +354,7 @@ class Agent:
         folder: Path | None = None
         ok = 0
         failures: list[str] = []
+        dumped: list[int] = []
         self.last_capture = (None, 0, failures)
         for w in self.watchers:
             pids = w.pids()
@@ -389,12 +402,7 @@ class Agent:
                         "kernel.yama.ptrace_scope=0, or on Kubernetes shareProcessNamespace plus SYS_PTRACE "
                         f"(details in {txt})."
                     )
-            extras = await asyncio.to_thread(self._extras, rank)
-            for name, data in extras.items():
-                try:
-                    await asyncio.to_thread(self.store.write_extra, self.identity.run, incident, name, data)
-                except OSError as e:
-                    self._store_failed(e)
+            dumped.append(rank)
         self.last_capture = (folder, ok, failures)
         if folder is not None:
             self.last_incident = folder
@@ -405,6 +413,15 @@ class Agent:
                 if callable(note):
                     with contextlib.suppress(Exception):
                         note(f"stack dumps for rank {self.identity.rank}: {folder}")
+        if on_stacks is not None:
+            on_stacks()  # the stall finding goes out now; the extras below can take seconds
+        for rank in dumped:
+            extras = await asyncio.to_thread(self._extras, rank)
+            for name, data in extras.items():
+                try:
+                    await asyncio.to_thread(self.store.write_extra, self.identity.run, incident, name, data)
+                except OSError as e:
+                    self._store_failed(e)
         return folder
 
     def _store_problem(self, e: OSError) -> str:

@@ -30,6 +30,7 @@ from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.echo import Echo
 from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
+from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.sources.process import find_processes
 
@@ -150,11 +151,30 @@ async def run_command(
     services: dict | None = None,
     nice: int = 0,
 ) -> int:
+    guard = StderrGuard()
+    guard.install()  # a stderr nobody reads (srun stalled) must not stall the loop either
+    try:
+        return await _run_command(cfg, identity, cmd, sinks=sinks, services=services, nice=nice, guard=guard)
+    finally:
+        guard.restore()
+
+
+async def _run_command(
+    cfg: Config,
+    identity: Identity,
+    cmd: Sequence[str],
+    *,
+    sinks: Sequence[Sink],
+    services: dict | None = None,
+    nice: int = 0,
+    guard: StderrGuard | None = None,
+) -> int:
     path = child_log_path(cfg, identity)
     path.parent.mkdir(parents=True, exist_ok=True)
     env, fr = child_env(cfg, identity)
     agent = Agent(cfg, identity, sinks=sinks, fr_prefix=fr)
     agent.launched = True
+    agent.stderr_guard = guard
     loop = asyncio.get_running_loop()
     started: list[subprocess.Popen] = []
     kill_handle: list[asyncio.TimerHandle] = []
@@ -318,6 +338,30 @@ async def watch_processes(
     services: dict | None = None,
     nice: int = 0,
 ) -> int:
+    guard = StderrGuard()
+    guard.install()  # a stderr nobody reads must not stall the loop
+    try:
+        return await _watch_processes(
+            cfg, identity, pids=pids, match=match, logs=logs, sinks=sinks, stop=stop, services=services,
+            nice=nice, guard=guard,
+        )  # fmt: skip
+    finally:
+        guard.restore()
+
+
+async def _watch_processes(
+    cfg: Config,
+    identity: Identity,
+    *,
+    pids: Sequence[int],
+    match: str | None,
+    logs: Sequence[Path],
+    sinks: Sequence[Sink],
+    stop: asyncio.Event | None = None,
+    services: dict | None = None,
+    nice: int = 0,
+    guard: StderrGuard | None = None,
+) -> int:
     stop = stop or asyncio.Event()
     missing = [p for p in pids if not psutil.pid_exists(p)]
     if missing:
@@ -332,6 +376,7 @@ async def watch_processes(
         return 2
     lower_priority(nice)
     agent = Agent(cfg, identity, sinks=sinks)
+    agent.stderr_guard = guard
     watchers: list[RankWatcher] = []
     tasks: list[asyncio.Task] = []
     # A node daemon (`watch --match train.py`, or several --pid, no logs): one watcher per rank

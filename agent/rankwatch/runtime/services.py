@@ -140,6 +140,16 @@ class _LoopCollector:
             )
             dropped.add_metric(labels, echo.dropped_bytes)
             out.append(dropped)
+        guard = self.agent.stderr_guard
+        if guard is not None:
+            lost = CounterMetricFamily(
+                "rankwatch_stderr_dropped_bytes_total",
+                "Bytes of the agent's own stderr (its log lines, console findings) dropped because nobody "
+                "read it",
+                labels=RANK_LABELS,
+            )
+            lost.add_metric(labels, guard.dropped_bytes)
+            out.append(lost)
         return out
 
 
