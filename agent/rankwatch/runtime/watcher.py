@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.detectors.crash import crash_finding, pick_cause
 from rankwatch.detectors.input_bound import DataloaderStallDetector
@@ -37,10 +38,11 @@ CRASH_HOLD_S = 15.0
 # Lines parsed per loop turn: a backlog (a 2M-line burst, a restart behind a big log) is worked
 # off in slices, so /healthz, /metrics and the other ranks' detection run between them.
 FEED_SLICE = 2048
+LINE_COUNT_S = 10.0
 
 
 class Stream:
-    __slots__ = ("dropped", "follower", "last_data", "lines_before", "parser", "path")
+    __slots__ = ("dropped", "follower", "last_data", "parser", "path", "uncounted")
 
     def __init__(self, path: Path, cfg: Config, rank: int | None, from_end: bool) -> None:
         self.path = path
@@ -50,12 +52,7 @@ class Stream:
             path, max_line_bytes=cfg.logs.max_line_bytes, from_end=from_end, drop=NOISE
         )
         self.dropped = 0
-        self.lines_before = 0
-        if from_end:
-            try:
-                self.lines_before = self.follower.number_from_start()
-            except OSError as e:
-                log.warning("%s: cannot count its lines (line numbers start where reading did): %s", path, e)
+        self.uncounted = from_end  # lines before the start: counted off the loop in ``run``
         self.parser = LogParser(
             default_rank=rank, fmt=cfg.logs.format, regex=cfg.logs.regex, sniff_lines=cfg.logs.sniff_lines
         )
@@ -147,8 +144,7 @@ class RankWatcher:
             data = data[data.find(b"\n") + 1 :]  # the first line is cut
         kinds: dict[str, int] = {}
         lines = 0
-        first = max(1, stream.lines_before + 1 - data.count(b"\n"))  # numbered as in the file
-        for lineno, raw in enumerate(data.decode("utf-8", "replace").splitlines(), first):
+        for lineno, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
             lines += 1
             try:
                 recs = stream.parser.feed(raw[: int(self.cfg.logs.max_line_bytes)], lineno)
@@ -372,8 +368,28 @@ class RankWatcher:
         return f
 
     # --- lifecycle ---------------------------------------------------------------------
+    async def _number_lines(self) -> None:
+        """A log followed from its end: line numbers count from the file's start, as an editor
+        shows them. Counting a big file takes a while, so it runs on a thread, bounded; past
+        the bound the numbers count from where reading started (and the agent's log says so)."""
+        for s in self.streams:
+            if not s.uncounted:
+                continue
+            s.uncounted = False
+            try:
+                n = await offloop.call(
+                    s.follower.count_lines_before, timeout=LINE_COUNT_S, name="rankwatch-lines"
+                )
+            except (asyncio.TimeoutError, OSError) as e:
+                log.warning(
+                    "%s: lines not counted (%s): line numbers start where reading did", s.path, e or "slow"
+                )
+                continue
+            s.follower.number_from(n + 1)
+
     async def run(self) -> None:
         """Follow every log and sample the process until ``stop()``."""
+        await self._number_lines()
         tasks = [asyncio.create_task(self._follow(s), name=f"follow:{s.path}") for s in self.streams]
         try:
             while not self._stop.is_set():
