@@ -34,6 +34,11 @@ figures are pessimistic), before (876ace6) -> after, one run each:
     half CR-only redraws           431 (435) ms -> 274 (300)    19.6 s -> 5.7 s   34.8 s -> 11.6 s
     application INFO (--plain)     723 (798) ms -> 660 (761)    32.2 s -> 32.8 s  69.4 s -> 57.5 s
 
+At load avg ~2 (same box, later): NCCL INFO to a file 207 ms -> 30 ms p99, NaN 5.7 s -> 0.8 s,
+counted 13.1 s -> 1.1 s; stdout a pipe nobody reads (``--drain 0``; before: the agent froze for
+good) p99 10 ms, NaN 0.7 s; plain 185-242 ms -> 204-345 ms p99, NaN 8.8-12.3 s -> 10.9-12.1 s
+(two runs each: unchanged within the noise).
+
 The plain burst is bound by parsing speed (timestamp stripping in ``sources.decorations``
 dominates a profile): the loop stays responsive but a NaN behind 1M such lines waits its turn.
 """
