@@ -1,6 +1,7 @@
 """A burst of NCCL_DEBUG=INFO-style lines from a ``rankwatch run`` child: never slowed, none lost.
 
     python bench/bench_burst.py [--rate 200000] [--seconds 10] [--pairs 2] [--quick]
+    python bench/bench_burst.py --latency [--lines 2000000] [--cr | --plain] [--echo-to FILE | --drain MB/s]
 
 The child (``benchchild.py burst``) writes ``--rate`` lines/s for ``--seconds`` (NCCL INFO
 lines, a Megatron step line every 1000), paced in 5 ms ticks, to its stdout. Under
@@ -13,18 +14,53 @@ ever fell behind its 5 ms schedule), the agent's ``rankwatch_log_lines_total`` o
 caught up (must equal the lines written: none lost) and the catch-up time after the
 child's last write. Targets: rate ratio >= 0.99 (the child is not slowed), no line lost,
 the agent catches up (the time is reported; the issue sets no bound).
+
+``--latency``: the loop under a backlog. Once the agent serves, the child writes ``--lines``
+lines (2M) as fast as it can, in 1000-line writes (NCCL INFO lines, a Megatron step line
+every 1000), with a NaN step line in the middle; ``--cr`` makes half of them CR-only
+progress-bar redraws, ``--plain`` application INFO lines (which, unlike NCCL INFO chatter,
+are parsed). While the agent works through the backlog, one thread asks
+``/healthz`` every 50 ms and another scrapes ``/metrics`` every 0.5 s (each waits as long as
+the answer takes). Figures: p50/p99/max of both, the NaN-to-finding latency (the NaN write,
+then its line in ``--findings-jsonl``), and when the agent has counted every line. Target
+(the Helm liveness probe: 1 s timeout): /healthz p99 < 1 s; NaN found within 5 s.
+
+Measured 2026-11-25 on the shared 2-core dev box (load avg 8-10 from other work, so absolute
+figures are pessimistic), before (876ace6) -> after, one run each:
+
+    burst (2M lines)               /healthz p99 (max)          NaN-to-finding    all lines counted
+    NCCL INFO, echo to a file      494 (591) ms -> 55 (67) ms   17.0 s -> 2.5 s   37.2 s -> 4.4 s
+    NCCL INFO, stdout 10 MB/s      356 (20044) ms -> 94 (100)   32.8 s -> 3.5 s   49.3 s -> 7.4 s
+    half CR-only redraws           431 (435) ms -> 274 (300)    19.6 s -> 5.7 s   34.8 s -> 11.6 s
+    application INFO (--plain)     723 (798) ms -> 660 (761)    32.2 s -> 32.8 s  69.4 s -> 57.5 s
+
+At load avg ~2 (same box, later): NCCL INFO to a file 207 ms -> 30 ms p99, NaN 5.7 s -> 0.8 s,
+counted 13.1 s -> 1.1 s; stdout a pipe nobody reads (``--drain 0``; before: the agent froze for
+good) p99 10 ms, NaN 0.7 s; plain 185-242 ms -> 204-345 ms p99, NaN 8.8-12.3 s -> 10.9-12.1 s
+(two runs each: unchanged within the noise).
+
+The plain burst is bound by parsing speed (timestamp stripping in ``sources.decorations``
+dominates a profile): the loop stays responsive but a NaN behind 1M such lines waits its turn.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import statistics
+import subprocess
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from benchlib import (
     CHILD,
+    PY,
+    RANKWATCH,
     agent_cmd,
     agent_cpu_seconds,
     agent_env,
@@ -33,12 +69,176 @@ from benchlib import (
     machine,
     mark,
     metric_sum,
+    pct,
     read_json,
     scrape,
     start,
     stop,
     wait_http,
 )
+
+# The latency child: waits for --go, writes the burst as fast as it can, stamps the NaN write.
+BURST_CHILD = r"""
+import json, os, sys, time
+lines, go, stamps, kind = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+cr = kind == "cr"
+def step(n, loss):
+    return (" [2026-01-01 00:00:00] iteration %8d/ 1000000 | consumed samples: %12d | elapsed time per "
+            "iteration (ms): 5.0 | learning rate: 3.000000E-04 | global batch size:    64 | lm loss: %s | "
+            "loss scale: 1.0 | grad norm: 0.900 | number of skipped iterations:   0 |\n") % (n, n * 64, loss)
+nccl = ["gpu-node01:41200:41260 [0] NCCL INFO Channel %02d/0 : 0[0] -> 1[1] via P2P/CUMEM/read\n" % (i % 32)
+        for i in range(999)]
+if kind == "plain":
+    nccl = ["2026-01-01 00:00:00,123 - data - INFO - shard %d: fetched batch %d (%d samples)\n" % (i % 7, i, 64)
+            for i in range(999)]
+bar = ["%3d%%|######    | %d/999 [00:01<00:00, 900.00it/s]\r" % (i // 10, i) for i in range(999)]
+while not os.path.exists(go):
+    time.sleep(0.01)
+t0 = time.monotonic()
+t_nan = None
+blocks = lines // 1000
+for b in range(blocks):
+    nan = b == blocks // 2
+    body = "".join(bar if cr and b % 2 else nccl)
+    os.write(1, (step(b + 1, "nan" if nan else "%E" % (2.6 + 1.0 / (b + 1))) + body).encode())
+    if nan:
+        t_nan = time.monotonic()
+t1 = time.monotonic()
+with open(stamps, "w") as f:
+    json.dump({"lines": blocks * 1000, "t0": t0, "t_nan": t_nan, "t_end": t1, "nan_step": blocks // 2 + 1}, f)
+while True:
+    time.sleep(60)
+"""
+
+
+def _get(url: str, timeout: float) -> None:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        r.read()
+
+
+class Prober(threading.Thread):
+    """Asks ``url`` every ``every`` seconds; each answer's latency, however long it takes."""
+
+    def __init__(self, url: str, every: float) -> None:
+        super().__init__(daemon=True)
+        self.url, self.every = url, every
+        self.latencies: list[float] = []
+        self.failures = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            t = time.monotonic()
+            try:
+                _get(self.url, 120.0)
+                self.latencies.append(time.monotonic() - t)
+            except OSError:
+                self.failures += 1
+                self.latencies.append(time.monotonic() - t)
+            self.halt.wait(max(0.0, self.every - (time.monotonic() - t)))
+
+
+class SlowReader(threading.Thread):
+    """The agent's stdout as a pipe read at ``rate`` bytes/s: a terminal over ssh, a busy
+    ``| tee``, srun's output channel. 0: never read (the pipe fills and stays full)."""
+
+    def __init__(self, fd: int, rate: float) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.rate = fd, rate
+        self.read = 0
+
+    def run(self) -> None:
+        if self.rate <= 0:
+            return
+        chunk = 64 << 10
+        with contextlib.suppress(OSError):
+            while data := os.read(self.fd, chunk):
+                self.read += len(data)
+                time.sleep(len(data) / self.rate)
+
+
+def latency(lines: int, kind: str, echo_to: str, drain: float | None) -> None:
+    print(f"machine: {machine()}")
+    print(f"latency: {lines:,} lines ({kind}) written at full speed, NaN in the middle")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        child = root / "child.py"
+        child.write_text(BURST_CHILD)
+        go, stamps, found = root / "go", root / "stamps.json", root / "findings.jsonl"
+        port = free_port()
+        args = [
+            "run", "--listen", f"127.0.0.1:{port}", "--dumps-dir", str(root / "dumps"),
+            "--findings-jsonl", str(found),
+            "--set", f"runner.log_file={root / 'rank-0.log'}", "--set", "gpu.enabled=false",
+            "--set", "process.sample_interval=1s",
+            "--", PY, str(child), str(lines), str(go), str(stamps), kind,
+        ]  # fmt: skip
+        reader = None
+        if drain is not None:
+            r, w = os.pipe()
+            p = subprocess.Popen(
+                [*RANKWATCH, *args],
+                stdout=w,
+                stderr=open(root / "agent.err", "wb"),  # noqa: SIM115
+                stdin=subprocess.DEVNULL,
+                env=agent_env(),
+                start_new_session=True,
+            )
+            os.close(w)
+            reader = SlowReader(r, drain * 1e6)
+            reader.start()
+            print(
+                f"agent stdout: a pipe read at {drain:g} MB/s"
+                if drain > 0
+                else "agent stdout: a pipe nobody reads"
+            )
+        else:
+            out = Path(echo_to) if echo_to else root / "echo.out"
+            p = start([*RANKWATCH, *args], stdout=out, stderr=root / "agent.err", env=agent_env())
+        try:
+            wait_http(port, p, timeout=60)
+            health = Prober(f"http://127.0.0.1:{port}/healthz", 0.05)
+            metrics = Prober(f"http://127.0.0.1:{port}/metrics", 0.5)
+            health.start()
+            metrics.start()
+            go.touch()
+            doc = read_json(stamps, 300)
+            nan_found = None
+            caught = None
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and (nan_found is None or caught is None):
+                if nan_found is None and found.exists():
+                    for line in found.read_text().splitlines():
+                        if json.loads(line).get("kind") == "nan_loss":
+                            nan_found = time.monotonic() - doc["t_nan"]
+                            break
+                if caught is None:
+                    try:
+                        if metric_sum(scrape(port, 120.0), "rankwatch_log_lines_total") >= doc["lines"]:
+                            caught = time.monotonic() - doc["t_end"]
+                    except OSError:
+                        pass
+                time.sleep(0.01)
+            health.halt.set()
+            metrics.halt.set()
+            health.join(130)
+            metrics.join(130)
+            print(f"child wrote {doc['lines']:,} lines in {doc['t_end'] - doc['t0']:.2f} s  ({cpu_load()})")
+            for name, pr in (("/healthz", health), ("/metrics", metrics)):
+                xs = pr.latencies
+                print(
+                    f"{name}: n={len(xs)} p50 {pct(xs, 50) * 1000:.0f} ms  p99 {pct(xs, 99) * 1000:.0f} ms  "
+                    f"max {max(xs) * 1000:.0f} ms  failures {pr.failures}"
+                )
+            nf = "not found" if nan_found is None else f"{nan_found:.2f} s"
+            cu = "not within 300 s" if caught is None else f"{caught:.1f} s after the last write"
+            print(f"NaN-to-finding: {nf}; every line counted: {cu}")
+            h99 = pct(health.latencies, 99)
+            print(
+                f"/healthz p99 < 1 s: {mark(h99 < 1.0)}; NaN found within 5 s: {mark(nan_found is not None and nan_found < 5)}"
+            )
+        finally:
+            stop(p)
 
 
 def bare(root: Path, tag: str, rate: float, seconds: float) -> dict:
@@ -112,7 +312,18 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="1 pair of 4 s bursts")
+    ap.add_argument("--latency", action="store_true", help="/healthz and NaN-to-finding under a backlog")
+    ap.add_argument("--lines", type=int, default=2_000_000)
+    ap.add_argument("--cr", action="store_true", help="half of the burst CR-only progress redraws")
+    ap.add_argument("--plain", action="store_true", help="application INFO lines instead of NCCL INFO ones")
+    ap.add_argument("--echo-to", default="", help="the agent's stdout (default: a file in the temp folder)")
+    ap.add_argument(
+        "--drain", type=float, default=None, help="the agent's stdout is a pipe read at MB/s (0: never)"
+    )
     a = ap.parse_args()
+    if a.latency:
+        latency(a.lines, "cr" if a.cr else "plain" if a.plain else "nccl", a.echo_to, a.drain)
+        return
     pairs, seconds = (1, 4.0) if a.quick else (a.pairs, a.seconds)
     print(f"machine: {machine()}")
     print(

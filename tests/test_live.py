@@ -278,7 +278,13 @@ def test_two_rank_hang_dumps_and_diff_names_the_hung_rank(tmp_path: Path) -> Non
     try:
         incident = two_rank_stall(DumpStore(tmp_path / "dumps"))
         assert incident is not None, [f["kind"] for r in (0, 1) for f in findings(tmp_path, r)]
-        stalls = {r: [f for f in findings(tmp_path, r) if f["kind"] == "stall"] for r in (0, 1)}
+        # A stall finding goes out once its stacks are written (it says where they are).
+        deadline = time.monotonic() + 30
+        while True:
+            stalls = {r: [f for f in findings(tmp_path, r) if f["kind"] == "stall"] for r in (0, 1)}
+            if (stalls[0] and stalls[1]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert stalls[0] and stalls[1]
         assert stalls[0][0]["step"] == 39
         r0 = (incident.path / "rank-0.txt").read_text()

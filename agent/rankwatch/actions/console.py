@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
@@ -59,4 +60,21 @@ class JsonlSink:
             "evidence": f.evidence,
         }
         with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(doc, default=str, allow_nan=True) + "\n")
+            fh.write(json.dumps(_strict(doc), allow_nan=False) + "\n")
+
+
+def _strict(obj: Any) -> Any:
+    """JSON has no NaN: a non-finite number is written as ``"NaN"``, ``"Infinity"`` or
+    ``"-Infinity"`` (as ``/api/findings`` does), so a NaN loss still reads as one and every
+    line parses with a strict reader (jq, JSON.parse, Go)."""
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {str(k): _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [_strict(v) for v in obj]
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    return str(obj)

@@ -87,8 +87,13 @@ def crash_finding(
     tail: Sequence[str],
     rank: int | None,
     path: str | None,
+    disk_full: str | None = None,
 ) -> Finding | None:
     """A finding for a process that ended, or None for a clean exit.
+
+    ``disk_full``: the agent found the log's filesystem full when the process died (what it
+    says about it). In run mode the log is the child's stdout: its writes fail with ENOSPC,
+    and the traceback of that failure cannot be written either, so the log alone shows nothing.
 
     ``exit_code`` follows subprocess: negative means killed by that signal. A shell or
     launcher reports 128+N instead; both are decoded. Unknown status (a sidecar cannot
@@ -119,7 +124,16 @@ def crash_finding(
     if state.last_step is not None:
         how += f" after step {state.last_step}"
     parts = [how + "."]
-    if cause is not None:
+    if disk_full is not None and (
+        cause is None or "No space left" in cause.summary or "ENOSPC" in cause.summary
+    ):
+        parts.append(
+            f"Cause (disk full): the log's filesystem is full (ENOSPC): {disk_full}. The rank's writes "
+            "to its log (its stdout) failed, which kills a Python process, and the error could not be "
+            "written to the log either. Fix: free space there, or move the log (runner.log_dir) to a "
+            "larger filesystem."
+        )
+    elif cause is not None:
         parts.append(f"Cause ({cause.kind}): {cause.summary}.")
         fix = FIXES.get(cause.kind)
         if fix and cause.kind != "crash":
@@ -144,7 +158,10 @@ def crash_finding(
         evidence={
             "exit_code": exit_code,
             "signal": signal,
-            "cause_kind": cause.kind if cause is not None else None,
+            "cause_kind": "disk_full"
+            if disk_full is not None and cause is None
+            else (cause.kind if cause else None),
+            "disk_full": disk_full,
             "traceback": traceback,
             "tail": last_lines,
         },

@@ -10,6 +10,7 @@ processes (a launcher's ranks) are dumped one by one here, each exactly once.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -73,6 +74,7 @@ class _Run:
     stdout: str = ""
     timed_out: bool = False
     exec_error: str | None = None
+    exec_errno: int | None = None
 
 
 def find_py_spy(name: str = "py-spy") -> str | None:
@@ -82,6 +84,19 @@ def find_py_spy(name: str = "py-spy") -> str | None:
         return found
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+
+
+def py_spy_missing(name: str) -> tuple[str, str]:
+    """(short error, explanation) when ``find_py_spy(name)`` found nothing runnable."""
+    if os.sep in name and os.path.exists(name):
+        return "py-spy not runnable", (
+            f"{name} exists but the agent may not execute it: permission denied (no x bit for the "
+            "agent's user, or a filesystem mounted noexec).\nFix: chmod +x it, or point dumps.py_spy at a "
+            "py-spy the agent may run."
+        )
+    if os.sep in name:
+        return "py-spy not found", f"{name} (dumps.py_spy) does not exist.\n{INSTALL_HINT}"
+    return "py-spy not found", INSTALL_HINT
 
 
 def _process_info(pid: int) -> dict[str, Any]:
@@ -117,7 +132,7 @@ def _run(cmd: list[str], timeout: float) -> _Run:
             start_new_session=True,
         )
     except OSError as exc:
-        return _Run(rc=None, output="", exec_error=str(exc))
+        return _Run(rc=None, output="", exec_error=exc.strerror or str(exc), exec_errno=exc.errno)
     try:
         out, err = proc.communicate(timeout=max(timeout, 0.01))
     except subprocess.TimeoutExpired:
@@ -151,6 +166,14 @@ def _classify(pid: int, run: _Run, timeout: float) -> tuple[str, str]:
             "The target may be in uninterruptible I/O (D state) or the node is overloaded;"
             " retry with a longer timeout or with --nonblocking." + quoted
         )
+    if re.search(r"no space left on device|os error 28\)", run.output, re.I):
+        return "disk full", "py-spy could not write (ENOSPC: no space left on device)." + quoted
+    if run.rc is not None and run.rc < 0:
+        try:
+            name = signal.Signals(-run.rc).name
+        except ValueError:
+            name = f"signal {-run.rc}"
+        return "py-spy killed", f"py-spy was killed by {name} (the OOM killer? a seccomp policy?)." + quoted
     gone = f"pid {pid} exited before or during the dump." + quoted
     if not _alive(pid):
         return "process gone", gone
@@ -168,6 +191,27 @@ def _classify(pid: int, run: _Run, timeout: float) -> tuple[str, str]:
     return "py-spy failed", f"py-spy exited with status {run.rc}." + quoted
 
 
+def _not_started(exe: str, run: _Run) -> tuple[str, str]:
+    """(short error, explanation) for a py-spy that could not be executed: each cause its own."""
+    err = run.exec_errno
+    if err == errno.ENOENT:
+        return "py-spy not found", f"{exe} does not exist (any more).\n{INSTALL_HINT}"
+    if err in (errno.EACCES, errno.EPERM):
+        return "py-spy not runnable", (
+            f"could not execute {exe}: permission denied (not executable by the agent's user, or on a "
+            "filesystem mounted noexec).\nFix: chmod +x it, or point dumps.py_spy at a py-spy the agent "
+            "may run."
+        )
+    if err == errno.ENOEXEC:
+        return "py-spy not runnable", f"{exe} is not a program this machine can run (wrong architecture?)."
+    if err in (errno.ENOMEM, errno.EAGAIN):
+        return (
+            "py-spy not runnable",
+            f"could not start {exe}: {run.exec_error} (the node is out of memory or processes).",
+        )
+    return "py-spy not runnable", f"could not start {exe}: {run.exec_error}"
+
+
 def _flags(native: bool, locals_: bool, nonblocking: bool) -> list[str]:
     flags = ["--native"] if native else []
     flags += ["--locals"] if locals_ else []
@@ -179,7 +223,7 @@ def _dump_once(cmd: list[str], pid: int, timeout: float) -> tuple[list[dict[str,
     """(threads, error, explanation); threads is None on failure."""
     run = _run(cmd, timeout)
     if run.exec_error is not None:
-        return None, "py-spy not runnable", f"could not start {cmd[0]}: {run.exec_error}\n{INSTALL_HINT}"
+        return None, *_not_started(cmd[0], run)
     if run.timed_out or run.rc != 0:
         error, text = _classify(pid, run, timeout)
         return None, error, text
@@ -234,7 +278,8 @@ def capture(
         )
 
     if exe is None:
-        return result(False, [], INSTALL_HINT, "py-spy not found")
+        error, text = py_spy_missing(py_spy)
+        return result(False, [], text, error)
     if not _alive(pid):
         return result(
             False, [], f"pid {pid} does not exist (or is a zombie): nothing to dump.", "process gone"

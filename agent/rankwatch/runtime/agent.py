@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -22,7 +23,8 @@ from typing import Any, Protocol
 import psutil
 
 from rankwatch.config.schema import Config
-from rankwatch.dumps.capture import capture, find_py_spy
+from rankwatch.detectors.disk import DiskSample, human, is_full
+from rankwatch.dumps.capture import capture, find_py_spy, py_spy_missing
 from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scope
 from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason
 from rankwatch.identity import Identity
@@ -39,6 +41,21 @@ LAUNCHERS = frozenset(
     {"torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed", "accelerate", "mpirun"}
 )
 NCCL_RAS_PORT = 28028
+STACKS_PROMISE = " Stacks are being captured."  # the stall detector's text, replaced by the outcome
+
+
+def first_line(text: str) -> str:
+    return next((x.strip() for x in (text or "").splitlines() if x.strip()), "")[:300]
+
+
+def dumps_outcome(folder: Path | None, ok: int, failures: list[str]) -> str:
+    """What the stall finding says about its stacks, after trying."""
+    if folder is not None and ok:
+        more = f" Failed for {'; '.join(failures)}." if failures else ""
+        return f"Stacks captured in {folder} (`rankwatch dumps show`).{more}"
+    if failures:
+        return f"Stack dumps failed, no stacks were captured: {'; '.join(failures)}."
+    return "No stacks were captured (no watched process to dump)."
 
 
 class Sink(Protocol):
@@ -86,6 +103,12 @@ class Agent:
         self._peer_pending: set[str] = set()  # peers' incidents with no rank file yet
         self._run_mtime: int | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.last_capture: tuple[Path | None, int, list[str]] = (None, 0, [])  # folder, ok ranks, failures
+        self._held_stalls: dict[int | None, list[Finding]] = {}  # stalls waiting for their stacks
+        self.disk_latest: list[DiskSample] = []  # free space of log/dumps/spool (Services samples it)
+        self.stderr_guard: Any = None  # runtime.stdio.StderrGuard (its dropped bytes are a metric)
+        self.echo: Any = None  # run mode: runtime.echo.Echo (its dropped bytes are a metric)
+        self.loop_monitor: Any = None  # runtime.loopmon.LoopMonitor, set by Services (/healthz)
 
     def add_watcher(
         self,
@@ -109,17 +132,30 @@ class Agent:
 
     # --- findings ----------------------------------------------------------------------
     def emit(self, f: Finding) -> None:
+        if f.time is None:
+            f.time = time.time()  # when the agent saw it (a stall has no log line to date it)
         if f.kind == "stall" and not f.resolved and not self.cfg.dumps.on_stall:
             # Say so, so nobody goes looking for stacks that were never taken.
-            f.message = f.message.replace(" Stacks are being captured.", "")
+            f.message = f.message.replace(STACKS_PROMISE, "")
             f.message += " Stack dumps are off (dumps.on_stall: false): no stacks were captured."
             f.evidence = {**f.evidence, "dumps": "off"}
         elif f.kind == "stall" and not f.resolved:
-            problem = self.dump_problem()
+            if self._spawn(self._stall_with_dumps(f)):
+                # Sent once the stacks are taken (seconds), saying where they are or why they
+                # are not: a stall alert never promises stacks that did not come.
+                self._held_stalls.setdefault(f.rank, [])
+                return
+            problem = self.dump_problem()  # no loop to capture on: say what is known
+            f.message = f.message.replace(STACKS_PROMISE, "")
             if problem is not None:
-                f.message = f.message.replace(" Stacks are being captured.", "")
                 f.message += f" Stack dumps will fail: {problem}"
                 f.evidence = {**f.evidence, "dumps": "unavailable"}
+        elif f.kind == "stall" and f.resolved and f.rank in self._held_stalls:
+            self._held_stalls[f.rank].append(f)  # after the stall it ends, never before
+            return
+        self._publish(f)
+
+    def _publish(self, f: Finding) -> None:
         for enrich in self.enrichers:
             try:
                 f = enrich(f)
@@ -139,14 +175,47 @@ class Agent:
                 self.sink_errors[name] = self.sink_errors.get(name, 0) + 1
                 if self.sink_errors[name] == 1:
                     log.exception("sink %s failed (further failures only counted)", name)
-        if f.kind == "stall" and not f.resolved and self.cfg.dumps.on_stall:
-            self._spawn(self.capture_dumps("stall"))
+
+    async def _stall_with_dumps(self, f: Finding) -> None:
+        try:
+            if self._dump_lock.locked():  # a capture is running (a peer's incident, SIGUSR1): its stacks
+                async with self._dump_lock:
+                    pass
+                folder, ok, failures = self.last_capture
+            else:
+                stacks = asyncio.Event()
+                capture = asyncio.ensure_future(self.capture_dumps("stall", on_stacks=stacks.set))
+                self._tasks.add(capture)  # runs on (extras) after the finding is out
+                capture.add_done_callback(self._tasks.discard)
+                waiting = asyncio.ensure_future(stacks.wait())
+                await asyncio.wait({capture, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
+                folder, ok, failures = self.last_capture
+            text = dumps_outcome(folder, ok, failures)
+            problem = None if ok else self.dump_problem()
+            if problem is not None and problem not in text:
+                text += f" {problem}"
+            f.message = f.message.replace(STACKS_PROMISE, "") + " " + text
+            f.evidence = {**f.evidence, "dumps": str(folder) if ok else "failed", "dump_failures": failures}
+            if folder is not None and ok:
+                f.evidence["dump_path"] = str(folder)
+        except Exception:
+            log.exception("stall dumps failed")
+            f.message = f.message.replace(STACKS_PROMISE, "") + " Stack capture failed inside the agent."
+        finally:
+            held = self._held_stalls.pop(f.rank, [])
+            self._publish(f)
+            for h in held:
+                self._publish(h)
 
     def dump_problem(self) -> str | None:
         """Why a py-spy dump cannot work here, known before trying (or from the last try)."""
         if find_py_spy(self.cfg.dumps.py_spy) is None:
-            exe = self.cfg.dumps.py_spy
-            return f"py-spy not found ({exe!r}). Fix: pip install py-spy in the agent's environment."
+            error, text = py_spy_missing(self.cfg.dumps.py_spy)
+            return f"{error}: {' '.join(text.split())}"
+        full = self.dumps_disk_full()
+        if full is not None:
+            return full
         if self.last_dump_problem is not None:
             return self.last_dump_problem
         scope = yama_scope()
@@ -154,6 +223,25 @@ class Agent:
             return None
         wrapper = self.launched and not self._child_is_python()
         return ptrace_problem(launched=self.launched, scope=scope, cap=has_cap_sys_ptrace(), wrapper=wrapper)
+
+    def dumps_disk_full(self) -> str | None:
+        """From the last free-space sample (taken off the loop): the dumps folder is full."""
+        for sample in self.disk_latest:
+            if "dumps" in sample.roles.values() and is_full(sample):
+                return (
+                    f"the dumps folder {self.store.root} is full ({human(sample.free)} free of "
+                    f"{human(sample.total)}): no stack file can be written. Fix: free space there or set "
+                    "dumps.dir to a larger filesystem."
+                )
+        return None
+
+    def log_disk_full(self, w: RankWatcher) -> str | None:
+        """The watcher's log is on a filesystem the last free-space sample found full."""
+        folders = {str(s.path.parent) for s in w.streams}
+        for sample in self.disk_latest:
+            if is_full(sample) and folders & {p for p, role in sample.roles.items() if role == "log"}:
+                return f"{', '.join(sorted(folders))} has {human(sample.free)} free of {human(sample.total)}"
+        return None
 
     def _child_is_python(self) -> bool:
         pids = self.watchers[0].pids() if self.watchers else []
@@ -169,14 +257,15 @@ class Agent:
             return False
         return any(n.startswith("python") for n in names)
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro) -> bool:
         try:
             task = asyncio.get_running_loop().create_task(coro)
         except RuntimeError:
             coro.close()
-            return
+            return False
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return True
 
     # --- dumps -------------------------------------------------------------------------
     def _joinable(self, reason: str, now: datetime) -> list[IncidentInfo]:
@@ -244,23 +333,32 @@ class Agent:
         self._peer_pending = pending
         return found
 
-    async def capture_dumps(self, reason: str, incident: str | None = None) -> Path | None:
-        """py-spy every watched process into one incident folder; never raises."""
+    async def capture_dumps(
+        self, reason: str, incident: str | None = None, on_stacks: Callable[[], None] | None = None
+    ) -> Path | None:
+        """py-spy every watched process into one incident folder; never raises. ``on_stacks``
+        is called once the stacks are written, before the slower extras (flight recorder)."""
         if self._dump_lock.locked():
             return self.last_incident
         async with self._dump_lock:
             try:
-                return await self._capture(reason, incident)
+                return await self._capture(reason, incident, on_stacks)
             except Exception:
                 log.exception("dump capture failed")
                 return None
 
-    async def _capture(self, reason: str, incident: str | None = None) -> Path | None:
+    async def _capture(
+        self, reason: str, incident: str | None = None, on_stacks: Callable[[], None] | None = None
+    ) -> Path | None:
         c = self.cfg.dumps
         if incident is None:
             incident = await asyncio.to_thread(self._incident, reason)
         self._joined.add(incident)
         folder: Path | None = None
+        ok = 0
+        failures: list[str] = []
+        dumped: list[int] = []
+        self.last_capture = (None, 0, failures)
         for w in self.watchers:
             pids = w.pids()
             if not pids:
@@ -289,12 +387,17 @@ class Agent:
                 )
             except OSError as e:
                 self._store_failed(e)
+                failures.append(f"rank {rank}: {self._store_problem(e)}")
                 continue
             folder = txt.parent
             self.dumps_captured += 1
-            if not result.ok:
-                reason = result.error or "unknown"
-                self.dumps_failed[reason] = self.dumps_failed.get(reason, 0) + 1
+            if result.ok:
+                ok += 1
+                self.last_dump_problem = None
+            else:
+                why = result.error or "unknown"
+                failures.append(f"rank {rank}: {why}: {first_line(result.text)}")
+                self.dumps_failed[why] = self.dumps_failed.get(why, 0) + 1
                 log.warning("rank %s: stack dump failed: %s (see %s)", rank, result.error, txt)
                 if result.error == "ptrace denied":
                     self.last_dump_problem = (
@@ -302,23 +405,37 @@ class Agent:
                         "kernel.yama.ptrace_scope=0, or on Kubernetes shareProcessNamespace plus SYS_PTRACE "
                         f"(details in {txt})."
                     )
-            else:
-                self.last_dump_problem = None
+            dumped.append(rank)
+        self.last_capture = (folder, ok, failures)
+        if folder is not None:
+            self.last_incident = folder
+            log.warning("stack dumps written to %s", folder)
+        if folder is not None and ok:  # a folder of failure notes is no link to stacks
+            for sink in self.sinks:
+                note = getattr(sink, "note", None)
+                if callable(note):
+                    with contextlib.suppress(Exception):
+                        note(f"stack dumps for rank {self.identity.rank}: {folder}")
+        if on_stacks is not None:
+            on_stacks()  # the stall finding goes out now; the extras below can take seconds
+        for rank in dumped:
             extras = await asyncio.to_thread(self._extras, rank)
             for name, data in extras.items():
                 try:
                     await asyncio.to_thread(self.store.write_extra, self.identity.run, incident, name, data)
                 except OSError as e:
                     self._store_failed(e)
-        if folder is not None:
-            self.last_incident = folder
-            log.warning("stack dumps written to %s", folder)
-            for sink in self.sinks:
-                note = getattr(sink, "note", None)
-                if callable(note):
-                    with contextlib.suppress(Exception):
-                        note(f"stack dumps for rank {self.identity.rank}: {folder}")
         return folder
+
+    def _store_problem(self, e: OSError) -> str:
+        if e.errno == errno.ENOSPC:
+            why = f"the dumps folder {self.store.root} is full (ENOSPC: no space left on device)"
+            self.last_dump_problem = f"{why}. Fix: free space there or set dumps.dir to a larger filesystem."
+            self.dumps_failed["disk full"] = self.dumps_failed.get("disk full", 0) + 1
+            return why
+        reason = "dumps folder not writable"
+        self.dumps_failed[reason] = self.dumps_failed.get(reason, 0) + 1
+        return f"cannot write under {self.store.root}: {e.strerror or e}"
 
     def _store_failed(self, e: OSError) -> None:
         """A full or read-only dumps dir loses these stacks, not the agent: said once, then counted."""

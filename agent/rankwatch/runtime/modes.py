@@ -19,7 +19,6 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 import psutil
 
@@ -28,17 +27,19 @@ from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
 from rankwatch.identity import Identity, identity_from_env
 from rankwatch.runtime.agent import Agent, Sink
+from rankwatch.runtime.echo import Echo
 from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
+from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.sources.process import find_processes
 
 log = logging.getLogger("rankwatch.run")
 
-ECHO_INTERVAL_S = 0.25
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # forwarded, they ask the child to end
 # How a child ends when asked to stop: killed by the signal, or exiting with 128+N itself.
-STOP_STATUSES = frozenset({-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT})
+STOP_STATUSES = frozenset({-s for s in STOPS} | {128 + s for s in STOPS})
 
 
 def child_log_path(cfg: Config, identity: Identity) -> Path:
@@ -86,32 +87,14 @@ def child_env(
     return env, fr
 
 
-async def _echo(path: Path, start: int, out: BinaryIO, stop: asyncio.Event) -> None:
-    """Copy the child's bytes to our stdout unchanged (progress bars included).
-
-    The file stays open and is read every ``ECHO_INTERVAL_S``: this runs next to the rank
-    for its whole life, so its wake-ups are CPU taken from training (bench_overhead.py)."""
-    fh: BinaryIO | None = None
+def _stdout_echo(path: Path, start: int) -> Echo | None:
     try:
-        while True:
-            stopping = stop.is_set()
-            try:
-                if fh is None:
-                    fh = open(path, "rb")  # noqa: SIM115 - kept open across iterations
-                    fh.seek(start)
-                while data := fh.read(1 << 20):
-                    with contextlib.suppress(OSError, ValueError):
-                        out.write(data)
-                        out.flush()
-            except OSError:
-                pass
-            if stopping:
-                return
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), ECHO_INTERVAL_S)
-    finally:
-        if fh is not None:
-            fh.close()
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None  # no real stdout (closed, or replaced by a test)
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stdout.flush()
+    return Echo(path, start, fd)
 
 
 async def _wait_exit(child: subprocess.Popen) -> None:
@@ -168,18 +151,37 @@ async def run_command(
     services: dict | None = None,
     nice: int = 0,
 ) -> int:
+    guard = StderrGuard()
+    guard.install()  # a stderr nobody reads (srun stalled) must not stall the loop either
+    try:
+        return await _run_command(cfg, identity, cmd, sinks=sinks, services=services, nice=nice, guard=guard)
+    finally:
+        guard.restore()
+
+
+async def _run_command(
+    cfg: Config,
+    identity: Identity,
+    cmd: Sequence[str],
+    *,
+    sinks: Sequence[Sink],
+    services: dict | None = None,
+    nice: int = 0,
+    guard: StderrGuard | None = None,
+) -> int:
     path = child_log_path(cfg, identity)
     path.parent.mkdir(parents=True, exist_ok=True)
     env, fr = child_env(cfg, identity)
     agent = Agent(cfg, identity, sinks=sinks, fr_prefix=fr)
     agent.launched = True
+    agent.stderr_guard = guard
     loop = asyncio.get_running_loop()
     started: list[subprocess.Popen] = []
     kill_handle: list[asyncio.TimerHandle] = []
     stop_requested: list[signal.Signals] = []
 
     def forward(sig: signal.Signals) -> None:
-        if sig in (signal.SIGTERM, signal.SIGINT):
+        if sig in STOPS:
             stop_requested.append(sig)
         child = started[0]
         if child.poll() is not None:  # srun/scancel signal the whole step: the child may be gone already
@@ -227,6 +229,10 @@ async def run_command(
     watcher.attach(child.pid)
     lower_priority(nice)
     agent.install_dump_signal()
+    echo = _stdout_echo(path, start) if cfg.runner.echo else None
+    agent.echo = echo
+    if echo is not None:
+        echo.start()
     extras = Services(agent, cfg, **(services or {}))
     try:
         await extras.start()
@@ -234,8 +240,6 @@ async def run_command(
         _remove_handlers(loop)
         raise
 
-    stop_echo = asyncio.Event()
-    echo = asyncio.create_task(_echo(path, start, sys.stdout.buffer, stop_echo)) if cfg.runner.echo else None
     watch_task = asyncio.create_task(watcher.run())
     try:
         await _wait_exit(child)
@@ -252,12 +256,18 @@ async def run_command(
     with contextlib.suppress(Exception):
         await asyncio.wait_for(watch_task, 5.0)
     sig = -rc if rc < 0 else None
-    stopped = bool(stop_requested) and (rc < 0 or rc in STOP_STATUSES or rc == 1)
-    watcher.on_exit(rc if rc >= 0 else None, sig, requested=stopped)
-    stop_echo.set()
-    if echo is not None:
+    # After a stop we forwarded, any way the child ends (its handler's exit code, the signal,
+    # our SIGKILL after term_grace) is the stop: a clean exit is no finding at all.
+    requested: bool | int = int(stop_requested[0]) if stop_requested and rc != 0 else False
+    disk_full = None
+    if rc != 0:
+        # In run mode the log is the child's stdout: a full disk kills it without a word.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(echo, 5.0)
+            await extras.sample_disks(2.0)
+        disk_full = agent.log_disk_full(watcher)
+    watcher.on_exit(rc if rc >= 0 else None, sig, requested=requested, disk_full=disk_full)
+    if echo is not None:
+        await echo.close()
     await agent.settle()
     await extras.close()
     watcher.close()
@@ -361,6 +371,30 @@ async def watch_processes(
     services: dict | None = None,
     nice: int = 0,
 ) -> int:
+    guard = StderrGuard()
+    guard.install()  # a stderr nobody reads must not stall the loop
+    try:
+        return await _watch_processes(
+            cfg, identity, pids=pids, match=match, logs=logs, sinks=sinks, stop=stop, services=services,
+            nice=nice, guard=guard,
+        )  # fmt: skip
+    finally:
+        guard.restore()
+
+
+async def _watch_processes(
+    cfg: Config,
+    identity: Identity,
+    *,
+    pids: Sequence[int],
+    match: str | None,
+    logs: Sequence[Path],
+    sinks: Sequence[Sink],
+    stop: asyncio.Event | None = None,
+    services: dict | None = None,
+    nice: int = 0,
+    guard: StderrGuard | None = None,
+) -> int:
     stop = stop or asyncio.Event()
     missing = [p for p in pids if not psutil.pid_exists(p)]
     if missing:
@@ -375,6 +409,7 @@ async def watch_processes(
         return 2
     lower_priority(nice)
     agent = Agent(cfg, identity, sinks=sinks)
+    agent.stderr_guard = guard
     watchers: list[RankWatcher] = []
     tasks: list[asyncio.Task] = []
     # A node daemon (`watch --match train.py`, or several --pid, no logs): one watcher per rank
@@ -459,7 +494,7 @@ async def watch_processes(
             for w in watchers:
                 s = w.last_sample
                 if s is not None and not s.alive and not w.exited:
-                    w.on_exit(s.exit_code, None)
+                    w.on_exit(s.exit_code, None, disk_full=agent.log_disk_full(w))
             attached = [w for w in watchers if w.prober is not None]
             if pids and not match and attached and all(w.exited for w in attached):
                 # Nothing can bring a --pid back (no --match to find a restart): done.

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -21,6 +22,7 @@ from typing import Any
 from rankwatch.config.schema import Config
 from rankwatch.detectors.checkpoints import POISON_KINDS
 from rankwatch.detectors.deadline import DeadlineDetector
+from rankwatch.detectors.disk import DiskDetector, DiskSample
 from rankwatch.detectors.gpu import GpuDetector, NvmlHangRule, gpu_activity
 from rankwatch.exporter.checkpoints import CheckpointCollector
 from rankwatch.exporter.config import ConfigReloadCollector
@@ -30,6 +32,7 @@ from rankwatch.gpu.backend import GpuBackend, GpuSample
 from rankwatch.offloop import in_daemon
 from rankwatch.records import Finding, StepRecord
 from rankwatch.runtime.agent import Agent
+from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource
 
 log = logging.getLogger("rankwatch.services")
@@ -39,6 +42,34 @@ NVML_HANG_S = 60.0  # NVML unanswered this long (or 3 call timeouts): gpu_unresp
 DEADLINE_CHECK_S = 30.0
 GPU_ACTIVITY_SAMPLES = 3
 CHECKPOINT_ACTIVITY_S = 1.0
+DISK_TIMEOUT_S = 10.0  # a statvfs on a hung mount: given up on (the thread is left behind)
+
+
+def _existing(path: Path) -> Path:
+    """The folder itself, or its nearest existing parent (the dumps folder is made on first use)."""
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def disk_samples(folders: dict[str, str], clock: Callable[[], float] = time.monotonic) -> list[DiskSample]:
+    """Free space of each filesystem holding one of ``folders`` ({path: role}); blocking."""
+    by_dev: dict[int, DiskSample] = {}
+    for path, role in folders.items():
+        p = _existing(Path(path).absolute())
+        try:
+            dev = os.stat(p).st_dev
+            if dev in by_dev:
+                by_dev[dev].roles[path] = role
+                continue
+            v = os.statvfs(p)
+        except OSError:
+            continue
+        by_dev[dev] = DiskSample(
+            {path: role}, v.f_bavail * v.f_frsize, v.f_blocks * v.f_frsize, clock(), device=dev
+        )
+    return list(by_dev.values())
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -74,6 +105,54 @@ class _Guarded:
             return []
 
 
+class _LoopCollector:
+    """The agent's own event loop and run mode's echo: is the agent keeping up."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from rankwatch.exporter.view import RANK_LABELS, identity_labels
+
+        labels = list(identity_labels(self.agent))
+        out: list[Any] = []
+        mon = self.agent.loop_monitor
+        if mon is not None:
+            lag = GaugeMetricFamily(
+                "rankwatch_event_loop_lag_seconds",
+                "How late the agent's event loop ran its last periodic tick (detection is that late)",
+                labels=RANK_LABELS,
+            )
+            lag.add_metric(labels, mon.lag)
+            out.append(lag)
+        echo = self.agent.echo
+        if echo is not None:
+            dropped = CounterMetricFamily(
+                "rankwatch_echo_dropped_bytes_total",
+                "Bytes of the rank's output not echoed to the agent's stdout because nobody read it "
+                "(the log file has them)",
+                labels=RANK_LABELS,
+            )
+            dropped.add_metric(labels, echo.dropped_bytes)
+            out.append(dropped)
+        guard = self.agent.stderr_guard
+        if guard is not None:
+            lost = CounterMetricFamily(
+                "rankwatch_stderr_dropped_bytes_total",
+                "Bytes of the agent's own stderr (its log lines, console findings) dropped because nobody "
+                "read it",
+                labels=RANK_LABELS,
+            )
+            lost.add_metric(labels, guard.dropped_bytes)
+            out.append(lost)
+        return out
+
+
 class Services:
     def __init__(
         self,
@@ -103,6 +182,9 @@ class Services:
         self.gpu_owner: dict[int, int | None] = {}
         self.deadlines: dict[int | None, DeadlineDetector] = {}
         self.gpu_recent: dict[int | None, deque[list[GpuSample]]] = {}
+        self.disk = DiskDetector(agent.identity.rank)
+        self._disk_inflight: asyncio.Future[list[DiskSample]] | None = None
+        self._disk_failed = False
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -113,10 +195,13 @@ class Services:
 
     # --- start ---------------------------------------------------------------------------
     async def start(self) -> None:
+        mon = self.agent.loop_monitor = LoopMonitor()
+        self._tasks.append(asyncio.create_task(mon.run(self._stop), name="loop-monitor"))
         self._start_reload()
         self._start_alerts()
         await self._start_gpu()
         self._start_checkpoints()
+        self._tasks.append(asyncio.create_task(self._disk_loop(), name="disk"))
         if self.agent.identity.job_end is not None:
             self._tasks.append(asyncio.create_task(self._deadline_loop(), name="deadline"))
         if self.cfg.dumps.on_stall and float(self.cfg.dumps.join_peers) > 0:
@@ -405,6 +490,52 @@ class Services:
                 log.warning("a peer agent of this run found a stall: adding our stacks to %s", incident)
                 await self.agent.capture_dumps("stall", incident)
 
+    def disk_folders(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for w in self.agent.watchers:
+            for st in w.streams:
+                out.setdefault(str(st.path.parent), "log")
+        if self.cfg.dumps.on_stall:
+            out.setdefault(str(self.cfg.dumps.dir), "dumps")
+        if self.dispatcher is not None:
+            out.setdefault(str(self.cfg.alerts.spool_dir), "spool")
+        return out
+
+    async def sample_disks(self, timeout: float = DISK_TIMEOUT_S) -> list[DiskSample] | None:
+        """Free space of the log, dumps and spool folders, taken on a daemon thread (a hung
+        mount stalls that thread, never the loop; one at a time), fed to the disk detector."""
+        if self._disk_inflight is None:
+            self._disk_inflight = in_daemon(disk_samples, self.disk_folders(), name="rankwatch-disk")
+        try:
+            samples = await asyncio.wait_for(asyncio.shield(self._disk_inflight), timeout)
+        except asyncio.TimeoutError:
+            if not self._disk_failed:
+                self._disk_failed = True
+                log.warning(
+                    "free-space check of %s hung for %.0fs (a dead mount?)", self.disk_folders(), timeout
+                )
+            return None
+        except Exception as e:
+            self._disk_inflight = None
+            self._failed("disk", "free-space check failed: %s", e)
+            return None
+        self._disk_inflight = None
+        self.agent.disk_latest = samples
+        for sample in samples:
+            for f in self.disk.observe(sample, wall=time.time()):
+                self.agent.emit(f)
+        return samples
+
+    async def _disk_loop(self) -> None:
+        interval = min(30.0, max(1.0, 10 * float(self.cfg.process.sample_interval)))
+        while not self._stop.is_set():
+            try:
+                await self.sample_disks()
+            except Exception:
+                self._failed("disk", "free-space check failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), interval)
+
     async def _deadline_loop(self) -> None:
         while not self._stop.is_set():
             try:
@@ -417,7 +548,7 @@ class Services:
     def registry(self) -> Any:
         from rankwatch.gpu.collector import GpuCollector
 
-        extra: list[Any] = []
+        extra: list[Any] = [_Guarded("exporter", _LoopCollector(self.agent), self)]
         if self.cfg.gpu.enabled:
             collector = GpuCollector(self.gpu_by_rank, self.agent.identity.labels(), self._local_ranks)
             extra.append(_Guarded("gpu", collector, self))

@@ -10,21 +10,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal as _signal
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from rankwatch import offloop
 from rankwatch.config.schema import Config
-from rankwatch.detectors.crash import crash_finding
+from rankwatch.detectors.crash import crash_finding, pick_cause
 from rankwatch.detectors.input_bound import DataloaderStallDetector
 from rankwatch.detectors.liveness import StallDetector
 from rankwatch.engine import RankEngine
 from rankwatch.identity import Identity
 from rankwatch.records import ErrorRecord, Finding, Record, Severity, StepRecord
-from rankwatch.sources.follower import LogFollower, follow
+from rankwatch.sources.follower import NOISE, LogFollower, follow
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.process import ProcessProber, ProcessSample
+from rankwatch.sources.signatures import may_hold_signature
 
 log = logging.getLogger("rankwatch.watcher")
 
@@ -32,14 +35,24 @@ QUIET_RELEASE_S = 1.0  # a stream idle this long hands out tracebacks held back 
 # A traceback in the log of a live process is held this long: if the process dies, its exit is
 # the one crash finding (with that traceback as cause); if it lives on, it was no crash.
 CRASH_HOLD_S = 15.0
+# Lines parsed per loop turn: a backlog (a 2M-line burst, a restart behind a big log) is worked
+# off in slices, so /healthz, /metrics and the other ranks' detection run between them.
+FEED_SLICE = 2048
+LINE_COUNT_S = 10.0
 
 
 class Stream:
-    __slots__ = ("follower", "last_data", "parser", "path")
+    __slots__ = ("dropped", "follower", "last_data", "parser", "path", "uncounted")
 
     def __init__(self, path: Path, cfg: Config, rank: int | None, from_end: bool) -> None:
         self.path = path
-        self.follower = LogFollower(path, max_line_bytes=cfg.logs.max_line_bytes, from_end=from_end)
+        # NCCL INFO chatter is skipped before parsing, as ``analyze`` does: it is often most of
+        # a burst and never evidence; it is still counted (unparsed) and still a sign of life.
+        self.follower = LogFollower(
+            path, max_line_bytes=cfg.logs.max_line_bytes, from_end=from_end, drop=NOISE
+        )
+        self.dropped = 0
+        self.uncounted = from_end  # lines before the start: counted off the loop in ``run``
         self.parser = LogParser(
             default_rank=rank, fmt=cfg.logs.format, regex=cfg.logs.regex, sniff_lines=cfg.logs.sniff_lines
         )
@@ -191,6 +204,14 @@ class RankWatcher:
         now_wall = self.wall()
         stream.last_data = self.clock()
         self.stall.on_activity(stream.last_data, "log")
+        dropped = stream.follower.stats.dropped_lines
+        if dropped != stream.dropped:
+            self.lines += dropped - stream.dropped
+            stream.parser.stats.lines += dropped - stream.dropped
+            stream.parser.stats.unparsed += dropped - stream.dropped
+            stream.dropped = dropped
+        if len(batch) > 1 and batch[-1].lineno - batch[0].lineno + 1 < len(batch):  # \r segments in it
+            batch = _latest_redraws(batch, stream.parser.stats)
         out: list[Record] = []
         for fl in batch:
             self.lines += 1
@@ -233,8 +254,12 @@ class RankWatcher:
             follow(stream.follower, poll_interval=interval, stop=self._stop)
         ) as it:
             async for batch in it:
-                if batch:
+                if len(batch) <= FEED_SLICE:
                     self.feed_lines(stream, batch)
+                    continue
+                for i in range(0, len(batch), FEED_SLICE):
+                    self.feed_lines(stream, batch[i : i + FEED_SLICE])
+                    await asyncio.sleep(0)
 
     # --- process -----------------------------------------------------------------------
     async def sample_once(self) -> list[Finding]:
@@ -264,29 +289,48 @@ class RankWatcher:
             self.emit(f)
 
     def on_exit(
-        self, exit_code: int | None, signal: int | None, *, requested: bool = False
+        self,
+        exit_code: int | None,
+        signal: int | None,
+        *,
+        requested: bool | int = False,
+        disk_full: str | None = None,
     ) -> Finding | None:
         """The process ended: a crash finding unless it ended cleanly, on our forwarded stop
-        signal, or we cannot tell."""
+        signal, or we cannot tell.
+
+        ``requested``: we forwarded a stop (SIGTERM, SIGINT, SIGHUP; the number when known).
+        However the child then ends (killed by it, or exiting non-zero from its handler, with
+        a KeyboardInterrupt traceback) it did what it was told: no critical crash. Only an
+        error of its own in the log makes it a ``crash``, and then a warning.
+        """
         if self.exited:
             return None
         self.exited = True
         self.drain()
         held, self._held = self._held, []
         state = self.engine.state
-        if requested and not [e for e in state.errors if isinstance(e, ErrorRecord)]:
-            status = f"signal {signal}" if signal else f"exit code {exit_code}"
-            f = Finding(
-                kind="process_exit",
-                severity=Severity.INFO,
-                rank=self.rank,
-                message=f"process stopped on the forwarded stop signal ({status})",
-                step=state.last_step,
-                path=self.path,
-                time=self.wall(),
-            )
-            self.emit(f)
-            return f
+        status = f"signal {signal}" if signal else f"exit code {exit_code}"
+        if requested:
+            cause, _ = pick_cause(state)
+            interrupted = cause is not None and _interrupt(cause.summary)
+            if cause is None or interrupted or cause.severity < Severity.CRITICAL:
+                how = (
+                    f"{_signame(requested)} we forwarded"
+                    if requested is not True
+                    else "forwarded stop signal"
+                )
+                f = Finding(
+                    kind="process_exit",
+                    severity=Severity.INFO,
+                    rank=self.rank,
+                    message=f"process stopped on the {how} ({status})",
+                    step=state.last_step,
+                    path=self.path,
+                    time=self.wall(),
+                )
+                self.emit(f)
+                return f
         if exit_code is None and signal is None:
             errors = [e for e in state.errors if isinstance(e, ErrorRecord)]
             if not errors:
@@ -302,10 +346,19 @@ class RankWatcher:
                 self.emit(f)
                 return f
         f = crash_finding(
-            state, exit_code=exit_code, signal=signal, tail=list(self.tail), rank=self.rank, path=self.path
+            state,
+            exit_code=exit_code,
+            signal=signal,
+            tail=list(self.tail),
+            rank=self.rank,
+            path=self.path,
+            disk_full=disk_full,
         )
         if f is not None:
             f.time = f.time or self.wall()
+            if requested:
+                f.severity = Severity.WARNING
+                f.message = f"after the stop signal we forwarded: {f.message}"
             self.emit(f)
         else:
             for _, h in held:
@@ -313,8 +366,28 @@ class RankWatcher:
         return f
 
     # --- lifecycle ---------------------------------------------------------------------
+    async def _number_lines(self) -> None:
+        """A log followed from its end: line numbers count from the file's start, as an editor
+        shows them. Counting a big file takes a while, so it runs on a thread, bounded; past
+        the bound the numbers count from where reading started (and the agent's log says so)."""
+        for s in self.streams:
+            if not s.uncounted:
+                continue
+            s.uncounted = False
+            try:
+                n = await offloop.call(
+                    s.follower.count_lines_before, timeout=LINE_COUNT_S, name="rankwatch-lines"
+                )
+            except (asyncio.TimeoutError, OSError) as e:
+                log.warning(
+                    "%s: lines not counted (%s): line numbers start where reading did", s.path, e or "slow"
+                )
+                continue
+            s.follower.number_from(n + 1)
+
     async def run(self) -> None:
         """Follow every log and sample the process until ``stop()``."""
+        await self._number_lines()
         tasks = [asyncio.create_task(self._follow(s), name=f"follow:{s.path}") for s in self.streams]
         try:
             while not self._stop.is_set():
@@ -349,6 +422,41 @@ class RankWatcher:
     def close(self) -> None:
         for s in self.streams:
             s.follower.close()
+
+
+def _latest_redraws(batch: list, stats: object) -> list:
+    """A progress bar redraws one line with ``\r`` hundreds of times a second: of the segments
+    of one line read together only the first (it carries a launcher's rank prefix) and the
+    last (what the screen shows) are parsed, and any that may hold an error signature. The
+    rest are counted as unparsed lines."""
+    out = [batch[0]]
+    first = 0  # index in ``out`` of the first segment of the current line
+    for fl in batch[1:]:
+        prev = out[-1]
+        if fl.lineno != prev.lineno:
+            first = len(out)
+            out.append(fl)
+        elif len(out) - 1 > first and not prev.cut and not may_hold_signature(prev.text):
+            out[-1] = fl
+        else:
+            out.append(fl)
+    skipped = len(batch) - len(out)
+    if skipped:
+        stats.lines += skipped  # type: ignore[attr-defined]
+        stats.unparsed += skipped  # type: ignore[attr-defined]
+    return out
+
+
+def _signame(sig: int | bool) -> str:
+    try:
+        return _signal.Signals(int(sig)).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _interrupt(summary: str) -> bool:
+    """The traceback a stop signal itself prints (Python's default SIGINT handler, sys.exit)."""
+    return "KeyboardInterrupt" in summary or "SystemExit" in summary
 
 
 def _may_be_handled(f: Finding) -> bool:

@@ -321,7 +321,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok\n", headers=_NO_STORE)
+    """Answered by the loop itself, with how late it has run lately (runtime.loopmon)."""
+    mon = getattr(request.app[AGENT], "loop_monitor", None)
+    ok, text = mon.health() if mon is not None else (True, "ok")
+    return web.Response(text=text + "\n", status=200 if ok else 503, headers=_NO_STORE)
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -49,13 +49,14 @@ class LogFollower:
         max_line_bytes: int = 1 << 20,
         chunk_size: int = 1 << 20,
         from_end: bool = False,
+        drop: str | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         self.path = pathlib.Path(path)
         self.stats = FollowerStats()
         self.chunk_size = chunk_size
-        self._splitter = Splitter(max_line_bytes, self.stats, str(self.path))
+        self._splitter = Splitter(max_line_bytes, self.stats, str(self.path), drop=drop)
         self._fd: int | None = None
         self._identity: tuple[int, int] | None = None
         self._offset = 0
@@ -75,6 +76,26 @@ class LogFollower:
     def position(self) -> int:
         """Bytes of the current file consumed so far (after ``from_end``: where live reading starts)."""
         return self._offset
+
+    def count_lines_before(self) -> int:
+        """Newlines before the read position (after ``from_end``: lines the file held already).
+        Only reads (``pread``), so it may run on another thread before the first
+        ``read_available``; ~1 GB/s from the page cache."""
+        fd, end = self._fd, self._offset
+        if fd is None:
+            return 0
+        n = pos = 0
+        while pos < end:
+            chunk = os.pread(fd, min(1 << 20, end - pos), pos)
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            pos += len(chunk)
+        return n
+
+    def number_from(self, first: int) -> None:
+        """The next line read is line ``first`` (its number in the file, not since attaching)."""
+        self._splitter.lineno = first
 
     @property
     def behind(self) -> bool:
@@ -392,6 +413,7 @@ async def follow(
     follower: LogFollower, *, poll_interval: float = 0.25, stop: asyncio.Event | None = None
 ) -> AsyncIterator[list[FollowedLine]]:
     """Batches as they appear; reads are bounded so other tasks run between large catch-ups.
+    A batch may be empty when the file grew by lines the follower drops (``drop``).
 
     Close it with ``contextlib.aclosing`` (or ``aclose()``) when leaving early so the
     watchdog thread is joined at once rather than at garbage collection.
@@ -404,9 +426,10 @@ async def follow(
         while stop is None or not stop.is_set():
             waker.ensure_started()
             wake.clear()
+            before = follower.stats.bytes_read
             batch = follower.read_available(_FOLLOW_BATCH_BYTES)
-            if batch:
-                yield batch
+            if batch or follower.stats.bytes_read != before:
+                yield batch  # empty: the file grew by dropped noise only (still a sign of life)
             if follower.behind:
                 await asyncio.sleep(0)
                 continue
