@@ -68,9 +68,8 @@ def main(name: str, out_dir: str) -> None:
 
     torch.manual_seed(0)
     vocab = 64
-    model = GPT2LMHeadModel(
-        GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=vocab, n_positions=16, bos_token_id=0, eos_token_id=0)
-    )
+    config = GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=vocab, n_positions=16)
+    model = GPT2LMHeadModel(config)
     g = torch.Generator().manual_seed(0)
 
     def data(n: int) -> list[dict[str, torch.Tensor]]:
