@@ -435,8 +435,14 @@ Epoch 1: 100%|██████████| 100/100 [00:25<00:00,  4.00it/s, v
 Epoch 2:   1%|          | 1/100 [00:00<00:25,  4.00it/s, v_num=0, train_loss=nan, val_loss=nan]"""
 
 
+def feed_all(fmt: str, text: str) -> list[Record]:
+    """``feed`` and the end of the stream: parsers that hold the latest step give it out."""
+    parser = make_parser(fmt)
+    return run(parser, text) + parser.finish()  # type: ignore[attr-defined]
+
+
 def test_lightning_bar() -> None:
-    recs = feed("lightning", LIGHTNING_LOG)
+    recs = feed_all("lightning", LIGHTNING_LOG)
     s = steps(recs)
     assert [(r.step, r.epoch) for r in s] == [(50, 0.0), (100, 0.0), (145, 1.0), (200, 1.0), (201, 2.0)]
     assert s[0].loss == 2.9 and s[0].step_time_s == 0.25
@@ -452,22 +458,22 @@ def test_lightning_bar_without_total_and_rich_bar() -> None:
 Epoch 0: 10it [00:02,  4.00it/s, v_num=1, loss=3.1]
 Epoch 0: 20it [00:05,  4.00it/s, v_num=1, loss=3.0]
 Epoch 1: 5it [00:01,  4.00it/s, v_num=1, loss=2.9]"""
-    assert [(r.step, r.loss) for r in steps(feed("lightning", log))] == [(10, 3.1), (20, 3.0), (25, 2.9)]
+    assert [(r.step, r.loss) for r in steps(feed_all("lightning", log))] == [(10, 3.1), (20, 3.0), (25, 2.9)]
     slow = "Epoch 0:  10%|█ | 10/100 [00:15<02:15,  1.50s/it, v_num=0, train_loss=3.0]\n" + (
         "Epoch 0:  11%|█ | 11/100 [00:16<02:13,  1.50s/it, v_num=0, train_loss=2.5]"
     )
-    assert [(r.step, r.loss, r.step_time_s) for r in steps(feed("lightning", slow))] == [
+    assert [(r.step, r.loss, r.step_time_s) for r in steps(feed_all("lightning", slow))] == [
         (10, 3.0, 1.5),
         (11, 2.5, 1.5),
     ]
     redraws = (
         "\r".join(f"Epoch 0: {i}it [00:0{i},  1.00it/s, v_num=1, loss=3.{i}]" for i in range(1, 4)) + "\r"
     )
-    assert [(r.step, r.loss) for r in steps(feed("lightning", redraws))] == [(3, 3.3)]
+    assert [(r.step, r.loss) for r in steps(feed_all("lightning", redraws))] == [(3, 3.3)]
     rich = (
         "Epoch 2/9  ━━━━━━━━━━━━━╸━━━━━━━━━━━━━ 45/100 0:00:12 • 0:00:15 3.61it/s v_num: 0 train_loss: 2.340"
     )
-    (rec,) = steps(feed("lightning", rich))
+    (rec,) = steps(feed_all("lightning", rich))
     assert (rec.step, rec.total_steps, rec.loss, rec.epoch) == (245, 1000, 2.34, 2.0)
 
 
