@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from itertools import pairwise
 
 from rankwatch.config.schema import (
     LossDivergenceConfig,
@@ -231,6 +230,8 @@ class LossDivergenceDetector(Detector):
         self.seen = 0
         self.first: list[float] = []  # the run's first finite losses
         self.recent: deque[tuple[int | None, float]] = deque(maxlen=max(3, cfg.trend_records))
+        self.rises: deque[bool] = deque(maxlen=max(3, cfg.trend_records) - 1)  # each change a rise?
+        self.rise_count = 0
         self.episode = Episode()
         # A blow-up or trend episode ends when the loss is back under this level.
         self.resolve_below: float | None = None
@@ -245,7 +246,14 @@ class LossDivergenceDetector(Detector):
         self.seen += 1
         if len(self.first) < FIRST_LOSSES:
             self.first.append(loss)
-        self.recent.append((record.step, loss))
+        recent, rises = self.recent, self.rises
+        if recent:
+            up = loss > recent[-1][1]
+            if len(rises) == rises.maxlen:
+                self.rise_count -= rises[0]
+            rises.append(up)
+            self.rise_count += up
+        recent.append((record.step, loss))
         found = self._blowup(state, record) or self._trend(state, record) or self._recovered(state, record)
         if found:
             return found
@@ -311,7 +319,7 @@ class LossDivergenceDetector(Detector):
         if self.episode.active or len(self.recent) < k or len(self.first) < 2:
             return []
         base = min(self.first)
-        if base <= 0:
+        if base <= 0 or record.loss <= cfg.blowup_factor * base:  # type: ignore[operator]
             return []
         last = [v for _, v in list(self.recent)[-k:]]
         low = min(last)
@@ -336,13 +344,11 @@ class LossDivergenceDetector(Detector):
 
     def _trend(self, state: RankState, record: StepRecord) -> list[Finding]:
         cfg = self.cfg
+        n = len(self.recent)
+        rises = self.rise_count
+        if self.episode.active or n < TREND_MIN_RECORDS or rises < TREND_RISE_SHARE * (n - 1):
+            return []
         vals = [v for _, v in self.recent]
-        n = len(vals)
-        if self.episode.active or n < TREND_MIN_RECORDS:
-            return []
-        rises = sum(1 for a, b in pairwise(vals) if b > a)
-        if rises < TREND_RISE_SHARE * (n - 1):
-            return []
         third = max(1, n // 3)
         old, new = median(vals[:third]), median(vals[-third:])
         if old <= 0 or new <= old * (1 + cfg.rise_ratio) or new - old < cfg.min_delta:
@@ -378,6 +384,7 @@ class LossPlateauDetector(Detector):
         self.cfg = cfg
         self.seen = 0
         self.first_step: int | None = None
+        self.next_check = 0  # the step from which the window is looked at again
         self.episode = Episode()
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
@@ -390,9 +397,12 @@ class LossPlateauDetector(Detector):
         if self.first_step is None:
             self.first_step = step
         self.seen += 1
+        if step < self.next_check:
+            return []  # every step but one in a tenth of a window
         w = max(self.cfg.window, (step - self.first_step) // PLATEAU_RUN_SHARE)
         if step - self.first_step < w or self.seen % PLATEAU_EVERY:
             return []
+        self.next_check = step + w // PLATEAU_EVERY
         losses: list[float] = []
         for rec in reversed(state.steps):
             s = rec.step

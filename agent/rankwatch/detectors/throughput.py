@@ -10,6 +10,7 @@ from rankwatch.records import Finding, Record, Severity, StepRecord
 from rankwatch.state import RankState
 
 FIRST_BASELINE = 5  # logged rates before a first baseline exists
+BASELINE_EVERY = 5  # once the window is full, the baseline is looked at again every this many rates
 
 
 def _rate(rec: StepRecord, prev: StepRecord | None) -> tuple[str, float] | None:
@@ -51,6 +52,7 @@ class ThroughputDetector(Detector):
         self.unit: str | None = None
         self.samples: deque[float] = deque(maxlen=max(FIRST_BASELINE, cfg.baseline_steps))
         self.baseline: float | None = None
+        self.taken = 0
         self.low: list[tuple[int | None, float]] = []
         self.prev: StepRecord | None = None
         self.episode = Episode()
@@ -72,8 +74,9 @@ class ThroughputDetector(Detector):
         slow = self.baseline is not None and value <= cfg.drop_ratio * self.baseline * (1 + 1e-9)
         if not slow:
             self.samples.append(value)
+            self.taken += 1
             n = len(self.samples)
-            if n >= FIRST_BASELINE:
+            if n >= FIRST_BASELINE and (n < cfg.baseline_steps or self.taken % BASELINE_EVERY == 0):
                 window = list(self.samples)[-min(n, cfg.baseline_steps) :]
                 level = median(window)
                 if self.baseline is None or level > self.baseline:
