@@ -254,9 +254,19 @@ class LossDivergenceDetector(Detector):
             rises.append(up)
             self.rise_count += up
         recent.append((record.step, loss))
-        found = self._blowup(state, record) or self._trend(state, record) or self._recovered(state, record)
-        if found:
-            return found
+        if self.episode.active:
+            if self.resolve_below is not None:
+                found = self._recovered(state, record)
+                if found:
+                    return found
+        elif (
+            len(self.first) > 1 and loss > cfg.blowup_factor * min(self.first)
+        ) or self.rise_count >= TREND_RISE_SHARE * (len(recent) - 1) >= TREND_RISE_SHARE * (
+            TREND_MIN_RECORDS - 1
+        ):
+            found = self._blowup(state, record) or self._trend(state, record)
+            if found:
+                return found
         w = cfg.window
         if self.seen < w or self.seen % max(1, w // 2):
             return []
