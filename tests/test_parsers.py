@@ -682,3 +682,25 @@ def test_tolerates_stray_ansi_and_indent() -> None:
     hf = "\x1b[32m{'loss': 1.5, 'grad_norm': 0.5, 'learning_rate': 1e-05, 'epoch': 0.5}\x1b[0m"
     assert sniff_format(hf) == "hf"
     assert steps(feed("hf", hf))[0].loss == 1.5
+
+
+# Printed by a real Lightning 2.6 TQDMProgressBar (tests/golden/gen_lightning.py
+# lightning_tqdm_nan30): each step is drawn, then drawn again with the postfix it logged;
+# a NaN shows as ``nan.0``; each epoch starts with a ``0/18`` redraw.
+REAL_LIGHTNING = [
+    "Epoch 0:   0%|          | 0/18 [00:00<?, ?it/s]",
+    "Epoch 0: 100%|██████████| 18/18 [00:00<00:00, 37.11it/s, v_num=0, train_loss=1.500]",
+    "Epoch 0: 100%|██████████| 18/18 [00:00<00:00, 32.62it/s, v_num=0, train_loss=1.500, val_loss=1.340]",
+    "Epoch 0:   0%|          | 0/18 [00:00<?, ?it/s, v_num=0, train_loss=1.500, val_loss=1.340]         ",
+    "Epoch 1:   0%|          | 0/18 [00:00<?, ?it/s, v_num=0, train_loss=1.500, val_loss=1.340]",
+    "Epoch 1:  61%|██████    | 11/18 [00:00<00:00, 45.71it/s, v_num=0, train_loss=1.610, val_loss=1.340]",
+    "Epoch 1:  67%|██████▋   | 12/18 [00:00<00:00, 46.74it/s, v_num=0, train_loss=1.610, val_loss=1.340]",
+    "Epoch 1:  67%|██████▋   | 12/18 [00:00<00:00, 46.67it/s, v_num=0, train_loss=nan.0, val_loss=1.340]",
+    "Epoch 1:  72%|███████▏  | 13/18 [00:00<00:00, 46.34it/s, v_num=0, train_loss=nan.0, val_loss=1.340]",
+]
+
+
+def test_lightning_real_bar_zero_is_no_step_and_the_second_drawing_holds_the_values() -> None:
+    s = steps(feed_all("lightning", "\n".join(REAL_LIGHTNING)))
+    assert [r.step for r in s] == [18, 29, 30, 31]
+    assert s[1].loss == 1.61 and math.isnan(s[2].loss)  # type: ignore[arg-type]

@@ -125,6 +125,9 @@ def generate(name: str) -> Case:
             tmp.rename(folder)
         except OSError:  # made meanwhile by another process: use that one
             shutil.rmtree(tmp, ignore_errors=True)
+        for old in CACHE.glob(f"{name}-*"):  # made by an older generator or framework
+            if old != folder and old.name[len(name) + 1 :].isalnum():
+                shutil.rmtree(old, ignore_errors=True)
     return Case(name, folder / f"{name}.log", json.loads(truth.read_text()))
 
 
