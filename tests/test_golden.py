@@ -167,3 +167,21 @@ def test_live_run_finds_the_nan_at_its_true_step(tmp_path: Path) -> None:
     found = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()]
     nan = [f for f in found if f["kind"] == "nan_loss" and not f["resolved"]]
     assert nan and nan[0]["step"] == truth["nan_step"] == 40, found
+
+
+STATIC = sorted((Path(__file__).resolve().parent / "golden" / "static").glob("*.log"))
+
+
+@pytest.mark.parametrize("log", STATIC, ids=[p.stem for p in STATIC])
+def test_kept_real_logs(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Real runs CI cannot make in seconds (HF Trainer + DeepSpeed), kept with their truth."""
+    truth = json.loads(log.with_suffix(".json").read_text())
+    assert [r.step for r in step_records(log)] == truth["logged_steps"]
+    code, doc = analyze_json(capsys, log)
+    (rank,) = doc["ranks"]
+    assert (rank["format"], rank["steps"], rank["last_step"]) == (
+        truth["format"],
+        len(truth["logged_steps"]),
+        truth["total_steps"],
+    )
+    assert code == 0 and [f for f in doc["findings"] if f["severity"] != "info"] == []
