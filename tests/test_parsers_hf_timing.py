@@ -257,3 +257,26 @@ def test_a_step_never_passes_the_total_nor_goes_back() -> None:
     )
     steps = [r.step for r in feed_to_end(REAL_HF_LS10 + "\n" + tail)]
     assert steps[:5] == [10, 20, 30, 40, 240] and steps[5] is None  # a repeat is not step 241
+
+
+def test_a_trainer_that_printed_no_loss_dict_gives_the_steps_its_bar_showed() -> None:
+    # A real Transformers 5.23 Trainer with logging_strategy="no": its bar and, at the end,
+    # its summary dict (which shows the log is the Trainer's).
+    log = (
+        "\r  0%|          | 0/30 [00:00<?, ?it/s]\n"
+        "\r  3%|▎         | 1/30 [00:00<00:03,  9.07it/s]\r 20%|██        | 6/30 [00:00<00:00, 31.43it/s]"
+        "\r 53%|█████▎    | 16/30 [00:00<00:00, 60.97it/s]\r 87%|████████▋ | 26/30 [00:00<00:00, 74.32it/s]"
+        "\r                                               \r{'train_runtime': '0.4682', "
+        "'train_samples_per_second': '128.2', 'train_steps_per_second': '64.08', 'train_loss': '3.902', "
+        "'epoch': '1'}\n\r100%|██████████| 30/30 [00:00<00:00, 74.32it/s]"
+        "\r100%|██████████| 30/30 [00:00<00:00, 65.04it/s]\n"
+    )
+    assert [(r.step, r.total_steps) for r in feed_to_end(log)] == [
+        (1, 30),
+        (6, 30),
+        (16, 30),
+        (26, 30),
+        (30, 30),
+    ]
+    # Bars alone, with nothing that shows a Trainer printed them: no steps are made up.
+    assert feed_to_end(log.split("\r                                               \r")[0]) == []

@@ -18,6 +18,10 @@ The step of a dict is the Trainer's global step, found in this order:
 - The previous step plus ``logging_steps`` (learnt from two steps the bar gave).
 - Otherwise the step is not known: the record carries none and the state counts it,
   which findings say. A step never exceeds the bar's total and never goes backwards.
+
+A Trainer that printed no loss dict at all (``logging_strategy="no"``) still drew its
+bar: at the end of the stream, once a Trainer dict (its summary, an evaluation) showed
+the log is the Trainer's, the steps the bar showed become the step records.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ _TOTAL = re.compile(r"Total optimization steps\s*=\s*([\d,]{1,24})")
 _TRAIN_KEYS = ("loss", "grad_norm", "learning_rate")
 _MAX_PENDING = 4096
 _PENDING_LINES = 4
+_MAX_BAR_ONLY = 1 << 16  # bar positions kept while no dict came
 _EPOCH_RAW = re.compile(r"'epoch'\s*:\s*(?P<q>'?)(?P<v>[-+0-9.eE]{1,40})")
 
 
@@ -103,6 +108,9 @@ class HFParser:
         self._interval: int | None = None
         self._spe_lo = 0.0
         self._spe_hi = math.inf
+        self._train_dicts = 0
+        self._trainer_seen = False  # a Trainer dict (summary, evaluation) was read
+        self._bar_only: list[tuple[int, float | None, int]] = []  # (n, step time, line) before any dict
 
     def sniff(self, text: str) -> bool:
         if "{'" not in text:
@@ -131,9 +139,18 @@ class HFParser:
         return bar.step_time if bar is not None else None
 
     def finish(self) -> list[Record]:
-        """End of stream: a dict still waiting for its cut-off end or its step is emitted."""
+        """End of stream: a dict still waiting for its cut-off end or its step is emitted,
+        and, where the Trainer printed no loss dict at all, the steps its bar showed."""
         out = self._flush()
         out.extend(self._release_held())
+        if not self._train_dicts and self._trainer_seen and self._bar_only:
+            total = self._bar_total
+            out.extend(
+                StepRecord(step=n, total_steps=total, step_time_s=st, line=ln)
+                for n, st, ln in self._bar_only
+                if total is None or n <= total
+            )
+        self._bar_only = []
         return out
 
     def release(self) -> list[Record]:
@@ -238,6 +255,14 @@ class HFParser:
             self._bar_total = total
         if total == self._bar_total:
             self._bar_line = lineno
+            only = self._bar_only
+            if (
+                not self._train_dicts
+                and n > 0
+                and (not only or n > only[-1][0])
+                and len(only) < _MAX_BAR_ONLY
+            ):
+                only.append((n, bar.step_time, lineno))
         held = self._held
         if held is not None and total == self._bar_total:
             self._held = None
@@ -292,8 +317,10 @@ class HFParser:
             if v is not None:
                 vals.setdefault(m.group("k"), v)
         if not vals or "train_runtime" in vals or "train_samples_per_second" in vals:
+            self._trainer_seen = self._trainer_seen or bool(vals)
             return self._release_held()  # the end-of-training summary is not a step
         if any(k.startswith("eval_") for k in vals):
+            self._trainer_seen = True
             out = self._release_held()
             self._pause_training()
             metrics = {k: v for k, v in vals.items() if k.startswith("eval_") and k != "eval_loss"}
@@ -303,6 +330,8 @@ class HFParser:
             return out
         if not any(k in vals for k in _TRAIN_KEYS):
             return []
+        self._train_dicts += 1
+        self._bar_only = []
         out = self._release_held()
         recent = self._recent_total
         if recent is not None and (self._bar_total is None or recent > self._bar_total):
