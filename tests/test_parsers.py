@@ -279,7 +279,8 @@ steps: 2500 loss: 13.1 iter time (s): 1.2 samples/sec: 26.6
     parser = DeepSpeedParser()
     s = steps(run(parser, hf_ds) + parser.finish())
     assert isinstance(parser.host, HFParser)
-    assert [(r.step, r.loss) for r in s] == [(10, None), (10, 2.4512), (20, None)]
+    # HF's dicts are the step records: DeepSpeed's own step lines add no step beside them.
+    assert [(r.step, r.loss) for r in s] == [(10, 2.4512)]
 
 
 # ---------------------------------------------------------------- Hugging Face
@@ -338,7 +339,12 @@ def test_hf_counts_dicts_without_a_bar() -> None:
     )
     parser = HFParser()
     s = steps(run(parser, "  Total optimization steps = 3\n" + log))
-    assert [(r.step, r.step_inferred, r.total_steps) for r in s] == [(1, True, 3), (2, True, 3), (3, True, 3)]
+    # Without a bar the step is not known: the record says so and the state counts it.
+    assert [(r.step, r.step_inferred, r.total_steps) for r in s] == [
+        (None, True, 3),
+        (None, True, 3),
+        (None, True, 3),
+    ]
     assert parser.progress() is None
 
 
@@ -349,7 +355,8 @@ def test_hf_bar_that_did_not_move_gives_inferred_next_step() -> None:
  19%|█▉        | 190/1000 [01:35<06:45,  2.00it/s]
 {'loss': 1.8, 'grad_norm': 0.5, 'learning_rate': 4e-05, 'epoch': 0.2}
 {'loss': 1.7, 'grad_norm': 0.5, 'learning_rate': 4e-05, 'epoch': 0.3}"""
-    s = steps(feed("hf", log))
+    parser = HFParser()
+    s = steps(run(parser, log) + parser.finish())  # the last dict waits for a bar that never comes
     assert [(r.step, r.step_inferred) for r in s] == [(100, False), (190, False), (280, True)]
 
 
@@ -435,8 +442,14 @@ Epoch 1: 100%|██████████| 100/100 [00:25<00:00,  4.00it/s, v
 Epoch 2:   1%|          | 1/100 [00:00<00:25,  4.00it/s, v_num=0, train_loss=nan, val_loss=nan]"""
 
 
+def feed_all(fmt: str, text: str) -> list[Record]:
+    """``feed`` and the end of the stream: parsers that hold the latest step give it out."""
+    parser = make_parser(fmt)
+    return run(parser, text) + parser.finish()  # type: ignore[attr-defined]
+
+
 def test_lightning_bar() -> None:
-    recs = feed("lightning", LIGHTNING_LOG)
+    recs = feed_all("lightning", LIGHTNING_LOG)
     s = steps(recs)
     assert [(r.step, r.epoch) for r in s] == [(50, 0.0), (100, 0.0), (145, 1.0), (200, 1.0), (201, 2.0)]
     assert s[0].loss == 2.9 and s[0].step_time_s == 0.25
@@ -452,22 +465,22 @@ def test_lightning_bar_without_total_and_rich_bar() -> None:
 Epoch 0: 10it [00:02,  4.00it/s, v_num=1, loss=3.1]
 Epoch 0: 20it [00:05,  4.00it/s, v_num=1, loss=3.0]
 Epoch 1: 5it [00:01,  4.00it/s, v_num=1, loss=2.9]"""
-    assert [(r.step, r.loss) for r in steps(feed("lightning", log))] == [(10, 3.1), (20, 3.0), (25, 2.9)]
+    assert [(r.step, r.loss) for r in steps(feed_all("lightning", log))] == [(10, 3.1), (20, 3.0), (25, 2.9)]
     slow = "Epoch 0:  10%|█ | 10/100 [00:15<02:15,  1.50s/it, v_num=0, train_loss=3.0]\n" + (
         "Epoch 0:  11%|█ | 11/100 [00:16<02:13,  1.50s/it, v_num=0, train_loss=2.5]"
     )
-    assert [(r.step, r.loss, r.step_time_s) for r in steps(feed("lightning", slow))] == [
+    assert [(r.step, r.loss, r.step_time_s) for r in steps(feed_all("lightning", slow))] == [
         (10, 3.0, 1.5),
         (11, 2.5, 1.5),
     ]
     redraws = (
         "\r".join(f"Epoch 0: {i}it [00:0{i},  1.00it/s, v_num=1, loss=3.{i}]" for i in range(1, 4)) + "\r"
     )
-    assert [(r.step, r.loss) for r in steps(feed("lightning", redraws))] == [(3, 3.3)]
+    assert [(r.step, r.loss) for r in steps(feed_all("lightning", redraws))] == [(3, 3.3)]
     rich = (
         "Epoch 2/9  ━━━━━━━━━━━━━╸━━━━━━━━━━━━━ 45/100 0:00:12 • 0:00:15 3.61it/s v_num: 0 train_loss: 2.340"
     )
-    (rec,) = steps(feed("lightning", rich))
+    (rec,) = steps(feed_all("lightning", rich))
     assert (rec.step, rec.total_steps, rec.loss, rec.epoch) == (245, 1000, 2.34, 2.0)
 
 
@@ -820,3 +833,24 @@ def test_torchtitan_same_step_from_several_ranks_counts_once() -> None:
     recs = feed("torchtitan", log)
     assert [r.step for r in steps(recs)] == [4, 5]
     assert [e.step for e in evals(recs)] == [5]
+
+# Printed by a real Lightning 2.6 TQDMProgressBar (tests/golden/gen_lightning.py
+# lightning_tqdm_nan30): each step is drawn, then drawn again with the postfix it logged;
+# a NaN shows as ``nan.0``; each epoch starts with a ``0/18`` redraw.
+REAL_LIGHTNING = [
+    "Epoch 0:   0%|          | 0/18 [00:00<?, ?it/s]",
+    "Epoch 0: 100%|██████████| 18/18 [00:00<00:00, 37.11it/s, v_num=0, train_loss=1.500]",
+    "Epoch 0: 100%|██████████| 18/18 [00:00<00:00, 32.62it/s, v_num=0, train_loss=1.500, val_loss=1.340]",
+    "Epoch 0:   0%|          | 0/18 [00:00<?, ?it/s, v_num=0, train_loss=1.500, val_loss=1.340]         ",
+    "Epoch 1:   0%|          | 0/18 [00:00<?, ?it/s, v_num=0, train_loss=1.500, val_loss=1.340]",
+    "Epoch 1:  61%|██████    | 11/18 [00:00<00:00, 45.71it/s, v_num=0, train_loss=1.610, val_loss=1.340]",
+    "Epoch 1:  67%|██████▋   | 12/18 [00:00<00:00, 46.74it/s, v_num=0, train_loss=1.610, val_loss=1.340]",
+    "Epoch 1:  67%|██████▋   | 12/18 [00:00<00:00, 46.67it/s, v_num=0, train_loss=nan.0, val_loss=1.340]",
+    "Epoch 1:  72%|███████▏  | 13/18 [00:00<00:00, 46.34it/s, v_num=0, train_loss=nan.0, val_loss=1.340]",
+]
+
+
+def test_lightning_real_bar_zero_is_no_step_and_the_second_drawing_holds_the_values() -> None:
+    s = steps(feed_all("lightning", "\n".join(REAL_LIGHTNING)))
+    assert [r.step for r in s] == [18, 29, 30, 31]
+    assert s[1].loss == 1.61 and math.isnan(s[2].loss)  # type: ignore[arg-type]

@@ -189,8 +189,94 @@ def test_without_bars_dicts_are_counted_and_marked_inferred() -> None:
         for i in range(1, 4)
     )
     recs = feed_lines("  Total optimization steps = 30\n" + text)
+    # The parser cannot know the step (logging_steps is unknown): it says so, the state counts.
     assert [(r.step, r.step_inferred, r.total_steps) for r in recs] == [
-        (1, True, 30),
-        (2, True, 30),
-        (3, True, 30),
+        (None, True, 30),
+        (None, True, 30),
+        (None, True, 30),
     ]
+
+
+# Printed by a real Transformers 5.23 Trainer (tests/golden/gen_hf.py hf_ls10_accum_nan40:
+# logging_steps=10, 80 steps per epoch, tqdm 4.70, stdout and stderr in one file). tqdm
+# redraws at most every 0.1 s: the bar before each dict lags (9, 20, 30, 40 shown before the
+# dicts of steps 10, 20, 30, 40); tqdm.write clears the bar, prints the dict, redraws it.
+REAL_HF_LS10 = (
+    "\r  0%|          | 0/240 [00:00<?, ?it/s][transformers] `loss_type=None` was set in the config but "
+    "it is unrecognized. Using the default loss: `ForCausalLMLoss`.\n"
+    "\r  1%|          | 2/240 [00:00<00:20, 11.71it/s]\r  4%|▍         | 9/240 [00:00<00:12, 18.97it/s]"
+    "\r                                               \r"
+    "{'loss': '3.903', 'grad_norm': '0.7665', 'learning_rate': '0.0009', 'epoch': '0.125'}\n"
+    "\r  4%|▍         | 10/240 [00:00<00:12, 18.97it/s]\r  8%|▊         | 18/240 [00:00<00:11, 19.47it/s]"
+    "\r  8%|▊         | 20/240 [00:01<00:11, 18.49it/s]\r                                                \r"
+    "{'loss': '3.904', 'grad_norm': '0.8208', 'learning_rate': '0.0009609', 'epoch': '0.25'}\n"
+    "\r  8%|▊         | 20/240 [00:01<00:11, 18.49it/s]\r 12%|█▎        | 30/240 [00:01<00:12, 17.19it/s]"
+    "\r                                                \r"
+    "{'loss': '3.905', 'grad_norm': '0.7705', 'learning_rate': '0.0009174', 'epoch': '0.375'}\n"
+    "\r 12%|█▎        | 30/240 [00:01<00:12, 17.19it/s]\r 16%|█▌        | 38/240 [00:02<00:12, 15.93it/s]"
+    "\r                                                \r"
+    "{'loss': '4.246', 'grad_norm': 'nan', 'learning_rate': '0.0008739', 'epoch': '0.5'}\n"
+    "\r 17%|█▋        | 40/240 [00:02<00:12, 16.03it/s]"
+)
+
+
+def feed_to_end(text: str) -> list[StepRecord]:
+    parser = LogParser(default_rank=0)
+    out: list[StepRecord] = []
+    for lineno, line in enumerate(text.split("\n"), 1):
+        for seg in line.split("\r"):
+            if seg:
+                out.extend(r for r in parser.feed(seg, lineno) if isinstance(r, StepRecord))
+    out.extend(r for r in parser.finish() if isinstance(r, StepRecord))
+    return out
+
+
+def test_real_trainer_dicts_take_the_step_tqdm_redraws_after_them() -> None:
+    recs = feed_to_end(REAL_HF_LS10)
+    assert [(r.step, r.step_inferred) for r in recs] == [(10, False), (20, False), (30, False), (40, False)]
+    assert recs[-1].grad_norm != recs[-1].grad_norm  # the NaN, at its true global step 40
+
+
+def test_without_the_redraw_the_epoch_gives_the_step() -> None:
+    # The stream ends after a dict (no redraw follows): epoch 0.625 x the 80 steps per epoch
+    # learnt from the dicts the bar named.
+    tail = "\r                                                \r" + (
+        "{'loss': '3.9', 'grad_norm': '0.8', 'learning_rate': '0.0008', 'epoch': '0.625'}\n"
+    )
+    recs = feed_to_end(REAL_HF_LS10 + tail)
+    assert [r.step for r in recs] == [10, 20, 30, 40, 50]
+
+
+def test_a_step_never_passes_the_total_nor_goes_back() -> None:
+    tail = (
+        "\r100%|██████████| 240/240 [00:09<00:00, 25.00it/s]\r          \r"
+        "{'loss': '3.9', 'grad_norm': '0.8', 'learning_rate': '0', 'epoch': '3'}\n"
+        "\r100%|██████████| 240/240 [00:09<00:00, 25.00it/s]\r          \r"
+        "{'loss': '3.9', 'grad_norm': '0.8', 'learning_rate': '0', 'epoch': '3'}\n"
+        "\r100%|██████████| 240/240 [00:09<00:00, 25.00it/s]\n"
+    )
+    steps = [r.step for r in feed_to_end(REAL_HF_LS10 + "\n" + tail)]
+    assert steps[:5] == [10, 20, 30, 40, 240] and steps[5] is None  # a repeat is not step 241
+
+
+def test_a_trainer_that_printed_no_loss_dict_gives_the_steps_its_bar_showed() -> None:
+    # A real Transformers 5.23 Trainer with logging_strategy="no": its bar and, at the end,
+    # its summary dict (which shows the log is the Trainer's).
+    log = (
+        "\r  0%|          | 0/30 [00:00<?, ?it/s]\n"
+        "\r  3%|▎         | 1/30 [00:00<00:03,  9.07it/s]\r 20%|██        | 6/30 [00:00<00:00, 31.43it/s]"
+        "\r 53%|█████▎    | 16/30 [00:00<00:00, 60.97it/s]\r 87%|████████▋ | 26/30 [00:00<00:00, 74.32it/s]"
+        "\r                                               \r{'train_runtime': '0.4682', "
+        "'train_samples_per_second': '128.2', 'train_steps_per_second': '64.08', 'train_loss': '3.902', "
+        "'epoch': '1'}\n\r100%|██████████| 30/30 [00:00<00:00, 74.32it/s]"
+        "\r100%|██████████| 30/30 [00:00<00:00, 65.04it/s]\n"
+    )
+    assert [(r.step, r.total_steps) for r in feed_to_end(log)] == [
+        (1, 30),
+        (6, 30),
+        (16, 30),
+        (26, 30),
+        (30, 30),
+    ]
+    # Bars alone, with nothing that shows a Trainer printed them: no steps are made up.
+    assert feed_to_end(log.split("\r                                               \r")[0]) == []

@@ -130,12 +130,20 @@ class LossDivergenceConfig:
     window: int = opt(50, "logged steps per median window")
     rise_ratio: float = opt(0.25, "diverging when the recent median is this far above the best median")
     consecutive_windows: int = opt(2, "rise must hold over this many consecutive windows")
+    min_delta: float = opt(
+        0.1, "and the loss must have risen by at least this much, so tiny losses do not fire"
+    )
+    blowup_factor: float = opt(
+        4.0, "blow-up: losses above this many times the lowest of the run's first five"
+    )
+    blowup_records: int = opt(3, "blow-up: logged steps in a row above it")
+    trend_records: int = opt(32, "trend: logged steps over which most changes must be rises")
 
 
 @dataclass
 class LossPlateauConfig:
     enabled: bool = opt(True, "loss stopped improving long after warmup")
-    window: int = opt(2000, "logged steps over which some improvement is expected")
+    window: int = opt(500, "training steps (not logged records) over which some improvement is expected")
     min_improvement: float = opt(0.005, "relative improvement of the median below this is a plateau")
 
 
@@ -153,9 +161,10 @@ class GradExplosionConfig:
     threshold: float = opt(10.0, "absolute grad-norm threshold")
     factor: float = opt(10.0, "and this many times the post-warmup median")
     consecutive: int = opt(3, "steps in a row above both")
-    baseline_steps: int = opt(
-        10, "post-warmup steps that form the median; before it, only threshold x factor counts"
+    climb_factor: float = opt(
+        10.0, "from step 1: grad norm above threshold and this many times the lowest of the few before"
     )
+    baseline_steps: int = opt(10, "steps that form the median; before it, only threshold x factor counts")
 
 
 @dataclass
@@ -179,13 +188,19 @@ class LossScaleConfig:
     min_scale: float = opt(1.0, "a scale at or below this is a collapse")
     max_overflows: int = opt(20, "overflow (skipped) steps within the window that count as a collapse")
     window: int = opt(200, "steps the overflow count is taken over")
+    halvings: int = opt(
+        5, "overflows in a row (no growth between) ending at or below low_scale are a collapse"
+    )
+    low_scale: float = opt(16.0, "a scale this low after repeated halvings is no start-up calibration")
 
 
 @dataclass
 class ThroughputConfig:
     enabled: bool = opt(True, "step time or tokens/s far worse than the learned baseline")
-    drop_ratio: float = opt(0.5, "throughput below this fraction of baseline is a drop")
-    baseline_steps: int = opt(20, "logged steps after warmup that form the baseline (median)")
+    drop_ratio: float = opt(0.5, "throughput at or below this fraction of baseline is a drop")
+    baseline_steps: int = opt(
+        20, "logged steps whose median forms the baseline (the best such median so far)"
+    )
     consecutive: int = opt(5, "logged steps in a row below the threshold")
 
 
@@ -197,7 +212,11 @@ class RankLagConfig:
 
 @dataclass
 class DetectorsConfig:
-    warmup_steps: int = opt(100, "steps ignored by statistical detectors (warmup, compile, first step)")
+    warmup_steps: int = opt(
+        100,
+        "steps the info-level rules (clipping saturated, vanishing gradients) ignore; the loss, "
+        "gradient, loss-scale and throughput rules are safe in warmup and judge from step 1",
+    )
     nan: NanConfig = section(NanConfig, "NaN / Inf detection")
     loss_spike: LossSpikeConfig = section(LossSpikeConfig, "loss spikes")
     loss_divergence: LossDivergenceConfig = section(LossDivergenceConfig, "sustained loss rise")

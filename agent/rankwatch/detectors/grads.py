@@ -14,6 +14,7 @@ from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
 from rankwatch.records import Finding, OverflowRecord, Record, Severity, StepRecord
 from rankwatch.state import RankState
 
+CLIMB_RECORDS = 5  # logged steps a grad-norm climb is looked for over
 LR_RISING = 1.01  # the LR 10 logged steps ago was more than 1% lower: still in warmup
 _BASELINE_MAX = 500  # grad norms the explosion baseline learns from
 
@@ -24,9 +25,12 @@ def lr_warming_up(state: RankState) -> bool:
 
 
 class GradExplosionDetector(Detector):
-    """Grad norm above an absolute threshold *and* far above its own post-warmup median.
+    """Grad norm above an absolute threshold *and* far above its own median, or, from the
+    first step and through any warmup, climbing ``climb_factor``-fold within a few logged
+    steps to above the threshold and staying there.
 
-    The relative test keeps runs whose healthy grad norm is simply large silent.
+    The relative test keeps runs whose healthy grad norm is simply large silent; a healthy
+    warmup's grad norm starts high and falls, it does not multiply.
     """
 
     kinds = ("grad_explosion",)
@@ -39,6 +43,8 @@ class GradExplosionDetector(Detector):
         self.baseline: list[float] = []
         self._base: float | None = None
         self.episode = Episode()
+        self.lately: deque[float] = deque(maxlen=CLIMB_RECORDS + 2)
+        self.climb_low: float | None = None  # set while an episode opened by a climb lasts
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
@@ -46,19 +52,28 @@ class GradExplosionDetector(Detector):
         g = record.grad_norm
         if g is None or g - g != 0:  # absent, NaN or inf: the NaN detector's
             return []
-        if (record.step if record.step is not None else state.position()) <= self.warmup:
-            return []
         g = float(g)
+        lately = self.lately
+        lately.append(g)
+        if g > self.cfg.threshold and not self.episode.active and len(lately) >= 3:
+            climbed = self._climb(state, record, list(lately))
+            if climbed:
+                return climbed
         base = self._base if len(self.baseline) >= self.cfg.baseline_steps else None
         # Without a baseline yet, only a blow-up far past the absolute threshold counts.
-        high = g > self.cfg.factor * base and g > self.cfg.threshold if base is not None else (
-            g > self.cfg.threshold * self.cfg.factor
+        high = (
+            g > self.cfg.factor * base and g > self.cfg.threshold
+            if base is not None
+            else (g > self.cfg.threshold * self.cfg.factor)
         )
         if not high and not self.run and not self.episode.active and len(self.baseline) >= _BASELINE_MAX:
             return []  # the usual step: nothing to learn, count or close, in warmup or not
-        if lr_warming_up(state):
+        if lr_warming_up(state) and self.climb_low is None:
             return []  # warmup by the run's own schedule, however long: grad norms run high
         if not high:
+            if self.climb_low is not None and g > self.cfg.threshold:
+                return []  # after a climb: still above the absolute threshold, not over
+            self.climb_low = None
             self.run.clear()
             if len(self.baseline) < _BASELINE_MAX:
                 self.baseline.append(g)
@@ -94,6 +109,30 @@ class GradExplosionDetector(Detector):
                 )
             ]
         return []
+
+    def _climb(self, state: RankState, record: StepRecord, vals: list[float]) -> list[Finding]:
+        """The last two grad norms both ``climb_factor`` x the lowest of the few before them."""
+        before = vals[:-2]
+        low = min(before)
+        factor = self.cfg.climb_factor
+        if low <= 0 or min(vals[-2:]) < factor * low:
+            return []
+        self.episode.open(record.step)
+        self.climb_low = low
+        self.run = [(record.step, vals[-1])]
+        return [
+            finding(
+                "grad_explosion",
+                Severity.WARNING,
+                state,
+                f"gradient explosion: grad norm climbed from {fmt(low)} to {fmt(vals[-1])} "
+                f"({vals[-1] / low:.0f}x) within {len(vals)} logged steps. In the first steps this is an LR "
+                "far too high or no warmup; a NaN often follows. Usual fix: lower the LR, add warmup, "
+                "enable/tighten gradient clipping, check for a bad batch, prefer bf16.",
+                record=record,
+                evidence={"grad_norms": vals, "from": low},
+            )
+        ]
 
 
 class GradClippingDetector(Detector):
@@ -206,25 +245,40 @@ class GradVanishingDetector(Detector):
 
 
 class LossScaleDetector(Detector):
-    """fp16 dynamic loss scaling that keeps shrinking: every overflow is a skipped step."""
+    """fp16 dynamic loss scaling that keeps shrinking: every overflow is a skipped step.
+
+    Two rules, both safe at start-up, where the scaler backs off from 2^16..2^32 to a
+    scale that fits (a few to 16 halvings, ending high): ``halvings`` overflows in a row
+    ending at or below ``low_scale`` (a scale that low means gradients overflow at any
+    scale: inf/NaN in the model), or ``max_overflows`` overflows within ``window`` steps.
+    A scale at or below ``min_scale`` after a higher one counts at once.
+    """
 
     kinds = ("loss_scale_collapse",)
     accepts = (StepRecord, OverflowRecord)
 
     def __init__(self, cfg: LossScaleConfig, warmup_steps: int) -> None:
         self.cfg = cfg
-        self.warmup = warmup_steps
         self.episode = Episode()
+        self.streak = 0  # overflows since the scale last grew
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, (StepRecord, OverflowRecord)):
             return []
         is_step = isinstance(record, StepRecord)
+        if not is_step:
+            old, new = record.old_scale, record.new_scale  # type: ignore[union-attr]
+            if old is not None and new is not None and new >= old:
+                self.streak = 0  # hysteresis: the scale held
+            else:
+                self.streak += 1
         scale = record.loss_scale if is_step else record.new_scale  # type: ignore[union-attr]
         if scale is None or scale - scale != 0:
             scale = state.last_loss_scale  # DeepSpeed's step lines print no scale; its OVERFLOW lines do
         ok = scale is not None and scale - scale == 0
         if is_step and not record.skipped_iters:  # type: ignore[union-attr]
+            if ok and scale > max(self.cfg.min_scale * 4, self.cfg.low_scale) and self.streak:  # type: ignore[operator]
+                self.streak = 0  # a step went through at a healthy scale
             if ok and scale > self.cfg.min_scale * 4 and self.episode.close():  # type: ignore[operator]
                 return [
                     finding(
@@ -245,24 +299,28 @@ class LossScaleDetector(Detector):
             and peak is not None
             and peak > self.cfg.min_scale
         )
-        if not collapsed and len(state.overflows) < self.cfg.max_overflows:
+        halved = ok and self.streak >= self.cfg.halvings and scale <= self.cfg.low_scale  # type: ignore[operator]
+        if not collapsed and not halved and len(state.overflows) < self.cfg.max_overflows:
             return []  # every step of a healthy run: too few overflows ever to count
-        now = state.position()
-        # The scaler backing off from its initial 2^16..2^32 in the first steps is normal.
-        start = max(now - self.cfg.window, self.warmup)
+        now = record.step if record.step is not None else state.position()
+        start = now - self.cfg.window
         recent = [s for s in state.overflows if s > start]
-        if (collapsed or len(recent) >= self.cfg.max_overflows) and self.episode.open(now):
+        if (collapsed or halved or len(recent) >= self.cfg.max_overflows) and self.episode.open(now):
+            why = (
+                f"{self.streak} overflows in a row halved it to {fmt(scale)}"
+                if halved
+                else f"{len(recent)} overflow/skipped steps in the last {self.cfg.window} steps"
+            )
             return [
                 finding(
                     "loss_scale_collapse",
                     Severity.WARNING,
                     state,
-                    f"fp16 loss scale collapsing: scale {fmt(scale)}, {len(recent)} overflow/skipped steps "
-                    f"in the last {self.cfg.window} steps. The model is producing inf/NaN gradients; "
-                    "switch to bf16, lower the LR, or check for a bad batch.",
+                    f"fp16 loss scale collapsing: scale {fmt(scale)}, {why}. The model is producing "
+                    "inf/NaN gradients; switch to bf16, lower the LR, or check for a bad batch.",
                     record=record,
                     step=now,
-                    evidence={"loss_scale": scale, "overflows_in_window": len(recent)},
+                    evidence={"loss_scale": scale, "overflows_in_window": len(recent), "streak": self.streak},
                 )
             ]
         return []

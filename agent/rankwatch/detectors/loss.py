@@ -136,6 +136,13 @@ class NanDetector(Detector):
         ]
 
 
+FIRST_LOSSES = 5  # the run's first losses, the base of the blow-up rule
+TREND_MIN_RECORDS = 12  # logged losses before a trend is judged
+TREND_RISE_SHARE = 0.75  # share of step-to-step changes that must be rises
+PLATEAU_EVERY = 10  # the plateau rule looks again every this many logged steps
+PLATEAU_MIN_RECORDS = 20  # logged losses in the window needed to judge it
+PLATEAU_RUN_SHARE = 3  # the window is at least this fraction of the run so far
+PLATEAU_RESUME = 4  # "improving again" takes this many times min_improvement: noise flips less
 SPIKE_MEMORY = 1000  # logged steps a past jump is remembered as "this run's normal"
 SPIKE_RECORD_MARGIN = 1.25  # and a new one must beat it by this much to be news
 
@@ -164,7 +171,7 @@ class LossSpikeDetector(Detector):
         if loss is None or loss - loss != 0:  # absent, NaN or inf: the NaN detector's
             return []
         step = record.step if record.step is not None else state.position()
-        if step <= self.warmup or step <= self.quiet_until:
+        if step <= self.quiet_until:
             return []
         cfg = self.cfg
         total = state.prior_sum("loss", cfg.window)
@@ -200,19 +207,34 @@ class LossSpikeDetector(Detector):
 
 
 class LossDivergenceDetector(Detector):
-    """A sustained rise of the median loss over whole windows, immune to single spikes."""
+    """A loss that goes up and stays up, judged from the first step. Three rules:
+
+    - blow-up: the last ``blowup_records`` losses all above ``blowup_factor`` x the lowest
+      of the run's first few (an LR far too high diverges within steps, inside any warmup;
+      a healthy loss starts at its highest and falls);
+    - trend: over the last up to ``trend_records`` logged losses most step-to-step changes
+      are rises and the newest third's median is ``rise_ratio`` above the oldest third's
+      (a short run rising on every iteration; noise rises half the time and has no trend);
+    - windows: the median of the last ``window`` logged losses ``rise_ratio`` above the best
+      such median for ``consecutive_windows`` half-windows (a slow, noisy rise).
+    """
 
     kinds = ("loss_divergence",)
     accepts = (StepRecord,)
 
     def __init__(self, cfg: LossDivergenceConfig, warmup_steps: int) -> None:
         self.cfg = cfg
-        self.warmup = warmup_steps
         self.best: float | None = None
         self.best_step: int | None = None
         self.rising = 0
         self.seen = 0
+        self.first: list[float] = []  # the run's first finite losses
+        self.recent: deque[tuple[int | None, float]] = deque(maxlen=max(3, cfg.trend_records))
+        self.rises: deque[bool] = deque(maxlen=max(3, cfg.trend_records) - 1)  # each change a rise?
+        self.rise_count = 0
         self.episode = Episode()
+        # A blow-up or trend episode ends when the loss is back under this level.
+        self.resolve_below: float | None = None
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
@@ -220,20 +242,42 @@ class LossDivergenceDetector(Detector):
         loss = record.loss
         if loss is None or loss - loss != 0:
             return []
-        if (record.step if record.step is not None else state.position()) <= self.warmup:
-            return []
+        cfg = self.cfg
         self.seen += 1
-        w = self.cfg.window
+        if len(self.first) < FIRST_LOSSES:
+            self.first.append(loss)
+        recent, rises = self.recent, self.rises
+        if recent:
+            up = loss > recent[-1][1]
+            if len(rises) == rises.maxlen:
+                self.rise_count -= rises[0]
+            rises.append(up)
+            self.rise_count += up
+        recent.append((record.step, loss))
+        if self.episode.active:
+            if self.resolve_below is not None:
+                found = self._recovered(state, record)
+                if found:
+                    return found
+        elif (
+            len(self.first) > 1 and loss > cfg.blowup_factor * min(self.first)
+        ) or self.rise_count >= TREND_RISE_SHARE * (len(recent) - 1) >= TREND_RISE_SHARE * (
+            TREND_MIN_RECORDS - 1
+        ):
+            found = self._blowup(state, record) or self._trend(state, record)
+            if found:
+                return found
+        w = cfg.window
         if self.seen < w or self.seen % max(1, w // 2):
             return []
         cur = median(state.recent("loss", w))
         if self.best is None or cur < self.best:
             self.best, self.best_step = cur, record.step
-        if self.best > 0 and cur > self.best * (1 + self.cfg.rise_ratio):
+        if self.best > 0 and cur > self.best * (1 + cfg.rise_ratio):
             self.rising += 1
         else:
             self.rising = 0
-            if self.episode.close():
+            if self.resolve_below is None and self.episode.close():
                 return [
                     finding(
                         "loss_divergence",
@@ -244,7 +288,7 @@ class LossDivergenceDetector(Detector):
                         resolved=True,
                     )
                 ]
-        if self.rising >= self.cfg.consecutive_windows and self.episode.open(record.step):
+        if self.rising >= cfg.consecutive_windows and self.episode.open(record.step):
             return [
                 finding(
                     "loss_divergence",
@@ -260,17 +304,97 @@ class LossDivergenceDetector(Detector):
             ]
         return []
 
+    def _recovered(self, state: RankState, record: StepRecord) -> list[Finding]:
+        level = self.resolve_below
+        if level is None or not self.episode.active:
+            return []
+        if median([v for _, v in list(self.recent)[-3:]]) > level:
+            return []
+        self.resolve_below = None
+        self.episode.close()
+        return [
+            finding(
+                "loss_divergence",
+                Severity.WARNING,
+                state,
+                f"loss back to {fmt(record.loss)}",
+                record=record,
+                resolved=True,
+            )
+        ]
+
+    def _blowup(self, state: RankState, record: StepRecord) -> list[Finding]:
+        cfg = self.cfg
+        k = cfg.blowup_records
+        if self.episode.active or len(self.recent) < k or len(self.first) < 2:
+            return []
+        base = min(self.first)
+        if base <= 0 or record.loss <= cfg.blowup_factor * base:  # type: ignore[operator]
+            return []
+        last = [v for _, v in list(self.recent)[-k:]]
+        low = min(last)
+        if low <= cfg.blowup_factor * base or low - base < cfg.min_delta:
+            return []
+        self.episode.open(record.step)
+        self.resolve_below = 2 * base
+        shown = ", ".join(f"{s}: {fmt(v)}" if s is not None else fmt(v) for s, v in list(self.recent)[-6:])
+        return [
+            finding(
+                "loss_divergence",
+                Severity.WARNING,
+                state,
+                f"loss is blowing up: {fmt(record.loss)} at step {record.step}, at least {low / base:.1f}x "
+                f"the run's first losses (lowest {fmt(base)}) for {k} logged steps ({shown}). A loss that "
+                "multiplies in the first steps is an LR far too high (or no warmup), a wrong loss scale "
+                "or bad data. Usual fix: lower the LR, add warmup, enable gradient clipping.",
+                record=record,
+                evidence={"first_min": base, "recent": last},
+            )
+        ]
+
+    def _trend(self, state: RankState, record: StepRecord) -> list[Finding]:
+        cfg = self.cfg
+        n = len(self.recent)
+        rises = self.rise_count
+        if self.episode.active or n < TREND_MIN_RECORDS or rises < TREND_RISE_SHARE * (n - 1):
+            return []
+        vals = [v for _, v in self.recent]
+        third = max(1, n // 3)
+        old, new = median(vals[:third]), median(vals[-third:])
+        if old <= 0 or new <= old * (1 + cfg.rise_ratio) or new - old < cfg.min_delta:
+            return []
+        self.episode.open(record.step)
+        self.resolve_below = old * (1 + cfg.rise_ratio / 2)
+        since = self.recent[0][0]
+        return [
+            finding(
+                "loss_divergence",
+                Severity.WARNING,
+                state,
+                f"loss is rising steadily: {rises} of the last {n - 1} logged changes were rises"
+                + (f" since step {since}" if since is not None else "")
+                + f", median {fmt(old)} -> {fmt(new)} (+{(new / old - 1) * 100:.0f}%). Usual fix: lower "
+                "the LR or lengthen warmup, check clipping and the data; resume from a checkpoint "
+                "before the rise.",
+                record=record,
+                evidence={"rises": rises, "records": n, "old_median": old, "new_median": new},
+            )
+        ]
+
 
 class LossPlateauDetector(Detector):
-    """No meaningful improvement over a long window. Info only: converged runs plateau too."""
+    """No meaningful improvement over the last ``window`` training steps, or the last third
+    of the run so far when that is longer (however often the log prints). Info only:
+    converged runs plateau too."""
 
     kinds = ("loss_plateau",)
     accepts = (StepRecord,)
 
     def __init__(self, cfg: LossPlateauConfig, warmup_steps: int) -> None:
         self.cfg = cfg
-        self.warmup = warmup_steps
         self.seen = 0
+        self.first_step: int | None = None
+        self.next_check = 0  # the step from which the window is looked at again
         self.episode = Episode()
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
@@ -279,16 +403,28 @@ class LossPlateauDetector(Detector):
         loss = record.loss
         if loss is None or loss - loss != 0:
             return []
-        if (record.step if record.step is not None else state.position()) <= self.warmup:
-            return []
+        step = record.step if record.step is not None else state.position()
+        if self.first_step is None:
+            self.first_step = step
         self.seen += 1
-        w = self.cfg.window
-        if self.seen < w or self.seen % max(1, w // 10):
+        if step < self.next_check:
+            return []  # every step but one in a tenth of a window
+        w = max(self.cfg.window, (step - self.first_step) // PLATEAU_RUN_SHARE)
+        if step - self.first_step < w or self.seen % PLATEAU_EVERY:
             return []
-        losses = state.recent("loss", w)
-        if len(losses) < w:
+        self.next_check = step + w // PLATEAU_EVERY
+        losses: list[float] = []
+        for rec in reversed(state.steps):
+            s = rec.step
+            if s is not None and s < step - w and len(losses) >= PLATEAU_MIN_RECORDS:
+                break
+            v = rec.loss
+            if v is not None and v - v == 0:
+                losses.append(v)
+        if len(losses) < PLATEAU_MIN_RECORDS:
             return []
-        q = max(1, w // 5)
+        losses.reverse()
+        q = max(1, len(losses) // 5)
         old, new = median(losses[:q]), median(losses[-q:])
         if old <= 0:
             return []
@@ -300,14 +436,15 @@ class LossPlateauDetector(Detector):
                         "loss_plateau",
                         Severity.INFO,
                         state,
-                        f"loss has plateaued: median {fmt(new)} now vs {fmt(old)} {w} logged steps ago "
-                        f"({gain * 100:.2f}% improvement). If this is not convergence, try a higher LR "
-                        "or a schedule change; otherwise consider stopping early.",
+                        f"loss has plateaued: median {fmt(new)} now vs {fmt(old)} {w} steps ago "
+                        f"({gain * 100:.2f}% improvement over {len(losses)} logged steps). If this is not "
+                        "convergence (a loss stuck near ln(vocabulary size) is a model learning nothing), "
+                        "try a higher LR or a schedule change; otherwise consider stopping early.",
                         record=record,
-                        evidence={"old_median": old, "new_median": new, "window": w},
+                        evidence={"old_median": old, "new_median": new, "window_steps": w},
                     )
                 ]
-        elif self.episode.close():
+        elif gain >= PLATEAU_RESUME * self.cfg.min_improvement and self.episode.close():
             return [
                 finding(
                     "loss_plateau", Severity.INFO, state, "loss improving again", record=record, resolved=True

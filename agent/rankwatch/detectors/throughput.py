@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from rankwatch.config.schema import ThroughputConfig
 from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
 from rankwatch.records import Finding, Record, Severity, StepRecord
 from rankwatch.state import RankState
+
+FIRST_BASELINE = 5  # logged rates before a first baseline exists
+BASELINE_EVERY = 5  # once the window is full, the baseline is looked at again every this many rates
 
 
 def _rate(rec: StepRecord, prev: StepRecord | None) -> tuple[str, float] | None:
@@ -33,18 +38,21 @@ def _rate(rec: StepRecord, prev: StepRecord | None) -> tuple[str, float] | None:
 
 
 class ThroughputDetector(Detector):
-    """Baseline = median of the first logged steps after warmup, so a slow first step
-    (load, compile) never sets it; a drop must hold for several steps to count."""
+    """Baseline = the best median of ``baseline_steps`` consecutive logged rates seen so far
+    (a median, so a slow first step never sets it; the best, so a baseline first taken at a
+    slow moment rises to the run's real speed). A rate at or below ``drop_ratio`` of it for
+    ``consecutive`` logged steps in a row is a drop, judged as soon as a first baseline of
+    ``FIRST_BASELINE`` rates exists."""
 
     kinds = ("throughput_drop",)
     accepts = (StepRecord,)
 
     def __init__(self, cfg: ThroughputConfig, warmup_steps: int) -> None:
         self.cfg = cfg
-        self.warmup = warmup_steps
         self.unit: str | None = None
-        self.samples: list[float] = []
+        self.samples: deque[float] = deque(maxlen=max(FIRST_BASELINE, cfg.baseline_steps))
         self.baseline: float | None = None
+        self.taken = 0
         self.low: list[tuple[int | None, float]] = []
         self.prev: StepRecord | None = None
         self.episode = Episode()
@@ -54,23 +62,33 @@ class ThroughputDetector(Detector):
             return []
         prev, self.prev = self.prev, record
         got = _rate(record, prev)
-        if got is None or (record.step if record.step is not None else state.position()) <= self.warmup:
+        if got is None:
             return []
         unit, value = got
         if self.unit is None:
             self.unit = unit
         elif unit != self.unit:
             return []
-        if self.baseline is None:
+        cfg = self.cfg
+        # Exactly ``drop_ratio`` counts: "half the speed" is the rule's own example.
+        slow = self.baseline is not None and value <= cfg.drop_ratio * self.baseline * (1 + 1e-9)
+        if not slow:
             self.samples.append(value)
-            if len(self.samples) >= self.cfg.baseline_steps:
-                self.baseline = median(self.samples)
+            self.taken += 1
+            n = len(self.samples)
+            if n >= FIRST_BASELINE and (n < cfg.baseline_steps or self.taken % BASELINE_EVERY == 0):
+                window = list(self.samples)[-min(n, cfg.baseline_steps) :]
+                level = median(window)
+                if self.baseline is None or level > self.baseline:
+                    self.baseline = level
+        base = self.baseline
+        if base is None:
             return []
-        if value < self.cfg.drop_ratio * self.baseline:
+        if slow:
             self.low.append((record.step, value))
         else:
             self.low.clear()
-            if value >= 0.8 * self.baseline and self.episode.close():
+            if value >= 0.8 * base and self.episode.close():
                 return [
                     finding(
                         "throughput_drop",
@@ -81,22 +99,22 @@ class ThroughputDetector(Detector):
                         resolved=True,
                     )
                 ]
-        if len(self.low) >= self.cfg.consecutive and self.episode.open(record.step):
+        if len(self.low) >= cfg.consecutive and self.episode.open(record.step):
             cur = median([v for _, v in self.low])
             return [
                 finding(
                     "throughput_drop",
                     Severity.WARNING,
                     state,
-                    f"throughput dropped to {fmt(cur)} {unit}, {cur / self.baseline * 100:.0f}% of its "
-                    f"baseline {fmt(self.baseline)} {unit} for {len(self.low)} logged steps since step "
+                    f"throughput dropped to {fmt(cur)} {unit}, {cur / base * 100:.0f}% of its "
+                    f"baseline {fmt(base)} {unit} for {len(self.low)} logged steps since step "
                     f"{self.low[0][0]}. Usual causes: a straggler GPU (thermal/power throttling), a slow "
                     "data loader or filesystem, another job on the node, or a network degradation. "
                     "Usual fix: compare this rank's GPU clocks, throttle reasons and data-loader CPU with "
                     "its peers' (Grafana's rank detail board), then drain or fix the slow part.",
                     record=record,
                     step=self.low[0][0],
-                    evidence={"baseline": self.baseline, "current": cur, "unit": unit},
+                    evidence={"baseline": base, "current": cur, "unit": unit},
                 )
             ]
         return []

@@ -37,6 +37,9 @@ def to_float(raw: str | None) -> float | None:
     try:
         return float(s)
     except ValueError:
+        # Lightning's tqdm bar prints a NaN loss as ``nan.0`` (and infinities as ``inf.0``).
+        if s.endswith(".0") and s[:-2].lstrip("+-").lower() in ("nan", "inf"):
+            return float(s[:-2])
         return None
 
 

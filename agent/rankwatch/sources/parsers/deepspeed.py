@@ -145,15 +145,15 @@ class DeepSpeedParser:
             if out:
                 if any(isinstance(r, StepRecord) for r in out):
                     self._host = host
-                    if isinstance(host, (MegatronParser, LightningParser)):
-                        self._held = None  # the host prints that step itself
+                    # The host prints that step itself (HF's dicts are the step records).
+                    self._held = None
                 return out
         return []
 
     def _own(self, rec: StepRecord) -> list[Record]:
-        # Megatron and Lightning print every step themselves; DeepSpeed's copy would
-        # only duplicate the step with fewer fields.
-        if isinstance(self._host, (MegatronParser, LightningParser)):
+        # Megatron, Lightning and the HF Trainer print their steps themselves; DeepSpeed's
+        # copy would only add a step with fewer fields (or count one step twice).
+        if self._host is not None:
             return []
         held = self._held
         if rec.step is not None and held is not None and held.step == rec.step:

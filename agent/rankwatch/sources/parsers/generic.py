@@ -184,7 +184,9 @@ class KvParser:
             return False
         # A counter named "epoch" is a step counter when it is a whole number ("epoch: 3442
         # loss: 0.21"); a fraction (HF's 'epoch': 0.53) is not.
-        if "step" not in f and not ("epoch" in f and f["epoch"] == int(f["epoch"])):
+        epoch = f.get("epoch")
+        whole = epoch is not None and math.isfinite(epoch) and epoch == int(epoch)
+        if "step" not in f and not whole:
             return False
         return not _specific(text)
 

@@ -3,16 +3,34 @@
 The Trainer prints ``str(logs)`` dicts with no step number, while tqdm draws the
 progress bar on stderr. Both often land in one file, buffered differently, so a dict
 can be glued to bar text, cut in two by it, or split over two lines. The dict is read
-with a key/value regex (never ``literal_eval``), the bar is cut out and remembered,
-and the step comes from the training bar when one was seen, else from counting dicts.
+with a key/value regex (never ``literal_eval``) and the bar is cut out and remembered.
+
+The step of a dict is the Trainer's global step, found in this order:
+
+- The bar redrawn right after the dict. The Trainer prints through ``tqdm.write``, which
+  clears the bar (a run of spaces between two ``\r``), prints the dict and redraws the
+  bar at once, showing the step just logged. The bar drawn *before* the dict does not
+  tell it: tqdm redraws at most every ``mininterval`` (0.1 s), so on fast steps it lags
+  by up to ``logging_steps`` steps, which once multiplied the inferred interval.
+- The dict's own ``epoch`` (global step / steps per epoch), once steps per epoch were
+  learnt from dicts whose step the bar gave, to the precision the epoch was printed with
+  (``f"{v:.4g}"`` since Transformers 5).
+- The previous step plus ``logging_steps`` (learnt from two steps the bar gave).
+- Otherwise the step is not known: the record carries none and the state counts it,
+  which findings say. A step never exceeds the bar's total and never goes backwards.
+
+A Trainer that printed no loss dict at all (``logging_strategy="no"``) still drew its
+bar: at the end of the stream, once a Trainer dict (its summary, an evaluation) showed
+the log is the Trainer's, the steps the bar showed become the step records.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import ClassVar
 
-from rankwatch.records import Record
+from rankwatch.records import Record, StepRecord
 
 from ._bars import BarClock
 from ._common import (
@@ -34,6 +52,25 @@ _TOTAL = re.compile(r"Total optimization steps\s*=\s*([\d,]{1,24})")
 _TRAIN_KEYS = ("loss", "grad_norm", "learning_rate")
 _MAX_PENDING = 4096
 _PENDING_LINES = 4
+_MAX_BAR_ONLY = 1 << 16  # bar positions kept while no dict came
+_EPOCH_RAW = re.compile(r"'epoch'\s*:\s*(?P<q>'?)(?P<v>[-+0-9.eE]{1,40})")
+
+
+def epoch_precision(quoted: bool, raw: str) -> float:
+    """Half a unit of the last digit an epoch was printed with: Transformers 5 prints
+    ``f"{v:.4g}"`` (quoted, 4 significant digits), older versions the float's repr or
+    ``round(epoch, 2)``."""
+    v = to_float(raw)
+    if v is None:
+        return 0.5
+    if quoted:
+        if v == 0:
+            return 5e-5
+        return 0.5 * 10.0 ** (math.floor(math.log10(abs(v))) - 3)
+    mant, _, power = raw.lower().partition("e")
+    decimals = len(mant.partition(".")[2])
+    exp = int(power) if power.lstrip("+-").isdigit() else 0
+    return 0.5 * 10.0 ** (exp - decimals)
 
 
 def _value(raw: str) -> float | None:
@@ -55,10 +92,25 @@ class HFParser:
         self._bar_total: int | None = None
         self._total_steps: int | None = None
         self._last_step: int | None = None
-        self._interval = 1
         self._pending: str | None = None
         self._pending_line: LogLine | None = None
         self._pending_age = 0
+        self._pending_synced = False
+        # The previous segment was tqdm clearing its bars before a write.
+        self._after_clear = False
+        self._bar_line = -1  # line number of the training bar's latest drawing
+        # A dict printed by tqdm.write, waiting for the redraw that names its step.
+        self._held: tuple[StepRecord, float, bool] | None = None  # (record, epoch precision, synced)
+        self._out: list[Record] = []
+        self._bar_seen_n: int | None = None  # the training bar's n when the last dict came
+        # Steps the bar gave: the last one, the interval between two, steps per epoch.
+        self._exact_last: int | None = None
+        self._interval: int | None = None
+        self._spe_lo = 0.0
+        self._spe_hi = math.inf
+        self._train_dicts = 0
+        self._trainer_seen = False  # a Trainer dict (summary, evaluation) was read
+        self._bar_only: list[tuple[int, float | None, int]] = []  # (n, step time, line) before any dict
 
     def sniff(self, text: str) -> bool:
         if "{'" not in text:
@@ -87,12 +139,31 @@ class HFParser:
         return bar.step_time if bar is not None else None
 
     def finish(self) -> list[Record]:
-        """End of stream: a dict still waiting for its cut-off end is emitted as it is."""
-        return self._flush()
+        """End of stream: a dict still waiting for its cut-off end or its step is emitted,
+        and, where the Trainer printed no loss dict at all, the steps its bar showed."""
+        out = self._flush()
+        out.extend(self._release_held())
+        if not self._train_dicts and self._trainer_seen and self._bar_only:
+            total = self._bar_total
+            out.extend(
+                StepRecord(step=n, total_steps=total, step_time_s=st, line=ln)
+                for n, st, ln in self._bar_only
+                if total is None or n <= total
+            )
+        self._bar_only = []
+        return out
+
+    def release(self) -> list[Record]:
+        """The stream went quiet: a dict waiting for the bar's redraw gets its best step."""
+        return self._release_held()
 
     def parse(self, line: LogLine) -> list[Record]:
         text = line.text
         if self._pending is None and "'" not in text and "|" not in text:
+            if not text or text.isspace():
+                self._after_clear = True
+                return []
+            self._after_clear = False
             if OverflowTracker.maybe(text):
                 return list(self._overflow.feed(line, strip_ansi(text)) or ())
             if "optimization steps" in text:
@@ -100,11 +171,20 @@ class HFParser:
                 if m is not None:
                     self._total_steps = to_int(m.group(1))
             return []
-        return self._parse_slow(line, strip_ansi(text))
+        out = self._parse_slow(line, strip_ansi(text))
+        if self._out:
+            out = self._out + out
+            self._out = []
+        return out
 
     def _parse_slow(self, line: LogLine, text: str) -> list[Record]:
+        # tqdm.write's dict starts a segment after the clearing, on the line where the bar
+        # was last drawn (the clearing itself is lost when it came before the format was known).
+        synced = self._after_clear or line.lineno == self._bar_line
+        self._after_clear = False
         if "%|" in text:
-            text = self._cut_bars(text)
+            text = self._cut_bars(text, line.lineno)
+            synced = False  # glued to a bar in one segment: not written by tqdm.write
             if self._pending is None and "'" not in text:  # a bare bar redraw
                 if OverflowTracker.maybe(text):
                     return list(self._overflow.feed(line, text) or ())
@@ -120,24 +200,28 @@ class HFParser:
                 rest.append(text[pos:])
                 break
             rest.append(text[pos:i])
+            # Only a dict at the start of its segment can follow tqdm's clearing.
+            first = synced and not text[:i].strip()
             j = text.find("}", i)
             if j < 0:
                 self._pending = text[i : i + _MAX_PENDING]
                 self._pending_line = line
                 self._pending_age = 0
+                self._pending_synced = first
                 break
-            out.extend(self._dict(line, text[i : j + 1]))
+            out.extend(self._dict(line, text[i : j + 1], first))
             pos = j + 1
+            synced = False
         leftover = "".join(rest)
         if OverflowTracker.maybe(leftover):
             out.extend(self._overflow.feed(line, leftover) or ())
         return out
 
-    def _cut_bars(self, text: str) -> str:
+    def _cut_bars(self, text: str, lineno: int) -> str:
         pieces: list[str] = []
         pos = 0
         for m in TQDM_BAR.finditer(text):
-            self._on_bar(text[pos : m.start()], m)
+            self._on_bar(text[pos : m.start()], m, lineno)
             pieces.append(text[pos : m.start()])
             pos = m.end()
         if not pieces:
@@ -145,7 +229,7 @@ class HFParser:
         pieces.append(text[pos:])
         return "".join(pieces)
 
-    def _on_bar(self, before: str, m: re.Match[str]) -> None:
+    def _on_bar(self, before: str, m: re.Match[str], lineno: int) -> None:
         if before.rstrip().endswith(":"):
             return  # a described bar ("Map:", "Loading checkpoint shards:"), not training
         info = m.group("info")
@@ -169,6 +253,21 @@ class HFParser:
         self._recent_total = total
         if self._bar_total is None:
             self._bar_total = total
+        if total == self._bar_total:
+            self._bar_line = lineno
+            only = self._bar_only
+            if (
+                not self._train_dicts
+                and n > 0
+                and (not only or n > only[-1][0])
+                and len(only) < _MAX_BAR_ONLY
+            ):
+                only.append((n, bar.step_time, lineno))
+        held = self._held
+        if held is not None and total == self._bar_total:
+            self._held = None
+            self._place(held[0], held[1], exact=n, learn_spe=held[2])
+            self._out.append(held[0])
 
     def _pause_training(self) -> None:
         train = self._train_bar
@@ -182,7 +281,7 @@ class HFParser:
         if close_i >= 0 and (open_i < 0 or close_i < open_i):
             start = self._pending_line or line
             self._pending = None
-            out.extend(self._dict(start, pending + text[: close_i + 1]))
+            out.extend(self._dict(start, pending + text[: close_i + 1], self._pending_synced))
             return text[close_i + 1 :]
         if open_i >= 0:
             out.extend(self._flush())
@@ -201,56 +300,123 @@ class HFParser:
         if pending is None or start is None:
             return []
         # The last value may be cut mid-number ("4e-05" -> "4"): keep only finished pairs.
-        return self._dict(start, pending[: pending.rfind(",") + 1])
+        return self._dict(start, pending[: pending.rfind(",") + 1], False)
 
-    def _dict(self, line: LogLine, text: str) -> list[Record]:
+    def _release_held(self) -> list[Record]:
+        held, self._held = self._held, None
+        if held is None:
+            return []
+        self._place(held[0], held[1], exact=None)
+        return [held[0]]
+
+    def _dict(self, line: LogLine, text: str, synced: bool) -> list[Record]:
+        flat = _SPACES.sub("", text)
         vals: dict[str, float] = {}
-        for m in _KV.finditer(_SPACES.sub("", text)):
+        for m in _KV.finditer(flat):
             v = _value(m.group("v"))
             if v is not None:
                 vals.setdefault(m.group("k"), v)
         if not vals or "train_runtime" in vals or "train_samples_per_second" in vals:
-            return []  # the end-of-training summary is not a step
+            self._trainer_seen = self._trainer_seen or bool(vals)
+            return self._release_held()  # the end-of-training summary is not a step
         if any(k.startswith("eval_") for k in vals):
+            self._trainer_seen = True
+            out = self._release_held()
             self._pause_training()
             metrics = {k: v for k, v in vals.items() if k.startswith("eval_") and k != "eval_loss"}
-            return [
-                eval_record(line, eval_loss=vals.get("eval_loss"), step=self._eval_step(), metrics=metrics)
-            ]
+            eps = self._epoch_eps(flat)
+            step = self._eval_step(vals.get("epoch"), eps)
+            out.append(eval_record(line, eval_loss=vals.get("eval_loss"), step=step, metrics=metrics))
+            return out
         if not any(k in vals for k in _TRAIN_KEYS):
             return []
+        self._train_dicts += 1
+        self._bar_only = []
+        out = self._release_held()
         recent = self._recent_total
         if recent is not None and (self._bar_total is None or recent > self._bar_total):
             # An evaluate() before train() drew the first bar; training has more steps
             # than evaluation has batches far more often than not.
             self._bar_total = recent
-        step, inferred = self._next_step()
-        return [
-            step_record(
-                line,
-                step=step,
-                step_inferred=inferred,
-                total_steps=self._bar_total or self._total_steps,
-                loss=vals.get("loss"),
-                grad_norm=vals.get("grad_norm"),
-                learning_rate=vals.get("learning_rate"),
-                epoch=vals.get("epoch"),
-                step_time_s=self._bar_step_time,
-            )
-        ]
+        rec = step_record(
+            line,
+            total_steps=self._bar_total or self._total_steps,
+            loss=vals.get("loss"),
+            grad_norm=vals.get("grad_norm"),
+            learning_rate=vals.get("learning_rate"),
+            epoch=vals.get("epoch"),
+            step_time_s=self._bar_step_time,
+        )
+        eps = self._epoch_eps(flat)
+        if synced and self._bar_total is not None:
+            self._held = (rec, eps, True)  # the redraw that follows names the step
+            return out
+        # No tqdm.write seen (a glued line, the line that revealed the format, a hand-made
+        # log): the latest bar if it moved, else the next one.
+        n = self._bar_n
+        fresh = n if n is not None and n != self._bar_seen_n and self._fits(n) else None
+        if fresh is None and self._bar_total is not None:
+            self._held = (rec, eps, False)
+            return out
+        self._place(rec, eps, exact=fresh)
+        out.append(rec)
+        return out
 
-    def _next_step(self) -> tuple[int, bool]:
-        last, bar = self._last_step, self._bar_n
-        if bar is not None and (last is None or bar > last):
-            if last is not None:
-                self._interval = bar - last
-            self._last_step = bar
-            return bar, False
-        step = (last or 0) + self._interval
-        self._last_step = step
-        return step, True
+    @staticmethod
+    def _epoch_eps(flat: str) -> float:
+        m = _EPOCH_RAW.search(flat)
+        return epoch_precision(bool(m.group("q")), m.group("v")) if m is not None else math.inf
 
-    def _eval_step(self) -> int | None:
-        if self._bar_n is not None and (self._last_step is None or self._bar_n > self._last_step):
-            return self._bar_n
+    def _from_epoch(self, epoch: float | None, eps: float) -> tuple[float, float] | None:
+        """(step, uncertainty) from the epoch and the steps per epoch learnt so far."""
+        lo, hi = self._spe_lo, self._spe_hi
+        if epoch is None or epoch - epoch != 0 or epoch <= 0 or hi == math.inf or not math.isfinite(eps):
+            return None
+        spe = (lo + hi) / 2
+        return epoch * spe, epoch * (hi - lo) / 2 + eps * hi
+
+    def _learn(self, step: int, epoch: float | None, eps: float) -> None:
+        if self._exact_last is not None and step > self._exact_last:
+            self._interval = step - self._exact_last
+        self._exact_last = step
+        if epoch is None or epoch - epoch != 0 or not math.isfinite(eps) or epoch - eps <= 0:
+            return
+        lo, hi = step / (epoch + eps), step / (epoch - eps)
+        if lo > self._spe_hi or hi < self._spe_lo:
+            self._spe_lo, self._spe_hi = lo, hi  # another run in this stream
+        else:
+            self._spe_lo, self._spe_hi = max(lo, self._spe_lo), min(hi, self._spe_hi)
+
+    def _fits(self, k: int) -> bool:
+        last, total = self._last_step, self._bar_total
+        return k > 0 and (last is None or k > last) and (total is None or k <= total)
+
+    def _place(self, rec: StepRecord, eps: float, *, exact: int | None, learn_spe: bool = False) -> None:
+        """Give ``rec`` its global step (or none), see the module docstring."""
+        self._bar_seen_n = self._bar_n
+        est = self._from_epoch(rec.epoch, eps)
+        step: int | None = None
+        inferred = True
+        if exact is not None and self._fits(exact) and (est is None or abs(exact - est[0]) <= est[1] + 0.5):
+            step, inferred = exact, False
+            self._learn(exact, rec.epoch, eps if learn_spe else math.inf)
+        elif est is not None and est[1] < 0.5 and self._fits(round(est[0])):
+            step, inferred = round(est[0]), False
+        else:
+            last, every = self._last_step, self._interval
+            if last is not None and every is not None and self._fits(last + every):
+                guess = last + every
+                if est is None or abs(guess - est[0]) <= est[1] + 0.5:
+                    step = guess
+        rec.step, rec.step_inferred = step, inferred
+        if step is not None:
+            self._last_step = step
+
+    def _eval_step(self, epoch: float | None, eps: float) -> int | None:
+        est = self._from_epoch(epoch, eps)
+        if est is not None and est[1] < 0.5:
+            return round(est[0])
+        n = self._bar_n
+        if n is not None and (self._last_step is None or n > self._last_step):
+            return n
         return self._last_step

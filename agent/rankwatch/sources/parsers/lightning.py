@@ -1,7 +1,9 @@
 """PyTorch Lightning: the training progress bar (tqdm or rich) and ``CSVLogger`` files.
 
-The bar shows the batch within the epoch; a global step is derived as
-``epoch * batches_per_epoch + batch`` so it increases across epochs.
+The bar shows the batches done within the epoch; the global step is derived as
+``epoch * batches_per_epoch + batches done``, the trainer's ``global_step`` after that
+batch (``CSVLogger`` writes the step at logging time, one less). A bar at ``0/N`` is no
+step.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from rankwatch.records import Record
+from rankwatch.records import Record, StepRecord
 
 from ._common import (
     MetricBag,
@@ -48,6 +50,7 @@ class LightningParser:
         self._last_val: str | None = None
         self._postfix: str | None = None
         self._metrics: tuple[dict[str, float], dict[str, float], str | None] = ({}, {}, None)
+        self._held: StepRecord | None = None  # the latest step, until its last drawing is known
 
     def sniff(self, text: str) -> bool:
         if "Epoch " not in text:
@@ -102,27 +105,46 @@ class LightningParser:
             self._metrics = self._read_postfix(postfix)
         fields, eval_metrics, raw_val = self._metrics
         out: list[Record] = []
-        if step != self._last_step:
+        held = self._held
+        # ``n/total`` counts batches done in the epoch: 0 is an epoch about to start (a
+        # redraw of the previous total), and a step never comes twice or goes backwards.
+        if n > 0 and (self._last_step is None or step > self._last_step):
+            if held is not None:
+                out.append(held)
             self._last_step = step
             total_steps = total * (last_epoch + 1) if total is not None and last_epoch is not None else None
-            out.append(
-                step_record(
-                    line,
-                    step=step,
-                    total_steps=total_steps,
-                    epoch=float(epoch),
-                    loss=fields.get("loss"),
-                    grad_norm=fields.get("grad_norm"),
-                    learning_rate=fields.get("learning_rate"),
-                    step_time_s=rate_to_step_time(rate),
-                )
+            self._held = step_record(
+                line,
+                step=step,
+                total_steps=total_steps,
+                epoch=float(epoch),
+                loss=fields.get("loss"),
+                grad_norm=fields.get("grad_norm"),
+                learning_rate=fields.get("learning_rate"),
+                step_time_s=rate_to_step_time(rate),
             )
+        elif held is not None and step == held.step:
+            # Lightning draws a step, then sets the postfix the step logged and draws it
+            # again: the second drawing holds this step's values.
+            for name in ("loss", "grad_norm", "learning_rate"):
+                v = fields.get(name)
+                if v is not None:
+                    setattr(held, name, v)
         if raw_val is not None and raw_val != self._last_val:
             self._last_val = raw_val
             val = to_float(raw_val)
             if val is not None:
+                out.extend(self.release())
                 out.append(eval_record(line, eval_loss=val, step=step, metrics=dict(eval_metrics)))
         return out
+
+    def release(self) -> list[Record]:
+        """The step record waiting for a second drawing of its step (or the next step)."""
+        held, self._held = self._held, None
+        return [held] if held is not None else []
+
+    def finish(self) -> list[Record]:
+        return self.release()
 
     @staticmethod
     def _read_postfix(postfix: str) -> tuple[dict[str, float], dict[str, float], str | None]:
