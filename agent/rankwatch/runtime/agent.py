@@ -70,6 +70,9 @@ class Agent:
         self.started_at = time.time()
         # Add context to a finding before anyone sees it (e.g. the last good checkpoint for a NaN).
         self.enrichers: list[Callable[[Finding], Finding]] = []
+        # Take a finding now and emit it completed later (runtime/diagnose.py: a stall waits for
+        # its peers' stacks); a held finding comes back with evidence["cross_rank"] set.
+        self.holds: list[Callable[[Finding], bool]] = []
         self.dumps_captured = 0
         self.dumps_failed: dict[str, int] = {}  # by DumpResult.error: a small fixed vocabulary
         # Set by the GPU service: () -> ({rank: [GpuSample]}, sampler up); read by the status page.
@@ -106,6 +109,14 @@ class Agent:
 
     # --- findings ----------------------------------------------------------------------
     def emit(self, f: Finding) -> None:
+        for hold in self.holds:
+            try:
+                if hold(f):
+                    return
+            except Exception:
+                errs = self.internal_errors_by_component
+                errs["hold"] = errs.get("hold", 0) + 1
+                log.exception("holding a finding failed; it goes out as it is")
         if f.kind == "stall" and not f.resolved and not self.cfg.dumps.on_stall:
             # Say so, so nobody goes looking for stacks that were never taken.
             f.message = f.message.replace(" Stacks are being captured.", "")
@@ -136,7 +147,7 @@ class Agent:
                 self.sink_errors[name] = self.sink_errors.get(name, 0) + 1
                 if self.sink_errors[name] == 1:
                     log.exception("sink %s failed (further failures only counted)", name)
-        if f.kind == "stall" and not f.resolved and self.cfg.dumps.on_stall:
+        if f.kind == "stall" and not f.resolved and self.cfg.dumps.on_stall and "incident" not in f.evidence:
             self._spawn(self.capture_dumps("stall"))
 
     def dump_problem(self) -> str | None:

@@ -27,6 +27,7 @@ from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
 from rankwatch.identity import Identity
+from rankwatch.runtime import workers
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
@@ -112,6 +113,13 @@ async def _echo(path: Path, start: int, out: BinaryIO, stop: asyncio.Event) -> N
     finally:
         if fh is not None:
             fh.close()
+
+
+async def _remember(tree: workers.Tree, interval: float) -> None:
+    """Note the job's descendants as they come (one that leaves the session is still ended)."""
+    while True:
+        await asyncio.to_thread(tree.remember)
+        await asyncio.sleep(max(1.0, 5 * interval))
 
 
 async def _wait_exit(child: subprocess.Popen) -> None:
@@ -225,6 +233,7 @@ async def run_command(
             return 127 if isinstance(e, FileNotFoundError) else 126
     started.append(child)
     watcher.attach(child.pid)
+    tree = workers.Tree(child.pid)
     lower_priority(nice)
     agent.install_dump_signal()
     extras = Services(agent, cfg, **(services or {}))
@@ -237,6 +246,7 @@ async def run_command(
     stop_echo = asyncio.Event()
     echo = asyncio.create_task(_echo(path, start, sys.stdout.buffer, stop_echo)) if cfg.runner.echo else None
     watch_task = asyncio.create_task(watcher.run())
+    remember = asyncio.create_task(_remember(tree, cfg.process.sample_interval))
     try:
         await _wait_exit(child)
         if child.returncode in STOP_STATUSES and not stop_requested:
@@ -244,6 +254,7 @@ async def run_command(
             # or a time-limit stop reads as a crash.
             await asyncio.sleep(0.2)
     finally:
+        remember.cancel()
         _remove_handlers(loop)
         for h in kill_handle:
             h.cancel()
@@ -254,6 +265,8 @@ async def run_command(
     sig = -rc if rc < 0 else None
     stopped = bool(stop_requested) and (rc < 0 or rc in STOP_STATUSES or rc == 1)
     watcher.on_exit(rc if rc >= 0 else None, sig, requested=stopped)
+    # Nothing of the job outlives it: a DataLoader worker blocked in __getitem__ never notices.
+    await asyncio.to_thread(workers.reap, tree)
     stop_echo.set()
     if echo is not None:
         with contextlib.suppress(Exception):

@@ -113,6 +113,9 @@ class Services:
 
     # --- start ---------------------------------------------------------------------------
     async def start(self) -> None:
+        from rankwatch.runtime.diagnose import CrossRank
+
+        CrossRank(self.agent, self.cfg).install()
         self._start_reload()
         self._start_alerts()
         await self._start_gpu()
