@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.integration]
 
 WORKLOAD = Path(__file__).parent / "workloads" / "ddp_train.py"
 WORLD = 4
+SUSPECT_2 = "suspect: rank 2 (the only rank not waiting in a collective"
 START_S = 120.0  # 4 ranks + 4 agents import torch on 2 busy cores
 
 
@@ -84,6 +85,10 @@ class Job:
             return []
         return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
+    def on_every_rank(self, kind: str) -> list[dict[str, Any]] | None:
+        found = [self.first(r, kind) for r in range(self.world)]
+        return found if all(found) else None  # type: ignore[return-value]
+
     def first(self, rank: int, kind: str) -> dict[str, Any] | None:
         return next((f for f in self.findings(rank) if f["kind"] == kind and not f.get("resolved")), None)
 
@@ -117,9 +122,9 @@ class Job:
         found = []
         for p in psutil.process_iter():
             try:
-                if p.pid != os.getpid() and p.environ().get("RW_TEST_TAG") == self.tag:
-                    if p.status() != psutil.STATUS_ZOMBIE:
-                        found.append(p)
+                mine = p.pid != os.getpid() and p.environ().get("RW_TEST_TAG") == self.tag
+                if mine and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p)
             except psutil.Error:
                 continue
         return found
@@ -181,15 +186,11 @@ def test_dataloader_deadlock_names_rank_2(job_factory: Callable[..., Job], tmp_p
     job = job_factory({"FAULT": "loader_hang", "FAULT_RANK": "2", "FAULT_STEP": "15"})
     job.wait("rank 2 to reach its fault", lambda: job.steps(2) >= 14, START_S)
     hung_at = time.monotonic()
-    stalls = job.wait(
-        "a stall finding on every rank",
-        lambda: all(job.first(r, "stall") for r in range(WORLD)) and [job.first(r, "stall") for r in range(WORLD)],
-        60,
-    )
+    stalls = job.wait("a stall finding on every rank", lambda: job.on_every_rank("stall"), 60)
     latency(tmp_path, "dataloader_deadlock", time.monotonic() - hung_at)
     for r, f in enumerate(stalls):
         assert f["rank"] == r
-        assert "suspect: rank 2 (the only rank not waiting in a collective: in data loading" in f["message"], f
+        assert f"{SUSPECT_2}: in data loading" in f["message"], f
         assert f["evidence"]["suspects"] == [2], f
     assert "This rank is in data loading" in stalls[2]["message"]
     assert "read_shard_forever" in stalls[2]["message"]  # its worker's place
@@ -197,7 +198,7 @@ def test_dataloader_deadlock_names_rank_2(job_factory: Callable[..., Job], tmp_p
     incident = Path(stalls[0]["evidence"]["incident"])
     assert all(stall["evidence"]["incident"] == str(incident) for stall in stalls)
     text = dumps_diff(tmp_path, incident.name)
-    assert "suspect: rank 2 (the only rank not waiting in a collective: in data loading" in text, text
+    assert f"{SUSPECT_2}: in data loading" in text, text
     assert "ranks 0,1,3 wait for it" in text and "DDP gradient all-reduce inside loss.backward()" in text
     # The stop ends every process of the job, rank 2's hung DataLoader worker included.
     workers = [p for p in job.job_processes() if p.pid not in {q.pid for q in job.procs}]
@@ -210,14 +211,11 @@ def test_extra_barrier_is_a_collective_mismatch(job_factory: Callable[..., Job],
     job = job_factory({"FAULT": "barrier", "FAULT_RANK": "0", "FAULT_STEP": "15"})
     job.wait("rank 0 to reach its fault", lambda: job.steps(0) >= 14, START_S)
     hung_at = time.monotonic()
-    stalls = job.wait(
-        "a stall finding on every rank",
-        lambda: all(job.first(r, "stall") for r in range(WORLD)) and [job.first(r, "stall") for r in range(WORLD)],
-        60,
-    )
+    stalls = job.wait("a stall finding on every rank", lambda: job.on_every_rank("stall"), 60)
     latency(tmp_path, "collective_mismatch", time.monotonic() - hung_at)
     for f in stalls:
-        assert "collective mismatch: rank 0 in barrier called from sync_metrics (ddp_train.py:" in f["message"], f
+        mismatch = "collective mismatch: rank 0 in barrier called from sync_metrics (ddp_train.py:"
+        assert mismatch in f["message"], f
         assert "ranks 1-3 in broadcast (DDP buffer broadcast" in f["message"]
         assert "real error" not in f["message"]
         assert f["evidence"]["verdict"] == "collective_mismatch"
@@ -246,7 +244,8 @@ def test_sigkill_of_rank_3_is_named_by_every_peer(job_factory: Callable[..., Job
     for f in peers:
         assert "rank 3 failed first" in f["message"].lower(), f
         assert "SIGKILL" in f["message"], f
-        assert f["evidence"].get("first_failure", {}).get("rank") == 3 or "Rank 3 failed first" in f["message"]
+        named = f["evidence"].get("first_failure", {}).get("rank") == 3
+        assert named or "Rank 3 failed first" in f["message"], f
 
 
 def test_straggler_is_named_on_rank_1_only(job_factory: Callable[..., Job], tmp_path: Path) -> None:
@@ -257,12 +256,7 @@ def test_straggler_is_named_on_rank_1_only(job_factory: Callable[..., Job], tmp_
     found = job.wait("a straggler finding", lambda: job.first(1, "straggler"), 90)
     latency(tmp_path, "straggler", time.monotonic() - slowed)
     assert "rank 1 is the straggler" in found["message"]
-    drops = job.wait(
-        "throughput_drop on every rank",
-        lambda: all(job.first(r, "throughput_drop") for r in range(WORLD))
-        and [job.first(r, "throughput_drop") for r in range(WORLD)],
-        30,
-    )
+    drops = job.wait("throughput_drop on every rank", lambda: job.on_every_rank("throughput_drop"), 30)
     for r in (0, 2, 3):
         assert job.first(r, "straggler") is None, r
         assert "Rank 1 is the straggler" in drops[r]["message"], drops[r]

@@ -106,8 +106,10 @@ def main() -> None:
         if faulty and FAULT == "barrier" and step == FAULT_STEP:
             sync_metrics()
         slow = SLOW_FACTOR if faulty and FAULT == "slow" else 1.0
+        t0 = time.perf_counter()
         loss = train_step(model, opt, x, y, slow)
-        print(f"step={step} loss={loss.item():.4f} lr=1e-3", flush=True)
+        dt = time.perf_counter() - t0
+        print(f"step={step} loss={loss.item():.4f} lr=1e-3 step_time={dt:.4f}", flush=True)
         if step >= STEPS:
             break
     dist.destroy_process_group()
