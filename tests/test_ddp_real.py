@@ -261,3 +261,66 @@ def test_straggler_is_named_on_rank_1_only(job_factory: Callable[..., Job], tmp_
         assert job.first(r, "straggler") is None, r
         assert "Rank 1 is the straggler" in drops[r]["message"], drops[r]
         assert "GPU clocks" not in drops[r]["message"], drops[r]
+
+
+def test_torchrun_workers_are_ranks_of_their_own(tmp_path: Path) -> None:
+    """``rankwatch run -- torchrun --nproc-per-node 4 --tee 3 ...``: one agent, four ranks."""
+    tag = uuid.uuid4().hex
+    cfg = config(tmp_path)
+    env = dict(
+        os.environ, FAULT="loader_hang", FAULT_RANK="2", FAULT_STEP="15", OMP_NUM_THREADS="1", RW_TEST_TAG=tag
+    )
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rankwatch",
+        "run",
+        "--config",
+        str(cfg),
+        "--findings-jsonl",
+        str(tmp_path / "f.jsonl"),
+    ]
+    cmd += ["--", *torchrun, "--tee", "3", str(WORKLOAD)]
+    out = open(tmp_path / "agent.out", "wb")  # noqa: SIM115 - closed below
+    agent = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    out.close()
+    job = Job.__new__(Job)  # only its helpers: findings come from one file here
+    job.tmp, job.world, job.tag, job.procs = tmp_path, WORLD, tag, [agent]
+
+    def found(kind: str) -> list[dict[str, Any]]:
+        path = tmp_path / "f.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+        return [f for f in rows if f["kind"] == kind and not f.get("resolved")]
+
+    try:
+        log = tmp_path / "logs" / "rank-0.log"
+        job.wait(
+            "rank 2 to reach its fault",
+            lambda: log.exists() and "[default2]:step=14 " in log.read_text(),  # torchrun's --tee 3 prefix
+            START_S,
+        )
+        hung_at = time.monotonic()
+        stalls = job.wait(
+            "a stall on every rank",
+            lambda: len({f["rank"] for f in found("stall")}) == WORLD and found("stall"),
+            60,
+        )
+        latency(tmp_path, "torchrun_dataloader_deadlock", time.monotonic() - hung_at)
+        assert sorted(f["rank"] for f in stalls) == [0, 1, 2, 3], stalls  # no stall for rank None
+        for f in stalls:
+            assert f"{SUSPECT_2}: in data loading" in f["message"], f
+        incident = Path(stalls[0]["evidence"]["incident"])
+        assert sorted(p.name for p in incident.glob("rank-*.txt")) == [f"rank-{r}.txt" for r in range(WORLD)]
+        assert f"{SUSPECT_2}: in data loading" in dumps_diff(tmp_path, incident.name)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+    # The stop was asked for: no crash, on any rank or the launcher.
+    assert not found("crash"), found("crash")
+    job.wait("no process of the job left", lambda: not job.job_processes(), 10)

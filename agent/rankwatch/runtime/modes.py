@@ -214,9 +214,12 @@ async def run_command(
     # The handlers run from the loop, so none fires before ``started`` is filled.
     for sig in FORWARDED:
         on_signal(loop, sig, forward, sig)
+    # Under a launcher (torchrun) every worker is a rank of its own, with its own watcher (and
+    # stall clock, dump file, identity); this one only stands for the launcher's exit.
+    launcher = workers.is_launcher(list(cmd))
     with open(path, "ab") as fh:
         start = fh.tell()
-        watcher = agent.add_watcher([path], from_end=True)
+        watcher = agent.add_watcher([] if launcher else [path], from_end=True)
         try:
             child = subprocess.Popen(
                 list(cmd),
@@ -232,8 +235,10 @@ async def run_command(
             print(f"rankwatch: cannot start {cmd[0]!r}: {e.strerror or e}", file=sys.stderr)
             return 127 if isinstance(e, FileNotFoundError) else 126
     started.append(child)
-    watcher.attach(child.pid)
+    if not launcher:
+        watcher.attach(child.pid)
     tree = workers.Tree(child.pid)
+    fleet = workers.Fleet(agent, cfg, path, child.pid, stop_requested) if launcher else None
     lower_priority(nice)
     agent.install_dump_signal()
     extras = Services(agent, cfg, **(services or {}))
@@ -246,6 +251,8 @@ async def run_command(
     stop_echo = asyncio.Event()
     echo = asyncio.create_task(_echo(path, start, sys.stdout.buffer, stop_echo)) if cfg.runner.echo else None
     watch_task = asyncio.create_task(watcher.run())
+    fleet_stop = asyncio.Event()
+    fleet_task = asyncio.create_task(fleet.run(fleet_stop)) if fleet is not None else None
     remember = asyncio.create_task(_remember(tree, cfg.process.sample_interval))
     try:
         await _wait_exit(child)
@@ -264,7 +271,17 @@ async def run_command(
         await asyncio.wait_for(watch_task, 5.0)
     sig = -rc if rc < 0 else None
     stopped = bool(stop_requested) and (rc < 0 or rc in STOP_STATUSES or rc == 1)
-    watcher.on_exit(rc if rc >= 0 else None, sig, requested=stopped)
+    if fleet is not None and fleet_task is not None:
+        fleet_stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(fleet_task, 5.0)
+        fleet.check()
+        worker_crashed = await fleet.close()
+        watcher.tail.extend(workers.last_lines(path, start, watcher.tail.maxlen or 50))
+    else:
+        worker_crashed = False
+    if not worker_crashed:  # else the launcher ended because a worker failed: that worker's crash says so
+        watcher.on_exit(rc if rc >= 0 else None, sig, requested=stopped)
     # Nothing of the job outlives it: a DataLoader worker blocked in __getitem__ never notices.
     await asyncio.to_thread(workers.reap, tree)
     stop_echo.set()

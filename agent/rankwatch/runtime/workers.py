@@ -10,12 +10,17 @@ group, and the descendants seen while it ran go too (one that left the session).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
+import itertools
 import logging
 import os
 import signal
 import time
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -149,3 +154,125 @@ def rank_workers(root: int) -> list[tuple[int, dict[str, str]]]:
             continue  # a worker of a rank
         out.append((k.pid, env))
     return out
+
+
+# --- a launcher's workers, one watcher each ---------------------------------------------------
+
+LAUNCHER_NAMES = frozenset({"torchrun", "deepspeed", "accelerate"})
+LAUNCHER_MODULES = frozenset(
+    {"torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.runner"}
+)
+
+
+def is_launcher(cmd: list[str]) -> bool:
+    """``torchrun ...``, ``python -m torch.distributed.run ...``: the ranks are its children."""
+    if not cmd:
+        return False
+    if os.path.basename(cmd[0]) in LAUNCHER_NAMES:
+        return True
+    return any(a == "-m" and b in LAUNCHER_MODULES for a, b in itertools.pairwise(cmd))
+
+
+def _worker_watcher_class() -> type:
+    from rankwatch.runtime.watcher import RankWatcher
+    from rankwatch.sources.decorations import strip
+
+    class WorkerWatcher(RankWatcher):
+        """One rank of a launcher: its own stall clock, process and dump file. It follows the
+        launcher's log but reads only its own lines (torchrun's ``[rankN]:`` prefixes, from
+        ``--tee 3``); without prefixes it is judged as a rank that prints no steps."""
+
+        def feed_lines(self, stream, batch):  # type: ignore[no-untyped-def]
+            mine = [fl for fl in batch if fl.cut or strip(fl.text)[1] == self.rank]
+            if mine:
+                super().feed_lines(stream, mine)
+
+    return WorkerWatcher
+
+
+class Fleet:
+    """The rank workers of a launched launcher (``rankwatch run -- torchrun ...``).
+
+    Each worker found under the launcher gets its own watcher, with the rank, local rank and
+    world size from its own environment; a restarted worker (torchrun's ``--max-restarts``) is
+    attached to its rank's watcher again. A worker that ends is reported by its watcher: as a
+    stop when one was asked for, else as a crash with its lines of the log as evidence.
+    """
+
+    def __init__(self, agent: Any, cfg: Any, log_path: Any, root: int, stop_requested: list) -> None:
+        self.agent = agent
+        self.cfg = cfg
+        self.log_path = log_path
+        self.root = root
+        self.stop_requested = stop_requested
+        self.by_rank: dict[int, Any] = {}
+        self.tasks: list[Any] = []
+        self._cls = _worker_watcher_class()
+
+    def _add(self, pid: int, env: dict[str, str]) -> None:
+        rank = env_int(env, RANK_VARS)
+        if rank is None:
+            return
+        w = self.by_rank.get(rank)
+        if w is not None:
+            if w.prober is None or w.prober.pid != pid:
+                w.attach(pid)  # torchrun restarted it: same state and labels, startup grace again
+            return
+        ident = dataclasses.replace(
+            self.agent.identity,
+            rank=rank,
+            local_rank=env_int(env, LOCAL_RANK_VARS),
+            world_size=env_int(env, WORLD_VARS) or self.agent.identity.world_size,
+        )
+        w = self._cls(
+            self.cfg, ident, [self.log_path], emit=self.agent.emit, clock=self.agent.clock, from_end=True
+        )
+        w.attach(pid)
+        self.agent.watchers.append(w)
+        self.by_rank[rank] = w
+        self.tasks.append(asyncio.create_task(w.run(), name=f"rank-{rank}"))
+        log.info("launcher worker: rank %d is pid %d", rank, pid)
+
+    def check(self) -> None:
+        """Report workers that ended since the last look."""
+        for w in self.by_rank.values():
+            s = w.last_sample
+            if s is not None and not s.alive and not w.exited:
+                w.on_exit(s.exit_code, None, requested=bool(self.stop_requested))
+
+    async def run(self, stop: Any) -> None:
+        interval = max(0.25, float(self.cfg.process.sample_interval))
+        while not stop.is_set():
+            for pid, env in await asyncio.to_thread(rank_workers, self.root):
+                self._add(pid, env)
+            self.check()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+    async def close(self) -> bool:
+        """Every worker's end reported; True when one of them crashed."""
+        for w in self.by_rank.values():
+            w.stop()
+        for t in self.tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, 5.0)
+        crashed = False
+        for w in self.by_rank.values():
+            if not w.exited:
+                s = w.last_sample
+                w.on_exit(s.exit_code if s is not None else None, None, requested=bool(self.stop_requested))
+            crashed = crashed or any(f.kind == "crash" and f.rank == w.rank for f in self.agent.findings)
+            w.close()
+        return crashed
+
+
+def last_lines(path: Path, start: int, n: int) -> list[str]:
+    """The last ``n`` lines written to ``path`` since ``start`` (a launcher's crash evidence)."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(start, size - 64 * 1024))
+            data = fh.read()
+    except OSError:
+        return []
+    return data.decode("utf-8", "replace").splitlines()[-n:]
