@@ -111,3 +111,69 @@ SITE = "/usr/lib/python3.11/site-packages"
 def test_classify_frames(frames: list[dict[str, Any]], kind: str, op: str | None) -> None:
     act = classify_frames(frames, active=False)
     assert (act.kind, act.op) == (kind, op), act
+
+
+# ---------------------------------------------------------------- flight recorder
+
+FR_DIR = Path(__file__).parent / "data" / "flight_recorder"
+
+
+def test_flight_recorder_names_the_rank_that_never_entered() -> None:
+    from rankwatch.dumps.flight import analyze, load_folder
+
+    traces = load_folder(FR_DIR / "missing")
+    assert sorted(traces) == [0, 1, 2]
+    verdict = analyze(traces)
+    assert verdict is not None and verdict.suspects == [1]
+    assert verdict.reason.startswith(
+        "rank 1 never entered collective #5 (all_reduce from <module> (rec.py:17))"
+    )
+    assert verdict.last_entered == {0: 5, 1: 4, 2: 5}
+
+
+def test_flight_recorder_names_the_mismatched_op() -> None:
+    from rankwatch.dumps.flight import analyze, load_folder
+
+    verdict = analyze(load_folder(FR_DIR / "mismatch"))
+    assert verdict is not None and verdict.suspects == [0]
+    assert "collective #5 mismatch: rank 0 entered barrier" in verdict.reason
+    assert "ranks 1,2 entered all_reduce (sizes [[4]])" in verdict.reason
+
+
+def test_flight_recorder_refuses_code_in_a_pickle(tmp_path: Path) -> None:
+    import os
+    import pickle
+
+    from rankwatch.dumps.flight import load_folder
+
+    class Boom:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    (tmp_path / "flight-recorder-rank-0.pkl").write_bytes(pickle.dumps({"entries": [Boom()]}))
+    assert load_folder(tmp_path) == {}
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_dumps_diff_prints_the_flight_recorder_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import shutil
+
+    from rankwatch.dumps.cli import add_subcommands
+
+    folder = tmp_path / "run" / "20261125T120000Z_stall"
+    folder.mkdir(parents=True)
+    for r in range(3):
+        shutil.copy(DATA_DIR / "loader_hang" / f"rank-{r}.json", folder / f"rank-{r}.json")
+        shutil.copy(FR_DIR / "missing" / f"flight-recorder-rank-{r}.pkl", folder)
+    parser = argparse.ArgumentParser(prog="rankwatch")
+    add_subcommands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["dumps", "diff", str(folder), "--dir", str(tmp_path)])
+    assert args.func(args) == 0
+    assert "flight recorder: rank 1 never entered collective #5" in capsys.readouterr().out
+    args = parser.parse_args(["dumps", "diff", str(folder), "--dir", str(tmp_path), "--json"])
+    assert args.func(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["flight_recorder"]["verdict"]["suspects"] == [1]
