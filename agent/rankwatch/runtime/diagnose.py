@@ -173,8 +173,9 @@ class CrossRank:
             "log": f.path,
             "node": self.agent.identity.node,
         }
-        existing = {d.get("rank"): d for d in self._read_all("failed-")}
-        if f.rank not in existing:  # the first failure of a rank is the one that matters
+        before = {d.get("rank"): d for d in self._read_all("failed-")}.get(f.rank)
+        stale = before is None or not isinstance(before.get("time"), (int, float))
+        if stale or before["time"] < t - FAILURE_WINDOW_S:  # a rank's first failure in an incident counts
             self._write(f"failed-{f.rank}.json", mine)
         first = self._first_failure(f.rank, t, consequence)
         if first is not None:
