@@ -232,6 +232,7 @@ class CrossRank:
             folder = await self.agent.capture_dumps("stall")
             result, own = None, {}
             if folder is not None:
+                await self._second_look(folder)
                 result, own = await self._diff_when_complete(folder)
             first = await asyncio.to_thread(self._first_failure, None, self.wall(), True)
         except Exception:
@@ -244,6 +245,37 @@ class CrossRank:
             except Exception:
                 log.exception("stall diagnosis failed")
             self._release(f)
+
+    async def _second_look(self, folder: Path) -> None:
+        """A rank inside backward with Python frames only may wait for its peers' gradients or
+        compute: its native frames tell (``c10d::Reducer`` or kernels), so it is dumped again
+        with them, into the same incident."""
+        if self.cfg.dumps.native:
+            return
+        info = await asyncio.to_thread(self.store.find, str(folder))
+        for w in list(self.agent.watchers):
+            pids = w.pids()
+            rank = w.rank if w.rank is not None else 0
+            if not pids or rank not in info.ranks:
+                continue
+            dump = await asyncio.to_thread(self.store.load_rank, info, rank)
+            act = classify_dump(dump) if dump.get("ok") else None
+            if act is None or act.kind != COLLECTIVE or act.certain:
+                continue
+            res = await asyncio.to_thread(
+                capture,
+                pids[0],
+                py_spy=self.cfg.dumps.py_spy,
+                native=True,
+                timeout=float(self.cfg.dumps.timeout),
+            )
+            if res.ok:
+                meta = {
+                    **(dump.get("meta") or {}),
+                    "second_look": f"native frames: {act.detail} was ambiguous",
+                }
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(self.store.write_rank, info.run, info.name, rank, res, meta)
 
     async def _diff_when_complete(self, folder: Path) -> tuple[Any, dict[int | None, Any]]:
         world = self.world()
