@@ -276,7 +276,8 @@ def _score(frames: list[Frame]) -> int:
 def main_thread(dump: dict[str, Any]) -> Frame | None:
     """The main thread of the process that runs the training code (not a launcher or worker)."""
     threads = [t for t in dump.get("threads") or [] if isinstance(t, dict)]
-    root = dump.get("pid") if isinstance(dump.get("pid"), int) else -1
+    pid_ = dump.get("pid")
+    root = pid_ if isinstance(pid_, int) else -1
     best: Frame | None = None
     best_score: int | None = None
     for pid, proc_threads in group_by_process(threads, root).items():
@@ -291,7 +292,8 @@ def main_thread(dump: dict[str, Any]) -> Frame | None:
 def _worker_place(dump: dict[str, Any]) -> str | None:
     """Where the rank's DataLoader workers are: the user's frame in each ``_worker_loop`` process."""
     threads = [t for t in dump.get("threads") or [] if isinstance(t, dict)]
-    root = dump.get("pid") if isinstance(dump.get("pid"), int) else -1
+    pid_ = dump.get("pid")
+    root = pid_ if isinstance(pid_, int) else -1
     places: list[str] = []
     for pid, proc_threads in group_by_process(threads, root).items():
         frames = _frames(_main_thread(proc_threads))

@@ -174,8 +174,8 @@ class CrossRank:
             "node": self.agent.identity.node,
         }
         before = {d.get("rank"): d for d in self._read_all("failed-")}.get(f.rank)
-        stale = before is None or not isinstance(before.get("time"), (int, float))
-        if stale or before["time"] < t - FAILURE_WINDOW_S:  # a rank's first failure in an incident counts
+        when = before.get("time") if before is not None else None
+        if not isinstance(when, (int, float)) or when < t - FAILURE_WINDOW_S:  # first failure of an incident
             self._write(f"failed-{f.rank}.json", mine)
         first = self._first_failure(f.rank, t, consequence)
         if first is not None:
@@ -230,7 +230,8 @@ class CrossRank:
         await asyncio.sleep(0)  # let stalls of other watchers found in the same pass join
         try:
             folder = await self.agent.capture_dumps("stall")
-            result, own = None, {}
+            result: Any = None
+            own: dict[int | None, Any] = {}
             if folder is not None:
                 await self._second_look(folder)
                 result, own = await self._diff_when_complete(folder)
@@ -288,7 +289,7 @@ class CrossRank:
             await asyncio.sleep(0.25)
         dumps = await asyncio.to_thread(lambda: {r: self.store.load_rank(info, r) for r in info.ranks})
         result = diff_incident(dumps, world_size=world)
-        return result, dict(result.activities)
+        return result, {r: a for r, a in result.activities.items()}
 
     def _complete_stall(
         self, f: Finding, folder: Path | None, result: Any, own: Any, first: dict[str, Any] | None
@@ -369,7 +370,7 @@ class CrossRank:
     async def _sample(self, pid: int) -> tuple[float, str | None]:
         """Fraction of py-spy samples in which the main thread waited in a collective, and the
         most common place it was otherwise."""
-        waits, other = 0, {}
+        waits, other = 0, dict[str, int]()
         n = 0
         for i in range(PROFILE_SAMPLES):
             if i:
