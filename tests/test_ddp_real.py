@@ -254,6 +254,23 @@ def test_sigkill_of_rank_3_is_named_by_every_peer(job_factory: Callable[..., Job
         assert named or "Rank 3 failed first" in f["message"], f
 
 
+def test_oom_on_rank_1_is_named_by_every_peer(job_factory: Callable[..., Job], tmp_path: Path) -> None:
+    job = job_factory({"FAULT": "oom", "FAULT_RANK": "1", "FAULT_STEP": "15"})
+    job.wait("rank 1's OOM", lambda: job.first(1, "oom"), START_S)
+    failed = time.monotonic()
+    assert "failed first" not in job.first(1, "oom")["message"]
+
+    def peers_named() -> list[dict[str, Any]] | None:
+        found = [job.first(r, "crash") or job.first(r, "stall") for r in (0, 2, 3)]
+        return found if all(found) else None  # type: ignore[return-value]
+
+    peers = job.wait("a crash or stall finding on every peer", peers_named, 60)
+    latency(tmp_path, "oom_first_failure", time.monotonic() - failed)
+    for f in peers:
+        assert "rank 1 failed first" in f["message"].lower(), f
+        assert "out of memory" in f["message"].lower(), f
+
+
 def test_straggler_is_named_on_rank_1_only(job_factory: Callable[..., Job], tmp_path: Path) -> None:
     extra = "detectors: {warmup_steps: 5, throughput: {baseline_steps: 10, consecutive: 4}}\n"
     job = job_factory({"FAULT": "slow", "FAULT_RANK": "1", "FAULT_STEP": "40", "SLOW_FACTOR": "4"}, extra)

@@ -139,10 +139,9 @@ def test_stall_after_a_peer_died_names_it(tmp_path: Path) -> None:
     }
     cross._complete_stall(stall, folder, result, result.activities.get(0), first)
     assert "Rank 2 failed first: killed by signal 9 (SIGKILL) after step 14 at " in stall.message
-    assert (
-        "suspect: rank 2 (every dumped rank waits in a collective; rank 2 could not be dumped"
-        in stall.message
-    )
+    assert "read rank 2's log and fix that failure; nothing to fix on this rank" in stall.message
+    assert stall.evidence["suspects"] == [2] and stall.evidence["verdict"] == "first_failure"
+    assert "This rank is waiting in" in stall.message
 
 
 def test_straggler_verdict(tmp_path: Path) -> None:

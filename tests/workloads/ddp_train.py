@@ -8,6 +8,7 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   loader_hang  the DataLoader worker blocks forever in ``__getitem__``;
   barrier      an extra ``dist.barrier()`` the other ranks never call;
   sigkill      the rank kills itself with SIGKILL (the OOM killer);
+  oom          the rank raises torch.OutOfMemoryError (CUDA's text) and exits;
   slow         each step computes ``SLOW_FACTOR`` x longer (a straggler);
   none         healthy.
 Rank identity comes from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
@@ -85,6 +86,18 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y:
     return loss
 
 
+def allocate_activations(step: int) -> None:
+    """A CUDA OOM as PyTorch's caching allocator words it (this CPU job can only raise it)."""
+    raise torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 3.91 GiB. GPU 1 has a total capacity of 79.15 GiB of which "
+        "1.02 GiB is free. Including non-PyTorch memory, this process has 78.12 GiB memory in use. Of the "
+        "allocated memory 74.31 GiB is allocated by PyTorch, and 2.87 GiB is reserved by PyTorch but "
+        "unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
+        "Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
+
+
 def sync_metrics() -> None:
     """An extra barrier that only one rank takes: a collective mismatch."""
     dist.barrier()
@@ -103,6 +116,8 @@ def main() -> None:
         faulty = rank == FAULT_RANK and step >= FAULT_STEP
         if faulty and FAULT == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if faulty and FAULT == "oom":
+            allocate_activations(step)
         if faulty and FAULT == "barrier" and step == FAULT_STEP:
             sync_metrics()
         slow = SLOW_FACTOR if faulty and FAULT == "slow" else 1.0

@@ -230,7 +230,15 @@ def diff_incident(ranks: dict[int, dict[str, Any]], world_size: int | None = Non
         dump = ranks[rank]
         frames = main_stack(dump) if dump.get("ok") else []
         if not frames:
-            failed[rank] = str(dump.get("error") or "no stacks in dump")
+            failed[rank] = str(
+                dump.get("error")
+                or (
+                    "no Python frames in its main thread (exiting, or inside native code)"
+                    if dump.get("ok")
+                    else ""
+                )
+                or "no stacks in dump"
+            )
             continue
         stacks[rank] = frames
         acts[rank] = classify_dump(dump)

@@ -298,12 +298,30 @@ class CrossRank:
         head = head.replace(" Stacks are being captured.", "")
         parts = [head.rstrip()]
         if first is not None and first.get("rank") != f.rank:
+            # A peer died or failed first: that is the answer, whatever the stacks of the rest say.
+            dead = first.get("rank")
             parts.append(
-                f"Rank {first.get('rank')} failed first: {first.get('how')} at "
-                f"{_now_text(float(first.get('time') or 0))}"
+                f"Rank {dead} failed first: {first.get('how')} at {_now_text(float(first.get('time') or 0))}"
                 + (f" (its log: {first['log']})" if first.get("log") else "")
-                + f"; this rank then stalled waiting for it. Look at rank {first.get('rank')}, not this one."
+                + "; this rank then stalled waiting for it."
             )
+            if folder is not None:
+                parts.append(f"Stacks: {folder}.")
+            if own is not None:
+                parts.append(f"This rank is {describe(own)}.")
+            parts.append(
+                f"Usual fix: read rank {dead}'s log and fix that failure; nothing to fix on this rank."
+            )
+            f.message = " ".join(parts)
+            f.evidence = {
+                **f.evidence,
+                "incident": str(folder) if folder is not None else None,
+                "suspects": [dead],
+                "verdict": "first_failure",
+                "first_failure": first,
+                "activity": own.to_dict() if own is not None else None,
+            }
+            return
         if result is None:
             parts.append("Stack dumps could not be taken (see the agent's log).")
             f.evidence = {**f.evidence, "incident": None}

@@ -282,8 +282,10 @@ async def run_command(
         worker_crashed = False
     if not worker_crashed:  # else the launcher ended because a worker failed: that worker's crash says so
         watcher.on_exit(rc if rc >= 0 else None, sig, requested=stopped)
-    # Nothing of the job outlives it: a DataLoader worker blocked in __getitem__ never notices.
-    await asyncio.to_thread(workers.reap, tree)
+    if stop_requested:
+        # Nothing of the job outlives a stop: a DataLoader worker blocked in __getitem__ never
+        # notices its rank is gone. (A job that ends on its own keeps what it left running.)
+        await asyncio.to_thread(workers.reap, tree)
     stop_echo.set()
     if echo is not None:
         with contextlib.suppress(Exception):

@@ -2,10 +2,11 @@
 
 ``rankwatch run`` starts its command in a new session. Everything the job forks stays in that
 session unless it calls ``setsid`` itself: DataLoader workers, a launcher's ranks and their
-workers. When the command ends (a stop, a crash, or a clean exit) nothing of it may outlive it:
-a DataLoader worker blocked in ``__getitem__`` has no reason to notice its parent died, and an
-orphan holding a GPU blocks the next job. So the whole session goes, not only the process
-group, and the descendants seen while it ran go too (one that left the session).
+workers. When a stop was asked for, nothing of the job may outlive it: a DataLoader worker
+blocked in ``__getitem__`` has no reason to notice its rank died, and an orphan holding a GPU
+blocks the next job. So the whole session goes, not only the process group, and the
+descendants seen while it ran go too (one that left the session). A job that ends on its own
+keeps what it left running: the agent kills nothing of the job unasked.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def _signal(procs: Iterable[psutil.Process], sig: int) -> None:
 
 
 def reap(tree: Tree, grace: float = 1.0) -> list[int]:
-    """End what is left of the job once its command has exited: SIGTERM, then SIGKILL after
+    """End what is left of the job once its command has stopped: SIGTERM, then SIGKILL after
     ``grace`` seconds. Blocking (run it in a thread); returns the pids that had to be ended."""
     left = tree.leftovers()
     if not left:
