@@ -262,6 +262,7 @@ async def run_command(
             await asyncio.sleep(0.2)
     finally:
         remember.cancel()
+        fleet_stop.set()
         _remove_handlers(loop)
         for h in kill_handle:
             h.cancel()
