@@ -468,9 +468,11 @@ def test_diff_names_the_rank_outside_the_collective() -> None:
     assert [g.ranks for g in result.groups] == [[0, 1, 3], [2]]
     assert result.suspects == [2]
     assert format_diff(result) == (
-        "ranks 0,1,3: in all_reduce (distributed_c10d.py:2501) <- train_step (train.py:88)\n"
-        "rank 2: in __next__ (data.py:42)\n"
-        "suspect: rank 2 (the only rank not waiting in a collective)\n"
+        "ranks 0,1,3: waiting in all_reduce at all_reduce (distributed_c10d.py:2501)"
+        " <- train_step (train.py:88)\n"
+        "rank 2: in data loading (in the training code's own data iterator) at __next__ (data.py:42)\n"
+        "suspect: rank 2 (the only rank not waiting in a collective: in data loading; ranks 0,1,3 wait for "
+        "it (all_reduce))\n"
     )
     as_json = json.loads(json.dumps(result.to_dict()))
     assert as_json["suspects"] == [2] and as_json["groups"][0]["in_collective"] is True
@@ -492,7 +494,7 @@ def test_diff_two_ranks_collective_vs_not(odd: int) -> None:
     }
     result = diff_incident(dumps)
     assert result.suspects == [odd]
-    assert f"suspect: rank {odd} (the only rank not waiting in a collective)" in format_diff(result)
+    assert f"suspect: rank {odd} (the only rank not waiting in a collective: in I/O" in format_diff(result)
 
 
 def test_diff_majority_without_collective_and_failures() -> None:
@@ -502,7 +504,8 @@ def test_diff_majority_without_collective_and_failures() -> None:
     result = diff_incident(dumps)
     assert result.suspects == [2] and result.failed == {4: "ptrace denied"}
     text = format_diff(result)
-    assert "ranks 0,1,3: in __next__ (data.py:42)\n" in text
+    own = "in the training code's own data iterator"
+    assert f"ranks 0,1,3: in data loading ({own}) at __next__ (data.py:42)\n" in text
     assert "rank 4: no dump (ptrace denied)\n" in text
     assert "suspect: rank 2 (the only rank whose stack differs from the majority)" in text
 
@@ -510,8 +513,8 @@ def test_diff_majority_without_collective_and_failures() -> None:
 def test_diff_all_same_has_no_suspect() -> None:
     result = diff_incident({r: _all_reduce_dump(r) for r in range(8)})
     assert result.suspects == [] and len(result.groups) == 1
-    assert format_diff(result).startswith("ranks 0-7: in all_reduce")
-    assert "no suspect: all ranks share one stack" in format_diff(result)
+    assert format_diff(result).startswith("ranks 0-7: waiting in all_reduce")
+    assert "no suspect: all ranks wait in the same collective (all_reduce)" in format_diff(result)
 
 
 def test_diff_ignores_native_addresses() -> None:

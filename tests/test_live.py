@@ -278,15 +278,15 @@ def test_two_rank_hang_dumps_and_diff_names_the_hung_rank(tmp_path: Path) -> Non
     try:
         incident = two_rank_stall(DumpStore(tmp_path / "dumps"))
         assert incident is not None, [f["kind"] for r in (0, 1) for f in findings(tmp_path, r)]
-        # A stall finding goes out once its stacks are written (it says where they are).
+        # A stall finding goes out once its incident's stacks are in (it names the suspect).
         deadline = time.monotonic() + 30
-        while True:
+        stalls: dict[int, list[dict]] = {}
+        while time.monotonic() < deadline and not (stalls.get(0) and stalls.get(1)):
+            time.sleep(0.2)
             stalls = {r: [f for f in findings(tmp_path, r) if f["kind"] == "stall"] for r in (0, 1)}
-            if (stalls[0] and stalls[1]) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
         assert stalls[0] and stalls[1]
         assert stalls[0][0]["step"] == 39
+        assert "suspect: rank 1" in stalls[0][0]["message"], stalls[0][0]["message"]
         r0 = (incident.path / "rank-0.txt").read_text()
         r1 = (incident.path / "rank-1.txt").read_text()
         assert "all_reduce" in r0 and "wait_for_batch" in r1

@@ -72,8 +72,14 @@ def test_gloo_hang_is_stalled_dumped_and_diffed(tmp_path: Path) -> None:
             done = [i for i in store.list_incidents() if i.reason == "stall" and len(i.ranks) == 2]
             incident = done[0] if done else None
         assert incident is not None, "no stall incident with both ranks"
+        # A stall finding goes out once its incident's stacks are in (it names the suspect).
         for r in (0, 1):
-            kinds = [json.loads(x)["kind"] for x in (tmp_path / f"f{r}.jsonl").read_text().splitlines()]
+            path, kinds = tmp_path / f"f{r}.jsonl", []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and "stall" not in kinds:
+                time.sleep(0.2)
+                lines = path.read_text().splitlines() if path.exists() else []
+                kinds = [json.loads(x)["kind"] for x in lines]
             assert "stall" in kinds, (r, kinds)
         rank0 = (incident.path / "rank-0.txt").read_text()
         assert "all_reduce" in rank0 and "distributed_c10d.py" in rank0

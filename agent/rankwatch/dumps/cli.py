@@ -13,6 +13,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rankwatch.dumps import flight
 from rankwatch.dumps.capture import capture
 from rankwatch.dumps.diff import diff_incident, format_diff, format_ranks
 from rankwatch.dumps.show import format_rank
@@ -113,11 +114,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
         print(f"rankwatch dumps: incident {info.name} holds no rank dumps", file=sys.stderr)
         return 1
     result = diff_incident({r: store.load_rank(info, r) for r in info.ranks})
+    traces = flight.load_folder(info.path)  # PyTorch's flight recorder, where it was collected
+    fr = flight.analyze(traces) if traces else None
     if args.json:
-        print(json.dumps({"incident": info.name, "run": info.run, **result.to_dict()}, indent=2))
+        doc = {"incident": info.name, "run": info.run, **result.to_dict()}
+        if traces:
+            doc["flight_recorder"] = {"ranks": sorted(traces), "verdict": fr.to_dict() if fr else None}
+        print(json.dumps(doc, indent=2))
     else:
         print(f"incident {info.run}/{info.name}")
         print(format_diff(result), end="")
+        print(flight.format_verdict(fr, sorted(traces)), end="")
     return 0
 
 

@@ -1,8 +1,15 @@
-"""Group the ranks of one incident by where their main thread is, and name the odd one out.
+"""Group the ranks of one incident by where their main thread is, and name the rank at fault.
 
-In a collective hang every healthy rank sits in the same ``all_reduce``; the rank that
-never arrived is somewhere else. Stacks are compared by (function, file) so line
-numbers and native addresses, which differ between builds, do not split groups.
+In a collective hang the healthy ranks wait for their peers — in ``all_reduce``, in DDP's
+gradient reduction inside ``backward``, in DDP's buffer broadcast before forward — and the
+rank that never arrived is somewhere else: loading data, in I/O, computing. Healthy ranks may
+wait in *different* collectives (the root of a broadcast finishes its sends and moves on to
+backward's all-reduce), so the suspect is the rank that is not waiting at all. When every rank
+waits, but not in the same collective, the ranks disagree on what comes next: a collective
+mismatch, reported with each side's call site.
+
+Stacks are grouped by (function, file) so line numbers and native addresses, which differ
+between builds, do not split groups.
 """
 
 from __future__ import annotations
@@ -11,13 +18,19 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rankwatch.dumps.show import basename, group_by_process, is_main_thread, is_training_frame
-
-_COLLECTIVE_RE = re.compile(
-    r"(?:^|_)(all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier|all_?to_?all)(?:_|$)", re.I
+from rankwatch.dumps.classify import (
+    COLLECTIVE,
+    KIND_TEXT,
+    Activity,
+    classify_dump,
+    collective_text,
+    describe,
+    label,
+    main_thread,
 )
-_DIST_PATH_RE = re.compile(r"torch[/\\]distributed|deepspeed[/\\]comm")
-_WAIT_NAMES = frozenset({"wait", "wait_all", "wait_tensor"})
+from rankwatch.dumps.show import basename, is_training_frame
+
+_ADDR_RE = re.compile(r"0x[0-9a-fA-F]+")
 # Thin wrappers that say nothing about where a rank is.
 _BORING_FILES = frozenset(
     {
@@ -30,23 +43,28 @@ _BORING_FILES = frozenset(
         "functools.py",
     }
 )
-_LAUNCHER_RE = re.compile(
-    r"torch[/\\]distributed[/\\](elastic|run\.py)|deepspeed[/\\]launcher|accelerate[/\\]commands"
-)
-_HELPER_LOOPS = frozenset({"_worker_loop", "_pin_memory_loop"})
-_ADDR_RE = re.compile(r"0x[0-9a-fA-F]+")
 
 Frame = dict[str, Any]
+
+# Verdicts, in ``DiffResult.verdict``.
+NOT_IN_COLLECTIVE = "not_in_collective"  # the suspect is the rank that is not waiting for the others
+ONLY_IN_COLLECTIVE = "only_in_collective"  # a few ranks wait in a collective the others never entered
+MISMATCH = "collective_mismatch"  # every rank waits, in different collectives
+SAME_COLLECTIVE = "same_collective"  # every dumped rank waits in one collective
+MISSING = "missing_ranks"  # every dumped rank waits; the ranks without a dump are the suspects
+MAJORITY = "majority"  # no collective: the stack that differs from the majority
+UNCLEAR = "unclear"
 
 
 @dataclass
 class StackGroup:
     ranks: list[int]
     signature: list[tuple[str, str]]
-    where: str  # innermost interesting frame, "func (file:line)"
+    where: str  # the frame that says where the rank is, "func (file:line)"
     caller: str | None  # innermost training-code frame below it
     in_collective: bool
     stack: list[str] = field(default_factory=list)
+    activity: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -55,6 +73,8 @@ class DiffResult:
     failed: dict[int, str]
     suspects: list[int]
     reason: str
+    verdict: str = UNCLEAR
+    activities: dict[int, Activity] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,58 +82,29 @@ class DiffResult:
             "failed": {str(k): v for k, v in self.failed.items()},
             "suspects": self.suspects,
             "reason": self.reason,
+            "verdict": self.verdict,
+            "ranks": {str(r): a.to_dict() for r, a in sorted(self.activities.items())},
         }
 
-
-def _short_name(frame: Frame) -> str:
-    return str(frame.get("name") or "").rsplit(".", 1)[-1]
+    def summary(self) -> str:
+        """One sentence for a finding or an alert: the suspect and why, or why there is none."""
+        if self.suspects:
+            noun = "rank" if len(self.suspects) == 1 else "ranks"
+            return f"suspect: {noun} {format_ranks(self.suspects)} ({self.reason})"
+        return f"no suspect: {self.reason}" if self.reason else "no suspect"
 
 
 def is_collective_frame(frame: Frame) -> bool:
-    name = _short_name(frame)
-    filename = str(frame.get("filename") or "")
-    if "numpy" in filename:
-        return False
-    if name in _WAIT_NAMES:
-        return bool(_DIST_PATH_RE.search(filename))
-    return bool(_COLLECTIVE_RE.search(name))
+    """Kept for callers that look at single frames: a frame where a rank waits for its peers."""
+    from rankwatch.dumps.classify import classify_frames
 
-
-def _label(frame: Frame) -> str:
-    line = frame.get("line")
-    file = basename(frame.get("filename") or frame.get("short_filename"))
-    return f"{frame.get('name') or '?'} ({file}:{line})" if line else f"{frame.get('name') or '?'} ({file})"
-
-
-def _main_thread(threads: list[Frame]) -> Frame | None:
-    for thread in threads:
-        if is_main_thread(thread):
-            return thread
-    return threads[0] if threads else None
-
-
-def _score(frames: list[Frame]) -> int:
-    """How much a process looks like the training rank rather than a launcher or worker."""
-    for frame in frames:
-        if _LAUNCHER_RE.search(str(frame.get("filename") or "")) or _short_name(frame) in _HELPER_LOOPS:
-            return -1
-    return sum(1 for f in frames if is_training_frame(f))
+    return classify_frames([frame]).kind == COLLECTIVE
 
 
 def main_stack(dump: dict[str, Any]) -> list[Frame]:
     """The main thread's frames (innermost first) of the process that runs the training code."""
-    threads = [t for t in dump.get("threads") or [] if isinstance(t, dict)]
-    root = dump.get("pid") if isinstance(dump.get("pid"), int) else -1
-    best: list[Frame] = []
-    best_score: int | None = None
-    for pid, proc_threads in group_by_process(threads, root).items():
-        main = _main_thread(proc_threads)
-        frames = [f for f in (main or {}).get("frames") or [] if isinstance(f, dict)]
-        score = _score(frames)
-        # The watched process wins ties: it is usually the rank itself.
-        if best_score is None or score > best_score or (score == best_score and pid == root):
-            best, best_score = frames, score
-    return best
+    thread = main_thread(dump)
+    return [f for f in (thread or {}).get("frames") or [] if isinstance(f, dict)]
 
 
 def signature(frames: list[Frame]) -> tuple[tuple[str, str], ...]:
@@ -138,8 +129,8 @@ def _describe(frames: list[Frame]) -> tuple[str, str | None]:
     where_frame = frames[start]
     caller = next((f for f in frames[start:] if is_training_frame(f)), None)
     if caller is None or caller is where_frame:
-        return _label(where_frame), None
-    return _label(where_frame), _label(caller)
+        return label(where_frame), None
+    return label(where_frame), label(caller)
 
 
 def format_ranks(ranks: list[int]) -> str:
@@ -158,73 +149,156 @@ def format_ranks(ranks: list[int]) -> str:
     return ",".join(parts)
 
 
-def _suspects(groups: list[StackGroup], total: int) -> tuple[list[int], str]:
-    if len(groups) < 2:
-        if groups and total > 1:
-            return [], "all ranks share one stack: the cause is likely outside the dumped ranks"
-        return [], ""
-    waiting = [r for g in groups if g.in_collective for r in g.ranks]
-    elsewhere = sorted(r for g in groups if not g.in_collective for r in g.ranks)
+def _who(ranks: list[int]) -> str:
+    return f"ranks {format_ranks(ranks)}" if len(ranks) > 1 else f"rank {ranks[0]}"
+
+
+def _at(act: Activity) -> str:
+    return act.call_site or act.frame
+
+
+def _ops(acts: dict[int, Activity], ranks: list[int]) -> str:
+    seen: list[str] = []
+    for r in ranks:
+        if str(acts[r].op) not in seen:
+            seen.append(str(acts[r].op))
+    return ", ".join(seen)
+
+
+def judge(
+    acts: dict[int, Activity], failed: list[int], world_size: int | None = None
+) -> tuple[list[int], str, str]:
+    """(suspects, reason, verdict) from each rank's activity."""
+    ranks = sorted(acts)
+    missing = sorted(set(failed) | ({r for r in range(world_size) if r not in acts} if world_size else set()))
+    if not ranks:
+        return [], "no rank could be dumped", UNCLEAR
+    waiting = [r for r in ranks if acts[r].kind == COLLECTIVE]
+    elsewhere = [r for r in ranks if acts[r].kind != COLLECTIVE]
     if waiting and elsewhere:
         if len(elsewhere) <= len(waiting):
+            kinds = sorted({KIND_TEXT.get(acts[r].kind, acts[r].kind) for r in elsewhere})
             noun = "rank" if len(elsewhere) == 1 else "ranks"
-            return elsewhere, f"the only {noun} not waiting in a collective"
+            return (
+                elsewhere,
+                f"the only {noun} not waiting in a collective: {' / '.join(kinds)}; "
+                f"{_who(waiting)} wait for it ({_ops(acts, waiting)})",
+                NOT_IN_COLLECTIVE,
+            )
         noun = "rank" if len(waiting) == 1 else "ranks"
-        return sorted(waiting), f"the only {noun} in a collective the others never entered"
-    largest = groups[0]
-    if len(largest.ranks) * 2 > total:
-        others = sorted(r for g in groups[1:] for r in g.ranks)
-        noun = "rank" if len(others) == 1 else "ranks"
-        return others, f"the only {noun} whose stack differs from the majority"
-    return [], "no clear odd one out"
+        return (
+            waiting,
+            f"the only {noun} in a collective the others never entered: {_ops(acts, waiting)} "
+            f"called from {_at(acts[waiting[0]])}",
+            ONLY_IN_COLLECTIVE,
+        )
+    if waiting:  # every dumped rank waits for its peers
+        if missing:
+            return (
+                missing,
+                f"every dumped rank waits in a collective; {_who(missing)} could not be dumped and "
+                "may be the one that never arrived",
+                MISSING,
+            )
+        by_op: dict[tuple[str | None, str], list[int]] = {}
+        for r in waiting:
+            by_op.setdefault((acts[r].op, acts[r].detail), []).append(r)
+        if len(by_op) == 1:
+            return (
+                [],
+                f"all ranks wait in the same collective ({_ops(acts, waiting)}): the cause is outside "
+                "the dumped ranks (a rank not watched here, the network, or a peer's process group)",
+                SAME_COLLECTIVE,
+            )
+        sides = sorted(by_op.values(), key=lambda rs: (len(rs), rs[0]))
+        text = "; ".join(
+            f"{_who(rs)} in {collective_text(acts[rs[0]])} called from {_at(acts[rs[0]])}" for rs in sides
+        )
+        smallest = sides[0]
+        unique = len(sides) > 1 and len(smallest) < len(sides[1])
+        reason = f"collective mismatch: {text}"
+        return (smallest if unique else []), reason, MISMATCH
+    return [], "", UNCLEAR
 
 
-def diff_incident(ranks: dict[int, dict[str, Any]]) -> DiffResult:
+def diff_incident(ranks: dict[int, dict[str, Any]], world_size: int | None = None) -> DiffResult:
     failed: dict[int, str] = {}
     buckets: dict[tuple[tuple[str, str], ...], list[int]] = {}
     stacks: dict[int, list[Frame]] = {}
+    acts: dict[int, Activity] = {}
     for rank in sorted(ranks):
         dump = ranks[rank]
         frames = main_stack(dump) if dump.get("ok") else []
         if not frames:
-            failed[rank] = str(dump.get("error") or "no stacks in dump")
+            failed[rank] = str(
+                dump.get("error")
+                or (
+                    "no Python frames in its main thread (exiting, or inside native code)"
+                    if dump.get("ok")
+                    else ""
+                )
+                or "no stacks in dump"
+            )
             continue
         stacks[rank] = frames
+        acts[rank] = classify_dump(dump)
         buckets.setdefault(signature(frames), []).append(rank)
     groups: list[StackGroup] = []
     for sig, members in buckets.items():
         frames = stacks[members[0]]
+        act = acts[members[0]]
         where, caller = _describe(frames)
+        if act.kind != "unknown":
+            where, caller = act.frame, (act.call_site if act.call_site != act.frame else None)
         groups.append(
             StackGroup(
                 ranks=members,
                 signature=list(sig),
                 where=where,
                 caller=caller,
-                in_collective=any(is_collective_frame(f) for f in frames),
-                stack=[_label(f) for f in frames],
+                in_collective=act.kind == COLLECTIVE,
+                stack=[label(f) for f in frames],
+                activity=act.to_dict(),
             )
         )
     groups.sort(key=lambda g: (-len(g.ranks), g.ranks[0]))
-    suspects, reason = _suspects(groups, sum(len(g.ranks) for g in groups))
-    return DiffResult(groups, failed, suspects, reason)
+    suspects, reason, verdict = judge(acts, sorted(failed), world_size)
+    if verdict == UNCLEAR and len(groups) >= 2:
+        total = sum(len(g.ranks) for g in groups)
+        largest = groups[0]
+        if len(largest.ranks) * 2 > total:
+            suspects = sorted(r for g in groups[1:] for r in g.ranks)
+            noun = "rank" if len(suspects) == 1 else "ranks"
+            reason, verdict = f"the only {noun} whose stack differs from the majority", MAJORITY
+        else:
+            reason = "no clear odd one out"
+    elif verdict == UNCLEAR and groups and sum(len(g.ranks) for g in groups) > 1:
+        reason = "all ranks share one stack: the cause is likely outside the dumped ranks"
+    return DiffResult(groups, failed, suspects, reason, verdict, acts)
 
 
 def format_diff(result: DiffResult) -> str:
     lines: list[str] = []
     for group in result.groups:
-        who = f"ranks {format_ranks(group.ranks)}" if len(group.ranks) > 1 else f"rank {group.ranks[0]}"
-        line = f"{who}: in {group.where}"
+        act = result.activities.get(group.ranks[0])
+        if act is not None and act.kind != "unknown":
+            lines.append(f"{_who(group.ranks)}: {describe(act)}")
+            if act.worker:
+                lines.append(f"    {act.worker}")
+            continue
+        line = f"{_who(group.ranks)}: in {group.where}"
         if group.caller:
             line += f" <- {group.caller}"
         lines.append(line)
     for rank, error in sorted(result.failed.items()):
         lines.append(f"rank {rank}: no dump ({error})")
-    if result.suspects:
-        noun = "rank" if len(result.suspects) == 1 else "ranks"
-        lines.append(f"suspect: {noun} {format_ranks(result.suspects)} ({result.reason})")
-    elif result.reason:
-        lines.append(f"no suspect: {result.reason}")
+    if result.suspects or result.reason:
+        lines.append(result.summary())
+    if result.verdict == MISMATCH:
+        lines.append(
+            "    a collective mismatch is a code path taken on some ranks only (a rank-dependent if, an "
+            "early exit, an uneven last batch): compare the call sites above"
+        )
     if not lines:
         lines.append("no dumps")
     return "\n".join(lines) + "\n"

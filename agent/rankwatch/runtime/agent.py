@@ -90,6 +90,9 @@ class Agent:
         self.started_at = time.time()
         # Add context to a finding before anyone sees it (e.g. the last good checkpoint for a NaN).
         self.enrichers: list[Callable[[Finding], Finding]] = []
+        # Take a finding now and emit it completed later (runtime/diagnose.py: a stall waits for
+        # its peers' stacks); a held finding comes back with evidence["cross_rank"] set.
+        self.holds: list[Callable[[Finding], bool]] = []
         self.dumps_captured = 0
         self.dumps_failed: dict[str, int] = {}  # by DumpResult.error: a small fixed vocabulary
         # Set by the GPU service: () -> ({rank: [GpuSample]}, sampler up); read by the status page.
@@ -134,11 +137,30 @@ class Agent:
     def emit(self, f: Finding) -> None:
         if f.time is None:
             f.time = time.time()  # when the agent saw it (a stall has no log line to date it)
+        for hold in self.holds:
+            try:
+                if hold(f):
+                    return
+            except Exception:
+                errs = self.internal_errors_by_component
+                errs["hold"] = errs.get("hold", 0) + 1
+                log.exception("holding a finding failed; it goes out as it is")
         if f.kind == "stall" and not f.resolved and not self.cfg.dumps.on_stall:
             # Say so, so nobody goes looking for stacks that were never taken.
             f.message = f.message.replace(STACKS_PROMISE, "")
             f.message += " Stack dumps are off (dumps.on_stall: false): no stacks were captured."
             f.evidence = {**f.evidence, "dumps": "off"}
+        elif f.kind == "stall" and not f.resolved and "incident" in f.evidence:
+            # Completed by the cross-rank diagnosis (runtime/diagnose.py), which took the stacks:
+            # say so only if they really came.
+            folder, ok, failures = self.last_capture
+            if not ok:
+                text = dumps_outcome(folder, ok, failures)
+                problem = self.dump_problem()
+                if problem is not None and problem not in text:
+                    text += f" {problem}"
+                f.message = f.message.replace(STACKS_PROMISE, "") + " " + text
+                f.evidence = {**f.evidence, "dumps": "failed", "dump_failures": failures}
         elif f.kind == "stall" and not f.resolved:
             if self._spawn(self._stall_with_dumps(f)):
                 # Sent once the stacks are taken (seconds), saying where they are or why they

@@ -26,6 +26,7 @@ from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
 from rankwatch.identity import Identity, identity_from_env
+from rankwatch.runtime import workers
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.echo import Echo
 from rankwatch.runtime.services import Services
@@ -95,6 +96,13 @@ def _stdout_echo(path: Path, start: int) -> Echo | None:
     with contextlib.suppress(AttributeError, OSError, ValueError):
         sys.stdout.flush()
     return Echo(path, start, fd)
+
+
+async def _remember(tree: workers.Tree, interval: float) -> None:
+    """Note the job's descendants as they come (one that leaves the session is still ended)."""
+    while True:
+        await asyncio.to_thread(tree.remember)
+        await asyncio.sleep(max(1.0, 5 * interval))
 
 
 async def _wait_exit(child: subprocess.Popen) -> None:
@@ -208,9 +216,12 @@ async def _run_command(
     # The handlers run from the loop, so none fires before ``started`` is filled.
     for sig in FORWARDED:
         on_signal(loop, sig, forward, sig)
+    # Under a launcher (torchrun) every worker is a rank of its own, with its own watcher (and
+    # stall clock, dump file, identity); this one only stands for the launcher's exit.
+    launcher = workers.is_launcher(list(cmd))
     with open(path, "ab") as fh:
         start = fh.tell()
-        watcher = agent.add_watcher([path], from_end=True)
+        watcher = agent.add_watcher([] if launcher else [path], from_end=True)
         try:
             child = subprocess.Popen(
                 list(cmd),
@@ -226,7 +237,10 @@ async def _run_command(
             print(f"rankwatch: cannot start {cmd[0]!r}: {e.strerror or e}", file=sys.stderr)
             return 127 if isinstance(e, FileNotFoundError) else 126
     started.append(child)
-    watcher.attach(child.pid)
+    if not launcher:
+        watcher.attach(child.pid)
+    tree = workers.Tree(child.pid)
+    fleet = workers.Fleet(agent, cfg, path, child.pid, stop_requested) if launcher else None
     lower_priority(nice)
     agent.install_dump_signal()
     echo = _stdout_echo(path, start) if cfg.runner.echo else None
@@ -241,6 +255,9 @@ async def _run_command(
         raise
 
     watch_task = asyncio.create_task(watcher.run())
+    fleet_stop = asyncio.Event()
+    fleet_task = asyncio.create_task(fleet.run(fleet_stop)) if fleet is not None else None
+    remember = asyncio.create_task(_remember(tree, cfg.process.sample_interval))
     try:
         await _wait_exit(child)
         if child.returncode in STOP_STATUSES and not stop_requested:
@@ -248,6 +265,8 @@ async def _run_command(
             # or a time-limit stop reads as a crash.
             await asyncio.sleep(0.2)
     finally:
+        remember.cancel()
+        fleet_stop.set()
         _remove_handlers(loop)
         for h in kill_handle:
             h.cancel()
@@ -259,13 +278,27 @@ async def _run_command(
     # After a stop we forwarded, any way the child ends (its handler's exit code, the signal,
     # our SIGKILL after term_grace) is the stop: a clean exit is no finding at all.
     requested: bool | int = int(stop_requested[0]) if stop_requested and rc != 0 else False
+    if fleet is not None and fleet_task is not None:
+        fleet_stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(fleet_task, 5.0)
+        fleet.check()
+        worker_crashed = await fleet.close()
+        watcher.tail.extend(workers.last_lines(path, start, watcher.tail.maxlen or 50))
+    else:
+        worker_crashed = False
     disk_full = None
     if rc != 0:
         # In run mode the log is the child's stdout: a full disk kills it without a word.
         with contextlib.suppress(Exception):
             await extras.sample_disks(2.0)
         disk_full = agent.log_disk_full(watcher)
-    watcher.on_exit(rc if rc >= 0 else None, sig, requested=requested, disk_full=disk_full)
+    if not worker_crashed:  # else the launcher ended because a worker failed: that worker's crash says so
+        watcher.on_exit(rc if rc >= 0 else None, sig, requested=requested, disk_full=disk_full)
+    if stop_requested:
+        # Nothing of the job outlives a stop: a DataLoader worker blocked in __getitem__ never
+        # notices its rank is gone. (A job that ends on its own keeps what it left running.)
+        await asyncio.to_thread(workers.reap, tree)
     if echo is not None:
         await echo.close()
     await agent.settle()

@@ -197,6 +197,9 @@ class Services:
     async def start(self) -> None:
         mon = self.agent.loop_monitor = LoopMonitor()
         self._tasks.append(asyncio.create_task(mon.run(self._stop), name="loop-monitor"))
+        from rankwatch.runtime.diagnose import CrossRank
+
+        CrossRank(self.agent, self.cfg).install()
         self._start_reload()
         self._start_alerts()
         await self._start_gpu()

@@ -1,0 +1,179 @@
+"""The stack classifier and ``dumps diff`` on real py-spy dumps of hung 4-rank DDP jobs
+(tests/data/ddp_stacks/README.md says how they were recorded)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankwatch.dumps.classify import BLOCKED, COLLECTIVE, COMPUTE, DATA, classify_dump, classify_frames
+from rankwatch.dumps.diff import MISMATCH, NOT_IN_COLLECTIVE, diff_incident, format_diff
+
+DATA_DIR = Path(__file__).parent / "data" / "ddp_stacks"
+
+
+def _load(name: str) -> dict[int, dict[str, Any]]:
+    return {
+        int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in (DATA_DIR / name).glob("rank-*.json")
+    }
+
+
+@pytest.mark.parametrize("name", ["loader_hang", "loader_hang_native"])
+def test_loader_hang_names_the_rank_in_data_loading(name: str) -> None:
+    dumps = _load(name)
+    acts = {r: classify_dump(d) for r, d in dumps.items()}
+    # DDP's gradient reduction runs inside loss.backward(): waiting, not the odd one out.
+    assert (acts[1].kind, acts[1].op) == (COLLECTIVE, "all_reduce") and "backward" in acts[1].detail
+    assert acts[1].certain is name.endswith("native")  # the native frames show c10d::Reducer
+    # DDP's buffer broadcast (the causal mask) before forward: waiting too.
+    assert (acts[0].kind, acts[0].op) == (COLLECTIVE, "broadcast") and "buffer" in acts[0].detail
+    assert acts[2].kind == DATA and acts[2].call_site == "main (ddp_train.py:102)"
+    assert acts[2].worker is not None and "read_shard_forever (ddp_train.py:70)" in acts[2].worker
+    result = diff_incident(dumps, world_size=4)
+    assert result.suspects == [2] and result.verdict == NOT_IN_COLLECTIVE
+    text = format_diff(result)
+    assert "suspect: rank 2 (the only rank not waiting in a collective: in data loading" in text
+    assert "Tokens.__getitem__ (ddp_train.py:62)" in text
+    assert "mismatch" not in text
+
+
+@pytest.mark.parametrize("name", ["barrier", "barrier_native"])
+def test_extra_barrier_is_a_collective_mismatch_with_both_call_sites(name: str) -> None:
+    result = diff_incident(_load(name), world_size=4)
+    assert result.verdict == MISMATCH and result.suspects == [0]
+    assert result.reason.startswith(
+        "collective mismatch: rank 0 in barrier called from sync_metrics (ddp_train.py:90)"
+    )
+    assert "ranks 1-3 in broadcast (DDP buffer broadcast before forward" in result.reason
+    assert "called from compute (ddp_train.py:74)" in result.reason
+    assert "real error" not in format_diff(result)
+
+
+def test_a_missing_rank_is_suspected_when_every_dumped_rank_waits() -> None:
+    dumps = _load("loader_hang")
+    del dumps[2]
+    result = diff_incident(dumps, world_size=4)
+    assert result.suspects == [2] and "could not be dumped" in result.reason
+
+
+def _f(name: str, filename: str, line: int = 1) -> dict[str, Any]:
+    return {"name": name, "filename": filename, "short_filename": filename.rsplit("/", 1)[-1], "line": line}
+
+
+SITE = "/usr/lib/python3.11/site-packages"
+
+
+@pytest.mark.parametrize(
+    ("frames", "kind", "op"),
+    [
+        (
+            [_f("all_gather_into_tensor", f"{SITE}/torch/distributed/distributed_c10d.py")],
+            COLLECTIVE,
+            "all_gather",
+        ),
+        (
+            [_f("_all_gather_flat_param", f"{SITE}/torch/distributed/fsdp/_flat_param.py")],
+            COLLECTIVE,
+            "all_gather",
+        ),
+        (
+            [_f("foreach_reduce", f"{SITE}/torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py")],
+            COLLECTIVE,
+            "reduce_scatter",
+        ),
+        (
+            [_f("_sync_params_and_buffers", f"{SITE}/torch/nn/parallel/distributed.py")],
+            COLLECTIVE,
+            "broadcast",
+        ),
+        ([_f("wait", f"{SITE}/torch/distributed/distributed_c10d.py")], COLLECTIVE, "wait"),
+        ([_f("_save", f"{SITE}/torch/serialization.py"), _f("save_ckpt", "/w/train.py")], "io", None),
+        (
+            [_f("Event.wait", "/usr/lib/python3.11/threading.py"), _f("wait_peer", "/w/train.py")],
+            BLOCKED,
+            None,
+        ),
+        ([_f("forward", "/w/model.py"), _f("main", "/w/train.py")], COMPUTE, None),
+        # Native frames show backward computing, not waiting for peers' gradients.
+        (
+            [
+                _f("at::native::addmm", "libtorch_cpu.so"),
+                _f("_engine_run_backward", f"{SITE}/torch/autograd/graph.py"),
+            ],
+            COMPUTE,
+            None,
+        ),
+    ],
+)
+def test_classify_frames(frames: list[dict[str, Any]], kind: str, op: str | None) -> None:
+    act = classify_frames(frames, active=False)
+    assert (act.kind, act.op) == (kind, op), act
+
+
+# ---------------------------------------------------------------- flight recorder
+
+FR_DIR = Path(__file__).parent / "data" / "flight_recorder"
+
+
+def test_flight_recorder_names_the_rank_that_never_entered() -> None:
+    from rankwatch.dumps.flight import analyze, load_folder
+
+    traces = load_folder(FR_DIR / "missing")
+    assert sorted(traces) == [0, 1, 2]
+    verdict = analyze(traces)
+    assert verdict is not None and verdict.suspects == [1]
+    assert verdict.reason.startswith(
+        "rank 1 never entered collective #5 (all_reduce from <module> (rec.py:17))"
+    )
+    assert verdict.last_entered == {0: 5, 1: 4, 2: 5}
+
+
+def test_flight_recorder_names_the_mismatched_op() -> None:
+    from rankwatch.dumps.flight import analyze, load_folder
+
+    verdict = analyze(load_folder(FR_DIR / "mismatch"))
+    assert verdict is not None and verdict.suspects == [0]
+    assert "collective #5 mismatch: rank 0 entered barrier" in verdict.reason
+    assert "ranks 1,2 entered all_reduce (sizes [[4]])" in verdict.reason
+
+
+def test_flight_recorder_refuses_code_in_a_pickle(tmp_path: Path) -> None:
+    import os
+    import pickle
+
+    from rankwatch.dumps.flight import load_folder
+
+    class Boom:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    (tmp_path / "flight-recorder-rank-0.pkl").write_bytes(pickle.dumps({"entries": [Boom()]}))
+    assert load_folder(tmp_path) == {}
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_dumps_diff_prints_the_flight_recorder_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import shutil
+
+    from rankwatch.dumps.cli import add_subcommands
+
+    folder = tmp_path / "run" / "20261125T120000Z_stall"
+    folder.mkdir(parents=True)
+    for r in range(3):
+        shutil.copy(DATA_DIR / "loader_hang" / f"rank-{r}.json", folder / f"rank-{r}.json")
+        shutil.copy(FR_DIR / "missing" / f"flight-recorder-rank-{r}.pkl", folder)
+    parser = argparse.ArgumentParser(prog="rankwatch")
+    add_subcommands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["dumps", "diff", str(folder), "--dir", str(tmp_path)])
+    assert args.func(args) == 0
+    assert "flight recorder: rank 1 never entered collective #5" in capsys.readouterr().out
+    args = parser.parse_args(["dumps", "diff", str(folder), "--dir", str(tmp_path), "--json"])
+    assert args.func(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["flight_recorder"]["verdict"]["suspects"] == [1]

@@ -1,0 +1,168 @@
+"""runtime/diagnose.py without processes: the shared first-failure records, the stall message
+built from a real incident's stacks, the straggler verdict. The live paths are
+tests/test_ddp_real.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rankwatch.config.loader import load_config
+from rankwatch.dumps.diff import diff_incident
+from rankwatch.identity import Identity
+from rankwatch.records import Finding, Severity
+from rankwatch.runtime.agent import Agent
+from rankwatch.runtime.diagnose import CrossRank
+
+STACKS = Path(__file__).parent / "data" / "ddp_stacks"
+GLOO_CLOSED = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+    "by peer [127.0.0.1]:4020. This is typically caused by a remote worker crashing."
+)
+
+
+def _agent(tmp: Path, rank: int, world: int = 4) -> tuple[Agent, CrossRank, list[Finding]]:
+    cfg_path = tmp / "rw.yaml"
+    cfg_path.write_text(f"dumps: {{dir: {tmp / 'dumps'}}}\n")
+    cfg = load_config(str(cfg_path))
+    sent: list[Finding] = []
+
+    class Sink:
+        def send(self, f: Finding) -> None:
+            sent.append(f)
+
+    agent = Agent(cfg, Identity("job", rank, rank, world, "n"), sinks=[Sink()])
+    cross = CrossRank(agent, cfg, wall=lambda: 1000.0 + rank)
+    cross.install()
+    return agent, cross, sent
+
+
+def _crash(rank: int, message: str, signal: int | None = None, t: float | None = None) -> Finding:
+    return Finding(
+        kind="crash",
+        severity=Severity.CRITICAL,
+        rank=rank,
+        message=message,
+        path=f"/logs/rank-{rank}.log",
+        time=t,
+        evidence={"signal": signal, "traceback": [], "exit_code": None},
+    )
+
+
+def test_a_peers_gloo_failure_names_the_rank_killed_first(tmp_path: Path) -> None:
+    agent3, _, _ = _agent(tmp_path, 3)
+    agent0, _, sent0 = _agent(tmp_path, 0)
+    dead = _crash(3, "killed by signal 9 (SIGKILL) after step 14. SIGKILL with no traceback ...", 9, 1000.0)
+    agent3.emit(dead)
+    record = json.loads((tmp_path / "dumps" / "job" / ".ranks" / "failed-3.json").read_text())
+    assert record["rank"] == 3 and record["signal"] == 9 and not record["consequence"]
+    agent0.emit(
+        _crash(0, f"process exited with code 1 after step 14. Cause (crash): {GLOO_CLOSED}.", None, 1000.4)
+    )
+    [f] = sent0
+    assert f.message.startswith("rank 3 failed first: killed by signal 9 (SIGKILL) after step 14 at ")
+    assert "0.4s before this rank" in f.message and "(its log: /logs/rank-3.log)" in f.message
+    assert f.evidence["first_failure"]["rank"] == 3
+
+
+def test_a_peer_failure_that_comes_first_waits_for_the_first_failures_record(tmp_path: Path) -> None:
+    async def scenario() -> list[Finding]:
+        agent0, _, sent0 = _agent(tmp_path, 0)
+        agent3, _, _ = _agent(tmp_path, 3)
+        agent0.emit(_crash(0, f"process exited with code 1. Cause (crash): {GLOO_CLOSED}.", None, 1000.4))
+        assert sent0 == []  # held: its text says a peer died
+        await asyncio.sleep(0.3)
+        agent3.emit(_crash(3, "killed by signal 9 (SIGKILL) after step 14", 9, 1000.0))
+        await agent0.settle(5)
+        return sent0
+
+    [f] = asyncio.run(scenario())
+    assert f.message.startswith("rank 3 failed first") and f.evidence["cross_rank"]
+
+
+def test_an_own_failure_is_not_a_consequence(tmp_path: Path) -> None:
+    agent1, _, sent1 = _agent(tmp_path, 1)
+    agent1.emit(
+        _crash(1, "process exited with code 1. Cause (oom): torch.OutOfMemoryError: CUDA out of memory", t=5)
+    )
+    [f] = sent1
+    assert "failed first" not in f.message
+
+
+def test_stall_message_names_the_suspect_and_fits_the_verdict(tmp_path: Path) -> None:
+    _, cross, _ = _agent(tmp_path, 1)
+    for name, rank, want, unwanted in [
+        ("loader_hang", 1, "This rank only waits in all_reduce (DDP gradient", "real error"),
+        ("loader_hang", 2, "this rank's data loading is stuck (its DataLoader worker", "only waits"),
+        ("barrier", 1, "the ranks called different collectives", "real error"),
+    ]:
+        folder = tmp_path / name
+        shutil.copytree(STACKS / name, folder, dirs_exist_ok=True)
+        dumps = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in folder.glob("rank-*.json")}
+        result = diff_incident(dumps, world_size=4)
+        stall = Finding(
+            kind="stall",
+            severity=Severity.CRITICAL,
+            rank=rank,
+            message="no progress for 4.1s (timeout 4.0s); last step 15; process alive, idle on CPU "
+            "(0.0%): blocked in a collective or I/O. Judged from: step lines. Usual fix: `rankwatch dumps "
+            "diff` names the rank whose stack differs; the others wait for it in the collective, and its "
+            "log holds the real error. Stacks are being captured.",
+        )
+        first: dict[str, Any] | None = None
+        cross._complete_stall(stall, folder, result, result.activities.get(rank), first)
+        assert want in stall.message, stall.message
+        assert unwanted not in stall.message, stall.message
+        assert "Stacks are being captured" not in stall.message
+        assert stall.evidence["incident"] == str(folder)
+
+
+def test_stall_after_a_peer_died_names_it(tmp_path: Path) -> None:
+    _, cross, _ = _agent(tmp_path, 0)
+    folder = tmp_path / "inc"
+    shutil.copytree(STACKS / "loader_hang", folder)
+    for r in (2, 3):
+        (folder / f"rank-{r}.json").unlink()
+    dumps = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in folder.glob("rank-*.json")}
+    result = diff_incident(dumps, world_size=3)
+    stall = Finding(
+        kind="stall", severity=Severity.CRITICAL, rank=0, message="no progress for 5s. Usual fix: x"
+    )
+    first = {
+        "rank": 2,
+        "how": "killed by signal 9 (SIGKILL) after step 14",
+        "time": 1000.0,
+        "log": "/l/rank-2.log",
+    }
+    cross._complete_stall(stall, folder, result, result.activities.get(0), first)
+    assert "Rank 2 failed first: killed by signal 9 (SIGKILL) after step 14 at " in stall.message
+    assert "read rank 2's log and fix that failure; nothing to fix on this rank" in stall.message
+    assert stall.evidence["suspects"] == [2] and stall.evidence["verdict"] == "first_failure"
+    assert "This rank is waiting in" in stall.message
+
+
+def test_straggler_verdict(tmp_path: Path) -> None:
+    _, cross1, sent1 = _agent(tmp_path, 1)
+    _, cross0, sent0 = _agent(tmp_path, 0)
+    profiles = [{"rank": r, "waiting": w, "top": "computing at compute (train.py:76)"} for r, w in
+                [(0, 0.75), (1, 0.12), (2, 0.88), (3, 0.75)]]  # fmt: skip
+    drop = (
+        "throughput dropped to 4.5 steps/s, 34% of its baseline 13 steps/s. Usual causes: ... GPU clocks ..."
+    )
+    f1 = Finding(kind="throughput_drop", severity=Severity.WARNING, rank=1, message=drop)
+    cross1._judge_straggler(f1, profiles[1], profiles)
+    [straggler] = [f for f in sent1 if f.kind == "straggler"]
+    assert straggler.rank == 1 and straggler.message.startswith("rank 1 is the straggler")
+    assert "This rank is the straggler" in f1.message and "GPU clocks" not in f1.message
+    f0 = Finding(kind="throughput_drop", severity=Severity.WARNING, rank=0, message=drop)
+    cross0._judge_straggler(f0, profiles[0], profiles)
+    assert sent0 == []  # no straggler finding on a waiting rank
+    assert "Rank 1 is the straggler" in f0.message and "GPU clocks" not in f0.message
+    # Every rank waits about as much: a job-wide slowdown, no straggler named.
+    even = [{"rank": r, "waiting": 0.5} for r in range(4)]
+    f2 = Finding(kind="throughput_drop", severity=Severity.WARNING, rank=0, message=drop)
+    cross0._judge_straggler(f2, even[0], even)
+    assert f2.message == drop

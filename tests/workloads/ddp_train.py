@@ -1,0 +1,134 @@
+"""A real DDP job (CPU, gloo) whose faults are chosen from the environment.
+
+A tiny causal "transformer block" with a registered buffer (the causal mask), so DDP
+broadcasts buffers before every forward (``_sync_buffers``), fed by a DataLoader with one
+worker process, stepping every ~50 ms and logging ``step=N loss=X`` lines.
+
+Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
+  loader_hang  the DataLoader worker blocks forever in ``__getitem__``;
+  barrier      an extra ``dist.barrier()`` the other ranks never call;
+  sigkill      the rank kills itself with SIGKILL (the OOM killer);
+  oom          the rank raises torch.OutOfMemoryError (CUDA's text) and exits;
+  slow         each step computes ``SLOW_FACTOR`` x longer (a straggler);
+  none         healthy.
+Rank identity comes from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+
+FAULT = os.environ.get("FAULT", "none")
+FAULT_RANK = int(os.environ.get("FAULT_RANK", "-1"))
+FAULT_STEP = int(os.environ.get("FAULT_STEP", "20"))
+STEPS = int(os.environ.get("STEPS", "1000000"))
+STEP_S = float(os.environ.get("STEP_S", "0.05"))
+SLOW_FACTOR = float(os.environ.get("SLOW_FACTOR", "3"))
+SEQ, DIM, BATCH = 16, 32, 8
+
+
+class CausalBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(DIM, 3 * DIM)
+        self.out = nn.Linear(DIM, DIM)
+        self.register_buffer("mask", torch.tril(torch.ones(SEQ, SEQ)).bool())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        att = (q @ k.transpose(-2, -1)) / DIM**0.5
+        att = att.masked_fill(~self.mask, float("-inf")).softmax(-1)
+        return self.out(att @ v)
+
+
+class Tokens(Dataset):
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if FAULT == "loader_hang" and self.rank == FAULT_RANK and i >= FAULT_STEP * BATCH:
+            read_shard_forever()
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(SEQ, DIM, generator=g)
+        return x, x.roll(1, 0)
+
+
+def read_shard_forever() -> None:
+    """A worker stuck reading its shard (a hung NFS read, a lock never released)."""
+    threading.Event().wait()
+
+
+def compute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, slow: float) -> torch.Tensor:
+    loss = F.mse_loss(model(x), y)
+    # The "real work" of a step: a sleep stands in for GPU kernels, which ranks do not share.
+    time.sleep(STEP_S * slow)
+    return loss
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, slow: float):
+    opt.zero_grad()
+    loss = compute(model, x, y, slow)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def allocate_activations(step: int) -> None:
+    """A CUDA OOM as PyTorch's caching allocator words it (this CPU job can only raise it)."""
+    raise torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 3.91 GiB. GPU 1 has a total capacity of 79.15 GiB of which "
+        "1.02 GiB is free. Including non-PyTorch memory, this process has 78.12 GiB memory in use. Of the "
+        "allocated memory 74.31 GiB is allocated by PyTorch, and 2.87 GiB is reserved by PyTorch but "
+        "unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
+        "Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
+
+
+def sync_metrics() -> None:
+    """An extra barrier that only one rank takes: a collective mismatch."""
+    dist.barrier()
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = DDP(CausalBlock())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = DataLoader(Tokens(rank), batch_size=BATCH, num_workers=1, prefetch_factor=1)
+    print(f"rank {rank}/{world} pid {os.getpid()} starting", flush=True)
+    for step, (x, y) in enumerate(loader, 1):
+        faulty = rank == FAULT_RANK and step >= FAULT_STEP
+        if faulty and FAULT == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if faulty and FAULT == "oom":
+            allocate_activations(step)
+        if faulty and FAULT == "barrier" and step == FAULT_STEP:
+            sync_metrics()
+        slow = SLOW_FACTOR if faulty and FAULT == "slow" else 1.0
+        t0 = time.perf_counter()
+        loss = train_step(model, opt, x, y, slow)
+        dt = time.perf_counter() - t0
+        print(f"step={step} loss={loss.item():.4f} lr=1e-3 step_time={dt:.4f}", flush=True)
+        if step >= STEPS:
+            break
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
