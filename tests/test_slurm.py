@@ -317,7 +317,8 @@ def test_train_sbatch_run_per_task_stall_dumps_and_scancel(slurm: dict[str, str]
 
         text = diag()
         for r in range(2):
-            assert re.search(rf"\[run={jid} rank={r}\] INFO process_exit .*forwarded stop signal", text), text
+            stopped = r"process stopped on the (SIGTERM we forwarded|forwarded stop signal)"
+            assert re.search(rf"\[run={jid} rank={r}\] INFO process_exit .*{stopped}", text), text
         assert not re.search(r"CRITICAL crash|SIGKILL|Traceback", text), text
         _wait(lambda: not _sd_targets(sd, jid), 10, "the file_sd files to be removed", diag)
         assert not list(sd.iterdir()), list(sd.iterdir())
