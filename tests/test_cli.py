@@ -190,15 +190,7 @@ def test_unreadable_rank_environment_is_loud_and_not_ready(tmp_path: Path) -> No
 # --- help, --json, colour -------------------------------------------------------------------
 
 # dumps/cli.py belongs to the dumps work; its options are documented there.
-HELP_PENDING = {
-    "rankwatch dumps show --rank",
-    "rankwatch dumps show --run",
-    "rankwatch dumps diff --run",
-    "rankwatch dumps diff --json",
-    "rankwatch dumps capture --pid",
-    "rankwatch dumps capture --reason",
-    "rankwatch dumps capture --timeout",
-}
+HELP_PENDING: set[str] = set()
 
 
 def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:

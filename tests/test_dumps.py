@@ -608,6 +608,15 @@ def test_cli_capture_list_show_diff(
     doc = json.loads(capsys.readouterr().out)
     assert doc["groups"][0]["ranks"] == [3] and "wait_for_peer" in doc["groups"][0]["where"]
 
+    assert _cli(["dumps", "list", "--json", "--dir", d]) == 0
+    (inc,) = json.loads(capsys.readouterr().out)["incidents"]
+    assert (inc["run"], inc["incident"], inc["ranks"]) == ("r1", folder.name, [3])
+    assert inc["reason"] == "manual_test"
+    assert _cli(["dumps", "show", folder.name, "--json", "--dir", d]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["incident"] == folder.name and doc["dumps"]["3"]["ok"] is True
+    assert any("wait_for_peer" in json.dumps(t) for t in doc["dumps"]["3"]["threads"])
+
 
 def test_cli_errors_and_default_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

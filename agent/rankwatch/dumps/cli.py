@@ -64,6 +64,17 @@ def _find(store: DumpStore, args: argparse.Namespace) -> IncidentInfo | None:
         return None
 
 
+def _incident_json(info: IncidentInfo) -> dict:
+    return {
+        "run": info.run,
+        "incident": info.name,
+        "reason": info.reason,
+        "time": info.time.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "ranks": info.ranks,
+        "path": str(info.path),
+    }
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     store = _store(args)
     if not store.root.is_dir():
@@ -72,6 +83,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     incidents = store.list_incidents()
     if args.run:
         incidents = [i for i in incidents if i.run == args.run]
+    if args.json:
+        print(
+            json.dumps(
+                {"root": str(store.root), "incidents": [_incident_json(i) for i in incidents]}, indent=2
+            )
+        )
+        return 0 if incidents else 1
     if not incidents:
         print(f"no incidents under {store.root}", file=sys.stderr)
         return 1
@@ -98,6 +116,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     if not ranks:
         print(f"rankwatch dumps: incident {info.name} holds no rank dumps", file=sys.stderr)
         return 1
+    if args.json:
+        # Each rank's dump as stored (py-spy's JSON stacks, or the error that kept them away).
+        doc = {**_incident_json(info), "dumps": {str(r): store.load_rank(info, r) for r in ranks}}
+        print(json.dumps(doc, indent=2, default=str))
+        return 0
     print(f"incident {info.run}/{info.name}  ({info.path})")
     for rank in ranks:
         print()
@@ -180,35 +203,47 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = dsub.add_parser("list", help="list incidents, newest first")
     _common(p)
     p.add_argument("--run", help="only this run")
+    p.add_argument("--json", action="store_true", help="one JSON document: the incidents, newest first")
     p.set_defaults(func=cmd_list)
 
     p = dsub.add_parser("show", help="show the stacks of an incident")
     p.add_argument("incident", help="incident name, unique prefix, run/name or folder path")
-    p.add_argument("--rank", type=int)
-    p.add_argument("--run")
+    p.add_argument("--rank", type=int, help="only this rank's stacks (default: every rank of the incident)")
+    p.add_argument("--run", help="the run the incident belongs to, when its name alone is ambiguous")
     p.add_argument("--all-threads", action="store_true", help="do not fold idle threads")
+    p.add_argument("--json", action="store_true", help="one JSON document: each rank's dump as stored")
     _common(p)
     p.set_defaults(func=cmd_show)
 
     p = dsub.add_parser("diff", help="group ranks by stack and name the rank that differs")
     p.add_argument("incident", help="incident name, unique prefix, run/name or folder path")
-    p.add_argument("--run")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--run", help="the run the incident belongs to, when its name alone is ambiguous")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document: groups of ranks, suspects, verdict, flight recorder",
+    )
     _common(p)
     p.set_defaults(func=cmd_diff)
 
     p = dsub.add_parser("capture", help="dump processes now into a new incident")
-    p.add_argument("--pid", type=int, action="append", required=True)
+    p.add_argument(
+        "--pid", type=int, action="append", required=True, help="a process to dump (repeat for several)"
+    )
     p.add_argument("--rank", type=int, action="append", help="rank of each --pid, in order")
     p.add_argument(
         "--run",
         default=os.environ.get("RANKWATCH_RUN") or None,
         help="run name (default: $RANKWATCH_RUN, else the Slurm job id or torchrun run id, as the agents)",
     )
-    p.add_argument("--reason", default="manual")
+    p.add_argument(
+        "--reason", default="manual", help="the word in the incident folder's name (default: manual)"
+    )
     p.add_argument("--native", action="store_true", help="include native (C/C++) frames")
     p.add_argument("--locals", action="store_true", help="include local variables")
     p.add_argument("--nonblocking", action="store_true", help="do not pause the target")
-    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds py-spy may take per process (default: 10)"
+    )
     _common(p)
     p.set_defaults(func=cmd_capture)
