@@ -554,3 +554,27 @@ def test_throughput_baseline_first_taken_at_a_slow_moment_rises_to_the_real_spee
     recs += [StepRecord(step=s, loss=2.0, tokens_per_s=4000.0) for s in range(100, 110)]  # 3x slower
     (f,) = [f for f in run(recs) if f.kind == "throughput_drop"]
     assert f.step == 100 and f.evidence["baseline"] == 12000.0
+
+
+def test_a_loss_and_grad_collapse_is_flagged_from_the_first_steps() -> None:
+    """OLMo#692: cross-entropy 12.18 -> 1.8e-6 -> 0.0 while the grad norm falls 231 -> 7.7e-8."""
+    collapse = [
+        StepRecord(step=1, loss=12.18, grad_norm=231.7),
+        StepRecord(step=2, loss=1.787e-6, grad_norm=0.0002),
+        StepRecord(step=3, loss=0.0, grad_norm=7.7e-8),
+    ]
+    fs = [f for f in run(collapse) if f.kind == "grad_vanishing" and not f.resolved]
+    assert [f.step for f in fs] == [3] and "collapsed" in fs[0].message
+    # Low loss with live gradients, or tiny gradients with a loss that still means something: silent.
+    fine = [StepRecord(step=i, loss=2.0 / i, grad_norm=1.0 if i < 50 else 1e-7) for i in range(1, 60)]
+    assert not [f for f in run(fine) if f.kind == "grad_vanishing"]
+
+
+def test_overflows_at_the_lowest_loss_scale_are_a_collapse() -> None:
+    """transformers#14531 (T5 + DeepSpeed fp16): 'Attempted loss scale: 1, reducing to 1' again and again."""
+    recs = [OverflowRecord(step=None, old_scale=1.0, new_scale=1.0) for _ in range(4)]
+    fs = [f for f in run(recs) if f.kind == "loss_scale_collapse"]
+    assert len(fs) == 1 and "lowest scale" in fs[0].message
+    # A scale that held at a healthy value is hysteresis, not a collapse.
+    held = [OverflowRecord(step=None, old_scale=1024.0, new_scale=1024.0) for _ in range(4)]
+    assert not [f for f in run(held) if f.kind == "loss_scale_collapse"]

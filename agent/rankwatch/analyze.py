@@ -186,7 +186,7 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
         engines[fallback_rank] = (eng, found)
     order = sorted(engines, key=lambda r: (r is None, r if r is not None else 0))
     return FileResult(
-        format=parser.format,
+        format=parser.framework,
         lines=parser.stats.lines,
         unparsed=parser.stats.unparsed,
         cut_lines=cut,

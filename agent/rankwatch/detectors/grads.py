@@ -199,18 +199,46 @@ class GradVanishingDetector(Detector):
     kinds = ("grad_vanishing",)
     accepts = (StepRecord,)
 
+    # A loss this many times below its first value, with the gradients gone, is no learning:
+    # the whole rule is safe from step 1, where the slow rule below waits out the warmup.
+    COLLAPSE = 1e-4
+
     def __init__(self, cfg: GradVanishingConfig, warmup_steps: int) -> None:
         self.cfg = cfg
         self.warmup = warmup_steps
         self.low = 0
         self.episode = Episode()
+        self.first_loss: float | None = None
 
     def observe(self, state: RankState, record: Record) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
+        loss = record.loss
+        if self.first_loss is None and loss is not None and loss - loss == 0 and loss > 0:
+            self.first_loss = loss
         g = record.grad_norm
         if g is None or g - g != 0:
             return []
+        if (
+            g < self.cfg.threshold
+            and loss is not None
+            and self.first_loss is not None
+            and 0 <= loss <= self.first_loss * self.COLLAPSE
+            and self.episode.open(record.step)
+        ):
+            return [
+                finding(
+                    "grad_vanishing",
+                    Severity.WARNING,
+                    state,
+                    f"training collapsed: loss fell from {fmt(self.first_loss)} to {fmt(loss)} and the grad "
+                    f"norm to {fmt(g)}; nothing is being learnt any more. Usual causes: every label masked "
+                    "(-100) or padding only, a batch of one repeated sample, or the target leaking into the "
+                    "input.",
+                    record=record,
+                    evidence={"grad_norm": g, "loss": loss, "first_loss": self.first_loss},
+                )
+            ]
         if (record.step if record.step is not None else state.position()) <= self.warmup:
             return []
         if g < self.cfg.threshold:
@@ -256,6 +284,7 @@ class LossScaleDetector(Detector):
 
     kinds = ("loss_scale_collapse",)
     accepts = (StepRecord, OverflowRecord)
+    FLOOR_OVERFLOWS = 3
 
     def __init__(self, cfg: LossScaleConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -268,10 +297,10 @@ class LossScaleDetector(Detector):
         is_step = isinstance(record, StepRecord)
         if not is_step:
             old, new = record.old_scale, record.new_scale  # type: ignore[union-attr]
-            if old is not None and new is not None and new >= old:
+            if old is not None and new is not None and new >= old and old > self.cfg.min_scale:
                 self.streak = 0  # hysteresis: the scale held
             else:
-                self.streak += 1
+                self.streak += 1  # halved, or overflowing at the floor ("scale: 1, reducing to 1")
         scale = record.loss_scale if is_step else record.new_scale  # type: ignore[union-attr]
         if scale is None or scale - scale != 0:
             scale = state.last_loss_scale  # DeepSpeed's step lines print no scale; its OVERFLOW lines do
@@ -300,17 +329,22 @@ class LossScaleDetector(Detector):
             and peak > self.cfg.min_scale
         )
         halved = ok and self.streak >= self.cfg.halvings and scale <= self.cfg.low_scale  # type: ignore[operator]
+        # Steps skipped again and again at the lowest scale: no scale is small enough, the
+        # gradients are inf/NaN whatever the scaler does.
+        floor = ok and self.streak >= self.FLOOR_OVERFLOWS and scale <= self.cfg.min_scale  # type: ignore[operator]
+        collapsed = collapsed or floor
         if not collapsed and not halved and len(state.overflows) < self.cfg.max_overflows:
             return []  # every step of a healthy run: too few overflows ever to count
         now = record.step if record.step is not None else state.position()
         start = now - self.cfg.window
         recent = [s for s in state.overflows if s > start]
         if (collapsed or halved or len(recent) >= self.cfg.max_overflows) and self.episode.open(now):
-            why = (
-                f"{self.streak} overflows in a row halved it to {fmt(scale)}"
-                if halved
-                else f"{len(recent)} overflow/skipped steps in the last {self.cfg.window} steps"
-            )
+            if floor:
+                why = f"{self.streak} overflows in a row at the lowest scale (every one a skipped step)"
+            elif halved:
+                why = f"{self.streak} overflows in a row halved it to {fmt(scale)}"
+            else:
+                why = f"{len(recent)} overflow/skipped steps in the last {self.cfg.window} steps"
             return [
                 finding(
                     "loss_scale_collapse",

@@ -93,6 +93,10 @@ class LogParser:
         elif lineno == self._last_lineno:
             # A \r segment (tqdm) of a line whose launcher prefix came with its first segment.
             rank = self._last_rank
+        elif self._last_lineno == lineno - 1 and body[:1] in (" ", "\t") and self._last_rank is not None:
+            # An indented line right after a prefixed one continues its record (OLMo's metrics
+            # under a "host:0 olmo.train INFO [step=N]" header, a traceback's frames).
+            rank = self._last_rank
         else:
             rank = self.default_rank
         self._last_lineno, self._last_rank = lineno, rank
@@ -146,6 +150,17 @@ class LogParser:
             if callable(rel):
                 out.extend(self._fill(self._guard(rel, parser) or [], None, rank, None))
         return out
+
+    @property
+    def framework(self) -> str | None:
+        """The format that names the run: the framework DeepSpeed ran under once it showed
+        (HF Trainer, Megatron, Lightning print the step records), else the detected format."""
+        if self.format == "deepspeed":
+            for parser in self._parsers.values():
+                host = getattr(parser, "host", None)
+                if host is not None:
+                    return str(host.name)
+        return self.format
 
     def progress(self, rank: int | None = None) -> Any:
         """The format parser's own progress view (HF tqdm bars), when it has one."""
