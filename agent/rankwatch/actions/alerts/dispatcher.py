@@ -24,8 +24,14 @@ Policy (each rule exists because the alternative wakes someone for nothing or lo
 - Delivery: one queue and one task per sink, so a sink that hangs never delays another
   nor the caller (``send`` only enqueues). Per sink: FIFO (a resolve never overtakes its
   firing), a token bucket of ``rate_limit_per_minute`` (excess waits, is not dropped),
-  retries with exponential backoff and full jitter up to ``backoff_max``, at most
-  ``max_retries``, a sink's Retry-After honoured, permanent errors not retried.
+  retries with exponential backoff and "equal" jitter (the n-th wait is between half and
+  all of ``min(backoff_max, 2**(n-1) s)``) at most ``max_retries`` times, a sink's Retry-After
+  honoured as a floor (capped at ``backoff_max``), permanent errors not retried. Half of
+  every wait is fixed so the budget is a guarantee, not an average: with the defaults (12
+  retries, 300 s) an alert is given up no sooner than 705 s after its first failure
+  (``retry_window``), so a sink down for 10 minutes loses nothing; full jitter could draw
+  twelve short waits and give up after a minute or two. A resolve never reaches a sink
+  that gave up its firing (the members whose firing it dropped are left out of it).
 - Spool: while a sink fails, every alert queued for it, and whatever is undelivered at
   ``close``, is written to a per run+rank spool file and removed once delivered; a new
   dispatcher loads it and delivers it (with a fresh retry budget). Delivery is
@@ -181,6 +187,7 @@ class _Worker:
         self.task: asyncio.Task | None = None
         self.refresh_interval: float | None = getattr(sink, "refresh_interval", None)
         self.next_refresh = 0.0
+        self.lost: set[tuple[int | None, str]] = set()  # (rank, kind) whose firing this sink never got
 
 
 class AlertDispatcher:
@@ -682,9 +689,15 @@ class AlertDispatcher:
                 await self._spool_backlog(w)  # held back by the rate limit: on disk meanwhile
                 await _wait(w.wake, pause)
                 continue
+            alert = self._deliverable(w, item)
+            if alert is None:
+                _discard(w.queue, item)
+                if item.spooled:
+                    await self._spool_op(self.spool.remove, {item.entry_id})
+                continue
             w.bucket.take()
             try:
-                await asyncio.wait_for(w.sink.deliver(item.alert), hard_timeout)
+                await asyncio.wait_for(w.sink.deliver(alert), hard_timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -694,9 +707,32 @@ class AlertDispatcher:
                 await self._failed(w, item, err)
             else:
                 self.stats[w.name]["sent"] += 1
+                if alert.status == "firing":
+                    w.lost.difference_update((m.rank, alert.kind) for m in alert.members)
                 _discard(w.queue, item)
                 if item.spooled:
                     await self._spool_op(self.spool.remove, {item.entry_id})
+
+    def _deliverable(self, w: _Worker, item: _Item) -> AlertMessage | None:
+        """The alert as this sink may get it: a resolve without the members whose firing this
+        sink never got (None when that is all of them: a resolve of nothing is not sent)."""
+        alert = item.alert
+        if alert.status != "resolved" or not w.lost:
+            return alert
+        keep = [m for m in alert.members if (m.rank, alert.kind) not in w.lost]
+        if len(keep) == len(alert.members):
+            return alert
+        gone = sorted((m.rank for m in alert.members if (m.rank, alert.kind) in w.lost), key=str)
+        w.lost.difference_update((r, alert.kind) for r in gone)
+        log.warning(
+            "alert %r to %s: not resolving rank(s) %s there, whose firing it never got",
+            alert.title,
+            w.name,
+            ", ".join(map(str, gone)),
+        )
+        if not keep:
+            return None
+        return dataclasses.replace(alert, members=keep)
 
     async def _failed(self, w: _Worker, item: _Item, err: DeliveryError) -> None:
         self.stats[w.name]["failed"] += 1
@@ -707,16 +743,18 @@ class AlertDispatcher:
         if err.permanent or item.attempts > self.cfg.max_retries:
             why = "permanent error" if err.permanent else f"gave up after {item.attempts} attempts"
             self._drop(w, item, f"{why}: {err}")
+            if item.alert.status == "firing":
+                w.lost.update((m.rank, item.alert.kind) for m in item.alert.members)
             _discard(w.queue, item)
             if item.spooled:
                 await self._spool_op(self.spool.remove, {item.entry_id})
             return
+        cap = min(float(self.cfg.backoff_max), self.backoff_base * 2 ** (item.attempts - 1))
+        delay = cap / 2 + self.rng() * cap / 2
         if err.retry_after is not None:
-            # A server's wish, within our own ceiling: one absurd Retry-After must not park the queue.
-            delay = min(max(0.0, err.retry_after), float(self.cfg.backoff_max))
-        else:
-            cap = min(float(self.cfg.backoff_max), self.backoff_base * 2 ** (item.attempts - 1))
-            delay = self.rng() * cap
+            # A server's wish, within our own ceiling: one absurd Retry-After must not park the
+            # queue, and a short one must not burn the retry budget in seconds.
+            delay = max(delay, min(max(0.0, err.retry_after), float(self.cfg.backoff_max)))
         item.not_before = self.clock() + delay
         self.stats[w.name]["retried"] += 1
         log.info(
@@ -781,6 +819,13 @@ class AlertDispatcher:
                         e,
                     )
                 return None
+
+
+def retry_window(cfg: AlertsConfig, backoff_base: float = BACKOFF_BASE_S) -> float:
+    """The shortest time between an alert's first failed attempt and its being given up: the sum
+    of the fixed halves of its ``max_retries`` waits (705 s with the defaults)."""
+    cap = float(cfg.backoff_max)
+    return sum(min(cap, backoff_base * 2**n) / 2 for n in range(max(0, int(cfg.max_retries))))
 
 
 def _rank_order(ka: tuple[Key, _Active]) -> tuple[bool, int]:

@@ -1,0 +1,263 @@
+"""Alerts under faults: sinks down for ten minutes, agents killed and restarted, agents of one
+run interleaving their board decisions in any order.
+
+Time is simulated (one fake clock per test, shared by the agents as monotonic and wall
+clock); the sinks are the real Alertmanager and webhook sinks talking to real aiohttp
+servers on loopback, whose port refuses connections while "down".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from rankwatch.actions.alerts import AlertDispatcher
+from rankwatch.actions.alerts.alertmanager import AlertmanagerSink
+from rankwatch.actions.alerts.dispatcher import retry_window
+from rankwatch.actions.alerts.message import AlertMessage, DeliveryError
+from rankwatch.actions.alerts.webhook import WebhookSink
+from rankwatch.config.schema import AlertsConfig
+from rankwatch.identity import Identity
+from rankwatch.records import Finding, Severity
+
+RUN = "job7"
+T0 = 1_700_000_000.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+class Receiver:
+    """An HTTP receiver on a loopback port that refuses connections until ``up()``: the port is
+    bound but not listening (the kernel answers RST, as for a stopped Alertmanager)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.posted: list[Any] = []
+        self.runner: web.AppRunner | None = None
+
+    async def up(self) -> None:
+        async def take(request: web.Request) -> web.Response:
+            self.posted.append(await request.json())
+            return web.Response(status=200)
+
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", take)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        self.sock.listen(128)
+        await web.SockSite(self.runner, self.sock).start()
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+        self.sock.close()
+
+
+def finding(kind: str, rank: int, *, resolved: bool = False) -> Finding:
+    msg = f"{kind} cleared" if resolved else f"{kind} on rank {rank}"
+    return Finding(kind, Severity.CRITICAL, rank, msg, 100, resolved=resolved)
+
+
+def agents(
+    tmp_path: Path, n: int, clock: FakeClock, sinks: Callable[[], list[Any]], rngs: list[Callable[[], float]]
+) -> list[AlertDispatcher]:
+    out = []
+    for r in range(n):
+        ident = Identity(run=RUN, rank=r, local_rank=r, world_size=n, node=f"node-{r // 2}")
+        cfg = AlertsConfig(
+            startup_quiet=0.0,
+            group_wait=5.0,
+            spool_dir=str(tmp_path / "spool"),
+            board_dir=str(tmp_path / "board"),
+            board_takeover=10.0,
+        )
+        out.append(AlertDispatcher(cfg, ident, sinks=sinks(), clock=clock, wall=clock, rng=rngs[r]))
+    return out
+
+
+def test_default_retry_budget_rides_out_ten_minutes_of_both_sinks_down_with_six_agents(
+    tmp_path: Path,
+) -> None:
+    """Alertmanager and a webhook refuse connections for 10 simulated minutes. Each of 6 agents
+    has its own critical alert and all share a job-wide stall, which resolves at minute 5.
+    The retry waits are drawn as short as the jitter allows (one agent draws 0 every time)."""
+    kinds = ["nan_loss", "oom", "crash", "gpu_lost", "xid", "disk_low"]
+
+    async def go() -> None:
+        clock = FakeClock()
+        am, hook = Receiver(), Receiver()
+
+        def sinks() -> list[Any]:
+            return [AlertmanagerSink(am.url, timeout=2.0), WebhookSink(hook.url + "/hook", timeout=2.0)]
+
+        rngs: list[Callable[[], float]] = [lambda: 0.0] + [random.Random(s).random for s in range(5)]
+        ds = agents(tmp_path, 6, clock, sinks, rngs)
+        tasks = [asyncio.create_task(d.run()) for d in ds]
+        try:
+            for r, d in enumerate(ds):
+                d.send(finding(kinds[r], r))
+                d.send(finding("stall", r))
+            down_until = T0 + 600.0
+            resolved = False
+            while clock.t < T0 + 900.0:
+                clock.t += 2.0
+                if not resolved and clock.t >= T0 + 300.0:
+                    for r, d in enumerate(ds):
+                        d.send(finding("stall", r, resolved=True))
+                    ds[0].send(finding("nan_loss", 0, resolved=True))
+                    resolved = True
+                if am.runner is None and clock.t >= down_until:
+                    await am.up()
+                    await hook.up()
+                for d in ds:
+                    d.wake()
+                for _ in range(3):
+                    await asyncio.sleep(0.005)
+                if am.runner is None:
+                    assert not am.posted and not hook.posted
+            await until(lambda: len(hook.posted) >= 9)
+        finally:
+            for d in ds:
+                await d.close(2.0)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await am.close()
+            await hook.close()
+
+        for d in ds:
+            for name, counts in d.stats.items():
+                assert counts["dropped"] == 0, (d.identity.rank, name, counts)
+                assert counts["failed"] == 0 or counts["retried"] >= 1
+        assert sum(d.stats["webhook"]["failed"] for d in ds) >= 6 * 3  # it really was down
+
+        got = [(p["kind"], p["status"], tuple(p["ranks"])) for p in hook.posted]
+        expect = [(k, "firing", (r,)) for r, k in enumerate(kinds)]
+        expect += [("stall", "firing", tuple(range(6))), ("stall", "resolved", tuple(range(6)))]
+        expect += [("nan_loss", "resolved", (0,))]
+        assert sorted(got) == sorted(expect)  # every firing, each once, and no stray resolve
+        for kind, status, ranks in got:
+            if status == "resolved":  # per sink FIFO: after its firing
+                fired = got.index((kind, "firing", ranks))
+                assert fired < got.index((kind, status, ranks))
+        docs = [
+            (a["labels"]["kind"], a["labels"]["rank"], "endsAt" in a) for batch in am.posted for a in batch
+        ]
+        fired = {(k, r) for k, r, ended in docs if not ended}
+        assert fired >= {(k, str(r)) for r, k in enumerate(kinds)} | {("stall", str(r)) for r in range(6)}
+        for i, (k, r, ended) in enumerate(docs):  # a resolve only after its firing reached Alertmanager
+            if ended:
+                assert (k, r, False) in docs[:i], (k, r)
+
+    asyncio.run(go())
+
+
+def test_the_default_budget_is_a_guarantee_not_an_average() -> None:
+    assert retry_window(AlertsConfig()) >= 600.0
+
+
+class Flaky:
+    """A sink that refuses while ``down`` and records what it accepted."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.down = True
+        self.alerts: list[AlertMessage] = []
+
+    async def deliver(self, alert: AlertMessage) -> None:
+        if self.down:
+            raise DeliveryError("connection refused")
+        self.alerts.append(alert)
+
+
+def test_a_resolve_never_reaches_a_sink_that_gave_up_its_firing(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        sink = Flaky()
+        cfg = AlertsConfig(
+            startup_quiet=0.0, group_wait=0.0, max_retries=1, spool_dir=str(tmp_path / "s"), board_dir=""
+        )
+        ident = Identity(run=RUN, rank=0, local_rank=0, world_size=1, node="n")
+        d = AlertDispatcher(cfg, ident, sinks=[sink], clock=clock, wall=clock, rng=lambda: 0.0)
+        task = asyncio.create_task(d.run())
+        try:
+            d.send(finding("nan_loss", 0))
+            d.send(finding("oom", 0))
+            for _ in range(20):
+                clock.t += 2.0
+                d.wake()
+                await asyncio.sleep(0.01)
+            await until(lambda: d.stats["flaky"]["dropped"] == 2)
+            sink.down = False
+            d.send(finding("nan_loss", 0, resolved=True))
+            d.send(finding("oom", 0))  # still firing: no news
+            clock.t += 1.0
+            d.wake()
+            d.send(finding("oom", 0, resolved=True))
+            for _ in range(5):
+                clock.t += 1.0
+                d.wake()
+                await asyncio.sleep(0.02)
+        finally:
+            await d.close(1.0)
+            await asyncio.gather(task, return_exceptions=True)
+        assert sink.alerts == []
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_short_retry_after_does_not_burn_the_budget(tmp_path: Path, seed: int) -> None:
+    """A receiver answering 503 with ``Retry-After: 1`` for 10 minutes: the retries still span them."""
+
+    class Busy(Flaky):
+        async def deliver(self, alert: AlertMessage) -> None:
+            if self.down:
+                raise DeliveryError("HTTP 503", retry_after=1.0)
+            self.alerts.append(alert)
+
+    async def go() -> None:
+        clock = FakeClock()
+        sink = Busy()
+        cfg = AlertsConfig(startup_quiet=0.0, group_wait=0.0, spool_dir=str(tmp_path / "s"), board_dir="")
+        ident = Identity(run=RUN, rank=0, local_rank=0, world_size=1, node="n")
+        rng = random.Random(seed).random
+        d = AlertDispatcher(cfg, ident, sinks=[sink], clock=clock, wall=clock, rng=rng)
+        task = asyncio.create_task(d.run())
+        try:
+            d.send(finding("nan_loss", 0))
+            while not sink.alerts and clock.t < T0 + 1300:
+                clock.t += 5.0
+                if clock.t >= T0 + 600:
+                    sink.down = False
+                d.wake()
+                await asyncio.sleep(0.005)
+            await until(lambda: len(sink.alerts) == 1)
+        finally:
+            await d.close(1.0)
+            await asyncio.gather(task, return_exceptions=True)
+        assert d.stats["flaky"]["dropped"] == 0
+
+    asyncio.run(go())
