@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankwatch.actions.alerts.board import Board, board_path
+from rankwatch.actions.alerts.board import MAX_TEXT, Board, board_path, clean_member, small_evidence
 from rankwatch.actions.alerts.message import (
     AlertMember,
     AlertMessage,
@@ -75,9 +75,18 @@ from rankwatch.actions.alerts.message import (
 )
 from rankwatch.actions.alerts.peers import PeerGroups, max_takeover_delay
 from rankwatch.actions.alerts.spool import Spool, SpoolEntry, spool_path
+from rankwatch.actions.alerts.state import (
+    EVENT_KINDS,
+    INHERIT_HOLD_S,
+    Remembered,
+    StateFile,
+    prune_ended,
+    state_path,
+)
 from rankwatch.actions.alerts.threads import ThreadStore
 from rankwatch.config.schema import AlertsConfig
 from rankwatch.identity import Identity
+from rankwatch.offloop import call as off_loop
 from rankwatch.records import Finding, Severity
 
 log = logging.getLogger("rankwatch.alerts")
@@ -87,6 +96,8 @@ BACKOFF_BASE_S = 1.0
 Key = tuple[str, int | None, str]  # (run, rank, kind)
 GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
 STALE_MIN_S = 600.0  # board records younger than this are never ignored as stale
+STATE_TIMEOUT_S = 10.0  # one write (or read) of the alert state file; a hung mount gives up
+STATE_RETRY_S = 30.0  # after a failed write, the next try waits this long
 
 
 def sink_name(kind: str, target: str, names: dict[str, str], *, alone: bool) -> str:
@@ -204,6 +215,7 @@ class AlertDispatcher:
         errors: dict[str, int] | None = None,
         ranks: Iterable[int] = (),
         dumps_dir: str | Path | None = None,
+        inherit_hold: float = INHERIT_HOLD_S,
     ) -> None:
         """``ranks``: the ranks this agent watches (for "N of WORLD"); ``dumps_dir``: where the
         alert board lives by default (``alerts.board_dir`` unset)."""
@@ -226,6 +238,15 @@ class AlertDispatcher:
             n: {"sent": 0, "failed": 0, "dropped": 0, "retried": 0} for n in names
         }
         self.spool = Spool(spool_path(cfg.spool_dir, identity.run, identity.rank), cfg.spool_max_bytes)
+        self.state = StateFile(state_path(cfg.spool_dir, identity.run, identity.rank))
+        self.inherit_hold = float(inherit_hold)
+        self._ended: dict[Key, Remembered] = {}  # alerts that ended (replay tells old from new)
+        self._inherited: dict[Key, float] = {}  # firing at start, not yet seen again -> deadline
+        self._replayed: list[Finding] | None = []  # None once the state is loaded
+        self._saved_doc: Any = None
+        self._saving: asyncio.Future[Any] | None = None
+        self._state_retry_at = -float("inf")
+        self._state_errors = 0
         self._active: dict[Key, _Active] = {}
         self._resolving: dict[Key, _Active] = {}
         self._pending: dict[GroupKey, _Group] = {}
@@ -345,6 +366,7 @@ class AlertDispatcher:
     def _fire(self, key: Key, f: Finding) -> None:
         a = self._active.get(key)
         if a is not None:
+            self._inherited.pop(key, None)  # seen again: the same episode, resolved by its detector
             fresh = self._member(key[1], f, a.member.starts_at)
             a.member.message, a.member.step, a.member.evidence = fresh.message, fresh.step, fresh.evidence
             a.member.dump_path = a.member.dump_path or fresh.dump_path
@@ -376,6 +398,17 @@ class AlertDispatcher:
         a = self._active.pop(key, None)
         if a is None:
             return
+        self._inherited.pop(key, None)
+        self._ended[key] = Remembered(
+            key[1],
+            key[2],
+            a.severity.label,
+            a.board_time,
+            a.sent,
+            a.member.step,
+            ended=self.wall(),
+            ended_step=f.step,
+        )
         for repeat in (False, True):
             group = self._pending.get((key[2], "firing", repeat))
             if group is not None:
@@ -394,6 +427,191 @@ class AlertDispatcher:
         self._resolving[key] = a
         a.resolved_at = self.wall()
         self._add(key, m, "resolved", a.severity, a.resolved_at)
+
+    # --- restarts: the alert state file and the replayed log tail ---------------------------
+    def replayed(self, findings: Iterable[Finding]) -> None:
+        """What the detectors found in the log's tail, replayed at start (oldest first): compared
+        with the alert state file once it is loaded (see ``state.py`` for the rule)."""
+        if self._replayed is not None:
+            self._replayed.extend(findings)
+        else:
+            self._adopt(list(findings))
+            self._wake.set()
+
+    def _restore(self, remembered: list[Remembered]) -> None:
+        now = self.clock()
+        for rec in remembered:
+            key: Key = (self.identity.run, rec.rank, rec.kind)
+            if rec.rank is not None:
+                self._ranks.add(rec.rank)
+            try:
+                sev = Severity.parse(rec.severity)
+            except KeyError:
+                continue
+            m = clean_member(rec.member, rec.since)
+            member = AlertMember(
+                rec.rank, m["message"], m["step"], m["evidence"], m["dump_path"], m["starts_at"]
+            )
+            if rec.ended is not None:
+                self._ended[key] = rec
+                if rec.resolve_pending and rec.sent and self.cfg.send_resolved and key not in self._active:
+                    # Killed before its resolve went out: it is still owed.
+                    a = _Active(sev, member, sent=True, pending=False, board_time=rec.since)
+                    a.resolved_at = rec.ended
+                    self._resolving[key] = a
+                    self._add(key, member, "resolved", sev, rec.ended)
+                continue
+            live = self._active.get(key)
+            if live is not None:  # a live finding came first: the same episode
+                if rec.sent and not live.sent:
+                    live.sent, live.pending, live.board_time = True, False, rec.since
+                    for repeat in (False, True):
+                        group = self._pending.get((key[2], "firing", repeat))
+                        if group is not None:
+                            group.members.pop(key, None)
+                continue
+            a = _Active(sev, member, sent=rec.sent, pending=not rec.sent, last_sent=now, board_time=rec.since)
+            self._active[key] = a
+            self._inherited[key] = now + self.inherit_hold
+            if rec.sent:
+                self._post(key, member, "firing", sev, rec.since)
+            else:  # never announced (killed inside group_wait or startup_quiet): it is now
+                self._add(key, member, "firing", sev, rec.since)
+        if remembered:
+            log.info(
+                "alert state %s: %d alert(s) firing, %d ended, from before the restart",
+                self.state.path,
+                len(self._inherited),
+                len(self._ended),
+            )
+
+    def _adopt(self, findings: list[Finding]) -> None:
+        """Per alert, the replayed tail's last word: firing (the same episode, or a new one not
+        reported yet) or resolved (it cleared while no agent ran)."""
+        last: dict[Key, Finding] = {}
+        for f in findings:
+            rank = f.rank if f.rank is not None else self.identity.rank
+            key: Key = (self.identity.run, rank, f.kind)
+            last.pop(key, None)
+            last[key] = f
+        for key, f in last.items():
+            if f.resolved:
+                if key in self._active:
+                    self._resolve(key, f)
+                continue
+            if f.severity < self.min_severity:
+                continue
+            if key not in self._active:
+                old = self._ended.get(key)
+                if old is not None and _same_episode(old, f):
+                    continue
+                log.warning(
+                    "%s on rank %s happened while no agent watched (found in the replayed log at step %s):"
+                    " alerting now",
+                    f.kind,
+                    key[1],
+                    f.step,
+                )
+            if key[1] is not None:
+                self._ranks.add(key[1])
+            self._fire(key, f)
+
+    def _expire_inherited(self, now: float) -> float:
+        """Alerts inherited from before a restart that this agent has not seen again (the rule
+        in ``state.py``); returns the next deadline."""
+        due = float("inf")
+        for key, deadline in list(self._inherited.items()):
+            a = self._active.get(key)
+            if a is None:
+                del self._inherited[key]
+            elif now >= deadline:
+                del self._inherited[key]
+                mins = self.inherit_hold / 60
+                if key[2] in EVENT_KINDS:
+                    log.info(
+                        "%s on rank %s (from before the restart) forgotten after %.0f min",
+                        key[2],
+                        key[1],
+                        mins,
+                    )
+                    self._active.pop(key, None)
+                    self._ended[key] = Remembered(
+                        key[1],
+                        key[2],
+                        a.severity.label,
+                        a.board_time,
+                        a.sent,
+                        a.member.step,
+                        ended=self.wall(),
+                    )
+                    continue
+                what = f"{key[2]} on rank {key[1]}" if key[1] is not None else key[2]
+                msg = (
+                    f"{what}: not seen again by the restarted agent in {mins:.0f} min, so resolved by rule"
+                    " (the condition could not be checked again after the agent restarted)"
+                )
+                self._resolve(key, Finding(key[2], a.severity, key[1], msg, resolved=True))
+            else:
+                due = min(due, deadline)
+        return due
+
+    def _state_alerts(self) -> list[Remembered]:
+        out: list[Remembered] = []
+        for (_, rank, kind), a in self._active.items():
+            member = {
+                "message": a.member.message[:MAX_TEXT],
+                "step": a.member.step,
+                "evidence": small_evidence(a.member.evidence),
+                "dump_path": a.member.dump_path,
+                "starts_at": a.member.starts_at,
+            }
+            out.append(Remembered(rank, kind, a.severity.label, a.board_time, a.sent, a.member.step, member))
+        prune_ended(self._ended, self.wall())
+        for key, rec in self._ended.items():
+            if key in self._active:
+                continue
+            pending = key in self._resolving
+            if rec.resolve_pending != pending:
+                rec = dataclasses.replace(rec, resolve_pending=pending)
+            out.append(rec)
+        return out
+
+    def _save_state(self) -> None:
+        """Write the state file if it changed (on a daemon thread; one write at a time)."""
+        if self._replayed is not None or self.clock() < self._state_retry_at:
+            return  # not loaded yet (never overwrite what we have not read), or failing
+        if self._saving is not None and not self._saving.done():
+            return  # its end wakes the loop, which comes back here
+        alerts = self._state_alerts()
+        doc = [dataclasses.asdict(a) for a in alerts]
+        if doc == self._saved_doc:
+            return
+        self._saved_doc = doc
+        self._saving = asyncio.ensure_future(self._write_state(alerts))
+
+    async def _write_state(self, alerts: list[Remembered]) -> bool:
+        meta = {"run": self.identity.run, "rank": self.identity.rank, "saved": self.wall()}
+        try:
+            await off_loop(
+                self.state.save, alerts, meta, timeout=STATE_TIMEOUT_S, name="rankwatch-alert-state"
+            )
+            return True
+        except Exception as e:
+            self._saved_doc = None  # written again at the next try
+            self._state_retry_at = self.clock() + STATE_RETRY_S
+            self._state_errors += 1
+            self.errors["alerts"] = self.errors.get("alerts", 0) + 1
+            if self._state_errors == 1:
+                log.error(
+                    "alert state %s cannot be written (%s: %s); a restarted agent may repeat or miss"
+                    " a resolve (further failures counted)",
+                    self.state.path,
+                    type(e).__name__,
+                    e,
+                )
+            return False
+        finally:
+            self._wake.set()
 
     def _resolve_after_peer_fire(self, key: Key, a: _Active, m: AlertMember) -> None:
         """A peer announced this alert, which cleared before we learned it: send its resolve."""
@@ -459,7 +677,7 @@ class AlertDispatcher:
     # --- timers ----------------------------------------------------------------------------
     def pump(self, now: float, *, force: bool = False) -> float:
         """Move due groups, repeats and refreshes into the sink queues; returns the next due time."""
-        due = float("inf")
+        due = float("inf") if force else self._expire_inherited(now)
         quiet_end = (
             -float("inf") if force else (now if self._t0 is None else self._t0) + self.cfg.startup_quiet
         )
@@ -606,6 +824,23 @@ class AlertDispatcher:
             await self._spool_op(self.spool.remove, set(orphans))
         for w in self._workers.values():
             w.task = asyncio.get_running_loop().create_task(self._work(w), name=f"alerts-{w.name}")
+        try:
+            remembered = await off_loop(
+                self.state.load, timeout=STATE_TIMEOUT_S, name="rankwatch-alert-state"
+            )
+        except Exception as e:
+            remembered = []
+            self.errors["alerts"] = self.errors.get("alerts", 0) + 1
+            log.error(
+                "alert state %s unreadable (%s: %s); starting without it",
+                self.state.path,
+                type(e).__name__,
+                e,
+            )
+        replayed, self._replayed = self._replayed or [], None
+        self._restore(remembered)
+        self._adopt(replayed)
+        self._wake.set()
 
     async def run(self) -> None:
         """The timer loop (grouping, quiet, repeats, refreshes); sinks run in their own tasks."""
@@ -615,6 +850,9 @@ class AlertDispatcher:
             due = self.pump(self.clock())
             if self.peers is not None:
                 due = min(due, await self._peers_step(self.clock()))
+            self._save_state()
+            if self._state_retry_at > self.clock():
+                due = min(due, self._state_retry_at)
             await _wait(self._wake, due - self.clock())
 
     async def close(self, timeout: float = 10.0) -> None:
@@ -650,6 +888,7 @@ class AlertDispatcher:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self._final_state()
         rest: list[SpoolEntry] = []
         for w in self._workers.values():
             for item in w.queue:
@@ -667,6 +906,16 @@ class AlertDispatcher:
             if callable(aclose):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(aclose(), 2.0)
+
+    async def _final_state(self) -> None:
+        if self._saving is not None and not self._saving.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._saving), STATE_TIMEOUT_S)
+        self._state_retry_at = -float("inf")
+        self._save_state()
+        if self._saving is not None and not self._saving.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._saving), STATE_TIMEOUT_S)
 
     # --- delivery ------------------------------------------------------------------------
     async def _work(self, w: _Worker) -> None:
@@ -826,6 +1075,16 @@ def retry_window(cfg: AlertsConfig, backoff_base: float = BACKOFF_BASE_S) -> flo
     of the fixed halves of its ``max_retries`` waits (705 s with the defaults)."""
     cap = float(cfg.backoff_max)
     return sum(min(cap, backoff_base * 2**n) / 2 for n in range(max(0, int(cfg.max_retries))))
+
+
+def _same_episode(old: Remembered, f: Finding) -> bool:
+    """A replayed firing of an alert that ended before the restart is that old episode when it
+    is not later than the end (by step where both are known, else by time); in doubt, new."""
+    if f.step is not None and old.ended_step is not None:
+        return f.step <= old.ended_step
+    if f.time is not None and old.ended is not None:
+        return f.time <= old.ended
+    return False
 
 
 def _rank_order(ka: tuple[Key, _Active]) -> tuple[bool, int]:
