@@ -267,3 +267,191 @@ def test_short_retry_after_does_not_burn_the_budget(tmp_path: Path, seed: int) -
         assert d.stats["flaky"]["dropped"] == 0
 
     asyncio.run(go())
+
+
+# --- restarts: the alert state file --------------------------------------------------------
+class Recording:
+    name = "rec"
+
+    def __init__(self) -> None:
+        self.alerts: list[AlertMessage] = []
+
+    async def deliver(self, alert: AlertMessage) -> None:
+        self.alerts.append(alert)
+
+
+def one(tmp_path: Path, clock: FakeClock, sink: Any, **kw: Any) -> AlertDispatcher:
+    cfg = AlertsConfig(startup_quiet=0.0, group_wait=0.0, spool_dir=str(tmp_path / "spool"), board_dir="")
+    ident = Identity(run=RUN, rank=0, local_rank=0, world_size=1, node="n")
+    return AlertDispatcher(cfg, ident, sinks=[sink], clock=clock, wall=clock, **kw)
+
+
+def nan(step: int, *, resolved: bool = False) -> Finding:
+    msg = f"loss is finite again at step {step}" if resolved else f"loss is nan at step {step}"
+    return Finding("nan_loss", Severity.CRITICAL, 0, msg, step, resolved=resolved)
+
+
+async def kill(d: AlertDispatcher, task: asyncio.Task[None]) -> None:
+    """As SIGKILL would: no close, nothing flushed; only what is on disk survives."""
+    task.cancel()
+    for w in d._workers.values():
+        if w.task is not None:
+            w.task.cancel()
+    await asyncio.gather(task, *(w.task for w in d._workers.values() if w.task), return_exceptions=True)
+
+
+async def step(d: AlertDispatcher, clock: FakeClock, dt: float = 1.0, n: int = 5) -> None:
+    for _ in range(n):
+        clock.t += dt
+        d.wake()
+        await asyncio.sleep(0.01)
+
+
+def saved(d: AlertDispatcher) -> list[dict[str, Any]]:
+    import json
+
+    try:
+        return json.loads(d.state.path.read_text())["alerts"]
+    except (OSError, ValueError):
+        return []
+
+
+def test_restart_adopts_an_announced_alert_and_still_sends_its_resolve(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock, sink = FakeClock(), Recording()
+        d1 = one(tmp_path, clock, sink)
+        t1 = asyncio.create_task(d1.run())
+        d1.send(nan(35))
+        await step(d1, clock)
+        await until(lambda: len(sink.alerts) == 1 and any(a["sent"] for a in saved(d1)))
+        await kill(d1, t1)
+
+        d2 = one(tmp_path, clock, sink)
+        d2.replayed([nan(35)])  # the tail still holds it: the same episode
+        t2 = asyncio.create_task(d2.run())
+        try:
+            await step(d2, clock)
+            assert len(sink.alerts) == 1  # not sent again
+            d2.send(nan(41, resolved=True))
+            await step(d2, clock)
+            await until(lambda: len(sink.alerts) == 2)
+        finally:
+            await d2.close(1.0)
+            await asyncio.gather(t2, return_exceptions=True)
+        assert [a.status for a in sink.alerts] == ["firing", "resolved"]
+
+    asyncio.run(go())
+
+
+def test_a_clear_in_the_replayed_tail_sends_the_resolve_at_start(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock, sink = FakeClock(), Recording()
+        d1 = one(tmp_path, clock, sink)
+        t1 = asyncio.create_task(d1.run())
+        d1.send(nan(35))
+        await step(d1, clock)
+        await until(lambda: any(a["sent"] for a in saved(d1)))
+        await kill(d1, t1)
+        d2 = one(tmp_path, clock, sink)
+        d2.replayed([nan(35), nan(41, resolved=True)])  # it cleared while no agent ran
+        t2 = asyncio.create_task(d2.run())
+        try:
+            await step(d2, clock)
+            await until(lambda: len(sink.alerts) == 2)
+            await step(d2, clock)
+        finally:
+            await d2.close(1.0)
+            await asyncio.gather(t2, return_exceptions=True)
+        assert [a.status for a in sink.alerts] == ["firing", "resolved"]
+
+    asyncio.run(go())
+
+
+def test_a_nan_while_no_agent_ran_is_reported_once_and_history_is_not(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock, sink = FakeClock(), Recording()
+        d1 = one(tmp_path, clock, sink)
+        t1 = asyncio.create_task(d1.run())
+        d1.send(nan(15))
+        await step(d1, clock)
+        d1.send(nan(20, resolved=True))
+        await step(d1, clock)
+        await until(lambda: len(sink.alerts) == 2 and saved(d1) and saved(d1)[0]["ended"] is not None)
+        await kill(d1, t1)
+
+        # Restarted, and the tail holds the old episode only: nothing to send.
+        d2 = one(tmp_path, clock, sink)
+        d2.replayed([nan(15), nan(20, resolved=True)])
+        t2 = asyncio.create_task(d2.run())
+        await step(d2, clock)
+        assert len(sink.alerts) == 2
+        await kill(d2, t2)
+
+        # Restarted again: the tail now also holds a NaN at step 35 that no agent saw.
+        for _ in range(2):
+            d3 = one(tmp_path, clock, sink)
+            d3.replayed([nan(15), nan(20, resolved=True), nan(35)])
+            t3 = asyncio.create_task(d3.run())
+            await step(d3, clock)
+            await until(lambda d=d3: len(sink.alerts) == 3 and any(a["sent"] for a in saved(d)))
+            await step(d3, clock)
+            await kill(d3, t3)  # and once more: now it was reported, so not again
+        assert [(a.status, a.step) for a in sink.alerts] == [("firing", 15), ("resolved", 20), ("firing", 35)]
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(("kind", "expect"), [("stall", ["firing", "resolved"]), ("crash", ["firing"])])
+def test_an_inherited_alert_not_seen_again_is_resolved_by_rule_or_forgotten(
+    tmp_path: Path, kind: str, expect: list[str]
+) -> None:
+    async def go() -> None:
+        clock, sink = FakeClock(), Recording()
+        d1 = one(tmp_path, clock, sink)
+        t1 = asyncio.create_task(d1.run())
+        d1.send(Finding(kind, Severity.CRITICAL, 0, f"{kind} on rank 0", 10))
+        await step(d1, clock)
+        await until(lambda: any(a["sent"] for a in saved(d1)))
+        await kill(d1, t1)
+        d2 = one(tmp_path, clock, sink, inherit_hold=100.0)
+        t2 = asyncio.create_task(d2.run())
+        try:
+            await step(d2, clock, 10.0, 9)
+            assert [a.status for a in sink.alerts] == ["firing"]  # still within the hold
+            await step(d2, clock, 10.0, 3)
+            await until(lambda: [a.status for a in sink.alerts] == expect)
+            await until(lambda: not any(a["ended"] is None for a in saved(d2)))
+        finally:
+            await d2.close(1.0)
+            await asyncio.gather(t2, return_exceptions=True)
+        if len(expect) == 2:
+            assert "not seen again by the restarted agent" in sink.alerts[1].members[0].message
+        assert [a.status for a in sink.alerts] == expect
+
+    asyncio.run(go())
+
+
+def test_a_resolve_owed_at_the_kill_is_sent_after_the_restart(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock, sink = FakeClock(), Recording()
+        d1 = one(tmp_path, clock, sink)
+        t1 = asyncio.create_task(d1.run())
+        d1.send(nan(35))
+        await step(d1, clock)
+        await until(lambda: len(sink.alerts) == 1)
+        d1.cfg.group_wait = 3600.0  # the resolve waits in its group when the agent is killed
+        d1.send(nan(41, resolved=True))
+        d1.wake()
+        await until(lambda: bool(saved(d1)) and saved(d1)[0]["resolve_pending"])
+        await kill(d1, t1)
+        d2 = one(tmp_path, clock, sink)
+        t2 = asyncio.create_task(d2.run())
+        try:
+            await step(d2, clock)
+            await until(lambda: len(sink.alerts) == 2)
+        finally:
+            await d2.close(1.0)
+            await asyncio.gather(t2, return_exceptions=True)
+        assert [a.status for a in sink.alerts] == ["firing", "resolved"]
+
+    asyncio.run(go())
