@@ -455,3 +455,35 @@ def test_a_resolve_owed_at_the_kill_is_sent_after_the_restart(tmp_path: Path) ->
         assert [a.status for a in sink.alerts] == ["firing", "resolved"]
 
     asyncio.run(go())
+
+
+def test_a_nan_after_a_resolve_owed_at_the_kill_is_a_new_alert_not_a_flap(tmp_path: Path) -> None:
+    """Killed after its resolve went out but before the state file said so: the successor owes
+    that resolve, and the tail holds a new NaN. Both go out (the resolve maybe twice)."""
+
+    async def go() -> None:
+        clock, sink = FakeClock(), Recording()
+        d1 = one(tmp_path, clock, sink)
+        t1 = asyncio.create_task(d1.run())
+        d1.send(nan(31))
+        await step(d1, clock)
+        await until(lambda: len(sink.alerts) == 1)
+        d1.cfg.group_wait = 3600.0
+        d1.send(nan(36, resolved=True))
+        d1.wake()
+        await until(lambda: bool(saved(d1)) and saved(d1)[0]["resolve_pending"])
+        await kill(d1, t1)
+        d2 = one(tmp_path, clock, sink)
+        d2.replayed([nan(31), nan(36, resolved=True), nan(51)])
+        t2 = asyncio.create_task(d2.run())
+        try:
+            await step(d2, clock)
+            await until(lambda: len(sink.alerts) == 3)
+            await step(d2, clock)
+        finally:
+            await d2.close(1.0)
+            await asyncio.gather(t2, return_exceptions=True)
+        assert [(a.status, a.step) for a in sink.alerts] == [("firing", 31), ("resolved", 36), ("firing", 51)]
+        assert sink.alerts[1].members[0].message == "loss is finite again at step 36"
+
+    asyncio.run(go())

@@ -242,6 +242,7 @@ class AlertDispatcher:
         self.inherit_hold = float(inherit_hold)
         self._ended: dict[Key, Remembered] = {}  # alerts that ended (replay tells old from new)
         self._inherited: dict[Key, float] = {}  # firing at start, not yet seen again -> deadline
+        self._owed: set[Key] = set()  # resolves owed from before the restart, not yet announced
         self._replayed: list[Finding] | None = []  # None once the state is loaded
         self._saved_doc: Any = None
         self._saving: asyncio.Future[Any] | None = None
@@ -389,6 +390,9 @@ class AlertDispatcher:
             self._active[key] = back
             self._post(key, back.member, "firing", back.severity, back.board_time)  # covered already
             return
+        self._new_episode(key, f)
+
+    def _new_episode(self, key: Key, f: Finding) -> None:
         starts = f.time if f.time is not None else self.wall()
         a = _Active(f.severity, self._member(key[1], f, starts), board_time=self.wall())
         self._active[key] = a
@@ -399,16 +403,7 @@ class AlertDispatcher:
         if a is None:
             return
         self._inherited.pop(key, None)
-        self._ended[key] = Remembered(
-            key[1],
-            key[2],
-            a.severity.label,
-            a.board_time,
-            a.sent,
-            a.member.step,
-            ended=self.wall(),
-            ended_step=f.step,
-        )
+        self._owed.discard(key)
         for repeat in (False, True):
             group = self._pending.get((key[2], "firing", repeat))
             if group is not None:
@@ -417,6 +412,17 @@ class AlertDispatcher:
             self._peers_call(self.peers.forget, key, "firing")
         m = self._member(key[1], f, a.member.starts_at)
         m.dump_path = m.dump_path or a.member.dump_path
+        self._ended[key] = Remembered(
+            key[1],
+            key[2],
+            a.severity.label,
+            a.board_time,
+            a.sent,
+            a.member.step,
+            _member_doc(m),
+            ended=self.wall(),
+            ended_step=f.step,
+        )
         if not a.sent or not self.cfg.send_resolved:
             if self.peers is not None and self.cfg.send_resolved:
                 # Not announced by us, but maybe by a peer before we learned it: then it is owed.
@@ -459,6 +465,7 @@ class AlertDispatcher:
                     a = _Active(sev, member, sent=True, pending=False, board_time=rec.since)
                     a.resolved_at = rec.ended
                     self._resolving[key] = a
+                    self._owed.add(key)
                     self._add(key, member, "resolved", sev, rec.ended)
                 continue
             live = self._active.get(key)
@@ -484,6 +491,29 @@ class AlertDispatcher:
                 len(self._inherited),
                 len(self._ended),
             )
+
+    def _restore_spooled(self, spooled: dict[Key, tuple[AlertMessage, AlertMember]]) -> None:
+        """A firing in the spool was announced, whatever the state file says: the agent may have
+        been killed after queueing it and before the state file was written."""
+        now = self.clock()
+        for key, (alert, m) in spooled.items():
+            if alert.status != "firing" or key in self._ended:
+                continue
+            a = self._active.get(key)
+            if a is None:
+                member = dataclasses.replace(m, node=None)
+                a = _Active(
+                    alert.severity, member, sent=True, pending=False, last_sent=now, board_time=m.starts_at
+                )
+                self._active[key] = a
+                self._inherited[key] = now + self.inherit_hold
+                self._post(key, member, "firing", alert.severity, a.board_time)
+            elif not a.sent:
+                a.sent, a.pending = True, False
+                for repeat in (False, True):
+                    group = self._pending.get((key[2], "firing", repeat))
+                    if group is not None:
+                        group.members.pop(key, None)
 
     def _adopt(self, findings: list[Finding]) -> None:
         """Per alert, the replayed tail's last word: firing (the same episode, or a new one not
@@ -514,6 +544,13 @@ class AlertDispatcher:
                 )
             if key[1] is not None:
                 self._ranks.add(key[1])
+            if key in self._owed:
+                # The resolve owed from before the restart may have gone out just before the
+                # kill: it is sent (again), and this firing is a new episode, not a flap.
+                self._owed.discard(key)
+                self._resolving.pop(key, None)
+                self._new_episode(key, f)
+                continue
             self._fire(key, f)
 
     def _expire_inherited(self, now: float) -> float:
@@ -558,13 +595,7 @@ class AlertDispatcher:
     def _state_alerts(self) -> list[Remembered]:
         out: list[Remembered] = []
         for (_, rank, kind), a in self._active.items():
-            member = {
-                "message": a.member.message[:MAX_TEXT],
-                "step": a.member.step,
-                "evidence": small_evidence(a.member.evidence),
-                "dump_path": a.member.dump_path,
-                "starts_at": a.member.starts_at,
-            }
+            member = _member_doc(a.member)
             out.append(Remembered(rank, kind, a.severity.label, a.board_time, a.sent, a.member.step, member))
         prune_ended(self._ended, self.wall())
         for key, rec in self._ended.items():
@@ -785,6 +816,7 @@ class AlertDispatcher:
                 a.sent, a.pending, a.last_sent = True, False, now
             elif g.status == "resolved":
                 self._resolving.pop(k, None)
+                self._owed.discard(k)
 
     def _enqueue(self, msg: AlertMessage, workers: Iterable[_Worker], *, refresh: bool = False) -> None:
         for w in workers:
@@ -802,6 +834,7 @@ class AlertDispatcher:
         entries = await self._spool_op(self.spool.load) or []
         seen: set[str] = set()
         orphans: dict[str, str] = {}  # entry id -> sink name
+        spooled: dict[Key, tuple[AlertMessage, AlertMember]] = {}  # the last spooled word per alert
         for e in entries:
             if e.id in seen:
                 continue
@@ -815,6 +848,10 @@ class AlertDispatcher:
                 orphans[e.id] = e.sink
                 continue
             w.queue.append(_Item(alert, e.id, spooled=True))
+            for m in alert.members:
+                k: Key = (self.identity.run, m.rank, alert.kind)
+                spooled.pop(k, None)
+                spooled[k] = (alert, m)
         if seen:
             log.info(
                 "alert spool %s: %d undelivered alert(s) re-queued", self.spool.path, len(seen) - len(orphans)
@@ -838,7 +875,9 @@ class AlertDispatcher:
                 e,
             )
         replayed, self._replayed = self._replayed or [], None
+        mine = set(self._ranks)
         self._restore(remembered)
+        self._restore_spooled({k: v for k, v in spooled.items() if k[1] in mine or k[1] is None})
         self._adopt(replayed)
         self._wake.set()
 
@@ -1075,6 +1114,16 @@ def retry_window(cfg: AlertsConfig, backoff_base: float = BACKOFF_BASE_S) -> flo
     of the fixed halves of its ``max_retries`` waits (705 s with the defaults)."""
     cap = float(cfg.backoff_max)
     return sum(min(cap, backoff_base * 2**n) / 2 for n in range(max(0, int(cfg.max_retries))))
+
+
+def _member_doc(m: AlertMember) -> dict[str, Any]:
+    return {
+        "message": m.message[:MAX_TEXT],
+        "step": m.step,
+        "evidence": small_evidence(m.evidence),
+        "dump_path": m.dump_path,
+        "starts_at": m.starts_at,
+    }
 
 
 def _same_episode(old: Remembered, f: Finding) -> bool:
