@@ -293,11 +293,9 @@ def nan(step: int, *, resolved: bool = False) -> Finding:
 
 async def kill(d: AlertDispatcher, task: asyncio.Task[None]) -> None:
     """As SIGKILL would: no close, nothing flushed; only what is on disk survives."""
-    task.cancel()
-    for w in d._workers.values():
-        if w.task is not None:
-            w.task.cancel()
-    await asyncio.gather(task, *(w.task for w in d._workers.values() if w.task), return_exceptions=True)
+    from rankwatch.actions.alerts.dispatcher import _cancel
+
+    await _cancel([task, *(w.task for w in d._workers.values() if w.task)])
 
 
 async def step(d: AlertDispatcher, clock: FakeClock, dt: float = 1.0, n: int = 5) -> None:
@@ -487,3 +485,169 @@ def test_a_nan_after_a_resolve_owed_at_the_kill_is_a_new_alert_not_a_flap(tmp_pa
         assert sink.alerts[1].members[0].message == "loss is finite again at step 36"
 
     asyncio.run(go())
+
+
+# --- any interleaving of agents on one board -------------------------------------------------
+# Board I/O and state-file I/O run here on the test's loop, each finishing after a number of
+# loop turns that hypothesis draws: the decisions of the agents (their timer loops, their
+# closes, their findings) interleave in every order it tries, reproducibly.
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+N_AGENTS = 3
+
+event = st.one_of(
+    st.tuples(st.just("fire"), st.integers(0, N_AGENTS - 1)),
+    st.tuples(st.just("resolve"), st.integers(0, N_AGENTS - 1)),
+    st.tuples(st.just("tick"), st.sampled_from([0.5, 2.0, 5.5, 11.0, 31.0])),
+    st.tuples(st.just("turns"), st.integers(1, 6)),
+    st.tuples(st.just("crash"), st.integers(0, N_AGENTS - 1)),
+    st.tuples(st.just("close"), st.integers(0, N_AGENTS - 1)),
+    st.tuples(st.just("restart"), st.integers(0, N_AGENTS - 1)),
+)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    events=st.lists(event, min_size=1, max_size=30), turns=st.lists(st.integers(0, 3), min_size=1, max_size=8)
+)
+def test_board_interleavings_never_raise_nor_send_twice(
+    tmp_path_factory: Any, events: list, turns: list
+) -> None:
+    import itertools
+    import logging
+    from unittest import mock
+
+    from rankwatch.actions.alerts import dispatcher as dispatcher_mod
+    from rankwatch.actions.alerts import peers as peers_mod
+
+    root = tmp_path_factory.mktemp("interleave")
+    cycle = itertools.cycle(turns)
+
+    def in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def later(n: int) -> None:
+            if n > 0:
+                loop.call_soon(later, n - 1)
+                return
+            try:
+                fut.set_result(fn(*args))
+            except Exception as e:
+                fut.set_exception(e)
+
+        later(next(cycle))
+        return fut
+
+    async def off_loop(fn: Callable[..., Any], *args: Any, timeout: float, name: str = "") -> Any:
+        for _ in range(next(cycle)):
+            await asyncio.sleep(0)
+        return fn(*args)
+
+    async def spool_op(self: AlertDispatcher, fn: Callable[..., Any], *args: Any) -> Any:
+        await asyncio.sleep(0)
+        return fn(*args)
+
+    delivered: list[tuple[int | None, str]] = []  # (rank, status) per member, in delivery order
+
+    class Shared:
+        name = "rec"
+
+        async def deliver(self, alert: AlertMessage) -> None:
+            assert len({m.rank for m in alert.members}) == len(alert.members), alert.title
+            delivered.extend((m.rank, alert.status) for m in alert.members)
+
+    errors: list[logging.LogRecord] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.ERROR or record.exc_info:
+                errors.append(record)
+
+    clock = FakeClock()
+    handler = Catch()
+
+    def make(rank: int) -> AlertDispatcher:
+        ident = Identity(run=RUN, rank=rank, local_rank=rank, world_size=N_AGENTS, node=f"node-{rank}")
+        cfg = AlertsConfig(
+            startup_quiet=0.0,
+            group_wait=5.0,
+            repeat_interval=0.0,
+            rate_limit_per_minute=0,
+            spool_dir=str(root / "spool"),
+            board_dir=str(root / "board"),
+            board_takeover=10.0,
+        )
+        return AlertDispatcher(cfg, ident, sinks=[Shared()], clock=clock, wall=clock, rng=lambda: 0.5)
+
+    async def go() -> None:
+        live: dict[int, tuple[AlertDispatcher, asyncio.Task[None]]] = {}
+        every: list[AlertDispatcher] = []
+        closing: list[asyncio.Task[None]] = []
+        firing: set[int] = set()
+
+        def start(r: int) -> None:
+            d = make(r)
+            every.append(d)
+            live[r] = (d, asyncio.create_task(d.run()))
+
+        for r in range(N_AGENTS):
+            start(r)
+        for what, arg in events:
+            if what in ("fire", "resolve") and arg in live:
+                if (what == "fire") != (arg in firing):
+                    live[arg][0].send(finding("stall", arg, resolved=what == "resolve"))
+                    firing.symmetric_difference_update({arg})
+            elif what == "tick":
+                clock.t += arg
+                for d, _ in live.values():
+                    d.wake()
+                for _ in range(4):
+                    await asyncio.sleep(0)
+            elif what == "turns":
+                for _ in range(arg):
+                    await asyncio.sleep(0)
+            elif what == "crash" and arg in live:
+                d, task = live.pop(arg)
+                await kill(d, task)
+            elif what == "close" and arg in live:
+                d, task = live.pop(arg)
+                closing.append(asyncio.create_task(d.close(0.2)))  # beside its still-running loop
+                closing.append(task)
+            elif what == "restart" and arg not in live:
+                start(arg)
+        for _ in range(12):  # takeovers and watches run out
+            clock.t += 11.0
+            for d, _ in live.values():
+                d.wake()
+            await asyncio.sleep(0.005)
+        for d, task in live.values():
+            closing.append(asyncio.create_task(d.close(0.2)))
+            closing.append(task)
+        results = await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), 30.0)
+        assert not [r for r in results if isinstance(r, BaseException)], results
+        for d in every:
+            assert d._peer_errors == 0, "the board raised"
+            assert d.errors.get("alerts", 0) == 0
+
+    log = logging.getLogger("rankwatch")
+    log.addHandler(handler)
+    try:
+        with (
+            mock.patch.object(peers_mod, "_in_thread", in_thread),
+            mock.patch.object(dispatcher_mod, "off_loop", off_loop),
+            mock.patch.object(AlertDispatcher, "_spool_op", spool_op),
+        ):
+            asyncio.run(go())
+    finally:
+        log.removeHandler(handler)
+    assert not errors, [r.getMessage() for r in errors]
+    for r in range(N_AGENTS):
+        seq = [s for rank, s in delivered if rank == r]
+        assert not seq or seq[0] == "firing", (r, seq)  # no resolve of a firing never sent
+        assert all(a != b for a, b in itertools.pairwise(seq)), (r, seq)  # nothing twice

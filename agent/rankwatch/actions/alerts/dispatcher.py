@@ -256,6 +256,7 @@ class AlertDispatcher:
         self._spool_lock = asyncio.Lock()
         self._t0: float | None = None
         self._started = False
+        self._starting: asyncio.Future[None] | None = None
         self._closed = False
         self._spool_errors = 0
         self._peer_errors = 0
@@ -827,9 +828,14 @@ class AlertDispatcher:
 
     # --- lifecycle -----------------------------------------------------------------------
     async def _start(self) -> None:
-        if self._started:
-            return
-        self._started = True
+        """Once, however many callers: ``close`` may come while ``run`` is still starting (two
+        starts made two workers per sink, which delivered one alert twice)."""
+        if self._starting is None:
+            self._started = True
+            self._starting = asyncio.ensure_future(self._start_once())
+        await asyncio.shield(self._starting)
+
+    async def _start_once(self) -> None:
         self._t0 = self.clock()
         entries = await self._spool_op(self.spool.load) or []
         seen: set[str] = set()
@@ -860,7 +866,8 @@ class AlertDispatcher:
             self._drop_orphans(orphans)
             await self._spool_op(self.spool.remove, set(orphans))
         for w in self._workers.values():
-            w.task = asyncio.get_running_loop().create_task(self._work(w), name=f"alerts-{w.name}")
+            if w.task is None or w.task.done():
+                w.task = asyncio.get_running_loop().create_task(self._work(w), name=f"alerts-{w.name}")
         try:
             remembered = await off_loop(
                 self.state.load, timeout=STATE_TIMEOUT_S, name="rankwatch-alert-state"
@@ -923,10 +930,7 @@ class AlertDispatcher:
             await asyncio.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
         self._closed = True
         self._wake.set()
-        tasks = [w.task for w in self._workers.values() if w.task is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel([w.task for w in self._workers.values() if w.task is not None])
         await self._final_state()
         rest: list[SpoolEntry] = []
         for w in self._workers.values():
@@ -1144,6 +1148,21 @@ def _rank_order(ka: tuple[Key, _Active]) -> tuple[bool, int]:
 def _discard(q: deque[_Item], item: _Item) -> None:
     with contextlib.suppress(ValueError):
         q.remove(item)
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]], limit_s: float = 5.0) -> None:
+    """Cancel and reap. Cancelled again until done: on Python 3.11 ``asyncio.wait_for`` swallows a
+    cancel that lands as its awaitable completes (a wake at that moment), and a single cancel
+    left ``close`` waiting forever on a worker that went back to sleep."""
+    pending = {t for t in tasks if not t.done()}
+    end = time.monotonic() + limit_s
+    while pending and time.monotonic() < end:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.05)
+    for t in tasks:
+        if t.done() and not t.cancelled():
+            t.exception()  # retrieved: a worker that died is not reported again at exit
 
 
 async def _wait(event: asyncio.Event, timeout: float | None) -> None:
