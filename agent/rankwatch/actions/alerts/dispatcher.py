@@ -39,6 +39,14 @@ Policy (each rule exists because the alternative wakes someone for nothing or lo
   by the rate limit are spooled too. What a SIGKILL of the agent can still lose: an alert
   whose first attempt is in flight, and findings not yet made alerts (inside ``group_wait``
   or ``startup_quiet``), which live in memory.
+- Restarts: what is firing (announced or not) and what ended recently are kept in a state
+  file beside the spool (``state.py``, written off the loop whenever they change). A
+  restarted agent takes its alerts back, announces those it had not, sends a resolve it
+  still owed, and compares the findings of the replayed log tail with them: the same
+  episode is not sent again, one that cleared while no agent ran is resolved, and one no
+  agent reported (a NaN while no agent ran) is sent once. An alert it cannot re-detect is
+  resolved by rule after ``INHERIT_HOLD_S`` (the rule is in ``state.py``). A firing found
+  in the spool counts as announced even when the state file had not caught up.
 - Sinks with ``refresh_interval`` (Alertmanager) get the active alerts re-posted that
   often, best effort (never retried nor spooled; skipped while that sink has a backlog).
 
