@@ -78,11 +78,11 @@ class Remembered:
             rank,
             kind,
             sev,
-            float(since),
+            float(since),  # type: ignore[arg-type]  # _is_num checked it
             bool(d.get("sent")),
             step if _is_int(step) else None,
             member if isinstance(member, dict) else {},
-            float(ended) if _is_num(ended) else None,
+            float(ended) if _is_num(ended) else None,  # type: ignore[arg-type]
             ended_step if _is_int(ended_step) else None,
             bool(d.get("resolve_pending")),
         )
