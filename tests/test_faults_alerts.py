@@ -651,3 +651,35 @@ def test_board_interleavings_never_raise_nor_send_twice(
         seq = [s for rank, s in delivered if rank == r]
         assert not seq or seq[0] == "firing", (r, seq)  # no resolve of a firing never sent
         assert all(a != b for a, b in itertools.pairwise(seq)), (r, seq)  # nothing twice
+
+
+def test_a_state_file_from_an_earlier_incarnation_never_swallows_a_new_alert(tmp_path: Path) -> None:
+    """The same run name and rank an hour later (a requeued job): its old NaN alert is closed, and
+    the new job's NaN is a new alert, not "the same episode"."""
+
+    async def go() -> None:
+        clock, sink = FakeClock(), Recording()
+        d1 = one(tmp_path, clock, sink)
+        t1 = asyncio.create_task(d1.run())
+        d1.send(nan(35))
+        await step(d1, clock)
+        await until(lambda: any(a["sent"] for a in saved(d1)))
+        await kill(d1, t1)
+        clock.t += 3600.0
+        d2 = one(tmp_path, clock, sink)
+        t2 = asyncio.create_task(d2.run())
+        try:
+            await step(d2, clock)
+            d2.send(nan(7))
+            await step(d2, clock)
+            await until(lambda: len(sink.alerts) == 3)
+        finally:
+            await d2.close(1.0)
+            await asyncio.gather(t2, return_exceptions=True)
+        assert [(a.status, a.step) for a in sink.alerts] == [
+            ("firing", 35),
+            ("resolved", None),
+            ("firing", 7),
+        ]
+
+    asyncio.run(go())

@@ -455,6 +455,9 @@ class AlertDispatcher:
 
     def _restore(self, remembered: list[Remembered]) -> None:
         now = self.clock()
+        saved = self.state.saved_at
+        stale = saved is not None and self.wall() - saved > self.inherit_hold
+        hold = 0.0 if stale else self.inherit_hold  # an earlier incarnation's: ended at once
         for rec in remembered:
             key: Key = (self.identity.run, rec.rank, rec.kind)
             if rec.rank is not None:
@@ -488,7 +491,7 @@ class AlertDispatcher:
                 continue
             a = _Active(sev, member, sent=rec.sent, pending=not rec.sent, last_sent=now, board_time=rec.since)
             self._active[key] = a
-            self._inherited[key] = now + self.inherit_hold
+            self._inherited[key] = now + hold
             if rec.sent:
                 self._post(key, member, "firing", sev, rec.since)
             else:  # never announced (killed inside group_wait or startup_quiet): it is now

@@ -23,6 +23,10 @@ What a restarted agent does with it (the rule, also in the dispatcher's docstrin
   Then a condition is resolved with a message that says why ("not seen again by the
   restarted agent"); an event (a crash, an OOM: alerts that never resolve by themselves)
   is forgotten without a message, as the agent that announced it would have sent none.
+- A file last written longer than ``INHERIT_HOLD_S`` ago is from an earlier incarnation of
+  the run (a requeued job, a reused run name): its firing alerts get that same end at once,
+  unless the replayed tail shows them firing, so a new NaN of a new job is never taken for
+  the old one.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ def state_path(spool_dir: str | Path, run: str, rank: int | None) -> Path:
 class StateFile:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.saved_at: float | None = None  # wall clock of the last save, as ``load`` read it
         self._lock = threading.Lock()  # a timed-out write may still run beside the next
 
     def load(self) -> list[Remembered]:
@@ -126,8 +131,9 @@ class StateFile:
                 except OSError:
                     pass
                 return []
-            out = [r for r in map(Remembered.from_json, doc["alerts"]) if r is not None]
-            return out
+            saved = doc.get("saved")
+            self.saved_at = float(saved) if _is_num(saved) else None  # type: ignore[arg-type]
+            return [r for r in map(Remembered.from_json, doc["alerts"]) if r is not None]
 
     def save(self, alerts: list[Remembered], meta: dict[str, Any]) -> None:
         doc = {"v": FORMAT, **meta, "alerts": [asdict(a) for a in alerts]}
