@@ -385,7 +385,7 @@ def test_retry_after_is_capped_at_backoff_max(tmp_path: Path) -> None:
         d = AlertDispatcher(config(tmp_path), IDENT, sinks=[sink], clock=clock)
         async with running(d):
             d.send(stall())
-            await until(lambda: sink.attempts == 1)
+            await until(lambda: d.stats["rec"]["retried"] == 1)  # the retry is scheduled: now + 5 s
             clock.advance(4.9)
             await settle(d)
             assert sink.alerts == []

@@ -145,3 +145,82 @@ def test_agent_sigkilled_and_restarted_sends_the_spooled_alert_once_and_rebuilds
         trainer.kill()
         trainer.wait(10)
         hook.close()
+
+
+def _nan_alerts(hook: Hook) -> list[str]:
+    return [p["status"] for p in hook.posted if p["kind"] == "nan_loss"]
+
+
+def _state(spool: Path) -> str:
+    return "".join(p.read_text() for p in spool.glob("*.state.json"))
+
+
+def test_kill_9_and_restart_still_resolves_and_reports_a_nan_no_agent_saw_once(tmp_path: Path) -> None:
+    """The agent announced a NaN and is SIGKILLed: its successor sends the resolve when the loss is
+    finite again (not a second firing). Killed again, a NaN written while no agent runs is
+    reported by the next one, once, and its resolve follows."""
+    hook = Hook()
+    hook.down = False
+    log = tmp_path / "rank-0.log"
+    log.write_text(_lines(1, 30))
+    spool = tmp_path / "spool"
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(
+        f"run: {{name: restart2, rank: 0}}\ndetectors: {{warmup_steps: 5}}\n"
+        f"process: {{sample_interval: 200ms}}\ndumps: {{dir: {tmp_path / 'dumps'}}}\n"
+        f"gpu: {{enabled: false}}\n"
+        f"alerts: {{startup_quiet: 0s, group_wait: 0s, backoff_max: 1s, spool_dir: {spool},"
+        f" webhook: {{urls: ['{hook.url}']}}}}\n"
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    agents: list[subprocess.Popen] = []
+
+    def start(n: int, step: int) -> Path:
+        err = tmp_path / f"agent{n}.err"
+        agents.append(_agent(cfg, trainer.pid, log, err))
+        assert _wait(lambda: _port(err) is not None), err.read_text()
+        assert _wait(lambda: _status(err)["ranks"][0].get("step") == step), err.read_text()
+        return err
+
+    def kill9() -> None:
+        agents[-1].send_signal(signal.SIGKILL)
+        agents[-1].wait(timeout=10)
+
+    try:
+        start(1, 30)
+        with log.open("a") as fh:
+            fh.write(_lines(31, 35, loss="nan"))
+        assert _wait(lambda: _nan_alerts(hook) == ["firing"])
+        assert _wait(lambda: '"kind":"nan_loss"' in _state(spool) and '"sent":true' in _state(spool))
+        kill9()
+
+        err = start(2, 35)
+        with log.open("a") as fh:
+            fh.write(_lines(36, 45))
+        assert _wait(lambda: len(_nan_alerts(hook)) >= 2), err.read_text()
+        assert _nan_alerts(hook) == ["firing", "resolved"]  # FIFO: a re-sent firing would come first
+        assert _wait(lambda: '"ended_step":36' in _state(spool))
+        kill9()
+
+        with log.open("a") as fh:  # while no agent runs
+            fh.write(_lines(46, 50) + _lines(51, 52, loss="nan"))
+        err = start(3, 52)
+        assert _wait(lambda: len(_nan_alerts(hook)) >= 3), err.read_text()
+        with log.open("a") as fh:
+            fh.write(_lines(53, 60))
+        assert _wait(lambda: len(_nan_alerts(hook)) >= 4), err.read_text()
+        assert _nan_alerts(hook) == ["firing", "resolved", "firing", "resolved"]
+        nan = [p for p in hook.posted if p["kind"] == "nan_loss"]
+        assert nan[2]["step"] >= 51 and nan[1]["step"] >= 36  # the NaN no agent saw, and its clear
+        assert trainer.poll() is None  # the rank never noticed
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.send_signal(signal.SIGTERM)
+                try:
+                    a.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    a.kill()
+        trainer.kill()
+        trainer.wait(10)
+        hook.close()

@@ -237,6 +237,7 @@ class Services:
         if not d.sinks:
             return
         self.dispatcher = d
+        d.replayed([f for w in self.agent.watchers for f in w.replayed])
         self.agent.sinks.append(d)
         self.agent.alert_stats = d.stats
         self.agent.alert_peer_stats = d.peer_stats  # the live dict: read at every scrape

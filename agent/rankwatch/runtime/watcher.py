@@ -92,6 +92,7 @@ class RankWatcher:
         self.lines = 0
         self._held: list[tuple[float, Finding]] = []
         self._stop = asyncio.Event()
+        self.replayed: list[Finding] = []  # what the replayed history held, for the alert dispatcher
         if replay and from_end and int(cfg.logs.replay) > 0:
             for stream in self.streams:
                 self._replay(stream, int(cfg.logs.replay))
@@ -129,8 +130,9 @@ class RankWatcher:
     def _replay(self, stream: Stream, budget: int) -> None:
         """An agent started (or restarted) next to a running rank: rebuild its windows from the
         log's recent history, as ``analyze`` would, so baselines and the last step are known at
-        once. What the history holds was reported when it happened (or is in the alert spool),
-        so its findings are only summarised in the log, never emitted again."""
+        once. Its findings are not emitted again: they are kept in ``replayed`` for the alert
+        dispatcher, whose state file tells what was reported before the restart (and so what
+        happened while no agent ran)."""
         end = stream.follower.position
         start = max(0, end - budget)
         try:
@@ -153,6 +155,7 @@ class RankWatcher:
                 eng = self._engine(rec.rank if rec.rank is not None else self.rank)
                 try:
                     for f in eng.feed(rec):
+                        self.replayed.append(f)
                         if not f.resolved:
                             kinds[f.kind] = kinds.get(f.kind, 0) + 1
                 except Exception:

@@ -12,11 +12,18 @@ Layout (default ``<dumps.dir>/<run>/.alerts/``)::
     present/r<rank>.json                          an agent watches this rank ("7 of 8 ranks")
     <kind>/r<rank>-<state>-<us>.json              that rank's latest state of that kind
     <kind>/sent-<status>-r<by>-<us>-<rand>.json   a sender covered these records (rank -> us)
+    <kind>/claim-<status>-r<rank>-<us>            one sender took this record (exclusive create)
 
 State and time sit in the file names, so deciding who leads costs one directory listing
 per agent even with a thousand ranks (a metadata storm on Lustre is what a job-wide stall
 must not cause); only the leader reads the records it sends for. ``<us>`` is the wall
 clock of the episode in microseconds: it ties a marker to the records it covered.
+
+A sender claims every record it is about to send for with an exclusive create (``O_EXCL``:
+atomic on local filesystems, NFSv3+ and Lustre) and sends only those it got, so however
+the agents interleave (a slow leader and its taker deciding at the same moment), a record
+goes out in one message at most. A claimer killed between its claim and its send loses
+those records, like any alert whose first attempt is in flight at a SIGKILL.
 
 All of it is best effort: a file that does not parse (or carries a value this version does
 not know) is ignored, a record older than ``stale_after`` is ignored, and stale files are
@@ -44,6 +51,7 @@ FORMAT = 1
 _RECORD_RE = re.compile(r"^r(\d{1,9})-(firing|resolved|cleared)-(\d{1,20})\.json$")
 _MARKER_RE = re.compile(r"^sent-(firing|resolved)-r\d{1,9}-(\d{1,20})-[0-9a-f]+\.json$")
 _PRESENT_RE = re.compile(r"^r(\d{1,9})\.json$")
+_CLAIM_RE = re.compile(r"^claim-(firing|resolved)-r(\d{1,9})-(\d{1,20})$")
 _TEMP_RE = re.compile(r"^\..+\.tmp$")
 STATES = ("firing", "resolved", "cleared")
 SEVERITIES = ("info", "warning", "critical")  # Severity labels; a record with another is ignored
@@ -169,9 +177,12 @@ class View:
     records: dict[int, Entry]  # fresh records, by rank
     markers: list[Marker]
     present: set[int]
+    claims: dict[tuple[str, int], int] = field(default_factory=dict)  # (status, rank) -> newest us
 
     def covered(self, rank: int, status: str, since_us: int) -> bool:
-        """A sender covered this rank's record of ``since_us`` (or a later one)."""
+        """A sender covered (or claimed, so is sending) this rank's record of ``since_us`` or a later one."""
+        if self.claims.get((status, rank), -1) >= since_us:
+            return True
         return any(m.status == status and m.covers.get(rank, -1) >= since_us for m in self.markers)
 
     def open(self, status: str) -> list[int]:
@@ -231,6 +242,22 @@ class Board:
         doc = {"v": FORMAT, "status": marker.status, "by": marker.by, "time": marker.time}
         _write(folder / name, {**doc, "covers": {str(r): t for r, t in marker.covers.items()}})
 
+    def claim(self, kind: str, status: str, covers: dict[int, int]) -> set[int]:
+        """Take these records (rank -> us) for one message; returns the ranks this agent got.
+        A record already claimed is another sender's: it is left out of our message."""
+        folder = self.path / _kind_dir(kind)
+        folder.mkdir(parents=True, exist_ok=True)
+        got: set[int] = set()
+        for rank, us in sorted(covers.items()):
+            name = folder / f"claim-{status}-r{rank}-{us}"
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                continue
+            os.close(fd)
+            got.add(rank)
+        return got
+
     def view(self, kind: str, now: float, mine: Iterable[int] = ()) -> View:
         """List one kind; removes stale markers, this agent's stale records and long-dead ones."""
         own = set(mine)
@@ -242,7 +269,16 @@ class Board:
         dead_us = stamp(now - self.DEAD * self.stale_after)
         folder = self.path / kd
         seen: dict[tuple[str, str], Marker] = {}
+        claims: dict[tuple[str, int], int] = {}
         for entry in _scan(folder, temps=now - self.stale_after):
+            if m := _CLAIM_RE.match(entry.name):
+                us = int(m[3])
+                if us < dead_us:
+                    _unlink(entry)
+                else:
+                    ck2 = (m[1], int(m[2]))
+                    claims[ck2] = max(us, claims.get(ck2, -1))
+                continue
             if m := _RECORD_RE.match(entry.name):
                 e = Entry(int(m[1]), m[2], int(m[3]), entry)
                 if e.us < fresh_us:
@@ -269,7 +305,7 @@ class Board:
             for e in _scan(self.path / "present", temps=now - self.stale_after)
             if (m := _PRESENT_RE.match(e.name))
         }
-        return View(records, markers, present)
+        return View(records, markers, present, claims)
 
     def load(
         self,

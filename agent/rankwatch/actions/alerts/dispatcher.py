@@ -24,8 +24,14 @@ Policy (each rule exists because the alternative wakes someone for nothing or lo
 - Delivery: one queue and one task per sink, so a sink that hangs never delays another
   nor the caller (``send`` only enqueues). Per sink: FIFO (a resolve never overtakes its
   firing), a token bucket of ``rate_limit_per_minute`` (excess waits, is not dropped),
-  retries with exponential backoff and full jitter up to ``backoff_max``, at most
-  ``max_retries``, a sink's Retry-After honoured, permanent errors not retried.
+  retries with exponential backoff and "equal" jitter (the n-th wait is between half and
+  all of ``min(backoff_max, 2**(n-1) s)``) at most ``max_retries`` times, a sink's Retry-After
+  honoured as a floor (capped at ``backoff_max``), permanent errors not retried. Half of
+  every wait is fixed so the budget is a guarantee, not an average: with the defaults (12
+  retries, 300 s) an alert is given up no sooner than 705 s after its first failure
+  (``retry_window``), so a sink down for 10 minutes loses nothing; full jitter could draw
+  twelve short waits and give up after a minute or two. A resolve never reaches a sink
+  that gave up its firing (the members whose firing it dropped are left out of it).
 - Spool: while a sink fails, every alert queued for it, and whatever is undelivered at
   ``close``, is written to a per run+rank spool file and removed once delivered; a new
   dispatcher loads it and delivers it (with a fresh retry budget). Delivery is
@@ -33,6 +39,14 @@ Policy (each rule exists because the alternative wakes someone for nothing or lo
   by the rate limit are spooled too. What a SIGKILL of the agent can still lose: an alert
   whose first attempt is in flight, and findings not yet made alerts (inside ``group_wait``
   or ``startup_quiet``), which live in memory.
+- Restarts: what is firing (announced or not) and what ended recently are kept in a state
+  file beside the spool (``state.py``, written off the loop whenever they change). A
+  restarted agent takes its alerts back, announces those it had not, sends a resolve it
+  still owed, and compares the findings of the replayed log tail with them: the same
+  episode is not sent again, one that cleared while no agent ran is resolved, and one no
+  agent reported (a NaN while no agent ran) is sent once. An alert it cannot re-detect is
+  resolved by rule after ``INHERIT_HOLD_S`` (the rule is in ``state.py``). A firing found
+  in the spool counts as announced even when the state file had not caught up.
 - Sinks with ``refresh_interval`` (Alertmanager) get the active alerts re-posted that
   often, best effort (never retried nor spooled; skipped while that sink has a backlog).
 
@@ -57,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankwatch.actions.alerts.board import Board, board_path
+from rankwatch.actions.alerts.board import MAX_TEXT, Board, board_path, clean_member, small_evidence
 from rankwatch.actions.alerts.message import (
     AlertMember,
     AlertMessage,
@@ -69,9 +83,18 @@ from rankwatch.actions.alerts.message import (
 )
 from rankwatch.actions.alerts.peers import PeerGroups, max_takeover_delay
 from rankwatch.actions.alerts.spool import Spool, SpoolEntry, spool_path
+from rankwatch.actions.alerts.state import (
+    EVENT_KINDS,
+    INHERIT_HOLD_S,
+    Remembered,
+    StateFile,
+    prune_ended,
+    state_path,
+)
 from rankwatch.actions.alerts.threads import ThreadStore
 from rankwatch.config.schema import AlertsConfig
 from rankwatch.identity import Identity
+from rankwatch.offloop import call as off_loop
 from rankwatch.records import Finding, Severity
 
 log = logging.getLogger("rankwatch.alerts")
@@ -81,6 +104,8 @@ BACKOFF_BASE_S = 1.0
 Key = tuple[str, int | None, str]  # (run, rank, kind)
 GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
 STALE_MIN_S = 600.0  # board records younger than this are never ignored as stale
+STATE_TIMEOUT_S = 10.0  # one write (or read) of the alert state file; a hung mount gives up
+STATE_RETRY_S = 30.0  # after a failed write, the next try waits this long
 
 
 def sink_name(kind: str, target: str, names: dict[str, str], *, alone: bool) -> str:
@@ -181,6 +206,7 @@ class _Worker:
         self.task: asyncio.Task | None = None
         self.refresh_interval: float | None = getattr(sink, "refresh_interval", None)
         self.next_refresh = 0.0
+        self.lost: set[tuple[int | None, str]] = set()  # (rank, kind) whose firing this sink never got
 
 
 class AlertDispatcher:
@@ -197,6 +223,7 @@ class AlertDispatcher:
         errors: dict[str, int] | None = None,
         ranks: Iterable[int] = (),
         dumps_dir: str | Path | None = None,
+        inherit_hold: float = INHERIT_HOLD_S,
     ) -> None:
         """``ranks``: the ranks this agent watches (for "N of WORLD"); ``dumps_dir``: where the
         alert board lives by default (``alerts.board_dir`` unset)."""
@@ -219,6 +246,16 @@ class AlertDispatcher:
             n: {"sent": 0, "failed": 0, "dropped": 0, "retried": 0} for n in names
         }
         self.spool = Spool(spool_path(cfg.spool_dir, identity.run, identity.rank), cfg.spool_max_bytes)
+        self.state = StateFile(state_path(cfg.spool_dir, identity.run, identity.rank))
+        self.inherit_hold = float(inherit_hold)
+        self._ended: dict[Key, Remembered] = {}  # alerts that ended (replay tells old from new)
+        self._inherited: dict[Key, float] = {}  # firing at start, not yet seen again -> deadline
+        self._owed: set[Key] = set()  # resolves owed from before the restart, not yet announced
+        self._replayed: list[Finding] | None = []  # None once the state is loaded
+        self._saved_doc: Any = None
+        self._saving: asyncio.Future[Any] | None = None
+        self._state_retry_at = -float("inf")
+        self._state_errors = 0
         self._active: dict[Key, _Active] = {}
         self._resolving: dict[Key, _Active] = {}
         self._pending: dict[GroupKey, _Group] = {}
@@ -227,6 +264,7 @@ class AlertDispatcher:
         self._spool_lock = asyncio.Lock()
         self._t0: float | None = None
         self._started = False
+        self._starting: asyncio.Future[None] | None = None
         self._closed = False
         self._spool_errors = 0
         self._peer_errors = 0
@@ -338,6 +376,7 @@ class AlertDispatcher:
     def _fire(self, key: Key, f: Finding) -> None:
         a = self._active.get(key)
         if a is not None:
+            self._inherited.pop(key, None)  # seen again: the same episode, resolved by its detector
             fresh = self._member(key[1], f, a.member.starts_at)
             a.member.message, a.member.step, a.member.evidence = fresh.message, fresh.step, fresh.evidence
             a.member.dump_path = a.member.dump_path or fresh.dump_path
@@ -360,6 +399,9 @@ class AlertDispatcher:
             self._active[key] = back
             self._post(key, back.member, "firing", back.severity, back.board_time)  # covered already
             return
+        self._new_episode(key, f)
+
+    def _new_episode(self, key: Key, f: Finding) -> None:
         starts = f.time if f.time is not None else self.wall()
         a = _Active(f.severity, self._member(key[1], f, starts), board_time=self.wall())
         self._active[key] = a
@@ -369,6 +411,8 @@ class AlertDispatcher:
         a = self._active.pop(key, None)
         if a is None:
             return
+        self._inherited.pop(key, None)
+        self._owed.discard(key)
         for repeat in (False, True):
             group = self._pending.get((key[2], "firing", repeat))
             if group is not None:
@@ -377,6 +421,17 @@ class AlertDispatcher:
             self._peers_call(self.peers.forget, key, "firing")
         m = self._member(key[1], f, a.member.starts_at)
         m.dump_path = m.dump_path or a.member.dump_path
+        self._ended[key] = Remembered(
+            key[1],
+            key[2],
+            a.severity.label,
+            a.board_time,
+            a.sent,
+            a.member.step,
+            _member_doc(m),
+            ended=self.wall(),
+            ended_step=f.step,
+        )
         if not a.sent or not self.cfg.send_resolved:
             if self.peers is not None and self.cfg.send_resolved:
                 # Not announced by us, but maybe by a peer before we learned it: then it is owed.
@@ -387,6 +442,219 @@ class AlertDispatcher:
         self._resolving[key] = a
         a.resolved_at = self.wall()
         self._add(key, m, "resolved", a.severity, a.resolved_at)
+
+    # --- restarts: the alert state file and the replayed log tail ---------------------------
+    def replayed(self, findings: Iterable[Finding]) -> None:
+        """What the detectors found in the log's tail, replayed at start (oldest first): compared
+        with the alert state file once it is loaded (see ``state.py`` for the rule)."""
+        if self._replayed is not None:
+            self._replayed.extend(findings)
+        else:
+            self._adopt(list(findings))
+            self._wake.set()
+
+    def _restore(self, remembered: list[Remembered]) -> None:
+        now = self.clock()
+        saved = self.state.saved_at
+        stale = saved is not None and self.wall() - saved > self.inherit_hold
+        hold = 0.0 if stale else self.inherit_hold  # an earlier incarnation's: ended at once
+        for rec in remembered:
+            key: Key = (self.identity.run, rec.rank, rec.kind)
+            if rec.rank is not None:
+                self._ranks.add(rec.rank)
+            try:
+                sev = Severity.parse(rec.severity)
+            except KeyError:
+                continue
+            m = clean_member(rec.member, rec.since)
+            member = AlertMember(
+                rec.rank, m["message"], m["step"], m["evidence"], m["dump_path"], m["starts_at"]
+            )
+            if rec.ended is not None:
+                self._ended[key] = rec
+                if rec.resolve_pending and rec.sent and self.cfg.send_resolved and key not in self._active:
+                    # Killed before its resolve went out: it is still owed.
+                    a = _Active(sev, member, sent=True, pending=False, board_time=rec.since)
+                    a.resolved_at = rec.ended
+                    self._resolving[key] = a
+                    self._owed.add(key)
+                    self._add(key, member, "resolved", sev, rec.ended)
+                continue
+            live = self._active.get(key)
+            if live is not None:  # a live finding came first: the same episode
+                if rec.sent and not live.sent:
+                    live.sent, live.pending, live.board_time = True, False, rec.since
+                    for repeat in (False, True):
+                        group = self._pending.get((key[2], "firing", repeat))
+                        if group is not None:
+                            group.members.pop(key, None)
+                continue
+            a = _Active(sev, member, sent=rec.sent, pending=not rec.sent, last_sent=now, board_time=rec.since)
+            self._active[key] = a
+            self._inherited[key] = now + hold
+            if rec.sent:
+                self._post(key, member, "firing", sev, rec.since)
+            else:  # never announced (killed inside group_wait or startup_quiet): it is now
+                self._add(key, member, "firing", sev, rec.since)
+        if remembered:
+            log.info(
+                "alert state %s: %d alert(s) firing, %d ended, from before the restart",
+                self.state.path,
+                len(self._inherited),
+                len(self._ended),
+            )
+
+    def _restore_spooled(self, spooled: dict[Key, tuple[AlertMessage, AlertMember]]) -> None:
+        """A firing in the spool was announced, whatever the state file says: the agent may have
+        been killed after queueing it and before the state file was written."""
+        now = self.clock()
+        for key, (alert, m) in spooled.items():
+            if alert.status != "firing" or key in self._ended:
+                continue
+            a = self._active.get(key)
+            if a is None:
+                member = dataclasses.replace(m, node=None)
+                a = _Active(
+                    alert.severity, member, sent=True, pending=False, last_sent=now, board_time=m.starts_at
+                )
+                self._active[key] = a
+                self._inherited[key] = now + self.inherit_hold
+                self._post(key, member, "firing", alert.severity, a.board_time)
+            elif not a.sent:
+                a.sent, a.pending = True, False
+                for repeat in (False, True):
+                    group = self._pending.get((key[2], "firing", repeat))
+                    if group is not None:
+                        group.members.pop(key, None)
+
+    def _adopt(self, findings: list[Finding]) -> None:
+        """Per alert, the replayed tail's last word: firing (the same episode, or a new one not
+        reported yet) or resolved (it cleared while no agent ran)."""
+        last: dict[Key, Finding] = {}
+        for f in findings:
+            rank = f.rank if f.rank is not None else self.identity.rank
+            key: Key = (self.identity.run, rank, f.kind)
+            last.pop(key, None)
+            last[key] = f
+        for key, f in last.items():
+            if f.resolved:
+                if key in self._active:
+                    self._resolve(key, f)
+                continue
+            if f.severity < self.min_severity:
+                continue
+            if key not in self._active:
+                old = self._ended.get(key)
+                if old is not None and _same_episode(old, f):
+                    continue
+                log.warning(
+                    "%s on rank %s happened while no agent watched (found in the replayed log at step %s):"
+                    " alerting now",
+                    f.kind,
+                    key[1],
+                    f.step,
+                )
+            if key[1] is not None:
+                self._ranks.add(key[1])
+            if key in self._owed:
+                # The resolve owed from before the restart may have gone out just before the
+                # kill: it is sent (again), and this firing is a new episode, not a flap.
+                self._owed.discard(key)
+                self._resolving.pop(key, None)
+                self._new_episode(key, f)
+                continue
+            self._fire(key, f)
+
+    def _expire_inherited(self, now: float) -> float:
+        """Alerts inherited from before a restart that this agent has not seen again (the rule
+        in ``state.py``); returns the next deadline."""
+        due = float("inf")
+        for key, deadline in list(self._inherited.items()):
+            a = self._active.get(key)
+            if a is None:
+                del self._inherited[key]
+            elif now >= deadline:
+                del self._inherited[key]
+                mins = self.inherit_hold / 60
+                if key[2] in EVENT_KINDS:
+                    log.info(
+                        "%s on rank %s (from before the restart) forgotten after %.0f min",
+                        key[2],
+                        key[1],
+                        mins,
+                    )
+                    self._active.pop(key, None)
+                    self._ended[key] = Remembered(
+                        key[1],
+                        key[2],
+                        a.severity.label,
+                        a.board_time,
+                        a.sent,
+                        a.member.step,
+                        ended=self.wall(),
+                    )
+                    continue
+                what = f"{key[2]} on rank {key[1]}" if key[1] is not None else key[2]
+                msg = (
+                    f"{what}: not seen again by the restarted agent in {mins:.0f} min, so resolved by rule"
+                    " (the condition could not be checked again after the agent restarted)"
+                )
+                self._resolve(key, Finding(key[2], a.severity, key[1], msg, resolved=True))
+            else:
+                due = min(due, deadline)
+        return due
+
+    def _state_alerts(self) -> list[Remembered]:
+        out: list[Remembered] = []
+        for (_, rank, kind), a in self._active.items():
+            member = _member_doc(a.member)
+            out.append(Remembered(rank, kind, a.severity.label, a.board_time, a.sent, a.member.step, member))
+        prune_ended(self._ended, self.wall())
+        for key, rec in self._ended.items():
+            if key in self._active:
+                continue
+            pending = key in self._resolving
+            if rec.resolve_pending != pending:
+                rec = dataclasses.replace(rec, resolve_pending=pending)
+            out.append(rec)
+        return out
+
+    def _save_state(self) -> None:
+        """Write the state file if it changed (on a daemon thread; one write at a time)."""
+        if self._replayed is not None or self.clock() < self._state_retry_at:
+            return  # not loaded yet (never overwrite what we have not read), or failing
+        if self._saving is not None and not self._saving.done():
+            return  # its end wakes the loop, which comes back here
+        alerts = self._state_alerts()
+        doc = [dataclasses.asdict(a) for a in alerts]
+        if doc == self._saved_doc:
+            return
+        self._saved_doc = doc
+        self._saving = asyncio.ensure_future(self._write_state(alerts))
+
+    async def _write_state(self, alerts: list[Remembered]) -> bool:
+        meta = {"run": self.identity.run, "rank": self.identity.rank, "saved": self.wall()}
+        try:
+            await off_loop(
+                self.state.save, alerts, meta, timeout=STATE_TIMEOUT_S, name="rankwatch-alert-state"
+            )
+            return True
+        except Exception as e:
+            self._saved_doc = None  # written again at the next try
+            self._state_retry_at = self.clock() + STATE_RETRY_S
+            self._state_errors += 1
+            self.errors["alerts"] = self.errors.get("alerts", 0) + 1
+            if self._state_errors == 1:
+                log.error(
+                    "alert state %s cannot be written (%s: %s); a restarted agent may repeat or miss"
+                    " a resolve (further failures counted)",
+                    self.state.path,
+                    type(e).__name__,
+                    e,
+                )
+            return False
+        finally:
+            self._wake.set()
 
     def _resolve_after_peer_fire(self, key: Key, a: _Active, m: AlertMember) -> None:
         """A peer announced this alert, which cleared before we learned it: send its resolve."""
@@ -452,7 +720,7 @@ class AlertDispatcher:
     # --- timers ----------------------------------------------------------------------------
     def pump(self, now: float, *, force: bool = False) -> float:
         """Move due groups, repeats and refreshes into the sink queues; returns the next due time."""
-        due = float("inf")
+        due = float("inf") if force else self._expire_inherited(now)
         quiet_end = (
             -float("inf") if force else (now if self._t0 is None else self._t0) + self.cfg.startup_quiet
         )
@@ -560,6 +828,7 @@ class AlertDispatcher:
                 a.sent, a.pending, a.last_sent = True, False, now
             elif g.status == "resolved":
                 self._resolving.pop(k, None)
+                self._owed.discard(k)
 
     def _enqueue(self, msg: AlertMessage, workers: Iterable[_Worker], *, refresh: bool = False) -> None:
         for w in workers:
@@ -570,13 +839,19 @@ class AlertDispatcher:
 
     # --- lifecycle -----------------------------------------------------------------------
     async def _start(self) -> None:
-        if self._started:
-            return
-        self._started = True
+        """Once, however many callers: ``close`` may come while ``run`` is still starting (two
+        starts made two workers per sink, which delivered one alert twice)."""
+        if self._starting is None:
+            self._started = True
+            self._starting = asyncio.ensure_future(self._start_once())
+        await asyncio.shield(self._starting)
+
+    async def _start_once(self) -> None:
         self._t0 = self.clock()
         entries = await self._spool_op(self.spool.load) or []
         seen: set[str] = set()
         orphans: dict[str, str] = {}  # entry id -> sink name
+        spooled: dict[Key, tuple[AlertMessage, AlertMember]] = {}  # the last spooled word per alert
         for e in entries:
             if e.id in seen:
                 continue
@@ -590,6 +865,10 @@ class AlertDispatcher:
                 orphans[e.id] = e.sink
                 continue
             w.queue.append(_Item(alert, e.id, spooled=True))
+            for m in alert.members:
+                k: Key = (self.identity.run, m.rank, alert.kind)
+                spooled.pop(k, None)
+                spooled[k] = (alert, m)
         if seen:
             log.info(
                 "alert spool %s: %d undelivered alert(s) re-queued", self.spool.path, len(seen) - len(orphans)
@@ -598,7 +877,27 @@ class AlertDispatcher:
             self._drop_orphans(orphans)
             await self._spool_op(self.spool.remove, set(orphans))
         for w in self._workers.values():
-            w.task = asyncio.get_running_loop().create_task(self._work(w), name=f"alerts-{w.name}")
+            if w.task is None or w.task.done():
+                w.task = asyncio.get_running_loop().create_task(self._work(w), name=f"alerts-{w.name}")
+        try:
+            remembered = await off_loop(
+                self.state.load, timeout=STATE_TIMEOUT_S, name="rankwatch-alert-state"
+            )
+        except Exception as e:
+            remembered = []
+            self.errors["alerts"] = self.errors.get("alerts", 0) + 1
+            log.error(
+                "alert state %s unreadable (%s: %s); starting without it",
+                self.state.path,
+                type(e).__name__,
+                e,
+            )
+        replayed, self._replayed = self._replayed or [], None
+        mine = set(self._ranks)
+        self._restore(remembered)
+        self._restore_spooled({k: v for k, v in spooled.items() if k[1] in mine or k[1] is None})
+        self._adopt(replayed)
+        self._wake.set()
 
     async def run(self) -> None:
         """The timer loop (grouping, quiet, repeats, refreshes); sinks run in their own tasks."""
@@ -608,6 +907,9 @@ class AlertDispatcher:
             due = self.pump(self.clock())
             if self.peers is not None:
                 due = min(due, await self._peers_step(self.clock()))
+            self._save_state()
+            if self._state_retry_at > self.clock():
+                due = min(due, self._state_retry_at)
             await _wait(self._wake, due - self.clock())
 
     async def close(self, timeout: float = 10.0) -> None:
@@ -639,10 +941,8 @@ class AlertDispatcher:
             await asyncio.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
         self._closed = True
         self._wake.set()
-        tasks = [w.task for w in self._workers.values() if w.task is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel([w.task for w in self._workers.values() if w.task is not None])
+        await self._final_state()
         rest: list[SpoolEntry] = []
         for w in self._workers.values():
             for item in w.queue:
@@ -660,6 +960,16 @@ class AlertDispatcher:
             if callable(aclose):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(aclose(), 2.0)
+
+    async def _final_state(self) -> None:
+        if self._saving is not None and not self._saving.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._saving), STATE_TIMEOUT_S)
+        self._state_retry_at = -float("inf")
+        self._save_state()
+        if self._saving is not None and not self._saving.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._saving), STATE_TIMEOUT_S)
 
     # --- delivery ------------------------------------------------------------------------
     async def _work(self, w: _Worker) -> None:
@@ -682,9 +992,15 @@ class AlertDispatcher:
                 await self._spool_backlog(w)  # held back by the rate limit: on disk meanwhile
                 await _wait(w.wake, pause)
                 continue
+            alert = self._deliverable(w, item)
+            if alert is None:
+                _discard(w.queue, item)
+                if item.spooled:
+                    await self._spool_op(self.spool.remove, {item.entry_id})
+                continue
             w.bucket.take()
             try:
-                await asyncio.wait_for(w.sink.deliver(item.alert), hard_timeout)
+                await asyncio.wait_for(w.sink.deliver(alert), hard_timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -694,9 +1010,32 @@ class AlertDispatcher:
                 await self._failed(w, item, err)
             else:
                 self.stats[w.name]["sent"] += 1
+                if alert.status == "firing":
+                    w.lost.difference_update((m.rank, alert.kind) for m in alert.members)
                 _discard(w.queue, item)
                 if item.spooled:
                     await self._spool_op(self.spool.remove, {item.entry_id})
+
+    def _deliverable(self, w: _Worker, item: _Item) -> AlertMessage | None:
+        """The alert as this sink may get it: a resolve without the members whose firing this
+        sink never got (None when that is all of them: a resolve of nothing is not sent)."""
+        alert = item.alert
+        if alert.status != "resolved" or not w.lost:
+            return alert
+        keep = [m for m in alert.members if (m.rank, alert.kind) not in w.lost]
+        if len(keep) == len(alert.members):
+            return alert
+        gone = sorted((m.rank for m in alert.members if (m.rank, alert.kind) in w.lost), key=str)
+        w.lost.difference_update((r, alert.kind) for r in gone)
+        log.warning(
+            "alert %r to %s: not resolving rank(s) %s there, whose firing it never got",
+            alert.title,
+            w.name,
+            ", ".join(map(str, gone)),
+        )
+        if not keep:
+            return None
+        return dataclasses.replace(alert, members=keep)
 
     async def _failed(self, w: _Worker, item: _Item, err: DeliveryError) -> None:
         self.stats[w.name]["failed"] += 1
@@ -707,16 +1046,18 @@ class AlertDispatcher:
         if err.permanent or item.attempts > self.cfg.max_retries:
             why = "permanent error" if err.permanent else f"gave up after {item.attempts} attempts"
             self._drop(w, item, f"{why}: {err}")
+            if item.alert.status == "firing":
+                w.lost.update((m.rank, item.alert.kind) for m in item.alert.members)
             _discard(w.queue, item)
             if item.spooled:
                 await self._spool_op(self.spool.remove, {item.entry_id})
             return
+        cap = min(float(self.cfg.backoff_max), self.backoff_base * 2 ** (item.attempts - 1))
+        delay = cap / 2 + self.rng() * cap / 2
         if err.retry_after is not None:
-            # A server's wish, within our own ceiling: one absurd Retry-After must not park the queue.
-            delay = min(max(0.0, err.retry_after), float(self.cfg.backoff_max))
-        else:
-            cap = min(float(self.cfg.backoff_max), self.backoff_base * 2 ** (item.attempts - 1))
-            delay = self.rng() * cap
+            # A server's wish, within our own ceiling: one absurd Retry-After must not park the
+            # queue, and a short one must not burn the retry budget in seconds.
+            delay = max(delay, min(max(0.0, err.retry_after), float(self.cfg.backoff_max)))
         item.not_before = self.clock() + delay
         self.stats[w.name]["retried"] += 1
         log.info(
@@ -783,6 +1124,33 @@ class AlertDispatcher:
                 return None
 
 
+def retry_window(cfg: AlertsConfig, backoff_base: float = BACKOFF_BASE_S) -> float:
+    """The shortest time between an alert's first failed attempt and its being given up: the sum
+    of the fixed halves of its ``max_retries`` waits (705 s with the defaults)."""
+    cap = float(cfg.backoff_max)
+    return sum(min(cap, backoff_base * 2**n) / 2 for n in range(max(0, int(cfg.max_retries))))
+
+
+def _member_doc(m: AlertMember) -> dict[str, Any]:
+    return {
+        "message": m.message[:MAX_TEXT],
+        "step": m.step,
+        "evidence": small_evidence(m.evidence),
+        "dump_path": m.dump_path,
+        "starts_at": m.starts_at,
+    }
+
+
+def _same_episode(old: Remembered, f: Finding) -> bool:
+    """A replayed firing of an alert that ended before the restart is that old episode when it
+    is not later than the end (by step where both are known, else by time); in doubt, new."""
+    if f.step is not None and old.ended_step is not None:
+        return f.step <= old.ended_step
+    if f.time is not None and old.ended is not None:
+        return f.time <= old.ended
+    return False
+
+
 def _rank_order(ka: tuple[Key, _Active]) -> tuple[bool, int]:
     r = ka[0][1]
     return (r is None, r or 0)
@@ -791,6 +1159,21 @@ def _rank_order(ka: tuple[Key, _Active]) -> tuple[bool, int]:
 def _discard(q: deque[_Item], item: _Item) -> None:
     with contextlib.suppress(ValueError):
         q.remove(item)
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]], limit_s: float = 5.0) -> None:
+    """Cancel and reap. Cancelled again until done: on Python 3.11 ``asyncio.wait_for`` swallows a
+    cancel that lands as its awaitable completes (a wake at that moment), and a single cancel
+    left ``close`` waiting forever on a worker that went back to sleep."""
+    pending = {t for t in tasks if not t.done()}
+    end = time.monotonic() + limit_s
+    while pending and time.monotonic() < end:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.05)
+    for t in tasks:
+        if t.done() and not t.cancelled():
+            t.exception()  # retrieved: a worker that died is not reported again at exit
 
 
 async def _wait(event: asyncio.Event, timeout: float | None) -> None:

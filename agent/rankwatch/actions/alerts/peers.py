@@ -156,6 +156,7 @@ class PeerGroups:
         self._broken_until = -float("inf")
         self._failures = 0
         self._inflight: asyncio.Future[Any] | None = None
+        self._step_lock = asyncio.Lock()
 
     # --- called synchronously by the dispatcher --------------------------------------------
     def usable(self, now: float) -> bool:
@@ -219,7 +220,14 @@ class PeerGroups:
 
     # --- the dispatcher's timer loop -------------------------------------------------------
     async def step(self, now: float, *, closing: bool = False, poll: bool = False) -> float:
-        """Post records, decide held groups that are due (all with ``poll``); returns the next due time."""
+        """Post records, decide held groups that are due (all with ``poll``); returns the next due time.
+
+        One step at a time: the dispatcher's timer loop and its ``close`` (``settle``) both step,
+        and two decisions on one group running side by side would send it twice."""
+        async with self._step_lock:
+            return await self._step(now, closing=closing, poll=poll)
+
+    async def _step(self, now: float, *, closing: bool, poll: bool) -> float:
         await self._flush()
         due = float("inf")
         for h in list(self._held):
@@ -247,19 +255,21 @@ class PeerGroups:
     async def _decide(self, h: _Held, now: float, *, closing: bool) -> None:
         g = h.group
         if not g.members:
-            self._held.remove(h)
+            self._drop(h)
             return
         mine = sorted({k[1] for k in g.members if k[1] is not None})
         view = await self._io(self.board.view, g.kind, self.wall(), mine)
+        if h not in self._held:  # handed back meanwhile (``abandon``): whoever took it sends it
+            return
         if view is None:
             self._alone(h, now)
             return
         if self._drop_covered(g, view, now):
-            self._held.remove(h)
+            self._drop(h)
             return
         open_ranks = view.open(g.status)
         mine = sorted({k[1] for k in g.members if k[1] is not None})
-        if not set(mine) <= set(open_ranks):  # our record is not there: the board lost it
+        if not mine or not set(mine) <= set(open_ranks):  # our record is not there: the board lost it
             self._alone(h, now)
             return
         position = open_ranks.index(mine[0])
@@ -280,21 +290,36 @@ class PeerGroups:
         return not g.members
 
     def _alone(self, h: _Held, now: float) -> None:
+        if h not in self._held:
+            return
         self._fallback()
-        self.host._emit(h.group, now)
-        self._held.remove(h)  # only once it is out: an error before leaves it for abandon()
+        if h.group.members:
+            self.host._emit(h.group, now)
+        self._drop(h)  # only once it is out: an error before leaves it for abandon()
+
+    def _drop(self, h: _Held) -> None:
+        """Decided: no longer held. Never raises: another path may have taken it already."""
+        if h in self._held:
+            self._held.remove(h)
 
     async def _lead(self, h: _Held, view: View, ranks: list[int], now: float, *, took_over: bool) -> None:
+        """Send one message for our members and the peers' open records. Every await below may
+        let the dispatcher change the group (a member resolved) or hand it back (``abandon``):
+        after each one, a group no longer held is someone else's to send."""
         g = h.group
         mine = {k[1] for k in g.members}
         theirs = [view.records[r] for r in ranks if r not in mine]
         loaded = await self._load(g.kind, theirs) if theirs else {}
+        if h not in self._held:
+            return
         # Just before sending: a marker may have appeared while we read (a slow leader, an
         # earlier taker), and a peer's record may have changed (cleared, fired again).
         again = await self._io(self.board.view, g.kind, self.wall(), sorted(r for r in mine if r is not None))
+        if h not in self._held:
+            return
         if again is not None:
             if self._drop_covered(g, again, now):
-                self._held.remove(h)
+                self._drop(h)
                 return
             theirs = [e for e in theirs if _still_open(again, e, g.status)]
         extra: dict[Key, AlertMember] = {}
@@ -309,7 +334,34 @@ class PeerGroups:
             else:
                 continue  # gone or unusable: its own agent sends it (not covered)
             covers[e.rank] = e.us
-        by = min(k[1] for k in g.members if k[1] is not None)  # ours only, before the peers join
+        for k, t in g.times.items():
+            if k[1] is not None and k in g.members:
+                covers[k[1]] = stamp(t)
+        if not covers:
+            self._drop(h)  # every member resolved while we read
+            return
+        # Claim each record before sending it: of two agents that both decided to send (a slow
+        # leader and its taker read the board at the same moment), each record goes with one.
+        claimed = await self._io(self.board.claim, g.kind, g.status, covers)
+        if h not in self._held:
+            return
+        if claimed is None:  # the board failed: in doubt, our own members go alone
+            self._alone(h, now)
+            return
+        ours = [k for k in g.members if k[1] is not None]
+        lost = [k for k in ours if k[1] not in claimed]  # a peer claimed them first: it sends them
+        if lost:
+            self.stats["grouped_by_peer"] += len(lost)
+            self.host._by_peer(g, lost, now)
+            for k in lost:
+                g.members.pop(k, None)
+        extra = {k: m for k, m in extra.items() if k[1] in claimed}
+        covers = {r: us for r, us in covers.items() if r in claimed}
+        if not covers or not (g.members or extra):
+            self._drop(h)
+            return
+        own = [k[1] for k in g.members if k[1] is not None]
+        by = min(own) if own else min(covers)  # ours, before the peers join
         g.members.update(extra)
         g.severity = severity
         self.stats["took_over" if took_over else "led"] += 1
@@ -318,15 +370,12 @@ class PeerGroups:
                 "alert board: no peer sent %s %s for ranks %s; rank %s sends it",
                 g.kind,
                 g.status,
-                ranks,
+                sorted(covers),
                 by,
             )
         seen = view.ranks() | (again.ranks() if again is not None else set())
         self.host._emit(g, now, saw_all=self.host._saw_all(seen))
-        self._held.remove(h)
-        for k, t in g.times.items():
-            if k[1] is not None and k in g.members:
-                covers[k[1]] = stamp(t)
+        self._drop(h)
         await self._io(self.board.mark, g.kind, Marker(g.status, by, self.wall(), covers))
 
     async def _load(self, kind: str, entries: list[Entry]) -> dict[int, Record | None]:
