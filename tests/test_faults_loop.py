@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -122,6 +123,13 @@ def _start(tmp: Path, stdout: int, fill: int, line_bytes: int) -> tuple[subproce
     return p, port, tmp / "findings.jsonl"
 
 
+def _stop(p: subprocess.Popen, tmp: Path) -> None:
+    """The agent, then the child if a failed test left it blocked on its pipe (never outlive the test)."""
+    stop_processes([p])
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int((tmp / "child.pid").read_text()), signal.SIGKILL)
+
+
 def _dropped(port: int) -> float:
     text = _get(f"http://127.0.0.1:{port}/metrics")[1]
     return metric(text, "rankwatch_echo_dropped_bytes_total") or 0.0
@@ -174,7 +182,7 @@ def test_stdout_nobody_reads_does_not_freeze_the_agent(tmp_path: Path) -> None:
             err = (tmp_path / "agent.err").read_text()
             assert err.count("stdout is not being read") == 1, err[-2000:]
         finally:
-            stop_processes([p])
+            _stop(p, tmp_path)
     finally:
         os.close(r)
 
@@ -205,7 +213,7 @@ def test_burst_with_slow_stdout_keeps_healthz_answering_and_finds_the_nan(tmp_pa
         (tmp_path / "done").touch()
         assert p.wait(60) == 0
     finally:
-        stop_processes([p])
+        _stop(p, tmp_path)
         stop.set()
         os.close(r)
 
@@ -326,7 +334,7 @@ def test_stdout_and_stderr_nobody_reads_do_not_freeze_the_agent(tmp_path: Path) 
         (tmp_path / "done").touch()
         assert p.wait(60) == 0
     finally:
-        stop_processes([p])
+        _stop(p, tmp_path)
         os.close(r1)
         os.close(r2)
 
