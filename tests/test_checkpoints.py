@@ -1074,10 +1074,11 @@ def test_async_watcher_picks_up_a_new_checkpoint(tmp_path: Path, mode: str) -> N
         await asyncio.wait_for(task, 5)
         return waited, saw_writing
 
-    waited, saw_writing = asyncio.run(scenario())
-    # auto: only events can be this fast (its poll is 30 s, 5 s while the folder is missing)
+    waited, _saw_writing = asyncio.run(scenario())
+    # auto: only events can be this fast (its poll is 30 s, 5 s while the folder is missing).
+    # Whether it is seen "writing" first is a race: a save whose completion marker
+    # (trainer_state.json) is already there when the watcher looks is judged at once.
     assert waited < 3.0
-    assert saw_writing or mode == "poll"
     assert kinds(emitted) == [("checkpoint_corrupt", "critical", False)]
     assert "scheduler.pt: zero bytes" in emitted[0].message
 
