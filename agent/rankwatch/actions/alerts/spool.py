@@ -34,6 +34,26 @@ class SpoolEntry:
         return (json.dumps(doc, separators=(",", ":"), default=str) + "\n").encode()
 
 
+def write_durably(path: Path, data: bytes, tmp: Path) -> None:
+    """Replace ``path`` by ``data`` so that a crash leaves the old file or the new one, never
+    half of one: a temporary file beside it, synced, renamed over it, then the folder synced."""
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not keep the half copy as well
+        raise
+    with contextlib.suppress(OSError):
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def spool_path(spool_dir: str | Path, run: str, rank: int | None) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run) or "default"
     return Path(spool_dir) / f"{safe}.rank-{'none' if rank is None else rank}.jsonl"
@@ -115,21 +135,5 @@ class Spool:
         if not entries:
             self.path.unlink(missing_ok=True)
             return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(b"".join(e.line() for e in entries))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except OSError:
-            tmp.unlink(missing_ok=True)  # a full disk must not keep the half copy as well
-            raise
-        try:
-            fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
+        data = b"".join(e.line() for e in entries)
+        write_durably(self.path, data, self.path.with_name(self.path.name + ".tmp"))

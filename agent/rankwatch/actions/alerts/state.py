@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankwatch.actions.alerts.spool import write_durably
+
 log = logging.getLogger("rankwatch.alerts.state")
 
 FORMAT = 1
@@ -140,27 +142,7 @@ class StateFile:
         data = json.dumps(doc, separators=(",", ":"), default=str, allow_nan=False).encode()
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            try:
-                with open(tmp, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                try:
-                    tmp.unlink()
-                except OSError:
-                    pass
-                raise
-            try:
-                fd = os.open(self.path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            except OSError:
-                pass
+            write_durably(self.path, data, self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp"))
 
 
 def prune_ended(ended: dict[Any, Remembered], now: float) -> None:
