@@ -884,3 +884,29 @@ def test_a_finding_on_a_gpu_not_tied_to_the_rank_says_it_may_be_another_jobs() -
     assert mine.kind == other.kind == "gpu_lost"
     assert "another job" not in mine.message
     assert "may belong to another job" in other.message and other.evidence["attribution"] == "unattributed"
+
+
+def test_two_gpus_of_one_rank_overheat_and_resolve_each_on_its_own() -> None:
+    """The first GPU to cool must not resolve the other's alert (Finding.key has the GPU)."""
+    from rankwatch.exporter.findings import FindingTracker
+
+    findings, _, _ = drive(
+        [
+            heat_up(0, start=65, peak=92, over=5, cool_at=20),
+            heat_up(1, start=65, peak=92, over=5, cool_at=40),
+        ],
+        60,
+    )
+    got = [(f.subject, f.resolved) for _, f in findings]
+    uuids = sorted({f.subject for _, f in findings})
+    assert len(uuids) == 2 and all(u and u.startswith("GPU-") for u in uuids)
+    assert sorted(got) == sorted([(u, r) for u in uuids for r in (False, True)])
+    tracker = FindingTracker()
+    seen: list[Finding] = []
+    active_counts = []
+    for _, f in findings:
+        seen.append(f)
+        tracker.update(seen)
+        active_counts.append(len(tracker.active()))
+    # both fire, then GPU 0 cools (one left active), then GPU 1 cools.
+    assert active_counts == [1, 2, 1, 0]

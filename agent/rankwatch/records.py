@@ -103,7 +103,10 @@ class Finding:
     """Something a human should know about one rank.
 
     ``key`` groups repeated observations of the same condition so an action layer
-    can dedup and resolve; ``resolved`` marks the end of such a condition.
+    can dedup and resolve; ``resolved`` marks the end of such a condition. ``subject``
+    names the thing within the rank the condition is about (a GPU's UUID, a checkpoint,
+    a peer rank), so two GPUs of one rank overheating are two conditions, and the first
+    to cool resolves only its own.
     """
 
     kind: str
@@ -116,10 +119,11 @@ class Finding:
     time: float | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     resolved: bool = False
+    subject: str | None = None
 
     @property
-    def key(self) -> tuple[str, int | None]:
-        return (self.kind, self.rank)
+    def key(self) -> tuple[str, int | None, str | None]:
+        return (self.kind, self.rank, self.subject)
 
     def to_json(self) -> dict[str, Any]:
         """The `analyze --json` contract of DESIGN.md: exactly these keys."""

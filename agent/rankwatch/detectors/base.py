@@ -12,7 +12,7 @@ import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from itertools import pairwise
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Record, Severity, StepRecord
 from rankwatch.state import RankState
@@ -80,8 +80,9 @@ def finding(
     *,
     record: Record | None = None,
     step: int | None = None,
-    evidence: dict | None = None,
+    evidence: dict[str, Any] | None = None,
     resolved: bool = False,
+    subject: str | None = None,
 ) -> Finding:
     line = getattr(record, "line", None) if record is not None else None
     if step is None and record is not None:
@@ -102,6 +103,7 @@ def finding(
         time=t,
         evidence=evidence or {},
         resolved=resolved,
+        subject=subject,
     )
 
 

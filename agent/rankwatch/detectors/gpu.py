@@ -2,7 +2,8 @@
 
 Pure: fed ``GpuSample`` objects, returns findings, no I/O. One ``GpuDetector`` per rank
 keeps one set of rules per GPU (by UUID). Lasting conditions fire once and resolve once;
-``evidence`` always names the GPU (index and UUID), since ``Finding.key`` does not.
+``evidence`` names the GPU (index and UUID) and ``Finding.subject`` is its UUID, so each GPU
+of a rank fires and resolves on its own.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class GpuRule(ABC):
             time=s.time,
             evidence={"gpu": s.index, "uuid": s.uuid, "attribution": s.attribution, **(evidence or {})},
             resolved=resolved,
+            subject=s.uuid or f"gpu{s.index}",
         )
 
 

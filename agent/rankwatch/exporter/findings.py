@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from rankwatch.exporter.view import RANK_LABELS
 from rankwatch.records import Finding
 
-FindingKey = tuple[str, int | None]  # Finding.key: (kind, rank)
+FindingKey = tuple[str, int | None, str | None]  # Finding.key: (kind, rank, subject)
 CountKey = tuple[int | None, str, str]  # (rank, kind, severity)
 
 
