@@ -6,10 +6,13 @@ record only, logged once and counted; the others keep running.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import Any
 
 from rankwatch.config.schema import DetectorsConfig
 from rankwatch.detectors import Detector, build_detectors
+from rankwatch.detectors.base import Episode
 from rankwatch.records import Finding, Record
 from rankwatch.state import RankState
 
@@ -50,6 +53,23 @@ class RankEngine:
                 self._failed(det)
         return out
 
+    def reconfigure(self, cfg: DetectorsConfig) -> None:
+        """A new config snapshot (hot reload). A detector whose settings changed is built anew
+        from it, since a window is a deque's length and a warm-up is counted from the start;
+        its open episodes are carried over, so a condition still active stays one alert and
+        still resolves. A detector whose settings did not change keeps its state."""
+        out: list[Detector] = []
+        for old, new in zip(self.detectors, build_detectors(cfg), strict=True):
+            if type(old) is not type(new) or _settings(old) == _settings(new):
+                out.append(old)
+                continue
+            for name, value in vars(old).items():
+                if isinstance(value, Episode):
+                    setattr(new, name, value)
+            out.append(new)
+        self.detectors = out
+        self._routes.clear()
+
     def _failed(self, det: Detector) -> None:
         self.internal_errors += 1
         name = type(det).__name__
@@ -58,3 +78,12 @@ class RankEngine:
             log.exception(
                 "detector %s failed on rank %s (further failures counted only)", name, self.state.rank
             )
+
+
+def _settings(det: Detector) -> dict[str, Any]:
+    """What a detector was built from: its config sections (frozen snapshots) and warm-up."""
+    return {
+        k: v
+        for k, v in vars(det).items()
+        if k == "warmup" or (dataclasses.is_dataclass(v) and not isinstance(v, type))
+    }

@@ -1,19 +1,30 @@
 """Blocking calls that may hang (a dead NFS mount, a stuck driver) without the agent hanging.
 
-Not ``asyncio.to_thread``: the default executor's threads are joined when ``asyncio.run``
-returns and are shared with process sampling, so one call stuck on a dead mount would keep
-the agent from exiting and starve everything else; a daemon thread is simply left behind.
+The one policy for blocking I/O from the event loop: every filesystem call (dump store,
+spool, alert state, config file, checkpoint folders) goes through ``call``, which runs it on
+a daemon thread of its own and stops waiting after a timeout. Not ``asyncio.to_thread``:
+the default executor's threads are joined when ``asyncio.run`` returns and are shared with
+process sampling, so one call stuck on a dead mount would keep the agent from exiting and
+starve everything else; a daemon thread is simply left behind. A timeout is logged once per
+kind of call (its thread ``name``), counted in ``timeouts`` and, where the caller passes its
+``errors`` counters, in ``rankwatch_internal_errors_total``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger("rankwatch.offloop")
+
+# Calls given up on, by name (the kind of call); read by tests and by whoever reports them.
+timeouts: dict[str, int] = {}
 
 
 def in_daemon(fn: Callable[..., T], *args: Any, name: str = "rankwatch-io") -> asyncio.Future[T]:
@@ -28,6 +39,7 @@ def in_daemon(fn: Callable[..., T], *args: Any, name: str = "rankwatch-io") -> a
             fut.set_result(value) if ok else fut.set_exception(value)
 
     def work() -> None:
+        value: object
         try:
             ok, value = True, fn(*args)
         except Exception as e:
@@ -41,6 +53,34 @@ def in_daemon(fn: Callable[..., T], *args: Any, name: str = "rankwatch-io") -> a
     return fut
 
 
-async def call(fn: Callable[..., T], *args: Any, timeout: float, name: str = "rankwatch-io") -> T:
-    """``in_daemon`` awaited for at most ``timeout`` seconds (TimeoutError; the thread stays)."""
-    return await asyncio.wait_for(asyncio.shield(in_daemon(fn, *args, name=name)), timeout)
+async def call(
+    fn: Callable[..., T],
+    *args: Any,
+    timeout: float,
+    name: str = "rankwatch-io",
+    errors: dict[str, int] | None = None,
+    component: str = "io",
+) -> T:
+    """``in_daemon`` awaited for at most ``timeout`` seconds (TimeoutError; the thread stays).
+
+    A timeout is logged the first time for each ``name`` and counted: in ``timeouts[name]``
+    and, given the agent's ``errors`` counters, in ``errors[component]``."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(in_daemon(fn, *args, name=name)), timeout)
+    except asyncio.TimeoutError:
+        gave_up(name, timeout, errors, component)
+        raise
+
+
+def gave_up(name: str, timeout: float, errors: dict[str, int] | None = None, component: str = "io") -> None:
+    """Count (and the first time, log) a blocking call given up on after ``timeout`` seconds."""
+    n = timeouts[name] = timeouts.get(name, 0) + 1
+    if errors is not None:
+        errors[component] = errors.get(component, 0) + 1
+    if n == 1:
+        log.warning(
+            "%s: a blocking call did not return within %.3gs (hung filesystem?); it is left on a "
+            "daemon thread and the agent goes on; further timeouts are only counted",
+            name,
+            timeout,
+        )

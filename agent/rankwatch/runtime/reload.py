@@ -2,11 +2,15 @@
 
 A bad edit must never take monitoring down, so an invalid file keeps the last good
 config running and is reported once per edit (one log line with file:line: key, and
-``rankwatch_config_reloads_total{result="error"}``). A good edit applies what can change
-safely under running detectors: thresholds are copied *into* the config objects the
-detectors and the alert dispatcher already hold, so their learned state (baselines,
-windows, open episodes) survives. Everything else (sinks, paths, the server, identity,
-intervals of running loops) is named in one log line as needing a restart.
+``rankwatch_config_reloads_total{result="error"}``).
+
+A config is an immutable snapshot. A good edit produces a new one, and ``hand_over`` gives
+it to the running components that can take it: a detector whose settings changed is built
+anew (a window is a deque's length; its open episodes carry over, so an active alert still
+resolves), the stall detectors and the alert dispatcher's policy take the new values, which
+they read on every use. What is in effect afterwards is whatever the components took, so
+what the log line calls applied, and what it names as needing a restart (sinks, paths, the
+server, identity, intervals of running loops), is derived from that, never from a list.
 """
 
 from __future__ import annotations
@@ -17,30 +21,35 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rankwatch import offloop
 from rankwatch.config.loader import ConfigError
-from rankwatch.config.schema import Config
+from rankwatch.config.schema import AlertsConfig, Config, DetectorsConfig
+from rankwatch.config.snapshot import replaced
+from rankwatch.detectors import build_detectors
+from rankwatch.runtime.watcher import RankWatcher
 
 log = logging.getLogger("rankwatch.config")
 
-# Sections whose values are read on every use by their consumers, so an in-place update
-# takes effect from the next record / sample / alert on. ``detectors.warmup_steps`` is
-# copied into each detector at start, so it is the one detectors key that needs a restart.
-LIVE = (
-    "detectors",
-    "stall",
-    "alerts.min_severity",
-    "alerts.group_wait",
-    "alerts.repeat_interval",
-    "alerts.send_resolved",
-    "alerts.max_retries",
-    "alerts.backoff_max",
+POLL_TIMEOUT_S = 30.0  # one stat + read + validate of the config file, on a hung mount: given up
+
+# What the alert dispatcher builds once, at start, from ``alerts``: its sinks, its spool and
+# state files, the shared board and the per-sink rate buckets. The rest of ``alerts`` is policy
+# it reads on every alert, so it takes a new snapshot of those as they are.
+ALERTS_BUILT_AT_START = (
+    "slack",
+    "alertmanager",
+    "webhook",
+    "spool_dir",
+    "spool_max_bytes",
+    "board_dir",
+    "board_takeover",
+    "rate_limit_per_minute",
 )
-RESTART_ONLY = ("detectors.warmup_steps",)
 
 
 @dataclass(frozen=True)
@@ -51,43 +60,59 @@ class ConfigSource:
     load: Callable[[], Config]
 
 
-def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two snapshots, in schema order."""
     if dataclasses.is_dataclass(old) and dataclasses.is_dataclass(new):
         out: list[str] = []
         for f in dataclasses.fields(old):
             key = f"{prefix}.{f.name}" if prefix else f.name
-            out += _diff(getattr(old, f.name), getattr(new, f.name), key)
+            out += changed_keys(getattr(old, f.name), getattr(new, f.name), key)
         return out
     return [] if old == new else [prefix]
 
 
-def _is_live(key: str) -> bool:
-    if any(key == r or key.startswith(r + ".") for r in RESTART_ONLY):
-        return False
-    return any(key == p or key.startswith(p + ".") for p in LIVE)
+def _engine_sections(cfg: DetectorsConfig) -> set[str]:
+    """The ``detectors`` sections that the per-rank detectors are built from (the others,
+    such as ``rank_lagging``, are read by components built once at start)."""
+    held = {id(v) for det in build_detectors(cfg) for v in vars(det).values()}
+    return {
+        f.name
+        for f in dataclasses.fields(cfg)
+        if dataclasses.is_dataclass(getattr(cfg, f.name)) and id(getattr(cfg, f.name)) in held
+    }
 
 
-def _assign(target: Any, new: Any, key: str) -> None:
-    *parents, leaf = key.split(".")
-    for part in parents:
-        target, new = getattr(target, part), getattr(new, part)
-    setattr(target, leaf, getattr(new, leaf))
-
-
-def apply_live(current: Config, new: Config) -> tuple[list[str], list[str]]:
-    """Copy the live-safe changed keys of ``new`` into ``current`` in place.
-
-    Returns (applied keys, changed keys that need a restart).
-    """
-    applied: list[str] = []
-    restart: list[str] = []
-    for key in _diff(current, new):
-        if _is_live(key):
-            _assign(current, new, key)
-            applied.append(key)
-        else:
-            restart.append(key)
-    return applied, restart
+def hand_over(old: Config, new: Config, *, watchers: Sequence[RankWatcher], dispatcher: Any = None) -> Config:
+    """Give the new snapshot to the running components that can take it; returns the config
+    now in effect (``old`` with what they took from ``new``)."""
+    taken: dict[str, Any] = {}
+    if new.detectors != old.detectors:
+        keep = {
+            f.name: getattr(old.detectors, f.name)
+            for f in dataclasses.fields(DetectorsConfig)
+            if dataclasses.is_dataclass(getattr(old.detectors, f.name))
+            and f.name not in _engine_sections(new.detectors)
+        }
+        detectors = replaced(new.detectors, keep)
+        for w in watchers:
+            for engine in w.engines.values():
+                engine.reconfigure(detectors)
+        taken["detectors"] = detectors
+    if new.stall != old.stall:
+        for w in watchers:
+            w.stall.cfg = new.stall  # read on every use; no window is sized from it
+        taken["stall"] = new.stall
+    if new.alerts != old.alerts and dispatcher is not None:
+        policy: AlertsConfig = replaced(
+            new.alerts, {k: getattr(old.alerts, k) for k in ALERTS_BUILT_AT_START}
+        )
+        dispatcher.cfg = policy
+        dispatcher.refresh_policy()
+        taken["alerts"] = policy
+    effective = replaced(old, taken)
+    for w in watchers:  # engines of ranks seen later are built from the watcher's snapshot
+        w.cfg = replaced(w.cfg, detectors=effective.detectors, stall=effective.stall)
+    return effective
 
 
 def _signature(path: Path) -> tuple[int, int, int, int] | None:
@@ -106,12 +131,14 @@ class ConfigReloader:
         source: ConfigSource,
         current: Config,
         *,
-        on_applied: Callable[[list[str]], None] | None = None,
+        hand_over: Callable[[Config, Config], Config] | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
+        """``hand_over(in effect, new)`` gives a new snapshot to the running components and
+        returns the config in effect afterwards; without one nothing changes live."""
         self.source = source
         self.current = current
-        self.on_applied = on_applied
+        self.hand_over = hand_over
         self.wall = wall
         self.reloads = {"ok": 0, "error": 0}
         self.last_success = True
@@ -139,11 +166,13 @@ class ConfigReloader:
             return None
         if isinstance(polled, str):
             return self._error(polled)
-        applied, restart = apply_live(self.current, polled)
+        old = self.current
+        effective = self.hand_over(old, polled) if self.hand_over is not None else old
+        self.current = effective
+        applied = changed_keys(old, effective)
+        restart = changed_keys(effective, polled)
         self.reloads["ok"] += 1
         self.last_success, self.last_success_time, self.last_error = True, self.wall(), None
-        if applied and self.on_applied is not None:
-            self.on_applied(applied)
         parts = [f"applied {', '.join(applied)}" if applied else "no live-applicable change"]
         if restart:
             parts.append(f"needs a restart to take effect: {', '.join(restart)}")
@@ -167,13 +196,26 @@ class ConfigReloader:
         }
 
     async def run(self, stop: asyncio.Event, interval: float) -> None:
+        inflight: asyncio.Future[Config | str | None] | None = None  # a poll stuck on a hung mount
         while not stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
             if stop.is_set():
                 return
+            if inflight is None:
+                inflight = offloop.in_daemon(self.poll, name="rankwatch-config")
             try:
-                self.apply(await asyncio.to_thread(self.poll))
+                polled = await asyncio.wait_for(asyncio.shield(inflight), POLL_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                offloop.gave_up("rankwatch-config", POLL_TIMEOUT_S)
+                continue  # the same poll is waited for again next turn: one thread at most
+            except Exception as e:
+                inflight = None
+                self._error(f"config reload failed ({type(e).__name__}: {e}); keeping the last good config")
+                continue
+            inflight = None
+            try:
+                self.apply(polled)
             except Exception as e:
                 self._error(f"config reload failed ({type(e).__name__}: {e}); keeping the last good config")
 
