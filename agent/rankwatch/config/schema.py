@@ -9,6 +9,7 @@ nested sections.
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from typing import Any, Literal, NewType
 from urllib.parse import urlsplit
@@ -64,6 +65,22 @@ def _has_userinfo(url: str) -> bool:
     return parts.username is not None or parts.password is not None
 
 
+def _encoding_problem(name: str) -> str | None:
+    """Why a log cannot be read in encoding ``name``, or None: lines are split on the bytes
+    of ``\\n`` and ``\\r`` before decoding, so ASCII must be itself in it (not UTF-16)."""
+    ascii_text = bytes(range(1, 128))
+    try:
+        codecs.lookup(name)
+        same = ascii_text.decode(name) == ascii_text.decode("ascii")
+    except LookupError:
+        return f"unknown encoding {name!r}"
+    except (UnicodeError, TypeError):
+        same = False
+    if not same:
+        return f"{name!r} does not keep ASCII as single bytes (lines cannot be found); use e.g. latin-1"
+    return None
+
+
 def section(cls: type, doc: str) -> Any:
     return field(default_factory=cls, metadata={"doc": doc})
 
@@ -99,7 +116,16 @@ class LogsConfig:
         "watch mode: how much of an existing log is re-read at start to rebuild the detectors' "
         "windows (baselines, last step); nothing found in it is reported again. 0: none",
     )
-    encoding: str = opt("utf-8", "bytes that do not decode are replaced, never fatal")
+    encoding: str = opt(
+        "utf-8",
+        "how the log's bytes are decoded, for the live tail, its replay and analyze (e.g. latin-1, "
+        "cp1252; an encoding in which newline and carriage return are single ASCII bytes); bytes "
+        "that do not decode are replaced, never fatal",
+    )
+
+    def problems(self) -> list[tuple[str, str]]:
+        why = _encoding_problem(self.encoding)
+        return [("encoding", why)] if why else []
 
 
 @dataclass(frozen=True)
