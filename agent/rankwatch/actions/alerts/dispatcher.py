@@ -95,6 +95,7 @@ from rankwatch.actions.alerts.threads import ThreadStore
 from rankwatch.config.schema import AlertsConfig
 from rankwatch.identity import Identity
 from rankwatch.offloop import call as off_loop
+from rankwatch.offloop import fs
 from rankwatch.records import Finding, Severity
 
 log = logging.getLogger("rankwatch.alerts")
@@ -1111,8 +1112,8 @@ class AlertDispatcher:
     async def _spool_op(self, fn: Callable[..., Any], *args: Any) -> Any:
         async with self._spool_lock:
             try:
-                return await asyncio.to_thread(fn, *args)
-            except OSError as e:
+                return await fs(fn, *args, name="rankwatch-spool")
+            except (OSError, asyncio.TimeoutError) as e:
                 self._spool_errors += 1
                 self.errors["alerts"] = self.errors.get("alerts", 0) + 1
                 if self._spool_errors == 1:
