@@ -611,7 +611,7 @@ def test_render_round_trips_awkward_values(tmp_path: Path) -> None:
         "run": {"name": "yes", "node": "${HOME} and $${X}", "rank": 3},
         "logs": {
             "regex": "(?P<step>\\d+): 'loss' # \"x\"\nnext",
-            "encoding": "123",
+            "encoding": "8859",  # latin-1, and it looks like a number
             "poll_interval": 0.1234567,
             "max_line_bytes": 1536,
             "format": "regex",
