@@ -3,8 +3,9 @@
 Each section is a dataclass; a field's ``metadata["doc"]`` is the one-line help that
 ``rankwatch config show`` prints next to the key. Types the loader understands: bool,
 int, float, str, ``Duration`` (seconds, written ``30s``/``10m``/``2h``), ``Size`` (bytes,
-written ``512MiB``), ``X | None``, ``list[str]``, ``dict[str, str]``, ``Literal[...]`` and
-nested sections.
+written ``512MiB``), ``X | None``, ``tuple[str, ...]`` (a YAML list), ``dict[str, str]``,
+``Literal[...]`` and nested sections. Sections are frozen: a config is an immutable snapshot
+(``config.snapshot.replaced`` makes a changed copy); lists are tuples for the same reason.
 """
 
 from __future__ import annotations
@@ -372,7 +373,7 @@ class SlackConfig:
 
 @dataclass(frozen=True)
 class AlertmanagerConfig:
-    urls: list[str] = opt([], "Alertmanager base URLs; alerts go to <url>/api/v2/alerts")
+    urls: tuple[str, ...] = opt((), "Alertmanager base URLs; alerts go to <url>/api/v2/alerts")
     names: dict[str, str] = opt(
         {}, "URL -> sink name (sink label, spool routing); default alertmanager (-<URL hash> if several)"
     )
@@ -384,7 +385,7 @@ class AlertmanagerConfig:
 
 @dataclass(frozen=True)
 class WebhookConfig:
-    urls: list[str] = opt([], "generic JSON webhooks (POST)")
+    urls: tuple[str, ...] = opt((), "generic JSON webhooks (POST)")
     names: dict[str, str] = opt(
         {}, "URL -> sink name (sink label, spool routing); default webhook (-<URL hash> if several)"
     )
@@ -447,8 +448,8 @@ class GpuConfig:
         min=0.05,
     )
     xid_wait: Duration = opt(Duration(0.1), "how long each sample waits on NVML's Xid event set")
-    devices: list[str] = opt(
-        [], "GPU indices or UUIDs to watch; empty: the watched processes' GPUs, else every GPU"
+    devices: tuple[str, ...] = opt(
+        (), "GPU indices or UUIDs to watch; empty: the watched processes' GPUs, else every GPU"
     )
     overheat_celsius: float = opt(85.0, "GPU temperature at or above this is overheating")
     sustain_samples: int = opt(
