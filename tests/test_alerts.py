@@ -26,6 +26,7 @@ from rankwatch.actions.alerts.message import AlertMember, rank_list, suspect_ran
 from rankwatch.actions.alerts.slack import SlackSink
 from rankwatch.actions.alerts.spool import Spool, SpoolEntry, spool_path
 from rankwatch.actions.alerts.webhook import WebhookSink
+from rankwatch.actions.dump_outcome import DumpOutcome
 from rankwatch.config.schema import AlertmanagerConfig, AlertsConfig, SlackConfig, WebhookConfig
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
@@ -521,6 +522,65 @@ def test_flapping_within_group_wait_stays_silent(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+def gpu_hot(uuid: str, rank: int = 3, *, resolved: bool = False) -> Finding:
+    msg = f"GPU {uuid} back to 70 C" if resolved else f"GPU {uuid} at 91 C"
+    return Finding("gpu_hot", Severity.WARNING, rank, msg, 10, resolved=resolved, subject=uuid)
+
+
+def test_two_gpus_of_one_rank_are_two_alerts_and_each_resolves_alone(tmp_path: Path) -> None:
+    """Keyed on (run, rank, kind), the second GPU's firing was swallowed as a repeat of the first,
+    and the first GPU to cool resolved the alert while the second was still hot."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        am = ForgetfulReceiver(name="am")
+        d = AlertDispatcher(config(tmp_path, group_wait=5.0), IDENT, sinks=[sink, am], clock=clock)
+        async with running(d):
+            d.send(gpu_hot("GPU-aaa"))
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 1)
+            d.send(gpu_hot("GPU-bbb"))  # a second GPU of the same rank: news, not a repeat
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 2)
+            d.send(gpu_hot("GPU-aaa", resolved=True))  # the first cools; the second is still hot
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 3)
+            clock.advance(61)  # Alertmanager gets what is still active re-posted
+            await settle(d)
+            await until(lambda: sum(a.status == "firing" for a in am.alerts) == 3)
+            d.send(gpu_hot("GPU-aaa", resolved=True))  # said twice: nothing more to resolve
+            d.send(gpu_hot("GPU-bbb", resolved=True))
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 4)
+        got = [(a.status, [(m.rank, m.subject) for m in a.members]) for a in sink.alerts]
+        assert got == [
+            ("firing", [(3, "GPU-aaa")]),
+            ("firing", [(3, "GPU-bbb")]),
+            ("resolved", [(3, "GPU-aaa")]),
+            ("resolved", [(3, "GPU-bbb")]),
+        ]
+        refreshed = [a for a in am.alerts if a.status == "firing"][-1]
+        assert [m.subject for m in refreshed.members] == ["GPU-bbb"]
+        labels = [doc["labels"] for doc in am_payload(refreshed, now=1.7e9)]
+        assert [lab.get("subject") for lab in labels] == ["GPU-bbb"]
+        both = AlertMessage(
+            "job42",
+            "gpu_hot",
+            Severity.WARNING,
+            "firing",
+            sink.alerts[0].members + sink.alerts[1].members,
+            "n",
+        )
+        assert both.title == "gpu_hot on rank 3 (GPU-aaa, GPU-bbb)"
+
+    asyncio.run(go())
+
+
 def test_dump_path_noted_after_the_finding_is_in_the_message(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()
@@ -528,7 +588,8 @@ def test_dump_path_noted_after_the_finding_is_in_the_message(tmp_path: Path) -> 
         d = AlertDispatcher(config(tmp_path, group_wait=5.0), IDENT, sinks=[sink], clock=clock)
         async with running(d):
             d.send(stall(3))
-            d.note("stack dumps for rank 3: /dumps/job42/20250101T000000Z_stall")  # Agent's notice
+            folder = "/dumps/job42/20250101T000000Z_stall"
+            d.dumps_taken(DumpOutcome("captured", folder, (3,)))  # the agent's capture, as data
             clock.advance(6)
             await settle(d)
             await until(lambda: len(sink.alerts) == 1)

@@ -2,8 +2,9 @@
 
 Policy (each rule exists because the alternative wakes someone for nothing or loses an alert):
 
-- An alert is a finding with severity >= ``min_severity``; it is identified by
-  (run, rank, kind). A second firing of an active alert is not re-sent (a higher severity
+- An alert is a finding with severity >= ``min_severity``; it is identified by the run and
+  the finding's key (kind, rank, subject): two GPUs of one rank are two alerts, and the first
+  to cool resolves only its own. A second firing of an active alert is not re-sent (a higher severity
   is, as an escalation); ``repeat_interval`` re-sends still-active ones; a resolved finding
   closes it and, with ``send_resolved``, sends a resolve message.
 - Grouping: the findings of one kind (and status) arriving within ``group_wait`` of the
@@ -63,7 +64,6 @@ import dataclasses
 import hashlib
 import logging
 import random
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -92,6 +92,7 @@ from rankwatch.actions.alerts.state import (
     state_path,
 )
 from rankwatch.actions.alerts.threads import ThreadStore
+from rankwatch.actions.dump_outcome import DumpOutcome, dump_link
 from rankwatch.config.schema import AlertsConfig
 from rankwatch.identity import Identity
 from rankwatch.offloop import call as off_loop
@@ -101,7 +102,7 @@ log = logging.getLogger("rankwatch.alerts")
 
 MAX_QUEUE = 10_000
 BACKOFF_BASE_S = 1.0
-Key = tuple[str, int | None, str]  # (run, rank, kind)
+Key = tuple[str, int | None, str, str | None]  # (run, rank, kind, subject): Finding.key and the run
 GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
 STALE_MIN_S = 600.0  # board records younger than this are never ignored as stale
 STATE_TIMEOUT_S = 10.0  # one write (or read) of the alert state file; a hung mount gives up
@@ -206,7 +207,9 @@ class _Worker:
         self.task: asyncio.Task | None = None
         self.refresh_interval: float | None = getattr(sink, "refresh_interval", None)
         self.next_refresh = 0.0
-        self.lost: set[tuple[int | None, str]] = set()  # (rank, kind) whose firing this sink never got
+        self.lost: set[tuple[int | None, str, str | None]] = (
+            set()
+        )  # (rank, kind, subject) whose firing this sink never got
 
 
 class AlertDispatcher:
@@ -358,7 +361,7 @@ class AlertDispatcher:
         if self._closed:
             return
         rank = f.rank if f.rank is not None else self.identity.rank
-        key: Key = (self.identity.run, rank, f.kind)
+        key: Key = (self.identity.run, rank, f.kind, f.subject)
         if rank is not None:
             self._ranks.add(rank)
         if f.resolved:
@@ -368,9 +371,16 @@ class AlertDispatcher:
         self._wake.set()
 
     def _member(self, rank: int | None, f: Finding, starts_at: float) -> AlertMember:
-        dump = f.evidence.get("dump_path") or self._dumps.get(rank)
+        dump = dump_link(f.evidence) or self._dumps.get(rank)
         return AlertMember(
-            rank, f.message, f.step, jsonable(f.evidence), str(dump) if dump else None, starts_at, None
+            rank,
+            f.message,
+            f.step,
+            jsonable(f.evidence),
+            str(dump) if dump else None,
+            starts_at,
+            None,
+            subject=f.subject,
         )
 
     def _fire(self, key: Key, f: Finding) -> None:
@@ -431,6 +441,7 @@ class AlertDispatcher:
             _member_doc(m),
             ended=self.wall(),
             ended_step=f.step,
+            subject=key[3],
         )
         if not a.sent or not self.cfg.send_resolved:
             if self.peers is not None and self.cfg.send_resolved:
@@ -459,7 +470,7 @@ class AlertDispatcher:
         stale = saved is not None and self.wall() - saved > self.inherit_hold
         hold = 0.0 if stale else self.inherit_hold  # an earlier incarnation's: ended at once
         for rec in remembered:
-            key: Key = (self.identity.run, rec.rank, rec.kind)
+            key: Key = (self.identity.run, rec.rank, rec.kind, rec.subject)
             if rec.rank is not None:
                 self._ranks.add(rec.rank)
             try:
@@ -468,7 +479,13 @@ class AlertDispatcher:
                 continue
             m = clean_member(rec.member, rec.since)
             member = AlertMember(
-                rec.rank, m["message"], m["step"], m["evidence"], m["dump_path"], m["starts_at"]
+                rec.rank,
+                m["message"],
+                m["step"],
+                m["evidence"],
+                m["dump_path"],
+                m["starts_at"],
+                subject=rec.subject,
             )
             if rec.ended is not None:
                 self._ended[key] = rec
@@ -533,7 +550,7 @@ class AlertDispatcher:
         last: dict[Key, Finding] = {}
         for f in findings:
             rank = f.rank if f.rank is not None else self.identity.rank
-            key: Key = (self.identity.run, rank, f.kind)
+            key: Key = (self.identity.run, rank, f.kind, f.subject)
             last.pop(key, None)
             last[key] = f
         for key, f in last.items():
@@ -592,23 +609,30 @@ class AlertDispatcher:
                         a.sent,
                         a.member.step,
                         ended=self.wall(),
+                        subject=key[3],
                     )
                     continue
                 what = f"{key[2]} on rank {key[1]}" if key[1] is not None else key[2]
+                if key[3] is not None:
+                    what += f" ({key[3]})"
                 msg = (
                     f"{what}: not seen again by the restarted agent in {mins:.0f} min, so resolved by rule"
                     " (the condition could not be checked again after the agent restarted)"
                 )
-                self._resolve(key, Finding(key[2], a.severity, key[1], msg, resolved=True))
+                self._resolve(key, Finding(key[2], a.severity, key[1], msg, resolved=True, subject=key[3]))
             else:
                 due = min(due, deadline)
         return due
 
     def _state_alerts(self) -> list[Remembered]:
         out: list[Remembered] = []
-        for (_, rank, kind), a in self._active.items():
+        for (_, rank, kind, subject), a in self._active.items():
             member = _member_doc(a.member)
-            out.append(Remembered(rank, kind, a.severity.label, a.board_time, a.sent, a.member.step, member))
+            out.append(
+                Remembered(
+                    rank, kind, a.severity.label, a.board_time, a.sent, a.member.step, member, subject=subject
+                )
+            )
         prune_ended(self._ended, self.wall())
         for key, rec in self._ended.items():
             if key in self._active:
@@ -696,15 +720,17 @@ class AlertDispatcher:
     def set_dump_path(self, rank: int | None, path: str | Path) -> None:
         """Where the stacks of ``rank`` are; shown in messages built from now on."""
         self._dumps[rank] = str(path)
-        for (_, r, _), a in self._active.items():
+        for (_, r, _, _), a in self._active.items():
             if r == rank and not a.member.dump_path:
                 a.member.dump_path = str(path)
 
-    def note(self, text: str) -> None:
-        """The agent's dump notice ("stack dumps for rank R: PATH") sets the dump path."""
-        m = re.match(r"stack dumps for rank (\w+): (.+)$", text.strip())
-        if m:
-            self.set_dump_path(int(m[1]) if m[1].isdigit() else None, m[2])
+    def dumps_taken(self, outcome: DumpOutcome) -> None:
+        """The agent took stacks: each rank they hold links to them (one node's agent takes the
+        stacks of all its ranks into one folder)."""
+        if outcome.link is None:
+            return
+        for rank in outcome.captured:
+            self.set_dump_path(rank if rank is not None else self.identity.rank, outcome.link)
 
     def refresh_policy(self) -> None:
         """Re-read the policy values parsed at start (config hot reload changed ``cfg`` in place)."""
@@ -804,7 +830,7 @@ class AlertDispatcher:
         return msg
 
     def _emit(self, g: _Group, now: float, *, saw_all: bool | None = None) -> None:
-        keys = sorted(g.members, key=lambda k: (k[1] is None, k[1] or 0))
+        keys = sorted(g.members, key=_key_order)
         members = [dataclasses.replace(g.members[k]) for k in keys]
         msg = AlertMessage(
             self.identity.run,
@@ -866,7 +892,7 @@ class AlertDispatcher:
                 continue
             w.queue.append(_Item(alert, e.id, spooled=True))
             for m in alert.members:
-                k: Key = (self.identity.run, m.rank, alert.kind)
+                k: Key = (self.identity.run, m.rank, alert.kind, m.subject)
                 spooled.pop(k, None)
                 spooled[k] = (alert, m)
         if seen:
@@ -1011,7 +1037,7 @@ class AlertDispatcher:
             else:
                 self.stats[w.name]["sent"] += 1
                 if alert.status == "firing":
-                    w.lost.difference_update((m.rank, alert.kind) for m in alert.members)
+                    w.lost.difference_update((m.rank, alert.kind, m.subject) for m in alert.members)
                 _discard(w.queue, item)
                 if item.spooled:
                     await self._spool_op(self.spool.remove, {item.entry_id})
@@ -1022,16 +1048,16 @@ class AlertDispatcher:
         alert = item.alert
         if alert.status != "resolved" or not w.lost:
             return alert
-        keep = [m for m in alert.members if (m.rank, alert.kind) not in w.lost]
+        keep = [m for m in alert.members if (m.rank, alert.kind, m.subject) not in w.lost]
         if len(keep) == len(alert.members):
             return alert
-        gone = sorted((m.rank for m in alert.members if (m.rank, alert.kind) in w.lost), key=str)
-        w.lost.difference_update((r, alert.kind) for r in gone)
+        gone = [m for m in alert.members if (m.rank, alert.kind, m.subject) in w.lost]
+        w.lost.difference_update((m.rank, alert.kind, m.subject) for m in gone)
         log.warning(
             "alert %r to %s: not resolving rank(s) %s there, whose firing it never got",
             alert.title,
             w.name,
-            ", ".join(map(str, gone)),
+            ", ".join(sorted(str(m.rank) for m in gone)),
         )
         if not keep:
             return None
@@ -1047,7 +1073,7 @@ class AlertDispatcher:
             why = "permanent error" if err.permanent else f"gave up after {item.attempts} attempts"
             self._drop(w, item, f"{why}: {err}")
             if item.alert.status == "firing":
-                w.lost.update((m.rank, item.alert.kind) for m in item.alert.members)
+                w.lost.update((m.rank, item.alert.kind, m.subject) for m in item.alert.members)
             _discard(w.queue, item)
             if item.spooled:
                 await self._spool_op(self.spool.remove, {item.entry_id})
@@ -1151,9 +1177,12 @@ def _same_episode(old: Remembered, f: Finding) -> bool:
     return False
 
 
-def _rank_order(ka: tuple[Key, _Active]) -> tuple[bool, int]:
-    r = ka[0][1]
-    return (r is None, r or 0)
+def _key_order(k: Key) -> tuple[bool, int, str]:
+    return (k[1] is None, k[1] or 0, k[3] or "")
+
+
+def _rank_order(ka: tuple[Key, _Active]) -> tuple[bool, int, str]:
+    return _key_order(ka[0])
 
 
 def _discard(q: deque[_Item], item: _Item) -> None:

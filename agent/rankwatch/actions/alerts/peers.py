@@ -70,6 +70,13 @@ POLL_S = 2.0  # a follower re-reads the board at least this often while it waits
 WATCH_S = 60.0  # how long a cleared (or re-fired) record's markers are watched for a peer's send
 
 
+def shared(key: Key) -> bool:
+    """An alert the board can coordinate: one per rank and kind. The board's records are per
+    rank; an alert about a subject within a rank (one of its GPUs) or of no rank is this
+    agent's alone (a duplicate is acceptable, a resolve of the wrong GPU is not)."""
+    return key[1] is not None and key[3] is None
+
+
 def _gap(takeover: float) -> float:
     return max(POLL_S, takeover / 4) if takeover > 0 else 0.0
 
@@ -163,7 +170,8 @@ class PeerGroups:
         return now >= self._broken_until
 
     def post(self, key: Key, m: AlertMember, state: str, severity: Severity, when: float) -> None:
-        if key[1] is None or not self.usable(self.clock()):
+        rank = key[1]
+        if rank is None or not shared(key) or not self.usable(self.clock()):
             return
         member = {
             "message": m.message[:MAX_TEXT],
@@ -172,13 +180,13 @@ class PeerGroups:
             "dump_path": m.dump_path,
             "starts_at": m.starts_at,
         }
-        rec = Record(self.run, key[2], key[1], state, when, self.node, severity.label, member)
+        rec = Record(self.run, key[2], rank, state, when, self.node, severity.label, member)
         self._outbox = [r for r in self._outbox if (r.kind, r.rank) != (rec.kind, rec.rank)]
         self._outbox.append(rec)
 
     def hold(self, g: _Group, now: float) -> bool:
         """Take a group whose wait is over; False: the dispatcher sends it alone, now."""
-        if any(k[1] is None for k in g.members):
+        if not all(shared(k) for k in g.members):
             return False
         if not self.usable(now):
             self._fallback()
@@ -196,7 +204,7 @@ class PeerGroups:
         """This rank's ``status`` record of ``since`` is being replaced before this agent learned
         whether a peer sent it: call ``then`` if a peer's marker shows it did (or if the board
         cannot tell). False: that record never reached the board, so no peer can have sent it."""
-        if key[1] is None or self._posted.get((key[2], key[1])) != (status, stamp(since)):
+        if not shared(key) or key[1] is None or self._posted.get((key[2], key[1])) != (status, stamp(since)):
             return False
         now = self.clock()
         self._watches.append(_Watch(key, status, stamp(since), now + WATCH_S, now, then))
@@ -327,9 +335,9 @@ class PeerGroups:
         severity = g.severity
         for e in theirs:
             if e.rank not in loaded:  # not read in time: named, without its details
-                extra[(self.run, e.rank, g.kind)] = _bare(e, g.kind)
+                extra[(self.run, e.rank, g.kind, None)] = _bare(e, g.kind)
             elif (rec := loaded[e.rank]) is not None:
-                extra[(self.run, e.rank, g.kind)] = _member(rec)
+                extra[(self.run, e.rank, g.kind, None)] = _member(rec)
                 severity = max(severity, Severity.parse(rec.severity))
             else:
                 continue  # gone or unusable: its own agent sends it (not covered)
