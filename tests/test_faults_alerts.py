@@ -21,6 +21,7 @@ from aiohttp import web
 
 from rankwatch.actions.alerts import AlertDispatcher
 from rankwatch.actions.alerts.alertmanager import AlertmanagerSink
+from rankwatch.actions.alerts.delivery import Delivery
 from rankwatch.actions.alerts.dispatcher import retry_window
 from rankwatch.actions.alerts.message import AlertMessage, DeliveryError
 from rankwatch.actions.alerts.webhook import WebhookSink
@@ -293,9 +294,9 @@ def nan(step: int, *, resolved: bool = False) -> Finding:
 
 async def kill(d: AlertDispatcher, task: asyncio.Task[None]) -> None:
     """As SIGKILL would: no close, nothing flushed; only what is on disk survives."""
-    from rankwatch.actions.alerts.dispatcher import _cancel
+    from rankwatch.actions.alerts.delivery import _cancel
 
-    await _cancel([task, *(w.task for w in d._workers.values() if w.task)])
+    await _cancel([task, *(w.task for w in d.delivery.workers.values() if w.task)])
 
 
 async def step(d: AlertDispatcher, clock: FakeClock, dt: float = 1.0, n: int = 5) -> None:
@@ -549,7 +550,7 @@ def test_board_interleavings_never_raise_nor_send_twice(
             await asyncio.sleep(0)
         return fn(*args)
 
-    async def spool_op(self: AlertDispatcher, fn: Callable[..., Any], *args: Any) -> Any:
+    async def spool_op(self: Delivery, fn: Callable[..., Any], *args: Any) -> Any:
         await asyncio.sleep(0)
         return fn(*args)
 
@@ -632,7 +633,7 @@ def test_board_interleavings_never_raise_nor_send_twice(
         results = await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), 30.0)
         assert not [r for r in results if isinstance(r, BaseException)], results
         for d in every:
-            assert d._peer_errors == 0, "the board raised"
+            assert d.peer_errors == 0, "the board raised"
             assert d.errors.get("alerts", 0) == 0
 
     log = logging.getLogger("rankwatch")
@@ -641,7 +642,7 @@ def test_board_interleavings_never_raise_nor_send_twice(
         with (
             mock.patch.object(peers_mod, "_in_thread", in_thread),
             mock.patch.object(dispatcher_mod, "off_loop", off_loop),
-            mock.patch.object(AlertDispatcher, "_spool_op", spool_op),
+            mock.patch.object(Delivery, "_spool_op", spool_op),
         ):
             asyncio.run(go())
     finally:

@@ -39,7 +39,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from rankwatch.actions.alerts.board import (
     MAX_TEXT,
@@ -52,11 +52,9 @@ from rankwatch.actions.alerts.board import (
     stamp,
 )
 from rankwatch.actions.alerts.message import AlertMember
+from rankwatch.actions.alerts.policy import Group, Key
 from rankwatch.offloop import in_daemon
 from rankwatch.records import Severity
-
-if TYPE_CHECKING:
-    from rankwatch.actions.alerts.dispatcher import Key, _Group
 
 log = logging.getLogger("rankwatch.alerts")
 
@@ -103,17 +101,18 @@ def max_takeover_delay(takeover: float) -> float:
     return MAX_POSITION * max(0.0, takeover) + (2 * SPREAD + 1) * _gap(takeover)
 
 
-class _Host(Protocol):
-    """What the coordinator needs from the dispatcher."""
+class GroupHost(Protocol):
+    """Where decided groups go back to (``policy.AlertPolicy``): sent by us, or announced by
+    the peer that sent them."""
 
-    def _emit(self, g: _Group, now: float, *, saw_all: bool | None = None) -> None: ...
-    def _by_peer(self, g: _Group, keys: list[Key], now: float) -> None: ...
-    def _saw_all(self, extra: set[int]) -> bool: ...
+    def emit(self, g: Group, now: float, *, saw_all: bool | None = None) -> None: ...
+    def announced(self, g: Group, keys: list[Key], now: float) -> None: ...
+    def saw_all(self, extra: set[int] | None = None) -> bool: ...
 
 
 @dataclasses.dataclass(eq=False)
 class _Held:
-    group: _Group
+    group: Group
     since: float  # dispatcher clock: when the group's own wait was over
     next_check: float
     jitter: float = 0.0  # [0, 1): spreads takeovers past MAX_POSITION
@@ -132,7 +131,7 @@ class _Watch:
 class PeerGroups:
     def __init__(
         self,
-        host: _Host,
+        host: GroupHost,
         board: Board,
         *,
         run: str,
@@ -165,7 +164,16 @@ class PeerGroups:
         self._inflight: asyncio.Future[Any] | None = None
         self._step_lock = asyncio.Lock()
 
-    # --- called synchronously by the dispatcher --------------------------------------------
+    # --- called synchronously by the policy (``policy.Coordinator``) ---------------------------
+    @property
+    def where(self) -> str:
+        return str(self.board.path)
+
+    @property
+    def busy(self) -> bool:
+        """A step, or a board operation, is under way."""
+        return self._step_lock.locked() or (self._inflight is not None and not self._inflight.done())
+
     def usable(self, now: float) -> bool:
         return now >= self._broken_until
 
@@ -184,7 +192,7 @@ class PeerGroups:
         self._outbox = [r for r in self._outbox if (r.kind, r.rank) != (rec.kind, rec.rank)]
         self._outbox.append(rec)
 
-    def hold(self, g: _Group, now: float) -> bool:
+    def hold(self, g: Group, now: float) -> bool:
         """Take a group whose wait is over; False: the dispatcher sends it alone, now."""
         if not all(shared(k) for k in g.members):
             return False
@@ -210,7 +218,7 @@ class PeerGroups:
         self._watches.append(_Watch(key, status, stamp(since), now + WATCH_S, now, then))
         return True
 
-    def abandon(self) -> tuple[list[_Group], list[Callable[[], None]]]:
+    def abandon(self) -> tuple[list[Group], list[Callable[[], None]]]:
         """Something went wrong that should not have: hand back every held group (to be sent
         alone) and every watch (to be acted on: in doubt, send), and leave the board alone."""
         groups = [h.group for h in self._held if h.group.members]
@@ -287,12 +295,16 @@ class PeerGroups:
             return
         h.next_check = min(takeover_at, now + self._poll())
 
-    def _drop_covered(self, g: _Group, view: View, now: float) -> bool:
+    def _drop_covered(self, g: Group, view: View, now: float) -> bool:
         """Our members a peer sent are announced; True when none is left to send."""
-        covered = [k for k in g.members if k in g.times and view.covered(k[1], g.status, stamp(g.times[k]))]
+        covered = [
+            k
+            for k in g.members
+            if k in g.times and k[1] is not None and view.covered(k[1], g.status, stamp(g.times[k]))
+        ]
         if covered:
             self.stats["grouped_by_peer"] += len(covered)
-            self.host._by_peer(g, covered, now)
+            self.host.announced(g, covered, now)
             for k in covered:
                 g.members.pop(k, None)
         return not g.members
@@ -302,7 +314,7 @@ class PeerGroups:
             return
         self._fallback()
         if h.group.members:
-            self.host._emit(h.group, now)
+            self.host.emit(h.group, now)
         self._drop(h)  # only once it is out: an error before leaves it for abandon()
 
     def _drop(self, h: _Held) -> None:
@@ -360,7 +372,7 @@ class PeerGroups:
         lost = [k for k in ours if k[1] not in claimed]  # a peer claimed them first: it sends them
         if lost:
             self.stats["grouped_by_peer"] += len(lost)
-            self.host._by_peer(g, lost, now)
+            self.host.announced(g, lost, now)
             for k in lost:
                 g.members.pop(k, None)
         extra = {k: m for k, m in extra.items() if k[1] in claimed}
@@ -382,7 +394,7 @@ class PeerGroups:
                 by,
             )
         seen = view.ranks() | (again.ranks() if again is not None else set())
-        self.host._emit(g, now, saw_all=self.host._saw_all(seen))
+        self.host.emit(g, now, saw_all=self.host.saw_all(seen))
         self._drop(h)
         await self._io(self.board.mark, g.kind, Marker(g.status, by, self.wall(), covers))
 
