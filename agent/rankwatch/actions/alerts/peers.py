@@ -171,8 +171,9 @@ class PeerGroups:
 
     @property
     def busy(self) -> bool:
-        """A step, or a board operation, is under way."""
-        return self._step_lock.locked() or (self._inflight is not None and not self._inflight.done())
+        """A step (and so a board operation it waits for) is under way. An operation given up on
+        a hung mount is not: its thread is abandoned, and the board set aside."""
+        return self._step_lock.locked()
 
     def usable(self, now: float) -> bool:
         return now >= self._broken_until
