@@ -96,10 +96,9 @@ async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 async def settle(d: AlertDispatcher) -> None:
-    """Let the loop act on a fake-clock advance; negative checks follow."""
-    for _ in range(5):
-        d.wake()
-        await asyncio.sleep(0.01)
+    """Wait until the dispatcher has acted on a fake-clock advance; negative checks follow."""
+    d.wake()
+    await until(d.settled)
 
 
 # --- loopback servers ----------------------------------------------------------------------

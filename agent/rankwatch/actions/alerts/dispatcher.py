@@ -142,8 +142,7 @@ class AlertDispatcher:
         self._wake = asyncio.Event()
         self._starting: asyncio.Future[None] | None = None
         self._closed = False
-        self._passing = False  # inside one pass of the timer loop
-        self._passed_at = -float("inf")  # the clock when the last pass began
+        self._sleeping_until: float | None = None  # the timer loop waits for this time (or a wake)
         path = board_path(self.cfg.board_dir, dumps_dir, self.identity.run)
         self.peers = self._make_peers(path) if path is not None else None
         self.policy.coord = self.peers
@@ -223,7 +222,8 @@ class AlertDispatcher:
         news): the timer loop, the board's I/O, the state file's write, each sink's task.
         Tests with a fake clock wait for this after advancing it, instead of sleeping."""
         now = self.clock()
-        if self._passing or self._wake.is_set() or self._passed_at < now:
+        due = self._sleeping_until
+        if due is None or due <= now or self._wake.is_set():
             return False
         if self._saving is not None and not self._saving.done():
             return False
@@ -275,19 +275,17 @@ class AlertDispatcher:
         await self._start()
         while not self._closed:
             self._wake.clear()
-            self._passing = True
+            due = self.pump(self.clock())
+            if self.peers is not None:
+                due = min(due, await self._peers_step(self.clock()))
+            self._save_state()
+            if self._state_retry_at > self.clock():
+                due = min(due, self._state_retry_at)
+            self._sleeping_until = due
             try:
-                now = self.clock()
-                due = self.pump(now)
-                if self.peers is not None:
-                    due = min(due, await self._peers_step(self.clock()))
-                self._save_state()
-                if self._state_retry_at > self.clock():
-                    due = min(due, self._state_retry_at)
-                self._passed_at = now
+                await _wait(self._wake, due - self.clock())
             finally:
-                self._passing = False
-            await _wait(self._wake, due - self.clock())
+                self._sleeping_until = None
 
     async def _peers_step(self, now: float) -> float:
         assert self.peers is not None
