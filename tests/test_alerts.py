@@ -580,6 +580,30 @@ def test_two_gpus_of_one_rank_are_two_alerts_and_each_resolves_alone(tmp_path: P
     asyncio.run(go())
 
 
+def test_slack_resolve_of_one_gpu_goes_in_that_gpus_thread(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with serve("/api/chat.postMessage", slack=True) as srv:
+            shared = tmp_path / "threads"
+            d = AlertDispatcher(config(tmp_path), IDENT, sinks=[slack_sink(srv)])
+            async with running(d):
+                d.send(gpu_hot("GPU-aaa"))
+                await until(lambda: len(srv.requests) == 1)
+                d.send(gpu_hot("GPU-bbb"))
+                await until(lambda: len(srv.requests) == 2)
+                d.send(gpu_hot("GPU-aaa", resolved=True))
+                await until(lambda: len(srv.requests) == 3)
+            assert srv.bodies()[2]["thread_ts"] == "1.000100"  # GPU-aaa's firing, not GPU-bbb's
+            from rankwatch.actions.alerts.threads import ThreadStore
+
+            store = ThreadStore(shared)
+            store.put("gpu_hot", [(3, "GPU-aaa")], "C1", "5.000100", 1000.0)
+            store.put("gpu_hot", [(3, "GPU-bbb"), 3], "C1", "6.000100", 1000.0)
+            assert store.get("gpu_hot", [(3, "GPU-aaa")], "C1", 1001.0) == "5.000100"
+            assert store.get("gpu_hot", [3], "C1", 1001.0) == "6.000100"
+
+    asyncio.run(go())
+
+
 def test_dump_path_noted_after_the_finding_is_in_the_message(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()
