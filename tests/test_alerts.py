@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from rankwatch.actions.alerts import AlertDispatcher, AlertMessage, DeliveryError, sinks_from_config
@@ -701,6 +702,35 @@ def test_retries_exhausted_drop_once_and_count(tmp_path: Path) -> None:
         assert sink.attempts == 3
         assert d.stats["rec"] == {"sent": 0, "failed": 3, "dropped": 1, "retried": 2}
         assert not spool_path(cfg.spool_dir, IDENT.run, IDENT.rank).exists()
+
+    asyncio.run(go())
+
+
+def test_each_sink_retries_by_its_own_policy(tmp_path: Path) -> None:
+    """A sink may bring its own retry policy (a pager that must not be retried for long); the
+    others keep the configured one, whose budget stays 705 s with the defaults."""
+    from rankwatch.actions.alerts.delivery import RetryPolicy
+
+    assert RetryPolicy.of(AlertsConfig()).window() == 705.5  # 255.5 s to reach the cap, then 3 x 150 s
+    waits = [RetryPolicy(12, 300.0).delay(n, draw) for n in (1, 9, 12) for draw in (0.0, 0.999)]
+    assert waits[:2] == [0.5, pytest.approx(1.0, abs=1e-3)] and waits[2] == 128.0 and waits[4] == 150.0
+    assert RetryPolicy(12, 300.0).delay(1, 0.0, retry_after=30.0) == 30.0  # a floor, capped ...
+    assert RetryPolicy(12, 300.0).delay(1, 0.0, retry_after=1e9) == 300.0  # ... at backoff_max
+
+    @dataclass
+    class Impatient(RecordingSink):
+        retry_policy: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_retries=0))
+
+    async def go() -> None:
+        quick, patient = Impatient(name="quick", fail=100), RecordingSink(name="patient", fail=2)
+        d = AlertDispatcher(
+            config(tmp_path), IDENT, sinks=[quick, patient], rng=lambda: 0.0, backoff_base=0.01
+        )
+        async with running(d):
+            d.send(stall())
+            await until(lambda: len(patient.alerts) == 1 and d.stats["quick"]["dropped"] == 1)
+        assert quick.attempts == 1 and patient.attempts == 3
+        assert d.stats["quick"]["retried"] == 0 and d.stats["patient"]["retried"] == 2
 
     asyncio.run(go())
 
