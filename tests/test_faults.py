@@ -391,7 +391,7 @@ def test_agent_sigkilled_while_slack_is_down_resends_spooled_alerts_once_on_rest
             assert await until(lambda: any((tmp_path / "spool").glob("*.jsonl")) and slack.refused >= 1)
             # SIGKILL: no close(), no flush; the tasks just stop existing.
             task.cancel()
-            for w in first._workers.values():
+            for w in first.delivery.workers.values():
                 if w.task is not None:
                     w.task.cancel()
             await asyncio.sleep(0.05)
