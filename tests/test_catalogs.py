@@ -1,0 +1,158 @@
+"""The catalogues: the error-signature table and the error kinds.
+
+The fast gate, the classifier's order, the fixes and the crash priority are all derived
+from ``sources/signatures.SIGNATURES`` and ``errorkinds.ERROR_KINDS``. What can still go
+wrong is a row that lies: a regex that matches a line none of its trigger words is in (the
+gate would drop that line before the regex ever sees it, silently disabling part of the
+signature). That is proved here for every regex, by generation and over the real corpora.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rankwatch.detectors.crash import _PRIORITY
+from rankwatch.detectors.errors import ErrorSignatureDetector
+from rankwatch.errorkinds import BY_KIND, CRASH_PRIORITY, ERROR_KINDS, FIXES
+from rankwatch.records import Severity
+from rankwatch.sources.signatures import (
+    GATE_WORDS,
+    SIGNATURES,
+    Hit,
+    Signature,
+    classify,
+    gate_words,
+    may_hold_signature,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPORA = [
+    ROOT / "tests" / "data" / "wild",
+    ROOT / "tests" / "golden",
+    ROOT / "tests" / ".golden-cache",  # the generated golden logs, when this checkout made them
+    ROOT / "examples",
+]
+# Real error lines quoted by the signature tests (each with its source there).
+QUOTED = [ROOT / "tests" / "test_signatures.py"]
+
+PATTERNS = [(s, p) for s in SIGNATURES for p in s.patterns]
+
+
+def _corpus_lines() -> Iterator[str]:
+    for top in CORPORA:
+        if not top.is_dir():
+            continue
+        for path in sorted(top.rglob("*")):
+            if path.suffix in (".log", ".txt") and path.is_file():
+                yield from path.read_text(encoding="utf-8", errors="replace").split("\n")
+    for path in QUOTED:
+        yield from path.read_text(encoding="utf-8").split("\n")
+
+
+def _taken_by(line: str) -> tuple[Signature, Hit] | None:
+    """The signature that names ``line`` (the first whose words admit it and whose rule hits)."""
+    for sig in SIGNATURES:
+        if sig.admits(line):
+            hit = sig.rule(line)
+            if hit is not None:
+                return sig, hit
+    return None
+
+
+@pytest.mark.parametrize(
+    ("sig", "pattern"), PATTERNS, ids=[f"{s.name}:{i}" for i, (s, _) in enumerate(PATTERNS)]
+)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_regex_match_holds_a_trigger_word(
+    sig: Signature, pattern: re.Pattern[str], data: st.DataObject
+) -> None:
+    """A line any of a signature's regexes matches holds one of its trigger words, so it passes
+    the gate: no part of a regex is dead behind a missing gate word."""
+    line = data.draw(st.from_regex(pattern))
+    assert any(w in line for w in sig.triggers), (sig.name, line)
+    assert may_hold_signature(line), (sig.name, line)
+
+
+def test_over_the_corpora_every_match_passes_the_gate() -> None:
+    lines = 0
+    matched = 0
+    for line in _corpus_lines():
+        lines += 1
+        gate = may_hold_signature(line)
+        for sig, pattern in PATTERNS:
+            if pattern.search(line):
+                matched += 1
+                assert any(w in line for w in sig.triggers), (sig.name, line)
+                assert gate, (sig.name, line)
+        if classify(line) is not None:
+            assert gate, line
+    assert lines > 10_000 and matched > 100, (lines, matched)
+
+
+def test_a_signature_without_a_trigger_word_cannot_be_declared() -> None:
+    def rule(t: str) -> Hit | None:
+        return None
+
+    for triggers in [(), ("",), ("rror", "")]:
+        with pytest.raises(ValueError, match="trigger"):
+            Signature(name="x", kinds=("crash",), severity=Severity.CRITICAL, triggers=triggers, rule=rule)
+    with pytest.raises(ValueError, match="errorkinds"):
+        Signature(name="x", kinds=("no_such_kind",), severity=Severity.CRITICAL, triggers=("x",), rule=rule)
+    with pytest.raises(ValueError, match="no kind"):
+        Signature(name="x", kinds=(), severity=Severity.CRITICAL, triggers=("x",), rule=rule)
+
+
+def test_a_new_trigger_word_reaches_the_gate() -> None:
+    """The gate is derived: a signature with a word no other one has adds that word."""
+
+    def rule(t: str) -> Hit | None:
+        return None
+
+    new = Signature(name="x", kinds=("crash",), severity=Severity.CRITICAL, triggers=("Zorglub",), rule=rule)
+    assert "Zorglub" in gate_words((*SIGNATURES, new))
+    assert "Zorglub" not in GATE_WORDS
+
+
+def test_the_gate_is_the_fewest_words_covering_every_trigger() -> None:
+    for sig in SIGNATURES:
+        for w in sig.triggers:
+            assert any(g in w for g in GATE_WORDS), (sig.name, w)
+    for g in GATE_WORDS:
+        assert not any(h != g and h in g for h in GATE_WORDS), g
+        assert may_hold_signature(f"xx {g} yy")
+    assert not may_hold_signature("iter 3010: loss 2.8760, time 312.11ms, mfu 38.12%")
+
+
+@pytest.mark.parametrize("sig", SIGNATURES, ids=[s.name for s in SIGNATURES])
+def test_each_signature_takes_its_example(sig: Signature) -> None:
+    """The table order is the classifier's: an earlier signature must not take a later one's line."""
+    assert sig.example, sig.name
+    taken = _taken_by(sig.example)
+    assert taken is not None, sig.name
+    by, hit = taken
+    assert by is sig, (sig.name, by.name)
+    assert classify(sig.example) == hit
+    assert hit.kind in sig.kinds
+    assert hit.severity <= sig.severity
+
+
+def test_signature_names_are_unique() -> None:
+    names = [s.name for s in SIGNATURES]
+    assert len(names) == len(set(names))
+
+
+def test_every_error_kind_has_a_signature_and_the_tables_derive_from_it() -> None:
+    assert {k.kind for k in ERROR_KINDS} == {s.kind for s in SIGNATURES}
+    assert set(BY_KIND) == set(FIXES)
+    assert ErrorSignatureDetector.kinds == tuple(FIXES)
+    assert _PRIORITY is CRASH_PRIORITY
+    assert list(CRASH_PRIORITY.values()) == sorted(CRASH_PRIORITY.values())
+    assert len(set(CRASH_PRIORITY.values())) == len(CRASH_PRIORITY)
+    assert all(FIXES.values())
