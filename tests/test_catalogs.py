@@ -9,7 +9,9 @@ signature). That is proved here for every regex, by generation and over the real
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +19,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rankwatch.analyze import analyze
+from rankwatch.config.loader import config_from_yaml
+from rankwatch.config.schema import Config, LogFormat
+from rankwatch.demo import trainer
 from rankwatch.detectors.crash import _PRIORITY
 from rankwatch.detectors.errors import ErrorSignatureDetector
 from rankwatch.errorkinds import BY_KIND, CRASH_PRIORITY, ERROR_KINDS, FIXES
 from rankwatch.records import Severity
+from rankwatch.sources import parsers
 from rankwatch.sources.signatures import (
     GATE_WORDS,
     SIGNATURES,
@@ -156,3 +163,76 @@ def test_every_error_kind_has_a_signature_and_the_tables_derive_from_it() -> Non
     assert list(CRASH_PRIORITY.values()) == sorted(CRASH_PRIORITY.values())
     assert len(set(CRASH_PRIORITY.values())) == len(CRASH_PRIORITY)
     assert all(FIXES.values())
+
+
+# --- the format registry -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [*parsers.FORMATS, "auto"])
+def test_every_registered_format_is_a_valid_logs_format(name: str) -> None:
+    """Before the registry, `logs: {format: olmo}` (and llmc) was rejected though both parse."""
+    cfg = config_from_yaml(
+        f"logs:\n  format: {name}\n" + ("  regex: 'loss=(?P<loss>\\S+)'\n" if name == "regex" else "")
+    )
+    assert cfg.logs.format == name
+
+
+def test_the_schema_names_exactly_the_registered_formats() -> None:
+    assert set(typing.get_args(LogFormat)) == {"auto", *parsers.FORMATS}
+
+
+def test_registry_names_come_from_the_parsers() -> None:
+    names = [cls.name for cls in parsers.PARSERS]
+    assert len(names) == len(set(names))
+    assert (*names, "regex") == parsers.FORMATS
+    for name in names:
+        assert parsers.make_parser(name).name == name
+
+
+def test_every_sniffed_line_holds_a_hint_of_its_format() -> None:
+    """Auto-detection offers a line to the sniffers only when it holds a hint: a parser whose
+    sniffable lines lack its hints would never be detected on them."""
+    sniffers = [(cls.name, cls.hints, cls()) for cls in parsers.PARSERS]
+    seen: set[str] = set()
+    for line in _corpus_lines():
+        text = line.strip()
+        for name, hints, parser in sniffers:
+            if len(text) >= 6 and parser.sniff(text):
+                seen.add(name)
+                assert any(h in text for h in hints), (name, text)
+    assert len(seen) >= 8, seen
+
+
+def test_the_demo_trainer_writes_registered_formats() -> None:
+    assert set(trainer.FORMATS) <= set(parsers.FORMATS)
+    assert set(trainer.LOG_FORMATS) == set(trainer.FORMATS)
+    for name, cls in trainer.LOG_FORMATS.items():
+        assert cls.name == name
+
+
+def test_each_example_is_detected_as_the_format_it_was_written_in() -> None:
+    spec = importlib.util.spec_from_file_location("make_examples", ROOT / "examples" / "make_examples.py")
+    assert spec is not None and spec.loader is not None
+    make_examples = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_examples)
+    assert set(make_examples.FORMATS.values()) <= set(parsers.FORMATS)
+    folders = {p.name for p in (ROOT / "examples").iterdir() if p.is_dir()}
+    assert folders == set(make_examples.FORMATS)
+    for folder, fmt in make_examples.FORMATS.items():
+        logs = sorted(str(p) for p in (ROOT / "examples" / folder).glob("*.log"))
+        result = analyze(logs, Config(), jobs=1)
+        assert {r.format for r in result.ranks} == {fmt}, folder
+
+
+def test_the_cli_takes_every_registered_format_and_names_them_all(capsys: pytest.CaptureFixture[str]) -> None:
+    """`analyze --format` is checked by the config schema: every registered format is taken,
+    and a wrong one is answered with the whole list."""
+    from rankwatch.cli import main
+
+    log = str(ROOT / "tests" / "data" / "wild" / "olmo_thread_error_crash.log")
+    assert main(["analyze", "--json", "--quiet", "--format", "olmo", log]) == 1
+    assert '"format": "olmo"' in capsys.readouterr().out
+    assert main(["analyze", "--quiet", "--format", "bogus", log]) == 2
+    err = capsys.readouterr().err
+    for name in ("auto", *parsers.FORMATS):
+        assert f"'{name}'" in err, name

@@ -22,7 +22,10 @@ class LogLine:
 
 
 class FormatParser(Protocol):
-    name: ClassVar[str]
+    name: ClassVar[str]  # the format's name in logs.format, --format and analyze's output
+    # Words one of which every line ``sniff`` accepts contains: auto-detection offers a line
+    # to the sniffers only when it holds one (most lines, NCCL chatter, hold none).
+    hints: ClassVar[tuple[str, ...]]
 
     def sniff(self, text: str) -> bool:
         """True when this (stripped) line is unmistakably in this parser's format."""

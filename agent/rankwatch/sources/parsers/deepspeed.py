@@ -61,6 +61,12 @@ def _lr(raw: str) -> float | None:
 
 class DeepSpeedParser:
     name: ClassVar[str] = "deepspeed"
+    hints: ClassVar[tuple[str, ...]] = (
+        "step",
+        "verflow",
+        "OVERFLOW",
+        "oss",
+    )  # a line sniff() accepts holds one
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()

@@ -82,6 +82,7 @@ def _value(raw: str) -> float | None:
 
 class HFParser:
     name: ClassVar[str] = "hf"
+    hints: ClassVar[tuple[str, ...]] = ("{",)  # a line sniff() accepts holds one
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()
