@@ -9,6 +9,7 @@ signature). That is proved here for every regex, by generation and over the real
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import typing
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -236,3 +238,98 @@ def test_the_cli_takes_every_registered_format_and_names_them_all(capsys: pytest
     err = capsys.readouterr().err
     for name in ("auto", *parsers.FORMATS):
         assert f"'{name}'" in err, name
+
+
+# --- the deploy rules and dashboards against the finding vocabulary ---------------------------
+
+RULES = ROOT / "deploy" / "prometheus" / "rankwatch.rules.yml"
+DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
+# kind="x", kind=~"a|b.*", kind!~"..." in a PromQL expression (JSON escapes its quotes).
+_KIND_MATCHER = re.compile(r'\bkind\s*(=~|!~|!=|=)\s*\\?"((?:[^"\\]|\\[^"])*)\\?"')
+
+
+def _vocabulary() -> set[str]:
+    """Every finding kind the agent can emit, read from its source: the error kinds, each
+    detector's declared ``kinds``/``kind``, and every ``kind="..."`` / ``finding("...")``."""
+    kinds = {k.kind for k in ERROR_KINDS}
+    for path in (ROOT / "agent" / "rankwatch").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                f = node.func
+                callee = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                for kw in node.keywords:
+                    if (
+                        kw.arg == "kind"
+                        and isinstance(kw.value, ast.Constant)
+                        and callee in ("Finding", "finding")
+                    ):
+                        kinds.add(kw.value.value)
+                if callee == "finding" and node.args and isinstance(node.args[0], ast.Constant):
+                    kinds.add(node.args[0].value)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and path.parent.name == "detectors":
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = {t.id for t in targets if isinstance(t, ast.Name)}
+                value = node.value
+                if "kind" in names and isinstance(value, ast.Constant):
+                    kinds.add(value.value)
+                if "kinds" in names and isinstance(value, ast.Tuple):
+                    kinds.update(e.value for e in value.elts if isinstance(e, ast.Constant))
+    return {k for k in kinds if isinstance(k, str) and k}
+
+
+def _finding_alerts() -> dict[str, tuple[str, str]]:
+    """alert name -> (operator, kind regex) of the rules that repeat the agents' findings."""
+    doc = yaml.safe_load(RULES.read_text())
+    out: dict[str, tuple[str, str]] = {}
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule and "rankwatch_active_findings" in rule["expr"]:
+                m = _KIND_MATCHER.search(rule["expr"])
+                assert m is not None, rule["alert"]
+                out[rule["alert"]] = (m[1], m[2])
+    return out
+
+
+def _named_kinds(text: str) -> list[tuple[str, str]]:
+    return [(m[1], m[2]) for m in _KIND_MATCHER.finditer(text)]
+
+
+def _matches(op: str, value: str, kind: str) -> bool:
+    hit = re.fullmatch(value, kind) is not None if "~" in op else value == kind
+    return hit if op in ("=", "=~") else not hit
+
+
+def test_the_vocabulary_is_read_from_the_source() -> None:
+    vocab = _vocabulary()
+    must = {"nan_loss", "stall", "crash", "oom", "xid", "gpu_lost", "ecc_error", "checkpoint_corrupt"}
+    assert must | {"disk_low", "rank_lagging", "gpu_overheat", "dataloader_stall"} <= vocab
+
+
+@pytest.mark.parametrize("source", [RULES, *DASHBOARDS], ids=lambda p: p.name)
+def test_every_kind_a_rule_or_dashboard_names_exists(source: Path) -> None:
+    vocab = _vocabulary()
+    named = _named_kinds(source.read_text())
+    assert named or source != RULES
+    for _, value in named:
+        for alt in value.split("|"):
+            assert any(re.fullmatch(alt, k) for k in vocab), f"{source.name}: kind {alt!r} is no finding kind"
+
+
+def test_every_finding_kind_pages_through_exactly_one_alert() -> None:
+    """The catch-all RankwatchFinding excludes exactly what the dedicated alerts take."""
+    alerts = _finding_alerts()
+    for kind in _vocabulary():
+        firing = [name for name, (op, value) in alerts.items() if _matches(op, value, kind)]
+        assert len(firing) == 1, (kind, firing)
+
+
+def test_each_error_kind_pages_through_the_alert_its_catalogue_row_names() -> None:
+    alerts = _finding_alerts()
+    for k in ERROR_KINDS:
+        assert k.alert in alerts, k.kind
+        op, value = alerts[k.alert]
+        assert _matches(op, value, k.kind), (k.kind, k.alert)
+    crash_causes = {k.kind for k in ERROR_KINDS if k.crash_priority is not None and k.kind != "xid"}
+    op, value = alerts["RankwatchRankCrashed"]
+    assert {k for k in crash_causes if _matches(op, value, k)} == {"oom", "cuda_error", "crash"}
