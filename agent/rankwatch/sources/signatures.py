@@ -71,7 +71,7 @@ _NCCL_TIMEOUT = re.compile(
     r"(?:.*?Timeout\(ms\)=(\d+)\))?(?: ran for (\d+) milliseconds)?"
 )
 # "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress ..."
-_NCCL_STUCK = re.compile(r"(?:NCCL|nccl).*?watchdog got stuck for (\d+) seconds")
+_NCCL_STUCK = re.compile(r"watchdog got stuck for (\d+) seconds")
 _NCCL_WARN = re.compile(r"NCCL WARN (.*)")
 _NCCL_ABORTED = re.compile(
     r"NCCL communicator was aborted on rank (\d+)\.?\s*"
@@ -343,9 +343,12 @@ def _nccl_timeout(t: str) -> Hit | None:
         if m[4]:
             d["ran_for_ms"] = int(m[4])
         return Hit("nccl_timeout", _C, _short(t), d, ("nccl_timeout", d["seq_num"], m[2]))
-    if "collective operation timeout" in t:
-        return Hit("nccl_timeout", _C, _short(t), {}, ("nccl_timeout", None, None))
     return None
+
+
+def _nccl_timeout_text(t: str) -> Hit | None:
+    """The watchdog's words without the WorkNCCL(...) the full rule reads."""
+    return Hit("nccl_timeout", _C, _short(t), {}, ("nccl_timeout", None, None))
 
 
 def _nccl_stuck(t: str) -> Hit | None:
@@ -577,7 +580,7 @@ class Signature:
         )
 
 
-_NCCL_WORDS = ("NCCL", "nccl")
+_NCCL_WORDS = ("NCCL", "nccl")  # ProcessGroupNCCL, WorkNCCL, "nccl" in backend names
 _ALL_KINDS = tuple(k.kind for k in ERROR_KINDS)
 
 # Most to least specific: the first signature whose rule finds something names the line (an
@@ -665,7 +668,7 @@ SIGNATURES: tuple[Signature, ...] = (
         name="nccl_warn",
         kinds=("nccl_error",),
         severity=_W,
-        triggers=_NCCL_WORDS,
+        triggers=("NCCL",),
         rule=_nccl_warn,
         patterns=(_NCCL_WARN,),
         example="kp-ddp-worker-0:3468:3905 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer",
@@ -674,7 +677,7 @@ SIGNATURES: tuple[Signature, ...] = (
         name="nccl_timeout",
         kinds=("nccl_timeout",),
         severity=_C,
-        triggers=_NCCL_WORDS,
+        triggers=("NCCL",),
         rule=_nccl_timeout,
         patterns=(_NCCL_TIMEOUT,),
         example="[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught collective operation timeout: "
@@ -682,10 +685,22 @@ SIGNATURES: tuple[Signature, ...] = (
         "before timing out.",
     ),
     Signature(
+        name="nccl_timeout_text",
+        kinds=("nccl_timeout",),
+        severity=_C,
+        triggers=("collective operation timeout",),
+        rule=_nccl_timeout_text,
+        context=_NCCL_WORDS,
+        # Older torch named no sequence number: "WorkNCCL(OpType=ALLREDUCE, Timeout(ms)=...)".
+        example="Watchdog caught collective operation timeout: WorkNCCL(OpType=ALLREDUCE, "
+        "Timeout(ms)=1800000) ran for 1800995 milliseconds before timing out.",
+    ),
+    Signature(
         name="nccl_watchdog_stuck",
         kinds=("nccl_timeout",),
         severity=_C,
-        triggers=_NCCL_WORDS,
+        triggers=("watchdog got stuck",),
+        context=_NCCL_WORDS,
         rule=_nccl_stuck,
         patterns=(_NCCL_STUCK,),
         example="ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in "
@@ -695,7 +710,7 @@ SIGNATURES: tuple[Signature, ...] = (
         name="nccl_aborted",
         kinds=("nccl_error",),
         severity=_C,
-        triggers=_NCCL_WORDS,
+        triggers=("NCCL",),
         rule=_nccl_aborted,
         patterns=(_NCCL_ABORTED,),
         unless=("CUDA error:",),
@@ -705,7 +720,7 @@ SIGNATURES: tuple[Signature, ...] = (
         name="nccl_error_in",
         kinds=("nccl_error",),
         severity=_C,
-        triggers=_NCCL_WORDS,
+        triggers=("NCCL",),
         rule=_nccl_error_in,
         patterns=(_NCCL_ERROR_IN,),
         unless=("CUDA error:",),
@@ -716,7 +731,7 @@ SIGNATURES: tuple[Signature, ...] = (
         name="nccl_error",
         kinds=("nccl_error",),
         severity=_C,
-        triggers=_NCCL_WORDS,
+        triggers=("NCCL",),
         rule=_nccl_error,
         patterns=(_NCCL_ERROR,),
         unless=("CUDA error:",),
@@ -726,7 +741,7 @@ SIGNATURES: tuple[Signature, ...] = (
         name="nccl_code",
         kinds=("nccl_error",),
         severity=_C,
-        triggers=_NCCL_WORDS,
+        triggers=("rror",),
         rule=_nccl_code,
         patterns=(_NCCL_CODE,),
         unless=("CUDA error:",),
