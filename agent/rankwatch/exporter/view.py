@@ -88,16 +88,17 @@ def step_rate(state: RankState, window: int = RATE_WINDOW) -> float | None:
     for rec in reversed(state.steps):
         if rec.time is None or rec.step is None:
             continue
-        if recs and rec.step >= recs[-1].step:
+        last = recs[-1].step if recs else None
+        if last is not None and rec.step >= last:
             break  # the run restarted (e.g. from a checkpoint): only the current stretch counts
         recs.append(rec)
         if len(recs) >= window:
             break
     if len(recs) < 2:
         return None
-    last, first = recs[0], recs[-1]
-    dstep = last.step - first.step  # type: ignore[operator]
-    dt = last.time - first.time  # type: ignore[operator]
+    newest, first = recs[0], recs[-1]
+    dstep = (newest.step or 0) - (first.step or 0)
+    dt = (newest.time or 0.0) - (first.time or 0.0)
     return dstep / dt if dstep > 0 and dt > 0 else None
 
 
