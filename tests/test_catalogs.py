@@ -10,6 +10,7 @@ signature). That is proved here for every regex, by generation and over the real
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import re
 import typing
@@ -248,7 +249,8 @@ DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
 _KIND_MATCHER = re.compile(r'\bkind\s*(=~|!~|!=|=)\s*\\?"((?:[^"\\]|\\[^"])*)\\?"')
 
 
-def _vocabulary() -> set[str]:
+@functools.cache
+def _vocabulary() -> frozenset[str]:
     """Every finding kind the agent can emit, read from its source: the error kinds, each
     detector's declared ``kinds``/``kind``, and every ``kind="..."`` / ``finding("...")``."""
     kinds = {k.kind for k in ERROR_KINDS}
@@ -275,7 +277,7 @@ def _vocabulary() -> set[str]:
                     kinds.add(value.value)
                 if "kinds" in names and isinstance(value, ast.Tuple):
                     kinds.update(e.value for e in value.elts if isinstance(e, ast.Constant))
-    return {k for k in kinds if isinstance(k, str) and k}
+    return frozenset(k for k in kinds if isinstance(k, str) and k)
 
 
 def _finding_alerts() -> dict[str, tuple[str, str]]:
