@@ -29,6 +29,7 @@ from rankwatch.records import ErrorRecord, Severity
 
 __all__ = [
     "GATE_WORDS",
+    "NOT_AN_ERROR",
     "SIGNATURES",
     "Hit",
     "Signature",
@@ -824,6 +825,10 @@ SIGNATURES: tuple[Signature, ...] = (
     ),
 )
 
+# NCCL_DEBUG=INFO chatter names the errors NCCL recovered from ("... -> 6 ncclRemoteError"): a
+# line holding this is never an error, whatever else it says.
+NOT_AN_ERROR = "NCCL INFO"
+
 # SignatureMatcher itself starts a torchelastic failure box on this word.
 _MATCHER_TRIGGERS = ("ChildFailedError",)
 
@@ -858,7 +863,7 @@ def classify(line: str) -> Hit | None:
     """The error a single (decoration-free) line reports, if any: the first signature (in
     ``SIGNATURES`` order) whose words admit the line and whose rule finds something."""
     t = line
-    if "NCCL INFO" in t or not may_hold_signature(t):
+    if NOT_AN_ERROR in t or not may_hold_signature(t):
         return None
     for triggers, context, unless, rule in _RULES:
         for w in triggers:
@@ -1012,7 +1017,7 @@ class SignatureMatcher:
     ) -> list[ErrorRecord]:
         """``clean``: the caller found that ``may_hold_signature`` is false for this line."""
         if self._state == _IDLE:
-            if "NCCL INFO" in text:
+            if NOT_AN_ERROR in text:
                 return []
             return self._idle(text, lineno, rank, time, clean)
         if self._state == _TB:
