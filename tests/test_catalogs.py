@@ -196,6 +196,7 @@ def test_registry_names_come_from_the_parsers() -> None:
     assert (*names, "regex") == parsers.FORMATS
     for name in names:
         assert parsers.make_parser(name).name == name
+    assert set(names) > parsers.GENERIC
 
 
 def test_every_sniffed_line_holds_a_hint_of_its_format() -> None:

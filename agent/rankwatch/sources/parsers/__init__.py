@@ -38,6 +38,7 @@ PARSERS: tuple[type[FormatParser], ...] = (
 _FACTORIES: dict[str, Callable[[], FormatParser]] = {cls.name: cls for cls in PARSERS}
 
 FORMATS: tuple[str, ...] = (*_FACTORIES, RegexParser.name)
+GENERIC: frozenset[str] = frozenset(cls.name for cls in PARSERS if cls.generic)
 
 # Sniffing is stateless, so one instance of each serves every caller.
 _SNIFFERS: tuple[tuple[str, FormatParser], ...] = tuple((n, f()) for n, f in _FACTORIES.items())
@@ -82,6 +83,7 @@ def sniff_format(text: str) -> str | None:
 
 __all__ = [
     "FORMATS",
+    "GENERIC",
     "HINTS",
     "PARSERS",
     "DeepSpeedParser",

@@ -67,6 +67,7 @@ class DeepSpeedParser:
         "OVERFLOW",
         "oss",
     )  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()

@@ -97,6 +97,7 @@ def _json_key(key: str) -> str:
 class JsonParser:
     name: ClassVar[str] = "json"
     hints: ClassVar[tuple[str, ...]] = ("{",)  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
     def sniff(self, text: str) -> bool:
         obj = self._load(text)
@@ -176,6 +177,7 @@ class KvParser:
 
     name: ClassVar[str] = "kv"
     hints: ClassVar[tuple[str, ...]] = ("oss", "OSS")  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
     def sniff(self, text: str) -> bool:
         if not _kv_gate(text):
@@ -247,6 +249,7 @@ class RegexParser:
 
     name: ClassVar[str] = "regex"
     hints: ClassVar[tuple[str, ...]] = ()  # never sniffed: only chosen by name
+    generic: ClassVar[bool] = False
 
     def __init__(self, pattern: str) -> None:
         try:

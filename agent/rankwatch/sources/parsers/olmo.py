@@ -40,6 +40,7 @@ _FIELDS = {
 class OlmoParser:
     name: ClassVar[str] = "olmo"
     hints: ClassVar[tuple[str, ...]] = ("step",)  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._open: LogLine | None = None  # the header of the record being collected
