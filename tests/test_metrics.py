@@ -36,6 +36,7 @@ ALLOWED_LABELS = RANK_LABELS | {
     "version",
     "python",
     "le",  # the fixed buckets of rankwatch_step_time_seconds
+    "collector",  # rankwatch_collector_{success,duration_seconds}
 }
 
 

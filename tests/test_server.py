@@ -317,7 +317,7 @@ def test_oversized_request_line_and_headers_are_414_431_and_logged_once(
         _run(go)
     assert not [r for r in caplog.records if "Error handling request" in r.getMessage()]
     assert [r.levelname for r in caplog.records if "malformed HTTP request" in r.getMessage()] == ["WARNING"]
-    assert agent.http_rejected == {414: 5, 431: 2, 400: 1}  # type: ignore[attr-defined]
+    assert agent.http.rejected == {414: 5, 431: 2, 400: 1}
 
 
 def test_handler_failure_is_500_json_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
