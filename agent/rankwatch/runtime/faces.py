@@ -130,18 +130,23 @@ def latest_values(steps: Iterable[StepRecord], limit: int = RECENT) -> dict[str,
 
 def step_rate(state: RankState, window: int = RATE_WINDOW) -> float | None:
     """Steps per second from the timestamps of the recent step lines, after any restart."""
-    recs: list[tuple[int, float]] = []
-    for rec in reversed(state.steps):
-        if rec.time is None or rec.step is None:
+    n = 0
+    last_step = first_step = 0
+    last_time = first_time = 0.0
+    for rec in reversed(state.steps):  # per scrape and rank: no list, no len()
+        step, t = rec.step, rec.time
+        if t is None or step is None:
             continue
-        if recs and rec.step >= recs[-1][0]:
+        if n and step >= first_step:
             break  # the run restarted (e.g. from a checkpoint): only the current stretch counts
-        recs.append((rec.step, rec.time))
-        if len(recs) >= window:
+        if not n:
+            last_step, last_time = step, t
+        first_step, first_time = step, t
+        n += 1
+        if n >= window:
             break
-    if len(recs) < 2:
+    if n < 2:
         return None
-    (last_step, last_time), (first_step, first_time) = recs[0], recs[-1]
     dstep, dt = last_step - first_step, last_time - first_time
     return dstep / dt if dstep > 0 and dt > 0 else None
 
