@@ -15,7 +15,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -107,7 +107,7 @@ class Agent:
         self._joined: set[str] = set()  # incidents this agent dumped into or decided to leave
         self._peer_pending: set[str] = set()  # peers' incidents with no rank file yet
         self._run_mtime: int | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.last_capture: tuple[Path | None, int, list[str]] = (None, 0, [])  # folder, ok ranks, failures
         self._held_stalls: dict[int | None, list[Finding]] = {}  # stalls waiting for their stacks
         self.disk_latest: list[DiskSample] = []  # free space of log/dumps/spool (Services samples it)
@@ -286,7 +286,7 @@ class Agent:
             return False
         return any(n.startswith("python") for n in names)
 
-    def _spawn(self, coro) -> bool:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> bool:
         try:
             task = asyncio.get_running_loop().create_task(coro)
         except RuntimeError:

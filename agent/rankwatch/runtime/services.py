@@ -114,7 +114,7 @@ class Services:
         self._disk_inflight: asyncio.Future[list[DiskSample]] | None = None
         self._disk_failed = False
         self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[Any]] = []
 
     def _failed(self, component: str, msg: str, *args: Any) -> None:
         errs = self.agent.internal_errors_by_component
@@ -336,7 +336,7 @@ class Services:
             )
         if good is None:
             text = "No good checkpoint from before it is known."
-            evidence = {"last_good_checkpoint": None}
+            evidence: dict[str, Any] = {"last_good_checkpoint": None}
         else:
             where = f" (step {good.step})" if good.step is not None else ""
             text = f"Last good checkpoint to resume from: {good.path}{where}."
