@@ -446,3 +446,18 @@ def test_step_time_histogram_counts_every_printed_step_time(tmp_path: Path) -> N
     assert _one(s, "rankwatch_step_time_seconds_bucket", le="5") == 120
     assert _one(s, "rankwatch_step_time_seconds_bucket", le="10") == 123
     assert _one(s, "rankwatch_step_time_seconds_bucket", le="+Inf") == 123
+
+
+def test_a_broken_loop_monitor_loses_only_the_loop_series(tmp_path: Path) -> None:
+    class Broken:
+        lag = 0.0
+
+        def health(self) -> tuple[bool, str]:
+            raise RuntimeError("no clock")
+
+    agent = _agent(tmp_path)
+    agent.loop_monitor = Broken()
+    s = _samples(agent)
+    assert _one(s, "rankwatch_collector_success", collector="loop") == 0
+    assert _one(s, "rankwatch_collector_success", collector="training") == 1
+    assert "loop" in agent.snapshot().broken

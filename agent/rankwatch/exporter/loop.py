@@ -13,6 +13,7 @@ from rankwatch.snapshot import RANK_LABELS, AgentSnapshot
 
 @register("loop")
 def collect_loop(snap: AgentSnapshot, failures: Mapping[str, int]) -> list[Metric]:
+    snap.need("loop")
     labels = list(snap.labels)
     out: list[Metric] = []
     if snap.loop is not None:

@@ -411,11 +411,9 @@ class SnapshotBuilder:
             alert_groups=frozen_map(agent.alert_peer_stats) if agent.alert_peer_stats is not None else None,
             http_rejected=frozen_map(http.rejected) if http.serving else None,
             http_dropped=frozen_map(http.dropped) if http.serving else None,
-            loop=_loop(agent.loop_monitor),
-            echo_dropped_bytes=int(agent.echo.dropped_bytes) if agent.echo is not None else None,
-            stderr_dropped_bytes=(
-                int(agent.stderr_guard.dropped_bytes) if agent.stderr_guard is not None else None
-            ),
+            loop=_part(broken, "loop", lambda: _loop(agent.loop_monitor)),
+            echo_dropped_bytes=_part(broken, "loop", lambda: _dropped(agent.echo)),
+            stderr_dropped_bytes=_part(broken, "loop", lambda: _dropped(agent.stderr_guard)),
             gpu=self._gpu(broken),
             checkpoints=self._checkpoints(broken),
             config_reload=self._config(broken),
@@ -482,6 +480,11 @@ def _nested(stats: Mapping[str, Mapping[str, int]] | None) -> Mapping[str, Mappi
     if stats is None:
         return None
     return frozen_map({str(k): frozen_map(v) for k, v in list(stats.items())})
+
+
+def _dropped(sink: Any) -> int | None:
+    """Bytes the echo or the stderr guard dropped (None: no such thing in this mode)."""
+    return int(sink.dropped_bytes) if sink is not None else None
 
 
 def _loop(mon: Any) -> LoopView | None:

@@ -315,8 +315,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     """Answered by the loop itself, with how late it has run lately (runtime.loopmon)."""
-    loop = _snapshot(request).loop
+    snap = _snapshot(request)
+    loop = snap.loop
     ok, text = (loop.healthy, loop.health) if loop is not None else (True, "ok")
+    if "loop" in snap.broken:
+        ok, text = False, f"cannot read the event loop monitor: {snap.broken['loop']!r}"
     return web.Response(text=text + "\n", status=200 if ok else 503, headers=_NO_STORE)
 
 
