@@ -33,7 +33,6 @@ KNOWN_LEAKS: set[tuple[str, str]] = {
     ("rankwatch.detectors.gpu", "rankwatch.gpu.xid"),
     ("rankwatch.detectors.input_bound", "rankwatch.gpu"),
     ("rankwatch.detectors.liveness", "rankwatch.sources.process"),
-    ("rankwatch.exporter.view", "rankwatch.runtime.watcher"),
 }
 KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset(

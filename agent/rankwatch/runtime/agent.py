@@ -31,8 +31,10 @@ from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scop
 from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
+from rankwatch.runtime.faces import SnapshotBuilder
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.watcher import RankWatcher
+from rankwatch.snapshot import AgentSnapshot, HttpCounters
 
 log = logging.getLogger("rankwatch.agent")
 
@@ -85,7 +87,7 @@ class Agent:
         self.attach_problems: dict[int, str] = {}
         self.alert_stats: dict[str, dict[str, int]] | None = None
         self.alert_peer_stats: dict[str, int] | None = None  # cross-agent grouping, by role
-        self.http_rejected: dict[int, int] | None = None  # malformed requests, by status (server)
+        self.http = HttpCounters()  # the HTTP server's own counts, read into every snapshot
         self.started_at = time.time()
         # Add context to a finding before anyone sees it (e.g. the last good checkpoint for a NaN).
         self.enrichers: list[Callable[[Finding], Finding]] = []
@@ -111,6 +113,7 @@ class Agent:
         self.stderr_guard: Any = None  # runtime.stdio.StderrGuard (its dropped bytes are a metric)
         self.echo: Any = None  # run mode: runtime.echo.Echo (its dropped bytes are a metric)
         self.loop_monitor: Any = None  # runtime.loopmon.LoopMonitor, set by Services (/healthz)
+        self.faces = SnapshotBuilder(self)  # what the exporter and the server read (snapshot())
 
     def add_watcher(
         self,
@@ -131,6 +134,10 @@ class Agent:
         )
         self.watchers.append(w)
         return w
+
+    def snapshot(self) -> AgentSnapshot:
+        """What the exporter and the server show, now (built on the loop: runtime/faces.py)."""
+        return self.faces.build()
 
     # --- findings ----------------------------------------------------------------------
     def emit(self, f: Finding) -> None:

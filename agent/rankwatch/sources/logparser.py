@@ -35,7 +35,7 @@ __all__ = ["LogParser", "ParseStats"]
 
 log = logging.getLogger("rankwatch.parse")
 
-_GENERIC = frozenset({"json", "kv"})
+_GENERIC = _formats.GENERIC
 _REPLAY_LINES = 16
 
 
