@@ -184,7 +184,7 @@ def test_stall_with_ptrace_refused_by_the_kernel_says_no_stacks(tmp_path: Path) 
     assert "Stacks are being captured" not in f.message and "Stacks captured" not in f.message
     assert "no stacks were captured" in f.message and "ptrace denied" in f.message, f.message
     assert "CAP_SYS_PTRACE" in f.message
-    assert f.evidence["dumps"] == "failed" and "dump_path" not in f.evidence
+    assert f.evidence["dumps"]["state"] == "failed" and "dump_path" not in f.evidence
     assert f.time is not None and abs(f.time - time.time()) < 120
 
 
@@ -196,7 +196,7 @@ def test_stall_with_the_dumps_folder_full_says_so(tmp_path: Path) -> None:
         f = _stall(tmp_path, real, dumps)
     assert "Stacks are being captured" not in f.message and "Stacks captured" not in f.message
     assert "no stacks were captured" in f.message and "is full" in f.message, f.message
-    assert f.evidence["dumps"] == "failed" and "dump_path" not in f.evidence
+    assert f.evidence["dumps"]["state"] == "failed" and "dump_path" not in f.evidence
 
 
 def test_stall_with_working_dumps_names_the_folder(tmp_path: Path) -> None:

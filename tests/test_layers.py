@@ -43,7 +43,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
             "rankwatch.detectors.checkpoints",
         }
     ),
-    frozenset({"rankwatch.actions.alerts.dispatcher", "rankwatch.actions.alerts.peers"}),
 }
 
 

@@ -286,10 +286,8 @@ class StallDetector:
         if self.gpu_activity not in (None, "unknown"):
             text += f"; GPU {self.gpu_activity}"
         fix = _CLASS_FIX.get(cls, "Usual fix: compare the ranks' stacks with `rankwatch dumps diff`.")
-        msg = (
-            f"{head}; {last}; {alive}, {text}. Judged from: {', '.join(signals)}. {fix} "
-            "Stacks are being captured."
-        )
+        # What became of the stacks is said by whoever takes them, once they know.
+        msg = f"{head}; {last}; {alive}, {text}. Judged from: {', '.join(signals)}. {fix}"
         evidence = {
             "seconds_since_progress": since,
             "timeout": timeout,
