@@ -25,6 +25,7 @@ from rankwatch.detectors.gpu import (
     gpu_activity,
     staircase_step,
 )
+from rankwatch.detectors.trend import FloorHistory, sustained_climb
 from rankwatch.gpu import GpuConfig, GpuInfo, GpuSample
 from rankwatch.gpu.backend import error_kind
 from rankwatch.gpu.collector import GpuCollector, gpu_metric_families
@@ -45,7 +46,6 @@ from rankwatch.gpu.fake import (
     unsupported,
 )
 from rankwatch.gpu.sampler import GpuSampler, map_pids_to_gpus
-from rankwatch.gpu.trend import FloorHistory, sustained_climb
 from rankwatch.records import Finding, Severity
 
 INTERVAL = 5.0

@@ -12,9 +12,11 @@ Pure: samples in, findings out.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
+from rankwatch.events import DiskSample
 from rankwatch.records import Finding, Severity
+
+__all__ = ["DiskDetector", "DiskSample", "human", "is_full", "low_threshold"]
 
 LOW_RATIO = 0.10  # of the filesystem ...
 LOW_BYTES_CAP = 5 << 30  # ... but never asks for more than this free
@@ -24,18 +26,6 @@ RATE_WINDOW_S = 60.0
 FILL_SPAN_S = 10.0
 FILL_RATIO = 0.25
 RESOLVE_MARGIN = 1.2
-
-
-@dataclass
-class DiskSample:
-    """``statvfs`` of one filesystem; ``roles`` are the agent's folders on it (``{path: "log"}``)."""
-
-    roles: dict[str, str]
-    free: int  # bytes available to an unprivileged writer (f_bavail)
-    total: int
-    time: float  # monotonic
-    error: str | None = None  # the sample failed (timeout: a hung mount)
-    device: int | None = field(default=None)
 
 
 def human(n: float) -> str:

@@ -14,9 +14,9 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
+from rankwatch.config.schema import GpuConfig
 from rankwatch.detectors.base import Episode, fmt
-from rankwatch.gpu import GpuConfig, GpuSample
-from rankwatch.gpu.trend import (
+from rankwatch.detectors.trend import (
     CLIMB_SEGMENTS,
     LEAK_NOISE,
     CounterWindow,
@@ -24,8 +24,9 @@ from rankwatch.gpu.trend import (
     staircase_step,
     sustained_climb,
 )
-from rankwatch.gpu.xid import xid_info
+from rankwatch.events import GpuSample
 from rankwatch.records import Finding, Severity
+from rankwatch.xid import xid_info
 
 MiB = float(1 << 20)
 GiB = float(1 << 30)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from rankwatch.config.schema import GpuConfig
 from rankwatch.detectors.base import Episode
-from rankwatch.gpu import GpuConfig
 from rankwatch.records import Finding, Severity
 
 COVERAGE = 0.9  # readings must span this share of the window before it is judged

@@ -16,8 +16,8 @@ from collections import deque
 
 from rankwatch.config.schema import StallConfig
 from rankwatch.detectors.base import Episode, finding
+from rankwatch.events import ProcessSample
 from rankwatch.records import Finding, Severity
-from rankwatch.sources.process import ProcessSample
 from rankwatch.state import RankState
 
 INTERVALS = 100

@@ -13,10 +13,11 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import psutil
+
+from rankwatch.events import ProcessSample
 
 __all__ = ["ProcessProber", "ProcessSample", "find_processes", "state_name"]
 
@@ -41,21 +42,6 @@ def state_name(psutil_status: str) -> str:
     while dumping, and that must not read as a SIGSTOP.
     """
     return _STATES.get(psutil_status, psutil_status)
-
-
-@dataclass(slots=True)
-class ProcessSample:
-    time: float  # monotonic seconds, from the prober's clock
-    pid: int
-    alive: bool
-    exit_code: int | None = None  # only for our own child, else None
-    cpu_time_s: float = 0.0  # user+system of the tree, reaped children included
-    cpu_percent: float = 0.0  # since the previous sample, of one core (may exceed 100)
-    rss_bytes: int = 0  # tree total
-    threads: int = 0  # tree total
-    state: str = "dead"
-    children: int = 0  # live descendants
-    cmdline: list[str] = field(default_factory=list)
 
 
 def _safe(fn: Callable[[], _T], default: _T) -> _T:
