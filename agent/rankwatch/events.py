@@ -107,14 +107,14 @@ class LogActivity:
 @dataclass(frozen=True, slots=True)
 class CheckpointStatus:
     """What the checkpoint watcher knows, polled: ``scans`` done, a save ``writing`` now,
-    when the newest judged checkpoint was saved (wall, file mtime), and the wall save
-    times of the good ones (the run's cadence)."""
+    when the newest judged checkpoint was saved (wall, file mtime), and when the next save
+    is due from the run's cadence (wall; None before two saves)."""
 
     now: float
     scans: int
     writing: bool
     last_saved: float | None = None
-    save_times: tuple[float, ...] = ()
+    next_due: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ class Pointer(Protocol):
     @property
     def step(self) -> int | None: ...
 
+
 KINDS = (
     "checkpoint_corrupt",
     "checkpoint_suspect",

@@ -22,6 +22,7 @@ from rankwatch.detectors.crash import crash_finding, pick_cause
 from rankwatch.detectors.input_bound import DataloaderStallDetector
 from rankwatch.detectors.liveness import StallDetector
 from rankwatch.engine import RankEngine
+from rankwatch.events import Event, LogActivity, ProcessStart, Progress
 from rankwatch.identity import Identity
 from rankwatch.records import ErrorRecord, Finding, Record, Severity, StepRecord
 from rankwatch.sources.follower import NOISE, LogFollower, follow
@@ -81,8 +82,7 @@ class RankWatcher:
         self.path = str(logs[0]) if logs else None
         self.streams = [Stream(p, cfg, self.rank, from_end) for p in logs]
         self.engines: dict[int | None, RankEngine] = {}
-        self.stall = StallDetector(cfg.stall, started=clock())
-        self.input_bound = DataloaderStallDetector(cfg.gpu, identity.rank, self.path)
+        self._engine(self.rank)  # its liveness rules start their grace now
         self.tail: deque[str] = deque(maxlen=max(1, cfg.process.tail_lines))
         self.prober: ProcessProber | None = None
         self.last_sample: ProcessSample | None = None
@@ -100,19 +100,40 @@ class RankWatcher:
     # --- state -------------------------------------------------------------------------
     @property
     def engine(self) -> RankEngine:
+        """The watched rank's own engine: its log records, and every event of its process,
+        GPUs, checkpoints and timers."""
         return self._engine(self.rank)
 
     def _engine(self, rank: int | None) -> RankEngine:
         eng = self.engines.get(rank)
         if eng is None:
-            eng = self.engines[rank] = RankEngine(self.cfg.detectors, rank, self.path)
+            eng = self.engines[rank] = RankEngine(
+                self.cfg, rank, self.path, started=self.clock(), job_end=self.identity.job_end
+            )
         return eng
 
+    @property
+    def stall(self) -> StallDetector:
+        det = self.engine.detector(StallDetector)
+        assert isinstance(det, StallDetector)
+        return det
+
+    @property
+    def input_bound(self) -> DataloaderStallDetector:
+        det = self.engine.detector(DataloaderStallDetector)
+        assert isinstance(det, DataloaderStallDetector)
+        return det
+
+    def push(self, event: Event) -> list[Finding]:
+        """One event of the rank (not a log record) through its engine; findings emitted."""
+        found = self.engine.feed(event)
+        for f in found:
+            self.emit(f)
+        return found
+
     def attach(self, pid: int) -> None:
-        if self.prober is not None and self.prober.pid != pid:
-            # The rank restarted (torchrun, a requeue): it loads its model again, so it gets
-            # the startup grace, not the old step interval's timeout.
-            self.stall = StallDetector(self.cfg.stall, started=self.clock())
+        # A new pid after a restart (torchrun, a requeue) gets the startup grace again.
+        self.engine.feed(ProcessStart(self.clock(), pid))
         self.prober = ProcessProber(pid, clock=self.clock)
         self.last_sample = None
         self.exited = False
@@ -182,8 +203,7 @@ class RankWatcher:
                 log.exception("engine failed on a record")
                 continue
             if isinstance(rec, StepRecord) and eng.state.last_step != before:
-                found = found + self.stall.on_step(now, eng.state.last_step)
-                self.input_bound.on_step(now, eng.state.last_step)
+                found = found + self.engine.feed(Progress(now, eng.state.last_step))
             for f in found:
                 if f.kind == "crash" and not f.resolved and self.prober is not None and _may_be_handled(f):
                     self._held.append((now, f))
@@ -206,7 +226,7 @@ class RankWatcher:
     def feed_lines(self, stream: Stream, batch: list) -> None:
         now_wall = self.wall()
         stream.last_data = self.clock()
-        self.stall.on_activity(stream.last_data, "log")
+        self.push(LogActivity(stream.last_data))
         dropped = stream.follower.stats.dropped_lines
         if dropped != stream.dropped:
             self.lines += dropped - stream.dropped
@@ -279,17 +299,7 @@ class RankWatcher:
                 )
             return []
         self.last_sample = sample
-        if sample.alive:
-            self.input_bound.on_cpu(self.clock(), sample.cpu_percent)
-        found = self.stall.on_sample(self.engine.state, sample, self.clock())
-        for f in found:
-            self.emit(f)
-        return found
-
-    def on_gpu_utilization(self, utilization: float | None) -> None:
-        """Mean utilisation of this rank's GPUs, from the GPU service."""
-        for f in self.input_bound.on_gpu(self.clock(), utilization):
-            self.emit(f)
+        return self.push(sample)
 
     def on_exit(
         self,
