@@ -53,9 +53,9 @@ class ProcessSample:
     # What the tree may use before the kernel's OOM killer steps in: the cgroup's memory
     # limit where one is set, else the host's RAM; None when unknown.
     memory_limit_bytes: int | None = None
-    # What the kernel charges against that limit (cgroup memory.current, else host used);
-    # includes other processes of the cgroup/host and the page cache. None when unknown.
-    memory_used_bytes: int | None = None
+    # What may still be allocated before that limit: the tightest of the cgroups' headroom
+    # (page cache it could drop counted as free) and the host's available memory.
+    memory_available_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
