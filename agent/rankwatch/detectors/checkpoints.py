@@ -118,7 +118,7 @@ def _finding(
     *,
     path: str | None = None,
     now: float | None = None,
-    evidence: dict | None = None,
+    evidence: dict[str, Any] | None = None,
     resolved: bool = False,
 ) -> Finding:
     return Finding(

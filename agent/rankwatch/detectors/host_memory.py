@@ -12,6 +12,7 @@ A flat RSS, a warm-up that levels off and a sawtooth stay silent.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from rankwatch.config.schema import HostMemoryConfig
@@ -120,7 +121,7 @@ class HostMemoryDetector(Detector):
         message: str,
         s: ProcessSample,
         resolved: bool,
-        evidence: dict[str, object] | None = None,
+        evidence: Mapping[str, object] | None = None,
         *,
         step: int | None = None,
     ) -> Finding:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from rankwatch.detectors.base import Detector, DetectorContext
@@ -35,10 +36,9 @@ def load_all() -> list[type[Detector]]:
     """Every detector module of the package, imported once; the registered classes."""
     global _loaded
     if not _loaded:
-        import rankwatch.detectors as pkg
-
-        for mod in pkgutil.iter_modules(pkg.__path__):
-            importlib.import_module(f"{pkg.__name__}.{mod.name}")
+        package = __name__.rpartition(".")[0]  # discovered, so a detector's module needs no import line
+        for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
+            importlib.import_module(f"{package}.{mod.name}")
         _loaded = True
     return list(REGISTRY)
 
