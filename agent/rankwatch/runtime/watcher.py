@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal as _signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,13 +18,12 @@ from typing import Any
 
 from rankwatch import offloop
 from rankwatch.config.schema import Config
-from rankwatch.detectors.crash import crash_finding, pick_cause
 from rankwatch.detectors.input_bound import DataloaderStallDetector
 from rankwatch.detectors.liveness import StallDetector
 from rankwatch.engine import RankEngine
-from rankwatch.events import Event, LogActivity, ProcessStart, Progress
+from rankwatch.events import Event, LogActivity, ProcessExit, ProcessStart, Progress
 from rankwatch.identity import Identity
-from rankwatch.records import ErrorRecord, Finding, Record, Severity, StepRecord
+from rankwatch.records import Finding, Record, Severity, StepRecord
 from rankwatch.sources.follower import NOISE, LogFollower, follow
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.process import ProcessProber, ProcessSample
@@ -323,61 +321,14 @@ class RankWatcher:
         self.exited = True
         self.drain()
         held, self._held = self._held, []
-        state = self.engine.state
-        status = f"signal {signal}" if signal else f"exit code {exit_code}"
-        if requested:
-            cause, _ = pick_cause(state)
-            interrupted = cause is not None and _interrupt(cause.summary)
-            if cause is None or interrupted or cause.severity < Severity.CRITICAL:
-                how = (
-                    f"{_signame(requested)} we forwarded"
-                    if requested is not True
-                    else "forwarded stop signal"
-                )
-                f = Finding(
-                    kind="process_exit",
-                    severity=Severity.INFO,
-                    rank=self.rank,
-                    message=f"process stopped on the {how} ({status})",
-                    step=state.last_step,
-                    path=self.path,
-                    time=self.wall(),
-                )
-                self.emit(f)
-                return f
-        if exit_code is None and signal is None:
-            errors = [e for e in state.errors if isinstance(e, ErrorRecord)]
-            if not errors:
-                f = Finding(
-                    kind="process_exit",
-                    severity=Severity.INFO,
-                    rank=self.rank,
-                    message="watched process exited (exit status unknown in watch mode; no error in its log)",
-                    step=state.last_step,
-                    path=self.path,
-                    time=self.wall(),
-                )
-                self.emit(f)
-                return f
-        crash = crash_finding(
-            state,
-            exit_code=exit_code,
-            signal=signal,
-            tail=list(self.tail),
-            rank=self.rank,
-            path=self.path,
-            disk_full=disk_full,
-        )
-        if crash is not None:
-            crash.time = crash.time or self.wall()
-            if requested:
-                crash.severity = Severity.WARNING
-                crash.message = f"after the stop signal we forwarded: {crash.message}"
-            self.emit(crash)
-        else:
+        event = ProcessExit(exit_code, signal, tuple(self.tail), requested, disk_full, wall=self.wall())
+        found = self.engine.feed(event)
+        for f in found:
+            self.emit(f)
+        if not found:  # a clean end: what it printed was handled
             for _, h in held:
                 self.emit(_still_running(h, None))
-        return crash
+        return next((f for f in found if f.kind in ("crash", "process_exit")), None)
 
     # --- lifecycle ---------------------------------------------------------------------
     async def _number_lines(self) -> None:
@@ -459,18 +410,6 @@ def _latest_redraws(batch: list[Any], stats: object) -> list[Any]:
         stats.lines += skipped  # type: ignore[attr-defined]
         stats.unparsed += skipped  # type: ignore[attr-defined]
     return out
-
-
-def _signame(sig: int | bool) -> str:
-    try:
-        return _signal.Signals(int(sig)).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-def _interrupt(summary: str) -> bool:
-    """The traceback a stop signal itself prints (Python's default SIGINT handler, sys.exit)."""
-    return "KeyboardInterrupt" in summary or "SystemExit" in summary
 
 
 def _may_be_handled(f: Finding) -> bool:
