@@ -209,20 +209,24 @@ DURATION_WINDOW = 20  # printed step times behind the median step duration
 
 def step_rate(state: RankState, window: int = RATE_WINDOW) -> float | None:
     """Steps per second from the timestamps of the recent step lines, after any restart."""
-    recs: list[StepRecord] = []
-    for rec in reversed(state.steps):
-        if rec.time is None or rec.step is None:
+    n = 0
+    last_step = first_step = 0
+    last_time = first_time = 0.0
+    for rec in reversed(state.steps):  # per scrape and rank: no list, no len()
+        step, t = rec.step, rec.time
+        if t is None or step is None:
             continue
-        if recs and rec.step >= (recs[-1].step or 0):
+        if n and step >= first_step:
             break  # the run restarted (e.g. from a checkpoint): only the current stretch counts
-        recs.append(rec)
-        if len(recs) >= window:
+        if not n:
+            last_step, last_time = step, t
+        first_step, first_time = step, t
+        n += 1
+        if n >= window:
             break
-    if len(recs) < 2:
+    if n < 2:
         return None
-    last, first = recs[0], recs[-1]
-    dstep = (last.step or 0) - (first.step or 0)  # both have a step and a time (above)
-    dt = (last.time or 0.0) - (first.time or 0.0)
+    dstep, dt = last_step - first_step, last_time - first_time
     return dstep / dt if dstep > 0 and dt > 0 else None
 
 
