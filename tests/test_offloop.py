@@ -149,7 +149,7 @@ def test_a_hung_spool_does_not_hold_the_dispatcher(tmp_path: Path, hung: Any) ->
 
     async def go() -> None:
         d = AlertDispatcher(cfg, IDENT, sinks=[])
-        out, ticks, took = await _ticks_during(d._spool_op(hung))
+        out, ticks, took = await _ticks_during(d.delivery._spool_op(hung))
         assert out is None and took < TIMEOUT + 2 and ticks >= 5
         assert d.errors.get("alerts") == 1
 

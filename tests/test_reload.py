@@ -109,3 +109,28 @@ def test_a_config_snapshot_cannot_be_edited() -> None:
     cfg = Config()
     with pytest.raises(AttributeError):
         cfg.dumps.dir = "elsewhere"  # type: ignore[misc]
+
+
+def test_a_detector_takes_new_thresholds_live_and_is_rebuilt_when_its_window_changes() -> None:
+    """What a detector can take is derived from the detector, not listed: a threshold read on
+    every use is taken in place (its state stays), a window that sized a deque rebuilds it,
+    with its open episode, so the active alert still resolves once."""
+    from rankwatch.detectors.grads import GradClippingDetector
+    from rankwatch.engine import RankEngine
+    from rankwatch.records import StepRecord
+
+    cfg = replaced(Config(), {"detectors.warmup_steps": 0, "detectors.grad_clipping.window": 10})
+    engine = RankEngine(cfg, 0)
+    found = [f for i in range(1, 21) for f in engine.feed(StepRecord(step=i, loss=2.0, grad_norm=5.0))]
+    assert [f.kind for f in found] == ["grad_clipping_saturated"]
+    det = engine.detector(GradClippingDetector)
+
+    engine.reconfigure(replaced(engine.cfg, {"detectors.grad_clipping.max_grad_norm": 10.0}))
+    assert engine.detector(GradClippingDetector) is det
+    assert det is not None and det.cfg.max_grad_norm == 10.0  # type: ignore[attr-defined]
+
+    engine.reconfigure(replaced(engine.cfg, {"detectors.grad_clipping.window": 4}))
+    fresh = engine.detector(GradClippingDetector)
+    assert fresh is not det and fresh.flags.maxlen == 4  # type: ignore[union-attr]
+    found = [f for i in range(21, 31) for f in engine.feed(StepRecord(step=i, loss=2.0, grad_norm=0.5))]
+    assert [(f.kind, f.resolved) for f in found] == [("grad_clipping_saturated", True)]

@@ -19,7 +19,7 @@ from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.engine import RankEngine
 from rankwatch.identity import Identity
-from rankwatch.records import Finding, Record
+from rankwatch.records import ErrorRecord, EvalRecord, Finding, Record, StepRecord
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.sources.follower import LogFollower
 
@@ -43,9 +43,13 @@ def _fed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     feed = RankEngine.feed
 
     def spy(self: RankEngine, rec: Record) -> list[Finding]:
-        seen.append(
-            (type(rec).__name__, *(getattr(rec, k, None) for k in ("step", "loss", "learning_rate", "line")))
-        )
+        if isinstance(rec, (StepRecord, EvalRecord, ErrorRecord)):  # log records, not other events
+            seen.append(
+                (
+                    type(rec).__name__,
+                    *(getattr(rec, k, None) for k in ("step", "loss", "learning_rate", "line")),
+                )
+            )
         return feed(self, rec)
 
     monkeypatch.setattr(RankEngine, "feed", spy)

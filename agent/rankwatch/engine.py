@@ -1,72 +1,131 @@
 """One rank's pipeline stage between sources and actions: state plus its detectors.
 
-Shared by the live agent and ``analyze``. A detector that raises is disabled for that
-record only, logged once and counted; the others keep running.
+Shared by the live agent and ``analyze``. Every event, a log record or a process, GPU,
+disk, checkpoint or timer event, is routed by its type to the detectors that accept it;
+log records are first added to the rank's state. A detector that raises is disabled for
+that event only, logged once and counted; the others keep running. A finding of a kind
+its detector did not declare is passed on, and logged once and counted as that
+detector's bug.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from collections import deque
+from typing import Any, cast
 
-from rankwatch.config.schema import DetectorsConfig
-from rankwatch.detectors import Detector, build_detectors
+from rankwatch.config.schema import Config, DetectorsConfig
+from rankwatch.detectors import Detector, DetectorContext, build_detectors
 from rankwatch.detectors.base import Episode
-from rankwatch.records import Finding, Record
+from rankwatch.detectors.registry import load_all
+from rankwatch.events import Event
+from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Record, StepRecord
 from rankwatch.state import RankState
 
 log = logging.getLogger("rankwatch.engine")
 
+_RECORDS = frozenset({StepRecord, EvalRecord, ErrorRecord, OverflowRecord})
+
 
 class RankEngine:
-    def __init__(self, cfg: DetectorsConfig, rank: int | None, path: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config | DetectorsConfig,
+        rank: int | None,
+        path: str | None = None,
+        *,
+        started: float = 0.0,
+        job_end: float | None = None,
+    ) -> None:
+        if isinstance(cfg, DetectorsConfig):
+            cfg = Config(detectors=cfg)
         self.state = RankState(rank=rank, path=path)
-        self.detectors: list[Detector] = build_detectors(cfg)
+        self.cfg = cfg
+        self.ctx = ctx = DetectorContext(rank=rank, path=path, started=started, job_end=job_end)
+        self.detectors: list[Detector] = build_detectors(cfg, ctx)
         self.internal_errors = 0
         self._logged: set[str] = set()
-        self._routes: dict[type, list[Detector]] = {}
+        self._routes: dict[type, tuple[bool, list[Detector]]] = {}
 
-    def feed(self, record: Record) -> list[Finding]:
-        self.state.add(record)
-        out: list[Finding] = []
-        route = self._routes.get(type(record))
-        if route is None:
-            route = self._routes[type(record)] = [d for d in self.detectors if isinstance(record, d.accepts)]
+    def _route(self, kind: type) -> tuple[bool, list[Detector]]:
+        takers = [d for d in self.detectors if issubclass(kind, d.accepts)]
+        route = self._routes[kind] = (kind in _RECORDS, takers)
+        return route
+
+    def feed(self, event: Event) -> list[Finding]:
+        is_record, route = self._routes.get(type(event)) or self._route(type(event))
         state = self.state
+        if is_record:
+            state.add(cast(Record, event))
+        out: list[Finding] = []
         for det in route:
             try:
-                found = det.observe(state, record)
+                found = det.observe(state, event)
             except Exception:
                 self._failed(det)
                 continue
             if found:
+                self._check_kinds(det, found)
                 out.extend(found)
         return out
+
+    def detector(self, cls: type[Detector]) -> Detector | None:
+        """This rank's instance of a detector class (the runtime reads its live figures)."""
+        return next((d for d in self.detectors if type(d) is cls), None)
 
     def finish(self) -> list[Finding]:
         out: list[Finding] = []
         for det in self.detectors:
             try:
-                out.extend(det.finish(self.state))
+                found = det.finish(self.state)
             except Exception:
                 self._failed(det)
+                continue
+            self._check_kinds(det, found)
+            out.extend(found)
         return out
 
-    def reconfigure(self, cfg: DetectorsConfig) -> None:
-        """A new config snapshot (hot reload). A detector whose settings changed is built anew
-        from it, since a window is a deque's length and a warm-up is counted from the start;
-        its open episodes are carried over, so a condition still active stays one alert and
-        still resolves. A detector whose settings did not change keeps its state."""
+    def _check_kinds(self, det: Detector, found: list[Finding]) -> None:
+        kinds = det.kinds
+        for f in found:
+            if f.kind not in kinds:
+                self.internal_errors += 1
+                name = f"{type(det).__name__}:{f.kind}"
+                if name not in self._logged:
+                    self._logged.add(name)
+                    log.error("detector %s emitted kind %r it does not declare", type(det).__name__, f.kind)
+
+    def reconfigure(self, cfg: Config) -> None:
+        """A new config snapshot (hot reload). What a detector can take is derived from the
+        detector: two fresh ones are built, from the old and the new snapshot. Where they differ
+        only in the config sections they hold, the settings are read on every use, and the
+        running detector takes the new sections and keeps its state. Where the config shaped
+        the detector when it was built (a window is a deque's length, a warm-up a number it
+        keeps), the fresh one replaces it, with the running one's open episodes, so a condition
+        still active stays one alert and still resolves."""
+        running = {type(d): d for d in self.detectors}
         out: list[Detector] = []
-        for old, new in zip(self.detectors, build_detectors(cfg), strict=True):
-            if type(old) is not type(new) or _settings(old) == _settings(new):
-                out.append(old)
+        for cls in load_all():
+            new = cls.create(cfg, self.ctx)
+            if new is None:
                 continue
-            for name, value in vars(old).items():
+            det = running.get(cls)
+            if det is None:
+                out.append(new)
+                continue
+            old = cls.create(self.cfg, self.ctx)
+            if old is not None and _shape(old) == _shape(new):
+                for name, value in vars(new).items():
+                    if _is_section(value):
+                        setattr(det, name, value)
+                out.append(det)
+                continue
+            for name, value in vars(det).items():
                 if isinstance(value, Episode):
                     setattr(new, name, value)
             out.append(new)
+        self.cfg = cfg
         self.detectors = out
         self._routes.clear()
 
@@ -80,10 +139,29 @@ class RankEngine:
             )
 
 
-def _settings(det: Detector) -> dict[str, Any]:
-    """What a detector was built from: its config sections (frozen snapshots) and warm-up."""
-    return {
-        k: v
-        for k, v in vars(det).items()
-        if k == "warmup" or (dataclasses.is_dataclass(v) and not isinstance(v, type))
-    }
+def _is_section(value: object) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _shape(value: Any, depth: int = 0) -> Any:
+    """A fresh detector's state, config sections left out: equal for two fresh detectors
+    unless the config shaped it (a deque's length, a number it copied)."""
+    if depth > 4:
+        return type(value).__name__
+    if _is_section(value):
+        return "section"
+    if isinstance(value, deque):
+        return ("deque", value.maxlen, [_shape(v, depth + 1) for v in value])
+    if isinstance(value, (list, tuple)):
+        return [_shape(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {k: _shape(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    fields = getattr(value, "__dict__", None)
+    if fields is None:
+        slots = getattr(type(value), "__slots__", ())
+        fields = {k: getattr(value, k) for k in slots if hasattr(value, k)}
+    if fields or hasattr(value, "__dict__"):
+        return (type(value).__name__, {k: _shape(v, depth + 1) for k, v in fields.items()})
+    return type(value).__name__

@@ -5,12 +5,13 @@ config running and is reported once per edit (one log line with file:line: key, 
 ``rankwatch_config_reloads_total{result="error"}``).
 
 A config is an immutable snapshot. A good edit produces a new one, and ``hand_over`` gives
-it to the running components that can take it: a detector whose settings changed is built
-anew (a window is a deque's length; its open episodes carry over, so an active alert still
-resolves), the stall detectors and the alert dispatcher's policy take the new values, which
-they read on every use. What is in effect afterwards is whatever the components took, so
-what the log line calls applied, and what it names as needing a restart (sinks, paths, the
-server, identity, intervals of running loops), is derived from that, never from a list.
+it to the running components that can take it: every rank's engine takes the sections its
+detectors are built from (``RankEngine.reconfigure``: a detector that reads its settings on
+every use takes them, one shaped by them, such as a window that is a deque's length, is
+built anew with its open episodes), the alert dispatcher takes its policy. What is in
+effect afterwards is whatever the components took, so what the log line calls applied, and
+what it names as needing a restart (sinks, paths, the server, identity, intervals of
+running loops), is derived from that.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from typing import Any
 
 from rankwatch import offloop
 from rankwatch.config.loader import ConfigError
-from rankwatch.config.schema import AlertsConfig, Config, DetectorsConfig
+from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
-from rankwatch.detectors import build_detectors
+from rankwatch.detectors.registry import load_all
 from rankwatch.runtime.watcher import RankWatcher
 
 log = logging.getLogger("rankwatch.config")
@@ -71,47 +72,43 @@ def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [prefix]
 
 
-def _engine_sections(cfg: DetectorsConfig) -> set[str]:
-    """The ``detectors`` sections that the per-rank detectors are built from (the others,
-    such as ``rank_lagging``, are read by components built once at start)."""
-    held = {id(v) for det in build_detectors(cfg) for v in vars(det).values()}
-    return {
-        f.name
-        for f in dataclasses.fields(cfg)
-        if dataclasses.is_dataclass(getattr(cfg, f.name)) and id(getattr(cfg, f.name)) in held
-    }
+# Sections some detectors read that also configure components built once at start (the
+# identity, the process and GPU samplers' loops): their changes wait for a restart.
+SHARED_WITH_LOOPS = ("run", "process", "gpu")
+
+
+def _sections_of_detectors() -> list[str]:
+    """The config sections the per-rank detectors alone are built from (``detectors.nan``,
+    ``stall``, ...), from the detector registry: every engine takes a new snapshot of those."""
+    out = [cls.section for cls in load_all() if cls.section is not None]
+    return [s for s in dict.fromkeys(out) if s.split(".", 1)[0] not in SHARED_WITH_LOOPS]
+
+
+def _at(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def hand_over(old: Config, new: Config, *, watchers: Sequence[RankWatcher], dispatcher: Any = None) -> Config:
     """Give the new snapshot to the running components that can take it; returns the config
     now in effect (``old`` with what they took from ``new``)."""
     taken: dict[str, Any] = {}
-    if new.detectors != old.detectors:
-        keep = {
-            f.name: getattr(old.detectors, f.name)
-            for f in dataclasses.fields(DetectorsConfig)
-            if dataclasses.is_dataclass(getattr(old.detectors, f.name))
-            and f.name not in _engine_sections(new.detectors)
-        }
-        detectors = replaced(new.detectors, keep)
+    detectors = ["detectors.warmup_steps", *_sections_of_detectors()]
+    for key in detectors:
+        if _at(new, key) != _at(old, key):
+            taken[key] = _at(new, key)
+    if new.alerts != old.alerts and dispatcher is not None:
+        taken["alerts"] = replaced(new.alerts, {k: getattr(old.alerts, k) for k in ALERTS_BUILT_AT_START})
+    effective = replaced(old, taken)
+    if any(k != "alerts" for k in taken):
         for w in watchers:
             for engine in w.engines.values():
-                engine.reconfigure(detectors)
-        taken["detectors"] = detectors
-    if new.stall != old.stall:
-        for w in watchers:
-            w.stall.cfg = new.stall  # read on every use; no window is sized from it
-        taken["stall"] = new.stall
-    if new.alerts != old.alerts and dispatcher is not None:
-        policy: AlertsConfig = replaced(
-            new.alerts, {k: getattr(old.alerts, k) for k in ALERTS_BUILT_AT_START}
-        )
-        dispatcher.cfg = policy
-        dispatcher.refresh_policy()
-        taken["alerts"] = policy
-    effective = replaced(old, taken)
-    for w in watchers:  # engines of ranks seen later are built from the watcher's snapshot
-        w.cfg = replaced(w.cfg, detectors=effective.detectors, stall=effective.stall)
+                engine.reconfigure(effective)
+            # engines of ranks seen later are built from the watcher's snapshot
+            w.cfg = replaced(w.cfg, {k: v for k, v in taken.items() if k != "alerts"})
+    if "alerts" in taken:
+        dispatcher.refresh_policy(effective.alerts)
     return effective
 
 
