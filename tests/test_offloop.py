@@ -26,6 +26,8 @@ from rankwatch.identity import Identity
 from rankwatch.runtime.agent import Agent
 from rankwatch.server import start_server
 
+pytestmark = pytest.mark.unit
+
 IDENT = Identity(run="t", rank=0, local_rank=0, world_size=1, node="n")
 TIMEOUT = 0.3
 

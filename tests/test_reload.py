@@ -74,6 +74,7 @@ def test_reloading_the_clipping_window_gives_no_false_saturation(
     asyncio.run(main())
 
 
+@pytest.mark.unit
 def test_a_reload_reports_what_the_components_took_and_what_needs_a_restart(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -99,18 +100,21 @@ def test_a_reload_reports_what_the_components_took_and_what_needs_a_restart(
     assert "needs a restart to take effect: dumps.dir" in msg
 
 
+@pytest.mark.unit
 def test_changed_keys_are_dotted_in_schema_order() -> None:
     old = Config()
     new = replaced(old, {"detectors.grad_clipping.window": 5, "dumps.dir": "x"})
     assert changed_keys(old, new) == ["detectors.grad_clipping.window", "dumps.dir"]
 
 
+@pytest.mark.unit
 def test_a_config_snapshot_cannot_be_edited() -> None:
     cfg = Config()
     with pytest.raises(AttributeError):
         cfg.dumps.dir = "elsewhere"  # type: ignore[misc]
 
 
+@pytest.mark.unit
 def test_a_detector_takes_new_thresholds_live_and_is_rebuilt_when_its_window_changes() -> None:
     """What a detector can take is derived from the detector, not listed: a threshold read on
     every use is taken in place (its state stays), a window that sized a deque rebuilds it,

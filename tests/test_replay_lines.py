@@ -23,6 +23,8 @@ from rankwatch.records import ErrorRecord, EvalRecord, Finding, Record, StepReco
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.sources.follower import LogFollower
 
+pytestmark = pytest.mark.unit
+
 IDENT = Identity(run="r", rank=0, local_rank=0, world_size=1, node="n")
 
 LOG = (
