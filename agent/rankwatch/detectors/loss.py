@@ -234,7 +234,10 @@ class LossDivergenceDetector(Detector):
         self.first: list[float] = []  # the run's first finite losses
         self.recent: deque[tuple[int | None, float]] = deque(maxlen=max(3, cfg.trend_records))
         self.rises: deque[bool] = deque(maxlen=max(3, cfg.trend_records) - 1)  # each change a rise?
+        self.rises_max = self.rises.maxlen
         self.rise_count = 0
+        self.first_min = math.inf  # min(self.first)
+        self.last_loss = math.nan  # the newest in self.recent
         self.episode = Episode()
         # A blow-up or trend episode ends when the loss is back under this level.
         self.resolve_below: float | None = None
@@ -247,26 +250,31 @@ class LossDivergenceDetector(Detector):
             return []
         cfg = self.cfg
         self.seen += 1
-        if len(self.first) < FIRST_LOSSES:
-            self.first.append(loss)
-        recent, rises = self.recent, self.rises
+        first = self.first
+        if len(first) < FIRST_LOSSES:
+            first.append(loss)
+            self.first_min = min(first)
+        recent = self.recent
         if recent:
-            up = loss > recent[-1][1]
-            if len(rises) == rises.maxlen:
-                self.rise_count -= rises[0]
+            up = loss > self.last_loss
+            rises = self.rises
+            count = self.rise_count
+            if len(rises) == self.rises_max:
+                count -= rises[0]
             rises.append(up)
-            self.rise_count += up
+            count = self.rise_count = count + up
+        else:
+            count = self.rise_count
+        self.last_loss = loss
         recent.append((record.step, loss))
         if self.episode.active:
             if self.resolve_below is not None:
                 found = self._recovered(state, record)
                 if found:
                     return found
-        elif (
-            len(self.first) > 1 and loss > cfg.blowup_factor * min(self.first)
-        ) or self.rise_count >= TREND_RISE_SHARE * (len(recent) - 1) >= TREND_RISE_SHARE * (
-            TREND_MIN_RECORDS - 1
-        ):
+        elif (len(first) > 1 and loss > cfg.blowup_factor * self.first_min) or count >= TREND_RISE_SHARE * (
+            len(recent) - 1
+        ) >= TREND_RISE_SHARE * (TREND_MIN_RECORDS - 1):
             found = self._blowup(state, record) or self._trend(state, record)
             if found:
                 return found

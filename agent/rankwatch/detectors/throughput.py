@@ -87,8 +87,9 @@ class ThroughputDetector(Detector):
         if slow:
             self.low.append((record.step, value))
         else:
-            self.low.clear()
-            if value >= 0.8 * base and self.episode.close():
+            if self.low:
+                self.low.clear()
+            if self.episode.active and value >= 0.8 * base and self.episode.close():
                 return [
                     finding(
                         "throughput_drop",
