@@ -308,7 +308,7 @@ class LossScaleDetector(Detector):
         if is_step and not record.skipped_iters:  # type: ignore[union-attr]
             if self.streak and ok and scale > max(self.cfg.min_scale * 4, self.cfg.low_scale):  # type: ignore[operator]
                 self.streak = 0  # a step went through at a healthy scale
-            if ok and scale > self.cfg.min_scale * 4 and self.episode.close():  # type: ignore[operator]
+            if self.episode.active and ok and scale > self.cfg.min_scale * 4 and self.episode.close():  # type: ignore[operator]
                 return [
                     finding(
                         "loss_scale_collapse",
