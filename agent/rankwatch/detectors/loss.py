@@ -7,6 +7,7 @@ from bisect import bisect_left
 from collections import deque
 from itertools import islice
 from operator import attrgetter
+from typing import Any
 
 from rankwatch.config.schema import (
     LossDivergenceConfig,
@@ -16,7 +17,9 @@ from rankwatch.config.schema import (
     OverfittingConfig,
 )
 from rankwatch.detectors.base import Detector, Episode, finding, fmt, median, step_noise
-from rankwatch.records import EvalRecord, Finding, Record, Severity, StepRecord
+from rankwatch.detectors.registry import register
+from rankwatch.events import Event
+from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 from rankwatch.state import RankState, finite
 
 
@@ -24,6 +27,7 @@ def _nonfinite(x: float | None) -> bool:
     return x is not None and not math.isfinite(x)
 
 
+@register
 class NanDetector(Detector):
     """Non-finite loss, grad norm, eval loss or loss scale.
 
@@ -35,13 +39,14 @@ class NanDetector(Detector):
 
     kinds = ("nan_loss",)
     accepts = (StepRecord, EvalRecord)
+    section = "detectors.nan"
 
     def __init__(self, cfg: NanConfig, warmup_steps: int) -> None:
         self.cfg = cfg
         self.episode = Episode()
         self.bad_grads = 0
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled:
             return []
         if isinstance(record, EvalRecord):
@@ -94,7 +99,7 @@ class NanDetector(Detector):
             ]
         return []
 
-    def _story(self, state: RankState) -> tuple[str, dict]:
+    def _story(self, state: RankState) -> tuple[str, dict[str, Any]]:
         n = self.cfg.lookback_steps
         grads = [r.grad_norm for r in state.recent_records(n + 1)[:-1] if r.grad_norm is not None]
         history = state.recent("grad_norm", 200)
@@ -150,6 +155,7 @@ SPIKE_MEMORY = 1000  # logged steps a past jump is remembered as "this run's nor
 SPIKE_RECORD_MARGIN = 1.25  # and a new one must beat it by this much to be news
 
 
+@register
 class LossSpikeDetector(Detector):
     """A jump far above the recent mean, beyond the run's own noise, larger than any lately.
 
@@ -160,6 +166,7 @@ class LossSpikeDetector(Detector):
 
     kinds = ("loss_spike",)
     accepts = (StepRecord,)
+    section = "detectors.loss_spike"
 
     def __init__(self, cfg: LossSpikeConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -167,7 +174,7 @@ class LossSpikeDetector(Detector):
         self.quiet_until = -1
         self.ratios: deque[float] = deque(maxlen=SPIKE_MEMORY)  # loss / rolling mean, per logged step
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
         loss = record.loss
@@ -209,6 +216,7 @@ class LossSpikeDetector(Detector):
         return []
 
 
+@register
 class LossDivergenceDetector(Detector):
     """A loss that goes up and stays up, judged from the first step. Three rules:
 
@@ -224,6 +232,7 @@ class LossDivergenceDetector(Detector):
 
     kinds = ("loss_divergence",)
     accepts = (StepRecord,)
+    section = "detectors.loss_divergence"
 
     def __init__(self, cfg: LossDivergenceConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -242,7 +251,7 @@ class LossDivergenceDetector(Detector):
         # A blow-up or trend episode ends when the loss is back under this level.
         self.resolve_below: float | None = None
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
         loss = record.loss
@@ -411,6 +420,7 @@ def _walk_losses(state: RankState, lo: int) -> list[float]:
 _STEP_OF = attrgetter("step")
 
 
+@register
 class LossPlateauDetector(Detector):
     """No meaningful improvement over the last ``window`` training steps, or the last third
     of the run so far when that is longer (however often the log prints). Info only:
@@ -418,6 +428,7 @@ class LossPlateauDetector(Detector):
 
     kinds = ("loss_plateau",)
     accepts = (StepRecord,)
+    section = "detectors.loss_plateau"
 
     def __init__(self, cfg: LossPlateauConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -429,7 +440,7 @@ class LossPlateauDetector(Detector):
         self.back_at = 0  # the number of the last one whose step was below its predecessor's
         self.prev_step: int | None = None
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
         self.observed += 1
@@ -504,9 +515,11 @@ class LossPlateauDetector(Detector):
         return _walk_losses(state, lo)
 
 
+@register
 class OverfittingDetector(Detector):
     kinds = ("overfitting",)
     accepts = (EvalRecord,)
+    section = "detectors.overfitting"
 
     def __init__(self, cfg: OverfittingConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -517,7 +530,7 @@ class OverfittingDetector(Detector):
         self.count = 0
         self.episode = Episode()
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, EvalRecord) or not finite(record.eval_loss):
             return []
         ev = float(record.eval_loss)  # type: ignore[arg-type]
