@@ -316,9 +316,9 @@ class LossScaleDetector(Detector):
             scale = state.last_loss_scale  # DeepSpeed's step lines print no scale; its OVERFLOW lines do
         ok = scale is not None and scale - scale == 0
         if is_step and not record.skipped_iters:  # type: ignore[union-attr]
-            if ok and scale > max(self.cfg.min_scale * 4, self.cfg.low_scale) and self.streak:  # type: ignore[operator]
+            if self.streak and ok and scale > max(self.cfg.min_scale * 4, self.cfg.low_scale):  # type: ignore[operator]
                 self.streak = 0  # a step went through at a healthy scale
-            if ok and scale > self.cfg.min_scale * 4 and self.episode.close():  # type: ignore[operator]
+            if self.episode.active and ok and scale > self.cfg.min_scale * 4 and self.episode.close():  # type: ignore[operator]
                 return [
                     finding(
                         "loss_scale_collapse",

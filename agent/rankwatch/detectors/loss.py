@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
+from itertools import islice
+from operator import attrgetter
 from typing import Any
 
 from rankwatch.config.schema import (
@@ -240,7 +243,10 @@ class LossDivergenceDetector(Detector):
         self.first: list[float] = []  # the run's first finite losses
         self.recent: deque[tuple[int | None, float]] = deque(maxlen=max(3, cfg.trend_records))
         self.rises: deque[bool] = deque(maxlen=max(3, cfg.trend_records) - 1)  # each change a rise?
+        self.rises_max = self.rises.maxlen
         self.rise_count = 0
+        self.first_min = math.inf  # min(self.first)
+        self.last_loss = math.nan  # the newest in self.recent
         self.episode = Episode()
         # A blow-up or trend episode ends when the loss is back under this level.
         self.resolve_below: float | None = None
@@ -253,26 +259,31 @@ class LossDivergenceDetector(Detector):
             return []
         cfg = self.cfg
         self.seen += 1
-        if len(self.first) < FIRST_LOSSES:
-            self.first.append(loss)
-        recent, rises = self.recent, self.rises
+        first = self.first
+        if len(first) < FIRST_LOSSES:
+            first.append(loss)
+            self.first_min = min(first)
+        recent = self.recent
         if recent:
-            up = loss > recent[-1][1]
-            if len(rises) == rises.maxlen:
-                self.rise_count -= rises[0]
+            up = loss > self.last_loss
+            rises = self.rises
+            count = self.rise_count
+            if len(rises) == self.rises_max:
+                count -= rises[0]
             rises.append(up)
-            self.rise_count += up
+            count = self.rise_count = count + up
+        else:
+            count = self.rise_count
+        self.last_loss = loss
         recent.append((record.step, loss))
         if self.episode.active:
             if self.resolve_below is not None:
                 found = self._recovered(state, record)
                 if found:
                     return found
-        elif (
-            len(self.first) > 1 and loss > cfg.blowup_factor * min(self.first)
-        ) or self.rise_count >= TREND_RISE_SHARE * (len(recent) - 1) >= TREND_RISE_SHARE * (
-            TREND_MIN_RECORDS - 1
-        ):
+        elif (len(first) > 1 and loss > cfg.blowup_factor * self.first_min) or count >= TREND_RISE_SHARE * (
+            len(recent) - 1
+        ) >= TREND_RISE_SHARE * (TREND_MIN_RECORDS - 1):
             found = self._blowup(state, record) or self._trend(state, record)
             if found:
                 return found
@@ -391,6 +402,24 @@ class LossDivergenceDetector(Detector):
         ]
 
 
+def _walk_losses(state: RankState, lo: int) -> list[float]:
+    """The finite losses of the newest records back to the first one logged before step
+    ``lo`` (but at least ``PLATEAU_MIN_RECORDS`` of them), oldest first."""
+    losses: list[float] = []
+    for rec in reversed(state.steps):
+        s = rec.step
+        if s is not None and s < lo and len(losses) >= PLATEAU_MIN_RECORDS:
+            break
+        v = rec.loss
+        if v is not None and v - v == 0:
+            losses.append(v)
+    losses.reverse()
+    return losses
+
+
+_STEP_OF = attrgetter("step")
+
+
 @register
 class LossPlateauDetector(Detector):
     """No meaningful improvement over the last ``window`` training steps, or the last third
@@ -407,10 +436,18 @@ class LossPlateauDetector(Detector):
         self.first_step: int | None = None
         self.next_check = 0  # the step from which the window is looked at again
         self.episode = Episode()
+        self.observed = 0  # step records seen, to match them with the state's
+        self.back_at = 0  # the number of the last one whose step was below its predecessor's
+        self.prev_step: int | None = None
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
+        self.observed += 1
+        s, prev = record.step, self.prev_step
+        if s is None or (prev is not None and s < prev):
+            self.back_at = self.observed
+        self.prev_step = s
         loss = record.loss
         if loss is None or loss - loss != 0:
             return []
@@ -424,17 +461,9 @@ class LossPlateauDetector(Detector):
         if step - self.first_step < w or self.seen % PLATEAU_EVERY:
             return []
         self.next_check = step + w // PLATEAU_EVERY
-        losses: list[float] = []
-        for rec in reversed(state.steps):
-            s = rec.step
-            if s is not None and s < step - w and len(losses) >= PLATEAU_MIN_RECORDS:
-                break
-            v = rec.loss
-            if v is not None and v - v == 0:
-                losses.append(v)
+        losses = self._window(state, step - w)
         if len(losses) < PLATEAU_MIN_RECORDS:
             return []
-        losses.reverse()
         q = max(1, len(losses) // 5)
         old, new = median(losses[:q]), median(losses[-q:])
         if old <= 0:
@@ -462,6 +491,28 @@ class LossPlateauDetector(Detector):
                 )
             ]
         return []
+
+    def _window(self, state: RankState, lo: int) -> list[float]:
+        """What ``_walk_losses`` returns, without the walk in the usual case: up to
+        ``HISTORY`` records every tenth of a window, walked in Python, made this rule the
+        dearest part of a healthy step. When every record the state holds came through here
+        with its step in order and a finite loss (a loss is only ever filled in later, never
+        changed), the window is a bisection and the state's own copy of the losses."""
+        recs = state.steps
+        n = len(recs)
+        count = state.step_count
+        missing = state.finite_missing["loss"]
+        if (
+            n
+            and self.observed == count
+            and self.back_at <= count - n + 1
+            and (not missing or missing[-1] <= count - n)
+        ):
+            k = n - bisect_left(recs, lo, key=_STEP_OF)  # newest first, the first from before ``lo``
+            if k >= PLATEAU_MIN_RECORDS or k == n:
+                kept = state.finite_values["loss"]
+                return list(islice(kept, len(kept) - k, None))
+        return _walk_losses(state, lo)
 
 
 @register

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 
 from rankwatch.config.schema import ThroughputConfig
 from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
@@ -81,8 +82,14 @@ class ThroughputDetector(Detector):
             self.taken += 1
             n = len(self.samples)
             if n >= FIRST_BASELINE and (n < cfg.baseline_steps or self.taken % BASELINE_EVERY == 0):
-                window = list(self.samples)[-min(n, cfg.baseline_steps) :]
-                level = median(window)
+                k = min(n, cfg.baseline_steps)
+                if k > 0:
+                    # The median of the last k, as statistics.median takes it (inline: every fifth step).
+                    window = sorted(self.samples) if k == n else sorted(islice(self.samples, n - k, n))
+                    half = k // 2
+                    level = window[half] if k % 2 else (window[half - 1] + window[half]) / 2
+                else:
+                    level = median(list(self.samples)[-k:])
                 if self.baseline is None or level > self.baseline:
                     self.baseline = level
         base = self.baseline
@@ -91,8 +98,9 @@ class ThroughputDetector(Detector):
         if slow:
             self.low.append((record.step, value))
         else:
-            self.low.clear()
-            if value >= 0.8 * base and self.episode.close():
+            if self.low:
+                self.low.clear()
+            if self.episode.active and value >= 0.8 * base and self.episode.close():
                 return [
                     finding(
                         "throughput_drop",

@@ -118,6 +118,8 @@ def strip(raw: str) -> tuple[str, int | None, float | None]:
         raw = _ANSI.sub("", raw)
     if not raw or raw[0] not in _START:
         return raw, None, None
+    if raw[0] == " " and not (raw[1:2] == " " or raw[1:2].isdecimal()):
+        return raw, None, None  # Megatron's " [2024-...] iteration": no srun label (the loop's first test)
     text = raw
     rank: int | None = None
     when: float | None = None

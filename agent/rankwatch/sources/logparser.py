@@ -111,7 +111,11 @@ class LogParser:
         if cut:
             st.cut += 1
         else:
-            recs = self._parse(body, lineno, rank, when)
+            parser = self._parsers.get(rank)
+            if parser is not None and not self._upgrade_left:  # the format is settled: the usual line
+                recs = self._run(parser, body, lineno, rank, when)
+            else:
+                recs = self._parse(body, lineno, rank, when)
             if recs:
                 # A parser's records come first: they tell steps reached before this line's
                 # error (a multi-line record this line completes, a bar drawn before it).
