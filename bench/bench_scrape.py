@@ -33,6 +33,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rankwatch.config.schema import Config, ServerConfig
+from rankwatch.config.snapshot import replaced
 from rankwatch.gpu import fake
 from rankwatch.identity import Identity
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
@@ -88,11 +89,15 @@ async def start_collectors(agent: Agent, cfg: Config) -> Services:
 
 
 async def build_agent(root: Path) -> Agent:
-    cfg = Config()
-    cfg.dumps.dir = str(root / "dumps")
-    cfg.dumps.on_stall = False  # no py-spy of this very process mid-benchmark
-    cfg.alerts.spool_dir = str(root / "spool")
-    cfg.checkpoints.dir = str(write_checkpoints(root / "ckpt", time.time() - 7200))
+    cfg = replaced(
+        Config(),
+        {
+            "dumps.dir": str(root / "dumps"),
+            "dumps.on_stall": False,  # no py-spy of this very process mid-benchmark
+            "alerts.spool_dir": str(root / "spool"),
+            "checkpoints.dir": str(write_checkpoints(root / "ckpt", time.time() - 7200)),
+        },
+    )
     agent = Agent(
         cfg, Identity(run="bench-run-4242", rank=0, local_rank=0, world_size=RANKS, node="gpu-node01")
     )

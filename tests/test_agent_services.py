@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from rankwatch.config.loader import load_config
+from rankwatch.config.snapshot import replaced
 from rankwatch.gpu.fake import FakeBackend, healthy
 from rankwatch.identity import Identity
 from rankwatch.runtime.modes import run_command
@@ -249,8 +250,7 @@ def test_a_runs_first_save_ends_the_checkpoint_allowance(
         def snapshot(self) -> dict:
             return {"last_checkpoint_timestamp_seconds": self.saved}
 
-    cfg = Config()
-    cfg.dumps.dir = str(tmp_path / "dumps")
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
     agent = Agent(cfg, IDENT)
     w = agent.add_watcher([])
     seen: list[str] = []

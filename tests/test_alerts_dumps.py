@@ -16,6 +16,7 @@ import pytest
 from rankwatch.actions.alerts import AlertDispatcher, AlertMessage
 from rankwatch.actions.dump_outcome import DumpOutcome, dump_link
 from rankwatch.config.schema import AlertsConfig, Config
+from rankwatch.config.snapshot import replaced
 from rankwatch.dumps.capture import DumpResult
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
@@ -48,8 +49,7 @@ def test_node_daemon_stall_alert_links_the_stacks(tmp_path: Path, monkeypatch: p
     dumps for rank None: <folder>" into a note the dispatcher parsed back, filed the folder under
     rank None, and the stall alert of rank 1 went out with no link to its stacks."""
     monkeypatch.setattr("rankwatch.runtime.agent.capture", _fake_capture)
-    cfg = Config()
-    cfg.dumps.dir = str(tmp_path / "dumps")
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
     node = Identity(run="job", rank=None, local_rank=None, world_size=2, node="n")
     sink = RecordingSink()
     alerts = AlertsConfig(startup_quiet=0.0, group_wait=0.0, spool_dir=str(tmp_path / "spool"), board_dir="")

@@ -29,6 +29,7 @@ from rankwatch.checkpoints.cli import add_subcommands
 from rankwatch.checkpoints.verify import check_safetensors, check_torch, verify_candidate
 from rankwatch.checkpoints.watcher import CheckpointWatcher
 from rankwatch.config.schema import Config
+from rankwatch.config.snapshot import replaced
 from rankwatch.detectors.checkpoints import DiskRule, OpenFindings, StaleRule
 from rankwatch.identity import Identity
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
@@ -799,12 +800,16 @@ def test_trainer_state_history_is_handed_out_once_newest_tail_only(tmp_path: Pat
 
 
 def _history_services(tmp_path: Path, logs: list[Path]) -> tuple[Agent, Services]:
-    cfg = Config()
-    cfg.gpu.enabled = False
-    cfg.dumps.dir = str(tmp_path / "dumps")
-    cfg.alerts.spool_dir = str(tmp_path / "spool")
-    cfg.checkpoints = CheckpointConfig(
-        dir=str(tmp_path / "ckpt"), settle=0.0, mode="poll", poll_interval=0.05
+    cfg = replaced(
+        Config(),
+        {
+            "gpu.enabled": False,
+            "dumps.dir": str(tmp_path / "dumps"),
+            "alerts.spool_dir": str(tmp_path / "spool"),
+            "checkpoints": CheckpointConfig(
+                dir=str(tmp_path / "ckpt"), settle=0.0, mode="poll", poll_interval=0.05
+            ),
+        },
     )
     agent = Agent(cfg, Identity(run="h", rank=0, local_rank=0, world_size=1, node="n"))
     agent.add_watcher(logs)

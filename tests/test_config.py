@@ -348,6 +348,36 @@ def test_env_interpolation_types_the_result(tmp_path: Path) -> None:
     assert cfg.logs.regex == "literal ${NOT_A_VAR} and $$ and $HOME"
 
 
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("0x1F", 31),
+        ("1_000", 1000),
+        ("010", 8),  # YAML 1.1 octal, as PyYAML reads it
+        ("+7", 7),
+        ("a: b", "a: b"),  # would not stay one plain scalar: a string, not a mapping
+        ("[1]", "[1]"),
+        ("7 # c", "7 # c"),
+    ],
+)
+def test_env_text_is_typed_as_yaml_types_it_in_place(tmp_path: Path, text: str, value: object) -> None:
+    """Through PyYAML's public API (compose, serialize, safe_load): the forms YAML 1.1 has."""
+    if isinstance(value, int):
+        cfg = load_config(write(tmp_path, "detectors:\n  warmup_steps: ${W}\n"), env={"W": text})
+        assert cfg.detectors.warmup_steps == value
+        assert load_config(write(tmp_path, f"detectors:\n  warmup_steps: {text}\n"), env={}) == cfg
+    else:
+        cfg = load_config(write(tmp_path, "run:\n  name: ${N}\n"), env={"N": text})
+        assert cfg.run.name == value
+
+
+def test_scalars_pyyaml_refuses_name_line_and_key(tmp_path: Path) -> None:
+    err = error_of(tmp_path, "run:\n  rank: 0\ndetectors:\n  nan:\n    enabled: !!bool maybe\n")
+    assert (err.line, err.key) == (5, "detectors.nan.enabled") and "invalid value 'maybe'" in err.message
+    err = error_of(tmp_path, "logs:\n  sniff_lines: !!int many\n")
+    assert (err.line, err.key) == (2, "logs.sniff_lines") and "invalid value 'many'" in err.message
+
+
 def test_env_value_is_validated_like_literal_text(tmp_path: Path) -> None:
     err = error_of(
         tmp_path, "run:\n  rank: 0\ndetectors:\n  warmup_steps: ${WARMUP}\n", env={"WARMUP": "many"}
@@ -611,7 +641,7 @@ def test_render_round_trips_awkward_values(tmp_path: Path) -> None:
         "run": {"name": "yes", "node": "${HOME} and $${X}", "rank": 3},
         "logs": {
             "regex": "(?P<step>\\d+): 'loss' # \"x\"\nnext",
-            "encoding": "123",
+            "encoding": "8859",  # latin-1, and it looks like a number
             "poll_interval": 0.1234567,
             "max_line_bytes": 1536,
             "format": "regex",

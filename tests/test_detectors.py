@@ -6,6 +6,7 @@ import random
 import pytest
 
 from rankwatch.config.schema import DetectorsConfig, RankLagConfig
+from rankwatch.config.snapshot import replaced
 from rankwatch.detectors.crossrank import cross_rank
 from rankwatch.engine import RankEngine
 from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Severity, StepRecord
@@ -152,8 +153,7 @@ def test_divergence() -> None:
 
 
 def test_plateau_is_info_only() -> None:
-    cfg = DetectorsConfig()
-    cfg.loss_plateau.window = 200
+    cfg = replaced(DetectorsConfig(), {"loss_plateau.window": 200})
     rng = random.Random(1)
     recs = [StepRecord(step=s, loss=3.0 + rng.gauss(0, 0.01)) for s in range(1, 800)]
     fs = [f for f in run(recs, cfg) if f.kind == "loss_plateau"]

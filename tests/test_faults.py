@@ -20,7 +20,7 @@ import pytest
 
 from faultlib import free_port, live_watch, metric, until
 from rankwatch.config.loader import config_from_yaml, load_config
-from rankwatch.runtime.reload import ConfigReloader, ConfigSource
+from rankwatch.runtime.reload import ConfigSource
 from rankwatch.runtime.watcher import RankWatcher
 
 pytestmark = pytest.mark.faults
@@ -97,28 +97,6 @@ def test_config_hot_edit_invalid_keeps_last_good_then_valid_edit_applies(
         assert _count(caplog, "config error") == 1
 
     asyncio.run(main())
-
-
-def test_config_reload_names_keys_that_need_a_restart(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO)
-    path = tmp_path / "rw.yaml"
-    path.write_text("alerts: {min_severity: warning}\ndumps: {dir: a}\n")
-    cfg = load_config(path)
-    r = ConfigReloader(ConfigSource(path, lambda: load_config(path)), cfg)
-    assert r.check() is None
-    path.write_text("alerts: {min_severity: critical}\ndumps: {dir: b}\ndetectors: {warmup_steps: 7}\n")
-    assert r.check() == "ok"
-    assert (
-        cfg.alerts.min_severity == "critical" and cfg.dumps.dir == "a" and cfg.detectors.warmup_steps == 100
-    )
-    (msg,) = [x.getMessage() for x in caplog.records if "reloaded" in x.getMessage()]
-    assert "applied alerts.min_severity" in msg
-    assert "needs a restart to take effect: detectors.warmup_steps, dumps.dir" in msg
-    path.unlink()  # a deleted config file is an error too, not a crash
-    assert r.check() == "error" and r.last_success is False
-    assert r.check() is None
 
 
 # --- log rotation, deletion, garbage -----------------------------------------------------

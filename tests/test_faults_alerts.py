@@ -26,6 +26,7 @@ from rankwatch.actions.alerts.dispatcher import retry_window
 from rankwatch.actions.alerts.message import AlertMessage, DeliveryError
 from rankwatch.actions.alerts.webhook import WebhookSink
 from rankwatch.config.schema import AlertsConfig
+from rankwatch.config.snapshot import replaced
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
 
@@ -434,7 +435,8 @@ def test_a_resolve_owed_at_the_kill_is_sent_after_the_restart(tmp_path: Path) ->
         d1.send(nan(35))
         await step(d1, clock)
         await until(lambda: len(sink.alerts) == 1)
-        d1.cfg.group_wait = 3600.0  # the resolve waits in its group when the agent is killed
+        # the resolve waits in its group when the agent is killed
+        d1.refresh_policy(replaced(d1.cfg, group_wait=3600.0))
         d1.send(nan(41, resolved=True))
         d1.wake()
         await until(lambda: bool(saved(d1)) and saved(d1)[0]["resolve_pending"])
@@ -463,7 +465,7 @@ def test_a_nan_after_a_resolve_owed_at_the_kill_is_a_new_alert_not_a_flap(tmp_pa
         d1.send(nan(31))
         await step(d1, clock)
         await until(lambda: len(sink.alerts) == 1)
-        d1.cfg.group_wait = 3600.0
+        d1.refresh_policy(replaced(d1.cfg, group_wait=3600.0))
         d1.send(nan(36, resolved=True))
         d1.wake()
         await until(lambda: bool(saved(d1)) and saved(d1)[0]["resolve_pending"])

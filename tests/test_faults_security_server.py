@@ -31,6 +31,7 @@ import aiohttp
 import pytest
 
 from rankwatch.config.schema import Config, ServerConfig
+from rankwatch.config.snapshot import replaced
 from rankwatch.identity import Identity
 from rankwatch.records import StepRecord
 from rankwatch.runtime.agent import Agent
@@ -44,8 +45,7 @@ DROPPED = "rankwatch_http_connections_dropped_total"
 
 
 def _agent(tmp_path: Path) -> Agent:
-    cfg = Config()
-    cfg.dumps.dir = str(tmp_path / "dumps")
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
     agent = Agent(cfg, IDENT)
     log = tmp_path / "rank-0.log"
     log.touch()

@@ -30,6 +30,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from rankwatch.config.schema import Config
+from rankwatch.config.snapshot import replaced
 from rankwatch.exporter import render
 from rankwatch.exporter.checkpoints import _GAUGES as CHECKPOINT_GAUGES
 from rankwatch.gpu.fake import FakeBackend, healthy, xid
@@ -74,8 +75,7 @@ def _builder() -> ModuleType:
 def _exported_names(tmp_path: Path) -> set[str]:
     """Series names of a fully populated agent: every printed value, a finding, alert
     stats, the process, fake NVML GPUs (one with an Xid) and a checkpoint snapshot."""
-    cfg = Config()
-    cfg.dumps.dir = str(tmp_path / "dumps")
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
     ident = Identity(run="t", rank=0, local_rank=0, world_size=2, node="n1", job_end=time.time() + 3600)
     agent = Agent(cfg, ident)
     w = agent.add_watcher([tmp_path / "rank-0.log"], ident)

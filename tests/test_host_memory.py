@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rankwatch.config.schema import Config, HostMemoryConfig
+from rankwatch.config.snapshot import replaced
 from rankwatch.detectors.host_memory import KIND, HostMemoryDetector
 from rankwatch.engine import RankEngine
 from rankwatch.events import ProcessSample
@@ -104,8 +105,7 @@ def test_it_resolves_when_the_growth_stops_and_when_the_process_exits() -> None:
 
 
 def test_disabled_by_config() -> None:
-    cfg = Config()
-    cfg.detectors.host_memory.enabled = False
+    cfg = replaced(Config(), {"detectors.host_memory.enabled": False})
     assert run(leak(4 * GiB, 400 * MiB), 60, limit=24 * GiB, cfg=cfg) == []
 
 

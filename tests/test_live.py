@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from faultlib import stop_processes
+from rankwatch.config.snapshot import replaced
 from rankwatch.dumps.store import DumpStore, IncidentInfo
 
 TRAINER = [sys.executable, "-m", "rankwatch.demo.trainer"]
@@ -235,9 +236,7 @@ def test_stall_finding_says_when_dumps_are_off(tmp_path: Path) -> None:
     from rankwatch.records import Finding, Severity
     from rankwatch.runtime.agent import Agent
 
-    cfg = Config()
-    cfg.dumps.on_stall = False
-    cfg.dumps.dir = str(tmp_path / "dumps")
+    cfg = replaced(Config(), {"dumps.on_stall": False, "dumps.dir": str(tmp_path / "dumps")})
     agent = Agent(cfg, Identity(run="r", rank=0, local_rank=0, world_size=1, node="n"))
     msg = "no progress for 61s; process alive, idle. Judged from: step lines."
     agent.emit(Finding("stall", Severity.CRITICAL, 0, msg))

@@ -18,6 +18,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from rankwatch.config.schema import Config
+from rankwatch.config.snapshot import replaced
 from rankwatch.exporter import make_registry, render
 from rankwatch.exporter.process import STATES
 from rankwatch.identity import Identity
@@ -42,8 +43,7 @@ ALLOWED_LABELS = RANK_LABELS | {
 
 
 def _agent(tmp_path: Path, ranks: int = 1) -> Agent:
-    cfg = Config()
-    cfg.dumps.dir = str(tmp_path / "dumps")
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
     agent = Agent(cfg, dataclasses.replace(IDENT, world_size=max(2, ranks)))
     for r in range(ranks):
         ident = dataclasses.replace(agent.identity, rank=r, local_rank=r % 8, node=f"n{1 + r // 8}")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rankwatch.config.schema import Config
+from rankwatch.config.snapshot import replaced
 from rankwatch.dumps import ptrace
 from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, tracer_preexec, yama_scope
 from rankwatch.identity import Identity
@@ -75,8 +76,7 @@ def test_tracer_preexec_only_where_yama_would_refuse_and_child_still_runs() -> N
 def test_watch_mode_stall_says_up_front_that_yama_will_refuse(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg = Config()
-    cfg.dumps.dir = str(tmp_path / "dumps")
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
     a = Agent(cfg, Identity(rank=0, local_rank=0, world_size=1, node="n", run="t"))
     monkeypatch.setattr(agent_mod, "find_py_spy", lambda _exe: "/usr/bin/py-spy")
     monkeypatch.setattr(agent_mod, "yama_scope", lambda: 1)

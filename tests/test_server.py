@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
 from rankwatch.config.schema import Config, ServerConfig
+from rankwatch.config.snapshot import replaced
 from rankwatch.dumps.capture import DumpResult
 from rankwatch.dumps.store import incident_name
 from rankwatch.identity import Identity
@@ -32,8 +33,7 @@ TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
 def _agent(tmp_path: Path, ranks: int = 2, logs: bool = True) -> Agent:
-    cfg = Config()
-    cfg.dumps.dir = str(tmp_path / "dumps")
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
     agent = Agent(cfg, IDENT)
     now = time.time()
     for r in range(ranks):

@@ -24,6 +24,7 @@ import aiohttp
 import pytest
 
 from rankwatch.config.schema import Config, ServerConfig
+from rankwatch.config.snapshot import replaced
 from rankwatch.dumps.capture import DumpResult
 from rankwatch.dumps.store import incident_name
 from rankwatch.gpu.backend import GpuSample
@@ -90,8 +91,7 @@ def _parse(html: str) -> _Page:
 
 
 def _agent(tmp_path: Path, ranks: int = 2) -> Agent:
-    cfg = Config()
-    cfg.dumps.dir = str(tmp_path / "dumps")
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
     agent = Agent(cfg, IDENT)
     now = time.time()
     for r in range(ranks):

@@ -122,9 +122,9 @@ def _cores() -> int:
 
 
 def _lines(path: str, cfg: Config, prefetch: bool) -> Iterator[FollowedLine]:
-    limit = cfg.logs.max_line_bytes
+    limit, encoding = cfg.logs.max_line_bytes, cfg.logs.encoding
     kind = compression_of(path)
-    if prefetch and os.name == "posix":
+    if prefetch and os.name == "posix" and encoding == "utf-8":  # the reading child decodes UTF-8
         st = os.stat(path)
         # A compressed log holds 5 to 100 times its size in text, and decompressing it is more
         # work for the second process to take.
@@ -136,8 +136,10 @@ def _lines(path: str, cfg: Config, prefetch: bool) -> Iterator[FollowedLine]:
                 require_readable(kind, path)  # fails here, not in the child
             return prefetched_lines(path, max_line_bytes=limit, compression=kind)
     if kind is not None:
-        return read_lines(open_decompressed(path, kind), max_line_bytes=limit, drop=NOISE, label=path)
-    return read_lines(path, max_line_bytes=limit, drop=NOISE)
+        return read_lines(
+            open_decompressed(path, kind), max_line_bytes=limit, drop=NOISE, label=path, encoding=encoding
+        )
+    return read_lines(path, max_line_bytes=limit, drop=NOISE, encoding=encoding)
 
 
 def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bool = False) -> FileResult:

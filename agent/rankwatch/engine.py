@@ -10,11 +10,15 @@ detector's bug.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import cast
+from collections import deque
+from typing import Any, cast
 
 from rankwatch.config.schema import Config, DetectorsConfig
 from rankwatch.detectors import Detector, DetectorContext, build_detectors
+from rankwatch.detectors.base import Episode
+from rankwatch.detectors.registry import load_all
 from rankwatch.events import Event
 from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Record, StepRecord
 from rankwatch.state import RankState
@@ -37,7 +41,8 @@ class RankEngine:
         if isinstance(cfg, DetectorsConfig):
             cfg = Config(detectors=cfg)
         self.state = RankState(rank=rank, path=path)
-        ctx = DetectorContext(rank=rank, path=path, started=started, job_end=job_end)
+        self.cfg = cfg
+        self.ctx = ctx = DetectorContext(rank=rank, path=path, started=started, job_end=job_end)
         self.detectors: list[Detector] = build_detectors(cfg, ctx)
         self.internal_errors = 0
         self._logged: set[str] = set()
@@ -91,6 +96,39 @@ class RankEngine:
                     self._logged.add(name)
                     log.error("detector %s emitted kind %r it does not declare", type(det).__name__, f.kind)
 
+    def reconfigure(self, cfg: Config) -> None:
+        """A new config snapshot (hot reload). What a detector can take is derived from the
+        detector: two fresh ones are built, from the old and the new snapshot. Where they differ
+        only in the config sections they hold, the settings are read on every use, and the
+        running detector takes the new sections and keeps its state. Where the config shaped
+        the detector when it was built (a window is a deque's length, a warm-up a number it
+        keeps), the fresh one replaces it, with the running one's open episodes, so a condition
+        still active stays one alert and still resolves."""
+        running = {type(d): d for d in self.detectors}
+        out: list[Detector] = []
+        for cls in load_all():
+            new = cls.create(cfg, self.ctx)
+            if new is None:
+                continue
+            det = running.get(cls)
+            if det is None:
+                out.append(new)
+                continue
+            old = cls.create(self.cfg, self.ctx)
+            if old is not None and _shape(old) == _shape(new):
+                for name, value in vars(new).items():
+                    if _is_section(value):
+                        setattr(det, name, value)
+                out.append(det)
+                continue
+            for name, value in vars(det).items():
+                if isinstance(value, Episode):
+                    setattr(new, name, value)
+            out.append(new)
+        self.cfg = cfg
+        self.detectors = out
+        self._routes.clear()
+
     def _failed(self, det: Detector) -> None:
         self.internal_errors += 1
         name = type(det).__name__
@@ -99,3 +137,31 @@ class RankEngine:
             log.exception(
                 "detector %s failed on rank %s (further failures counted only)", name, self.state.rank
             )
+
+
+def _is_section(value: object) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _shape(value: Any, depth: int = 0) -> Any:
+    """A fresh detector's state, config sections left out: equal for two fresh detectors
+    unless the config shaped it (a deque's length, a number it copied)."""
+    if depth > 4:
+        return type(value).__name__
+    if _is_section(value):
+        return "section"
+    if isinstance(value, deque):
+        return ("deque", value.maxlen, [_shape(v, depth + 1) for v in value])
+    if isinstance(value, (list, tuple)):
+        return [_shape(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {k: _shape(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    fields = getattr(value, "__dict__", None)
+    if fields is None:
+        slots = getattr(type(value), "__slots__", ())
+        fields = {k: getattr(value, k) for k in slots if hasattr(value, k)}
+    if fields or hasattr(value, "__dict__"):
+        return (type(value).__name__, {k: _shape(v, depth + 1) for k, v in fields.items()})
+    return type(value).__name__

@@ -1,19 +1,33 @@
 """Blocking calls that may hang (a dead NFS mount, a stuck driver) without the agent hanging.
 
-Not ``asyncio.to_thread``: the default executor's threads are joined when ``asyncio.run``
-returns and are shared with process sampling, so one call stuck on a dead mount would keep
-the agent from exiting and starve everything else; a daemon thread is simply left behind.
+The one policy for blocking I/O from the event loop: every filesystem call (dump store,
+spool, alert state, config file, checkpoint folders) goes through ``call``, which runs it on
+a daemon thread of its own and stops waiting after a timeout. Not ``asyncio.to_thread``:
+the default executor's threads are joined when ``asyncio.run`` returns and are shared with
+process sampling, so one call stuck on a dead mount would keep the agent from exiting and
+starve everything else; a daemon thread is simply left behind. A timeout is logged once per
+kind of call (its thread ``name``), counted in ``timeouts`` and, where the caller passes its
+``errors`` counters, in ``rankwatch_internal_errors_total``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger("rankwatch.offloop")
+
+# Calls given up on, by name (the kind of call); read by tests and by whoever reports them.
+timeouts: dict[str, int] = {}
+# Timeouts of the filesystem calls (``one_stuck``) made through this module: a healthy local
+# disk answers in milliseconds, a dead NFS/Lustre mount never; long enough for a slow one.
+FS_TIMEOUT_S = 30.0
 
 
 def in_daemon(fn: Callable[..., T], *args: Any, name: str = "rankwatch-io") -> asyncio.Future[T]:
@@ -42,6 +56,77 @@ def in_daemon(fn: Callable[..., T], *args: Any, name: str = "rankwatch-io") -> a
     return fut
 
 
-async def call(fn: Callable[..., T], *args: Any, timeout: float, name: str = "rankwatch-io") -> T:
-    """``in_daemon`` awaited for at most ``timeout`` seconds (TimeoutError; the thread stays)."""
-    return await asyncio.wait_for(asyncio.shield(in_daemon(fn, *args, name=name)), timeout)
+async def call(
+    fn: Callable[..., T],
+    *args: Any,
+    timeout: float,
+    name: str = "rankwatch-io",
+    errors: dict[str, int] | None = None,
+    component: str = "io",
+    one_stuck: bool = False,
+) -> T:
+    """``in_daemon`` awaited for at most ``timeout`` seconds (TimeoutError; the thread stays).
+
+    A timeout is logged the first time for each ``name`` and counted: in ``timeouts[name]``
+    and, given the agent's ``errors`` counters, in ``errors[component]``. ``one_stuck`` (the
+    filesystem calls): while a call of this ``name`` that timed out has not returned, the next
+    one times out at once instead of leaving one more thread on the hung mount."""
+    if one_stuck:
+        stuck = _stuck.get(name)
+        if stuck is not None and not stuck.is_set():
+            gave_up(name, timeout, errors, component)
+            raise asyncio.TimeoutError(f"{name}: an earlier call is still blocked")
+    returned = threading.Event()
+
+    def run(*a: Any) -> T:
+        try:
+            return fn(*a)
+        finally:
+            returned.set()
+
+    try:
+        return await asyncio.wait_for(asyncio.shield(in_daemon(run, *args, name=name)), timeout)
+    except asyncio.TimeoutError:
+        if one_stuck:
+            _stuck[name] = returned
+        gave_up(name, timeout, errors, component)
+        raise
+
+
+# name -> "the call given up on has returned", for ``one_stuck`` calls
+_stuck: dict[str, threading.Event] = {}
+
+
+async def fs(
+    fn: Callable[..., T],
+    *args: Any,
+    name: str,
+    errors: dict[str, int] | None = None,
+    component: str = "io",
+    timeout: float | None = None,
+) -> T:
+    """A filesystem call from the event loop: ``call`` with ``FS_TIMEOUT_S`` and ``one_stuck``.
+    ``name`` is the store it touches (``rankwatch-dumps``, ``rankwatch-spool``, ...)."""
+    return await call(
+        fn,
+        *args,
+        timeout=FS_TIMEOUT_S if timeout is None else timeout,
+        name=name,
+        errors=errors,
+        component=component,
+        one_stuck=True,
+    )
+
+
+def gave_up(name: str, timeout: float, errors: dict[str, int] | None = None, component: str = "io") -> None:
+    """Count (and the first time, log) a blocking call given up on after ``timeout`` seconds."""
+    n = timeouts[name] = timeouts.get(name, 0) + 1
+    if errors is not None:
+        errors[component] = errors.get(component, 0) + 1
+    if n == 1:
+        log.warning(
+            "%s: a blocking call did not return within %.3gs (hung filesystem?); it is left on a "
+            "daemon thread and the agent goes on; further timeouts are only counted",
+            name,
+            timeout,
+        )

@@ -87,9 +87,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         max_depth=args.max_depth,
         deep=args.deep or bool(args.manifest),
         manifest=args.manifest,
+        **({"settle": args.settle} if args.settle is not None else {}),
     )
-    if args.settle is not None:
-        cfg.settle = args.settle
     catalog, scan = inspect(root, cfg, args.bad_from)
     entries = catalog.ordered()
     good = catalog.last_good()

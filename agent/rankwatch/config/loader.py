@@ -3,7 +3,9 @@
 The loader works on the YAML *node* tree (``yaml.compose``) rather than on loaded
 Python values so that every error can name the file, the line and the dotted key
 the user has to fix. It walks the schema generically (``dataclasses.fields`` and
-``typing.get_type_hints``), so new sections need no loader change.
+``typing.get_type_hints``), so new sections need no loader change. It uses PyYAML's public
+API only (``compose`` for the tree and its marks, ``serialize`` + ``safe_load`` for a value
+in a form this module does not type itself), never a loader's constructor state.
 
 Rules worth knowing:
 
@@ -30,7 +32,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePath
-from typing import Any, Literal, NoReturn, cast
+from typing import Any, Literal, NoReturn
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -64,6 +66,11 @@ __all__ = [
 _T = "tag:yaml.org,2002:"
 NULL, BOOL, INT, FLOAT, STR, MERGE = (_T + t for t in ("null", "bool", "int", "float", "str", "merge"))
 _EXPONENT_FLOAT = re.compile(r"[-+]?(?:\d[\d_]*\.?\d*|\.\d+)[eE][-+]?\d+")
+# Scalars in the forms config files use, typed here; any other form (0x1F, 1_000, 1:30,
+# timestamps, explicit tags) is constructed by PyYAML itself (``_scalar_value``).
+_PLAIN_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
+_PLAIN_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_BOOLS = {"yes": True, "no": False, "true": True, "false": False, "on": True, "off": False}
 _ENV_TOKEN = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -164,6 +171,50 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+# -- YAML through PyYAML's public API: compose, serialize, safe_load ---------------------
+
+
+def _plain_tag(text: str) -> str:
+    """The tag YAML gives ``text`` written unquoted as a value (``2.0`` a float, ``off`` a
+    bool, ``30s`` a string): ``yaml.compose`` of the text alone; text that would not stay one
+    plain scalar (``a: b``, ``[x]``, ``# c``, a trailing space) is a string."""
+    if text == "":
+        return NULL
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return STR
+    if not isinstance(node, ScalarNode) or node.style is not None or node.value != text:
+        return STR
+    return str(node.tag)
+
+
+def _scalar_value(node: ScalarNode) -> Any:
+    """The Python value of a scalar node with a YAML core tag (null, bool, int, float, ...)."""
+    value, tag = node.value, node.tag
+    if tag == NULL and node.style is None and value in ("", "~", "null", "Null", "NULL"):
+        return None
+    if tag == BOOL and value.lower() in _BOOLS:
+        return _BOOLS[value.lower()]
+    if tag == INT and _PLAIN_INT.fullmatch(value):
+        return int(value)
+    if tag == FLOAT and _PLAIN_FLOAT.fullmatch(value):
+        return float(value)
+    return _node_value(node)
+
+
+def _problem(e: Exception) -> str:
+    """An exception's text without the position inside the re-serialized scalar."""
+    if isinstance(e, yaml.MarkedYAMLError):
+        return str(e.problem or e.context or "not a valid value")
+    return str(e)
+
+
+def _node_value(node: Node) -> Any:
+    """What ``yaml.safe_load`` makes of ``node`` (a tree composed earlier, with its tags)."""
+    return yaml.safe_load(yaml.serialize(node))
+
+
 # -- node -> dataclass tree --------------------------------------------------------------
 
 
@@ -171,7 +222,6 @@ class _Builder:
     def __init__(self, file: str | None, env: Mapping[str, str] | None) -> None:
         self.file = file
         self.env = env
-        self.yaml = yaml.SafeLoader("")
 
     def fail(self, message: str, node: Node | None, path: str) -> NoReturn:
         mark = node.start_mark if node is not None else None
@@ -284,18 +334,16 @@ class _Builder:
             return value
 
         text = _ENV_TOKEN.sub(replace, node.value)
-        tag = str(self.yaml.resolve(ScalarNode, text, (True, False))) if substituted else node.tag  # type: ignore[no-untyped-call]
+        tag = _plain_tag(text) if substituted else node.tag
         return ScalarNode(
             tag, text, node.start_mark, node.end_mark, style=None if substituted else node.style
         )
 
     def _construct(self, node: ScalarNode, path: str) -> Any:
         try:
-            return self.yaml.construct_object(node)
+            return _scalar_value(node)
         except Exception as e:
-            self.fail(f"invalid value {node.value!r}: {e}", node, path)
-        finally:
-            self.yaml.constructed_objects.clear()
+            self.fail(f"invalid value {node.value!r}: {_problem(e)}", node, path)
 
     def _scalar_text(self, node: ScalarNode, hint: Any, path: str) -> str:
         if node.tag == NULL:
@@ -351,9 +399,9 @@ class _Builder:
 
     def _construct_any(self, node: Node, path: str) -> Any:
         try:
-            return self.yaml.construct_document(node)
+            return _node_value(node)
         except Exception as e:
-            self.fail(f"invalid value: {e}", node, path)
+            self.fail(f"invalid value: {_problem(e)}", node, path)
 
     # collections
 
@@ -525,7 +573,8 @@ def _build(node: Node | None, cls: type, file: str | None, env: Mapping[str, str
 def config_from_yaml(text: str, *, source: str = "<string>", env: Mapping[str, str] | None = None) -> Config:
     """Validate YAML text; ``env`` defaults to ``os.environ`` for ``${VAR}`` interpolation."""
     text = text.removeprefix("\ufeff")
-    return cast(Config, _build(_parse_yaml(text, source), Config, source, os.environ if env is None else env))
+    cfg: Config = _build(_parse_yaml(text, source), Config, source, os.environ if env is None else env)
+    return cfg
 
 
 def load_config(path: str | os.PathLike[str] | None, *, env: Mapping[str, str] | None = None) -> Config:
@@ -557,15 +606,11 @@ class _Text(str):
     __slots__ = ()
 
 
-_RESOLVER = yaml.SafeLoader("")
-
-
 def _to_node(value: Any, path: str, source: str) -> Node:
     if isinstance(value, enum.Enum):
         return _to_node(value.value, path, source)
     if isinstance(value, _Text):
-        tag = str(_RESOLVER.resolve(ScalarNode, str(value), (True, False)))  # type: ignore[no-untyped-call]
-        return ScalarNode(tag, str(value))
+        return ScalarNode(_plain_tag(str(value)), str(value))
     if isinstance(value, Mapping):
         pairs = [
             (_to_node(k, path, source), _to_node(v, _join(path, str(k)), source)) for k, v in value.items()
@@ -588,7 +633,8 @@ def _to_node(value: Any, path: str, source: str) -> Node:
 
 def config_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Config:
     """Validate plain Python data (no line numbers, no ``${VAR}`` interpolation)."""
-    return cast(Config, _from_plain(data, Config, source))
+    cfg: Config = _from_plain(data, Config, source)
+    return cfg
 
 
 def _from_plain(data: Any, cls: type, source: str) -> Any:
@@ -646,7 +692,8 @@ def with_overrides(cfg: Config, overrides: Mapping[str, object]) -> Config:
                 raise ConfigError(f"{'.'.join(parts[: i + 1])!r} is not a section", file=source, key=dotted)
             target = nxt
         _merge(target, {parts[-1]: value})
-    return cast(Config, _from_plain(plain, type(cfg), source))
+    out: Config = _from_plain(plain, type(cfg), source)
+    return out
 
 
 def parse_override(text: str) -> tuple[str, object]:

@@ -9,7 +9,6 @@ the exception: they print as the ``${VAR}`` to take them from (webhook headers a
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import enum
 import os
@@ -155,28 +154,33 @@ def redacted(cfg: Config) -> Config:
     but lose their userinfo, secret query values and key-like path segments."""
     from rankwatch.config.loader import SECRET_KEYS
     from rankwatch.config.redact import redact_url
+    from rankwatch.config.snapshot import replaced
 
-    out = copy.deepcopy(cfg)
+    changes: dict[str, Any] = {}
     for dotted in [*SECRET_KEYS, "alerts.webhook.headers"]:
         *parents, leaf = dotted.split(".")
-        section: Any = out
+        section: Any = cfg
         for p in parents:
             section = getattr(section, p, None)
         value = getattr(section, leaf, None)
         if isinstance(value, dict):
-            setattr(section, leaf, {k: REDACTED for k in value})
+            changes[dotted] = {k: REDACTED for k in value}
         elif value:
-            setattr(section, leaf, EnvRef(f"${{{SECRET_KEYS[dotted]}}}"))
+            changes[dotted] = EnvRef(f"${{{SECRET_KEYS[dotted]}}}")
+    out = replaced(cfg, changes)
     alerts = getattr(out, "alerts", None)
     if alerts is None:
         return out
-    for sink in (alerts.webhook, alerts.alertmanager):
-        sink.urls = [redact_url(u) for u in sink.urls]
-        sink.names = {redact_url(u): n for u, n in sink.names.items()}
+    more: dict[str, Any] = {}
+    for name in ("webhook", "alertmanager"):
+        sink = getattr(alerts, name)
+        more[f"alerts.{name}.urls"] = type(sink.urls)(redact_url(u) for u in sink.urls)
+        more[f"alerts.{name}.names"] = {redact_url(u): n for u, n in sink.names.items()}
     if alerts.grafana_url:
-        alerts.grafana_url = redact_url(alerts.grafana_url)
+        more["alerts.grafana_url"] = redact_url(alerts.grafana_url)
     if alerts.slack.base_url:
-        alerts.slack.base_url = redact_url(alerts.slack.base_url)
+        more["alerts.slack.base_url"] = redact_url(alerts.slack.base_url)
+    out = replaced(out, more)
     return out
 
 

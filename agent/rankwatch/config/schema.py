@@ -3,12 +3,14 @@
 Each section is a dataclass; a field's ``metadata["doc"]`` is the one-line help that
 ``rankwatch config show`` prints next to the key. Types the loader understands: bool,
 int, float, str, ``Duration`` (seconds, written ``30s``/``10m``/``2h``), ``Size`` (bytes,
-written ``512MiB``), ``X | None``, ``list[str]``, ``dict[str, str]``, ``Literal[...]`` and
-nested sections.
+written ``512MiB``), ``X | None``, ``tuple[str, ...]`` (a YAML list), ``dict[str, str]``,
+``Literal[...]`` and nested sections. Sections are frozen: a config is an immutable snapshot
+(``config.snapshot.replaced`` makes a changed copy); lists are tuples for the same reason.
 """
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from typing import Any, Literal, NewType
 from urllib.parse import urlsplit
@@ -68,11 +70,27 @@ def _has_userinfo(url: str) -> bool:
     return parts.username is not None or parts.password is not None
 
 
+def _encoding_problem(name: str) -> str | None:
+    """Why a log cannot be read in encoding ``name``, or None: lines are split on the bytes
+    of ``\\n`` and ``\\r`` before decoding, so ASCII must be itself in it (not UTF-16)."""
+    ascii_text = bytes(range(1, 128))
+    try:
+        codecs.lookup(name)
+        same = ascii_text.decode(name) == ascii_text.decode("ascii")
+    except LookupError:
+        return f"unknown encoding {name!r}"
+    except (UnicodeError, TypeError):
+        same = False
+    if not same:
+        return f"{name!r} does not keep ASCII as single bytes (lines cannot be found); use e.g. latin-1"
+    return None
+
+
 def section(cls: type, doc: str) -> Any:
     return field(default_factory=cls, metadata={"doc": doc})
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     name: str | None = opt(None, "run label; default: SLURM_JOB_ID, TORCHELASTIC_RUN_ID, else 'default'")
     rank: int | None = opt(
@@ -86,7 +104,7 @@ class RunConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class LogsConfig:
     format: LogFormat = opt("auto", "log format; 'auto' sniffs the first lines")
     regex: str | None = opt(
@@ -103,10 +121,19 @@ class LogsConfig:
         "watch mode: how much of an existing log is re-read at start to rebuild the detectors' "
         "windows (baselines, last step); nothing found in it is reported again. 0: none",
     )
-    encoding: str = opt("utf-8", "bytes that do not decode are replaced, never fatal")
+    encoding: str = opt(
+        "utf-8",
+        "how the log's bytes are decoded, for the live tail, its replay and analyze (e.g. latin-1, "
+        "cp1252; an encoding in which newline and carriage return are single ASCII bytes); bytes "
+        "that do not decode are replaced, never fatal",
+    )
+
+    def problems(self) -> list[tuple[str, str]]:
+        why = _encoding_problem(self.encoding)
+        return [("encoding", why)] if why else []
 
 
-@dataclass
+@dataclass(frozen=True)
 class NanConfig:
     enabled: bool = opt(True, "non-finite loss, grad norm, eval loss or loss scale")
     zero_loss_min_prior: float = opt(
@@ -115,7 +142,7 @@ class NanConfig:
     lookback_steps: int = opt(10, "steps before a NaN inspected to tell blow-up from bad batch")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LossSpikeConfig:
     enabled: bool = opt(True, "a single step's loss far above its recent mean")
     factor: float = opt(2.0, "spike when loss > factor x rolling mean of the window")
@@ -128,7 +155,7 @@ class LossSpikeConfig:
     noise_window: int = opt(50, "logged steps the noise is measured over")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LossDivergenceConfig:
     enabled: bool = opt(True, "a sustained rise of the loss, not a single spike")
     window: int = opt(50, "logged steps per median window")
@@ -144,14 +171,14 @@ class LossDivergenceConfig:
     trend_records: int = opt(32, "trend: logged steps over which most changes must be rises")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LossPlateauConfig:
     enabled: bool = opt(True, "loss stopped improving long after warmup")
     window: int = opt(500, "training steps (not logged records) over which some improvement is expected")
     min_improvement: float = opt(0.005, "relative improvement of the median below this is a plateau")
 
 
-@dataclass
+@dataclass(frozen=True)
 class OverfittingConfig:
     enabled: bool = opt(True, "eval loss rising while train loss still falls")
     eval_rise_ratio: float = opt(0.05, "eval loss this far above its minimum")
@@ -159,7 +186,7 @@ class OverfittingConfig:
     consecutive: int = opt(2, "evaluations in a row above the threshold")
 
 
-@dataclass
+@dataclass(frozen=True)
 class GradExplosionConfig:
     enabled: bool = opt(True, "grad norm far above normal for several steps")
     threshold: float = opt(10.0, "absolute grad-norm threshold")
@@ -171,7 +198,7 @@ class GradExplosionConfig:
     baseline_steps: int = opt(10, "steps that form the median; before it, only threshold x factor counts")
 
 
-@dataclass
+@dataclass(frozen=True)
 class GradClippingConfig:
     enabled: bool = opt(True, "pre-clip grad norm above max_grad_norm on most steps")
     max_grad_norm: float = opt(1.0, "the run's clipping threshold (HF default 1.0)")
@@ -179,14 +206,14 @@ class GradClippingConfig:
     window: int = opt(100, "logged steps judged")
 
 
-@dataclass
+@dataclass(frozen=True)
 class GradVanishingConfig:
     enabled: bool = opt(True, "grad norm collapsed to ~0 for many steps")
     threshold: float = opt(1e-6, "grad norm below this counts as vanished")
     consecutive: int = opt(20, "steps in a row below it")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LossScaleConfig:
     enabled: bool = opt(True, "fp16 loss scaler shrinking again and again")
     min_scale: float = opt(1.0, "a scale at or below this is a collapse")
@@ -198,7 +225,7 @@ class LossScaleConfig:
     low_scale: float = opt(16.0, "a scale this low after repeated halvings is no start-up calibration")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ThroughputConfig:
     enabled: bool = opt(True, "step time or tokens/s far worse than the learned baseline")
     drop_ratio: float = opt(0.5, "throughput at or below this fraction of baseline is a drop")
@@ -208,13 +235,13 @@ class ThroughputConfig:
     consecutive: int = opt(5, "logged steps in a row below the threshold")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RankLagConfig:
     enabled: bool = opt(True, "one rank stopped or lags while others carry on")
     min_lag_steps: int = opt(1, "steps behind the leading rank that count as lagging at the end")
 
 
-@dataclass
+@dataclass(frozen=True)
 class HostMemoryConfig:
     enabled: bool = opt(True, "the rank's RSS climbing steadily towards its cgroup or host memory limit")
     resolution: Duration = opt(Duration(60.0), "one point per this long: the lowest RSS within it", min=1.0)
@@ -223,7 +250,7 @@ class HostMemoryConfig:
     warn_within: Duration = opt(Duration(3600.0), "warn when the limit is reached within this at that rate")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DetectorsConfig:
     warmup_steps: int = opt(
         100,
@@ -244,7 +271,7 @@ class DetectorsConfig:
     host_memory: HostMemoryConfig = section(HostMemoryConfig, "host memory climbing to the OOM killer")
 
 
-@dataclass
+@dataclass(frozen=True)
 class StallConfig:
     enabled: bool = opt(True, "no progress while the process lives")
     startup_grace: Duration = opt(Duration(900.0), "before the first step: model load, compile, data index")
@@ -266,7 +293,7 @@ class StallConfig:
     idle_cpu_percent: float = opt(5.0, "CPU below this while stalled: blocked in a collective or I/O")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProcessConfig:
     sample_interval: Duration = opt(
         Duration(1.0), "how often the process tree is sampled (psutil; at least 50ms)", min=0.05
@@ -279,7 +306,7 @@ class ProcessConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class DumpsConfig:
     dir: str = opt("rankwatch-dumps", "root of the incident folders (<dir>/<run>/<UTC time>_<reason>/)")
     on_stall: bool = opt(True, "capture a py-spy dump of every watched process when a stall is found")
@@ -302,7 +329,7 @@ class DumpsConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunModeConfig:
     log_dir: str = opt("rankwatch-logs", "run mode: the child's output file goes here (rank-<r>.log)")
     log_file: str | None = opt(None, "run mode: exact output file (overrides log_dir)")
@@ -311,7 +338,7 @@ class RunModeConfig:
     term_grace: Duration = opt(Duration(30.0), "after forwarding SIGTERM, wait this long, then SIGKILL")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerConfig:
     enabled: bool = opt(True, "serve /metrics, health and the JSON API (run and watch modes)")
     listen: str = opt(
@@ -340,7 +367,7 @@ class ServerConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class SlackConfig:
     token: str | None = opt(None, "bot token (xoxb-...), from ${SLACK_BOT_TOKEN}")
     channel: str | None = opt(None, "channel id or name for chat.postMessage")
@@ -358,9 +385,9 @@ class SlackConfig:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class AlertmanagerConfig:
-    urls: list[str] = opt([], "Alertmanager base URLs; alerts go to <url>/api/v2/alerts")
+    urls: tuple[str, ...] = opt((), "Alertmanager base URLs; alerts go to <url>/api/v2/alerts")
     names: dict[str, str] = opt(
         {}, "URL -> sink name (sink label, spool routing); default alertmanager (-<URL hash> if several)"
     )
@@ -370,9 +397,9 @@ class AlertmanagerConfig:
         return [(f"urls[{i}]", why) for i, u in enumerate(self.urls) if (why := _url_problem(u))]
 
 
-@dataclass
+@dataclass(frozen=True)
 class WebhookConfig:
-    urls: list[str] = opt([], "generic JSON webhooks (POST)")
+    urls: tuple[str, ...] = opt((), "generic JSON webhooks (POST)")
     names: dict[str, str] = opt(
         {}, "URL -> sink name (sink label, spool routing); default webhook (-<URL hash> if several)"
     )
@@ -395,7 +422,7 @@ class WebhookConfig:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class AlertsConfig:
     min_severity: Literal["info", "warning", "critical"] = opt("warning", "findings below this never alert")
     startup_quiet: Duration = opt(Duration(60.0), "no alerts in the first seconds after the agent starts")
@@ -425,7 +452,7 @@ class AlertsConfig:
     webhook: WebhookConfig = section(WebhookConfig, "generic JSON webhook")
 
 
-@dataclass
+@dataclass(frozen=True)
 class GpuConfig:
     enabled: bool = opt(True, "sample the watched ranks' GPUs through NVML (off on CPU-only nodes is fine)")
     interval: Duration = opt(Duration(5.0), "time between two GPU samples (at least 50ms)", min=0.05)
@@ -435,8 +462,8 @@ class GpuConfig:
         min=0.05,
     )
     xid_wait: Duration = opt(Duration(0.1), "how long each sample waits on NVML's Xid event set")
-    devices: list[str] = opt(
-        [], "GPU indices or UUIDs to watch; empty: the watched processes' GPUs, else every GPU"
+    devices: tuple[str, ...] = opt(
+        (), "GPU indices or UUIDs to watch; empty: the watched processes' GPUs, else every GPU"
     )
     overheat_celsius: float = opt(85.0, "GPU temperature at or above this is overheating")
     sustain_samples: int = opt(
@@ -480,7 +507,7 @@ class GpuConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointConfig:
     dir: str | None = opt(None, "checkpoint directory to watch (it may appear later); unset: not watched")
     mode: Literal["auto", "poll"] = opt(
@@ -519,7 +546,7 @@ class CheckpointConfig:
     manifest: str | None = opt(None, "deep mode: JSON manifest of sha256 sums, kept across agent restarts")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReloadConfig:
     interval: Duration = opt(
         Duration(5.0),
@@ -529,7 +556,7 @@ class ReloadConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     run: RunConfig = section(RunConfig, "identity of the run and this rank")
     logs: LogsConfig = section(LogsConfig, "log following and parsing")

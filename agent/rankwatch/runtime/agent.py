@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import psutil
 
+from rankwatch import offloop
 from rankwatch.actions.dump_outcome import DumpOutcome
 from rankwatch.config.schema import Config
 from rankwatch.detectors.disk import DiskSample, human, is_full
@@ -372,7 +373,13 @@ class Agent:
     ) -> Path | None:
         c = self.cfg.dumps
         if incident is None:
-            incident = await asyncio.to_thread(self._incident, reason)
+            incident = await offloop.fs(
+                self._incident,
+                reason,
+                name="rankwatch-dumps",
+                errors=self.internal_errors_by_component,
+                component="dumps",
+            )
         self._joined.add(incident)
         folder: Path | None = None
         captured: list[int | None] = []  # as the findings name the ranks
@@ -402,9 +409,20 @@ class Agent:
                 "local_rank": w.identity.local_rank,
             }
             try:
-                txt = await asyncio.to_thread(
-                    self.store.write_rank, self.identity.run, incident, rank, result, meta
+                txt = await offloop.fs(
+                    self.store.write_rank,
+                    self.identity.run,
+                    incident,
+                    rank,
+                    result,
+                    meta,
+                    name="rankwatch-dumps",
+                    errors=self.internal_errors_by_component,
+                    component="dumps",
                 )
+            except asyncio.TimeoutError:
+                failures[rank] = f"the dumps folder {self.store.root} does not answer (hung filesystem?)"
+                continue
             except OSError as e:
                 self._store_failed(e)
                 failures[rank] = self._store_problem(e)
@@ -440,10 +458,30 @@ class Agent:
         if on_stacks is not None:
             on_stacks()  # the stall finding goes out now; the extras below can take seconds
         for rank in dumped:
-            extras = await asyncio.to_thread(self._extras, rank)
+            try:
+                extras = await offloop.fs(
+                    self._extras,
+                    rank,
+                    name="rankwatch-extras",
+                    errors=self.internal_errors_by_component,
+                    component="dumps",
+                )
+            except asyncio.TimeoutError:
+                continue
             for name, data in extras.items():
                 try:
-                    await asyncio.to_thread(self.store.write_extra, self.identity.run, incident, name, data)
+                    await offloop.fs(
+                        self.store.write_extra,
+                        self.identity.run,
+                        incident,
+                        name,
+                        data,
+                        name="rankwatch-dumps",
+                        errors=self.internal_errors_by_component,
+                        component="dumps",
+                    )
+                except asyncio.TimeoutError:
+                    break
                 except OSError as e:
                     self._store_failed(e)
         return folder

@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.dumps.capture import capture, find_py_spy
 from rankwatch.dumps.classify import COLLECTIVE, KIND_TEXT, classify_dump, collective_text, describe
@@ -40,6 +41,7 @@ from rankwatch.records import Finding, Severity
 
 log = logging.getLogger("rankwatch.diagnose")
 
+DUMPS_IO = "rankwatch-dumps"  # offloop's name for calls into the (shared) dumps folder
 STALL_WAIT_S = 10.0  # how long a stall finding waits for its peers' stacks
 FAILURE_WAIT_S = 3.0  # how long a peer-failure crash waits for the first failure's record
 FAILURE_WINDOW_S = 600.0  # a peer's failure older than this is another incident
@@ -217,7 +219,19 @@ class CrossRank:
         deadline = time.monotonic() + FAILURE_WAIT_S
         first = None
         while time.monotonic() < deadline:
-            first = await asyncio.to_thread(self._first_failure, f.rank, t, True)
+            try:
+                first = await offloop.fs(
+                    self._first_failure,
+                    f.rank,
+                    t,
+                    True,
+                    name=DUMPS_IO,
+                    timeout=FAILURE_WAIT_S,
+                    errors=self.agent.internal_errors_by_component,
+                    component="dumps",
+                )
+            except asyncio.TimeoutError:
+                break
             if first is not None:
                 break
             await asyncio.sleep(0.2)
@@ -235,7 +249,16 @@ class CrossRank:
             if folder is not None:
                 await self._second_look(folder)
                 result, own = await self._diff_when_complete(folder)
-            first = await asyncio.to_thread(self._first_failure, None, self.wall(), True)
+            first = await offloop.fs(
+                self._first_failure,
+                None,
+                self.wall(),
+                True,
+                name=DUMPS_IO,
+                timeout=STALL_WAIT_S,
+                errors=self.agent.internal_errors_by_component,
+                component="dumps",
+            )
         except Exception:
             log.exception("stall diagnosis failed")
             folder, result, own, first = None, None, {}, None
@@ -253,13 +276,28 @@ class CrossRank:
         with them, into the same incident."""
         if self.cfg.dumps.native:
             return
-        info = await asyncio.to_thread(self.store.find, str(folder))
+        info = await offloop.fs(
+            self.store.find,
+            str(folder),
+            name=DUMPS_IO,
+            timeout=STALL_WAIT_S,
+            errors=self.agent.internal_errors_by_component,
+            component="dumps",
+        )
         for w in list(self.agent.watchers):
             pids = w.pids()
             rank = w.rank if w.rank is not None else 0
             if not pids or rank not in info.ranks:
                 continue
-            dump = await asyncio.to_thread(self.store.load_rank, info, rank)
+            dump = await offloop.fs(
+                self.store.load_rank,
+                info,
+                rank,
+                name=DUMPS_IO,
+                timeout=STALL_WAIT_S,
+                errors=self.agent.internal_errors_by_component,
+                component="dumps",
+            )
             act = classify_dump(dump) if dump.get("ok") else None
             if act is None or act.kind != COLLECTIVE or act.certain:
                 continue
@@ -275,19 +313,42 @@ class CrossRank:
                     **(dump.get("meta") or {}),
                     "second_look": f"native frames: {act.detail} was ambiguous",
                 }
-                with contextlib.suppress(OSError):
-                    await asyncio.to_thread(self.store.write_rank, info.run, info.name, rank, res, meta)
+                with contextlib.suppress(OSError, asyncio.TimeoutError):
+                    await offloop.fs(
+                        self.store.write_rank,
+                        info.run,
+                        info.name,
+                        rank,
+                        res,
+                        meta,
+                        name=DUMPS_IO,
+                        errors=self.agent.internal_errors_by_component,
+                        component="dumps",
+                    )
 
     async def _diff_when_complete(self, folder: Path) -> tuple[Any, dict[int | None, Any]]:
         world = self.world()
         deadline = time.monotonic() + STALL_WAIT_S
         while True:
-            info = await asyncio.to_thread(self.store.find, str(folder))
+            info = await offloop.fs(
+                self.store.find,
+                str(folder),
+                name=DUMPS_IO,
+                timeout=STALL_WAIT_S,
+                errors=self.agent.internal_errors_by_component,
+                component="dumps",
+            )
             done = world is not None and set(range(world)) <= set(info.ranks)
             if done or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.25)
-        dumps = await asyncio.to_thread(lambda: {r: self.store.load_rank(info, r) for r in info.ranks})
+        dumps = await offloop.fs(
+            lambda: {r: self.store.load_rank(info, r) for r in info.ranks},
+            name=DUMPS_IO,
+            timeout=STALL_WAIT_S,
+            errors=self.agent.internal_errors_by_component,
+            component="dumps",
+        )
         result = diff_incident(dumps, world_size=world)
         return result, {r: a for r, a in result.activities.items()}
 
@@ -421,7 +482,15 @@ class CrossRank:
                 return
             cpu = w.last_sample.cpu_percent if w.last_sample is not None and w.last_sample.alive else None
             doc = {"rank": f.rank, "time": self.wall(), "waiting": waiting, "top": top, "cpu_percent": cpu}
-            await asyncio.to_thread(self._write, f"profile-{f.rank}.json", doc)
+            await offloop.fs(
+                self._write,
+                f"profile-{f.rank}.json",
+                doc,
+                name=DUMPS_IO,
+                timeout=PROFILE_WAIT_S,
+                errors=self.agent.internal_errors_by_component,
+                component="dumps",
+            )
             peers = await self._peer_profiles(started)
             self._judge_straggler(f, doc, peers)
         except Exception:
@@ -432,7 +501,14 @@ class CrossRank:
         world = self.world()
         deadline = time.monotonic() + PROFILE_WAIT_S
         while True:
-            docs = await asyncio.to_thread(self._read_all, "profile-")
+            docs = await offloop.fs(
+                self._read_all,
+                "profile-",
+                name=DUMPS_IO,
+                timeout=PROFILE_WAIT_S,
+                errors=self.agent.internal_errors_by_component,
+                component="dumps",
+            )
             fresh = [
                 d
                 for d in docs

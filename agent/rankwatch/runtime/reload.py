@@ -2,11 +2,16 @@
 
 A bad edit must never take monitoring down, so an invalid file keeps the last good
 config running and is reported once per edit (one log line with file:line: key, and
-``rankwatch_config_reloads_total{result="error"}``). A good edit applies what can change
-safely under running detectors: thresholds are copied *into* the config objects the
-detectors and the alert dispatcher already hold, so their learned state (baselines,
-windows, open episodes) survives. Everything else (sinks, paths, the server, identity,
-intervals of running loops) is named in one log line as needing a restart.
+``rankwatch_config_reloads_total{result="error"}``).
+
+A config is an immutable snapshot. A good edit produces a new one, and ``hand_over`` gives
+it to the running components that can take it: every rank's engine takes the sections its
+detectors are built from (``RankEngine.reconfigure``: a detector that reads its settings on
+every use takes them, one shaped by them, such as a window that is a deque's length, is
+built anew with its open episodes), the alert dispatcher takes its policy. What is in
+effect afterwards is whatever the components took, so what the log line calls applied, and
+what it names as needing a restart (sinks, paths, the server, identity, intervals of
+running loops), is derived from that.
 """
 
 from __future__ import annotations
@@ -17,30 +22,35 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rankwatch import offloop
 from rankwatch.config.loader import ConfigError
 from rankwatch.config.schema import Config
+from rankwatch.config.snapshot import replaced
+from rankwatch.detectors.registry import load_all
+from rankwatch.runtime.watcher import RankWatcher
 
 log = logging.getLogger("rankwatch.config")
 
-# Sections whose values are read on every use by their consumers, so an in-place update
-# takes effect from the next record / sample / alert on. ``detectors.warmup_steps`` is
-# copied into each detector at start, so it is the one detectors key that needs a restart.
-LIVE = (
-    "detectors",
-    "stall",
-    "alerts.min_severity",
-    "alerts.group_wait",
-    "alerts.repeat_interval",
-    "alerts.send_resolved",
-    "alerts.max_retries",
-    "alerts.backoff_max",
+POLL_TIMEOUT_S = 30.0  # one stat + read + validate of the config file, on a hung mount: given up
+
+# What the alert dispatcher builds once, at start, from ``alerts``: its sinks, its spool and
+# state files, the shared board and the per-sink rate buckets. The rest of ``alerts`` is policy
+# it reads on every alert, so it takes a new snapshot of those as they are.
+ALERTS_BUILT_AT_START = (
+    "slack",
+    "alertmanager",
+    "webhook",
+    "spool_dir",
+    "spool_max_bytes",
+    "board_dir",
+    "board_takeover",
+    "rate_limit_per_minute",
 )
-RESTART_ONLY = ("detectors.warmup_steps",)
 
 
 @dataclass(frozen=True)
@@ -51,43 +61,55 @@ class ConfigSource:
     load: Callable[[], Config]
 
 
-def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two snapshots, in schema order."""
     if dataclasses.is_dataclass(old) and dataclasses.is_dataclass(new):
         out: list[str] = []
         for f in dataclasses.fields(old):
             key = f"{prefix}.{f.name}" if prefix else f.name
-            out += _diff(getattr(old, f.name), getattr(new, f.name), key)
+            out += changed_keys(getattr(old, f.name), getattr(new, f.name), key)
         return out
     return [] if old == new else [prefix]
 
 
-def _is_live(key: str) -> bool:
-    if any(key == r or key.startswith(r + ".") for r in RESTART_ONLY):
-        return False
-    return any(key == p or key.startswith(p + ".") for p in LIVE)
+# Sections some detectors read that also configure components built once at start (the
+# identity, the process and GPU samplers' loops): their changes wait for a restart.
+SHARED_WITH_LOOPS = ("run", "process", "gpu")
 
 
-def _assign(target: Any, new: Any, key: str) -> None:
-    *parents, leaf = key.split(".")
-    for part in parents:
-        target, new = getattr(target, part), getattr(new, part)
-    setattr(target, leaf, getattr(new, leaf))
+def _sections_of_detectors() -> list[str]:
+    """The config sections the per-rank detectors alone are built from (``detectors.nan``,
+    ``stall``, ...), from the detector registry: every engine takes a new snapshot of those."""
+    out = [cls.section for cls in load_all() if cls.section is not None]
+    return [s for s in dict.fromkeys(out) if s.split(".", 1)[0] not in SHARED_WITH_LOOPS]
 
 
-def apply_live(current: Config, new: Config) -> tuple[list[str], list[str]]:
-    """Copy the live-safe changed keys of ``new`` into ``current`` in place.
+def _at(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
-    Returns (applied keys, changed keys that need a restart).
-    """
-    applied: list[str] = []
-    restart: list[str] = []
-    for key in _diff(current, new):
-        if _is_live(key):
-            _assign(current, new, key)
-            applied.append(key)
-        else:
-            restart.append(key)
-    return applied, restart
+
+def hand_over(old: Config, new: Config, *, watchers: Sequence[RankWatcher], dispatcher: Any = None) -> Config:
+    """Give the new snapshot to the running components that can take it; returns the config
+    now in effect (``old`` with what they took from ``new``)."""
+    taken: dict[str, Any] = {}
+    detectors = ["detectors.warmup_steps", *_sections_of_detectors()]
+    for key in detectors:
+        if _at(new, key) != _at(old, key):
+            taken[key] = _at(new, key)
+    if new.alerts != old.alerts and dispatcher is not None:
+        taken["alerts"] = replaced(new.alerts, {k: getattr(old.alerts, k) for k in ALERTS_BUILT_AT_START})
+    effective = replaced(old, taken)
+    if any(k != "alerts" for k in taken):
+        for w in watchers:
+            for engine in w.engines.values():
+                engine.reconfigure(effective)
+            # engines of ranks seen later are built from the watcher's snapshot
+            w.cfg = replaced(w.cfg, {k: v for k, v in taken.items() if k != "alerts"})
+    if "alerts" in taken:
+        dispatcher.refresh_policy(effective.alerts)
+    return effective
 
 
 def _signature(path: Path) -> tuple[int, int, int, int] | None:
@@ -106,12 +128,14 @@ class ConfigReloader:
         source: ConfigSource,
         current: Config,
         *,
-        on_applied: Callable[[list[str]], None] | None = None,
+        hand_over: Callable[[Config, Config], Config] | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
+        """``hand_over(in effect, new)`` gives a new snapshot to the running components and
+        returns the config in effect afterwards; without one nothing changes live."""
         self.source = source
         self.current = current
-        self.on_applied = on_applied
+        self.hand_over = hand_over
         self.wall = wall
         self.reloads = {"ok": 0, "error": 0}
         self.last_success = True
@@ -139,11 +163,13 @@ class ConfigReloader:
             return None
         if isinstance(polled, str):
             return self._error(polled)
-        applied, restart = apply_live(self.current, polled)
+        old = self.current
+        effective = self.hand_over(old, polled) if self.hand_over is not None else old
+        self.current = effective
+        applied = changed_keys(old, effective)
+        restart = changed_keys(effective, polled)
         self.reloads["ok"] += 1
         self.last_success, self.last_success_time, self.last_error = True, self.wall(), None
-        if applied and self.on_applied is not None:
-            self.on_applied(applied)
         parts = [f"applied {', '.join(applied)}" if applied else "no live-applicable change"]
         if restart:
             parts.append(f"needs a restart to take effect: {', '.join(restart)}")
@@ -167,13 +193,26 @@ class ConfigReloader:
         }
 
     async def run(self, stop: asyncio.Event, interval: float) -> None:
+        inflight: asyncio.Future[Config | str | None] | None = None  # a poll stuck on a hung mount
         while not stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
             if stop.is_set():
                 return
+            if inflight is None:
+                inflight = offloop.in_daemon(self.poll, name="rankwatch-config")
             try:
-                self.apply(await asyncio.to_thread(self.poll))
+                polled = await asyncio.wait_for(asyncio.shield(inflight), POLL_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                offloop.gave_up("rankwatch-config", POLL_TIMEOUT_S)
+                continue  # the same poll is waited for again next turn: one thread at most
+            except Exception as e:
+                inflight = None
+                self._error(f"config reload failed ({type(e).__name__}: {e}); keeping the last good config")
+                continue
+            inflight = None
+            try:
+                self.apply(polled)
             except Exception as e:
                 self._error(f"config reload failed ({type(e).__name__}: {e}); keeping the last good config")
 

@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from rankwatch.config.schema import Config
+from rankwatch.config.snapshot import replaced
 from rankwatch.detectors.checkpoints import POISON_KINDS
 from rankwatch.engine import RankEngine
 from rankwatch.events import CheckpointStatus, DiskSample, Event, GpuRound, GpuSample, NvmlHang, Tick
@@ -30,7 +31,7 @@ from rankwatch.offloop import in_daemon
 from rankwatch.records import Finding, StepRecord
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.loopmon import LoopMonitor
-from rankwatch.runtime.reload import ConfigReloader, ConfigSource
+from rankwatch.runtime.reload import ConfigReloader, ConfigSource, hand_over
 
 log = logging.getLogger("rankwatch.services")
 
@@ -169,14 +170,15 @@ class Services:
     def _start_reload(self) -> None:
         if self.config_source is None or self.cfg.reload.interval <= 0:
             return
-        self.reloader = ConfigReloader(self.config_source, self.cfg, on_applied=self._config_applied)
+        self.reloader = ConfigReloader(self.config_source, self.cfg, hand_over=self._hand_over)
         self._tasks.append(
             asyncio.create_task(self.reloader.run(self._stop, self.cfg.reload.interval), name="reload")
         )
 
-    def _config_applied(self, keys: list[str]) -> None:
-        if self.dispatcher is not None and any(k.startswith("alerts.") for k in keys):
-            self.dispatcher.refresh_policy()
+    def _hand_over(self, old: Config, new: Config) -> Config:
+        cfg = self.cfg = hand_over(old, new, watchers=self.agent.watchers, dispatcher=self.dispatcher)
+        self.agent.cfg = replaced(self.agent.cfg, detectors=cfg.detectors, stall=cfg.stall, alerts=cfg.alerts)
+        return cfg
 
     async def _start_gpu(self) -> None:
         from rankwatch.gpu.sampler import GpuSampler

@@ -49,7 +49,11 @@ class Stream:
         # NCCL INFO chatter is skipped before parsing, as ``analyze`` does: it is often most of
         # a burst and never evidence; it is still counted (unparsed) and still a sign of life.
         self.follower = LogFollower(
-            path, max_line_bytes=cfg.logs.max_line_bytes, from_end=from_end, drop=NOISE
+            path,
+            max_line_bytes=cfg.logs.max_line_bytes,
+            from_end=from_end,
+            drop=NOISE,
+            encoding=cfg.logs.encoding,
         )
         self.dropped = 0
         self.uncounted = from_end  # lines before the start: counted off the loop in ``run``
@@ -154,20 +158,21 @@ class RankWatcher:
         dispatcher, whose state file tells what was reported before the restart (and so what
         happened while no agent ran)."""
         end = stream.follower.position
-        start = max(0, end - budget)
         try:
-            data = stream.follower.read_back(start, end)
+            # The one splitter, as live reading: a form feed or U+2028 inside a line is no line
+            # break, and the segments of a \r progress bar keep their line's number.
+            batch = stream.follower.read_back_lines(max(0, end - budget), end)
         except OSError as e:
             log.warning("%s: cannot replay its history: %s", stream.path, e)
             return
-        if start > 0:
-            data = data[data.find(b"\n") + 1 :]  # the first line is cut
+        if len(batch) > 1 and batch[-1].lineno - batch[0].lineno + 1 < len(batch):
+            batch = _latest_redraws(batch, stream.parser.stats)
         kinds: dict[str, int] = {}
         lines = 0
-        for lineno, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        for fl in batch:
             lines += 1
             try:
-                recs = stream.parser.feed(raw[: int(self.cfg.logs.max_line_bytes)], lineno)
+                recs = stream.parser.feed(fl.text, fl.lineno, cut=fl.cut)
             except Exception:
                 self.internal_errors += 1
                 continue

@@ -53,6 +53,7 @@ from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from rankwatch import offloop
 from rankwatch.config.schema import ServerConfig
 from rankwatch.dumps.store import DumpStore
 from rankwatch.exporter.metrics import make_registry
@@ -406,7 +407,10 @@ def _store(request: web.Request) -> DumpStore:
 
 async def api_dumps(request: web.Request) -> web.Response:
     store = _store(request)
-    infos = await asyncio.to_thread(store.list_incidents)
+    try:
+        infos = await offloop.fs(store.list_incidents, name="rankwatch-dumps")
+    except asyncio.TimeoutError:
+        return _error(503, "the dump store does not answer (a hung filesystem?)")
     return _json({"dir": str(store.root), "incidents": [incident_doc(i) for i in infos]})
 
 
@@ -445,7 +449,11 @@ async def api_dump(request: web.Request) -> web.Response:
     if fmt not in ("json", "text"):
         return _error(400, "format must be json or text")
     store = _store(request)
-    status, doc = await asyncio.to_thread(_load_dump, store, incident, int(rank_s), fmt == "text")
+    try:
+        text = fmt == "text"
+        status, doc = await offloop.fs(_load_dump, store, incident, int(rank_s), text, name="rankwatch-dumps")
+    except asyncio.TimeoutError:
+        return _error(503, "the dump store does not answer (a hung filesystem?)")
     if status != 200:
         return _error(status, doc)
     if fmt == "text":

@@ -26,6 +26,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from rankwatch import offloop
 from rankwatch.gpu.backend import GpuSample
 from rankwatch.records import StepRecord
 from rankwatch.server.sparkline import sparkline
@@ -132,7 +133,7 @@ async def load_page_extras(snap: AgentSnapshot) -> PageExtras:
     store = snap.dumps.store
     if store is not None:
         try:
-            infos = await asyncio.wait_for(asyncio.to_thread(store.list_incidents), LIST_TIMEOUT_S)
+            infos = await offloop.fs(store.list_incidents, name="rankwatch-dumps", timeout=LIST_TIMEOUT_S)
             incidents = [incident_doc(i) for i in infos]
         except asyncio.TimeoutError:
             error = f"listing the dump store took over {LIST_TIMEOUT_S:.0f}s"

@@ -50,13 +50,14 @@ class LogFollower:
         chunk_size: int = 1 << 20,
         from_end: bool = False,
         drop: str | None = None,
+        encoding: str = "utf-8",
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         self.path = pathlib.Path(path)
         self.stats = FollowerStats()
         self.chunk_size = chunk_size
-        self._splitter = Splitter(max_line_bytes, self.stats, str(self.path), drop=drop)
+        self._splitter = Splitter(max_line_bytes, self.stats, str(self.path), drop=drop, encoding=encoding)
         self._fd: int | None = None
         self._identity: tuple[int, int] | None = None
         self._offset = 0
@@ -166,6 +167,21 @@ class LogFollower:
         if self._fd is None or end <= start:
             return b""
         return os.pread(self._fd, end - start, start)
+
+    def read_back_lines(self, start: int, end: int) -> list[FollowedLine]:
+        """Bytes ``[start, end)`` as the lines live reading would have given, numbered from 1:
+        the same splitter, encoding, length cut and dropped noise, with a split of its own (live
+        reading's position and counters are left alone). A line cut by ``start`` is skipped."""
+        sp = self._splitter
+        splitter = Splitter(sp.max_line_bytes, FollowerStats(), sp.label, sp.drop, sp.encoding)
+        out: list[FollowedLine] = []
+        data = self.read_back(start, end)
+        if start > 0 and self.read_back(start - 1, start) != b"\n":
+            cut = data.find(b"\n")
+            data = data[cut + 1 :] if cut >= 0 else b""
+        splitter.feed(data, out)
+        splitter.flush(out)
+        return out
 
     def _open(self) -> bool:
         try:

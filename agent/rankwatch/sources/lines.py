@@ -3,9 +3,10 @@ can never disagree about what a line is or which number it has.
 
 Splitting rules: ``\\n`` ends a line and advances the line number; ``\\r`` ends a segment
 that keeps the line number of the ``\\n`` line it belongs to; empty segments (hence empty
-lines and the gap in ``\\r\\n``) are dropped; bytes are decoded as UTF-8 with replacement;
-a segment longer than ``max_line_bytes`` bytes is cut to its first ``max_line_bytes``
-bytes (never splitting a UTF-8 character) and the rest of it is discarded; with ``drop``,
+lines and the gap in ``\\r\\n``) are dropped; bytes are decoded as ``encoding`` (``logs.encoding``,
+UTF-8 by default; the loader accepts only encodings in which ``\\n`` and ``\\r`` are those bytes)
+with replacement; a segment longer than ``max_line_bytes`` bytes is cut to its first
+``max_line_bytes`` bytes (never splitting a character) and the rest of it is discarded; with ``drop``,
 a segment holding it (and not ``RESCUE``) is skipped, its number kept for the next.
 
 No asyncio here: a process that only reads (``sources.prefetch``) starts faster without it.
@@ -67,6 +68,7 @@ class Splitter:
         "_cut_warnings",
         "discarding",
         "drop",
+        "encoding",
         "label",
         "lineno",
         "max_line_bytes",
@@ -76,10 +78,16 @@ class Splitter:
     )
 
     def __init__(
-        self, max_line_bytes: int, stats: FollowerStats, label: str, drop: str | None = None
+        self,
+        max_line_bytes: int,
+        stats: FollowerStats,
+        label: str,
+        drop: str | None = None,
+        encoding: str = "utf-8",
     ) -> None:
         if max_line_bytes < 4:  # room for one UTF-8 character
             raise ValueError("max_line_bytes must be >= 4")
+        self.encoding = encoding
         self.max_line_bytes = max_line_bytes
         # A piece never exceeds the limit, so only its first segment can be too long.
         self.piece_size = min(max_line_bytes, _PIECE_BYTES)
@@ -106,7 +114,7 @@ class Splitter:
 
     def flush(self, out: list[FollowedLine]) -> None:
         if self.pending:
-            text = self.pending.decode("utf-8", "replace")
+            text = self.pending.decode(self.encoding, "replace")
             self.pending = bytearray()
             out.append(FollowedLine(text, self.lineno))
             self.stats.lines += 1
@@ -138,7 +146,7 @@ class Splitter:
         if self.pending:
             body = self.pending + body
         self.pending = bytearray(piece[last + 1 :])
-        self._emit(body.decode("utf-8", "replace"), out)
+        self._emit(body.decode(self.encoding, "replace"), out)
 
     def _emit(self, text: str, out: list[FollowedLine]) -> None:
         """``text`` ends with a terminator; one decode and one split per piece keeps it fast."""
@@ -176,7 +184,13 @@ class Splitter:
 
     def _cut(self, segment: bytes | bytearray, out: list[FollowedLine]) -> None:
         # final=False keeps a character that straddles the cut out instead of turning it into U+FFFD.
-        text, kept = codecs.utf_8_decode(segment[: self.max_line_bytes], "replace", False)
+        head = bytes(segment[: self.max_line_bytes])
+        if self.encoding == "utf-8":
+            text, kept = codecs.utf_8_decode(head, "replace", False)
+        else:
+            decoder = codecs.getincrementaldecoder(self.encoding)("replace")
+            text = decoder.decode(head, False)
+            kept = len(head) - len(decoder.getstate()[0])
         self.pending = bytearray()
         out.append(FollowedLine(text, self.lineno, True))
         self.stats.lines += 1
@@ -206,6 +220,7 @@ def read_lines(
     start: int = 0,
     end: int | None = None,
     first_lineno: int = 1,
+    encoding: str = "utf-8",
 ) -> Iterator[FollowedLine]:
     """Plain sequential read: no stat calls per chunk, for the offline path.
 
@@ -216,7 +231,7 @@ def read_lines(
     stream).
     """
     stats = stats if stats is not None else FollowerStats()
-    splitter = Splitter(max_line_bytes, stats, label or str(path), drop)
+    splitter = Splitter(max_line_bytes, stats, label or str(path), drop, encoding)
     splitter.lineno = first_lineno
     out: list[FollowedLine] = []
     left = end - start if end is not None else -1

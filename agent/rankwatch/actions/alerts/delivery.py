@@ -41,6 +41,7 @@ from typing import Any
 from rankwatch.actions.alerts.message import AlertMember, AlertMessage, AlertSink, DeliveryError
 from rankwatch.actions.alerts.spool import Spool, SpoolEntry
 from rankwatch.config.schema import AlertsConfig
+from rankwatch.offloop import fs
 
 log = logging.getLogger("rankwatch.alerts")
 
@@ -404,8 +405,8 @@ class Delivery:
     async def _spool_op(self, fn: Callable[..., Any], *args: Any) -> Any:
         async with self._spool_lock:
             try:
-                return await asyncio.to_thread(fn, *args)
-            except OSError as e:
+                return await fs(fn, *args, name="rankwatch-spool")
+            except (OSError, asyncio.TimeoutError) as e:
                 self._spool_errors += 1
                 self.errors["alerts"] = self.errors.get("alerts", 0) + 1
                 if self._spool_errors == 1:
