@@ -82,6 +82,7 @@ def _one(samples: dict[str, list], name: str, **labels: str):
     return hits[0].value
 
 
+@pytest.mark.unit
 def test_training_series_carry_identity_labels_and_printed_values(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     w = agent.watchers[0]
@@ -111,6 +112,7 @@ def test_training_series_carry_identity_labels_and_printed_values(tmp_path: Path
         assert absent not in s
 
 
+@pytest.mark.unit
 def test_nan_loss_is_exported_as_nan_and_counted_as_a_finding(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     w = agent.watchers[0]
@@ -126,6 +128,7 @@ def test_nan_loss_is_exported_as_nan_and_counted_as_a_finding(tmp_path: Path) ->
     assert _one(s, "rankwatch_active_findings", kind="nan_loss", severity="critical", rank="0") == 1
 
 
+@pytest.mark.unit
 def test_no_job_label_and_every_label_is_bounded(tmp_path: Path) -> None:
     agent = _agent(tmp_path, ranks=3)
     for w in agent.watchers:
@@ -150,6 +153,7 @@ def test_no_job_label_and_every_label_is_bounded(tmp_path: Path) -> None:
     assert ranks == {"0", "1", "2"}
 
 
+@pytest.mark.unit
 def test_findings_counter_never_decreases_when_the_log_is_trimmed(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     reg = make_registry(agent, process=False)
@@ -175,6 +179,7 @@ def test_findings_counter_never_decreases_when_the_log_is_trimmed(tmp_path: Path
     assert total() == 41
 
 
+@pytest.mark.unit
 def test_resolved_finding_drops_the_active_gauge_to_zero(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     agent.emit(Finding("stall", Severity.CRITICAL, 0, "no progress"))
@@ -186,6 +191,7 @@ def test_resolved_finding_drops_the_active_gauge_to_zero(tmp_path: Path) -> None
     assert _one(s, "rankwatch_findings_total", kind="stall") == 1
 
 
+@pytest.mark.process
 def test_process_metrics_follow_a_real_subprocess(tmp_path: Path) -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"], stdout=subprocess.PIPE
@@ -235,6 +241,7 @@ MEGATRON = (
 )
 
 
+@pytest.mark.unit
 def test_log_file_pipeline_counts_lines_by_outcome(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     w = agent.watchers[0]
@@ -255,6 +262,7 @@ def test_log_file_pipeline_counts_lines_by_outcome(tmp_path: Path) -> None:
     assert _one(s, "rankwatch_sources_attached") == 1
 
 
+@pytest.mark.unit
 def test_agent_health_alert_counters_and_internal_errors(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     s = _samples(agent)
@@ -277,6 +285,7 @@ def test_agent_health_alert_counters_and_internal_errors(tmp_path: Path) -> None
     assert _one(s, "rankwatch_world_size") == 2
 
 
+@pytest.mark.unit
 def test_a_failing_concern_leaves_the_rest_of_the_scrape(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     w = agent.watchers[0]
@@ -302,6 +311,7 @@ def _eight_ranks(tmp_path: Path) -> Agent:
     return agent
 
 
+@pytest.mark.tool
 def test_promtool_check_metrics_is_clean_on_eight_ranks(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -316,6 +326,7 @@ def test_promtool_check_metrics_is_clean_on_eight_ranks(tmp_path: Path) -> None:
     assert res.stdout.strip() == b"" and res.stderr.strip() == b""
 
 
+@pytest.mark.unit
 def test_openmetrics_exposition_parses(tmp_path: Path) -> None:
     agent = _eight_ranks(tmp_path)
     text = om_generate(make_registry(agent)).decode()
@@ -325,6 +336,7 @@ def test_openmetrics_exposition_parses(tmp_path: Path) -> None:
     assert any(math.isnan(s.value) for s in fams["rankwatch_loss"].samples)
 
 
+@pytest.mark.unit
 def test_step_time_histogram_counts_every_printed_step_time(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     _steps(agent.watchers[0], 120, t0=time.time() - 60)  # each printed 0.5 s

@@ -15,6 +15,8 @@ from rankwatch.sources.parsers.deepspeed import DeepSpeedParser
 from rankwatch.sources.parsers.hf import HFParser
 from rankwatch.sources.parsers.megatron import MegatronParser
 
+pytestmark = pytest.mark.unit
+
 GIB = 1 << 30
 MIB = 1 << 20
 
