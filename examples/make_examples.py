@@ -19,6 +19,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 T0 = datetime(2026, 11, 20, 9, 0, 0, tzinfo=timezone.utc)
 
+# Each example folder and the log format it is written in (a name in the parser registry,
+# rankwatch.sources.parsers.FORMATS; tests/test_catalogs.py checks both).
+FORMATS = {"megatron-nan": "megatron", "hf-oom": "hf", "healthy-nanogpt": "nanogpt"}
+
 
 def nccl_preamble(rank: int, world: int, pid: int) -> list[str]:
     host = f"gpu-node{rank // 8 + 1:02d}"

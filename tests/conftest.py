@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import pytest
@@ -49,8 +50,10 @@ T = TypeVar("T")
 # pytest rewrites the asserts of every test module (and of plugin packages such as hypothesis)
 # at each run unless it may cache the result as bytecode; with PYTHONDONTWRITEBYTECODE set that
 # is ~10 s of a run on a busy 2-core machine, more than the unit tier's tests take. The cache
-# lands in __pycache__ folders, which git ignores.
+# goes to one git-ignored folder, not into __pycache__ folders beside the sources (tests list
+# folders such as examples/).
 sys.dont_write_bytecode = False
+sys.pycache_prefix = str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "pycache")
 
 # --- tiers -----------------------------------------------------------------------------------
 TIERS = ("unit", "process", "tool")
@@ -60,33 +63,46 @@ _CALL_FAILED = pytest.StashKey[bool]()
 def _tier_problem(item: pytest.Item) -> str | None:
     names = [m.name for m in item.iter_markers()]
     tiers = sorted({n for n in names if n in TIERS})
-    path = item.nodeid.split("::", 1)[0]
-    fix = (
-        f"add `pytestmark = pytest.mark.<tier>` at the top of {path} (all its tests alike) or "
-        f"`@pytest.mark.<tier>` on the test; <tier> is unit (in this process: no subprocess, no "
-        f"server), process (starts our own programs or servers) or tool (needs a real external "
-        f"tool: prometheus, chromium, slurm, py-spy, gcc, helm, torch, ...)"
-    )
     if "integration" in names:
-        return f"{item.nodeid}: the `integration` marker is now `tool`: replace it with pytest.mark.tool"
+        return "the `integration` marker is now `tool`: replace it with pytest.mark.tool"
     if not tiers:
-        return f"{item.nodeid}: no tier: {fix}"
+        return "no tier"
     if len(tiers) > 1:
         return (
-            f"{item.nodeid}: more than one tier ({', '.join(tiers)}): keep one; in a module that "
-            f"mixes tiers, drop the module's `pytestmark` tier and mark each test"
+            f"more than one tier ({', '.join(tiers)}): keep one; in a module that mixes tiers, "
+            f"drop the module's `pytestmark` tier and mark each test"
         )
     if "torch" in names and tiers != ["tool"]:
-        return f"{item.nodeid}: marked torch, so its tier is tool, not {tiers[0]}"
+        return f"marked torch, so its tier is tool, not {tiers[0]}"
     return None
+
+
+HOW = (
+    "add `pytestmark = pytest.mark.<tier>` below the imports of the file (all its tests alike) or "
+    "`@pytest.mark.<tier>` on each test, where <tier> is\n"
+    "    unit     in this process only: no subprocess, no listening server (enforced)\n"
+    "    process  starts our own programs or servers on loopback (rankwatch agents, trainers, ...)\n"
+    "    tool     needs a real external tool (prometheus, promtool, chromium, slurm, py-spy, gcc,\n"
+    "             helm, shellcheck, systemd, torch, transformers, lightning)"
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an untiered test must not vanish
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    problems = [p for p in map(_tier_problem, items) if p]
+    problems: dict[str, list[str]] = {}
+    for item in items:
+        problem = _tier_problem(item)
+        if problem:
+            test = re.sub(r"\[.*\]$", "", item.nodeid)
+            line = f"  {test}: {problem}"
+            if line not in problems.setdefault(problem, []):
+                problems[problem].append(line)
     if problems:
+        lines = [line for group in problems.values() for line in group]
         raise pytest.UsageError(
-            "every test needs exactly one tier marker (tests/conftest.py):\n  " + "\n  ".join(problems)
+            "every test needs exactly one tier marker (tests/conftest.py):\n"
+            + "\n".join(lines)
+            + ("\n" + HOW if "no tier" in problems else "")
         )
     # Many tests start real programs (agents, trainers, Slurm, Prometheus, Chromium) and wait on
     # wall-clock deadlines, on a 2-core machine that other work shares: a missed deadline is

@@ -30,10 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import free_port, wait_for
 from rankwatch.config.schema import Config
-from rankwatch.exporter import make_registry, render
+from rankwatch.exporter import render
 from rankwatch.exporter.checkpoints import _GAUGES as CHECKPOINT_GAUGES
-from rankwatch.exporter.checkpoints import CheckpointCollector
-from rankwatch.gpu.collector import GpuCollector
 from rankwatch.gpu.fake import FakeBackend, healthy, xid
 from rankwatch.gpu.sampler import GpuSampler
 from rankwatch.identity import Identity
@@ -104,7 +102,7 @@ def _exported_names(tmp_path: Path) -> set[str]:
     w._records(recs)
     w._records([EvalRecord(eval_loss=2.9, step=59, time=t0 + 59)])
     agent.emit(Finding("stall", Severity.CRITICAL, 0, "no progress"))
-    agent.alert_stats = {"slack": {"sent": 1, "failed": 0, "dropped": 0}}  # type: ignore[attr-defined]
+    agent.alert_stats = {"slack": {"sent": 1, "failed": 0, "dropped": 0}}
     w.attach(os.getpid())
     fb = FakeBackend([healthy(0), xid(1, 79, at=0)])
     sampler = GpuSampler(backend=fb)
@@ -117,12 +115,9 @@ def _exported_names(tmp_path: Path) -> set[str]:
     asyncio.run(sample())
     snap: dict[str, Any] = {key: 1.0 for _, _, key in CHECKPOINT_GAUGES}
     snap.update(dir_exists=True, writing=False, checkpoints={"good": 2}, scans_total=3, errors_total=0)
-    labels = list(ident.labels().values())
-    extra = [
-        GpuCollector(lambda: ({0: sampler.latest()}, True), ident.labels()),
-        CheckpointCollector(lambda: snap, labels),
-    ]
-    text = render(agent, make_registry(agent, extra=extra)).decode()
+    agent.gpu_latest = lambda: ({0: sampler.latest()}, True)
+    agent.faces.checkpoints = lambda: snap
+    text = render(agent).decode()
     names = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
     for must in (
         "rankwatch_gpu_xid_errors_total",

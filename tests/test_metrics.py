@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.openmetrics.exposition import generate_latest as om_generate
@@ -36,6 +37,7 @@ ALLOWED_LABELS = RANK_LABELS | {
     "version",
     "python",
     "le",  # the fixed buckets of rankwatch_step_time_seconds
+    "collector",  # rankwatch_collector_{success,duration_seconds}
 }
 
 
@@ -286,16 +288,128 @@ def test_agent_health_alert_counters_and_internal_errors(tmp_path: Path) -> None
 
 
 @pytest.mark.unit
-def test_a_failing_concern_leaves_the_rest_of_the_scrape(tmp_path: Path) -> None:
+def test_a_failing_concern_leaves_the_rest_of_the_scrape(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     agent = _agent(tmp_path)
     w = agent.watchers[0]
     _steps(w, 10, t0=time.time())
     w.attach(1)  # pid 1 exists; sample replaced below by something that breaks the collector
     w.last_sample = object()  # type: ignore[assignment]
+    with caplog.at_level("DEBUG", logger="rankwatch"):
+        s = _samples(agent)
+        assert _one(s, "rankwatch_step") == 10
+        assert _one(s, "rankwatch_internal_errors_total", component="exporter") == 1
+        assert "rankwatch_process_up" not in s
+        assert _one(s, "rankwatch_collector_success", collector="process") == 0
+        assert _one(s, "rankwatch_collector_success", collector="training") == 1
+        s = _samples(agent)  # fails again: counted, not logged again
+        assert _one(s, "rankwatch_internal_errors_total", component="exporter") == 2
+    said = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(said) == 1 and "process" in said[0].getMessage()
+    assert "AttributeError" in (caplog.text or "")  # the cause is in the traceback
+
+
+@pytest.mark.unit
+def test_collectors_report_their_own_success_and_duration(tmp_path: Path) -> None:
+    from rankwatch.exporter import registered
+
+    agent = _agent(tmp_path)
+    _steps(agent.watchers[0], 10, t0=time.time())
     s = _samples(agent)
-    assert _one(s, "rankwatch_step") == 10
-    assert _one(s, "rankwatch_internal_errors_total", component="exporter") == 1
-    assert "rankwatch_process_up" not in s
+    ran = {x.labels["collector"]: x.value for x in s["rankwatch_collector_success"]}
+    # gpu, checkpoints and config apply only where that monitoring is on.
+    assert ran == dict.fromkeys(("findings", "logs", "loop", "process", "training", "agent"), 1.0)
+    took = {x.labels["collector"]: x.value for x in s["rankwatch_collector_duration_seconds"]}
+    assert set(took) == set(ran) and all(0 <= v < 5 for v in took.values())
+    assert all(x.labels["run"] == "t" and x.labels["rank"] == "0" for x in s["rankwatch_collector_success"])
+    names = [r.name for r in registered()]
+    assert names[-1] == "agent"  # runs last: it exports the others' failures
+    assert set(names) == set(ran) | {"gpu", "checkpoints", "config"}
+
+
+@pytest.mark.unit
+def test_a_new_collector_is_one_registered_function(tmp_path: Path) -> None:
+    from prometheus_client.core import GaugeMetricFamily
+
+    from rankwatch.exporter import collector, make_registry
+    from rankwatch.snapshot import RANK_LABELS as LABELS
+    from rankwatch.snapshot import AgentSnapshot
+
+    @collector.register("answer", component="demo")
+    def answer(snap: AgentSnapshot, failures: object) -> list[GaugeMetricFamily]:
+        g = GaugeMetricFamily("rankwatch_answer", "A demo", labels=LABELS)
+        g.add_metric(list(snap.labels), 42)
+        return [g]
+
+    try:
+        agent = _agent(tmp_path)
+        text = render(agent, make_registry(agent, process=False)).decode()
+    finally:
+        del collector._REGISTERED["answer"]
+    assert 'rankwatch_answer{local_rank="0",node="n1",rank="0",run="t"} 42.0' in text
+    assert (
+        'rankwatch_collector_success{collector="answer",local_rank="0",node="n1",rank="0",run="t"} 1.0'
+        in text
+    )
+
+
+@pytest.mark.unit
+def test_a_failing_gpu_read_is_the_gpu_collectors_failure(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+
+    def broken() -> Any:
+        raise RuntimeError("NVML went away")
+
+    agent.gpu_latest = broken
+    s = _samples(agent)
+    assert _one(s, "rankwatch_collector_success", collector="gpu") == 0
+    assert _one(s, "rankwatch_internal_errors_total", component="gpu") == 1
+    assert _one(s, "rankwatch_collector_success", collector="training") == 1
+
+
+@pytest.mark.unit
+def test_exporter_and_server_import_no_runtime_module() -> None:
+    """They read the snapshot (rankwatch.snapshot), never the agent's internals."""
+    import ast
+
+    import rankwatch
+
+    root = Path(rankwatch.__file__).parent
+    bad = []
+    for path in sorted([*root.glob("exporter/*.py"), *root.glob("server/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            bad += [f"{path.name}: {n}" for n in names if n.startswith("rankwatch.runtime")]
+    assert bad == []
+
+
+@pytest.mark.unit
+def test_a_snapshot_is_immutable_and_stays_as_taken(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    w = agent.watchers[0]
+    _steps(w, 10, t0=time.time() - 10)
+    agent.emit(Finding("stall", Severity.CRITICAL, 0, "no progress"))
+    snap = agent.snapshot()
+    _steps(w, 5, t0=time.time(), start=11)
+    agent.emit(Finding("stall", Severity.CRITICAL, 0, "progress resumed", resolved=True))
+    agent.internal_errors_by_component["dumps"] = 3
+    later = agent.snapshot()
+    (rank,) = snap.ranks
+    assert rank.state is not None and rank.state.last_step == 10 and len(rank.recent_steps) == 10
+    assert [f.kind for f in snap.findings.active] == ["stall"] and len(snap.findings.recent) == 1
+    assert snap.internal_errors.get("dumps", 0) == 0
+    assert later.ranks[0].state is not None and later.ranks[0].state.last_step == 15
+    assert later.findings.active == () and later.internal_errors["dumps"] == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.ranks = ()  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        rank.latest["loss"] = 0.0  # type: ignore[index]
 
 
 def _eight_ranks(tmp_path: Path) -> Agent:
@@ -349,3 +463,19 @@ def test_step_time_histogram_counts_every_printed_step_time(tmp_path: Path) -> N
     assert _one(s, "rankwatch_step_time_seconds_bucket", le="5") == 120
     assert _one(s, "rankwatch_step_time_seconds_bucket", le="10") == 123
     assert _one(s, "rankwatch_step_time_seconds_bucket", le="+Inf") == 123
+
+
+@pytest.mark.unit
+def test_a_broken_loop_monitor_loses_only_the_loop_series(tmp_path: Path) -> None:
+    class Broken:
+        lag = 0.0
+
+        def health(self) -> tuple[bool, str]:
+            raise RuntimeError("no clock")
+
+    agent = _agent(tmp_path)
+    agent.loop_monitor = Broken()
+    s = _samples(agent)
+    assert _one(s, "rankwatch_collector_success", collector="loop") == 0
+    assert _one(s, "rankwatch_collector_success", collector="training") == 1
+    assert "loop" in agent.snapshot().broken

@@ -325,7 +325,7 @@ def test_oversized_request_line_and_headers_are_414_431_and_logged_once(
         _run(go)
     assert not [r for r in caplog.records if "Error handling request" in r.getMessage()]
     assert [r.levelname for r in caplog.records if "malformed HTTP request" in r.getMessage()] == ["WARNING"]
-    assert agent.http_rejected == {414: 5, 431: 2, 400: 1}  # type: ignore[attr-defined]
+    assert agent.http.rejected == {414: 5, 431: 2, 400: 1}
 
 
 @pytest.mark.process
@@ -403,6 +403,56 @@ def test_ipv6_loopback_listen(tmp_path: Path) -> None:
             assert server.url == f"http://[::1]:{server.port}"
             async with aiohttp.ClientSession(timeout=TIMEOUT) as s, s.get(server.url + "/healthz") as r:
                 assert r.status == 200
+        finally:
+            await server.close()
+
+    _run(go)
+
+
+@pytest.mark.process
+def test_the_server_reads_only_the_snapshot_it_is_handed() -> None:
+    """No agent at all: a callable returning snapshots is all the server and /metrics need."""
+    from rankwatch.snapshot import AgentSnapshot, LoopView, RankSnapshot, SourcesView, TrainingView
+
+    calls = []
+    lag = LoopView(lag=7.5, healthy=False, health="event loop lagging: 7.5s")
+    rank = RankSnapshot(
+        labels=("t", "0", "0", "n1"),
+        rank=0,
+        own=True,
+        local_rank=0,
+        state=TrainingView(step_count=3, last_step=42, total_steps=100),
+        sources=SourcesView(True, "rank 0: following 1 of 1 log file(s)"),
+    )
+    snap = AgentSnapshot(
+        identity=IDENT, labels=("t", "0", "0", "n1"), time=time.time(), started_at=time.time() - 9,
+        ranks=(rank,), sources=(rank.sources,), loop=lag,
+    )  # fmt: skip
+
+    def take() -> AgentSnapshot:
+        calls.append(1)
+        return snap
+
+    async def go() -> None:
+        server = await start_server(take, ServerConfig(listen="127.0.0.1:0"))
+        try:
+            async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+                async with s.get(server.url + "/healthz") as r:
+                    assert r.status == 503 and "lagging" in await r.text()
+                async with s.get(server.url + "/readyz") as r:
+                    assert r.status == 200
+                async with s.get(server.url + "/api/status") as r:
+                    doc = await r.json()
+                    assert doc["ranks"][0]["step"] == 42 and doc["ranks"][0]["progress_ratio"] == 0.42
+                    assert 8 <= doc["uptime_s"] <= 10
+                n = len(calls)
+                async with s.get(server.url + "/") as r:
+                    assert r.status == 200 and "42 / 100" in await r.text()
+                assert len(calls) == n + 1  # the page and its extras come from one snapshot
+                async with s.get(server.url + "/metrics") as r:
+                    text = await r.text()
+                assert 'rankwatch_step{local_rank="0",node="n1",rank="0",run="t"} 42.0' in text
+                assert "rankwatch_event_loop_lag_seconds" in text
         finally:
             await server.close()
 

@@ -26,7 +26,6 @@ import pytest
 from rankwatch.config.schema import Config, ServerConfig
 from rankwatch.dumps.capture import DumpResult
 from rankwatch.dumps.store import incident_name
-from rankwatch.exporter.findings import FindingTracker
 from rankwatch.gpu.backend import GpuSample
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity, StepRecord
@@ -130,8 +129,7 @@ def _dump(agent: Agent, ranks: tuple[int, ...] = (0, 1)) -> str:
 
 
 def _render(agent: Agent, extras: PageExtras | None) -> str:
-    doc = status_doc(agent, FindingTracker.of(agent), started=time.time() - 5)
-    return render_page(doc, extras)
+    return render_page(status_doc(agent.snapshot()), extras)
 
 
 def _evil_finding(agent: Agent) -> None:
@@ -166,7 +164,7 @@ def test_log_derived_text_is_escaped_everywhere(tmp_path: Path) -> None:
         {"run": "r_1_", "incident": "20240501T100000Z_stall", "reason": "stall",
          "time": "2024-05-01T10:00:00Z", "ranks": [0, 1]},
     ]  # fmt: skip
-    html = _render(agent, page_extras(agent, incidents))
+    html = _render(agent, page_extras(agent.snapshot(), incidents))
     page = _parse(html)
     assert page.tags <= ALLOWED_TAGS, page.tags - ALLOWED_TAGS
     low = html.lower()
@@ -185,7 +183,7 @@ def test_ranks_have_sparklines_evidence_and_dump_links(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     incident = _dump(agent)
     _evil_finding(agent)
-    extras = asyncio.run(load_page_extras(agent))
+    extras = asyncio.run(load_page_extras(agent.snapshot()))
     assert extras.incidents is not None and [i["incident"] for i in extras.incidents] == [incident]
     html = _render(agent, extras)
     page = _parse(html)
@@ -209,7 +207,7 @@ def test_ranks_have_sparklines_evidence_and_dump_links(tmp_path: Path) -> None:
 @pytest.mark.unit
 def test_stalled_rank_is_flagged_and_doc_alone_still_renders(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
-    doc = status_doc(agent, FindingTracker.of(agent), started=time.time())
+    doc = status_doc(agent.snapshot())
     doc["ranks"][1]["stalled"] = True
     page = _parse(html := render_page(doc))  # no extras: what an older server hands over
     assert page.rows["1"]["state"] == "stalled" and "STALLED" in page.rows["1"]["text"]
@@ -230,8 +228,8 @@ def test_gpu_summary_when_the_hook_is_wired(tmp_path: Path) -> None:
         throttle={"gpu_idle": False, "sw_power_cap": True}, xid_counts={79: 1},
     )  # fmt: skip
     lost = GpuSample(index=1, time=now, lost=True, lost_reason="fell off the bus <x>")
-    agent.gpu_latest = lambda: ({0: [healthy], "": [lost]}, True)  # type: ignore[attr-defined]
-    html = _render(agent, page_extras(agent))
+    agent.gpu_latest = lambda: ({0: [healthy], "": [lost]}, True)
+    html = _render(agent, page_extras(agent.snapshot()))
     page = _parse(html)
     assert "GPU0 97% 61.0/80 GiB 71°C" in page.rows["0"]["text"]
     assert "<h2>GPUs</h2>" in html and "NVIDIA &lt;H100&gt;" in html
@@ -242,11 +240,11 @@ def test_gpu_summary_when_the_hook_is_wired(tmp_path: Path) -> None:
     def broken() -> Any:
         raise RuntimeError("NVML went away")
 
-    agent.gpu_latest = broken  # type: ignore[attr-defined]
-    html = _render(agent, page_extras(agent))
+    agent.gpu_latest = broken
+    html = _render(agent, page_extras(agent.snapshot()))
     assert "GPU data unavailable: RuntimeError" in html and set(_parse(html).rows) == {"0", "1"}
-    agent.gpu_latest = lambda: ({}, False)  # type: ignore[attr-defined]
-    assert "GPU sampler down" in _render(agent, page_extras(agent))
+    agent.gpu_latest = lambda: ({}, False)
+    assert "GPU sampler down" in _render(agent, page_extras(agent.snapshot()))
 
 
 @pytest.mark.unit
@@ -257,7 +255,7 @@ def test_page_degrades_when_the_dump_store_cannot_be_listed(tmp_path: Path) -> N
         raise OSError("disk gone")
 
     agent.store.list_incidents = boom  # type: ignore[method-assign]
-    extras = asyncio.run(load_page_extras(agent))
+    extras = asyncio.run(load_page_extras(agent.snapshot()))
     assert extras.incidents is None and extras.incidents_error == "cannot list the dump store (OSError)"
     html = _render(agent, extras)
     assert "cannot list the dump store (OSError)" in html and set(_parse(html).rows) == {"0", "1"}

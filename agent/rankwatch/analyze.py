@@ -86,7 +86,7 @@ class Analysis:
         }
 
 
-def _sort_key(f: Finding) -> tuple:
+def _sort_key(f: Finding) -> tuple[Any, ...]:
     # Among equally severe findings the lagging rank goes first: it is the answer, the
     # NCCL timeouts on the other ranks are its consequence.
     return (
@@ -152,7 +152,7 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
     )
     engines: dict[int | None, tuple[RankEngine, list[Finding]]] = {}
 
-    def feed(records: list) -> None:
+    def feed(records: list[Any]) -> None:
         for rec in records:
             entry = engines.get(rec.rank)
             if entry is None:

@@ -11,10 +11,16 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rankwatch import __version__
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import Config
+    from rankwatch.identity import Identity
+    from rankwatch.runtime.services import Services
 
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".csv", ".jsonl")
 
@@ -32,7 +38,7 @@ def _setup_logging(verbose: int, quiet: bool) -> None:
     )
 
 
-def _load_config(args: argparse.Namespace):
+def _load_config(args: argparse.Namespace) -> Config:
     from rankwatch.config.loader import load_config, with_overrides
 
     path = getattr(args, "config", None) or os.environ.get("RANKWATCH_CONFIG") or None
@@ -148,7 +154,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _live_config(args: argparse.Namespace):
+def _live_config(args: argparse.Namespace) -> Config:
     """The file, then --set, then the live flags: also what a config hot reload rebuilds."""
     cfg = _load_config(args)
     flags = {
@@ -173,7 +179,7 @@ def _live_config(args: argparse.Namespace):
     return cfg
 
 
-def _live_setup(args: argparse.Namespace):
+def _live_setup(args: argparse.Namespace) -> tuple[Config, Identity, list[Any]]:
     from rankwatch.actions.console import ConsoleSink, JsonlSink
     from rankwatch.identity import identity_from_env
 
@@ -189,23 +195,25 @@ def _live_setup(args: argparse.Namespace):
         except ValueError as e:
             raise UsageError(f"server.listen: {e}") from e
     identity = identity_from_env(cfg.run)
-    sinks: list = [ConsoleSink(identity)]
+    sinks: list[Any] = [ConsoleSink(identity)]
     if args.findings_jsonl:
         sinks.append(JsonlSink(args.findings_jsonl, identity))
     return cfg, identity, sinks
 
 
-def _live_services(args: argparse.Namespace) -> dict:
+def _live_services(args: argparse.Namespace) -> dict[str, Any]:
     from rankwatch.runtime.reload import ConfigSource, config_path_from
 
     path = config_path_from(getattr(args, "config", None))
-    services: dict = {} if path is None else {"config_source": ConfigSource(path, lambda: _live_config(args))}
+    services: dict[str, Any] = {}
+    if path is not None:
+        services["config_source"] = ConfigSource(path, lambda: _live_config(args))
     if getattr(args, "sd_file", None):
         services["on_start"] = lambda s: _write_sd_file(args.sd_file, s)
     return services
 
 
-def _write_sd_file(path: str, services) -> None:
+def _write_sd_file(path: str, services: Services) -> None:
     """--sd-file: the address the server really bound, for Prometheus file_sd."""
     from rankwatch.slurm import sd_labels, target_host, write_sd_file
 
@@ -222,7 +230,7 @@ def _write_sd_file(path: str, services) -> None:
     logging.getLogger("rankwatch").info("Prometheus target %s written to %s", target, path)
 
 
-def _live(args: argparse.Namespace, main) -> int:
+def _live(args: argparse.Namespace, main: Coroutine[Any, Any, int]) -> int:
     """Run a live agent's coroutine; its --sd-file goes away with it."""
     import asyncio
 

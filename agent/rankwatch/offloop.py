@@ -28,6 +28,7 @@ def in_daemon(fn: Callable[..., T], *args: Any, name: str = "rankwatch-io") -> a
             fut.set_result(value) if ok else fut.set_exception(value)
 
     def work() -> None:
+        value: T | BaseException
         try:
             ok, value = True, fn(*args)
         except Exception as e:

@@ -100,7 +100,8 @@ class Verdict:
     @property
     def first_problem(self) -> Problem | None:
         crit = [p for p in self.problems if p.severity >= Severity.CRITICAL]
-        return (crit or self.problems or [None])[0]
+        pick = crit or self.problems
+        return pick[0] if pick else None
 
 
 def check_safetensors(path: Path, rel: str, size: int) -> list[Problem]:
@@ -227,7 +228,7 @@ def legacy_storages(fh: BinaryIO) -> dict[str, int] | None:
     for op, arg, _pos in pickletools.genops(fh):
         name = op.name
         if name in ("BINPUT", "LONG_BINPUT", "PUT"):
-            memo[int(arg)] = last
+            memo[int(arg or 0)] = last
             continue
         if name == "MEMOIZE":
             memo[len(memo)] = last
@@ -239,7 +240,7 @@ def legacy_storages(fh: BinaryIO) -> dict[str, int] | None:
         elif name in _INT_OPS:
             last = ("i", arg)
         elif name in ("BINGET", "LONG_BINGET", "GET"):
-            last = memo.get(int(arg))
+            last = memo.get(int(arg or 0))
         else:
             last = None
         seq.append(last)

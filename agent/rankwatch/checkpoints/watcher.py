@@ -270,14 +270,16 @@ class CheckpointWatcher:
         )
 
     def _interval(self) -> float:
-        base = self.cfg.poll_interval
-        if base is None:
+        set_to = self.cfg.poll_interval
+        if set_to is not None:
+            base = float(set_to)
+        else:
             base = PLAIN_POLL_S if self.cfg.mode == "poll" or self._events_failed else EVENT_POLL_S
         if not self._exists:
-            return min(float(base), MISSING_DIR_POLL_S)
+            return min(base, MISSING_DIR_POLL_S)
         if self.catalog.pending():
-            return max(0.05, min(float(base), float(self.cfg.settle) / 2))
-        return float(base)
+            return max(0.05, min(base, float(self.cfg.settle) / 2))
+        return base
 
     # --- the loop -------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePath
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, cast
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -284,7 +284,7 @@ class _Builder:
             return value
 
         text = _ENV_TOKEN.sub(replace, node.value)
-        tag = self.yaml.resolve(ScalarNode, text, (True, False)) if substituted else node.tag
+        tag = str(self.yaml.resolve(ScalarNode, text, (True, False))) if substituted else node.tag  # type: ignore[no-untyped-call]
         return ScalarNode(
             tag, text, node.start_mark, node.end_mark, style=None if substituted else node.style
         )
@@ -300,7 +300,7 @@ class _Builder:
     def _scalar_text(self, node: ScalarNode, hint: Any, path: str) -> str:
         if node.tag == NULL:
             self.fail(f"expected {describe_type(hint)}, got null", node, path)
-        return node.value
+        return str(node.value)
 
     def _float(self, node: ScalarNode, path: str) -> float:
         if node.tag in (INT, FLOAT):
@@ -525,7 +525,7 @@ def _build(node: Node | None, cls: type, file: str | None, env: Mapping[str, str
 def config_from_yaml(text: str, *, source: str = "<string>", env: Mapping[str, str] | None = None) -> Config:
     """Validate YAML text; ``env`` defaults to ``os.environ`` for ``${VAR}`` interpolation."""
     text = text.removeprefix("\ufeff")
-    return _build(_parse_yaml(text, source), Config, source, os.environ if env is None else env)
+    return cast(Config, _build(_parse_yaml(text, source), Config, source, os.environ if env is None else env))
 
 
 def load_config(path: str | os.PathLike[str] | None, *, env: Mapping[str, str] | None = None) -> Config:
@@ -564,7 +564,8 @@ def _to_node(value: Any, path: str, source: str) -> Node:
     if isinstance(value, enum.Enum):
         return _to_node(value.value, path, source)
     if isinstance(value, _Text):
-        return ScalarNode(_RESOLVER.resolve(ScalarNode, str(value), (True, False)), str(value))
+        tag = str(_RESOLVER.resolve(ScalarNode, str(value), (True, False)))  # type: ignore[no-untyped-call]
+        return ScalarNode(tag, str(value))
     if isinstance(value, Mapping):
         pairs = [
             (_to_node(k, path, source), _to_node(v, _join(path, str(k)), source)) for k, v in value.items()
@@ -587,7 +588,7 @@ def _to_node(value: Any, path: str, source: str) -> Node:
 
 def config_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Config:
     """Validate plain Python data (no line numbers, no ``${VAR}`` interpolation)."""
-    return _from_plain(data, Config, source)
+    return cast(Config, _from_plain(data, Config, source))
 
 
 def _from_plain(data: Any, cls: type, source: str) -> Any:
@@ -645,7 +646,7 @@ def with_overrides(cfg: Config, overrides: Mapping[str, object]) -> Config:
                 raise ConfigError(f"{'.'.join(parts[: i + 1])!r} is not a section", file=source, key=dotted)
             target = nxt
         _merge(target, {parts[-1]: value})
-    return _from_plain(plain, type(cfg), source)
+    return cast(Config, _from_plain(plain, type(cfg), source))
 
 
 def parse_override(text: str) -> tuple[str, object]:

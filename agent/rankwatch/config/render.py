@@ -91,7 +91,8 @@ def _is_block(value: Any) -> bool:
 
 
 def _section_lines(obj: Any, indent: str) -> list[str]:
-    fields = section_fields(type(obj))
+    cls: type = type(obj)
+    fields = section_fields(cls)
     lines: list[str] = []
     for i, (f, hint) in enumerate(fields):
         value = getattr(obj, f.name)

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 Duration = NewType("Duration", float)
 Size = NewType("Size", int)
 
+# The registered formats (rankwatch.sources.parsers.FORMATS) and "auto"; tests/test_catalogs.py
+# holds the two together.
 LogFormat = Literal[
     "auto",
     "hf",
@@ -25,6 +27,8 @@ LogFormat = Literal[
     "deepspeed",
     "nanogpt",
     "torchtitan",
+    "llmc",
+    "olmo",
     "json",
     "kv",
     "regex",

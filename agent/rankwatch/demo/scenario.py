@@ -49,7 +49,7 @@ gpu:
 """
 
 
-def _reader(proc: subprocess.Popen, rank: int, lines: list[str], lock: threading.Lock) -> None:
+def _reader(proc: subprocess.Popen[str], rank: int, lines: list[str], lock: threading.Lock) -> None:
     assert proc.stderr is not None
     for raw in proc.stderr:
         text = raw.rstrip("\n")
@@ -74,7 +74,7 @@ def run_demo(*, workdir: str | None = None, ranks: int = 4, keep: bool = False) 
         f"rank {HANG_RANK} hangs in its data loader at step 160\n",
         flush=True,
     )
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[str]] = []
     lines: list[str] = []
     lock = threading.Lock()
     code = 1

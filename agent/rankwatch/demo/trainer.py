@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
-from typing import ClassVar, TextIO
+from typing import ClassVar, TextIO, cast
 
 FORMATS = ("megatron", "hf", "nanogpt", "torchtitan", "kv")
 FAULT_KINDS = (
@@ -345,7 +345,7 @@ class Run:
     def fault(self, step: int, *kinds: str) -> Fault | None:
         for f in self.faults:
             if f.step == step and f.kind in kinds:
-                return f
+                return cast(Fault, f)
         return None
 
     def first_fault_step(self, kind: str) -> int | None:
@@ -356,7 +356,7 @@ class Run:
         seconds = self.args.step_time * (FIRST_STEP_FACTOR if step == 1 else 1.0)
         if any(f.kind == "slow" and step >= f.step for f in self.faults):
             seconds *= 4.0
-        return max(0.0, seconds * (1.0 + 0.03 * self._jitter.gauss(0.0, 1.0)))
+        return max(0.0, float(seconds * (1.0 + 0.03 * self._jitter.gauss(0.0, 1.0))))
 
 
 def _compute(seconds: float, busy: bool) -> None:
@@ -371,7 +371,7 @@ def _compute(seconds: float, busy: bool) -> None:
 
 
 def _float32(x: float) -> float:
-    return struct.unpack("f", struct.pack("f", x))[0]
+    return float(struct.unpack("f", struct.pack("f", x))[0])
 
 
 def _gib(x: float) -> str:

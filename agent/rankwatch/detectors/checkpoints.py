@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rankwatch.detectors.base import Episode
 from rankwatch.records import Finding, Severity
@@ -88,7 +88,7 @@ def _finding(
     *,
     path: str | None = None,
     now: float | None = None,
-    evidence: dict | None = None,
+    evidence: dict[str, Any] | None = None,
     resolved: bool = False,
 ) -> Finding:
     return Finding(

@@ -10,12 +10,12 @@ from __future__ import annotations
 import signal as _signal
 from collections.abc import Sequence
 
-from rankwatch.detectors.errors import FIXES
+from rankwatch.errorkinds import CRASH_PRIORITY, FIXES
 from rankwatch.records import ErrorRecord, Finding, Severity
 from rankwatch.state import RankState
 
 TAIL = 20
-_PRIORITY = {"oom": 0, "cuda_error": 1, "xid": 2, "nccl_timeout": 3, "nccl_error": 4, "crash": 5}
+_PRIORITY = CRASH_PRIORITY  # which error names a crash best: rankwatch.errorkinds
 
 _SIGNAL_HINTS = {
     _signal.SIGKILL: "SIGKILL with no traceback usually means the host OOM killer: check `dmesg -T | "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Any
 
 from rankwatch.config.schema import (
     LossDivergenceConfig,
@@ -91,7 +92,7 @@ class NanDetector(Detector):
             ]
         return []
 
-    def _story(self, state: RankState) -> tuple[str, dict]:
+    def _story(self, state: RankState) -> tuple[str, dict[str, Any]]:
         n = self.cfg.lookback_steps
         grads = [r.grad_norm for r in state.recent_records(n + 1)[:-1] if r.grad_norm is not None]
         history = state.recent("grad_norm", 200)

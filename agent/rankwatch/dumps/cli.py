@@ -12,12 +12,16 @@ import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rankwatch.dumps import flight
 from rankwatch.dumps.capture import capture
 from rankwatch.dumps.diff import diff_incident, format_diff, format_ranks
 from rankwatch.dumps.show import format_rank
 from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import Config
 
 DEFAULT_DIR = "rankwatch-dumps"
 
@@ -37,7 +41,7 @@ def _store(args: argparse.Namespace) -> DumpStore:
     return DumpStore(Path(cfg.dumps.dir) if cfg is not None else default_dir())
 
 
-def _config(args: argparse.Namespace):  # -> Config | None
+def _config(args: argparse.Namespace) -> Config | None:
     """The agents' config, for its dumps.dir and run name. One given with --config must load
     (exit 2 otherwise); one only named by $RANKWATCH_CONFIG may need variables this shell
     lacks (the Slack token): then the defaults, with a note."""
@@ -64,7 +68,7 @@ def _find(store: DumpStore, args: argparse.Namespace) -> IncidentInfo | None:
         return None
 
 
-def _incident_json(info: IncidentInfo) -> dict:
+def _incident_json(info: IncidentInfo) -> dict[str, Any]:
     return {
         "run": info.run,
         "incident": info.name,

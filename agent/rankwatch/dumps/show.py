@@ -63,8 +63,8 @@ def thread_header(thread: dict[str, Any]) -> str:
 def is_main_thread(thread: dict[str, Any]) -> bool:
     name = thread.get("thread_name")
     if name:
-        return name == "MainThread"
-    return thread.get("os_thread_id") is not None and thread.get("os_thread_id") == thread.get("pid")
+        return bool(name == "MainThread")
+    return bool(thread.get("os_thread_id") is not None and thread.get("os_thread_id") == thread.get("pid"))
 
 
 def is_idle_thread(thread: dict[str, Any], prefixes: Sequence[str] = ()) -> bool:
@@ -134,7 +134,8 @@ def render_threads(
     for proc_pid, proc_threads in group_by_process(threads, pid).items():
         proc = info.get(proc_pid, {})
         lines = [f"Process {proc_pid}: {proc.get('cmdline') or '?'}"]
-        parent = info.get(proc.get("ppid")) if proc_pid != pid else None
+        ppid = proc.get("ppid")
+        parent = info.get(ppid) if proc_pid != pid and isinstance(ppid, int) else None
         if parent is not None:
             lines.append(f"Parent Process {parent['pid']}: {parent.get('cmdline') or '?'}")
         lines.append("")

@@ -1,18 +1,18 @@
 """Checkpoint health of the rank: can the run resume, from what, and will the next save fit.
 
-Read at scrape time from the checkpoint watcher's ``snapshot()``; a value the watcher does
-not know yet (no checkpoint seen, free space not read) gives no series rather than 0.
+Read from the checkpoint watcher's numbers in the snapshot; a value the watcher does not
+know yet (no checkpoint seen, free space not read) gives no series rather than 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from rankwatch.exporter.view import RANK_LABELS
+from rankwatch.exporter.collector import register
+from rankwatch.snapshot import RANK_LABELS, AgentSnapshot
 
 # metric name (after rankwatch_checkpoint_), help, snapshot key
 _GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -91,13 +91,11 @@ def checkpoint_families(snap: Mapping[str, Any] | None, labels: Sequence[str]) -
     return [*out, writing, count, scans, errors]
 
 
-class CheckpointCollector(Collector):
-    def __init__(self, source: Callable[[], Mapping[str, Any] | None], labels: Sequence[str]) -> None:
-        self.source = source
-        self.labels = list(labels)
+def _watched(snap: AgentSnapshot) -> bool:
+    return snap.checkpoints is not None or "checkpoints" in snap.broken
 
-    def describe(self) -> Iterable[Metric]:
-        return ()
 
-    def collect(self) -> Iterable[Metric]:
-        return checkpoint_families(self.source(), self.labels)
+@register("checkpoints", component="checkpoints", applies=_watched)
+def collect_checkpoints(snap: AgentSnapshot, failures: Mapping[str, int]) -> list[Metric]:
+    snap.need("checkpoints")
+    return checkpoint_families(snap.checkpoints, snap.labels)

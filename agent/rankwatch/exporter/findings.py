@@ -2,33 +2,27 @@
 
 ``Agent.findings`` is an append-only log that the agent trims from the front (it keeps
 the last few thousand). A counter must never go down, so the tracker remembers the last
-finding it counted (by identity) and, on each scrape, counts only what came after it.
-The emit path of the agent stays untouched.
+finding it counted (by identity) and, on each snapshot, counts only what came after it.
+The emit path of the agent stays untouched. The runtime keeps one tracker per agent and
+puts its counts in every snapshot, so the metrics and the JSON API share one count.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rankwatch.exporter.view import RANK_LABELS
+from rankwatch.exporter.collector import register
 from rankwatch.records import Finding
+from rankwatch.snapshot import RANK_LABELS, AgentSnapshot, CountKey, RankLabels
 
 FindingKey = tuple[str, int | None, str | None]  # Finding.key: (kind, rank, subject)
-CountKey = tuple[int | None, str, str]  # (rank, kind, severity)
 
 
 class FindingTracker:
-    """Per agent (see ``of``) so every collector and the JSON API share one count."""
-
-    _by_agent: weakref.WeakKeyDictionary[Any, FindingTracker] = weakref.WeakKeyDictionary()
-    _by_agent_lock = threading.Lock()
-
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last: Finding | None = None
@@ -36,14 +30,6 @@ class FindingTracker:
         self.counts: Counter[CountKey] = Counter()
         self._active: dict[FindingKey, Finding] = {}
         self.seen_active: set[CountKey] = set()
-
-    @classmethod
-    def of(cls, agent: Any) -> FindingTracker:
-        with cls._by_agent_lock:
-            t = cls._by_agent.get(agent)
-            if t is None:
-                t = cls._by_agent[agent] = cls()
-            return t
 
     def _start(self, findings: Sequence[Finding]) -> int:
         last, n = self._last, len(findings)
@@ -88,11 +74,11 @@ class FindingTracker:
         return totals, active
 
 
-def collect_findings(
-    tracker: FindingTracker, labels_by_rank: dict[int | None, tuple[str, str, str, str]], default: Any
-) -> list[Metric]:
-    """``default``: label set for a rank no watcher knows (run, node of the agent)."""
-    totals, active = tracker.snapshot()
+@register("findings")
+def collect_findings(snap: AgentSnapshot, failures: Mapping[str, int]) -> list[Metric]:
+    snap.need("findings")
+    labels_by_rank = snap.labels_for_rank()
+    totals, active = snap.findings.totals, snap.findings.active_counts
     extra = ["kind", "severity"]
     fired = CounterMetricFamily(
         "rankwatch_findings_total",
@@ -106,9 +92,9 @@ def collect_findings(
     )
 
     def labels(rank: int | None) -> list[str]:
-        got = labels_by_rank.get(rank)
-        if got is None:
-            run, _, _, node = default
+        got: RankLabels | None = labels_by_rank.get(rank)
+        if got is None:  # a rank no watcher knows: the agent's run and node
+            run, _, _, node = snap.labels
             got = (run, "" if rank is None else str(rank), "", node)
         return list(got)
 

@@ -5,14 +5,18 @@ Counted per watcher (one rank's log files together); a path is never a label.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rankwatch.exporter.view import RANK_LABELS, RankView, sources_status
+from rankwatch.exporter.collector import register
+from rankwatch.snapshot import RANK_LABELS, AgentSnapshot
 
 
-def collect_logs(views: Sequence[RankView]) -> list[Metric]:
+@register("logs")
+def collect_logs(snap: AgentSnapshot, failures: Mapping[str, int]) -> list[Metric]:
+    snap.need("ranks")
+    snap.need("logs")
     attached = GaugeMetricFamily(
         "rankwatch_sources_attached",
         "1 when the rank has something to watch: a process attached or a log file present",
@@ -43,25 +47,17 @@ def collect_logs(views: Sequence[RankView]) -> list[Metric]:
         "where the log was (counted once per change, never opened)",
         labels=RANK_LABELS,
     )
-    for v in views:
-        if not v.own:
+    for v in snap.ranks:
+        lv = v.logs
+        if lv is None or v.sources is None:
             continue
-        w = v.watcher
         labels = list(v.labels)
-        ok, _ = sources_status(w)
-        attached.add_metric(labels, 1.0 if ok else 0.0)
-        parsed = unparsed = cut = nbytes = rot = trunc = errs = refusals = 0
-        for s in w.streams:
-            ps, fs = s.parser.stats, s.follower.stats
-            parsed, unparsed, cut = parsed + ps.parsed, unparsed + ps.unparsed, cut + ps.cut
-            nbytes, rot, trunc = nbytes + fs.bytes_read, rot + fs.rotations, trunc + fs.truncations
-            errs += fs.reopen_errors
-            refusals += fs.refused_opens
-        for result, n in (("parsed", parsed), ("unparsed", unparsed), ("cut", cut)):
+        attached.add_metric(labels, 1.0 if v.sources.attached else 0.0)
+        for result, n in (("parsed", lv.parsed), ("unparsed", lv.unparsed), ("cut", lv.cut)):
             lines.add_metric([*labels, result], n)
-        read.add_metric(labels, nbytes)
-        rotations.add_metric(labels, rot)
-        truncations.add_metric(labels, trunc)
-        reopen.add_metric(labels, errs)
-        refused.add_metric(labels, refusals)
+        read.add_metric(labels, lv.bytes_read)
+        rotations.add_metric(labels, lv.rotations)
+        truncations.add_metric(labels, lv.truncations)
+        reopen.add_metric(labels, lv.open_errors)
+        refused.add_metric(labels, lv.open_refused)
     return [attached, lines, read, rotations, truncations, reopen, refused]

@@ -7,17 +7,21 @@ state: the zeros a dead sample carries are not measurements.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rankwatch.exporter.view import RANK_LABELS, RankView
+from rankwatch.exporter.collector import register
+from rankwatch.snapshot import RANK_LABELS, AgentSnapshot
 
 # Fixed so the state label stays bounded; anything else psutil reports is "other".
 STATES = ("running", "sleeping", "disk-wait", "stopped", "tracing-stop", "zombie", "dead", "idle", "other")
 
 
-def collect_process(views: Sequence[RankView]) -> list[Metric]:
+@register("process")
+def collect_process(snap: AgentSnapshot, failures: Mapping[str, int]) -> list[Metric]:
+    snap.need("ranks")
+    snap.need("process")
     up = GaugeMetricFamily(
         "rankwatch_process_up", "1 if the watched process is alive, 0 once it is gone", labels=RANK_LABELS
     )
@@ -49,10 +53,8 @@ def collect_process(views: Sequence[RankView]) -> list[Metric]:
         "1 for the current scheduler state of the main process, 0 for the others",
         labels=[*RANK_LABELS, "state"],
     )
-    for v in views:
-        if not v.own or v.watcher.prober is None:
-            continue
-        s = v.watcher.last_sample
+    for v in snap.ranks:
+        s = v.process.sample if v.process is not None else None
         if s is None:
             continue
         labels = list(v.labels)

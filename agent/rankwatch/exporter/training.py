@@ -6,15 +6,16 @@ A value appears only if the log carried it: a run that never prints MFU has no
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from itertools import accumulate
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from rankwatch.exporter.view import RANK_LABELS, RankView
+from rankwatch.exporter.collector import register
+from rankwatch.snapshot import RANK_LABELS, AgentSnapshot
 from rankwatch.state import STEP_TIME_BUCKETS
 
-# metric name, help, key in RankView.latest
+# metric name, help, key in RankSnapshot.latest
 _PRINTED: tuple[tuple[str, str, str], ...] = (
     ("loss", "Training loss of the last step line that printed one (NaN stays NaN)", "loss"),
     ("grad_norm", "Gradient norm of the last step line that printed one", "grad_norm"),
@@ -41,7 +42,9 @@ def _g(name: str, doc: str) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"rankwatch_{name}", doc, labels=RANK_LABELS)
 
 
-def collect_training(views: Sequence[RankView]) -> list[Metric]:
+@register("training")
+def collect_training(snap: AgentSnapshot, failures: Mapping[str, int]) -> list[Metric]:
+    snap.need("ranks")
     step = _g("step", "Last training step (iteration) number seen in the log")
     total = _g("total_steps", "Planned number of training steps, where the log states it")
     eta = _g("eta_seconds", "Estimated time to the last step, from the recent step rate")
@@ -66,14 +69,14 @@ def collect_training(views: Sequence[RankView]) -> list[Metric]:
     )
     eval_loss = _g("eval_loss", "Last evaluation (validation) loss")
     printed = [(_g(name, doc), key) for name, doc, key in _PRINTED]
-    for v in views:
+    for v in snap.ranks:
         labels = list(v.labels)
         st = v.state
         if st is not None:
             if st.last_step is not None:
                 step.add_metric(labels, st.last_step)
             counts = st.step_time_counts
-            if counts[-1] or any(counts):
+            if any(counts):
                 cum = list(accumulate(counts))
                 bounds = [f"{b:g}" for b in STEP_TIME_BUCKETS] + ["+Inf"]
                 hist.add_metric(labels, list(zip(bounds, cum, strict=True)), st.step_time_sum)

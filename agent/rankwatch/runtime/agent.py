@@ -15,7 +15,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,8 +29,10 @@ from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scop
 from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
+from rankwatch.runtime.faces import SnapshotBuilder
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.watcher import RankWatcher
+from rankwatch.snapshot import AgentSnapshot, HttpCounters
 
 log = logging.getLogger("rankwatch.agent")
 
@@ -86,7 +88,7 @@ class Agent:
         self.attach_problems: dict[int, str] = {}
         self.alert_stats: dict[str, dict[str, int]] | None = None
         self.alert_peer_stats: dict[str, int] | None = None  # cross-agent grouping, by role
-        self.http_rejected: dict[int, int] | None = None  # malformed requests, by status (server)
+        self.http = HttpCounters()  # the HTTP server's own counts, read into every snapshot
         self.started_at = time.time()
         # Add context to a finding before anyone sees it (e.g. the last good checkpoint for a NaN).
         self.enrichers: list[Callable[[Finding], Finding]] = []
@@ -105,13 +107,14 @@ class Agent:
         self._joined: set[str] = set()  # incidents this agent dumped into or decided to leave
         self._peer_pending: set[str] = set()  # peers' incidents with no rank file yet
         self._run_mtime: int | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.last_capture: tuple[Path | None, int, list[str]] = (None, 0, [])  # folder, ok ranks, failures
         self._held_stalls: dict[int | None, list[Finding]] = {}  # stalls waiting for their stacks
         self.disk_latest: list[DiskSample] = []  # free space of log/dumps/spool (Services samples it)
         self.stderr_guard: Any = None  # runtime.stdio.StderrGuard (its dropped bytes are a metric)
         self.echo: Any = None  # run mode: runtime.echo.Echo (its dropped bytes are a metric)
         self.loop_monitor: Any = None  # runtime.loopmon.LoopMonitor, set by Services (/healthz)
+        self.faces = SnapshotBuilder(self)  # what the exporter and the server read (snapshot())
 
     def add_watcher(
         self,
@@ -132,6 +135,10 @@ class Agent:
         )
         self.watchers.append(w)
         return w
+
+    def snapshot(self) -> AgentSnapshot:
+        """What the exporter and the server show, now (built on the loop: runtime/faces.py)."""
+        return self.faces.build()
 
     # --- findings ----------------------------------------------------------------------
     def emit(self, f: Finding) -> None:
@@ -279,7 +286,7 @@ class Agent:
             return False
         return any(n.startswith("python") for n in names)
 
-    def _spawn(self, coro) -> bool:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> bool:
         try:
             task = asyncio.get_running_loop().create_task(coro)
         except RuntimeError:

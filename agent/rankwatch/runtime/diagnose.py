@@ -72,7 +72,7 @@ class CrossRank:
         self.wall = wall
         self.store = DumpStore(Path(cfg.dumps.dir))
         self._stalls: list[Finding] = []  # waiting for the incident's stacks
-        self._stall_task: asyncio.Task | None = None
+        self._stall_task: asyncio.Task[Any] | None = None
         self._later: dict[int | None, list[Finding]] = {}  # resolutions of held findings, by rank
         self._profiled: dict[int | None, float] = {}
 
@@ -89,11 +89,11 @@ class CrossRank:
         return bool(world and world > 1) or len(self.agent.watchers) > 1
 
     def world(self) -> int | None:
-        world = self.agent.identity.world_size
+        world: int | None = self.agent.identity.world_size
         ranks = {w.rank for w in self.agent.watchers if w.rank is not None}
         if len(ranks) > 1:  # a launcher's workers: their own WORLD_SIZE says more than the agent's
             sizes = [getattr(w.identity, "world_size", None) for w in self.agent.watchers]
-            world = max([s for s in sizes if s] or [world or 0]) or None
+            world = max([int(s) for s in sizes if s] or [world or 0]) or None
         return world
 
     def hold(self, f: Finding) -> bool:
@@ -119,7 +119,7 @@ class CrossRank:
             return True
         return False
 
-    def _spawn(self, coro: Any) -> asyncio.Task | None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any] | None:
         self.agent._spawn(coro)
         tasks = [t for t in self.agent._tasks if t.get_coro() is coro]
         return tasks[0] if tasks else None

@@ -19,6 +19,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -105,7 +106,7 @@ async def _remember(tree: workers.Tree, interval: float) -> None:
         await asyncio.sleep(max(1.0, 5 * interval))
 
 
-async def _wait_exit(child: subprocess.Popen) -> None:
+async def _wait_exit(child: subprocess.Popen[bytes]) -> None:
     """Wake only when the child exits (a pidfd turns readable), not on a timer: a 50 ms poll
     meant 20 wake-ups a second taken from the rank's CPU."""
     try:
@@ -156,7 +157,7 @@ async def run_command(
     cmd: Sequence[str],
     *,
     sinks: Sequence[Sink],
-    services: dict | None = None,
+    services: dict[str, Any] | None = None,
     nice: int = 0,
 ) -> int:
     guard = StderrGuard()
@@ -173,7 +174,7 @@ async def _run_command(
     cmd: Sequence[str],
     *,
     sinks: Sequence[Sink],
-    services: dict | None = None,
+    services: dict[str, Any] | None = None,
     nice: int = 0,
     guard: StderrGuard | None = None,
 ) -> int:
@@ -184,7 +185,7 @@ async def _run_command(
     agent.launched = True
     agent.stderr_guard = guard
     loop = asyncio.get_running_loop()
-    started: list[subprocess.Popen] = []
+    started: list[subprocess.Popen[bytes]] = []
     kill_handle: list[asyncio.TimerHandle] = []
     stop_requested: list[signal.Signals] = []
 
@@ -274,7 +275,7 @@ async def _run_command(
     watcher.stop()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(watch_task, 5.0)
-    sig = -rc if rc < 0 else None
+    died_of = -rc if rc < 0 else None
     # After a stop we forwarded, any way the child ends (its handler's exit code, the signal,
     # our SIGKILL after term_grace) is the stop: a clean exit is no finding at all.
     requested: bool | int = int(stop_requested[0]) if stop_requested and rc != 0 else False
@@ -294,7 +295,7 @@ async def _run_command(
             await extras.sample_disks(2.0)
         disk_full = agent.log_disk_full(watcher)
     if not worker_crashed:  # else the launcher ended because a worker failed: that worker's crash says so
-        watcher.on_exit(rc if rc >= 0 else None, sig, requested=requested, disk_full=disk_full)
+        watcher.on_exit(rc if rc >= 0 else None, died_of, requested=requested, disk_full=disk_full)
     if stop_requested:
         # Nothing of the job outlives a stop: a DataLoader worker blocked in __getitem__ never
         # notices its rank is gone. (A job that ends on its own keeps what it left running.)
@@ -401,7 +402,7 @@ async def watch_processes(
     logs: Sequence[Path],
     sinks: Sequence[Sink],
     stop: asyncio.Event | None = None,
-    services: dict | None = None,
+    services: dict[str, Any] | None = None,
     nice: int = 0,
 ) -> int:
     guard = StderrGuard()
@@ -424,7 +425,7 @@ async def _watch_processes(
     logs: Sequence[Path],
     sinks: Sequence[Sink],
     stop: asyncio.Event | None = None,
-    services: dict | None = None,
+    services: dict[str, Any] | None = None,
     nice: int = 0,
     guard: StderrGuard | None = None,
 ) -> int:
@@ -444,7 +445,7 @@ async def _watch_processes(
     agent = Agent(cfg, identity, sinks=sinks)
     agent.stderr_guard = guard
     watchers: list[RankWatcher] = []
-    tasks: list[asyncio.Task] = []
+    tasks: list[asyncio.Task[Any]] = []
     # A node daemon (`watch --match train.py`, or several --pid, no logs): one watcher per rank
     # process, each with its own rank and labels, following its stdout when that is a file.
     per_process = not logs and ((bool(match) and not pids) or len(pids) > 1)

@@ -19,19 +19,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from rankwatch.config.schema import Config
 from rankwatch.detectors.checkpoints import POISON_KINDS
 from rankwatch.detectors.deadline import DeadlineDetector
 from rankwatch.detectors.disk import DiskDetector, DiskSample
 from rankwatch.detectors.gpu import GpuDetector, NvmlHangRule, gpu_activity
-from rankwatch.exporter.checkpoints import CheckpointCollector
-from rankwatch.exporter.config import ConfigReloadCollector
 from rankwatch.exporter.metrics import make_registry
-from rankwatch.exporter.view import identity_labels, rank_views
 from rankwatch.gpu.backend import GpuBackend, GpuSample
 from rankwatch.offloop import in_daemon
 from rankwatch.records import Finding, StepRecord
 from rankwatch.runtime.agent import Agent
+from rankwatch.runtime.faces import rank_views
 from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource
 
@@ -81,78 +81,6 @@ def _environ(pid: int) -> dict[str, str]:
         return {}
 
 
-class _Guarded:
-    """A collector that fails alone: its series go missing, the rest of the scrape stays."""
-
-    def __init__(self, component: str, inner: Any, services: Services) -> None:
-        self.component = component
-        self.inner = inner
-        self.services = services
-        self.logged = False
-
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> list[Any]:
-        try:
-            return list(self.inner.collect())
-        except Exception:
-            errs = self.services.agent.internal_errors_by_component
-            errs[self.component] = errs.get(self.component, 0) + 1
-            if not self.logged:
-                self.logged = True
-                log.exception("%s metrics failed (further failures only counted)", self.component)
-            return []
-
-
-class _LoopCollector:
-    """The agent's own event loop and run mode's echo: is the agent keeping up."""
-
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> list[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        from rankwatch.exporter.view import RANK_LABELS, identity_labels
-
-        labels = list(identity_labels(self.agent))
-        out: list[Any] = []
-        mon = self.agent.loop_monitor
-        if mon is not None:
-            lag = GaugeMetricFamily(
-                "rankwatch_event_loop_lag_seconds",
-                "How late the agent's event loop ran its last periodic tick (detection is that late)",
-                labels=RANK_LABELS,
-            )
-            lag.add_metric(labels, mon.lag)
-            out.append(lag)
-        echo = self.agent.echo
-        if echo is not None:
-            dropped = CounterMetricFamily(
-                "rankwatch_echo_dropped_bytes_total",
-                "Bytes of the rank's output not echoed to the agent's stdout because nobody read it "
-                "(the log file has them)",
-                labels=RANK_LABELS,
-            )
-            dropped.add_metric(labels, echo.dropped_bytes)
-            out.append(dropped)
-        guard = self.agent.stderr_guard
-        if guard is not None:
-            lost = CounterMetricFamily(
-                "rankwatch_stderr_dropped_bytes_total",
-                "Bytes of the agent's own stderr (its log lines, console findings) dropped because nobody "
-                "read it",
-                labels=RANK_LABELS,
-            )
-            lost.add_metric(labels, guard.dropped_bytes)
-            out.append(lost)
-        return out
-
-
 class Services:
     def __init__(
         self,
@@ -186,7 +114,7 @@ class Services:
         self._disk_inflight: asyncio.Future[list[DiskSample]] | None = None
         self._disk_failed = False
         self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[Any]] = []
 
     def _failed(self, component: str, msg: str, *args: Any) -> None:
         errs = self.agent.internal_errors_by_component
@@ -408,7 +336,7 @@ class Services:
             )
         if good is None:
             text = "No good checkpoint from before it is known."
-            evidence = {"last_good_checkpoint": None}
+            evidence: dict[str, Any] = {"last_good_checkpoint": None}
         else:
             where = f" (step {good.step})" if good.step is not None else ""
             text = f"Last good checkpoint to resume from: {good.path}{where}."
@@ -549,38 +477,21 @@ class Services:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), DEADLINE_CHECK_S)
 
-    def registry(self) -> Any:
-        from rankwatch.gpu.collector import GpuCollector
-
-        extra: list[Any] = [_Guarded("exporter", _LoopCollector(self.agent), self)]
-        if self.cfg.gpu.enabled:
-            collector = GpuCollector(self.gpu_by_rank, self.agent.identity.labels(), self._local_ranks)
-            extra.append(_Guarded("gpu", collector, self))
+    def registry(self) -> CollectorRegistry:
+        """The metrics registry: every registered collector over the agent's snapshots, which
+        from now on carry the checkpoint watcher's and the config reloader's numbers."""
+        faces = self.agent.faces
         if self.cfg.checkpoints.dir:
-            extra.append(
-                _Guarded(
-                    "checkpoints",
-                    CheckpointCollector(
-                        lambda: self.checkpoints.snapshot() if self.checkpoints is not None else None,
-                        identity_labels(self.agent),
-                    ),
-                    self,
-                )
-            )
+            faces.checkpoints = lambda: self.checkpoints.snapshot() if self.checkpoints is not None else None
         if self.reloader is not None:
-            reloader = self.reloader
-            extra.append(
-                _Guarded(
-                    "config", ConfigReloadCollector(reloader.snapshot, identity_labels(self.agent)), self
-                )
-            )
-        return make_registry(self.agent, extra=extra)
+            faces.config_reload = self.reloader.snapshot
+        return make_registry(self.agent.snapshot)
 
     async def _start_server(self) -> None:
         from rankwatch.server import start_server
 
         try:
-            self.server = await start_server(self.agent, self.cfg.server, registry=self.registry())
+            self.server = await start_server(self.agent.snapshot, self.cfg.server, registry=self.registry())
         except (OSError, ValueError) as e:
             self._failed(
                 "server", "HTTP server not started on %s: %s (detection goes on)", self.cfg.server.listen, e

@@ -49,7 +49,7 @@ class StderrGuard:
         with contextlib.suppress(OSError, AttributeError):
             import fcntl
 
-            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)  # type: ignore[attr-defined]
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         with contextlib.suppress(AttributeError, OSError, ValueError):
             import sys
 

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rankwatch import offloop
 from rankwatch.config.schema import Config
@@ -203,7 +204,7 @@ class RankWatcher:
                 keep.append((t, f))
         self._held = keep
 
-    def feed_lines(self, stream: Stream, batch: list) -> None:
+    def feed_lines(self, stream: Stream, batch: list[Any]) -> None:
         now_wall = self.wall()
         stream.last_data = self.clock()
         self.stall.on_activity(stream.last_data, "log")
@@ -348,7 +349,7 @@ class RankWatcher:
                 )
                 self.emit(f)
                 return f
-        f = crash_finding(
+        crash = crash_finding(
             state,
             exit_code=exit_code,
             signal=signal,
@@ -357,16 +358,16 @@ class RankWatcher:
             path=self.path,
             disk_full=disk_full,
         )
-        if f is not None:
-            f.time = f.time or self.wall()
+        if crash is not None:
+            crash.time = crash.time or self.wall()
             if requested:
-                f.severity = Severity.WARNING
-                f.message = f"after the stop signal we forwarded: {f.message}"
-            self.emit(f)
+                crash.severity = Severity.WARNING
+                crash.message = f"after the stop signal we forwarded: {crash.message}"
+            self.emit(crash)
         else:
             for _, h in held:
                 self.emit(_still_running(h, None))
-        return f
+        return crash
 
     # --- lifecycle ---------------------------------------------------------------------
     async def _number_lines(self) -> None:
@@ -427,7 +428,7 @@ class RankWatcher:
             s.follower.close()
 
 
-def _latest_redraws(batch: list, stats: object) -> list:
+def _latest_redraws(batch: list[Any], stats: object) -> list[Any]:
     """A progress bar redraws one line with ``\r`` hundreds of times a second: of the segments
     of one line read together only the first (it carries a launcher's rank prefix) and the
     last (what the screen shows) are parsed, and any that may hold an error signature. The

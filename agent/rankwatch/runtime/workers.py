@@ -200,7 +200,7 @@ class Fleet:
     stop when one was asked for, else as a crash with its lines of the log as evidence.
     """
 
-    def __init__(self, agent: Any, cfg: Any, log_path: Any, root: int, stop_requested: list) -> None:
+    def __init__(self, agent: Any, cfg: Any, log_path: Any, root: int, stop_requested: list[Any]) -> None:
         self.agent = agent
         self.cfg = cfg
         self.log_path = log_path

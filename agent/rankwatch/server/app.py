@@ -1,14 +1,15 @@
 """The agent's HTTP server: /metrics, health probes, a read-only JSON API, a status page.
 
-It runs on the agent's event loop and only reads agent state, so it needs no locks:
-a handler never awaits between reading and answering. Rendering /metrics for eight busy
+It runs on the agent's event loop and reads only snapshots of the agent
+(``rankwatch.snapshot``), taken by a callable the runtime hands it; it writes only its
+own counters (``HttpCounters``), so it needs no locks. Rendering /metrics for eight busy
 ranks with eight GPUs and a checkpoint folder (~620 series) takes 6-10 ms
 (bench/bench_scrape.py), too little to be worth a thread, which would also race the
 loop's appends to the rolling windows. File reads for the dump routes go to a thread.
 Everything is GET but the login form's POST; bodies are refused beyond
 ``max_request_bytes`` (413) whatever the route; a request line over ``MAX_REQUEST_LINE``
 gets 414, a header over ``MAX_HEADER_FIELD`` (or too many) 431, other unparsable requests
-400, each with one log line for the first and a count for the rest (``http_rejected``):
+400, each with one log line for the first and a count for the rest (``HttpCounters.rejected``):
 these come before any authentication, so a stranger must not be able to fill the log.
 
 Who may read what (secure by default, Prometheus keeps working across the network):
@@ -42,7 +43,6 @@ import ipaddress
 import json
 import logging
 import re
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -54,7 +54,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from rankwatch.config.schema import ServerConfig
-from rankwatch.exporter.findings import FindingTracker
+from rankwatch.dumps.store import DumpStore
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.server.page import load_page_extras, render_page
 from rankwatch.server.status import (
@@ -66,14 +66,14 @@ from rankwatch.server.status import (
     ready,
     status_doc,
 )
+from rankwatch.snapshot import AgentSnapshot, HttpCounters, SnapshotFn, Source, snapshot_fn
 
 log = logging.getLogger("rankwatch.server")
 
-AGENT = web.AppKey("agent", object)
+SNAPSHOT: web.AppKey[SnapshotFn] = web.AppKey("snapshot")
+COUNTERS = web.AppKey("counters", HttpCounters)
 CFG = web.AppKey("cfg", ServerConfig)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
-TRACKER = web.AppKey("tracker", FindingTracker)
-STARTED = web.AppKey("started", float)
 LOGGED = web.AppKey("logged", set)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -97,15 +97,8 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return _json({"error": message, "status": status}, status, headers)
 
 
-def _count_error(agent: Any) -> None:
-    errs = getattr(agent, "internal_errors_by_component", None)
-    if errs is None:
-        errs = {}
-        try:
-            agent.internal_errors_by_component = errs
-        except AttributeError:
-            return
-    errs["server"] = errs.get("server", 0) + 1
+def _snapshot(request: web.Request) -> AgentSnapshot:
+    return request.app[SNAPSHOT]()
 
 
 # --- middlewares -------------------------------------------------------------------------
@@ -299,7 +292,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception:
         resource = request.match_info.route.resource
         name = resource.canonical if resource is not None else request.path
-        _count_error(request.app[AGENT])
+        request.app[COUNTERS].errors += 1
         logged = request.app[LOGGED]
         if name not in logged:
             logged.add(name)
@@ -322,25 +315,23 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     """Answered by the loop itself, with how late it has run lately (runtime.loopmon)."""
-    mon = getattr(request.app[AGENT], "loop_monitor", None)
-    ok, text = mon.health() if mon is not None else (True, "ok")
+    snap = _snapshot(request)
+    loop = snap.loop
+    ok, text = (loop.healthy, loop.health) if loop is not None else (True, "ok")
+    if "loop" in snap.broken:
+        ok, text = False, f"cannot read the event loop monitor: {snap.broken['loop']!r}"
     return web.Response(text=text + "\n", status=200 if ok else 503, headers=_NO_STORE)
 
 
 async def readyz(request: web.Request) -> web.Response:
-    ok, reasons = ready(request.app[AGENT])
+    ok, reasons = ready(_snapshot(request))
     if _refusal(request) is not None:  # a probe needs the status; paths and pids need the token
         reasons = ["details with the token, or from loopback"]
     return _json({"ready": ok, "detail": reasons}, 200 if ok else 503)
 
 
-def _status(request: web.Request) -> dict[str, Any]:
-    app = request.app
-    return status_doc(app[AGENT], app[TRACKER], started=app[STARTED])
-
-
 async def api_status(request: web.Request) -> web.Response:
-    return _json(_status(request))
+    return _json(status_doc(_snapshot(request)))
 
 
 async def login(request: web.Request) -> web.Response:
@@ -365,8 +356,9 @@ async def page(request: web.Request) -> web.Response:
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",
     }
-    extras = await load_page_extras(request.app[AGENT])
-    html = render_page(_status(request), extras)
+    snap = _snapshot(request)
+    extras = await load_page_extras(snap)
+    html = render_page(status_doc(snap), extras)
     return web.Response(text=html, content_type="text/html", headers=headers)
 
 
@@ -392,10 +384,8 @@ async def api_findings(request: web.Request) -> web.Response:
     kind = q.get("kind") or None
     if kind is not None and not re.fullmatch(r"[a-z0-9_]{1,64}", kind):
         return _error(400, "kind must be a finding kind such as nan_loss")
-    app = request.app
     doc = findings_doc(
-        app[AGENT],
-        app[TRACKER],
+        _snapshot(request),
         limit=limit,
         active=active_raw in ("1", "true", "yes"),
         kind=kind,
@@ -404,13 +394,23 @@ async def api_findings(request: web.Request) -> web.Response:
     return _json(doc)
 
 
+def _store(request: web.Request) -> DumpStore:
+    store = _snapshot(request).dumps.store
+    if store is None:
+        raise web.HTTPNotFound(
+            text=json.dumps({"error": "this agent keeps no dumps", "status": 404}),
+            content_type="application/json",
+        )
+    return store
+
+
 async def api_dumps(request: web.Request) -> web.Response:
-    store = request.app[AGENT].store  # type: ignore[attr-defined]
+    store = _store(request)
     infos = await asyncio.to_thread(store.list_incidents)
     return _json({"dir": str(store.root), "incidents": [incident_doc(i) for i in infos]})
 
 
-def _load_dump(store: Any, incident: str, rank: int, text: bool) -> tuple[int, Any]:
+def _load_dump(store: DumpStore, incident: str, rank: int, text: bool) -> tuple[int, Any]:
     """(HTTP status, document or text); blocking, run in a thread.
 
     Only regular files inside the incident folder are served: the store walks from its
@@ -444,7 +444,7 @@ async def api_dump(request: web.Request) -> web.Response:
     fmt = request.query.get("format", "json")
     if fmt not in ("json", "text"):
         return _error(400, "format must be json or text")
-    store = request.app[AGENT].store  # type: ignore[attr-defined]
+    store = _store(request)
     status, doc = await asyncio.to_thread(_load_dump, store, incident, int(rank_s), fmt == "text")
     if status != 200:
         return _error(status, doc)
@@ -455,18 +455,19 @@ async def api_dump(request: web.Request) -> web.Response:
 
 # --- assembly ----------------------------------------------------------------------------
 def make_app(
-    agent: Any, cfg: ServerConfig | None = None, *, registry: CollectorRegistry | None = None
+    source: Source, cfg: ServerConfig | None = None, *, registry: CollectorRegistry | None = None
 ) -> web.Application:
-    """The application without a listener (tests use aiohttp's test client on it)."""
+    """The application without a listener (tests use aiohttp's test client on it).
+    ``source``: the agent (anything with ``snapshot()``) or a callable returning snapshots."""
     cfg = cfg or ServerConfig()
     app = web.Application(
         middlewares=[_track, _limit_body, _auth, _errors], client_max_size=int(cfg.max_request_bytes)
     )
-    app[AGENT] = agent
+    snapshot = snapshot_fn(source)
+    app[SNAPSHOT] = snapshot
+    app[COUNTERS] = snapshot().http
     app[CFG] = cfg
-    app[REGISTRY] = registry if registry is not None else make_registry(agent)
-    app[TRACKER] = FindingTracker.of(agent)
-    app[STARTED] = float(getattr(agent, "started_at", 0.0) or time.time())
+    app[REGISTRY] = registry if registry is not None else make_registry(snapshot)
     app[LOGGED] = set()
     r = app.router
     r.add_get("/", page)
@@ -558,7 +559,7 @@ class ConnectionGuard:
     A new connection beyond ``cap`` closes the connection idle the longest (a keep-alive
     nobody uses, or a client still "sending" its headers); when every connection is busy the
     new one is closed instead. Either way the agent's descriptors stay bounded and a scrape
-    gets through. Counts go to ``agent.http_connections_dropped`` by reason.
+    gets through. Counts go to ``counts`` (``HttpCounters.dropped``) by reason.
     """
 
     def __init__(self, cap: int, counts: dict[str, int]) -> None:
@@ -645,13 +646,7 @@ async def _track(request: web.Request, handler: Handler) -> web.StreamResponse:
         guard.done(proto)
 
 
-def _rejecter(agent: Any) -> Callable[[int, Any, BaseException], None]:
-    counts: dict[int, int] = {}
-    try:
-        agent.http_rejected = counts  # by status, for the exporter and the status page
-    except AttributeError:
-        pass
-
+def _rejecter(counts: dict[int, int]) -> Callable[[int, Any, BaseException], None]:
     def on_reject(code: int, request: Any, exc: BaseException) -> None:
         counts[code] = counts.get(code, 0) + 1
         if sum(counts.values()) == 1:
@@ -785,8 +780,11 @@ def connection_cap(configured: int) -> int:
     return configured
 
 
-async def start_server(agent: Any, cfg: ServerConfig, *, registry: CollectorRegistry | None = None) -> Server:
-    """Listen on ``cfg.listen``; raises ``ValueError`` (bad address) or ``OSError`` (bind)."""
+async def start_server(
+    source: Source, cfg: ServerConfig, *, registry: CollectorRegistry | None = None
+) -> Server:
+    """Listen on ``cfg.listen``; raises ``ValueError`` (bad address) or ``OSError`` (bind).
+    ``source`` as for ``make_app``."""
     host, port = parse_listen(cfg.listen)
     idle = float(cfg.idle_timeout)
     handler_kwargs: dict[str, Any] = {
@@ -797,12 +795,10 @@ async def start_server(agent: Any, cfg: ServerConfig, *, registry: CollectorRegi
         "max_headers": MAX_HEADERS,
         "lingering_time": min(idle, 10.0),
     }
-    app = make_app(agent, cfg, registry=registry)
-    counts: dict[str, int] = {}
-    try:
-        agent.http_connections_dropped = counts  # by reason, for the exporter
-    except AttributeError:
-        pass
+    app = make_app(source, cfg, registry=registry)
+    counters = app[COUNTERS]
+    counters.serving = True  # its counts are exported from now on
+    counts = counters.dropped
     guard = ConnectionGuard(connection_cap(int(cfg.max_connections)), counts)
     app[GUARD] = guard
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, **handler_kwargs)
@@ -810,7 +806,7 @@ async def start_server(agent: Any, cfg: ServerConfig, *, registry: CollectorRegi
     manager = runner.server
     assert manager is not None
     loop = asyncio.get_running_loop()
-    on_reject = _rejecter(agent)
+    on_reject = _rejecter(counters.rejected)
 
     def factory() -> web.RequestHandler:
         return _Protocol(manager, guard, on_reject, loop=loop, **handler_kwargs)

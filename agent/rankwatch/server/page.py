@@ -7,7 +7,7 @@ from logs and the environment, so they are attacker-controllable text.
 
 ``render_page(doc)`` needs only the ``/api/status`` document. What that document lacks —
 the step history behind the sparklines, the dump store listing behind the dump links, GPU
-samples — comes in an optional ``PageExtras``, gathered by ``load_page_extras(agent)``
+samples — comes in an optional ``PageExtras``, gathered by ``load_page_extras(snapshot)``
 (the store listing is disk I/O, so it runs in a thread). Dump links are relative URLs of
 the JSON API (``api/dumps/<incident>/<rank>?format=text``): they sit under the same bearer
 token rule as the page itself, so whoever can read the page can follow them, and the page
@@ -20,15 +20,17 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from rankwatch.gpu.backend import GpuSample
+from rankwatch.records import StepRecord
 from rankwatch.server.sparkline import sparkline
 from rankwatch.server.status import incident_doc
-from rankwatch.state import RankState
+from rankwatch.snapshot import AgentSnapshot
 
 log = logging.getLogger("rankwatch.server.page")
 
@@ -72,7 +74,7 @@ class PageExtras:
     history: dict[int | None, dict[str, Series]] = field(default_factory=dict)
     incidents: list[dict[str, Any]] | None = None  # incident_doc() shape, newest first
     incidents_error: str | None = None
-    gpus: dict[Any, list[Any]] | None = None  # rank ("" when unknown) -> GpuSample-like; None: no source
+    gpus: dict[Any, list[GpuSample]] | None = None  # rank ("" when unknown) -> samples; None: no source
     gpu_up: bool = False
     gpu_error: str | None = None
 
@@ -82,9 +84,9 @@ def _value(x: float | None) -> float | None:
     return None if x is None else float(x)
 
 
-def rank_history(state: RankState, points: int = SPARK_POINTS) -> dict[str, Series]:
-    """Loss and throughput series from the rank's rolling window (no copy of the whole window)."""
-    recs = state.recent_records(points)
+def rank_history(recs: Sequence[StepRecord], points: int = SPARK_POINTS) -> dict[str, Series]:
+    """Loss and throughput series from the rank's newest step lines (oldest first)."""
+    recs = recs[-points:]
     out: dict[str, Series] = {}
     loss = [_value(r.loss) for r in recs]
     if any(v is not None for v in loss):
@@ -101,50 +103,33 @@ def rank_history(state: RankState, points: int = SPARK_POINTS) -> dict[str, Seri
     return out
 
 
-def _gpu_data(agent: Any) -> tuple[dict[Any, list[Any]] | None, bool, str | None]:
-    """GPU samples by rank from ``agent.gpu_latest`` (the services' ``gpu_by_rank``), if wired."""
-    hook = getattr(agent, "gpu_latest", None)
-    if hook is None:
-        return None, False, None
-    try:
-        got = hook() if callable(hook) else hook
-        if isinstance(got, tuple) and len(got) == 2:
-            mapping, up = got
-        else:
-            mapping, up = got, True
-        if not isinstance(mapping, Mapping):
-            return {}, False, "GPU data has an unexpected shape"
-        return {k: list(v) for k, v in mapping.items()}, bool(up), None
-    except Exception as e:
-        log.debug("reading GPU samples for the page failed", exc_info=True)
-        return {}, False, f"GPU data unavailable: {type(e).__name__}"
-
-
 def page_extras(
-    agent: Any, incidents: list[dict[str, Any]] | None = None, incidents_error: str | None = None
+    snap: AgentSnapshot, incidents: list[dict[str, Any]] | None = None, incidents_error: str | None = None
 ) -> PageExtras:
-    """Read the agent's windows; no awaits, so it sees one consistent moment of the loop."""
+    """The step history and GPU samples of the snapshot (one consistent moment of the loop)."""
     history: dict[int | None, dict[str, Series]] = {}
-    for w in list(getattr(agent, "watchers", ())):
-        for rank, eng in list(w.engines.items()):
-            if rank not in history and eng.state.step_count > 0:
-                history[rank] = rank_history(eng.state)
-    gpus, up, err = _gpu_data(agent)
+    for v in snap.ranks:
+        if v.rank not in history and v.recent_steps:
+            history[v.rank] = rank_history(v.recent_steps)
+    g = snap.gpu
+    gpus: dict[Any, list[GpuSample]] | None = None
+    if g is not None:
+        gpus = {k: list(samples) for k, samples in g.by_rank.items()}
     return PageExtras(
         history=history,
         incidents=incidents,
         incidents_error=incidents_error,
         gpus=gpus,
-        gpu_up=up,
-        gpu_error=err,
+        gpu_up=g.up if g is not None else False,
+        gpu_error=g.error if g is not None else None,
     )
 
 
-async def load_page_extras(agent: Any) -> PageExtras:
-    """The page's extras for a live agent; the dump store is listed in a thread, bounded."""
+async def load_page_extras(snap: AgentSnapshot) -> PageExtras:
+    """The page's extras; the dump store is listed in a thread, bounded."""
     incidents: list[dict[str, Any]] | None = None
     error: str | None = None
-    store = getattr(agent, "store", None)
+    store = snap.dumps.store
     if store is not None:
         try:
             infos = await asyncio.wait_for(asyncio.to_thread(store.list_incidents), LIST_TIMEOUT_S)
@@ -154,7 +139,7 @@ async def load_page_extras(agent: Any) -> PageExtras:
         except Exception as e:
             log.debug("listing dumps for the page failed", exc_info=True)
             error = f"cannot list the dump store ({type(e).__name__})"
-    return page_extras(agent, incidents, error)
+    return page_extras(snap, incidents, error)
 
 
 # --- formatting --------------------------------------------------------------------------
@@ -243,18 +228,18 @@ def _spark_cell(series: Series | None, latest: str) -> str:
     return f'<td class="spark">{escape(latest)}{svg}</td>'
 
 
-def _gpu_line(s: Any) -> str:
-    idx = getattr(s, "index", "?")
-    if getattr(s, "lost", False):
+def _gpu_line(s: GpuSample) -> str:
+    idx = s.index
+    if s.lost:
         return f"GPU{idx} LOST"
     parts = [f"GPU{idx}"]
-    util = getattr(s, "utilization", None)
+    util = s.utilization
     if util is not None:
         parts.append(f"{util * 100:.0f}%")
-    used, total = getattr(s, "memory_used", None), getattr(s, "memory_total", None)
+    used, total = s.memory_used, s.memory_total
     if used is not None and total:
         parts.append(f"{used / 2**30:.1f}/{total / 2**30:.0f} GiB")
-    temp = getattr(s, "temperature", None)
+    temp = s.temperature
     if temp is not None:
         parts.append(f"{temp:.0f}°C")
     return " ".join(parts)
@@ -433,22 +418,22 @@ def _gpu_section(extras: PageExtras | None) -> str:
         why = "no GPU sampled yet" if extras.gpu_up else "GPU sampler down"
         return head + f'<p class="muted">{why}</p>'
     rows = []
-    for rank, s in sorted(samples, key=lambda rs: getattr(rs[1], "index", 0)):
-        used, total = getattr(s, "memory_used", None), getattr(s, "memory_total", None)
-        power, limit = getattr(s, "power", None), getattr(s, "power_limit", None)
-        util = getattr(s, "utilization", None)
-        throttle = getattr(s, "throttle", None) or {}
+    for rank, s in sorted(samples, key=lambda rs: rs[1].index):
+        used, total = s.memory_used, s.memory_total
+        power, limit = s.power, s.power_limit
+        util = s.utilization
+        throttle = s.throttle or {}
         active = ", ".join(k for k, on in throttle.items() if on and k != "gpu_idle")
-        xids = getattr(s, "xid_counts", None) or {}
-        lost = getattr(s, "lost", False)
+        xids = s.xid_counts or {}
+        lost = s.lost
         cells = [
             _td(_rank_text(rank if rank != "" else None), left=True),
-            _td(str(getattr(s, "index", "?"))),
-            _td(getattr(s, "name", None) or "–", left=True),
-            _td("LOST: " + str(getattr(s, "lost_reason", "") or "") if lost else "ok", left=True),
+            _td(str(s.index)),
+            _td(s.name or "–", left=True),
+            _td("LOST: " + str(s.lost_reason or "") if lost else "ok", left=True),
             _td(f"{util * 100:.0f}%" if util is not None else "–"),
             _td(f"{_bytes(used)} / {_bytes(total)}" if used is not None and total else "–"),
-            _td(_num(getattr(s, "temperature", None), "{:.0f}°C")),
+            _td(_num(s.temperature, "{:.0f}°C")),
             _td(f"{_num(power, '{:.0f}')} / {_num(limit, '{:.0f}')} W" if power is not None else "–"),
             _td(active or "–", left=True),
             _td(", ".join(f"{x}×{n}" for x, n in sorted(xids.items())) or "–", left=True),

@@ -1,4 +1,4 @@
-"""The JSON documents of the API, built from the same snapshot as the metrics.
+"""The JSON documents of the API, built from the same snapshot as the metrics (``rankwatch.snapshot``).
 
 JSON has no NaN: a non-finite number is written as the string ``"NaN"``,
 ``"Infinity"`` or ``"-Infinity"`` so that a NaN loss still reads as one.
@@ -7,15 +7,14 @@ JSON has no NaN: a non-finite number is written as the string ``"NaN"``,
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
 from rankwatch import __version__
-from rankwatch.exporter.findings import FindingTracker
-from rankwatch.exporter.view import RankView, rank_views, sources_status
+from rankwatch.dumps.store import IncidentInfo
 from rankwatch.records import Finding
+from rankwatch.snapshot import AgentSnapshot, RankSnapshot
 
 FINDINGS_DEFAULT = 100
 FINDINGS_MAX = 1000
@@ -47,24 +46,21 @@ def finding_doc(f: Finding) -> dict[str, Any]:
     return d
 
 
-def ready(agent: Any) -> tuple[bool, list[str]]:
-    watchers = list(agent.watchers)
-    problems = list(getattr(agent, "attach_problems", {}).values())
-    if problems:
-        return False, problems
-    if not watchers:
+def ready(snap: AgentSnapshot) -> tuple[bool, list[str]]:
+    if snap.attach_problems:
+        return False, list(snap.attach_problems)
+    if not snap.sources:
         return False, ["no rank is being watched yet"]
-    results = [sources_status(w) for w in watchers]
-    missing = [why for ok, why in results if not ok]
-    return not missing, missing or [why for _, why in results]
+    missing = [s.detail for s in snap.sources if not s.attached]
+    return not missing, missing or [s.detail for s in snap.sources]
 
 
-def _process(v: RankView) -> dict[str, Any] | None:
-    w = v.watcher
-    if not v.own or w.prober is None:
+def _process(v: RankSnapshot) -> dict[str, Any] | None:
+    p = v.process
+    if p is None:
         return None
-    s = w.last_sample
-    doc: dict[str, Any] = {"pid": w.prober.pid, "exited": w.exited, "sampled": s is not None}
+    s = p.sample
+    doc: dict[str, Any] = {"pid": p.pid, "exited": p.exited, "sampled": s is not None}
     if s is not None:
         doc.update(
             alive=s.alive,
@@ -78,7 +74,7 @@ def _process(v: RankView) -> dict[str, Any] | None:
     return doc
 
 
-def rank_doc(v: RankView, active: list[Finding]) -> dict[str, Any]:
+def rank_doc(v: RankSnapshot, active: Iterable[Finding]) -> dict[str, Any]:
     st = v.state
     run, _, _, node = v.labels
     total, last = (st.total_steps, st.last_step) if st is not None else (None, None)
@@ -86,7 +82,7 @@ def rank_doc(v: RankView, active: list[Finding]) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "run": run,
         "rank": v.rank,
-        "local_rank": v.watcher.identity.local_rank if v.own else None,
+        "local_rank": v.local_rank if v.own else None,
         "node": node,
         "step": last,
         "total_steps": total,
@@ -110,54 +106,44 @@ def rank_doc(v: RankView, active: list[Finding]) -> dict[str, Any]:
         "grad_norm": latest.get("grad_norm"),
         "learning_rate": latest.get("learning_rate"),
         "process": _process(v),
-        "logs": [str(s.path) for s in v.watcher.streams] if v.own else [],
+        "logs": list(v.logs.paths) if v.logs is not None else [],
         "active_findings": [finding_doc(f) for f in active if f.rank == v.rank],
     }
-    if v.own:
-        ok, why = sources_status(v.watcher)
-        doc["sources"] = {"attached": ok, "detail": why}
+    if v.sources is not None:
+        doc["sources"] = {"attached": v.sources.attached, "detail": v.sources.detail}
     return doc
 
 
-def status_doc(agent: Any, tracker: FindingTracker, *, started: float) -> dict[str, Any]:
-    tracker.update(agent.findings)
-    active = tracker.active()
-    views = rank_views(list(agent.watchers))
-    ident = agent.identity
-    ok, reasons = ready(agent)
-    now = time.time()
-    incident = getattr(agent, "last_incident", None)
+def status_doc(snap: AgentSnapshot) -> dict[str, Any]:
+    active = snap.findings.active
+    ident = snap.identity
+    ok, reasons = ready(snap)
     return {
         "run": ident.run,
         "node": ident.node,
         "rank": ident.rank,
         "world_size": ident.world_size,
         "version": __version__,
-        "time": iso(now),
-        "uptime_s": round(now - started, 3),
+        "time": iso(snap.time),
+        "uptime_s": round(snap.time - snap.started_at, 3),
         "ready": ok,
         "ready_detail": reasons,
-        "dumps_captured": getattr(agent, "dumps_captured", 0),
-        "last_incident": incident.name if incident is not None else None,
-        "ranks": [rank_doc(v, active) for v in views],
+        "dumps_captured": snap.dumps.captured,
+        "last_incident": snap.dumps.last_incident,
+        "ranks": [rank_doc(v, active) for v in snap.ranks],
         "active_findings": [finding_doc(f) for f in active],
     }
 
 
 def findings_doc(
-    agent: Any,
-    tracker: FindingTracker,
+    snap: AgentSnapshot,
     *,
     limit: int = FINDINGS_DEFAULT,
     active: bool = False,
     kind: str | None = None,
     rank: int | None = None,
 ) -> dict[str, Any]:
-    if active:
-        tracker.update(agent.findings)
-        pool: Iterable[Finding] = tracker.active()
-    else:
-        pool = reversed(agent.findings)  # no await below: the list cannot change meanwhile
+    pool: Iterable[Finding] = snap.findings.active if active else reversed(snap.findings.recent)
     out: list[dict[str, Any]] = []
     for f in pool:
         if (kind is None or f.kind == kind) and (rank is None or f.rank == rank):
@@ -167,7 +153,7 @@ def findings_doc(
     return {"findings": out, "count": len(out), "limit": limit, "active": active}
 
 
-def incident_doc(info: Any) -> dict[str, Any]:
+def incident_doc(info: IncidentInfo) -> dict[str, Any]:
     return {
         "run": info.run,
         "incident": info.name,

@@ -83,7 +83,7 @@ class _Decompressed:
         try:
             # read1: one step of decompression per call. read(n) would gather n bytes over
             # several, and an early end among them would lose all that it had gathered.
-            data = self._f.read1(n)
+            data: bytes = self._f.read1(n)
         except (EOFError, OSError, zlib.error, lzma.LZMAError) as e:
             self._ended = True
             why = "ends early" if isinstance(e, EOFError) else f"is corrupt ({e})"

@@ -23,7 +23,7 @@ import pathlib
 import stat
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 from rankwatch import safeio
@@ -411,7 +411,7 @@ class _Waker:
 
 async def follow(
     follower: LogFollower, *, poll_interval: float = 0.25, stop: asyncio.Event | None = None
-) -> AsyncIterator[list[FollowedLine]]:
+) -> AsyncGenerator[list[FollowedLine], None]:
     """Batches as they appear; reads are bounded so other tasks run between large catch-ups.
     A batch may be empty when the file grew by lines the follower drops (``drop``).
 

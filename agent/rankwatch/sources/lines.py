@@ -134,7 +134,7 @@ class Splitter:
             self._cut(self.pending + piece[:first], out)
             piece = piece[first:]
         last = max(piece.rfind(b"\n"), piece.rfind(b"\r"))
-        body = piece[: last + 1]
+        body: bytes | bytearray = piece[: last + 1]
         if self.pending:
             body = self.pending + body
         self.pending = bytearray(piece[last + 1 :])

@@ -35,7 +35,7 @@ __all__ = ["LogParser", "ParseStats"]
 
 log = logging.getLogger("rankwatch.parse")
 
-_GENERIC = frozenset({"json", "kv"})
+_GENERIC = _formats.GENERIC
 _REPLAY_LINES = 16
 
 
@@ -218,7 +218,7 @@ class LogParser:
         out: list[Record] = []
         if parser is None:
             try:
-                parser = _formats.make_parser(self.format, regex=self._regex)
+                parser = _formats.make_parser(self.format or "", regex=self._regex)
             except Exception:
                 self._error("make_parser", f"cannot build a parser for format {self.format!r}")
                 return []
@@ -280,7 +280,7 @@ class LogParser:
 
     def _guard(self, fn: Any, who: Any) -> list[Any]:
         try:
-            return fn()
+            return list(fn())
         except Exception:
             self._error(who, "error-signature matcher failed" if who == "matcher" else "parser finish failed")
             return []

@@ -9,6 +9,7 @@ raising. CPU time includes the reaped children's share (``children_user``/
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -65,6 +66,10 @@ def _safe(fn: Callable[[], _T], default: _T) -> _T:
         return default
 
 
+def _rss(p: psutil.Process) -> int:
+    return int(p.memory_info().rss)
+
+
 def _cpu(p: psutil.Process) -> float:
     t = p.cpu_times()
     return t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
@@ -118,7 +123,7 @@ class ProcessProber:
 
     @staticmethod
     def _tree_cpu(p: psutil.Process, kids: list[psutil.Process]) -> float:
-        return sum(_safe(lambda q=q: _cpu(q), 0.0) for q in [p, *kids])
+        return sum(_safe(functools.partial(_cpu, q), 0.0) for q in [p, *kids])
 
     def _exit_code(self) -> int | None:
         if self.returncode is None:
@@ -155,7 +160,7 @@ class ProcessProber:
         self._last_cpu, self._last_time = cpu, now
         rss = threads = 0
         for q in [p, *kids]:
-            rss += _safe(lambda q=q: q.memory_info().rss, 0)
+            rss += _safe(functools.partial(_rss, q), 0)
             threads += _safe(q.num_threads, 0)
         if not self._cmdline:
             self._cmdline = _safe(p.cmdline, [])
@@ -185,7 +190,8 @@ def _ancestors(pid: int) -> set[int]:
     out = {pid}
     p = _safe(lambda: psutil.Process(pid), None)
     if p is not None:
-        out.update(q.pid for q in _safe(p.parents, []))
+        none: list[psutil.Process] = []
+        out.update(q.pid for q in _safe(p.parents, none))
     return out
 
 

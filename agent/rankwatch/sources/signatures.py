@@ -20,11 +20,23 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from rankwatch.errorkinds import BY_KIND, ERROR_KINDS
 from rankwatch.records import ErrorRecord, Severity
 
-__all__ = ["Hit", "SignatureMatcher", "classify"]
+__all__ = [
+    "GATE_WORDS",
+    "NOT_AN_ERROR",
+    "SIGNATURES",
+    "Hit",
+    "Signature",
+    "SignatureMatcher",
+    "classify",
+    "may_hold_signature",
+]
 
 _C = Severity.CRITICAL
 _W = Severity.WARNING
@@ -59,6 +71,7 @@ _NCCL_TIMEOUT = re.compile(
     r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
     r"(?:.*?Timeout\(ms\)=(\d+)\))?(?: ran for (\d+) milliseconds)?"
 )
+# "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress ..."
 _NCCL_STUCK = re.compile(r"watchdog got stuck for (\d+) seconds")
 _NCCL_WARN = re.compile(r"NCCL WARN (.*)")
 _NCCL_ABORTED = re.compile(
@@ -201,26 +214,6 @@ def _bytes(num: str, unit: str) -> int:
     return int(float(num) * _UNITS[unit])
 
 
-def may_hold_signature(t: str) -> bool:
-    """Cheap gate: every signature contains one of these words (a text without any of them,
-    however long, cannot match)."""
-    return (
-        "rror" in t
-        or "emory" in t
-        or "illed" in t
-        or "NCCL" in t
-        or "NVRM" in t
-        or "what()" in t
-        or "fault" in t
-        or "Aborted" in t
-        or "xception" in t
-        or "nstruction" in t
-        or "CANCELLED" in t
-        or "xitcode" in t
-        or "ssertion" in t
-    )
-
-
 def _short(text: str) -> str:
     s = text.strip()
     return s if len(s) <= _MAX_SUMMARY else s[: _MAX_SUMMARY - 3] + "..."
@@ -255,60 +248,94 @@ def _host_oom(summary: str, **details: Any) -> Hit:
     return Hit("oom", _C, summary, {"host": True, **details})
 
 
-def _slurm(t: str) -> Hit | None:
+def _srun(t: str) -> Hit | None:
     m = _SRUN.search(t)
-    if m:
-        node, tasks, status = m[1], m[2], m[3]
-        first = re.match(r"\d+", tasks)
-        d: dict[str, Any] = {"node": node, "tasks": tasks, "task": int(first[0]) if first else None}
-        if status.startswith("Out Of Memory"):
-            return _host_oom(f"srun: task {tasks} on {node} ran out of host memory", **d)
-        e = _SRUN_EXIT.search(status)
-        if e:
-            d["exit_code"] = int(e[1])
-            return Hit("crash", _C, f"srun: task {tasks} on {node} exited with exit code {e[1]}", d)
-        if status.startswith("Killed"):
-            d["killed"] = True
-            d["signal"] = "SIGKILL"
-            return Hit("crash", _C, f"srun: task {tasks} on {node} was killed (SIGKILL)", d)
-        d["status"] = status
-        sig = _SIGNALS.get(status.split(" (")[0])
-        if sig:
-            d["signal"] = sig
-        # srun terminates the surviving tasks once one has failed: a consequence, not a cause.
-        sev = _W if status.startswith("Terminated") else _C
-        return Hit("crash", sev, f"srun: task {tasks} on {node}: {status}", d)
+    if m is None:
+        return None
+    node, tasks, status = m[1], m[2], m[3]
+    first = re.match(r"\d+", tasks)
+    d: dict[str, Any] = {"node": node, "tasks": tasks, "task": int(first[0]) if first else None}
+    if status.startswith("Out Of Memory"):
+        return _host_oom(f"srun: task {tasks} on {node} ran out of host memory", **d)
+    e = _SRUN_EXIT.search(status)
+    if e:
+        d["exit_code"] = int(e[1])
+        return Hit("crash", _C, f"srun: task {tasks} on {node} exited with exit code {e[1]}", d)
+    if status.startswith("Killed"):
+        d["killed"] = True
+        d["signal"] = "SIGKILL"
+        return Hit("crash", _C, f"srun: task {tasks} on {node} was killed (SIGKILL)", d)
+    d["status"] = status
+    sig = _SIGNALS.get(status.split(" (")[0])
+    if sig:
+        d["signal"] = sig
+    # srun terminates the surviving tasks once one has failed: a consequence, not a cause.
+    sev = _W if status.startswith("Terminated") else _C
+    return Hit("crash", sev, f"srun: task {tasks} on {node}: {status}", d)
+
+
+def _slurm_oom(t: str) -> Hit | None:
     if "slurmstepd" not in t:
         return None
     m = _SLURM_OOM.search(t)
-    if m:
-        step = m[2]
-        d = {"events": int(m[1])}
-        if step:
-            d["step"] = step
-        return Hit("oom", _C, _short(t), {"host": True, **d}, ("slurm_oom", step))
+    if m is None:
+        return None
+    step = m[2]
+    d: dict[str, Any] = {"events": int(m[1])}
+    if step:
+        d["step"] = step
+    return Hit("oom", _C, _short(t), {"host": True, **d}, ("slurm_oom", step))
+
+
+def _slurm_cancel(t: str) -> Hit | None:
+    if "slurmstepd" not in t:
+        return None
     m = _SLURM_CANCEL.search(t)
-    if m:
-        what, ident, node, at, due = m[1], m[2], m[3] or m[6], m[4], m[5]
-        reason, sev, why = _CANCEL_REASONS.get(due or "", (None, _W, None))
-        if reason is None:
-            reason = due.strip().lower().replace(" ", "_") if due else "cancelled"
-            why = f"due to {due.strip().lower()}" if due else "it was cancelled"
-        where = f" on {node}" if node else ""
-        d = {"reason": reason, "scope": what.lower(), "id": ident, "at": at}
-        if node:
-            d["node"] = node
-        summary = f"Slurm {what.lower()} {ident}{where} was cancelled at {at}: {why}"
-        return Hit("crash", sev, summary, d, ("slurm_cancel", ident.split(".")[0], reason))
+    if m is None:
+        return None
+    what, ident, node, at, due = m[1], m[2], m[3] or m[6], m[4], m[5]
+    reason, sev, why = _CANCEL_REASONS.get(due or "", (None, _W, None))
+    if reason is None:
+        reason = due.strip().lower().replace(" ", "_") if due else "cancelled"
+        why = f"due to {due.strip().lower()}" if due else "it was cancelled"
+    where = f" on {node}" if node else ""
+    d: dict[str, Any] = {"reason": reason, "scope": what.lower(), "id": ident, "at": at}
+    if node:
+        d["node"] = node
+    summary = f"Slurm {what.lower()} {ident}{where} was cancelled at {at}: {why}"
+    return Hit("crash", sev, summary, d, ("slurm_cancel", ident.split(".")[0], reason))
+
+
+def _gpu_oom_rule(t: str) -> Hit | None:
+    return _gpu_oom(t) if _GPU_OOM.search(t) else None
+
+
+def _kernel_oom(t: str) -> Hit | None:
+    m = _KERNEL_OOM.search(t)
+    return _host_oom(_short(t), pid=int(m[1]), process=m[2]) if m else None
+
+
+def _memory_error(t: str) -> Hit | None:
+    if t.lstrip().startswith(("MemoryError", "builtins.MemoryError")):
+        return _host_oom(_short(t))
     return None
 
 
-def _nccl(t: str) -> Hit | None:
+def _dataloader_killed(t: str) -> Hit | None:
+    m = _DL_KILLED.search(t)
+    return _host_oom(_short(t), dataloader=True, pids=m[1].strip()) if m else None
+
+
+def _nccl_warn(t: str) -> Hit | None:
     m = _NCCL_WARN.search(t)
-    if m:
-        msg = m[1].strip()
-        norm = re.sub(r"0x[0-9a-fA-F]+|\d+", "#", msg)[:160]
-        return Hit("nccl_error", _W, _short(t), {"warn": msg}, ("nccl_warn", norm))
+    if m is None:
+        return None
+    msg = m[1].strip()
+    norm = re.sub(r"0x[0-9a-fA-F]+|\d+", "#", msg)[:160]
+    return Hit("nccl_error", _W, _short(t), {"warn": msg}, ("nccl_warn", norm))
+
+
+def _nccl_timeout(t: str) -> Hit | None:
     m = _NCCL_TIMEOUT.search(t)
     if m:
         d: dict[str, Any] = {"seq_num": int(m[1]), "op_type": m[2]}
@@ -317,35 +344,60 @@ def _nccl(t: str) -> Hit | None:
         if m[4]:
             d["ran_for_ms"] = int(m[4])
         return Hit("nccl_timeout", _C, _short(t), d, ("nccl_timeout", d["seq_num"], m[2]))
-    if "collective operation timeout" in t:
-        return Hit("nccl_timeout", _C, _short(t), {}, ("nccl_timeout", None, None))
-    m = _NCCL_STUCK.search(t)
-    if m:
-        return Hit("nccl_timeout", _C, _short(t), {"watchdog_stuck_s": int(m[1])}, ("nccl_stuck",))
-    if "CUDA error:" in t:
-        return None  # the watchdog reporting a CUDA fault: the CUDA rule names it better
-    m = _NCCL_ABORTED.search(t)
-    if m:
-        d = {"aborted_rank": int(m[1])}
-        if m[2]:
-            d["reason"] = m[2].strip()
-        return Hit("nccl_error", _C, _short(t), d)
-    m = _NCCL_ERROR_IN.search(t)
-    if m:
-        d = {"where": m[1].strip(), "error": m[2].strip()}
-        if m[3]:
-            d["nccl_version"] = m[3]
-        return Hit("nccl_error", _C, _short(t), d)
-    m = _NCCL_ERROR.search(t)
-    if m:
-        d = {"error": m[2].strip()}
-        if m[1]:
-            d["code"] = int(m[1])
-        return Hit("nccl_error", _C, _short(t), d)
-    m = _NCCL_CODE.search(t)
-    if m:
-        return Hit("nccl_error", _C, _short(t), {"code": m[1], "error": m[2].strip()})
     return None
+
+
+def _nccl_timeout_text(t: str) -> Hit | None:
+    """The watchdog's words without the WorkNCCL(...) the full rule reads."""
+    return Hit("nccl_timeout", _C, _short(t), {}, ("nccl_timeout", None, None))
+
+
+def _nccl_stuck(t: str) -> Hit | None:
+    m = _NCCL_STUCK.search(t)
+    if m is None:
+        return None
+    return Hit("nccl_timeout", _C, _short(t), {"watchdog_stuck_s": int(m[1])}, ("nccl_stuck",))
+
+
+# The NCCL watchdog reporting a CUDA fault ("CUDA error: an illegal memory access ..."): the
+# CUDA rule names it better, so the NCCL error rules below leave such a line to it.
+
+
+def _nccl_aborted(t: str) -> Hit | None:
+    m = None if "CUDA error:" in t else _NCCL_ABORTED.search(t)
+    if m is None:
+        return None
+    d: dict[str, Any] = {"aborted_rank": int(m[1])}
+    if m[2]:
+        d["reason"] = m[2].strip()
+    return Hit("nccl_error", _C, _short(t), d)
+
+
+def _nccl_error_in(t: str) -> Hit | None:
+    m = None if "CUDA error:" in t else _NCCL_ERROR_IN.search(t)
+    if m is None:
+        return None
+    d: dict[str, Any] = {"where": m[1].strip(), "error": m[2].strip()}
+    if m[3]:
+        d["nccl_version"] = m[3]
+    return Hit("nccl_error", _C, _short(t), d)
+
+
+def _nccl_error(t: str) -> Hit | None:
+    m = None if "CUDA error:" in t else _NCCL_ERROR.search(t)
+    if m is None:
+        return None
+    d: dict[str, Any] = {"error": m[2].strip()}
+    if m[1]:
+        d["code"] = int(m[1])
+    return Hit("nccl_error", _C, _short(t), d)
+
+
+def _nccl_code(t: str) -> Hit | None:
+    m = None if "CUDA error:" in t else _NCCL_CODE.search(t)
+    if m is None:
+        return None
+    return Hit("nccl_error", _C, _short(t), {"code": m[1], "error": m[2].strip()})
 
 
 def _cuda(t: str) -> Hit | None:
@@ -430,86 +482,402 @@ def _peer(t: str) -> Hit | None:
     return Hit("peer_error", _W, summary, d, ("peer_error", d.get("peer")))
 
 
-def classify(line: str) -> Hit | None:
-    """The error a single (decoration-free) line reports, if any.
-
-    Rules run from most to least specific: an OOM reported through NCCL is an OOM, a
-    CUDA fault the NCCL watchdog tripped over is a CUDA error.
-    """
-    t = line
-    if "NCCL INFO" in t or not may_hold_signature(t):
+def _uncaught(t: str) -> Hit | None:
+    m = _UNCAUGHT.search(t)
+    if m is None:
         return None
-    if "srun: error:" in t or "slurmstepd" in t:
-        hit = _slurm(t)
-        if hit is not None:
-            return hit
-    if "emory" in t or "ALLOC_FAILED" in t:
-        if _GPU_OOM.search(t):
-            return _gpu_oom(t)
-        m = _KERNEL_OOM.search(t)
-        if m:
-            return _host_oom(_short(t), pid=int(m[1]), process=m[2])
-        s = t.lstrip()
-        if s.startswith(("MemoryError", "builtins.MemoryError")):
-            return _host_oom(_short(t))
-    if ("by peer" in t or "Broken pipe" in t) and "NCCL" not in t:  # NCCL's own words say more
-        hit = _peer(t)
-        if hit is not None:
-            return hit
-    if "DataLoader worker" in t:
-        m = _DL_KILLED.search(t)
-        if m:
-            return _host_oom(_short(t), dataloader=True, pids=m[1].strip())
-    if "NCCL" in t or "nccl" in t:
-        hit = _nccl(t)
-        if hit is not None:
-            return hit
-    if "CUDA" in t or "cuda" in t or "CUBLAS" in t or "CUDNN" in t or "ECC" in t:
-        hit = _cuda(t)
-        if hit is not None:
-            return hit
-    if "NVRM" in t:
-        hit = _xid(t)
-        if hit is not None:
-            return hit
-    if "Assertion" in t and "block: [" in t:
-        hit = _device_assert(t)
-        if hit is not None:
-            return hit
-    if "exitcode: " in t:
-        hit = _elastic_failed(t)
-        if hit is not None:
-            return hit
-    if "Uncaught " in t:
-        m = _UNCAUGHT.search(t)
-        if m:
-            return Hit("crash", _C, _short(f"{m[1]}: {m[2]}"), {"exception": m[1], "message": m[2].strip()})
+    return Hit("crash", _C, _short(f"{m[1]}: {m[2]}"), {"exception": m[1], "message": m[2].strip()})
+
+
+def _cpp_terminate(t: str) -> Hit | None:
     m = _WHAT.match(t)
-    if m:
-        msg = m[1]
-        inner = classify(msg)
-        if inner is not None:
-            return inner
-        if "bad_alloc" in msg:
-            return _host_oom(_short(t), cpp_exception="std::bad_alloc")
-        return Hit("crash", _C, _short("terminate called: " + msg), {"cpp_exception": msg.strip()})
+    if m is None:
+        return None
+    msg = m[1]
+    inner = classify(msg)
+    if inner is not None:
+        return inner
+    if "bad_alloc" in msg:
+        return _host_oom(_short(t), cpp_exception="std::bad_alloc")
+    return Hit("crash", _C, _short("terminate called: " + msg), {"cpp_exception": msg.strip()})
+
+
+def _fatal_python(t: str) -> Hit | None:
     s = t.strip()
-    if s.startswith("Fatal Python error:"):
-        msg = s[len("Fatal Python error:") :].strip()
-        d: dict[str, Any] = {"fatal": msg}
-        sig = _SIGNALS.get(msg.split(":")[0].strip())
-        if sig:
-            d["signal"] = sig
-        return Hit("crash", _C, _short(s), d)
+    if not s.startswith("Fatal Python error:"):
+        return None
+    msg = s[len("Fatal Python error:") :].strip()
+    d: dict[str, Any] = {"fatal": msg}
+    sig = _SIGNALS.get(msg.split(":")[0].strip())
+    if sig:
+        d["signal"] = sig
+    return Hit("crash", _C, _short(s), d)
+
+
+def _shell_signal(t: str) -> Hit | None:
+    s = t.strip()
     m = _SHELL_SIGNAL.match(s)
-    if m:
-        sig = _SIGNALS[m[1] or m[2]]
-        if sig == "SIGKILL":
-            # Who sent it is not on this line; SignatureMatcher makes it an OOM when an
-            # OOM-kill line came just before.
-            summary = _KILLED if s == "Killed" else f"{s}: {_KILLED}"
-            return Hit("crash", _C, _short(summary), {"signal": "SIGKILL", "killed": True, "shell": True})
-        return Hit("crash", _C, _short(s), {"signal": sig})
+    if m is None:
+        return None
+    sig = _SIGNALS[m[1] or m[2]]
+    if sig == "SIGKILL":
+        # Who sent it is not on this line; SignatureMatcher makes it an OOM when an
+        # OOM-kill line came just before.
+        summary = _KILLED if s == "Killed" else f"{s}: {_KILLED}"
+        return Hit("crash", _C, _short(summary), {"signal": "SIGKILL", "killed": True, "shell": True})
+    return Hit("crash", _C, _short(s), {"signal": sig})
+
+
+# --- the catalogue -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One error signature: which lines it may match, and the rule that reads them.
+
+    ``triggers``: a line this signature matches contains one of these words; the fast gate
+    (``may_hold_signature``) is built from the triggers of all signatures, so a signature
+    cannot be shut out by a word missing from it. Every match of each of ``patterns`` (the
+    regexes that decide a match) contains a trigger (tests/test_catalogs.py proves it), and a
+    plain substring test inside ``rule`` runs only on lines the triggers admitted. Short word
+    fragments ("rror", "emory") shared by several signatures keep the gate to a few tests.
+
+    ``context``: the line must also contain one of these (not part of the gate). ``unless``:
+    never a line that contains one of these. ``kinds``: the kinds its hits report (the first is
+    the usual one; each is a row of ``rankwatch.errorkinds``, which holds the fix and the crash
+    priority). ``severity``: the highest severity it reports. ``example``: a real line it
+    matches (tests/test_catalogs.py checks that this signature, not an earlier one, takes it).
+    """
+
+    name: str
+    kinds: tuple[str, ...]
+    severity: Severity
+    triggers: tuple[str, ...]
+    rule: Callable[[str], Hit | None]
+    patterns: tuple[re.Pattern[str], ...] = ()
+    context: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+    example: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.triggers or not all(self.triggers):
+            raise ValueError(f"signature {self.name!r} needs at least one non-empty trigger word")
+        if not self.kinds:
+            raise ValueError(f"signature {self.name!r} names no kind")
+        unknown = [k for k in self.kinds if k not in BY_KIND]
+        if unknown:
+            raise ValueError(f"signature {self.name!r}: kinds {unknown} are not in rankwatch.errorkinds")
+
+    @property
+    def kind(self) -> str:
+        return self.kinds[0]
+
+    def admits(self, t: str) -> bool:
+        """The line passes this signature's word tests (its rule may still find nothing)."""
+        return (
+            any(w in t for w in self.triggers)
+            and (not self.context or any(w in t for w in self.context))
+            and not any(w in t for w in self.unless)
+        )
+
+
+_NCCL_WORDS = ("NCCL", "nccl")  # ProcessGroupNCCL, WorkNCCL, "nccl" in backend names
+_ALL_KINDS = tuple(k.kind for k in ERROR_KINDS)
+
+# Most to least specific: the first signature whose rule finds something names the line (an
+# OOM reported through NCCL is an OOM, a CUDA fault the NCCL watchdog tripped over is a CUDA
+# error).
+SIGNATURES: tuple[Signature, ...] = (
+    Signature(
+        name="srun_task",
+        kinds=("crash", "oom"),
+        severity=_C,
+        triggers=("srun: error:",),
+        rule=_srun,
+        patterns=(_SRUN,),
+        example="srun: error: node01: task 3: Exited with exit code 1",
+    ),
+    Signature(
+        name="slurm_oom_kill",
+        kinds=("oom",),
+        severity=_C,
+        triggers=("kill event",),
+        rule=_slurm_oom,
+        patterns=(_SLURM_OOM,),
+        context=("slurmstepd",),
+        example="slurmstepd: error: Detected 2 oom-kill event(s) in step 3495064.batch cgroup.",
+    ),
+    Signature(
+        name="slurm_cancel",
+        kinds=("crash",),
+        severity=_C,
+        triggers=("CANCELLED",),
+        rule=_slurm_cancel,
+        patterns=(_SLURM_CANCEL,),
+        context=("slurmstepd",),
+        example="slurmstepd: error: *** JOB 1234 ON node01 CANCELLED AT 2024-05-01T10:00:00 "
+        "DUE TO TIME LIMIT ***",
+    ),
+    Signature(
+        name="gpu_oom",
+        kinds=("oom",),
+        severity=_C,
+        triggers=("emory", "_STATUS_"),
+        rule=_gpu_oom_rule,
+        patterns=(_GPU_OOM,),
+        example="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.",
+    ),
+    Signature(
+        name="kernel_oom_kill",
+        kinds=("oom",),
+        severity=_C,
+        triggers=("emory",),
+        rule=_kernel_oom,
+        patterns=(_KERNEL_OOM,),
+        example="[12345.678] Out of memory: Killed process 4242 (python)",
+    ),
+    Signature(
+        name="memory_error",
+        kinds=("oom",),
+        severity=_C,
+        triggers=("MemoryError",),
+        rule=_memory_error,
+        example="MemoryError",
+    ),
+    Signature(
+        name="peer_lost",
+        kinds=("peer_error",),
+        severity=_W,
+        triggers=("by peer", "Broken pipe"),
+        rule=_peer,
+        patterns=(_PEER_LOST,),
+        context=_PEER_WHERE,
+        unless=("NCCL",),  # NCCL's own words say more
+        example="RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] "
+        "Connection closed by peer [18.25.6.30]:30872",
+    ),
+    Signature(
+        name="dataloader_killed",
+        kinds=("oom",),
+        severity=_C,
+        triggers=("illed",),
+        rule=_dataloader_killed,
+        patterns=(_DL_KILLED,),
+        example="RuntimeError: DataLoader worker (pid 12345) is killed by signal: Killed.",
+    ),
+    Signature(
+        name="nccl_warn",
+        kinds=("nccl_error",),
+        severity=_W,
+        triggers=("NCCL",),
+        rule=_nccl_warn,
+        patterns=(_NCCL_WARN,),
+        example="kp-ddp-worker-0:3468:3905 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer",
+    ),
+    Signature(
+        name="nccl_timeout",
+        kinds=("nccl_timeout",),
+        severity=_C,
+        triggers=("NCCL",),
+        rule=_nccl_timeout,
+        patterns=(_NCCL_TIMEOUT,),
+        example="[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600027 milliseconds "
+        "before timing out.",
+    ),
+    Signature(
+        name="nccl_timeout_text",
+        kinds=("nccl_timeout",),
+        severity=_C,
+        triggers=("collective operation timeout",),
+        rule=_nccl_timeout_text,
+        context=_NCCL_WORDS,
+        # Older torch named no sequence number: "WorkNCCL(OpType=ALLREDUCE, Timeout(ms)=...)".
+        example="Watchdog caught collective operation timeout: WorkNCCL(OpType=ALLREDUCE, "
+        "Timeout(ms)=1800000) ran for 1800995 milliseconds before timing out.",
+    ),
+    Signature(
+        name="nccl_watchdog_stuck",
+        kinds=("nccl_timeout",),
+        severity=_C,
+        triggers=("watchdog got stuck",),
+        context=_NCCL_WORDS,
+        rule=_nccl_stuck,
+        patterns=(_NCCL_STUCK,),
+        example="ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in "
+        "monitoring enqueued collectives.",
+    ),
+    Signature(
+        name="nccl_aborted",
+        kinds=("nccl_error",),
+        severity=_C,
+        triggers=("NCCL",),
+        rule=_nccl_aborted,
+        patterns=(_NCCL_ABORTED,),
+        unless=("CUDA error:",),
+        example="torch.distributed.DistBackendError: NCCL communicator was aborted on rank 2. ",
+    ),
+    Signature(
+        name="nccl_error_in",
+        kinds=("nccl_error",),
+        severity=_C,
+        triggers=("NCCL",),
+        rule=_nccl_error_in,
+        patterns=(_NCCL_ERROR_IN,),
+        unless=("CUDA error:",),
+        example="RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825, "
+        "unhandled system error, NCCL version 2.7.8",
+    ),
+    Signature(
+        name="nccl_error",
+        kinds=("nccl_error",),
+        severity=_C,
+        triggers=("NCCL",),
+        rule=_nccl_error,
+        patterns=(_NCCL_ERROR,),
+        unless=("CUDA error:",),
+        example="NCCL error: unhandled system error",
+    ),
+    Signature(
+        name="nccl_code",
+        kinds=("nccl_error",),
+        severity=_C,
+        triggers=("rror",),
+        rule=_nccl_code,
+        patterns=(_NCCL_CODE,),
+        unless=("CUDA error:",),
+        example="ncclInternalError: Internal check failed.",
+    ),
+    Signature(
+        name="cuda_error",
+        kinds=("cuda_error",),
+        severity=_C,
+        triggers=("rror", "_STATUS_", "CUDA failure"),
+        rule=_cuda,
+        patterns=(_CUDA_ERR,),
+        example="RuntimeError: CUDA error: an illegal memory access was encountered",
+    ),
+    Signature(
+        name="xid",
+        kinds=("xid",),
+        severity=_C,
+        triggers=("NVRM",),
+        rule=_xid,
+        patterns=(_XID,),
+        example="[ 1843.308145] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, "
+        "GPU has fallen off the bus.",
+    ),
+    Signature(
+        name="device_assert",
+        kinds=("cuda_error",),
+        severity=_C,
+        triggers=("ssertion",),
+        rule=_device_assert,
+        patterns=(_DEVICE_ASSERT,),
+        example="/pytorch/aten/src/ATen/native/cuda/Loss.cu:240: nll_loss_forward_reduce_cuda_kernel_2d: "
+        "block: [0,0,0], thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed.",
+    ),
+    Signature(
+        name="elastic_failed",
+        kinds=("crash",),
+        severity=_C,
+        triggers=("xitcode",),
+        rule=_elastic_failed,
+        patterns=(_ELASTIC_FAILED,),
+        example="E0101 12:00:00.123000 140 torch/distributed/elastic/multiprocessing/api.py:869] failed "
+        "(exitcode: 1) local_rank: 0 (pid: 1234) of binary: /usr/bin/python3",
+    ),
+    Signature(
+        name="uncaught",
+        kinds=("crash",),
+        severity=_C,
+        triggers=("Uncaught ",),
+        rule=_uncaught,
+        patterns=(_UNCAUGHT,),
+        example="CRITICAL [olmo.util:158, rank=0] Uncaught OLMoThreadError: generator thread data "
+        "thread 3 failed",
+    ),
+    Signature(
+        name="cpp_terminate",
+        kinds=("crash", *(k for k in _ALL_KINDS if k != "crash")),  # the message inside may be any
+        severity=_C,
+        triggers=("what()",),
+        rule=_cpp_terminate,
+        patterns=(_WHAT,),
+        example="  what():  std::bad_alloc",
+    ),
+    Signature(
+        name="fatal_python",
+        kinds=("crash",),
+        severity=_C,
+        triggers=("Fatal Python error:",),
+        rule=_fatal_python,
+        example="Fatal Python error: Segmentation fault",
+    ),
+    Signature(
+        name="shell_signal",
+        kinds=("crash",),
+        severity=_C,
+        triggers=("fault", "rror", "Aborted", "nstruction", "xception", "illed"),
+        rule=_shell_signal,
+        patterns=(_SHELL_SIGNAL,),
+        example="Segmentation fault (core dumped)",
+    ),
+)
+
+# NCCL_DEBUG=INFO chatter names the errors NCCL recovered from ("... -> 6 ncclRemoteError"): a
+# line holding this is never an error, whatever else it says.
+NOT_AN_ERROR = "NCCL INFO"
+
+# SignatureMatcher itself starts a torchelastic failure box on this word.
+_MATCHER_TRIGGERS = ("ChildFailedError",)
+
+
+def gate_words(signatures: tuple[Signature, ...] = SIGNATURES) -> tuple[str, ...]:
+    """The fewest words that every trigger contains one of (a trigger holding another is left
+    to it), shortest first: the common short words come first, so a line holding one stops early."""
+    words = list(dict.fromkeys([*(w for s in signatures for w in s.triggers), *_MATCHER_TRIGGERS]))
+    kept = [w for w in words if not any(v != w and v in w for v in words)]
+    return tuple(sorted(kept, key=len))
+
+
+def _make_gate(words: tuple[str, ...]) -> Callable[[str], bool]:
+    # One chain of ``in`` tests, as a hand-written gate would be: the gate runs on every line.
+    src = "def may_hold_signature(t):\n    return " + " or ".join(f"{w!r} in t" for w in words) + "\n"
+    ns: dict[str, Any] = {}
+    exec(compile(src, f"<gate of {__name__}>", "exec"), ns)
+    gate: Callable[[str], bool] = ns["may_hold_signature"]
+    gate.__doc__ = (
+        "Cheap gate: True when the text holds a trigger word of some signature (a text without "
+        "any of them, however long, cannot match one)."
+    )
+    return gate
+
+
+GATE_WORDS = gate_words()
+may_hold_signature = _make_gate(GATE_WORDS)
+_RULES = tuple((s.triggers, s.context, s.unless, s.rule) for s in SIGNATURES)
+
+
+def classify(line: str) -> Hit | None:
+    """The error a single (decoration-free) line reports, if any: the first signature (in
+    ``SIGNATURES`` order) whose words admit the line and whose rule finds something."""
+    t = line
+    if NOT_AN_ERROR in t or not may_hold_signature(t):
+        return None
+    for triggers, context, unless, rule in _RULES:
+        for w in triggers:
+            if w in t:
+                break
+        else:
+            continue
+        if context and not any(w in t for w in context):
+            continue
+        if unless and any(w in t for w in unless):
+            continue
+        hit = rule(t)
+        if hit is not None:
+            return hit
     return None
 
 
@@ -649,7 +1017,7 @@ class SignatureMatcher:
     ) -> list[ErrorRecord]:
         """``clean``: the caller found that ``may_hold_signature`` is false for this line."""
         if self._state == _IDLE:
-            if "NCCL INFO" in text:
+            if NOT_AN_ERROR in text:
                 return []
             return self._idle(text, lineno, rank, time, clean)
         if self._state == _TB:

@@ -43,7 +43,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from rankwatch.dumps.store import sanitise_run
 
@@ -144,11 +144,11 @@ def clean_member(m: Any, t: float) -> dict[str, Any]:
     }
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_time(v: Any) -> bool:
+def _is_time(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1e11
 
 

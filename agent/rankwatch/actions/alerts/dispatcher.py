@@ -203,7 +203,7 @@ class _Worker:
         self.queue: deque[_Item] = deque()
         self.bucket = bucket
         self.wake = asyncio.Event()
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[Any] | None = None
         self.refresh_interval: float | None = getattr(sink, "refresh_interval", None)
         self.next_refresh = 0.0
         self.lost: set[tuple[int | None, str]] = set()  # (rank, kind) whose firing this sink never got
@@ -1128,7 +1128,7 @@ def retry_window(cfg: AlertsConfig, backoff_base: float = BACKOFF_BASE_S) -> flo
     """The shortest time between an alert's first failed attempt and its being given up: the sum
     of the fixed halves of its ``max_retries`` waits (705 s with the defaults)."""
     cap = float(cfg.backoff_max)
-    return sum(min(cap, backoff_base * 2**n) / 2 for n in range(max(0, int(cfg.max_retries))))
+    return float(sum(min(cap, backoff_base * 2**n) / 2 for n in range(max(0, int(cfg.max_retries)))))
 
 
 def _member_doc(m: AlertMember) -> dict[str, Any]:

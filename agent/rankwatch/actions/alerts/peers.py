@@ -281,7 +281,11 @@ class PeerGroups:
 
     def _drop_covered(self, g: _Group, view: View, now: float) -> bool:
         """Our members a peer sent are announced; True when none is left to send."""
-        covered = [k for k in g.members if k in g.times and view.covered(k[1], g.status, stamp(g.times[k]))]
+        covered = [
+            k
+            for k in g.members
+            if k in g.times and k[1] is not None and view.covered(k[1], g.status, stamp(g.times[k]))
+        ]
         if covered:
             self.stats["grouped_by_peer"] += len(covered)
             self.host._by_peer(g, covered, now)

@@ -22,7 +22,13 @@ class LogLine:
 
 
 class FormatParser(Protocol):
-    name: ClassVar[str]
+    name: ClassVar[str]  # the format's name in logs.format, --format and analyze's output
+    # Words one of which every line ``sniff`` accepts contains: auto-detection offers a line
+    # to the sniffers only when it holds one (most lines, NCCL chatter, hold none).
+    hints: ClassVar[tuple[str, ...]]
+    # A generic format (JSON, key=value) claims lines that specific formats print too, so a
+    # specific format seen soon after may take over (``LogParser``'s ``sniff_lines``).
+    generic: ClassVar[bool]
 
     def sniff(self, text: str) -> bool:
         """True when this (stripped) line is unmistakably in this parser's format."""

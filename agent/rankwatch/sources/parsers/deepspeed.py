@@ -61,6 +61,13 @@ def _lr(raw: str) -> float | None:
 
 class DeepSpeedParser:
     name: ClassVar[str] = "deepspeed"
+    hints: ClassVar[tuple[str, ...]] = (
+        "step",
+        "verflow",
+        "OVERFLOW",
+        "oss",
+    )  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()

@@ -96,6 +96,8 @@ def _json_key(key: str) -> str:
 
 class JsonParser:
     name: ClassVar[str] = "json"
+    hints: ClassVar[tuple[str, ...]] = ("{",)  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
     def sniff(self, text: str) -> bool:
         obj = self._load(text)
@@ -174,6 +176,8 @@ class KvParser:
     ``Epoch 1 Step 10 | loss: 2.45 | lr: 1e-4``, ``step 10/100 | loss 2.4 | dt 120ms``."""
 
     name: ClassVar[str] = "kv"
+    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS")  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
     def sniff(self, text: str) -> bool:
         if not _kv_gate(text):
@@ -244,6 +248,8 @@ class RegexParser:
     """A user's regex; each known named group fills the record field of that name."""
 
     name: ClassVar[str] = "regex"
+    hints: ClassVar[tuple[str, ...]] = ()  # never sniffed: only chosen by name
+    generic: ClassVar[bool] = False
 
     def __init__(self, pattern: str) -> None:
         try:

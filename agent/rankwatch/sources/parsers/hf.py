@@ -82,6 +82,8 @@ def _value(raw: str) -> float | None:
 
 class HFParser:
     name: ClassVar[str] = "hf"
+    hints: ClassVar[tuple[str, ...]] = ("{",)  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()

@@ -40,6 +40,8 @@ _EVAL_KEYS = ("val_loss", "val/loss", "valid_loss", "validation_loss", "val_loss
 
 class LightningParser:
     name: ClassVar[str] = "lightning"
+    hints: ClassVar[tuple[str, ...]] = ("Epoch",)  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()
@@ -175,6 +177,8 @@ class LightningCsvParser:
     """
 
     name: ClassVar[str] = "lightning_csv"
+    hints: ClassVar[tuple[str, ...]] = ("step",)  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = False
 
     _IDENT = re.compile(r"[A-Za-z_][\w/.\-() ]{0,120}")
 

@@ -33,6 +33,8 @@ _VAL = re.compile(rf"^val loss (?P<v>{_NUM})\s*$")
 
 class LlmcParser:
     name: ClassVar[str] = "llmc"
+    hints: ClassVar[tuple[str, ...]] = ("trl:", "tel:", "step")  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._last_step: int | None = None

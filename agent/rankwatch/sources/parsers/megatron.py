@@ -140,6 +140,8 @@ class _Layout:
 
 class MegatronParser:
     name: ClassVar[str] = "megatron"
+    hints: ClassVar[tuple[str, ...]] = ("oss",)  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()

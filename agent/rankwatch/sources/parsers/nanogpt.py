@@ -22,6 +22,8 @@ _EVAL = re.compile(rf"^\s*step (?P<it>\d{{1,18}}): train loss (?P<train>{_NUM}),
 
 class NanoGPTParser:
     name: ClassVar[str] = "nanogpt"
+    hints: ClassVar[tuple[str, ...]] = ("oss",)  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = False
 
     def sniff(self, text: str) -> bool:
         if "loss" not in text:

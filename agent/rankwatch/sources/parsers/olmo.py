@@ -39,6 +39,8 @@ _FIELDS = {
 
 class OlmoParser:
     name: ClassVar[str] = "olmo"
+    hints: ClassVar[tuple[str, ...]] = ("step",)  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._open: LogLine | None = None  # the header of the record being collected

@@ -28,6 +28,8 @@ _SNIFF = ("memory:", "tps:", "wps:", "mfu:", "tflops:", "grad_norm:")
 
 class TorchTitanParser:
     name: ClassVar[str] = "torchtitan"
+    hints: ClassVar[tuple[str, ...]] = ("step",)  # a line sniff() accepts holds one
+    generic: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._last: tuple[bool, int | None] | None = None  # (validate?, step) of the last line

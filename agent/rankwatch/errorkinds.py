@@ -1,0 +1,91 @@
+"""The kinds of error a log can report: one row each, with the fix and the crash priority.
+
+The error signatures (``sources/signatures.py``) say which text is which kind; this table
+says what a kind means to the rest of the agent. It lives beside the records, not in
+``sources/``, because detectors read it (the fix a finding carries, which error explains a
+crash best) and detectors import no source.
+
+``crash_priority``: when a rank dies after several errors, the one with the lowest number is
+named as the cause (an OOM explains the NCCL timeout that followed, not the reverse); a kind
+with none is a cause only when nothing ranked was seen. ``alert``: the Prometheus alert in
+``deploy/prometheus/rankwatch.rules.yml`` that pages for it (tests/test_catalogs.py holds the
+rules to it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CRASH_PRIORITY", "ERROR_KINDS", "FIXES", "ErrorKind"]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorKind:
+    kind: str
+    fix: str
+    crash_priority: int | None
+    alert: str
+
+
+ERROR_KINDS: tuple[ErrorKind, ...] = (
+    ErrorKind(
+        "oom",
+        "Usual fix: smaller micro-batch or sequence length, activation checkpointing, "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation, or more sharding "
+        "(FSDP/ZeRO).",
+        crash_priority=0,
+        alert="RankwatchRankCrashed",
+    ),
+    ErrorKind(
+        "nccl_timeout",
+        "A collective waited past the NCCL timeout: usually one rank is stuck or died "
+        "first; its log holds the real error. Check the rank that stopped first, not this one.",
+        crash_priority=3,
+        alert="RankwatchNCCLFailure",
+    ),
+    ErrorKind(
+        "nccl_error",
+        "Usual causes: a peer rank died, a network/IB fault, or mismatched collectives. "
+        "Set NCCL_DEBUG=INFO and check the first rank that failed.",
+        crash_priority=4,
+        alert="RankwatchNCCLFailure",
+    ),
+    ErrorKind(
+        "cuda_error",
+        "Rerun with CUDA_LAUNCH_BLOCKING=1 to find the kernel; device-side asserts are "
+        "usually out-of-range indices (labels vs vocab size, embedding ids). Illegal memory access with "
+        "repeated Xid means a hardware problem: drain the node.",
+        crash_priority=1,
+        alert="RankwatchRankCrashed",
+    ),
+    ErrorKind(
+        "xid",
+        "An NVIDIA driver Xid error: check `nvidia-smi -q` and the node's dmesg; "
+        "Xid 79/48/63/64/74/92/94/95 usually mean the GPU needs a reset or the node must be drained.",
+        crash_priority=2,
+        alert="RankwatchGPUFault",
+    ),
+    ErrorKind(
+        "peer_error",
+        "The collective backend (gloo) or the c10d store lost its connection to a peer: "
+        "that peer died or exited first, and this rank's failure is its consequence. The peer's log "
+        "holds the cause; `rankwatch analyze` over every rank's log names the rank that failed first.",
+        crash_priority=None,
+        alert="RankwatchFinding",
+    ),
+    ErrorKind(
+        "crash",
+        "The rank ended abnormally: a traceback in the evidence names the failing frame; "
+        "without one, the exit code or signal says how it was stopped.",
+        crash_priority=5,
+        alert="RankwatchRankCrashed",
+    ),
+)
+
+BY_KIND: dict[str, ErrorKind] = {k.kind: k for k in ERROR_KINDS}
+FIXES: dict[str, str] = {k.kind: k.fix for k in ERROR_KINDS}
+CRASH_PRIORITY: dict[str, int] = {
+    k.kind: k.crash_priority
+    for k in sorted(ERROR_KINDS, key=lambda k: k.crash_priority or 0)
+    if k.crash_priority is not None
+}

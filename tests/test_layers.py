@@ -1,0 +1,170 @@
+"""The pipeline of DESIGN.md, checked from the imports.
+
+sources -> state -> detectors -> actions: a detector is pure, so it imports no source, GPU,
+checkpoint, dump, runtime or action module; a source knows nothing of what consumes it; the
+exporter and the server read a snapshot, never the runtime; and no two modules import each
+other, even lazily (an import inside a function is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "agent" / "rankwatch"
+
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "detectors": ("sources", "gpu", "checkpoints", "dumps", "runtime", "actions", "exporter", "server"),
+    "sources": ("detectors", "actions", "runtime", "exporter", "server"),
+    "exporter": ("runtime",),
+    "server": ("runtime",),
+}
+
+# Edges that break the rules today, each to be removed by the change that fixes it: the test
+# also fails when one listed here no longer exists, so this list can only shrink.
+KNOWN_LEAKS: set[tuple[str, str]] = {
+    ("rankwatch.detectors.checkpoints", "rankwatch.checkpoints"),
+    ("rankwatch.detectors.checkpoints", "rankwatch.checkpoints.catalog"),
+    ("rankwatch.detectors.checkpoints", "rankwatch.checkpoints.layouts"),
+    ("rankwatch.detectors.gpu", "rankwatch.gpu"),
+    ("rankwatch.detectors.gpu", "rankwatch.gpu.trend"),
+    ("rankwatch.detectors.gpu", "rankwatch.gpu.xid"),
+    ("rankwatch.detectors.input_bound", "rankwatch.gpu"),
+    ("rankwatch.detectors.liveness", "rankwatch.sources.process"),
+}
+KNOWN_CYCLES: set[frozenset[str]] = {
+    frozenset(
+        {
+            "rankwatch.checkpoints",
+            "rankwatch.checkpoints.catalog",
+            "rankwatch.checkpoints.watcher",
+            "rankwatch.detectors.checkpoints",
+        }
+    ),
+    frozenset({"rankwatch.actions.alerts.dispatcher", "rankwatch.actions.alerts.peers"}),
+}
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for p in ROOT.rglob("*.py"):
+        parts = p.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every rankwatch module ``name`` imports, at any depth of its code."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "rankwatch")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "rankwatch":
+                continue
+            for a in node.names:
+                sub = f"{target}.{a.name}"
+                out.add(sub if sub in MODULES else target)
+    return out
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _layer(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _leaks() -> set[tuple[str, str]]:
+    out = set()
+    for src, targets in GRAPH.items():
+        banned = FORBIDDEN.get(_layer(src), ())
+        out.update((src, t) for t in targets if _layer(t) in banned)
+    return out
+
+
+def _cycles() -> set[frozenset[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+    counter = 0
+    for root in GRAPH:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(GRAPH[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in GRAPH:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(GRAPH[w]))))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = set()
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.add(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.add(frozenset(comp))
+    return found
+
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_walk_sees_the_package() -> None:
+    assert "rankwatch.detectors.loss" in GRAPH and "rankwatch.records" in GRAPH["rankwatch.detectors.loss"]
+    assert "rankwatch.engine" in GRAPH["rankwatch.analyze"]
+
+
+def test_no_layer_imports_what_the_pipeline_forbids() -> None:
+    leaks = _leaks()
+    new = sorted(leaks - KNOWN_LEAKS)
+    assert not new, "imports against the pipeline of DESIGN.md:\n" + "\n".join(f"{a} -> {b}" for a, b in new)
+    gone = sorted(KNOWN_LEAKS - leaks)
+    assert not gone, "fixed: remove from KNOWN_LEAKS:\n" + "\n".join(f"{a} -> {b}" for a, b in gone)
+
+
+def test_no_import_cycle() -> None:
+    cycles = _cycles()
+    new = [sorted(c) for c in cycles - KNOWN_CYCLES]
+    assert not new, f"import cycles: {new}"
+    gone = [sorted(c) for c in KNOWN_CYCLES - cycles]
+    assert not gone, f"fixed: remove from KNOWN_CYCLES: {gone}"
