@@ -16,6 +16,9 @@ markers =
     faults: f
 """
 
+# plugins the small suites do not need; each costs their start-up time
+NOT_NEEDED = ("cacheprovider", "rerunfailures", "hypothesispytest", "anyio", "timeout", "cloudcoil")
+
 
 def run(pytester: pytest.Pytester, body: str, *args: str) -> pytest.RunResult:
     pytester.makeconftest(CONFTEST)
@@ -23,7 +26,7 @@ def run(pytester: pytest.Pytester, body: str, *args: str) -> pytest.RunResult:
     pytester.makepyfile(test_it=body)
     # importlib mode: the copied conftest must not collide with this suite's `conftest` module
     return pytester.runpytest_inprocess(
-        "--import-mode=importlib", "-p", "no:cacheprovider", "-p", "no:rerunfailures", *args
+        "--import-mode=importlib", *[f"-pno:{p}" for p in NOT_NEEDED], *args
     )
 
 
