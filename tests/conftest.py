@@ -4,7 +4,7 @@
 
 - ``unit``: in this process only. No subprocess, no fork, no listening socket: an autouse
   fixture makes them raise, so a unit test that needs a process or a server is found at
-  once. The whole tier runs in seconds (``python -m pytest -m unit``).
+  once. It is the quick tier (``python -m pytest -m unit``): nothing to start or install.
 - ``process``: starts our own programs (a ``rankwatch`` agent, a fake trainer, a Python
   child) or servers on loopback (an agent's HTTP server, a fake Slack), in this process or
   another.
@@ -138,7 +138,7 @@ def _unit_starts_no_process(request: pytest.FixtureRequest) -> Generator[None, N
     def refuse(what: Any) -> NoReturn:
         tried.append(str(what))
         raise RuntimeError(
-            f"a unit test started a process ({what}): mark the test `process` "
+            f"a unit test started a process or server ({what}): mark the test `process` "
             f"(or `tool` if it needs a real external tool), not `unit`"
         )
 
@@ -160,7 +160,7 @@ def _unit_starts_no_process(request: pytest.FixtureRequest) -> Generator[None, N
     finally:
         mp.undo()
     if tried and not request.node.stash.get(_CALL_FAILED, False):  # the error was swallowed
-        pytest.fail(f"a unit test started a process ({tried[0]}): mark it `process` or `tool`")
+        pytest.fail(f"a unit test started a process or server ({tried[0]}): mark it `process` or `tool`")
 
 
 # --- strict skips ------------------------------------------------------------------------------
