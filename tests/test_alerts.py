@@ -28,6 +28,7 @@ from rankwatch.actions.alerts.message import AlertMember, rank_list, suspect_ran
 from rankwatch.actions.alerts.slack import SlackSink
 from rankwatch.actions.alerts.spool import Spool, SpoolEntry, spool_path
 from rankwatch.actions.alerts.webhook import WebhookSink
+from rankwatch.actions.dump_outcome import DumpOutcome
 from rankwatch.config.schema import AlertmanagerConfig, AlertsConfig, SlackConfig, WebhookConfig
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
@@ -79,10 +80,9 @@ class RecordingSink:
 
 
 async def settle(d: AlertDispatcher) -> None:
-    """Let the loop act on a fake-clock advance; negative checks follow."""
-    for _ in range(5):
-        d.wake()
-        await asyncio.sleep(0.01)
+    """Wait until the dispatcher has acted on a fake-clock advance; negative checks follow."""
+    d.wake()
+    await until(d.settled)
 
 
 # --- loopback servers ----------------------------------------------------------------------
@@ -520,6 +520,91 @@ def test_flapping_within_group_wait_stays_silent(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+def gpu_hot(uuid: str, rank: int = 3, *, resolved: bool = False) -> Finding:
+    msg = f"GPU {uuid} back to 70 C" if resolved else f"GPU {uuid} at 91 C"
+    return Finding("gpu_hot", Severity.WARNING, rank, msg, 10, resolved=resolved, subject=uuid)
+
+
+@pytest.mark.unit
+def test_two_gpus_of_one_rank_are_two_alerts_and_each_resolves_alone(tmp_path: Path) -> None:
+    """Keyed on (run, rank, kind), the second GPU's firing was swallowed as a repeat of the first,
+    and the first GPU to cool resolved the alert while the second was still hot."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        am = ForgetfulReceiver(name="am")
+        d = AlertDispatcher(config(tmp_path, group_wait=5.0), IDENT, sinks=[sink, am], clock=clock)
+        async with running(d):
+            d.send(gpu_hot("GPU-aaa"))
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 1)
+            d.send(gpu_hot("GPU-bbb"))  # a second GPU of the same rank: news, not a repeat
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 2)
+            d.send(gpu_hot("GPU-aaa", resolved=True))  # the first cools; the second is still hot
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 3)
+            clock.advance(61)  # Alertmanager gets what is still active re-posted
+            await settle(d)
+            await until(lambda: sum(a.status == "firing" for a in am.alerts) == 3)
+            d.send(gpu_hot("GPU-aaa", resolved=True))  # said twice: nothing more to resolve
+            d.send(gpu_hot("GPU-bbb", resolved=True))
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 4)
+        got = [(a.status, [(m.rank, m.subject) for m in a.members]) for a in sink.alerts]
+        assert got == [
+            ("firing", [(3, "GPU-aaa")]),
+            ("firing", [(3, "GPU-bbb")]),
+            ("resolved", [(3, "GPU-aaa")]),
+            ("resolved", [(3, "GPU-bbb")]),
+        ]
+        refreshed = [a for a in am.alerts if a.status == "firing"][-1]
+        assert [m.subject for m in refreshed.members] == ["GPU-bbb"]
+        labels = [doc["labels"] for doc in am_payload(refreshed, now=1.7e9)]
+        assert [lab.get("subject") for lab in labels] == ["GPU-bbb"]
+        both = AlertMessage(
+            "job42",
+            "gpu_hot",
+            Severity.WARNING,
+            "firing",
+            sink.alerts[0].members + sink.alerts[1].members,
+            "n",
+        )
+        assert both.title == "gpu_hot on rank 3 (GPU-aaa, GPU-bbb)"
+
+    asyncio.run(go())
+
+
+@pytest.mark.process
+def test_slack_resolve_of_one_gpu_goes_in_that_gpus_thread(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with serve("/api/chat.postMessage", slack=True) as srv:
+            shared = tmp_path / "threads"
+            d = AlertDispatcher(config(tmp_path), IDENT, sinks=[slack_sink(srv)])
+            async with running(d):
+                d.send(gpu_hot("GPU-aaa"))
+                await until(lambda: len(srv.requests) == 1)
+                d.send(gpu_hot("GPU-bbb"))
+                await until(lambda: len(srv.requests) == 2)
+                d.send(gpu_hot("GPU-aaa", resolved=True))
+                await until(lambda: len(srv.requests) == 3)
+            assert srv.bodies()[2]["thread_ts"] == "1.000100"  # GPU-aaa's firing, not GPU-bbb's
+            from rankwatch.actions.alerts.threads import ThreadStore
+
+            store = ThreadStore(shared)
+            store.put("gpu_hot", [(3, "GPU-aaa")], "C1", "5.000100", 1000.0)
+            store.put("gpu_hot", [(3, "GPU-bbb"), 3], "C1", "6.000100", 1000.0)
+            assert store.get("gpu_hot", [(3, "GPU-aaa")], "C1", 1001.0) == "5.000100"
+            assert store.get("gpu_hot", [3], "C1", 1001.0) == "6.000100"
+
+    asyncio.run(go())
+
+
 @pytest.mark.unit
 def test_dump_path_noted_after_the_finding_is_in_the_message(tmp_path: Path) -> None:
     async def go() -> None:
@@ -528,7 +613,8 @@ def test_dump_path_noted_after_the_finding_is_in_the_message(tmp_path: Path) -> 
         d = AlertDispatcher(config(tmp_path, group_wait=5.0), IDENT, sinks=[sink], clock=clock)
         async with running(d):
             d.send(stall(3))
-            d.note("stack dumps for rank 3: /dumps/job42/20250101T000000Z_stall")  # Agent's notice
+            folder = "/dumps/job42/20250101T000000Z_stall"
+            d.dumps_taken(DumpOutcome("captured", folder, (3,)))  # the agent's capture, as data
             clock.advance(6)
             await settle(d)
             await until(lambda: len(sink.alerts) == 1)
@@ -621,6 +707,36 @@ def test_retries_exhausted_drop_once_and_count(tmp_path: Path) -> None:
         assert sink.attempts == 3
         assert d.stats["rec"] == {"sent": 0, "failed": 3, "dropped": 1, "retried": 2}
         assert not spool_path(cfg.spool_dir, IDENT.run, IDENT.rank).exists()
+
+    asyncio.run(go())
+
+
+@pytest.mark.unit
+def test_each_sink_retries_by_its_own_policy(tmp_path: Path) -> None:
+    """A sink may bring its own retry policy (a pager that must not be retried for long); the
+    others keep the configured one, whose budget stays 705 s with the defaults."""
+    from rankwatch.actions.alerts.delivery import RetryPolicy
+
+    assert RetryPolicy.of(AlertsConfig()).window() == 705.5  # 255.5 s to reach the cap, then 3 x 150 s
+    waits = [RetryPolicy(12, 300.0).delay(n, draw) for n in (1, 9, 12) for draw in (0.0, 0.999)]
+    assert waits[:2] == [0.5, pytest.approx(1.0, abs=1e-3)] and waits[2] == 128.0 and waits[4] == 150.0
+    assert RetryPolicy(12, 300.0).delay(1, 0.0, retry_after=30.0) == 30.0  # a floor, capped ...
+    assert RetryPolicy(12, 300.0).delay(1, 0.0, retry_after=1e9) == 300.0  # ... at backoff_max
+
+    @dataclass
+    class Impatient(RecordingSink):
+        retry_policy: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_retries=0))
+
+    async def go() -> None:
+        quick, patient = Impatient(name="quick", fail=100), RecordingSink(name="patient", fail=2)
+        d = AlertDispatcher(
+            config(tmp_path), IDENT, sinks=[quick, patient], rng=lambda: 0.0, backoff_base=0.01
+        )
+        async with running(d):
+            d.send(stall())
+            await until(lambda: len(patient.alerts) == 1 and d.stats["quick"]["dropped"] == 1)
+        assert quick.attempts == 1 and patient.attempts == 3
+        assert d.stats["quick"]["retried"] == 0 and d.stats["patient"]["retried"] == 2
 
     asyncio.run(go())
 

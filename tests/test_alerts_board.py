@@ -99,12 +99,12 @@ async def all_running(ds: list[AlertDispatcher]) -> AsyncIterator[None]:
 
 
 async def tick(ds: list[AlertDispatcher], clock: FakeClock, dt: float) -> None:
-    """Advance the shared clock and let every dispatcher (and its board thread) act on it."""
+    """Advance the shared clock and wait until every dispatcher (its timer loop, board I/O,
+    state file and sinks) has acted on it and waits for a later time."""
     clock.advance(dt)
-    for _ in range(10):
-        for d in ds:
-            d.wake()
-        await asyncio.sleep(0.02)
+    for d in ds:
+        d.wake()
+    await until(lambda: all(d.settled() for d in ds))
 
 
 def state(board: Path, rank: int, kind: str = "stall") -> str | None:

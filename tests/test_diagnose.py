@@ -114,7 +114,7 @@ def test_stall_message_names_the_suspect_and_fits_the_verdict(tmp_path: Path) ->
             message="no progress for 4.1s (timeout 4.0s); last step 15; process alive, idle on CPU "
             "(0.0%): blocked in a collective or I/O. Judged from: step lines. Usual fix: `rankwatch dumps "
             "diff` names the rank whose stack differs; the others wait for it in the collective, and its "
-            "log holds the real error. Stacks are being captured.",
+            "log holds the real error.",
         )
         first: dict[str, Any] | None = None
         cross._complete_stall(stall, folder, result, result.activities.get(rank), first)

@@ -399,7 +399,7 @@ def test_agent_sigkilled_while_slack_is_down_resends_spooled_alerts_once_on_rest
             assert await until(lambda: any((tmp_path / "spool").glob("*.jsonl")) and slack.refused >= 1)
             # SIGKILL: no close(), no flush; the tasks just stop existing.
             task.cancel()
-            for w in first._workers.values():
+            for w in first.delivery.workers.values():
                 if w.task is not None:
                     w.task.cancel()
             await asyncio.sleep(0.05)
@@ -566,7 +566,7 @@ def test_dump_without_py_spy_or_ptrace_is_reported_once_and_the_rank_is_untouche
         assert exposed and float(exposed.group(1)) == 1.0
         from rankwatch.records import Finding, Severity
 
-        agent.emit(Finding("stall", Severity.CRITICAL, 0, "no progress for 61s. Stacks are being captured."))
+        agent.emit(Finding("stall", Severity.CRITICAL, 0, "no progress for 61s."))
         msg = agent.findings[-1].message
         assert "Stacks are being captured" not in msg and "Stack dumps will fail" in msg
         assert ("pip install py-spy" if broken == "missing" else "CAP_SYS_PTRACE") in msg

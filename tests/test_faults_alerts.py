@@ -21,6 +21,7 @@ from aiohttp import web
 from conftest import FakeClock, until
 from rankwatch.actions.alerts import AlertDispatcher
 from rankwatch.actions.alerts.alertmanager import AlertmanagerSink
+from rankwatch.actions.alerts.delivery import Delivery
 from rankwatch.actions.alerts.dispatcher import retry_window
 from rankwatch.actions.alerts.message import AlertMessage, DeliveryError
 from rankwatch.actions.alerts.webhook import WebhookSink
@@ -120,17 +121,12 @@ def test_default_retry_budget_rides_out_ten_minutes_of_both_sinks_down_with_six_
                 if am.runner is None and clock.t >= down_until:
                     await am.up()
                     await hook.up()
-                for d in ds:
-                    d.wake()
-                for _ in range(3):
-                    await asyncio.sleep(0.005)
+                await settled(ds)
                 if am.runner is None:
                     assert not am.posted and not hook.posted
             for _ in range(30):  # and nothing more comes: no duplicate, no late stray resolve
                 clock.t += 10.0
-                for d in ds:
-                    d.wake()
-                await asyncio.sleep(0.01)
+                await settled(ds)
         finally:
             for d in ds:
                 await d.close(2.0)
@@ -199,10 +195,7 @@ def test_a_resolve_never_reaches_a_sink_that_gave_up_its_firing(tmp_path: Path) 
         try:
             d.send(finding("nan_loss", 0))
             d.send(finding("oom", 0))
-            for _ in range(20):
-                clock.t += 2.0
-                d.wake()
-                await asyncio.sleep(0.01)
+            await step(d, clock, 2.0, 20)
             await until(lambda: d.stats["flaky"]["dropped"] == 2)
             sink.down = False
             d.send(finding("nan_loss", 0, resolved=True))
@@ -210,10 +203,7 @@ def test_a_resolve_never_reaches_a_sink_that_gave_up_its_firing(tmp_path: Path) 
             clock.t += 1.0
             d.wake()
             d.send(finding("oom", 0, resolved=True))
-            for _ in range(5):
-                clock.t += 1.0
-                d.wake()
-                await asyncio.sleep(0.02)
+            await step(d, clock, 1.0, 5)
         finally:
             await d.close(1.0)
             await asyncio.gather(task, return_exceptions=True)
@@ -247,8 +237,7 @@ def test_short_retry_after_does_not_burn_the_budget(tmp_path: Path, seed: int) -
                 clock.t += 5.0
                 if clock.t >= T0 + 600:
                     sink.down = False
-                d.wake()
-                await asyncio.sleep(0.005)
+                await settled([d])
             await until(lambda: len(sink.alerts) == 1)
         finally:
             await d.close(1.0)
@@ -282,16 +271,24 @@ def nan(step: int, *, resolved: bool = False) -> Finding:
 
 async def kill(d: AlertDispatcher, task: asyncio.Task[None]) -> None:
     """As SIGKILL would: no close, nothing flushed; only what is on disk survives."""
-    from rankwatch.actions.alerts.dispatcher import _cancel
+    from rankwatch.actions.alerts.delivery import _cancel
 
-    await _cancel([task, *(w.task for w in d._workers.values() if w.task)])
+    await _cancel([task, *(w.task for w in d.delivery.workers.values() if w.task)])
+
+
+async def settled(ds: list[AlertDispatcher]) -> None:
+    """Wake every dispatcher and wait until each has acted on the clock's present time."""
+    for d in ds:
+        d.wake()
+    await until(lambda: all(d.settled() for d in ds))
 
 
 async def step(d: AlertDispatcher, clock: FakeClock, dt: float = 1.0, n: int = 5) -> None:
+    """Advance the clock ``n`` times, each time until the dispatcher has acted on it."""
     for _ in range(n):
         clock.t += dt
         d.wake()
-        await asyncio.sleep(0.01)
+        await until(d.settled)
 
 
 def saved(d: AlertDispatcher) -> list[dict[str, Any]]:
@@ -545,7 +542,7 @@ def test_board_interleavings_never_raise_nor_send_twice(
             await asyncio.sleep(0)
         return fn(*args)
 
-    async def spool_op(self: AlertDispatcher, fn: Callable[..., Any], *args: Any) -> Any:
+    async def spool_op(self: Delivery, fn: Callable[..., Any], *args: Any) -> Any:
         await asyncio.sleep(0)
         return fn(*args)
 
@@ -628,7 +625,7 @@ def test_board_interleavings_never_raise_nor_send_twice(
         results = await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), 30.0)
         assert not [r for r in results if isinstance(r, BaseException)], results
         for d in every:
-            assert d._peer_errors == 0, "the board raised"
+            assert d.peer_errors == 0, "the board raised"
             assert d.errors.get("alerts", 0) == 0
 
     log = logging.getLogger("rankwatch")
@@ -637,7 +634,7 @@ def test_board_interleavings_never_raise_nor_send_twice(
         with (
             mock.patch.object(peers_mod, "_in_thread", in_thread),
             mock.patch.object(dispatcher_mod, "off_loop", off_loop),
-            mock.patch.object(AlertDispatcher, "_spool_op", spool_op),
+            mock.patch.object(Delivery, "_spool_op", spool_op),
         ):
             asyncio.run(go())
     finally:

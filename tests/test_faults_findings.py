@@ -186,7 +186,7 @@ def test_stall_with_ptrace_refused_by_the_kernel_says_no_stacks(tmp_path: Path) 
     assert "Stacks are being captured" not in f.message and "Stacks captured" not in f.message
     assert "no stacks were captured" in f.message and "ptrace denied" in f.message, f.message
     assert "CAP_SYS_PTRACE" in f.message
-    assert f.evidence["dumps"] == "failed" and "dump_path" not in f.evidence
+    assert f.evidence["dumps"]["state"] == "failed" and "dump_path" not in f.evidence
     assert f.time is not None and abs(f.time - time.time()) < 120
 
 
@@ -199,7 +199,7 @@ def test_stall_with_the_dumps_folder_full_says_so(tmp_path: Path) -> None:
         f = _stall(tmp_path, real, dumps)
     assert "Stacks are being captured" not in f.message and "Stacks captured" not in f.message
     assert "no stacks were captured" in f.message and "is full" in f.message, f.message
-    assert f.evidence["dumps"] == "failed" and "dump_path" not in f.evidence
+    assert f.evidence["dumps"]["state"] == "failed" and "dump_path" not in f.evidence
 
 
 @pytest.mark.tool
@@ -330,7 +330,7 @@ def test_disk_detector_warns_low_then_full_once_each_and_resolves() -> None:
     roles = {"/logs": "log", "/dumps": "dumps"}
 
     def at(t: float, free: int) -> list[Finding]:
-        return det.observe(DiskSample(dict(roles), free, 100 * gib, t), wall=1000.0 + t)
+        return det.judge(DiskSample(dict(roles), free, 100 * gib, t), wall=1000.0 + t)
 
     assert at(0, 60 * gib) == []
     assert at(5, 20 * gib) == []  # a checkpoint save's burst on a roomy disk: no alarm
@@ -353,6 +353,6 @@ def test_disk_detector_warns_a_sustained_fill_before_the_threshold() -> None:
     mib = 1 << 20
     out: list[Finding] = []
     for t in range(0, 34):  # 2 MiB filling at 50 KiB/s: a quarter left at 31 s, the threshold at 37 s
-        out += det.observe(DiskSample({"/logs": "log"}, 2 * mib - t * 50 * 1024, 2 * mib, float(t)))
+        out += det.judge(DiskSample({"/logs": "log"}, 2 * mib - t * 50 * 1024, 2 * mib, float(t)))
     (f,) = out
     assert "full in about" in f.message and f.evidence["free_bytes"] > 0.1 * 2 * mib

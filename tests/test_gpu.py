@@ -25,6 +25,7 @@ from rankwatch.detectors.gpu import (
     gpu_activity,
     staircase_step,
 )
+from rankwatch.detectors.trend import FloorHistory, sustained_climb
 from rankwatch.gpu import GpuConfig, GpuInfo, GpuSample
 from rankwatch.gpu.backend import error_kind
 from rankwatch.gpu.collector import GpuCollector, gpu_metric_families
@@ -45,7 +46,6 @@ from rankwatch.gpu.fake import (
     unsupported,
 )
 from rankwatch.gpu.sampler import GpuSampler, map_pids_to_gpus
-from rankwatch.gpu.trend import FloorHistory, sustained_climb
 from rankwatch.records import Finding, Severity
 
 INTERVAL = 5.0
@@ -599,7 +599,7 @@ def memory_run(
             memory_used=int(used(t)),
             memory_total=H100_TOTAL,
         )
-        out.extend((t, f) for f in det.observe(s))
+        out.extend((t, f) for f in det.observe_sample(s))
     return out
 
 
@@ -748,7 +748,7 @@ def ecc_run(
     out: list[tuple[int, Finding]] = []
     for t, fields in enumerate(samples):
         s = GpuSample(index=0, time=1000.0 + t * every, uuid="GPU-0", **fields)
-        out.extend((t, f) for f in det.observe(s))
+        out.extend((t, f) for f in det.observe_sample(s))
     return out
 
 
@@ -909,11 +909,11 @@ def test_a_hang_clears_the_last_readings_and_a_long_one_is_a_finding() -> None:
         release.set()
 
     rule = NvmlHangRule(60.0, rank=3)
-    assert rule.observe(None) == [] and rule.observe(59.0) == []
-    (f,) = rule.observe(61.0)
+    assert rule.judge(None) == [] and rule.judge(59.0) == []
+    (f,) = rule.judge(61.0)
     assert f.kind == "gpu_unresponsive" and f.rank == 3 and "dmesg" in f.message and not f.resolved
-    assert rule.observe(120.0) == []  # once per episode
-    (r,) = rule.observe(None)
+    assert rule.judge(120.0) == []  # once per episode
+    (r,) = rule.judge(None)
     assert r.resolved
 
 
@@ -922,10 +922,11 @@ def test_a_finding_on_a_gpu_not_tied_to_the_rank_says_it_may_be_another_jobs() -
     from rankwatch.detectors.gpu import GpuDetector
 
     det = GpuDetector(GpuConfig(), 0)
-    (mine,) = det.observe(GpuSample(index=0, time=1.0, uuid="GPU-a", lost=True, lost_reason="GPU is lost",
-                                    attribution="nvml_process"))  # fmt: skip
-    (other,) = det.observe(GpuSample(index=1, time=1.0, uuid="GPU-b", lost=True, lost_reason="GPU is lost",
-                                     attribution="unattributed"))  # fmt: skip
+    lost = "GPU is lost"
+    (mine,) = det.observe_sample(GpuSample(index=0, time=1.0, uuid="GPU-a", lost=True, lost_reason=lost,
+                                           attribution="nvml_process"))  # fmt: skip
+    (other,) = det.observe_sample(GpuSample(index=1, time=1.0, uuid="GPU-b", lost=True, lost_reason=lost,
+                                            attribution="unattributed"))  # fmt: skip
     assert mine.kind == other.kind == "gpu_lost"
     assert "another job" not in mine.message
     assert "may belong to another job" in other.message and other.evidence["attribution"] == "unattributed"

@@ -246,11 +246,11 @@ def test_stall_finding_says_when_dumps_are_off(tmp_path: Path) -> None:
     cfg.dumps.on_stall = False
     cfg.dumps.dir = str(tmp_path / "dumps")
     agent = Agent(cfg, Identity(run="r", rank=0, local_rank=0, world_size=1, node="n"))
-    msg = "no progress for 61s; process alive, idle. Judged from: step lines. Stacks are being captured."
+    msg = "no progress for 61s; process alive, idle. Judged from: step lines."
     agent.emit(Finding("stall", Severity.CRITICAL, 0, msg))
     (f,) = agent.findings
     assert "Stacks are being captured" not in f.message and "Stack dumps are off" in f.message
-    assert f.evidence["dumps"] == "off" and not (tmp_path / "dumps").exists()
+    assert f.evidence["dumps"]["state"] == "off" and not (tmp_path / "dumps").exists()
 
 
 @pytest.mark.process

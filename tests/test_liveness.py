@@ -78,8 +78,8 @@ def test_stall_after_floor_when_steps_every_2s() -> None:
         "no progress for 62s (timeout 60s = max(60s floor, 10 x p99 step interval 2.0s)); last step 120; "
         "process alive, idle on CPU (0.2%): blocked in a collective or I/O. Judged from: step lines. "
         "Usual fix: `rankwatch dumps diff` names the rank whose stack differs; the others wait for it in "
-        "the collective, and its log holds the real error. Stacks are being captured."
-    )
+        "the collective, and its log holds the real error."
+    )  # no word on stacks: the agent says what became of them once it knows
     ev = f.evidence
     assert ev["seconds_since_progress"] == pytest.approx(62.0)
     assert ev["timeout"] == pytest.approx(60.0)

@@ -6,6 +6,7 @@ one. Detectors read from here and keep only their own episode bookkeeping.
 
 from __future__ import annotations
 
+import statistics
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
@@ -200,3 +201,56 @@ class RankState:
     def recent_records(self, n: int) -> list[StepRecord]:
         k = min(n, len(self.steps))
         return [self.steps[i] for i in range(len(self.steps) - k, len(self.steps))]
+
+
+RATE_WINDOW = 50  # step lines behind the step rate (and so the ETA)
+DURATION_WINDOW = 20  # printed step times behind the median step duration
+
+
+def step_rate(state: RankState, window: int = RATE_WINDOW) -> float | None:
+    """Steps per second from the timestamps of the recent step lines, after any restart."""
+    n = 0
+    last_step = first_step = 0
+    last_time = first_time = 0.0
+    for rec in reversed(state.steps):  # per scrape and rank: no list, no len()
+        step, t = rec.step, rec.time
+        if t is None or step is None:
+            continue
+        if n and step >= first_step:
+            break  # the run restarted (e.g. from a checkpoint): only the current stretch counts
+        if not n:
+            last_step, last_time = step, t
+        first_step, first_time = step, t
+        n += 1
+        if n >= window:
+            break
+    if n < 2:
+        return None
+    dstep, dt = last_step - first_step, last_time - first_time
+    return dstep / dt if dstep > 0 and dt > 0 else None
+
+
+def step_duration(state: RankState, rate: float | None) -> float | None:
+    """Median of the recent printed step times; else derived from the step rate."""
+    printed = state.recent("step_time_s", DURATION_WINDOW)
+    if printed:
+        return statistics.median(printed)
+    return 1.0 / rate if rate else None
+
+
+def eta(state: RankState, rate: float | None = None, duration: float | None = None) -> float | None:
+    """Seconds until the last planned step at the recent pace; None where unknown. Without
+    ``rate`` and ``duration`` they are measured here."""
+    if state.total_steps is None or state.last_step is None or not state.steps:
+        return None
+    if state.steps[-1].step_inferred:
+        return None  # a count of logged lines is not comparable to the planned total
+    remaining = max(0, state.total_steps - state.last_step)
+    if remaining == 0:
+        return 0.0
+    if rate is None and duration is None:
+        rate = step_rate(state)
+        duration = step_duration(state, rate)
+    if not rate and duration:
+        rate = 1.0 / duration
+    return remaining / rate if rate else None

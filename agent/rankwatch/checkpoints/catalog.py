@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankwatch.checkpoints import CheckpointConfig
 from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.verify import Verdict, hash_files, verify_candidate
+from rankwatch.config.schema import CheckpointConfig
 from rankwatch.detectors import checkpoints as rules
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rankwatch.checkpoints import CheckpointConfig
 from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.catalog import Catalog, Entry
+from rankwatch.config.schema import CheckpointConfig
 from rankwatch.detectors import checkpoints as rules
 from rankwatch.offloop import in_daemon
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord

@@ -215,6 +215,15 @@ class RankLagConfig:
 
 
 @dataclass
+class HostMemoryConfig:
+    enabled: bool = opt(True, "the rank's RSS climbing steadily towards its cgroup or host memory limit")
+    resolution: Duration = opt(Duration(60.0), "one point per this long: the lowest RSS within it", min=1.0)
+    window: Duration = opt(Duration(1800.0), "the climb must hold in every quarter of this span", min=60.0)
+    min_growth: Size = opt(Size(512 << 20), "and add at least this much RSS over it")
+    warn_within: Duration = opt(Duration(3600.0), "warn when the limit is reached within this at that rate")
+
+
+@dataclass
 class DetectorsConfig:
     warmup_steps: int = opt(
         100,
@@ -232,6 +241,7 @@ class DetectorsConfig:
     loss_scale: LossScaleConfig = section(LossScaleConfig, "fp16 loss-scale collapse")
     throughput: ThroughputConfig = section(ThroughputConfig, "throughput drop")
     rank_lagging: RankLagConfig = section(RankLagConfig, "cross-rank lag")
+    host_memory: HostMemoryConfig = section(HostMemoryConfig, "host memory climbing to the OOM killer")
 
 
 @dataclass

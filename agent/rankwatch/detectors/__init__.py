@@ -1,42 +1,24 @@
-"""Detectors: pure rules over a rank's state, one failure family per module."""
+"""Detectors: pure rules over a rank's state and events, one failure family per module.
+
+Adding a detector is one new file in this package: a ``Detector`` subclass that declares
+the event types it ``accepts`` (``rankwatch.events``, ``rankwatch.records``), the finding
+``kinds`` it emits and its config ``section``, decorated with ``@register``
+(``detectors.registry``). ``build_detectors`` imports every module of the package, so the
+engine of every rank, live or in ``analyze``, builds it and routes its events to it; a
+``create`` classmethod builds it from the configuration (or returns None to stay out). Its
+settings go in a section appended to ``config/schema.py``. It may import ``records``,
+``events``, ``state``, ``config`` and other detector modules, never a source, GPU,
+checkpoint, runtime, dump or action module. ``host_memory.py`` is a small example.
+"""
 
 from __future__ import annotations
 
-from rankwatch.config.schema import DetectorsConfig
-from rankwatch.detectors.base import Detector
-from rankwatch.detectors.errors import ErrorSignatureDetector
-from rankwatch.detectors.grads import (
-    GradClippingDetector,
-    GradExplosionDetector,
-    GradVanishingDetector,
-    LossScaleDetector,
-)
-from rankwatch.detectors.loss import (
-    LossDivergenceDetector,
-    LossPlateauDetector,
-    LossSpikeDetector,
-    NanDetector,
-    OverfittingDetector,
-)
-from rankwatch.detectors.throughput import ThroughputDetector
+# The rules of the log first, in this order: findings of one record come out in it.
+from rankwatch.detectors import errors as errors
+from rankwatch.detectors import grads as grads
+from rankwatch.detectors import loss as loss
+from rankwatch.detectors import throughput as throughput
+from rankwatch.detectors.base import Detector, DetectorContext
+from rankwatch.detectors.registry import REGISTRY, build_detectors, register
 
-
-def build_detectors(cfg: DetectorsConfig) -> list[Detector]:
-    """A fresh set for one rank (detectors keep per-rank episode state)."""
-    w = cfg.warmup_steps
-    return [
-        ErrorSignatureDetector(),
-        NanDetector(cfg.nan, w),
-        LossSpikeDetector(cfg.loss_spike, w),
-        LossDivergenceDetector(cfg.loss_divergence, w),
-        LossPlateauDetector(cfg.loss_plateau, w),
-        OverfittingDetector(cfg.overfitting, w),
-        GradExplosionDetector(cfg.grad_explosion, w),
-        GradClippingDetector(cfg.grad_clipping, w),
-        GradVanishingDetector(cfg.grad_vanishing, w),
-        LossScaleDetector(cfg.loss_scale, w),
-        ThroughputDetector(cfg.throughput, w),
-    ]
-
-
-__all__ = ["Detector", "build_detectors"]
+__all__ = ["REGISTRY", "Detector", "DetectorContext", "build_detectors", "register"]

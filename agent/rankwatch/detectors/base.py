@@ -1,8 +1,10 @@
 """Shared pieces of the detectors: the interface and robust statistics.
 
-A detector is created once per rank and sees every record of that rank after it was
-added to the rank's state. It returns findings and does no I/O, so the live agent and
-``analyze`` run the very same code.
+A detector is created once per rank (``create``, from the registry) and sees every event
+of the types it ``accepts``: log records after they were added to the rank's state, and
+the live agent's process, GPU, disk, checkpoint and timer events. It returns findings of
+the ``kinds`` it declares and does no I/O, so the live agent and ``analyze`` run the very
+same code.
 """
 
 from __future__ import annotations
@@ -11,21 +13,57 @@ import math
 import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+from rankwatch.events import Event
 from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Record, Severity, StepRecord
 from rankwatch.state import RankState
 
+if TYPE_CHECKING:
+    from rankwatch.config.schema import Config
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorContext:
+    """What a detector may know of its rank when it is built, besides the configuration."""
+
+    rank: int | None
+    path: str | None = None
+    started: float = 0.0  # monotonic: when watching this rank began (the startup grace runs from it)
+    job_end: float | None = None  # wall: when the scheduler ends the job (Slurm's time limit)
+
+
+def config_section(cfg: Config, section: str) -> Any:
+    """The section named by a dotted path (``"detectors.nan"``, ``"gpu"``)."""
+    node: Any = cfg
+    for part in section.split("."):
+        node = getattr(node, part)
+    return node
+
 
 class Detector(ABC):
+    # The finding kinds it emits; the engine counts a finding of another kind as its bug.
     kinds: ClassVar[tuple[str, ...]] = ()
-    # The record types observe() can act on; the engine hands it no others.
+    # The event types observe() can act on; the engine hands it no others.
     accepts: ClassVar[tuple[type, ...]] = (StepRecord, EvalRecord, ErrorRecord, OverflowRecord)
+    # The config section it reads (a dotted path into ``Config``), None when it reads none.
+    section: ClassVar[str | None] = None
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> Detector | None:
+        """A fresh instance for one rank, or None where it has nothing to judge.
+
+        The default suits the log rules: ``cls(section, warmup_steps)``.
+        """
+        assert cls.section is not None
+        det: Detector = cast(Any, cls)(config_section(cfg, cls.section), cfg.detectors.warmup_steps)
+        return det
 
     @abstractmethod
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
-        """Findings this record (already added to ``state``) brings about."""
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
+        """Findings this event brings about (a record is already added to ``state``)."""
 
     def finish(self, state: RankState) -> list[Finding]:
         """Called once when a finished log is exhausted (analyze) or a rank ends."""

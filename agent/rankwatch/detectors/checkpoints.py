@@ -10,15 +10,45 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import PurePath
+from typing import Any, Protocol
 
+from rankwatch.config.schema import CheckpointConfig
 from rankwatch.detectors.base import Episode
 from rankwatch.records import Finding, Severity
 
-if TYPE_CHECKING:
-    from rankwatch.checkpoints import CheckpointConfig
-    from rankwatch.checkpoints.catalog import Entry
-    from rankwatch.checkpoints.layouts import Pointer
+
+class Entry(Protocol):
+    """What these rules read of a checkpoint (``checkpoints.catalog.Entry`` has it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> PurePath: ...
+    @property
+    def layout(self) -> str: ...
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def weights_only(self) -> bool: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def saved_at(self) -> float: ...
+
+
+class Pointer(Protocol):
+    """A "latest" file of a framework (``checkpoints.layouts.Pointer`` has it)."""
+
+    @property
+    def file(self) -> str: ...
+    @property
+    def value(self) -> str: ...
+    @property
+    def target(self) -> Any: ...
+    @property
+    def step(self) -> int | None: ...
+
 
 KINDS = (
     "checkpoint_corrupt",

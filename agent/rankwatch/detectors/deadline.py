@@ -8,8 +8,16 @@ Pure: the agent passes wall-clock times in (the job end is a wall-clock deadline
 
 from __future__ import annotations
 
-from rankwatch.detectors.base import Episode
+from typing import TYPE_CHECKING
+
+from rankwatch.detectors.base import Detector, DetectorContext, Episode
+from rankwatch.detectors.registry import register
+from rankwatch.events import CheckpointStatus, Event, Tick
 from rankwatch.records import Finding, Severity
+from rankwatch.state import RankState, eta
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import Config
 
 KIND = "eta_past_job_end"
 SUSTAIN = 3  # checks in a row; one slow stretch must not warn
@@ -22,12 +30,51 @@ def _dur(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m"
 
 
-class DeadlineDetector:
-    def __init__(self, rank: int | None, *, margin: float = 300.0) -> None:
+@register
+class DeadlineDetector(Detector):
+    """Judged on every ``Tick`` from the rank's state (its ETA) and the checkpoint cadence
+    (``CheckpointStatus``); built only where the job's end is known."""
+
+    kinds = (KIND,)
+    accepts = (Tick, CheckpointStatus)
+    section = "run"  # run.job_end, else the scheduler's (ctx.job_end)
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> DeadlineDetector | None:
+        if ctx.job_end is None:
+            return None
+        return cls(ctx.rank, job_end=ctx.job_end, checkpoints_watched=bool(cfg.checkpoints.dir))
+
+    def __init__(
+        self,
+        rank: int | None,
+        *,
+        margin: float = 300.0,
+        job_end: float | None = None,
+        checkpoints_watched: bool = False,
+    ) -> None:
         self.rank = rank
         self.margin = margin
         self.episode = Episode()
         self.hits = 0
+        self.job_end = job_end
+        self.checkpoints_watched = checkpoints_watched
+        self.next_checkpoint: float | None = None
+
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
+        if isinstance(record, CheckpointStatus):
+            self.next_checkpoint = record.next_due
+            return []
+        if not isinstance(record, Tick):
+            return []
+        return self.check(
+            now=record.wall,
+            job_end=self.job_end,
+            eta=eta(state),
+            step=state.last_step,
+            next_checkpoint=self.next_checkpoint,
+            checkpoints_watched=self.checkpoints_watched,
+        )
 
     def check(
         self,

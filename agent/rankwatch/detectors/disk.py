@@ -12,9 +12,18 @@ Pure: samples in, findings out.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from rankwatch.detectors.base import Detector, DetectorContext
+from rankwatch.detectors.registry import register
+from rankwatch.events import DiskSample, Event
 from rankwatch.records import Finding, Severity
+from rankwatch.state import RankState
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import Config
+
+__all__ = ["DiskDetector", "DiskSample", "human", "is_full", "low_threshold"]
 
 LOW_RATIO = 0.10  # of the filesystem ...
 LOW_BYTES_CAP = 5 << 30  # ... but never asks for more than this free
@@ -24,18 +33,6 @@ RATE_WINDOW_S = 60.0
 FILL_SPAN_S = 10.0
 FILL_RATIO = 0.25
 RESOLVE_MARGIN = 1.2
-
-
-@dataclass
-class DiskSample:
-    """``statvfs`` of one filesystem; ``roles`` are the agent's folders on it (``{path: "log"}``)."""
-
-    roles: dict[str, str]
-    free: int  # bytes available to an unprivileged writer (f_bavail)
-    total: int
-    time: float  # monotonic
-    error: str | None = None  # the sample failed (timeout: a hung mount)
-    device: int | None = field(default=None)
 
 
 def human(n: float) -> str:
@@ -58,17 +55,28 @@ def _where(roles: dict[str, str]) -> str:
     return ", ".join(f"{role} folder {path}" for path, role in roles.items())
 
 
-class DiskDetector:
-    """One ``disk_low`` episode per filesystem (its roles name it in the message)."""
+@register
+class DiskDetector(Detector):
+    """One ``disk_low`` episode per filesystem (its roles name it in the message, and the
+    first of its folders is the finding's subject)."""
 
     kinds = ("disk_low",)
+    accepts = (DiskSample,)
+    section = None  # thresholds are fixed: a nearly full disk is news whatever the job
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> DiskDetector:
+        return cls(ctx.rank)
 
     def __init__(self, rank: int | None) -> None:
         self.rank = rank
         self.history: dict[str, deque[tuple[float, int]]] = {}
         self.active: dict[str, Severity] = {}
 
-    def observe(self, s: DiskSample, *, wall: float | None = None) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
+        return self.judge(record, wall=record.wall) if isinstance(record, DiskSample) else []
+
+    def judge(self, s: DiskSample, *, wall: float | None = None) -> list[Finding]:
         if s.error is not None or s.total <= 0:
             return []
         key = ",".join(sorted(s.roles))
@@ -119,6 +127,7 @@ class DiskDetector:
                     rank=self.rank,
                     message=msg,
                     path=next(iter(s.roles)),
+                    subject=key,
                     time=wall,
                     evidence={
                         "roles": dict(s.roles),
@@ -137,6 +146,7 @@ class DiskDetector:
                     rank=self.rank,
                     message=f"the filesystem of the {_where(s.roles)} has {human(s.free)} free again",
                     path=next(iter(s.roles)),
+                    subject=key,
                     time=wall,
                     resolved=True,
                 )

@@ -3,25 +3,38 @@ rows of ``rankwatch.errorkinds``)."""
 
 from __future__ import annotations
 
-from rankwatch.detectors.base import Detector, finding
+from typing import TYPE_CHECKING
+
+from rankwatch.detectors.base import Detector, DetectorContext, finding
+from rankwatch.detectors.registry import register
 from rankwatch.errorkinds import FIXES
-from rankwatch.records import ErrorRecord, Finding, Record
+from rankwatch.events import Event
+from rankwatch.records import ErrorRecord, Finding
 from rankwatch.state import RankState
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import Config
 
 MAX_PER_KIND = 20
 
 
+@register
 class ErrorSignatureDetector(Detector):
     """One finding per distinct error; a flood of identical NCCL WARN lines becomes one."""
 
     kinds = tuple(FIXES)
     accepts = (ErrorRecord,)
+    section = None  # every signature is reported; the catalogue decides what is one
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> ErrorSignatureDetector:
+        return cls()
 
     def __init__(self) -> None:
         self.seen: set[tuple[str, str]] = set()
         self.per_kind: dict[str, int] = {}
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, ErrorRecord):
             return []
         key = (record.kind, record.summary[:200])

@@ -12,11 +12,12 @@ import itertools
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from rankwatch.detectors.base import Episode, fmt
-from rankwatch.gpu import GpuConfig, GpuSample
-from rankwatch.gpu.trend import (
+from rankwatch.config.schema import GpuConfig
+from rankwatch.detectors.base import Detector, DetectorContext, Episode, fmt
+from rankwatch.detectors.registry import register
+from rankwatch.detectors.trend import (
     CLIMB_SEGMENTS,
     LEAK_NOISE,
     CounterWindow,
@@ -24,8 +25,13 @@ from rankwatch.gpu.trend import (
     staircase_step,
     sustained_climb,
 )
-from rankwatch.gpu.xid import xid_info
+from rankwatch.events import Event, GpuRound, GpuSample, NvmlHang
 from rankwatch.records import Finding, Severity
+from rankwatch.state import RankState
+from rankwatch.xid import xid_info
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import Config
 
 MiB = float(1 << 20)
 GiB = float(1 << 30)
@@ -629,19 +635,33 @@ class LostRule(GpuRule):
         return []
 
 
-class NvmlHangRule:
+NVML_HANG_S = 60.0  # NVML unanswered this long (or 3 call timeouts): gpu_unresponsive
+
+
+@register
+class NvmlHangRule(Detector):
     """NVML itself stops answering (a driver call hangs past ``gpu.call_timeout``): no sample
     can say which GPU, yet it is often how a GPU that fell off the bus first shows. Judged on
     how long the hang has lasted, so one slow call is not a page."""
 
     kind = "gpu_unresponsive"
+    kinds = (kind,)
+    accepts = (NvmlHang,)
+    section = "gpu"
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> NvmlHangRule:
+        return cls(max(NVML_HANG_S, 3 * float(cfg.gpu.call_timeout)), ctx.rank)
 
     def __init__(self, after_s: float, rank: int | None) -> None:
         self.after_s = after_s
         self.rank = rank
         self.episode = Episode()
 
-    def observe(self, hung_for: float | None) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
+        return self.judge(record.hung_for) if isinstance(record, NvmlHang) else []
+
+    def judge(self, hung_for: float | None) -> list[Finding]:
         if hung_for is not None and hung_for >= self.after_s and self.episode.open(None):
             msg = (
                 f"NVML has not answered for {hung_for:.0f}s (a driver call hangs): GPU metrics stopped. "
@@ -676,17 +696,27 @@ RULES: tuple[type[GpuRule], ...] = (
 )
 
 
-class GpuDetector:
+@register
+class GpuDetector(Detector):
     """All GPU rules for one rank, one instance of each per GPU."""
 
     kinds: ClassVar[tuple[str, ...]] = tuple(r.kind for r in RULES)
+    accepts = (GpuRound,)
+    section = "gpu"
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> GpuDetector:
+        return cls(cfg.gpu, ctx.rank)
 
     def __init__(self, cfg: GpuConfig | None = None, rank: int | None = None) -> None:
         self.cfg = cfg or GpuConfig()
         self.rank = rank
         self.rules: dict[str, list[GpuRule]] = {}
 
-    def observe(self, sample: GpuSample) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
+        return self.observe_all(record.samples) if isinstance(record, GpuRound) else []
+
+    def observe_sample(self, sample: GpuSample) -> list[Finding]:
         key = sample.uuid or f"index-{sample.index}"
         rules = self.rules.get(key)
         if rules is None:
@@ -699,5 +729,5 @@ class GpuDetector:
     def observe_all(self, samples: Iterable[GpuSample]) -> list[Finding]:
         out: list[Finding] = []
         for s in samples:
-            out.extend(self.observe(s))
+            out.extend(self.observe_sample(s))
         return out

@@ -11,7 +11,9 @@ from rankwatch.config.schema import (
     LossScaleConfig,
 )
 from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
-from rankwatch.records import Finding, OverflowRecord, Record, Severity, StepRecord
+from rankwatch.detectors.registry import register
+from rankwatch.events import Event
+from rankwatch.records import Finding, OverflowRecord, Severity, StepRecord
 from rankwatch.state import RankState
 
 CLIMB_RECORDS = 5  # logged steps a grad-norm climb is looked for over
@@ -24,6 +26,7 @@ def lr_warming_up(state: RankState) -> bool:
     return ends is not None and ends[1] > ends[0] * LR_RISING
 
 
+@register
 class GradExplosionDetector(Detector):
     """Grad norm above an absolute threshold *and* far above its own median, or, from the
     first step and through any warmup, climbing ``climb_factor``-fold within a few logged
@@ -35,6 +38,7 @@ class GradExplosionDetector(Detector):
 
     kinds = ("grad_explosion",)
     accepts = (StepRecord,)
+    section = "detectors.grad_explosion"
 
     def __init__(self, cfg: GradExplosionConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -46,7 +50,7 @@ class GradExplosionDetector(Detector):
         self.lately: deque[float] = deque(maxlen=CLIMB_RECORDS + 2)
         self.climb_low: float | None = None  # set while an episode opened by a climb lasts
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
         g = record.grad_norm
@@ -135,9 +139,11 @@ class GradExplosionDetector(Detector):
         ]
 
 
+@register
 class GradClippingDetector(Detector):
     kinds = ("grad_clipping_saturated",)
     accepts = (StepRecord,)
+    section = "detectors.grad_clipping"
 
     def __init__(self, cfg: GradClippingConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -147,7 +153,7 @@ class GradClippingDetector(Detector):
         self.over = 0
         self.episode = Episode()
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
         g = record.grad_norm
@@ -195,9 +201,11 @@ class GradClippingDetector(Detector):
         return []
 
 
+@register
 class GradVanishingDetector(Detector):
     kinds = ("grad_vanishing",)
     accepts = (StepRecord,)
+    section = "detectors.grad_vanishing"
 
     # A loss this many times below its first value, with the gradients gone, is no learning:
     # the whole rule is safe from step 1, where the slow rule below waits out the warmup.
@@ -210,7 +218,7 @@ class GradVanishingDetector(Detector):
         self.episode = Episode()
         self.first_loss: float | None = None
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
         loss = record.loss
@@ -272,6 +280,7 @@ class GradVanishingDetector(Detector):
         return []
 
 
+@register
 class LossScaleDetector(Detector):
     """fp16 dynamic loss scaling that keeps shrinking: every overflow is a skipped step.
 
@@ -284,6 +293,7 @@ class LossScaleDetector(Detector):
 
     kinds = ("loss_scale_collapse",)
     accepts = (StepRecord, OverflowRecord)
+    section = "detectors.loss_scale"
     FLOOR_OVERFLOWS = 3
 
     def __init__(self, cfg: LossScaleConfig, warmup_steps: int) -> None:
@@ -291,7 +301,7 @@ class LossScaleDetector(Detector):
         self.episode = Episode()
         self.streak = 0  # overflows since the scale last grew
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, (StepRecord, OverflowRecord)):
             return []
         is_step = isinstance(record, StepRecord)

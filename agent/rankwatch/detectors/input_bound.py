@@ -11,10 +11,17 @@ Pure: the agent passes monotonic ``now`` and the readings in.
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
-from rankwatch.detectors.base import Episode
-from rankwatch.gpu import GpuConfig
+from rankwatch.config.schema import GpuConfig
+from rankwatch.detectors.base import Detector, DetectorContext, Episode
+from rankwatch.detectors.registry import register
+from rankwatch.events import Event, GpuRound, ProcessSample, Progress
 from rankwatch.records import Finding, Severity
+from rankwatch.state import RankState
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import Config
 
 COVERAGE = 0.9  # readings must span this share of the window before it is judged
 MIN_STEPS = 3  # a rank that stopped stepping is a stall, judged elsewhere
@@ -25,8 +32,27 @@ def _mean(xs: deque[tuple[float, float]]) -> float:
     return sum(v for _, v in xs) / len(xs)
 
 
-class DataloaderStallDetector:
+@register
+class DataloaderStallDetector(Detector):
     kinds = ("dataloader_stall",)
+    accepts = (Progress, ProcessSample, GpuRound)
+    section = "gpu"
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> DataloaderStallDetector:
+        return cls(cfg.gpu, ctx.rank, ctx.path)
+
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
+        e = record
+        if isinstance(e, Progress):
+            self.on_step(e.now, e.step)
+        elif isinstance(e, ProcessSample):
+            if e.alive:
+                self.on_cpu(e.time, e.cpu_percent)
+        elif isinstance(e, GpuRound):
+            utils = [s.utilization for s in e.samples if not s.lost and s.utilization is not None]
+            return self.on_gpu(e.now, sum(utils) / len(utils) if utils else None)
+        return []
 
     def __init__(self, cfg: GpuConfig, rank: int | None, path: str | None = None) -> None:
         self.cfg = cfg

@@ -13,12 +13,27 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from typing import TYPE_CHECKING
 
 from rankwatch.config.schema import StallConfig
-from rankwatch.detectors.base import Episode, finding
+from rankwatch.detectors.base import Detector, DetectorContext, Episode, finding
+from rankwatch.detectors.gpu import gpu_activity
+from rankwatch.detectors.registry import register
+from rankwatch.events import (
+    CheckpointStatus,
+    Event,
+    GpuRound,
+    GpuSample,
+    LogActivity,
+    ProcessSample,
+    ProcessStart,
+    Progress,
+)
 from rankwatch.records import Finding, Severity
-from rankwatch.sources.process import ProcessSample
 from rankwatch.state import RankState
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import Config
 
 INTERVALS = 100
 SAMPLES = 10
@@ -27,6 +42,7 @@ SAMPLES = 10
 BURST_S = 0.1
 CPU_ACTIVE_RATIO = 0.01  # of one core, over the sample window
 GPU_TRAINING_S = 60.0  # GPU busy this long without a break: the rank is training
+GPU_ACTIVITY_ROUNDS = 3  # GPU sampling rounds judged together for what the GPUs do
 
 # What to do next, by what the stalled process was doing.
 _CLASS_FIX = {
@@ -60,10 +76,55 @@ def _secs(x: float) -> str:
     return f"{x:.0f}s" if x >= 10 else f"{x:.1f}s"
 
 
-class StallDetector:
+@register
+class StallDetector(Detector):
     kinds = ("stall",)
+    accepts = (Progress, LogActivity, CheckpointStatus, GpuRound, ProcessSample, ProcessStart)
+    section = "stall"
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> StallDetector:
+        return cls(cfg.stall, started=ctx.started)
 
     def __init__(self, cfg: StallConfig, *, started: float) -> None:
+        self._reset(cfg, started)
+        self.pid: int | None = None
+        self.gpu_rounds: deque[tuple[GpuSample, ...]] = deque(maxlen=GPU_ACTIVITY_ROUNDS)
+        self.checkpoint_primed = False  # what the first scan found was saved before the agent came
+        self.checkpoint_saved: float | None = None
+
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
+        e = record
+        if isinstance(e, ProcessSample):
+            return self.on_sample(state, e, e.time)
+        if isinstance(e, Progress):
+            return self.on_step(e.now, e.step)
+        if isinstance(e, LogActivity):
+            self.on_activity(e.now, "log")
+        elif isinstance(e, GpuRound):
+            self.gpu_rounds.append(e.samples)
+            self.on_gpu(e.now, gpu_activity([s for batch in self.gpu_rounds for s in batch]))
+        elif isinstance(e, CheckpointStatus):
+            self._checkpoint(e)
+        elif isinstance(e, ProcessStart):
+            if self.pid is not None and e.pid != self.pid:
+                # The rank restarted (torchrun, a requeue): it loads its model again, so it gets
+                # the startup grace, not the old step interval's timeout.
+                self._reset(self.cfg, e.now)
+            self.pid = e.pid
+        return []
+
+    def _checkpoint(self, e: CheckpointStatus) -> None:
+        """A save in progress, or one just finished, is progress: the timeout waits for it."""
+        if not self.checkpoint_primed:
+            self.checkpoint_primed, self.checkpoint_saved = e.scans > 0, e.last_saved
+        elif e.writing:
+            self.on_activity(e.now, "checkpoint_writing")  # a save finished meanwhile is seen next time
+        elif e.last_saved is not None and e.last_saved != self.checkpoint_saved:
+            self.checkpoint_saved = e.last_saved
+            self.on_activity(e.now, "checkpoint")
+
+    def _reset(self, cfg: StallConfig, started: float) -> None:
         self.cfg = cfg
         self.started = started
         self.now = started
@@ -286,10 +347,8 @@ class StallDetector:
         if self.gpu_activity not in (None, "unknown"):
             text += f"; GPU {self.gpu_activity}"
         fix = _CLASS_FIX.get(cls, "Usual fix: compare the ranks' stacks with `rankwatch dumps diff`.")
-        msg = (
-            f"{head}; {last}; {alive}, {text}. Judged from: {', '.join(signals)}. {fix} "
-            "Stacks are being captured."
-        )
+        # What became of the stacks is said by whoever takes them, once they know.
+        msg = f"{head}; {last}; {alive}, {text}. Judged from: {', '.join(signals)}. {fix}"
         evidence = {
             "seconds_since_progress": since,
             "timeout": timeout,

@@ -14,7 +14,9 @@ from rankwatch.config.schema import (
     OverfittingConfig,
 )
 from rankwatch.detectors.base import Detector, Episode, finding, fmt, median, step_noise
-from rankwatch.records import EvalRecord, Finding, Record, Severity, StepRecord
+from rankwatch.detectors.registry import register
+from rankwatch.events import Event
+from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 from rankwatch.state import RankState, finite
 
 
@@ -22,6 +24,7 @@ def _nonfinite(x: float | None) -> bool:
     return x is not None and not math.isfinite(x)
 
 
+@register
 class NanDetector(Detector):
     """Non-finite loss, grad norm, eval loss or loss scale.
 
@@ -33,13 +36,14 @@ class NanDetector(Detector):
 
     kinds = ("nan_loss",)
     accepts = (StepRecord, EvalRecord)
+    section = "detectors.nan"
 
     def __init__(self, cfg: NanConfig, warmup_steps: int) -> None:
         self.cfg = cfg
         self.episode = Episode()
         self.bad_grads = 0
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled:
             return []
         if isinstance(record, EvalRecord):
@@ -148,6 +152,7 @@ SPIKE_MEMORY = 1000  # logged steps a past jump is remembered as "this run's nor
 SPIKE_RECORD_MARGIN = 1.25  # and a new one must beat it by this much to be news
 
 
+@register
 class LossSpikeDetector(Detector):
     """A jump far above the recent mean, beyond the run's own noise, larger than any lately.
 
@@ -158,6 +163,7 @@ class LossSpikeDetector(Detector):
 
     kinds = ("loss_spike",)
     accepts = (StepRecord,)
+    section = "detectors.loss_spike"
 
     def __init__(self, cfg: LossSpikeConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -165,7 +171,7 @@ class LossSpikeDetector(Detector):
         self.quiet_until = -1
         self.ratios: deque[float] = deque(maxlen=SPIKE_MEMORY)  # loss / rolling mean, per logged step
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
         loss = record.loss
@@ -207,6 +213,7 @@ class LossSpikeDetector(Detector):
         return []
 
 
+@register
 class LossDivergenceDetector(Detector):
     """A loss that goes up and stays up, judged from the first step. Three rules:
 
@@ -222,6 +229,7 @@ class LossDivergenceDetector(Detector):
 
     kinds = ("loss_divergence",)
     accepts = (StepRecord,)
+    section = "detectors.loss_divergence"
 
     def __init__(self, cfg: LossDivergenceConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -237,7 +245,7 @@ class LossDivergenceDetector(Detector):
         # A blow-up or trend episode ends when the loss is back under this level.
         self.resolve_below: float | None = None
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
         loss = record.loss
@@ -383,6 +391,7 @@ class LossDivergenceDetector(Detector):
         ]
 
 
+@register
 class LossPlateauDetector(Detector):
     """No meaningful improvement over the last ``window`` training steps, or the last third
     of the run so far when that is longer (however often the log prints). Info only:
@@ -390,6 +399,7 @@ class LossPlateauDetector(Detector):
 
     kinds = ("loss_plateau",)
     accepts = (StepRecord,)
+    section = "detectors.loss_plateau"
 
     def __init__(self, cfg: LossPlateauConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -398,7 +408,7 @@ class LossPlateauDetector(Detector):
         self.next_check = 0  # the step from which the window is looked at again
         self.episode = Episode()
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
         loss = record.loss
@@ -454,9 +464,11 @@ class LossPlateauDetector(Detector):
         return []
 
 
+@register
 class OverfittingDetector(Detector):
     kinds = ("overfitting",)
     accepts = (EvalRecord,)
+    section = "detectors.overfitting"
 
     def __init__(self, cfg: OverfittingConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -467,7 +479,7 @@ class OverfittingDetector(Detector):
         self.count = 0
         self.episode = Episode()
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, EvalRecord) or not finite(record.eval_loss):
             return []
         ev = float(record.eval_loss)  # type: ignore[arg-type]

@@ -6,7 +6,9 @@ from collections import deque
 
 from rankwatch.config.schema import ThroughputConfig
 from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
-from rankwatch.records import Finding, Record, Severity, StepRecord
+from rankwatch.detectors.registry import register
+from rankwatch.events import Event
+from rankwatch.records import Finding, Severity, StepRecord
 from rankwatch.state import RankState
 
 FIRST_BASELINE = 5  # logged rates before a first baseline exists
@@ -37,6 +39,7 @@ def _rate(rec: StepRecord, prev: StepRecord | None) -> tuple[str, float] | None:
     return None
 
 
+@register
 class ThroughputDetector(Detector):
     """Baseline = the best median of ``baseline_steps`` consecutive logged rates seen so far
     (a median, so a slow first step never sets it; the best, so a baseline first taken at a
@@ -46,6 +49,7 @@ class ThroughputDetector(Detector):
 
     kinds = ("throughput_drop",)
     accepts = (StepRecord,)
+    section = "detectors.throughput"
 
     def __init__(self, cfg: ThroughputConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -57,7 +61,7 @@ class ThroughputDetector(Detector):
         self.prev: StepRecord | None = None
         self.episode = Episode()
 
-    def observe(self, state: RankState, record: Record) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, StepRecord):
             return []
         prev, self.prev = self.prev, record

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+
+from rankwatch.events import GpuInfo as GpuInfo
+from rankwatch.events import GpuSample as GpuSample
 
 GpuErrorKind = Literal["not_supported", "gone", "unknown", "failed"]
 
@@ -84,77 +87,10 @@ class GpuError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class GpuInfo:
-    index: int
-    uuid: str | None = None
-    name: str | None = None
-    pci_bus_id: str | None = None
-    driver_version: str | None = None
-    compute_capability: str | None = None  # "9.0"
-
-
-@dataclass(frozen=True, slots=True)
 class XidEvent:
     gpu: int | None  # NVML index; None when the event could not be tied to a device
     xid: int
     time: float
-
-
-@dataclass(slots=True)
-class GpuSample:
-    """One GPU at one moment. ``None`` means "not read" (unsupported or failed), never zero."""
-
-    index: int
-    time: float
-    uuid: str | None = None
-    name: str | None = None
-    pci_bus_id: str | None = None
-    driver_version: str | None = None
-    compute_capability: str | None = None
-    # How this GPU was tied to the rank: configured, nvml_process, cuda_visible_devices,
-    # local_rank, or unattributed (every GPU of the node watched: it may be a neighbour's).
-    attribution: str | None = None
-    lost: bool = False
-    lost_reason: str | None = None
-    utilization: float | None = None  # ratio 0..1
-    memory_utilization: float | None = None  # memory-controller busy ratio 0..1
-    memory_used: int | None = None  # bytes
-    memory_total: int | None = None
-    temperature: float | None = None  # celsius
-    memory_temperature: float | None = None
-    power: float | None = None  # watts
-    power_limit: float | None = None
-    sm_clock: float | None = None  # hertz
-    memory_clock: float | None = None
-    throttle: dict[str, bool] | None = None  # supported reason -> active
-    ecc: dict[tuple[str, str], int] | None = None  # (corrected|uncorrected, volatile|aggregate)
-    retired_pages: dict[str, int] | None = None  # cause -> pages
-    retired_pages_pending: bool | None = None
-    remapped_rows: dict[str, int] | None = None  # correctable|uncorrectable -> rows
-    remap_pending: bool | None = None
-    remap_failure: bool | None = None
-    pcie_replays: int | None = None
-    xids: list[int] = field(default_factory=list)  # Xid numbers seen since the previous sample
-    xid_counts: dict[int, int] = field(default_factory=dict)  # cumulative since the sampler started
-    memory_free: int | None = None  # bytes
-    memory_reserved: int | None = None  # bytes the driver keeps (NVML memory v2)
-    energy: float | None = None  # joules since the driver loaded (a counter)
-    pcie_tx: float | None = None  # bytes/s over the last NVML window (~20 ms)
-    pcie_rx: float | None = None
-    violations: dict[str, float] | None = None  # policy -> seconds of clock limitation (counters)
-    nvlink_tx: float | None = None  # bytes since the driver loaded, all links (a counter)
-    nvlink_rx: float | None = None
-    nvlink_errors: dict[str, int] | None = None  # crc_flit|crc_data|replay|recovery -> count
-    sm_active: float | None = None  # GPM ratios 0..1 (Hopper and later)
-    sm_occupancy: float | None = None
-    tensor_active: float | None = None
-    dram_active: float | None = None
-
-    @property
-    def memory_ratio(self) -> float | None:
-        if self.memory_used is None or not self.memory_total:
-            return None
-        return self.memory_used / self.memory_total
 
 
 class GpuBackend(Protocol):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 
 import psutil
 
+from rankwatch.actions.dump_outcome import DumpOutcome
 from rankwatch.config.schema import Config
 from rankwatch.detectors.disk import DiskSample, human, is_full
 from rankwatch.dumps.capture import capture, find_py_spy, py_spy_missing
@@ -43,21 +45,18 @@ LAUNCHERS = frozenset(
     {"torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed", "accelerate", "mpirun"}
 )
 NCCL_RAS_PORT = 28028
-STACKS_PROMISE = " Stacks are being captured."  # the stall detector's text, replaced by the outcome
 
 
 def first_line(text: str) -> str:
     return next((x.strip() for x in (text or "").splitlines() if x.strip()), "")[:300]
 
 
-def dumps_outcome(folder: Path | None, ok: int, failures: list[str]) -> str:
-    """What the stall finding says about its stacks, after trying."""
-    if folder is not None and ok:
-        more = f" Failed for {'; '.join(failures)}." if failures else ""
-        return f"Stacks captured in {folder} (`rankwatch dumps show`).{more}"
-    if failures:
-        return f"Stack dumps failed, no stacks were captured: {'; '.join(failures)}."
-    return "No stacks were captured (no watched process to dump)."
+def with_outcome(f: Finding, outcome: DumpOutcome) -> None:
+    """The stall finding says what its stacks came to, and carries it as data for the sinks."""
+    text = outcome.text()
+    if text:
+        f.message = f"{f.message} {text}"
+    f.evidence = {**f.evidence, **outcome.to_evidence()}
 
 
 class Sink(Protocol):
@@ -108,7 +107,7 @@ class Agent:
         self._peer_pending: set[str] = set()  # peers' incidents with no rank file yet
         self._run_mtime: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.last_capture: tuple[Path | None, int, list[str]] = (None, 0, [])  # folder, ok ranks, failures
+        self.last_capture = DumpOutcome("failed")  # what the last stack capture did
         self._held_stalls: dict[int | None, list[Finding]] = {}  # stalls waiting for their stacks
         self.disk_latest: list[DiskSample] = []  # free space of log/dumps/spool (Services samples it)
         self.stderr_guard: Any = None  # runtime.stdio.StderrGuard (its dropped bytes are a metric)
@@ -154,20 +153,16 @@ class Agent:
                 log.exception("holding a finding failed; it goes out as it is")
         if f.kind == "stall" and not f.resolved and not self.cfg.dumps.on_stall:
             # Say so, so nobody goes looking for stacks that were never taken.
-            f.message = f.message.replace(STACKS_PROMISE, "")
-            f.message += " Stack dumps are off (dumps.on_stall: false): no stacks were captured."
-            f.evidence = {**f.evidence, "dumps": "off"}
+            with_outcome(f, DumpOutcome("off"))
         elif f.kind == "stall" and not f.resolved and "incident" in f.evidence:
-            # Completed by the cross-rank diagnosis (runtime/diagnose.py), which took the stacks:
-            # say so only if they really came.
-            folder, ok, failures = self.last_capture
-            if not ok:
-                text = dumps_outcome(folder, ok, failures)
-                problem = self.dump_problem()
-                if problem is not None and problem not in text:
-                    text += f" {problem}"
-                f.message = f.message.replace(STACKS_PROMISE, "") + " " + text
-                f.evidence = {**f.evidence, "dumps": "failed", "dump_failures": failures}
+            # Completed by the cross-rank diagnosis (runtime/diagnose.py), which took the stacks and
+            # names them in its own words: the outcome goes with it as data (the alert's link to
+            # the stacks), and in words only if they did not come.
+            outcome = self._outcome()
+            if outcome.state == "captured":
+                f.evidence = {**f.evidence, **outcome.to_evidence()}
+            else:
+                with_outcome(f, outcome)
         elif f.kind == "stall" and not f.resolved:
             if self._spawn(self._stall_with_dumps(f)):
                 # Sent once the stacks are taken (seconds), saying where they are or why they
@@ -175,10 +170,8 @@ class Agent:
                 self._held_stalls.setdefault(f.rank, [])
                 return
             problem = self.dump_problem()  # no loop to capture on: say what is known
-            f.message = f.message.replace(STACKS_PROMISE, "")
             if problem is not None:
-                f.message += f" Stack dumps will fail: {problem}"
-                f.evidence = {**f.evidence, "dumps": "unavailable"}
+                with_outcome(f, DumpOutcome("unavailable", problem=problem))
         elif f.kind == "stall" and f.resolved and f.rank in self._held_stalls:
             self._held_stalls[f.rank].append(f)  # after the stall it ends, never before
             return
@@ -210,7 +203,6 @@ class Agent:
             if self._dump_lock.locked():  # a capture is running (a peer's incident, SIGUSR1): its stacks
                 async with self._dump_lock:
                     pass
-                folder, ok, failures = self.last_capture
             else:
                 stacks = asyncio.Event()
                 capture = asyncio.ensure_future(self.capture_dumps("stall", on_stacks=stacks.set))
@@ -219,23 +211,22 @@ class Agent:
                 waiting = asyncio.ensure_future(stacks.wait())
                 await asyncio.wait({capture, waiting}, return_when=asyncio.FIRST_COMPLETED)
                 waiting.cancel()
-                folder, ok, failures = self.last_capture
-            text = dumps_outcome(folder, ok, failures)
-            problem = None if ok else self.dump_problem()
-            if problem is not None and problem not in text:
-                text += f" {problem}"
-            f.message = f.message.replace(STACKS_PROMISE, "") + " " + text
-            f.evidence = {**f.evidence, "dumps": str(folder) if ok else "failed", "dump_failures": failures}
-            if folder is not None and ok:
-                f.evidence["dump_path"] = str(folder)
+            with_outcome(f, self._outcome())
         except Exception:
             log.exception("stall dumps failed")
-            f.message = f.message.replace(STACKS_PROMISE, "") + " Stack capture failed inside the agent."
+            with_outcome(f, DumpOutcome("error"))
         finally:
             held = self._held_stalls.pop(f.rank, [])
             self._publish(f)
             for h in held:
                 self._publish(h)
+
+    def _outcome(self) -> DumpOutcome:
+        """The last capture's outcome; when no stack came, with why dumps cannot work here."""
+        outcome = self.last_capture
+        if outcome.state == "captured":
+            return outcome
+        return dataclasses.replace(outcome, problem=self.dump_problem())
 
     def dump_problem(self) -> str | None:
         """Why a py-spy dump cannot work here, known before trying (or from the last try)."""
@@ -384,10 +375,10 @@ class Agent:
             incident = await asyncio.to_thread(self._incident, reason)
         self._joined.add(incident)
         folder: Path | None = None
-        ok = 0
-        failures: list[str] = []
+        captured: list[int | None] = []  # as the findings name the ranks
+        failures: dict[int, str] = {}  # as the dump files name them
         dumped: list[int] = []
-        self.last_capture = (None, 0, failures)
+        self.last_capture = DumpOutcome("failed")
         for w in self.watchers:
             pids = w.pids()
             if not pids:
@@ -416,16 +407,16 @@ class Agent:
                 )
             except OSError as e:
                 self._store_failed(e)
-                failures.append(f"rank {rank}: {self._store_problem(e)}")
+                failures[rank] = self._store_problem(e)
                 continue
             folder = txt.parent
             self.dumps_captured += 1
             if result.ok:
-                ok += 1
+                captured.append(w.rank)
                 self.last_dump_problem = None
             else:
                 why = result.error or "unknown"
-                failures.append(f"rank {rank}: {why}: {first_line(result.text)}")
+                failures[rank] = f"{why}: {first_line(result.text)}"
                 self.dumps_failed[why] = self.dumps_failed.get(why, 0) + 1
                 log.warning("rank %s: stack dump failed: %s (see %s)", rank, result.error, txt)
                 if result.error == "ptrace denied":
@@ -435,16 +426,17 @@ class Agent:
                         f"(details in {txt})."
                     )
             dumped.append(rank)
-        self.last_capture = (folder, ok, failures)
+        outcome = DumpOutcome.of_capture(str(folder) if folder else None, tuple(captured), failures, None)
+        self.last_capture = outcome
         if folder is not None:
             self.last_incident = folder
             log.warning("stack dumps written to %s", folder)
-        if folder is not None and ok:  # a folder of failure notes is no link to stacks
+        if outcome.link is not None:  # a folder of failure notes is no link to stacks
             for sink in self.sinks:
-                note = getattr(sink, "note", None)
-                if callable(note):
+                taken = getattr(sink, "dumps_taken", None)  # the alert dispatcher links them
+                if callable(taken):
                     with contextlib.suppress(Exception):
-                        note(f"stack dumps for rank {self.identity.rank}: {folder}")
+                        taken(outcome)
         if on_stacks is not None:
             on_stacks()  # the stall finding goes out now; the extras below can take seconds
         for rank in dumped:

@@ -295,7 +295,6 @@ class CrossRank:
         self, f: Finding, folder: Path | None, result: Any, own: Any, first: dict[str, Any] | None
     ) -> None:
         head, _, _ = f.message.partition(" Usual fix:")
-        head = head.replace(" Stacks are being captured.", "")
         parts = [head.rstrip()]
         if first is not None and first.get("rank") != f.rank:
             # A peer died or failed first: that is the answer, whatever the stacks of the rest say.

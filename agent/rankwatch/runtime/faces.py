@@ -11,7 +11,6 @@ collectors showing it fail alone, and they log it (here it is only a debug line)
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import islice
@@ -38,7 +37,7 @@ from rankwatch.snapshot import (
     TrainingView,
     frozen_map,
 )
-from rankwatch.state import RankState
+from rankwatch.state import RankState, eta, step_duration, step_rate
 
 if TYPE_CHECKING:
     from rankwatch.dumps.store import DumpStore
@@ -50,8 +49,6 @@ _T = TypeVar("_T")
 # A field absent from the last RECENT step lines counts as no longer printed: the exporter
 # then drops the series instead of repeating a stale value forever.
 RECENT = 64
-RATE_WINDOW = 50  # step lines behind the step rate (and so the ETA)
-DURATION_WINDOW = 20  # printed step times behind the median step duration
 HISTORY_POINTS = 120  # step lines behind the status page's sparklines
 
 LATEST_FIELDS = (
@@ -126,50 +123,6 @@ def latest_values(steps: Iterable[StepRecord], limit: int = RECENT) -> dict[str,
         if n >= limit or len(out) == len(LATEST_FIELDS):
             break
     return out
-
-
-def step_rate(state: RankState, window: int = RATE_WINDOW) -> float | None:
-    """Steps per second from the timestamps of the recent step lines, after any restart."""
-    n = 0
-    last_step = first_step = 0
-    last_time = first_time = 0.0
-    for rec in reversed(state.steps):  # per scrape and rank: no list, no len()
-        step, t = rec.step, rec.time
-        if t is None or step is None:
-            continue
-        if n and step >= first_step:
-            break  # the run restarted (e.g. from a checkpoint): only the current stretch counts
-        if not n:
-            last_step, last_time = step, t
-        first_step, first_time = step, t
-        n += 1
-        if n >= window:
-            break
-    if n < 2:
-        return None
-    dstep, dt = last_step - first_step, last_time - first_time
-    return dstep / dt if dstep > 0 and dt > 0 else None
-
-
-def step_duration(state: RankState, rate: float | None) -> float | None:
-    """Median of the recent printed step times; else derived from the step rate."""
-    printed = state.recent("step_time_s", DURATION_WINDOW)
-    if printed:
-        return statistics.median(printed)
-    return 1.0 / rate if rate else None
-
-
-def eta(state: RankState, rate: float | None, duration: float | None) -> float | None:
-    if state.total_steps is None or state.last_step is None or not state.steps:
-        return None
-    if state.steps[-1].step_inferred:
-        return None  # a count of logged lines is not comparable to the planned total
-    remaining = max(0, state.total_steps - state.last_step)
-    if remaining == 0:
-        return 0.0
-    if not rate and duration:
-        rate = 1.0 / duration
-    return remaining / rate if rate else None
 
 
 def _training(state: RankState) -> dict[str, Any]:

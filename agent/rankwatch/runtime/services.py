@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,24 +22,20 @@ from prometheus_client import CollectorRegistry
 
 from rankwatch.config.schema import Config
 from rankwatch.detectors.checkpoints import POISON_KINDS
-from rankwatch.detectors.deadline import DeadlineDetector
-from rankwatch.detectors.disk import DiskDetector, DiskSample
-from rankwatch.detectors.gpu import GpuDetector, NvmlHangRule, gpu_activity
+from rankwatch.engine import RankEngine
+from rankwatch.events import CheckpointStatus, DiskSample, Event, GpuRound, GpuSample, NvmlHang, Tick
 from rankwatch.exporter.metrics import make_registry
-from rankwatch.gpu.backend import GpuBackend, GpuSample
+from rankwatch.gpu.backend import GpuBackend
 from rankwatch.offloop import in_daemon
 from rankwatch.records import Finding, StepRecord
 from rankwatch.runtime.agent import Agent
-from rankwatch.runtime.faces import rank_views
 from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource
 
 log = logging.getLogger("rankwatch.services")
 
 GPU_REMAP_S = 30.0
-NVML_HANG_S = 60.0  # NVML unanswered this long (or 3 call timeouts): gpu_unresponsive
 DEADLINE_CHECK_S = 30.0
-GPU_ACTIVITY_SAMPLES = 3
 CHECKPOINT_ACTIVITY_S = 1.0
 DISK_TIMEOUT_S = 10.0  # a statvfs on a hung mount: given up on (the thread is left behind)
 
@@ -106,11 +101,10 @@ class Services:
         self.sampler: Any = None
         self.checkpoints: Any = None
         self._history_fed = 0  # step records handed from trainer_state.json to a rank's engine
-        self.gpu_detectors: dict[int | None, GpuDetector] = {}
         self.gpu_owner: dict[int, int | None] = {}
-        self.deadlines: dict[int | None, DeadlineDetector] = {}
-        self.gpu_recent: dict[int | None, deque[list[GpuSample]]] = {}
-        self.disk = DiskDetector(agent.identity.rank)
+        # Engines for what no watcher's rank owns: the agent's folders, NVML itself, GPUs
+        # tied to no watched rank (keyed by the rank their findings carry).
+        self.engines: dict[int | None, RankEngine] = {}
         self._disk_inflight: asyncio.Future[list[DiskSample]] | None = None
         self._disk_failed = False
         self._stop = asyncio.Event()
@@ -220,26 +214,35 @@ class Services:
             return self.gpu_owner[sample.index]
         return self.agent.identity.rank if len(self.agent.watchers) <= 1 else None
 
+    def engine(self, rank: int | None = None, *, agent: bool = False) -> RankEngine:
+        """The engine of events about ``rank`` that no watcher owns (``agent``: this agent's rank)."""
+        if agent:
+            rank = self.agent.identity.rank
+        eng = self.engines.get(rank)
+        if eng is None:
+            eng = self.engines[rank] = RankEngine(
+                self.cfg, rank, None, started=time.monotonic(), job_end=self.agent.identity.job_end
+            )
+        return eng
+
+    def push(self, event: Event, rank: int | None = None, *, agent: bool = False) -> None:
+        for f in self.engine(rank, agent=agent).feed(event):
+            self.agent.emit(f)
+
     def on_gpu_samples(self, samples: list[GpuSample]) -> None:
+        """One round: each rank's GPUs go to that rank's watcher (the only one, in a rank's
+        own agent), whose engine judges the GPUs, and what they mean for a stall or a
+        starved input pipeline; GPUs of no watched rank are judged here."""
         by_rank: dict[int | None, list[GpuSample]] = {}
         for s in samples:
-            rank = self._rank_of(s)
-            by_rank.setdefault(rank, []).append(s)
-            det = self.gpu_detectors.get(rank)
-            if det is None:
-                det = self.gpu_detectors[rank] = GpuDetector(self.cfg.gpu, rank)
-            for f in det.observe(s):
-                self.agent.emit(f)
+            by_rank.setdefault(self._rank_of(s), []).append(s)
+        watchers = self.agent.watchers
         for rank, mine in by_rank.items():
-            recent = self.gpu_recent.setdefault(rank, deque(maxlen=GPU_ACTIVITY_SAMPLES))
-            recent.append(mine)
-            activity = gpu_activity([s for batch in recent for s in batch])
-            utils = [s.utilization for s in mine if not s.lost and s.utilization is not None]
-            util = sum(utils) / len(utils) if utils else None
-            for w in self.agent.watchers:
-                if w.rank == rank or len(self.agent.watchers) == 1:
-                    w.stall.on_gpu(w.clock(), activity)
-                    w.on_gpu_utilization(util)
+            targets = [w for w in watchers if w.rank == rank or len(watchers) == 1]
+            for w in targets:
+                w.push(GpuRound(w.clock(), tuple(mine)))
+            if not targets:
+                self.push(GpuRound(time.monotonic(), tuple(mine)), rank)
 
     def _local_ranks(self) -> dict[Any, Any]:
         """Each watched rank's own local rank, for a node agent's GPU series."""
@@ -255,8 +258,6 @@ class Services:
         return out, self.sampler.up
 
     async def _gpu_loop(self) -> None:
-        hang_after = max(NVML_HANG_S, 3 * float(self.cfg.gpu.call_timeout))
-        nvml_hang = NvmlHangRule(hang_after, self.agent.identity.rank)
         loop = asyncio.get_running_loop()
         next_map = loop.time() + GPU_REMAP_S
         known: set[int] = set()
@@ -274,8 +275,7 @@ class Services:
                     self.on_gpu_samples(samples)
             except Exception:
                 self._failed("gpu", "GPU sampling round failed")
-            for f in nvml_hang.observe(self.sampler.hung_for()):
-                self.agent.emit(f)
+            self.push(NvmlHang(loop.time(), self.sampler.hung_for()), agent=True)
             if self.sampler.errors + self.sampler.timeouts > failures:
                 # The sampler logged it once; a round with failed NVML calls still counts.
                 errs = self.agent.internal_errors_by_component
@@ -344,51 +344,32 @@ class Services:
         return dataclasses.replace(f, message=f"{f.message} {text}", evidence={**f.evidence, **evidence})
 
     async def _checkpoint_activity(self) -> None:
-        """A save in progress, or one just finished, is progress: the stall detector waits for it."""
-        last_saved: float | None = None
-        primed = False  # what the first scan found was saved before the agent came
+        """The checkpoint watcher's state, polled, for every rank: a save in progress or just
+        finished is progress (the stall detector waits for it), the save cadence tells when
+        the next one is due (the job's time limit)."""
         while not self._stop.is_set():
             try:
                 cw = self.checkpoints
-                saved = cw.snapshot().get("last_checkpoint_timestamp_seconds")
-                what = None
-                if not primed:
-                    primed, last_saved = cw.scans > 0, saved
-                elif cw.writing:
-                    what = "checkpoint_writing"  # a save that finished meanwhile is seen next time
-                elif saved is not None and saved != last_saved:
-                    what = "checkpoint"
-                    last_saved = saved
-                if what:
-                    for w in self.agent.watchers:
-                        w.stall.on_activity(w.clock(), what)
+                snap = cw.snapshot()
+                status = CheckpointStatus(
+                    now=0.0,
+                    scans=cw.scans,
+                    writing=bool(cw.writing),
+                    last_saved=snap.get("last_checkpoint_timestamp_seconds"),
+                    next_due=snap.get("next_save_due_timestamp_seconds"),
+                )
+                for w in self.agent.watchers:
+                    w.push(dataclasses.replace(status, now=w.clock()))
             except Exception:
                 self._failed("checkpoints", "checkpoint activity check failed")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), CHECKPOINT_ACTIVITY_S)
 
     def check_deadline(self, now: float) -> None:
-        """Per rank: will the run end after the job's time limit with no checkpoint due before it?"""
-        job_end = self.agent.identity.job_end
-        due = None
-        if self.checkpoints is not None:
-            due = self.checkpoints.snapshot().get("next_save_due_timestamp_seconds")
-        for v in rank_views(list(self.agent.watchers)):
-            if not v.own:
-                continue
-            det = self.deadlines.get(v.rank)
-            if det is None:
-                det = self.deadlines[v.rank] = DeadlineDetector(v.rank)
-            step = v.state.last_step if v.state is not None else None
-            for f in det.check(
-                now=now,
-                job_end=job_end,
-                eta=v.eta_s,
-                step=step,
-                next_checkpoint=due,
-                checkpoints_watched=self.checkpoints is not None,
-            ):
-                self.agent.emit(f)
+        """A timer tick for every rank (wall ``now``): will the run end after the job's time
+        limit with no checkpoint due before it?"""
+        for w in self.agent.watchers:
+            w.push(Tick(w.clock(), now))
 
     async def _join_peer_incidents(self) -> None:
         """Add this agent's stacks to a stall incident a peer agent of the run opened.
@@ -454,8 +435,8 @@ class Services:
         self._disk_inflight = None
         self.agent.disk_latest = samples
         for sample in samples:
-            for f in self.disk.observe(sample, wall=time.time()):
-                self.agent.emit(f)
+            sample.wall = time.time()
+            self.push(sample, agent=True)
         return samples
 
     async def _disk_loop(self) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal as _signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,12 +18,12 @@ from typing import Any
 
 from rankwatch import offloop
 from rankwatch.config.schema import Config
-from rankwatch.detectors.crash import crash_finding, pick_cause
 from rankwatch.detectors.input_bound import DataloaderStallDetector
 from rankwatch.detectors.liveness import StallDetector
 from rankwatch.engine import RankEngine
+from rankwatch.events import Event, LogActivity, ProcessExit, ProcessStart, Progress
 from rankwatch.identity import Identity
-from rankwatch.records import ErrorRecord, Finding, Record, Severity, StepRecord
+from rankwatch.records import Finding, Record, Severity, StepRecord
 from rankwatch.sources.follower import NOISE, LogFollower, follow
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.process import ProcessProber, ProcessSample
@@ -82,8 +81,7 @@ class RankWatcher:
         self.path = str(logs[0]) if logs else None
         self.streams = [Stream(p, cfg, self.rank, from_end) for p in logs]
         self.engines: dict[int | None, RankEngine] = {}
-        self.stall = StallDetector(cfg.stall, started=clock())
-        self.input_bound = DataloaderStallDetector(cfg.gpu, identity.rank, self.path)
+        self._engine(self.rank)  # its liveness rules start their grace now
         self.tail: deque[str] = deque(maxlen=max(1, cfg.process.tail_lines))
         self.prober: ProcessProber | None = None
         self.last_sample: ProcessSample | None = None
@@ -101,19 +99,40 @@ class RankWatcher:
     # --- state -------------------------------------------------------------------------
     @property
     def engine(self) -> RankEngine:
+        """The watched rank's own engine: its log records, and every event of its process,
+        GPUs, checkpoints and timers."""
         return self._engine(self.rank)
 
     def _engine(self, rank: int | None) -> RankEngine:
         eng = self.engines.get(rank)
         if eng is None:
-            eng = self.engines[rank] = RankEngine(self.cfg.detectors, rank, self.path)
+            eng = self.engines[rank] = RankEngine(
+                self.cfg, rank, self.path, started=self.clock(), job_end=self.identity.job_end
+            )
         return eng
 
+    @property
+    def stall(self) -> StallDetector:
+        det = self.engine.detector(StallDetector)
+        assert isinstance(det, StallDetector)
+        return det
+
+    @property
+    def input_bound(self) -> DataloaderStallDetector:
+        det = self.engine.detector(DataloaderStallDetector)
+        assert isinstance(det, DataloaderStallDetector)
+        return det
+
+    def push(self, event: Event) -> list[Finding]:
+        """One event of the rank (not a log record) through its engine; findings emitted."""
+        found = self.engine.feed(event)
+        for f in found:
+            self.emit(f)
+        return found
+
     def attach(self, pid: int) -> None:
-        if self.prober is not None and self.prober.pid != pid:
-            # The rank restarted (torchrun, a requeue): it loads its model again, so it gets
-            # the startup grace, not the old step interval's timeout.
-            self.stall = StallDetector(self.cfg.stall, started=self.clock())
+        # A new pid after a restart (torchrun, a requeue) gets the startup grace again.
+        self.engine.feed(ProcessStart(self.clock(), pid))
         self.prober = ProcessProber(pid, clock=self.clock)
         self.last_sample = None
         self.exited = False
@@ -183,8 +202,7 @@ class RankWatcher:
                 log.exception("engine failed on a record")
                 continue
             if isinstance(rec, StepRecord) and eng.state.last_step != before:
-                found = found + self.stall.on_step(now, eng.state.last_step)
-                self.input_bound.on_step(now, eng.state.last_step)
+                found = found + self.engine.feed(Progress(now, eng.state.last_step))
             for f in found:
                 if f.kind == "crash" and not f.resolved and self.prober is not None and _may_be_handled(f):
                     self._held.append((now, f))
@@ -207,7 +225,7 @@ class RankWatcher:
     def feed_lines(self, stream: Stream, batch: list[Any]) -> None:
         now_wall = self.wall()
         stream.last_data = self.clock()
-        self.stall.on_activity(stream.last_data, "log")
+        self.push(LogActivity(stream.last_data))
         dropped = stream.follower.stats.dropped_lines
         if dropped != stream.dropped:
             self.lines += dropped - stream.dropped
@@ -280,17 +298,7 @@ class RankWatcher:
                 )
             return []
         self.last_sample = sample
-        if sample.alive:
-            self.input_bound.on_cpu(self.clock(), sample.cpu_percent)
-        found = self.stall.on_sample(self.engine.state, sample, self.clock())
-        for f in found:
-            self.emit(f)
-        return found
-
-    def on_gpu_utilization(self, utilization: float | None) -> None:
-        """Mean utilisation of this rank's GPUs, from the GPU service."""
-        for f in self.input_bound.on_gpu(self.clock(), utilization):
-            self.emit(f)
+        return self.push(sample)
 
     def on_exit(
         self,
@@ -313,61 +321,14 @@ class RankWatcher:
         self.exited = True
         self.drain()
         held, self._held = self._held, []
-        state = self.engine.state
-        status = f"signal {signal}" if signal else f"exit code {exit_code}"
-        if requested:
-            cause, _ = pick_cause(state)
-            interrupted = cause is not None and _interrupt(cause.summary)
-            if cause is None or interrupted or cause.severity < Severity.CRITICAL:
-                how = (
-                    f"{_signame(requested)} we forwarded"
-                    if requested is not True
-                    else "forwarded stop signal"
-                )
-                f = Finding(
-                    kind="process_exit",
-                    severity=Severity.INFO,
-                    rank=self.rank,
-                    message=f"process stopped on the {how} ({status})",
-                    step=state.last_step,
-                    path=self.path,
-                    time=self.wall(),
-                )
-                self.emit(f)
-                return f
-        if exit_code is None and signal is None:
-            errors = [e for e in state.errors if isinstance(e, ErrorRecord)]
-            if not errors:
-                f = Finding(
-                    kind="process_exit",
-                    severity=Severity.INFO,
-                    rank=self.rank,
-                    message="watched process exited (exit status unknown in watch mode; no error in its log)",
-                    step=state.last_step,
-                    path=self.path,
-                    time=self.wall(),
-                )
-                self.emit(f)
-                return f
-        crash = crash_finding(
-            state,
-            exit_code=exit_code,
-            signal=signal,
-            tail=list(self.tail),
-            rank=self.rank,
-            path=self.path,
-            disk_full=disk_full,
-        )
-        if crash is not None:
-            crash.time = crash.time or self.wall()
-            if requested:
-                crash.severity = Severity.WARNING
-                crash.message = f"after the stop signal we forwarded: {crash.message}"
-            self.emit(crash)
-        else:
+        event = ProcessExit(exit_code, signal, tuple(self.tail), requested, disk_full, wall=self.wall())
+        found = self.engine.feed(event)
+        for f in found:
+            self.emit(f)
+        if not found:  # a clean end: what it printed was handled
             for _, h in held:
                 self.emit(_still_running(h, None))
-        return crash
+        return next((f for f in found if f.kind in ("crash", "process_exit")), None)
 
     # --- lifecycle ---------------------------------------------------------------------
     async def _number_lines(self) -> None:
@@ -449,18 +410,6 @@ def _latest_redraws(batch: list[Any], stats: object) -> list[Any]:
         stats.lines += skipped  # type: ignore[attr-defined]
         stats.unparsed += skipped  # type: ignore[attr-defined]
     return out
-
-
-def _signame(sig: int | bool) -> str:
-    try:
-        return _signal.Signals(int(sig)).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-def _interrupt(summary: str) -> bool:
-    """The traceback a stop signal itself prints (Python's default SIGINT handler, sys.exit)."""
-    return "KeyboardInterrupt" in summary or "SystemExit" in summary
 
 
 def _may_be_handled(f: Finding) -> bool:

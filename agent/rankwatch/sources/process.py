@@ -14,12 +14,13 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import psutil
 
-__all__ = ["ProcessProber", "ProcessSample", "find_processes", "state_name"]
+from rankwatch.events import ProcessSample
+
+__all__ = ["ProcessProber", "ProcessSample", "find_processes", "memory_headroom", "state_name"]
 
 _T = TypeVar("_T")
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, ProcessLookupError, OSError)
@@ -44,21 +45,6 @@ def state_name(psutil_status: str) -> str:
     return _STATES.get(psutil_status, psutil_status)
 
 
-@dataclass(slots=True)
-class ProcessSample:
-    time: float  # monotonic seconds, from the prober's clock
-    pid: int
-    alive: bool
-    exit_code: int | None = None  # only for our own child, else None
-    cpu_time_s: float = 0.0  # user+system of the tree, reaped children included
-    cpu_percent: float = 0.0  # since the previous sample, of one core (may exceed 100)
-    rss_bytes: int = 0  # tree total
-    threads: int = 0  # tree total
-    state: str = "dead"
-    children: int = 0  # live descendants
-    cmdline: list[str] = field(default_factory=list)
-
-
 def _safe(fn: Callable[[], _T], default: _T) -> _T:
     try:
         return fn()
@@ -76,6 +62,72 @@ def _cpu(p: psutil.Process) -> float:
 
 
 TREE_RESCAN = 10
+CGROUP_ROOT = "/sys/fs/cgroup"
+_CGROUP_DEPTH = 16
+
+
+def _read_int(path: str) -> int | None:
+    """An integer file of cgroupfs; None for "max", absent or unreadable."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            text = fh.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _inactive_file(path: str, key: str) -> int:
+    """Page cache the kernel drops before it OOM-kills (memory.stat ``inactive_file``)."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(key + " "):
+                    return int(line.split()[1])
+    except (OSError, UnicodeDecodeError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def memory_headroom(pid: int, root: str = CGROUP_ROOT) -> tuple[int | None, int | None]:
+    """(limit, available) bytes for ``pid`` before the OOM killer: its memory cgroup's and
+    their ancestors' limits (the tightest headroom wins; a Slurm job's limit sits on a parent
+    of the step's cgroup), else the host's RAM and available memory. (None, None) when unknown."""
+    vm = _safe(psutil.virtual_memory, None)
+    limit: int | None = vm.total if vm is not None else None
+    avail: int | None = vm.available if vm is not None else None
+    v2 = v1 = None
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="ascii") as fh:
+            for ln in fh:
+                parts = ln.strip().split(":", 2)
+                if len(parts) == 3 and parts[0] == "0" and not parts[1]:
+                    v2 = parts[2]
+                elif len(parts) == 3 and "memory" in parts[1].split(","):
+                    v1 = parts[2]
+    except (OSError, UnicodeDecodeError):
+        pass
+    if v1 is not None:
+        top, rel = os.path.join(root, "memory"), v1
+        files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    elif v2 is not None:
+        top, rel = root, v2
+        files = ("memory.max", "memory.current", "inactive_file")
+    else:
+        return limit, avail
+    path = os.path.normpath(os.path.join(top, rel.lstrip("/")))
+    for _ in range(_CGROUP_DEPTH):
+        if not path.startswith(top):
+            break
+        cap = _read_int(os.path.join(path, files[0]))
+        if cap is not None and (limit is None or cap < limit):  # v1 says "no limit" with a huge number
+            used = _read_int(os.path.join(path, files[1])) or 0
+            free = max(0, cap - used + _inactive_file(os.path.join(path, "memory.stat"), files[2]))
+            if avail is None or free < avail:
+                limit, avail = cap, free
+        if path == top:
+            break
+        path = os.path.dirname(path)
+    return limit, avail
 
 
 class ProcessProber:
@@ -164,6 +216,7 @@ class ProcessProber:
             threads += _safe(q.num_threads, 0)
         if not self._cmdline:
             self._cmdline = _safe(p.cmdline, [])
+        limit, avail = memory_headroom(self.pid)
         return ProcessSample(
             time=now,
             pid=self.pid,
@@ -176,6 +229,8 @@ class ProcessProber:
             state=state_name(status),
             children=len(kids),
             cmdline=list(self._cmdline),
+            memory_limit_bytes=limit,
+            memory_available_bytes=avail,
         )
 
     def pids(self) -> list[int]:

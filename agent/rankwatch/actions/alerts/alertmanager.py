@@ -53,6 +53,8 @@ def payload(alert: AlertMessage, now: float) -> list[dict[str, Any]]:
             "kind": alert.kind,
             "node": m.node or alert.node,
         }
+        if m.subject is not None:  # two GPUs of one rank are two alerts there too
+            labels["subject"] = m.subject
         summary = f"{alert.kind} on rank {m.rank}" if m.rank is not None else alert.kind
         annotations = {
             "summary": annotation(f"{summary} (run {alert.run})"),

@@ -29,6 +29,7 @@ class AlertMember:
     dump_path: str | None = None
     starts_at: float = 0.0  # wall clock (epoch seconds) when the condition was first seen
     node: str | None = None  # set when a peer agent's rank joins the message (another node)
+    subject: str | None = None  # what within the rank it is about (a GPU's UUID): Finding.subject
 
 
 @dataclass(eq=False)
@@ -97,7 +98,12 @@ class AlertMessage:
     def title(self) -> str:
         """`stall on 7 of 8 ranks, suspect rank 2`; prefixed when resolved or repeated."""
         n = len(self.members)
-        if n == 1:
+        ranks = list(dict.fromkeys(self.ranks))
+        if len(ranks) == 1 and n > 1:  # several subjects of one rank (two hot GPUs)
+            r = ranks[0]
+            subjects = ", ".join(str(m.subject) for m in self.members)
+            body = (self.kind if r is None else f"{self.kind} on rank {r}") + f" ({subjects})"
+        elif n == 1:
             r = self.members[0].rank
             body = self.kind if r is None else f"{self.kind} on rank {r}"
         elif self.world_size and self.saw_all:

@@ -39,7 +39,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from rankwatch.actions.alerts.board import (
     MAX_TEXT,
@@ -52,11 +52,9 @@ from rankwatch.actions.alerts.board import (
     stamp,
 )
 from rankwatch.actions.alerts.message import AlertMember
+from rankwatch.actions.alerts.policy import Group, Key
 from rankwatch.offloop import in_daemon
 from rankwatch.records import Severity
-
-if TYPE_CHECKING:
-    from rankwatch.actions.alerts.dispatcher import Key, _Group
 
 log = logging.getLogger("rankwatch.alerts")
 
@@ -68,6 +66,13 @@ MAX_POSITION = 8  # takeover waits grow by one ``takeover`` per position, up to 
 SPREAD = 24  # ... then by a shorter step for this many more positions; the rest share a window
 POLL_S = 2.0  # a follower re-reads the board at least this often while it waits
 WATCH_S = 60.0  # how long a cleared (or re-fired) record's markers are watched for a peer's send
+
+
+def shared(key: Key) -> bool:
+    """An alert the board can coordinate: one per rank and kind. The board's records are per
+    rank; an alert about a subject within a rank (one of its GPUs) or of no rank is this
+    agent's alone (a duplicate is acceptable, a resolve of the wrong GPU is not)."""
+    return key[1] is not None and key[3] is None
 
 
 def _gap(takeover: float) -> float:
@@ -96,17 +101,18 @@ def max_takeover_delay(takeover: float) -> float:
     return MAX_POSITION * max(0.0, takeover) + (2 * SPREAD + 1) * _gap(takeover)
 
 
-class _Host(Protocol):
-    """What the coordinator needs from the dispatcher."""
+class GroupHost(Protocol):
+    """Where decided groups go back to (``policy.AlertPolicy``): sent by us, or announced by
+    the peer that sent them."""
 
-    def _emit(self, g: _Group, now: float, *, saw_all: bool | None = None) -> None: ...
-    def _by_peer(self, g: _Group, keys: list[Key], now: float) -> None: ...
-    def _saw_all(self, extra: set[int]) -> bool: ...
+    def emit(self, g: Group, now: float, *, saw_all: bool | None = None) -> None: ...
+    def announced(self, g: Group, keys: list[Key], now: float) -> None: ...
+    def saw_all(self, extra: set[int] | None = None) -> bool: ...
 
 
 @dataclasses.dataclass(eq=False)
 class _Held:
-    group: _Group
+    group: Group
     since: float  # dispatcher clock: when the group's own wait was over
     next_check: float
     jitter: float = 0.0  # [0, 1): spreads takeovers past MAX_POSITION
@@ -125,7 +131,7 @@ class _Watch:
 class PeerGroups:
     def __init__(
         self,
-        host: _Host,
+        host: GroupHost,
         board: Board,
         *,
         run: str,
@@ -158,12 +164,23 @@ class PeerGroups:
         self._inflight: asyncio.Future[Any] | None = None
         self._step_lock = asyncio.Lock()
 
-    # --- called synchronously by the dispatcher --------------------------------------------
+    # --- called synchronously by the policy (``policy.Coordinator``) ---------------------------
+    @property
+    def where(self) -> str:
+        return str(self.board.path)
+
+    @property
+    def busy(self) -> bool:
+        """A step (and so a board operation it waits for) is under way. An operation given up on
+        a hung mount is not: its thread is abandoned, and the board set aside."""
+        return self._step_lock.locked()
+
     def usable(self, now: float) -> bool:
         return now >= self._broken_until
 
     def post(self, key: Key, m: AlertMember, state: str, severity: Severity, when: float) -> None:
-        if key[1] is None or not self.usable(self.clock()):
+        rank = key[1]
+        if rank is None or not shared(key) or not self.usable(self.clock()):
             return
         member = {
             "message": m.message[:MAX_TEXT],
@@ -172,13 +189,13 @@ class PeerGroups:
             "dump_path": m.dump_path,
             "starts_at": m.starts_at,
         }
-        rec = Record(self.run, key[2], key[1], state, when, self.node, severity.label, member)
+        rec = Record(self.run, key[2], rank, state, when, self.node, severity.label, member)
         self._outbox = [r for r in self._outbox if (r.kind, r.rank) != (rec.kind, rec.rank)]
         self._outbox.append(rec)
 
-    def hold(self, g: _Group, now: float) -> bool:
+    def hold(self, g: Group, now: float) -> bool:
         """Take a group whose wait is over; False: the dispatcher sends it alone, now."""
-        if any(k[1] is None for k in g.members):
+        if not all(shared(k) for k in g.members):
             return False
         if not self.usable(now):
             self._fallback()
@@ -196,13 +213,13 @@ class PeerGroups:
         """This rank's ``status`` record of ``since`` is being replaced before this agent learned
         whether a peer sent it: call ``then`` if a peer's marker shows it did (or if the board
         cannot tell). False: that record never reached the board, so no peer can have sent it."""
-        if key[1] is None or self._posted.get((key[2], key[1])) != (status, stamp(since)):
+        if not shared(key) or key[1] is None or self._posted.get((key[2], key[1])) != (status, stamp(since)):
             return False
         now = self.clock()
         self._watches.append(_Watch(key, status, stamp(since), now + WATCH_S, now, then))
         return True
 
-    def abandon(self) -> tuple[list[_Group], list[Callable[[], None]]]:
+    def abandon(self) -> tuple[list[Group], list[Callable[[], None]]]:
         """Something went wrong that should not have: hand back every held group (to be sent
         alone) and every watch (to be acted on: in doubt, send), and leave the board alone."""
         groups = [h.group for h in self._held if h.group.members]
@@ -279,7 +296,7 @@ class PeerGroups:
             return
         h.next_check = min(takeover_at, now + self._poll())
 
-    def _drop_covered(self, g: _Group, view: View, now: float) -> bool:
+    def _drop_covered(self, g: Group, view: View, now: float) -> bool:
         """Our members a peer sent are announced; True when none is left to send."""
         covered = [
             k
@@ -288,7 +305,7 @@ class PeerGroups:
         ]
         if covered:
             self.stats["grouped_by_peer"] += len(covered)
-            self.host._by_peer(g, covered, now)
+            self.host.announced(g, covered, now)
             for k in covered:
                 g.members.pop(k, None)
         return not g.members
@@ -298,7 +315,7 @@ class PeerGroups:
             return
         self._fallback()
         if h.group.members:
-            self.host._emit(h.group, now)
+            self.host.emit(h.group, now)
         self._drop(h)  # only once it is out: an error before leaves it for abandon()
 
     def _drop(self, h: _Held) -> None:
@@ -331,9 +348,9 @@ class PeerGroups:
         severity = g.severity
         for e in theirs:
             if e.rank not in loaded:  # not read in time: named, without its details
-                extra[(self.run, e.rank, g.kind)] = _bare(e, g.kind)
+                extra[(self.run, e.rank, g.kind, None)] = _bare(e, g.kind)
             elif (rec := loaded[e.rank]) is not None:
-                extra[(self.run, e.rank, g.kind)] = _member(rec)
+                extra[(self.run, e.rank, g.kind, None)] = _member(rec)
                 severity = max(severity, Severity.parse(rec.severity))
             else:
                 continue  # gone or unusable: its own agent sends it (not covered)
@@ -356,7 +373,7 @@ class PeerGroups:
         lost = [k for k in ours if k[1] not in claimed]  # a peer claimed them first: it sends them
         if lost:
             self.stats["grouped_by_peer"] += len(lost)
-            self.host._by_peer(g, lost, now)
+            self.host.announced(g, lost, now)
             for k in lost:
                 g.members.pop(k, None)
         extra = {k: m for k, m in extra.items() if k[1] in claimed}
@@ -378,7 +395,7 @@ class PeerGroups:
                 by,
             )
         seen = view.ranks() | (again.ranks() if again is not None else set())
-        self.host._emit(g, now, saw_all=self.host._saw_all(seen))
+        self.host.emit(g, now, saw_all=self.host.saw_all(seen))
         self._drop(h)
         await self._io(self.board.mark, g.kind, Marker(g.status, by, self.wall(), covers))
 

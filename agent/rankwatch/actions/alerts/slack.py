@@ -28,7 +28,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 from rankwatch.actions.alerts.escape import slack_escape as _esc
 from rankwatch.actions.alerts.escape import slack_link as _link
 from rankwatch.actions.alerts.message import AlertMessage, DeliveryError, iso, rank_list
-from rankwatch.actions.alerts.threads import ThreadStore
+from rankwatch.actions.alerts.threads import ThreadStore, Who
 from rankwatch.config.redact import redact_text
 from rankwatch.config.schema import SlackConfig
 from rankwatch.offloop import call
@@ -179,7 +179,7 @@ class SlackSink:
             )
         else:
             raise ValueError("slack needs token + channel or webhook_url")
-        self._threads: dict[tuple[str, int | None, str], str] = {}
+        self._threads: dict[tuple[str, int | None, str, str | None], str] = {}  # (run, rank, kind, subject)
         self._store: ThreadStore | None = None
         self._logged: set[str] = set()
 
@@ -213,14 +213,13 @@ class SlackSink:
 
     async def _post(self, alert: AlertMessage, text: str, blocks: list[dict[str, Any]]) -> None:
         assert self._web is not None and self.channel is not None
-        keys = [(alert.run, r, alert.kind) for r in alert.ranks]
+        keys = [(alert.run, m.rank, alert.kind, m.subject) for m in alert.members]
+        who: list[Who] = [(m.rank, m.subject) if m.subject is not None else m.rank for m in alert.members]
         thread = None
         if alert.status == "resolved" or alert.repeat:
             thread = next((self._threads[k] for k in keys if k in self._threads), None)
             if thread is None and self._store is not None:
-                thread = await self._shared(
-                    self._store.get, alert.kind, alert.ranks, self.channel, time.time()
-                )
+                thread = await self._shared(self._store.get, alert.kind, who, self.channel, time.time())
         try:
             resp = await self._web.chat_postMessage(
                 channel=self.channel,
@@ -235,16 +234,14 @@ class SlackSink:
             for k in keys:
                 self._threads.pop(k, None)
             if self._store is not None:
-                await self._shared(self._store.drop, alert.kind, alert.ranks)
+                await self._shared(self._store.drop, alert.kind, who)
         elif not alert.repeat and isinstance(resp.get("ts"), str):
             for k in keys:
                 self._threads[k] = resp["ts"]
             while len(self._threads) > MAX_THREADS:
                 del self._threads[next(iter(self._threads))]
             if self._store is not None:
-                await self._shared(
-                    self._store.put, alert.kind, alert.ranks, self.channel, resp["ts"], time.time()
-                )
+                await self._shared(self._store.put, alert.kind, who, self.channel, resp["ts"], time.time())
 
     def _api_error(self, e: SlackApiError) -> DeliveryError:
         r = e.response

@@ -68,6 +68,7 @@ class Remembered:
     ended: float | None = None  # wall clock of its resolve (None: firing)
     ended_step: int | None = None
     resolve_pending: bool = False  # ended, its resolve not yet announced
+    subject: str | None = None  # Finding.subject (a GPU's UUID): part of the alert's identity
 
     @classmethod
     def from_json(cls, d: Any) -> Remembered | None:
@@ -80,6 +81,7 @@ class Remembered:
             return None
         ended, step, ended_step = d.get("ended"), d.get("step"), d.get("ended_step")
         member = d.get("member")
+        subject = d.get("subject")
         return cls(
             rank,
             kind,
@@ -91,6 +93,7 @@ class Remembered:
             float(ended) if _is_num(ended) else None,  # type: ignore[arg-type]
             ended_step if _is_int(ended_step) else None,
             bool(d.get("resolve_pending")),
+            subject if isinstance(subject, str) else None,
         )
 
 

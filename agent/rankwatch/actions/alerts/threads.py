@@ -4,7 +4,8 @@ A resolve belongs in the thread of its firing. With one agent per rank, the agen
 sends a grouped resolve is often not the one that sent the firing, and it would post the
 resolve at the top of the channel. So the
 thread of each (kind, rank) is also written next to the alert board, one small file each:
-``<board>/slack-threads/<kind>-r<rank>.json``. Best effort: a file that cannot be read or
+``<board>/slack-threads/<kind>-r<rank>.json`` (``<kind>-r<rank>-<subject>.json`` for an alert
+about one GPU of the rank: two GPUs' alerts are two threads). Best effort: a file that cannot be read or
 written only costs the threading, never the alert.
 """
 
@@ -18,11 +19,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 MAX_AGE_S = 7 * 86400.0  # a thread older than this is not continued (nobody reads it any more)
+# A rank, or (rank, subject) for an alert about something within the rank (a GPU's UUID).
+Who = int | None | tuple[int | None, str | None]
 
 
-def _name(kind: str, rank: int | None) -> str:
+def _name(kind: str, who: Who) -> str:
+    rank, subject = who if isinstance(who, tuple) else (who, None)
     safe = re.sub(r"[^a-z0-9_-]+", "_", kind.lower()).strip("_")[:64] or "kind"
-    return f"{safe}-r{rank if rank is not None else 'x'}.json"
+    about = "" if subject is None else "-" + (re.sub(r"[^A-Za-z0-9_-]+", "_", subject)[:80] or "_")
+    return f"{safe}-r{rank if rank is not None else 'x'}{about}.json"
 
 
 class ThreadStore:
@@ -31,7 +36,7 @@ class ThreadStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
-    def get(self, kind: str, ranks: Iterable[int | None], channel: str, now: float) -> str | None:
+    def get(self, kind: str, ranks: Iterable[Who], channel: str, now: float) -> str | None:
         for rank in ranks:
             try:
                 doc = json.loads((self.path / _name(kind, rank)).read_bytes())
@@ -44,7 +49,7 @@ class ThreadStore:
                 return ts
         return None
 
-    def put(self, kind: str, ranks: Iterable[int | None], channel: str, ts: str, now: float) -> None:
+    def put(self, kind: str, ranks: Iterable[Who], channel: str, ts: str, now: float) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         data = json.dumps({"ts": ts, "channel": channel, "time": now}).encode()
         for rank in ranks:
@@ -57,6 +62,6 @@ class ThreadStore:
                 tmp.unlink(missing_ok=True)
                 raise
 
-    def drop(self, kind: str, ranks: Iterable[int | None]) -> None:
+    def drop(self, kind: str, ranks: Iterable[Who]) -> None:
         for rank in ranks:
             (self.path / _name(kind, rank)).unlink(missing_ok=True)

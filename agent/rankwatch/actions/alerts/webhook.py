@@ -46,6 +46,7 @@ def payload(alert: AlertMessage) -> dict[str, Any]:
             {
                 "rank": m.rank,
                 "node": m.node or alert.node,
+                "subject": m.subject,
                 "step": m.step,
                 "message": m.message,
                 "evidence": m.evidence,

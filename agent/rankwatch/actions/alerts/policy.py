@@ -1,0 +1,685 @@
+"""Alert policy: which findings become which messages, and when. A synchronous state machine on
+an injected clock: no I/O, no asyncio, unit-testable with plain calls (``take``, ``pump``).
+
+- An alert is a finding with severity >= ``min_severity``; it is identified by the run and
+  the finding's key (kind, rank, subject): two GPUs of one rank are two alerts, and the first
+  to cool resolves only its own. A second firing of an active alert is not re-sent (a higher
+  severity is, as an escalation); ``repeat_interval`` re-sends still-active ones; a resolved
+  finding closes it and, with ``send_resolved``, sends a resolve message.
+- Grouping: the findings of one kind (and status) arriving within ``group_wait`` of the
+  first become one message, "stall on 7 of 8 ranks, suspect rank 2" (see
+  ``message.suspect_rank``). A resolve that arrives before its firing left the group
+  cancels both; a re-firing that arrives before its resolve left cancels both (flapping
+  stays silent). "of 8" only when every rank of the world is known to exist (watched
+  here, or present on the board), else "7 ranks (0-6)".
+- Startup quiet: for ``startup_quiet`` after ``start`` groups are held, not dropped; when
+  the window ends, what is still active is sent (one message per kind), and what resolved
+  meanwhile is forgotten. ``pump(force=True)`` sends held alerts at once (at close: a crash
+  in the first minute must not be lost because the agent exits with it).
+- Restarts (``restart``, rule in ``state.py``): a restarted agent takes its alerts back,
+  announces those it had not, sends a resolve it still owed, and compares the findings of the
+  replayed log tail with them: the same episode is not sent again, one that cleared while no
+  agent ran is resolved, and one no agent reported is sent once. An alert it cannot re-detect
+  is resolved by rule after ``inherit_hold``. A firing found in the spool counts as announced.
+- Across agents: an optional ``Coordinator`` (``peers.PeerGroups`` over the alert board) is
+  told of every alert state (``post``) and may take a due group (``hold``) to send one
+  message for the agents of a run; it hands groups back through ``emit``/``announced``. Any
+  error it raises sends alone (logged once, counted as ``fallback``): a duplicate is
+  acceptable, a lost alert is not.
+
+Messages leave through ``out`` (the dispatcher's delivery queues them per sink).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rankwatch.actions.alerts.board import MAX_TEXT, clean_member, small_evidence
+from rankwatch.actions.alerts.message import AlertMember, AlertMessage, Status, jsonable, render_link
+from rankwatch.actions.alerts.state import EVENT_KINDS, INHERIT_HOLD_S, Remembered, prune_ended
+from rankwatch.actions.dump_outcome import DumpOutcome, dump_link
+from rankwatch.config.schema import AlertsConfig
+from rankwatch.identity import Identity
+from rankwatch.records import Finding, Severity
+
+log = logging.getLogger("rankwatch.alerts")
+
+Key = tuple[str, int | None, str, str | None]  # (run, rank, kind, subject): Finding.key and the run
+GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
+
+
+@dataclass(eq=False)
+class Active:
+    severity: Severity
+    member: AlertMember
+    sent: bool = False  # announced at least once
+    pending: bool = True  # in a firing group not yet emitted
+    last_sent: float = 0.0
+    board_time: float = 0.0  # wall clock of this episode's board record
+    resolved_at: float = 0.0  # wall clock of its resolve's board record
+
+
+@dataclass(eq=False)
+class Group:
+    """Members of one kind and status waiting to leave as one message."""
+
+    kind: str
+    status: Status
+    deadline: float
+    severity: Severity
+    members: dict[Key, AlertMember] = field(default_factory=dict)
+    repeat: bool = False
+    times: dict[Key, float] = field(default_factory=dict)  # board record time per member
+
+
+class Coordinator(Protocol):
+    """Cross-agent coordination (``peers.PeerGroups``); every call synchronous and cheap, its
+    I/O done by its own ``step`` that the dispatcher drives. Any call may raise: the policy then
+    takes back what it held (``abandon``) and sends alone."""
+
+    stats: dict[str, int]
+
+    @property
+    def where(self) -> str: ...
+    def usable(self, now: float) -> bool: ...
+    def post(self, key: Key, m: AlertMember, state: str, severity: Severity, when: float) -> None: ...
+    def hold(self, g: Group, now: float) -> bool: ...
+    def forget(self, key: Key, status: str) -> None: ...
+    def watch(self, key: Key, status: str, since: float, then: Callable[[], None]) -> bool: ...
+    def abandon(self) -> tuple[list[Group], list[Callable[[], None]]]: ...
+
+
+class AlertPolicy:
+    def __init__(
+        self,
+        cfg: AlertsConfig,
+        identity: Identity,
+        out: Callable[[AlertMessage], None],
+        *,
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+        errors: dict[str, int] | None = None,
+        ranks: Iterable[int] = (),
+        inherit_hold: float = INHERIT_HOLD_S,
+    ) -> None:
+        """``out``: where a message goes once decided; ``ranks``: the ranks this agent watches
+        (for "N of WORLD"); ``errors``: the agent's internal-error counters."""
+        self.cfg = cfg
+        self.identity = identity
+        self.out = out
+        self.clock = clock
+        self.wall = wall
+        self.errors = errors if errors is not None else {}
+        self.min_severity = Severity.parse(cfg.min_severity)
+        self.inherit_hold = float(inherit_hold)
+        self.coord: Coordinator | None = None
+        self.closed = False
+        self.peer_errors = 0
+        self.ranks: set[int] = {r for r in ranks if r is not None}
+        if identity.rank is not None:
+            self.ranks.add(identity.rank)
+        self._ended: dict[Key, Remembered] = {}  # alerts that ended (replay tells old from new)
+        self._inherited: dict[Key, float] = {}  # firing at start, not yet seen again -> deadline
+        self._owed: set[Key] = set()  # resolves owed from before the restart, not yet announced
+        self._replayed: list[Finding] | None = []  # None once the state is loaded
+        self._active: dict[Key, Active] = {}
+        self._resolving: dict[Key, Active] = {}
+        self._pending: dict[GroupKey, Group] = {}
+        self._dumps: dict[int | None, str] = {}
+        self._t0: float | None = None
+
+    def start(self, now: float) -> None:
+        """The startup quiet window begins."""
+        if self._t0 is None:
+            self._t0 = now
+
+    # --- the coordinator, guarded: any error in it sends alone, never loses an alert ------
+    def coordination_failed(self, e: BaseException, alone: int = 0) -> None:
+        """Take back what the coordinator held and send it alone; it is set aside for a while.
+        ``alone``: groups the caller sends alone because of it (counted as fallbacks too)."""
+        peers = self.coord
+        assert peers is not None
+        self.peer_errors += 1
+        self.errors["alerts"] = self.errors.get("alerts", 0) + 1
+        if self.peer_errors == 1:
+            log.error(
+                "alert board %s: coordination failed (%s: %s); each agent sends its own alerts"
+                " (further errors counted)",
+                peers.where,
+                type(e).__name__,
+                e,
+                exc_info=e,
+            )
+        try:
+            groups, thens = peers.abandon()
+        except Exception:
+            groups, thens = [], []
+        peers.stats["fallback"] += alone
+        now = self.clock()
+        for g in groups:
+            self.emit(g, now)
+        for then in thens:  # in doubt whether a peer sent it: act as if it did
+            try:
+                then()
+            except Exception:
+                log.debug("alert board watch failed", exc_info=True)
+
+    def _peers_call(self, fn: Callable[..., Any], *args: Any, failed: Any = None, alone: int = 0) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:
+            self.coordination_failed(e, alone)
+            return failed
+
+    def take(self, f: Finding) -> None:
+        """A finding in: fires, updates or resolves its alert. Never blocks."""
+        if self.closed:
+            return
+        rank = f.rank if f.rank is not None else self.identity.rank
+        key: Key = (self.identity.run, rank, f.kind, f.subject)
+        if rank is not None:
+            self.ranks.add(rank)
+        if f.resolved:
+            self._resolve(key, f)
+        elif f.severity >= self.min_severity:
+            self._fire(key, f)
+
+    def _member(self, rank: int | None, f: Finding, starts_at: float) -> AlertMember:
+        dump = dump_link(f.evidence) or self._dumps.get(rank)
+        return AlertMember(
+            rank,
+            f.message,
+            f.step,
+            jsonable(f.evidence),
+            str(dump) if dump else None,
+            starts_at,
+            None,
+            subject=f.subject,
+        )
+
+    def _fire(self, key: Key, f: Finding) -> None:
+        a = self._active.get(key)
+        if a is not None:
+            self._inherited.pop(key, None)  # seen again: the same episode, resolved by its detector
+            fresh = self._member(key[1], f, a.member.starts_at)
+            a.member.message, a.member.step, a.member.evidence = fresh.message, fresh.step, fresh.evidence
+            a.member.dump_path = a.member.dump_path or fresh.dump_path
+            if f.severity > a.severity:  # an escalation is news: a new board episode
+                a.severity = f.severity
+                a.pending = True
+                a.board_time = self.wall()
+                self._add(key, a.member, "firing", f.severity, a.board_time)
+            return
+        back = self._resolving.pop(key, None)
+        if back is not None:
+            group = self._pending.get((f.kind, "resolved", False))
+            if group is not None:
+                group.members.pop(key, None)
+            if self.coord is not None:
+                self._peers_call(self.coord.forget, key, "resolved")
+                # A flap: silent, unless a peer sent our resolve before we learned it.
+                again = lambda: self._fire_after_peer_resolve(key, back)  # noqa: E731
+                self._peers_call(self.coord.watch, key, "resolved", back.resolved_at, again, failed=True)
+            self._active[key] = back
+            self._post(key, back.member, "firing", back.severity, back.board_time)  # covered already
+            return
+        self._new_episode(key, f)
+
+    def _new_episode(self, key: Key, f: Finding) -> None:
+        starts = f.time if f.time is not None else self.wall()
+        a = Active(f.severity, self._member(key[1], f, starts), board_time=self.wall())
+        self._active[key] = a
+        self._add(key, a.member, "firing", f.severity, a.board_time)
+
+    def _resolve(self, key: Key, f: Finding) -> None:
+        a = self._active.pop(key, None)
+        if a is None:
+            return
+        self._inherited.pop(key, None)
+        self._owed.discard(key)
+        for repeat in (False, True):
+            group = self._pending.get((key[2], "firing", repeat))
+            if group is not None:
+                group.members.pop(key, None)
+        if self.coord is not None:
+            self._peers_call(self.coord.forget, key, "firing")
+        m = self._member(key[1], f, a.member.starts_at)
+        m.dump_path = m.dump_path or a.member.dump_path
+        self._ended[key] = Remembered(
+            key[1],
+            key[2],
+            a.severity.label,
+            a.board_time,
+            a.sent,
+            a.member.step,
+            _member_doc(m),
+            ended=self.wall(),
+            ended_step=f.step,
+            subject=key[3],
+        )
+        if not a.sent or not self.cfg.send_resolved:
+            if self.coord is not None and self.cfg.send_resolved:
+                # Not announced by us, but maybe by a peer before we learned it: then it is owed.
+                owed = lambda: self._resolve_after_peer_fire(key, a, m)  # noqa: E731
+                self._peers_call(self.coord.watch, key, "firing", a.board_time, owed, failed=True)
+            self._post(key, a.member, "cleared", a.severity, self.wall())
+            return
+        self._resolving[key] = a
+        a.resolved_at = self.wall()
+        self._add(key, m, "resolved", a.severity, a.resolved_at)
+
+    def replayed(self, findings: Iterable[Finding]) -> None:
+        """What the detectors found in the log's tail, replayed at start (oldest first): compared
+        with the alert state file once it is loaded (see ``state.py`` for the rule)."""
+        if self._replayed is not None:
+            self._replayed.extend(findings)
+        else:
+            self._adopt(list(findings))
+
+    @property
+    def loaded(self) -> bool:
+        """The remembered state is in (``restart``): from now on it may be written back."""
+        return self._replayed is None
+
+    def restart(
+        self,
+        remembered: list[Remembered],
+        saved_at: float | None,
+        spooled: dict[Key, tuple[AlertMessage, AlertMember]],
+        where: str = "",
+    ) -> None:
+        """Once, at start: what the state file and the spool remember, then the replayed tail."""
+        replayed, self._replayed = self._replayed or [], None
+        mine = set(self.ranks)
+        self._restore(remembered, saved_at, where)
+        self._restore_spooled({k: v for k, v in spooled.items() if k[1] in mine or k[1] is None})
+        self._adopt(replayed)
+
+    def _restore(self, remembered: list[Remembered], saved: float | None, where: str) -> None:
+        now = self.clock()
+        stale = saved is not None and self.wall() - saved > self.inherit_hold
+        hold = 0.0 if stale else self.inherit_hold  # an earlier incarnation's: ended at once
+        for rec in remembered:
+            key: Key = (self.identity.run, rec.rank, rec.kind, rec.subject)
+            if rec.rank is not None:
+                self.ranks.add(rec.rank)
+            try:
+                sev = Severity.parse(rec.severity)
+            except KeyError:
+                continue
+            m = clean_member(rec.member, rec.since)
+            member = AlertMember(
+                rec.rank,
+                m["message"],
+                m["step"],
+                m["evidence"],
+                m["dump_path"],
+                m["starts_at"],
+                subject=rec.subject,
+            )
+            if rec.ended is not None:
+                self._ended[key] = rec
+                if rec.resolve_pending and rec.sent and self.cfg.send_resolved and key not in self._active:
+                    # Killed before its resolve went out: it is still owed.
+                    a = Active(sev, member, sent=True, pending=False, board_time=rec.since)
+                    a.resolved_at = rec.ended
+                    self._resolving[key] = a
+                    self._owed.add(key)
+                    self._add(key, member, "resolved", sev, rec.ended)
+                continue
+            live = self._active.get(key)
+            if live is not None:  # a live finding came first: the same episode
+                if rec.sent and not live.sent:
+                    live.sent, live.pending, live.board_time = True, False, rec.since
+                    for repeat in (False, True):
+                        group = self._pending.get((key[2], "firing", repeat))
+                        if group is not None:
+                            group.members.pop(key, None)
+                continue
+            a = Active(sev, member, sent=rec.sent, pending=not rec.sent, last_sent=now, board_time=rec.since)
+            self._active[key] = a
+            self._inherited[key] = now + hold
+            if rec.sent:
+                self._post(key, member, "firing", sev, rec.since)
+            else:  # never announced (killed inside group_wait or startup_quiet): it is now
+                self._add(key, member, "firing", sev, rec.since)
+        if remembered:
+            log.info(
+                "alert state %s: %d alert(s) firing, %d ended, from before the restart",
+                where,
+                len(self._inherited),
+                len(self._ended),
+            )
+
+    def _restore_spooled(self, spooled: dict[Key, tuple[AlertMessage, AlertMember]]) -> None:
+        """A firing in the spool was announced, whatever the state file says: the agent may have
+        been killed after queueing it and before the state file was written."""
+        now = self.clock()
+        for key, (alert, m) in spooled.items():
+            if alert.status != "firing" or key in self._ended:
+                continue
+            a = self._active.get(key)
+            if a is None:
+                member = dataclasses.replace(m, node=None)
+                a = Active(
+                    alert.severity, member, sent=True, pending=False, last_sent=now, board_time=m.starts_at
+                )
+                self._active[key] = a
+                self._inherited[key] = now + self.inherit_hold
+                self._post(key, member, "firing", alert.severity, a.board_time)
+            elif not a.sent:
+                a.sent, a.pending = True, False
+                for repeat in (False, True):
+                    group = self._pending.get((key[2], "firing", repeat))
+                    if group is not None:
+                        group.members.pop(key, None)
+
+    def _adopt(self, findings: list[Finding]) -> None:
+        """Per alert, the replayed tail's last word: firing (the same episode, or a new one not
+        reported yet) or resolved (it cleared while no agent ran)."""
+        last: dict[Key, Finding] = {}
+        for f in findings:
+            rank = f.rank if f.rank is not None else self.identity.rank
+            key: Key = (self.identity.run, rank, f.kind, f.subject)
+            last.pop(key, None)
+            last[key] = f
+        for key, f in last.items():
+            if f.resolved:
+                if key in self._active:
+                    self._resolve(key, f)
+                continue
+            if f.severity < self.min_severity:
+                continue
+            if key not in self._active:
+                old = self._ended.get(key)
+                if old is not None and _same_episode(old, f):
+                    continue
+                log.warning(
+                    "%s on rank %s happened while no agent watched (found in the replayed log at step %s):"
+                    " alerting now",
+                    f.kind,
+                    key[1],
+                    f.step,
+                )
+            if key[1] is not None:
+                self.ranks.add(key[1])
+            if key in self._owed:
+                # The resolve owed from before the restart may have gone out just before the
+                # kill: it is sent (again), and this firing is a new episode, not a flap.
+                self._owed.discard(key)
+                self._resolving.pop(key, None)
+                self._new_episode(key, f)
+                continue
+            self._fire(key, f)
+
+    def _expire_inherited(self, now: float) -> float:
+        """Alerts inherited from before a restart that this agent has not seen again (the rule
+        in ``state.py``); returns the next deadline."""
+        due = float("inf")
+        for key, deadline in list(self._inherited.items()):
+            a = self._active.get(key)
+            if a is None:
+                del self._inherited[key]
+            elif now >= deadline:
+                del self._inherited[key]
+                mins = self.inherit_hold / 60
+                if key[2] in EVENT_KINDS:
+                    log.info(
+                        "%s on rank %s (from before the restart) forgotten after %.0f min",
+                        key[2],
+                        key[1],
+                        mins,
+                    )
+                    self._active.pop(key, None)
+                    self._ended[key] = Remembered(
+                        key[1],
+                        key[2],
+                        a.severity.label,
+                        a.board_time,
+                        a.sent,
+                        a.member.step,
+                        ended=self.wall(),
+                        subject=key[3],
+                    )
+                    continue
+                what = f"{key[2]} on rank {key[1]}" if key[1] is not None else key[2]
+                if key[3] is not None:
+                    what += f" ({key[3]})"
+                msg = (
+                    f"{what}: not seen again by the restarted agent in {mins:.0f} min, so resolved by rule"
+                    " (the condition could not be checked again after the agent restarted)"
+                )
+                self._resolve(key, Finding(key[2], a.severity, key[1], msg, resolved=True, subject=key[3]))
+            else:
+                due = min(due, deadline)
+        return due
+
+    def remembered(self) -> list[Remembered]:
+        """What the state file is to hold (``state.py``): the alerts firing and those that ended."""
+        out: list[Remembered] = []
+        for (_, rank, kind, subject), a in self._active.items():
+            member = _member_doc(a.member)
+            out.append(
+                Remembered(
+                    rank, kind, a.severity.label, a.board_time, a.sent, a.member.step, member, subject=subject
+                )
+            )
+        prune_ended(self._ended, self.wall())
+        for key, rec in self._ended.items():
+            if key in self._active:
+                continue
+            pending = key in self._resolving
+            if rec.resolve_pending != pending:
+                rec = dataclasses.replace(rec, resolve_pending=pending)
+            out.append(rec)
+        return out
+
+    def _resolve_after_peer_fire(self, key: Key, a: Active, m: AlertMember) -> None:
+        """A peer announced this alert, which cleared before we learned it: send its resolve."""
+        if self.closed or key in self._active or key in self._resolving:
+            return  # firing again (its announcement stands) or already resolving
+        a.sent = True
+        self._resolving[key] = a
+        a.resolved_at = self.wall()
+        self._add(key, m, "resolved", a.severity, a.resolved_at)
+
+    def _fire_after_peer_resolve(self, key: Key, a: Active) -> None:
+        """A peer sent our resolve, and we fired again before we learned it: a new episode."""
+        if self.closed or self._active.get(key) is not a:
+            return
+        a.sent, a.pending = False, True
+        a.board_time = self.wall()
+        a.member = dataclasses.replace(a.member, starts_at=a.board_time)
+        self._add(key, a.member, "firing", a.severity, a.board_time)
+
+    def _add(
+        self, key: Key, m: AlertMember, status: Status, severity: Severity, when: float, repeat: bool = False
+    ) -> None:
+        gk: GroupKey = (key[2], status, repeat)
+        g = self._pending.get(gk)
+        if g is None:
+            g = Group(key[2], status, self.clock() + self.cfg.group_wait, severity, repeat=repeat)
+            self._pending[gk] = g
+        g.severity = max(g.severity, severity)
+        g.members[key] = m
+        g.times[key] = when
+        self._post(key, m, status, severity, when)
+
+    def _post(self, key: Key, m: AlertMember, state: str, severity: Severity, when: float) -> None:
+        if self.coord is not None:
+            self._peers_call(self.coord.post, key, m, state, severity, when)
+
+    def set_dump_path(self, rank: int | None, path: str) -> None:
+        """Where the stacks of ``rank`` are; shown in messages built from now on."""
+        self._dumps[rank] = str(path)
+        for (_, r, _, _), a in self._active.items():
+            if r == rank and not a.member.dump_path:
+                a.member.dump_path = str(path)
+
+    def dumps_taken(self, outcome: DumpOutcome) -> None:
+        """The agent took stacks: each rank they hold links to them (one node's agent takes the
+        stacks of all its ranks into one folder)."""
+        if outcome.link is None:
+            return
+        for rank in outcome.captured:
+            self.set_dump_path(rank if rank is not None else self.identity.rank, outcome.link)
+
+    def refresh_policy(self) -> None:
+        """Re-read the policy values parsed at start (config hot reload changed ``cfg`` in place)."""
+        self.min_severity = Severity.parse(self.cfg.min_severity)
+
+    def pump(self, now: float, *, force: bool = False) -> float:
+        """Send due groups and repeats (``force``: every group now); returns the next due time."""
+        due = float("inf") if force else self._expire_inherited(now)
+        quiet_end = (
+            -float("inf") if force else (now if self._t0 is None else self._t0) + self.cfg.startup_quiet
+        )
+        for gk, g in list(self._pending.items()):
+            if not g.members:
+                del self._pending[gk]
+                continue
+            ready = max(g.deadline, quiet_end) if not force else now
+            if now >= ready:
+                del self._pending[gk]
+                if (
+                    force
+                    or self.coord is None
+                    or not self._peers_call(self.coord.hold, g, now, failed=False, alone=1)
+                ):
+                    self.emit(g, now)
+            else:
+                due = min(due, ready)
+        sent = [(k, a) for k, a in self._active.items() if a.sent and not a.pending]
+        interval = self.cfg.repeat_interval
+        if interval > 0 and sent and not force:
+            repeat = [(k, a) for k, a in sent if now - a.last_sent >= interval]
+            for kind in sorted({k[2] for k, _ in repeat}):
+                group = [(k, a) for k, a in repeat if k[2] == kind]
+                for _, a in group:
+                    a.last_sent = now
+                if self.coord is not None and self.coord.usable(now):
+                    for k, a in group:  # peers repeat too: one "still firing" between them
+                        a.board_time = self.wall()
+                        self._add(k, dataclasses.replace(a.member), "firing", a.severity, a.board_time, True)
+                    due = min(due, now + self.cfg.group_wait)
+                    continue
+                self.out(self._message(kind, "firing", group, repeat=True))
+            due = min(due, *(a.last_sent + interval for _, a in sent))
+        return due
+
+    def any_sent(self) -> bool:
+        """Some alert is announced and still firing."""
+        return any(a.sent and not a.pending for a in self._active.values())
+
+    def hold_pending(self, now: float) -> None:
+        """At close: hand every waiting group to the coordinator now (it decides within its
+        budget); what it does not take is sent by ``pump(force=True)``."""
+        if self.coord is None:
+            return
+        for g in list(self._pending.values()):
+            if g.members and self._peers_call(self.coord.hold, g, now, failed=False, alone=1):
+                del self._pending[(g.kind, g.status, g.repeat)]
+
+    def active_messages(self) -> list[AlertMessage]:
+        """What is announced and still firing, one message per kind: for receivers that forget
+        an alert not posted again (Alertmanager's ``resolve_timeout``)."""
+        sent = [(k, a) for k, a in self._active.items() if a.sent and not a.pending]
+        return [
+            self._message(kind, "firing", [(k, a) for k, a in sent if k[2] == kind])
+            for kind in sorted({k[2] for k, _ in sent})
+        ]
+
+    def _message(
+        self, kind: str, status: Status, actives: list[tuple[Key, Active]], *, repeat: bool = False
+    ) -> AlertMessage:
+        members = [dataclasses.replace(a.member) for _, a in sorted(actives, key=_rank_order)]
+        sev = max(a.severity for _, a in actives)
+        return self._finish(
+            AlertMessage(
+                self.identity.run,
+                kind,
+                sev,
+                status,
+                members,
+                self.identity.node,
+                self.identity.world_size,
+                saw_all=self.saw_all(),
+                repeat=repeat,
+            )
+        )
+
+    def saw_all(self, extra: set[int] | None = None) -> bool:
+        """Every rank of the world is known to exist, so "N of WORLD ranks" is a fact."""
+        world = self.identity.world_size
+        if not world:
+            return False
+        known = self.ranks | (extra or set())
+        return all(r in known for r in range(world))
+
+    def _finish(self, msg: AlertMessage) -> AlertMessage:
+        for m in msg.members:
+            m.dump_path = m.dump_path or self._dumps.get(m.rank)
+        msg.grafana_url = render_link(self.cfg.grafana_url, msg.run, msg.rank, msg.kind)
+        if msg.status == "resolved":
+            msg.ends_at = self.wall()
+        return msg
+
+    def emit(self, g: Group, now: float, *, saw_all: bool | None = None) -> None:
+        """Send the group now (``saw_all``: the coordinator's word on "N of WORLD")."""
+        keys = sorted(g.members, key=_key_order)
+        members = [dataclasses.replace(g.members[k]) for k in keys]
+        msg = AlertMessage(
+            self.identity.run,
+            g.kind,
+            g.severity,
+            g.status,
+            members,
+            self.identity.node,
+            self.identity.world_size,
+            saw_all=self.saw_all() if saw_all is None else saw_all,
+            repeat=g.repeat,
+        )
+        self.announced(g, keys, now)
+        self.out(self._finish(msg))
+
+    def announced(self, g: Group, keys: list[Key], now: float) -> None:
+        """These members are announced (by us, or by the peer that led the group)."""
+        for k in keys:
+            a = self._active.get(k)
+            if g.status == "firing" and a is not None:
+                a.sent, a.pending, a.last_sent = True, False, now
+            elif g.status == "resolved":
+                self._resolving.pop(k, None)
+                self._owed.discard(k)
+
+
+def _member_doc(m: AlertMember) -> dict[str, Any]:
+    return {
+        "message": m.message[:MAX_TEXT],
+        "step": m.step,
+        "evidence": small_evidence(m.evidence),
+        "dump_path": m.dump_path,
+        "starts_at": m.starts_at,
+    }
+
+
+def _same_episode(old: Remembered, f: Finding) -> bool:
+    """A replayed firing of an alert that ended before the restart is that old episode when it
+    is not later than the end (by step where both are known, else by time); in doubt, new."""
+    if f.step is not None and old.ended_step is not None:
+        return f.step <= old.ended_step
+    if f.time is not None and old.ended is not None:
+        return f.time <= old.ended
+    return False
+
+
+def _key_order(k: Key) -> tuple[bool, int, str]:
+    return (k[1] is None, k[1] or 0, k[3] or "")
+
+
+def _rank_order(ka: tuple[Key, Active]) -> tuple[bool, int, str]:
+    return _key_order(ka[0])

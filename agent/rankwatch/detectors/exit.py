@@ -1,0 +1,100 @@
+"""The watched process ended: a crash, a stop we asked for, or a run that finished.
+
+Judged from the ``ProcessExit`` event and what the rank printed (its state): a crash
+finding unless it ended cleanly, on the stop signal the agent forwarded, or nothing tells.
+``requested``: the agent forwarded a stop (SIGTERM, SIGINT, SIGHUP; the number when known).
+However the child then ends (killed by it, or exiting non-zero from its handler, with a
+KeyboardInterrupt traceback) it did what it was told: no critical crash. Only an error of
+its own in the log makes it a ``crash``, and then a warning.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from typing import TYPE_CHECKING
+
+from rankwatch.detectors.base import Detector, DetectorContext
+from rankwatch.detectors.crash import crash_finding, pick_cause
+from rankwatch.detectors.registry import register
+from rankwatch.events import Event, ProcessExit
+from rankwatch.records import ErrorRecord, Finding, Severity
+from rankwatch.state import RankState
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import Config
+
+
+@register
+class ExitDetector(Detector):
+    kinds = ("process_exit", "crash")
+    accepts = (ProcessExit,)
+    section = "process"  # process.tail_lines: the output kept for the crash's evidence
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> ExitDetector:
+        return cls(ctx.rank, ctx.path)
+
+    def __init__(self, rank: int | None, path: str | None) -> None:
+        self.rank = rank
+        self.path = path
+
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
+        if not isinstance(record, ProcessExit):
+            return []
+        f = self.judge(state, record)
+        return [f] if f is not None else []
+
+    def judge(self, state: RankState, e: ProcessExit) -> Finding | None:
+        exit_code, signal, requested = e.exit_code, e.signal, e.requested
+        status = f"signal {signal}" if signal else f"exit code {exit_code}"
+        if requested:
+            cause, _ = pick_cause(state)
+            interrupted = cause is not None and _interrupt(cause.summary)
+            if cause is None or interrupted or cause.severity < Severity.CRITICAL:
+                how = (
+                    f"{_signame(requested)} we forwarded"
+                    if requested is not True
+                    else "forwarded stop signal"
+                )
+                return self._exit(state, f"process stopped on the {how} ({status})", e.wall)
+        if exit_code is None and signal is None and not any(isinstance(x, ErrorRecord) for x in state.errors):
+            msg = "watched process exited (exit status unknown in watch mode; no error in its log)"
+            return self._exit(state, msg, e.wall)
+        crash = crash_finding(
+            state,
+            exit_code=exit_code,
+            signal=signal,
+            tail=list(e.tail),
+            rank=self.rank,
+            path=self.path,
+            disk_full=e.disk_full,
+        )
+        if crash is not None:
+            crash.time = crash.time or e.wall
+            if requested:
+                crash.severity = Severity.WARNING
+                crash.message = f"after the stop signal we forwarded: {crash.message}"
+        return crash
+
+    def _exit(self, state: RankState, message: str, wall: float | None) -> Finding:
+        return Finding(
+            kind="process_exit",
+            severity=Severity.INFO,
+            rank=self.rank,
+            message=message,
+            step=state.last_step,
+            path=self.path,
+            time=wall,
+        )
+
+
+def _signame(sig: int | bool) -> str:
+    try:
+        return _signal.Signals(int(sig)).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _interrupt(summary: str) -> bool:
+    """The traceback a stop signal itself prints (Python's default SIGINT handler, sys.exit)."""
+    return "KeyboardInterrupt" in summary or "SystemExit" in summary

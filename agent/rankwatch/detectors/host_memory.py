@@ -1,0 +1,137 @@
+"""The host-memory leak that ends in the OOM killer: the rank's RSS climbing steadily.
+
+DataLoader workers that copy a Python list of samples page by page (copy-on-read of
+refcounts), a cache keyed by file name, tensors kept on the CPU for logging: the rank's
+process tree grows by a few MiB per step until the kernel's OOM killer (or Slurm's cgroup)
+sends SIGKILL, and the log says nothing. Warned before the kill, from the process samples:
+the lowest RSS of every ``resolution`` (a batch, an eval pass, a checkpoint save come and
+go; a leak raises the floor) must climb in every quarter of ``window``, and at that rate
+what is still free under the cgroup or host limit must be gone within ``warn_within``.
+A flat RSS, a warm-up that levels off and a sawtooth stay silent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from rankwatch.config.schema import HostMemoryConfig
+from rankwatch.detectors.base import Detector, DetectorContext, Episode
+from rankwatch.detectors.registry import register
+from rankwatch.detectors.trend import CLIMB_SEGMENTS, FloorHistory, sustained_climb
+from rankwatch.events import Event, ProcessSample
+from rankwatch.records import Finding, Severity
+from rankwatch.state import RankState
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import Config
+
+KIND = "host_memory_growth"
+GiB = float(1 << 30)
+MiB = float(1 << 20)
+CRITICAL_WITHIN_S = 600.0  # the kill is this close: critical
+
+
+@register
+class HostMemoryDetector(Detector):
+    kinds = (KIND,)
+    accepts = (ProcessSample,)
+    section = "detectors.host_memory"
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> HostMemoryDetector:
+        return cls(cfg.detectors.host_memory, ctx.rank, ctx.path)
+
+    def __init__(self, cfg: HostMemoryConfig, rank: int | None = None, path: str | None = None) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.path = path
+        self.history = FloorHistory(float(cfg.resolution), float(cfg.window))
+        self.episode = Episode()
+        self.severity = Severity.WARNING
+
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
+        if not isinstance(record, ProcessSample) or not self.cfg.enabled:
+            return []
+        s = record
+        if not s.alive:
+            if self.episode.close():
+                return [
+                    self._finding(
+                        self.severity, "the process exited (its end is reported separately)", s, True
+                    )
+                ]
+            return []
+        if s.rss_bytes <= 0 or not self.history.add(s.time, float(s.rss_bytes)):
+            return []
+        if self.episode.active:
+            return self._maybe_resolve(s)
+        if not self.history.full() or s.memory_available_bytes is None:
+            return []
+        climb = sustained_climb(self.history.points, min_growth=float(self.cfg.min_growth))
+        if climb is None or climb.per_minute <= 0:
+            return []
+        eta = s.memory_available_bytes / (climb.per_minute / 60)
+        if eta > float(self.cfg.warn_within):
+            return []
+        self.severity = Severity.CRITICAL if eta <= CRITICAL_WITHIN_S else Severity.WARNING
+        self.episode.open(state.last_step)
+        limit = f" of its {s.memory_limit_bytes / GiB:.1f} GiB limit" if s.memory_limit_bytes else ""
+        msg = (
+            f"host memory of the rank's processes has been climbing for {climb.span / 60:.0f} min: "
+            f"RSS {s.rss_bytes / GiB:.1f} GiB, its floor +{climb.growth / MiB:.0f} MiB at "
+            f"{climb.per_minute / MiB:.1f} MiB/min; {s.memory_available_bytes / GiB:.1f} GiB{limit} is "
+            f"left, gone in about {eta / 60:.0f} min, then the kernel's OOM killer (or the job's cgroup) "
+            "kills the rank with SIGKILL and no traceback. Usual causes: DataLoader workers copying a "
+            "Python list of samples (use numpy arrays or a memory-mapped dataset), a cache or a list "
+            "that grows every step, CPU tensors kept for logging. Usual fix: find what grows "
+            "(tracemalloc, memray, py-spy dump of the workers) and checkpoint before the kill."
+        )
+        evidence = {
+            "rss_bytes": s.rss_bytes,
+            "growth_bytes": climb.growth,
+            "slope_bytes_per_minute": climb.per_minute,
+            "window_seconds": climb.span,
+            "available_bytes": s.memory_available_bytes,
+            "limit_bytes": s.memory_limit_bytes,
+            "eta_seconds": eta,
+        }
+        return [self._finding(self.severity, msg, s, False, evidence, step=state.last_step)]
+
+    def _maybe_resolve(self, s: ProcessSample) -> list[Finding]:
+        """The last quarter of the window no longer climbs (or memory was freed)."""
+        pts = self.history.points
+        since = pts[-1][0] - self.history.window / CLIMB_SEGMENTS
+        tail = [v for t, v in pts if t >= since]
+        if len(tail) < 2:
+            return []
+        freed = min(tail) < tail[0] - float(self.cfg.min_growth) / CLIMB_SEGMENTS
+        flat = tail[-1] - tail[0] < float(self.cfg.min_growth) / (2 * CLIMB_SEGMENTS)
+        if not (freed or flat) or not self.episode.close():
+            return []
+        return [
+            self._finding(
+                self.severity, f"host memory stopped climbing at {s.rss_bytes / GiB:.1f} GiB", s, True
+            )
+        ]
+
+    def _finding(
+        self,
+        severity: Severity,
+        message: str,
+        s: ProcessSample,
+        resolved: bool,
+        evidence: Mapping[str, object] | None = None,
+        *,
+        step: int | None = None,
+    ) -> Finding:
+        return Finding(
+            kind=KIND,
+            severity=severity,
+            rank=self.rank,
+            message=message,
+            step=step,
+            path=self.path,
+            evidence=dict(evidence or {}),
+            resolved=resolved,
+        )

@@ -1,0 +1,106 @@
+"""The stall alert links the stacks the agent took, whatever the agent's shape: the capture's
+outcome reaches the alert dispatcher as data (``DumpOutcome``), never as a sentence to parse."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankwatch.actions.alerts import AlertDispatcher, AlertMessage
+from rankwatch.actions.dump_outcome import DumpOutcome, dump_link
+from rankwatch.config.schema import AlertsConfig, Config
+from rankwatch.dumps.capture import DumpResult
+from rankwatch.identity import Identity
+from rankwatch.records import Finding, Severity
+from rankwatch.runtime.agent import Agent
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class RecordingSink:
+    name: str = "rec"
+    alerts: list[AlertMessage] = field(default_factory=list)
+
+    async def deliver(self, alert: AlertMessage) -> None:
+        self.alerts.append(alert)
+
+
+async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def _fake_capture(pid: int, **_: Any) -> DumpResult:
+    thread = {"thread_id": 1, "thread_name": "MainThread", "pid": pid, "active": True, "frames": []}
+    return DumpResult(pid, True, [thread], "Thread 1 (active): MainThread\n", None, 0.01, ["py-spy"])
+
+
+def test_node_daemon_stall_alert_links_the_stacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One agent per node (identity rank None) watching ranks 0 and 1: it used to write "stack
+    dumps for rank None: <folder>" into a note the dispatcher parsed back, filed the folder under
+    rank None, and the stall alert of rank 1 went out with no link to its stacks."""
+    monkeypatch.setattr("rankwatch.runtime.agent.capture", _fake_capture)
+    cfg = Config()
+    cfg.dumps.dir = str(tmp_path / "dumps")
+    node = Identity(run="job", rank=None, local_rank=None, world_size=2, node="n")
+    sink = RecordingSink()
+    alerts = AlertsConfig(startup_quiet=0.0, group_wait=0.0, spool_dir=str(tmp_path / "spool"), board_dir="")
+
+    async def go() -> Path | None:
+        d = AlertDispatcher(alerts, node, sinks=[sink])
+        agent = Agent(cfg, node, sinks=[d])
+        for r in (0, 1):
+            w = agent.add_watcher([tmp_path / f"rank-{r}.log"], Identity("job", r, r, 2, "n"))
+            w.attach(os.getpid())
+        task = asyncio.create_task(d.run())
+        try:
+            folder = await agent.capture_dumps("stall")  # as the cross-rank diagnosis does
+            assert folder is not None
+            stall = Finding("stall", Severity.CRITICAL, 1, "no progress for 61s on rank 1.", 9)
+            stall.evidence = {"incident": str(folder), "cross_rank": True}  # completed by it
+            agent.emit(stall)
+            await until(lambda: len(sink.alerts) == 1)
+        finally:
+            await d.close(1.0)
+            await asyncio.wait_for(task, 5.0)
+        return folder
+
+    folder = asyncio.run(go())
+    [alert] = sink.alerts
+    assert alert.ranks == [1] and alert.dump_path == str(folder)
+    assert alert.members[0].evidence["dumps"]["captured"] == [0, 1]
+
+
+def test_outcome_text_is_composed_from_the_data() -> None:
+    ok = DumpOutcome.of_capture("/d/inc", (0,), {1: "ptrace denied: Operation not permitted"}, "never shown")
+    assert ok.text() == (
+        "Stacks captured in /d/inc (`rankwatch dumps show`). Failed for rank 1: ptrace denied: Operation "
+        "not permitted."
+    )
+    assert ok.to_evidence() == {
+        "dumps": {
+            "state": "captured",
+            "folder": "/d/inc",
+            "captured": [0],
+            "failed": {"1": "ptrace denied: Operation not permitted"},
+        },
+        "dump_path": "/d/inc",
+    }
+    failed = DumpOutcome.of_capture("/d/inc", (), {0: "py-spy not found: x"}, "Fix: install py-spy")
+    assert (
+        failed.text()
+        == "Stack dumps failed, no stacks were captured: rank 0: py-spy not found: x. Fix: install py-spy"
+    )
+    assert failed.link is None and dump_link(failed.to_evidence()) is None
+    assert dump_link({"dumps": ok.to_evidence()["dumps"]}) == "/d/inc"
+    assert DumpOutcome("failed").text() == "No stacks were captured (no watched process to dump)."
