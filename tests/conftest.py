@@ -1,19 +1,169 @@
-"""In CI a test that skips for a missing tool is a failure: the tools are installed there.
+"""Test tiers, the strict-skip rule of CI, and the helpers every test file shares.
 
-Locally a missing promtool or Chromium skips with the install hint; under ``CI=true`` (set by
-the CI runner) or ``RANKWATCH_STRICT_SKIPS=1`` the same skip fails the run, so a broken install
-step cannot turn the real-tool tests into silent passes. What no install step can give (a
-GPU, IPv6 loopback, a new enough systemd, root for tmpfs and slurmd, inotify) stays a skip.
+**Tiers.** Every test carries exactly one tier marker (registered in pyproject.toml):
+
+- ``unit``: in this process only. No subprocess, no fork, no listening socket: an autouse
+  fixture makes them raise, so a unit test that needs a process or a server is found at
+  once. It is the quick tier (``python -m pytest -m unit``): nothing to start or install.
+- ``process``: starts our own programs (a ``rankwatch`` agent, a fake trainer, a Python
+  child) or servers on loopback (an agent's HTTP server, a fake Slack), in this process or
+  another.
+- ``tool``: needs a real external tool or framework: Prometheus, promtool, Alertmanager,
+  Chromium, Slurm, py-spy, gcc, Helm, shellcheck, systemd, PyTorch, Transformers, Lightning.
+
+``faults`` (the fault-injection suite) and ``torch`` (needs real PyTorch; always ``tool``)
+are extra selections on top of a tier, not tiers. Collection fails on a test with no tier or
+with two, naming the line to add, so a new test cannot end up in no tier (``-m unit`` would
+silently never run it).
+
+**Strict skips.** Locally a missing promtool or Chromium skips with the install hint; under
+``CI=true`` (set by the CI runner) or ``RANKWATCH_STRICT_SKIPS=1`` the same skip fails the
+run, so a broken install step cannot turn the real-tool tests into silent passes. What no
+install step can give (a GPU, IPv6 loopback, a new enough systemd, root for tmpfs and
+slurmd, inotify) stays a skip.
+
+**Shared helpers**: ``FakeClock`` (also the ``fake_clock`` fixture), ``free_port()`` (also
+the ``loopback_port`` fixture), ``until`` (async) and ``wait_for`` (sync) bounded waits.
+Test modules import them with ``from conftest import FakeClock, until``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
-from collections.abc import Generator
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 
+# pytester: tests/test_tiers.py runs the tier rules below on small suites of its own.
+pytest_plugins = ["pytester"]
+
+T = TypeVar("T")
+
+# pytest rewrites the asserts of every test module (and of plugin packages such as hypothesis)
+# at each run unless it may cache the result as bytecode; with PYTHONDONTWRITEBYTECODE set that
+# is ~10 s of a run on a busy 2-core machine, more than the unit tier's tests take. The cache
+# goes to one git-ignored folder, not into __pycache__ folders beside the sources (tests list
+# folders such as examples/).
+sys.dont_write_bytecode = False
+sys.pycache_prefix = str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "pycache")
+
+# --- tiers -----------------------------------------------------------------------------------
+TIERS = ("unit", "process", "tool")
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+def _tier_problem(item: pytest.Item) -> str | None:
+    names = [m.name for m in item.iter_markers()]
+    tiers = sorted({n for n in names if n in TIERS})
+    if "integration" in names:
+        return "the `integration` marker is now `tool`: replace it with pytest.mark.tool"
+    if not tiers:
+        return "no tier"
+    if len(tiers) > 1:
+        return (
+            f"more than one tier ({', '.join(tiers)}): keep one; in a module that mixes tiers, "
+            f"drop the module's `pytestmark` tier and mark each test"
+        )
+    if "torch" in names and tiers != ["tool"]:
+        return f"marked torch, so its tier is tool, not {tiers[0]}"
+    return None
+
+
+HOW = (
+    "add `pytestmark = pytest.mark.<tier>` below the imports of the file (all its tests alike) or "
+    "`@pytest.mark.<tier>` on each test, where <tier> is\n"
+    "    unit     in this process only: no subprocess, no listening server (enforced)\n"
+    "    process  starts our own programs or servers on loopback (rankwatch agents, trainers, ...)\n"
+    "    tool     needs a real external tool (prometheus, promtool, chromium, slurm, py-spy, gcc,\n"
+    "             helm, shellcheck, systemd, torch, transformers, lightning)"
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an untiered test must not vanish
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problems: dict[str, list[str]] = {}
+    for item in items:
+        problem = _tier_problem(item)
+        if problem:
+            test = re.sub(r"\[.*\]$", "", item.nodeid)
+            line = f"  {test}: {problem}"
+            if line not in problems.setdefault(problem, []):
+                problems[problem].append(line)
+    if problems:
+        lines = [line for group in problems.values() for line in group]
+        raise pytest.UsageError(
+            "every test needs exactly one tier marker (tests/conftest.py):\n"
+            + "\n".join(lines)
+            + ("\n" + HOW if "no tier" in problems else "")
+        )
+    # Many tests start real programs (agents, trainers, Slurm, Prometheus, Chromium) and wait on
+    # wall-clock deadlines, on a 2-core machine that other work shares: a missed deadline is
+    # retried once (pytest-rerunfailures) before it fails the run. A real defect fails both
+    # tries, and a rerun shows in the summary ("N rerun"), so flakiness stays visible.
+    # Deterministic unit tests are unaffected.
+    if config.pluginmanager.hasplugin("rerunfailures"):
+        for item in items:
+            if item.get_closest_marker("flaky") is None:
+                item.add_marker(pytest.mark.flaky(reruns=1, reruns_delay=1))
+
+
+def _stand_in(name: str, refuse: Callable[[str], NoReturn]) -> Callable[..., NoReturn]:
+    def start(*args: Any, **_: Any) -> NoReturn:
+        refuse(f"os.{name}{args[:2]}")
+
+    # still pickled by reference as os.<name>, as the real one is (a test pickles os.system)
+    start.__module__, start.__name__, start.__qualname__ = "os", name, name
+    return start
+
+
+@pytest.fixture(autouse=True)
+def _unit_starts_no_process(request: pytest.FixtureRequest) -> Generator[None, None, None]:
+    """A unit test that starts a process or a server is mis-tiered: every way to start one
+    raises here, and the test fails even where the code under test swallowed the error."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    import _posixsubprocess
+
+    tried: list[str] = []
+
+    def refuse(what: Any) -> NoReturn:
+        tried.append(str(what))
+        raise RuntimeError(
+            f"a unit test started a process or server ({what}): mark the test `process` "
+            f"(or `tool` if it needs a real external tool), not `unit`"
+        )
+
+    def execute_child(self: subprocess.Popen[Any], args: Any, *_: Any, **__: Any) -> NoReturn:
+        refuse(args)
+
+    def listen(self: socket.socket, *_: Any) -> NoReturn:
+        refuse(f"a server listening on {self.getsockname()}")
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(subprocess.Popen, "_execute_child", execute_child)
+        mp.setattr(socket.socket, "listen", listen)
+        mp.setattr(_posixsubprocess, "fork_exec", lambda args, *_, **__: refuse(args))
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "spawnv", "spawnve"):
+            if hasattr(os, name):
+                mp.setattr(os, name, _stand_in(name, refuse))
+        yield
+    finally:
+        mp.undo()
+    if tried and not request.node.stash.get(_CALL_FAILED, False):  # the error was swallowed
+        pytest.fail(f"a unit test started a process or server ({tried[0]}): mark it `process` or `tool`")
+
+
+# --- strict skips ------------------------------------------------------------------------------
 # What no install step can give: a GPU, IPv6, a new systemd, root for tmpfs/slurmd, inotify.
 ALLOWED_SKIPS = re.compile(
     r"no GPU|NVML|IPv6|systemd < 250|needs root|CAP_SYS_ADMIN|no mount\(8\)|slurmd as root|inotify",
@@ -29,6 +179,8 @@ def _strict() -> bool:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, None, None]:
     outcome = yield
     report = outcome.get_result()
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
     if not (_strict() and report.skipped) or hasattr(report, "wasxfail"):
         return
     reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -38,16 +190,63 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Gener
     report.longrepr = f"skipped in CI, where every tool is installed: {reason}"
 
 
-# Many tests start real programs (agents, trainers, Slurm, Prometheus, Chromium) and wait on
-# wall-clock deadlines, on a 2-core machine that other work shares: a missed deadline is
-# retried once (pytest-rerunfailures) before it fails the run. A real defect fails both tries,
-# and a rerun shows in the summary ("N rerun"), so flakiness stays visible. Deterministic
-# unit tests are unaffected.
+# --- shared helpers ------------------------------------------------------------------------------
+class FakeClock:
+    """A clock moved by hand: pass it where the code takes ``clock=`` (a ``() -> float``)."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("rerunfailures"):
-        return
-    for item in items:
-        if item.get_closest_marker("flaky") is None:
-            item.add_marker(pytest.mark.flaky(reruns=1, reruns_delay=1))
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def loopback_port() -> int:
+    return free_port()
+
+
+def _timed_out(cond: Callable[[], Any], timeout: float, what: str) -> AssertionError:
+    code = getattr(cond, "__code__", None)
+    where = f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}" if code else repr(cond)
+    return AssertionError(f"timed out after {timeout}s waiting for {what or where}")
+
+
+def wait_for(cond: Callable[[], T], timeout: float = 20.0, what: str = "", interval: float = 0.02) -> T:
+    """Poll ``cond`` until it is truthy and return its value; fail the test at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise _timed_out(cond, timeout, what)
+        time.sleep(interval)
+
+
+async def until(cond: Callable[[], T], timeout: float = 20.0, what: str = "", interval: float = 0.01) -> T:
+    """``wait_for`` for a coroutine: the event loop runs between polls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise _timed_out(cond, timeout, what)
+        await asyncio.sleep(interval)
+

@@ -1,5 +1,5 @@
 """Shared pieces of the fault-injection suite: a live agent in-process, a fake Slack Web API
-that can be taken down, a fake clock, and /metrics parsing. Plain helpers, no fixtures."""
+that can be taken down, /metrics parsing, and (from conftest) the fake clock and bounded waits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import asyncio
 import re
 import signal
 import subprocess
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+# the shared helpers live in tests/conftest.py; importers of faultlib keep getting them here
+from conftest import FakeClock, free_port, until, wait_for  # noqa: F401
 from rankwatch.config.schema import Config
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
@@ -24,17 +25,6 @@ from rankwatch.runtime.modes import watch_processes
 from rankwatch.runtime.services import Services
 
 IDENT = Identity(run="faults", rank=0, local_rank=0, world_size=1, node="n1")
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
 
 
 @dataclass
@@ -48,24 +38,6 @@ class Recorder:
 
     def kinds(self, *, active: bool = True) -> list[str]:
         return [f.kind for f in self.findings if not (active and f.resolved)]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 20.0, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(interval)
-    return cond()
-
-
-async def until(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        await asyncio.sleep(0.02)
-    return cond()
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$")
@@ -175,15 +147,6 @@ async def fake_slack() -> AsyncIterator[FakeSlack]:
         yield srv
     finally:
         await runner.cleanup()
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop_processes(procs: list[subprocess.Popen]) -> None:

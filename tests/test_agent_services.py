@@ -67,6 +67,7 @@ async def _until(pred, timeout: float = 30.0) -> bool:
     return False
 
 
+@pytest.mark.tool
 def test_run_mode_serves_metrics_alerts_gpu_and_checkpoints(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -162,6 +163,7 @@ async def _true(v: bool) -> bool:
     return v
 
 
+@pytest.mark.process
 def test_services_degrade_without_nvml_and_with_port_taken(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -195,6 +197,7 @@ def test_services_degrade_without_nvml_and_with_port_taken(
         asyncio.run(main())
 
 
+@pytest.mark.process
 def test_eta_past_slurm_time_limit_is_warned(tmp_path: Path) -> None:
     """A run that needs days more inside a job ending in an hour, with no checkpoint due."""
     import dataclasses
@@ -232,6 +235,7 @@ def test_eta_past_slurm_time_limit_is_warned(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.unit
 def test_a_runs_first_save_ends_the_checkpoint_allowance(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

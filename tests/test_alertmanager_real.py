@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from conftest import free_port
 from rankwatch.actions.alerts import AlertDispatcher
 from rankwatch.config.schema import AlertmanagerConfig, AlertsConfig
 from rankwatch.identity import Identity
@@ -25,19 +25,13 @@ from rankwatch.records import Finding, Severity
 
 BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.tool,
     pytest.mark.skipif(
         BINARY is None,
         reason="needs Alertmanager: apt-get install prometheus-alertmanager (binary prometheus-alertmanager)",
     ),
 ]
 WAIT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 AM_CONFIG = """

@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from conftest import FakeClock, until
 from rankwatch.actions.alerts import AlertDispatcher, AlertMessage, DeliveryError, sinks_from_config
 from rankwatch.actions.alerts.alertmanager import alertname
 from rankwatch.actions.alerts.alertmanager import payload as am_payload
@@ -63,17 +64,6 @@ def config(tmp_path: Path, **kw: Any) -> AlertsConfig:
     return AlertsConfig(**base)
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
-
-
 @dataclass
 class RecordingSink:
     name: str = "rec"
@@ -87,13 +77,6 @@ class RecordingSink:
             self.fail -= 1
             raise DeliveryError("down")
         self.alerts.append(alert)
-
-
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def settle(d: AlertDispatcher) -> None:
@@ -172,6 +155,7 @@ def texts(body: dict[str, Any]) -> str:
 
 
 # --- Slack ---------------------------------------------------------------------------------
+@pytest.mark.process
 def test_slack_block_kit_content_and_threaded_resolve(tmp_path: Path) -> None:
     async def go() -> None:
         async with serve("/api/chat.postMessage", slack=True) as srv:
@@ -204,6 +188,7 @@ def test_slack_block_kit_content_and_threaded_resolve(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.process
 def test_slack_message_carries_the_crash_evidence_within_the_block_limit(tmp_path: Path) -> None:
     """A crash's traceback and log tail exist only in the evidence: the message must show them."""
     frames = [f'  File "/app/model.py", line {i}, in layer_{i}' for i in range(500)]
@@ -240,6 +225,7 @@ def test_slack_message_carries_the_crash_evidence_within_the_block_limit(tmp_pat
     asyncio.run(go())
 
 
+@pytest.mark.process
 def test_slack_429_retry_after_is_honoured(tmp_path: Path) -> None:
     async def go() -> None:
         async with serve("/api/chat.postMessage", slack=True) as srv:
@@ -255,6 +241,7 @@ def test_slack_429_retry_after_is_honoured(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.process
 def test_slack_500_retried_with_exponential_backoff(tmp_path: Path) -> None:
     async def go() -> None:
         async with serve("/api/chat.postMessage", slack=True) as srv:
@@ -276,6 +263,7 @@ def test_slack_500_retried_with_exponential_backoff(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.process
 def test_slack_invalid_auth_is_permanent(tmp_path: Path, caplog: Any) -> None:
     async def go() -> None:
         async with serve("/api/chat.postMessage", slack=True) as srv:
@@ -295,6 +283,7 @@ def test_slack_invalid_auth_is_permanent(tmp_path: Path, caplog: Any) -> None:
     )
 
 
+@pytest.mark.process
 def test_slack_hang_times_out_and_retries(tmp_path: Path) -> None:
     async def go() -> None:
         async with serve("/api/chat.postMessage", slack=True) as srv:
@@ -312,6 +301,7 @@ def test_slack_hang_times_out_and_retries(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.process
 def test_slack_incoming_webhook_mode_retries_5xx(tmp_path: Path) -> None:
     async def go() -> None:
         async with serve("/services/T0/B0/secret", slack=False) as srv:
@@ -329,6 +319,7 @@ def test_slack_incoming_webhook_mode_retries_5xx(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.process
 def test_slack_resolve_goes_in_the_thread_another_agent_started(tmp_path: Path) -> None:
     """With one agent per rank the grouped resolve is often sent by another agent than the
     firing: it still lands in the firing's thread, found beside the alert board."""
@@ -353,6 +344,7 @@ def test_slack_resolve_goes_in_the_thread_another_agent_started(tmp_path: Path) 
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_thread_store_ignores_what_it_cannot_use(tmp_path: Path) -> None:
     from rankwatch.actions.alerts.threads import ThreadStore
 
@@ -369,6 +361,7 @@ def test_thread_store_ignores_what_it_cannot_use(tmp_path: Path) -> None:
 
 
 # --- routing policy (fake clock) -------------------------------------------------------------
+@pytest.mark.unit
 def test_retry_after_is_capped_at_backoff_max(tmp_path: Path) -> None:
     """A server asking for a day's pause gets backoff_max (5 s here), not a parked queue."""
 
@@ -397,6 +390,7 @@ def test_retry_after_is_capped_at_backoff_max(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_dedup_and_repeat_interval(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()
@@ -424,6 +418,7 @@ def test_dedup_and_repeat_interval(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_grouping_four_ranks_into_one_message(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()
@@ -451,6 +446,7 @@ def test_grouping_four_ranks_into_one_message(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_grouped_title_claims_the_world_size_only_when_every_rank_is_seen(tmp_path: Path) -> None:
     """A per-node agent watching ranks 8-11 of 32 must not say "4 of 32": 28 unseen ranks may be
     stalled too."""
@@ -468,6 +464,7 @@ def test_grouped_title_claims_the_world_size_only_when_every_rank_is_seen(tmp_pa
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_startup_quiet_holds_then_sends_what_is_still_active(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()
@@ -492,6 +489,7 @@ def test_startup_quiet_holds_then_sends_what_is_still_active(tmp_path: Path) -> 
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_flapping_within_group_wait_stays_silent(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()
@@ -527,6 +525,7 @@ def gpu_hot(uuid: str, rank: int = 3, *, resolved: bool = False) -> Finding:
     return Finding("gpu_hot", Severity.WARNING, rank, msg, 10, resolved=resolved, subject=uuid)
 
 
+@pytest.mark.unit
 def test_two_gpus_of_one_rank_are_two_alerts_and_each_resolves_alone(tmp_path: Path) -> None:
     """Keyed on (run, rank, kind), the second GPU's firing was swallowed as a repeat of the first,
     and the first GPU to cool resolved the alert while the second was still hot."""
@@ -581,6 +580,7 @@ def test_two_gpus_of_one_rank_are_two_alerts_and_each_resolves_alone(tmp_path: P
     asyncio.run(go())
 
 
+@pytest.mark.process
 def test_slack_resolve_of_one_gpu_goes_in_that_gpus_thread(tmp_path: Path) -> None:
     async def go() -> None:
         async with serve("/api/chat.postMessage", slack=True) as srv:
@@ -605,6 +605,7 @@ def test_slack_resolve_of_one_gpu_goes_in_that_gpus_thread(tmp_path: Path) -> No
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_dump_path_noted_after_the_finding_is_in_the_message(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()
@@ -629,6 +630,7 @@ class ForgetfulReceiver(RecordingSink):
     refresh_interval: float = 60.0
 
 
+@pytest.mark.unit
 def test_active_alerts_are_reposted_to_refreshing_sinks(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()
@@ -652,6 +654,7 @@ def test_active_alerts_are_reposted_to_refreshing_sinks(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_below_min_severity_never_alerts(tmp_path: Path) -> None:
     async def go() -> None:
         sink = RecordingSink()
@@ -666,6 +669,7 @@ def test_below_min_severity_never_alerts(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_rate_limit_queues_excess_without_dropping(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()
@@ -690,6 +694,7 @@ def test_rate_limit_queues_excess_without_dropping(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_retries_exhausted_drop_once_and_count(tmp_path: Path) -> None:
     async def go() -> None:
         sink = RecordingSink(fail=100)
@@ -706,6 +711,7 @@ def test_retries_exhausted_drop_once_and_count(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_each_sink_retries_by_its_own_policy(tmp_path: Path) -> None:
     """A sink may bring its own retry policy (a pager that must not be retried for long); the
     others keep the configured one, whose budget stays 705 s with the defaults."""
@@ -736,6 +742,7 @@ def test_each_sink_retries_by_its_own_policy(tmp_path: Path) -> None:
 
 
 # --- isolation and the spool -----------------------------------------------------------------
+@pytest.mark.process
 def test_down_sink_does_not_block_other_sink_or_caller(tmp_path: Path) -> None:
     async def go() -> None:
         async with (
@@ -766,6 +773,7 @@ def test_down_sink_does_not_block_other_sink_or_caller(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.process
 def test_spool_survives_restart_and_delivers_once(tmp_path: Path) -> None:
     async def go() -> None:
         cfg = config(tmp_path)
@@ -794,6 +802,7 @@ def test_spool_survives_restart_and_delivers_once(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_spool_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
     async def go() -> None:
         clock = FakeClock()
@@ -813,6 +822,7 @@ def test_spool_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_spooled_alerts_for_a_removed_sink_are_counted_as_dropped(tmp_path: Path, caplog: Any) -> None:
     cfg = config(tmp_path)
     path = spool_path(cfg.spool_dir, IDENT.run, IDENT.rank)
@@ -833,6 +843,7 @@ def test_spooled_alerts_for_a_removed_sink_are_counted_as_dropped(tmp_path: Path
     assert any("webhook-0ld dropped (no longer configured)" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.unit
 def test_sink_names_follow_the_target_not_its_position() -> None:
     a, b = "http://hooks.example/a", "http://hooks.example/b"
     first = AlertsConfig(webhook=WebhookConfig(urls=[a, b]), alertmanager=AlertmanagerConfig(urls=[a]))
@@ -849,6 +860,7 @@ def finding_alert() -> AlertMessage:
     return AlertMessage("job42", "k1", Severity.CRITICAL, "firing", [AlertMember(3, "k1 on rank 3", 10)], "n")
 
 
+@pytest.mark.unit
 def test_spool_file_is_per_run_and_rank_and_skips_torn_lines(tmp_path: Path) -> None:
     assert spool_path(tmp_path, "job/42", 3).name == "job_42.rank-3.jsonl"
     assert spool_path(tmp_path, "job42", 3) != spool_path(tmp_path, "job42", 4)
@@ -863,6 +875,7 @@ def test_spool_file_is_per_run_and_rank_and_skips_torn_lines(tmp_path: Path) -> 
 
 
 # --- message content -------------------------------------------------------------------------
+@pytest.mark.unit
 def test_suspect_rank_and_rank_list() -> None:
     idle = [AlertMember(r, "m", evidence={"classification": "idle"}) for r in range(5)]
     assert suspect_rank(idle) is None
@@ -872,6 +885,7 @@ def test_suspect_rank_and_rank_list() -> None:
     assert rank_list([0, 1, 2, 3, 5, 7, 8]) == "0-3, 5, 7-8"
 
 
+@pytest.mark.unit
 def test_alertmanager_payload_labels_and_resolve() -> None:
     assert alertname("nan_loss") == "RankwatchNanLoss"
     assert alertname("stall") == "RankwatchStall"
@@ -929,6 +943,7 @@ def _unescaped_sequences(text: str) -> list[str]:
     return re.findall(r"<(?:[!@#][^>]*|[a-z]+://[^>|]*\|[^>]*)>", text)
 
 
+@pytest.mark.unit
 def test_slack_text_and_blocks_escape_log_text(tmp_path: Path) -> None:
     from rankwatch.actions.alerts.slack import build_blocks, fallback_text
 
@@ -955,6 +970,7 @@ def test_slack_text_and_blocks_escape_log_text(tmp_path: Path) -> None:
     ))  # fmt: skip
 
 
+@pytest.mark.process
 def test_slack_post_carries_only_escaped_text(tmp_path: Path) -> None:
     async def go() -> None:
         async with serve("/api/chat.postMessage", slack=True) as srv:
@@ -969,6 +985,7 @@ def test_slack_post_carries_only_escaped_text(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_alertmanager_annotations_defuse_mentions_but_keep_labels_exact() -> None:
     docs = am_payload(_hostile_alert(), now=2.0)
     desc = docs[0]["annotations"]["description"]
@@ -978,6 +995,7 @@ def test_alertmanager_annotations_defuse_mentions_but_keep_labels_exact() -> Non
     assert docs[0]["labels"]["run"] == "<!channel>"  # routing matches the exact value
 
 
+@pytest.mark.unit
 def test_sink_errors_never_carry_credentials(tmp_path: Path) -> None:
     async def go() -> None:
         # aiohttp refuses user:pass@ with an Authorization header: permanent, and redacted

@@ -26,6 +26,8 @@ from rankwatch.config.schema import AlertsConfig
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
 
+pytestmark = pytest.mark.unit
+
 RUN = "job42"
 TAKEOVER = 10.0
 

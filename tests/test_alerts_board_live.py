@@ -12,6 +12,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.process
+
 
 def _receiver() -> tuple[ThreadingHTTPServer, list[dict]]:
     got: list[dict] = []

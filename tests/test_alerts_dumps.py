@@ -22,6 +22,8 @@ from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
 from rankwatch.runtime.agent import Agent
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass
 class RecordingSink:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rankwatch.actions.alerts.message import AlertMessage
 from rankwatch.actions.alerts.policy import AlertPolicy
 from rankwatch.config.schema import AlertsConfig
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
+
+pytestmark = pytest.mark.unit
 
 IDENT = Identity(run="job", rank=0, local_rank=0, world_size=4, node="n")
 

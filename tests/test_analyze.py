@@ -33,6 +33,7 @@ def check_contract(doc: dict) -> None:
         assert set(f) == FINDING_KEYS
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("name", "rank"),
     [
@@ -48,6 +49,7 @@ def test_rank_from_path(name: str, rank: int | None) -> None:
     assert rank_from_path(name) == rank
 
 
+@pytest.mark.unit
 def test_megatron_nan_example(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = run_json(capsys, str(EXAMPLES / "megatron-nan"))
     check_contract(doc)
@@ -65,6 +67,7 @@ def test_megatron_nan_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert "grad_explosion" in kinds
 
 
+@pytest.mark.unit
 def test_hf_oom_example_names_rank_1(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = run_json(capsys, str(EXAMPLES / "hf-oom" / "train.log"))
     check_contract(doc)
@@ -84,6 +87,7 @@ def test_hf_oom_example_names_rank_1(capsys: pytest.CaptureFixture[str]) -> None
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
 
 
+@pytest.mark.unit
 def test_human_output_shows_the_failing_frame_and_the_traceback_tail(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -94,6 +98,7 @@ def test_human_output_shows_the_failing_frame_and_the_traceback_tail(
     assert "rank   ?" not in out
 
 
+@pytest.mark.unit
 def test_healthy_example_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = run_json(capsys, str(EXAMPLES / "healthy-nanogpt"))
     check_contract(doc)
@@ -102,6 +107,7 @@ def test_healthy_example_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert [r["last_step"] for r in doc["ranks"]] == [5000, 5000]
 
 
+@pytest.mark.unit
 def test_human_summary_is_most_severe_first(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", "--no-color", str(EXAMPLES / "megatron-nan")]) == 1
     out = capsys.readouterr().out
@@ -109,11 +115,13 @@ def test_human_summary_is_most_severe_first(capsys: pytest.CaptureFixture[str]) 
     assert "rank   0" in out and "format=megatron" in out
 
 
+@pytest.mark.unit
 def test_missing_file_is_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["analyze", str(tmp_path / "nope.log")]) == 2
     assert "nope.log: no such file" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_bad_config_is_exit_2_with_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cfg = tmp_path / "rw.yaml"
     cfg.write_text("detectors:\n  loss_spike:\n    factr: 3\n")
@@ -122,6 +130,7 @@ def test_bad_config_is_exit_2_with_line(capsys: pytest.CaptureFixture[str], tmp_
     assert f"{cfg}:3: detectors.loss_spike.factr: unknown key (did you mean 'factor'?)" in err
 
 
+@pytest.mark.unit
 def test_set_override_changes_a_threshold(capsys: pytest.CaptureFixture[str]) -> None:
     _, doc = run_json(
         capsys, "--set", "detectors.grad_explosion.enabled=false", str(EXAMPLES / "megatron-nan")
@@ -129,6 +138,7 @@ def test_set_override_changes_a_threshold(capsys: pytest.CaptureFixture[str]) ->
     assert "grad_explosion" not in {f["kind"] for f in doc["findings"]}
 
 
+@pytest.mark.unit
 def test_garbage_and_huge_line_do_not_break_analysis(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -145,6 +155,7 @@ def test_garbage_and_huge_line_do_not_break_analysis(
     assert any(f["kind"] == "nan_loss" for f in doc["findings"])
 
 
+@pytest.mark.unit
 def test_srun_label_prefixes_split_one_file_into_ranks(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -161,6 +172,7 @@ def test_srun_label_prefixes_split_one_file_into_ranks(
     assert [(f["rank"], f["step"]) for f in nan] == [(1, 30)]
 
 
+@pytest.mark.process
 def test_python_dash_m_and_help() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "rankwatch", "--help"],
@@ -180,6 +192,7 @@ def test_python_dash_m_and_help() -> None:
     assert ver.stdout.startswith("rankwatch ")
 
 
+@pytest.mark.unit
 def test_unrecognised_input_is_exit_2_naming_the_files(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -195,6 +208,7 @@ def test_unrecognised_input_is_exit_2_naming_the_files(
         assert str(binary) in captured.err
 
 
+@pytest.mark.unit
 def test_unrecognised_file_among_good_ones_is_exit_neutral(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -222,6 +236,7 @@ WATCHDOG = (
 )
 
 
+@pytest.mark.unit
 def test_lagging_rank_is_listed_before_the_timeouts_it_caused(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -243,6 +258,7 @@ def test_lagging_rank_is_listed_before_the_timeouts_it_caused(
     assert out.index("rank_lagging") < out.index("nccl_timeout")
 
 
+@pytest.mark.process
 def test_files_in_worker_processes_give_the_same_answer(tmp_path: Path) -> None:
     """-j N: per-file work in spawned workers, cross-rank findings after: identical output."""
     from rankwatch.analyze import analyze
@@ -255,6 +271,7 @@ def test_files_in_worker_processes_give_the_same_answer(tmp_path: Path) -> None:
     assert any(f["kind"] == "nan_loss" for f in serial["findings"])
 
 
+@pytest.mark.unit
 def test_jobs_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     from rankwatch.cli import main
 
@@ -263,6 +280,7 @@ def test_jobs_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--jobs must be 1 or more" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_nan_dict_glued_to_an_nccl_info_line_is_found(tmp_path: Path) -> None:
     """analyze skips NCCL INFO chatter unseen, but not a step dict that block-buffered stdout
     glued onto such a line."""
@@ -283,6 +301,7 @@ def test_nan_dict_glued_to_an_nccl_info_line_is_found(tmp_path: Path) -> None:
     assert [f["line"] for f in doc["findings"] if f["kind"] == "nan_loss"] == [31]
 
 
+@pytest.mark.process
 def test_counted_hf_steps_are_said_to_be_counted(tmp_path: Path) -> None:
     """Without its progress bar an HF log has no step numbers: a finding must not present the
     count of logged dicts as the trainer's step."""

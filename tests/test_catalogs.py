@@ -42,6 +42,8 @@ from rankwatch.sources.signatures import (
     may_hold_signature,
 )
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPORA = [
     ROOT / "tests" / "data" / "wild",

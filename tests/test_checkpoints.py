@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from conftest import until
 from rankwatch.checkpoints import CheckpointConfig
 from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.catalog import Catalog
@@ -157,6 +158,7 @@ def no_weights_only(findings: list[Finding]) -> list[Finding]:
 # --- file checks ------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_safetensors_checks_catch_truncation_zeroing_and_flipped_header(tmp_path: Path) -> None:
     np = pytest.importorskip("numpy")
     good = tmp_path / "model.safetensors"
@@ -185,6 +187,7 @@ def test_safetensors_checks_catch_truncation_zeroing_and_flipped_header(tmp_path
     assert "bytes after the last tensor" in probe(data + b"\0" * 16)
 
 
+@pytest.mark.tool
 def test_torch_zip_checks_and_pickle_scan(tmp_path: Path) -> None:
     torch = _torch()
     f = tmp_path / "last.ckpt"
@@ -214,6 +217,7 @@ def test_torch_zip_checks_and_pickle_scan(tmp_path: Path) -> None:
     assert probe(bytes(blob), deep=True) == ["crc"]
 
 
+@pytest.mark.unit
 def test_legacy_torch_pickle_truncation(tmp_path: Path) -> None:
     torch = _torch()
     f = tmp_path / "old.pt"
@@ -225,6 +229,7 @@ def test_legacy_torch_pickle_truncation(tmp_path: Path) -> None:
     assert [p.check for p in check_torch(f, "old.pt", len(data) - 4).problems] == ["truncated"]
 
 
+@pytest.mark.unit
 def test_zero_byte_file_is_corrupt(tmp_path: Path) -> None:
     clock = Clock()
     d = write_hf(tmp_path, 64, when=clock.wall() - 100)
@@ -237,6 +242,7 @@ def test_zero_byte_file_is_corrupt(tmp_path: Path) -> None:
     assert cat.entries["checkpoint-64"].status == "corrupt"
 
 
+@pytest.mark.unit
 def test_plain_safetensors_corrupt_then_superseded_then_deleted(tmp_path: Path) -> None:
     """numpy only: a truncated save fires, a newer good one resolves it, a new one fires again."""
     clock = Clock()
@@ -269,6 +275,7 @@ def test_plain_safetensors_corrupt_then_superseded_then_deleted(tmp_path: Path) 
     assert kinds(update(cat)) == [("checkpoint_corrupt", "critical", True)]
 
 
+@pytest.mark.unit
 def test_open_findings_resolve_a_kind_only_when_its_last_cause_clears() -> None:
     open_ = OpenFindings()
     assert open_.open("checkpoint_corrupt", ("saved", "checkpoint-64"), Severity.CRITICAL)
@@ -285,6 +292,7 @@ def test_open_findings_resolve_a_kind_only_when_its_last_cause_clears() -> None:
 # --- layouts ----------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_layouts_are_recognised(tmp_path: Path) -> None:
     torch = _torch()
     import torch.distributed.checkpoint as dcp
@@ -390,6 +398,7 @@ def test_layouts_are_recognised(tmp_path: Path) -> None:
     assert verify_candidate(got["snap/weights.v7"]).ok
 
 
+@pytest.mark.unit
 def test_megatron_and_deepspeed_pointers_must_lead_somewhere(tmp_path: Path) -> None:
     torch = _torch()
     clock = Clock()
@@ -429,6 +438,7 @@ def test_megatron_and_deepspeed_pointers_must_lead_somewhere(tmp_path: Path) -> 
 # --- completion and settle logic ------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_save_in_pieces_is_judged_only_after_marker_and_settle(tmp_path: Path) -> None:
     clock = Clock()
     cat = catalog(tmp_path, clock)
@@ -451,6 +461,7 @@ def test_save_in_pieces_is_judged_only_after_marker_and_settle(tmp_path: Path) -
     assert cat.last_good() is e
 
 
+@pytest.mark.unit
 def test_empty_folder_at_start_is_a_save_beginning_not_an_ancient_failure(tmp_path: Path) -> None:
     """The watcher's first scan can land between a save's mkdir and its first file (CI saw it)."""
     clock = Clock()
@@ -470,6 +481,7 @@ def test_empty_folder_at_start_is_a_save_beginning_not_an_ancient_failure(tmp_pa
     assert cli.entries["checkpoint-16"].status == "incomplete"  # the CLI judges what is there now
 
 
+@pytest.mark.unit
 def test_markerless_file_written_slowly_is_not_called_corrupt(tmp_path: Path) -> None:
     torch = _torch()
     clock = Clock()
@@ -504,6 +516,7 @@ def test_markerless_file_written_slowly_is_not_called_corrupt(tmp_path: Path) ->
     assert "last good: ckpt_100.pt (step 100" in found[0].message
 
 
+@pytest.mark.unit
 def test_interrupted_save_becomes_incomplete(tmp_path: Path) -> None:
     clock = Clock()
     cat = catalog(tmp_path, clock)
@@ -529,6 +542,7 @@ def test_interrupted_save_becomes_incomplete(tmp_path: Path) -> None:
     assert update(cat) == []
 
 
+@pytest.mark.unit
 def test_deleted_mid_save_and_rotation_are_noted_not_alarmed(tmp_path: Path) -> None:
     clock = Clock()
     cat = catalog(tmp_path, clock)
@@ -551,6 +565,7 @@ def test_deleted_mid_save_and_rotation_are_noted_not_alarmed(tmp_path: Path) -> 
     assert cat.last_good().name == "checkpoint-48"
 
 
+@pytest.mark.unit
 def test_files_disappearing_from_a_good_checkpoint_wait_for_the_rmtree(tmp_path: Path) -> None:
     clock = Clock()
     cat = catalog(tmp_path, clock)
@@ -568,6 +583,7 @@ def test_files_disappearing_from_a_good_checkpoint_wait_for_the_rmtree(tmp_path:
 # --- verification by layout ---------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_corrupt_checkpoint_names_file_check_and_last_good(tmp_path: Path) -> None:
     clock = Clock()
     write_hf(tmp_path, 32, torch_files=False, when=clock.wall() - 600)
@@ -593,6 +609,7 @@ def test_corrupt_checkpoint_names_file_check_and_last_good(tmp_path: Path) -> No
     assert cat.last_good().name == "checkpoint-96"
 
 
+@pytest.mark.unit
 def test_hf_checks_step_shards_and_resumability(tmp_path: Path) -> None:
     torch = _torch()
     d = write_hf(tmp_path, 40)
@@ -637,6 +654,7 @@ def test_hf_checks_step_shards_and_resumability(tmp_path: Path) -> None:
     assert [str(p) for p in v.problems] == ["optimizer_0/.metadata: missing: DCP cannot load the shards"]
 
 
+@pytest.mark.unit
 def test_hf_global_step_not_matching_the_folder_fails_verification(tmp_path: Path) -> None:
     clock = Clock()
     write_hf(tmp_path, 40, torch_files=False, when=clock.wall() - 900)
@@ -652,6 +670,7 @@ def test_hf_global_step_not_matching_the_folder_fails_verification(tmp_path: Pat
     assert cat.last_good().name == "checkpoint-40"
 
 
+@pytest.mark.unit
 def test_weights_only_and_suspiciously_small(tmp_path: Path) -> None:
     clock = Clock()
     cat = catalog(tmp_path, clock)
@@ -696,6 +715,7 @@ def test_weights_only_and_suspiciously_small(tmp_path: Path) -> None:
     assert kinds(update(cat)) == [("checkpoint_weights_only", "warning", False)]
 
 
+@pytest.mark.unit
 def test_weights_only_run_is_said_once_at_info(tmp_path: Path) -> None:
     clock = Clock()
     write_hf(tmp_path, 10, optimizer=False, when=clock.wall() - 900)
@@ -708,6 +728,7 @@ def test_weights_only_run_is_said_once_at_info(tmp_path: Path) -> None:
 # --- clean, not just intact ----------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_checkpoints_after_nan_finding_are_suspect(tmp_path: Path) -> None:
     clock = Clock()
     for i, step in enumerate((32, 64, 96)):
@@ -740,6 +761,7 @@ def test_checkpoints_after_nan_finding_are_suspect(tmp_path: Path) -> None:
     assert snap["checkpoints"]["suspect"] == 2 and snap["poisoned_from_step"] == 70
 
 
+@pytest.mark.unit
 def test_nan_in_trainer_state_log_history_marks_later_checkpoints(tmp_path: Path) -> None:
     clock = Clock()
     write_hf(tmp_path, 32, when=clock.wall() - 900)
@@ -755,6 +777,7 @@ def test_nan_in_trainer_state_log_history_marks_later_checkpoints(tmp_path: Path
     assert "step 72 (trainer_state.json log_history)" in cat.entries["checkpoint-96"].reason
 
 
+@pytest.mark.unit
 def test_records_from_trainer_state(tmp_path: Path) -> None:
     d = write_hf(tmp_path, 64, nan_at=56)
     recs = L.records_from_trainer_state(d / L.TRAINER_STATE)
@@ -777,6 +800,7 @@ def test_records_from_trainer_state(tmp_path: Path) -> None:
     assert L.first_bad_step(fp16) == (40, "grad_norm inf")
 
 
+@pytest.mark.unit
 def test_trainer_state_history_is_handed_out_once_newest_tail_only(tmp_path: Path) -> None:
     clock = Clock()
     write_hf(tmp_path, 64, torch_files=False, when=clock.wall() - 900)
@@ -816,6 +840,7 @@ def _history_services(tmp_path: Path, logs: list[Path]) -> tuple[Agent, Services
     return agent, Services(agent, cfg, server=False)
 
 
+@pytest.mark.unit
 def test_nan_only_in_log_history_reaches_the_detectors_once(tmp_path: Path) -> None:
     """`watch --checkpoint-dir` with no log: the checkpoints' own history is the only loss curve."""
     root = tmp_path / "ckpt"
@@ -823,13 +848,6 @@ def test_nan_only_in_log_history_reaches_the_detectors_once(tmp_path: Path) -> N
 
     def nan_findings() -> list[tuple[str, str, bool]]:
         return kinds([f for f in agent.findings if f.kind == "nan_loss"])
-
-    async def until(pred: Callable[[], bool]) -> None:
-        for _ in range(200):
-            if pred():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("timed out")
 
     async def scenario() -> None:
         await svc.start()
@@ -851,6 +869,7 @@ def test_nan_only_in_log_history_reaches_the_detectors_once(tmp_path: Path) -> N
     asyncio.run(scenario())
 
 
+@pytest.mark.unit
 def test_log_history_is_not_fed_when_the_log_has_steps(tmp_path: Path) -> None:
     agent, svc = _history_services(tmp_path, [tmp_path / "train.log"])
     eng = agent.watchers[0].engine
@@ -865,6 +884,7 @@ def test_log_history_is_not_fed_when_the_log_has_steps(tmp_path: Path) -> None:
 # --- stale and disk_low -------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_stale_rule_from_cadence(tmp_path: Path) -> None:
     rule = StaleRule(CheckpointConfig())
     assert rule.max_age([T0]) is None
@@ -888,6 +908,7 @@ def test_stale_rule_from_cadence(tmp_path: Path) -> None:
     assert kinds(fixed.check(T0 + 601, None, [], T0, **kw)) == [("checkpoint_stale", "warning", False)]
 
 
+@pytest.mark.unit
 def test_disk_rule_warns_before_the_save_fails() -> None:
     rule = DiskRule(CheckpointConfig())
     gib = 1 << 30
@@ -904,6 +925,7 @@ def test_disk_rule_warns_before_the_save_fails() -> None:
     assert kinds(floor.check(4 * gib, None, **kw)) == [("disk_low", "warning", False)]
 
 
+@pytest.mark.unit
 def test_watcher_stale_and_disk_low_with_injected_clock_and_statvfs(tmp_path: Path) -> None:
     clock = Clock()
     free = {"bytes": 10**12}
@@ -938,6 +960,7 @@ def test_watcher_stale_and_disk_low_with_injected_clock_and_statvfs(tmp_path: Pa
 # --- deep mode -------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_deep_mode_catches_a_silent_change(tmp_path: Path) -> None:
     clock = Clock()
     root = tmp_path / "run"
@@ -987,6 +1010,7 @@ def _cli(argv: list[str]) -> Callable[[], int]:
     return lambda: args.func(args)
 
 
+@pytest.mark.unit
 def test_cli_table_last_good_and_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     now = time.time()
     write_hf(tmp_path, 32, when=now - 3 * 3600)
@@ -1030,6 +1054,7 @@ def test_cli_table_last_good_and_exit_codes(tmp_path: Path, capsys: pytest.Captu
     assert "no checkpoints found" in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_cli_shows_incomplete_and_single_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1046,6 +1071,7 @@ def test_cli_shows_incomplete_and_single_checkpoint(
 # --- the live watcher ------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("mode", ["auto", "poll"])
 def test_async_watcher_picks_up_a_new_checkpoint(tmp_path: Path, mode: str) -> None:
     _torch()
@@ -1088,6 +1114,7 @@ def test_async_watcher_picks_up_a_new_checkpoint(tmp_path: Path, mode: str) -> N
     assert "scheduler.pt: zero bytes" in emitted[0].message
 
 
+@pytest.mark.unit
 def test_async_watcher_reports_writing_while_a_save_runs(tmp_path: Path) -> None:
     clock = Clock()
     w = CheckpointWatcher(
@@ -1103,6 +1130,7 @@ def test_async_watcher_reports_writing_while_a_save_runs(tmp_path: Path) -> None
     assert not w.writing and w.catalog.entries["checkpoint-8"].status == "incomplete"
 
 
+@pytest.mark.unit
 def test_a_cut_markerless_save_is_corrupt_after_corrupt_after_not_the_quarter_hour(tmp_path: Path) -> None:
     """A truncated .safetensors (no completion marker to wait for) is reported two minutes after its
     last write by default, not after incomplete_after (15 min): the moment it matters."""
@@ -1119,6 +1147,7 @@ def test_a_cut_markerless_save_is_corrupt_after_corrupt_after_not_the_quarter_ho
     assert kinds(found) == [("checkpoint_corrupt", "critical", False)]
 
 
+@pytest.mark.unit
 def test_cli_judges_a_fresh_copy_with_completion_markers_at_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

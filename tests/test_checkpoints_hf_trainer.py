@@ -22,7 +22,7 @@ from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.catalog import Catalog
 from rankwatch.records import StepRecord
 
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.tool, pytest.mark.torch, pytest.mark.timeout(120)]
 
 TRAIN = textwrap.dedent(
     """

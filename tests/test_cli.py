@@ -71,6 +71,7 @@ def _start_fail_open(tmp_path: Path, config: str, *extra: str) -> tuple[subproce
     pytest.fail(f"no fail-open server: {err.read_text()}")
 
 
+@pytest.mark.process
 def test_config_typo_without_fail_open_exits_2(tmp_path: Path) -> None:
     cfg = tmp_path / "rw.yaml"
     cfg.write_text("stall:\n  startup_grase: 10m\n")
@@ -79,6 +80,7 @@ def test_config_typo_without_fail_open_exits_2(tmp_path: Path) -> None:
     assert "startup_grase" in proc.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("config", "extra", "reason"),
     [
@@ -111,6 +113,7 @@ def test_fail_open_stays_up_unready_and_says_why(
         assert proc.wait(timeout=20) == 0
 
 
+@pytest.mark.tool
 def test_degraded_metrics_pass_promtool(tmp_path: Path) -> None:
     import shutil
 
@@ -129,6 +132,7 @@ def test_degraded_metrics_pass_promtool(tmp_path: Path) -> None:
 # --- an agent that cannot read the ranks' environment -----------------------------------------
 
 
+@pytest.mark.process
 def test_unreadable_rank_environment_is_loud_and_not_ready(tmp_path: Path) -> None:
     """Several ranks per pod, the sidecar as another user than the trainers: it sees the
     processes but not their RANK. It must say so (log, metric, /readyz 503), not sit ready
@@ -209,6 +213,7 @@ def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     return out
 
 
+@pytest.mark.unit
 def test_every_option_and_command_has_help() -> None:
     missing = set()
     for path, p in _parsers():
@@ -222,6 +227,7 @@ def test_every_option_and_command_has_help() -> None:
     assert missing - HELP_PENDING == set(), sorted(missing - HELP_PENDING)
 
 
+@pytest.mark.unit
 def test_help_names_nothing_unshipped_and_watch_has_a_description() -> None:
     parsers = dict(_parsers())
     for path, p in parsers.items():
@@ -230,6 +236,7 @@ def test_help_names_nothing_unshipped_and_watch_has_a_description() -> None:
     assert "--fail-open" in parsers["rankwatch watch"].format_help()
 
 
+@pytest.mark.process
 def test_config_show_json_is_the_effective_config_without_secrets(tmp_path: Path) -> None:
     cfg = tmp_path / "rw.yaml"
     cfg.write_text(
@@ -248,6 +255,7 @@ def test_config_show_json_is_the_effective_config_without_secrets(tmp_path: Path
     assert "s3cret" not in proc.stdout and "h00k" not in proc.stdout
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("no_color", "coloured"), [(None, True), ("1", False), ("", True)])
 def test_live_console_honours_no_color(
     monkeypatch: pytest.MonkeyPatch, no_color: str | None, coloured: bool
@@ -284,6 +292,7 @@ def _bash_complete(script: Path, *words: str) -> list[str]:
     return [w for w in proc.stdout.splitlines() if w]
 
 
+@pytest.mark.process
 def test_bash_completion(tmp_path: Path) -> None:
     proc = _rankwatch("completion", "bash")
     assert proc.returncode == 0, proc.stderr
@@ -300,6 +309,7 @@ def test_bash_completion(tmp_path: Path) -> None:
     assert _bash_complete(script, "rankwatch", "completion", "") == ["bash", "zsh"]
 
 
+@pytest.mark.tool
 def test_zsh_completion(tmp_path: Path) -> None:
     import shutil
 
@@ -324,6 +334,7 @@ def test_zsh_completion(tmp_path: Path) -> None:
 # --- analyze progress ---------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_progress_line_renders_bytes_and_never_claims_done_early() -> None:
     from rankwatch.progress import render
 
@@ -332,6 +343,7 @@ def test_progress_line_renders_bytes_and_never_claims_done_early() -> None:
     assert "(0%)" in render(0, 0, 0)
 
 
+@pytest.mark.unit
 def test_progress_draws_then_erases_itself(tmp_path: Path) -> None:
     import io
 
@@ -378,6 +390,7 @@ def _run_in_pty(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
         os.close(main)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("argv", "shown"),
     [(["analyze"], True), (["analyze", "--quiet"], False), (["-q", "analyze"], False)],
@@ -397,6 +410,7 @@ def test_analyze_shows_progress_on_a_terminal_only(tmp_path: Path, argv: list[st
     assert piped.returncode == 0 and "analyze: " not in piped.stderr and "\r" not in piped.stderr
 
 
+@pytest.mark.unit
 def test_pyproject_declares_the_supported_pythons_and_project_urls() -> None:
     setuptools_config = pytest.importorskip("setuptools.config.pyprojecttoml")
     project = setuptools_config.read_configuration(ROOT / "pyproject.toml")["project"]

@@ -53,6 +53,7 @@ def _without_paths(doc: dict) -> str:
     return json.dumps(doc, sort_keys=True, default=str)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("suffix", sorted(COMPRESS))
 def test_a_compressed_log_reads_as_its_text(tmp_path: Path, suffix: str) -> None:
     cfg = Config()
@@ -69,6 +70,7 @@ def test_a_compressed_log_reads_as_its_text(tmp_path: Path, suffix: str) -> None
     assert got["findings"] and _without_paths(got) == _without_paths(want)
 
 
+@pytest.mark.unit
 def test_a_compressed_stream_cut_short_gives_what_it_held(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -87,6 +89,7 @@ def test_a_compressed_stream_cut_short_gives_what_it_held(
     assert [(x.text, x.lineno) for x in got[:-1]] == [(x.text, x.lineno) for x in want[: len(got) - 1]]
 
 
+@pytest.mark.unit
 def test_a_compressed_stream_corrupt_midway_ends_there(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -100,6 +103,7 @@ def test_a_compressed_stream_corrupt_midway_ends_there(
     assert res.ranks[0].steps > 0
 
 
+@pytest.mark.unit
 def test_zstd_is_named_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / "rank-0.log.zst"
     p.write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 32)
@@ -110,6 +114,7 @@ def test_zstd_is_named_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[
         open_decompressed(p, "zstd")
 
 
+@pytest.mark.unit
 def test_a_folder_of_compressed_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for p in sorted((EXAMPLES / "megatron-nan").glob("rank-*.log")):
         (tmp_path / (p.name + ".gz")).write_bytes(gzip.compress(p.read_bytes()))
@@ -120,6 +125,7 @@ def test_a_folder_of_compressed_logs(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert [Path(r["path"]).name for r in doc["ranks"]] == [f"rank-{r}.log.gz" for r in range(4)]
 
 
+@pytest.mark.process
 def test_the_reading_process_decompresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A big compressed file on a spare core: the child reads and decompresses all of it."""
     text = _noisy_log(12000)
@@ -139,6 +145,7 @@ def test_the_reading_process_decompresses(tmp_path: Path, monkeypatch: pytest.Mo
     assert any(f.kind == "nan_loss" for f in both.findings)
 
 
+@pytest.mark.process
 def test_a_reading_process_that_dies_on_a_compressed_file_is_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -41,6 +41,7 @@ def error_of(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> Co
 # -- defaults and valid files -------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_none_means_defaults() -> None:
     cfg = load_config(None)
     assert cfg == Config()
@@ -48,6 +49,7 @@ def test_none_means_defaults() -> None:
     assert cfg.logs.poll_interval == 0.25
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "text", ["", "\n\n", "# only a comment\n  # another\n", "---\n", "~\n", "\ufeff# bom\n"]
 )
@@ -55,6 +57,7 @@ def test_empty_or_comment_only_file_gives_defaults(tmp_path: Path, text: str) ->
     assert load_config(write(tmp_path, text)) == Config()
 
 
+@pytest.mark.unit
 def test_realistic_file(tmp_path: Path) -> None:
     path = write(
         tmp_path,
@@ -98,6 +101,7 @@ def test_realistic_file(tmp_path: Path) -> None:
     assert cfg.detectors.loss_spike.window == 10  # untouched keys keep defaults
 
 
+@pytest.mark.unit
 def test_merge_keys_and_anchors(tmp_path: Path) -> None:
     cfg = load_config(
         write(
@@ -121,6 +125,7 @@ def test_merge_keys_and_anchors(tmp_path: Path) -> None:
 # -- errors, each with its exact line -------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_unknown_key_message_format(tmp_path: Path) -> None:
     err = error_of(
         tmp_path,
@@ -138,6 +143,7 @@ def test_unknown_key_message_format(tmp_path: Path) -> None:
     assert str(err) == f"{err.file}:7: detectors.loss_spike.factr: unknown key (did you mean 'factor'?)"
 
 
+@pytest.mark.unit
 def test_unknown_nested_section(tmp_path: Path) -> None:
     err = error_of(
         tmp_path,
@@ -153,6 +159,7 @@ def test_unknown_nested_section(tmp_path: Path) -> None:
     assert "did you mean 'loss_spike'?" in err.message
 
 
+@pytest.mark.unit
 def test_unknown_top_level_without_close_match_lists_sections(tmp_path: Path) -> None:
     err = error_of(tmp_path, "run:\n  rank: 1\nzzzzzz: {}\n")
     assert (err.line, err.key) == (3, "zzzzzz")
@@ -162,12 +169,14 @@ def test_unknown_top_level_without_close_match_lists_sections(tmp_path: Path) ->
     )
 
 
+@pytest.mark.unit
 def test_dotted_key_written_flat(tmp_path: Path) -> None:
     err = error_of(tmp_path, "detectors.warmup_steps: 10\n")
     assert (err.line, err.key) == (1, "detectors.warmup_steps")
     assert "nest it under 'detectors:'" in err.message
 
 
+@pytest.mark.unit
 def test_duplicate_key(tmp_path: Path) -> None:
     err = error_of(
         tmp_path,
@@ -183,11 +192,13 @@ def test_duplicate_key(tmp_path: Path) -> None:
     assert err.message == "duplicate key (first defined on line 3)"
 
 
+@pytest.mark.unit
 def test_duplicate_section(tmp_path: Path) -> None:
     err = error_of(tmp_path, "logs:\n  format: hf\nrun:\n  rank: 1\nlogs:\n  format: json\n")
     assert (err.line, err.key) == (5, "logs")
 
 
+@pytest.mark.unit
 def test_literal_error_lists_every_choice(tmp_path: Path) -> None:
     err = error_of(tmp_path, "run:\n  rank: 0\nlogs:\n  format: megatorn\n")
     assert (err.line, err.key) == (4, "logs.format")
@@ -197,6 +208,7 @@ def test_literal_error_lists_every_choice(tmp_path: Path) -> None:
     assert "did you mean 'megatron'?" in err.message
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "line", "key", "expected"),
     [
@@ -265,6 +277,7 @@ def test_type_errors_name_line_key_and_expectation(
     assert str(err).startswith(f"{err.file}:{line}: {key}: ")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text", ["- run\n- logs\n", "just a string\n", "42\n"])
 def test_top_level_must_be_a_mapping(tmp_path: Path, text: str) -> None:
     err = error_of(tmp_path, text)
@@ -272,6 +285,7 @@ def test_top_level_must_be_a_mapping(tmp_path: Path, text: str) -> None:
     assert "mapping of sections at the top level" in err.message
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "line"),
     [
@@ -289,12 +303,14 @@ def test_yaml_syntax_errors_carry_the_line(tmp_path: Path, text: str, line: int)
     assert err.message.startswith("invalid YAML: ")
 
 
+@pytest.mark.unit
 def test_missing_file() -> None:
     with pytest.raises(ConfigError, match=r"nope\.yaml: file not found") as info:
         load_config("/nonexistent/nope.yaml")
     assert info.value.file == "/nonexistent/nope.yaml"
 
 
+@pytest.mark.unit
 def test_directory_and_unreadable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(tmp_path)
@@ -309,6 +325,7 @@ def test_directory_and_unreadable(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert info.value.file == str(path)
 
 
+@pytest.mark.unit
 def test_not_utf8_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "latin1.yaml"
     path.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
@@ -320,6 +337,7 @@ def test_not_utf8_names_file_and_line(tmp_path: Path) -> None:
 # -- environment interpolation ------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_env_interpolation_types_the_result(tmp_path: Path) -> None:
     path = write(
         tmp_path,
@@ -348,6 +366,7 @@ def test_env_interpolation_types_the_result(tmp_path: Path) -> None:
     assert cfg.logs.regex == "literal ${NOT_A_VAR} and $$ and $HOME"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "value"),
     [
@@ -371,6 +390,7 @@ def test_env_text_is_typed_as_yaml_types_it_in_place(tmp_path: Path, text: str, 
         assert cfg.run.name == value
 
 
+@pytest.mark.unit
 def test_scalars_pyyaml_refuses_name_line_and_key(tmp_path: Path) -> None:
     err = error_of(tmp_path, "run:\n  rank: 0\ndetectors:\n  nan:\n    enabled: !!bool maybe\n")
     assert (err.line, err.key) == (5, "detectors.nan.enabled") and "invalid value 'maybe'" in err.message
@@ -378,6 +398,7 @@ def test_scalars_pyyaml_refuses_name_line_and_key(tmp_path: Path) -> None:
     assert (err.line, err.key) == (2, "logs.sniff_lines") and "invalid value 'many'" in err.message
 
 
+@pytest.mark.unit
 def test_env_value_is_validated_like_literal_text(tmp_path: Path) -> None:
     err = error_of(
         tmp_path, "run:\n  rank: 0\ndetectors:\n  warmup_steps: ${WARMUP}\n", env={"WARMUP": "many"}
@@ -386,12 +407,14 @@ def test_env_value_is_validated_like_literal_text(tmp_path: Path) -> None:
     assert "expected an integer, got a string ('many')" in err.message
 
 
+@pytest.mark.unit
 def test_env_missing_variable_names_line_key_and_variable(tmp_path: Path) -> None:
     err = error_of(tmp_path, "run:\n  name: x\n  node: node-${NODE_ID}\n")
     assert (err.line, err.key) == (3, "run.node")
     assert "environment variable 'NODE_ID' is not set" in err.message
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("value", "fragment"), [("a${B", "unterminated"), ("${1X}", "invalid environment")])
 def test_env_bad_references(tmp_path: Path, value: str, fragment: str) -> None:
     err = error_of(tmp_path, f"run:\n  name: '{value}'\n")
@@ -399,6 +422,7 @@ def test_env_bad_references(tmp_path: Path, value: str, fragment: str) -> None:
     assert fragment in err.message
 
 
+@pytest.mark.unit
 def test_env_defaults_to_process_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RW_TEST_RANK", "5")
     assert load_config(write(tmp_path, "run:\n  rank: ${RW_TEST_RANK}\n")).run.rank == 5
@@ -407,6 +431,7 @@ def test_env_defaults_to_process_environment(tmp_path: Path, monkeypatch: pytest
 # -- units ----------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [
@@ -434,6 +459,7 @@ def test_parse_duration(text: str | float, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds, rel=1e-12)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
@@ -454,6 +480,7 @@ def test_parse_duration_rejects(text: str | float, fragment: str) -> None:
         parse_duration(text)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "size"),
     [
@@ -478,6 +505,7 @@ def test_parse_size(text: str | int, size: int) -> None:
     assert parse_size(text) == size
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
@@ -494,6 +522,7 @@ def test_parse_size_rejects(text: str | float, fragment: str) -> None:
         parse_size(text)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [
@@ -511,6 +540,7 @@ def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("size", "text"),
     [
@@ -527,6 +557,7 @@ def test_format_size(size: int, text: str) -> None:
     assert format_size(size) == text
 
 
+@pytest.mark.unit
 @given(
     st.floats(min_value=0, max_value=1e9, allow_nan=False) | st.integers(0, 10**7).map(lambda ms: ms / 1000)
 )
@@ -534,6 +565,7 @@ def test_format_duration_round_trips(seconds: float) -> None:
     assert parse_duration(format_duration(seconds)) == seconds
 
 
+@pytest.mark.unit
 @given(st.integers(min_value=0, max_value=2**62))
 def test_format_size_round_trips(size: int) -> None:
     assert parse_size(format_size(size)) == size
@@ -542,6 +574,7 @@ def test_format_size_round_trips(size: int) -> None:
 # -- programmatic use -------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_config_from_dict() -> None:
     cfg = config_from_dict(
         {"logs": {"poll_interval": "2s", "format": "hf"}, "detectors": {"warmup_steps": 5}}
@@ -561,6 +594,7 @@ def test_config_from_dict() -> None:
         config_from_dict({"detectors": {"warmup_steps": False}})
 
 
+@pytest.mark.unit
 def test_with_overrides() -> None:
     base = Config()
     cfg = with_overrides(
@@ -584,6 +618,7 @@ def test_with_overrides() -> None:
         with_overrides(base, {"detectorz.nan.enabled": False})
 
 
+@pytest.mark.unit
 def test_with_overrides_reads_text_like_a_file() -> None:
     cfg = with_overrides(
         Config(),
@@ -608,6 +643,7 @@ def test_with_overrides_reads_text_like_a_file() -> None:
     assert kept.run.name == "null"  # values already in the config are not re-read as text
 
 
+@pytest.mark.unit
 def test_parse_override_reads_values_as_yaml() -> None:
     assert parse_override("detectors.warmup_steps=10") == ("detectors.warmup_steps", 10)
     assert parse_override("logs.poll_interval=2s") == ("logs.poll_interval", "2s")
@@ -621,6 +657,7 @@ def test_parse_override_reads_values_as_yaml() -> None:
 # -- rendering --------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_render_defaults_round_trip_and_docs(tmp_path: Path) -> None:
     text = render_config(Config())
     assert load_config(write(tmp_path, text), env={}) == Config()
@@ -636,6 +673,7 @@ def test_render_defaults_round_trip_and_docs(tmp_path: Path) -> None:
     assert all(re.search(r"\S  # \S", ln) for ln in leaves)
 
 
+@pytest.mark.unit
 def test_render_round_trips_awkward_values(tmp_path: Path) -> None:
     awkward = {
         "run": {"name": "yes", "node": "${HOME} and $${X}", "rank": 3},
@@ -654,6 +692,7 @@ def test_render_round_trips_awkward_values(tmp_path: Path) -> None:
     assert again == cfg
 
 
+@pytest.mark.unit
 def test_config_keys() -> None:
     keys = config_keys()
     assert keys[:2] == ["run.name", "run.rank"]
@@ -699,6 +738,7 @@ def load_extended(text: str) -> Extended:
     return loader._build(loader._parse_yaml(textwrap.dedent(text), "ext.yaml"), Extended, "ext.yaml", {})
 
 
+@pytest.mark.unit
 def test_generic_schema_lists_dicts_and_optional_sections() -> None:
     cfg = load_extended(
         """
@@ -727,6 +767,7 @@ def test_generic_schema_lists_dicts_and_optional_sections() -> None:
     assert "sinks:  # alert sinks\n  - kind: slack  # where to send\n    url: ''  # endpoint\n" in with_doc
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "line", "key", "fragment"),
     [
@@ -754,6 +795,7 @@ def test_generic_schema_errors(text: str, line: int, key: str, fragment: str) ->
     assert fragment in info.value.message
 
 
+@pytest.mark.unit
 def test_generic_schema_null_optional_section() -> None:
     assert load_extended("tls: null\nmode: ~\nquota:\n") == Extended()
     assert load_extended("tls:\n").tls is None
@@ -771,6 +813,7 @@ _TOKENS = [
 # fmt: on
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pieces=st.lists(st.sampled_from(_TOKENS) | st.text(max_size=4), max_size=40))
 def test_arbitrary_yamlish_text_raises_only_config_error(tmp_path: Path, pieces: list[str]) -> None:
@@ -785,12 +828,14 @@ def test_arbitrary_yamlish_text_raises_only_config_error(tmp_path: Path, pieces:
         assert dataclasses.is_dataclass(cfg)
 
 
+@pytest.mark.unit
 def test_config_error_str_without_location() -> None:
     assert str(ConfigError("boom")) == "boom"
     assert str(ConfigError("boom", line=3)) == "line 3: boom"
     assert str(ConfigError("boom", file="a.yaml", key="x.y")) == "a.yaml: x.y: boom"
 
 
+@pytest.mark.unit
 def test_literal_secrets_warned_and_config_show_redacts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -827,6 +872,7 @@ def test_literal_secrets_warned_and_config_show_redacts(
 # -- intervals that would spin a core, sink settings, credentials (issue 16 items 5, 11) ----
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "key", "line"),
     [
@@ -848,6 +894,7 @@ def test_spinning_or_zero_settings_are_rejected_naming_the_key(
     assert "must be at least" in err.message
 
 
+@pytest.mark.unit
 def test_interval_minimum_names_the_reason_and_zero_means_off_where_documented(tmp_path: Path) -> None:
     err = error_of(tmp_path, "logs: {poll_interval: 0s}\n")
     assert "CPU core" in err.message and "10ms" in err.message
@@ -858,6 +905,7 @@ def test_interval_minimum_names_the_reason_and_zero_means_off_where_documented(t
     assert info.value.key == "process.sample_interval"
 
 
+@pytest.mark.unit
 def test_webhook_userinfo_with_authorization_header_is_rejected(tmp_path: Path) -> None:
     text = """
         alerts:
@@ -877,6 +925,7 @@ def test_webhook_userinfo_with_authorization_header_is_rejected(tmp_path: Path) 
     assert load_config(write(tmp_path, ok), env={}).alerts.webhook.headers
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "key"),
     [
@@ -889,6 +938,7 @@ def test_sink_urls_are_validated(tmp_path: Path, text: str, key: str) -> None:
     assert error_of(tmp_path, text).key == key
 
 
+@pytest.mark.unit
 def test_literal_secret_in_webhook_headers_or_url_warns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -914,6 +964,7 @@ def test_literal_secret_in_webhook_headers_or_url_warns(
     assert not caplog.records
 
 
+@pytest.mark.unit
 def test_config_show_redacts_every_credential(tmp_path: Path) -> None:
     secrets = [
         "t0psecret-abc",
@@ -944,6 +995,7 @@ def test_config_show_redacts_every_credential(tmp_path: Path) -> None:
     assert "team=ml" in shown and "var-run={run}" in shown and "hooks.example" in shown
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("url", "want"),
     [
@@ -961,6 +1013,7 @@ def test_redact_url(url: str, want: str) -> None:
     assert redact_url(url) == want
 
 
+@pytest.mark.unit
 def test_redacting_log_filter(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
@@ -980,6 +1033,7 @@ def test_redacting_log_filter(caplog: pytest.LogCaptureFixture) -> None:
     assert "pw" not in msg and "zz" not in msg and "s3cr3tv4lue" not in msg and "h/x" in msg
 
 
+@pytest.mark.process
 def test_cli_config_check_and_show(tmp_path: Path) -> None:
     """The real CLI: `config check` exits 2 naming the key; `config show` prints no credential."""
     import os

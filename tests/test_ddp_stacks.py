@@ -12,6 +12,8 @@ import pytest
 from rankwatch.dumps.classify import BLOCKED, COLLECTIVE, COMPUTE, DATA, classify_dump, classify_frames
 from rankwatch.dumps.diff import MISMATCH, NOT_IN_COLLECTIVE, diff_incident, format_diff
 
+pytestmark = pytest.mark.unit
+
 DATA_DIR = Path(__file__).parent / "data" / "ddp_stacks"
 
 

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from rankwatch.sources.decorations import strip
 
+pytestmark = pytest.mark.unit
+
 T0 = calendar.timegm((2024, 5, 1, 10, 0, 0, 0, 0, 0))
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.tool
+
 
 def test_demo_finds_nan_stall_and_names_the_hung_rank(tmp_path) -> None:
     out = subprocess.run(

@@ -47,8 +47,6 @@ PSS_RESTRICTED_VOLUMES = {
 
 RULE_KEYS = {"alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for"}
 
-integration = pytest.mark.integration
-
 
 def _helm() -> Any:
     try:
@@ -256,11 +254,12 @@ def _pss_restricted_violations(pod: dict[str, Any]) -> list[str]:
 # --- the chart --------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_ci_values_files_exist() -> None:
     assert {"default", "restricted", "multirank", "minimal", "operator"} <= set(CI_VALUES)
 
 
-@integration
+@pytest.mark.tool
 @pytest.mark.parametrize("name", sorted(CI_VALUES))
 def test_chart_lints_strict(name: str) -> None:
     helm = _helm()
@@ -269,7 +268,7 @@ def test_chart_lints_strict(name: str) -> None:
     assert not problems and not report["errors"], problems or report["errors"]
 
 
-@integration
+@pytest.mark.tool
 @pytest.mark.parametrize(
     ("values", "where"),
     [
@@ -298,7 +297,7 @@ def test_lint_enforces_the_values_schema(values: dict[str, Any], where: str) -> 
     assert any(where in e for e in report["errors"]), report["errors"]
 
 
-@integration
+@pytest.mark.tool
 def test_values_and_ci_files_match_the_schema() -> None:
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
     helm = _helm()
@@ -314,7 +313,7 @@ def test_values_and_ci_files_match_the_schema() -> None:
             assert not errors, f"{name}: {errors}"
 
 
-@integration
+@pytest.mark.tool
 def test_agent_config_schema_accepts_what_the_agent_accepts() -> None:
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
     schema = json.loads((CHART / "values.schema.json").read_text())
@@ -338,6 +337,7 @@ def test_agent_config_schema_accepts_what_the_agent_accepts() -> None:
     )
 
 
+@pytest.mark.process
 def test_values_schema_is_generated_from_the_agent_config_schema() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "helm" / "gen_values_schema.py"), "--check"],
@@ -352,6 +352,7 @@ def test_values_schema_is_generated_from_the_agent_config_schema() -> None:
     assert set(config["config"]["properties"]) == set(Config.__dataclass_fields__)
 
 
+@pytest.mark.unit
 def test_every_value_is_documented() -> None:
     """Each key of values.yaml has a comment line right above it (or a documented parent list)."""
     lines = (CHART / "values.yaml").read_text().splitlines()
@@ -375,7 +376,7 @@ def _inside_documented_block(lines: list[str], i: int, indent: int) -> bool:
     return False
 
 
-@integration
+@pytest.mark.tool
 @pytest.mark.parametrize("name", sorted(CI_VALUES))
 def test_rendered_manifests_validate(name: str) -> None:
     docs = _render(name)
@@ -383,7 +384,7 @@ def test_rendered_manifests_validate(name: str) -> None:
     _validate_all(docs)
 
 
-@integration
+@pytest.mark.tool
 def test_kubernetes_validate_is_strict() -> None:
     """The validation above means something: an unknown container field fails."""
     kv = _kv()
@@ -393,7 +394,7 @@ def test_kubernetes_validate_is_strict() -> None:
         kv.validate(job, KUBE_VERSION, strict=True)
 
 
-@integration
+@pytest.mark.tool
 def test_default_render_is_a_native_sidecar_with_ptrace() -> None:
     docs = _render("default")
     assert _kinds(docs) == sorted(
@@ -454,7 +455,7 @@ def test_default_render_is_a_native_sidecar_with_ptrace() -> None:
     assert pod["subdomain"] == svc["metadata"]["name"]
 
 
-@integration
+@pytest.mark.tool
 def test_restricted_mode_meets_the_restricted_pod_security_standard() -> None:
     default_pod = _pod(_render("default"))
     assert _pss_restricted_violations(default_pod), "the ptrace mode cannot be restricted"
@@ -475,7 +476,7 @@ def test_restricted_mode_meets_the_restricted_pod_security_standard() -> None:
     assert _agent_config(docs)["alerts"]["slack"]["token"] == "${SLACK_BOT_TOKEN}"
 
 
-@integration
+@pytest.mark.tool
 def test_multirank_render() -> None:
     docs = _render("multirank")
     job = _one(docs, "Job")
@@ -510,7 +511,7 @@ def test_multirank_render() -> None:
     assert not match.search('bash -c exec > >(tee -a "/logs/rank-0.log") 2>&1; exec python -u train.py')
 
 
-@integration
+@pytest.mark.tool
 def test_operator_settings_render() -> None:
     docs = _render("operator")
     job = _one(docs, "Job")
@@ -563,7 +564,7 @@ def test_operator_settings_render() -> None:
     assert svc["spec"]["ports"][0]["targetPort"] == sidecar["ports"][0]["name"] == sm_ep["port"]
 
 
-@integration
+@pytest.mark.tool
 def test_a_token_variable_the_sidecar_never_gets_fails_the_install() -> None:
     """agent.config.server.token: ${RANKWATCH_TOKEN} with nothing passing RANKWATCH_TOKEN would
     stop the agent in the pod; `helm install` (a render) fails first, naming the fix."""
@@ -580,7 +581,7 @@ def test_a_token_variable_the_sidecar_never_gets_fails_the_install() -> None:
             assert chart.render(values=fixed, name="demo", namespace="ml")
 
 
-@integration
+@pytest.mark.tool
 def test_operator_crd_validation_is_strict() -> None:
     """The CRD check above means something: a misspelt endpoint field or a bad type fails."""
     monitor = json.loads(json.dumps(_one(_render("operator"), "PodMonitor")))
@@ -593,7 +594,7 @@ def test_operator_crd_validation_is_strict() -> None:
         _validate_operator_crd(monitor)
 
 
-@integration
+@pytest.mark.tool
 def test_a_broken_agent_config_leaves_the_sidecar_up_and_unready(tmp_path: Path) -> None:
     """What the kubelet would run: the rendered sidecar's arguments, over a config with a typo
     (one that got past the schema: an older chart, --skip-schema-validation, a hand edit)."""
@@ -636,12 +637,12 @@ def test_a_broken_agent_config_leaves_the_sidecar_up_and_unready(tmp_path: Path)
         assert proc.wait(timeout=20) == 0
 
 
-@integration
+@pytest.mark.tool
 def test_minimal_render_is_only_the_agent_config() -> None:
     assert _kinds(_render("minimal")) == ["ConfigMap"]
 
 
-@integration
+@pytest.mark.tool
 @pytest.mark.parametrize("name", sorted(CI_VALUES))
 def test_rendered_agent_config_passes_rankwatch_config_check(name: str, tmp_path: Path) -> None:
     path = tmp_path / "rankwatch.yaml"
@@ -658,7 +659,7 @@ def test_rendered_agent_config_passes_rankwatch_config_check(name: str, tmp_path
     assert proc.returncode == 0, proc.stderr
 
 
-@integration
+@pytest.mark.tool
 def test_monitoring_objects_carry_the_chart_files() -> None:
     docs = _render("default")
     rules = yaml.safe_load((CHART / "files" / "rankwatch.rules.yml").read_text())
@@ -670,6 +671,7 @@ def test_monitoring_objects_carry_the_chart_files() -> None:
         assert json.loads(dash["data"][name]) == json.loads(text)
 
 
+@pytest.mark.unit
 def test_chart_files_are_valid() -> None:
     rules = yaml.safe_load((CHART / "files" / "rankwatch.rules.yml").read_text())
     exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
@@ -679,7 +681,7 @@ def test_chart_files_are_valid() -> None:
         assert board["uid"] and board["panels"]
 
 
-@integration
+@pytest.mark.tool
 def test_chart_rules_pass_promtool() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -693,6 +695,7 @@ def test_chart_rules_pass_promtool() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.unit
 def test_chart_files_are_in_sync_with_their_sources() -> None:
     """Helm reads files only inside the chart, so helm/rankwatch/files/ holds copies of the sources."""
     pairs: list[tuple[Path, Path]] = []
@@ -727,16 +730,18 @@ def _plain_pods() -> list[dict[str, Any]]:
     return pods
 
 
+@pytest.mark.unit
 def test_plain_manifests_exist() -> None:
     kinds = _kinds(_plain_docs())
     assert kinds == sorted(["ConfigMap", "Secret", "Service", "Job", "PyTorchJob"])
 
 
-@integration
+@pytest.mark.tool
 def test_plain_manifests_validate() -> None:
     _validate_all(_plain_docs())
 
 
+@pytest.mark.unit
 def test_plain_manifests_have_the_sidecar() -> None:
     pods = _plain_pods()
     assert len(pods) == 3
@@ -757,6 +762,7 @@ def test_plain_manifests_have_the_sidecar() -> None:
         assert "--fail-open" in " ".join(sidecar.get("args", []) + sidecar.get("command", []))
 
 
+@pytest.mark.process
 def test_plain_configmap_passes_rankwatch_config_check(tmp_path: Path) -> None:
     (cm,) = [d for d in _plain_docs() if d["kind"] == "ConfigMap"]
     path = tmp_path / "rankwatch.yaml"
@@ -771,7 +777,7 @@ def test_plain_configmap_passes_rankwatch_config_check(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-@integration
+@pytest.mark.tool
 def test_yamllint() -> None:
     try:
         from yamllint import linter
@@ -829,6 +835,7 @@ def _dockerfile_uid() -> int:
     return int(users[-1].split(":")[0])
 
 
+@pytest.mark.unit
 def test_dockerfile_agrees_with_the_chart() -> None:
     ins = _dockerfile()
     values = _chart_values()
@@ -853,6 +860,7 @@ def test_dockerfile_agrees_with_the_chart() -> None:
     assert "setcap cap_sys_ptrace+ep" in run and "--uid 10001" in run
 
 
+@pytest.mark.unit
 def test_dockerignore_keeps_what_the_build_needs() -> None:
     lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
     assert "*" in lines
@@ -863,7 +871,7 @@ def test_dockerignore_keeps_what_the_build_needs() -> None:
     assert copied and copied <= kept
 
 
-@integration
+@pytest.mark.tool
 def test_hadolint() -> None:
     hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
     if hadolint is None:
@@ -874,7 +882,7 @@ def test_hadolint() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@integration
+@pytest.mark.tool
 def test_grafana_dashboards_configmap_validates() -> None:
     cm = yaml.safe_load((ROOT / "grafana" / "kubernetes" / "dashboards-configmap.yaml").read_text())
     _validate_all([cm])

@@ -12,6 +12,8 @@ from rankwatch.engine import RankEngine
 from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Severity, StepRecord
 from rankwatch.state import HISTORY, RankState
 
+pytestmark = pytest.mark.unit
+
 
 def healthy(step: int, rng: random.Random) -> StepRecord:
     loss = 2.0 + 8.0 * math.exp(-step / 300) + rng.gauss(0, 0.03)

@@ -10,12 +10,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rankwatch.config.loader import load_config
 from rankwatch.dumps.diff import diff_incident
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.diagnose import CrossRank
+
+pytestmark = pytest.mark.unit
 
 STACKS = Path(__file__).parent / "data" / "ddp_stacks"
 GLOO_CLOSED = (

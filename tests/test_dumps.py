@@ -111,6 +111,7 @@ def _names(threads: list[dict[str, Any]], pid: int | None = None) -> list[str]:
 # ---------------------------------------------------------------- capture
 
 
+@pytest.mark.tool
 @needs_py_spy
 def test_capture_real_process(blocked: subprocess.Popen[bytes]) -> None:
     result = capture(blocked.pid, timeout=10)
@@ -130,6 +131,7 @@ def test_capture_real_process(blocked: subprocess.Popen[bytes]) -> None:
     assert 0 <= result.duration_s < 10
 
 
+@pytest.mark.tool
 @needs_py_spy
 def test_capture_launcher_dumps_python_child(launched: subprocess.Popen[bytes]) -> None:
     result = capture(launched.pid, timeout=10)
@@ -143,6 +145,7 @@ def test_capture_launcher_dumps_python_child(launched: subprocess.Popen[bytes]) 
     assert [f["name"] for f in main_stack(dump)][-2:] == ["wait_for_peer", "<module>"]
 
 
+@pytest.mark.tool
 @needs_py_spy
 def test_capture_with_locals(blocked: subprocess.Popen[bytes]) -> None:
     result = capture(blocked.pid, locals_=True, subprocesses=False, timeout=10)
@@ -150,6 +153,7 @@ def test_capture_with_locals(blocked: subprocess.Popen[bytes]) -> None:
     assert "        Arguments:" in result.text
 
 
+@pytest.mark.unit
 def test_missing_py_spy() -> None:
     result = capture(os.getpid(), py_spy="/nonexistent/py-spy")
     assert not result.ok and result.error == "py-spy not found"
@@ -157,6 +161,7 @@ def test_missing_py_spy() -> None:
     assert result.threads == []
 
 
+@pytest.mark.unit
 def test_find_py_spy_next_to_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     beside = Path(sys.executable).parent / "py-spy"
     if not beside.is_file():
@@ -166,6 +171,7 @@ def test_find_py_spy_next_to_interpreter(monkeypatch: pytest.MonkeyPatch) -> Non
     assert find_py_spy("/nonexistent/py-spy") is None
 
 
+@pytest.mark.process
 @needs_py_spy
 def test_dead_pid() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -175,6 +181,7 @@ def test_dead_pid() -> None:
     assert str(proc.pid) in result.text
 
 
+@pytest.mark.tool
 @needs_py_spy
 def test_not_a_python_process() -> None:
     proc = subprocess.Popen(["sleep", "30"])
@@ -187,6 +194,7 @@ def test_not_a_python_process() -> None:
     assert "sleep 30" in result.text and "Failed to find python version" in result.text
 
 
+@pytest.mark.tool
 @needs_py_spy
 def test_a_shell_wrapper_is_dumped_through_its_python_child(tmp_path: Path) -> None:
     """`rankwatch run -- bash train.sh`: the watched pid is bash; the stack is its child's."""
@@ -214,6 +222,7 @@ def test_a_shell_wrapper_is_dumped_through_its_python_child(tmp_path: Path) -> N
     assert any("is not a Python process: its Python descendants were dumped" in n for n in result.notes)
 
 
+@pytest.mark.process
 def test_timeout_kills_py_spy_and_its_children(tmp_path: Path) -> None:
     child_file = tmp_path / "child.pid"
     fake = _fake_py_spy(tmp_path, f"sleep 30 &\necho $! > {child_file}\nwait")
@@ -230,6 +239,7 @@ def test_timeout_kills_py_spy_and_its_children(tmp_path: Path) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.process
 def test_ptrace_denied(tmp_path: Path) -> None:
     fake = _fake_py_spy(tmp_path, 'echo "Error: Permission denied (os error 13)" >&2\nexit 1')
     result = capture(os.getpid(), py_spy=fake)
@@ -245,6 +255,7 @@ def test_ptrace_denied(tmp_path: Path) -> None:
         assert needle in result.text
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "message",
     [
@@ -258,12 +269,14 @@ def test_other_ptrace_messages(tmp_path: Path, message: str) -> None:
     assert capture(os.getpid(), py_spy=fake).error == "ptrace denied"
 
 
+@pytest.mark.process
 def test_garbage_output(tmp_path: Path) -> None:
     fake = _fake_py_spy(tmp_path, "echo not json")
     result = capture(os.getpid(), py_spy=fake, subprocesses=False)
     assert not result.ok and result.error == "bad py-spy output" and "not json" in result.text
 
 
+@pytest.mark.unit
 def test_fake_clock_measures_duration(tmp_path: Path) -> None:
     ticks = iter([100.0, 102.5])
     result = capture(os.getpid(), py_spy="/nonexistent/py-spy", clock=lambda: next(ticks))
@@ -286,6 +299,7 @@ def _result(pid: int = 42, ok: bool = True, threads: list[dict[str, Any]] | None
     )
 
 
+@pytest.mark.unit
 def test_incident_name() -> None:
     when = datetime(2026, 11, 22, 10, 15, 0, tzinfo=timezone.utc)
     assert incident_name("stall", when) == "20261122T101500Z_stall"
@@ -295,6 +309,7 @@ def test_incident_name() -> None:
     assert incident_name("stall", cet) == "20261122T101500Z_stall"
 
 
+@pytest.mark.tool
 @needs_py_spy
 def test_store_layout_with_real_dump(tmp_path: Path, blocked: subprocess.Popen[bytes]) -> None:
     store = DumpStore(tmp_path / "dumps")
@@ -320,6 +335,7 @@ def test_store_layout_with_real_dump(tmp_path: Path, blocked: subprocess.Popen[b
     assert store.load_rank(info, 3)["threads"] == doc["threads"]
 
 
+@pytest.mark.unit
 def test_run_and_extra_names_cannot_escape(tmp_path: Path) -> None:
     store = DumpStore(tmp_path / "dumps")
     folder = store.incident_dir("../../etc", "20261122T101500Z_stall")
@@ -330,6 +346,7 @@ def test_run_and_extra_names_cannot_escape(tmp_path: Path) -> None:
     assert store.write_extra("r", "20261122T101500Z_stall", "nccl.json", "{}").read_text() == "{}"
 
 
+@pytest.mark.unit
 def test_writes_leave_no_temp_files(tmp_path: Path) -> None:
     store = DumpStore(tmp_path)
     store.write_rank("r", "20261122T101500Z_stall", 0, _result(), {})
@@ -364,6 +381,7 @@ def _populate(root: Path) -> DumpStore:
     return store
 
 
+@pytest.mark.unit
 def test_list_newest_first_and_junk_tolerant(tmp_path: Path) -> None:
     store = _populate(tmp_path)
     listed = [(i.run, i.name, i.ranks) for i in store.list_incidents()]
@@ -381,6 +399,7 @@ def test_list_newest_first_and_junk_tolerant(tmp_path: Path) -> None:
     assert 1 in result.failed
 
 
+@pytest.mark.unit
 def test_find(tmp_path: Path) -> None:
     store = _populate(tmp_path)
     assert store.find("20261122T111500Z_nccl_timeout").run == "run-b"
@@ -457,6 +476,7 @@ def _dataloader_dump(rank: int) -> dict[str, Any]:
     return {"rank": rank, "pid": 100, "ok": True, "error": None, "threads": [_thread("MainThread", frames)]}
 
 
+@pytest.mark.unit
 def test_diff_names_the_rank_outside_the_collective() -> None:
     dumps = {
         0: _all_reduce_dump(0),
@@ -478,6 +498,7 @@ def test_diff_names_the_rank_outside_the_collective() -> None:
     assert as_json["suspects"] == [2] and as_json["groups"][0]["in_collective"] is True
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("odd", [0, 1])
 def test_diff_two_ranks_collective_vs_not(odd: int) -> None:
     barrier = [
@@ -497,6 +518,7 @@ def test_diff_two_ranks_collective_vs_not(odd: int) -> None:
     assert f"suspect: rank {odd} (the only rank not waiting in a collective: in I/O" in format_diff(result)
 
 
+@pytest.mark.unit
 def test_diff_majority_without_collective_and_failures() -> None:
     dumps = {r: _dataloader_dump(r) for r in range(4)}
     dumps[2]["threads"][0]["frames"][0] = _frame("load_shard", "/workspace/data.py", 77)
@@ -510,6 +532,7 @@ def test_diff_majority_without_collective_and_failures() -> None:
     assert "suspect: rank 2 (the only rank whose stack differs from the majority)" in text
 
 
+@pytest.mark.unit
 def test_diff_all_same_has_no_suspect() -> None:
     result = diff_incident({r: _all_reduce_dump(r) for r in range(8)})
     assert result.suspects == [] and len(result.groups) == 1
@@ -517,6 +540,7 @@ def test_diff_all_same_has_no_suspect() -> None:
     assert "no suspect: all ranks wait in the same collective (all_reduce)" in format_diff(result)
 
 
+@pytest.mark.unit
 def test_diff_ignores_native_addresses() -> None:
     a, b = _all_reduce_dump(0), _all_reduce_dump(1)
     a["threads"][1]["frames"].insert(0, _frame("0x7f12ab34cd", "libnccl.so.2", 0))
@@ -526,6 +550,7 @@ def test_diff_ignores_native_addresses() -> None:
     assert result.groups[0].where == "all_reduce (distributed_c10d.py:2501)"
 
 
+@pytest.mark.unit
 def test_diff_picks_rank_process_under_launcher() -> None:
     launcher = [
         _frame(
@@ -543,6 +568,7 @@ def test_diff_picks_rank_process_under_launcher() -> None:
     assert main_stack(dump) == rank
 
 
+@pytest.mark.unit
 def test_format_ranks() -> None:
     assert format_ranks([0, 1, 3]) == "0,1,3"
     assert format_ranks([0, 1, 2, 3, 5, 7, 8, 9]) == "0-3,5,7-9"
@@ -551,6 +577,7 @@ def test_format_ranks() -> None:
 # ---------------------------------------------------------------- show
 
 
+@pytest.mark.unit
 def test_format_rank_highlights_and_folds() -> None:
     dump = _all_reduce_dump(0) | {"captured_at": "2026-11-22T10:15:01Z", "duration_s": 0.05}
     dump["threads"].append(_thread("pin_memory", IDLE_FRAMES[:2] + IDLE_FRAMES[3:]))
@@ -567,6 +594,7 @@ def test_format_rank_highlights_and_folds() -> None:
     assert "  > all_reduce (distributed_c10d.py:2501)" in custom and "  > train_step" not in custom
 
 
+@pytest.mark.unit
 def test_format_rank_failed_dump() -> None:
     text = format_rank(
         {"rank": 5, "pid": 9, "ok": False, "error": "timeout", "text": "py-spy did not finish"}
@@ -584,6 +612,7 @@ def _cli(argv: list[str]) -> int:
     return int(args.func(args))
 
 
+@pytest.mark.tool
 @needs_py_spy
 def test_cli_capture_list_show_diff(
     tmp_path: Path, blocked: subprocess.Popen[bytes], capsys: pytest.CaptureFixture[str]
@@ -618,6 +647,7 @@ def test_cli_capture_list_show_diff(
     assert any("wait_for_peer" in json.dumps(t) for t in doc["dumps"]["3"]["threads"])
 
 
+@pytest.mark.unit
 def test_cli_errors_and_default_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -639,6 +669,7 @@ def test_cli_errors_and_default_dir(
         _cli(["dumps", "capture"])
 
 
+@pytest.mark.unit
 def test_cli_capture_failure_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def failing(pid: int, **_: Any) -> DumpResult:
         return _result(pid=pid, ok=False)
@@ -650,6 +681,7 @@ def test_cli_capture_failure_exit_code(tmp_path: Path, monkeypatch: pytest.Monke
     assert "FAILED: ptrace denied" in (folder / "rank-0.txt").read_text()
 
 
+@pytest.mark.unit
 def test_cli_reads_dumps_dir_and_run_from_the_agents_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -667,6 +699,7 @@ def test_cli_reads_dumps_dir_and_run_from_the_agents_config(
     assert folder.name in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_list_incidents_since_skips_older_folders_by_name(tmp_path: Path) -> None:
     from datetime import datetime, timezone
 
@@ -681,6 +714,7 @@ def test_list_incidents_since_skips_older_folders_by_name(tmp_path: Path) -> Non
 
 
 # ---------------------------------------------------------------- a shared, hostile folder
+@pytest.mark.unit
 def test_store_never_writes_through_a_symlink_planted_in_the_dumps_folder(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -705,6 +739,7 @@ def test_store_never_writes_through_a_symlink_planted_in_the_dumps_folder(tmp_pa
     assert target.read_text() == "keep" and not (folder / "rank-0.txt").is_symlink()
 
 
+@pytest.mark.unit
 def test_store_reads_no_symlink_and_names_why_it_did_not(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text('{"rank": 1, "ok": true, "text": "SECRET"}')

@@ -23,6 +23,8 @@ from rankwatch.engine import RankEngine
 from rankwatch.records import Finding, Severity, StepRecord
 from rankwatch.state import RankState
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 EVENT_TYPES = set(typing.get_args(ev.Event))
 

@@ -16,11 +16,11 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from conftest import wait_for
 from rankwatch.demo.trainer import Fault, main
 
 FAST = ["--step-time", "0.001"]
@@ -79,6 +79,7 @@ def as_float(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("fmt", "step_re", "eval_re"),
     [
@@ -103,6 +104,7 @@ def test_line_formats_match_the_frameworks(
     assert "NCCL INFO Channel 00/02 :    0" in out
 
 
+@pytest.mark.unit
 def test_megatron_validation_block_is_framed_by_dashes(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(capsys, "--steps", "4", "--eval-every", "4", *FAST)
     lines = out.splitlines()
@@ -111,6 +113,7 @@ def test_megatron_validation_block_is_framed_by_dashes(capsys: pytest.CaptureFix
     assert any(MEGATRON_STEP.match(line) and "iteration        4/       4" in line for line in lines)
 
 
+@pytest.mark.unit
 def test_megatron_curves_warm_up_then_decay(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(capsys, "--steps", "60", "--total-steps", "100", *FAST)
     steps = matches(MEGATRON_STEP, out)
@@ -124,6 +127,7 @@ def test_megatron_curves_warm_up_then_decay(capsys: pytest.CaptureFixture[str]) 
     assert grads[0] > 5 * statistics.median(grads[-20:])  # high grad norm early, as in real warmup
 
 
+@pytest.mark.unit
 def test_hf_dicts_on_stdout_and_tqdm_bar_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run_main(capsys, "--format", "hf", "--steps", "9", "--eval-every", "3", *FAST)
     assert rc == 0
@@ -147,6 +151,7 @@ def test_hf_dicts_on_stdout_and_tqdm_bar_on_stderr(capsys: pytest.CaptureFixture
     assert "9/9" in err.split("\r")[-1]
 
 
+@pytest.mark.unit
 def test_torchtitan_is_coloured_like_the_real_one_by_default(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(capsys, "--format", "torchtitan", "--steps", "2", *FAST)
     line = next(line for line in out.splitlines() if "step:  2" in line)
@@ -154,6 +159,7 @@ def test_torchtitan_is_coloured_like_the_real_one_by_default(capsys: pytest.Capt
     assert TITAN_STEP.match(re.sub(r"\033\[[\d;]*m", "", line))
 
 
+@pytest.mark.unit
 def test_framework_rank_selection_without_all_ranks_log(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -168,6 +174,7 @@ def test_framework_rank_selection_without_all_ranks_log(
     assert matches(MEGATRON_STEP, out) == []
 
 
+@pytest.mark.unit
 def test_fault_spec_parsing() -> None:
     assert Fault.parse("hang@5:rank=1") == Fault("hang", 5, 1)
     assert Fault.parse("nan@12") == Fault("nan", 12, None)
@@ -178,6 +185,7 @@ def test_fault_spec_parsing() -> None:
         main(["--fault", "boom@3"])
 
 
+@pytest.mark.unit
 @pytest.mark.faults
 def test_nan_comes_after_a_grad_norm_blow_up(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(capsys, "--steps", "20", "--fault", "nan@12", *FAST)
@@ -191,6 +199,7 @@ def test_nan_comes_after_a_grad_norm_blow_up(capsys: pytest.CaptureFixture[str])
     assert before[-1] > 10 * before[0]
 
 
+@pytest.mark.unit
 @pytest.mark.faults
 def test_nan_flat_keeps_grad_norm_calm_before(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(capsys, "--format", "kv", "--steps", "20", "--fault", "nan_flat@15", *FAST)
@@ -200,6 +209,7 @@ def test_nan_flat_keeps_grad_norm_calm_before(capsys: pytest.CaptureFixture[str]
     assert max(grads) < 1.5 * min(grads)
 
 
+@pytest.mark.unit
 @pytest.mark.faults
 def test_spike_and_divergence(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(capsys, "--format", "kv", "--steps", "40", "--fault", "spike@20", *FAST)
@@ -210,12 +220,14 @@ def test_spike_and_divergence(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(loss[s + 1] > loss[s] for s in range(20, 40))
 
 
+@pytest.mark.unit
 @pytest.mark.faults
 def test_faults_for_another_rank_do_not_apply(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run_main(capsys, "--format", "kv", "--steps", "6", "--fault", "crash@3:rank=1", *FAST)
     assert rc == 0 and len(matches(KV_STEP, out)) == 6
 
 
+@pytest.mark.unit
 @pytest.mark.faults
 def test_slow_fault_quadruples_step_time(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(
@@ -241,6 +253,7 @@ def run_proc(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(trainer(*argv, *FAST), capture_output=True, text=True, timeout=30, env=clean_env())
 
 
+@pytest.mark.process
 @pytest.mark.faults
 def test_crash_exits_1_with_a_cuda_traceback() -> None:
     proc = run_proc("--steps", "10", "--fault", "crash@4")
@@ -253,6 +266,7 @@ def test_crash_exits_1_with_a_cuda_traceback() -> None:
     assert re.search(r'File ".*trainer\.py", line \d+, in forward_backward_step', err)
 
 
+@pytest.mark.process
 @pytest.mark.faults
 def test_oom_exits_1_with_torch_oom_text() -> None:
     proc = run_proc("--format", "nanogpt", "--steps", "10", "--fault", "oom@2")
@@ -266,6 +280,7 @@ def test_oom_exits_1_with_torch_oom_text() -> None:
     )
 
 
+@pytest.mark.process
 @pytest.mark.faults
 def test_kill_dies_by_sigkill_and_exit_exits_quietly() -> None:
     proc = run_proc("--steps", "10", "--fault", "kill@3")
@@ -274,15 +289,6 @@ def test_kill_dies_by_sigkill_and_exit_exits_quietly() -> None:
     proc = run_proc("--format", "kv", "--steps", "10", "--fault", "exit@3")
     assert proc.returncode == 3
     assert "Traceback" not in proc.stderr and len(matches(KV_STEP, proc.stdout)) == 2
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def start_ranks(tmp_path: Path, world: int, *argv: str) -> list[subprocess.Popen[bytes]]:
@@ -308,6 +314,7 @@ def log_steps(tmp_path: Path, rank: int) -> list[int]:
     return [int(m["step"]) for m in matches(MEGATRON_STEP, text)]
 
 
+@pytest.mark.process
 def test_two_ranks_run_in_lock_step_and_keep_the_sync_dir_small(tmp_path: Path) -> None:
     procs = start_ranks(tmp_path, 2, "--steps", "15", "--step-time", "0.002")
     try:
@@ -318,6 +325,7 @@ def test_two_ranks_run_in_lock_step_and_keep_the_sync_dir_small(tmp_path: Path) 
     assert len(list((tmp_path / "sync").iterdir())) <= 4
 
 
+@pytest.mark.process
 @pytest.mark.faults
 def test_hang_on_one_rank_stalls_the_other_in_all_reduce(tmp_path: Path) -> None:
     procs = start_ranks(tmp_path, 2, "--steps", "50", "--step-time", "0.01", "--fault", "hang@5:rank=1")
@@ -334,6 +342,7 @@ def test_hang_on_one_rank_stalls_the_other_in_all_reduce(tmp_path: Path) -> None
         stop(procs)
 
 
+@pytest.mark.process
 @pytest.mark.faults
 def test_dead_peer_ends_in_an_nccl_watchdog_timeout(tmp_path: Path) -> None:
     procs = start_ranks(

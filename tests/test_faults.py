@@ -49,6 +49,7 @@ def _count(caplog: pytest.LogCaptureFixture, text: str) -> int:
 
 
 # --- config hot-edited ---------------------------------------------------------------------
+@pytest.mark.process
 def test_config_hot_edit_invalid_keeps_last_good_then_valid_edit_applies(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -130,6 +131,7 @@ def _spy_steps(w: RankWatcher) -> list[int]:
     return seen
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("mode", ["rename", "delete"])
 def test_rotation_by_rename_or_delete_under_heavy_writing_loses_no_line(tmp_path: Path, mode: str) -> None:
     log = tmp_path / "rank-0.log"
@@ -166,6 +168,7 @@ def test_rotation_by_rename_or_delete_under_heavy_writing_loses_no_line(tmp_path
     asyncio.run(main())
 
 
+@pytest.mark.process
 def test_copytruncate_under_heavy_writing_reads_every_line_once_or_leaves_it_in_the_copy(
     tmp_path: Path,
 ) -> None:
@@ -207,6 +210,7 @@ def test_copytruncate_under_heavy_writing_reads_every_line_once_or_leaves_it_in_
     asyncio.run(main())
 
 
+@pytest.mark.process
 def test_binary_garbage_and_a_50mb_line_are_cut_counted_and_parsing_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -246,6 +250,7 @@ def test_binary_garbage_and_a_50mb_line_are_cut_counted_and_parsing_goes_on(
 
 
 # --- alert sinks ---------------------------------------------------------------------------
+@pytest.mark.process
 def test_alertmanager_unreachable_never_blocks_detection_or_slack(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -306,6 +311,7 @@ def _finding(kind: str, step: int):
     return Finding(kind=kind, severity=Severity.CRITICAL, rank=0, message=f"{kind} at {step}", step=step)
 
 
+@pytest.mark.process
 def test_slack_down_for_five_minutes_then_back_delivers_everything_once_in_order(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -354,6 +360,7 @@ def test_slack_down_for_five_minutes_then_back_delivers_everything_once_in_order
     asyncio.run(main())
 
 
+@pytest.mark.process
 def test_agent_sigkilled_while_slack_is_down_resends_spooled_alerts_once_on_restart(tmp_path: Path) -> None:
     from faultlib import IDENT, FakeClock, fake_slack
     from rankwatch.actions.alerts import AlertDispatcher
@@ -405,6 +412,7 @@ class _IdleProber:
         return [4242]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("jump", [3600.0, -3600.0])
 def test_wall_clock_jump_neither_fires_nor_resolves_a_stall(
     monkeypatch: pytest.MonkeyPatch, jump: float
@@ -447,6 +455,7 @@ def test_wall_clock_jump_neither_fires_nor_resolves_a_stall(
     assert [(f.kind, f.resolved) for f in found] == [("stall", False), ("stall", True)]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("jump", [3600.0, -3600.0])
 def test_wall_clock_jump_neither_repeats_nor_holds_back_an_alert(tmp_path: Path, jump: float) -> None:
     """Repeat interval, group wait and retry backoff run on the dispatcher's monotonic clock: a
@@ -488,6 +497,7 @@ def test_wall_clock_jump_neither_repeats_nor_holds_back_an_alert(tmp_path: Path,
 
 
 # --- py-spy missing, ptrace denied -----------------------------------------------------------
+@pytest.mark.tool
 @pytest.mark.parametrize("broken", ["missing", "ptrace_denied"])
 def test_dump_without_py_spy_or_ptrace_is_reported_once_and_the_rank_is_untouched(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, broken: str
@@ -544,6 +554,7 @@ def test_dump_without_py_spy_or_ptrace_is_reported_once_and_the_rank_is_untouche
 
 
 # --- bounded fuzzing of the config loader and the whole line pipeline ----------------------
+@pytest.mark.unit
 def test_fuzz_config_loader_only_ever_raises_config_error() -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
@@ -595,6 +606,7 @@ def test_fuzz_config_loader_only_ever_raises_config_error() -> None:
     check()
 
 
+@pytest.mark.unit
 def test_fuzz_the_live_line_pipeline_never_raises() -> None:
     """Every parser behind format sniffing, the error signatures and the decorations, as the
     live watcher feeds them (test_parser_properties covers each FormatParser alone)."""

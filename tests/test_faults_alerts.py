@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from conftest import FakeClock, until
 from rankwatch.actions.alerts import AlertDispatcher
 from rankwatch.actions.alerts.alertmanager import AlertmanagerSink
 from rankwatch.actions.alerts.delivery import Delivery
@@ -32,21 +32,6 @@ from rankwatch.records import Finding, Severity
 
 RUN = "job7"
 T0 = 1_700_000_000.0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 class Receiver:
@@ -100,6 +85,7 @@ def agents(
     return out
 
 
+@pytest.mark.process
 def test_default_retry_budget_rides_out_ten_minutes_of_both_sinks_down_with_six_agents(
     tmp_path: Path,
 ) -> None:
@@ -109,7 +95,7 @@ def test_default_retry_budget_rides_out_ten_minutes_of_both_sinks_down_with_six_
     kinds = ["nan_loss", "oom", "crash", "gpu_lost", "xid", "disk_low"]
 
     async def go() -> None:
-        clock = FakeClock()
+        clock = FakeClock(T0)
         am, hook = Receiver(), Receiver()
 
         def sinks() -> list[Any]:
@@ -176,6 +162,7 @@ def test_default_retry_budget_rides_out_ten_minutes_of_both_sinks_down_with_six_
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_the_default_budget_is_a_guarantee_not_an_average() -> None:
     assert retry_window(AlertsConfig()) >= 600.0
 
@@ -195,9 +182,10 @@ class Flaky:
         self.alerts.append(alert)
 
 
+@pytest.mark.unit
 def test_a_resolve_never_reaches_a_sink_that_gave_up_its_firing(tmp_path: Path) -> None:
     async def go() -> None:
-        clock = FakeClock()
+        clock = FakeClock(T0)
         sink = Flaky()
         cfg = AlertsConfig(
             startup_quiet=0.0, group_wait=0.0, max_retries=1, spool_dir=str(tmp_path / "s"), board_dir=""
@@ -225,6 +213,7 @@ def test_a_resolve_never_reaches_a_sink_that_gave_up_its_firing(tmp_path: Path) 
     asyncio.run(go())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(3))
 def test_short_retry_after_does_not_burn_the_budget(tmp_path: Path, seed: int) -> None:
     """A receiver answering 503 with ``Retry-After: 1`` for 10 minutes: the retries still span them."""
@@ -236,7 +225,7 @@ def test_short_retry_after_does_not_burn_the_budget(tmp_path: Path, seed: int) -
             self.alerts.append(alert)
 
     async def go() -> None:
-        clock = FakeClock()
+        clock = FakeClock(T0)
         sink = Busy()
         cfg = AlertsConfig(startup_quiet=0.0, group_wait=0.0, spool_dir=str(tmp_path / "s"), board_dir="")
         ident = Identity(run=RUN, rank=0, local_rank=0, world_size=1, node="n")
@@ -312,9 +301,10 @@ def saved(d: AlertDispatcher) -> list[dict[str, Any]]:
         return []
 
 
+@pytest.mark.unit
 def test_restart_adopts_an_announced_alert_and_still_sends_its_resolve(tmp_path: Path) -> None:
     async def go() -> None:
-        clock, sink = FakeClock(), Recording()
+        clock, sink = FakeClock(T0), Recording()
         d1 = one(tmp_path, clock, sink)
         t1 = asyncio.create_task(d1.run())
         d1.send(nan(35))
@@ -339,9 +329,10 @@ def test_restart_adopts_an_announced_alert_and_still_sends_its_resolve(tmp_path:
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_a_clear_in_the_replayed_tail_sends_the_resolve_at_start(tmp_path: Path) -> None:
     async def go() -> None:
-        clock, sink = FakeClock(), Recording()
+        clock, sink = FakeClock(T0), Recording()
         d1 = one(tmp_path, clock, sink)
         t1 = asyncio.create_task(d1.run())
         d1.send(nan(35))
@@ -363,9 +354,10 @@ def test_a_clear_in_the_replayed_tail_sends_the_resolve_at_start(tmp_path: Path)
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_a_nan_while_no_agent_ran_is_reported_once_and_history_is_not(tmp_path: Path) -> None:
     async def go() -> None:
-        clock, sink = FakeClock(), Recording()
+        clock, sink = FakeClock(T0), Recording()
         d1 = one(tmp_path, clock, sink)
         t1 = asyncio.create_task(d1.run())
         d1.send(nan(15))
@@ -397,12 +389,13 @@ def test_a_nan_while_no_agent_ran_is_reported_once_and_history_is_not(tmp_path: 
     asyncio.run(go())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("kind", "expect"), [("stall", ["firing", "resolved"]), ("crash", ["firing"])])
 def test_an_inherited_alert_not_seen_again_is_resolved_by_rule_or_forgotten(
     tmp_path: Path, kind: str, expect: list[str]
 ) -> None:
     async def go() -> None:
-        clock, sink = FakeClock(), Recording()
+        clock, sink = FakeClock(T0), Recording()
         d1 = one(tmp_path, clock, sink)
         t1 = asyncio.create_task(d1.run())
         d1.send(Finding(kind, Severity.CRITICAL, 0, f"{kind} on rank 0", 10))
@@ -427,9 +420,10 @@ def test_an_inherited_alert_not_seen_again_is_resolved_by_rule_or_forgotten(
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_a_resolve_owed_at_the_kill_is_sent_after_the_restart(tmp_path: Path) -> None:
     async def go() -> None:
-        clock, sink = FakeClock(), Recording()
+        clock, sink = FakeClock(T0), Recording()
         d1 = one(tmp_path, clock, sink)
         t1 = asyncio.create_task(d1.run())
         d1.send(nan(35))
@@ -454,12 +448,13 @@ def test_a_resolve_owed_at_the_kill_is_sent_after_the_restart(tmp_path: Path) ->
     asyncio.run(go())
 
 
+@pytest.mark.unit
 def test_a_nan_after_a_resolve_owed_at_the_kill_is_a_new_alert_not_a_flap(tmp_path: Path) -> None:
     """Killed after its resolve went out but before the state file said so: the successor owes
     that resolve, and the tail holds a new NaN. Both go out (the resolve maybe twice)."""
 
     async def go() -> None:
-        clock, sink = FakeClock(), Recording()
+        clock, sink = FakeClock(T0), Recording()
         d1 = one(tmp_path, clock, sink)
         t1 = asyncio.create_task(d1.run())
         d1.send(nan(31))
@@ -506,6 +501,7 @@ event = st.one_of(
 )
 
 
+@pytest.mark.unit
 @settings(
     max_examples=40,
     deadline=None,
@@ -568,7 +564,7 @@ def test_board_interleavings_never_raise_nor_send_twice(
             if record.levelno >= logging.ERROR or record.exc_info:
                 errors.append(record)
 
-    clock = FakeClock()
+    clock = FakeClock(T0)
     handler = Catch()
 
     def make(rank: int) -> AlertDispatcher:
@@ -652,12 +648,13 @@ def test_board_interleavings_never_raise_nor_send_twice(
         assert all(a != b for a, b in itertools.pairwise(seq)), (r, seq)  # nothing twice
 
 
+@pytest.mark.unit
 def test_a_state_file_from_an_earlier_incarnation_never_swallows_a_new_alert(tmp_path: Path) -> None:
     """The same run name and rank an hour later (a requeued job): its old NaN alert is closed, and
     the new job's NaN is a new alert, not "the same episode"."""
 
     async def go() -> None:
-        clock, sink = FakeClock(), Recording()
+        clock, sink = FakeClock(T0), Recording()
         d1 = one(tmp_path, clock, sink)
         t1 = asyncio.create_task(d1.run())
         d1.send(nan(35))

@@ -103,6 +103,7 @@ while True:  # ~100 KB/s: the agent sees the disk filling before it is full
 """
 
 
+@pytest.mark.process
 def test_log_disk_filling_is_warned_then_the_death_is_named_enospc(tmp_path: Path) -> None:
     with _tmpfs(tmp_path / "logs", "2m") as logs:
         out = tmp_path / "echo.out"
@@ -171,6 +172,7 @@ def _stall(tmp: Path, py_spy: str, dumps: Path) -> Finding:
         rank.wait(10)
 
 
+@pytest.mark.tool
 def test_stall_with_ptrace_refused_by_the_kernel_says_no_stacks(tmp_path: Path) -> None:
     real, setpriv = find_py_spy("py-spy"), shutil.which("setpriv")
     if os.geteuid() != 0:
@@ -188,6 +190,7 @@ def test_stall_with_ptrace_refused_by_the_kernel_says_no_stacks(tmp_path: Path) 
     assert f.time is not None and abs(f.time - time.time()) < 120
 
 
+@pytest.mark.tool
 def test_stall_with_the_dumps_folder_full_says_so(tmp_path: Path) -> None:
     real = find_py_spy("py-spy")
     assert real, "py-spy is installed in CI"
@@ -199,6 +202,7 @@ def test_stall_with_the_dumps_folder_full_says_so(tmp_path: Path) -> None:
     assert f.evidence["dumps"]["state"] == "failed" and "dump_path" not in f.evidence
 
 
+@pytest.mark.tool
 def test_stall_with_working_dumps_names_the_folder(tmp_path: Path) -> None:
     real = find_py_spy("py-spy")
     assert real, "py-spy is installed in CI"
@@ -208,6 +212,7 @@ def test_stall_with_working_dumps_names_the_folder(tmp_path: Path) -> None:
     assert (folder / "rank-0.txt").exists() and "FAILED" not in (folder / "rank-0.txt").read_text()[:200]
 
 
+@pytest.mark.process
 def test_py_spy_failures_are_named_by_their_cause(tmp_path: Path) -> None:
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -250,6 +255,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("sig", "mode"),
     [(signal.SIGINT, "default"), (signal.SIGHUP, "default"), (signal.SIGTERM, "term-exit-3")],
@@ -277,6 +283,7 @@ def test_a_forwarded_stop_is_not_a_critical_crash(tmp_path: Path, sig: int, mode
         stop_processes([p])
 
 
+@pytest.mark.process
 def test_watch_line_numbers_count_from_the_files_start(tmp_path: Path) -> None:
     log = tmp_path / "rank-0.log"
     log.write_bytes(b"".join(b"step=%d loss=%.3f lr=1e-4\n" % (s, 2 + 1 / s) for s in range(1, 101)))
@@ -293,6 +300,7 @@ def test_watch_line_numbers_count_from_the_files_start(tmp_path: Path) -> None:
     assert f.line == 102 and f.step == 102  # not 2: counted from the file's start
 
 
+@pytest.mark.unit
 def test_findings_jsonl_is_strict_json(tmp_path: Path) -> None:
     sink = JsonlSink(tmp_path / "f.jsonl", IDENT)
     sink.send(
@@ -313,6 +321,7 @@ def test_findings_jsonl_is_strict_json(tmp_path: Path) -> None:
     assert doc["evidence"] == {"loss": "NaN", "window": [1.0, "Infinity", "-Infinity"]}
 
 
+@pytest.mark.unit
 def test_disk_detector_warns_low_then_full_once_each_and_resolves() -> None:
     from rankwatch.detectors.disk import DiskDetector, DiskSample
 
@@ -336,6 +345,7 @@ def test_disk_detector_warns_low_then_full_once_each_and_resolves() -> None:
     assert back.resolved and back.severity is Severity.CRITICAL
 
 
+@pytest.mark.unit
 def test_disk_detector_warns_a_sustained_fill_before_the_threshold() -> None:
     from rankwatch.detectors.disk import DiskDetector, DiskSample
 

@@ -145,6 +145,7 @@ def _serving(p: subprocess.Popen, port: int, tmp: Path) -> None:
     assert wait_for(up, 60), "agent did not serve"
 
 
+@pytest.mark.process
 def test_stdout_nobody_reads_does_not_freeze_the_agent(tmp_path: Path) -> None:
     """The agent's stdout is a pipe nobody reads: the child fills it (and 12 MiB more), then
     logs a NaN. /healthz answers throughout, the NaN is found, the echo drops and counts, and
@@ -187,6 +188,7 @@ def test_stdout_nobody_reads_does_not_freeze_the_agent(tmp_path: Path) -> None:
         os.close(r)
 
 
+@pytest.mark.process
 def test_burst_with_slow_stdout_keeps_healthz_answering_and_finds_the_nan(tmp_path: Path) -> None:
     """300k lines at once while the agent's stdout drains at 1 MB/s (a terminal over ssh, a
     busy tee): /healthz answers every probe within 5 s and the NaN in the middle is found."""
@@ -218,6 +220,7 @@ def test_burst_with_slow_stdout_keeps_healthz_answering_and_finds_the_nan(tmp_pa
         os.close(r)
 
 
+@pytest.mark.unit
 def test_healthz_reports_a_lagging_loop() -> None:
     clock = [100.0]
     mon = LoopMonitor(interval=1.0, limit=5.0, window=30.0, clock=lambda: clock[0])
@@ -236,6 +239,7 @@ def test_healthz_reports_a_lagging_loop() -> None:
     assert mon.health()[0] and mon.lag == 0.0 and mon.max_lag == 10.0
 
 
+@pytest.mark.unit
 def test_progress_redraws_collapse_to_first_and_last_segment() -> None:
     bar = [
         FollowedLine(f"[rank1]: {i}%|###| {i}/100" if i == 0 else f"{i}%|###| {i}/100", 7) for i in range(100)
@@ -248,6 +252,7 @@ def test_progress_redraws_collapse_to_first_and_last_segment() -> None:
     assert stats.unparsed == stats.lines == len(batch) - len(out)
 
 
+@pytest.mark.unit
 def test_echo_to_a_full_pipe_drops_counts_and_resumes_with_a_note(tmp_path: Path) -> None:
     from rankwatch.runtime.echo import Echo
 
@@ -300,6 +305,7 @@ def _full_pipe() -> tuple[int, int]:
     return r, w
 
 
+@pytest.mark.process
 def test_stdout_and_stderr_nobody_reads_do_not_freeze_the_agent(tmp_path: Path) -> None:
     """srun's output channel stalled: both of the agent's streams are full pipes from the start.
     Its log lines and console findings go nowhere, but detection, /healthz and the exit go on."""

@@ -94,6 +94,7 @@ def _fill(fs: Path, leave: int = 0) -> Path:
     return filler
 
 
+@pytest.mark.process
 def test_checkpoint_dir_on_a_full_filesystem_warns_before_and_judges_the_torn_save(tmp_path: Path) -> None:
     import numpy as np
     from safetensors.numpy import save_file
@@ -155,6 +156,7 @@ def test_checkpoint_dir_on_a_full_filesystem_warns_before_and_judges_the_torn_sa
         asyncio.run(main())
 
 
+@pytest.mark.unit
 def test_statvfs_failing_or_reporting_no_space_never_stops_the_checkpoint_watcher(tmp_path: Path) -> None:
     from rankwatch.checkpoints import CheckpointConfig
     from rankwatch.checkpoints.watcher import CheckpointWatcher
@@ -179,6 +181,7 @@ def test_statvfs_failing_or_reporting_no_space_never_stops_the_checkpoint_watche
     assert w.snapshot()["fs_free_bytes"] == 10 * gib
 
 
+@pytest.mark.tool
 def test_dumps_dir_on_a_full_filesystem_loses_the_stacks_not_the_agent(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -238,6 +241,7 @@ def test_dumps_dir_on_a_full_filesystem_loses_the_stacks_not_the_agent(
         rank.wait(10)
 
 
+@pytest.mark.process
 def test_alert_spool_on_a_full_filesystem_is_reported_once_and_alerts_still_go_out(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -280,6 +284,7 @@ alerts:
     assert _count(caplog, "unusable") == 1
 
 
+@pytest.mark.process
 def test_spool_append_cut_by_a_full_disk_leaves_no_torn_line_behind(tmp_path: Path) -> None:
     from rankwatch.actions.alerts.spool import Spool, SpoolEntry
 
@@ -297,6 +302,7 @@ def test_spool_append_cut_by_a_full_disk_leaves_no_torn_line_behind(tmp_path: Pa
 
 
 # --- NVML failing in the middle of a run ---------------------------------------------------
+@pytest.mark.process
 def test_nvml_failing_hanging_and_losing_the_gpu_mid_run(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
@@ -403,6 +409,7 @@ def _forker(tmp: Path, *, code: int, linger: float, wait: bool) -> list[str]:
     return [sys.executable, "-c", src]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("code", "linger", "wait"), [(3, 60.0, False), (0, 0.3, True)], ids=["exits-kid-lingers", "clean"]
 )
@@ -444,6 +451,7 @@ def test_run_mode_rank_that_forks_then_exits_is_reported_once_and_not_waited_for
             os.kill(kid, signal.SIGKILL)
 
 
+@pytest.mark.process
 def test_watch_mode_rank_that_forks_then_exits_is_one_exit_and_the_agent_ends_cleanly(
     tmp_path: Path,
 ) -> None:
@@ -496,6 +504,7 @@ def _forker_slow(tmp: Path) -> str:
 
 
 # --- SIGTERM while a stall dump is in flight ---------------------------------------------------
+@pytest.mark.tool
 def test_sigterm_during_a_slow_dump_exits_in_bounds_and_leaves_a_readable_incident(tmp_path: Path) -> None:
     mark = tmp_path / "py-spy.pid"
     py_spy = tmp_path / "py-spy"

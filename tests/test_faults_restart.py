@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.process, pytest.mark.faults]
 
 
 class Hook:

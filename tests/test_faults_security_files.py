@@ -135,6 +135,7 @@ sys.exit(1)
 """
 
 
+@pytest.mark.tool
 @needs_root
 def test_log_swapped_for_a_symlink_to_a_root_only_file_is_never_read(shared: Path) -> None:
     secret = _secret_file(shared / "root-only.txt")
@@ -284,6 +285,7 @@ def _plant(dumps: Path, outside: Path, secret: Path) -> dict[str, str]:
     return {"20261122T101500Z_stall": "r", "20261122T101600Z_stall": "r"}
 
 
+@pytest.mark.process
 def test_symlinks_fifos_and_devices_in_the_dumps_folder_are_404_and_never_read(
     shared: Path, tmp_path: Path
 ) -> None:
@@ -377,6 +379,7 @@ def test_symlinks_fifos_and_devices_in_the_dumps_folder_are_404_and_never_read(
 
 
 # ------------------------------------------------------------------------ the follower
+@pytest.mark.unit
 def test_follower_refuses_a_symlink_swap_once_counts_it_and_reads_on_when_the_file_is_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -401,6 +404,7 @@ def test_follower_refuses_a_symlink_swap_once_counts_it_and_reads_on_when_the_fi
     f.close()
 
 
+@pytest.mark.unit
 def test_follower_never_opens_a_fifo_swapped_in(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.log"
     path.write_text("a\n")
@@ -414,6 +418,7 @@ def test_follower_never_opens_a_fifo_swapped_in(tmp_path: Path) -> None:
     f.close()
 
 
+@pytest.mark.unit
 def test_follower_refuses_a_log_folder_swapped_for_a_symlink(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -431,6 +436,7 @@ def test_follower_refuses_a_log_folder_swapped_for_a_symlink(tmp_path: Path) -> 
     f.close()
 
 
+@pytest.mark.unit
 def test_follower_follows_a_configured_symlinked_folder_and_a_link_beside_it_but_no_link_out(
     tmp_path: Path,
 ) -> None:
@@ -468,6 +474,7 @@ def test_follower_follows_a_configured_symlinked_folder_and_a_link_beside_it_but
     f.close()
 
 
+@pytest.mark.unit
 @needs_root
 def test_follower_refuses_another_owners_file_on_reopen(tmp_path: Path) -> None:
     """A hard link or a rename that brings in a root-owned file: same name, another owner."""
@@ -490,6 +497,7 @@ def test_follower_refuses_another_owners_file_on_reopen(tmp_path: Path) -> None:
     g.close()
 
 
+@pytest.mark.unit
 def test_restarted_watchers_history_is_read_through_the_checked_descriptor(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.log"
     path.write_text("one\ntwo\n")
@@ -502,6 +510,7 @@ def test_restarted_watchers_history_is_read_through_the_checked_descriptor(tmp_p
 
 
 # ---------------------------------------------------------------------------- safeio
+@pytest.mark.unit
 def test_open_file_beneath_reads_a_regular_file_and_refuses_every_trap(tmp_path: Path) -> None:
     secret = _secret_file(tmp_path / "secret")
     root = tmp_path / "root"
@@ -535,6 +544,7 @@ def test_open_file_beneath_reads_a_regular_file_and_refuses_every_trap(tmp_path:
         os.close(fd)
 
 
+@pytest.mark.unit
 def test_open_file_beneath_catches_a_swap_between_its_lstat_and_its_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -559,6 +569,7 @@ def test_open_file_beneath_catches_a_swap_between_its_lstat_and_its_open(
         os.close(fd)
 
 
+@pytest.mark.unit
 @needs_root
 def test_a_device_is_never_opened(tmp_path: Path) -> None:
     os.mknod(tmp_path / "dev", 0o644 | stat.S_IFCHR, os.makedev(1, 5))
@@ -566,6 +577,7 @@ def test_a_device_is_never_opened(tmp_path: Path) -> None:
         safeio.read_beneath(tmp_path, ["dev"])
 
 
+@pytest.mark.unit
 def test_open_dir_refuses_a_component_swapped_for_a_symlink(tmp_path: Path) -> None:
     (tmp_path / "a" / "b").mkdir(parents=True)
     resolved, owners = safeio.resolve_dir(tmp_path / "a" / "b")
@@ -580,6 +592,7 @@ def test_open_dir_refuses_a_component_swapped_for_a_symlink(tmp_path: Path) -> N
     assert missing.value.errno == errno.ENOENT
 
 
+@pytest.mark.unit
 def test_resolve_dir_keeps_missing_parts_and_resolves_relative_links(tmp_path: Path) -> None:
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to("real")
@@ -587,6 +600,7 @@ def test_resolve_dir_keeps_missing_parts_and_resolves_relative_links(tmp_path: P
     assert resolved == os.path.join(os.path.realpath(tmp_path), "real", "later", "deeper")
 
 
+@pytest.mark.unit
 @needs_root
 def test_resolve_dir_names_the_owner_of_a_users_symlink(tmp_path: Path) -> None:
     (tmp_path / "real").mkdir()
@@ -601,6 +615,7 @@ def test_resolve_dir_names_the_owner_of_a_users_symlink(tmp_path: Path) -> None:
     f.close()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("target", "expected"),
     [

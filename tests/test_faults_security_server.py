@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from conftest import free_port
 from rankwatch.config.schema import Config, ServerConfig
 from rankwatch.config.snapshot import replaced
 from rankwatch.identity import Identity
@@ -80,6 +81,7 @@ def _outside_address() -> str | None:
 
 
 # --- who may read what ---------------------------------------------------------------------
+@pytest.mark.process
 def test_without_a_token_network_peers_get_metrics_but_not_the_api_or_page(tmp_path: Path) -> None:
     outside = _outside_address()
     if outside is None:
@@ -113,6 +115,7 @@ def test_without_a_token_network_peers_get_metrics_but_not_the_api_or_page(tmp_p
     _run(go)
 
 
+@pytest.mark.process
 def test_loopback_without_token_refuses_a_dns_name_in_host(tmp_path: Path) -> None:
     """A web page that rebinds its name to 127.0.0.1 must not read the API via a local browser."""
     agent = _agent(tmp_path)
@@ -140,6 +143,7 @@ def test_loopback_without_token_refuses_a_dns_name_in_host(tmp_path: Path) -> No
     _run(go)
 
 
+@pytest.mark.process
 def test_browser_login_sets_a_strict_httponly_cookie_and_bearer_still_works(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
 
@@ -180,6 +184,7 @@ def test_browser_login_sets_a_strict_httponly_cookie_and_bearer_still_works(tmp_
     _run(go)
 
 
+@pytest.mark.process
 def test_exposure_is_announced_once_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert exposure_warning(ServerConfig(), "0.0.0.0") is not None
     assert exposure_warning(ServerConfig(token="x"), "0.0.0.0") is None
@@ -229,6 +234,7 @@ async def _closed_by_server(sock: socket.socket, deadline: float) -> bool:
     return False
 
 
+@pytest.mark.process
 def test_idle_and_half_sent_requests_time_out(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
 
@@ -265,6 +271,7 @@ def test_idle_and_half_sent_requests_time_out(tmp_path: Path) -> None:
     _run(go)
 
 
+@pytest.mark.process
 def test_connection_cap_evicts_idle_sockets_and_scrapes_get_through(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -294,12 +301,6 @@ def test_connection_cap_evicts_idle_sockets_and_scrapes_get_through(
 
 
 # --- the real CLI against a descriptor limit (issue 16 item 4: 1,100 idle vs 1,024 fds) ----
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str, timeout: float = 3.0) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -320,6 +321,7 @@ def _answers(url: str, within: float) -> tuple[int, str]:
     raise AssertionError(f"{url} did not answer within {within}s: {last}")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("nofile", "lowered", "cap", "path"),
     [
@@ -338,7 +340,7 @@ def test_idle_connection_flood_under_prlimit_keeps_metrics_and_healthz(
     if soft < 2000:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
     idle = 600
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "rank-0.log"
     log.write_text("step=1 loss=2.0\n")
     cfg = tmp_path / "rw.yaml"

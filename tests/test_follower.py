@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from rankwatch.sources.follower import FollowedLine, LogFollower, follow, read_lines
 
+pytestmark = pytest.mark.unit
+
 Item = tuple[str, int, bool]
 
 

@@ -3,8 +3,11 @@ either answers or raises its own documented error, whatever the text."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+pytestmark = pytest.mark.unit
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=60)

@@ -28,7 +28,7 @@ from rankwatch.records import StepRecord
 from rankwatch.sources.lines import read_lines
 from rankwatch.sources.logparser import LogParser
 
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 CASES = list(corpus.CASES)
 
@@ -72,6 +72,8 @@ def expected_steps(case: corpus.Case) -> list[int | None]:
     return t["logged_steps"]
 
 
+@pytest.mark.tool
+@pytest.mark.torch
 @pytest.mark.parametrize("name", CASES)
 def test_steps_are_the_trainers_own(name: str, cases: dict[str, corpus.Case]) -> None:
     case = cases[name]
@@ -89,6 +91,8 @@ def test_steps_are_the_trainers_own(name: str, cases: dict[str, corpus.Case]) ->
     assert got == expected_steps(case)
 
 
+@pytest.mark.tool
+@pytest.mark.torch
 @pytest.mark.parametrize("name", CASES)
 def test_analyze_reports_the_trainers_steps_and_the_truth(
     name: str, cases: dict[str, corpus.Case], capsys: pytest.CaptureFixture[str]
@@ -123,6 +127,8 @@ def test_analyze_reports_the_trainers_steps_and_the_truth(
         assert [f for f in serious if f["kind"] != "throughput_drop"] == []
 
 
+@pytest.mark.tool
+@pytest.mark.torch
 @pytest.mark.parametrize("name", [c for c in CASES if c.startswith("lightning_tqdm")])
 def test_lightning_csvlogger_file(name: str, cases: dict[str, corpus.Case], capsys) -> None:
     case = cases[name]
@@ -139,6 +145,8 @@ def test_lightning_csvlogger_file(name: str, cases: dict[str, corpus.Case], caps
         assert nan[0]["step"] == case.truth["nan_step"]
 
 
+@pytest.mark.tool
+@pytest.mark.torch
 def test_live_run_finds_the_nan_at_its_true_step(tmp_path: Path) -> None:
     """``rankwatch run`` around the real Trainer: the NaN at global step 40, live."""
     if corpus.missing("hf_ls1_nan40"):
@@ -172,6 +180,7 @@ def test_live_run_finds_the_nan_at_its_true_step(tmp_path: Path) -> None:
 STATIC = sorted((Path(__file__).resolve().parent / "golden" / "static").glob("*.log"))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("log", STATIC, ids=[p.stem for p in STATIC])
 def test_kept_real_logs(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Real runs CI cannot make in seconds (HF Trainer + DeepSpeed), kept with their truth."""

@@ -79,6 +79,7 @@ def kinds(findings: list[tuple[int, Finding]]) -> list[tuple[str, bool]]:
 # --- scripted sequences -> findings -------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_healthy_gpus_stay_silent() -> None:
     findings, sampler, _ = drive([healthy(0), healthy(1)], 120)
     assert findings == []
@@ -87,6 +88,7 @@ def test_healthy_gpus_stay_silent() -> None:
     assert s.ecc is not None and s.ecc[("uncorrected", "volatile")] == 0
 
 
+@pytest.mark.unit
 def test_heat_up_fires_overheat_once_then_resolves() -> None:
     findings, _, _ = drive([heat_up(0, start=65, peak=92, over=5, cool_at=20)], 40)
     assert kinds(findings) == [("gpu_overheat", False), ("gpu_overheat", True)]
@@ -99,18 +101,21 @@ def test_heat_up_fires_overheat_once_then_resolves() -> None:
     assert t_clear == 22  # cooled at 20, three cool samples
 
 
+@pytest.mark.unit
 def test_short_heat_spike_is_not_overheat() -> None:
     temps = [60.0] * 10 + [90.0] * 4 + [60.0] * 30
     findings, _, _ = drive([healthy(0, fields={"temperature": seq(temps)})], len(temps))
     assert findings == []
 
 
+@pytest.mark.unit
 def test_overheat_resolves_only_below_the_hysteresis_band() -> None:
     temps = [90.0] * 8 + [82.0] * 10 + [70.0] * 5
     findings, _, _ = drive([healthy(0, fields={"temperature": seq(temps)})], len(temps))
     assert [(t, f.resolved) for t, f in findings] == [(5, False), (20, True)]
 
 
+@pytest.mark.unit
 def test_thermal_throttle_window_fires_once_and_resolves() -> None:
     findings, _, _ = drive([throttle(0, begin=3, end=15)], 30)
     assert kinds(findings) == [("gpu_throttle", False), ("gpu_throttle", True)]
@@ -119,6 +124,7 @@ def test_thermal_throttle_window_fires_once_and_resolves() -> None:
     assert "hw_thermal_slowdown" in fire.message and "1100 MHz" in fire.message
 
 
+@pytest.mark.unit
 def test_power_cap_alone_is_not_a_throttle_finding() -> None:
     findings, sampler, _ = drive([throttle(0, begin=0, end=100, reason="sw_power_cap")], 30)
     assert findings == []
@@ -131,6 +137,7 @@ def test_power_cap_alone_is_not_a_throttle_finding() -> None:
     }
 
 
+@pytest.mark.unit
 def test_leak_staircase_fires_once_with_slope_and_resolves_on_plateau() -> None:
     cfg = GpuConfig(leak_window=24, warmup_samples=4)
     findings, _, _ = drive([leak(0, step=96 * MiB, every=2, begin=0, end=60)], 100, cfg)
@@ -146,6 +153,7 @@ def test_leak_staircase_fires_once_with_slope_and_resolves_on_plateau() -> None:
     assert 60 < t_clear < 80
 
 
+@pytest.mark.unit
 def test_warmup_ramp_then_plateau_is_not_a_leak() -> None:
     # Allocator warm-up: big early steps that level off, then a flat line for good.
     used = [int(20 * GiB + min(t, 8) * 900 * MiB) for t in range(80)]
@@ -157,6 +165,7 @@ def test_warmup_ramp_then_plateau_is_not_a_leak() -> None:
     assert findings == []
 
 
+@pytest.mark.unit
 def test_staircase_shapes() -> None:
     kw = {"min_steps": 4, "min_growth": 256 * MiB}
     stairs = [10 * GiB + (i // 2) * 64 * MiB for i in range(24)]
@@ -171,6 +180,7 @@ def test_staircase_shapes() -> None:
     assert staircase_step(uneven, **kw) is None  # two huge jumps among small steps
 
 
+@pytest.mark.unit
 def test_memory_pressure_fires_once_and_resolves() -> None:
     full = (int(H100_TOTAL * 0.97), H100_TOTAL)
     ok = (int(H100_TOTAL * 0.80), H100_TOTAL)
@@ -181,6 +191,7 @@ def test_memory_pressure_fires_once_and_resolves() -> None:
     assert "97%" in findings[0][1].message and "out-of-memory" in findings[0][1].message
 
 
+@pytest.mark.unit
 def test_xid_79_fires_once_with_meaning_and_resolves_after_quiet() -> None:
     cfg = GpuConfig(xid_quiet=60.0)
     gpu = healthy(0, xids={3: [79], 5: [79]})
@@ -195,12 +206,14 @@ def test_xid_79_fires_once_with_meaning_and_resolves_after_quiet() -> None:
     assert sampler.latest()[0].xid_counts == {79: 2}
 
 
+@pytest.mark.unit
 def test_application_xid_is_a_warning_and_a_new_xid_fires_in_the_same_episode() -> None:
     findings, _, _ = drive([healthy(0, xids={2: [13], 4: [13, 31], 6: [48]})], 10)
     fired = [(f.evidence["xid"], f.severity) for _, f in findings if not f.resolved]
     assert fired == [(13, Severity.WARNING), (31, Severity.WARNING), (48, Severity.CRITICAL)]
 
 
+@pytest.mark.unit
 def test_lost_gpu_is_one_critical_finding_and_other_gpus_keep_sampling() -> None:
     cfg = GpuConfig(lost_reprobe=20.0)
     findings, _, fb = drive([healthy(0), lost(1, at=3, back_at=10)], 14, cfg)
@@ -214,6 +227,7 @@ def test_lost_gpu_is_one_critical_finding_and_other_gpus_keep_sampling() -> None
     assert fb.calls["memory"] == 14 + (3 + 2 + 3)
 
 
+@pytest.mark.unit
 def test_lost_gpu_samples_carry_no_readings() -> None:
     _, sampler, _ = drive([healthy(0), lost(1, at=0)], 3)
     s0, s1 = sampler.latest()
@@ -221,6 +235,7 @@ def test_lost_gpu_samples_carry_no_readings() -> None:
     assert s1.lost and s1.lost_reason == "GPU is lost" and s1.temperature is None and s1.memory_used is None
 
 
+@pytest.mark.unit
 def test_uncorrectable_ecc_increase_fires_and_resolves() -> None:
     def ecc(unc: int) -> dict[tuple[str, str], int]:
         return {("uncorrected", "volatile"): unc, ("uncorrected", "aggregate"): unc + 5}
@@ -241,6 +256,7 @@ def test_uncorrectable_ecc_increase_fires_and_resolves() -> None:
     assert "from 2 to 3" in findings[2][1].message
 
 
+@pytest.mark.unit
 def test_pending_remap_then_failure_escalates() -> None:
     rows = seq([(0, 0, False, False)] * 2 + [(0, 1, True, False)] * 3 + [(0, 1, True, True)] * 3)
     findings, _, _ = drive([healthy(0, fields={"remapped_rows": rows})], 8)
@@ -253,6 +269,7 @@ def test_pending_remap_then_failure_escalates() -> None:
 # --- degraded backends -----------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_not_supported_fields_are_skipped_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="rankwatch.gpu")
     names = ("memory_temperature", "ecc_errors", "retired_pages")
@@ -271,6 +288,7 @@ def test_not_supported_fields_are_skipped_and_logged_once(caplog: pytest.LogCapt
     assert "rankwatch_gpu_temperature_celsius{" in text
 
 
+@pytest.mark.unit
 def test_xid_events_not_supported_disable_the_event_wait() -> None:
     fb = FakeBackend([healthy(0)], xid_supported=False)
     sampler = GpuSampler(backend=fb)
@@ -284,6 +302,7 @@ def test_xid_events_not_supported_disable_the_event_wait() -> None:
     assert fb.calls["xid_events"] == 1
 
 
+@pytest.mark.unit
 def test_hung_call_returns_within_timeout_and_does_not_pile_up_threads() -> None:
     release = threading.Event()
     fb = FakeBackend([healthy(0, hang={"temperature": release})])
@@ -319,6 +338,7 @@ def test_hung_call_returns_within_timeout_and_does_not_pile_up_threads() -> None
         release.set()
 
 
+@pytest.mark.unit
 def test_no_nvml_logs_one_line_and_exports_collector_down(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="rankwatch.gpu")
     fb = FakeBackend([], init_error="NVML Shared Library Not Found")
@@ -339,6 +359,7 @@ def test_no_nvml_logs_one_line_and_exports_collector_down(caplog: pytest.LogCapt
     assert families[0].samples[0].labels == {"run": "llama-7b", "rank": "0", "node": "gpu-node-01"}
 
 
+@pytest.mark.unit
 def test_run_loop_samples_until_stopped() -> None:
     fb = FakeBackend([healthy(0)])
     sampler = GpuSampler(GpuConfig(interval=0.01), backend=fb)
@@ -360,6 +381,7 @@ def test_run_loop_samples_until_stopped() -> None:
     assert len(got) >= 3 and fb.calls["shutdown"] == 1
 
 
+@pytest.mark.unit
 def test_error_kinds_from_nvml_codes() -> None:
     assert error_kind(3) == "not_supported"
     assert error_kind(15) == "gone"
@@ -375,12 +397,14 @@ def test_error_kinds_from_nvml_codes() -> None:
 DEVICES = [GpuInfo(i, uuid=f"GPU-{i}abc{i}-0000-1111", name="H100") for i in range(8)]
 
 
+@pytest.mark.unit
 def test_pids_map_through_nvml_process_lists_first() -> None:
     procs = {0: [111], 3: [4242, 999], 5: [4243]}
     env = {"CUDA_VISIBLE_DEVICES": "6", "LOCAL_RANK": "6"}
     assert map_pids_to_gpus([4242, 4243], env, processes=procs, devices=DEVICES) == [3, 5]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
@@ -401,6 +425,7 @@ def test_pids_map_through_env_fallbacks(env: dict[str, str], expected: list[int]
     assert map_pids_to_gpus([4242], env, processes={0: [1]}, devices=DEVICES) == expected
 
 
+@pytest.mark.unit
 def test_sampler_watches_the_gpu_holding_the_pid() -> None:
     gpus = [healthy(i, fields={"compute_pids": const([7000 + i])}) for i in range(4)]
     fb = FakeBackend(gpus)
@@ -416,6 +441,7 @@ def test_sampler_watches_the_gpu_holding_the_pid() -> None:
     assert asyncio.run(go()) == ([2], [2], [1])
 
 
+@pytest.mark.unit
 def test_configured_devices_win_and_accept_uuids() -> None:
     fb = FakeBackend([healthy(i) for i in range(4)])
     sampler = GpuSampler(GpuConfig(devices=["3", "GPU-00000001"]), backend=fb)
@@ -443,6 +469,7 @@ def _s(util: float | None, power: float | None, mem: float | None = 0.3, lost: b
     )
 
 
+@pytest.mark.unit
 def test_gpu_activity_classes() -> None:
     assert gpu_activity([_s(0.98, 610.0)] * 3) == ACTIVITY_BUSY
     assert gpu_activity([_s(1.0, 110.0, mem=0.0)] * 3) == ACTIVITY_SPINNING
@@ -486,6 +513,7 @@ def _sampled_families() -> tuple[list, list[GpuSample]]:
     return gpu_metric_families({0: samples}, LABELS, up=sampler.up), samples
 
 
+@pytest.mark.unit
 def test_metric_families_values_labels_and_absent_fields() -> None:
     fams, samples = _sampled_families()
     names = {f.name for f in fams}
@@ -533,6 +561,7 @@ def test_metric_families_values_labels_and_absent_fields() -> None:
     assert _value(fams, "rankwatch_gpu_memory_temperature_celsius", gpu="0") == 70.0
 
 
+@pytest.mark.tool
 def test_exposition_passes_promtool() -> None:
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
     if not os.path.exists(promtool):
@@ -577,6 +606,7 @@ def memory_run(
 HOUR = 720  # ticks of 5 s
 
 
+@pytest.mark.unit
 def test_slow_overnight_leak_fires_on_the_long_horizon_and_resolves_when_it_stops() -> None:
     # 40 MiB every 30 s from 10 GiB: 80 MiB/min, too slow for the 3-minute staircase window.
     def used(t: int) -> float:
@@ -595,6 +625,7 @@ def test_slow_overnight_leak_fires_on_the_long_horizon_and_resolves_when_it_stop
     assert "stopped climbing" in clear.message
 
 
+@pytest.mark.unit
 def test_slow_staircase_every_ten_minutes_is_a_leak() -> None:
     findings = memory_run(lambda t: 30 * GiB + 200 * MiB * (t // 120), 2 * HOUR)
     assert kinds(findings) == [("gpu_memory_leak", False)]
@@ -617,6 +648,7 @@ def _warmup_then_flat(t: int) -> float:
     return 20 * GiB + sum(v for tick, v in _WARMUP.items() if t >= tick)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "shape",
     [
@@ -648,6 +680,7 @@ def test_healthy_memory_shapes_stay_silent_for_four_hours(shape: str) -> None:
     assert memory_run(used, 4 * HOUR) == []
 
 
+@pytest.mark.unit
 def test_sustained_climb_shapes() -> None:
     def pts(values: list[float]) -> list[tuple[float, float]]:
         return [(60.0 * i, v) for i, v in enumerate(values)]
@@ -670,6 +703,7 @@ def test_sustained_climb_shapes() -> None:
     assert sustained_climb(pts(late), **kw) is None  # climbing for 20 minutes is not yet sustained
 
 
+@pytest.mark.unit
 def test_floor_history_keeps_the_lowest_reading_per_minute_and_a_bounded_window() -> None:
     h = FloorHistory(60.0, 3600.0)
     closed = [h.add(float(t), 100.0 + (50.0 if t % 60 == 30 else 0.0) + t / 60) for t in range(40, 7260, 5)]
@@ -681,6 +715,7 @@ def test_floor_history_keeps_the_lowest_reading_per_minute_and_a_bounded_window(
 # --- stall: full utilisation without a power reading ------------------------------------------
 
 
+@pytest.mark.unit
 def test_nccl_spin_without_power_reading_is_not_life_for_the_stall_detector() -> None:
     from rankwatch.config.schema import StallConfig
     from rankwatch.detectors.liveness import StallDetector
@@ -728,6 +763,7 @@ def _ecc(corrected: int = 0, uncorrected: int = 0, aggregate_unc: int | None = N
     }
 
 
+@pytest.mark.unit
 def test_uncorrectable_history_at_the_first_sample_is_told_once_as_info() -> None:
     rows = {"remapped_rows": {"correctable": 0, "uncorrectable": 2}}
     findings = ecc_run([{**_ecc(aggregate_unc=4), **rows}] * 200)
@@ -741,6 +777,7 @@ def test_uncorrectable_history_at_the_first_sample_is_told_once_as_info() -> Non
     assert ecc_run([_ecc()] * 20) == []  # a clean board: nothing
 
 
+@pytest.mark.unit
 def test_retired_pages_increasing_is_reported_and_double_bit_is_critical() -> None:
     def pages(sbe: int, dbe: int) -> dict:
         # A page retired while the GPU runs stays "pending" until the next reset.
@@ -760,6 +797,7 @@ def test_retired_pages_increasing_is_reported_and_double_bit_is_critical() -> No
     assert "double-bit-ecc" in findings[1][1].message
 
 
+@pytest.mark.unit
 def test_sustained_corrected_errors_are_info_a_storm_is_a_warning_and_a_burst_is_nothing() -> None:
     cfg = GpuConfig(ecc_corrected_rate=10.0, ecc_corrected_window=3600.0)
     steady = [_ecc(corrected=t // 120) for t in range(3 * HOUR)]  # one every 10 min: 6/h, below 10/h
@@ -782,12 +820,14 @@ def test_sustained_corrected_errors_are_info_a_storm_is_a_warning_and_a_burst_is
 # --- NVML Unknown Error (999) -------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_one_unknown_error_is_a_skipped_sample_not_a_lost_gpu() -> None:
     findings, sampler, _ = drive([healthy(0), flaky(1, ticks={3, 4, 7})], 12)
     assert findings == []
     assert not any(s.lost for s in sampler.latest())
 
 
+@pytest.mark.unit
 def test_persistent_unknown_error_becomes_gpu_lost_and_stays_lost_while_reprobes_fail() -> None:
     cfg = GpuConfig(lost_after=3, lost_reprobe=10.0)
     findings, sampler, _ = drive([healthy(0), flaky(1, ticks=set(range(3, 12)))], 16, cfg)
@@ -798,6 +838,7 @@ def test_persistent_unknown_error_becomes_gpu_lost_and_stays_lost_while_reprobes
     assert sampler.latest()[1].temperature == 62.0
 
 
+@pytest.mark.unit
 def test_gpu_is_lost_is_still_immediate() -> None:
     findings, _, _ = drive([lost(0, at=2)], 4, GpuConfig(lost_after=5))
     assert [(t, f.kind) for t, f in findings] == [(2, "gpu_lost")]
@@ -806,6 +847,7 @@ def test_gpu_is_lost_is_still_immediate() -> None:
 # --- labels and names ---------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_series_carry_local_rank_for_the_own_rank_and_for_mapped_ranks() -> None:
     _, samples = _sampled_families()
     fams = gpu_metric_families(
@@ -822,6 +864,7 @@ def test_series_carry_local_rank_for_the_own_rank_and_for_mapped_ranks() -> None
     assert 'rankwatch_gpu_memory_used_bytes{gpu="0",local_rank="0",node="gpu-node-01",rank="0"' in text
 
 
+@pytest.mark.unit
 def test_metric_names_follow_prometheus_conventions() -> None:
     _, samples = _sampled_families()
     text = exposition({0: samples}, up=True)
@@ -834,6 +877,7 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         assert name.endswith("_total") == (kind == "counter"), name
 
 
+@pytest.mark.unit
 def test_a_hang_clears_the_last_readings_and_a_long_one_is_a_finding() -> None:
     """While NVML hangs, /metrics must not keep serving the last good temperature and memory,
     and a hang that lasts (the way a GPU off the bus first shows) pages, then resolves."""
@@ -873,6 +917,7 @@ def test_a_hang_clears_the_last_readings_and_a_long_one_is_a_finding() -> None:
     assert r.resolved
 
 
+@pytest.mark.unit
 def test_a_finding_on_a_gpu_not_tied_to_the_rank_says_it_may_be_another_jobs() -> None:
     from rankwatch.detectors.gpu import GpuDetector
 
@@ -887,6 +932,7 @@ def test_a_finding_on_a_gpu_not_tied_to_the_rank_says_it_may_be_another_jobs() -
     assert "may belong to another job" in other.message and other.evidence["attribution"] == "unattributed"
 
 
+@pytest.mark.unit
 def test_two_gpus_of_one_rank_overheat_and_resolve_each_on_its_own() -> None:
     """The first GPU to cool must not resolve the other's alert (Finding.key has the GPU)."""
     from rankwatch.exporter.findings import FindingTracker

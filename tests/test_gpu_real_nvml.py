@@ -16,6 +16,8 @@ from rankwatch.gpu.backend import NvmlBackend
 from rankwatch.gpu.collector import GpuCollector, gpu_metric_families
 from rankwatch.gpu.sampler import GpuSampler
 
+pytestmark = pytest.mark.unit
+
 LABELS = {"run": "real", "rank": "0", "local_rank": "0", "node": "this-node"}
 GiB = 1 << 30
 

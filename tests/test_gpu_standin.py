@@ -26,7 +26,7 @@ import pytest
 from faultlib import free_port, stop_processes
 
 HERE = Path(__file__).parent / "nvml_standin"
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.tool
 
 HEALTHY = """\
 count 2

@@ -14,13 +14,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,6 +28,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import free_port, wait_for
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.exporter import render
@@ -156,6 +156,7 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+@pytest.mark.unit
 def test_metric_name_extraction() -> None:
     expr = (
         'sum by (kind) (increase(rankwatch_findings_total{run=~"$run", kind!~"a|b"}[$__rate_interval]))'
@@ -165,6 +166,7 @@ def test_metric_name_extraction() -> None:
 
 
 # --- static checks ----------------------------------------------------------------------------
+@pytest.mark.process
 def test_dashboards_are_generated_and_in_sync() -> None:
     mod = _builder()
     expected = mod.expected_files()
@@ -180,6 +182,7 @@ def test_dashboards_are_generated_and_in_sync() -> None:
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.unit
 def test_configmap_carries_every_dashboard_for_the_grafana_sidecar() -> None:
     cm = yaml.safe_load((GRAFANA / "kubernetes" / "dashboards-configmap.yaml").read_text())
     assert cm["apiVersion"] == "v1" and cm["kind"] == "ConfigMap"
@@ -190,6 +193,7 @@ def test_configmap_carries_every_dashboard_for_the_grafana_sidecar() -> None:
     assert len(json.dumps(cm)) < 256 * 1024  # kubectl apply's last-applied annotation
 
 
+@pytest.mark.unit
 def test_provisioning_files() -> None:
     ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "rankwatch.yaml").read_text())
     assert ds["apiVersion"] == 1 and ds["datasources"][0]["type"] == "prometheus"
@@ -197,6 +201,7 @@ def test_provisioning_files() -> None:
     assert prov["apiVersion"] == 1 and prov["providers"][0]["type"] == "file"
 
 
+@pytest.mark.unit
 def test_dashboard_structure_uids_variables_and_datasource() -> None:
     assert {_load(p)["uid"] for p in DASHBOARDS} == UIDS
     for path in DASHBOARDS:
@@ -235,6 +240,7 @@ def test_dashboard_structure_uids_variables_and_datasource() -> None:
             assert ann["datasource"]["uid"] == "${datasource}" and ann["expr"]
 
 
+@pytest.mark.unit
 def test_run_overview_keeps_the_alert_link_working() -> None:
     d = _load(GRAFANA / "dashboards" / "rankwatch-run.json")
     assert d["uid"] == "rankwatch-run"  # README: /d/rankwatch-run?var-run={run}&var-rank={rank}
@@ -247,6 +253,7 @@ def test_run_overview_keeps_the_alert_link_working() -> None:
         assert word in titles, word
 
 
+@pytest.mark.unit
 def test_every_metric_in_the_dashboards_is_exported(tmp_path: Path) -> None:
     exported = _exported_names(tmp_path) | {"up"}
     for path in DASHBOARDS:
@@ -281,23 +288,6 @@ sys.exit(main(sys.argv[1:]))
 """
 
 RUN = "gtest"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def _get(url: str) -> Any:
@@ -349,7 +339,7 @@ def _checkpoints(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.integration
+@pytest.mark.tool
 def test_every_panel_query_returns_data_from_a_real_prometheus(tmp_path: Path) -> None:
     prometheus = shutil.which("prometheus")
     if prometheus is None:
@@ -394,10 +384,12 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(tmp_path: Path) -
             errs.append(err)
         pattern = re.compile(r"serving metrics and API on [^\s]+:(\d+)")
         ports = [
-            _until(lambda e=e: pattern.search(e.read_text(errors="replace")), 20, f"{e.name}: port").group(1)
+            wait_for(
+                lambda e=e: pattern.search(e.read_text(errors="replace")), 20, f"{e.name}: port", interval=0.2
+            ).group(1)
             for e in errs
         ]
-        prom_port = _free_port()
+        prom_port = free_port()
         rules = ROOT / "deploy" / "prometheus" / "rankwatch.rules.yml"
         (tmp_path / "prometheus.yml").write_text(
             yaml.safe_dump(
@@ -452,8 +444,8 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(tmp_path: Path) -
             return not missing
 
         try:
-            _until(lambda: query("up").get("data", {}).get("result"), 20, "the first scrape")
-            _until(all_have_data, 25, "data in every panel")
+            wait_for(lambda: query("up").get("data", {}).get("result"), 20, "the first scrape", interval=0.2)
+            wait_for(all_have_data, 25, "data in every panel", interval=0.2)
         except AssertionError:
             detail = "\n".join(f"{w}: {e} -> {why}" for e, (w, why) in missing.items())
             raise AssertionError(f"{len(missing)} of {len(exprs)} panel queries failed:\n{detail}") from None
@@ -479,7 +471,7 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(tmp_path: Path) -
                 assert want[v["name"]] <= values, (path.name, v["name"], values)
         # The recording rules evaluate on live data too.
         for record in ("run:rankwatch_step:max", "run:rankwatch_step_duration_seconds:median"):
-            _until(lambda r=record: query(r).get("data", {}).get("result"), 10, record)
+            wait_for(lambda r=record: query(r).get("data", {}).get("result"), 10, record, interval=0.2)
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -492,6 +484,7 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(tmp_path: Path) -
                 p.wait(timeout=5)
 
 
+@pytest.mark.unit
 def test_every_metric_in_the_prometheus_rules_is_exported_or_recorded(tmp_path: Path) -> None:
     """A renamed metric must break CI here, not silently turn an alert into one that never fires."""
     exported = _exported_names(tmp_path) | {"up"}

@@ -9,6 +9,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from rankwatch.config.schema import Config, HostMemoryConfig
 from rankwatch.config.snapshot import replaced
 from rankwatch.detectors.host_memory import KIND, HostMemoryDetector
@@ -16,6 +18,8 @@ from rankwatch.engine import RankEngine
 from rankwatch.events import ProcessSample
 from rankwatch.records import Finding, Severity
 from rankwatch.sources.process import memory_headroom
+
+pytestmark = pytest.mark.unit
 
 MiB = 1 << 20
 GiB = 1 << 30

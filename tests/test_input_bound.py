@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rankwatch.detectors.input_bound import DataloaderStallDetector
 from rankwatch.gpu import GpuConfig
 from rankwatch.records import Finding, Severity
@@ -24,6 +26,7 @@ def drive(det: DataloaderStallDetector, start: float, end: float, *, util: float
     return out
 
 
+@pytest.mark.unit
 def test_starved_gpu_with_busy_loader_fires_once_then_resolves() -> None:
     det = DataloaderStallDetector(GpuConfig(), rank=2, path="rank-2.log")
     assert drive(det, 0, 500, util=0.12, cpu=350.0) == []  # the window is not covered yet
@@ -36,6 +39,7 @@ def test_starved_gpu_with_busy_loader_fires_once_then_resolves() -> None:
     assert [x.resolved for x in fixed] == [True]
 
 
+@pytest.mark.unit
 def test_healthy_or_other_causes_stay_silent() -> None:
     cfg = GpuConfig()
     busy_gpu = DataloaderStallDetector(cfg, 0)
@@ -46,6 +50,7 @@ def test_healthy_or_other_causes_stay_silent() -> None:
     assert drive(stalled, 0, 3000, util=0.0, cpu=300.0, step_every=0) == []
 
 
+@pytest.mark.unit
 def test_short_idle_stretches_are_normal() -> None:
     """A 3-minute eval with the GPU idle inside a 10-minute window of training is not starvation."""
     det = DataloaderStallDetector(GpuConfig(), 0)
@@ -55,11 +60,13 @@ def test_short_idle_stretches_are_normal() -> None:
     assert out == []
 
 
+@pytest.mark.unit
 def test_off_with_a_zero_window() -> None:
     det = DataloaderStallDetector(GpuConfig(dataloader_window=0), 0)  # type: ignore[arg-type]
     assert drive(det, 0, 3000, util=0.0, cpu=400.0) == []
 
 
+@pytest.mark.process
 def test_live_agent_names_a_starved_gpu(tmp_path: Path) -> None:
     """Run mode, a CPU-bound rank, a scripted GPU at 8%: the wired agent says dataloader_stall."""
     import asyncio
@@ -93,6 +100,7 @@ def test_live_agent_names_a_starved_gpu(tmp_path: Path) -> None:
     assert "utilisation averaged 8%" in starved[0].message
 
 
+@pytest.mark.unit
 def test_memory_stays_bounded_without_gpu_readings() -> None:
     det = DataloaderStallDetector(GpuConfig(), 0)
     for t in range(20_000):

@@ -102,6 +102,7 @@ def run_agent(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProces
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.process
 def test_nan_is_reported_and_exit_status_is_the_childs(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     out = run_agent(agent_cmd(cfg, tmp_path, 0, "--steps", "60", "--fault", "nan@30", "--format", "nanogpt"))
@@ -114,6 +115,7 @@ def test_nan_is_reported_and_exit_status_is_the_childs(tmp_path: Path) -> None:
     assert "iter 59:" in log and "iter 59:" in out.stdout
 
 
+@pytest.mark.process
 def test_crash_with_traceback_is_classified(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     out = run_agent(agent_cmd(cfg, tmp_path, 0, "--steps", "50", "--fault", "crash@20"))
@@ -126,6 +128,7 @@ def test_crash_with_traceback_is_classified(tmp_path: Path) -> None:
     assert "illegal memory access" in crash[0]["message"]
 
 
+@pytest.mark.process
 def test_sigkill_of_child_is_a_crash_with_exit_137(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     out = run_agent(agent_cmd(cfg, tmp_path, 0, "--steps", "50", "--fault", "kill@15"))
@@ -135,6 +138,7 @@ def test_sigkill_of_child_is_a_crash_with_exit_137(tmp_path: Path) -> None:
     assert "SIGKILL" in crash[0]["message"]
 
 
+@pytest.mark.process
 def test_sigterm_is_forwarded(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     p = subprocess.Popen(
@@ -156,6 +160,7 @@ def test_sigterm_is_forwarded(tmp_path: Path) -> None:
             p.kill()
 
 
+@pytest.mark.process
 def test_sigterm_grace_then_sigkill_takes_the_childs_whole_process_group(tmp_path: Path) -> None:
     """A child that ignores SIGTERM and has a worker of its own: after runner.term_grace both
     are SIGKILLed, so nothing of the rank outlives the agent's step."""
@@ -202,6 +207,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.process
 def test_step_wide_sigterm_is_a_requested_stop_not_a_crash(tmp_path: Path) -> None:
     """Slurm's scancel and time limit signal every process of a step at once: the child may be
     dead before the agent's own SIGTERM is handled. That must still read as a requested stop."""
@@ -230,6 +236,7 @@ def test_step_wide_sigterm_is_a_requested_stop_not_a_crash(tmp_path: Path) -> No
     assert [f["kind"] for f in got if f["kind"] in ("crash", "process_exit")] == ["process_exit"], got
 
 
+@pytest.mark.unit
 def test_stall_finding_says_when_dumps_are_off(tmp_path: Path) -> None:
     from rankwatch.config.schema import Config
     from rankwatch.identity import Identity
@@ -245,6 +252,7 @@ def test_stall_finding_says_when_dumps_are_off(tmp_path: Path) -> None:
     assert f.evidence["dumps"]["state"] == "off" and not (tmp_path / "dumps").exists()
 
 
+@pytest.mark.process
 def test_agent_killed_with_sigkill_leaves_child_running_and_log_complete(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     p = subprocess.Popen(
@@ -271,6 +279,7 @@ def test_agent_killed_with_sigkill_leaves_child_running_and_log_complete(tmp_pat
             p.kill()
 
 
+@pytest.mark.tool
 def test_two_rank_hang_dumps_and_diff_names_the_hung_rank(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     procs = start_two_ranks(cfg, tmp_path, "--fault", "hang@40:rank=1")
@@ -295,6 +304,7 @@ def test_two_rank_hang_dumps_and_diff_names_the_hung_rank(tmp_path: Path) -> Non
         stop_processes(procs)
 
 
+@pytest.mark.tool
 def test_silent_rank_joins_the_incident_its_logging_peer_opened(tmp_path: Path) -> None:
     """Megatron-style logging: only the last rank prints steps. Rank 0 hangs in its data
     loader; rank 1 (the logger) waits in all_reduce and is flagged after the floor. Rank 0's
@@ -317,6 +327,7 @@ def test_silent_rank_joins_the_incident_its_logging_peer_opened(tmp_path: Path) 
         stop_processes(procs)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("bad", [["run"], ["run", "--"]])
 def test_run_without_command_is_usage_error(bad: list[str]) -> None:
     out = subprocess.run(
@@ -325,6 +336,7 @@ def test_run_without_command_is_usage_error(bad: list[str]) -> None:
     assert out.returncode == 2 and "no command" in out.stderr
 
 
+@pytest.mark.process
 def test_missing_executable_is_127(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     out = subprocess.run(
@@ -336,6 +348,7 @@ def test_missing_executable_is_127(tmp_path: Path) -> None:
     assert out.returncode == 127 and "cannot start" in out.stderr
 
 
+@pytest.mark.process
 def test_agent_yields_the_cpu_but_the_child_keeps_its_priority(tmp_path: Path) -> None:
     import psutil
 
@@ -391,6 +404,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.tool
 def test_stall_collects_the_flight_recorder_trace_through_its_pipe(tmp_path: Path) -> None:
     """A stand-in for PyTorch's DumpPipe: the agent writes to it, the new trace lands in the incident."""
     cfg = write_config(tmp_path, "")
@@ -433,6 +447,7 @@ def _run_script(tmp_path: Path, script: str) -> tuple[int, list[dict]]:
     return out.returncode, findings(tmp_path, 0)
 
 
+@pytest.mark.process
 def test_plain_exception_is_one_crash_with_the_exit_code(tmp_path: Path) -> None:
     """The traceback in the log and the exit are one event: one crash, carrying both."""
     rc, found = _run_script(
@@ -450,6 +465,7 @@ def test_plain_exception_is_one_crash_with_the_exit_code(tmp_path: Path) -> None
     assert not [f for f in found if f["kind"] == "traceback"]
 
 
+@pytest.mark.process
 def test_handled_traceback_of_a_live_process_is_a_warning_not_a_crash(tmp_path: Path) -> None:
     rc, found = _run_script(
         tmp_path,
@@ -467,6 +483,7 @@ def test_handled_traceback_of_a_live_process_is_a_warning_not_a_crash(tmp_path: 
     assert tb["severity"] == "warning" and "exited cleanly" in tb["message"]
 
 
+@pytest.mark.unit
 def test_traceback_of_a_process_still_running_becomes_a_warning_after_the_hold() -> None:
     from faultlib import IDENT, FakeClock
     from rankwatch.config.schema import Config
@@ -491,6 +508,7 @@ def test_traceback_of_a_process_still_running_becomes_a_warning_after_the_hold()
     assert "still running 16s later" in f.message
 
 
+@pytest.mark.unit
 def test_launcher_death_lines_are_not_held_and_a_stopping_agent_loses_nothing_held() -> None:
     from faultlib import IDENT, FakeClock
     from rankwatch.config.schema import Config

@@ -12,6 +12,8 @@ from rankwatch.sources.process import ProcessSample
 from rankwatch.sources.signatures import SignatureMatcher
 from rankwatch.state import RankState
 
+pytestmark = pytest.mark.unit
+
 CFG = StallConfig()  # grace 900, floor 60, factor 10, allowance 600, silent 300, busy 50, idle 5
 
 

@@ -13,6 +13,8 @@ from rankwatch.sources import parsers as parsers_pkg
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.parsers.base import LogLine
 
+pytestmark = pytest.mark.unit
+
 _STEP = re.compile(r"step=(\d+) loss=(\S+)")
 
 

@@ -84,6 +84,7 @@ def _one(samples: dict[str, list], name: str, **labels: str):
     return hits[0].value
 
 
+@pytest.mark.unit
 def test_training_series_carry_identity_labels_and_printed_values(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     w = agent.watchers[0]
@@ -113,6 +114,7 @@ def test_training_series_carry_identity_labels_and_printed_values(tmp_path: Path
         assert absent not in s
 
 
+@pytest.mark.unit
 def test_nan_loss_is_exported_as_nan_and_counted_as_a_finding(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     w = agent.watchers[0]
@@ -128,6 +130,7 @@ def test_nan_loss_is_exported_as_nan_and_counted_as_a_finding(tmp_path: Path) ->
     assert _one(s, "rankwatch_active_findings", kind="nan_loss", severity="critical", rank="0") == 1
 
 
+@pytest.mark.unit
 def test_no_job_label_and_every_label_is_bounded(tmp_path: Path) -> None:
     agent = _agent(tmp_path, ranks=3)
     for w in agent.watchers:
@@ -152,6 +155,7 @@ def test_no_job_label_and_every_label_is_bounded(tmp_path: Path) -> None:
     assert ranks == {"0", "1", "2"}
 
 
+@pytest.mark.unit
 def test_findings_counter_never_decreases_when_the_log_is_trimmed(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     reg = make_registry(agent, process=False)
@@ -177,6 +181,7 @@ def test_findings_counter_never_decreases_when_the_log_is_trimmed(tmp_path: Path
     assert total() == 41
 
 
+@pytest.mark.unit
 def test_resolved_finding_drops_the_active_gauge_to_zero(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     agent.emit(Finding("stall", Severity.CRITICAL, 0, "no progress"))
@@ -188,6 +193,7 @@ def test_resolved_finding_drops_the_active_gauge_to_zero(tmp_path: Path) -> None
     assert _one(s, "rankwatch_findings_total", kind="stall") == 1
 
 
+@pytest.mark.process
 def test_process_metrics_follow_a_real_subprocess(tmp_path: Path) -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"], stdout=subprocess.PIPE
@@ -237,6 +243,7 @@ MEGATRON = (
 )
 
 
+@pytest.mark.unit
 def test_log_file_pipeline_counts_lines_by_outcome(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     w = agent.watchers[0]
@@ -257,6 +264,7 @@ def test_log_file_pipeline_counts_lines_by_outcome(tmp_path: Path) -> None:
     assert _one(s, "rankwatch_sources_attached") == 1
 
 
+@pytest.mark.unit
 def test_agent_health_alert_counters_and_internal_errors(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     s = _samples(agent)
@@ -279,6 +287,7 @@ def test_agent_health_alert_counters_and_internal_errors(tmp_path: Path) -> None
     assert _one(s, "rankwatch_world_size") == 2
 
 
+@pytest.mark.unit
 def test_a_failing_concern_leaves_the_rest_of_the_scrape(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -301,6 +310,7 @@ def test_a_failing_concern_leaves_the_rest_of_the_scrape(
     assert "AttributeError" in (caplog.text or "")  # the cause is in the traceback
 
 
+@pytest.mark.unit
 def test_collectors_report_their_own_success_and_duration(tmp_path: Path) -> None:
     from rankwatch.exporter import registered
 
@@ -318,6 +328,7 @@ def test_collectors_report_their_own_success_and_duration(tmp_path: Path) -> Non
     assert set(names) == set(ran) | {"gpu", "checkpoints", "config"}
 
 
+@pytest.mark.unit
 def test_a_new_collector_is_one_registered_function(tmp_path: Path) -> None:
     from prometheus_client.core import GaugeMetricFamily
 
@@ -343,6 +354,7 @@ def test_a_new_collector_is_one_registered_function(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.unit
 def test_a_failing_gpu_read_is_the_gpu_collectors_failure(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
 
@@ -356,6 +368,7 @@ def test_a_failing_gpu_read_is_the_gpu_collectors_failure(tmp_path: Path) -> Non
     assert _one(s, "rankwatch_collector_success", collector="training") == 1
 
 
+@pytest.mark.unit
 def test_exporter_and_server_import_no_runtime_module() -> None:
     """They read the snapshot (rankwatch.snapshot), never the agent's internals."""
     import ast
@@ -376,6 +389,7 @@ def test_exporter_and_server_import_no_runtime_module() -> None:
     assert bad == []
 
 
+@pytest.mark.unit
 def test_a_snapshot_is_immutable_and_stays_as_taken(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     w = agent.watchers[0]
@@ -411,6 +425,7 @@ def _eight_ranks(tmp_path: Path) -> Agent:
     return agent
 
 
+@pytest.mark.tool
 def test_promtool_check_metrics_is_clean_on_eight_ranks(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -425,6 +440,7 @@ def test_promtool_check_metrics_is_clean_on_eight_ranks(tmp_path: Path) -> None:
     assert res.stdout.strip() == b"" and res.stderr.strip() == b""
 
 
+@pytest.mark.unit
 def test_openmetrics_exposition_parses(tmp_path: Path) -> None:
     agent = _eight_ranks(tmp_path)
     text = om_generate(make_registry(agent)).decode()
@@ -434,6 +450,7 @@ def test_openmetrics_exposition_parses(tmp_path: Path) -> None:
     assert any(math.isnan(s.value) for s in fams["rankwatch_loss"].samples)
 
 
+@pytest.mark.unit
 def test_step_time_histogram_counts_every_printed_step_time(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     _steps(agent.watchers[0], 120, t0=time.time() - 60)  # each printed 0.5 s
@@ -448,6 +465,7 @@ def test_step_time_histogram_counts_every_printed_step_time(tmp_path: Path) -> N
     assert _one(s, "rankwatch_step_time_seconds_bucket", le="+Inf") == 123
 
 
+@pytest.mark.unit
 def test_a_broken_loop_monitor_loses_only_the_loop_series(tmp_path: Path) -> None:
     class Broken:
         lag = 0.0

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rankwatch.records import EvalRecord, OverflowRecord, StepRecord
 from rankwatch.sources.parsers import FORMATS, make_parser, sniff_format
 from rankwatch.sources.parsers.base import FormatParser, LogLine
+
+pytestmark = pytest.mark.unit
 
 PARSED = [f for f in FORMATS if f != "regex"]
 

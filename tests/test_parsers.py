@@ -15,6 +15,8 @@ from rankwatch.sources.parsers.deepspeed import DeepSpeedParser
 from rankwatch.sources.parsers.hf import HFParser
 from rankwatch.sources.parsers.megatron import MegatronParser
 
+pytestmark = pytest.mark.unit
+
 GIB = 1 << 30
 MIB = 1 << 20
 
@@ -854,3 +856,11 @@ def test_lightning_real_bar_zero_is_no_step_and_the_second_drawing_holds_the_val
     s = steps(feed_all("lightning", "\n".join(REAL_LIGHTNING)))
     assert [r.step for r in s] == [18, 29, 30, 31]
     assert s[1].loss == 1.61 and math.isnan(s[2].loss)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("epoch", ["1e400", "'1e400'", "0e400", "-1e999", "nan"])
+def test_hf_dict_with_an_epoch_past_float_range_is_read_not_raised(epoch: str) -> None:
+    """Found by hypothesis: an epoch float() reads as inf made the step-precision arithmetic
+    overflow, and the parser raised on the line instead of reading its loss."""
+    recs = feed("hf", f"{{'loss': 2.5, 'grad_norm': 1.0, 'learning_rate': 1e-05, 'epoch': {epoch}}}\n")
+    assert [r.loss for r in steps(recs)] == [2.5]

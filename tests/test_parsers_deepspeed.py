@@ -13,6 +13,8 @@ from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.parsers.base import LogLine
 from rankwatch.sources.parsers.deepspeed import DeepSpeedParser
 
+pytestmark = pytest.mark.unit
+
 GIB = 1 << 30
 
 

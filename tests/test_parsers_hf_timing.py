@@ -19,6 +19,8 @@ from rankwatch.records import StepRecord
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.parsers._bars import BarClock, elapsed_s
 
+pytestmark = pytest.mark.unit
+
 
 def _interval(t: float) -> str:
     mins, s = divmod(int(t), 60)

@@ -15,6 +15,8 @@ from rankwatch.engine import RankEngine
 from rankwatch.records import StepRecord
 from rankwatch.state import HISTORY, RankState
 
+pytestmark = pytest.mark.unit
+
 
 def _engine() -> tuple[RankEngine, LossPlateauDetector]:
     eng = RankEngine(DetectorsConfig(), rank=0, path="rank-0.log")

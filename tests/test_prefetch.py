@@ -38,6 +38,7 @@ def _prefetched(path: Path, max_line_bytes: int, head_bytes: int = 0) -> list:
     return list(prefetched_lines(str(path), max_line_bytes=max_line_bytes, head_bytes=head_bytes))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("head_bytes", [0, 7777])
 @pytest.mark.parametrize("max_line_bytes", [1 << 20, 1000])
 def test_the_reading_process_yields_what_read_lines_yields(
@@ -58,6 +59,7 @@ def test_the_reading_process_yields_what_read_lines_yields(
     assert sum(x.clean for x in there) > len(there) // 3
 
 
+@pytest.mark.process
 def test_a_head_ending_inside_a_cut_line_is_read_whole_by_the_child(tmp_path: Path) -> None:
     p = tmp_path / "rank-0.log"
     p.write_bytes(b"first\n" + b"x" * (200 << 10) + b"\nlast\n")
@@ -65,6 +67,7 @@ def test_a_head_ending_inside_a_cut_line_is_read_whole_by_the_child(tmp_path: Pa
     assert [(x.lineno, x.cut, len(x.text)) for x in there] == [(1, False, 5), (2, True, 1000), (3, False, 4)]
 
 
+@pytest.mark.process
 def test_a_reading_process_that_dies_midway_is_replaced_by_reading_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -84,6 +87,7 @@ def test_a_reading_process_that_dies_midway_is_replaced_by_reading_here(
         assert cut_after is not None and 0 < int(cut_after[1]) < want[-1][1], caplog.text
 
 
+@pytest.mark.unit
 def test_a_reading_process_that_cannot_start_leaves_the_reading_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -94,6 +98,7 @@ def test_a_reading_process_that_cannot_start_leaves_the_reading_here(
     assert [(x.text, x.lineno, x.cut) for x in _prefetched(p, 1 << 20, 7777)] == want
 
 
+@pytest.mark.process
 def test_analyze_reads_the_same_with_or_without_the_second_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

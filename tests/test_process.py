@@ -6,12 +6,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psutil
 import pytest
 
+from conftest import wait_for
 from rankwatch.sources.process import ProcessProber, find_processes, state_name
 
 BUSY = "import time\nt = time.time() + 20\nwhile time.time() < t: pass\n"
@@ -40,15 +41,7 @@ def spawn(code: str, *extra: str, stdout: int | None = None) -> Iterator[subproc
         p.wait(timeout=5)
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
-
-
+@pytest.mark.unit
 def test_state_names() -> None:
     assert state_name(psutil.STATUS_DISK_SLEEP) == "disk-wait"
     assert state_name(psutil.STATUS_SLEEPING) == "sleeping"
@@ -58,6 +51,7 @@ def test_state_names() -> None:
     assert state_name("tracing-stop") == "tracing-stop"  # py-spy's ptrace pause is not SIGSTOP
 
 
+@pytest.mark.process
 def test_busy_loop_uses_cpu_sleeper_does_not() -> None:
     with spawn(BUSY) as busy, spawn(SLEEP) as idle:
         pb, pi = ProcessProber(busy.pid), ProcessProber(idle.pid)
@@ -77,6 +71,7 @@ def test_busy_loop_uses_cpu_sleeper_does_not() -> None:
     assert sb.exit_code is None
 
 
+@pytest.mark.process
 def test_descendants_counted_and_listed() -> None:
     with spawn(SPAWN, stdout=subprocess.PIPE) as parent:
         assert parent.stdout is not None
@@ -90,6 +85,7 @@ def test_descendants_counted_and_listed() -> None:
         assert set(prober.pids()) == {parent.pid, child}
 
 
+@pytest.mark.process
 def test_exited_process_is_not_alive() -> None:
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
     try:
@@ -107,6 +103,7 @@ def test_exited_process_is_not_alive() -> None:
     assert prober.pids() == []
 
 
+@pytest.mark.process
 def test_unreaped_child_reads_as_zombie() -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
@@ -118,6 +115,7 @@ def test_unreaped_child_reads_as_zombie() -> None:
         p.wait(timeout=5)
 
 
+@pytest.mark.process
 def test_vanished_pid_never_raises() -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait(timeout=5)
@@ -125,6 +123,7 @@ def test_vanished_pid_never_raises() -> None:
     assert not s.alive and s.cpu_time_s == 0.0 and s.children == 0
 
 
+@pytest.mark.process
 def test_stopped_process() -> None:
     with spawn(SLEEP) as p:
         prober = ProcessProber(p.pid)
@@ -136,6 +135,7 @@ def test_stopped_process() -> None:
             os.kill(p.pid, signal.SIGCONT)
 
 
+@pytest.mark.process
 def test_injected_clock_sets_time() -> None:
     ticks = iter([100.0, 101.0, 102.0])
     with spawn(SLEEP) as p:
@@ -143,6 +143,7 @@ def test_injected_clock_sets_time() -> None:
         assert prober.sample().time == 101.0
 
 
+@pytest.mark.process
 def test_find_processes_excludes_self() -> None:
     """Like `rankwatch watch --match X`: the caller's own command line contains the pattern."""
     marker = f"rankwatch-marker-{uuid.uuid4().hex}"
@@ -159,6 +160,7 @@ def test_find_processes_excludes_self() -> None:
     assert os.getpid() not in find_processes(r"pytest|python")
 
 
+@pytest.mark.unit
 def test_find_processes_bad_regex() -> None:
     import re
 

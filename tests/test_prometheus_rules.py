@@ -22,8 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "rankwatch.rules.yml"
 CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 
-pytestmark = pytest.mark.integration
-
 
 def _promtool() -> str:
     path = shutil.which("promtool")
@@ -111,6 +109,7 @@ FINDING_ALERTS = (
 
 
 # --- static checks --------------------------------------------------------------------------
+@pytest.mark.tool
 def test_rules_file_passes_promtool_check() -> None:
     res = _run("check", "rules", str(RULES))
     assert res.returncode == 0, res.stdout + res.stderr
@@ -124,6 +123,7 @@ def test_rules_file_passes_promtool_check() -> None:
         assert "severity" in a.get("labels", {}) or "rankwatch_active_findings" in a["expr"], a["alert"]
 
 
+@pytest.mark.unit
 def test_finding_rules_keep_the_agents_severity() -> None:
     """A rule built on the agent's findings must neither set a severity of its own (an info
     `ecc_error` would become a critical "drain the node") nor match info findings."""
@@ -136,6 +136,7 @@ def test_finding_rules_keep_the_agents_severity() -> None:
         assert 'severity=~"warning|critical"' in a["expr"], a["alert"]
 
 
+@pytest.mark.tool
 def test_example_prometheus_config_passes_promtool_check() -> None:
     res = _run("check", "config", str(CONFIG))
     assert res.returncode == 0, res.stdout + res.stderr
@@ -143,6 +144,7 @@ def test_example_prometheus_config_passes_promtool_check() -> None:
 
 
 # --- cross-rank alerts ------------------------------------------------------------------------
+@pytest.mark.tool
 def test_rank_lagging_fires_for_the_lagging_rank_only(tmp_path: Path) -> None:
     series = [_series("rankwatch_step", "0+20x30", **_rank("lag", r)) for r in range(3)]
     series.append(_series("rankwatch_step", "0+20x5 100x25", **_rank("lag", 3)))
@@ -157,6 +159,7 @@ def test_rank_lagging_fires_for_the_lagging_rank_only(tmp_path: Path) -> None:
     _promtool_test(tmp_path, [{"interval": "1m", "input_series": series, "alert_rule_test": tests}])
 
 
+@pytest.mark.tool
 def test_rank_lagging_annotations_render_from_the_real_rules(tmp_path: Path) -> None:
     series = [_series("rankwatch_step", "0+20x30", **_rank("lag", r)) for r in range(3)]
     series.append(_series("rankwatch_step", "0+20x5 100x25", **_rank("lag", 3)))
@@ -179,6 +182,7 @@ def test_rank_lagging_annotations_render_from_the_real_rules(tmp_path: Path) -> 
     _promtool_test(tmp_path, [{"interval": "1m", "input_series": series, "alert_rule_test": [test]}], RULES)
 
 
+@pytest.mark.tool
 def test_straggler_needs_a_sustained_slow_rank_in_a_run_of_three_or_more(tmp_path: Path) -> None:
     series = []
     for r in range(4):
@@ -204,6 +208,7 @@ def test_straggler_needs_a_sustained_slow_rank_in_a_run_of_three_or_more(tmp_pat
     _promtool_test(tmp_path, [{"interval": "1m", "input_series": series, "alert_rule_test": tests}])
 
 
+@pytest.mark.tool
 def test_run_stalled_only_when_every_live_rank_is_past_its_timeout(tmp_path: Path) -> None:
     series = []
     for run, sick in (("hung", {0, 1, 2}), ("partial", {0, 1}), ("done", {0, 1, 2})):
@@ -221,6 +226,7 @@ def test_run_stalled_only_when_every_live_rank_is_past_its_timeout(tmp_path: Pat
     _promtool_test(tmp_path, [{"interval": "1m", "input_series": series, "alert_rule_test": tests}])
 
 
+@pytest.mark.tool
 def test_agent_down_while_its_run_goes_on(tmp_path: Path) -> None:
     def agent(run: str, rank: int, node: str, up: str, start: str) -> list[dict[str, str]]:
         inst = f"{node}:9478"
@@ -253,6 +259,7 @@ def test_agent_down_while_its_run_goes_on(tmp_path: Path) -> None:
 
 
 # --- per-agent findings ---------------------------------------------------------------------
+@pytest.mark.tool
 def test_finding_alerts_follow_the_active_findings(tmp_path: Path) -> None:
     def finding(
         rank: int | str, kind: str, severity: str, values: str
@@ -307,6 +314,7 @@ def test_finding_alerts_follow_the_active_findings(tmp_path: Path) -> None:
 
 
 # --- scale ------------------------------------------------------------------------------------
+@pytest.mark.tool
 def test_a_run_of_1024_ranks_names_only_the_lagging_rank_and_the_straggler(tmp_path: Path) -> None:
     lagging, straggler = 777, 311
     series = []
@@ -333,6 +341,7 @@ def test_a_run_of_1024_ranks_names_only_the_lagging_rank_and_the_straggler(tmp_p
     _promtool_test(tmp_path, [{"interval": "1m", "input_series": series, "alert_rule_test": tests}])
 
 
+@pytest.mark.tool
 def test_finding_alerts_carry_the_agents_severity_and_skip_info(tmp_path: Path) -> None:
     """One info, one warning and one critical finding of a kind each finding rule covers: the
     info one fires nothing, the others fire with the agent's severity (never overwritten)."""
@@ -376,6 +385,7 @@ def test_finding_alerts_carry_the_agents_severity_and_skip_info(tmp_path: Path) 
     )
 
 
+@pytest.mark.tool
 def test_agent_degraded_fires_while_a_fail_open_agent_watches_nothing(tmp_path: Path) -> None:
     from rankwatch.runtime.failopen import metrics_text
 

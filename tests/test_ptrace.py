@@ -18,6 +18,7 @@ from rankwatch.runtime import agent as agent_mod
 from rankwatch.runtime.agent import Agent
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("scope", "cap", "launched", "expect"),
     [
@@ -39,6 +40,7 @@ def test_ptrace_problem(scope: int | None, cap: bool, launched: bool, expect: st
         assert got is not None and expect in got and "Fix:" in got
 
 
+@pytest.mark.unit
 def test_run_mode_through_a_wrapper_is_not_covered_by_the_tracer_exception() -> None:
     got = ptrace_problem(launched=True, scope=1, cap=False, wrapper=True)
     assert got is not None and "not the Python rank" in got and "Fix:" in got
@@ -46,6 +48,7 @@ def test_run_mode_through_a_wrapper_is_not_covered_by_the_tracer_exception() -> 
     assert ptrace_problem(launched=True, scope=0, cap=False, wrapper=True) is None
 
 
+@pytest.mark.unit
 def test_yama_scope_and_capability_read_from_proc_files(tmp_path: Path) -> None:
     f = tmp_path / "scope"
     assert yama_scope(f) is None
@@ -60,6 +63,7 @@ def test_yama_scope_and_capability_read_from_proc_files(tmp_path: Path) -> None:
     assert not has_cap_sys_ptrace(status)
 
 
+@pytest.mark.process
 def test_tracer_preexec_only_where_yama_would_refuse_and_child_still_runs() -> None:
     assert tracer_preexec(os.getpid(), scope=None, cap=False) is None
     assert tracer_preexec(os.getpid(), scope=0, cap=False) is None
@@ -73,6 +77,7 @@ def test_tracer_preexec_only_where_yama_would_refuse_and_child_still_runs() -> N
     assert out.returncode == 0 and out.stdout.strip() == "up"
 
 
+@pytest.mark.process
 def test_watch_mode_stall_says_up_front_that_yama_will_refuse(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,6 +44,7 @@ def _half_clipped(start: int, stop: int) -> bytes:
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("before", "after"), [(40, 10), (10, 40)])
 def test_reloading_the_clipping_window_gives_no_false_saturation(
     tmp_path: Path, before: int, after: int

@@ -80,6 +80,7 @@ def _dump(agent: Agent, ranks: tuple[int, ...] = (0, 1)) -> str:
     return incident
 
 
+@pytest.mark.process
 def test_every_route_answers(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     incident = _dump(agent)
@@ -129,6 +130,7 @@ def test_every_route_answers(tmp_path: Path) -> None:
     _run(go)
 
 
+@pytest.mark.process
 def test_findings_newest_first_limited_and_active_only(tmp_path: Path) -> None:
     agent = _agent(tmp_path, ranks=1)
     for i in range(5):
@@ -157,6 +159,7 @@ def test_findings_newest_first_limited_and_active_only(tmp_path: Path) -> None:
     _run(go)
 
 
+@pytest.mark.process
 def test_nan_loss_survives_into_json(tmp_path: Path) -> None:
     agent = _agent(tmp_path, ranks=1)
     agent.watchers[0]._records([StepRecord(step=201, loss=math.nan, time=time.time())])
@@ -172,6 +175,7 @@ def test_nan_loss_survives_into_json(tmp_path: Path) -> None:
     _run(go)
 
 
+@pytest.mark.process
 def test_readyz_is_503_until_a_source_is_attached(tmp_path: Path) -> None:
     agent = _agent(tmp_path, ranks=2, logs=False)
     (tmp_path / "rank-0.log").touch()
@@ -190,6 +194,7 @@ def test_readyz_is_503_until_a_source_is_attached(tmp_path: Path) -> None:
     _run(go)
 
 
+@pytest.mark.process
 def test_tokens_guard_api_page_and_metrics(tmp_path: Path) -> None:
     agent = _agent(tmp_path, ranks=1)
 
@@ -223,6 +228,7 @@ def test_tokens_guard_api_page_and_metrics(tmp_path: Path) -> None:
     _run(go)
 
 
+@pytest.mark.process
 def test_dump_routes_reject_traversal_and_unknown_names(tmp_path: Path) -> None:
     agent = _agent(tmp_path, ranks=1)
     incident = _dump(agent, ranks=(0,))
@@ -257,6 +263,7 @@ def test_dump_routes_reject_traversal_and_unknown_names(tmp_path: Path) -> None:
     _run(go)
 
 
+@pytest.mark.process
 def test_method_size_and_route_errors(tmp_path: Path) -> None:
     agent = _agent(tmp_path, ranks=1)
 
@@ -294,6 +301,7 @@ async def _raw(port: int, data: bytes) -> bytes:
         writer.close()
 
 
+@pytest.mark.process
 def test_oversized_request_line_and_headers_are_414_431_and_logged_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -320,6 +328,7 @@ def test_oversized_request_line_and_headers_are_414_431_and_logged_once(
     assert agent.http.rejected == {414: 5, 431: 2, 400: 1}
 
 
+@pytest.mark.process
 def test_handler_failure_is_500_json_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     agent = _agent(tmp_path, ranks=1)
 
@@ -346,6 +355,7 @@ def test_handler_failure_is_500_json_and_counted(tmp_path: Path, caplog: pytest.
     assert sum("/api/dumps" in rec.getMessage() for rec in caplog.records) == 1
 
 
+@pytest.mark.process
 def test_status_page_lists_ranks_and_escapes_log_text(tmp_path: Path) -> None:
     agent = _agent(tmp_path, ranks=3)
     agent.emit(Finding("crash", Severity.CRITICAL, 2, "Traceback: <script>alert(1)</script>", step=200))
@@ -365,6 +375,7 @@ def test_status_page_lists_ranks_and_escapes_log_text(tmp_path: Path) -> None:
     _run(go)
 
 
+@pytest.mark.unit
 def test_listen_parsing() -> None:
     assert parse_listen("0.0.0.0:9478") == ("0.0.0.0", 9478)
     assert parse_listen("[::1]:0") == ("::1", 0)
@@ -375,6 +386,7 @@ def test_listen_parsing() -> None:
             parse_listen(bad)
 
 
+@pytest.mark.process
 def test_ipv6_loopback_listen(tmp_path: Path) -> None:
     if not socket.has_ipv6:
         pytest.skip("no IPv6 in this Python")
@@ -397,6 +409,7 @@ def test_ipv6_loopback_listen(tmp_path: Path) -> None:
     _run(go)
 
 
+@pytest.mark.process
 def test_the_server_reads_only_the_snapshot_it_is_handed() -> None:
     """No agent at all: a callable returning snapshots is all the server and /metrics need."""
     from rankwatch.snapshot import AgentSnapshot, LoopView, RankSnapshot, SourcesView, TrainingView

@@ -11,6 +11,8 @@ import pytest
 
 from rankwatch.runtime import signals
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_loop_outside_the_main_thread_runs_without_handlers(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from rankwatch.records import ErrorRecord, Severity
 from rankwatch.sources.signatures import SignatureMatcher, classify
 
+pytestmark = pytest.mark.unit
+
 GiB = 1 << 30
 MiB = 1 << 20
 

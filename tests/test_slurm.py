@@ -25,8 +25,6 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[1]
 UP = REPO / "tests" / "slurm" / "slurm-single-node-up.sh"
 DOWN = REPO / "tests" / "slurm" / "slurm-single-node-down.sh"
@@ -264,6 +262,7 @@ def _tail(out: Path) -> str:
     return out.read_text(errors="replace")[-4000:] if out.exists() else "(no job output)"
 
 
+@pytest.mark.tool
 def test_train_sbatch_run_per_task_stall_dumps_and_scancel(slurm: dict[str, str], tmp_path: Path) -> None:
     """Two `rankwatch run` agents under train.sbatch: metrics per rank, a stall with one
     incident for both ranks, then scancel ends ranks and agents in order."""
@@ -327,6 +326,7 @@ def test_train_sbatch_run_per_task_stall_dumps_and_scancel(slurm: dict[str, str]
         _cleanup_job(env, jid, marker)
 
 
+@pytest.mark.tool
 def test_watch_sbatch_per_node_sidecar_sees_both_ranks(slurm: dict[str, str], tmp_path: Path) -> None:
     """One `rankwatch watch` step (srun --overlap) beside a two-rank step: both ranks in its
     metrics, a stall with both stacks, the peer's NCCL-style timeout, and the job ending by
@@ -381,6 +381,7 @@ def test_watch_sbatch_per_node_sidecar_sees_both_ranks(slurm: dict[str, str], tm
         _cleanup_job(env, jid, marker)
 
 
+@pytest.mark.tool
 def test_sbatch_scripts_pass_shellcheck() -> None:
     sc = shutil.which("shellcheck")
     if sc is None:
@@ -390,6 +391,7 @@ def test_sbatch_scripts_pass_shellcheck() -> None:
     assert out.returncode == 0, out.stdout
 
 
+@pytest.mark.tool
 def test_watch_sbatch_scancel_ends_ranks_and_the_node_agent(slurm: dict[str, str], tmp_path: Path) -> None:
     """The per-node form under scancel: training step and `srun --overlap` agent both end
     promptly, nothing of the job is left running, and the agent reports no crash."""
@@ -428,6 +430,7 @@ def test_watch_sbatch_scancel_ends_ranks_and_the_node_agent(slurm: dict[str, str
 # --- ports ------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("env", "listen", "expected"),
     [

@@ -155,6 +155,7 @@ def _evil_finding(agent: Agent) -> None:
 
 
 # --- rendering with a fake agent ---------------------------------------------------------
+@pytest.mark.unit
 def test_log_derived_text_is_escaped_everywhere(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     _dump(agent)
@@ -177,6 +178,7 @@ def test_log_derived_text_is_escaped_everywhere(tmp_path: Path) -> None:
     assert "<title>rankwatch: r&lt;1&gt; on n1&quot;&gt;&lt;b&gt;x&lt;/b&gt;</title>" in html
 
 
+@pytest.mark.unit
 def test_ranks_have_sparklines_evidence_and_dump_links(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     incident = _dump(agent)
@@ -202,6 +204,7 @@ def test_ranks_have_sparklines_evidence_and_dump_links(tmp_path: Path) -> None:
     assert f'href="api/dumps/{incident}/0?format=text">rank 0</a>' in html
 
 
+@pytest.mark.unit
 def test_stalled_rank_is_flagged_and_doc_alone_still_renders(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     doc = status_doc(agent.snapshot())
@@ -215,6 +218,7 @@ def test_stalled_rank_is_flagged_and_doc_alone_still_renders(tmp_path: Path) -> 
     assert page.tags <= ALLOWED_TAGS
 
 
+@pytest.mark.unit
 def test_gpu_summary_when_the_hook_is_wired(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     now = time.time()
@@ -243,6 +247,7 @@ def test_gpu_summary_when_the_hook_is_wired(tmp_path: Path) -> None:
     assert "GPU sampler down" in _render(agent, page_extras(agent.snapshot()))
 
 
+@pytest.mark.unit
 def test_page_degrades_when_the_dump_store_cannot_be_listed(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
 
@@ -256,6 +261,7 @@ def test_page_degrades_when_the_dump_store_cannot_be_listed(tmp_path: Path) -> N
     assert "cannot list the dump store (OSError)" in html and set(_parse(html).rows) == {"0", "1"}
 
 
+@pytest.mark.unit
 def test_sparkline_shapes() -> None:
     assert sparkline([]) == "" and sparkline([None, None]) == ""
     svg = sparkline([1.0, 2.0, None, 3.0, math.nan, 2.0, 1.0], title="loss <x>")
@@ -271,6 +277,7 @@ def test_sparkline_shapes() -> None:
     assert only_nan.count('class="nonfinite"') == 2 and "2 non-finite value(s)" in only_nan
 
 
+@pytest.mark.process
 def test_token_guards_the_page_and_never_reaches_the_html(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
     incident = _dump(agent)
@@ -358,7 +365,7 @@ def _get_json(url: str) -> Any:
         return None
 
 
-@pytest.mark.integration
+@pytest.mark.tool
 def test_browser_shows_the_stalled_rank_and_opens_its_stack(tmp_path: Path) -> None:
     chrome = _chromium()
     logs = tmp_path / "logs"
@@ -435,7 +442,7 @@ def test_browser_shows_the_stalled_rank_and_opens_its_stack(tmp_path: Path) -> N
                 p.wait(timeout=5)
 
 
-@pytest.mark.integration
+@pytest.mark.tool
 def test_browser_opens_the_page_with_the_token_and_not_without(tmp_path: Path) -> None:
     """Issue 20: with server.token set, a browser opens / with ?token= (a session cookie, then a
     redirect that drops the token from the address); without it, it gets the login form."""

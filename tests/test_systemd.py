@@ -57,12 +57,14 @@ def _env_file() -> dict[str, str]:
     return out
 
 
+@pytest.mark.unit
 def test_unit_sections() -> None:
     unit = _unit()
     assert set(unit) == {"Unit", "Service", "Install"}
     assert ("WantedBy", "multi-user.target") in unit["Install"]
 
 
+@pytest.mark.unit
 def test_unit_capabilities_allow_ptrace_and_nothing_more() -> None:
     svc = _service()
     bounding = set(svc["CapabilityBoundingSet"].split())
@@ -75,6 +77,7 @@ def test_unit_capabilities_allow_ptrace_and_nothing_more() -> None:
     assert svc.get("DynamicUser", "no") == "no"
 
 
+@pytest.mark.unit
 def test_unit_filesystem_hardening() -> None:
     svc = _service()
     assert svc["ProtectSystem"] == "strict"
@@ -92,6 +95,7 @@ def test_unit_filesystem_hardening() -> None:
     assert svc["WorkingDirectory"] in writable
 
 
+@pytest.mark.unit
 def test_unit_runs_watch_with_restart_and_secrets_from_the_env_file() -> None:
     svc = _service()
     assert svc["Restart"] == "on-failure"
@@ -106,6 +110,7 @@ def test_unit_runs_watch_with_restart_and_secrets_from_the_env_file() -> None:
         assert "\\" not in value, "systemd unescapes backslashes in Environment="
 
 
+@pytest.mark.unit
 def test_env_example_holds_the_secrets_and_a_working_match() -> None:
     env = _env_file()
     assert {"SLACK_BOT_TOKEN", "RANKWATCH_TOKEN", "RANKWATCH_MATCH"} <= set(env)
@@ -119,6 +124,7 @@ def test_env_example_holds_the_secrets_and_a_working_match() -> None:
     assert not match.search("tee rank-0.log")
 
 
+@pytest.mark.process
 def test_config_example_passes_rankwatch_config_check() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "rankwatch", "config", "check", str(CONFIG_EXAMPLE)],
@@ -140,7 +146,7 @@ def _verifiable_copy(tmp_path: Path) -> Path:
     return copy
 
 
-@pytest.mark.integration
+@pytest.mark.tool
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
@@ -155,7 +161,7 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     assert proc.returncode == 0 and not proc.stderr.strip() and not proc.stdout.strip(), proc.stderr
 
 
-@pytest.mark.integration
+@pytest.mark.tool
 def test_systemd_analyze_security_exposure(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
@@ -180,6 +186,7 @@ def test_systemd_analyze_security_exposure(tmp_path: Path) -> None:
     assert proc.returncode == 0 and float(level.group(1)) <= 5.0, level.group(0)
 
 
+@pytest.mark.process
 def test_node_daemon_names_each_rank_after_its_own_job(tmp_path: Path) -> None:
     """The daemon's config (the example) has no run name: two ranks of two Slurm jobs on the
     node are labelled with their own job ids, not one static name."""

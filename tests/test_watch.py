@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 def _config(tmp: Path) -> Path:
     cfg = tmp / "rw.yaml"
@@ -59,6 +61,7 @@ def _trainer(log: Path, marker: str, *args: str) -> subprocess.Popen:
         fh.close()
 
 
+@pytest.mark.process
 def test_watch_pid_and_log_finds_nan_then_sees_the_exit(tmp_path: Path) -> None:
     log = tmp_path / "rank-0.log"
     log.touch()
@@ -99,6 +102,7 @@ def test_watch_pid_and_log_finds_nan_then_sees_the_exit(tmp_path: Path) -> None:
                 p.kill()
 
 
+@pytest.mark.process
 def test_watch_match_finds_a_restarted_process(tmp_path: Path) -> None:
     log = tmp_path / "rank-0.log"
     log.touch()
@@ -145,6 +149,7 @@ def test_watch_match_finds_a_restarted_process(tmp_path: Path) -> None:
                 p.kill()
 
 
+@pytest.mark.process
 def test_watch_match_without_logs_watches_every_rank_and_follows_its_stdout(tmp_path: Path) -> None:
     """A node daemon: `watch --match` alone finds each rank process (not the launcher shell
     that also matches), labels it with the rank from its environment and follows its stdout."""
@@ -181,6 +186,7 @@ def test_watch_match_without_logs_watches_every_rank_and_follows_its_stdout(tmp_
             agent.kill()
 
 
+@pytest.mark.process
 def test_restarted_watch_rebuilds_state_from_the_log_without_reporting_history_again(
     tmp_path: Path,
 ) -> None:
@@ -214,6 +220,7 @@ def test_restarted_watch_rebuilds_state_from_the_log_without_reporting_history_a
             agent.kill()
 
 
+@pytest.mark.process
 def test_watch_pid_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=10)
@@ -226,6 +233,7 @@ def test_watch_pid_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
     assert f"no process with pid {dead.pid}" in out.stderr
 
 
+@pytest.mark.process
 def test_watch_pid_of_a_launcher_with_several_logs_keeps_watching(tmp_path: Path) -> None:
     """A --pid without RANK in its environment attaches to no rank: that is no reason to stop."""
     for r in range(2):
@@ -247,6 +255,7 @@ def test_watch_pid_of_a_launcher_with_several_logs_keeps_watching(tmp_path: Path
             p.wait(10)
 
 
+@pytest.mark.unit
 def test_a_restarted_rank_gets_the_startup_grace_again() -> None:
     """Re-attached to a new pid (torchrun restart, requeue), the rank reloads its model: the
     stall timeout must be the startup grace again, not the old one-minute timeout."""
@@ -268,6 +277,7 @@ def test_a_restarted_rank_gets_the_startup_grace_again() -> None:
     assert w.stall.timeout() == float(Config().stall.startup_grace)
 
 
+@pytest.mark.process
 def test_watch_several_pids_without_logs_watches_each_rank(tmp_path: Path) -> None:
     """`watch --pid A --pid B` and no --log: each pid is its own rank (from its environment),
     followed through its stdout file; not just the first pid."""
@@ -300,6 +310,7 @@ def test_watch_several_pids_without_logs_watches_each_rank(tmp_path: Path) -> No
                 p.wait(10)
 
 
+@pytest.mark.process
 def test_one_log_for_several_pids_is_a_usage_error(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "rankwatch", "watch", "--config", str(_config(tmp_path)),

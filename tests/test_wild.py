@@ -14,6 +14,8 @@ from rankwatch.analyze import Analysis, analyze
 from rankwatch.config.schema import Config
 from rankwatch.records import Finding, Severity
 
+pytestmark = pytest.mark.unit
+
 WILD = Path(__file__).resolve().parent / "data" / "wild"
 CASES: list[dict[str, Any]] = yaml.safe_load((WILD / "cases.yaml").read_text())
 

@@ -61,8 +61,8 @@ def epoch_precision(quoted: bool, raw: str) -> float:
     ``f"{v:.4g}"`` (quoted, 4 significant digits), older versions the float's repr or
     ``round(epoch, 2)``."""
     v = to_float(raw)
-    if v is None:
-        return 0.5
+    if v is None or not math.isfinite(v):
+        return 0.5  # no epoch to place: any step agrees with it
     if quoted:
         if v == 0:
             return 5e-5
@@ -70,7 +70,10 @@ def epoch_precision(quoted: bool, raw: str) -> float:
     mant, _, power = raw.lower().partition("e")
     decimals = len(mant.partition(".")[2])
     exp = int(power) if power.lstrip("+-").isdigit() else 0
-    return 0.5 * 10.0 ** (exp - decimals)
+    try:
+        return 0.5 * 10.0 ** (exp - decimals)
+    except OverflowError:  # "0e400": a zero printed with an absurd exponent
+        return 0.5
 
 
 def _value(raw: str) -> float | None:
