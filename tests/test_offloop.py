@@ -26,8 +26,6 @@ from rankwatch.identity import Identity
 from rankwatch.runtime.agent import Agent
 from rankwatch.server import start_server
 
-pytestmark = pytest.mark.unit
-
 IDENT = Identity(run="t", rank=0, local_rank=0, world_size=1, node="n")
 TIMEOUT = 0.3
 
@@ -85,6 +83,7 @@ async def _ticks_during(coro: Any) -> tuple[Any, int, float]:
     return out, n, time.monotonic() - start
 
 
+@pytest.mark.unit
 def test_a_hung_call_times_out_is_logged_once_counted_and_leaves_one_thread(
     hung: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -107,6 +106,7 @@ def test_a_hung_call_times_out_is_logged_once_counted_and_leaves_one_thread(
     assert sum("rankwatch-test: a blocking call" in r.getMessage() for r in caplog.records) == 1
 
 
+@pytest.mark.process
 def test_a_hung_dump_store_does_not_wedge_the_api(tmp_path: Path, hung: Any) -> None:
     agent = Agent(replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")}), IDENT)
     agent.store.list_incidents = hung  # type: ignore[method-assign]
@@ -134,6 +134,7 @@ def test_a_hung_dump_store_does_not_wedge_the_api(tmp_path: Path, hung: Any) -> 
     assert offloop.timeouts["rankwatch-dumps"] >= 2
 
 
+@pytest.mark.unit
 def test_a_hung_dumps_folder_does_not_hold_the_capture(tmp_path: Path, hung: Any) -> None:
     agent = Agent(replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")}), IDENT)
     agent._incident = hung  # type: ignore[method-assign]
@@ -146,6 +147,7 @@ def test_a_hung_dumps_folder_does_not_hold_the_capture(tmp_path: Path, hung: Any
     assert agent.internal_errors_by_component.get("dumps") == 1
 
 
+@pytest.mark.unit
 def test_a_hung_spool_does_not_hold_the_dispatcher(tmp_path: Path, hung: Any) -> None:
     cfg = AlertsConfig(spool_dir=str(tmp_path / "spool"), board_dir="")
 
