@@ -88,8 +88,8 @@ def _type(hint: Any, path: str) -> dict[str, Any]:
         return _or_env({"enum": list(typing.get_args(hint))})
     if is_section(hint):
         return _section(hint, path)
-    if origin is list:
-        (item,) = typing.get_args(hint)
+    if origin is list or (origin is tuple and typing.get_args(hint)[1:] == (Ellipsis,)):
+        item = typing.get_args(hint)[0]  # list[X] or tuple[X, ...]: a YAML sequence either way
         return {"type": ["array", "null"], "items": _type(item, f"{path}[]")}
     if origin is dict:
         _, value = typing.get_args(hint)
