@@ -57,6 +57,24 @@ sys.pycache_prefix = str(Path(__file__).resolve().parent.parent / ".pytest_cache
 
 # --- tiers -----------------------------------------------------------------------------------
 TIERS = ("unit", "process", "tool")
+QUICK_FUZZ_ENV = "RANKWATCH_FUZZ"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``-m unit`` alone is a developer's quick loop: the property tests there draw an eighth of
+    their examples (``fuzz_examples``). Any other run, CI's full one included, draws them all;
+    ``RANKWATCH_FUZZ=full`` or ``=quick`` says so explicitly."""
+    if QUICK_FUZZ_ENV not in os.environ and (config.option.markexpr or "").strip() == "unit":
+        os.environ[QUICK_FUZZ_ENV] = "quick"
+
+
+def fuzz_examples(n: int) -> int:
+    """Hypothesis ``max_examples`` for a property test: ``n``, or an eighth of it (at least 25)
+    in the quick unit loop. Settings are built when the test module is imported, after
+    ``pytest_configure`` has run."""
+    return max(25, n // 8) if os.environ.get(QUICK_FUZZ_ENV) == "quick" else n
+
+
 _CALL_FAILED = pytest.StashKey[bool]()
 
 
@@ -249,4 +267,3 @@ async def until(cond: Callable[[], T], timeout: float = 20.0, what: str = "", in
         if time.monotonic() >= deadline:
             raise _timed_out(cond, timeout, what)
         await asyncio.sleep(interval)
-

@@ -22,6 +22,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import fuzz_examples
 from rankwatch.analyze import analyze
 from rankwatch.config.loader import config_from_yaml
 from rankwatch.config.schema import Config, LogFormat
@@ -83,7 +84,7 @@ def _taken_by(line: str) -> tuple[Signature, Hit] | None:
 @pytest.mark.parametrize(
     ("sig", "pattern"), PATTERNS, ids=[f"{s.name}:{i}" for i, (s, _) in enumerate(PATTERNS)]
 )
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=fuzz_examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_regex_match_holds_a_trigger_word(
     sig: Signature, pattern: re.Pattern[str], data: st.DataObject

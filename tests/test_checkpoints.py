@@ -217,7 +217,7 @@ def test_torch_zip_checks_and_pickle_scan(tmp_path: Path) -> None:
     assert probe(bytes(blob), deep=True) == ["crc"]
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_legacy_torch_pickle_truncation(tmp_path: Path) -> None:
     torch = _torch()
     f = tmp_path / "old.pt"
@@ -229,7 +229,7 @@ def test_legacy_torch_pickle_truncation(tmp_path: Path) -> None:
     assert [p.check for p in check_torch(f, "old.pt", len(data) - 4).problems] == ["truncated"]
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_zero_byte_file_is_corrupt(tmp_path: Path) -> None:
     clock = Clock()
     d = write_hf(tmp_path, 64, when=clock.wall() - 100)
@@ -292,7 +292,7 @@ def test_open_findings_resolve_a_kind_only_when_its_last_cause_clears() -> None:
 # --- layouts ----------------------------------------------------------------------------
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_layouts_are_recognised(tmp_path: Path) -> None:
     torch = _torch()
     import torch.distributed.checkpoint as dcp
@@ -398,7 +398,7 @@ def test_layouts_are_recognised(tmp_path: Path) -> None:
     assert verify_candidate(got["snap/weights.v7"]).ok
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_megatron_and_deepspeed_pointers_must_lead_somewhere(tmp_path: Path) -> None:
     torch = _torch()
     clock = Clock()
@@ -438,7 +438,7 @@ def test_megatron_and_deepspeed_pointers_must_lead_somewhere(tmp_path: Path) -> 
 # --- completion and settle logic ------------------------------------------------------------
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_save_in_pieces_is_judged_only_after_marker_and_settle(tmp_path: Path) -> None:
     clock = Clock()
     cat = catalog(tmp_path, clock)
@@ -461,7 +461,7 @@ def test_save_in_pieces_is_judged_only_after_marker_and_settle(tmp_path: Path) -
     assert cat.last_good() is e
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_empty_folder_at_start_is_a_save_beginning_not_an_ancient_failure(tmp_path: Path) -> None:
     """The watcher's first scan can land between a save's mkdir and its first file (CI saw it)."""
     clock = Clock()
@@ -481,7 +481,7 @@ def test_empty_folder_at_start_is_a_save_beginning_not_an_ancient_failure(tmp_pa
     assert cli.entries["checkpoint-16"].status == "incomplete"  # the CLI judges what is there now
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_markerless_file_written_slowly_is_not_called_corrupt(tmp_path: Path) -> None:
     torch = _torch()
     clock = Clock()
@@ -516,7 +516,7 @@ def test_markerless_file_written_slowly_is_not_called_corrupt(tmp_path: Path) ->
     assert "last good: ckpt_100.pt (step 100" in found[0].message
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_interrupted_save_becomes_incomplete(tmp_path: Path) -> None:
     clock = Clock()
     cat = catalog(tmp_path, clock)
@@ -542,7 +542,7 @@ def test_interrupted_save_becomes_incomplete(tmp_path: Path) -> None:
     assert update(cat) == []
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_deleted_mid_save_and_rotation_are_noted_not_alarmed(tmp_path: Path) -> None:
     clock = Clock()
     cat = catalog(tmp_path, clock)
@@ -565,7 +565,7 @@ def test_deleted_mid_save_and_rotation_are_noted_not_alarmed(tmp_path: Path) -> 
     assert cat.last_good().name == "checkpoint-48"
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_files_disappearing_from_a_good_checkpoint_wait_for_the_rmtree(tmp_path: Path) -> None:
     clock = Clock()
     cat = catalog(tmp_path, clock)
@@ -609,7 +609,7 @@ def test_corrupt_checkpoint_names_file_check_and_last_good(tmp_path: Path) -> No
     assert cat.last_good().name == "checkpoint-96"
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_hf_checks_step_shards_and_resumability(tmp_path: Path) -> None:
     torch = _torch()
     d = write_hf(tmp_path, 40)
@@ -670,7 +670,7 @@ def test_hf_global_step_not_matching_the_folder_fails_verification(tmp_path: Pat
     assert cat.last_good().name == "checkpoint-40"
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_weights_only_and_suspiciously_small(tmp_path: Path) -> None:
     clock = Clock()
     cat = catalog(tmp_path, clock)
@@ -715,7 +715,7 @@ def test_weights_only_and_suspiciously_small(tmp_path: Path) -> None:
     assert kinds(update(cat)) == [("checkpoint_weights_only", "warning", False)]
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_weights_only_run_is_said_once_at_info(tmp_path: Path) -> None:
     clock = Clock()
     write_hf(tmp_path, 10, optimizer=False, when=clock.wall() - 900)
@@ -728,7 +728,7 @@ def test_weights_only_run_is_said_once_at_info(tmp_path: Path) -> None:
 # --- clean, not just intact ----------------------------------------------------------------
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_checkpoints_after_nan_finding_are_suspect(tmp_path: Path) -> None:
     clock = Clock()
     for i, step in enumerate((32, 64, 96)):
@@ -761,7 +761,7 @@ def test_checkpoints_after_nan_finding_are_suspect(tmp_path: Path) -> None:
     assert snap["checkpoints"]["suspect"] == 2 and snap["poisoned_from_step"] == 70
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_nan_in_trainer_state_log_history_marks_later_checkpoints(tmp_path: Path) -> None:
     clock = Clock()
     write_hf(tmp_path, 32, when=clock.wall() - 900)
@@ -777,7 +777,7 @@ def test_nan_in_trainer_state_log_history_marks_later_checkpoints(tmp_path: Path
     assert "step 72 (trainer_state.json log_history)" in cat.entries["checkpoint-96"].reason
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_records_from_trainer_state(tmp_path: Path) -> None:
     d = write_hf(tmp_path, 64, nan_at=56)
     recs = L.records_from_trainer_state(d / L.TRAINER_STATE)
@@ -925,7 +925,7 @@ def test_disk_rule_warns_before_the_save_fails() -> None:
     assert kinds(floor.check(4 * gib, None, **kw)) == [("disk_low", "warning", False)]
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_watcher_stale_and_disk_low_with_injected_clock_and_statvfs(tmp_path: Path) -> None:
     clock = Clock()
     free = {"bytes": 10**12}
@@ -1010,7 +1010,7 @@ def _cli(argv: list[str]) -> Callable[[], int]:
     return lambda: args.func(args)
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_cli_table_last_good_and_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     now = time.time()
     write_hf(tmp_path, 32, when=now - 3 * 3600)
@@ -1054,7 +1054,7 @@ def test_cli_table_last_good_and_exit_codes(tmp_path: Path, capsys: pytest.Captu
     assert "no checkpoints found" in capsys.readouterr().out
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_cli_shows_incomplete_and_single_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1071,7 +1071,7 @@ def test_cli_shows_incomplete_and_single_checkpoint(
 # --- the live watcher ------------------------------------------------------------------------------
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 @pytest.mark.parametrize("mode", ["auto", "poll"])
 def test_async_watcher_picks_up_a_new_checkpoint(tmp_path: Path, mode: str) -> None:
     _torch()
@@ -1114,7 +1114,7 @@ def test_async_watcher_picks_up_a_new_checkpoint(tmp_path: Path, mode: str) -> N
     assert "scheduler.pt: zero bytes" in emitted[0].message
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_async_watcher_reports_writing_while_a_save_runs(tmp_path: Path) -> None:
     clock = Clock()
     w = CheckpointWatcher(
@@ -1147,7 +1147,7 @@ def test_a_cut_markerless_save_is_corrupt_after_corrupt_after_not_the_quarter_ho
     assert kinds(found) == [("checkpoint_corrupt", "critical", False)]
 
 
-@pytest.mark.unit
+@pytest.mark.tool  # torch
 def test_cli_judges_a_fresh_copy_with_completion_markers_at_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import fuzz_examples
 from rankwatch.config import loader
 from rankwatch.config.loader import (
     ConfigError,
@@ -814,7 +815,11 @@ _TOKENS = [
 
 
 @pytest.mark.unit
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=fuzz_examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(pieces=st.lists(st.sampled_from(_TOKENS) | st.text(max_size=4), max_size=40))
 def test_arbitrary_yamlish_text_raises_only_config_error(tmp_path: Path, pieces: list[str]) -> None:
     path = tmp_path / "fuzz.yaml"

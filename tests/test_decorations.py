@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import fuzz_examples
 from rankwatch.sources.decorations import strip
 
 pytestmark = pytest.mark.unit
@@ -153,7 +154,7 @@ PREFIXES = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=fuzz_examples(300), deadline=None)
 @given(st.lists(PREFIXES, max_size=5), st.text(max_size=200))
 def test_strip_never_raises(prefixes: list[str], tail: str) -> None:
     text, rank, t = strip("".join(prefixes) + tail)

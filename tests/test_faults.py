@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fuzz_examples
 from faultlib import free_port, live_watch, metric, until
 from rankwatch.config.loader import config_from_yaml, load_config
 from rankwatch.runtime.reload import ConfigSource
@@ -594,7 +595,7 @@ def test_fuzz_config_loader_only_ever_raises_config_error() -> None:
         alphabet=st.sampled_from(list("abc:{}[]-,&*!|>'\"#%@` \n\t$12.5sm\x00\ufeff")), max_size=120
     )
 
-    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=fuzz_examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.one_of(soup, st.text(max_size=80)), st.dictionaries(keys, trees, max_size=4))
     def check(text: str, data: dict) -> None:
         for build in (lambda: config_from_yaml(text, env={"X": "1"}), lambda: config_from_dict(data)):
@@ -643,7 +644,7 @@ def test_fuzz_the_live_line_pipeline_never_raises() -> None:
     )
     texts = st.lists(st.one_of(st.text(max_size=60), pieces), max_size=40).map("".join)
 
-    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=fuzz_examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(texts, st.sampled_from(["auto", *[f for f in FORMATS if f != "regex"]]), st.booleans())
     def check(text: str, fmt: str, cut: bool) -> None:
         p = LogParser(default_rank=0, fmt=fmt)

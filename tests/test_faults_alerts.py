@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from conftest import FakeClock, until
+from conftest import FakeClock, fuzz_examples, until
 from rankwatch.actions.alerts import AlertDispatcher
 from rankwatch.actions.alerts.alertmanager import AlertmanagerSink
 from rankwatch.actions.alerts.delivery import Delivery
@@ -503,7 +503,7 @@ event = st.one_of(
 
 @pytest.mark.unit
 @settings(
-    max_examples=40,
+    max_examples=fuzz_examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

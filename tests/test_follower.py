@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import fuzz_examples
 from rankwatch.sources.follower import FollowedLine, LogFollower, follow, read_lines
 
 pytestmark = pytest.mark.unit
@@ -360,7 +361,7 @@ data_bytes = st.lists(
 ).map(b"".join)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=fuzz_examples(150), deadline=None)
 @given(
     data=data_bytes,
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),

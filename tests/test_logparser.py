@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import fuzz_examples
 from rankwatch.records import ErrorRecord, Record, StepRecord
 from rankwatch.sources import parsers as parsers_pkg
 from rankwatch.sources.logparser import LogParser
@@ -296,7 +297,7 @@ def test_real_megatron_lines_detected() -> None:
     assert [(r.step, r.rank) for r in recs if isinstance(r, StepRecord)] == [(100, 0)]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=fuzz_examples(200), deadline=None)
 @given(
     st.lists(
         st.one_of(

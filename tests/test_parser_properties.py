@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import fuzz_examples
 from rankwatch.records import EvalRecord, OverflowRecord, StepRecord
 from rankwatch.sources.parsers import FORMATS, make_parser, sniff_format
 from rankwatch.sources.parsers.base import FormatParser, LogLine
@@ -83,7 +84,7 @@ NUMBERS = st.one_of(
     st.floats(min_value=1e-8, max_value=1e6, allow_nan=False),
 )
 
-fast = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+fast = settings(max_examples=fuzz_examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _parsers() -> list[FormatParser]:
@@ -150,7 +151,7 @@ def mutated_real_lines(draw: st.DrawFn) -> list[str]:
     return lines
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=fuzz_examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_real_lines())
 def test_near_misses_never_raise(lines: list[str]) -> None:
     _feed_all(lines)
@@ -222,7 +223,7 @@ BARS = [
 ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=fuzz_examples(300), deadline=None)
 @given(
     loss=NUMBERS,
     grad=NUMBERS,

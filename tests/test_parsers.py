@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import fuzz_examples
 from rankwatch.records import EvalRecord, OverflowRecord, Record, StepRecord
 from rankwatch.sources.parsers import FORMATS, make_parser, sniff_format
 from rankwatch.sources.parsers.base import LogLine
@@ -182,7 +183,7 @@ _EDITS = st.sampled_from(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=fuzz_examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(_MEGATRON_LINES),
     st.lists(st.tuples(st.floats(0, 1), st.integers(0, 3), _EDITS), min_size=1, max_size=4),
@@ -835,6 +836,7 @@ def test_torchtitan_same_step_from_several_ranks_counts_once() -> None:
     recs = feed("torchtitan", log)
     assert [r.step for r in steps(recs)] == [4, 5]
     assert [e.step for e in evals(recs)] == [5]
+
 
 # Printed by a real Lightning 2.6 TQDMProgressBar (tests/golden/gen_lightning.py
 # lightning_tqdm_nan30): each step is drawn, then drawn again with the postfix it logged;

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import fuzz_examples
 from rankwatch.records import ErrorRecord, Severity
 from rankwatch.sources.signatures import SignatureMatcher, classify
 
@@ -699,7 +700,7 @@ LINES = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=fuzz_examples(300), deadline=None)
 @given(st.lists(st.one_of(LINES, st.text(max_size=80)), max_size=40))
 def test_matcher_never_raises(lines: list[str]) -> None:
     m = SignatureMatcher()

@@ -25,9 +25,7 @@ def run(pytester: pytest.Pytester, body: str, *args: str) -> pytest.RunResult:
     pytester.makeini(INI)
     pytester.makepyfile(test_it=body)
     # importlib mode: the copied conftest must not collide with this suite's `conftest` module
-    return pytester.runpytest_inprocess(
-        "--import-mode=importlib", *[f"-pno:{p}" for p in NOT_NEEDED], *args
-    )
+    return pytester.runpytest_inprocess("--import-mode=importlib", *[f"-pno:{p}" for p in NOT_NEEDED], *args)
 
 
 @pytest.mark.unit
