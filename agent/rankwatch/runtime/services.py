@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,40 +31,14 @@ from rankwatch.records import Finding, StepRecord
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource, hand_over
+from rankwatch.sources.polled import PolledSource, SourceContext, build_sources
+from rankwatch.sources.polled.disk import DiskSource
 
 log = logging.getLogger("rankwatch.services")
 
 GPU_REMAP_S = 30.0
 DEADLINE_CHECK_S = 30.0
 CHECKPOINT_ACTIVITY_S = 1.0
-DISK_TIMEOUT_S = 10.0  # a statvfs on a hung mount: given up on (the thread is left behind)
-
-
-def _existing(path: Path) -> Path:
-    """The folder itself, or its nearest existing parent (the dumps folder is made on first use)."""
-    p = path
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
-def disk_samples(folders: dict[str, str], clock: Callable[[], float] = time.monotonic) -> list[DiskSample]:
-    """Free space of each filesystem holding one of ``folders`` ({path: role}); blocking."""
-    by_dev: dict[int, DiskSample] = {}
-    for path, role in folders.items():
-        p = _existing(Path(path).absolute())
-        try:
-            dev = os.stat(p).st_dev
-            if dev in by_dev:
-                by_dev[dev].roles[path] = role
-                continue
-            v = os.statvfs(p)
-        except OSError:
-            continue
-        by_dev[dev] = DiskSample(
-            {path: role}, v.f_bavail * v.f_frsize, v.f_blocks * v.f_frsize, clock(), device=dev
-        )
-    return list(by_dev.values())
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -75,6 +48,13 @@ def _environ(pid: int) -> dict[str, str]:
         return dict(psutil.Process(pid).environ())
     except Exception:
         return {}
+
+
+@dataclasses.dataclass
+class _Polled:
+    source: PolledSource
+    inflight: asyncio.Future[list[Event]] | None = None
+    hung_logged: bool = False
 
 
 class Services:
@@ -106,8 +86,7 @@ class Services:
         # Engines for what no watcher's rank owns: the agent's folders, NVML itself, GPUs
         # tied to no watched rank (keyed by the rank their findings carry).
         self.engines: dict[int | None, RankEngine] = {}
-        self._disk_inflight: asyncio.Future[list[DiskSample]] | None = None
-        self._disk_failed = False
+        self.polled: dict[str, _Polled] = {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
 
@@ -127,7 +106,7 @@ class Services:
         self._start_alerts()
         await self._start_gpu()
         self._start_checkpoints()
-        self._tasks.append(asyncio.create_task(self._disk_loop(), name="disk"))
+        self._start_polled()
         if self.agent.identity.job_end is not None:
             self._tasks.append(asyncio.create_task(self._deadline_loop(), name="deadline"))
         if self.cfg.dumps.on_stall and float(self.cfg.dumps.join_peers) > 0:
@@ -416,40 +395,60 @@ class Services:
             out.setdefault(str(self.cfg.alerts.spool_dir), "spool")
         return out
 
-    async def sample_disks(self, timeout: float = DISK_TIMEOUT_S) -> list[DiskSample] | None:
-        """Free space of the log, dumps and spool folders, taken on a daemon thread (a hung
-        mount stalls that thread, never the loop; one at a time), fed to the disk detector."""
-        if self._disk_inflight is None:
-            self._disk_inflight = in_daemon(disk_samples, self.disk_folders(), name="rankwatch-disk")
+    # --- polled sources (sources/polled: disk, ...) ---------------------------------------------
+    def _start_polled(self) -> None:
+        ctx = SourceContext(cfg=self.cfg, folders=self.disk_folders)
         try:
-            samples = await asyncio.wait_for(asyncio.shield(self._disk_inflight), timeout)
+            sources = build_sources(ctx)
+        except Exception:
+            self._failed("sources", "polled sources could not be built")
+            return
+        for src in sources:
+            self.polled[src.name] = _Polled(src)
+            self._tasks.append(asyncio.create_task(self._poll_loop(src.name), name=f"source-{src.name}"))
+
+    async def poll(self, name: str, timeout: float | None = None) -> list[Event] | None:
+        """One sample of the polled source ``name`` (at most one in flight: a hung one is waited
+        for, never doubled), its events fed to the agent's engine; None when it failed or hung."""
+        p = self.polled.get(name)
+        if p is None:
+            return None
+        src = p.source
+        wait = src.timeout if timeout is None else timeout
+        if p.inflight is None:
+            p.inflight = in_daemon(src.sample, src.inputs(), name=f"rankwatch-{name}")
+        try:
+            events = await asyncio.wait_for(asyncio.shield(p.inflight), wait)
         except asyncio.TimeoutError:
-            if not self._disk_failed:
-                self._disk_failed = True
-                log.warning(
-                    "free-space check of %s hung for %.0fs (a dead mount?)", self.disk_folders(), timeout
-                )
+            if not p.hung_logged:
+                p.hung_logged = True
+                self._failed(name, "%s sample hung for %.0fs (a dead mount? a stuck driver?)", name, wait)
             return None
         except Exception as e:
-            self._disk_inflight = None
-            self._failed("disk", "free-space check failed: %s", e)
+            p.inflight = None
+            self._failed(name, "%s sample failed: %s", name, e)
             return None
-        self._disk_inflight = None
-        self.agent.disk_latest = samples
-        for sample in samples:
-            sample.wall = time.time()
-            self.push(sample, agent=True)
-        return samples
+        p.inflight = None
+        p.hung_logged = False
+        if isinstance(src, DiskSource):
+            self.agent.disk_latest = [e for e in events if isinstance(e, DiskSample)]
+        for event in events:
+            self.push(event, agent=True)
+        return events
 
-    async def _disk_loop(self) -> None:
-        interval = min(30.0, max(1.0, 10 * float(self.cfg.process.sample_interval)))
+    async def sample_disks(self, timeout: float | None = None) -> list[Event] | None:
+        """The free space of the agent's folders now (run mode asks when the child died)."""
+        return await self.poll(DiskSource.name, timeout)
+
+    async def _poll_loop(self, name: str) -> None:
+        src = self.polled[name].source
         while not self._stop.is_set():
             try:
-                await self.sample_disks()
+                await self.poll(name)
             except Exception:
-                self._failed("disk", "free-space check failed")
+                self._failed(name, "%s sample failed", name)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), interval)
+                await asyncio.wait_for(self._stop.wait(), src.interval)
 
     async def _deadline_loop(self) -> None:
         while not self._stop.is_set():
