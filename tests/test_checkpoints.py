@@ -1023,6 +1023,16 @@ def test_live_scans_reach_the_agents_engine_once(tmp_path: Path) -> None:
     assert mine("disk_low")[0].rank == 0 and mine("disk_low")[0].path == str(root)
 
 
+@pytest.mark.unit
+def test_checkpoint_settings_still_wait_for_a_restart() -> None:
+    """The watcher is built once at start: a reload must not call its settings applied."""
+    from rankwatch.runtime.reload import hand_over
+
+    old = Config(checkpoints=CheckpointConfig(dir="/ckpt"))
+    new = Config(checkpoints=CheckpointConfig(dir="/ckpt", max_age=60.0))
+    assert hand_over(old, new, watchers=[]).checkpoints.max_age is None
+
+
 @pytest.mark.tool  # torch
 def test_watcher_stale_and_disk_low_with_injected_clock_and_statvfs(tmp_path: Path) -> None:
     clock = Clock()
