@@ -16,7 +16,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePath
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,7 +31,14 @@ from rankwatch.checkpoints.verify import check_safetensors, check_torch, verify_
 from rankwatch.checkpoints.watcher import CheckpointWatcher
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
-from rankwatch.detectors.checkpoints import DiskRule, OpenFindings, StaleRule
+from rankwatch.detectors.checkpoints import (
+    CheckpointDiskDetector,
+    CheckpointStaleDetector,
+    OpenFindings,
+    stale_limit,
+)
+from rankwatch.engine import RankEngine
+from rankwatch.events import CheckpointScan, SavedCheckpoint
 from rankwatch.identity import Identity
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 from rankwatch.runtime.agent import Agent
@@ -884,45 +891,146 @@ def test_log_history_is_not_fed_when_the_log_has_steps(tmp_path: Path) -> None:
 # --- stale and disk_low -------------------------------------------------------------------------
 
 
+def _ckpt_engine(root: str, rank: int | None = None, **cfg: Any) -> RankEngine:
+    """A rank's engine with the checkpoint rules of a watched ``root``."""
+    return RankEngine(Config(checkpoints=CheckpointConfig(dir=root, **cfg)), rank)
+
+
+def _saved(root: Path, step: int, saved_at: float) -> SavedCheckpoint:
+    return SavedCheckpoint(
+        name=f"checkpoint-{step}", path=PurePath(root, f"checkpoint-{step}"), step=step, saved_at=saved_at
+    )
+
+
 @pytest.mark.unit
 def test_stale_rule_from_cadence(tmp_path: Path) -> None:
-    rule = StaleRule(CheckpointConfig())
-    assert rule.max_age([T0]) is None
-    times = [T0, T0 + 600, T0 + 1200]
-    assert rule.max_age(times) == 1800.0  # 3 x 10 min, and never under 30 min
-    assert rule.max_age([T0, T0 + 3600, T0 + 7200]) == 3 * 3600
-    last = SimpleNamespace(name="checkpoint-30", step=30, saved_at=T0 + 1200)
-    kw = {"rank": 3, "path": str(tmp_path)}
-    assert rule.check(T0 + 2900, last, times, T0, **kw) == []
-    found = rule.check(T0 + 3100, last, times, T0, **kw)
+    cfg = CheckpointConfig()
+    assert stale_limit(cfg, [T0]) is None
+    times = (T0, T0 + 600, T0 + 1200)
+    assert stale_limit(cfg, times) == 1800.0  # 3 x 10 min, and never under 30 min
+    assert stale_limit(cfg, [T0, T0 + 3600, T0 + 7200]) == 3 * 3600
+    root = str(tmp_path)
+    eng = _ckpt_engine(root, rank=3)
+    assert any(isinstance(d, CheckpointStaleDetector) for d in eng.detectors)
+    last = _saved(tmp_path, 30, T0 + 1200)
+
+    def scan(
+        wall: float,
+        good: SavedCheckpoint | None,
+        saves: tuple[float, ...],
+        started: float,
+        engine: RankEngine = eng,
+    ) -> list[Finding]:
+        return engine.feed(
+            CheckpointScan(
+                now=wall - T0, wall=wall, root=root, started=started, save_times=saves, last_good=good
+            )
+        )
+
+    assert scan(T0 + 2900, last, times, T0) == []
+    found = scan(T0 + 3100, last, times, T0)
     assert kinds(found) == [("checkpoint_stale", "warning", False)]
     assert found[0].rank == 3 and "no new good checkpoint for 32m" in found[0].message
-    assert rule.check(T0 + 3200, last, times, T0, **kw) == []
-    newer = SimpleNamespace(name="checkpoint-40", step=40, saved_at=T0 + 3300)
-    assert kinds(rule.check(T0 + 3310, newer, [*times, T0 + 3300], T0, **kw)) == [
-        ("checkpoint_stale", "warning", True)
-    ]
+    assert "checkpoint-30 (step 30, 32m ago)" in found[0].message
+    assert found[0].evidence == {"age_s": 1900.0, "max_age_s": 1800.0}
+    assert (found[0].path, found[0].subject, found[0].step) == (root, root, 30)
+    assert scan(T0 + 3200, last, times, T0) == []
+    newer = _saved(tmp_path, 40, T0 + 3300)
+    back = scan(T0 + 3310, newer, (*times, T0 + 3300), T0)
+    assert kinds(back) == [("checkpoint_stale", "warning", True)]
+    assert (
+        back[0].subject == root and back[0].message == "new good checkpoint: checkpoint-40 (step 40, 10s ago)"
+    )
     # Checkpoints older than the agent (a restarted job) count from the agent's start.
-    assert rule.check(T0 + 10_000, last, times, T0 + 9_000, **kw) == []
-    fixed = StaleRule(CheckpointConfig(max_age=600.0))
-    assert kinds(fixed.check(T0 + 601, None, [], T0, **kw)) == [("checkpoint_stale", "warning", False)]
+    assert scan(T0 + 10_000, last, times, T0 + 9_000) == []
+    fixed = _ckpt_engine(root, rank=3, max_age=600.0)
+    assert kinds(scan(T0 + 601, None, (), T0, fixed)) == [("checkpoint_stale", "warning", False)]
+    # No checkpoint folder watched: the rules are not built.
+    assert not any(isinstance(d, CheckpointStaleDetector) for d in RankEngine(Config(), 3).detectors)
 
 
 @pytest.mark.unit
 def test_disk_rule_warns_before_the_save_fails() -> None:
-    rule = DiskRule(CheckpointConfig())
+    eng = _ckpt_engine("/ckpt", rank=0)
+    assert any(isinstance(d, CheckpointDiskDetector) for d in eng.detectors)
     gib = 1 << 30
-    kw = {"rank": 0, "path": "/ckpt", "now": T0}
-    assert rule.check(100 * gib, None, **kw) == []
-    assert rule.check(16 * gib, 10 * gib, **kw) == []
-    found = rule.check(14 * gib, 10 * gib, **kw)
+
+    def scan(free: int | None, next_size: int | None, engine: RankEngine = eng) -> list[Finding]:
+        return engine.feed(
+            CheckpointScan(now=1.0, wall=T0, root="/ckpt", started=T0, free=free, next_size=next_size)
+        )
+
+    assert scan(100 * gib, None) == []
+    assert scan(16 * gib, 10 * gib) == []
+    assert scan(None, 10 * gib) == []  # statvfs failed: nothing to judge
+    found = scan(14 * gib, 10 * gib)
     assert kinds(found) == [("disk_low", "warning", False)]
     assert "14.0 GiB free" in found[0].message and "10.0 GiB" in found[0].message
-    assert rule.check(13 * gib, 10 * gib, **kw) == []
-    assert kinds(rule.check(9 * gib, 10 * gib, **kw)) == [("disk_low", "critical", False)]
-    assert kinds(rule.check(20 * gib, 10 * gib, **kw)) == [("disk_low", "critical", True)]
-    floor = DiskRule(CheckpointConfig(min_free=5 * gib))
-    assert kinds(floor.check(4 * gib, None, **kw)) == [("disk_low", "warning", False)]
+    assert (found[0].rank, found[0].path, found[0].time) == (0, "/ckpt", T0)
+    assert found[0].evidence == {
+        "free_bytes": 14 * gib,
+        "next_checkpoint_bytes": 10 * gib,
+        "need_bytes": 15 * gib,
+    }
+    assert scan(13 * gib, 10 * gib) == []
+    assert kinds(scan(9 * gib, 10 * gib)) == [("disk_low", "critical", False)]
+    assert kinds(scan(20 * gib, 10 * gib)) == [("disk_low", "critical", True)]
+    floor = _ckpt_engine("/ckpt", rank=0, min_free=5 * gib)
+    assert kinds(scan(4 * gib, None, floor)) == [("disk_low", "warning", False)]
+
+
+@pytest.mark.unit
+def test_live_scans_reach_the_agents_engine_once(tmp_path: Path) -> None:
+    """The watcher's scans go through the engine: one stale and one disk_low alert for the
+    folder, from this agent's rank, however many ranks a node daemon watches."""
+    root = tmp_path / "ckpt"
+    cfg = replaced(
+        Config(),
+        {
+            "gpu.enabled": False,
+            "dumps.dir": str(tmp_path / "dumps"),
+            "alerts.spool_dir": str(tmp_path / "spool"),
+            "checkpoints": CheckpointConfig(
+                dir=str(root), settle=0.0, mode="poll", poll_interval=0.05, max_age=600.0, min_free=1 << 60
+            ),
+        },
+    )
+    agent = Agent(cfg, Identity(run="h", rank=0, local_rank=0, world_size=2, node="n"))
+    agent.add_watcher([tmp_path / "r0.log"])
+    agent.add_watcher([tmp_path / "r1.log"], Identity(run="h", rank=1, local_rank=1, world_size=2, node="n"))
+    svc = Services(agent, cfg, server=False)
+
+    def mine(kind: str) -> list[Finding]:
+        return [f for f in agent.findings if f.kind == kind]
+
+    async def scenario() -> None:
+        await svc.start()
+        try:
+            await until(lambda: mine("disk_low"))
+            svc.checkpoints.started -= 3600.0  # the agent has watched for an hour: stale
+            await until(lambda: mine("checkpoint_stale"))
+            scans = svc.checkpoints.scans
+            await until(lambda: svc.checkpoints.scans > scans + 2)
+        finally:
+            await svc.close()
+
+    asyncio.run(scenario())
+    assert kinds(mine("disk_low")) == [("disk_low", "warning", False)]
+    assert kinds(mine("checkpoint_stale")) == [("checkpoint_stale", "warning", False)]
+    stale = mine("checkpoint_stale")[0]
+    assert (stale.rank, stale.path, stale.subject) == (0, str(root), str(root))
+    assert "none since the agent started" in stale.message
+    assert mine("disk_low")[0].rank == 0 and mine("disk_low")[0].path == str(root)
+
+
+@pytest.mark.unit
+def test_checkpoint_settings_still_wait_for_a_restart() -> None:
+    """The watcher is built once at start: a reload must not call its settings applied."""
+    from rankwatch.runtime.reload import hand_over
+
+    old = Config(checkpoints=CheckpointConfig(dir="/ckpt"))
+    new = Config(checkpoints=CheckpointConfig(dir="/ckpt", max_age=60.0))
+    assert hand_over(old, new, watchers=[]).checkpoints.max_age is None
 
 
 @pytest.mark.tool  # torch
@@ -941,15 +1049,22 @@ def test_watcher_stale_and_disk_low_with_injected_clock_and_statvfs(tmp_path: Pa
         statvfs=lambda p: SimpleNamespace(f_bavail=free["bytes"] // 4096, f_frsize=4096, f_blocks=10**9),
     )
     w.started = clock.wall() - 1200
-    assert w.tick() == []
+    eng = _ckpt_engine(str(tmp_path), settle=5.0)
+
+    def tick() -> list[Finding]:
+        found = w.tick()
+        assert w.last_scan is not None
+        return found + eng.feed(w.last_scan)
+
+    assert tick() == []
     size = w.catalog.next_size()
     assert size and size > 1000
     clock.advance(1700)
-    assert w.tick() == []
+    assert tick() == []
     clock.advance(200)
-    assert kinds(w.tick()) == [("checkpoint_stale", "warning", False)]
+    assert kinds(tick()) == [("checkpoint_stale", "warning", False)]
     free["bytes"] = int(size * 1.2)
-    found = w.tick()
+    found = tick()
     assert kinds(found) == [("disk_low", "warning", False)]
     snap = w.snapshot()
     assert snap["fs_free_bytes"] == (int(size * 1.2) // 4096) * 4096

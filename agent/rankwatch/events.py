@@ -11,10 +11,12 @@ or a job's end.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 from rankwatch.records import ErrorRecord, EvalRecord, OverflowRecord, Record, StepRecord
 
 __all__ = [
+    "CheckpointScan",
     "CheckpointStatus",
     "DiskSample",
     "Event",
@@ -28,6 +30,7 @@ __all__ = [
     "ProcessStart",
     "Progress",
     "Record",
+    "SavedCheckpoint",
     "Tick",
 ]
 
@@ -115,6 +118,40 @@ class CheckpointStatus:
     writing: bool
     last_saved: float | None = None
     next_due: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SavedCheckpoint:
+    """A checkpoint the watcher judged, as the rules read it (a copy: the catalog's
+    entries change under the scan thread)."""
+
+    name: str
+    path: PurePath
+    step: int | None
+    saved_at: float  # wall, the file mtime
+    layout: str = ""
+    size: int = 0
+    weights_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointScan:
+    """One scan of the checkpoint folder ``root``, for the stale and free-space rules.
+
+    ``wall`` is when it ended, compared with the saves' mtimes; ``started`` is when the
+    watcher began (wall), since a save older than the agent is not this run's fault.
+    ``save_times`` are the recent good saves (wall), whose median gap is the cadence.
+    ``free`` is what its filesystem has left (None: statvfs failed) and ``next_size`` what
+    the next save will likely take (None before one completed)."""
+
+    now: float
+    wall: float
+    root: str
+    started: float
+    save_times: tuple[float, ...] = ()
+    last_good: SavedCheckpoint | None = None
+    free: int | None = None
+    next_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +275,7 @@ Event = (
     | Progress
     | LogActivity
     | CheckpointStatus
+    | CheckpointScan
     | Tick
     | GpuRound
     | NvmlHang

@@ -24,6 +24,7 @@ from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.catalog import Catalog, Entry
 from rankwatch.config.schema import CheckpointConfig
 from rankwatch.detectors import checkpoints as rules
+from rankwatch.events import CheckpointScan, SavedCheckpoint
 from rankwatch.offloop import in_daemon
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 
@@ -115,6 +116,18 @@ class _Events:
             self.observer, self.target = None, None
 
 
+def _saved(e: Entry) -> SavedCheckpoint:
+    return SavedCheckpoint(
+        name=e.name,
+        path=e.path,
+        step=e.step,
+        saved_at=e.saved_at,
+        layout=e.layout,
+        size=e.size,
+        weights_only=e.weights_only,
+    )
+
+
 def _in_daemon(fn: Callable[[], Any]) -> asyncio.Future[Any]:
     return in_daemon(fn, name="rankwatch-checkpoints")
 
@@ -140,6 +153,7 @@ class CheckpointWatcher:
         rank: int | None = None,
         statvfs: Callable[[str], os.statvfs_result] | None = None,
         on_records: Callable[[list[StepRecord | EvalRecord]], None] | None = None,
+        on_scan: Callable[[CheckpointScan], None] | None = None,
     ) -> None:
         self.root = Path(dir)
         self.cfg = cfg or CheckpointConfig()
@@ -149,10 +163,10 @@ class CheckpointWatcher:
         self.rank = rank
         self.statvfs = statvfs or os.statvfs
         self.on_records = on_records
+        self.on_scan = on_scan
+        self.last_scan: CheckpointScan | None = None  # from the last tick, for on_scan
         self.history: list[StepRecord | EvalRecord] = []  # from the last tick, for on_records
         self.catalog = Catalog(self.root, self.cfg, clock=clock, wall=wall, rank=rank)
-        self.stale = rules.StaleRule(self.cfg)
-        self.disk = rules.DiskRule(self.cfg)
         self.started = wall()
         self.fs_free: int | None = None
         self.fs_total: int | None = None
@@ -160,6 +174,7 @@ class CheckpointWatcher:
         self.errors = 0
         self._queued: deque[tuple[int | None, str, float | None]] = deque(maxlen=64)
         self._exists = False
+        self._free_read = False
         self.events_active = False  # filesystem events are being received (else: polling only)
         self._events_failed = False
         self._watch_target: Path | None = None
@@ -216,7 +231,7 @@ class CheckpointWatcher:
             "fs_free_bytes": self.fs_free,
             "fs_size_bytes": self.fs_total,
             "next_checkpoint_bytes": cat.next_size(),
-            "max_age_seconds": self.stale.max_age(cat.save_times),
+            "max_age_seconds": rules.stale_limit(self.cfg, cat.save_times),
             "next_save_due_timestamp_seconds": rules.next_save_due(cat.save_times),
             "poisoned_from_step": cat.bad.step if cat.bad else None,
             "scans_total": self.scans,
@@ -226,7 +241,8 @@ class CheckpointWatcher:
     # --- one round ------------------------------------------------------------------------
 
     def tick(self) -> list[Finding]:
-        """Scan, judge what completed, check staleness and free space. Blocking I/O."""
+        """Scan and judge what completed; note free space and the newest good save in
+        ``last_scan`` (the stale and free-space rules judge it in the engine). Blocking I/O."""
         self._drain()
         scan = L.scan(
             self.root, glob=self.cfg.glob, step_regex=self.cfg.step_regex, max_depth=self.cfg.max_depth
@@ -236,15 +252,17 @@ class CheckpointWatcher:
         self._drain()
         self._exists = scan.exists
         self.scans += 1
-        now = self.wall()
-        findings += self._disk(now)
-        findings += self.stale.check(
-            now,
-            self.catalog.last_good(),
-            self.catalog.save_times,
-            self.started,
-            rank=self.rank,
-            path=str(self.root),
+        self._statvfs()
+        good = self.catalog.last_good()
+        self.last_scan = CheckpointScan(
+            now=self.clock(),
+            wall=self.wall(),
+            root=str(self.root),
+            started=self.started,
+            save_times=tuple(self.catalog.save_times),
+            last_good=_saved(good) if good is not None else None,
+            free=self.fs_free if self._free_read else None,
+            next_size=self.catalog.next_size(),
         )
         return findings
 
@@ -253,21 +271,20 @@ class CheckpointWatcher:
             step, kind, when = self._queued.popleft()
             self.catalog.mark_bad_from(step, kind, time=when)
 
-    def _disk(self, now: float) -> list[Finding]:
+    def _statvfs(self) -> None:
         probe = self.root
         while not probe.is_dir() and probe != probe.parent:
             probe = probe.parent
         self._watch_target = probe
+        self._free_read = False
         try:
             st = self.statvfs(str(probe))
         except OSError as exc:
             log.debug("statvfs %s: %s", probe, exc)
-            return []
+            return
         self.fs_free = st.f_bavail * st.f_frsize
         self.fs_total = st.f_blocks * st.f_frsize
-        return self.disk.check(
-            self.fs_free, self.catalog.next_size(), rank=self.rank, path=str(self.root), now=now
-        )
+        self._free_read = True
 
     def _interval(self) -> float:
         set_to = self.cfg.poll_interval
@@ -352,6 +369,13 @@ class CheckpointWatcher:
             except Exception:
                 self.errors += 1
                 log.exception("emitting a checkpoint finding failed")
+        scan, self.last_scan = self.last_scan, None
+        if scan is not None and self.on_scan is not None:
+            try:
+                self.on_scan(scan)
+            except Exception:
+                self.errors += 1
+                log.exception("handing the checkpoint scan on failed")
         records, self.history = self.history, []
         if records and self.on_records is not None:
             try:

@@ -1,8 +1,9 @@
 """The "can't resume" family: corrupt, incomplete, stale checkpoints and a filling disk.
 
 Pure: the checkpoint catalog and watcher pass plain numbers and entries in, so these
-rules are tested without a filesystem. Messages say which checkpoint to resume from,
-since that is the question the reader has at 3 AM.
+rules are tested without a filesystem. The stale and free-space rules are detectors: the
+watcher's scans reach them as ``CheckpointScan`` events, through the engine. Messages say
+which checkpoint to resume from, since that is the question the reader has at 3 AM.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from collections.abc import Callable, Sequence
 from pathlib import PurePath
 from typing import Any, Protocol
 
-from rankwatch.config.schema import CheckpointConfig
-from rankwatch.detectors.base import Episode
+from rankwatch.config.schema import CheckpointConfig, Config
+from rankwatch.detectors.base import Detector, DetectorContext, Episode
+from rankwatch.detectors.registry import register
+from rankwatch.events import CheckpointScan, Event
 from rankwatch.records import Finding, Severity
+from rankwatch.state import RankState
 
 
 class Entry(Protocol):
@@ -120,6 +124,7 @@ def _finding(
     now: float | None = None,
     evidence: dict[str, Any] | None = None,
     resolved: bool = False,
+    subject: str | None = None,
 ) -> Finding:
     return Finding(
         kind=kind,
@@ -131,6 +136,7 @@ def _finding(
         time=now,
         evidence=evidence or {},
         resolved=resolved,
+        subject=subject,
     )
 
 
@@ -321,82 +327,42 @@ def next_save_due(save_times: Sequence[float]) -> float | None:
     return times[-1] + statistics.median(gaps) if gaps else None
 
 
-class StaleRule:
-    """No new good checkpoint for much longer than the run's own save cadence."""
-
-    def __init__(self, cfg: CheckpointConfig) -> None:
-        self.cfg = cfg
-        self.episode = Episode()
-
-    def max_age(self, save_times: Sequence[float]) -> float | None:
-        if self.cfg.max_age is not None:
-            return float(self.cfg.max_age)
-        times = sorted(save_times)
-        gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
-        if not gaps:
-            return None
-        return max(float(self.cfg.stale_min), self.cfg.stale_factor * statistics.median(gaps))
-
-    def check(
-        self,
-        now: float,
-        last_good: Entry | None,
-        save_times: Sequence[float],
-        started: float,
-        *,
-        rank: int | None,
-        path: str,
-    ) -> list[Finding]:
-        limit = self.max_age(save_times)
-        if limit is None:
-            return []
-        # A checkpoint from before the agent started (a restarted job) is not this run's fault.
-        ref = max(started, last_good.saved_at) if last_good is not None else started
-        age = now - ref
-        if age > limit:
-            if not self.episode.open(last_good.step if last_good else None):
-                return []
-            since = f"{describe(last_good, now)}" if last_good else "none since the agent started"
-            return [
-                _finding(
-                    "checkpoint_stale",
-                    Severity.WARNING,
-                    rank,
-                    f"no new good checkpoint for {duration(age)} (limit {duration(limit)}, from the save "
-                    f"cadence); last good: {since}. A crash now loses everything since. Check that saves "
-                    "still run and succeed (disk, permissions, a hung save).",
-                    last_good,
-                    path=path,
-                    now=now,
-                    evidence={"age_s": age, "max_age_s": limit},
-                )
-            ]
-        if self.episode.close():
-            return [
-                _finding(
-                    "checkpoint_stale",
-                    Severity.WARNING,
-                    rank,
-                    f"new good checkpoint: {describe(last_good, now)}",
-                    last_good,
-                    path=path,
-                    now=now,
-                    resolved=True,
-                )
-            ]
-        return []
+def stale_limit(cfg: CheckpointConfig, save_times: Sequence[float]) -> float | None:
+    """How old the newest good save may get: ``max_age`` when set, else ``stale_factor``
+    times the run's median save interval (never under ``stale_min``); None before two saves."""
+    if cfg.max_age is not None:
+        return float(cfg.max_age)
+    times = sorted(save_times)
+    gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+    if not gaps:
+        return None
+    return max(float(cfg.stale_min), cfg.stale_factor * statistics.median(gaps))
 
 
-class DiskRule:
+@register
+class CheckpointDiskDetector(Detector):
     """Free space too small for the next save: said before the save fails."""
 
-    def __init__(self, cfg: CheckpointConfig) -> None:
+    kinds = ("disk_low",)
+    accepts = (CheckpointScan,)
+    section = "checkpoints"
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> CheckpointDiskDetector | None:
+        return cls(cfg.checkpoints, ctx.rank) if cfg.checkpoints.dir else None
+
+    def __init__(self, cfg: CheckpointConfig, rank: int | None = None) -> None:
         self.cfg = cfg
+        self.rank = rank
         self.severity: Severity | None = None
 
-    def check(
-        self, free: int, next_size: int | None, *, rank: int | None, path: str, now: float
-    ) -> list[Finding]:
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
+        if not isinstance(record, CheckpointScan) or record.free is None:
+            return []
+        return self.check(record.free, record.next_size, path=record.root, now=record.wall)
+
+    def check(self, free: int, next_size: int | None, *, path: str, now: float) -> list[Finding]:
+        rank = self.rank
         need = max(float(self.cfg.min_free), (next_size or 0) * self.cfg.disk_margin)
         if need <= 0:
             return []
@@ -433,6 +399,80 @@ class DiskRule:
                     path=path,
                     time=now,
                     resolved=True,
+                )
+            ]
+        return []
+
+
+@register
+class CheckpointStaleDetector(Detector):
+    """No new good checkpoint for much longer than the run's own save cadence."""
+
+    kinds = ("checkpoint_stale",)
+    accepts = (CheckpointScan,)
+    section = "checkpoints"
+
+    @classmethod
+    def create(cls, cfg: Config, ctx: DetectorContext) -> CheckpointStaleDetector | None:
+        return cls(cfg.checkpoints, ctx.rank) if cfg.checkpoints.dir else None
+
+    def __init__(self, cfg: CheckpointConfig, rank: int | None = None) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.episode = Episode()
+
+    def observe(self, state: RankState, record: Event) -> list[Finding]:
+        if not isinstance(record, CheckpointScan):
+            return []
+        return self.check(record.wall, record.last_good, record.save_times, record.started, path=record.root)
+
+    def check(
+        self,
+        now: float,
+        last_good: Entry | None,
+        save_times: Sequence[float],
+        started: float,
+        *,
+        path: str,
+    ) -> list[Finding]:
+        rank = self.rank
+        limit = stale_limit(self.cfg, save_times)
+        if limit is None:
+            return []
+        # A checkpoint from before the agent started (a restarted job) is not this run's fault.
+        ref = max(started, last_good.saved_at) if last_good is not None else started
+        age = now - ref
+        if age > limit:
+            if not self.episode.open(last_good.step if last_good else None):
+                return []
+            since = f"{describe(last_good, now)}" if last_good else "none since the agent started"
+            return [
+                _finding(
+                    "checkpoint_stale",
+                    Severity.WARNING,
+                    rank,
+                    f"no new good checkpoint for {duration(age)} (limit {duration(limit)}, from the save "
+                    f"cadence); last good: {since}. A crash now loses everything since. Check that saves "
+                    "still run and succeed (disk, permissions, a hung save).",
+                    last_good,
+                    path=path,
+                    now=now,
+                    evidence={"age_s": age, "max_age_s": limit},
+                    subject=path,
+                )
+            ]
+        if self.episode.close():
+            return [
+                _finding(
+                    "checkpoint_stale",
+                    Severity.WARNING,
+                    rank,
+                    f"new good checkpoint: {describe(last_good, now)}",
+                    last_good,
+                    path=path,
+                    now=now,
+                    resolved=True,
+                    subject=path,
                 )
             ]
         return []

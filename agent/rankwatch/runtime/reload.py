@@ -73,8 +73,9 @@ def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 
 # Sections some detectors read that also configure components built once at start (the
-# identity, the process and GPU samplers' loops): their changes wait for a restart.
-SHARED_WITH_LOOPS = ("run", "process", "gpu")
+# identity, the process and GPU samplers' loops, the checkpoint watcher): their changes
+# wait for a restart.
+SHARED_WITH_LOOPS = ("run", "process", "gpu", "checkpoints")
 
 
 def _sections_of_detectors() -> list[str]:

@@ -23,7 +23,16 @@ from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.detectors.checkpoints import POISON_KINDS
 from rankwatch.engine import RankEngine
-from rankwatch.events import CheckpointStatus, DiskSample, Event, GpuRound, GpuSample, NvmlHang, Tick
+from rankwatch.events import (
+    CheckpointScan,
+    CheckpointStatus,
+    DiskSample,
+    Event,
+    GpuRound,
+    GpuSample,
+    NvmlHang,
+    Tick,
+)
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.gpu.backend import GpuBackend
 from rankwatch.offloop import in_daemon
@@ -278,6 +287,7 @@ class Services:
                 emit=self.agent.emit,
                 rank=self.agent.identity.rank,
                 on_records=self._checkpoint_history,
+                on_scan=self._checkpoint_scan,
             )
         except Exception as e:
             self._failed("checkpoints", "checkpoint watching disabled: %s", e)
@@ -286,6 +296,11 @@ class Services:
         self.agent.enrichers.append(self._with_last_good)
         self._tasks.append(asyncio.create_task(cw.run(self._stop), name="checkpoints"))
         self._tasks.append(asyncio.create_task(self._checkpoint_activity(), name="checkpoint-activity"))
+
+    def _checkpoint_scan(self, scan: CheckpointScan) -> None:
+        """Each scan of the checkpoint folder, on the loop, to this agent's engine: its stale
+        and free-space rules judge it once, whatever the number of ranks watched."""
+        self.push(scan, agent=True)
 
     def _checkpoint_history(self, records: list[Any]) -> None:
         """HF log_history, with exact step numbers, for the detectors of a rank whose log shows
