@@ -699,11 +699,12 @@ def test_retries_exhausted_drop_once_and_count(tmp_path: Path) -> None:
     async def go() -> None:
         sink = RecordingSink(fail=100)
         cfg = config(tmp_path, max_retries=2)
-        d = AlertDispatcher(cfg, IDENT, sinks=[sink], rng=lambda: 0.0)
+        # base 10 ms: the two waits are 5 and 10 ms; the counts are what this test pins
+        d = AlertDispatcher(cfg, IDENT, sinks=[sink], rng=lambda: 0.0, backoff_base=0.01)
         async with running(d):
             d.send(stall())
             await until(lambda: d.stats["rec"]["dropped"] == 1)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # time for a fourth attempt, which must not come
         assert sink.attempts == 3
         assert d.stats["rec"] == {"sent": 0, "failed": 3, "dropped": 1, "retried": 2}
         assert not spool_path(cfg.spool_dir, IDENT.run, IDENT.rank).exists()

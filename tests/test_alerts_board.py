@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import conftest
 from rankwatch.actions.alerts import AlertDispatcher
 from rankwatch.actions.alerts.board import Board, Record, board_path
 from rankwatch.actions.alerts.message import AlertMessage
@@ -58,10 +59,7 @@ def stall(rank: int, *, resolved: bool = False, **evidence: Any) -> Finding:
 
 
 async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+    await conftest.until(cond, timeout)
 
 
 @asynccontextmanager

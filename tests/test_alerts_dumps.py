@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import conftest
 from rankwatch.actions.alerts import AlertDispatcher, AlertMessage
 from rankwatch.actions.dump_outcome import DumpOutcome, dump_link
 from rankwatch.config.schema import AlertsConfig, Config
@@ -35,10 +35,7 @@ class RecordingSink:
 
 
 async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+    await conftest.until(cond, timeout)
 
 
 def _fake_capture(pid: int, **_: Any) -> DumpResult:
