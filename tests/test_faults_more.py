@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -160,6 +161,8 @@ def test_checkpoint_dir_on_a_full_filesystem_warns_before_and_judges_the_torn_sa
 def test_statvfs_failing_or_reporting_no_space_never_stops_the_checkpoint_watcher(tmp_path: Path) -> None:
     from rankwatch.checkpoints import CheckpointConfig
     from rankwatch.checkpoints.watcher import CheckpointWatcher
+    from rankwatch.config.schema import Config
+    from rankwatch.engine import RankEngine
 
     gib = 1 << 30
     answers: list[object] = [10 * gib, 64 << 10, OSError(errno.EIO, "Input/output error"), 0, 10 * gib]
@@ -172,10 +175,15 @@ def test_statvfs_failing_or_reporting_no_space_never_stops_the_checkpoint_watche
         return os.statvfs_result((4096, 4096, 100 * gib // 4096, free, free, 1000, 1000, 1000, 0, 255))
 
     found: list = []
-    w = CheckpointWatcher(tmp_path, CheckpointConfig(min_free=1 << 20), emit=found.append, statvfs=statvfs)
+    ckpt = CheckpointConfig(min_free=1 << 20)
+    w = CheckpointWatcher(tmp_path, ckpt, emit=found.append, statvfs=statvfs)
+    # The free-space rule is a detector: the watcher's scans reach it through an engine.
+    eng = RankEngine(Config(checkpoints=dataclasses.replace(ckpt, dir=str(tmp_path))), 0)
     seen = []
     for _ in range(5):
-        seen += [(f.kind, f.severity.label, f.resolved) for f in w.tick()]
+        fs = w.tick()
+        assert w.last_scan is not None
+        seen += [(f.kind, f.severity.label, f.resolved) for f in fs + eng.feed(w.last_scan)]
     assert seen == [("disk_low", "warning", False), ("disk_low", "warning", True)]
     assert w.scans == 5 and w.errors == 0
     assert w.snapshot()["fs_free_bytes"] == 10 * gib
