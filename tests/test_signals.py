@@ -19,10 +19,13 @@ def test_a_loop_outside_the_main_thread_runs_without_handlers(
 ) -> None:
     monkeypatch.setattr(signals, "_told", False)
     got: list[bool] = []
+    errors: dict[str, int] = {}
 
     async def install() -> None:
         loop = asyncio.get_running_loop()
-        got.extend(signals.on_signal(loop, s, lambda: None) for s in (signal.SIGTERM, signal.SIGINT))
+        got.extend(
+            signals.on_signal(loop, s, lambda: None, errors=errors) for s in (signal.SIGTERM, signal.SIGINT)
+        )
 
     with caplog.at_level(logging.INFO, "rankwatch.signals"):
         t = threading.Thread(target=asyncio.run, args=(install(),))
@@ -30,6 +33,7 @@ def test_a_loop_outside_the_main_thread_runs_without_handlers(
         t.join(10)
     assert got == [False, False]
     assert caplog.text.count("no signal handlers in this event loop") == 1
+    assert errors == {"signals": 2}  # each handler the agent runs without is counted
 
 
 def test_the_main_thread_gets_its_handler() -> None:

@@ -560,7 +560,12 @@ class Agent:
     def install_dump_signal(self) -> None:
         """SIGUSR1 to the agent captures stacks now (never forwarded: it would kill an unprepared child)."""
         loop = asyncio.get_running_loop()
-        on_signal(loop, signal.SIGUSR1, lambda: self._spawn(self.capture_dumps("manual")))
+        on_signal(
+            loop,
+            signal.SIGUSR1,
+            lambda: self._spawn(self.capture_dumps("manual")),
+            errors=self.internal_errors_by_component,
+        )
 
     async def settle(self, timeout: float = 30.0) -> None:
         """Wait for dump captures in flight (bounded)."""

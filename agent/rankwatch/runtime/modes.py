@@ -216,7 +216,7 @@ async def _run_command(
     # GPU, checkpoints) would otherwise kill the agent and leave the child running unwatched.
     # The handlers run from the loop, so none fires before ``started`` is filled.
     for sig in FORWARDED:
-        on_signal(loop, sig, forward, sig)
+        on_signal(loop, sig, forward, sig, errors=agent.internal_errors_by_component)
     # Under a launcher (torchrun) every worker is a rank of its own, with its own watcher (and
     # stall clock, dump file, identity); this one only stands for the launcher's exit.
     launcher = workers.is_launcher(list(cmd))
@@ -517,7 +517,7 @@ async def _watch_processes(
     assign(list(pids) or (find_processes(match) if match else []))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        on_signal(loop, sig, stop.set)
+        on_signal(loop, sig, stop.set, errors=agent.internal_errors_by_component)
     agent.install_dump_signal()
     extras = Services(agent, cfg, **(services or {}))
     await extras.start()

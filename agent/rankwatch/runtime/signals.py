@@ -18,13 +18,20 @@ _told = False
 
 
 def on_signal(
-    loop: asyncio.AbstractEventLoop, sig: signal.Signals, callback: Callable[..., Any], *args: Any
+    loop: asyncio.AbstractEventLoop,
+    sig: signal.Signals,
+    callback: Callable[..., Any],
+    *args: Any,
+    errors: dict[str, int] | None = None,
 ) -> bool:
-    """``loop.add_signal_handler``; False (logged once per process) where the loop cannot."""
+    """``loop.add_signal_handler``; False (logged once per process, counted under ``signals``
+    in ``errors``, the agent's internal errors) where the loop cannot."""
     global _told
     try:
         loop.add_signal_handler(sig, callback, *args)
     except (NotImplementedError, RuntimeError) as e:
+        if errors is not None:
+            errors["signals"] = errors.get("signals", 0) + 1
         if not _told:
             _told = True
             log.info("no signal handlers in this event loop (%s): running without %s and others", e, sig.name)
