@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rankwatch import offloop
 from rankwatch.config.schema import Config
@@ -40,6 +40,7 @@ from rankwatch.dumps.store import DumpStore
 from rankwatch.records import Finding, Severity
 
 log = logging.getLogger("rankwatch.diagnose")
+T = TypeVar("T")
 
 DUMPS_IO = "rankwatch-dumps"  # offloop's name for calls into the (shared) dumps folder
 STALL_WAIT_S = 10.0  # how long a stall finding waits for its peers' stacks
@@ -134,6 +135,17 @@ class CrossRank:
             self.agent.emit(later)
 
     # --- shared files ------------------------------------------------------------------
+    async def _store_io(self, fn: Callable[..., T], *args: Any, timeout: float = STALL_WAIT_S) -> T:
+        """A dumps-folder call off the loop (``offloop.fs``), its failures counted under ``dumps``."""
+        return await offloop.fs(
+            fn,
+            *args,
+            name=DUMPS_IO,
+            timeout=timeout,
+            errors=self.agent.internal_errors_by_component,
+            component="dumps",
+        )
+
     def _write(self, name: str, doc: dict[str, Any]) -> None:
         try:
             self.shared.mkdir(parents=True, exist_ok=True)
@@ -220,15 +232,12 @@ class CrossRank:
         first = None
         while time.monotonic() < deadline:
             try:
-                first = await offloop.fs(
+                first = await self._store_io(
                     self._first_failure,
                     f.rank,
                     t,
                     True,
-                    name=DUMPS_IO,
                     timeout=FAILURE_WAIT_S,
-                    errors=self.agent.internal_errors_by_component,
-                    component="dumps",
                 )
             except asyncio.TimeoutError:
                 break
@@ -249,15 +258,11 @@ class CrossRank:
             if folder is not None:
                 await self._second_look(folder)
                 result, own = await self._diff_when_complete(folder)
-            first = await offloop.fs(
+            first = await self._store_io(
                 self._first_failure,
                 None,
                 self.wall(),
                 True,
-                name=DUMPS_IO,
-                timeout=STALL_WAIT_S,
-                errors=self.agent.internal_errors_by_component,
-                component="dumps",
             )
         except Exception:
             log.exception("stall diagnosis failed")
@@ -276,27 +281,19 @@ class CrossRank:
         with them, into the same incident."""
         if self.cfg.dumps.native:
             return
-        info = await offloop.fs(
+        info = await self._store_io(
             self.store.find,
             str(folder),
-            name=DUMPS_IO,
-            timeout=STALL_WAIT_S,
-            errors=self.agent.internal_errors_by_component,
-            component="dumps",
         )
         for w in list(self.agent.watchers):
             pids = w.pids()
             rank = w.rank if w.rank is not None else 0
             if not pids or rank not in info.ranks:
                 continue
-            dump = await offloop.fs(
+            dump = await self._store_io(
                 self.store.load_rank,
                 info,
                 rank,
-                name=DUMPS_IO,
-                timeout=STALL_WAIT_S,
-                errors=self.agent.internal_errors_by_component,
-                component="dumps",
             )
             act = classify_dump(dump) if dump.get("ok") else None
             if act is None or act.kind != COLLECTIVE or act.certain:
@@ -314,40 +311,30 @@ class CrossRank:
                     "second_look": f"native frames: {act.detail} was ambiguous",
                 }
                 with contextlib.suppress(OSError, asyncio.TimeoutError):
-                    await offloop.fs(
+                    await self._store_io(
                         self.store.write_rank,
                         info.run,
                         info.name,
                         rank,
                         res,
                         meta,
-                        name=DUMPS_IO,
-                        errors=self.agent.internal_errors_by_component,
-                        component="dumps",
+                        timeout=offloop.FS_TIMEOUT_S,
                     )
 
     async def _diff_when_complete(self, folder: Path) -> tuple[Any, dict[int | None, Any]]:
         world = self.world()
         deadline = time.monotonic() + STALL_WAIT_S
         while True:
-            info = await offloop.fs(
+            info = await self._store_io(
                 self.store.find,
                 str(folder),
-                name=DUMPS_IO,
-                timeout=STALL_WAIT_S,
-                errors=self.agent.internal_errors_by_component,
-                component="dumps",
             )
             done = world is not None and set(range(world)) <= set(info.ranks)
             if done or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.25)
-        dumps = await offloop.fs(
+        dumps = await self._store_io(
             lambda: {r: self.store.load_rank(info, r) for r in info.ranks},
-            name=DUMPS_IO,
-            timeout=STALL_WAIT_S,
-            errors=self.agent.internal_errors_by_component,
-            component="dumps",
         )
         result = diff_incident(dumps, world_size=world)
         return result, {r: a for r, a in result.activities.items()}
@@ -482,14 +469,11 @@ class CrossRank:
                 return
             cpu = w.last_sample.cpu_percent if w.last_sample is not None and w.last_sample.alive else None
             doc = {"rank": f.rank, "time": self.wall(), "waiting": waiting, "top": top, "cpu_percent": cpu}
-            await offloop.fs(
+            await self._store_io(
                 self._write,
                 f"profile-{f.rank}.json",
                 doc,
-                name=DUMPS_IO,
                 timeout=PROFILE_WAIT_S,
-                errors=self.agent.internal_errors_by_component,
-                component="dumps",
             )
             peers = await self._peer_profiles(started)
             self._judge_straggler(f, doc, peers)
@@ -501,13 +485,10 @@ class CrossRank:
         world = self.world()
         deadline = time.monotonic() + PROFILE_WAIT_S
         while True:
-            docs = await offloop.fs(
+            docs = await self._store_io(
                 self._read_all,
                 "profile-",
-                name=DUMPS_IO,
                 timeout=PROFILE_WAIT_S,
-                errors=self.agent.internal_errors_by_component,
-                component="dumps",
             )
             fresh = [
                 d
