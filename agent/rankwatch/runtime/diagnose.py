@@ -146,9 +146,9 @@ class CrossRank:
         self._later.setdefault(rank, [])
 
     def _release(self, f: Finding, *, failure: bool = False) -> None:
-        """Emit a held finding, completed, then what waited for it: offered again in order (a
-        failure among them is recorded in its turn, the rest waits behind it again), or, while
-        another finding of the rank is still held, kept behind that one as before."""
+        """Emit a held finding, completed, then what waited for it, offered again in order: a
+        failure among them is held in its turn and what follows it waits again; while another
+        finding of the rank is still held (a stall), resolutions stay behind that one."""
         rank = f.rank
         if failure:
             left = self._failing.get(rank, 0) - 1
