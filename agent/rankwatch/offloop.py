@@ -7,7 +7,9 @@ the default executor's threads are joined when ``asyncio.run`` returns and are s
 process sampling, so one call stuck on a dead mount would keep the agent from exiting and
 starve everything else; a daemon thread is simply left behind. A timeout is logged once per
 kind of call (its thread ``name``), counted in ``timeouts`` and, where the caller passes its
-``errors`` counters, in ``rankwatch_internal_errors_total``.
+``errors`` counters, in ``rankwatch_internal_errors_total``. Reads of other processes' /proc
+entries (``proc``) hang the same way: a process in uninterruptible sleep (D state), or one
+holding its memory-map lock, blocks a read of its cmdline, environ or smaps for minutes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ timeouts: dict[str, int] = {}
 # Timeouts of the filesystem calls (``one_stuck``) made through this module: a healthy local
 # disk answers in milliseconds, a dead NFS/Lustre mount never; long enough for a slow one.
 FS_TIMEOUT_S = 30.0
+# Timeout of the /proc calls (``proc``): a scan of every process on a busy node takes a second.
+PROC_TIMEOUT_S = 10.0
+FS_HINT = "hung filesystem?"
+PROC_HINT = "a process in D state or holding its memory map lock?"
 
 
 def in_daemon(fn: Callable[..., T], *args: Any, name: str = "rankwatch-io") -> asyncio.Future[T]:
@@ -64,6 +70,7 @@ async def call(
     errors: dict[str, int] | None = None,
     component: str = "io",
     one_stuck: bool = False,
+    hint: str = FS_HINT,
 ) -> T:
     """``in_daemon`` awaited for at most ``timeout`` seconds (TimeoutError; the thread stays).
 
@@ -74,7 +81,7 @@ async def call(
     if one_stuck:
         stuck = _stuck.get(name)
         if stuck is not None and not stuck.is_set():
-            gave_up(name, timeout, errors, component)
+            gave_up(name, timeout, errors, component, hint=hint)
             raise asyncio.TimeoutError(f"{name}: an earlier call is still blocked")
     returned = threading.Event()
 
@@ -89,7 +96,7 @@ async def call(
     except asyncio.TimeoutError:
         if one_stuck:
             _stuck[name] = returned
-        gave_up(name, timeout, errors, component)
+        gave_up(name, timeout, errors, component, hint=hint)
         raise
 
 
@@ -118,15 +125,46 @@ async def fs(
     )
 
 
-def gave_up(name: str, timeout: float, errors: dict[str, int] | None = None, component: str = "io") -> None:
+async def proc(
+    fn: Callable[..., T],
+    *args: Any,
+    name: str,
+    errors: dict[str, int] | None = None,
+    component: str = "process",
+    timeout: float | None = None,
+) -> T:
+    """A call that reads other processes' /proc entries (psutil): ``call`` with
+    ``PROC_TIMEOUT_S`` and ``one_stuck``, so a process stuck in D state leaves at most one thread
+    per ``name`` (``rankwatch-proc-...``) behind and never holds the agent's exit."""
+    return await call(
+        fn,
+        *args,
+        timeout=PROC_TIMEOUT_S if timeout is None else timeout,
+        name=name,
+        errors=errors,
+        component=component,
+        one_stuck=True,
+        hint=PROC_HINT,
+    )
+
+
+def gave_up(
+    name: str,
+    timeout: float,
+    errors: dict[str, int] | None = None,
+    component: str = "io",
+    *,
+    hint: str = FS_HINT,
+) -> None:
     """Count (and the first time, log) a blocking call given up on after ``timeout`` seconds."""
     n = timeouts[name] = timeouts.get(name, 0) + 1
     if errors is not None:
         errors[component] = errors.get(component, 0) + 1
     if n == 1:
         log.warning(
-            "%s: a blocking call did not return within %.3gs (hung filesystem?); it is left on a "
+            "%s: a blocking call did not return within %.3gs (%s); it is left on a "
             "daemon thread and the agent goes on; further timeouts are only counted",
             name,
             timeout,
+            hint,
         )

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import os
 import signal
@@ -27,7 +28,7 @@ from rankwatch import offloop
 from rankwatch.actions.dump_outcome import DumpOutcome
 from rankwatch.config.schema import Config
 from rankwatch.detectors.disk import DiskSample, human, is_full
-from rankwatch.dumps.capture import capture, find_py_spy, py_spy_missing
+from rankwatch.dumps.capture import DumpResult, capture, find_py_spy, py_spy_missing
 from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scope
 from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason
 from rankwatch.identity import Identity
@@ -46,6 +47,38 @@ LAUNCHERS = frozenset(
     {"torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed", "accelerate", "mpirun"}
 )
 NCCL_RAS_PORT = 28028
+# py-spy runs under its own ``timeout`` (killed past it); around it the capture reads /proc of
+# the process and its children (cmdline, status), which a process in D state blocks for ever.
+CAPTURE_SLACK_S = 10.0
+
+
+async def capture_off_loop(
+    pid: int, *, timeout: float, errors: dict[str, int] | None = None, **kw: Any
+) -> DumpResult:
+    """``capture(pid, timeout=timeout, **kw)`` on a daemon thread of its own (``offloop.proc``),
+    never the loop's executor: one stuck on an unreadable process would be joined at exit. One
+    that does not return within ``timeout + CAPTURE_SLACK_S`` is a failed dump that says why
+    (counted under ``dumps``); until it returns, the next capture of ``pid`` fails at once."""
+    try:
+        return await offloop.proc(
+            functools.partial(capture, pid, timeout=timeout, **kw),
+            name=f"rankwatch-pyspy-pid{pid}",
+            errors=errors,
+            component="dumps",
+            timeout=timeout + CAPTURE_SLACK_S,
+        )
+    except asyncio.TimeoutError:
+        return DumpResult(
+            pid,
+            False,
+            [],
+            f"the capture of pid {pid} did not return within {timeout + CAPTURE_SLACK_S:g}s: reading its "
+            "/proc entries blocks (a process in uninterruptible I/O, D state, or holding its memory map "
+            "lock). Check the filesystem or driver it waits on (`dmesg`, the NFS/Lustre servers).",
+            "timeout",
+            timeout + CAPTURE_SLACK_S,
+            [str(kw.get("py_spy", "py-spy")), "dump", "--pid", str(pid)],
+        )
 
 
 def first_line(text: str) -> str:
@@ -391,9 +424,9 @@ class Agent:
             if not pids:
                 continue
             rank = w.rank if w.rank is not None else 0
-            result = await asyncio.to_thread(
-                capture,
+            result = await capture_off_loop(
                 pids[0],
+                errors=self.internal_errors_by_component,
                 py_spy=c.py_spy,
                 native=c.native,
                 locals_=c.locals,

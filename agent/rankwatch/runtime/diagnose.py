@@ -36,12 +36,13 @@ from typing import Any, TypeVar
 
 from rankwatch import offloop
 from rankwatch.config.schema import Config
-from rankwatch.dumps.capture import capture, find_py_spy
+from rankwatch.dumps.capture import find_py_spy
 from rankwatch.dumps.classify import COLLECTIVE, KIND_TEXT, classify_dump, collective_text, describe
 from rankwatch.dumps.diff import MISMATCH, MISSING, NOT_IN_COLLECTIVE, ONLY_IN_COLLECTIVE, diff_incident
 from rankwatch.dumps.diff import format_ranks as fmt_ranks
 from rankwatch.dumps.store import DumpStore
 from rankwatch.records import Finding, Severity
+from rankwatch.runtime.agent import capture_off_loop
 
 log = logging.getLogger("rankwatch.diagnose")
 T = TypeVar("T")
@@ -367,9 +368,9 @@ class CrossRank:
             act = classify_dump(dump) if dump.get("ok") else None
             if act is None or act.kind != COLLECTIVE or act.certain:
                 continue
-            res = await asyncio.to_thread(
-                capture,
+            res = await capture_off_loop(
                 pids[0],
+                errors=self.agent.internal_errors_by_component,
                 py_spy=self.cfg.dumps.py_spy,
                 native=True,
                 timeout=float(self.cfg.dumps.timeout),
@@ -509,8 +510,12 @@ class CrossRank:
         for i in range(PROFILE_SAMPLES):
             if i:
                 await asyncio.sleep(PROFILE_GAP_S)
-            res = await asyncio.to_thread(
-                capture, pid, py_spy=self.cfg.dumps.py_spy, subprocesses=False, timeout=5.0
+            res = await capture_off_loop(
+                pid,
+                errors=self.agent.internal_errors_by_component,
+                py_spy=self.cfg.dumps.py_spy,
+                subprocesses=False,
+                timeout=5.0,
             )
             if not res.ok:
                 continue

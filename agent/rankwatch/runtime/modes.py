@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from rankwatch import offloop
 from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
@@ -99,10 +100,11 @@ def _stdout_echo(path: Path, start: int) -> Echo | None:
     return Echo(path, start, fd)
 
 
-async def _remember(tree: workers.Tree, interval: float) -> None:
+async def _remember(tree: workers.Tree, interval: float, errors: dict[str, int] | None = None) -> None:
     """Note the job's descendants as they come (one that leaves the session is still ended)."""
     while True:
-        await asyncio.to_thread(tree.remember)
+        with contextlib.suppress(asyncio.TimeoutError):  # a process in D state: next time
+            await offloop.proc(tree.remember, name="rankwatch-proc-tree", errors=errors)
         await asyncio.sleep(max(1.0, 5 * interval))
 
 
@@ -258,7 +260,9 @@ async def _run_command(
     watch_task = asyncio.create_task(watcher.run())
     fleet_stop = asyncio.Event()
     fleet_task = asyncio.create_task(fleet.run(fleet_stop)) if fleet is not None else None
-    remember = asyncio.create_task(_remember(tree, cfg.process.sample_interval))
+    remember = asyncio.create_task(
+        _remember(tree, cfg.process.sample_interval, agent.internal_errors_by_component)
+    )
     try:
         await _wait_exit(child)
         if child.returncode in STOP_STATUSES and not stop_requested:
@@ -299,7 +303,14 @@ async def _run_command(
     if stop_requested:
         # Nothing of the job outlives a stop: a DataLoader worker blocked in __getitem__ never
         # notices its rank is gone. (A job that ends on its own keeps what it left running.)
-        await asyncio.to_thread(workers.reap, tree)
+        with contextlib.suppress(asyncio.TimeoutError):  # logged and counted by offloop
+            await offloop.proc(
+                workers.reap,
+                tree,
+                name="rankwatch-proc-reap",
+                errors=agent.internal_errors_by_component,
+                timeout=workers.REAP_GRACE_S + offloop.PROC_TIMEOUT_S,
+            )
     if echo is not None:
         await echo.close()
     await agent.settle()
@@ -513,8 +524,19 @@ async def _watch_processes(
             if w is not None:
                 w.attach(pid)
 
+    async def matching() -> list[int] | None:
+        """``find_processes`` reads every process's cmdline: off the loop, bounded; None when
+        it did not answer (logged and counted by offloop; tried again next period)."""
+        assert match
+        try:
+            return await offloop.proc(
+                find_processes, match, name="rankwatch-proc-match", errors=agent.internal_errors_by_component
+            )
+        except asyncio.TimeoutError:
+            return None
+
     started = False
-    assign(list(pids) or (find_processes(match) if match else []))
+    assign(list(pids) or ((await matching() or []) if match else []))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         on_signal(loop, sig, stop.set, errors=agent.internal_errors_by_component)
@@ -535,7 +557,9 @@ async def _watch_processes(
                 log.info("every watched pid has exited; stopping")
                 break
             if match and (per_process or any(w.prober is None or w.exited for w in watchers)):
-                assign(await asyncio.to_thread(find_processes, match))
+                found = await matching()
+                if found is not None:
+                    assign(found)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), cfg.process.sample_interval)
     finally:

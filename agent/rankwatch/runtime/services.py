@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.detectors.checkpoints import POISON_KINDS
@@ -189,7 +190,15 @@ class Services:
             pids = w.pids()
             if not pids:
                 continue
-            env = await asyncio.to_thread(_environ, pids[0])
+            try:
+                env = await offloop.proc(
+                    _environ,
+                    pids[0],
+                    name=f"rankwatch-proc-env-pid{pids[0]}",
+                    errors=self.agent.internal_errors_by_component,
+                )
+            except asyncio.TimeoutError:
+                env = {}  # as when it cannot be read; logged and counted by offloop
             for i in await s.gpus_of(pids, env) or []:
                 owner.setdefault(i, w.rank)
         if self.cfg.gpu.devices:

@@ -39,6 +39,9 @@ CRASH_HOLD_S = 15.0
 # off in slices, so /healthz, /metrics and the other ranks' detection run between them.
 FEED_SLICE = 2048
 LINE_COUNT_S = 10.0
+# A sample reads /proc of the process tree: milliseconds, unless a process sits in D state or
+# holds its memory map lock (then cmdline, environ and smaps block for minutes).
+SAMPLE_TIMEOUT_MIN_S = 2.0
 
 
 class Stream:
@@ -292,15 +295,21 @@ class RankWatcher:
     async def sample_once(self) -> list[Finding]:
         if self.prober is None or self.exited:
             return []
-        timeout = max(2.0, self.cfg.process.sample_interval * 5)
+        timeout = max(SAMPLE_TIMEOUT_MIN_S, self.cfg.process.sample_interval * 5)
+        name = f"rankwatch-proc-{self.rank}-pid{self.prober.pid}"
         try:
-            sample = await asyncio.wait_for(asyncio.to_thread(self.prober.sample), timeout)
+            # offloop, not the loop's executor: a sample stuck on a D-state process leaves one
+            # daemon thread (one_stuck: the next periods fail at once until it returns), starves
+            # no other caller and is not joined when the agent exits.
+            sample = await offloop.proc(self.prober.sample, name=name, timeout=timeout)
         except Exception as e:
+            # Counted as the ``sampler`` internal error (``sample_errors``); no sample means no
+            # verdict: stall and exit are judged from samples only, so none is claimed meanwhile.
             self.sample_errors += 1
-            if self.sample_errors == 1:
+            if self.sample_errors == 1 and not isinstance(e, asyncio.TimeoutError):
                 log.warning(
                     "rank %s: process sampling failed (%s); further failures only counted", self.rank, e
-                )
+                )  # a timeout: offloop logged it once already
             return []
         self.last_sample = sample
         return self.push(sample)

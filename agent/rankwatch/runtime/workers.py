@@ -25,11 +25,14 @@ from typing import Any
 
 import psutil
 
+from rankwatch import offloop
+
 log = logging.getLogger("rankwatch.run")
 
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+REAP_GRACE_S = 1.0  # between SIGTERM and SIGKILL for what is left of a stopped job
 
 
 def session_members(sid: int) -> list[int]:
@@ -101,9 +104,9 @@ def _signal(procs: Iterable[psutil.Process], sig: int) -> None:
             p.send_signal(sig)
 
 
-def reap(tree: Tree, grace: float = 1.0) -> list[int]:
+def reap(tree: Tree, grace: float = REAP_GRACE_S) -> list[int]:
     """End what is left of the job once its command has stopped: SIGTERM, then SIGKILL after
-    ``grace`` seconds. Blocking (run it in a thread); returns the pids that had to be ended."""
+    ``grace`` seconds. Blocking (run it through ``offloop.proc``); returns the pids that had to be ended."""
     left = tree.leftovers()
     if not left:
         return []
@@ -244,7 +247,16 @@ class Fleet:
     async def run(self, stop: Any) -> None:
         interval = max(0.25, float(self.cfg.process.sample_interval))
         while not stop.is_set():
-            for pid, env in await asyncio.to_thread(rank_workers, self.root):
+            try:
+                found = await offloop.proc(
+                    rank_workers,
+                    self.root,
+                    name="rankwatch-proc-workers",
+                    errors=self.agent.internal_errors_by_component,
+                )
+            except asyncio.TimeoutError:
+                found = []  # a process in D state (logged and counted by offloop): next period
+            for pid, env in found:
                 self._add(pid, env)
             self.check()
             with contextlib.suppress(asyncio.TimeoutError):

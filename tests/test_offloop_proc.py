@@ -1,0 +1,266 @@
+"""Reads of other processes' /proc entries go through offloop, like filesystem calls.
+
+A process in uninterruptible sleep (D state), or one holding its memory-map lock, blocks a read
+of its /proc cmdline, environ or smaps for minutes. On the loop's default executor
+(``asyncio.to_thread``) every sampling period then left one more worker blocked, the executor
+filled up, and ``asyncio.run`` joined the stuck workers at exit: the agent could not stop. Each
+test makes a call block on an event until the test ends; a watchdog thread lets it go after
+``WATCHDOG_S``, so the old code fails on the time it took instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import FakeClock, until
+from rankwatch import offloop
+from rankwatch.config.schema import Config
+from rankwatch.config.snapshot import replaced
+from rankwatch.events import ProcessSample
+from rankwatch.identity import Identity
+from rankwatch.runtime import modes
+from rankwatch.runtime import watcher as watcher_mod
+from rankwatch.runtime.services import Services
+from rankwatch.runtime.watcher import RankWatcher
+from rankwatch.sources.process import ProcessProber
+
+pytestmark = pytest.mark.unit
+
+IDENT = Identity(run="t", rank=0, local_rank=0, world_size=1, node="n")
+TIMEOUT = 0.2  # what a blocking call is given here (2 s and 10 s in the agent)
+WATCHDOG_S = 15.0  # the old code's stuck threads are let go after this, so it fails, not hangs
+EXIT_S = 8.0  # an agent that stops with a call still stuck is gone within this
+
+
+class Stuck:
+    """A blocking call that waits until ``release``; counts the threads inside it."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.calls = 0
+        self.inside = 0
+        self.most_inside = 0
+
+    def block(self) -> None:
+        with self.lock:
+            self.calls += 1
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+        try:
+            self.release.wait()
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+
+@pytest.fixture
+def stuck(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stuck]:
+    monkeypatch.setattr(offloop, "PROC_TIMEOUT_S", TIMEOUT)
+    monkeypatch.setattr(offloop, "timeouts", {})
+    # Absent before the fix (2 s was written in the code): the old code is shown failing without it.
+    monkeypatch.setattr(watcher_mod, "SAMPLE_TIMEOUT_MIN_S", TIMEOUT, raising=False)
+    s = Stuck()
+    yield s
+    s.release.set()
+    deadline = time.monotonic() + 10
+    while s.inside and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert s.inside == 0
+
+
+def _proc_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("rankwatch-proc-")]
+
+
+class HungProber:
+    """A prober whose ``sample`` blocks (a rank in D state); after the release it samples."""
+
+    pid = 4242
+
+    def __init__(self, stuck: Stuck, clock: Callable[[], float]) -> None:
+        self.stuck = stuck
+        self.clock = clock
+
+    def sample(self) -> ProcessSample:
+        if not self.stuck.release.is_set():
+            self.stuck.block()
+        return ProcessSample(time=self.clock(), pid=self.pid, alive=True, cpu_time_s=1.0, state="sleeping")
+
+    def pids(self) -> list[int]:
+        return []
+
+
+async def _ticks_during(coro: Coroutine[Any, Any, Any]) -> tuple[Any, int, float]:
+    """Run ``coro`` (at most 5 s); count the loop's turns meanwhile (a wedged loop counts none)."""
+    n = 0
+    stop = False
+
+    async def tick() -> None:
+        nonlocal n
+        while not stop:
+            n += 1
+            await asyncio.sleep(0.01)
+
+    t = asyncio.create_task(tick())
+    start = time.monotonic()
+    try:
+        out = await asyncio.wait_for(coro, 5)
+    finally:
+        stop = True
+        await t
+    return out, n, time.monotonic() - start
+
+
+def _bounded_run(stuck: Stuck, main: Callable[[], Coroutine[Any, Any, Any]]) -> tuple[Any, float, bool]:
+    """``asyncio.run(main())`` with a watchdog that releases the stuck call after WATCHDOG_S:
+    (its result, the seconds it took, whether the watchdog had to step in)."""
+    fired = threading.Event()
+
+    def watchdog() -> None:
+        if not stuck.release.wait(WATCHDOG_S):
+            fired.set()
+            stuck.release.set()
+
+    dog = threading.Thread(target=watchdog, name="test-watchdog", daemon=True)
+    dog.start()
+    start = time.monotonic()
+    try:
+        out = asyncio.run(main())
+    finally:
+        took = time.monotonic() - start
+    return out, took, fired.is_set()
+
+
+def test_a_hung_sample_leaves_one_thread_keeps_the_loop_turning_and_claims_nothing(
+    stuck: Stuck, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    clock = FakeClock()
+    found: list[Any] = []
+    cfg = replaced(Config(), {"process.sample_interval": 0.01, "stall.startup_grace": 5.0})
+    w = RankWatcher(cfg, IDENT, [], emit=found.append, clock=clock)
+    w.prober = HungProber(stuck, clock)  # type: ignore[assignment]
+    periods = 12
+
+    async def go() -> None:
+        async def many() -> None:
+            for _ in range(periods):
+                clock.advance(60.0)  # far past every stall timeout: no sample, no verdict
+                assert await w.sample_once() == []
+
+        _, ticks, took = await _ticks_during(many())
+        assert took < TIMEOUT + 2  # only the first period waited for the timeout
+        assert ticks >= 5  # the loop kept turning
+        assert len(_proc_threads()) == 1 and stuck.most_inside == 1  # one thread on the hung process
+        assert found == []  # no stall and no crash claimed from missing samples
+        stuck.release.set()  # the process came back: once the stuck call returned, sampling resumes
+        name = f"rankwatch-proc-0-pid{HungProber.pid}"
+        await until(lambda: offloop._stuck[name].is_set(), 5)
+        await w.sample_once()  # judged from a real sample again (12 silent minutes: a stall)
+        assert w.last_sample is not None and w.last_sample.alive
+
+    _, took, fired = _bounded_run(stuck, go)
+    assert not fired and took < EXIT_S
+    assert stuck.calls == 1
+    assert (
+        w.sample_errors == periods
+    )  # each period counted: rankwatch_internal_errors_total{component="sampler"}
+    assert offloop.timeouts == {f"rankwatch-proc-0-pid{HungProber.pid}": periods}
+    said = [m for m in (r.getMessage() for r in caplog.records) if "rankwatch-proc-" in m or "sampling" in m]
+    assert len(said) == 1 and "D state" in said[0], said  # logged once, with the likely cause
+
+
+def _watch_cfg(tmp: Path) -> Config:
+    return replaced(
+        Config(),
+        {
+            "process.sample_interval": 0.05,
+            "gpu.enabled": False,
+            "dumps.dir": str(tmp / "dumps"),
+            "dumps.on_stall": False,
+            "alerts.spool_dir": str(tmp / "spool"),
+            "alerts.board_dir": "",
+        },
+    )
+
+
+def test_the_agent_exits_while_a_process_sample_is_stuck(
+    tmp_path: Path, stuck: Stuck, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rankwatch watch --pid`: its rank's sample hangs; a stop must still end the agent. With
+    ``asyncio.to_thread`` ``asyncio.run`` waited for the stuck executor thread."""
+
+    def hung_sample(self: ProcessProber) -> ProcessSample:
+        stuck.block()
+        raise OSError("the process came back too late")
+
+    monkeypatch.setattr(ProcessProber, "sample", hung_sample)
+    log = tmp_path / "rank-0.log"
+    log.touch()
+    started: list[Services] = []
+
+    async def main() -> tuple[int, int]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(
+            modes.watch_processes(
+                _watch_cfg(tmp_path), IDENT, pids=[os.getpid()], match=None, logs=[log], sinks=[], stop=stop,
+                services={"server": False, "on_start": started.append},
+            )
+        )  # fmt: skip
+        try:
+            await until(lambda: started and started[0].agent.watchers[0].sample_errors >= 3, 10)
+            errors = started[0].agent.snapshot().internal_errors["sampler"]  # what /metrics shows
+        finally:
+            stop.set()
+        return await asyncio.wait_for(task, EXIT_S), errors
+
+    (rc, errors), took, fired = _bounded_run(stuck, main)
+    assert not fired and took < EXIT_S, f"asyncio.run took {took:.1f}s: it waited for the stuck sample"
+    assert rc == 0 and errors >= 3
+    assert stuck.calls == 1 and stuck.most_inside == 1
+
+
+def test_the_agent_exits_while_finding_processes_is_stuck(
+    tmp_path: Path, stuck: Stuck, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rankwatch watch --match`: the scan of every process's cmdline hangs at startup and then
+    every period; the agent starts, counts it under ``process`` and still stops."""
+
+    def hung_find(pattern: str, **_: Any) -> list[int]:
+        stuck.block()
+        return []
+
+    monkeypatch.setattr(modes, "find_processes", hung_find)
+    started: list[Services] = []
+
+    async def main() -> tuple[int, int]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(
+            modes.watch_processes(
+                _watch_cfg(tmp_path), IDENT, pids=[], match="no-such-trainer", logs=[], sinks=[], stop=stop,
+                services={"server": False, "on_start": started.append},
+            )
+        )  # fmt: skip
+        try:
+            await until(
+                lambda: started and started[0].agent.internal_errors_by_component.get("process", 0) > 2, 10
+            )
+            errors = started[0].agent.snapshot().internal_errors["process"]
+        finally:
+            stop.set()
+        return await asyncio.wait_for(task, EXIT_S), errors
+
+    (rc, errors), took, fired = _bounded_run(stuck, main)
+    assert not fired and took < EXIT_S, f"asyncio.run took {took:.1f}s: it waited for the stuck scan"
+    assert rc == 0 and errors >= 3
+    assert stuck.calls == 1 and stuck.most_inside == 1  # later periods left no thread behind
