@@ -25,8 +25,10 @@ from conftest import FakeClock, until
 from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
+from rankwatch.dumps.capture import DumpResult
 from rankwatch.events import ProcessSample
 from rankwatch.identity import Identity
+from rankwatch.runtime import agent as agent_mod
 from rankwatch.runtime import modes
 from rankwatch.runtime import watcher as watcher_mod
 from rankwatch.runtime.services import Services
@@ -172,9 +174,8 @@ def test_a_hung_sample_leaves_one_thread_keeps_the_loop_turning_and_claims_nothi
     _, took, fired = _bounded_run(stuck, go)
     assert not fired and took < EXIT_S
     assert stuck.calls == 1
-    assert (
-        w.sample_errors == periods
-    )  # each period counted: rankwatch_internal_errors_total{component="sampler"}
+    # Each period counted, as rankwatch_internal_errors_total{component="sampler"}.
+    assert w.sample_errors == periods
     assert offloop.timeouts == {f"rankwatch-proc-0-pid{HungProber.pid}": periods}
     said = [m for m in (r.getMessage() for r in caplog.records) if "rankwatch-proc-" in m or "sampling" in m]
     assert len(said) == 1 and "D state" in said[0], said  # logged once, with the likely cause
@@ -264,3 +265,36 @@ def test_the_agent_exits_while_finding_processes_is_stuck(
     assert not fired and took < EXIT_S, f"asyncio.run took {took:.1f}s: it waited for the stuck scan"
     assert rc == 0 and errors >= 3
     assert stuck.calls == 1 and stuck.most_inside == 1  # later periods left no thread behind
+
+
+def test_a_capture_stuck_on_the_process_is_a_failed_dump_that_says_why(
+    tmp_path: Path, stuck: Stuck, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """py-spy is killed past its own timeout, but the capture around it reads /proc of the
+    process (cmdline, status, children): stuck there, the dump fails with the reason, the next
+    capture of that pid fails at once, and the agent still exits."""
+
+    def hung_capture(pid: int, **_: Any) -> DumpResult:
+        stuck.block()
+        raise OSError("the process came back too late")
+
+    monkeypatch.setattr(agent_mod, "capture", hung_capture)
+    monkeypatch.setattr(agent_mod, "CAPTURE_SLACK_S", TIMEOUT)
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps"), "dumps.timeout": 0.1})
+    agent = agent_mod.Agent(cfg, IDENT)
+    agent.add_watcher([tmp_path / "rank-0.log"]).attach(os.getpid())
+
+    async def main() -> tuple[Path | None, Path | None]:
+        first, ticks, took = await _ticks_during(agent.capture_dumps("stall"))
+        assert took < 0.1 + TIMEOUT + 2 and ticks >= 5
+        again, _, took = await _ticks_during(agent.capture_dumps("stall"))
+        assert took < 2
+        return first, again
+
+    (first, again), took, fired = _bounded_run(stuck, main)
+    assert not fired and took < EXIT_S
+    assert first is not None and again is not None
+    text = (first / "rank-0.txt").read_text()
+    assert "did not return" in text and "D state" in text, text
+    assert agent.dumps_failed == {"timeout": 2} and agent.internal_errors_by_component["dumps"] == 2
+    assert stuck.calls == 1
