@@ -87,7 +87,7 @@ def _proc_threads() -> list[str]:
 class HungProber:
     """A prober whose ``sample`` blocks (a rank in D state); after the release it samples."""
 
-    pid = 4242
+    pid = 4242  # set as a watcher's prober, not attached: its calls are named rankwatch-proc-<rank>
 
     def __init__(self, stuck: Stuck, clock: Callable[[], float]) -> None:
         self.stuck = stuck
@@ -166,8 +166,7 @@ def test_a_hung_sample_leaves_one_thread_keeps_the_loop_turning_and_claims_nothi
         assert len(_proc_threads()) == 1 and stuck.most_inside == 1  # one thread on the hung process
         assert found == []  # no stall and no crash claimed from missing samples
         stuck.release.set()  # the process came back: once the stuck call returned, sampling resumes
-        name = f"rankwatch-proc-0-pid{HungProber.pid}"
-        await until(lambda: offloop._stuck[name].is_set(), 5)
+        await until(lambda: offloop._stuck[w.proc_io].is_set(), 5)
         await w.sample_once()  # judged from a real sample again (12 silent minutes: a stall)
         assert w.last_sample is not None and w.last_sample.alive
 
@@ -176,7 +175,7 @@ def test_a_hung_sample_leaves_one_thread_keeps_the_loop_turning_and_claims_nothi
     assert stuck.calls == 1
     # Each period counted, as rankwatch_internal_errors_total{component="sampler"}.
     assert w.sample_errors == periods
-    assert offloop.timeouts == {f"rankwatch-proc-0-pid{HungProber.pid}": periods}
+    assert offloop.timeouts == {"rankwatch-proc-0": periods}
     said = [m for m in (r.getMessage() for r in caplog.records) if "rankwatch-proc-" in m or "sampling" in m]
     assert len(said) == 1 and "D state" in said[0], said  # logged once, with the likely cause
 

@@ -91,6 +91,9 @@ class RankWatcher:
         self._engine(self.rank)  # its liveness rules start their grace now
         self.tail: deque[str] = deque(maxlen=max(1, cfg.process.tail_lines))
         self.prober: ProcessProber | None = None
+        # offloop's name for the prober's calls: its own thread, and with ``one_stuck`` at most
+        # one of them left on a hung process (a restarted rank's new pid is sampled at once).
+        self.proc_io = f"rankwatch-proc-{self.rank}"
         self.last_sample: ProcessSample | None = None
         self.exited = False
         self.internal_errors = 0
@@ -141,6 +144,7 @@ class RankWatcher:
         # A new pid after a restart (torchrun, a requeue) gets the startup grace again.
         self.engine.feed(ProcessStart(self.clock(), pid))
         self.prober = ProcessProber(pid, clock=self.clock)
+        self.proc_io = f"rankwatch-proc-{self.rank}-pid{pid}"
         self.last_sample = None
         self.exited = False
         log.info("rank %s: watching pid %d", self.rank, pid)
@@ -296,12 +300,11 @@ class RankWatcher:
         if self.prober is None or self.exited:
             return []
         timeout = max(SAMPLE_TIMEOUT_MIN_S, self.cfg.process.sample_interval * 5)
-        name = f"rankwatch-proc-{self.rank}-pid{self.prober.pid}"
         try:
             # offloop, not the loop's executor: a sample stuck on a D-state process leaves one
             # daemon thread (one_stuck: the next periods fail at once until it returns), starves
             # no other caller and is not joined when the agent exits.
-            sample = await offloop.proc(self.prober.sample, name=name, timeout=timeout)
+            sample = await offloop.proc(self.prober.sample, name=self.proc_io, timeout=timeout)
         except Exception as e:
             # Counted as the ``sampler`` internal error (``sample_errors``); no sample means no
             # verdict: stall and exit are judged from samples only, so none is claimed meanwhile.
