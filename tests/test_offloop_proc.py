@@ -10,6 +10,7 @@ test makes a call block on an event until the test ends; a watchdog thread lets 
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import logging
 import os
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from conftest import FakeClock, until
+from conftest import FakeClock, source_nodes, until
 from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
@@ -297,3 +298,21 @@ def test_a_capture_stuck_on_the_process_is_a_failed_dump_that_says_why(
     assert "did not return" in text and "D state" in text, text
     assert agent.dumps_failed == {"timeout": 2} and agent.internal_errors_by_component["dumps"] == 2
     assert stuck.calls == 1
+
+
+def test_no_blocking_call_goes_to_the_loops_executor() -> None:
+    """One policy: the default executor's threads are shared and joined at exit, so the agent
+    hands no blocking call to it (``asyncio.to_thread``, ``run_in_executor(None, ...)``)."""
+    pkg = Path(__file__).resolve().parent.parent / "agent" / "rankwatch"
+    found = []
+    for path in sorted(pkg.rglob("*.py")):
+        for node in source_nodes(path):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            name = node.func.attr
+            default = (
+                bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value is None
+            )
+            if name == "to_thread" or (name == "run_in_executor" and default):
+                found.append(f"{path.relative_to(pkg)}:{node.lineno} {name}")
+    assert not found, "use rankwatch.offloop (call, fs or proc) instead: " + ", ".join(found)
