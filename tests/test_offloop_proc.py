@@ -231,17 +231,22 @@ def test_the_agent_exits_while_a_process_sample_is_stuck(
     assert stuck.calls == 1 and stuck.most_inside == 1
 
 
+@pytest.mark.parametrize("hangs", ["find_processes", "_read_process_env"])
 def test_the_agent_exits_while_finding_processes_is_stuck(
-    tmp_path: Path, stuck: Stuck, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, stuck: Stuck, monkeypatch: pytest.MonkeyPatch, hangs: str
 ) -> None:
-    """`rankwatch watch --match`: the scan of every process's cmdline hangs at startup and then
-    every period; the agent starts, counts it under ``process`` and still stops."""
+    """`rankwatch watch --match`: the scan of every process's cmdline, or the read of a found
+    rank's environment (to learn its RANK), hangs at startup and then every period; the agent
+    starts, counts it under ``process`` and still stops. Both used to block the loop itself
+    at startup, the scan later the executor."""
 
-    def hung_find(pattern: str, **_: Any) -> list[int]:
+    def hung(*_: Any, **__: Any) -> Any:
         stuck.block()
-        return []
+        return ({}, None) if hangs == "_read_process_env" else []
 
-    monkeypatch.setattr(modes, "find_processes", hung_find)
+    monkeypatch.setattr(modes, hangs, hung)
+    if hangs == "_read_process_env":
+        monkeypatch.setattr(modes, "find_processes", lambda pattern, **_: [os.getpid()])
     started: list[Services] = []
 
     async def main() -> tuple[int, int]:

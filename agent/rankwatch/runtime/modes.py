@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -35,7 +36,7 @@ from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
-from rankwatch.sources.process import find_processes
+from rankwatch.sources.process import ProcessProber, find_processes
 
 log = logging.getLogger("rankwatch.run")
 
@@ -324,10 +325,6 @@ RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 
 
-def _process_env(pid: int) -> dict[str, str]:
-    return _read_process_env(pid)[0]
-
-
 def _read_process_env(pid: int) -> tuple[dict[str, str], str | None]:
     """The process's environment, and why it could not be read when the reason matters: a
     sidecar or daemon running as another user than the ranks (the chart's UID 10001 next to a
@@ -374,10 +371,6 @@ def _env_int(env: dict[str, str], names: Sequence[str]) -> int | None:
     return None
 
 
-def _process_rank(pid: int) -> int | None:
-    return _env_int(_process_env(pid), RANK_VARS)
-
-
 def _leaves(pids: Sequence[int]) -> list[int]:
     """Drop matches that are ancestors of other matches: `torchrun train.py` and the shell
     that runs `python train.py` match as well as the rank processes themselves."""
@@ -391,6 +384,32 @@ def _leaves(pids: Sequence[int]) -> list[int]:
         except Exception:
             continue
     return sorted(found - parents)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Found:
+    """What attaching a found process takes, read off the loop: its environment (or why it is
+    unreadable), its stdout file, and a prober that has read its command line. A process in D
+    state or holding its memory map lock blocks those reads (environ, cmdline) for minutes."""
+
+    env: dict[str, str]
+    problem: str | None
+    stdout: Path | None
+    prober: ProcessProber
+
+
+def _look(
+    found: Sequence[int], *, per_process: bool, attached: set[int], first_only: bool, clock: Any
+) -> tuple[list[int], dict[int, _Found]]:
+    """The processes to consider (the leaves of a node daemon's matches), and what attaching
+    each one not yet attached takes. Blocking: run it through ``offloop.proc``."""
+    pids = _leaves(found) if per_process else list(found)
+    new = [p for p in pids if p not in attached]
+    if first_only:
+        new = new[:1]
+    return pids, {
+        p: _Found(*_read_process_env(p), _stdout_file(p), ProcessProber(p, clock=clock)) for p in new
+    }
 
 
 def _stdout_file(pid: int) -> Path | None:
@@ -468,9 +487,9 @@ async def _watch_processes(
             ident = dataclasses.replace(identity, rank=r if r is not None else i, local_rank=i)
             watchers.append(agent.add_watcher([p], ident, from_end=True, replay=True))
 
-    def add_process(pid: int) -> None:
-        env, problem = _read_process_env(pid)
-        _note_unreadable(agent, pid, problem)
+    def add_process(pid: int, seen: _Found) -> None:
+        env = seen.env
+        _note_unreadable(agent, pid, seen.problem)
         rank = _env_int(env, RANK_VARS)
         if rank is None and pid in pids and len(pids) > 1:
             rank = pids.index(pid)  # several --pid without RANK: their order on the command line
@@ -485,44 +504,54 @@ async def _watch_processes(
             own = identity_from_env(cfg.run, env)
             if own.run != "default":
                 ident = dataclasses.replace(ident, run=own.run)
-        out = _stdout_file(pid)
+        out = seen.stdout
         w = agent.add_watcher([out] if out is not None else [], ident, from_end=True, replay=True)
-        w.attach(pid)
+        w.attach(pid, seen.prober)
         watchers.append(w)
         if started:
             tasks.append(asyncio.create_task(w.run()))
         log.info("rank %s: pid %d%s", ident.rank, pid, f", following {out}" if out else ", no log file")
 
-    def assign(found: Sequence[int]) -> None:
+    async def assign(found: Sequence[int]) -> None:
         for gone in set(agent.attach_problems) - set(found):
             agent.attach_problems.pop(gone, None)
+        attached = {w.prober.pid for w in watchers if w.prober is not None and not w.exited}
+        free = [w for w in watchers if w.prober is None or w.exited]
+        if not per_process and (not free or not found):
+            return
+        try:
+            found, seen = await offloop.proc(
+                functools.partial(
+                    _look, found, per_process=per_process, attached=attached,
+                    first_only=not per_process and len(watchers) == 1, clock=agent.clock,
+                ),
+                name="rankwatch-proc-attach",
+                errors=agent.internal_errors_by_component,
+            )  # fmt: skip
+        except asyncio.TimeoutError:
+            return  # logged and counted by offloop; tried again next period
         if per_process:
-            found = _leaves(found)
-            attached = {w.prober.pid for w in watchers if w.prober is not None and not w.exited}
             for pid in found:
                 if pid in attached:
                     continue
-                rank = _process_rank(pid)
+                rank = _env_int(seen[pid].env, RANK_VARS)
                 again = next((w for w in watchers if w.exited and w.rank == rank and rank is not None), None)
                 if again is not None:
-                    again.attach(pid)  # the rank restarted: same state and labels
+                    again.attach(pid, seen[pid].prober)  # the rank restarted: same state and labels
                 else:
-                    add_process(pid)
-            return
-        free = [w for w in watchers if w.prober is None or w.exited]
-        if not free or not found:
+                    add_process(pid, seen[pid])
             return
         if len(watchers) == 1:
-            if free:
-                watchers[0].attach(found[0])
+            watchers[0].attach(found[0], seen[found[0]].prober)
             return
         by_rank = {w.rank: w for w in free}
         for pid in found:
-            env, problem = _read_process_env(pid)
-            _note_unreadable(agent, pid, problem)
-            w = by_rank.pop(_env_int(env, RANK_VARS), None)
+            if pid not in seen:
+                continue  # attached to a watcher that is not free
+            _note_unreadable(agent, pid, seen[pid].problem)
+            w = by_rank.pop(_env_int(seen[pid].env, RANK_VARS), None)
             if w is not None:
-                w.attach(pid)
+                w.attach(pid, seen[pid].prober)
 
     async def matching() -> list[int] | None:
         """``find_processes`` reads every process's cmdline: off the loop, bounded; None when
@@ -536,7 +565,7 @@ async def _watch_processes(
             return None
 
     started = False
-    assign(list(pids) or ((await matching() or []) if match else []))
+    await assign(list(pids) or ((await matching() or []) if match else []))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         on_signal(loop, sig, stop.set, errors=agent.internal_errors_by_component)
@@ -559,7 +588,7 @@ async def _watch_processes(
             if match and (per_process or any(w.prober is None or w.exited for w in watchers)):
                 found = await matching()
                 if found is not None:
-                    assign(found)
+                    await assign(found)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), cfg.process.sample_interval)
     finally:

@@ -140,10 +140,12 @@ class RankWatcher:
             self.emit(f)
         return found
 
-    def attach(self, pid: int) -> None:
+    def attach(self, pid: int, prober: ProcessProber | None = None) -> None:
+        """Watch ``pid``; ``prober``: one made off the loop (making one reads the process's
+        command line, which a process in D state blocks)."""
         # A new pid after a restart (torchrun, a requeue) gets the startup grace again.
         self.engine.feed(ProcessStart(self.clock(), pid))
-        self.prober = ProcessProber(pid, clock=self.clock)
+        self.prober = prober if prober is not None else ProcessProber(pid, clock=self.clock)
         self.proc_io = f"rankwatch-proc-{self.rank}-pid{pid}"
         self.last_sample = None
         self.exited = False
