@@ -15,6 +15,8 @@ forked worker that reads a Python list writes each object's refcount and so gets
 copy of every page it touches, but RSS counted those pages in both processes from the fork
 on, so the tree's RSS stays flat while the job's memory climbs to the kill
 (pytorch/pytorch#5902: "the resident memory size of the python process itself does not grow").
+That series is shared: every rank of a node without a cgroup each sees another's growth there,
+so its finding names both explanations.
 """
 
 from __future__ import annotations
@@ -106,8 +108,9 @@ class HostMemoryDetector(Detector):
             f"RSS {s.rss_bytes / GiB:.1f} GiB, its floor"
             if in_rss
             else f"memory charged to the rank's cgroup (the node's, without one) has been climbing for "
-            f"{climb.span / 60:.0f} min while the processes' RSS ({s.rss_bytes / GiB:.1f} GiB) does not "
-            "show it (forked workers copying the pages they read): its floor"
+            f"{climb.span / 60:.0f} min while the rank's RSS ({s.rss_bytes / GiB:.1f} GiB) does not show "
+            "it: forked workers copying the pages they read, or another process sharing the cgroup or "
+            "node: its floor"
         )
         msg = (
             f"{what} +{climb.growth / MiB:.0f} MiB at "
