@@ -567,7 +567,7 @@ def test_slow_peer_reads_still_send_one_grouped_alert_and_mark(
         return orig(self, entries[1:], out, stop)
 
     monkeypatch.setattr(B.Board, "load", slow)
-    monkeypatch.setattr(P, "LOAD_MAX_S", 0.3)
+    monkeypatch.setattr(P, "LOAD_MAX_S", 0.1)  # waited out for real: long enough to read one record
 
     async def go() -> None:
         clock = FakeClock()
@@ -612,7 +612,7 @@ def test_a_hung_board_does_not_keep_the_agent_from_exiting(
         return orig(self, *a, **k)
 
     monkeypatch.setattr(B.Board, "view", stuck)
-    monkeypatch.setattr(P, "IO_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(P, "IO_TIMEOUT_S", 0.1)  # waited out for real; the other board calls fit in it
 
     async def go() -> list[AlertMessage]:
         clock = FakeClock()
