@@ -243,8 +243,13 @@ def test_unwritable_board_falls_back_to_per_agent_alerts(tmp_path: Path, caplog:
     assert sum("alert board" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_agents_closing_together_still_send_one_message(tmp_path: Path) -> None:
+def test_agents_closing_together_still_send_one_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A crashed job: every agent exits within its group wait; close() settles on the board."""
+    from rankwatch.actions.alerts import peers as P
+
+    monkeypatch.setattr(P, "SETTLE_POLL_S", 0.02)  # the follower's re-reads, in real time
 
     async def go() -> None:
         clock = FakeClock()
