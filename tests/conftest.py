@@ -23,13 +23,17 @@ install step can give (a GPU, IPv6 loopback, a new enough systemd, root for tmpf
 slurmd, inotify) stays a skip.
 
 **Shared helpers**: ``FakeClock`` (also the ``fake_clock`` fixture), ``free_port()`` (also
-the ``loopback_port`` fixture), ``until`` (async) and ``wait_for`` (sync) bounded waits.
-Test modules import them with ``from conftest import FakeClock, until``.
+the ``loopback_port`` fixture), ``until`` (async) and ``wait_for`` (sync) bounded waits;
+``source_nodes(path)``, every AST node of a source file, parsed once per run for the tests that
+read the package's code (layers, finding vocabulary). Test modules import them with
+``from conftest import FakeClock, until``.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import functools
 import os
 import re
 import socket
@@ -47,6 +51,13 @@ pytest_plugins = ["pytester"]
 
 T = TypeVar("T")
 
+
+@functools.cache
+def source_nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of ``path``'s syntax tree (``ast.walk`` order), parsed once per test run."""
+    return tuple(ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))))
+
+
 # pytest rewrites the asserts of every test module (and of plugin packages such as hypothesis)
 # at each run unless it may cache the result as bytecode; with PYTHONDONTWRITEBYTECODE set that
 # is ~10 s of a run on a busy 2-core machine, more than the unit tier's tests take. The cache
@@ -61,7 +72,7 @@ QUICK_FUZZ_ENV = "RANKWATCH_FUZZ"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """``-m unit`` alone is a developer's quick loop: the property tests there draw an eighth of
+    """``-m unit`` alone is a developer's quick loop: the property tests there draw a sixteenth of
     their examples (``fuzz_examples``). Any other run, CI's full one included, draws them all;
     ``RANKWATCH_FUZZ=full`` or ``=quick`` says so explicitly."""
     if QUICK_FUZZ_ENV not in os.environ and (config.option.markexpr or "").strip() == "unit":
@@ -69,10 +80,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def fuzz_examples(n: int) -> int:
-    """Hypothesis ``max_examples`` for a property test: ``n``, or an eighth of it (at least 25)
-    in the quick unit loop. Settings are built when the test module is imported, after
-    ``pytest_configure`` has run."""
-    return max(25, n // 8) if os.environ.get(QUICK_FUZZ_ENV) == "quick" else n
+    """Hypothesis ``max_examples`` for a property test: ``n``, or a sixteenth of it (at least 10)
+    in the quick unit loop: enough to exercise each property while editing; CI draws all ``n``.
+    Settings are built when the test module is imported, after ``pytest_configure`` has run."""
+    return max(10, n // 16) if os.environ.get(QUICK_FUZZ_ENV) == "quick" else n
 
 
 _CALL_FAILED = pytest.StashKey[bool]()

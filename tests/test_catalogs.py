@@ -14,7 +14,6 @@ import functools
 import importlib.util
 import re
 import typing
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import fuzz_examples
+from conftest import fuzz_examples, source_nodes
 from rankwatch.analyze import analyze
 from rankwatch.config.loader import config_from_yaml
 from rankwatch.config.schema import Config, LogFormat
@@ -58,15 +57,18 @@ QUOTED = [ROOT / "tests" / "test_signatures.py"]
 PATTERNS = [(s, p) for s in SIGNATURES for p in s.patterns]
 
 
-def _corpus_lines() -> Iterator[str]:
+@functools.cache
+def _corpus_lines() -> tuple[str, ...]:
+    lines: list[str] = []
     for top in CORPORA:
         if not top.is_dir():
             continue
         for path in sorted(top.rglob("*")):
             if path.suffix in (".log", ".txt") and path.is_file():
-                yield from path.read_text(encoding="utf-8", errors="replace").split("\n")
+                lines += path.read_text(encoding="utf-8", errors="replace").split("\n")
     for path in QUOTED:
-        yield from path.read_text(encoding="utf-8").split("\n")
+        lines += path.read_text(encoding="utf-8").split("\n")
+    return tuple(lines)
 
 
 def _taken_by(line: str) -> tuple[Signature, Hit] | None:
@@ -265,8 +267,7 @@ def _vocabulary() -> frozenset[str]:
     detector's declared ``kinds``/``kind``, and every ``kind="..."`` / ``finding("...")``."""
     kinds = {k.kind for k in ERROR_KINDS}
     for path in (ROOT / "agent" / "rankwatch").rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
+        for node in source_nodes(path):
             if isinstance(node, ast.Call):
                 f = node.func
                 callee = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""

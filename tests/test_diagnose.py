@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rankwatch import offloop
 from rankwatch.config.loader import load_config
 from rankwatch.dumps.diff import diff_incident
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
+from rankwatch.runtime import diagnose
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.diagnose import CrossRank
 
@@ -170,3 +176,142 @@ def test_straggler_verdict(tmp_path: Path) -> None:
     f2 = Finding(kind="throughput_drop", severity=Severity.WARNING, rank=0, message=drop)
     cross0._judge_straggler(f2, even[0], even)
     assert f2.message == drop
+
+
+# --- the shared folder off the loop ------------------------------------------------------
+IO_TIMEOUT = 0.3
+STUCK_CAP_S = 3.0  # a blocked call on the loop's own thread (the old code) gives up after this
+
+
+@pytest.fixture
+def hung(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
+    """A shared-folder call that blocks until the test ends (a dead NFS/Lustre mount); offloop's
+    timeout for the failure path made short and its counters and stuck-call memory fresh."""
+    # raising=False: run against code that did this I/O on the loop, the tests fail, not error
+    monkeypatch.setattr(diagnose, "FAILURE_IO_S", IO_TIMEOUT, raising=False)
+    monkeypatch.setattr(offloop, "timeouts", {})
+    monkeypatch.setattr(offloop, "_stuck", {})
+    release = threading.Event()
+
+    def block(*_: Any, **__: Any) -> Any:
+        release.wait(STUCK_CAP_S)  # bounded, so code that blocks the loop fails instead of hanging
+        return []
+
+    yield block
+    release.set()
+
+
+async def _ticks_while(work: Coroutine[Any, Any, Any]) -> tuple[Any, int]:
+    """Run ``work`` and count the loop's turns meanwhile (a wedged loop counts none)."""
+    n = 0
+    stop = False
+
+    async def tick() -> None:
+        nonlocal n
+        while not stop:
+            n += 1
+            await asyncio.sleep(0.01)
+
+    t = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    try:
+        out = await asyncio.wait_for(work, 10)
+    finally:
+        stop = True
+        await t
+    return out, n
+
+
+def test_a_hung_shared_folder_neither_blocks_the_loop_nor_loses_the_crash(
+    tmp_path: Path,
+    hung: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    agent, cross, sent = _agent(tmp_path, 0)
+    monkeypatch.setattr(cross, "_read_all", hung)
+    monkeypatch.setattr(cross, "_write", hung)
+    message = "killed by signal 9 (SIGKILL) after step 14. SIGKILL with no traceback ..."
+
+    async def crash_and_shut_down() -> tuple[list[Finding], float]:
+        start = time.monotonic()
+        agent.emit(_crash(0, message, 9, 1000.0))
+        at_once = list(sent)
+        await agent.settle(5)  # what the agent does on its way out: a held finding is not dropped
+        assert sent, "the held crash was dropped at shutdown"
+        return at_once, time.monotonic() - start
+
+    async def scenario() -> tuple[tuple[list[Finding], float], int]:
+        return await _ticks_while(crash_and_shut_down())
+
+    (at_once, took), ticks = asyncio.run(scenario())
+    assert ticks >= 5, f"the loop turned {ticks} times in {took:.2f}s: the folder's hang blocked it"
+    assert at_once == []  # held while the folder is asked, off the loop
+    assert IO_TIMEOUT * 0.9 <= took < IO_TIMEOUT + 2.0  # out after the store's timeout, not the hang's end
+    [f] = sent  # once
+    assert f.kind == "crash" and f.message == message and "first_failure" not in f.evidence
+    assert agent.internal_errors_by_component == {"dumps": 1}
+    assert offloop.timeouts == {diagnose.DUMPS_IO: 1}
+    assert sum("a blocking call did not return" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_failure_records_are_read_and_written_off_the_loops_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[int] = []
+
+    def on_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any) -> Any:
+            threads.append(threading.get_ident())
+            return fn(*args)
+
+        return wrapped
+
+    async def scenario() -> tuple[int, list[Finding]]:
+        agent3, cross3, _ = _agent(tmp_path, 3)
+        agent0, cross0, sent0 = _agent(tmp_path, 0)
+        for cross in (cross3, cross0):
+            monkeypatch.setattr(cross, "_read_all", on_thread(cross._read_all))
+            monkeypatch.setattr(cross, "_write", on_thread(cross._write))
+        agent3.emit(_crash(3, "killed by signal 9 (SIGKILL) after step 14", 9, 1000.0))
+        await agent3.settle(5)
+        agent0.emit(_crash(0, f"process exited with code 1. Cause (crash): {GLOO_CLOSED}.", None, 1000.4))
+        await agent0.settle(5)
+        return threading.get_ident(), sent0
+
+    loop_thread, sent0 = asyncio.run(scenario())
+    assert threads and loop_thread not in threads
+    [f] = sent0
+    assert f.message.startswith("rank 3 failed first: killed by signal 9 (SIGKILL) after step 14 at ")
+    assert f.evidence["first_failure"]["rank"] == 3 and f.evidence["cross_rank"]
+
+
+def test_what_a_rank_reports_while_its_failure_is_held_comes_after_it(
+    tmp_path: Path, hung: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent, cross, sent = _agent(tmp_path, 0)
+    monkeypatch.setattr(cross, "_read_all", hung)
+
+    def finding(kind: str, rank: int = 0, resolved: bool = False) -> Finding:
+        return Finding(kind=kind, severity=Severity.WARNING, rank=rank, message=kind, resolved=resolved)
+
+    async def scenario() -> None:
+        agent.emit(_crash(0, "killed by signal 9 (SIGKILL) after step 14", 9, 1000.0))
+        agent.emit(finding("loss_spike"))
+        agent.emit(finding("stall", resolved=True))
+        agent.emit(finding("oom"))  # a second failure: recorded in its turn, after the first
+        agent.emit(finding("loss_spike", rank=1))  # another rank's: not held
+        assert [(f.kind, f.rank) for f in sent] == [("loss_spike", 1)]
+        await agent.settle(5)
+
+    asyncio.run(scenario())
+    assert [(f.kind, f.rank, f.resolved) for f in sent] == [
+        ("loss_spike", 1, False),
+        ("crash", 0, False),
+        ("loss_spike", 0, False),
+        ("stall", 0, True),
+        ("oom", 0, False),
+    ]
+    # The oom asked the folder while the crash's call was still stuck: given up at once.
+    assert agent.internal_errors_by_component == {"dumps": 2}

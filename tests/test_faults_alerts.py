@@ -12,7 +12,7 @@ import asyncio
 import random
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -502,6 +502,31 @@ event = st.one_of(
 )
 
 
+def _run_bounded(main: Coroutine[Any, Any, None], grace: float = 5.0) -> None:
+    """``asyncio.run(main)``, but a failing example cannot hang the test: when ``main`` raises,
+    the tasks it left are cancelled and given ``grace`` seconds, and any still running then is
+    named in the error instead of being waited for (``asyncio.run`` waits for ever, and
+    hypothesis would do so again for each example it shrinks to)."""
+    loop = asyncio.new_event_loop()
+
+    async def guarded() -> None:
+        try:
+            await main
+        finally:
+            me = asyncio.current_task()
+            left = [t for t in asyncio.all_tasks() if t is not me]
+            for t in left:
+                t.cancel()
+            stuck = (await asyncio.wait(left, timeout=grace))[1] if left else set()
+            assert not stuck, f"tasks ignored their cancel for {grace} s: {stuck}"
+
+    try:
+        loop.run_until_complete(guarded())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
+
+
 @pytest.mark.unit
 @settings(
     max_examples=fuzz_examples(40),
@@ -645,7 +670,7 @@ def test_board_interleavings_never_raise_nor_send_twice(
             mock.patch.object(dispatcher_mod, "off_loop", off_loop),
             mock.patch.object(Delivery, "_spool_op", spool_op),
         ):
-            asyncio.run(go())
+            _run_bounded(go())
     finally:
         log.removeHandler(handler)
     assert not errors, [r.getMessage() for r in errors]

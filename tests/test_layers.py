@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import source_nodes
+
 ROOT = Path(__file__).resolve().parent.parent / "agent" / "rankwatch"
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
@@ -44,7 +46,7 @@ def _imports(name: str, path: Path) -> set[str]:
     """Every rankwatch module ``name`` imports, at any depth of its code."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in source_nodes(path):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.split(".")[0] == "rankwatch")
         elif isinstance(node, ast.ImportFrom):

@@ -83,7 +83,7 @@ def test_a_unit_test_that_starts_a_process_fails_even_if_it_swallows_the_error(
         body += f"\ndef test_{name}():\n    {start}\n"
         body += f"\ndef test_{name}_swallowed():\n    try:\n        {start}\n"
         body += "    except Exception:\n        pass\n"
-    res = run(pytester, body)
+    res = run(pytester, body, "--tb=line")  # twelve full tracebacks are most of its time
     # a swallowed start fails in the fixture's teardown: an error, not a failure
     res.assert_outcomes(failed=len(STARTS), passed=len(STARTS), errors=len(STARTS))
     res.stdout.fnmatch_lines(["*a unit test started a process*", "*mark it `process` or `tool`*"])

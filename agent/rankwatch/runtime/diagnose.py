@@ -13,7 +13,11 @@ through small files there, in ``.ranks/`` (a name ``dumps list`` ignores):
   rank slows down; the straggler is the one that works while its peers wait.
 
 A stall finding is held until the incident's stacks are in (every rank of the world, or a
-bounded wait), so the alert itself names the rank the others wait for.
+bounded wait), so the alert itself names the rank the others wait for. A failure finding is
+held while its record is written and its peers' are read: the folder may be a hung NFS or
+Lustre mount, so that I/O runs off the loop (``offloop.fs``) and a failure whose folder does
+not answer within ``FAILURE_IO_S`` goes out as it is, with no peer named. Whatever a rank
+reports while one of its findings is held waits behind it (``_later``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ T = TypeVar("T")
 DUMPS_IO = "rankwatch-dumps"  # offloop's name for calls into the (shared) dumps folder
 STALL_WAIT_S = 10.0  # how long a stall finding waits for its peers' stacks
 FAILURE_WAIT_S = 3.0  # how long a peer-failure crash waits for the first failure's record
+FAILURE_IO_S = 3.0  # how long a failure waits for the shared folder before it goes out unnamed
 FAILURE_WINDOW_S = 600.0  # a peer's failure older than this is another incident
 PROFILE_SAMPLES = 8
 PROFILE_GAP_S = 0.25
@@ -76,7 +81,11 @@ class CrossRank:
         self.store = DumpStore(Path(cfg.dumps.dir))
         self._stalls: list[Finding] = []  # waiting for the incident's stacks
         self._stall_task: asyncio.Task[Any] | None = None
-        self._later: dict[int | None, list[Finding]] = {}  # resolutions of held findings, by rank
+        # By rank: what came after a held finding and waits for it (resolutions; everything while a
+        # failure is being recorded), and how many of the rank's findings are held, failures apart.
+        self._later: dict[int | None, list[Finding]] = {}
+        self._holding: dict[int | None, int] = {}
+        self._failing: dict[int | None, int] = {}
         self._profiled: dict[int | None, float] = {}
 
     # --- wiring ------------------------------------------------------------------------
@@ -108,16 +117,19 @@ class CrossRank:
                 self._later[f.rank].append(f)
                 return True
             return False
+        if self._failing.get(f.rank):  # the rank's failure goes out first, whatever follows it
+            self._later[f.rank].append(f)
+            return True
         if f.kind in FAILURE_KINDS:
             return self._on_failure(f)
         if f.kind == "stall" and self.cfg.dumps.on_stall:
-            self._later.setdefault(f.rank, [])
+            self._held(f.rank)
             self._stalls.append(f)
             if self._stall_task is None or self._stall_task.done():
                 self._stall_task = self._spawn(self._diagnose_stalls())
             return True
         if f.kind == "throughput_drop" and self._may_profile(f):
-            self._later.setdefault(f.rank, [])
+            self._held(f.rank)
             self._spawn(self._profile(f))
             return True
         return False
@@ -127,11 +139,36 @@ class CrossRank:
         tasks = [t for t in self.agent._tasks if t.get_coro() is coro]
         return tasks[0] if tasks else None
 
-    def _release(self, f: Finding) -> None:
+    def _held(self, rank: int | None, *, failure: bool = False) -> None:
+        self._holding[rank] = self._holding.get(rank, 0) + 1
+        if failure:
+            self._failing[rank] = self._failing.get(rank, 0) + 1
+        self._later.setdefault(rank, [])
+
+    def _release(self, f: Finding, *, failure: bool = False) -> None:
+        """Emit a held finding, completed, then what waited for it, offered again in order: a
+        failure among them is held in its turn and what follows it waits again; while another
+        finding of the rank is still held (a stall), resolutions stay behind that one."""
+        rank = f.rank
+        if failure:
+            left = self._failing.get(rank, 0) - 1
+            if left > 0:
+                self._failing[rank] = left
+            else:
+                self._failing.pop(rank, None)
         f.evidence = {**f.evidence, "cross_rank": True}
         self.agent.emit(f)
-        for later in self._later.pop(f.rank, []):
-            later.evidence = {**later.evidence, "cross_rank": True}
+        holding = self._holding.get(rank, 0) - 1
+        if holding > 0:
+            self._holding[rank] = holding
+        else:
+            self._holding.pop(rank, None)
+        queued = self._later.pop(rank, [])
+        if holding > 0:
+            self._later[rank] = []
+        for later in queued:
+            if later.resolved and rank not in self._later:
+                later.evidence = {**later.evidence, "cross_rank": True}
             self.agent.emit(later)
 
     # --- shared files ------------------------------------------------------------------
@@ -172,6 +209,9 @@ class CrossRank:
 
     # --- first failure -----------------------------------------------------------------
     def _on_failure(self, f: Finding) -> bool:
+        """Held while the shared folder is written and read off the loop (``_failure``). With no
+        running loop (a caller outside the agent's loop) there is no loop to block, and no
+        later in which to emit it: the files are read in place and the finding goes on."""
         t = f.time if f.kind == "crash" and f.time else self.wall()
         sig = f.evidence.get("signal")
         how = f.message.split(". ")[0].strip().rstrip(".")
@@ -187,19 +227,49 @@ class CrossRank:
             "log": f.path,
             "node": self.agent.identity.node,
         }
-        before = {d.get("rank"): d for d in self._read_all("failed-")}.get(f.rank)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            first = self._record_failure(f.rank, t, consequence, mine)
+            if first is not None:
+                self._name_first(f, first)
+            return False
+        self._held(f.rank, failure=True)
+        if self._spawn(self._failure(f, t, consequence, mine)) is None:
+            self._release(f, failure=True)  # cannot happen with a running loop; never lose it
+        return True
+
+    def _record_failure(
+        self, rank: int | None, t: float, consequence: bool, mine: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """In the shared folder (blocking: off the loop): write this rank's failure record unless
+        it already has one of the same incident, and return the first failure it follows."""
+        before = {d.get("rank"): d for d in self._read_all("failed-")}.get(rank)
         when = before.get("time") if before is not None else None
         if not isinstance(when, (int, float)) or when < t - FAILURE_WINDOW_S:  # first failure of an incident
-            self._write(f"failed-{f.rank}.json", mine)
-        first = self._first_failure(f.rank, t, consequence)
-        if first is not None:
-            self._name_first(f, first)
-            return False
-        if consequence:
-            self._later.setdefault(f.rank, [])
-            self._spawn(self._wait_first_failure(f, t))
-            return True
-        return False
+            self._write(f"failed-{rank}.json", mine)
+        return self._first_failure(rank, t, consequence)
+
+    async def _failure(self, f: Finding, t: float, consequence: bool, mine: dict[str, Any]) -> None:
+        """The held failure, emitted once whatever the folder does: named after the first failure
+        when its record is there (a consequence waits ``FAILURE_WAIT_S`` for it), as it is when
+        the folder hangs (``FAILURE_IO_S``, counted under ``dumps`` by offloop) or fails."""
+        try:
+            first = await self._store_io(
+                self._record_failure, f.rank, t, consequence, mine, timeout=FAILURE_IO_S
+            )
+            if first is None and consequence:
+                first = await self._wait_first_failure(f.rank, t)
+            if first is not None:
+                self._name_first(f, first)
+        except asyncio.TimeoutError:
+            pass  # logged once and counted by offloop
+        except Exception:
+            errs = self.agent.internal_errors_by_component
+            errs["dumps"] = errs.get("dumps", 0) + 1
+            log.exception("recording a failure in %s failed; it goes out as it is", self.shared)
+        finally:
+            self._release(f, failure=True)
 
     def _first_failure(self, rank: int | None, t: float, consequence: bool) -> dict[str, Any] | None:
         """The earliest failure of another rank that this one's failure (at ``t``) may follow."""
@@ -227,14 +297,15 @@ class CrossRank:
         )
         f.evidence = {**f.evidence, "first_failure": first}
 
-    async def _wait_first_failure(self, f: Finding, t: float) -> None:
+    async def _wait_first_failure(self, rank: int | None, t: float) -> dict[str, Any] | None:
+        """A consequence came first: the first failure's record may follow within seconds."""
         deadline = time.monotonic() + FAILURE_WAIT_S
         first = None
         while time.monotonic() < deadline:
             try:
                 first = await self._store_io(
                     self._first_failure,
-                    f.rank,
+                    rank,
                     t,
                     True,
                     timeout=FAILURE_WAIT_S,
@@ -244,9 +315,7 @@ class CrossRank:
             if first is not None:
                 break
             await asyncio.sleep(0.2)
-        if first is not None:
-            self._name_first(f, first)
-        self._release(f)
+        return first
 
     # --- stalls ------------------------------------------------------------------------
     async def _diagnose_stalls(self) -> None:
