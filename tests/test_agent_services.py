@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from conftest import until
 from rankwatch.config.loader import load_config
 from rankwatch.config.snapshot import replaced
 from rankwatch.gpu.fake import FakeBackend, healthy
@@ -246,12 +247,13 @@ def test_a_runs_first_save_ends_the_checkpoint_allowance(
     from rankwatch.runtime.agent import Agent
     from rankwatch.runtime.services import Services
 
-    monkeypatch.setattr(services_mod, "CHECKPOINT_ACTIVITY_S", 0.01)
+    monkeypatch.setattr(services_mod, "CHECKPOINT_ACTIVITY_S", 0.002)
 
     class FakeCheckpoints:
-        scans, writing, saved = 0, False, None
+        scans, writing, saved, polls = 0, False, None, 0
 
         def snapshot(self) -> dict:
+            self.polls += 1
             return {"last_checkpoint_timestamp_seconds": self.saved}
 
     cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
@@ -267,7 +269,10 @@ def test_a_runs_first_save_ends_the_checkpoint_allowance(
         task = asyncio.create_task(svc._checkpoint_activity())
 
         async def settle() -> None:
-            await asyncio.sleep(0.08)
+            """One whole turn of the poll after the last change: it reads the snapshot and
+            pushes the status to the rank's engine before it awaits again."""
+            polls = cw.polls
+            await until(lambda: cw.polls > polls, timeout=5.0)
 
         await settle()
         cw.scans = 1  # the first scan: a fresh run, nothing saved yet

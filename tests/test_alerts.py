@@ -697,14 +697,21 @@ def test_rate_limit_queues_excess_without_dropping(tmp_path: Path) -> None:
 @pytest.mark.unit
 def test_retries_exhausted_drop_once_and_count(tmp_path: Path) -> None:
     async def go() -> None:
+        clock = FakeClock()
         sink = RecordingSink(fail=100)
         cfg = config(tmp_path, max_retries=2)
-        # base 10 ms: the two waits are 5 and 10 ms; the counts are what this test pins
-        d = AlertDispatcher(cfg, IDENT, sinks=[sink], rng=lambda: 0.0, backoff_base=0.01)
+        # base 10 ms: the two waits are 5 and 10 ms (on the fake clock)
+        d = AlertDispatcher(cfg, IDENT, sinks=[sink], clock=clock, rng=lambda: 0.0, backoff_base=0.01)
         async with running(d):
             d.send(stall())
-            await until(lambda: d.stats["rec"]["dropped"] == 1)
-            await asyncio.sleep(0.05)  # time for a fourth attempt, which must not come
+            await settle(d)
+            assert sink.attempts == 1
+            for _ in range(2):
+                clock.advance(0.011)
+                await settle(d)
+            assert d.stats["rec"]["dropped"] == 1
+            clock.advance(3600.0)  # a fourth attempt would be due by now: it must not come
+            await settle(d)
         assert sink.attempts == 3
         assert d.stats["rec"] == {"sent": 0, "failed": 3, "dropped": 1, "retried": 2}
         assert not spool_path(cfg.spool_dir, IDENT.run, IDENT.rank).exists()
@@ -729,13 +736,19 @@ def test_each_sink_retries_by_its_own_policy(tmp_path: Path) -> None:
         retry_policy: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_retries=0))
 
     async def go() -> None:
+        clock = FakeClock()
         quick, patient = Impatient(name="quick", fail=100), RecordingSink(name="patient", fail=2)
         d = AlertDispatcher(
-            config(tmp_path), IDENT, sinks=[quick, patient], rng=lambda: 0.0, backoff_base=0.01
+            config(tmp_path), IDENT, sinks=[quick, patient], clock=clock, rng=lambda: 0.0, backoff_base=0.01
         )
         async with running(d):
             d.send(stall())
-            await until(lambda: len(patient.alerts) == 1 and d.stats["quick"]["dropped"] == 1)
+            await settle(d)
+            assert d.stats["quick"]["dropped"] == 1 and patient.attempts == 1
+            for _ in range(2):  # the patient sink's two waits (5 and 10 ms on the clock)
+                clock.advance(0.011)
+                await settle(d)
+            assert len(patient.alerts) == 1
         assert quick.attempts == 1 and patient.attempts == 3
         assert d.stats["quick"]["retried"] == 0 and d.stats["patient"]["retried"] == 2
 

@@ -243,8 +243,13 @@ def test_unwritable_board_falls_back_to_per_agent_alerts(tmp_path: Path, caplog:
     assert sum("alert board" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_agents_closing_together_still_send_one_message(tmp_path: Path) -> None:
+def test_agents_closing_together_still_send_one_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A crashed job: every agent exits within its group wait; close() settles on the board."""
+    from rankwatch.actions.alerts import peers as P
+
+    monkeypatch.setattr(P, "SETTLE_POLL_S", 0.02)  # the follower's re-reads, in real time
 
     async def go() -> None:
         clock = FakeClock()
@@ -567,7 +572,7 @@ def test_slow_peer_reads_still_send_one_grouped_alert_and_mark(
         return orig(self, entries[1:], out, stop)
 
     monkeypatch.setattr(B.Board, "load", slow)
-    monkeypatch.setattr(P, "LOAD_MAX_S", 0.3)
+    monkeypatch.setattr(P, "LOAD_MAX_S", 0.1)  # waited out for real: long enough to read one record
 
     async def go() -> None:
         clock = FakeClock()
@@ -612,7 +617,7 @@ def test_a_hung_board_does_not_keep_the_agent_from_exiting(
         return orig(self, *a, **k)
 
     monkeypatch.setattr(B.Board, "view", stuck)
-    monkeypatch.setattr(P, "IO_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(P, "IO_TIMEOUT_S", 0.1)  # waited out for real; the other board calls fit in it
 
     async def go() -> list[AlertMessage]:
         clock = FakeClock()

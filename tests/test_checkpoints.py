@@ -838,7 +838,7 @@ def _history_services(tmp_path: Path, logs: list[Path]) -> tuple[Agent, Services
             "dumps.dir": str(tmp_path / "dumps"),
             "alerts.spool_dir": str(tmp_path / "spool"),
             "checkpoints": CheckpointConfig(
-                dir=str(tmp_path / "ckpt"), settle=0.0, mode="poll", poll_interval=0.05
+                dir=str(tmp_path / "ckpt"), settle=0.0, mode="poll", poll_interval=0.01
             ),
         },
     )
@@ -991,7 +991,7 @@ def test_live_scans_reach_the_agents_engine_once(tmp_path: Path) -> None:
             "dumps.dir": str(tmp_path / "dumps"),
             "alerts.spool_dir": str(tmp_path / "spool"),
             "checkpoints": CheckpointConfig(
-                dir=str(root), settle=0.0, mode="poll", poll_interval=0.05, max_age=600.0, min_free=1 << 60
+                dir=str(root), settle=0.0, mode="poll", poll_interval=0.01, max_age=600.0, min_free=1 << 60
             ),
         },
     )

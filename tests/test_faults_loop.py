@@ -260,7 +260,7 @@ def test_echo_to_a_full_pipe_drops_counts_and_resumes_with_a_note(tmp_path: Path
     log.write_bytes(b"")
     r, w = os.pipe()
     os.set_blocking(r, False)
-    echo = Echo(log, 0, w, max_backlog=256 << 10, poll_s=0.05)
+    echo = Echo(log, 0, w, max_backlog=256 << 10, poll_s=0.01)
 
     def read_all() -> bytes:
         out = b""
@@ -278,8 +278,15 @@ def test_echo_to_a_full_pipe_drops_counts_and_resumes_with_a_note(tmp_path: Path
             got = read_all()  # the reader comes back
             fh.write(b"after\n")
         assert await until(lambda: echo.written_bytes >= len(got) + 6)
-        await asyncio.sleep(0.2)
-        got += read_all()
+        tail = b""
+
+        def drained() -> bool:  # what the echo wrote since the reader came back is in the pipe
+            nonlocal tail
+            tail += read_all()
+            return tail.endswith(b"after\n")
+
+        assert await until(drained)
+        got += tail
         t = time.monotonic()
         await echo.close(2.0)
         assert time.monotonic() - t < 3.0

@@ -327,8 +327,9 @@ async def _first_batch(path: Path, poll_interval: float) -> tuple[list[FollowedL
     gen = follow(f, poll_interval=poll_interval, stop=stop)
     async with contextlib.aclosing(gen):
         first = await asyncio.wait_for(gen.__anext__(), 2)
+        # The watch is up: follow starts it (watchdog adds the inotify watch before its
+        # start returns) before it reads, so before the first batch.
         assert items(first) == [("iteration 1 | lm loss: 7.1", 1, False)]
-        await asyncio.sleep(0.05)  # let the watch start before the write
         start = time.monotonic()
         append(path, "iteration 2 | lm loss: nan\n")
         batch = await asyncio.wait_for(gen.__anext__(), 2)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from conftest import until
 from rankwatch.detectors.gpu import (
     ACTIVITY_AMBIGUOUS,
     ACTIVITY_BUSY,
@@ -49,6 +50,9 @@ from rankwatch.gpu.sampler import GpuSampler, map_pids_to_gpus
 from rankwatch.records import Finding, Severity
 
 INTERVAL = 5.0
+# call_timeout of the hang tests, waited out for real: short, yet a healthy fake sample (a
+# thread's start and a few dict reads) fits in it on a loaded machine.
+HANG_TIMEOUT = 0.08
 LABELS = {"run": "llama-7b", "rank": "0", "local_rank": "0", "node": "gpu-node-01"}
 
 
@@ -306,7 +310,7 @@ def test_xid_events_not_supported_disable_the_event_wait() -> None:
 def test_hung_call_returns_within_timeout_and_does_not_pile_up_threads() -> None:
     release = threading.Event()
     fb = FakeBackend([healthy(0, hang={"temperature": release})])
-    sampler = GpuSampler(GpuConfig(call_timeout=0.2), backend=fb)
+    sampler = GpuSampler(GpuConfig(call_timeout=HANG_TIMEOUT), backend=fb)
 
     def nvml_threads() -> int:
         return sum(t.name == "rankwatch-nvml" for t in threading.enumerate())
@@ -323,11 +327,7 @@ def test_hung_call_returns_within_timeout_and_does_not_pile_up_threads() -> None
         assert time.monotonic() - t0 < 0.1
         assert sampler.skipped == 3 and fb.calls["temperature"] == 1 and nvml_threads() == 1
         release.set()
-        for _ in range(200):
-            if sampler.up:
-                break
-            await asyncio.sleep(0.01)
-        assert sampler.up
+        await until(lambda: sampler.up, timeout=2.0)
         fb.gpus[0].hang.clear()
         samples = await sampler.sample_once()
         assert len(samples) == 1 and samples[0].temperature == 62.0
@@ -362,17 +362,14 @@ def test_no_nvml_logs_one_line_and_exports_collector_down(caplog: pytest.LogCapt
 @pytest.mark.unit
 def test_run_loop_samples_until_stopped() -> None:
     fb = FakeBackend([healthy(0)])
-    sampler = GpuSampler(GpuConfig(interval=0.01), backend=fb)
+    sampler = GpuSampler(GpuConfig(interval=0.002), backend=fb)
     got: list[list[GpuSample]] = []
 
     async def go() -> None:
         assert await sampler.start()
         stop = asyncio.Event()
         task = asyncio.create_task(sampler.run(got.append, stop))
-        for _ in range(200):
-            if len(got) >= 3:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: len(got) >= 3, timeout=2.0)
         stop.set()
         await asyncio.wait_for(task, 1.0)
         await sampler.close()
@@ -885,7 +882,7 @@ def test_a_hang_clears_the_last_readings_and_a_long_one_is_a_finding() -> None:
 
     release = threading.Event()
     fb = FakeBackend([healthy(0)])
-    sampler = GpuSampler(GpuConfig(call_timeout=0.2), backend=fb)
+    sampler = GpuSampler(GpuConfig(call_timeout=HANG_TIMEOUT), backend=fb)
 
     async def go() -> None:
         assert await sampler.start()
@@ -897,10 +894,7 @@ def test_a_hang_clears_the_last_readings_and_a_long_one_is_a_finding() -> None:
         hung = sampler.hung_for()
         assert hung is not None and hung >= 0.0
         release.set()
-        for _ in range(200):
-            if sampler.up:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: sampler.up, timeout=2.0)
         assert sampler.hung_for() is None
 
     try:

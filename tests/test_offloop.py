@@ -27,7 +27,9 @@ from rankwatch.runtime.agent import Agent
 from rankwatch.server import start_server
 
 IDENT = Identity(run="t", rank=0, local_rank=0, world_size=1, node="n")
-TIMEOUT = 0.3
+# Short (the tests wait it out for real); the loop-turn count below still tells a loop that
+# went on (dozens of turns) from one that was blocked for the whole timeout (one or two).
+TIMEOUT = 0.05
 
 
 @pytest.fixture
@@ -71,7 +73,7 @@ async def _ticks_during(coro: Any) -> tuple[Any, int, float]:
         nonlocal n
         while not stop:
             n += 1
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.001)
 
     t = asyncio.create_task(tick())
     start = time.monotonic()

@@ -66,6 +66,7 @@ MAX_POSITION = 8  # takeover waits grow by one ``takeover`` per position, up to 
 SPREAD = 24  # ... then by a shorter step for this many more positions; the rest share a window
 POLL_S = 2.0  # a follower re-reads the board at least this often while it waits
 WATCH_S = 60.0  # how long a cleared (or re-fired) record's markers are watched for a peer's send
+SETTLE_POLL_S = 0.2  # at close, a follower re-reads the board this often (real seconds)
 
 
 def shared(key: Key) -> bool:
@@ -261,7 +262,7 @@ class PeerGroups:
             await self.step(self.clock(), closing=time.monotonic() >= end, poll=True)
             if not self._held or time.monotonic() >= end:
                 break
-            await asyncio.sleep(min(0.2, max(0.0, end - time.monotonic())))
+            await asyncio.sleep(min(SETTLE_POLL_S, max(0.0, end - time.monotonic())))
         if self._held or self._watches:
             await self.step(self.clock(), closing=True)
 
