@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -366,6 +367,80 @@ def test_a_failing_gpu_read_is_the_gpu_collectors_failure(tmp_path: Path) -> Non
     assert _one(s, "rankwatch_collector_success", collector="gpu") == 0
     assert _one(s, "rankwatch_internal_errors_total", component="gpu") == 1
     assert _one(s, "rankwatch_collector_success", collector="training") == 1
+
+
+def _counted_components() -> dict[str, str]:
+    """Every literal component name the agent counts an internal error under, read from its
+    source: ``errors["x"]``-style counters, ``component="x"`` arguments and defaults, and
+    Services' ``_failed("x", ...)``; name -> where."""
+    import ast
+
+    import rankwatch
+    from conftest import source_nodes
+
+    root = Path(rankwatch.__file__).parent
+    counters = ("errors", "errs", "errors_by_component", "internal_errors_by_component")
+    found: dict[str, str] = {}
+    for path in sorted(root.rglob("*.py")):
+        where = str(path.relative_to(root))
+        for node in source_nodes(path):
+            names: list[ast.expr] = []
+            if isinstance(node, ast.Subscript):
+                v = node.value
+                base = v.attr if isinstance(v, ast.Attribute) else v.id if isinstance(v, ast.Name) else ""
+                if base in counters:
+                    names.append(node.slice)
+            elif isinstance(node, ast.Call):
+                names += [kw.value for kw in node.keywords if kw.arg == "component"]
+                f = node.func
+                if where == "runtime/services.py" and isinstance(f, ast.Attribute) and f.attr == "_failed":
+                    names += node.args[:1]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                pos = [*a.posonlyargs, *a.args]
+                pairs = [
+                    *zip(pos[len(pos) - len(a.defaults) :], a.defaults, strict=True),
+                    *zip(a.kwonlyargs, a.kw_defaults, strict=True),
+                ]
+                names += [d for arg, d in pairs if arg.arg == "component" and d is not None]
+            for n in names:
+                if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                    found.setdefault(n.value, where)
+    return found
+
+
+@pytest.mark.unit
+def test_every_component_an_error_is_counted_under_is_exported_from_zero() -> None:
+    """``increase(rankwatch_internal_errors_total[15m]) > 0`` (the deploy rule) never sees the
+    first error of a series born at 1: each name counted under must be listed from the start."""
+    from rankwatch.exporter.health import COMPONENTS
+
+    found = _counted_components()
+    assert {"dumps", "alerts", "process", "signals", "hold"} <= set(found), found  # the scan works
+    missing = {name: where for name, where in found.items() if name not in COMPONENTS}
+    assert not missing, f"counted but not exported from 0 (add to exporter/health.py COMPONENTS): {missing}"
+
+
+@pytest.mark.unit
+def test_a_polled_source_is_exported_from_zero_under_its_name(tmp_path: Path) -> None:
+    from rankwatch.runtime.services import Services
+
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    agent = Agent(cfg, IDENT)
+
+    async def go() -> str:
+        svc = Services(agent, cfg, server=False)
+        svc._start_polled()
+        try:
+            return render(agent).decode()
+        finally:
+            for t in svc._tasks:
+                t.cancel()
+            await asyncio.gather(*svc._tasks, return_exceptions=True)
+
+    text = asyncio.run(go())
+    assert agent.internal_errors_by_component.get("disk") == 0
+    assert re.search(r'rankwatch_internal_errors_total\{[^}]*component="disk"[^}]*\} 0', text), text[-2000:]
 
 
 @pytest.mark.unit

@@ -1,7 +1,8 @@
 """The agent itself: build, start time, dumps, alert delivery and its own failures.
 
-Every component that can fail is listed with 0 from the start, so
-``increase(rankwatch_internal_errors_total[1h]) > 0`` works without a prior error.
+Every component that can fail is listed with 0 from the start (a polled source, under its
+own name, from when it is built), so ``increase(rankwatch_internal_errors_total[1h]) > 0``
+sees the first error: a counter series born at 1 has no increase to Prometheus.
 """
 
 from __future__ import annotations
@@ -26,7 +27,17 @@ COMPONENTS = (
     "dumps",
     "alerts",
     "gpu",
-)
+    "checkpoints",
+    "config",
+    "deadline",
+    "enrich",
+    "hold",
+    "io",
+    "process",
+    "process_env",
+    "signals",
+    "sources",
+)  # tests/test_metrics.py checks that every name the agent counts under is here
 ALERT_COUNTS = (
     ("sent", "delivered to the sink"),
     ("failed", "failed delivery attempts"),

@@ -429,6 +429,7 @@ class Services:
             return
         for src in sources:
             self.polled[src.name] = _Polled(src)
+            self.agent.internal_errors_by_component.setdefault(src.name, 0)  # exported from 0
             self._tasks.append(asyncio.create_task(self._poll_loop(src.name), name=f"source-{src.name}"))
 
     async def poll(self, name: str, timeout: float | None = None) -> list[Event] | None:
