@@ -267,6 +267,11 @@ class View:
             return True
         return any(m.status == status and m.covers.get(member, -1) >= since_us for m in self.markers)
 
+    def sent(self, member: Member, status: str, since_us: int) -> bool:
+        """A sender's marker names this member's record of ``since_us`` or later: it was sent (a
+        claim alone is not proof: its claimer may have died before sending)."""
+        return any(m.status == status and m.covers.get(member, -1) >= since_us for m in self.markers)
+
     def open(self, status: str) -> list[Member]:
         """Members in ``status`` that nobody has sent for yet, in ``member_order``."""
         recs = self.records.items()

@@ -24,7 +24,9 @@ job's eight hot GPUs on eight ranks are eight members of one message.
 5. An agent whose alert clears before it learned that a peer announced it (or that fires
    again before it learned that a peer sent its resolve) does not decide alone: it reads
    the markers for that record for ``WATCH_S`` and sends the resolve (or the new firing)
-   itself when one shows the peer did send.
+   itself when one shows the peer did send. Only a marker shows that (it is written after
+   the send); a claim does not: its claimer may have been killed before sending, or it may
+   be our own, of a member that resolved (or fired again) while we claimed it.
 
 The board is an optimisation, never a dependency: when it cannot be written or read
 (permissions, ENOSPC, a hung NFS mount), each agent sends its own alerts again, which is
@@ -379,12 +381,16 @@ class PeerGroups:
             return
         # Claim each record before sending it: of two agents that both decided to send (a slow
         # leader and its taker read the board at the same moment), each record goes with one.
+        at_claim = {member(k): k for k in g.members if shared(k)}
         claimed = await self._io(self.board.claim, g.kind, g.status, covers)
         if h not in self._held:
             return
         if claimed is None:  # the board failed: in doubt, our own members go alone
             self._alone(h, now)
             return
+        # Ours that resolved (or fired again) during the claim: their claim stays on the board,
+        # yet nobody sends them, so our marker must not name them (our watch reads it).
+        claimed -= {m for m, k in at_claim.items() if k not in g.members}
         ours = [k for k in g.members if shared(k)]
         lost = [k for k in ours if member(k) not in claimed]  # a peer claimed them first: it sends them
         if lost:
@@ -443,7 +449,7 @@ class PeerGroups:
             for w in ws:
                 if w not in self._watches:
                     continue
-                if view is None or view.covered(member(w.key), w.status, w.since_us):
+                if view is None or view.sent(member(w.key), w.status, w.since_us):
                     self._watches.remove(w)  # in doubt (no board), act as if the peer sent it
                     w.then()
                 elif closing or now >= w.until:
