@@ -8,6 +8,15 @@ the lowest RSS of every ``resolution`` (a batch, an eval pass, a checkpoint save
 go; a leak raises the floor) must climb in every quarter of ``window``, and at that rate
 what is still free under the cgroup or host limit must be gone within ``warn_within``.
 A flat RSS, a warm-up that levels off and a sawtooth stay silent.
+
+The same rule also watches what the cgroup (or, without one, the node) is charged: its limit
+less what is still available. The classic DataLoader case grows there and not in RSS: a
+forked worker that reads a Python list writes each object's refcount and so gets its own
+copy of every page it touches, but RSS counted those pages in both processes from the fork
+on, so the tree's RSS stays flat while the job's memory climbs to the kill
+(pytorch/pytorch#5902: "the resident memory size of the python process itself does not grow").
+That series is shared: every rank of a node without a cgroup each sees another's growth there,
+so its finding names both explanations.
 """
 
 from __future__ import annotations
@@ -46,7 +55,9 @@ class HostMemoryDetector(Detector):
         self.cfg = cfg
         self.rank = rank
         self.path = path
-        self.history = FloorHistory(float(cfg.resolution), float(cfg.window))
+        self.history = FloorHistory(float(cfg.resolution), float(cfg.window))  # the tree's RSS
+        self.charged = FloorHistory(float(cfg.resolution), float(cfg.window))  # limit - available
+        self.watched = self.history  # the series whose climb opened the episode
         self.episode = Episode()
         self.severity = Severity.WARNING
 
@@ -62,24 +73,47 @@ class HostMemoryDetector(Detector):
                     )
                 ]
             return []
-        if s.rss_bytes <= 0 or not self.history.add(s.time, float(s.rss_bytes)):
+        if s.rss_bytes <= 0:
+            return []
+        closed = self.history.add(s.time, float(s.rss_bytes))
+        if s.memory_limit_bytes is not None and s.memory_available_bytes is not None:
+            used = float(max(0, s.memory_limit_bytes - s.memory_available_bytes))
+            closed = self.charged.add(s.time, used) or closed
+        if not closed:
             return []
         if self.episode.active:
             return self._maybe_resolve(s)
-        if not self.history.full() or s.memory_available_bytes is None:
+        if s.memory_available_bytes is None:
             return []
-        climb = sustained_climb(self.history.points, min_growth=float(self.cfg.min_growth))
-        if climb is None or climb.per_minute <= 0:
+        found = [
+            (c, h)
+            for h in (self.history, self.charged)
+            if h.full()
+            and (c := sustained_climb(h.points, min_growth=float(self.cfg.min_growth))) is not None
+            and c.per_minute > 0
+        ]
+        if not found:
             return []
+        climb = max((c for c, _ in found), key=lambda c: c.per_minute)  # the faster empties it first
+        in_rss = any(h is self.history for _, h in found)
+        self.watched = self.history if in_rss else self.charged
         eta = s.memory_available_bytes / (climb.per_minute / 60)
         if eta > float(self.cfg.warn_within):
             return []
         self.severity = Severity.CRITICAL if eta <= CRITICAL_WITHIN_S else Severity.WARNING
         self.episode.open(state.last_step)
         limit = f" of its {s.memory_limit_bytes / GiB:.1f} GiB limit" if s.memory_limit_bytes else ""
-        msg = (
+        what = (
             f"host memory of the rank's processes has been climbing for {climb.span / 60:.0f} min: "
-            f"RSS {s.rss_bytes / GiB:.1f} GiB, its floor +{climb.growth / MiB:.0f} MiB at "
+            f"RSS {s.rss_bytes / GiB:.1f} GiB, its floor"
+            if in_rss
+            else f"memory charged to the rank's cgroup (the node's, without one) has been climbing for "
+            f"{climb.span / 60:.0f} min while the rank's RSS ({s.rss_bytes / GiB:.1f} GiB) does not show "
+            "it: forked workers copying the pages they read, or another process sharing the cgroup or "
+            "node: its floor"
+        )
+        msg = (
+            f"{what} +{climb.growth / MiB:.0f} MiB at "
             f"{climb.per_minute / MiB:.1f} MiB/min; {s.memory_available_bytes / GiB:.1f} GiB{limit} is "
             f"left, gone in about {eta / 60:.0f} min, then the kernel's OOM killer (or the job's cgroup) "
             "kills the rank with SIGKILL and no traceback. Usual causes: DataLoader workers copying a "
@@ -95,13 +129,16 @@ class HostMemoryDetector(Detector):
             "available_bytes": s.memory_available_bytes,
             "limit_bytes": s.memory_limit_bytes,
             "eta_seconds": eta,
+            "series": "rss" if in_rss else "charged",
         }
         return [self._finding(self.severity, msg, s, False, evidence, step=state.last_step)]
 
     def _maybe_resolve(self, s: ProcessSample) -> list[Finding]:
         """The last quarter of the window no longer climbs (or memory was freed)."""
-        pts = self.history.points
-        since = pts[-1][0] - self.history.window / CLIMB_SEGMENTS
+        pts = self.watched.points
+        if not pts:
+            return []
+        since = pts[-1][0] - self.watched.window / CLIMB_SEGMENTS
         tail = [v for t, v in pts if t >= since]
         if len(tail) < 2:
             return []
