@@ -13,7 +13,7 @@ eight members and send one message; two hot GPUs of one rank are two members, so
 to cool resolves only its own. In code a member is the rank itself (``int``) when the alert
 has no subject, else ``(rank, tag)``; ``tag`` is ``subject_tag(subject)``, 16 hex digits of
 the subject's SHA-256: safe in a file name whatever the subject holds, bounded, and distinct
-for distinct subjects (a collision needs 2**32 subjects of one kind on one rank). Members
+for distinct subjects (a collision is likely only near 2**32 subjects of one kind and rank). Members
 are ordered by rank, then (a rank's subject members after its plain one) by tag; the full
 subject travels inside the record.
 
