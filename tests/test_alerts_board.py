@@ -661,3 +661,202 @@ def test_board_cleans_old_temp_files_and_keeps_markers_longer_than_records(tmp_p
     assert v.records == {}  # the record is stale (kept on disk: not ours, not dead)
     assert [m.by for m in v.markers] == [3]  # the marker is still read; the dead one is gone
     assert len(list(folder.glob("sent-*"))) == 1
+
+
+# --- alerts about a subject within a rank (a GPU's UUID, a folder) ---------------------------
+# The board's unit is a member, (rank, subject): one hot GPU on each of a node's ranks is one
+# message, and one rank's two hot GPUs stay two alerts, each resolved by itself.
+
+
+def hot(rank: int, uuid: str, *, resolved: bool = False) -> Finding:
+    msg = f"GPU {uuid} back to 70 C" if resolved else f"GPU {uuid} at 95 C"
+    return Finding("gpu_overheat", Severity.CRITICAL, rank, msg, 10, resolved=resolved, subject=uuid)
+
+
+def subject_state(board: Path, rank: int, subject: str, kind: str = "gpu_overheat") -> str | None:
+    """The member's record on the board, as its file name says (r<rank>.<tag>-<state>-<us>.json)."""
+    from rankwatch.actions.alerts.board import subject_tag
+
+    path = board_path(str(board), None, RUN)
+    assert path is not None
+    names = sorted(p.name for p in (path / kind).glob(f"r{rank}.{subject_tag(subject)}-*.json"))
+    return names[-1].split("-")[1] if names else None
+
+
+def who(alerts: list[AlertMessage]) -> list[tuple[str, list[tuple[int | None, str | None]]]]:
+    return [(a.status, [(m.rank, m.subject) for m in a.members]) for a in alerts]
+
+
+def test_one_hot_gpu_on_each_rank_of_a_node_is_one_message(tmp_path: Path) -> None:
+    """A node's cooling fails: every rank's agent sees its own GPU overheat. The alert is about
+    a subject (the GPU's UUID), and such alerts used to bypass the board: four messages."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        pairs = [agent(tmp_path, r, 4, clock, board) for r in range(4)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        async with all_running(ds):
+            for r in (2, 0, 3, 1):
+                ds[r].send(hot(r, f"GPU-{r}"))
+            await until(lambda: all(subject_state(board, r, f"GPU-{r}") == "firing" for r in range(4)))
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) >= 1)
+            await tick(ds, clock, 2.1)  # followers find the marker
+            await until(lambda: sum(d.peer_stats["grouped_by_peer"] for d in ds) == 3)
+            for r in range(4):
+                ds[r].send(hot(r, f"GPU-{r}", resolved=True))
+            await until(lambda: all(subject_state(board, r, f"GPU-{r}") == "resolved" for r in range(4)))
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) >= 2)
+            await tick(ds, clock, 2.1)
+            await tick(ds, clock, 60)
+        everyone = [(r, f"GPU-{r}") for r in range(4)]
+        assert who(sent(sinks)) == [("firing", everyone), ("resolved", everyone)]
+        assert sent(sinks) == sinks[0].alerts
+        assert [a.title for a in sent(sinks)] == [
+            "gpu_overheat on 4 of 4 ranks",
+            "resolved: gpu_overheat on 4 of 4 ranks",
+        ]
+
+    asyncio.run(go())
+
+
+def test_first_gpu_to_cool_resolves_only_itself_when_grouped_with_peers(tmp_path: Path) -> None:
+    """Rank 0 has two hot GPUs, rank 1 one: one message for the three. GPU-aaa cools first:
+    the resolve names it alone, the other two are still firing (and resolve together later)."""
+    from rankwatch.actions.alerts.alertmanager import payload as am_payload
+    from rankwatch.actions.alerts.slack import build_blocks, fallback_text
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        pairs = [agent(tmp_path, r, 2, clock, board) for r in range(2)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        async with all_running(ds):
+            ds[0].send(hot(0, "GPU-bbb"))
+            ds[1].send(hot(1, "GPU-ccc"))
+            ds[0].send(hot(0, "GPU-aaa"))
+            gpus = ((0, "GPU-aaa"), (0, "GPU-bbb"), (1, "GPU-ccc"))
+            await until(lambda: all(subject_state(board, r, u) == "firing" for r, u in gpus))
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) >= 1)
+            await tick(ds, clock, 2.1)
+            ds[0].send(hot(0, "GPU-aaa", resolved=True))
+            await until(lambda: subject_state(board, 0, "GPU-aaa") == "resolved")
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) >= 2)
+            await tick(ds, clock, 2.1)
+            await tick(ds, clock, 60)
+            assert len(sent(sinks)) == 2  # GPU-bbb and GPU-ccc are still hot: nothing for them
+            still = [m for d in ds for m in d.policy.active_messages()]
+            assert sorted((m.rank, m.subject) for a in still for m in a.members) == [
+                (0, "GPU-bbb"),
+                (1, "GPU-ccc"),
+            ]
+            ds[0].send(hot(0, "GPU-bbb", resolved=True))
+            ds[1].send(hot(1, "GPU-ccc", resolved=True))
+            await until(lambda: subject_state(board, 1, "GPU-ccc") == "resolved")
+            await until(lambda: subject_state(board, 0, "GPU-bbb") == "resolved")
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) >= 3)
+            await tick(ds, clock, 2.1)
+            await tick(ds, clock, 60)
+        assert who(sent(sinks)) == [
+            ("firing", [(0, "GPU-aaa"), (0, "GPU-bbb"), (1, "GPU-ccc")]),
+            ("resolved", [(0, "GPU-aaa")]),
+            ("resolved", [(0, "GPU-bbb"), (1, "GPU-ccc")]),
+        ]
+        firing, cooled, _ = sent(sinks)
+        assert firing.title == "gpu_overheat on 2 of 2 ranks"  # ranks, not GPUs
+        assert cooled.title == "resolved: gpu_overheat on rank 0"
+        labels = [
+            (doc["labels"]["rank"], doc["labels"]["subject"]) for doc in am_payload(firing, now=clock())
+        ]
+        assert labels == [("0", "GPU-aaa"), ("0", "GPU-bbb"), ("1", "GPU-ccc")]
+        assert [doc["labels"]["subject"] for doc in am_payload(cooled, now=clock())] == ["GPU-aaa"]
+        assert firing.members[2].node == "node-0" and "GPU-ccc at 95 C" in firing.members[2].message
+        assert "GPU-aaa back to 70 C" in fallback_text(cooled) and "GPU-bbb" not in fallback_text(cooled)
+        fields = [f["text"] for f in build_blocks(firing)[1]["fields"]]
+        assert "*Ranks*\n0-1" in fields  # a rank with two GPUs is listed once, not as an unknown "?"
+
+    asyncio.run(go())
+
+
+def test_a_killed_leader_of_subject_alerts_is_taken_over_with_one_message(tmp_path: Path) -> None:
+    """Rank 0's agent posts its GPU's record and is killed before its group wait ends: rank 1
+    takes over after the timeout and sends one message for the three GPUs; rank 2 stays quiet."""
+    from rankwatch.actions.alerts.board import subject_tag
+    from rankwatch.actions.alerts.delivery import _cancel
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        path = board_path(str(board), None, RUN)
+        assert path is not None
+        pairs = [agent(tmp_path, r, 3, clock, board) for r in range(3)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        dead = asyncio.create_task(ds[0].run())
+        async with all_running(ds[1:]):
+            for r in range(3):
+                ds[r].send(hot(r, f"GPU-{r}"))
+            await until(lambda: all(subject_state(board, r, f"GPU-{r}") == "firing" for r in range(3)))
+            # As SIGKILL would: no close, nothing flushed.
+            await _cancel([dead, *(w.task for w in ds[0].delivery.workers.values() if w.task)])
+            live = ds[1:]
+            await tick(live, clock, 5.1)
+            await tick(live, clock, TAKEOVER - 1)
+            assert sent(sinks) == []  # still waiting for rank 0
+            await tick(live, clock, 1.1)
+            await until(lambda: len(sent(sinks)) >= 1)
+            await tick(live, clock, 2.1)
+            await until(lambda: ds[2].peer_stats["grouped_by_peer"] == 1)
+            await tick(live, clock, 60)
+        assert who(sent(sinks)) == [("firing", [(r, f"GPU-{r}") for r in range(3)])]
+        assert sent(sinks) == sinks[1].alerts and ds[1].peer_stats["took_over"] == 1
+        assert sent(sinks)[0].members[0].message == "GPU GPU-0 at 95 C"  # read from its record
+        markers = [json.loads(p.read_text()) for p in (path / "gpu_overheat").glob("sent-firing-*.json")]
+        assert len(markers) == 1 and markers[0]["covers"] == {}
+        assert markers[0]["subjects"].keys() == {f"{r}.{subject_tag(f'GPU-{r}')}" for r in range(3)}
+
+    asyncio.run(go())
+
+
+def test_board_names_of_subject_records_are_bounded_and_plain_records_unchanged(tmp_path: Path) -> None:
+    """A subject goes into file names as a 16-hex tag (any subject: a folder with slashes, a
+    name of any length); a record without one is byte for byte what the previous version wrote
+    and read, so agents of both versions share a board for subject-less alerts."""
+    from rankwatch.actions.alerts.board import Marker, subject_tag
+
+    now = time.time()
+    b = Board(tmp_path / "b", RUN, 600)
+    member = {"message": "m", "step": 1, "evidence": {}, "dump_path": None, "starts_at": now}
+    plain = Record(RUN, "disk_low", 3, "firing", now, "n", "warning", member)
+    odd = "/scratch/ckpt/../" + "x" * 500 + "/\n*"
+    folder_rec = Record(RUN, "disk_low", 3, "firing", now, "n", "warning", member, odd)
+    b.post([plain, folder_rec])
+    folder = tmp_path / "b" / "disk_low"
+    us = round(now * 1e6)
+    tag = subject_tag(odd)
+    assert sorted(p.name for p in folder.iterdir()) == [f"r3-firing-{us}.json", f"r3.{tag}-firing-{us}.json"]
+    old_format = {"v": 1, "run": RUN, "kind": "disk_low", "rank": 3, "state": "firing", "time": now}
+    old_format.update({"node": "n", "severity": "warning", "member": member})
+    assert (folder / f"r3-firing-{us}.json").read_bytes() == json.dumps(
+        old_format, separators=(",", ":")
+    ).encode()
+    assert json.loads((folder / f"r3.{tag}-firing-{us}.json").read_text())["subject"] == odd
+    (folder / f"r4.GPU-aaa-firing-{us}.json").write_text("{}")  # not a tag: ignored
+    (folder / f"r4.{tag}x-firing-{us}.json").write_text("{}")
+    v = b.view("disk_low", now)
+    assert set(v.records) == {3, (3, tag)} and v.open("firing") == [3, (3, tag)]
+    loaded = b.load(v.records.values())
+    about, itself = loaded[(3, tag)], loaded[3]
+    assert about is not None and about.subject == odd and itself is not None and itself.subject is None
+    assert b.claim("disk_low", "firing", {3: us, (3, tag): us}) == {3, (3, tag)}
+    assert b.claim("disk_low", "firing", {3: us, (3, tag): us}) == set()  # taken
+    b.mark("disk_low", Marker("resolved", 3, now, {3: us, (3, tag): us}))
+    v = b.view("disk_low", now)
+    assert v.covered(3, "resolved", us) and v.covered((3, tag), "resolved", us)
+    assert not v.covered((3, "0" * 16), "resolved", us)
+    marker = json.loads(next(folder.glob("sent-resolved-*.json")).read_text())
+    assert marker["covers"] == {"3": us}  # what an agent of the previous version reads

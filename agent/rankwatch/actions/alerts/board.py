@@ -7,12 +7,30 @@ per hang); small files written atomically beside them let the agents elect one s
 no network protocol, no server and no extra port. The lowest rank with a fresh record that
 no sender has covered yet sends for all of them and leaves a marker naming what it covered.
 
+The unit of coordination is a MEMBER: a rank, or a rank and a subject (``Finding.subject``:
+one of its GPUs, a folder). Eight agents whose GPUs overheat with one node's cooling post
+eight members and send one message; two hot GPUs of one rank are two members, so the first
+to cool resolves only its own. In code a member is the rank itself (``int``) when the alert
+has no subject, else ``(rank, tag)``; ``tag`` is ``subject_tag(subject)``, 16 hex digits of
+the subject's SHA-256: safe in a file name whatever the subject holds, bounded, and distinct
+for distinct subjects (a collision is likely only near 2**32 subjects of one kind and rank). Members
+are ordered by rank, then (a rank's subject members after its plain one) by tag; the full
+subject travels inside the record.
+
 Layout (default ``<dumps.dir>/<run>/.alerts/``)::
 
     present/r<rank>.json                          an agent watches this rank ("7 of 8 ranks")
     <kind>/r<rank>-<state>-<us>.json              that rank's latest state of that kind
-    <kind>/sent-<status>-r<by>-<us>-<rand>.json   a sender covered these records (rank -> us)
+    <kind>/r<rank>.<tag>-<state>-<us>.json        ... of that kind about one subject
+    <kind>/sent-<status>-r<by>-<us>-<rand>.json   a sender covered these records: "covers"
+                                                  (rank -> us), "subjects" ("rank.tag" -> us)
     <kind>/claim-<status>-r<rank>-<us>            one sender took this record (exclusive create)
+    <kind>/claim-<status>-r<rank>.<tag>-<us>      ... this subject's record
+
+Files without a subject are byte for byte those of the previous version, so agents of both
+versions share a board for subject-less alerts. A subject file (``r3.<tag>-...``, a claim of
+one) does not match the previous version's names, so such an agent ignores it (and sends its
+own subject alerts alone, as it always did): at worst a duplicate, never a lost alert.
 
 State and time sit in the file names, so deciding who leads costs one directory listing
 per agent even with a thousand ranks (a metadata storm on Lustre is what a job-wide stall
@@ -34,6 +52,7 @@ of a writer that died mid-write go once they are older than ``stale_after``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -48,15 +67,46 @@ from typing import Any, TypeGuard
 from rankwatch.dumps.store import sanitise_run
 
 FORMAT = 1
-_RECORD_RE = re.compile(r"^r(\d{1,9})-(firing|resolved|cleared)-(\d{1,20})\.json$")
+_RECORD_RE = re.compile(r"^r(\d{1,9})(?:\.([0-9a-f]{16}))?-(firing|resolved|cleared)-(\d{1,20})\.json$")
 _MARKER_RE = re.compile(r"^sent-(firing|resolved)-r\d{1,9}-(\d{1,20})-[0-9a-f]+\.json$")
 _PRESENT_RE = re.compile(r"^r(\d{1,9})\.json$")
-_CLAIM_RE = re.compile(r"^claim-(firing|resolved)-r(\d{1,9})-(\d{1,20})$")
+_CLAIM_RE = re.compile(r"^claim-(firing|resolved)-r(\d{1,9})(?:\.([0-9a-f]{16}))?-(\d{1,20})$")
+_SUBJECT_KEY_RE = re.compile(r"^(\d{1,9})\.([0-9a-f]{16})$")  # a marker's "subjects" key
 _TEMP_RE = re.compile(r"^\..+\.tmp$")
 STATES = ("firing", "resolved", "cleared")
 SEVERITIES = ("info", "warning", "critical")  # Severity labels; a record with another is ignored
 MAX_TEXT = 1000  # per evidence string and message: records stay small on a shared filesystem
 MAX_EVIDENCE = 16
+TAG_LEN = 16
+
+Member = int | tuple[int, str]  # a rank, or (rank, subject_tag): see the module docstring
+
+
+def subject_tag(subject: str) -> str:
+    """The subject's part of a file name: 16 hex digits of its SHA-256."""
+    return hashlib.sha256(subject.encode("utf-8", "surrogatepass")).hexdigest()[:TAG_LEN]
+
+
+def member_of(rank: int, subject: str | None) -> Member:
+    return rank if subject is None else (rank, subject_tag(subject))
+
+
+def _member(rank: int, tag: str | None) -> Member:
+    return rank if not tag else (rank, tag)
+
+
+def rank_of(m: Member) -> int:
+    return m if isinstance(m, int) else m[0]
+
+
+def member_order(m: Member) -> tuple[int, str]:
+    """Lowest rank first; a rank's plain member before its subjects, those by tag."""
+    return (m, "") if isinstance(m, int) else m
+
+
+def member_name(m: Member) -> str:
+    """``<rank>`` or ``<rank>.<tag>``: as in file names (after the ``r``) and marker keys."""
+    return str(m) if isinstance(m, int) else f"{m[0]}.{m[1]}"
 
 
 def stamp(t: float) -> int:
@@ -103,6 +153,18 @@ class Record:
     node: str
     severity: str
     member: dict[str, Any] = field(default_factory=dict)
+    subject: str | None = None  # what within the rank (a GPU's UUID); None: the rank itself
+
+    @property
+    def id(self) -> Member:
+        return member_of(self.rank, self.subject)
+
+    def to_json(self) -> dict[str, Any]:
+        """Without a subject, exactly the previous version's record (agents of both share a board)."""
+        doc = {"v": FORMAT, **asdict(self)}
+        if self.subject is None:
+            del doc["subject"]
+        return doc
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Record:
@@ -117,6 +179,9 @@ class Record:
             raise ValueError("bad rank, state or time")
         if not isinstance(sev, str) or sev.strip().lower() not in SEVERITIES:
             raise ValueError(f"unknown severity {sev!r}")
+        subject = d.get("subject")
+        if not isinstance(subject, (str, type(None))):
+            raise ValueError("subject is not a string")
         return cls(
             run,
             kind,
@@ -126,6 +191,7 @@ class Record:
             node or "",
             sev.strip().lower(),
             clean_member(d.get("member"), t),
+            subject,
         )
 
 
@@ -160,6 +226,11 @@ class Entry:
     state: str
     us: int
     path: Path
+    tag: str = ""  # the subject's tag; "" for a record about the rank itself
+
+    @property
+    def member(self) -> Member:
+        return _member(self.rank, self.tag)
 
 
 @dataclass
@@ -167,31 +238,49 @@ class Marker:
     status: str
     by: int
     time: float
-    covers: dict[int, int]  # rank -> record time (us)
+    covers: dict[Member, int]  # member -> record time (us)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain ranks under "covers" as before (an agent of the previous version reads those),
+        subject members under "subjects" (which it ignores)."""
+        plain = {str(m): t for m, t in self.covers.items() if isinstance(m, int)}
+        subj = {member_name(m): t for m, t in self.covers.items() if not isinstance(m, int)}
+        doc: dict[str, Any] = {"v": FORMAT, "status": self.status, "by": self.by, "time": self.time}
+        doc["covers"] = plain
+        if subj:
+            doc["subjects"] = subj
+        return doc
 
 
 @dataclass
 class View:
     """The board for one kind as one agent read it."""
 
-    records: dict[int, Entry]  # fresh records, by rank
+    records: dict[Member, Entry]  # fresh records, by member
     markers: list[Marker]
     present: set[int]
-    claims: dict[tuple[str, int], int] = field(default_factory=dict)  # (status, rank) -> newest us
+    claims: dict[tuple[str, Member], int] = field(default_factory=dict)  # (status, member) -> newest us
 
-    def covered(self, rank: int, status: str, since_us: int) -> bool:
-        """A sender covered (or claimed, so is sending) this rank's record of ``since_us`` or a later one."""
-        if self.claims.get((status, rank), -1) >= since_us:
+    def covered(self, member: Member, status: str, since_us: int) -> bool:
+        """A sender covered (or claimed, so is sending) this member's record of ``since_us`` or later."""
+        if self.claims.get((status, member), -1) >= since_us:
             return True
-        return any(m.status == status and m.covers.get(rank, -1) >= since_us for m in self.markers)
+        return any(m.status == status and m.covers.get(member, -1) >= since_us for m in self.markers)
 
-    def open(self, status: str) -> list[int]:
-        """Ranks in ``status`` that nobody has sent for yet, lowest first."""
+    def sent(self, member: Member, status: str, since_us: int) -> bool:
+        """A sender's marker names this member's record of ``since_us`` or later: it was sent (a
+        claim alone is not proof: its claimer may have died before sending)."""
+        return any(m.status == status and m.covers.get(member, -1) >= since_us for m in self.markers)
+
+    def open(self, status: str) -> list[Member]:
+        """Members in ``status`` that nobody has sent for yet, in ``member_order``."""
         recs = self.records.items()
-        return sorted(r for r, e in recs if e.state == status and not self.covered(r, status, e.us))
+        return sorted(
+            (r for r, e in recs if e.state == status and not self.covered(r, status, e.us)), key=member_order
+        )
 
     def ranks(self) -> set[int]:
-        return self.present | set(self.records)
+        return self.present | {rank_of(m) for m in self.records}
 
 
 class Board:
@@ -218,14 +307,15 @@ class Board:
         for kind, recs in by_kind.items():
             folder = self.path / kind
             folder.mkdir(parents=True, exist_ok=True)
-            names = {}
+            names: dict[Member, str] = {}
             for rec in recs:
-                names[rec.rank] = name = f"r{rec.rank}-{rec.state}-{stamp(rec.time)}.json"
-                _write(folder / name, {"v": FORMAT, **asdict(rec)})
+                name = f"r{member_name(rec.id)}-{rec.state}-{stamp(rec.time)}.json"
+                names[rec.id] = name
+                _write(folder / name, rec.to_json())
             for old in _scan(folder):  # one listing per kind, not one per record
                 m = _RECORD_RE.match(old.name)
-                # ours: only this agent writes rank r
-                if m and int(m[1]) in names and old.name != names[int(m[1])]:
+                # ours: only this agent writes the members of rank r
+                if m and (mid := _member(int(m[1]), m[2])) in names and old.name != names[mid]:
                     _unlink(old)
 
     def present(self, ranks: Iterable[int], node: str, now: float) -> None:
@@ -239,53 +329,53 @@ class Board:
         folder = self.path / _kind_dir(kind)
         folder.mkdir(parents=True, exist_ok=True)
         name = f"sent-{marker.status}-r{marker.by}-{stamp(marker.time)}-{secrets.token_hex(3)}.json"
-        doc = {"v": FORMAT, "status": marker.status, "by": marker.by, "time": marker.time}
-        _write(folder / name, {**doc, "covers": {str(r): t for r, t in marker.covers.items()}})
+        _write(folder / name, marker.to_json())
 
-    def claim(self, kind: str, status: str, covers: dict[int, int]) -> set[int]:
-        """Take these records (rank -> us) for one message; returns the ranks this agent got.
+    def claim(self, kind: str, status: str, covers: dict[Member, int]) -> set[Member]:
+        """Take these records (member -> us) for one message; returns the members this agent got.
         A record already claimed is another sender's: it is left out of our message."""
         folder = self.path / _kind_dir(kind)
         folder.mkdir(parents=True, exist_ok=True)
-        got: set[int] = set()
-        for rank, us in sorted(covers.items()):
-            name = folder / f"claim-{status}-r{rank}-{us}"
+        got: set[Member] = set()
+        for m, us in sorted(covers.items(), key=lambda mu: member_order(mu[0])):
+            name = folder / f"claim-{status}-r{member_name(m)}-{us}"
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
                 continue
             os.close(fd)
-            got.add(rank)
+            got.add(m)
         return got
 
     def view(self, kind: str, now: float, mine: Iterable[int] = ()) -> View:
-        """List one kind; removes stale markers, this agent's stale records and long-dead ones."""
+        """List one kind; removes stale markers, this agent's stale records (``mine``: its ranks)
+        and long-dead ones."""
         own = set(mine)
         kd = _kind_dir(kind)
-        records: dict[int, Entry] = {}
+        records: dict[Member, Entry] = {}
         markers: list[Marker] = []
         fresh_us = stamp(now - self.stale_after)
         keep_us = stamp(now - self.MARKER_KEEP * self.stale_after)
         dead_us = stamp(now - self.DEAD * self.stale_after)
         folder = self.path / kd
         seen: dict[tuple[str, str], Marker] = {}
-        claims: dict[tuple[str, int], int] = {}
+        claims: dict[tuple[str, Member], int] = {}
         for entry in _scan(folder, temps=now - self.stale_after):
             if m := _CLAIM_RE.match(entry.name):
-                us = int(m[3])
+                us = int(m[4])
                 if us < dead_us:
                     _unlink(entry)
                 else:
-                    ck2 = (m[1], int(m[2]))
+                    ck2 = (m[1], _member(int(m[2]), m[3]))
                     claims[ck2] = max(us, claims.get(ck2, -1))
                 continue
             if m := _RECORD_RE.match(entry.name):
-                e = Entry(int(m[1]), m[2], int(m[3]), entry)
+                e = Entry(int(m[1]), m[3], int(m[4]), entry, m[2] or "")
                 if e.us < fresh_us:
                     if e.rank in own or e.us < dead_us:
                         _unlink(entry)
-                elif e.rank not in records or e.us > records[e.rank].us:  # mid-replace: newest
-                    records[e.rank] = e
+                elif e.member not in records or e.us > records[e.member].us:  # mid-replace: newest
+                    records[e.member] = e
             elif m := _MARKER_RE.match(entry.name):
                 us = int(m[2])
                 if us < dead_us:
@@ -310,12 +400,13 @@ class Board:
     def load(
         self,
         entries: Iterable[Entry],
-        out: dict[int, Record | None] | None = None,
+        out: dict[Member, Record | None] | None = None,
         stop: threading.Event | None = None,
-    ) -> dict[int, Record | None]:
+    ) -> dict[Member, Record | None]:
         """The leader's read of the records it is about to send for, into ``out`` as it goes (a
-        caller that stops waiting keeps what was read, and sets ``stop``): rank -> the record,
-        or None where it is gone, torn, of another run or holds values this agent cannot use."""
+        caller that stops waiting keeps what was read, and sets ``stop``): member -> the record,
+        or None where it is gone, torn, of another run or member, or holds values this agent
+        cannot use."""
         out = {} if out is None else out
         for e in entries:
             if stop is not None and stop.is_set():
@@ -325,8 +416,8 @@ class Board:
                 rec = Record.from_json(doc) if doc is not None else None
             except (KeyError, TypeError, ValueError, OverflowError):
                 rec = None
-            ok = rec is not None and rec.run == self.run and rec.rank == e.rank and rec.state == e.state
-            out[e.rank] = rec if ok else None
+            ok = rec is not None and rec.run == self.run and rec.id == e.member and rec.state == e.state
+            out[e.member] = rec if ok else None
         return out
 
 
@@ -334,7 +425,7 @@ def _marker(path: Path) -> Marker | None:
     doc = _read(path)
     if doc is None:
         return None
-    status, by, t, covers = (doc.get(k) for k in ("status", "by", "time", "covers"))
+    status, by, t, covers, subjects = (doc.get(k) for k in ("status", "by", "time", "covers", "subjects"))
     if (
         status not in ("firing", "resolved")
         or not _is_int(by)
@@ -343,9 +434,13 @@ def _marker(path: Path) -> Marker | None:
     ):
         return None
     try:
-        cov = {int(r): t for r, t in covers.items() if _is_int(t)}
+        cov: dict[Member, int] = {int(r): t for r, t in covers.items() if _is_int(t)}
     except (TypeError, ValueError):
         return None
+    if isinstance(subjects, dict):
+        for name, us in subjects.items():
+            if isinstance(name, str) and (m := _SUBJECT_KEY_RE.match(name)) and _is_int(us):
+                cov[(int(m[1]), m[2])] = us
     return Marker(status, by, float(t), cov)
 
 

@@ -106,10 +106,10 @@ class AlertMessage:
         elif n == 1:
             r = self.members[0].rank
             body = self.kind if r is None else f"{self.kind} on rank {r}"
-        elif self.world_size and self.saw_all:
-            body = f"{self.kind} on {n} of {self.world_size} ranks"
+        elif self.world_size and self.saw_all:  # ranks, not members: a rank's two GPUs are one rank
+            body = f"{self.kind} on {len(ranks)} of {self.world_size} ranks"
         else:
-            body = f"{self.kind} on {n} ranks ({rank_list(self.ranks)})"
+            body = f"{self.kind} on {len(ranks)} ranks ({rank_list(ranks)})"
         s = self.suspect
         if s is not None and n > 1 and self.status == "firing":
             body += f", suspect rank {s}"
@@ -166,7 +166,7 @@ def rank_list(ranks: list[int | None]) -> str:
             j += 1
         parts.append(str(known[i]) if i == j else f"{known[i]}-{known[j]}")
         i = j + 1
-    if len(known) < len(ranks):
+    if None in ranks:  # a member of no known rank (a rank with two subjects is listed once)
         parts.append("?")
     return ", ".join(parts)
 

@@ -1,25 +1,32 @@
 """Cross-agent grouping over the alert board: one message per incident, not one per agent.
 
-Protocol, per group the dispatcher would send (kind + status):
+Protocol, per group the dispatcher would send (kind + status). Its unit is a member
+(``board.Member``): a rank, or a rank and a subject (one of its GPUs), each with its own
+record, claim and place in a marker; so one rank's two hot GPUs are two members, and a
+job's eight hot GPUs on eight ranks are eight members of one message.
 
 1. When an alert joins a group, its record goes on the board (``post``).
 2. When the group's ``group_wait`` is over (``hold``), the agent reads the board for that
-   kind. Its ranks a peer already covered are suppressed (``grouped_by_peer``). Of the
+   kind. Its members a peer already covered are suppressed (``grouped_by_peer``). Of the
    fresh records nobody covered, the lowest rank leads: if that is ours, we send ONE
    message for all of them (the in-agent grouping and suspect logic, fed the peers'
-   records) and write a marker naming the records we covered.
+   records) and write a marker naming the members we covered.
 3. Otherwise we wait for that marker. A leader that is dead never writes it, so the
    next-lowest rank takes over after ``takeover`` (the one after it after twice that, ...;
-   past ``MAX_POSITION`` the steps are shorter and jittered, see ``takeover_delay``). Just
-   before sending, the sender reads the board once more: a marker that appeared meanwhile
-   (a slow leader, an earlier taker) wins, and records that changed are left out.
-4. A leader that cannot read a peer's record in time still sends for that rank (named,
+   past ``MAX_POSITION`` the steps are shorter and jittered, see ``takeover_delay``). A
+   position counts ranks, not members: a rank with three hot GPUs is one agent, dead or
+   alive. Just before sending, the sender reads the board once more: a marker that appeared
+   meanwhile (a slow leader, an earlier taker) wins, and records that changed are left out.
+   It claims each record (``O_EXCL``) and sends only the members it got.
+4. A leader that cannot read a peer's record in time still sends for that member (named,
    without details) and still writes its marker; a record that holds values this agent
    cannot use is left out, so its owner sends it.
 5. An agent whose alert clears before it learned that a peer announced it (or that fires
    again before it learned that a peer sent its resolve) does not decide alone: it reads
    the markers for that record for ``WATCH_S`` and sends the resolve (or the new firing)
-   itself when one shows the peer did send.
+   itself when one shows the peer did send. Only a marker shows that (it is written after
+   the send); a claim does not: its claimer may have been killed before sending, or it may
+   be our own, of a member that resolved (or fired again) while we claimed it.
 
 The board is an optimisation, never a dependency: when it cannot be written or read
 (permissions, ENOSPC, a hung NFS mount), each agent sends its own alerts again, which is
@@ -46,8 +53,11 @@ from rankwatch.actions.alerts.board import (
     Board,
     Entry,
     Marker,
+    Member,
     Record,
     View,
+    member_of,
+    rank_of,
     small_evidence,
     stamp,
 )
@@ -70,10 +80,15 @@ SETTLE_POLL_S = 0.2  # at close, a follower re-reads the board this often (real 
 
 
 def shared(key: Key) -> bool:
-    """An alert the board can coordinate: one per rank and kind. The board's records are per
-    rank; an alert about a subject within a rank (one of its GPUs) or of no rank is this
-    agent's alone (a duplicate is acceptable, a resolve of the wrong GPU is not)."""
-    return key[1] is not None and key[3] is None
+    """An alert the board can coordinate: one of a rank (with or without a subject). One of no
+    rank (a node daemon's own) is this agent's alone."""
+    return key[1] is not None
+
+
+def member(key: Key) -> Member:
+    """The board's member for an alert of ``shared`` key."""
+    assert key[1] is not None
+    return member_of(key[1], key[3])
 
 
 def _gap(takeover: float) -> float:
@@ -158,7 +173,7 @@ class PeerGroups:
         self._outbox: list[Record] = []
         self._held: list[_Held] = []
         self._watches: list[_Watch] = []
-        self._posted: dict[tuple[str, int], tuple[str, int]] = {}  # (kind, rank) -> (state, us)
+        self._posted: dict[tuple[str, Member], tuple[str, int]] = {}  # (kind, member) -> (state, us)
         self._present: set[int] = set()
         self._broken_until = -float("inf")
         self._failures = 0
@@ -183,15 +198,15 @@ class PeerGroups:
         rank = key[1]
         if rank is None or not shared(key) or not self.usable(self.clock()):
             return
-        member = {
+        doc = {
             "message": m.message[:MAX_TEXT],
             "step": m.step,
             "evidence": small_evidence(m.evidence),
             "dump_path": m.dump_path,
             "starts_at": m.starts_at,
         }
-        rec = Record(self.run, key[2], rank, state, when, self.node, severity.label, member)
-        self._outbox = [r for r in self._outbox if (r.kind, r.rank) != (rec.kind, rec.rank)]
+        rec = Record(self.run, key[2], rank, state, when, self.node, severity.label, doc, key[3])
+        self._outbox = [r for r in self._outbox if (r.kind, r.id) != (rec.kind, rec.id)]
         self._outbox.append(rec)
 
     def hold(self, g: Group, now: float) -> bool:
@@ -214,7 +229,7 @@ class PeerGroups:
         """This rank's ``status`` record of ``since`` is being replaced before this agent learned
         whether a peer sent it: call ``then`` if a peer's marker shows it did (or if the board
         cannot tell). False: that record never reached the board, so no peer can have sent it."""
-        if not shared(key) or key[1] is None or self._posted.get((key[2], key[1])) != (status, stamp(since)):
+        if not shared(key) or self._posted.get((key[2], member(key))) != (status, stamp(since)):
             return False
         now = self.clock()
         self._watches.append(_Watch(key, status, stamp(since), now + WATCH_S, now, then))
@@ -275,8 +290,7 @@ class PeerGroups:
         if not g.members:
             self._drop(h)
             return
-        mine = sorted({k[1] for k in g.members if k[1] is not None})
-        view = await self._io(self.board.view, g.kind, self.wall(), mine)
+        view = await self._io(self.board.view, g.kind, self.wall(), sorted(_ranks(g)))
         if h not in self._held:  # handed back meanwhile (``abandon``): whoever took it sends it
             return
         if view is None:
@@ -285,15 +299,16 @@ class PeerGroups:
         if self._drop_covered(g, view, now):
             self._drop(h)
             return
-        open_ranks = view.open(g.status)
-        mine = sorted({k[1] for k in g.members if k[1] is not None})
-        if not mine or not set(mine) <= set(open_ranks):  # our record is not there: the board lost it
+        open_members = view.open(g.status)
+        mine = _members(g)
+        if not mine or not mine <= set(open_members):  # our record is not there: the board lost it
             self._alone(h, now)
             return
-        position = open_ranks.index(mine[0])
+        open_ranks = sorted({rank_of(m) for m in open_members})
+        position = open_ranks.index(min(rank_of(m) for m in mine))
         takeover_at = h.since + takeover_delay(position, self.takeover, h.jitter)
         if position == 0 or closing or now >= takeover_at:
-            await self._lead(h, view, open_ranks, now, took_over=position > 0)
+            await self._lead(h, view, open_members, now, took_over=position > 0)
             return
         h.next_check = min(takeover_at, now + self._poll())
 
@@ -302,7 +317,7 @@ class PeerGroups:
         covered = [
             k
             for k in g.members
-            if k in g.times and k[1] is not None and view.covered(k[1], g.status, stamp(g.times[k]))
+            if k in g.times and shared(k) and view.covered(member(k), g.status, stamp(g.times[k]))
         ]
         if covered:
             self.stats["grouped_by_peer"] += len(covered)
@@ -324,19 +339,21 @@ class PeerGroups:
         if h in self._held:
             self._held.remove(h)
 
-    async def _lead(self, h: _Held, view: View, ranks: list[int], now: float, *, took_over: bool) -> None:
+    async def _lead(
+        self, h: _Held, view: View, members: list[Member], now: float, *, took_over: bool
+    ) -> None:
         """Send one message for our members and the peers' open records. Every await below may
         let the dispatcher change the group (a member resolved) or hand it back (``abandon``):
         after each one, a group no longer held is someone else's to send."""
         g = h.group
-        mine = {k[1] for k in g.members}
-        theirs = [view.records[r] for r in ranks if r not in mine]
+        mine = _members(g)
+        theirs = [view.records[m] for m in members if m not in mine]
         loaded = await self._load(g.kind, theirs) if theirs else {}
         if h not in self._held:
             return
         # Just before sending: a marker may have appeared while we read (a slow leader, an
         # earlier taker), and a peer's record may have changed (cleared, fired again).
-        again = await self._io(self.board.view, g.kind, self.wall(), sorted(r for r in mine if r is not None))
+        again = await self._io(self.board.view, g.kind, self.wall(), sorted(_ranks(g)))
         if h not in self._held:
             return
         if again is not None:
@@ -344,47 +361,51 @@ class PeerGroups:
                 self._drop(h)
                 return
             theirs = [e for e in theirs if _still_open(again, e, g.status)]
-        extra: dict[Key, AlertMember] = {}
-        covers: dict[int, int] = {}
+        extra: dict[Member, tuple[Key, AlertMember]] = {}
+        covers: dict[Member, int] = {}
         severity = g.severity
         for e in theirs:
-            if e.rank not in loaded:  # not read in time: named, without its details
-                extra[(self.run, e.rank, g.kind, None)] = _bare(e, g.kind)
-            elif (rec := loaded[e.rank]) is not None:
-                extra[(self.run, e.rank, g.kind, None)] = _member(rec)
+            if e.member not in loaded:  # not read in time: named, without its details
+                extra[e.member] = ((self.run, e.rank, g.kind, e.tag or None), _bare(e, g.kind))
+            elif (rec := loaded[e.member]) is not None:
+                extra[e.member] = ((self.run, e.rank, g.kind, rec.subject), _peer(rec))
                 severity = max(severity, Severity.parse(rec.severity))
             else:
                 continue  # gone or unusable: its own agent sends it (not covered)
-            covers[e.rank] = e.us
+            covers[e.member] = e.us
         for k, t in g.times.items():
-            if k[1] is not None and k in g.members:
-                covers[k[1]] = stamp(t)
+            if shared(k) and k in g.members:
+                covers[member(k)] = stamp(t)
         if not covers:
             self._drop(h)  # every member resolved while we read
             return
         # Claim each record before sending it: of two agents that both decided to send (a slow
         # leader and its taker read the board at the same moment), each record goes with one.
+        at_claim = {member(k): k for k in g.members if shared(k)}
         claimed = await self._io(self.board.claim, g.kind, g.status, covers)
         if h not in self._held:
             return
         if claimed is None:  # the board failed: in doubt, our own members go alone
             self._alone(h, now)
             return
-        ours = [k for k in g.members if k[1] is not None]
-        lost = [k for k in ours if k[1] not in claimed]  # a peer claimed them first: it sends them
+        # Ours that resolved (or fired again) during the claim: their claim stays on the board,
+        # yet nobody sends them, so our marker must not name them (our watch reads it).
+        claimed -= {m for m, k in at_claim.items() if k not in g.members}
+        ours = [k for k in g.members if shared(k)]
+        lost = [k for k in ours if member(k) not in claimed]  # a peer claimed them first: it sends them
         if lost:
             self.stats["grouped_by_peer"] += len(lost)
             self.host.announced(g, lost, now)
             for k in lost:
                 g.members.pop(k, None)
-        extra = {k: m for k, m in extra.items() if k[1] in claimed}
-        covers = {r: us for r, us in covers.items() if r in claimed}
+        extra = {m: km for m, km in extra.items() if m in claimed}
+        covers = {m: us for m, us in covers.items() if m in claimed}
         if not covers or not (g.members or extra):
             self._drop(h)
             return
-        own = [k[1] for k in g.members if k[1] is not None]
-        by = min(own) if own else min(covers)  # ours, before the peers join
-        g.members.update(extra)
+        own = _ranks(g)
+        by = min(own) if own else min(rank_of(m) for m in covers)  # ours, before the peers join
+        g.members.update(dict(extra.values()))
         g.severity = severity
         self.stats["took_over" if took_over else "led"] += 1
         if took_over:
@@ -392,7 +413,7 @@ class PeerGroups:
                 "alert board: no peer sent %s %s for ranks %s; rank %s sends it",
                 g.kind,
                 g.status,
-                sorted(covers),
+                sorted({rank_of(m) for m in covers}),
                 by,
             )
         seen = view.ranks() | (again.ranks() if again is not None else set())
@@ -400,9 +421,9 @@ class PeerGroups:
         self._drop(h)
         await self._io(self.board.mark, g.kind, Marker(g.status, by, self.wall(), covers))
 
-    async def _load(self, kind: str, entries: list[Entry]) -> dict[int, Record | None]:
+    async def _load(self, kind: str, entries: list[Entry]) -> dict[Member, Record | None]:
         """The peers' records, as many as can be read in a time that grows with their number."""
-        out: dict[int, Record | None] = {}
+        out: dict[Member, Record | None] = {}
         stop = threading.Event()
         timeout = min(LOAD_MAX_S, IO_TIMEOUT_S + LOAD_PER_RECORD_S * len(entries))
         done = await self._io(self.board.load, entries, out, stop, timeout=timeout, soft=True)
@@ -423,11 +444,12 @@ class PeerGroups:
         due_kinds = sorted({w.key[2] for w in self._watches if closing or poll or now >= w.next_check})
         for kind in due_kinds:
             ws = [w for w in self._watches if w.key[2] == kind]
-            view = await self._io(self.board.view, kind, self.wall(), sorted({w.key[1] for w in ws}))
+            ranks = sorted({rank_of(member(w.key)) for w in ws})
+            view = await self._io(self.board.view, kind, self.wall(), ranks)
             for w in ws:
                 if w not in self._watches:
                     continue
-                if view is None or view.covered(w.key[1], w.status, w.since_us):
+                if view is None or view.sent(member(w.key), w.status, w.since_us):
                     self._watches.remove(w)  # in doubt (no board), act as if the peer sent it
                     w.then()
                 elif closing or now >= w.until:
@@ -448,7 +470,7 @@ class PeerGroups:
         if self._outbox:
             batch, self._outbox = self._outbox, []
             for r in batch:  # from now on a peer may see it (even if the write times out)
-                self._posted[(r.kind, r.rank)] = (r.state, stamp(r.time))
+                self._posted[(r.kind, r.id)] = (r.state, stamp(r.time))
             await self._io(self.board.post, batch)
 
     async def _io(
@@ -494,14 +516,24 @@ def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
     return in_daemon(fn, *args, name="rankwatch-board")
 
 
+def _members(g: Group) -> set[Member]:
+    """The group's members as the board names them."""
+    return {member(k) for k in g.members if shared(k)}
+
+
+def _ranks(g: Group) -> set[int]:
+    return {k[1] for k in g.members if k[1] is not None}
+
+
 def _still_open(view: View, e: Entry, status: str) -> bool:
     """The peer's record read earlier is still one to send for: in that state, and unsent."""
-    cur = view.records.get(e.rank)
-    return cur is not None and cur.state == status and not view.covered(e.rank, status, e.us)
+    cur = view.records.get(e.member)
+    return cur is not None and cur.state == status and not view.covered(e.member, status, e.us)
 
 
 def _bare(e: Entry, kind: str) -> AlertMember:
-    """A peer's rank whose record could not be read in time: named, without its details."""
+    """A peer's member whose record could not be read in time: named, without its details (its
+    subject is known by its tag only)."""
     return AlertMember(
         e.rank,
         f"{kind} on rank {e.rank} (details not read from the alert board in time)",
@@ -512,7 +544,7 @@ def _bare(e: Entry, kind: str) -> AlertMember:
     )
 
 
-def _member(rec: Record) -> AlertMember:
+def _peer(rec: Record) -> AlertMember:
     """A peer's record (cleaned by ``Record.from_json``) as a member of our message."""
     m = rec.member
     step = m.get("step")
@@ -526,4 +558,5 @@ def _member(rec: Record) -> AlertMember:
         str(m["dump_path"]) if m.get("dump_path") else None,
         float(starts) if isinstance(starts, (int, float)) and not isinstance(starts, bool) else rec.time,
         node=rec.node or None,
+        subject=rec.subject,
     )
