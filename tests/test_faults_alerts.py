@@ -686,14 +686,20 @@ def test_board_interleavings_never_raise_nor_send_twice(
     finally:
         log.removeHandler(handler)
     assert not errors, [r.getMessage() for r in errors]
+    crashed = any(what == "crash" for what, _ in events)
+    restarted = any(what == "restart" for what, _ in events)
     for r in range(N_AGENTS):
         for subject in (None, "GPU-a", "GPU-b"):  # per member: a rank and what it is about
             seq = [s for rank, subj, s in delivered if (rank, subj) == (r, subject)]
-            assert not seq or seq[0] == "firing", (r, subject, seq)  # no resolve of a firing never sent
+            # A SIGKILL may lose a firing in flight (delivery.py documents it): the resolve that
+            # follows then comes alone. Without a crash, no resolve of a firing never sent.
+            assert not seq or seq[0] == "firing" or crashed, (r, subject, seq)
             assert all(a != b for a, b in itertools.pairwise(seq)), (r, subject, seq)  # nothing twice
-            if not any(what == "crash" for what, _ in events):
-                # Nothing lost either (a SIGKILL may lose what is in flight, documented): each
-                # member's last word is what the agents were last told, or nothing for a flap.
+            if not crashed and not restarted:
+                # Nothing lost either: each member's last word is what the agents were last told,
+                # or nothing for a flap. (A rank restarted while its closing agent still runs
+                # is two agents of one rank at once: the new one may not know what the old one
+                # sends while closing, so that case is left to the invariants above.)
                 want = "firing" if (r, subject) in still_firing else "resolved"
                 assert (seq[-1] if seq else want) == want and (seq or want == "resolved"), (r, subject, seq)
 
