@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -203,8 +204,14 @@ def test_restarted_watch_rebuilds_state_from_the_log_without_reporting_history_a
          "--log", str(log), "--findings-jsonl", str(found)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    lines: list[str] = []
+    assert agent.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(agent.stderr or ()), daemon=True)
+    reader.start()
     try:
-        time.sleep(1.0)
+        # The new lines must come after the replay, as a rank's next steps do: wait for it
+        # (a fixed sleep lost the race to a slow interpreter start).
+        assert _wait(lambda: any("replayed the last" in ln for ln in lines), 30), "".join(lines)[-3000:]
         with open(log, "a") as fh:
             fh.write("step=201 loss=2.7990 grad_norm=0.5 lr=0.0003 step_time=0.100\n")
             fh.write("step=202 loss=nan grad_norm=nan lr=0.0003 step_time=0.100\n")
@@ -212,7 +219,9 @@ def test_restarted_watch_rebuilds_state_from_the_log_without_reporting_history_a
         nans = [f for f in _findings(found) if f["kind"] == "nan_loss"]
         assert [f["step"] for f in nans] == [202], nans
         agent.send_signal(signal.SIGTERM)
-        _, err = agent.communicate(timeout=20)
+        agent.wait(timeout=20)
+        reader.join(timeout=10)
+        err = "".join(lines)
         assert "replayed the last 200 lines" in err and "last step 200" in err, err[-3000:]
         assert "nan_loss x1" in err, err[-3000:]
     finally:
