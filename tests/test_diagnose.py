@@ -78,13 +78,17 @@ def test_a_peers_gloo_failure_names_the_rank_killed_first(tmp_path: Path) -> Non
     assert f.evidence["first_failure"]["rank"] == 3
 
 
-def test_a_peer_failure_that_comes_first_waits_for_the_first_failures_record(tmp_path: Path) -> None:
+def test_a_peer_failure_that_comes_first_waits_for_the_first_failures_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(diagnose, "FAILURE_POLL_S", 0.02)
+
     async def scenario() -> list[Finding]:
         agent0, _, sent0 = _agent(tmp_path, 0)
         agent3, _, _ = _agent(tmp_path, 3)
         agent0.emit(_crash(0, f"process exited with code 1. Cause (crash): {GLOO_CLOSED}.", None, 1000.4))
         assert sent0 == []  # held: its text says a peer died
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.06)  # a few polls of the folder find nothing yet
         agent3.emit(_crash(3, "killed by signal 9 (SIGKILL) after step 14", 9, 1000.0))
         await agent0.settle(5)
         return sent0
@@ -179,7 +183,7 @@ def test_straggler_verdict(tmp_path: Path) -> None:
 
 
 # --- the shared folder off the loop ------------------------------------------------------
-IO_TIMEOUT = 0.3
+IO_TIMEOUT = 0.08
 STUCK_CAP_S = 3.0  # a blocked call on the loop's own thread (the old code) gives up after this
 
 
@@ -210,7 +214,7 @@ async def _ticks_while(work: Coroutine[Any, Any, Any]) -> tuple[Any, int]:
         nonlocal n
         while not stop:
             n += 1
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.002)
 
     t = asyncio.create_task(tick())
     await asyncio.sleep(0)

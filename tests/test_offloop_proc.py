@@ -39,7 +39,7 @@ from rankwatch.sources.process import ProcessProber
 pytestmark = pytest.mark.unit
 
 IDENT = Identity(run="t", rank=0, local_rank=0, world_size=1, node="n")
-TIMEOUT = 0.2  # what a blocking call is given here (2 s and 10 s in the agent)
+TIMEOUT = 0.05  # what a blocking call is given here (2 s and 10 s in the agent)
 WATCHDOG_S = 15.0  # the old code's stuck threads are let go after this, so it fails, not hangs
 EXIT_S = 8.0  # an agent that stops with a call still stuck is gone within this
 
@@ -112,7 +112,7 @@ async def _ticks_during(coro: Coroutine[Any, Any, Any]) -> tuple[Any, int, float
         nonlocal n
         while not stop:
             n += 1
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.002)
 
     t = asyncio.create_task(tick())
     start = time.monotonic()

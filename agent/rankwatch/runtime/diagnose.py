@@ -50,6 +50,7 @@ T = TypeVar("T")
 DUMPS_IO = "rankwatch-dumps"  # offloop's name for calls into the (shared) dumps folder
 STALL_WAIT_S = 10.0  # how long a stall finding waits for its peers' stacks
 FAILURE_WAIT_S = 3.0  # how long a peer-failure crash waits for the first failure's record
+FAILURE_POLL_S = 0.2  # ... re-reading the folder this often
 FAILURE_IO_S = 3.0  # how long a failure waits for the shared folder before it goes out unnamed
 FAILURE_WINDOW_S = 600.0  # a peer's failure older than this is another incident
 PROFILE_SAMPLES = 8
@@ -315,7 +316,7 @@ class CrossRank:
                 break
             if first is not None:
                 break
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(FAILURE_POLL_S)
         return first
 
     # --- stalls ------------------------------------------------------------------------
