@@ -24,9 +24,10 @@ slurmd, inotify) stays a skip.
 
 **Shared helpers**: ``FakeClock`` (also the ``fake_clock`` fixture), ``free_port()`` (also
 the ``loopback_port`` fixture), ``until`` (async) and ``wait_for`` (sync) bounded waits;
-``source_nodes(path)``, every AST node of a source file, parsed once per run for the tests that
-read the package's code (layers, finding vocabulary). Test modules import them with
-``from conftest import FakeClock, until``.
+``ticks_during`` (a coroutine's result and how often the loop turned meanwhile: a blocking
+call on the loop counts none); ``source_nodes(path)``, every AST node of a source file, parsed
+once per run for the tests that read the package's code (layers, finding vocabulary). Test
+modules import them with ``from conftest import FakeClock, until``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -266,6 +267,31 @@ def wait_for(cond: Callable[[], T], timeout: float = 20.0, what: str = "", inter
         if time.monotonic() >= deadline:
             raise _timed_out(cond, timeout, what)
         time.sleep(interval)
+
+
+async def ticks_during(
+    work: Coroutine[Any, Any, T], *, every: float = 0.002, limit: float = 10.0
+) -> tuple[T, int, float]:
+    """Await ``work`` (at most ``limit`` s) and count the loop's turns meanwhile, one per
+    ``every`` s: a loop wedged by a blocking call counts none. (result, turns, seconds)."""
+    n = 0
+    stop = False
+
+    async def tick() -> None:
+        nonlocal n
+        while not stop:
+            n += 1
+            await asyncio.sleep(every)
+
+    t = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    start = time.monotonic()
+    try:
+        out = await asyncio.wait_for(work, limit)
+    finally:
+        stop = True
+        await t
+    return out, n, time.monotonic() - start
 
 
 async def until(cond: Callable[[], T], timeout: float = 20.0, what: str = "", interval: float = 0.01) -> T:

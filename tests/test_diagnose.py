@@ -10,12 +10,13 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import ticks_during
 from rankwatch import offloop
 from rankwatch.config.loader import load_config
 from rankwatch.dumps.diff import diff_incident
@@ -205,27 +206,6 @@ def hung(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
     release.set()
 
 
-async def _ticks_while(work: Coroutine[Any, Any, Any]) -> tuple[Any, int]:
-    """Run ``work`` and count the loop's turns meanwhile (a wedged loop counts none)."""
-    n = 0
-    stop = False
-
-    async def tick() -> None:
-        nonlocal n
-        while not stop:
-            n += 1
-            await asyncio.sleep(0.002)
-
-    t = asyncio.create_task(tick())
-    await asyncio.sleep(0)
-    try:
-        out = await asyncio.wait_for(work, 10)
-    finally:
-        stop = True
-        await t
-    return out, n
-
-
 def test_a_hung_shared_folder_neither_blocks_the_loop_nor_loses_the_crash(
     tmp_path: Path,
     hung: Callable[..., Any],
@@ -246,10 +226,10 @@ def test_a_hung_shared_folder_neither_blocks_the_loop_nor_loses_the_crash(
         assert sent, "the held crash was dropped at shutdown"
         return at_once, time.monotonic() - start
 
-    async def scenario() -> tuple[tuple[list[Finding], float], int]:
-        return await _ticks_while(crash_and_shut_down())
+    async def scenario() -> tuple[tuple[list[Finding], float], int, float]:
+        return await ticks_during(crash_and_shut_down())
 
-    (at_once, took), ticks = asyncio.run(scenario())
+    (at_once, took), ticks, _ = asyncio.run(scenario())
     assert ticks >= 5, f"the loop turned {ticks} times in {took:.2f}s: the folder's hang blocked it"
     assert at_once == []  # held while the folder is asked, off the loop
     assert IO_TIMEOUT * 0.9 <= took < IO_TIMEOUT + 2.0  # out after the store's timeout, not the hang's end

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from conftest import ticks_during
 from rankwatch import offloop
 from rankwatch.actions.alerts import AlertDispatcher
 from rankwatch.config.schema import AlertsConfig, Config, ServerConfig
@@ -64,27 +65,6 @@ def _run(hung: Any, go: Callable[[], Any]) -> None:
     asyncio.run(main())
 
 
-async def _ticks_during(coro: Any) -> tuple[Any, int, float]:
-    """Run ``coro`` (at most 5 s); count the loop's turns meanwhile (a wedged loop counts none)."""
-    n = 0
-    stop = False
-
-    async def tick() -> None:
-        nonlocal n
-        while not stop:
-            n += 1
-            await asyncio.sleep(0.001)
-
-    t = asyncio.create_task(tick())
-    start = time.monotonic()
-    try:
-        out = await asyncio.wait_for(coro, 5)
-    finally:
-        stop = True
-        await t
-    return out, n, time.monotonic() - start
-
-
 @pytest.mark.unit
 def test_a_hung_call_times_out_is_logged_once_counted_and_leaves_one_thread(
     hung: Any, caplog: pytest.LogCaptureFixture
@@ -98,7 +78,7 @@ def test_a_hung_call_times_out_is_logged_once_counted_and_leaves_one_thread(
                 with pytest.raises(asyncio.TimeoutError):
                     await offloop.fs(hung, name="rankwatch-test", errors=errors, component="dumps")
 
-        _, ticks, took = await _ticks_during(twice())
+        _, ticks, took = await ticks_during(twice())
         assert TIMEOUT <= took < TIMEOUT + 2  # the second call did not wait again
         assert ticks >= 5
 
@@ -123,11 +103,11 @@ def test_a_hung_dump_store_does_not_wedge_the_api(tmp_path: Path, hung: Any) -> 
                     async with s.get(server.url + path) as r:
                         return r.status
 
-                status, ticks, took = await _ticks_during(ask("/api/dumps"))
+                status, ticks, took = await ticks_during(ask("/api/dumps"))
                 assert status == 503 and took < TIMEOUT + 2 and ticks >= 5
-                status, _, _ = await _ticks_during(ask("/api/dumps/20240501T100000Z_stall/0"))
+                status, _, _ = await ticks_during(ask("/api/dumps/20240501T100000Z_stall/0"))
                 assert status == 503
-                status, _, _ = await _ticks_during(ask("/healthz"))
+                status, _, _ = await ticks_during(ask("/healthz"))
                 assert status == 200
         finally:
             await server.close()
@@ -142,7 +122,7 @@ def test_a_hung_dumps_folder_does_not_hold_the_capture(tmp_path: Path, hung: Any
     agent._incident = hung  # type: ignore[method-assign]
 
     async def go() -> None:
-        folder, ticks, took = await _ticks_during(agent.capture_dumps("stall"))
+        folder, ticks, took = await ticks_during(agent.capture_dumps("stall"))
         assert folder is None and took < TIMEOUT + 2 and ticks >= 5
 
     _run(hung, go)
@@ -155,7 +135,7 @@ def test_a_hung_spool_does_not_hold_the_dispatcher(tmp_path: Path, hung: Any) ->
 
     async def go() -> None:
         d = AlertDispatcher(cfg, IDENT, sinks=[])
-        out, ticks, took = await _ticks_during(d.delivery._spool_op(hung))
+        out, ticks, took = await ticks_during(d.delivery._spool_op(hung))
         assert out is None and took < TIMEOUT + 2 and ticks >= 5
         assert d.errors.get("alerts") == 1
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from conftest import FakeClock, source_nodes, until
+from conftest import FakeClock, source_nodes, ticks_during, until
 from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
@@ -103,27 +103,6 @@ class HungProber:
         return []
 
 
-async def _ticks_during(coro: Coroutine[Any, Any, Any]) -> tuple[Any, int, float]:
-    """Run ``coro`` (at most 5 s); count the loop's turns meanwhile (a wedged loop counts none)."""
-    n = 0
-    stop = False
-
-    async def tick() -> None:
-        nonlocal n
-        while not stop:
-            n += 1
-            await asyncio.sleep(0.002)
-
-    t = asyncio.create_task(tick())
-    start = time.monotonic()
-    try:
-        out = await asyncio.wait_for(coro, 5)
-    finally:
-        stop = True
-        await t
-    return out, n, time.monotonic() - start
-
-
 def _bounded_run(stuck: Stuck, main: Callable[[], Coroutine[Any, Any, Any]]) -> tuple[Any, float, bool]:
     """``asyncio.run(main())`` with a watchdog that releases the stuck call after WATCHDOG_S:
     (its result, the seconds it took, whether the watchdog had to step in)."""
@@ -161,7 +140,7 @@ def test_a_hung_sample_leaves_one_thread_keeps_the_loop_turning_and_claims_nothi
                 clock.advance(60.0)  # far past every stall timeout: no sample, no verdict
                 assert await w.sample_once() == []
 
-        _, ticks, took = await _ticks_during(many())
+        _, ticks, took = await ticks_during(many())
         assert took < TIMEOUT + 2  # only the first period waited for the timeout
         assert ticks >= 5  # the loop kept turning
         assert len(_proc_threads()) == 1 and stuck.most_inside == 1  # one thread on the hung process
@@ -290,9 +269,9 @@ def test_a_capture_stuck_on_the_process_is_a_failed_dump_that_says_why(
     agent.add_watcher([tmp_path / "rank-0.log"]).attach(os.getpid())
 
     async def main() -> tuple[Path | None, Path | None]:
-        first, ticks, took = await _ticks_during(agent.capture_dumps("stall"))
+        first, ticks, took = await ticks_during(agent.capture_dumps("stall"))
         assert took < 0.1 + TIMEOUT + 2 and ticks >= 5
-        again, _, took = await _ticks_during(agent.capture_dumps("stall"))
+        again, _, took = await ticks_during(agent.capture_dumps("stall"))
         assert took < 2
         return first, again
 
