@@ -51,3 +51,22 @@ def test_the_main_thread_gets_its_handler() -> None:
 
     asyncio.run(main())
     assert hit == [7]
+
+
+@pytest.mark.parametrize("error", [OSError(22, "Invalid argument"), ValueError("signal number out of range")])
+def test_a_signal_the_loop_refuses_otherwise_is_counted_not_raised(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    """add_signal_handler re-raises an OSError that is not EINVAL, and ValueError for a signal
+    it cannot take: the agent starts without that handler, as it does off the main thread."""
+    monkeypatch.setattr(signals, "_told", False)
+    errors: dict[str, int] = {}
+
+    class Refusing:
+        def add_signal_handler(self, *_: object) -> None:
+            raise error
+
+    with caplog.at_level(logging.WARNING, "rankwatch.signals"):
+        got = signals.on_signal(Refusing(), signal.SIGTERM, lambda: None, errors=errors)  # type: ignore[arg-type]
+    assert got is False and errors == {"signals": 1}
+    assert caplog.text.count("no signal handlers in this event loop") == 1

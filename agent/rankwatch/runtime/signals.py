@@ -29,11 +29,18 @@ def on_signal(
     global _told
     try:
         loop.add_signal_handler(sig, callback, *args)
-    except (NotImplementedError, RuntimeError) as e:
+    except (NotImplementedError, RuntimeError, OSError, ValueError) as e:
+        # NotImplementedError off Unix; RuntimeError outside the main thread; OSError or
+        # ValueError where the signal cannot be caught here (a sandbox, an embedding program).
         if errors is not None:
             errors["signals"] = errors.get("signals", 0) + 1
         if not _told:
             _told = True
-            log.info("no signal handlers in this event loop (%s): running without %s and others", e, sig.name)
+            log.warning(
+                "no signal handlers in this event loop (%s): running without %s and others; "
+                "further ones only counted",
+                e,
+                sig.name,
+            )
         return False
     return True
