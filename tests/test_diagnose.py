@@ -22,6 +22,7 @@ from rankwatch.config.loader import load_config
 from rankwatch.dumps.diff import diff_incident
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
+from rankwatch.runtime import agent as agent_mod
 from rankwatch.runtime import diagnose
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.diagnose import CrossRank
@@ -236,7 +237,7 @@ def test_a_hung_shared_folder_neither_blocks_the_loop_nor_loses_the_crash(
     [f] = sent  # once
     assert f.kind == "crash" and f.message == message and "first_failure" not in f.evidence
     assert agent.internal_errors_by_component == {"dumps": 1}
-    assert offloop.timeouts == {diagnose.DUMPS_IO: 1}
+    assert offloop.timeouts == {agent_mod.DUMPS_IO: 1}
     assert sum("a blocking call did not return" in r.getMessage() for r in caplog.records) == 1
 
 

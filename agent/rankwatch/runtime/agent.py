@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import psutil
 
@@ -37,6 +37,9 @@ from rankwatch.runtime.faces import SnapshotBuilder
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.snapshot import AgentSnapshot, HttpCounters
+
+T = TypeVar("T")
+DUMPS_IO = "rankwatch-dumps"  # offloop's name for calls into the (shared) dumps folder
 
 log = logging.getLogger("rankwatch.agent")
 
@@ -401,18 +404,26 @@ class Agent:
                 log.exception("dump capture failed")
                 return None
 
+    async def dumps_io(
+        self, fn: Callable[..., T], *args: Any, name: str = DUMPS_IO, timeout: float | None = None
+    ) -> T:
+        """A call into the (shared) dumps folder off the loop (``offloop.fs``: a daemon thread, a
+        timeout, one stuck call per ``name``), its failures counted under ``dumps``."""
+        return await offloop.fs(
+            fn,
+            *args,
+            name=name,
+            timeout=timeout,
+            errors=self.internal_errors_by_component,
+            component="dumps",
+        )
+
     async def _capture(
         self, reason: str, incident: str | None = None, on_stacks: Callable[[], None] | None = None
     ) -> Path | None:
         c = self.cfg.dumps
         if incident is None:
-            incident = await offloop.fs(
-                self._incident,
-                reason,
-                name="rankwatch-dumps",
-                errors=self.internal_errors_by_component,
-                component="dumps",
-            )
+            incident = await self.dumps_io(self._incident, reason)
         self._joined.add(incident)
         folder: Path | None = None
         captured: list[int | None] = []  # as the findings name the ranks
@@ -442,16 +453,8 @@ class Agent:
                 "local_rank": w.identity.local_rank,
             }
             try:
-                txt = await offloop.fs(
-                    self.store.write_rank,
-                    self.identity.run,
-                    incident,
-                    rank,
-                    result,
-                    meta,
-                    name="rankwatch-dumps",
-                    errors=self.internal_errors_by_component,
-                    component="dumps",
+                txt = await self.dumps_io(
+                    self.store.write_rank, self.identity.run, incident, rank, result, meta
                 )
             except asyncio.TimeoutError:
                 failures[rank] = f"the dumps folder {self.store.root} does not answer (hung filesystem?)"
@@ -492,27 +495,12 @@ class Agent:
             on_stacks()  # the stall finding goes out now; the extras below can take seconds
         for rank in dumped:
             try:
-                extras = await offloop.fs(
-                    self._extras,
-                    rank,
-                    name="rankwatch-extras",
-                    errors=self.internal_errors_by_component,
-                    component="dumps",
-                )
+                extras = await self.dumps_io(self._extras, rank, name="rankwatch-extras")
             except asyncio.TimeoutError:
                 continue
             for name, data in extras.items():
                 try:
-                    await offloop.fs(
-                        self.store.write_extra,
-                        self.identity.run,
-                        incident,
-                        name,
-                        data,
-                        name="rankwatch-dumps",
-                        errors=self.internal_errors_by_component,
-                        component="dumps",
-                    )
+                    await self.dumps_io(self.store.write_extra, self.identity.run, incident, name, data)
                 except asyncio.TimeoutError:
                     break
                 except OSError as e:

@@ -47,7 +47,6 @@ from rankwatch.runtime.agent import capture_off_loop
 log = logging.getLogger("rankwatch.diagnose")
 T = TypeVar("T")
 
-DUMPS_IO = "rankwatch-dumps"  # offloop's name for calls into the (shared) dumps folder
 STALL_WAIT_S = 10.0  # how long a stall finding waits for its peers' stacks
 FAILURE_WAIT_S = 3.0  # how long a peer-failure crash waits for the first failure's record
 FAILURE_POLL_S = 0.2  # ... re-reading the folder this often
@@ -175,15 +174,9 @@ class CrossRank:
 
     # --- shared files ------------------------------------------------------------------
     async def _store_io(self, fn: Callable[..., T], *args: Any, timeout: float = STALL_WAIT_S) -> T:
-        """A dumps-folder call off the loop (``offloop.fs``), its failures counted under ``dumps``."""
-        return await offloop.fs(
-            fn,
-            *args,
-            name=DUMPS_IO,
-            timeout=timeout,
-            errors=self.agent.internal_errors_by_component,
-            component="dumps",
-        )
+        """A dumps-folder call off the loop (``Agent.dumps_io``), waiting at most ``timeout``."""
+        result: T = await self.agent.dumps_io(fn, *args, timeout=timeout)
+        return result
 
     def _write(self, name: str, doc: dict[str, Any]) -> None:
         try:
