@@ -54,6 +54,12 @@ T = TypeVar("T")
 
 
 @functools.cache
+def inspect_unwrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+    import inspect
+
+    return inspect.unwrap(fn)
+
+
 def source_nodes(path: Path) -> tuple[ast.AST, ...]:
     """Every node of ``path``'s syntax tree (``ast.walk`` order), parsed once per test run."""
     return tuple(ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))))
@@ -107,6 +113,75 @@ def _tier_problem(item: pytest.Item) -> str | None:
     return None
 
 
+# --- no wall-clock assertion in the unit tier ------------------------------------------------------
+# A unit test that asserts an elapsed wall-clock time (`assert time.monotonic() - t0 < 0.1`)
+# passes or fails with the machine's load, not with the code. Collection refuses one: use a fake
+# clock, count loop turns (`ticks_during`), or let a hang fail by the test's timeout instead.
+_CLOCKS = frozenset({"monotonic", "perf_counter", "time", "monotonic_ns", "perf_counter_ns"})
+
+
+def _is_clock_read(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _CLOCKS
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "time"
+    )
+
+
+def wall_clock_asserts(tree: ast.AST) -> list[int]:
+    """Lines of ``assert``s in ``tree`` that compare a wall-clock duration."""
+    reads: set[str] = set()
+    durations: set[str] = set()
+
+    def mentions_read(e: ast.AST) -> bool:
+        return any(_is_clock_read(x) or (isinstance(x, ast.Name) and x.id in reads) for x in ast.walk(e))
+
+    def is_duration(e: ast.AST) -> bool:
+        return any(
+            (
+                isinstance(x, ast.BinOp)
+                and isinstance(x.op, ast.Sub)
+                and (mentions_read(x.left) or mentions_read(x.right))
+            )
+            or (isinstance(x, ast.Name) and x.id in durations)
+            for x in ast.walk(e)
+        )
+
+    for _ in range(2):  # a duration may be derived from a duration assigned later in the text
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                names = [x.id for t in node.targets for x in ast.walk(t) if isinstance(x, ast.Name)]
+                if _is_clock_read(node.value):
+                    reads.update(names)
+                elif is_duration(node.value):
+                    durations.update(names)
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assert)
+        and any(isinstance(c, ast.Compare) and is_duration(c) for c in ast.walk(node.test))
+    )
+
+
+@functools.cache
+def _unit_wall_clock_problem(fn: Callable[..., Any]) -> str | None:
+    import inspect
+    import textwrap
+
+    try:
+        src = textwrap.dedent(inspect.getsource(fn))
+        first = inspect.getsourcelines(fn)[1]
+    except (OSError, TypeError):
+        return None
+    lines = wall_clock_asserts(ast.parse(src))
+    if not lines:
+        return None
+    where = ", ".join(str(first + n - 1) for n in lines)
+    return f"asserts a wall-clock duration (line {where}): a unit test may not; see tests/conftest.py"
+
+
 HOW = (
     "add `pytestmark = pytest.mark.<tier>` below the imports of the file (all its tests alike) or "
     "`@pytest.mark.<tier>` on each test, where <tier> is\n"
@@ -122,6 +197,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     problems: dict[str, list[str]] = {}
     for item in items:
         problem = _tier_problem(item)
+        fn = getattr(item, "obj", None)
+        if problem is None and item.get_closest_marker("unit") is not None and callable(fn):
+            problem = _unit_wall_clock_problem(inspect_unwrap(fn))
         if problem:
             test = re.sub(r"\[.*\]$", "", item.nodeid)
             line = f"  {test}: {problem}"
@@ -134,15 +212,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             + "\n".join(lines)
             + ("\n" + HOW if "no tier" in problems else "")
         )
-    # Many tests start real programs (agents, trainers, Slurm, Prometheus, Chromium) and wait on
-    # wall-clock deadlines, on a 2-core machine that other work shares: a missed deadline is
-    # retried once (pytest-rerunfailures) before it fails the run. A real defect fails both
-    # tries, and a rerun shows in the summary ("N rerun"), so flakiness stays visible.
-    # Deterministic unit tests are unaffected.
+    # Tests that start real programs (agents, trainers, Slurm, Prometheus, Chromium) wait on
+    # wall-clock deadlines on a 2-core machine that other work shares: a missed deadline there
+    # is retried once (pytest-rerunfailures). Unit tests are deterministic and never retried: a
+    # unit test that fails once has found something. Every rerun is named in the summary and
+    # more than RERUN_LIMIT of them fail the run (pytest_sessionfinish below), so flakiness
+    # cannot hide behind retries.
     if config.pluginmanager.hasplugin("rerunfailures"):
         for item in items:
-            if item.get_closest_marker("flaky") is None:
+            if item.get_closest_marker("flaky") is None and item.get_closest_marker("unit") is None:
                 item.add_marker(pytest.mark.flaky(reruns=1, reruns_delay=1))
+
+
+# How many reruns a whole run may need before it fails; RANKWATCH_RERUN_LIMIT overrides.
+RERUN_LIMIT = int(os.environ.get("RANKWATCH_RERUN_LIMIT", "3"))
+_RERUNS: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.outcome == "rerun" and report.when == "call":  # type: ignore[comparison-overlap]
+        _RERUNS.append(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _RERUNS:
+        return
+    terminalreporter.section(f"reruns ({len(_RERUNS)} of at most {RERUN_LIMIT})")
+    for nodeid in _RERUNS:
+        terminalreporter.write_line(f"RERUN {nodeid}")
+    if len(_RERUNS) > RERUN_LIMIT:
+        terminalreporter.write_line(f"more than {RERUN_LIMIT} reruns: the run fails (RANKWATCH_RERUN_LIMIT)")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if len(_RERUNS) > RERUN_LIMIT and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _stand_in(name: str, refuse: Callable[[str], NoReturn]) -> Callable[..., NoReturn]:

@@ -598,6 +598,7 @@ def test_slow_peer_reads_still_send_one_grouped_alert_and_mark(
         release.set()
 
 
+@pytest.mark.timeout(30)
 def test_a_hung_board_does_not_keep_the_agent_from_exiting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -630,14 +631,11 @@ def test_a_hung_board_does_not_keep_the_agent_from_exiting(
             await until(lambda: len(sink.alerts) == 1)
         return sink.alerts
 
-    t0 = time.monotonic()
     try:
-        alerts = asyncio.run(go())
-        took = time.monotonic() - t0
+        alerts = asyncio.run(go())  # a hung board call that kept it from returning fails by timeout
     finally:
         hang.set()
     assert [a.ranks for a in alerts] == [[0]]
-    assert took < 5.0, f"asyncio.run returned after {took:.1f}s"
 
 
 def test_board_cleans_old_temp_files_and_keeps_markers_longer_than_records(tmp_path: Path) -> None:

@@ -287,9 +287,7 @@ def test_echo_to_a_full_pipe_drops_counts_and_resumes_with_a_note(tmp_path: Path
 
         assert await until(drained)
         got += tail
-        t = time.monotonic()
-        await echo.close(2.0)
-        assert time.monotonic() - t < 3.0
+        await asyncio.wait_for(echo.close(2.0), timeout=20)  # a close that ignores its bound hangs
         return got
 
     try:

@@ -405,6 +405,7 @@ def test_follower_refuses_a_symlink_swap_once_counts_it_and_reads_on_when_the_fi
 
 
 @pytest.mark.unit
+@pytest.mark.timeout(20)
 def test_follower_never_opens_a_fifo_swapped_in(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.log"
     path.write_text("a\n")
@@ -412,9 +413,8 @@ def test_follower_never_opens_a_fifo_swapped_in(tmp_path: Path) -> None:
     assert [x.text for x in f.read_available()] == ["a"]
     path.unlink()
     os.mkfifo(path)  # no writer: a plain open would hang the agent's loop
-    started = time.monotonic()
-    assert f.read_available() == []
-    assert time.monotonic() - started < 1 and f.stats.refused_opens == 1
+    assert f.read_available() == []  # a blocking open hangs here and fails by the timeout
+    assert f.stats.refused_opens == 1
     f.close()
 
 
@@ -545,6 +545,7 @@ def test_open_file_beneath_reads_a_regular_file_and_refuses_every_trap(tmp_path:
 
 
 @pytest.mark.unit
+@pytest.mark.timeout(20)
 def test_open_file_beneath_catches_a_swap_between_its_lstat_and_its_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -561,10 +562,8 @@ def test_open_file_beneath_catches_a_swap_between_its_lstat_and_its_open(
     monkeypatch.setattr(os, "stat", swapping_stat)
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        started = time.monotonic()
         with pytest.raises(safeio.Refused, match="replaced while being opened"):
-            safeio.open_file_beneath(fd, ["f"])
-        assert time.monotonic() - started < 1  # O_NONBLOCK: the FIFO never hangs the open
+            safeio.open_file_beneath(fd, ["f"])  # O_NONBLOCK: a FIFO would hang it (test timeout)
     finally:
         os.close(fd)
 

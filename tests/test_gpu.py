@@ -9,7 +9,6 @@ import random
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
@@ -307,6 +306,7 @@ def test_xid_events_not_supported_disable_the_event_wait() -> None:
 
 
 @pytest.mark.unit
+@pytest.mark.timeout(20)
 def test_hung_call_returns_within_timeout_and_does_not_pile_up_threads() -> None:
     release = threading.Event()
     fb = FakeBackend([healthy(0, hang={"temperature": release})])
@@ -317,14 +317,10 @@ def test_hung_call_returns_within_timeout_and_does_not_pile_up_threads() -> None
 
     async def go() -> None:
         assert await sampler.start()
-        t0 = time.monotonic()
-        assert await sampler.sample_once() == []
-        assert time.monotonic() - t0 < 1.0
+        assert await sampler.sample_once() == []  # a call not timed out hangs (test timeout)
         assert not sampler.up and sampler.timeouts == 1
-        t0 = time.monotonic()
-        for _ in range(3):
+        for _ in range(3):  # skipped, not called again: nothing waits on the hung call
             assert await sampler.sample_once() == []
-        assert time.monotonic() - t0 < 0.1
         assert sampler.skipped == 3 and fb.calls["temperature"] == 1 and nvml_threads() == 1
         release.set()
         await until(lambda: sampler.up, timeout=2.0)

@@ -97,3 +97,49 @@ def test_a_process_test_may_start_one(pytester: pytest.Pytester) -> None:
     body = "import subprocess\nimport pytest\n\npytestmark = pytest.mark.process\n\n"
     body += "def test_spawns():\n    assert subprocess.run(['true']).returncode == 0\n"
     run(pytester, body).assert_outcomes(passed=1)
+
+
+@pytest.mark.unit
+def test_a_unit_test_asserting_a_wall_clock_duration_fails_collection(pytester: pytest.Pytester) -> None:
+    body = (
+        "import time, pytest\n\n"
+        "@pytest.mark.unit\n"
+        "def test_fast():\n"
+        "    t0 = time.monotonic()\n"
+        "    took = time.monotonic() - t0\n"
+        "    assert took < 0.1\n\n"
+        "@pytest.mark.process\n"
+        "def test_real_process_may():\n"
+        "    t0 = time.monotonic()\n"
+        "    assert time.monotonic() - t0 < 5\n"
+    )
+    res = run(pytester, body)
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*test_it.py::test_fast: asserts a wall-clock duration (line 7)*"])
+    assert "test_real_process_may" not in res.stderr.str()
+
+
+@pytest.mark.unit
+def test_only_tests_that_start_real_programs_are_rerun_and_each_rerun_is_named(
+    pytester: pytest.Pytester,
+) -> None:
+    body = (
+        "import pytest\n\n"
+        "N = {'p': 0, 'u': 0}\n\n"
+        "@pytest.mark.process\n"
+        "def test_p():\n"
+        "    N['p'] += 1\n"
+        "    assert N['p'] > 1\n\n"
+        "@pytest.mark.unit\n"
+        "def test_u():\n"
+        "    N['u'] += 1\n"
+        "    assert N['u'] > 1\n"
+    )
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini(INI)
+    pytester.makepyfile(test_it=body)
+    off = [f"-pno:{p}" for p in NOT_NEEDED if p != "rerunfailures"]
+    res = pytester.runpytest_inprocess("--import-mode=importlib", "-p", "rerunfailures", *off)
+    res.assert_outcomes(passed=1, failed=1)  # the unit test is not retried
+    res.stdout.fnmatch_lines(["*1 failed, 1 passed, 1 rerun*"])
+    res.stdout.fnmatch_lines(["*reruns (1 of at most *)*", "RERUN test_it.py::test_p"])
