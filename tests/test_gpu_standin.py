@@ -341,3 +341,32 @@ def test_live_agent_exports_changing_readings(standin: dict[str, Path], tmp_path
         assert xid and "48" in xid[0]["message"], found
     finally:
         stop_processes([proc])
+
+
+def _real_nvml_test(
+    standin: dict[str, Path], tmp_path: Path, *plugin: str
+) -> subprocess.CompletedProcess[str]:
+    state = tmp_path / "nvml-state.txt"
+    state.write_text(HEALTHY)
+    args = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    args += [*plugin, str(Path(__file__).parent / "test_gpu_real_nvml.py")]
+    env = {**_env(standin["full"], state), "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_real_nvml_test_runs_on_nvml_and_fails_when_the_backend_breaks(
+    standin: dict[str, Path], tmp_path: Path
+) -> None:
+    """Where NVML starts, tests/test_gpu_real_nvml.py must run, and a broken backend must fail it:
+    it may skip only where NVML itself says there is no GPU."""
+    ok = _real_nvml_test(standin, tmp_path)
+    assert ok.returncode == 0 and "skipped" not in ok.stdout, ok.stdout + ok.stderr
+    (tmp_path / "planted_nvml_bug.py").write_text(
+        "from rankwatch.gpu.backend import NvmlBackend\n\n"
+        "def _broken(self, index):\n"
+        "    raise RuntimeError('planted: the backend broke')\n\n"
+        "NvmlBackend.device_info = _broken\n"
+    )
+    broken = _real_nvml_test(standin, tmp_path, "-p", "planted_nvml_bug")
+    assert broken.returncode == 1 and "1 failed" in broken.stdout, broken.stdout + broken.stderr
+    assert "skipped" not in broken.stdout
