@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -62,7 +63,12 @@ def test_two_agents_send_one_grouped_stall_alert(tmp_path: Path) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not any(a.get("kind") == "stall" for a in got):
             time.sleep(0.2)
-        time.sleep(4.0)  # group_wait and a takeover window: a second sender would have posted by now
+        # A second sender posts before its agent is gone: stop both (each flushes what is queued
+        # and exits) and count then, not after a guessed delay.
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=60)
         stalls = [a for a in got if a.get("kind") == "stall" and a.get("status", "firing") == "firing"]
         assert len(stalls) == 1, json.dumps(got, indent=1)[:3000]
         assert stalls[0]["ranks"] == [0, 1], json.dumps(stalls[0])[:2000]

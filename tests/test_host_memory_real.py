@@ -7,21 +7,22 @@ sample and the clock moves ``SIM_PER_STEP`` (30 s) of simulated time, so the det
 30-minute window is covered by about 65 steps, a second or two of real time.
 
 The memory limit: the test machine's own RAM is far too large for a few hundred MiB to run
-out within the hour, so the samples' headroom is that of a cgroup of ``LIMIT_ABOVE`` (700 MiB)
-above the child's usage when the test starts, holding only the child's tree: its usage is
-the tree's PSS (each page counted once, as a memory cgroup charges it), read from
-``/proc/<pid>/smaps_rollup`` by psutil. RSS and everything else in the sample is the prober's.
+out within the hour, so the child's tree runs in a real memory cgroup of its own (v1 or v2,
+made by the test under its own) whose limit is ``LIMIT_ABOVE`` (700 MiB) above what the cgroup
+is charged once the tree is in it. Everything in the sample, limit and headroom included, is
+what the prober reads itself.
 The leak adds 4 MiB a step, 8 MiB a simulated minute: once the window is full (~250 MiB
 leaked) what is left runs out in under an hour, so the warning must come then.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
 import pytest
@@ -121,6 +122,54 @@ def charged(pid: int) -> int:
     return sum(int(q.memory_full_info().pss) for q in [root, *root.children(recursive=True)])
 
 
+def _own_memory_cgroup() -> tuple[Path, str] | None:
+    """This process's memory cgroup folder and its limit file's name (v1 first, then v2)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        num, ctrls, rel = line.split(":", 2)
+        if "memory" in ctrls.split(","):
+            return Path("/sys/fs/cgroup/memory") / rel.lstrip("/"), "memory.limit_in_bytes"
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        num, ctrls, rel = line.split(":", 2)
+        if num == "0" and not ctrls:
+            base = Path("/sys/fs/cgroup") / rel.lstrip("/")
+            if "memory" in (base / "cgroup.subtree_control").read_text(errors="replace").split():
+                return base, "memory.max"
+    return None
+
+
+@contextmanager
+def memory_cgroup(pids: list[int], above: int) -> Iterator[int]:
+    """Move ``pids`` into a new memory cgroup; its limit is ``above`` over what it is charged."""
+    own = _own_memory_cgroup()
+    if own is None:
+        pytest.skip("needs root: no memory cgroup controller this test may make a cgroup under")
+    parent, limit_file = own
+    cg = parent / f"rankwatch-test-{os.getpid()}-{pids[0]}"
+    try:
+        cg.mkdir()
+        if limit_file == "memory.limit_in_bytes":  # v1: bring what the pages cost along, where
+            try:  # the kernel still can (it is gone from recent ones: new pages are charged)
+                (cg / "memory.move_charge_at_immigrate").write_text("3")
+            except OSError:
+                pass
+        for pid in pids:
+            (cg / "cgroup.procs").write_text(str(pid))
+    except OSError as e:
+        pytest.skip(f"needs root: cannot make a memory cgroup under {parent}: {e}")
+    try:
+        usage = "memory.usage_in_bytes" if limit_file == "memory.limit_in_bytes" else "memory.current"
+        limit = int((cg / usage).read_text()) + above
+        (cg / limit_file).write_text(str(limit))
+        yield limit
+    finally:
+        for pid in (cg / "cgroup.procs").read_text().split():  # back to where they came from
+            try:
+                (parent / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        cg.rmdir()
+
+
 def watch(
     code: str, cfg: Config, *, ready: bool = False, above: int = LIMIT_ABOVE
 ) -> tuple[list[tuple[int, Finding]], list[int]]:
@@ -131,23 +180,22 @@ def watch(
     with child(code) as p:
         if ready:  # the program forks its worker first and says when it is there
             assert p.stdout is not None and p.stdout.readline().strip() == "ok"
-        prober = ProcessProber(p.pid, clock=clock)
-        limit = charged(p.pid) + above
-        eng = RankEngine(cfg, rank=0, path="rank-0.log")
-        for i in range(MAX_STEPS):
-            step(p)
-            clock.advance(SIM_PER_STEP)
-            s = prober.sample()
-            assert s.alive and s.rss_bytes > 0 and s.memory_available_bytes is not None
-            s = dataclasses.replace(
-                s, memory_limit_bytes=limit, memory_available_bytes=max(0, limit - charged(p.pid))
-            )
-            assert isinstance(s, ProcessSample)
-            rss.append(s.rss_bytes)
-            found.extend((i, f) for f in eng.feed(s) if f.kind == KIND)
-            if found:
-                break
-        assert eng.internal_errors == 0
+        tree = [p.pid, *(q.pid for q in psutil.Process(p.pid).children(recursive=True))]
+        with memory_cgroup(tree, above) as limit:
+            prober = ProcessProber(p.pid, clock=clock)
+            eng = RankEngine(cfg, rank=0, path="rank-0.log")
+            for i in range(MAX_STEPS):
+                step(p)
+                clock.advance(SIM_PER_STEP)
+                s = prober.sample()
+                assert s.alive and s.rss_bytes > 0 and s.memory_available_bytes is not None
+                assert s.memory_limit_bytes == limit  # the prober found the cgroup's limit itself
+                assert isinstance(s, ProcessSample)
+                rss.append(s.rss_bytes)
+                found.extend((i, f) for f in eng.feed(s) if f.kind == KIND)
+                if found:
+                    break
+            assert eng.internal_errors == 0
     return found, rss
 
 
