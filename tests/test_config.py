@@ -16,6 +16,7 @@ from rankwatch.config import loader
 from rankwatch.config.loader import (
     ConfigError,
     config_from_dict,
+    config_from_yaml,
     load_config,
     parse_override,
     with_overrides,
@@ -1074,3 +1075,12 @@ def test_cli_config_check_and_show(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     for secret in ("pw0rd-x", "s1gn4ture", "lit3ral-s3cret", "t0k3n-literal"):
         assert secret not in out.stdout and secret not in out.stderr, secret
+
+
+@pytest.mark.unit
+def test_dumps_native_with_nonblocking_is_refused_as_py_spy_refuses_it() -> None:
+    with pytest.raises(ConfigError) as e:
+        config_from_yaml("dumps:\n  native: true\n  nonblocking: true\n", source="rw.yaml")
+    msg = str(e.value)
+    assert "rw.yaml" in msg and "dumps" in msg and "--nonblocking" in msg, msg
+    assert config_from_yaml("dumps: {native: true}\n").dumps.native

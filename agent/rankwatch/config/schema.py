@@ -328,6 +328,16 @@ class DumpsConfig:
         "buffer on unless set) and collect its trace into the incident on a stall",
     )
 
+    def __post_init__(self) -> None:
+        # py-spy exits at once with "Can't get native stack traces with the --nonblocking
+        # option.": accepted here, every dump of the run would fail.
+        if self.native and self.nonblocking:
+            raise ValueError(
+                "native: true and nonblocking: true cannot be combined: py-spy must pause the "
+                "target to read native frames ('Can't get native stack traces with the "
+                "--nonblocking option.'); set one of them to false"
+            )
+
 
 @dataclass(frozen=True)
 class RunModeConfig:
