@@ -5,7 +5,7 @@
 Each rank has a full step window (4096 step lines with every field a framework can
 print), evaluations, a sampled live process and findings fired and resolved. The GPU and
 checkpoint collectors run as in the agent (``Services``): 8 scripted GPUs through the real
-sampler (``rankwatch.gpu.fake``, as ``bench/fakegpu_agent.py``: no driver needed, only the
+sampler (``tests/gpufake.py``, as ``bench/fakegpu_agent.py``: no driver needed, only the
 NVML calls are not paid) and a checkpoint folder of Hugging Face saves judged by the real
 watcher, so every ``rankwatch_gpu_*`` and ``rankwatch_checkpoint_*`` series is there. The client
 runs on the same event loop as the server, as a co-located scraper would share the CPU,
@@ -25,6 +25,7 @@ import os
 import random
 import statistics
 import struct
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,12 +35,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from rankwatch.config.schema import Config, ServerConfig
 from rankwatch.config.snapshot import replaced
-from rankwatch.gpu import fake
 from rankwatch.identity import Identity
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.services import Services
 from rankwatch.server import start_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the fake GPU backend
+import gpufake as fake
 
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -58,7 +61,9 @@ def write_checkpoints(root: Path, when: float) -> Path:
         d.mkdir(parents=True)
         (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 32}))
         (d / "model.safetensors").write_bytes(_safetensors(4096))
-        history = [{"step": s, "loss": 3.0 - s / 1000, "learning_rate": 3e-4} for s in range(50, step + 1, 50)]
+        history = [
+            {"step": s, "loss": 3.0 - s / 1000, "learning_rate": 3e-4} for s in range(50, step + 1, 50)
+        ]
         state = {"global_step": step, "max_steps": 100_000, "log_history": history}
         (d / "trainer_state.json").write_text(json.dumps(state))
         for f in d.iterdir():

@@ -11,8 +11,12 @@ series) exactly as on a GPU node; only the NVML calls themselves are not paid.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from rankwatch.gpu import fake, sampler
+from rankwatch.gpu import sampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the fake GPU backend
+import gpufake as fake
 
 
 def main() -> int:

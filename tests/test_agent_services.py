@@ -16,9 +16,9 @@ import pytest
 from aiohttp import web
 
 from conftest import until
+from gpufake import FakeBackend, healthy
 from rankwatch.config.loader import load_config
 from rankwatch.config.snapshot import replaced
-from rankwatch.gpu.fake import FakeBackend, healthy
 from rankwatch.identity import Identity
 from rankwatch.runtime.modes import run_command
 from rankwatch.runtime.services import Services

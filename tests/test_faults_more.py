@@ -314,8 +314,8 @@ def test_spool_append_cut_by_a_full_disk_leaves_no_torn_line_behind(tmp_path: Pa
 def test_nvml_failing_hanging_and_losing_the_gpu_mid_run(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
+    from gpufake import FakeBackend, healthy
     from rankwatch.gpu.backend import FIELDS, GpuError
-    from rankwatch.gpu.fake import FakeBackend, healthy
 
     caplog.set_level(logging.INFO)
     log = tmp_path / "rank-0.log"

@@ -12,24 +12,9 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 
 from conftest import until
-from rankwatch.detectors.gpu import (
-    ACTIVITY_AMBIGUOUS,
-    ACTIVITY_BUSY,
-    ACTIVITY_IDLE,
-    ACTIVITY_SPINNING,
-    ACTIVITY_UNKNOWN,
-    GpuDetector,
-    gpu_activity,
-    staircase_step,
-)
-from rankwatch.detectors.trend import FloorHistory, sustained_climb
-from rankwatch.gpu import GpuConfig, GpuInfo, GpuSample
-from rankwatch.gpu.backend import error_kind
-from rankwatch.gpu.collector import GpuCollector, gpu_metric_families
-from rankwatch.gpu.fake import (
+from gpufake import (
     H100_TOTAL,
     FakeBackend,
     FakeGpu,
@@ -45,6 +30,21 @@ from rankwatch.gpu.fake import (
     throttle,
     unsupported,
 )
+from gpufake import exposition as gpufake_exposition
+from rankwatch.detectors.gpu import (
+    ACTIVITY_AMBIGUOUS,
+    ACTIVITY_BUSY,
+    ACTIVITY_IDLE,
+    ACTIVITY_SPINNING,
+    ACTIVITY_UNKNOWN,
+    GpuDetector,
+    gpu_activity,
+    staircase_step,
+)
+from rankwatch.detectors.trend import FloorHistory, sustained_climb
+from rankwatch.gpu import GpuConfig, GpuInfo, GpuSample
+from rankwatch.gpu.backend import error_kind
+from rankwatch.gpu.collector import gpu_metric_families
 from rankwatch.gpu.sampler import GpuSampler, map_pids_to_gpus
 from rankwatch.records import Finding, Severity
 
@@ -426,10 +426,11 @@ def test_sampler_watches_the_gpu_holding_the_pid() -> None:
 
     async def go() -> tuple[list[int], list[int], list[int]]:
         assert await sampler.start()
-        by_pid = await sampler.watch_pids([1, 7002], {"LOCAL_RANK": "0"})
+        by_pid = await sampler.map_ranks([(0, [1, 7002], {"LOCAL_RANK": "0"})])
         indices = [s.index for s in await sampler.sample_once()]
-        by_env = await sampler.watch_pids([1], {"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_RANK": "1"})
-        return by_pid, indices, by_env
+        by_env = await sampler.map_ranks([(1, [1], {"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_RANK": "1"})])
+        assert by_pid == {2: 0} and by_env == {1: 1}
+        return sorted(by_pid), indices, sorted(by_env)
 
     assert asyncio.run(go()) == ([2], [2], [1])
 
@@ -441,7 +442,7 @@ def test_configured_devices_win_and_accept_uuids() -> None:
 
     async def go() -> list[int]:
         assert await sampler.start()
-        await sampler.watch_pids([1], {"LOCAL_RANK": "0"})
+        await sampler.map_ranks([(0, [1], {"LOCAL_RANK": "0"})])
         return [s.index for s in await sampler.sample_once()]
 
     assert asyncio.run(go()) == [1, 3]
@@ -482,9 +483,7 @@ def test_gpu_activity_classes() -> None:
 
 
 def exposition(samples_by_rank: dict, up: bool) -> str:
-    registry = CollectorRegistry()
-    registry.register(GpuCollector(lambda: (samples_by_rank, up), LABELS))
-    return generate_latest(registry).decode()
+    return gpufake_exposition(samples_by_rank, LABELS, up)
 
 
 def _value(families: list, name: str, **labels: str) -> float | None:

@@ -9,11 +9,11 @@ import shutil
 import subprocess
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 
+from gpufake import exposition
 from rankwatch.gpu import GpuConfig, GpuSample
 from rankwatch.gpu.backend import NvmlBackend
-from rankwatch.gpu.collector import GpuCollector, gpu_metric_families
+from rankwatch.gpu.collector import gpu_metric_families
 from rankwatch.gpu.sampler import GpuSampler
 
 pytestmark = pytest.mark.tool  # NVML and promtool: real tools
@@ -56,10 +56,10 @@ def test_real_nvml_backend(caplog: pytest.LogCaptureFixture) -> None:
     backend = NvmlBackend()
     sampler = GpuSampler(GpuConfig(call_timeout=30.0), backend=backend)
 
-    async def go() -> tuple[bool, bool, list[GpuSample], list[GpuSample], list[int], list]:
+    async def go() -> tuple[bool, bool, list[GpuSample], list[GpuSample], dict[int, int | None], list]:
         ok = await sampler.start()
         first = await sampler.sample_once()
-        watched = await sampler.watch_pids([os.getpid()], {}) if ok else []
+        watched = await sampler.map_ranks([(0, [os.getpid()], {})]) if ok else {}
         second = await sampler.sample_once()
         up = sampler.up
         xids = backend.xid_events(0.01) if ok else []  # a healthy GPU: the wait times out cleanly
@@ -82,7 +82,8 @@ def test_real_nvml_backend(caplog: pytest.LogCaptureFixture) -> None:
 
     assert up and _up_value(families) == 1.0
     assert len(first) == len(sampler.devices) >= 1
-    assert sorted(watched) == sorted(sampler.devices)  # this test process holds no GPU context
+    # this test process holds no GPU context: nothing is tied to it, so every GPU is watched
+    assert watched == {} and sampler.watched is None and len(second) == len(sampler.devices)
     for a, b in zip(first, second, strict=True):
         for s in (a, b):
             assert not s.lost, s.lost_reason
@@ -127,9 +128,7 @@ def test_real_nvml_backend(caplog: pytest.LogCaptureFixture) -> None:
             assert b.energy >= a.energy  # a counter
     assert xids == []
 
-    registry = CollectorRegistry()
-    registry.register(GpuCollector(lambda: ({0: second}, True), LABELS))
-    text = generate_latest(registry).decode()
+    text = exposition({0: second}, LABELS, True)
     assert "rankwatch_gpu_memory_total_bytes{" in text and 'local_rank="0"' in text
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
     if os.path.exists(promtool):

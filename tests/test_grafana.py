@@ -29,11 +29,11 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import free_port, wait_for
+from gpufake import FakeBackend, healthy, xid
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.exporter import render
 from rankwatch.exporter.checkpoints import _GAUGES as CHECKPOINT_GAUGES
-from rankwatch.gpu.fake import FakeBackend, healthy, xid
 from rankwatch.gpu.sampler import GpuSampler
 from rankwatch.identity import Identity
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
@@ -274,7 +274,7 @@ def test_every_metric_in_the_dashboards_is_exported(tmp_path: Path) -> None:
 FAKE_GPU_AGENT = """
 import sys
 import rankwatch.runtime.services as services
-from rankwatch.gpu.fake import FakeBackend, healthy, xid
+from gpufake import FakeBackend, healthy, xid
 
 _init = services.Services.__init__
 

@@ -72,8 +72,8 @@ def test_live_agent_names_a_starved_gpu(tmp_path: Path) -> None:
     import asyncio
     import sys
 
+    from gpufake import FakeBackend, const, healthy
     from rankwatch.config.loader import config_from_yaml
-    from rankwatch.gpu.fake import FakeBackend, const, healthy
     from rankwatch.identity import Identity
     from rankwatch.runtime.modes import run_command
 

@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: the exposition helper
+from gpufake import exposition
 from rankwatch.config.schema import GpuConfig
 from rankwatch.gpu.backend import NvmlBackend
-from rankwatch.gpu.collector import GpuCollector
 from rankwatch.gpu.sampler import GpuSampler
 
 LABELS = {"run": "standin", "rank": "0", "local_rank": "0", "node": "n1"}
@@ -68,7 +67,8 @@ async def main(state: Path, steps: list[dict[str, Any]], timeout: float) -> dict
         if "set" in step:
             _edit(state, step["set"])
         if "map" in step:
-            out["mapped"] = await sampler.watch_pids(step["map"]["pids"], step["map"].get("env", {}))
+            owner = await sampler.map_ranks([(0, step["map"]["pids"], step["map"].get("env", {}))])
+            out["mapped"] = sorted(owner)  # the agent's own mapping call (Services._map_gpus)
         for _ in range(int(step.get("sample", 0))):
             samples = await sampler.sample_once()
             out["rounds"].append(
@@ -79,10 +79,7 @@ async def main(state: Path, steps: list[dict[str, Any]], timeout: float) -> dict
                     "errors": sampler.errors,
                 }
             )
-    registry = CollectorRegistry()
-    latest = sampler.latest()
-    registry.register(GpuCollector(lambda: ({0: latest}, sampler.up), LABELS))
-    out["metrics"] = generate_latest(registry).decode()
+    out["metrics"] = exposition({0: sampler.latest()}, LABELS, sampler.up)
     out["log"] = keep.lines
     await sampler.close()
     return out

@@ -13,7 +13,7 @@ join with them without ``ignoring()``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -243,30 +243,3 @@ def gpu_metric_families(
         nvlink_errors,
     ]
     return [f for f in families if f.samples or f is up_family]
-
-
-class GpuCollector:
-    """A prometheus-client custom collector: ``registry.register(GpuCollector(...))``.
-
-    ``source`` returns ``(samples_by_rank, up)`` at scrape time, e.g.
-    ``lambda: ({identity.rank: sampler.latest()}, sampler.up)``; ``local_ranks``, if given,
-    returns the local rank of each rank that is not the agent's own.
-    """
-
-    def __init__(
-        self,
-        source: Callable[[], tuple[Mapping[Any, Sequence[GpuSample]], bool]],
-        identity_labels: Mapping[str, str],
-        local_ranks: Callable[[], Mapping[Any, Any]] | None = None,
-    ) -> None:
-        self.source = source
-        self.identity_labels = dict(identity_labels)
-        self.local_ranks = local_ranks
-
-    def collect(self) -> Iterable[Metric]:
-        samples_by_rank, up = self.source()
-        local_ranks = self.local_ranks() if self.local_ranks is not None else None
-        return gpu_metric_families(samples_by_rank, self.identity_labels, up=up, local_ranks=local_ranks)
-
-    def describe(self) -> Iterable[Metric]:
-        return []

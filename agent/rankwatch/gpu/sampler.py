@@ -251,7 +251,7 @@ class GpuSampler:
                 log.warning(
                     "no GPU could be tied to the watched processes (NVML lists none of their PIDs, "
                     "and no CUDA_VISIBLE_DEVICES or LOCAL_RANK says which): reporting all %d GPU(s) of "
-                    "this node, which may belong to other jobs (attribution=\"unattributed\" on "
+                    'this node, which may belong to other jobs (attribution="unattributed" on '
                     "rankwatch_gpu_info); set gpu.devices to name them",
                     len(self.devices),
                 )
@@ -291,20 +291,27 @@ class GpuSampler:
             self.attribution.setdefault(i, how)
         return mapped
 
-    async def watch_pids(self, pids: Iterable[int], env: Mapping[str, str]) -> list[int]:
-        """Point the sampler at the GPUs of the watched process tree.
+    async def map_ranks(
+        self, trees: Iterable[tuple[int | None, Sequence[int], Mapping[str, str]]]
+    ) -> dict[int, int | None]:
+        """Tie GPUs to ranks and watch them: ``trees`` holds each watched process tree's rank,
+        PIDs and environment. Returns GPU index -> rank (the first rank that maps it).
 
-        Configured ``devices`` win. When nothing maps, every GPU is watched.
-        """
+        Configured ``devices`` win; when no GPU maps to any rank, every GPU is watched (and a
+        warning says they may be other jobs'). The agent's GPU loop calls this, so the tests
+        that call it take the agent's path."""
+        owner: dict[int, int | None] = {}
         if not self.available:
-            return []
+            return owner
+        for rank, pids, env in trees:
+            for i in await self.gpus_of(pids, env) or []:
+                owner.setdefault(i, rank)
         if self.cfg.devices:
-            return self.watch(self.cfg.devices)
-        mapped = await self.gpus_of(pids, env)
-        if mapped is None:
-            return self.watch(None)
-        self.watched = mapped
-        return list(self.watched)
+            if self.watched is None:
+                self.watch(self.cfg.devices)
+        else:
+            self.watch(sorted(owner) or None)
+        return owner
 
     def _compute_pids(self) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}

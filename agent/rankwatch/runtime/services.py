@@ -184,8 +184,7 @@ class Services:
 
     async def _map_gpus(self) -> None:
         """Which GPUs each watched rank uses: configured devices, NVML's process list, env."""
-        s = self.sampler
-        owner: dict[int, int | None] = {}
+        trees: list[tuple[int | None, list[int], dict[str, str]]] = []
         for w in self.agent.watchers:
             pids = w.pids()
             if not pids:
@@ -199,14 +198,8 @@ class Services:
                 )
             except asyncio.TimeoutError:
                 env = {}  # as when it cannot be read; logged and counted by offloop
-            for i in await s.gpus_of(pids, env) or []:
-                owner.setdefault(i, w.rank)
-        if self.cfg.gpu.devices:
-            if s.watched is None:
-                s.watch(self.cfg.gpu.devices)
-        else:
-            s.watch(sorted(owner) or None)
-        self.gpu_owner = owner
+            trees.append((w.rank, pids, env))
+        self.gpu_owner = await self.sampler.map_ranks(trees)
 
     def _rank_of(self, sample: GpuSample) -> int | None:
         if sample.index in self.gpu_owner:

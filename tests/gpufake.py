@@ -1,4 +1,5 @@
-"""A scripted ``GpuBackend``: GPUs whose readings follow a script over sample ticks.
+"""Test double (not shipped in the package): a scripted ``GpuBackend``, GPUs whose
+readings follow a script over sample ticks.
 
 A script maps the tick (advanced by the test, one per sample) to a value, so a heat-up,
 a leak staircase, a throttle window, an Xid 79, a lost GPU, a transient Unknown Error or a
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -305,3 +306,22 @@ def unsupported(
     if unknown:
         raise ValueError(f"unknown fields {sorted(unknown)}")
     return healthy(i, unsupported=bad)
+
+
+def exposition(samples_by_rank: Mapping[Any, Sequence[Any]], labels: Mapping[str, str], up: bool) -> str:
+    """The text /metrics serves for these samples: the families ``exporter/gpu.py`` renders
+    (``gpu_metric_families``), through a real prometheus-client registry."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from rankwatch.gpu.collector import gpu_metric_families
+
+    class _Families:
+        def collect(self) -> Iterable[Any]:
+            return gpu_metric_families(samples_by_rank, dict(labels), up=up)
+
+        def describe(self) -> Iterable[Any]:
+            return []
+
+    registry = CollectorRegistry()
+    registry.register(_Families())  # type: ignore[arg-type]
+    return generate_latest(registry).decode()
