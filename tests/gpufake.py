@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from rankwatch.gpu.backend import FIELDS, GpuError, GpuInfo, XidEvent
+from rankwatch.events import GpuInfo
+from rankwatch.gpu.backend import FIELDS, GpuError, XidEvent
 
 Script = Callable[[int], Any]
 GiB = 1 << 30

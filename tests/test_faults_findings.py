@@ -323,7 +323,8 @@ def test_findings_jsonl_is_strict_json(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_disk_detector_warns_low_then_full_once_each_and_resolves() -> None:
-    from rankwatch.detectors.disk import DiskDetector, DiskSample
+    from rankwatch.detectors.disk import DiskDetector
+    from rankwatch.events import DiskSample
 
     det = DiskDetector(0)
     gib = 1 << 30
@@ -347,7 +348,8 @@ def test_disk_detector_warns_low_then_full_once_each_and_resolves() -> None:
 
 @pytest.mark.unit
 def test_disk_detector_warns_a_sustained_fill_before_the_threshold() -> None:
-    from rankwatch.detectors.disk import DiskDetector, DiskSample
+    from rankwatch.detectors.disk import DiskDetector
+    from rankwatch.events import DiskSample
 
     det = DiskDetector(0)
     mib = 1 << 20

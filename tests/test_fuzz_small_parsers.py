@@ -46,7 +46,7 @@ VISIBLE = st.lists(st.sampled_from(["0", "7", "GPU-ab", "MIG-1", "²", "-1", " 2
 @FUZZ
 @given(st.one_of(TEXT, VISIBLE))
 def test_cuda_visible_devices(value: str) -> None:
-    from rankwatch.gpu.backend import GpuInfo
+    from rankwatch.events import GpuInfo
     from rankwatch.gpu.sampler import _parse_visible
 
     devices = [GpuInfo(index=i, uuid=f"GPU-ab{i}cd") for i in range(4)]

@@ -27,7 +27,7 @@ from rankwatch.config.schema import Config, ServerConfig
 from rankwatch.config.snapshot import replaced
 from rankwatch.dumps.capture import DumpResult
 from rankwatch.dumps.store import incident_name
-from rankwatch.gpu.backend import GpuSample
+from rankwatch.events import GpuSample
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity, StepRecord
 from rankwatch.runtime.agent import Agent

@@ -26,7 +26,7 @@ from rankwatch.records import Finding, StepRecord
 
 if TYPE_CHECKING:
     from rankwatch.dumps.store import DumpStore
-    from rankwatch.gpu.backend import GpuSample
+    from rankwatch.events import GpuSample
 
 RANK_LABELS = ("run", "rank", "local_rank", "node")
 RankLabels = tuple[str, str, str, str]

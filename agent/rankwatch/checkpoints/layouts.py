@@ -82,10 +82,6 @@ class Candidate:
     def saved_at(self) -> float:
         return max((s.mtime for s in self.files.values()), default=0.0)
 
-    @property
-    def first_write(self) -> float:
-        return min((s.mtime for s in self.files.values()), default=0.0)
-
     def signature(self) -> frozenset[tuple[str, int, float]]:
         return frozenset((k, v.size, v.mtime) for k, v in self.files.items())
 

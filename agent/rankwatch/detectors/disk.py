@@ -23,8 +23,6 @@ from rankwatch.state import RankState
 if TYPE_CHECKING:
     from rankwatch.config.schema import Config
 
-__all__ = ["DiskDetector", "DiskSample", "human", "is_full", "low_threshold"]
-
 LOW_RATIO = 0.10  # of the filesystem ...
 LOW_BYTES_CAP = 5 << 30  # ... but never asks for more than this free
 FULL_BYTES = 1 << 20  # less than this available: a write of a few lines fails

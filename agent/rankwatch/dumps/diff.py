@@ -94,13 +94,6 @@ class DiffResult:
         return f"no suspect: {self.reason}" if self.reason else "no suspect"
 
 
-def is_collective_frame(frame: Frame) -> bool:
-    """Kept for callers that look at single frames: a frame where a rank waits for its peers."""
-    from rankwatch.dumps.classify import classify_frames
-
-    return classify_frames([frame]).kind == COLLECTIVE
-
-
 def main_stack(dump: dict[str, Any]) -> list[Frame]:
     """The main thread's frames (innermost first) of the process that runs the training code."""
     thread = main_thread(dump)

@@ -8,15 +8,8 @@ The sampler and the collector are imported from their modules (``rankwatch.gpu.s
 from __future__ import annotations
 
 from rankwatch.config.schema import GpuConfig
-from rankwatch.gpu.backend import (
-    FIELDS,
-    GpuBackend,
-    GpuError,
-    GpuErrorKind,
-    GpuInfo,
-    GpuSample,
-    XidEvent,
-)
+from rankwatch.events import GpuInfo, GpuSample
+from rankwatch.gpu.backend import FIELDS, GpuBackend, GpuError, GpuErrorKind, XidEvent
 
 __all__ = [
     "FIELDS",

@@ -17,8 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from rankwatch.events import GpuInfo as GpuInfo
-from rankwatch.events import GpuSample as GpuSample
+from rankwatch.events import GpuInfo
 
 GpuErrorKind = Literal["not_supported", "gone", "unknown", "failed"]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rankwatch.gpu.backend import GpuSample
-from rankwatch.gpu.xid import xid_label
+from rankwatch.events import GpuSample
+from rankwatch.xid import xid_label
 
 GPU_LABELS = ("run", "rank", "local_rank", "node", "gpu", "uuid")
 

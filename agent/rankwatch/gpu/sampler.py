@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from rankwatch.events import GpuInfo, GpuSample
 from rankwatch.gpu import GpuConfig
-from rankwatch.gpu.backend import FIELDS, GpuBackend, GpuError, GpuInfo, GpuSample, NvmlBackend
+from rankwatch.gpu.backend import FIELDS, GpuBackend, GpuError, NvmlBackend
 from rankwatch.identity import LOCAL_RANK_VARS
 
 log = logging.getLogger("rankwatch.gpu")

@@ -27,10 +27,11 @@ import psutil
 from rankwatch import offloop
 from rankwatch.actions.dump_outcome import DumpOutcome
 from rankwatch.config.schema import Config
-from rankwatch.detectors.disk import DiskSample, human, is_full
+from rankwatch.detectors.disk import human, is_full
 from rankwatch.dumps.capture import DumpResult, capture, find_py_spy, py_spy_missing
 from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scope
 from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason
+from rankwatch.events import DiskSample
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
 from rankwatch.runtime.faces import SnapshotBuilder

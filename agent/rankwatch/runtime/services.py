@@ -236,10 +236,6 @@ class Services:
             if not targets:
                 self.push(GpuRound(time.monotonic(), tuple(mine)), rank)
 
-    def _local_ranks(self) -> dict[Any, Any]:
-        """Each watched rank's own local rank, for a node agent's GPU series."""
-        return {w.rank: w.identity.local_rank for w in self.agent.watchers if w.rank is not None}
-
     def gpu_by_rank(self) -> tuple[Mapping[Any, list[GpuSample]], bool]:
         out: dict[Any, list[GpuSample]] = {}
         if self.sampler is None:

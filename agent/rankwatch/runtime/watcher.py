@@ -18,7 +18,6 @@ from typing import Any
 
 from rankwatch import offloop
 from rankwatch.config.schema import Config
-from rankwatch.detectors.input_bound import DataloaderStallDetector
 from rankwatch.detectors.liveness import StallDetector
 from rankwatch.engine import RankEngine
 from rankwatch.events import Event, LogActivity, ProcessExit, ProcessStart, Progress
@@ -125,12 +124,6 @@ class RankWatcher:
     def stall(self) -> StallDetector:
         det = self.engine.detector(StallDetector)
         assert isinstance(det, StallDetector)
-        return det
-
-    @property
-    def input_bound(self) -> DataloaderStallDetector:
-        det = self.engine.detector(DataloaderStallDetector)
-        assert isinstance(det, DataloaderStallDetector)
         return det
 
     def push(self, event: Event) -> list[Finding]:

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import quote
 
 from rankwatch import offloop
-from rankwatch.gpu.backend import GpuSample
+from rankwatch.events import GpuSample
 from rankwatch.records import StepRecord
 from rankwatch.server.sparkline import sparkline
 from rankwatch.server.status import incident_doc
