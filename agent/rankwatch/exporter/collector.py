@@ -2,9 +2,9 @@
 is reported on by name.
 
 A collector is a function ``(snapshot, failures) -> metric families`` registered with
-``@register(name)`` in its own module; ``metrics.py`` imports the modules, which is the
-whole wiring. Per scrape, ``SnapshotCollector`` takes one snapshot, runs every collector
-that applies to it, and says how each went:
+``@register(name)`` in its own module of this package; ``registered()`` imports every module
+of the package, which is the whole wiring. Per scrape, ``SnapshotCollector`` takes one
+snapshot, runs every collector that applies to it, and says how each went:
 ``rankwatch_collector_success{collector}`` (0: it raised, its series are missing this
 scrape) and ``rankwatch_collector_duration_seconds{collector}``. A failing collector is
 logged once and counted under its component in ``rankwatch_internal_errors_total``; the
@@ -13,11 +13,14 @@ rest of the scrape stays.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import pkgutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -63,8 +66,23 @@ def register(
     return add
 
 
+_loaded = False
+
+
+def _load_all() -> None:
+    """Every module of the package, imported once (in name order), so a collector in a new
+    file registers itself with no import line anywhere else."""
+    global _loaded
+    if not _loaded:
+        package = __name__.rpartition(".")[0]
+        for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
+            importlib.import_module(f"{package}.{mod.name}")
+        _loaded = True
+
+
 def registered() -> list[Registration]:
-    """In registration order, the ``last`` ones at the end."""
+    """In registration order (module name order), the ``last`` ones at the end."""
+    _load_all()
     regs = list(_REGISTERED.values())
     return [r for r in regs if not r.last] + [r for r in regs if r.last]
 

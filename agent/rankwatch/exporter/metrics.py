@@ -39,7 +39,9 @@ series for that scrape only, and counts in ``_internal_errors_total``.
 
 Per-rank series carry ``run``, ``rank``, ``local_rank``, ``node`` (empty string when
 unknown); never ``job``, which Prometheus owns, and never a step, message or path.
-A new concern is one module with a ``@register``-ed function, imported below.
+A new concern over what the snapshot already holds is one module of this package with a
+``@register``-ed function (found by ``collector.registered``); data the snapshot lacks also
+needs a field in ``snapshot.py``, filled in ``runtime/faces.py``.
 """
 
 from __future__ import annotations
@@ -50,17 +52,6 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
-# The registration list: each of these modules registers its collectors when imported
-# (they run in import order, ``health`` last whatever its place).
-import rankwatch.exporter.checkpoints
-import rankwatch.exporter.config
-import rankwatch.exporter.findings
-import rankwatch.exporter.gpu
-import rankwatch.exporter.health
-import rankwatch.exporter.logs
-import rankwatch.exporter.loop
-import rankwatch.exporter.process
-import rankwatch.exporter.training  # noqa: F401
 from rankwatch.exporter.collector import Registration, SnapshotCollector, registered
 from rankwatch.snapshot import Snapshots, Source
 

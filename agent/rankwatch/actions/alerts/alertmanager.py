@@ -23,8 +23,10 @@ from typing import Any
 import aiohttp
 
 from rankwatch.actions.alerts.escape import defuse_mentions
-from rankwatch.actions.alerts.message import AlertMessage, DeliveryError, iso
+from rankwatch.actions.alerts.message import AlertMessage, AlertSink, DeliveryError, iso
+from rankwatch.actions.alerts.sinks import register_sink, sink_name
 from rankwatch.config.redact import redact_text, redact_url
+from rankwatch.config.schema import AlertsConfig
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
 
@@ -109,3 +111,15 @@ class AlertmanagerSink:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+@register_sink("alertmanager")
+def alertmanager_sinks(cfg: AlertsConfig) -> list[AlertSink]:
+    am = cfg.alertmanager
+    urls = list(dict.fromkeys(am.urls))
+    return [
+        AlertmanagerSink(
+            url, timeout=am.timeout, name=sink_name("alertmanager", url, am.names, alone=len(urls) == 1)
+        )
+        for url in urls
+    ]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import random
 import time
@@ -33,6 +32,7 @@ from rankwatch.actions.alerts.delivery import BACKOFF_BASE_S, Delivery, _wait, r
 from rankwatch.actions.alerts.message import AlertMember, AlertMessage, AlertSink
 from rankwatch.actions.alerts.peers import PeerGroups, max_takeover_delay
 from rankwatch.actions.alerts.policy import AlertPolicy, Key
+from rankwatch.actions.alerts.sinks import sink_name, sinks_from_config
 from rankwatch.actions.alerts.spool import Spool, spool_path
 from rankwatch.actions.alerts.state import INHERIT_HOLD_S, Remembered, StateFile, state_path
 from rankwatch.actions.alerts.threads import ThreadStore
@@ -49,40 +49,6 @@ log = logging.getLogger("rankwatch.alerts")
 STALE_MIN_S = 600.0  # board records younger than this are never ignored as stale
 STATE_TIMEOUT_S = 10.0  # one write (or read) of the alert state file; a hung mount gives up
 STATE_RETRY_S = 30.0  # after a failed write, the next try waits this long
-
-
-def sink_name(kind: str, target: str, names: dict[str, str], *, alone: bool) -> str:
-    """Named by what it sends to, not by position: the spool routes backlog by this name, so
-    reordering the URLs in the config must not send one receiver's alerts to another. The
-    only sink of its kind keeps the plain kind name (``sink="alertmanager"`` in dashboards)."""
-    given = names.get(target)
-    if given:
-        return given
-    return kind if alone else f"{kind}-{hashlib.sha256(target.encode()).hexdigest()[:8]}"
-
-
-def sinks_from_config(cfg: AlertsConfig) -> list[AlertSink]:
-    from rankwatch.actions.alerts.alertmanager import AlertmanagerSink
-    from rankwatch.actions.alerts.slack import SlackSink
-    from rankwatch.actions.alerts.webhook import WebhookSink
-
-    sinks: list[AlertSink] = []
-    s = cfg.slack
-    if (s.token and s.channel) or s.webhook_url:
-        sinks.append(SlackSink(s))  # one Slack sink at most: "slack" is already stable
-    elif s.token or s.channel:
-        log.warning("alerts.slack: set both token and channel (or webhook_url); Slack alerts are off")
-    am = cfg.alertmanager
-    urls = list(dict.fromkeys(am.urls))
-    for url in urls:
-        name = sink_name("alertmanager", url, am.names, alone=len(urls) == 1)
-        sinks.append(AlertmanagerSink(url, timeout=am.timeout, name=name))
-    wh = cfg.webhook
-    urls = list(dict.fromkeys(wh.urls))
-    for url in urls:
-        name = sink_name("webhook", url, wh.names, alone=len(urls) == 1)
-        sinks.append(WebhookSink(url, headers=wh.headers, timeout=wh.timeout, name=name))
-    return sinks
 
 
 class AlertDispatcher:

@@ -27,10 +27,11 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from rankwatch.actions.alerts.escape import slack_escape as _esc
 from rankwatch.actions.alerts.escape import slack_link as _link
-from rankwatch.actions.alerts.message import AlertMessage, DeliveryError, iso, rank_list
+from rankwatch.actions.alerts.message import AlertMessage, AlertSink, DeliveryError, iso, rank_list
+from rankwatch.actions.alerts.sinks import register_sink
 from rankwatch.actions.alerts.threads import ThreadStore, Who
 from rankwatch.config.redact import redact_text
-from rankwatch.config.schema import SlackConfig
+from rankwatch.config.schema import AlertsConfig, SlackConfig
 from rankwatch.offloop import call
 from rankwatch.records import Severity
 
@@ -284,3 +285,13 @@ def _retry_after(headers: Any) -> float:
         return max(0.0, float((headers or {}).get("Retry-After", 1)))
     except (TypeError, ValueError):
         return 1.0
+
+
+@register_sink("slack")
+def slack_sinks(cfg: AlertsConfig) -> list[AlertSink]:
+    s = cfg.slack
+    if (s.token and s.channel) or s.webhook_url:
+        return [SlackSink(s)]  # one Slack sink at most: "slack" is already stable
+    if s.token or s.channel:
+        log.warning("alerts.slack: set both token and channel (or webhook_url); Slack alerts are off")
+    return []

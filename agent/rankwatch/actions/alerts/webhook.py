@@ -15,8 +15,10 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from rankwatch.actions.alerts.message import AlertMessage, DeliveryError, iso
+from rankwatch.actions.alerts.message import AlertMessage, AlertSink, DeliveryError, iso
+from rankwatch.actions.alerts.sinks import register_sink, sink_name
 from rankwatch.config.redact import redact_text, redact_url
+from rankwatch.config.schema import AlertsConfig
 
 
 def payload(alert: AlertMessage) -> dict[str, Any]:
@@ -99,3 +101,18 @@ class WebhookSink:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+@register_sink("webhook")
+def webhook_sinks(cfg: AlertsConfig) -> list[AlertSink]:
+    wh = cfg.webhook
+    urls = list(dict.fromkeys(wh.urls))
+    return [
+        WebhookSink(
+            url,
+            headers=wh.headers,
+            timeout=wh.timeout,
+            name=sink_name("webhook", url, wh.names, alone=len(urls) == 1),
+        )
+        for url in urls
+    ]
