@@ -3,21 +3,17 @@
 Adding a detector is one new file in this package: a ``Detector`` subclass that declares
 the event types it ``accepts`` (``rankwatch.events``, ``rankwatch.records``), the finding
 ``kinds`` it emits and its config ``section``, decorated with ``@register``
-(``detectors.registry``). ``build_detectors`` imports every module of the package, so the
-engine of every rank, live or in ``analyze``, builds it and routes its events to it; a
-``create`` classmethod builds it from the configuration (or returns None to stay out). Its
-settings go in a section appended to ``config/schema.py``. It may import ``records``,
-``events``, ``state``, ``config`` and other detector modules, never a source, GPU,
-checkpoint, runtime, dump or action module. ``host_memory.py`` is a small example.
+(``detectors.registry``). ``build_detectors`` imports every module of the package (ordered
+as ``registry.py`` says), so the engine of every rank, live or in ``analyze``, builds it and
+routes its events to it; a ``create`` classmethod builds it from the configuration (or
+returns None to stay out). Its settings go in a section appended to ``config/schema.py``.
+It may import ``records``, ``events``, ``state``, ``config`` and other detector modules,
+never a source, GPU, checkpoint, runtime, dump or action module. ``host_memory.py`` is a
+small example.
 """
 
 from __future__ import annotations
 
-# The rules of the log first, in this order: findings of one record come out in it.
-from rankwatch.detectors import errors as errors
-from rankwatch.detectors import grads as grads
-from rankwatch.detectors import loss as loss
-from rankwatch.detectors import throughput as throughput
 from rankwatch.detectors.base import Detector, DetectorContext
 from rankwatch.detectors.registry import REGISTRY, build_detectors, register
 

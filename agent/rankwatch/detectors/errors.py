@@ -50,3 +50,7 @@ class ErrorSignatureDetector(Detector):
             record.kind, record.severity, state, msg, record=record, step=state.last_step, evidence=ev
         )
         return [f]
+
+
+# Order of findings of one log record across modules (registry.py): an error line first.
+ORDER = 10

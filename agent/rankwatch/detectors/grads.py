@@ -368,3 +368,7 @@ class LossScaleDetector(Detector):
                 )
             ]
         return []
+
+
+# Order of findings of one log record across modules (registry.py): then grad norms and loss scale.
+ORDER = 20

@@ -579,3 +579,7 @@ class OverfittingDetector(Detector):
                 )
             ]
         return []
+
+
+# Order of findings of one log record across modules (registry.py): then the loss.
+ORDER = 30

@@ -130,3 +130,7 @@ class ThroughputDetector(Detector):
                 )
             ]
         return []
+
+
+# Order of findings of one log record across modules (registry.py): then the rate.
+ORDER = 40
