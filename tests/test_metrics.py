@@ -276,11 +276,10 @@ def _forged_ranks(path: Path, ranks: int) -> None:
 @pytest.mark.unit
 def test_rank_labels_from_log_prefixes_stay_inside_the_world(tmp_path: Path) -> None:
     """20,000 [rankN]: prefixes in a world of 2: two label sets, the rest counted and dropped."""
-    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps"), "logs.shed_backlog": 0})
-    agent = Agent(cfg, IDENT)  # a world of 2
-    agent.add_watcher([tmp_path / "rank-0.log"], IDENT)
+    agent = _agent(tmp_path)  # a world of 2
+    w = agent.watchers[0]
     _forged_ranks(tmp_path / "rank-0.log", 20_000)
-    agent.watchers[0].drain()
+    w.feed_lines(w.streams[0], w.streams[0].follower.read_available())  # every line, none shed
     fams = list(text_string_to_metric_families(render(agent).decode()))
     label_sets = {
         tuple(sorted(smp.labels.items()))
