@@ -1,7 +1,7 @@
 """A burst of NCCL_DEBUG=INFO-style lines from a ``rankwatch run`` child: never slowed, none lost.
 
     python bench/bench_burst.py [--rate 200000] [--seconds 10] [--pairs 2] [--quick]
-    python bench/bench_burst.py --latency [--lines 2000000] [--cr | --plain] [--echo-to FILE | --drain MB/s]
+    python bench/bench_burst.py --latency [--lines 2000000] [--cr | --plain | --steps] [--echo-to FILE | --drain MB/s]
 
 The child (``benchchild.py burst``) writes ``--rate`` lines/s for ``--seconds`` (NCCL INFO
 lines, a Megatron step line every 1000), paced in 5 ms ticks, to its stdout. Under
@@ -38,6 +38,18 @@ At load avg ~2 (same box, later): NCCL INFO to a file 207 ms -> 30 ms p99, NaN 5
 counted 13.1 s -> 1.1 s; stdout a pipe nobody reads (``--drain 0``; before: the agent froze for
 good) p99 10 ms, NaN 0.7 s; plain 185-242 ms -> 204-345 ms p99, NaN 8.8-12.3 s -> 10.9-12.1 s
 (two runs each: unchanged within the noise).
+
+``--steps`` (issue 26): 2M short key=value step lines (~75 MB), every one a record, written
+as fast as the child can, then a NaN step after the burst. Also printed: the agent's peak RSS
+(``VmHWM``), how many 1 s ``/healthz`` probes (one a second, the Helm liveness probe's
+timeout) failed, the largest loop lag seen (the lag gauge and the slowest ``/healthz``
+answer) and the NaN-after-burst latency. Targets: RSS <= 150 MiB, no failed probe, lag <= 1 s,
+NaN <= 2 s. Measured 2026-11-28 on the shared 2-core dev box (other sessions running, load avg
+1.3-2.4), one run each, before (the whole backlog parsed line by line) -> after (reads of
+``logs.read_bytes_per_turn``, shed while more than ``logs.shed_backlog`` is unread):
+
+    peak RSS 73 -> 56 MiB; failed 1 s probes 0 of 67 -> 0 of 4; max loop lag 0.51 -> 0.18 s;
+    NaN after the burst found 65.5 s -> 1.5 s later (every line counted 65.5 s -> 1.5 s after)
 
 The plain burst is bound by parsing speed (timestamp stripping in ``sources.decorations``
 dominates a profile): the loop stays responsive but a NaN behind 1M such lines waits its turn.
