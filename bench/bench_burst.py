@@ -51,6 +51,12 @@ NaN <= 2 s. Measured 2026-11-28 on the shared 2-core dev box (other sessions run
     peak RSS 73 -> 56 MiB; failed 1 s probes 0 of 67 -> 0 of 4; max loop lag 0.51 -> 0.18 s;
     NaN after the burst found 65.5 s -> 1.5 s later (every line counted 65.5 s -> 1.5 s after)
 
+The other bursts with shedding (same day, load avg 2.5-3.8, one run each; the NaN is in the
+middle of these): NCCL INFO to a file /healthz p99 23 ms, NaN 0.58 s, counted 0.6 s; half CR
+redraws p99 87 ms, NaN 1.25 s, counted 2.3 s; application INFO (--plain) p99 53 ms, NaN
+1.35 s, counted 2.4 s (was 10.9-32.8 s and 57-69 s: these lines are parsed, so shedding
+helps them most). No failed 1 s probe in any; peak RSS 54-56 MiB.
+
 The plain burst is bound by parsing speed (timestamp stripping in ``sources.decorations``
 dominates a profile): the loop stays responsive but a NaN behind 1M such lines waits its turn.
 """

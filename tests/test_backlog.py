@@ -161,3 +161,14 @@ def test_a_thinned_read_keeps_what_matters_and_counts_the_rest(tmp_path: Path) -
     assert len(out) + f.stats.thinned_lines == 20_001
     numbers = [x.lineno for x in out]
     assert numbers == sorted(numbers) and numbers[-1] == 20_001  # numbers stay the file's own
+
+
+@pytest.mark.unit
+def test_what_matters_while_behind() -> None:
+    from rankwatch.runtime.watcher import matters
+
+    for text in ("step=3 loss=nan", "loss: -Infinity", "grad_norm=INF", "'loss': NaN", "info inf"):
+        assert matters(text), text
+    for text in ("2026-01-01 INFO - shard 3: fetched", "step=3 loss=2.5", "nanoGPT infinite loader"):
+        assert not matters(text), text
+    assert matters("torch.OutOfMemoryError: CUDA out of memory") and matters("\x1b[31mERROR")
