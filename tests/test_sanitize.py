@@ -184,6 +184,14 @@ def test_dumps_show_prints_argv_threads_frames_and_locals_shown(tmp_path: Path) 
         line = next((x for x in text.splitlines() if where in x), None)
         assert line is not None and readable(line), (where, text)
     assert "\nline two" in text  # a multi-line dump text keeps its lines
+    for argv in (["dumps", "diff", incident], ["dumps", "list"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "rankwatch", *argv, "--dir", str(root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0 and raw(out.stdout + out.stderr) == [], out.stdout + out.stderr
     # The text files written at capture are read with cat: shown too.
     for txt in (root / "r1" / incident).glob("rank-*.txt"):
         assert raw(txt.read_text()) == [], txt.read_text()
