@@ -1,7 +1,7 @@
 """A burst of NCCL_DEBUG=INFO-style lines from a ``rankwatch run`` child: never slowed, none lost.
 
     python bench/bench_burst.py [--rate 200000] [--seconds 10] [--pairs 2] [--quick]
-    python bench/bench_burst.py --latency [--lines 2000000] [--cr | --plain] [--echo-to FILE | --drain MB/s]
+    python bench/bench_burst.py --latency [--lines 2000000] [--cr | --plain | --steps] [--echo-to FILE | --drain MB/s]
 
 The child (``benchchild.py burst``) writes ``--rate`` lines/s for ``--seconds`` (NCCL INFO
 lines, a Megatron step line every 1000), paced in 5 ms ticks, to its stdout. Under
@@ -38,6 +38,24 @@ At load avg ~2 (same box, later): NCCL INFO to a file 207 ms -> 30 ms p99, NaN 5
 counted 13.1 s -> 1.1 s; stdout a pipe nobody reads (``--drain 0``; before: the agent froze for
 good) p99 10 ms, NaN 0.7 s; plain 185-242 ms -> 204-345 ms p99, NaN 8.8-12.3 s -> 10.9-12.1 s
 (two runs each: unchanged within the noise).
+
+``--steps`` (issue 26): 2M short key=value step lines (~75 MB), every one a record, written
+as fast as the child can, then a NaN step after the burst. Also printed: the agent's peak RSS
+(``VmHWM``), how many 1 s ``/healthz`` probes (one a second, the Helm liveness probe's
+timeout) failed, the largest loop lag seen (the lag gauge and the slowest ``/healthz``
+answer) and the NaN-after-burst latency. Targets: RSS <= 150 MiB, no failed probe, lag <= 1 s,
+NaN <= 2 s. Measured 2026-11-28 on the shared 2-core dev box (other sessions running, load avg
+1.3-2.4), one run each, before (the whole backlog parsed line by line) -> after (reads of
+``logs.read_bytes_per_turn``, shed while more than ``logs.shed_backlog`` is unread):
+
+    peak RSS 73 -> 56 MiB; failed 1 s probes 0 of 67 -> 0 of 4; max loop lag 0.51 -> 0.18 s;
+    NaN after the burst found 65.5 s -> 1.5 s later (every line counted 65.5 s -> 1.5 s after)
+
+The other bursts with shedding (same day, load avg 2.5-3.8, one run each; the NaN is in the
+middle of these): NCCL INFO to a file /healthz p99 23 ms, NaN 0.58 s, counted 0.6 s; half CR
+redraws p99 87 ms, NaN 1.25 s, counted 2.3 s; application INFO (--plain) p99 53 ms, NaN
+1.35 s, counted 2.4 s (was 10.9-32.8 s and 57-69 s: these lines are parsed, so shedding
+helps them most). No failed 1 s probe in any; peak RSS 54-56 MiB.
 
 The plain burst is bound by parsing speed (timestamp stripping in ``sources.decorations``
 dominates a profile): the loop stays responsive but a NaN behind 1M such lines waits its turn.
@@ -91,6 +109,8 @@ nccl = ["gpu-node01:41200:41260 [0] NCCL INFO Channel %02d/0 : 0[0] -> 1[1] via 
 if kind == "plain":
     nccl = ["2026-01-01 00:00:00,123 - data - INFO - shard %d: fetched batch %d (%d samples)\n" % (i % 7, i, 64)
             for i in range(999)]
+# --steps: short key=value step lines, every one a record (~38 bytes: 2M lines ~ 75 MB)
+losses = ["%.6f" % (2.6 + (i % 97) / 1000.0) for i in range(1000)]
 bar = ["%3d%%|######    | %d/999 [00:01<00:00, 900.00it/s]\r" % (i // 10, i) for i in range(999)]
 while not os.path.exists(go):
     time.sleep(0.01)
@@ -98,44 +118,77 @@ t0 = time.monotonic()
 t_nan = None
 blocks = lines // 1000
 for b in range(blocks):
-    nan = b == blocks // 2
+    nan = b == blocks // 2 and kind != "steps"
+    if kind == "steps":
+        base = b * 1000 + 1
+        os.write(1, "".join(["step=%d loss=%s lr=3.0e-04\n" % (base + i, losses[i]) for i in range(1000)]).encode())
+        continue
     body = "".join(bar if cr and b % 2 else nccl)
     os.write(1, (step(b + 1, "nan" if nan else "%E" % (2.6 + 1.0 / (b + 1))) + body).encode())
     if nan:
         t_nan = time.monotonic()
 t1 = time.monotonic()
+total = blocks * 1000
+if kind == "steps":  # the NaN after the burst: how long a finding waits behind the backlog
+    os.write(1, b"step=%d loss=nan lr=3.0e-04\n" % (blocks * 1000 + 1))
+    t_nan = time.monotonic()
+    total += 1
 with open(stamps, "w") as f:
-    json.dump({"lines": blocks * 1000, "t0": t0, "t_nan": t_nan, "t_end": t1, "nan_step": blocks // 2 + 1}, f)
+    json.dump({"lines": total, "t0": t0, "t_nan": t_nan, "t_end": t1, "nan_step": blocks // 2 + 1}, f)
 while True:
     time.sleep(60)
 """
 
 
-def _get(url: str, timeout: float) -> None:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        r.read()
-
-
 class Prober(threading.Thread):
     """Asks ``url`` every ``every`` seconds; each answer's latency, however long it takes."""
 
-    def __init__(self, url: str, every: float) -> None:
+    def __init__(self, url: str, every: float, timeout: float = 120.0) -> None:
         super().__init__(daemon=True)
-        self.url, self.every = url, every
+        self.url, self.every, self.timeout = url, every, timeout
         self.latencies: list[float] = []
         self.failures = 0
+        self.bodies: list[str] = []
+        self.keep = False
         self.halt = threading.Event()
 
     def run(self) -> None:
         while not self.halt.is_set():
             t = time.monotonic()
             try:
-                _get(self.url, 120.0)
+                with urllib.request.urlopen(self.url, timeout=self.timeout) as r:
+                    body = r.read()
+                if self.keep:
+                    self.bodies.append(body.decode())
                 self.latencies.append(time.monotonic() - t)
-            except OSError:
+            except OSError:  # a timeout, a refusal, a 503
                 self.failures += 1
                 self.latencies.append(time.monotonic() - t)
             self.halt.wait(max(0.0, self.every - (time.monotonic() - t)))
+
+
+class PeakRss(threading.Thread):
+    """The agent's own peak resident memory (``VmHWM``; its child, the rank, is not counted)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.kib = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(0.2):
+            self._read()
+        self._read()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    self.kib = max(self.kib, int(line.split()[1]))
+
+    def peak_mib(self) -> float:
+        return self.kib / 1024
 
 
 class SlowReader(threading.Thread):
@@ -199,8 +252,12 @@ def latency(lines: int, kind: str, echo_to: str, drain: float | None) -> None:
             wait_http(port, p, timeout=60)
             health = Prober(f"http://127.0.0.1:{port}/healthz", 0.05)
             metrics = Prober(f"http://127.0.0.1:{port}/metrics", 0.5)
-            health.start()
-            metrics.start()
+            metrics.keep = True
+            # Kubernetes' liveness probe: every 1 s, a 1 s timeout (the Helm chart's), 3 misses restart.
+            live = Prober(f"http://127.0.0.1:{port}/healthz", 1.0, timeout=1.0)
+            rss = PeakRss(p.pid)
+            for th in (health, metrics, live, rss):
+                th.start()
             go.touch()
             doc = read_json(stamps, 300)
             nan_found = None
@@ -219,10 +276,14 @@ def latency(lines: int, kind: str, echo_to: str, drain: float | None) -> None:
                     except OSError:
                         pass
                 time.sleep(0.01)
-            health.halt.set()
-            metrics.halt.set()
-            health.join(130)
-            metrics.join(130)
+            for th in (health, metrics, live, rss):
+                th.halt.set()
+            for th in (health, metrics, live, rss):
+                th.join(130)
+            peak = rss.peak_mib()
+            lag = max(
+                (metric_sum(b, "rankwatch_event_loop_lag_seconds") for b in metrics.bodies), default=0.0
+            )
             print(f"child wrote {doc['lines']:,} lines in {doc['t_end'] - doc['t0']:.2f} s  ({cpu_load()})")
             for name, pr in (("/healthz", health), ("/metrics", metrics)):
                 xs = pr.latencies
@@ -234,9 +295,22 @@ def latency(lines: int, kind: str, echo_to: str, drain: float | None) -> None:
             cu = "not within 300 s" if caught is None else f"{caught:.1f} s after the last write"
             print(f"NaN-to-finding: {nf}; every line counted: {cu}")
             h99 = pct(health.latencies, 99)
+            loop_lag = max(lag, max(health.latencies, default=0.0))
+            print(
+                f"agent peak RSS {peak:.0f} MiB; 1 s /healthz probes every 1 s: {live.failures} of "
+                f"{len(live.latencies)} failed; max loop lag {loop_lag:.2f} s (lag gauge max {lag:.2f} s, "
+                f"slowest /healthz answer {max(health.latencies, default=0.0):.2f} s)"
+            )
             print(
                 f"/healthz p99 < 1 s: {mark(h99 < 1.0)}; NaN found within 5 s: {mark(nan_found is not None and nan_found < 5)}"
             )
+            if kind == "steps":
+                ok_nan = nan_found is not None and nan_found <= 2.0
+                print(
+                    f"issue 26 targets: RSS <= 150 MiB {mark(peak <= 150)}; no failed 1 s probe "
+                    f"{mark(live.failures == 0)}; loop lag <= 1 s {mark(loop_lag <= 1.0)}; NaN after the "
+                    f"burst found <= 2 s {mark(ok_nan)}"
+                )
         finally:
             stop(p)
 
@@ -316,13 +390,17 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=2_000_000)
     ap.add_argument("--cr", action="store_true", help="half of the burst CR-only progress redraws")
     ap.add_argument("--plain", action="store_true", help="application INFO lines instead of NCCL INFO ones")
+    ap.add_argument(
+        "--steps", action="store_true", help="key=value step lines only (2M: ~75 MB), a NaN step after them"
+    )
     ap.add_argument("--echo-to", default="", help="the agent's stdout (default: a file in the temp folder)")
     ap.add_argument(
         "--drain", type=float, default=None, help="the agent's stdout is a pipe read at MB/s (0: never)"
     )
     a = ap.parse_args()
     if a.latency:
-        latency(a.lines, "cr" if a.cr else "plain" if a.plain else "nccl", a.echo_to, a.drain)
+        kind = "cr" if a.cr else "plain" if a.plain else "steps" if a.steps else "nccl"
+        latency(a.lines, kind, a.echo_to, a.drain)
         return
     pairs, seconds = (1, 4.0) if a.quick else (a.pairs, a.seconds)
     print(f"machine: {machine()}")

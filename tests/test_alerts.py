@@ -1038,3 +1038,78 @@ def test_sink_errors_never_carry_credentials(tmp_path: Path) -> None:
                 await sink.aclose()  # type: ignore[attr-defined]
 
     asyncio.run(go())
+
+
+# --- log text cannot command a terminal either (issue 26 item 9) ---------------------------
+# ESC c (reset), ESC ( 0 (line drawing), DECALN, OSC 52 (writes the reader's clipboard), an
+# 8-bit CSI, a bidi override and isolate, a line separator: what a hostile log line holds.
+TERMINAL_HOSTILE = (
+    "RuntimeError: CUDA error \x1bc\x1b(0\x1b#8\x1b]52;c;cm0gLXJmIC9kYXRh\x07\x9b2J"
+    "\u202eatad/ fr- mr\u202c \u2066iso\u2069 \u2028end\r\x7f"
+)
+_RAW = set(map(chr, [*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)]))
+_RAW |= set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029\u200e\u200f\u061c")
+
+
+def raw_controls(doc: Any) -> list[str]:
+    """Every control, escape or bidi character left in the strings of ``doc`` (newlines and
+    tabs are text)."""
+    if isinstance(doc, str):
+        return [c for c in doc if c in _RAW]
+    if isinstance(doc, dict):
+        return [c for k, v in doc.items() for c in raw_controls(k) + raw_controls(v)]
+    if isinstance(doc, list):
+        return [c for v in doc for c in raw_controls(v)]
+    return []
+
+
+@pytest.mark.process
+def test_slack_webhook_and_alertmanager_show_escapes_never_send_them(tmp_path: Path) -> None:
+    """A hostile log line in a crash's message and evidence, and in the run's name, reaches
+    each chat face shown (``␛]52;...``), never as a live escape or bidi override."""
+    ident = Identity(run="job\x1b]0;owned\x07", rank=3, local_rank=3, world_size=8, node="gpu\u202e7")
+    crash = Finding(
+        "crash",
+        Severity.CRITICAL,
+        3,
+        f"rank 3 exited with code 1. Cause: {TERMINAL_HOSTILE}",
+        step=7,
+        evidence={"lines": [TERMINAL_HOSTILE], "tail": [TERMINAL_HOSTILE, "srun: error"], "exit_code": 1},
+    )
+
+    async def go() -> None:
+        async with (
+            serve("/api/chat.postMessage", slack=True) as slack,
+            serve("/hook", slack=False) as hook,
+            serve("/api/v2/alerts", slack=False) as am,
+        ):
+            sinks = [
+                slack_sink(slack),
+                WebhookSink(hook.url + "/hook"),
+                *sinks_from_config(AlertsConfig(alertmanager=AlertmanagerConfig(urls=[am.url]))),
+            ]
+            d = AlertDispatcher(config(tmp_path), ident, sinks=sinks)
+            async with running(d):
+                d.send(crash)
+                await until(lambda: len(slack.requests) == len(hook.requests) == len(am.requests) == 1)
+            for srv in (slack, hook, am):
+                body = srv.requests[0][1]
+                assert raw_controls(body) == [], (srv.url, body)
+                blob = json.dumps(body, ensure_ascii=False)
+                # still readable: the words are there, each escape shown where it was
+                assert "CUDA error" in blob and "\u241bc\u241b(0\u241b#8" in blob, blob
+                assert "\u241b]52;c;cm0gLXJmIC9kYXRh\u2407" in blob and "\\\\u202eatad/ fr- mr" in blob
+
+    asyncio.run(go())
+
+
+@pytest.mark.unit
+def test_alertmanager_and_webhook_payloads_show_controls() -> None:
+    from rankwatch.actions.alerts.webhook import payload as hook_payload
+
+    alert = _hostile_alert(run="r\x1bc", node="n\u202e1")
+    alert.members[0].message = TERMINAL_HOSTILE
+    alert.members[0].evidence = {"lines": [TERMINAL_HOSTILE], "nested": {"k\x9b": [TERMINAL_HOSTILE]}}
+    for doc in (am_payload(alert, now=2.0), hook_payload(alert)):
+        assert raw_controls(doc) == [], doc
+        assert "\u241b]52;c;" in json.dumps(doc, ensure_ascii=False)

@@ -159,7 +159,8 @@ def test_an_alert_sink_is_one_file(tmp_path: Path) -> None:
         from rankwatch.records import Severity
 
         (sink,) = sinks_from_config(AlertsConfig())
-        msg = AlertMessage("ext", "nan_loss", Severity.CRITICAL, "firing", [AlertMember(rank=3, message="loss is NaN")], node="n")
+        member = AlertMember(rank=3, message="loss is NaN")
+        msg = AlertMessage("ext", "nan_loss", Severity.CRITICAL, "firing", [member], node="n")
         asyncio.run(sink.send(msg))
     """
     res = _run(root, code=code)

@@ -151,7 +151,7 @@ def test_no_job_label_and_every_label_is_bounded(tmp_path: Path) -> None:
             if "state" in smp.labels:
                 assert smp.labels["state"] in STATES
             if "result" in smp.labels:
-                assert smp.labels["result"] in ("parsed", "unparsed", "cut")
+                assert smp.labels["result"] in ("parsed", "unparsed", "cut", "rank_refused", "shed")
     ranks = {smp.labels["rank"] for fam in fams if fam.name == "rankwatch_step" for smp in fam.samples}
     assert ranks == {"0", "1", "2"}
 
@@ -263,6 +263,55 @@ def test_log_file_pipeline_counts_lines_by_outcome(tmp_path: Path) -> None:
     assert _one(s, "rankwatch_log_lines_total", result="cut") == 0
     assert _one(s, "rankwatch_log_read_bytes_total") == log.stat().st_size
     assert _one(s, "rankwatch_sources_attached") == 1
+
+
+def _forged_ranks(path: Path, ranks: int) -> None:
+    """One step line under each of ``ranks`` ``[rankN]:`` prefixes (torchrun --tee's form)."""
+    with path.open("w") as fh:
+        fh.writelines(
+            f"[rank{r}]: step={s} loss={2.5 - s * 0.001:.4f}\n" for s in (1, 2) for r in range(ranks)
+        )
+
+
+@pytest.mark.unit
+def test_rank_labels_from_log_prefixes_stay_inside_the_world(tmp_path: Path) -> None:
+    """20,000 [rankN]: prefixes in a world of 2: two label sets, the rest counted and dropped."""
+    agent = _agent(tmp_path)  # a world of 2
+    w = agent.watchers[0]
+    _forged_ranks(tmp_path / "rank-0.log", 20_000)
+    w.feed_lines(w.streams[0], w.streams[0].follower.read_available())  # every line, none shed
+    fams = list(text_string_to_metric_families(render(agent).decode()))
+    label_sets = {
+        tuple(sorted(smp.labels.items()))
+        for fam in fams
+        if fam.name == "rankwatch_step"
+        for smp in fam.samples
+    }
+    assert {dict(x)["rank"] for x in label_sets} == {"0", "1"}
+    s = _samples(agent)
+    assert _one(s, "rankwatch_log_lines_total", result="rank_refused") == 2 * (20_000 - 2)
+    assert len(agent.watchers[0].engines) <= 2
+
+
+@pytest.mark.unit
+def test_rank_labels_are_capped_by_max_ranks_without_a_world_size(tmp_path: Path) -> None:
+    cfg = replaced(
+        Config(), {"dumps.dir": str(tmp_path / "dumps"), "logs.max_ranks": 16, "logs.shed_backlog": 0}
+    )
+    agent = Agent(cfg, dataclasses.replace(IDENT, world_size=None))
+    agent.add_watcher([tmp_path / "rank-0.log"], agent.identity)
+    _forged_ranks(tmp_path / "rank-0.log", 5_000)
+    agent.watchers[0].drain()
+    text = render(agent).decode()
+    ranks = {
+        smp.labels["rank"]
+        for fam in text_string_to_metric_families(text)
+        for smp in fam.samples
+        if fam.name == "rankwatch_step"
+    }
+    assert len(ranks) == 16 and len(agent.watchers[0].engines) <= 17
+    assert _one(_samples(agent), "rankwatch_log_lines_total", result="rank_refused") == 2 * (5_000 - 16)
+    assert len(text) < 200_000
 
 
 @pytest.mark.unit

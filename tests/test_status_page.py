@@ -178,6 +178,37 @@ def test_log_derived_text_is_escaped_everywhere(tmp_path: Path) -> None:
     assert "<title>rankwatch: r&lt;1&gt; on n1&quot;&gt;&lt;b&gt;x&lt;/b&gt;</title>" in html
 
 
+TERMINAL = "CUDA error \x1bc\x1b(0\x1b#8\x1b]52;c;cm0gLXJm\x07\x9b2J \u202eatad/\u202c \u2066i\u2069 \x85x"
+_RAW = set(map(chr, [*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)]))
+_RAW |= set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029")
+
+
+@pytest.mark.unit
+def test_escape_sequences_and_bidi_overrides_are_shown_not_sent(tmp_path: Path) -> None:
+    """A hostile log line in a finding's message and evidence, in the run and node names and
+    in a dump's text: the page shows each escape (a copy pasted into a terminal does nothing)."""
+    ident = dataclasses.replace(IDENT, run="r\x1b]0;t\x07", node="n\u202e1")
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    agent = Agent(cfg, ident)
+    log = tmp_path / "rank-0.log"
+    log.touch()
+    agent.add_watcher([log], ident)
+    agent.emit(
+        Finding(
+            "crash",
+            Severity.CRITICAL,
+            0,
+            f"exited: {TERMINAL}",
+            step=3,
+            evidence={"traceback": ["Traceback:", TERMINAL, f"RuntimeError: {TERMINAL}"], "k\x1b": TERMINAL},
+        )
+    )
+    html = _render(agent, None)
+    assert [c for c in html if c in _RAW] == []
+    assert "\u241b]52;c;cm0gLXJm\u2407" in html and "\u241bc\u241b(0\u241b#8" in html
+    assert "\\u202eatad/" in html and "\\x9b2J" in html and "exited: CUDA error" in html
+
+
 @pytest.mark.unit
 def test_ranks_have_sparklines_evidence_and_dump_links(tmp_path: Path) -> None:
     agent = _agent(tmp_path)

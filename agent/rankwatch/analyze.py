@@ -22,6 +22,7 @@ from rankwatch.config.schema import Config
 from rankwatch.detectors.crossrank import cross_rank
 from rankwatch.engine import RankEngine
 from rankwatch.records import Finding, Severity
+from rankwatch.sanitize import visible
 from rankwatch.sources.compressed import compression_of, open_decompressed, require_readable
 from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
 from rankwatch.sources.logparser import LogParser
@@ -151,6 +152,8 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
         fmt=cfg.logs.format,
         regex=cfg.logs.regex,
         sniff_lines=cfg.logs.sniff_lines,
+        max_ranks=cfg.logs.max_ranks,
+        world_size=cfg.run.world_size,
     )
     engines: dict[int | None, tuple[RankEngine, list[Finding]]] = {}
 
@@ -322,17 +325,23 @@ def _traceback_lines(f: Finding) -> list[str]:
     """The end of the Python traceback behind an error finding: the frame that failed is what
     a human reads first (``--json`` keeps the whole of it in no field: the contract is fixed)."""
     frame = f.evidence.get("frame")
-    at = [f"    at {frame} (the innermost frame outside the libraries)"] if isinstance(frame, str) else []
+    at = (
+        [f"    at {visible(frame)} (the innermost frame outside the libraries)"]
+        if isinstance(frame, str)
+        else []
+    )
     lines = f.evidence.get("lines")
     if not isinstance(lines, list) or not lines or not str(lines[0]).startswith("Traceback"):
         return at
     tail = [str(x) for x in lines[-TRACEBACK_TAIL:]]
     more = len(lines) - len(tail)
-    head = [f"    | ... {more} more traceback lines above"] if more > 0 else [f"    | {lines[0]}"]
-    return at + head + [f"    | {x[:300]}" for x in tail if x is not lines[0]]
+    head = [f"    | ... {more} more traceback lines above"] if more > 0 else [f"    | {visible(lines[0])}"]
+    return at + head + [f"    | {visible(x[:300])}" for x in tail if x is not lines[0]]
 
 
 def format_human(result: Analysis, *, colour: bool = False) -> str:
+    """The report for a terminal: every piece of log text in it shown, never obeyed
+    (``rankwatch.sanitize``), and the colour ours alone."""
     out: list[str] = []
     for rep in result.ranks:
         n = len(rep.findings)
@@ -340,7 +349,8 @@ def format_human(result: Analysis, *, colour: bool = False) -> str:
         if rep.total_steps:
             last += f"/{rep.total_steps}"
         out.append(
-            f"rank {rep.rank if rep.rank is not None else '?':>3}  {rep.path}  format={rep.format or '?'}  "
+            f"rank {rep.rank if rep.rank is not None else '?':>3}  {visible(rep.path)}  "
+            f"format={visible(rep.format or '?')}  "
             f"steps={rep.steps}  last_step={last}  findings={n}"
             + (f"  cut_lines={rep.cut_lines}" if rep.cut_lines else "")
             + ("" if rep.records else f"  {_NOTHING}{' (format unknown)' if rep.format is None else ''}")
@@ -355,8 +365,8 @@ def format_human(result: Analysis, *, colour: bool = False) -> str:
             sev = f"{_COLOURS[f.severity]}{sev}\x1b[0m"
         where = f"{f.path}:{f.line}" if f.line is not None else (f.path or "")
         step = f" step {f.step}" if f.step is not None else ""
-        out.append(f"{sev:<8} {f.kind:<24} rank {f.rank}{step}  {where}")
-        out.append(f"    {f.message}")
+        out.append(f"{sev:<8} {visible(f.kind):<24} rank {f.rank}{step}  {visible(where)}")
+        out.append(f"    {visible(f.message)}")
         out.extend(_traceback_lines(f))
     counts = {s: sum(1 for f in result.findings if f.severity is s) for s in Severity}
     out.append("")

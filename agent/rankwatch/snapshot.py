@@ -92,6 +92,8 @@ class LogView:
     truncations: int = 0
     open_errors: int = 0
     open_refused: int = 0
+    rank_refused: int = 0  # lines naming a rank outside the world or past logs.max_ranks
+    shed: int = 0  # lines passed over unparsed while the agent was far behind (logs.shed_backlog)
 
 
 @dataclass(frozen=True, slots=True)

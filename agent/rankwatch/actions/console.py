@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
+from rankwatch.sanitize import visible
 
 _COLOURS = {Severity.CRITICAL: "\x1b[1;31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
 
@@ -33,10 +34,14 @@ class ConsoleSink:
             sev = f"{_COLOURS[f.severity]}{sev}\x1b[0m"
         step = f" step {f.step}" if f.step is not None else ""
         rank = f.rank if f.rank is not None else self.identity.rank
+        # One line per finding; log text in it is shown, never obeyed (rankwatch.sanitize).
+        text = (
+            visible(f"[run={self.identity.run} rank={rank}]")
+            + f" {sev} "
+            + visible(f"{f.kind}{step}: {f.message}")
+        )
         try:
-            self.stream.write(
-                f"rankwatch: [run={self.identity.run} rank={rank}] {sev} {f.kind}{step}: {f.message}\n"
-            )
+            self.stream.write(f"rankwatch: {text}\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass

@@ -121,6 +121,27 @@ class LogsConfig:
         "watch mode: how much of an existing log is re-read at start to rebuild the detectors' "
         "windows (baselines, last step); nothing found in it is reported again. 0: none",
     )
+    max_ranks: int = opt(
+        1024,
+        "most distinct ranks one log stream may name in launcher prefixes ([rankN]:, srun --label); "
+        "with the world size known, a rank outside it is refused too. Lines of a refused rank are "
+        'counted (rankwatch_log_lines_total{result="rank_refused"}) and dropped: rank labels stay bounded',
+        min=1,
+    )
+    read_bytes_per_turn: Size = opt(
+        Size(256 << 10),
+        "most bytes of one log read and parsed per event-loop turn: a backlog (a burst, a restart "
+        "behind a big log) is worked off in turns, so /healthz, /metrics and the other ranks run "
+        "between them and memory stays bounded under any log rate",
+        min=4096,
+    )
+    shed_backlog: Size = opt(
+        Size(256 << 10),
+        "when the agent is this far behind a log (unread bytes), it parses only the lines that may "
+        "hold an error or a non-finite value (nan, inf) and the last line of each read until it "
+        "has caught up, so a NaN written after a burst is found within seconds; the lines passed "
+        'over are counted (rankwatch_log_lines_total{result="shed"}). 0: parse every line',
+    )
     encoding: str = opt(
         "utf-8",
         "how the log's bytes are decoded, for the live tail, its replay and analyze (e.g. latin-1, "

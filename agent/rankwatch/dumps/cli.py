@@ -19,6 +19,7 @@ from rankwatch.dumps.capture import capture
 from rankwatch.dumps.diff import diff_incident, format_diff, format_ranks
 from rankwatch.dumps.show import format_rank
 from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name
+from rankwatch.sanitize import visible, visible_lines
 
 if TYPE_CHECKING:
     from rankwatch.config.schema import Config
@@ -101,7 +102,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     for info in incidents:
         when = info.time.strftime("%Y-%m-%d %H:%M:%S")
         ranks = format_ranks(info.ranks) or "-"
-        print(f"{when:<20} {info.run:<20} {info.reason:<16} {ranks:<12} {info.name}")
+        print(
+            f"{when:<20} {visible(info.run):<20} {visible(info.reason):<16} {ranks:<12} {visible(info.name)}"
+        )
     return 0
 
 
@@ -125,7 +128,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         doc = {**_incident_json(info), "dumps": {str(r): store.load_rank(info, r) for r in ranks}}
         print(json.dumps(doc, indent=2, default=str))
         return 0
-    print(f"incident {info.run}/{info.name}  ({info.path})")
+    print(visible(f"incident {info.run}/{info.name}  ({info.path})"))
     for rank in ranks:
         print()
         print(format_rank(store.load_rank(info, rank), fold_idle=not args.all_threads), end="")
@@ -149,9 +152,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
             doc["flight_recorder"] = {"ranks": sorted(traces), "verdict": fr.to_dict() if fr else None}
         print(json.dumps(doc, indent=2))
     else:
-        print(f"incident {info.run}/{info.name}")
-        print(format_diff(result), end="")
-        print(flight.format_verdict(fr, sorted(traces)), end="")
+        print(visible(f"incident {info.run}/{info.name}"))
+        # The frames and thread names a diff quotes are the job's text: shown, never obeyed.
+        print(visible_lines(format_diff(result)), end="")
+        print(visible_lines(flight.format_verdict(fr, sorted(traces))), end="")
     return 0
 
 

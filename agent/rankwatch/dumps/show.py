@@ -3,6 +3,10 @@
 One renderer serves both the plain ``rank-<r>.txt`` written at capture time and the
 highlighted ``rankwatch dumps show`` view, so both read the same way as py-spy's own
 ``dump`` output that engineers already know.
+
+Every name in a dump (the command line, thread and function names, file names, locals) is
+the job's text: each goes through ``rankwatch.sanitize`` before it reaches a terminal, so
+an escape sequence in a thread name is shown (``␛]52;...``), never obeyed.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from rankwatch.sanitize import visible, visible_lines
 
 _LIBRARY_RE = re.compile(r"[/\\](site-packages|dist-packages)[/\\]|[/\\]lib[/\\]python\d+(\.\d+)?t?[/\\]")
 IDLE_FILES = frozenset({"threading.py", "queue.py", "selectors.py"})
@@ -40,10 +46,10 @@ def is_training_frame(frame: dict[str, Any], prefixes: Sequence[str] = ()) -> bo
 
 def frame_label(frame: dict[str, Any]) -> str:
     """``func (file.py:12)`` like py-spy, with the short filename py-spy computed."""
-    name = frame.get("name") or "?"
-    short = frame.get("short_filename") or basename(frame.get("filename"))
+    name = visible(frame.get("name") or "?")
+    short = visible(frame.get("short_filename") or basename(frame.get("filename")))
     line = frame.get("line")
-    return f"{name} ({short}:{line})" if line else f"{name} ({short})"
+    return f"{name} ({short}:{visible(line)})" if line else f"{name} ({short})"
 
 
 def thread_status(thread: dict[str, Any]) -> str:
@@ -55,9 +61,9 @@ def thread_status(thread: dict[str, Any]) -> str:
 def thread_header(thread: dict[str, Any]) -> str:
     tid = thread.get("os_thread_id")
     ident = str(tid) if tid is not None else f"{int(thread.get('thread_id') or 0):#X}"
-    head = f"Thread {ident} ({thread_status(thread)})"
+    head = f"Thread {visible(ident)} ({thread_status(thread)})"
     name = thread.get("thread_name")
-    return f'{head}: "{name}"' if name else head
+    return f'{head}: "{visible(name)}"' if name else head
 
 
 def is_main_thread(thread: dict[str, Any]) -> bool:
@@ -91,7 +97,7 @@ def _locals_lines(frame: dict[str, Any]) -> list[str]:
         elif not local.get("arg") and not shown_locals:
             out.append("        Locals:")
             shown_locals = True
-        out.append(f"            {local.get('name')}: {local.get('repr') or '?'}")
+        out.append(f"            {visible(local.get('name'))}: {visible(local.get('repr') or '?')}")
     return out
 
 
@@ -133,16 +139,17 @@ def render_threads(
     sections: list[str] = []
     for proc_pid, proc_threads in group_by_process(threads, pid).items():
         proc = info.get(proc_pid, {})
-        lines = [f"Process {proc_pid}: {proc.get('cmdline') or '?'}"]
+        lines = [f"Process {proc_pid}: {visible(proc.get('cmdline') or '?')}"]
         ppid = proc.get("ppid")
         parent = info.get(ppid) if proc_pid != pid and isinstance(ppid, int) else None
         if parent is not None:
-            lines.append(f"Parent Process {parent['pid']}: {parent.get('cmdline') or '?'}")
+            lines.append(f"Parent Process {parent['pid']}: {visible(parent.get('cmdline') or '?')}")
         lines.append("")
         idle: list[str] = []
         for thread in proc_threads:
             if fold_idle and is_idle_thread(thread, prefixes):
-                idle.append(str(thread.get("thread_name") or thread_header(thread)))
+                name = thread.get("thread_name")
+                idle.append(visible(name) if name else thread_header(thread))
                 continue
             lines.extend(render_thread(thread, highlight=highlight, color=color, prefixes=prefixes))
         if idle:
@@ -168,18 +175,18 @@ def format_rank(
         color = sys.stdout.isatty()
     rank = dump.get("rank")
     pid = dump.get("pid")
-    head = f"== rank {rank} (pid {pid}) captured {dump.get('captured_at') or '?'}"
+    head = f"== rank {visible(rank)} (pid {visible(pid)}) captured {visible(dump.get('captured_at') or '?')}"
     duration = dump.get("duration_s")
     if isinstance(duration, (int, float)):
         head += f" in {duration:.2f}s"
     lines = [head]
     for note in dump.get("notes") or []:
-        lines.append(f"note: {note}")
+        lines.append(f"note: {visible(note)}")
     threads = dump.get("threads") or []
     if not dump.get("ok") or not threads:
-        lines.append(f"no stacks: {dump.get('error') or 'dump failed'}")
+        lines.append(f"no stacks: {visible(dump.get('error') or 'dump failed')}")
         if dump.get("text"):
-            lines.append(str(dump["text"]).rstrip())
+            lines.append(visible_lines(str(dump["text"]).rstrip()))
         return "\n".join(lines) + "\n"
     body = render_threads(
         threads,

@@ -25,6 +25,7 @@ from typing import Any
 
 from rankwatch import safeio
 from rankwatch.dumps.capture import DumpResult
+from rankwatch.sanitize import visible, visible_lines
 
 log = logging.getLogger(__name__)
 
@@ -152,13 +153,15 @@ class DumpStore:
             "text": result.text,
             "threads": result.threads,
         }
-        status = "ok" if result.ok else f"FAILED: {result.error}"
+        # The text file is read with cat: the job's text in it is shown, never obeyed.
+        status = "ok" if result.ok else f"FAILED: {visible(result.error)}"
         header = f"# rankwatch dump: rank {rank}, pid {result.pid}, captured {captured}, {status}\n"
-        notes = "".join(f"# note: {n}\n" for n in result.notes)
+        notes = "".join(f"# note: {visible(n)}\n" for n in result.notes)
         dir_fd = self._make_dirs(parts)
         try:
             _atomic_write(dir_fd, f"rank-{rank}.json", json.dumps(doc, indent=1, default=str).encode())
-            _atomic_write(dir_fd, f"rank-{rank}.txt", (header + notes + "\n" + result.text).encode())
+            text = header + notes + "\n" + visible_lines(result.text)
+            _atomic_write(dir_fd, f"rank-{rank}.txt", text.encode())
         finally:
             os.close(dir_fd)
         return folder / f"rank-{rank}.txt"

@@ -24,7 +24,9 @@ def collect_logs(snap: AgentSnapshot, failures: Mapping[str, int]) -> list[Metri
     )
     lines = CounterMetricFamily(
         "rankwatch_log_lines_total",
-        "Log lines by outcome: parsed (gave a record), unparsed, cut (longer than max_line_bytes)",
+        "Log lines by outcome: parsed (gave a record), unparsed, cut (longer than max_line_bytes), "
+        "rank_refused (naming a rank outside the world or past logs.max_ranks: dropped), shed "
+        "(passed over unparsed while the agent was far behind: logs.shed_backlog)",
         labels=[*RANK_LABELS, "result"],
     )
     read = CounterMetricFamily(
@@ -53,7 +55,8 @@ def collect_logs(snap: AgentSnapshot, failures: Mapping[str, int]) -> list[Metri
             continue
         labels = list(v.labels)
         attached.add_metric(labels, 1.0 if v.sources.attached else 0.0)
-        for result, n in (("parsed", lv.parsed), ("unparsed", lv.unparsed), ("cut", lv.cut)):
+        outcomes = (("parsed", lv.parsed), ("unparsed", lv.unparsed), ("cut", lv.cut))
+        for result, n in (*outcomes, ("rank_refused", lv.rank_refused), ("shed", lv.shed)):
             lines.add_metric([*labels, result], n)
         read.add_metric(labels, lv.bytes_read)
         rotations.add_metric(labels, lv.rotations)

@@ -187,9 +187,11 @@ def _process(w: RankWatcher) -> ProcessView | None:
 
 
 def _logs(w: RankWatcher) -> LogView:
-    parsed = unparsed = cut = nbytes = rot = trunc = errs = refusals = 0
+    parsed = unparsed = cut = nbytes = rot = trunc = errs = refusals = ranks = shed = 0
     for s in w.streams:
         ps, fs = s.parser.stats, s.follower.stats
+        ranks += ps.rank_refused
+        shed += ps.shed
         parsed, unparsed, cut = parsed + ps.parsed, unparsed + ps.unparsed, cut + ps.cut
         nbytes, rot, trunc = nbytes + fs.bytes_read, rot + fs.rotations, trunc + fs.truncations
         errs += fs.reopen_errors
@@ -204,6 +206,8 @@ def _logs(w: RankWatcher) -> LogView:
         truncations=trunc,
         open_errors=errs,
         open_refused=refusals,
+        rank_refused=ranks,
+        shed=shed,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +38,19 @@ CRASH_HOLD_S = 15.0
 # Lines parsed per loop turn: a backlog (a 2M-line burst, a restart behind a big log) is worked
 # off in slices, so /healthz, /metrics and the other ranks' detection run between them.
 FEED_SLICE = 2048
+# A non-finite number as frameworks print it (nan, NaN, -inf, Infinity), not "info".
+_NON_FINITE = re.compile(r"(?<![A-Za-z])(?:nan|inf(?:inity)?)(?![A-Za-z])")
+
+
+def _non_finite(text: str) -> bool:
+    """``text`` may print a NaN or an infinity: a substring test first (C speed over a whole
+    batch), the word test only where one of them is there."""
+    low = text.lower()
+    if "inf" in low:
+        low = low.replace("info", "")  # every INFO log line: not an infinity
+    return ("nan" in low or "inf" in low) and _NON_FINITE.search(low) is not None
+
+
 LINE_COUNT_S = 10.0
 # A sample reads /proc of the process tree: milliseconds, unless a process sits in D state or
 # holds its memory map lock (then cmdline, environ and smaps block for minutes).
@@ -44,9 +58,11 @@ SAMPLE_TIMEOUT_MIN_S = 2.0
 
 
 class Stream:
-    __slots__ = ("dropped", "follower", "last_data", "parser", "path", "uncounted")
+    __slots__ = ("dropped", "follower", "last_data", "parser", "path", "shedding", "thinned", "uncounted")
 
-    def __init__(self, path: Path, cfg: Config, rank: int | None, from_end: bool) -> None:
+    def __init__(
+        self, path: Path, cfg: Config, rank: int | None, from_end: bool, world_size: int | None = None
+    ) -> None:
         self.path = path
         # NCCL INFO chatter is skipped before parsing, as ``analyze`` does: it is often most of
         # a burst and never evidence; it is still counted (unparsed) and still a sign of life.
@@ -60,9 +76,39 @@ class Stream:
         self.dropped = 0
         self.uncounted = from_end  # lines before the start: counted off the loop in ``run``
         self.parser = LogParser(
-            default_rank=rank, fmt=cfg.logs.format, regex=cfg.logs.regex, sniff_lines=cfg.logs.sniff_lines
+            default_rank=rank,
+            fmt=cfg.logs.format,
+            regex=cfg.logs.regex,
+            sniff_lines=cfg.logs.sniff_lines,
+            max_ranks=cfg.logs.max_ranks,
+            world_size=world_size,
         )
         self.last_data = 0.0
+        self.shedding = False
+        self.thinned = 0  # the follower's thinned_lines already counted
+
+
+def matters(text: str) -> bool:
+    """What a reader far behind still parses: text that may hold an error signature, a
+    non-finite value or an escape sequence (which may split a signature's words)."""
+    return may_hold_signature(text) or _non_finite(text) or "\x1b" in text
+
+
+def shed(batch: list[Any]) -> list[Any]:
+    """What a reader far behind still parses of ``batch``: the lines that may hold an error
+    signature or a non-finite value, and the last line (the step reached). One test over
+    the joined batch spares the per-line tests when it holds neither (the usual burst)."""
+    texts = [fl.text for fl in batch]
+    joined = "\n".join(texts)
+    if not may_hold_signature(joined) and not _non_finite(joined) and "\x1b" not in joined:
+        return batch[-1:]
+    keep = [
+        fl
+        for fl in batch[:-1]
+        if fl.cut or "\x1b" in fl.text or may_hold_signature(fl.text) or _non_finite(fl.text)
+    ]
+    keep.append(batch[-1])
+    return keep
 
 
 class RankWatcher:
@@ -85,7 +131,7 @@ class RankWatcher:
         self.clock = clock
         self.wall = wall
         self.path = str(logs[0]) if logs else None
-        self.streams = [Stream(p, cfg, self.rank, from_end) for p in logs]
+        self.streams = [Stream(p, cfg, self.rank, from_end, identity.world_size) for p in logs]
         self.engines: dict[int | None, RankEngine] = {}
         self._engine(self.rank)  # its liveness rules start their grace now
         self.tail: deque[str] = deque(maxlen=max(1, cfg.process.tail_lines))
@@ -229,6 +275,43 @@ class RankWatcher:
                 keep.append((t, f))
         self._held = keep
 
+    def _thin(self, stream: Stream) -> Callable[[str], bool] | None:
+        """Before a read: the follower's ``thin`` test while the log's unread bytes exceed
+        ``logs.shed_backlog`` (the agent far behind), else None (every line is parsed)."""
+        limit = int(self.cfg.logs.shed_backlog)
+        behind = stream.follower.backlog() if limit > 0 else 0
+        if behind <= limit:
+            if stream.shedding:
+                stream.shedding = False
+                log.info("%s: caught up; every line is parsed again", stream.path)
+            return None
+        if not stream.shedding:
+            stream.shedding = True
+            log.warning(
+                "%s: %.1f MiB behind the log: until caught up only lines that may hold an error or a "
+                "non-finite value (and the last of each read) are parsed; the rest are counted "
+                '(rankwatch_log_lines_total{result="shed"})',
+                stream.path,
+                behind / (1 << 20),
+            )
+        return matters
+
+    def _shed(self, stream: Stream, batch: list[Any]) -> list[Any]:
+        """``batch`` as read while shedding: the pieces the follower kept, thinned to the lines
+        that matter (``shed``); every line passed over is counted."""
+        n = stream.follower.stats.thinned_lines - stream.thinned
+        stream.thinned += n
+        if stream.shedding and len(batch) > 1:
+            kept = shed(batch)
+            n += len(batch) - len(kept)
+            batch = kept
+        if n:
+            self.lines += n
+            st = stream.parser.stats
+            st.lines += n
+            st.shed += n
+        return batch
+
     def feed_lines(self, stream: Stream, batch: list[Any]) -> None:
         now_wall = self.wall()
         stream.last_data = self.clock()
@@ -265,13 +348,18 @@ class RankWatcher:
                     self._records(recs)
 
     def drain(self) -> None:
-        """Everything still in the files, then every held line and traceback (on exit)."""
+        """Everything still in the files, then every held line and traceback (on exit). Read
+        in turns of ``logs.read_bytes_per_turn`` (bounded memory), thinned as the live tail is
+        while far behind (a backlog at exit is worked off in about a second, not a minute)."""
+        budget = int(self.cfg.logs.read_bytes_per_turn)
         for s in self.streams:
             while True:
-                batch = s.follower.read_available()
-                if not batch:
+                before = s.follower.stats.bytes_read
+                batch = self._shed(s, s.follower.read_available(budget, self._thin(s)))
+                if batch:
+                    self.feed_lines(s, batch)
+                if not s.follower.behind and (not batch or s.follower.stats.bytes_read == before):
                     break
-                self.feed_lines(s, batch)
             rest = s.follower.flush()
             if rest:
                 self.feed_lines(s, rest)
@@ -279,10 +367,18 @@ class RankWatcher:
 
     async def _follow(self, stream: Stream) -> None:
         interval = self.cfg.logs.poll_interval
+        budget = int(self.cfg.logs.read_bytes_per_turn)
         async with contextlib.aclosing(
-            follow(stream.follower, poll_interval=interval, stop=self._stop)
+            follow(
+                stream.follower,
+                poll_interval=interval,
+                stop=self._stop,
+                max_bytes=budget,
+                thin=lambda: self._thin(stream),
+            )
         ) as it:
             async for batch in it:
+                batch = self._shed(stream, batch)
                 if len(batch) <= FEED_SLICE:
                     self.feed_lines(stream, batch)
                     continue

@@ -57,6 +57,7 @@ from rankwatch import offloop
 from rankwatch.config.schema import ServerConfig
 from rankwatch.dumps.store import DumpStore
 from rankwatch.exporter.metrics import make_registry
+from rankwatch.sanitize import visible_lines
 from rankwatch.server.page import load_page_extras, render_page
 from rankwatch.server.status import (
     FINDINGS_DEFAULT,
@@ -428,11 +429,11 @@ def _load_dump(store: DumpStore, incident: str, rank: int, text: bool) -> tuple[
     if rank not in info.ranks:
         return 404, missing
     try:
-        if text:
+        if text:  # read by people (a browser, curl in a terminal): shown, never obeyed
             try:
-                return 200, store.read_file(info, f"rank-{rank}.txt").decode(errors="replace")
+                return 200, visible_lines(store.read_file(info, f"rank-{rank}.txt").decode(errors="replace"))
             except FileNotFoundError:
-                return 200, store.load_rank(info, rank, strict=True).get("text", "")
+                return 200, visible_lines(store.load_rank(info, rank, strict=True).get("text", ""))
         return 200, store.load_rank(info, rank, strict=True)
     except OSError:  # safeio.Refused, or the folder swapped since it was listed
         return 404, missing

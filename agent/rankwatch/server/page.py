@@ -3,7 +3,10 @@
 It must work from a login node through an SSH tunnel with nothing but a browser, so it
 refreshes itself with a meta tag, draws its charts as inline SVG (the page's CSP forbids
 fetching anything), and escapes every value: findings, evidence, paths and node names come
-from logs and the environment, so they are attacker-controllable text.
+from logs and the environment, so they are attacker-controllable text. Each value goes
+through ``rankwatch.sanitize`` before HTML escaping: control characters and escape
+sequences are shown, and bidi overrides cannot reorder what the reader sees (a copied
+line pasted into a terminal carries no escape either).
 
 ``render_page(doc)`` needs only the ``/api/status`` document. What that document lacks —
 the step history behind the sparklines, the dump store listing behind the dump links, GPU
@@ -22,18 +25,30 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from html import escape
+from html import escape as _html
 from typing import Any
 from urllib.parse import quote
 
 from rankwatch import offloop
 from rankwatch.events import GpuSample
 from rankwatch.records import StepRecord
+from rankwatch.sanitize import visible, visible_lines
 from rankwatch.server.sparkline import sparkline
 from rankwatch.server.status import incident_doc
 from rankwatch.snapshot import AgentSnapshot
 
 log = logging.getLogger("rankwatch.server.page")
+
+
+def escape(text: object) -> str:
+    """One line of the job's text for HTML: shown (``rankwatch.sanitize``), then escaped."""
+    return _html(visible(text))
+
+
+def escape_lines(text: object) -> str:
+    """As ``escape``, newlines kept (a ``<pre>`` block)."""
+    return _html(visible_lines(text))
+
 
 REFRESH_S = 10
 SPARK_POINTS = 120  # step lines per sparkline: about one per pixel
@@ -347,9 +362,8 @@ def _message_cell(f: dict[str, Any]) -> str:
     details = ""
     if isinstance(ev, Mapping) and ev:
         opened = " open" if f["severity"] == "critical" else ""
-        details = (
-            f"<details{opened}><summary>evidence</summary><pre>{escape(_evidence_text(ev))}</pre></details>"
-        )
+        text = escape_lines(_evidence_text(ev))
+        details = f"<details{opened}><summary>evidence</summary><pre>{text}</pre></details>"
     return f'<td class="msg">{escape(str(f["message"]))}{details}</td>'
 
 

@@ -23,7 +23,7 @@ import pathlib
 import stat
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 from rankwatch import safeio
@@ -98,18 +98,32 @@ class LogFollower:
         """The next line read is line ``first`` (its number in the file, not since attaching)."""
         self._splitter.lineno = first
 
+    def backlog(self) -> int:
+        """Bytes written to the current file beyond the read position (one ``fstat``)."""
+        if self._fd is None:
+            return 0
+        try:
+            return max(0, os.fstat(self._fd).st_size - self._offset)
+        except OSError:
+            return 0
+
     @property
     def behind(self) -> bool:
         """True when the last ``read_available`` stopped at ``max_bytes`` with more to read."""
         return self._behind
 
-    def read_available(self, max_bytes: int | None = None) -> list[FollowedLine]:
+    def read_available(
+        self, max_bytes: int | None = None, thin: Callable[[str], bool] | None = None
+    ) -> list[FollowedLine]:
         """Everything complete that is new since the last call; never blocks.
 
         Opens the file once it exists and follows rotation and truncation.  ``max_bytes``
         bounds the work of one call so a live agent can interleave; ``behind`` then says
-        whether more is waiting.
+        whether more is waiting. ``thin``: a test over a piece's text (up to 32 KiB of lines);
+        a piece it finds nothing in gives its last line only (``FollowerStats.thinned_lines``
+        counts the rest): how a reader far behind catches up in seconds.
         """
+        self._splitter.thin = thin
         out: list[FollowedLine] = []
         self._behind = False
         if self._fd is None and not self._open():
@@ -426,10 +440,17 @@ class _Waker:
 
 
 async def follow(
-    follower: LogFollower, *, poll_interval: float = 0.25, stop: asyncio.Event | None = None
+    follower: LogFollower,
+    *,
+    poll_interval: float = 0.25,
+    stop: asyncio.Event | None = None,
+    max_bytes: int = _FOLLOW_BATCH_BYTES,
+    thin: Callable[[], Callable[[str], bool] | None] | None = None,
 ) -> AsyncGenerator[list[FollowedLine], None]:
-    """Batches as they appear; reads are bounded so other tasks run between large catch-ups.
+    """Batches as they appear; each read is at most ``max_bytes``, and the loop runs other
+    tasks between two reads, so a backlog of any size costs bounded memory and latency.
     A batch may be empty when the file grew by lines the follower drops (``drop``).
+    ``thin``: asked before each read for the ``thin`` test of ``read_available`` (or None).
 
     Close it with ``contextlib.aclosing`` (or ``aclose()``) when leaving early so the
     watchdog thread is joined at once rather than at garbage collection.
@@ -443,7 +464,7 @@ async def follow(
             waker.ensure_started()
             wake.clear()
             before = follower.stats.bytes_read
-            batch = follower.read_available(_FOLLOW_BATCH_BYTES)
+            batch = follower.read_available(max_bytes, thin() if thin else None)
             if batch or follower.stats.bytes_read != before:
                 yield batch  # empty: the file grew by dropped noise only (still a sign of life)
             if follower.behind:
@@ -456,7 +477,7 @@ async def follow(
             finally:
                 wake_task.cancel()
         while True:
-            batch = follower.read_available(_FOLLOW_BATCH_BYTES)
+            batch = follower.read_available(max_bytes, thin() if thin else None)
             if batch:
                 yield batch
             if not follower.behind:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import codecs
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -53,6 +53,7 @@ class FollowerStats:
     reopen_errors: int = 0
     refused_opens: int = 0  # a symlink, FIFO, device or another user's file where the log was
     dropped_lines: int = 0
+    thinned_lines: int = 0  # passed over while a reader far behind thinned its reads (``thin``)
 
 
 def _first_terminator(data: bytes) -> int:
@@ -75,6 +76,7 @@ class Splitter:
         "pending",
         "piece_size",
         "stats",
+        "thin",
     )
 
     def __init__(
@@ -97,6 +99,9 @@ class Splitter:
         self.lineno = 1
         self.discarding = False
         self.drop = drop
+        # When set: a piece whose text it says holds nothing that matters yields its last line
+        # only (the step reached), the rest counted in ``thinned_lines``, never made objects.
+        self.thin: Callable[[str], bool] | None = None
         self._cut_warnings = 0
 
     def reset(self) -> None:
@@ -157,7 +162,14 @@ class Splitter:
             parts = text.split("\n")
             parts.pop()
             self.lineno = start + len(parts)
-            if drop is not None and drop in text:
+            if self.thin is not None and len(parts) > 1 and not self.thin(text):
+                last = len(parts) - 1
+                while last > 0 and not parts[last]:
+                    last -= 1
+                self.stats.thinned_lines += len(parts) - parts.count("") - (1 if parts[last] else 0)
+                if parts[last]:
+                    out.append(FollowedLine(parts[last], start + last))
+            elif drop is not None and drop in text:
                 kept = [i for i, p in enumerate(parts) if drop not in p or RESCUE in p]
                 self.stats.dropped_lines += len(parts) - len(kept)
                 out.extend([FollowedLine(parts[i], start + i) for i in kept if parts[i]])

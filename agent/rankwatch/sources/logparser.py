@@ -16,6 +16,11 @@ lines are kept while the format is unknown and replayed into each rank's new par
 
 A format parser that raises loses only that line: the error is counted, logged once per
 parser, and the stream goes on.
+
+Ranks come from the log's own text, so they are bounded: a rank outside the world (when its
+size is known) or past the first ``max_ranks`` distinct ones is refused. Its lines are
+counted (``ParseStats.rank_refused``), said once in the agent's log and dropped, so 20,000
+forged ``[rankN]:`` prefixes cost no parser, engine or label set each.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class ParseStats:
     unparsed: int = 0  # complete lines that produced none
     cut: int = 0  # lines the follower cut at max_line_bytes (only error signatures look at them)
     errors: int = 0  # exceptions caught from parsers (and, never expected, from matchers)
+    rank_refused: int = 0  # lines naming a rank outside the world or past max_ranks: dropped
+    shed: int = 0  # lines a reader far behind passed over unparsed (see runtime.watcher.shed)
 
 
 class LogParser:
@@ -56,8 +63,12 @@ class LogParser:
         fmt: str = "auto",
         regex: str | None = None,
         sniff_lines: int = 200,
+        max_ranks: int = 1024,
+        world_size: int | None = None,
     ) -> None:
         self.default_rank = default_rank
+        self.max_ranks = max(1, max_ranks)
+        self.world_size = world_size if world_size is not None and world_size > 0 else None
         self.stats = ParseStats()
         self.ranks_seen: set[int] = set()
         self._last_lineno: int | None = None
@@ -88,8 +99,11 @@ class LogParser:
         st.lines += 1
         body, prank, ts = strip(text)
         if prank is not None:
+            if prank not in self.ranks_seen and not self._admit(prank):
+                st.rank_refused += 1
+                self._last_lineno, self._last_rank = lineno, None
+                return []
             rank: int | None = prank
-            self.ranks_seen.add(prank)
         elif lineno == self._last_lineno:
             # A \r segment (tqdm) of a line whose launcher prefix came with its first segment.
             rank = self._last_rank
@@ -106,7 +120,7 @@ class LogParser:
         for rec in out:
             # torchelastic's failure box is printed by the launcher, about another rank.
             failed = getattr(rec, "details", {}).get("failed_rank") if rec.rank is None else None
-            if isinstance(failed, int):
+            if isinstance(failed, int) and (failed in self.ranks_seen or self._admit(failed)):
                 rec.rank = failed
         if cut:
             st.cut += 1
@@ -180,6 +194,27 @@ class LogParser:
             return None
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _admit(self, rank: int) -> bool:
+        """A rank not seen before: kept (and remembered) when the world holds it and the
+        stream has named fewer than ``max_ranks`` ranks; else refused, said once."""
+        world = self.world_size
+        if (world is None or rank < world) and len(self.ranks_seen) < self.max_ranks:
+            self.ranks_seen.add(rank)
+            return True
+        if "rank_refused" not in self._logged:
+            self._logged.add("rank_refused")
+            if world is not None and rank >= world:
+                bound = f"outside the world of {world} ranks"
+            else:
+                bound = f"past the {self.max_ranks} ranks this stream may name (logs.max_ranks)"
+            log.warning(
+                "a log line names rank %d, %s: its lines are dropped and counted "
+                '(rankwatch_log_lines_total{result="rank_refused"}); further refusals only counted',
+                rank,
+                bound,
+            )
+        return False
 
     def _signatures(
         self, body: str, lineno: int, rank: int | None, when: float | None, clean: bool = False

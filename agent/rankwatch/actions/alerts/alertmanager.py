@@ -10,7 +10,9 @@ message is posted as its own alert.
 Annotations carry log text, and Alertmanager's Slack receiver puts them into a message
 unescaped: a log line holding ``<!channel>`` would page a whole channel. Slack's mention
 and link sequences are therefore made inert in annotations (their ``<`` becomes ``‹``),
-and control characters dropped; label values are left exact (routing matches on them).
+and control characters, escape sequences and bidi overrides shown, not obeyed
+(``rankwatch.sanitize``), in annotations and label values alike (a printable label value is
+left exact: routing matches on it).
 """
 
 from __future__ import annotations
@@ -22,18 +24,16 @@ from typing import Any
 
 import aiohttp
 
-from rankwatch.actions.alerts.escape import defuse_mentions
 from rankwatch.actions.alerts.message import AlertMessage, AlertSink, DeliveryError, iso
 from rankwatch.actions.alerts.sinks import register_sink, sink_name
 from rankwatch.config.redact import redact_text, redact_url
 from rankwatch.config.schema import AlertsConfig
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
+from rankwatch.sanitize import defuse_mentions, visible
 
 
 def annotation(text: str) -> str:
     """Log-derived text made safe for whatever renders the annotation (Slack, a terminal)."""
-    return defuse_mentions(_CONTROL.sub("", text))
+    return defuse_mentions(text)
 
 
 REFRESH_INTERVAL_S = 60.0
@@ -57,13 +57,14 @@ def payload(alert: AlertMessage, now: float) -> list[dict[str, Any]]:
         }
         if m.subject is not None:  # two GPUs of one rank are two alerts there too
             labels["subject"] = m.subject
+        labels = {k: visible(v) for k, v in labels.items()}
         summary = f"{alert.kind} on rank {m.rank}" if m.rank is not None else alert.kind
         annotations = {
             "summary": annotation(f"{summary} (run {alert.run})"),
             "description": annotation(m.message),
         }
         if m.dump_path:
-            annotations["dump_path"] = m.dump_path
+            annotations["dump_path"] = annotation(m.dump_path)
         if m.step is not None:
             annotations["step"] = str(m.step)
         doc: dict[str, Any] = {"labels": labels, "annotations": annotations, "startsAt": iso(m.starts_at)}

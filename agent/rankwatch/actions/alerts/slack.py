@@ -8,7 +8,9 @@ Slack reads ``<!channel>``, ``<@U123>`` and ``<https://evil|harmless text>`` as 
 in mrkdwn, and the notification ``text`` is mrkdwn too, so every such value is escaped
 (``&``, ``<``, ``>`` as ``&amp;``, ``&lt;``, ``&gt;``, Slack's own rule) wherever it is
 put: ``text``, section and field blocks, code blocks. Header blocks are plain_text (never
-parsed). The one link we make (Grafana) gets a URL whose ``|``, ``<``, ``>`` are
+parsed). Control characters, escape sequences and bidi overrides are shown, not obeyed
+(``rankwatch.sanitize``), before any of that. The one link we make (Grafana) gets a URL
+whose ``|``, ``<``, ``>`` are
 percent-encoded, and only http(s).
 """
 
@@ -25,8 +27,6 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from rankwatch.actions.alerts.escape import slack_escape as _esc
-from rankwatch.actions.alerts.escape import slack_link as _link
 from rankwatch.actions.alerts.message import AlertMessage, AlertSink, DeliveryError, iso, rank_list
 from rankwatch.actions.alerts.sinks import register_sink
 from rankwatch.actions.alerts.threads import ThreadStore, Who
@@ -34,6 +34,9 @@ from rankwatch.config.redact import redact_text
 from rankwatch.config.schema import AlertsConfig, SlackConfig
 from rankwatch.offloop import call
 from rankwatch.records import Severity
+from rankwatch.sanitize import slack_escape as _esc
+from rankwatch.sanitize import slack_link as _link
+from rankwatch.sanitize import visible
 
 log = logging.getLogger("rankwatch.alerts.slack")
 
@@ -58,7 +61,8 @@ def _cut(text: str, n: int) -> str:
 
 
 def _code_line(x: Any) -> str:
-    return _esc(str(x).rstrip().replace("```", "`\u200b``"))  # a fence inside would end the block
+    # A fence inside would end the block.
+    return _esc(str(x).rstrip(), multiline=False).replace("```", "`\u200b``")
 
 
 def _tail(lines: list[str], room: int) -> list[str]:
@@ -117,7 +121,7 @@ def _nodes(nodes: list[str]) -> str:
 def build_blocks(a: AlertMessage) -> list[dict[str, Any]]:
     emoji = RESOLVED_EMOJI if a.status == "resolved" else EMOJI[a.severity]
     sev = "RESOLVED" if a.status == "resolved" else a.severity.label.upper()
-    header = _cut(f"{emoji} {sev}: {a.title} — run {a.run}", 150)
+    header = _cut(visible(f"{emoji} {sev}: {a.title} — run {a.run}"), 150)
     ranks = rank_list(a.ranks) or "?"
     if a.suspect is not None and len(a.members) > 1:
         ranks += f" (suspect {a.suspect})"

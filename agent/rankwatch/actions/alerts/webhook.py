@@ -1,8 +1,10 @@
 """Generic JSON webhook sink: one POST per alert, one sink per URL.
 
-The payload is JSON, so text from a log (message, evidence) arrives as the exact string
-the log held, quoted by JSON and nothing else: a receiver that puts it into HTML, Slack or
-a shell must escape it for that target. Error messages name the endpoint without its
+The payload is JSON; text from a log (message, evidence) arrives as the log held it but with
+control characters, escape sequences and bidi overrides shown, not obeyed
+(``rankwatch.sanitize``), so a receiver that prints it to a terminal or a chat is not
+turned against its reader. One that puts it into HTML, Slack markup or a shell must still
+escape it for that target. Error messages name the endpoint without its
 credentials (userinfo, query, secret path).
 """
 
@@ -19,10 +21,16 @@ from rankwatch.actions.alerts.message import AlertMessage, AlertSink, DeliveryEr
 from rankwatch.actions.alerts.sinks import register_sink, sink_name
 from rankwatch.config.redact import redact_text, redact_url
 from rankwatch.config.schema import AlertsConfig
+from rankwatch.sanitize import deep
 
 
 def payload(alert: AlertMessage) -> dict[str, Any]:
     lead = next((m for m in alert.members if m.rank == alert.rank), alert.members[0])
+    doc: dict[str, Any] = deep(_raw(alert, lead))
+    return doc
+
+
+def _raw(alert: AlertMessage, lead: Any) -> dict[str, Any]:
     return {
         "version": "1",
         "status": alert.status,
