@@ -173,7 +173,7 @@ def test_log_derived_text_is_escaped_everywhere(tmp_path: Path) -> None:
     assert "&lt;/pre&gt;" in html and "&lt;b&gt;boom&lt;/b&gt;" in html  # evidence lines, as text
     assert "&lt;img src=x" in html and "&lt;k&gt;" in html
     assert all(not (v or "").lower().startswith("javascript:") for _, v in page.attrs)
-    assert all(h.startswith(("api/", "metrics")) for h in page.hrefs), page.hrefs
+    assert all(h.startswith(("api/", "metrics", "incidents/")) for h in page.hrefs), page.hrefs
     # The node name and run (environment) are escaped in the title and the rank rows.
     assert "<title>rankwatch: r&lt;1&gt; on n1&quot;&gt;&lt;b&gt;x&lt;/b&gt;</title>" in html
 
