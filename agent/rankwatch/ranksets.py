@@ -43,7 +43,8 @@ def _items(ranks: list[int], min_run: int) -> list[tuple[int, int, int]]:
                 out.append((ranks[i], ranks[j], 1))
                 i = j + 1
                 continue
-            if step > 1 and length >= MIN_STRIDE_RUN:
+            listed = len(",".join(map(str, ranks[i : j + 1])))
+            if step > 1 and length >= MIN_STRIDE_RUN and len(f"{ranks[i]}-{ranks[j]} step {step}") < listed:
                 out.append((ranks[i], ranks[j], step))
                 i = j + 1
                 continue

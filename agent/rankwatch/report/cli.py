@@ -18,15 +18,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     info = _find(store, args)
     if info is None:
         return 1
-    if not info.ranks:
-        print(f"rankwatch report: incident {info.name} holds no rank dumps", file=sys.stderr)
-        return 1
     findings = None
     if args.findings:
         findings = read_findings(args.findings, info.run, info.time.timestamp())
     rep = build_report(
         store, info, findings=findings, findings_source=args.findings, world_size=args.world_size
     )
+    if not rep.ranks:
+        print(f"rankwatch report: incident {info.name} holds no rank dumps or traces", file=sys.stderr)
+        return 1
     if args.format == "markdown":
         text = render_markdown(rep, url=args.url)
     else:

@@ -85,6 +85,7 @@ def _ul(items: list[str], cls: str = "") -> str:
 def _verdict(rep: Report) -> str:
     v = rep.verdict
     none = "" if v.suspects or v.flight_suspects else " none"
+    suspects = v.suspects or v.flight_suspects
     items: list[str] = []
     if v.suspect_doing:
         items.append(f'<strong>What it was doing:</strong> <span class="wrap">{h(v.suspect_doing)}</span>')
@@ -125,7 +126,7 @@ def _verdict(rep: Report) -> str:
         f'<span class="tag con">consequence</span><span class="wrap">{h(c)}</span>' for c in v.consequences
     ]
     return (
-        f'<section id="verdict" class="verdict{none}" data-suspects="{h(",".join(map(str, v.suspects)))}">'
+        f'<section id="verdict" class="verdict{none}" data-suspects="{h(",".join(map(str, suspects)))}">'
         f'<div class="headline">{h(v.headline[:1].upper() + v.headline[1:])}</div>'
         + (f'<div class="why wrap">{h(v.why)}</div>' if v.why else "")
         + _ul(items)
@@ -497,7 +498,7 @@ def render_html(rep: Report, *, link: Callable[[int], str] | None = None) -> str
     world = f" of {rep.world_size:,}" if rep.world_size else ""
     head = (
         f'<p class="muted wrap">run <strong>{h(rep.run)}</strong> · {h(rep.reason)} · '
-        f"{h(utc(rep.time, date=True))} · {len(rep.ranks):,} ranks dumped{world} · "
+        f"{h(utc(rep.time, date=True))} · {len(rep.ranks):,} ranks{world} · "
         f'<span class="mono">{h(rep.path)}</span></p>'
     )
     notes = _ul([h(n) for n in rep.notes], "muted")

@@ -25,7 +25,7 @@ def render_markdown(rep: Report, *, url: str | None = None) -> str:
     world = f" of {rep.world_size:,}" if rep.world_size else ""
     head = (
         f"**{md(rep.reason)} in run {md(rep.run)}** at {md(utc(rep.time, date=True))} "
-        f"({len(rep.ranks):,} ranks dumped{world})"
+        f"({len(rep.ranks):,} ranks{world})"
     )
     lines = [head, f"**Verdict: {md(_cut(v.headline))}**"]
     for text in verdict_lines(rep, limit=MAX_LINES):

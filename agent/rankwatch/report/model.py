@@ -377,6 +377,8 @@ def _verdict(
     suspects = list(result.suspects)
     why = result.reason
     kind = result.verdict
+    if not result.activities and not result.failed and fr is not None:
+        suspects, why, kind = list(fr.suspects), fr.reason, "flight_recorder"
     if first is not None:
         # A rank that died first is the answer, whatever the stacks of the rest say (as live).
         suspects, kind = [first.rank], "first_failure"
@@ -452,6 +454,7 @@ def _rows(
     verdict: Verdict,
     failures: list[Failure],
     missing: list[int],
+    traced: list[int],
 ) -> tuple[list[Row], bool]:
     suspects = set(verdict.suspects) | set(verdict.flight_suspects)
     failed_at = {f.rank: f for f in failures}
@@ -459,7 +462,7 @@ def _rows(
     for i, g in enumerate(result.groups):
         for r in g.ranks:
             sig_of[r] = i
-    every = sorted(set(dumps) | set(missing) | set(failed_at))
+    every = sorted(set(dumps) | set(missing) | set(failed_at) | set(traced))
     grouped = len(every) > PER_RANK_ROWS
     buckets: dict[tuple[Any, ...], list[int]] = {}
     for r in every:
@@ -490,7 +493,7 @@ def _rows(
             Row(
                 ranks=ranks,
                 label=describe_ranks(ranks, limit=6),
-                doing=_doing(act, result.failed.get(r0) if dump else "not dumped"),
+                doing=_doing(act, result.failed.get(r0) if dump else _absent(r0, traced)),
                 state=_state(r0, suspects, act, f is not None),
                 last_step=last if isinstance(last, int) and not isinstance(last, bool) else None,
                 steps=_steps(meta),
@@ -508,6 +511,10 @@ def _rows(
                     "other", None, [], None, None)  # fmt: skip
         rows = [*rows[: MAX_ROWS - 1], other]
     return rows, grouped
+
+
+def _absent(rank: int, traced: list[int]) -> str:
+    return "not dumped (its Flight Recorder trace is in the folder)" if rank in traced else "not dumped"
 
 
 # --- the whole -----------------------------------------------------------------------------
@@ -532,7 +539,7 @@ def build_report(
     failures = _failure_records(store, info)
     missing = sorted(set(range(world_size)) - set(dumps)) if world_size else []
     verdict = _verdict(result, failures, fr, missing)
-    rows, grouped = _rows(dumps, result, verdict, failures, missing)
+    rows, grouped = _rows(dumps, result, verdict, failures, missing, sorted(traces))
     tree, workers = _tree(dumps, set(verdict.suspects))
     notes: list[str] = []
     found: list[dict[str, Any]] = []
@@ -550,7 +557,7 @@ def build_report(
         if k not in seen:
             seen.add(k)
             unique.append(d)
-    tail_rank = next(iter(verdict.suspects), None)
+    tail_rank = next(iter(verdict.suspects or verdict.flight_suspects), None)
     tail = None
     if tail_rank is not None:
         lines = _meta(dumps.get(tail_rank) or {}).get("log_tail")
@@ -571,7 +578,7 @@ def build_report(
         reason=info.reason,
         time=t0,
         path=str(info.path),
-        ranks=sorted(dumps),
+        ranks=sorted(set(dumps) | set(traces)),
         world_size=world_size,
         verdict=verdict,
         rows=rows,
@@ -602,7 +609,7 @@ def verdict_lines(rep: Report, *, limit: int = 5) -> list[str]:
         out.append(v.suspect_worker)
     for s in v.mismatch:
         out.append(f"{describe_ranks(s.ranks)} in {s.collective} called from {s.call_site}")
-    if v.flight:
+    if v.flight and v.kind != "flight_recorder":
         out.append(f"flight recorder: {v.flight}")
     out.extend(v.consequences)
     return out[:limit]

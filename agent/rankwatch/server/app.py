@@ -473,9 +473,9 @@ def _incident_report(
         info = store.find(incident, run=run, allow_path=False)
     except KeyError as e:
         return 404, str(e.args[0] if e.args else e)
-    if not info.ranks:
-        return 404, f"incident {info.name} holds no rank dumps"
     rep = build_report(store, info, findings=findings, findings_source="this agent's recent findings")
+    if not rep.ranks:
+        return 404, f"incident {info.name} holds no rank dumps or traces"
     link = f"../api/dumps/{quote(info.name, safe='')}/{{}}?format=text"
     return 200, render_html(rep, link=link.format)
 
