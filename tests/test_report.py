@@ -174,7 +174,9 @@ def test_world_size_names_ranks_without_a_dump(tmp_path: Path) -> None:
     store, info = incident(tmp_path, STACKS / "loader_hang", f"{WHEN}_stall")
     rep = build_report(store, info, world_size=6)
     assert rep.missing == [4, 5]
-    assert any("ranks 4,5 (2): no stack dump" in c for c in rep.verdict.consequences)
+    assert rep.verdict.not_dumped == [4, 5] and "No stack dump from:</strong> ranks 4,5 (2)" in render_html(
+        rep
+    )
     assert [r.state for r in rep.rows if r.ranks[0] >= 4] == ["no dump", "no dump"]
 
 
@@ -361,3 +363,49 @@ def test_incident_route_is_behind_the_token() -> None:
     from rankwatch.server.app import _private
 
     assert _private("/incidents/20261125T135811Z_stall") and _private("/api/dumps")
+
+
+# --- whole incident folders of real gloo runs (tests/data/report_incidents) --------------------
+REAL = DATA / "report_incidents"
+
+
+def real_report(tmp_path: Path, case: str) -> Report:
+    shutil.copytree(REAL / case, tmp_path / case)
+    store = DumpStore(tmp_path / case / "dumps")
+    (info,) = store.list_incidents()
+    return build_report(
+        store,
+        info,
+        findings=[json.loads(x) for x in (tmp_path / case / "findings.jsonl").read_text().splitlines()],
+    )
+
+
+def test_real_sigkill_names_rank_3_first_and_every_peer_a_consequence(tmp_path: Path) -> None:
+    rep = real_report(tmp_path, "sigkill")
+    v = rep.verdict
+    assert v.kind == "first_failure" and v.suspects == [3] and "SIGKILL" in v.why
+    assert rep.world_size == 4 and v.not_dumped == [3]  # it was dead when the others were dumped
+    assert sum("a consequence of rank 3's failure" in c for c in v.consequences) == 3
+    row3 = next(r for r in rep.rows if r.ranks == [3])
+    assert row3.state == "suspect" and row3.last_step == 14 and row3.failed_at is not None
+    peers = [r for r in rep.rows if r.ranks != [3]]
+    assert all(r.steps and r.dumped_at and r.failed_at and r.state == "failed" for r in peers)
+    assert {f["kind"] for f in rep.findings} >= {"crash", "stall"}
+    assert rep.judged_by is not None and rep.judged_by["stall.floor"] == 4.0
+
+
+def test_real_loader_hang_has_step_times_and_the_suspects_log_tail(tmp_path: Path) -> None:
+    rep = real_report(tmp_path, "loader_hang")
+    assert rep.verdict.suspects == [2] and rep.verdict.suspect_worker is not None
+    row2 = next(r for r in rep.rows if r.ranks == [2])
+    assert row2.last_step == 15 and len(row2.steps) >= 10
+    assert row2.dumped_at is not None and row2.dumped_at > row2.steps[-1][1]  # silent, then dumped
+    assert rep.log_tail_rank == 2 and rep.log_tail and any("step=" in x for x in rep.log_tail)
+    html = render_html(rep)
+    assert "Rank 2's log, last lines" in html and "step times: not recorded" not in html
+
+
+def test_real_barrier_is_a_mismatch(tmp_path: Path) -> None:
+    rep = real_report(tmp_path, "barrier")
+    assert rep.verdict.kind == "collective_mismatch" and rep.verdict.suspects == [0]
+    assert [s.ranks for s in rep.verdict.mismatch] == [[0], [1, 2, 3]]

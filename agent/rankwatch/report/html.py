@@ -50,7 +50,7 @@ table{border-collapse:collapse;margin:.4em 0 1em;width:100%}
 th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}
 th{background:#f4f4f4;font-weight:600}
 tr.suspect td{background:#ffe3e3;font-weight:600}tr.failed td{background:#f3e5f5}
-td.num{text-align:right;white-space:nowrap}
+td.num{text-align:right;white-space:nowrap}#ranks td:first-child{white-space:nowrap}
 svg.timeline{display:block;font:12px system-ui,sans-serif}
 .tree{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
 .tree .n{display:flex;align-items:center;gap:6px;padding:1px 0;min-width:0}
@@ -120,6 +120,8 @@ def _verdict(rep: Report) -> str:
             '<div class="scroll"><table><tr><th>ranks</th><th>collective</th><th>called from</th></tr>'
             f"{rows}</table></div>"
         )
+    if v.not_dumped:
+        items.append(f"<strong>No stack dump from:</strong> {h(describe_ranks(v.not_dumped, limit=8))}")
     if v.flight:
         items.append(f'<strong>Flight Recorder:</strong> <span class="wrap">{h(v.flight)}</span>')
     cons = [

@@ -99,6 +99,7 @@ class Verdict:
     suspect_worker: str | None = None
     flight: str | None = None
     flight_suspects: list[int] = field(default_factory=list)
+    not_dumped: list[int] = field(default_factory=list)  # of the world, no stack in the incident
 
 
 @dataclass
@@ -408,8 +409,7 @@ def _verdict(
                 f"rank {f.rank}'s {f.kind} at {utc(f.time)} ({f.how}): a consequence of "
                 + (f"rank {first.rank}'s failure" if first is not None else "a peer's failure")
             )
-    if missing:
-        v.consequences.append(f"{describe_ranks(missing)}: no stack dump in this incident")
+    v.not_dumped = list(missing)
     return v
 
 
@@ -557,6 +557,14 @@ def build_report(
         if k not in seen:
             seen.add(k)
             unique.append(d)
+    last_seen: dict[int, int] = {}
+    for d in unique:
+        r, st = d.get("rank"), d.get("step")
+        if isinstance(r, int) and isinstance(st, int) and not isinstance(st, bool):
+            last_seen[r] = max(st, last_seen.get(r, st))
+    for row in rows:  # a rank that died before the dump: its findings still name its step
+        if row.last_step is None and len(row.ranks) == 1 and row.ranks[0] in last_seen:
+            row.last_step = last_seen[row.ranks[0]]
     tail_rank = next(iter(verdict.suspects or verdict.flight_suspects), None)
     tail = None
     if tail_rank is not None:
@@ -611,6 +619,8 @@ def verdict_lines(rep: Report, *, limit: int = 5) -> list[str]:
         out.append(f"{describe_ranks(s.ranks)} in {s.collective} called from {s.call_site}")
     if v.flight and v.kind != "flight_recorder":
         out.append(f"flight recorder: {v.flight}")
+    if v.not_dumped:
+        out.append(f"not dumped: {describe_ranks(v.not_dumped)}")
     out.extend(v.consequences)
     return out[:limit]
 
