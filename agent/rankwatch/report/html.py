@@ -32,7 +32,7 @@ _HIT_RE = re.compile(
 _STYLE = """
 *{box-sizing:border-box}
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:0;color:#1d1d1f;background:#fff}
-main{max-width:1180px;margin:0 auto;padding:16px}
+main{max-width:1180px;margin:0 auto;padding:16px;overflow-wrap:break-word}
 h1{font-size:20px;margin:.2em 0}h2{font-size:17px;margin:1.4em 0 .4em;border-bottom:1px solid #ddd}
 h3{font-size:15px;margin:1em 0 .3em}
 .muted{color:#6b6b6b}.mono,pre,code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
@@ -48,7 +48,7 @@ h3{font-size:15px;margin:1em 0 .3em}
 .scroll{overflow-x:auto;-webkit-overflow-scrolling:touch;max-width:100%}
 table{border-collapse:collapse;margin:.4em 0 1em;width:100%}
 th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}
-th{background:#f4f4f4;font-weight:600}
+th{background:#f4f4f4;font-weight:600}td:not(.wrap),th{white-space:nowrap}
 tr.suspect td{background:#ffe3e3;font-weight:600}tr.failed td{background:#f3e5f5}
 td.num{text-align:right;white-space:nowrap}#ranks td:first-child{white-space:nowrap}
 svg.timeline{display:block;font:12px system-ui,sans-serif}
@@ -70,8 +70,13 @@ pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f7f7f7;border:1px so
 pre .hit{background:#ffe0e0;display:block}
 dl.kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:.3em 0}
 dl.kv dt{color:#555}dl.kv dd{margin:0;overflow-wrap:anywhere}
-.legend span{margin-right:14px;white-space:nowrap}
-@media (max-width:600px){main{padding:10px}.verdict .headline{font-size:18px}
+.legend span{margin-right:14px;white-space:nowrap;display:inline-block}
+@media (max-width:600px){main{padding:10px}
+ table.cards,table.cards tbody,table.cards tr,table.cards td{display:block;width:auto}
+ table.cards tr:first-child{display:none}table.cards tr{border:1px solid #ddd;margin:0 0 6px;border-radius:4px}
+ table.cards td{border:0;padding:1px 8px;text-align:left;white-space:normal}
+ table.cards td[data-label]::before{content:attr(data-label) ": ";color:#666}
+ table.cards td:empty{display:none}.verdict .headline{font-size:18px}
  .tree .bar{flex-basis:36px}.tree .br{margin-left:6px;padding-left:5px}}
 """
 
@@ -152,8 +157,9 @@ def _timeline(rep: Report) -> str:
     times = [t for r in rows for t in ([s[1] for s in r.steps] + [r.dumped_at, r.failed_at]) if t is not None]
     if not rows:
         return '<p class="muted">no rank in this incident</p>'
-    if not times:
-        return '<p class="muted">no times recorded for any rank</p>'
+    untimed = not times
+    if untimed:  # rows and states still show the odd rank; there is no axis to draw
+        times = [0.0]
     t0, t1 = min(times), max(times)
     if t1 - t0 < 10:
         mid = (t0 + t1) / 2
@@ -171,7 +177,7 @@ def _timeline(rep: Report) -> str:
         f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label="timeline of the ranks">'
     ]
-    for t in _ticks(t0, t1):
+    for t in [] if untimed else _ticks(t0, t1):
         parts.append(
             f'<line x1="{x(t)}" y1="{top - 4}" x2="{x(t)}" y2="{height - 4}" stroke="#eee"/>'
             f'<text x="{x(t)}" y="{top - 8}" text-anchor="middle" fill="#777">'
@@ -229,8 +235,8 @@ def _timeline(rep: Report) -> str:
         parts.append("</g>")
     parts.append("</svg>")
     legend = (
-        '<p class="legend muted"><span>● a step (where its time was recorded)</span>'
-        "<span>- - - silent until</span><span>◆ stacks dumped</span><span>✕ failed</span>"
+        '<p class="legend muted"><span>● a step (where its time was recorded)</span> '
+        "<span>- - - silent until</span> <span>◆ stacks dumped</span> <span>✕ failed</span> "
         '<span style="color:#c62828">red: suspect</span></p>'
     )
     grouped = (
@@ -245,6 +251,8 @@ def _timeline(rep: Report) -> str:
         if not any(r.steps for r in rows)
         else ""
     )
+    if untimed:
+        no_steps = '<p class="muted">times: not recorded for any rank (no dump, step or failure time)</p>'
     return grouped + f'<div class="scroll">{"".join(parts)}</div>' + legend + no_steps
 
 
@@ -273,12 +281,12 @@ def _rank_table(rep: Report, link: Callable[[int], str] | None) -> str:
         out.append(
             f'<tr class="{h(r.state.replace(" ", "-"))}" data-rank="{first}" data-ranks="{ranks_attr}" '
             f'data-state="{h(r.state)}"><td>{tag.get(r.state, "")}{h(r.label)}</td>'
-            f'<td class="num">{h(step)}</td><td class="wrap">{h(r.doing)}'
+            f'<td class="num" data-label="last step">{h(step)}</td><td class="wrap">{h(r.doing)}'
             + (f'<br><span class="muted">{h(r.failure)}</span>' if r.failure else "")
-            + f'</td><td class="num">{h(dumped)}</td><td>{links}</td></tr>'
+            + f'</td><td class="num" data-label="dumped">{h(dumped)}</td><td>{links}</td></tr>'
         )
     return (
-        '<div class="scroll"><table id="ranks"><tr><th>rank</th><th>last step</th><th>where it is</th>'
+        '<div class="scroll"><table id="ranks" class="cards"><tr><th>rank</th><th>last step</th><th>where it is</th>'
         f"<th>dumped</th><th></th></tr>{''.join(out)}</table></div>"
     )
 
@@ -406,12 +414,13 @@ def _findings(rep: Report) -> str:
         sev = str(f.get("severity") or "")
         cls = ' class="suspect"' if f.get("rank") in rep.verdict.suspects else ""
         rows.append(
-            f'<tr{cls}><td class="num">{h(when)}</td><td>{h(f.get("rank"))}</td><td>{h(f.get("kind"))}</td>'
-            f'<td>{h(sev)}</td><td class="num">{h(f.get("step") if f.get("step") is not None else "–")}</td>'
+            f'<tr{cls}><td class="num">{h(when)}</td><td data-label="rank">{h(f.get("rank"))}</td>'
+            f"<td>{h(f.get('kind'))}</td><td>{h(sev)}</td>"
+            f'<td class="num" data-label="step">{h(f.get("step") if f.get("step") is not None else "–")}</td>'
             f'<td class="wrap">{h(_short(str(f.get("message") or ""), 1200))}</td></tr>'
         )
     return (
-        '<div class="scroll"><table><tr><th>time</th><th>rank</th><th>kind</th><th>severity</th><th>step</th>'
+        '<div class="scroll"><table class="cards"><tr><th>time</th><th>rank</th><th>kind</th><th>severity</th><th>step</th>'
         f"<th>message</th></tr>{''.join(rows)}</table></div>"
     )
 
