@@ -73,7 +73,8 @@ dl.kv dt{color:#555}dl.kv dd{margin:0;overflow-wrap:anywhere}
 .legend span{margin-right:14px;white-space:nowrap;display:inline-block}
 @media (max-width:600px){main{padding:10px}
  table.cards,table.cards tbody,table.cards tr,table.cards td{display:block;width:auto}
- table.cards tr:first-child{display:none}table.cards tr{border:1px solid #ddd;margin:0 0 6px;border-radius:4px}
+ table.cards tr:first-child{display:none}
+ table.cards tr{border:1px solid #ddd;margin:0 0 6px;border-radius:4px}
  table.cards td{border:0;padding:1px 8px;text-align:left;white-space:normal}
  table.cards td[data-label]::before{content:attr(data-label) ": ";color:#666}
  table.cards td:empty{display:none}.verdict .headline{font-size:18px}
@@ -286,7 +287,8 @@ def _rank_table(rep: Report, link: Callable[[int], str] | None) -> str:
             + f'</td><td class="num" data-label="dumped">{h(dumped)}</td><td>{links}</td></tr>'
         )
     return (
-        '<div class="scroll"><table id="ranks" class="cards"><tr><th>rank</th><th>last step</th><th>where it is</th>'
+        '<div class="scroll"><table id="ranks" class="cards"><tr><th>rank</th><th>last step</th>'
+        "<th>where it is</th>"
         f"<th>dumped</th><th></th></tr>{''.join(out)}</table></div>"
     )
 
@@ -420,7 +422,8 @@ def _findings(rep: Report) -> str:
             f'<td class="wrap">{h(_short(str(f.get("message") or ""), 1200))}</td></tr>'
         )
     return (
-        '<div class="scroll"><table class="cards"><tr><th>time</th><th>rank</th><th>kind</th><th>severity</th><th>step</th>'
+        '<div class="scroll"><table class="cards"><tr><th>time</th><th>rank</th><th>kind</th>'
+        "<th>severity</th><th>step</th>"
         f"<th>message</th></tr>{''.join(rows)}</table></div>"
     )
 
