@@ -92,12 +92,14 @@ def test_loader_hang_names_rank_2_what_it_does_and_its_peers_as_consequences(
     assert any("ranks 0,1,3 (3) wait for it" in c and "consequence" in c for c in v.consequences)
     assert v.first_failure is None
     assert [r.state for r in rep.rows] == ["waiting", "waiting", "suspect", "waiting"]
-    # The merged tree: every rank passes through <module>, and they part where rank 2 loads data.
+    # The merged tree: every rank passes through main(), and they part there: rank 2 loads data.
     assert rep.tree.count == 4
     node = rep.tree
     while not node.label.startswith("<module>"):  # past the native frames below Python's, if any
         (node,) = node.children.values()
-    assert node.count == 4 and node.divergent
+    (main,) = node.children.values()  # merged by function: the lines they stopped on are counted
+    assert node.count == main.count == 4 and main.divergent
+    assert main.label == "main (ddp_train.py: lines 109 (3), 102 (1))"
     assert rep.workers is not None and rep.workers.count == 4  # each rank's DataLoader worker
     html = render_html(rep)
     assert html.index('id="verdict"') < html.index("Timeline") < html.index("Stacks, merged")
@@ -268,12 +270,18 @@ def test_hostile_text_in_markdown_is_inert(tmp_path: Path) -> None:
 
 
 # --- at scale --------------------------------------------------------------------------------
-def _replicate(tmp_path: Path, source: Path, world: int) -> tuple[DumpStore, Any]:
+def _replicate(tmp_path: Path, source: Path, world: int, distinct: bool = False) -> tuple[DumpStore, Any]:
     folder = tmp_path / "dumps" / "big" / f"{WHEN}_stall"
     folder.mkdir(parents=True)
     docs = {r: json.loads((source / f"rank-{r}.json").read_text()) for r in range(4)}
     for r in range(world):
         d = docs[2 if r == 2 else (1 if r % 2 else 0)]
+        if distinct:  # each rank stopped on a line of its own
+            d = json.loads(json.dumps(d))
+            for t in d["threads"]:
+                for f in t["frames"]:
+                    if str(f.get("filename", "")).endswith("ddp_train.py"):
+                        f["line"] = 1000 + r
         (folder / f"rank-{r}.json").write_text(json.dumps({**d, "rank": r}))
     store = DumpStore(tmp_path / "dumps")
     return store, store.find(f"{WHEN}_stall")
@@ -291,6 +299,14 @@ def test_at_512_ranks_rows_are_groups_and_the_page_stays_small(tmp_path: Path) -
     assert len(html) < 200_000
     text = render_markdown(rep)
     assert len(text.splitlines()) <= 10 and max(map(len, text.splitlines())) < 600
+
+
+def test_ranks_on_lines_of_their_own_merge_by_function(tmp_path: Path) -> None:
+    store, info = _replicate(tmp_path, STACKS / "loader_hang", 512, distinct=True)
+    rep = build_report(store, info)
+    html = render_html(rep)
+    assert len(html) < 200_000
+    assert "more on other lines" in html  # the lines beyond the few named are counted
 
 
 # --- command line and alerts -------------------------------------------------------------------

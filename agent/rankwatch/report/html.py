@@ -333,8 +333,16 @@ class _Tree:
         if self.lines > TREE_MAX_LINES:
             self.cut = True
             return out
-        kids = sorted(cur.children.values(), key=lambda n: (-n.suspects, -n.count, n.label))
-        for kid in kids:
+        kids = sorted(cur.children.values(), key=lambda n: (-n.suspects, -n.count, n.name))
+        for i, kid in enumerate(kids):
+            if self.lines > TREE_MAX_LINES:
+                rest = kids[i:]
+                self.cut = True
+                out += (
+                    f'<div class="br muted">… {len(rest):,} more branches '
+                    f"({sum(k.count for k in rest):,} ranks)</div>"
+                )
+                break
             sus = " sus" if kid.suspects and self.has_suspects and kid.count < self.total else ""
             out += f'<div class="br{sus}">{self.line(kid)}{self.chain(kid)}</div>'
         return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -117,20 +118,41 @@ class Row:
     failure: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class StackNode:
-    """A frame in the merged tree: how many ranks passed through it, and where they part."""
+    """A function in the merged tree: how many ranks passed through it, and where they part.
 
-    label: str
+    Frames merge by (function, file), as a flame graph does: ranks that stopped on different
+    lines of one function share the node, which names each line with its count (a few; the
+    rest counted), so 4,096 ranks on 4,096 lines are one node, not 4,096 branches."""
+
+    name: str
     native: bool = False
     count: int = 0
     suspects: int = 0
     children: dict[str, StackNode] = field(default_factory=dict)
     ranks_sample: list[int] = field(default_factory=list)  # the first few, for the tooltip
+    lines: dict[int, int] = field(default_factory=dict)  # line -> ranks, at most LINES_KEPT
+    other_lines: int = 0  # ranks on lines beyond those
 
     @property
     def divergent(self) -> bool:
         return len(self.children) > 1
+
+    @property
+    def label(self) -> str:
+        if not self.lines:
+            return self.name
+        if len(self.lines) == 1 and not self.other_lines:
+            return f"{self.name[:-1]}:{next(iter(self.lines))})"
+        shown = sorted(self.lines.items(), key=lambda kv: (-kv[1], kv[0]))
+        text = ", ".join(f"{line} ({n})" for line, n in shown)
+        if self.other_lines:
+            text += f", {self.other_lines} more on other lines"
+        return f"{self.name[:-1]}: lines {text})"
+
+
+LINES_KEPT = 6
 
 
 @dataclass
@@ -278,10 +300,13 @@ def findings_in_window(docs: Iterable[Mapping[str, Any]], run: str | None, t0: f
 
 # --- the merged tree ---------------------------------------------------------------------
 def _frame_key(f: Mapping[str, Any]) -> str:
+    """The function a frame is in: ``name (file)``, native addresses masked."""
     name = _ADDR_RE.sub("0x?", str(f.get("name") or "?"))
-    file = basename(f.get("filename") or f.get("short_filename"))
-    line = f.get("line")
-    return f"{name} ({file}:{line})" if line else f"{name} ({file})"
+    return f"{name} ({basename(f.get('filename') or f.get('short_filename'))})"
+
+
+def _stack_key(frames: list[dict[str, Any]]) -> tuple[Any, ...]:
+    return tuple((_frame_key(f), f.get("line")) for f in frames)
 
 
 def _is_native(f: Mapping[str, Any]) -> bool:
@@ -301,6 +326,12 @@ def _insert(root: StackNode, frames: list[dict[str, Any]], ranks: list[int], sus
             child = node.children[key] = StackNode(key, native=_is_native(f))
         child.count += n
         child.suspects += s
+        line = f.get("line")
+        if isinstance(line, int) and not isinstance(line, bool):
+            if line in child.lines or len(child.lines) < LINES_KEPT:
+                child.lines[line] = child.lines.get(line, 0) + n
+            else:
+                child.other_lines += n
         if len(child.ranks_sample) < 8:
             child.ranks_sample.extend(ranks[: 8 - len(child.ranks_sample)])
         node = child
@@ -321,8 +352,8 @@ def _worker_stacks(dump: dict[str, Any]) -> list[list[dict[str, Any]]]:
 
 
 def _tree(dumps: dict[int, dict[str, Any]], suspects: set[int]) -> tuple[StackNode, StackNode | None]:
-    main_buckets: dict[tuple[str, ...], tuple[list[dict[str, Any]], list[int]]] = {}
-    worker_buckets: dict[tuple[str, ...], tuple[list[dict[str, Any]], list[int]]] = {}
+    main_buckets: dict[tuple[Any, ...], tuple[list[dict[str, Any]], list[int]]] = {}
+    worker_buckets: dict[tuple[Any, ...], tuple[list[dict[str, Any]], list[int]]] = {}
     for rank in sorted(dumps):
         dump = dumps[rank]
         if not dump.get("ok"):
@@ -330,10 +361,10 @@ def _tree(dumps: dict[int, dict[str, Any]], suspects: set[int]) -> tuple[StackNo
         thread = main_thread(dump)
         frames = [f for f in (thread or {}).get("frames") or [] if isinstance(f, dict)]
         if frames:
-            key = tuple(_frame_key(f) for f in frames)
+            key = _stack_key(frames)
             main_buckets.setdefault(key, (frames, []))[1].append(rank)
         for wf in _worker_stacks(dump):
-            key = tuple(_frame_key(f) for f in wf)
+            key = _stack_key(wf)
             worker_buckets.setdefault(key, (wf, []))[1].append(rank)
     root = StackNode("main thread of every dumped rank")
     for frames, ranks in main_buckets.values():
@@ -517,6 +548,40 @@ def _absent(rank: int, traced: list[int]) -> str:
     return "not dumped (its Flight Recorder trace is in the folder)" if rank in traced else "not dumped"
 
 
+# What a report reads of a dump: the rest (the py-spy text that repeats ``threads``, the
+# command line) is dropped as each rank is loaded, which keeps 4,096 ranks in memory small.
+_KEEP = ("rank", "pid", "ok", "error", "captured_at", "meta", "threads", "processes")
+
+
+_FRAME_KEYS = ("name", "filename", "short_filename", "line")
+_THREAD_KEYS = ("pid", "thread_name", "os_thread_id", "thread_id", "active", "owns_gil")
+
+
+def _frame(f: Any) -> Any:
+    if not isinstance(f, dict):
+        return f
+    # Thousands of ranks repeat the same few hundred names and paths: one string object each.
+    return {k: sys.intern(v) if isinstance(v, str) else v for k, v in f.items() if k in _FRAME_KEYS}
+
+
+def _slim(doc: dict[str, Any]) -> dict[str, Any]:
+    out = {k: doc[k] for k in _KEEP if k in doc}
+    threads = out.get("threads")
+    if isinstance(threads, list):
+        out["threads"] = [
+            {
+                **{k: t[k] for k in _THREAD_KEYS if k in t},
+                "frames": [_frame(f) for f in t.get("frames") or []],
+            }
+            if isinstance(t, dict)
+            else t
+            for t in threads
+        ]
+    if not out.get("ok") and not out.get("threads") and doc.get("text"):
+        out["text"] = doc["text"]  # a failed dump: its text says why
+    return out
+
+
 # --- the whole -----------------------------------------------------------------------------
 def build_report(
     store: DumpStore,
@@ -527,7 +592,7 @@ def build_report(
     world_size: int | None = None,
 ) -> Report:
     """Read the incident (blocking: the CLI, or a thread of the server) and assemble the report."""
-    dumps = {r: store.load_rank(info, r) for r in info.ranks}
+    dumps = {r: _slim(store.load_rank(info, r)) for r in info.ranks}
     metas = [_meta(d) for d in dumps.values()]
     if world_size is None:
         sizes = [int(m["world_size"]) for m in metas if isinstance(m.get("world_size"), int)]
