@@ -198,7 +198,7 @@ def test_capture_records_steps_tail_findings_readings_and_settings(tmp_path: Pat
     assert [s for s, _ in ctx["recent_steps"]] == list(range(21, 41))
     assert ctx["log_tail"][-1].startswith("RuntimeError")
     assert [f["kind"] for f in ctx["findings"]] == ["stall"]
-    assert ctx["judged_by"]["stall.floor"] == 60.0
+    assert ctx["judged_by"]["stall.floor"] == 60.0 and ctx["judged_by"]["stall.enabled"] is True
     assert len(json.dumps(ctx)) < 20_000
 
 

@@ -570,7 +570,7 @@ class Agent:
         with contextlib.suppress(Exception):
             st = self.cfg.stall
             judged: dict[str, Any] = {
-                f"stall.{k}": float(v) if isinstance(v, (int, float)) else v
+                f"stall.{k}": float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
                 for k, v in dataclasses.asdict(st).items()
             }
             with contextlib.suppress(Exception):
