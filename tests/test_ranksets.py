@@ -87,3 +87,9 @@ def test_dumps_diff_at_4096_ranks_prints_short_group_lines() -> None:
     text = format_diff(diff_incident(ranks))
     assert max(len(line) for line in text.splitlines()) < 400, text[:2000]
     assert "2,048 ranks: odd 1-4095" in text and "2,048 ranks: even 0-4094" in text
+
+
+def test_ranks_without_a_dump_share_one_line_per_reason() -> None:
+    failed = {r: {"rank": r, "ok": False, "error": "ptrace denied", "threads": []} for r in range(3000)}
+    text = format_diff(diff_incident(failed))
+    assert "ranks 0-2999 (3,000): no dump (ptrace denied)" in text and len(text) < 1000

@@ -202,6 +202,8 @@ def test_ranks_have_sparklines_evidence_and_dump_links(tmp_path: Path) -> None:
     assert '/logs/"&gt;&lt;img src=x onerror=alert(2)&gt;.log:77' in html.replace("&quot;", '"')
     # The incident table links every rank's stack.
     assert f'href="api/dumps/{incident}/0?format=text">rank 0</a>' in html
+    # ... and names the incident's report page (the same renderer as `rankwatch report`).
+    assert f'class="report" href="incidents/{incident}?run=' in html
 
 
 @pytest.mark.unit
