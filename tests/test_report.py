@@ -425,3 +425,20 @@ def test_real_barrier_is_a_mismatch(tmp_path: Path) -> None:
     rep = real_report(tmp_path, "barrier")
     assert rep.verdict.kind == "collective_mismatch" and rep.verdict.suspects == [0]
     assert [s.ranks for s in rep.verdict.mismatch] == [[0], [1, 2, 3]]
+
+
+def test_findings_file_is_read_from_its_end_within_the_cap(tmp_path: Path) -> None:
+    from rankwatch.report.model import read_findings
+
+    t0 = 1_764_000_000.0
+    path = tmp_path / "f.jsonl"
+    old = [{"kind": "old", "rank": 0, "time": t0 - 5000, "message": "x" * 200} for _ in range(50)]
+    new = [{"kind": "stall", "rank": 1, "time": t0 + 1, "message": "now"}]
+    path.write_text("".join(json.dumps(d) + "\n" for d in [*old, *new]) + "not json\n")
+    got = read_findings(path, "job1", t0, max_bytes=600)
+    assert [d["kind"] for d in got] == ["stall"]
+    (tmp_path / "latest.jsonl").symlink_to(path.name)  # beside it: followed
+    assert [d["kind"] for d in read_findings(tmp_path / "latest.jsonl", "job1", t0)] == ["stall"]
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "f.jsonl").symlink_to(path)  # out of its folder: refused
+    assert read_findings(tmp_path / "elsewhere" / "f.jsonl", "job1", t0) == []

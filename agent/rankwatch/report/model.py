@@ -269,9 +269,26 @@ def read_findings(
     """Findings of ``run`` within the incident's window from a findings JSONL file."""
     folder, name = os.path.split(os.path.abspath(os.fspath(path)))
     try:
-        data = safeio.read_beneath(folder, [name], limit=max_bytes)
+        root_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fd, st = safeio.open_file_beneath(root_fd, [name], label=folder, sibling_link=True)
+        finally:
+            os.close(root_fd)
+        try:
+            # The newest findings are at the end: past the cap, the head (and a cut line) go.
+            start = max(0, st.st_size - max_bytes)
+            os.lseek(fd, start, os.SEEK_SET)
+            chunks, left = [], max_bytes
+            while left > 0 and (chunk := os.read(fd, min(1 << 20, left))):
+                chunks.append(chunk)
+                left -= len(chunk)
+        finally:
+            os.close(fd)
     except OSError:
         return []
+    data = b"".join(chunks)
+    if start:
+        data = data.partition(b"\n")[2]
     return findings_in_window(_jsonl(data), run, t0)
 
 
