@@ -128,7 +128,7 @@ def _verdict(rep: Report) -> str:
         )
     if v.not_dumped:
         items.append(f"<strong>No stack dump from:</strong> {h(describe_ranks(v.not_dumped, limit=8))}")
-    if v.flight:
+    if v.flight and v.kind != "flight_recorder":  # else it is the verdict's own line above
         items.append(f'<strong>Flight Recorder:</strong> <span class="wrap">{h(v.flight)}</span>')
     cons = [
         f'<span class="tag con">consequence</span><span class="wrap">{h(c)}</span>' for c in v.consequences

@@ -493,6 +493,8 @@ def _state(rank: int, suspects: set[int], act: Activity | None, failed: bool) ->
 def _doing(act: Activity | None, error: str | None) -> str:
     if act is not None:
         return describe(act)
+    if error and error.startswith("not dumped"):
+        return error
     return f"no stacks: {error}" if error else "no stack dump"
 
 
