@@ -101,9 +101,7 @@ def arm(tmp: Path, floor: str, torch_timeout: float, limit: float) -> dict[str, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--quick", action="store_true", help="only the shortened arm (stall floor 5 s, torch 20 s)"
-    )
+    ap.add_argument("--quick", action="store_true", help="only the shortened arm (stall floor 5 s, torch 20 s)")
     args = ap.parse_args()
     import torch
     from torch.distributed import constants
@@ -121,9 +119,7 @@ def main() -> None:
             + (f"; ratio {rw / to:.2f}" if rw and to else "")
         )
         if rw and floor == "default":
-            print(
-                f"  against PyTorch's default timeout: ratio {rw / constants.default_pg_timeout.total_seconds():.3f}"
-            )
+            print(f"  against PyTorch's default timeout: ratio {rw / constants.default_pg_timeout.total_seconds():.3f}")
     sys.stdout.flush()
 
 

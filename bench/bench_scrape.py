@@ -58,9 +58,7 @@ def write_checkpoints(root: Path, when: float) -> Path:
         d.mkdir(parents=True)
         (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 32}))
         (d / "model.safetensors").write_bytes(_safetensors(4096))
-        history = [
-            {"step": s, "loss": 3.0 - s / 1000, "learning_rate": 3e-4} for s in range(50, step + 1, 50)
-        ]
+        history = [{"step": s, "loss": 3.0 - s / 1000, "learning_rate": 3e-4} for s in range(50, step + 1, 50)]
         state = {"global_step": step, "max_steps": 100_000, "log_history": history}
         (d / "trainer_state.json").write_text(json.dumps(state))
         for f in d.iterdir():

@@ -27,7 +27,7 @@ from typing import Any
 
 from rankwatch import safeio
 from rankwatch.dumps import flight
-from rankwatch.dumps.classify import COLLECTIVE, KIND_TEXT, Activity, collective_text, describe, main_thread
+from rankwatch.dumps.classify import COLLECTIVE, Activity, collective_text, describe, main_thread
 from rankwatch.dumps.diff import MISMATCH, DiffResult, diff_incident
 from rankwatch.dumps.show import basename, group_by_process, is_main_thread
 from rankwatch.dumps.store import DumpStore, IncidentInfo
@@ -707,6 +707,3 @@ def verdict_lines(rep: Report, *, limit: int = 5) -> list[str]:
         out.append(f"not dumped: {describe_ranks(v.not_dumped)}")
     out.extend(v.consequences)
     return out[:limit]
-
-
-KIND_WORDS = KIND_TEXT
