@@ -58,7 +58,7 @@ from rankwatch import offloop
 from rankwatch.config.schema import ServerConfig
 from rankwatch.dumps.store import DumpStore
 from rankwatch.exporter.metrics import make_registry
-from rankwatch.ranksets import describe_ranks
+from rankwatch.report import build_report, render_html
 from rankwatch.server.page import load_page_extras, render_page
 from rankwatch.server.status import (
     FINDINGS_DEFAULT,
@@ -427,7 +427,7 @@ def _load_dump(store: DumpStore, incident: str, rank: int, text: bool) -> tuple[
         info = store.find(incident, allow_path=False)
     except KeyError as e:
         return 404, str(e.args[0] if e.args else e)
-    missing = f"incident {info.name} has no dump of rank {rank} ({describe_ranks(info.ranks)})"
+    missing = f"incident {info.name} has no dump of rank {rank} (ranks: {info.ranks})"
     if rank not in info.ranks:
         return 404, missing
     try:
@@ -468,8 +468,6 @@ def _incident_report(
     store: DumpStore, incident: str, run: str | None, findings: list[dict[str, Any]]
 ) -> tuple[int, str]:
     """(HTTP status, page or why not); blocking, run in a thread. Read as ``api_dump`` reads."""
-    from rankwatch.report import build_report, render_html
-
     try:
         info = store.find(incident, run=run, allow_path=False)
     except KeyError as e:
