@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from conftest import fuzz_examples
 from rankwatch.actions.alerts.message import AlertMember, AlertMessage, render_report_link, verdict_lines
 from rankwatch.actions.alerts.slack import build_blocks
 from rankwatch.cli import main
@@ -442,3 +445,21 @@ def test_findings_file_is_read_from_its_end_within_the_cap(tmp_path: Path) -> No
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "f.jsonl").symlink_to(path)  # out of its folder: refused
     assert read_findings(tmp_path / "elsewhere" / "f.jsonl", "job1", t0) == []
+
+
+_ESC_PROPS = settings(max_examples=fuzz_examples(300), deadline=None)
+
+
+@_ESC_PROPS
+@given(st.text())
+def test_escaped_text_never_holds_markup_or_controls(text: str) -> None:
+    out = h(text)
+    assert "<" not in out and ">" not in out and '"' not in out and "'" not in out
+    assert not any((ord(c) < 32 and c not in "\t\n") or 0x7F <= ord(c) <= 0x9F for c in out)
+    assert not any(0x202A <= ord(c) <= 0x202E or 0x2066 <= ord(c) <= 0x2069 for c in out)
+    line = md(text)
+    assert "\n" not in line and "\r" not in line
+    bare = line.replace("\\\\", "")  # what is left once escaped backslashes are set aside
+    for ch in "`*[]<>|~&":
+        assert all(bare[i - 1] == "\\" for i, c in enumerate(bare) if c == ch and i > 0)
+        assert not bare.startswith(ch)
