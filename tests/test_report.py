@@ -142,6 +142,8 @@ def test_flight_recorder_only_incidents_name_the_rank(
     rep = build_report(store, info)
     assert rep.ranks == [0, 1, 2] and rep.verdict.suspects == [suspect] and words in rep.verdict.why
     assert [r.ranks for r in rep.rows if r.state == "suspect"] == [[suspect]]
+    entered = {r.ranks[0]: r.collective for r in rep.rows}
+    assert entered == ({0: 5, 1: 5, 2: 5} if case == "mismatch" else {0: 5, 1: 4, 2: 5})
     assert "traces of ranks 0-2 (3)" in render_html(rep)
 
 

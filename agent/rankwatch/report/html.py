@@ -231,7 +231,12 @@ def _timeline(rep: Report) -> str:
                 f'<path d="M{dx},{mid - 6}L{dx + 6},{mid}L{dx},{mid + 6}L{dx - 6},{mid}Z" fill="{c}">'
                 f"<title>stacks dumped {h(utc(r.dumped_at))}</title></path>"
             )
-        step_text = f"step {r.last_step}" if r.last_step is not None else "step not recorded"
+        if r.last_step is not None:
+            step_text = f"step {r.last_step}"
+        elif r.collective is not None:
+            step_text = f"entered collective #{r.collective}"
+        else:
+            step_text = "step not recorded"
         parts.append(f'<text x="{label_w + plot_w + 10}" y="{mid + 4}" fill="#444">{h(step_text)}</text>')
         parts.append("</g>")
     parts.append("</svg>")
@@ -284,6 +289,11 @@ def _rank_table(rep: Report, link: Callable[[int], str] | None) -> str:
             f'data-state="{h(r.state)}"><td>{tag.get(r.state, "")}{h(r.label)}</td>'
             f'<td class="num" data-label="last step">{h(step)}</td><td class="wrap">{h(r.doing)}'
             + (f'<br><span class="muted">{h(r.failure)}</span>' if r.failure else "")
+            + (
+                f'<br><span class="muted">last collective entered: #{r.collective} (Flight Recorder)</span>'
+                if r.collective is not None
+                else ""
+            )
             + f'</td><td class="num" data-label="dumped">{h(dumped)}</td><td>{links}</td></tr>'
         )
     return (

@@ -116,6 +116,7 @@ class Row:
     dumped_at: float | None
     failed_at: float | None
     failure: str | None = None
+    collective: int | None = None  # the last collective it entered, from its Flight Recorder trace
 
 
 @dataclass(slots=True)
@@ -505,6 +506,7 @@ def _rows(
     failures: list[Failure],
     missing: list[int],
     traced: list[int],
+    entered: Mapping[int, int] | None = None,
 ) -> tuple[list[Row], bool]:
     suspects = set(verdict.suspects) | set(verdict.flight_suspects)
     failed_at = {f.rank: f for f in failures}
@@ -550,6 +552,7 @@ def _rows(
                 dumped_at=_epoch(dump.get("captured_at")),
                 failed_at=f.time if f else None,
                 failure=f"{f.kind}: {f.how}" if f else None,
+                collective=(entered or {}).get(r0),
             )
         )
     order = {"suspect": 0, "failed": 1, "other": 2, "no dump": 3, "waiting": 4}
@@ -623,7 +626,8 @@ def build_report(
     failures = _failure_records(store, info)
     missing = sorted(set(range(world_size)) - set(dumps)) if world_size else []
     verdict = _verdict(result, failures, fr, missing)
-    rows, grouped = _rows(dumps, result, verdict, failures, missing, sorted(traces))
+    entered = fr.last_entered if fr is not None else None
+    rows, grouped = _rows(dumps, result, verdict, failures, missing, sorted(traces), entered)
     tree, workers = _tree(dumps, set(verdict.suspects))
     notes: list[str] = []
     found: list[dict[str, Any]] = []
