@@ -159,7 +159,11 @@ def texts(body: dict[str, Any]) -> str:
 def test_slack_block_kit_content_and_threaded_resolve(tmp_path: Path) -> None:
     async def go() -> None:
         async with serve("/api/chat.postMessage", slack=True) as srv:
-            cfg = config(tmp_path, grafana_url="https://grafana.example/d/rw?var-run={run}&var-rank={rank}")
+            cfg = config(
+                tmp_path,
+                grafana_url="https://grafana.example/d/rw?var-run={run}&var-rank={rank}",
+                report_url="https://{node}:9478/incidents/{incident}?run={run}",
+            )
             d = AlertDispatcher(cfg, IDENT, sinks=[slack_sink(srv)])
             async with running(d):
                 d.send(stall(dump_path="/dumps/job42/20250101T000000Z_stall"))
@@ -179,6 +183,8 @@ def test_slack_block_kit_content_and_threaded_resolve(tmp_path: Path) -> None:
             assert "Usual fix: check the rank that differs" in blob
             assert "/dumps/job42/20250101T000000Z_stall" in blob
             assert "<https://grafana.example/d/rw?var-run=job42&amp;var-rank=3|Open in Grafana>" in blob
+            report = "https://gpu-node-7:9478/incidents/20250101T000000Z_stall?run=job42"
+            assert f"<{report}|Open the incident report>" in blob
             assert "stall on rank 3" in first["text"]
             assert second["thread_ts"] == "1.000100"
             assert "RESOLVED" in second["blocks"][0]["text"]["text"]

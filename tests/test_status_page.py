@@ -173,7 +173,7 @@ def test_log_derived_text_is_escaped_everywhere(tmp_path: Path) -> None:
     assert "&lt;/pre&gt;" in html and "&lt;b&gt;boom&lt;/b&gt;" in html  # evidence lines, as text
     assert "&lt;img src=x" in html and "&lt;k&gt;" in html
     assert all(not (v or "").lower().startswith("javascript:") for _, v in page.attrs)
-    assert all(h.startswith(("api/", "metrics")) for h in page.hrefs), page.hrefs
+    assert all(h.startswith(("api/", "metrics", "incidents/")) for h in page.hrefs), page.hrefs
     # The node name and run (environment) are escaped in the title and the rank rows.
     assert "<title>rankwatch: r&lt;1&gt; on n1&quot;&gt;&lt;b&gt;x&lt;/b&gt;</title>" in html
 
@@ -233,6 +233,8 @@ def test_ranks_have_sparklines_evidence_and_dump_links(tmp_path: Path) -> None:
     assert '/logs/"&gt;&lt;img src=x onerror=alert(2)&gt;.log:77' in html.replace("&quot;", '"')
     # The incident table links every rank's stack.
     assert f'href="api/dumps/{incident}/0?format=text">rank 0</a>' in html
+    # ... and names the incident's report page (the same renderer as `rankwatch report`).
+    assert f'class="report" href="incidents/{incident}?run=' in html
 
 
 @pytest.mark.unit

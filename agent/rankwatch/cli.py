@@ -487,8 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from rankwatch.checkpoints.cli import add_subcommands as add_checkpoints
     from rankwatch.dumps.cli import add_subcommands as add_dumps
+    from rankwatch.report.cli import add_subcommands as add_report
 
     add_dumps(sub)
+    add_report(sub)
     add_checkpoints(sub)
 
     comp = sub.add_parser(

@@ -52,7 +52,13 @@ SECRET_KEYS = {
     "server.metrics_token": "RANKWATCH_METRICS_TOKEN",
 }
 # Keys holding URLs, where a credential may sit in the userinfo, the query or the path.
-URL_KEYS = ("alerts.alertmanager.urls", "alerts.webhook.urls", "alerts.grafana_url", "alerts.slack.base_url")
+URL_KEYS = (
+    "alerts.alertmanager.urls",
+    "alerts.webhook.urls",
+    "alerts.grafana_url",
+    "alerts.report_url",
+    "alerts.slack.base_url",
+)
 
 __all__ = [
     "ConfigError",

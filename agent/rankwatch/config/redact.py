@@ -127,7 +127,8 @@ def config_secrets(cfg: Any) -> list[str]:
                 _, _, cred = str(v).partition(" ")
                 if len(cred) >= 6:
                     out.append(cred)
-        for url in [*alerts.webhook.urls, *alerts.alertmanager.urls, alerts.grafana_url or ""]:
+        links = [alerts.grafana_url or "", alerts.report_url or ""]
+        for url in [*alerts.webhook.urls, *alerts.alertmanager.urls, *links]:
             try:
                 pw = urlsplit(url).password
             except ValueError:

@@ -178,6 +178,8 @@ def redacted(cfg: Config) -> Config:
         more[f"alerts.{name}.names"] = {redact_url(u): n for u, n in sink.names.items()}
     if alerts.grafana_url:
         more["alerts.grafana_url"] = redact_url(alerts.grafana_url)
+    if alerts.report_url:
+        more["alerts.report_url"] = redact_url(alerts.report_url)
     if alerts.slack.base_url:
         more["alerts.slack.base_url"] = redact_url(alerts.slack.base_url)
     out = replaced(out, more)

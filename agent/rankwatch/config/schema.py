@@ -478,6 +478,11 @@ class AlertsConfig:
     grafana_url: str | None = opt(
         None, "link template in messages, e.g. https://grafana/d/rankwatch-run?var-run={run}&var-rank={rank}"
     )
+    report_url: str | None = opt(
+        None,
+        "link template to the incident's report in messages, e.g. "
+        "https://{node}:9478/incidents/{incident}?run={run} (also {rank}, {kind})",
+    )
     slack: SlackConfig = section(SlackConfig, "Slack (slack-sdk)")
     alertmanager: AlertmanagerConfig = section(AlertmanagerConfig, "Prometheus Alertmanager v2 API")
     webhook: WebhookConfig = section(WebhookConfig, "generic JSON webhook")

@@ -14,9 +14,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rankwatch import ranksets
 from rankwatch.dumps import flight
 from rankwatch.dumps.capture import capture
-from rankwatch.dumps.diff import diff_incident, format_diff, format_ranks
+from rankwatch.dumps.diff import diff_incident, format_diff
 from rankwatch.dumps.show import format_rank
 from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name
 from rankwatch.sanitize import visible, visible_lines
@@ -101,7 +102,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"{'TIME (UTC)':<20} {'RUN':<20} {'REASON':<16} {'RANKS':<12} INCIDENT")
     for info in incidents:
         when = info.time.strftime("%Y-%m-%d %H:%M:%S")
-        ranks = format_ranks(info.ranks) or "-"
+        ranks = ranksets.format_ranks(info.ranks, limit=4) or "-"
         print(
             f"{when:<20} {visible(info.run):<20} {visible(info.reason):<16} {ranks:<12} {visible(info.name)}"
         )
@@ -115,7 +116,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 1
     if args.rank is not None and args.rank not in info.ranks:
         print(
-            f"rankwatch dumps: incident {info.name} has no rank {args.rank} (has {info.ranks})",
+            f"rankwatch dumps: incident {info.name} has no rank {args.rank} "
+            f"(has {ranksets.describe_ranks(info.ranks)})",
             file=sys.stderr,
         )
         return 1

@@ -18,6 +18,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rankwatch import ranksets
 from rankwatch.dumps.classify import (
     COLLECTIVE,
     KIND_TEXT,
@@ -127,23 +128,21 @@ def _describe(frames: list[Frame]) -> tuple[str, str | None]:
 
 
 def format_ranks(ranks: list[int]) -> str:
-    """``0,1,3`` and ``0-7,9``: runs of three or more are collapsed."""
-    parts: list[str] = []
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        if j - i >= 2:
-            parts.append(f"{ranks[i]}-{ranks[j]}")
-        else:
-            parts.extend(str(r) for r in ranks[i : j + 1])
-        i = j + 1
-    return ",".join(parts)
+    """``0,1,3``, ``0-7,9``, ``odd 1-4095``: runs of three or more collapsed, strides named."""
+    return ranksets.format_ranks(ranks)
+
+
+# A group line names at most this many items of its rank set; the JSON keeps every rank.
+WHO_ITEMS = 16
 
 
 def _who(ranks: list[int]) -> str:
-    return f"ranks {format_ranks(ranks)}" if len(ranks) > 1 else f"rank {ranks[0]}"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    body = ranksets.format_ranks(ranks, limit=WHO_ITEMS)
+    if len(ranks) <= 16 and " " not in body:
+        return f"ranks {body}"
+    return ranksets.describe_ranks(ranks, limit=WHO_ITEMS)
 
 
 def _at(act: Activity) -> str:
@@ -283,8 +282,11 @@ def format_diff(result: DiffResult) -> str:
         if group.caller:
             line += f" <- {group.caller}"
         lines.append(line)
+    by_error: dict[str, list[int]] = {}
     for rank, error in sorted(result.failed.items()):
-        lines.append(f"rank {rank}: no dump ({error})")
+        by_error.setdefault(error, []).append(rank)
+    for error, ranks in by_error.items():
+        lines.append(f"{_who(ranks)}: no dump ({error})")
     if result.suspects or result.reason:
         lines.append(result.summary())
     if result.verdict == MISMATCH:

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankwatch.ranksets import format_ranks
+
 _FILE_RE = re.compile(r"^flight-recorder-rank-(\d+)(?:\.pkl|\.json)?$")
 MAX_BYTES = 64 << 20
 
@@ -127,7 +129,7 @@ def _by_group(trace: dict[str, Any]) -> dict[str, dict[int, Collective]]:
 
 
 def _who(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+    return ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks, limit=16)
 
 
 def analyze(traces: dict[int, dict[str, Any]]) -> FrVerdict | None:
@@ -148,7 +150,10 @@ def analyze(traces: dict[int, dict[str, Any]]) -> FrVerdict | None:
                 kinds.setdefault((c.op, json.dumps(c.sizes)), []).append(r)
             if absent:
                 c = next(iter(present.values()))
-                behind = ", ".join(f"rank {r} at #{last[r]}" for r in absent)
+                at: dict[int, list[int]] = {}
+                for r in absent:
+                    at.setdefault(last[r], []).append(r)
+                behind = ", ".join(f"{_who(rs)} at #{seq}" for seq, rs in sorted(at.items()))
                 return FrVerdict(
                     g,
                     absent,
@@ -174,7 +179,6 @@ def format_verdict(v: FrVerdict | None, ranks: list[int]) -> str:
     if not ranks:
         return ""
     if v is None:
-        return (
-            f"flight recorder (ranks {','.join(map(str, ranks))}): every rank entered the same collectives\n"
-        )
+        who = format_ranks(ranks, limit=16)
+        return f"flight recorder (ranks {who}): every rank entered the same collectives\n"
     return f"flight recorder: {v.reason}\n"

@@ -85,6 +85,15 @@ async def capture_off_loop(
         )
 
 
+# What a dump's meta keeps for ``rankwatch report``: bounded, a few KB per rank.
+REPORT_STEPS = 20
+REPORT_TAIL = 40
+REPORT_LINE = 500
+REPORT_FINDINGS = 30
+REPORT_MESSAGE = 2000
+REPORT_WINDOW_S = 600.0
+
+
 def first_line(text: str) -> str:
     return next((x.strip() for x in (text or "").splitlines() if x.strip()), "")[:300]
 
@@ -452,6 +461,7 @@ class Agent:
                 "reason": reason,
                 "last_step": w.engine.state.last_step,
                 "local_rank": w.identity.local_rank,
+                **self._report_context(w, rank),
             }
             try:
                 txt = await self.dumps_io(
@@ -507,6 +517,65 @@ class Agent:
                 except OSError as e:
                     self._store_failed(e)
         return folder
+
+    def _report_context(self, w: RankWatcher, rank: int) -> dict[str, Any]:
+        """What ``rankwatch report`` shows beside the stacks, as the agent knows it at capture
+        time: the rank's last steps with their times, its log tail, its recent findings, its
+        process and GPU readings, the world size and the settings that judged the stall.
+        Bounded (a few KB per rank) and best effort: a part that fails is left out."""
+        out: dict[str, Any] = {}
+        now = time.time()
+        with contextlib.suppress(Exception):
+            world = getattr(w.identity, "world_size", None) or self.identity.world_size
+            if world:
+                out["world_size"] = int(world)
+        with contextlib.suppress(Exception):
+            steps = [s for s in list(w.engine.state.steps)[-REPORT_STEPS:] if s.step is not None and s.time]
+            out["recent_steps"] = [[int(s.step or 0), round(float(s.time or 0.0), 3)] for s in steps]
+        with contextlib.suppress(Exception):
+            out["log_tail"] = [line[:REPORT_LINE] for line in list(w.tail)[-REPORT_TAIL:]]
+        with contextlib.suppress(Exception):
+            mine = [
+                f
+                for f in self.findings[-2000:]
+                if f.rank == w.rank and f.time is not None and now - f.time <= REPORT_WINDOW_S
+            ][-REPORT_FINDINGS:]
+            out["findings"] = [
+                {
+                    "kind": f.kind,
+                    "severity": f.severity.label,
+                    "rank": f.rank,
+                    "step": f.step,
+                    "time": f.time,
+                    "message": f.message[:REPORT_MESSAGE],
+                    "resolved": f.resolved,
+                }
+                for f in mine
+            ]
+        with contextlib.suppress(Exception):
+            ps = w.last_sample
+            if ps is not None:
+                out["process"] = {
+                    "cpu_percent": round(ps.cpu_percent, 1),
+                    "rss_bytes": ps.rss_bytes,
+                    "threads": ps.threads,
+                    "state": ps.state,
+                }
+        with contextlib.suppress(Exception):
+            if self.gpu_latest is not None:
+                by_rank, _up = self.gpu_latest()
+                keep = ("index", "name", "lost", "utilization", "memory_used", "memory_total", "temperature")
+                out["gpu"] = [{k: getattr(g, k, None) for k in keep} for g in list(by_rank.get(rank, []))[:8]]
+        with contextlib.suppress(Exception):
+            st = self.cfg.stall
+            judged: dict[str, Any] = {
+                f"stall.{k}": float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+                for k, v in dataclasses.asdict(st).items()
+            }
+            with contextlib.suppress(Exception):
+                judged["stall timeout now (s)"] = round(float(w.stall.timeout()), 1)
+            out["judged_by"] = judged
+        return out
 
     def _store_problem(self, e: OSError) -> str:
         if e.errno == errno.ENOSPC:

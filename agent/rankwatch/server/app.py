@@ -47,6 +47,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
@@ -57,6 +58,7 @@ from rankwatch import offloop
 from rankwatch.config.schema import ServerConfig
 from rankwatch.dumps.store import DumpStore
 from rankwatch.exporter.metrics import make_registry
+from rankwatch.report import build_report, render_html
 from rankwatch.sanitize import visible_lines
 from rankwatch.server.page import load_page_extras, render_page
 from rankwatch.server.status import (
@@ -135,8 +137,8 @@ _LOCAL_NAMES = ("localhost", "localhost.", "ip6-localhost", "ip6-loopback")
 
 
 def _private(path: str) -> bool:
-    """Routes that reveal code or data: the status page and the JSON API."""
-    return path in _PRIVATE_PATHS or path == "/api" or path.startswith("/api/")
+    """Routes that reveal code or data: the status page, an incident's report and the JSON API."""
+    return path in _PRIVATE_PATHS or path == "/api" or path.startswith(("/api/", "/incidents/"))
 
 
 def is_loopback_host(host: str) -> bool:
@@ -207,7 +209,8 @@ def _cookie_ok(request: web.Request, token: str) -> bool:
 
 
 def _wants_html(request: web.Request) -> bool:
-    return request.path in _PRIVATE_PATHS and "text/html" in request.headers.get("Accept", "")
+    page = request.path in _PRIVATE_PATHS or request.path.startswith("/incidents/")
+    return page and "text/html" in request.headers.get("Accept", "")
 
 
 def _login_page(status: int, note: str) -> web.Response:
@@ -462,6 +465,45 @@ async def api_dump(request: web.Request) -> web.Response:
     return _json(doc)
 
 
+def _incident_report(
+    store: DumpStore, incident: str, run: str | None, findings: list[dict[str, Any]]
+) -> tuple[int, str]:
+    """(HTTP status, page or why not); blocking, run in a thread. Read as ``api_dump`` reads."""
+    try:
+        info = store.find(incident, run=run, allow_path=False)
+    except KeyError as e:
+        return 404, str(e.args[0] if e.args else e)
+    rep = build_report(store, info, findings=findings, findings_source="this agent's recent findings")
+    if not rep.ranks:
+        return 404, f"incident {info.name} holds no rank dumps or traces"
+    link = f"../api/dumps/{quote(info.name, safe='')}/{{}}?format=text"
+    return 200, render_html(rep, link=link.format)
+
+
+async def incident_page(request: web.Request) -> web.Response:
+    """``/incidents/<incident>``: the incident's report (``rankwatch report``), same renderer."""
+    incident = request.match_info["incident"]
+    run = request.query.get("run") or None
+    bad_run = run is not None and not _INCIDENT_RE.fullmatch(run.replace(".", "_"))
+    if not _INCIDENT_RE.fullmatch(incident) or bad_run:
+        return _error(400, "invalid incident name")
+    store = _store(request)
+    found = findings_doc(_snapshot(request), limit=FINDINGS_MAX)["findings"]
+    try:
+        status, body = await offloop.fs(_incident_report, store, incident, run, found, name="rankwatch-dumps")
+    except asyncio.TimeoutError:
+        return _error(503, "the dump store does not answer (a hung filesystem?)")
+    if status != 200:
+        return _error(status, body)
+    headers = {
+        **_NO_STORE,
+        "Content-Security-Policy": _PAGE_CSP,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
+    return web.Response(text=body, content_type="text/html", headers=headers)
+
+
 # --- assembly ----------------------------------------------------------------------------
 def make_app(
     source: Source, cfg: ServerConfig | None = None, *, registry: CollectorRegistry | None = None
@@ -488,6 +530,7 @@ def make_app(
     r.add_get("/api/findings", api_findings)
     r.add_get("/api/dumps", api_dumps)
     r.add_get("/api/dumps/{incident}/{rank}", api_dump)
+    r.add_get("/incidents/{incident}", incident_page)
     return app
 
 

@@ -31,6 +31,7 @@ from urllib.parse import quote
 
 from rankwatch import offloop
 from rankwatch.events import GpuSample
+from rankwatch.ranksets import describe_ranks
 from rankwatch.records import StepRecord
 from rankwatch.sanitize import visible, visible_lines
 from rankwatch.server.sparkline import sparkline
@@ -53,6 +54,7 @@ def escape_lines(text: object) -> str:
 REFRESH_S = 10
 SPARK_POINTS = 120  # step lines per sparkline: about one per pixel
 INCIDENTS_SHOWN = 8
+RANK_LINKS = 8  # per incident: the report has the rest (4,096 links would be the page)
 LIST_TIMEOUT_S = 5.0
 EVIDENCE_CHARS = 4000
 EVIDENCE_LINES = 40
@@ -403,11 +405,15 @@ def _dumps_section(doc: dict[str, Any], extras: PageExtras | None) -> str:
         return '<p class="muted">none</p>'
     rows = []
     for inc in incidents[:INCIDENTS_SHOWN]:
+        ranks = list(inc["ranks"])
         links = " · ".join(
-            f'<a href="{_dump_href(inc["incident"], rk)}">rank {int(rk)}</a>' for rk in inc["ranks"]
+            f'<a href="{_dump_href(inc["incident"], rk)}">rank {int(rk)}</a>' for rk in ranks[:RANK_LINKS]
         )
+        if len(ranks) > RANK_LINKS:
+            links += f" · … ({escape(describe_ranks(ranks))}: all in the report)"
+        report = escape(f"incidents/{quote(inc['incident'], safe='')}?run={quote(inc['run'], safe='')}")
         cells = [
-            _td(inc["incident"], left=True),
+            f'<td class="l"><a class="report" href="{report}">{escape(inc["incident"])}</a></td>',
             _td(inc["run"], left=True),
             _td(inc["reason"], left=True),
             _td(inc["time"], left=True),
@@ -417,7 +423,7 @@ def _dumps_section(doc: dict[str, Any], extras: PageExtras | None) -> str:
     more = len(incidents) - INCIDENTS_SHOWN
     tail = f'<p class="muted">{more} older incident(s): see api/dumps</p>' if more > 0 else ""
     return (
-        '<table><tr><th class="l">incident</th><th class="l">run</th><th class="l">reason</th>'
+        '<table><tr><th class="l">incident (report)</th><th class="l">run</th><th class="l">reason</th>'
         '<th class="l">time</th><th class="l">stacks (text)</th></tr>' + "".join(rows) + "</table>" + tail
     )
 
@@ -465,12 +471,10 @@ def render_page(doc: dict[str, Any], extras: PageExtras | None = None) -> str:
     """The whole page from a ``status_doc`` (and, when given, the extras)."""
     ready = "ready" if doc["ready"] else "not ready: " + "; ".join(doc["ready_detail"])
     title = f"rankwatch: {doc['run']} on {doc['node']}"
-    stalled = [_rank_text(r["rank"]) for r in doc["ranks"] if r.get("stalled")]
-    banner = (
-        f'<p class="state-stalled"><strong>STALLED: rank {escape(", ".join(stalled))}</strong></p>'
-        if stalled
-        else ""
-    )
+    stalled = [r["rank"] for r in doc["ranks"] if r.get("stalled")]
+    known = [r for r in stalled if isinstance(r, int)]
+    who = describe_ranks(known) if known else "rank ?"
+    banner = f'<p class="state-stalled"><strong>STALLED: {escape(who)}</strong></p>' if stalled else ""
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{REFRESH_S}">'

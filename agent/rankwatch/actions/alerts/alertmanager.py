@@ -67,6 +67,8 @@ def payload(alert: AlertMessage, now: float) -> list[dict[str, Any]]:
             annotations["dump_path"] = annotation(m.dump_path)
         if m.step is not None:
             annotations["step"] = str(m.step)
+        if alert.report_url:
+            annotations["report_url"] = alert.report_url
         doc: dict[str, Any] = {"labels": labels, "annotations": annotations, "startsAt": iso(m.starts_at)}
         if alert.status == "resolved":
             doc["endsAt"] = iso(alert.ends_at or now)

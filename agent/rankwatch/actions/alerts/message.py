@@ -12,7 +12,9 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
+from urllib.parse import quote
 
+from rankwatch.ranksets import describe_ranks, format_ranks
 from rankwatch.records import Severity
 
 Status = Literal["firing", "resolved"]
@@ -46,6 +48,7 @@ class AlertMessage:
     saw_all: bool = False
     repeat: bool = False
     grafana_url: str | None = None
+    report_url: str | None = None  # the incident's report (alerts.report_url), where it has one
     ends_at: float | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: float = field(default_factory=time.time)
@@ -156,19 +159,15 @@ def suspect_rank(members: list[AlertMember]) -> int | None:
 
 
 def rank_list(ranks: list[int | None]) -> str:
-    """`0-3, 5`: short for a human, whatever the count."""
+    """`0-3, 5`, `odd 1-4095`: short for a human, whatever the count (``rankwatch.ranksets``)."""
     known = sorted({r for r in ranks if r is not None})
-    parts: list[str] = []
-    i = 0
-    while i < len(known):
-        j = i
-        while j + 1 < len(known) and known[j + 1] == known[j] + 1:
-            j += 1
-        parts.append(str(known[i]) if i == j else f"{known[i]}-{known[j]}")
-        i = j + 1
+    text = format_ranks(known, sep=", ", min_run=2, limit=RANK_ITEMS)
     if None in ranks:  # a member of no known rank (a rank with two subjects is listed once)
-        parts.append("?")
-    return ", ".join(parts)
+        text = f"{text}, ?" if text else "?"
+    return text
+
+
+RANK_ITEMS = 12  # a title or a field names at most this many items of a rank set
 
 
 def jsonable(v: Any) -> Any:
@@ -197,6 +196,58 @@ def render_link(template: str | None, run: str, rank: int | None, kind: str) -> 
         .replace("{rank}", "" if rank is None else str(rank))
         .replace("{kind}", kind)
     )
+
+
+def render_report_link(
+    template: str | None, run: str, rank: int | None, kind: str, incident: str | None, node: str
+) -> str | None:
+    """``alerts.report_url`` filled like ``grafana_url``, plus ``{incident}`` (the folder's name)
+    and ``{node}``; None when the template names an incident and the alert has none."""
+    if not template or ("{incident}" in template and not incident):
+        return None
+    filled = render_link(template, run, rank, kind) or ""
+    return filled.replace("{incident}", quote(incident or "", safe="")).replace(
+        "{node}", quote(node, safe="")
+    )
+
+
+def verdict_lines(evidence: dict[str, Any]) -> list[str]:
+    """The diagnosis a cross-rank finding carries, as a few plain lines: the suspect and why,
+    the first failure with its time. Read from the evidence keys the diagnosis writes."""
+    out: list[str] = []
+    suspects = evidence.get("suspects")
+    if not isinstance(suspects, list):
+        one = evidence.get("suspect")
+        suspects = [one] if isinstance(one, int) and not isinstance(one, bool) else []
+    suspects = [s for s in suspects if isinstance(s, int) and not isinstance(s, bool)]
+    verdict = str(evidence.get("verdict") or "")
+    why = VERDICT_WHY.get(verdict, "")
+    if suspects:
+        who = describe_ranks(suspects)
+        out.append(f"suspect: {who}" + (f": {why}" if why else ""))
+    elif verdict:
+        out.append(f"no single suspect: {why or verdict}")
+    first = evidence.get("first_failure")
+    if isinstance(first, dict) and first.get("rank") is not None:
+        when = first.get("time")
+        at = f" at {iso(float(when))}" if isinstance(when, (int, float)) else ""
+        out.append(
+            f"first failure: rank {first.get('rank')}, "
+            f"{first.get('how') or first.get('kind') or 'failed'}{at}"
+        )
+    return out
+
+
+# What each of ``dumps.diff``'s verdicts (and the first failure) says about the suspect.
+VERDICT_WHY = {
+    "not_in_collective": "the only rank not waiting in a collective; the others wait for it",
+    "only_in_collective": "the only rank in a collective the others never entered",
+    "collective_mismatch": "the ranks wait in different collectives (a code path taken on some ranks only)",
+    "missing_ranks": "every dumped rank waits; this one could not be dumped",
+    "majority": "its stack differs from the majority's",
+    "same_collective": "every rank waits in the same collective: the cause is outside the dumped ranks",
+    "first_failure": "it failed first; the others' failures and stalls are consequences",
+}
 
 
 class DeliveryError(Exception):

@@ -34,12 +34,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rankwatch.actions.alerts.board import MAX_TEXT, clean_member, small_evidence
-from rankwatch.actions.alerts.message import AlertMember, AlertMessage, Status, jsonable, render_link
+from rankwatch.actions.alerts.message import (
+    AlertMember,
+    AlertMessage,
+    Status,
+    jsonable,
+    render_link,
+    render_report_link,
+)
 from rankwatch.actions.alerts.state import EVENT_KINDS, INHERIT_HOLD_S, Remembered, prune_ended
 from rankwatch.actions.dump_outcome import DumpOutcome, dump_link
 from rankwatch.config.schema import AlertsConfig
@@ -624,6 +632,9 @@ class AlertPolicy:
         for m in msg.members:
             m.dump_path = m.dump_path or self._dumps.get(m.rank)
         msg.grafana_url = render_link(self.cfg.grafana_url, msg.run, msg.rank, msg.kind)
+        msg.report_url = render_report_link(
+            self.cfg.report_url, msg.run, msg.rank, msg.kind, _incident_of(msg), msg.node
+        )
         if msg.status == "resolved":
             msg.ends_at = self.wall()
         return msg
@@ -655,6 +666,15 @@ class AlertPolicy:
             elif g.status == "resolved":
                 self._resolving.pop(k, None)
                 self._owed.discard(k)
+
+
+def _incident_of(msg: AlertMessage) -> str | None:
+    """The incident folder's name the alert's stacks are in (its dump path, or the evidence)."""
+    for m in msg.members:
+        where = m.dump_path or m.evidence.get("incident")
+        if isinstance(where, str) and where:
+            return os.path.basename(where.rstrip("/"))
+    return None
 
 
 def _member_doc(m: AlertMember) -> dict[str, Any]:

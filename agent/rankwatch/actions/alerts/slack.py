@@ -27,7 +27,14 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from rankwatch.actions.alerts.message import AlertMessage, AlertSink, DeliveryError, iso, rank_list
+from rankwatch.actions.alerts.message import (
+    AlertMessage,
+    AlertSink,
+    DeliveryError,
+    iso,
+    rank_list,
+    verdict_lines,
+)
 from rankwatch.actions.alerts.sinks import register_sink
 from rankwatch.actions.alerts.threads import ThreadStore, Who
 from rankwatch.config.redact import redact_text
@@ -139,15 +146,26 @@ def build_blocks(a: AlertMessage) -> list[dict[str, Any]]:
         {"type": "section", "text": {"type": "mrkdwn", "text": _cut(_esc(a.message), 2900)}},
     ]
     lead = next((m for m in a.members if m.rank == a.rank), a.members[0])
+    verdict = verdict_lines(lead.evidence) if a.status == "firing" else []
+    if verdict:
+        text = "*Verdict:* " + "\n".join(_esc(line) for line in verdict)
+        blocks.insert(1, {"type": "section", "text": {"type": "mrkdwn", "text": _cut(text, 2900)}})
     evidence = evidence_text(lead.evidence) if a.status == "firing" else None
     if evidence:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": evidence}})
     if a.dump_path:
         text = f"*Stack dumps:* `{_esc(a.dump_path)}`  (`rankwatch dumps show`)"
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
-    link = _link(a.grafana_url, "Open in Grafana") if a.grafana_url else None
-    if link:
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": link}})
+    links = [
+        x
+        for x in (
+            _link(a.report_url, "Open the incident report") if a.report_url else None,
+            _link(a.grafana_url, "Open in Grafana") if a.grafana_url else None,
+        )
+        if x
+    ]
+    if links:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "  ·  ".join(links)}})
     return blocks
 
 

@@ -49,6 +49,7 @@ def _raw(alert: AlertMessage, lead: Any) -> dict[str, Any]:
         "evidence": lead.evidence,
         "dump_path": alert.dump_path,
         "grafana_url": alert.grafana_url,
+        "report_url": alert.report_url,
         "repeat": alert.repeat,
         "starts_at": iso(alert.starts_at),
         "ends_at": iso(alert.ends_at or time.time()) if alert.status == "resolved" else None,
