@@ -142,18 +142,25 @@ def check_record(
     return None
 
 
-def _refusal(path: str, why: str, errors: dict[str, int] | None, component: str) -> safeio.Refused:
+def _refusal(
+    path: str, why: str, errors: dict[str, int] | None, component: str, *, folder: bool = True
+) -> safeio.Refused:
     if errors is not None:
         errors[component] = errors.get(component, 0) + 1
     _op("refused")
     if (path, why) not in _logged:
         _logged.add((path, why))
-        log.error(
-            "refusing the shared run folder %s: %s (it must be this agent's user's or root's and "
-            "writable by no one else; further refusals are only counted)",
-            path,
-            why,
-        )
+        if folder:
+            log.error(
+                "refusing the shared run folder %s: %s (it must be this agent's user's or root's and "
+                "writable by no one else; further refusals are only counted)",
+                path,
+                why,
+            )
+        else:
+            log.error(
+                "refusing %s in the shared run folder: %s (not read; further refusals counted)", path, why
+            )
     return safeio.Refused(path, why)
 
 
@@ -438,7 +445,7 @@ class RunFolder:
 
     def _file_refused(self, e: safeio.Refused) -> None:
         self.rejected += 1
-        _refusal(e.path, e.why, self.errors, self.component)
+        _refusal(e.path, e.why, self.errors, self.component, folder=False)
 
     def _step(self, cur: int, name: str, where: str, *, create: bool) -> int:
         """Open ``name`` below ``cur`` (made where missing), checked: a real directory, ours or

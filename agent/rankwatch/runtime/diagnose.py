@@ -65,7 +65,10 @@ PROFILE_FRESH_S = 90.0
 PROFILE_EVERY_S = 300.0  # at most one profile per rank this often: py-spy pauses the rank
 RANKS_IO = "rankwatch-ranks"  # offloop's name for the .ranks calls: stuck, they block only their kind
 READ_IO = "rankwatch-dumps-read"  # ... for reading an incident's stacks back
-FIRST_READS = 3  # records read at most while looking for the first failure (forged ones skipped)
+# While looking for the first failure: records read at most (one that is read and fails validation
+# counts), and names tried at most (a link, FIFO or oversized file is refused before any read).
+FIRST_READS = 3
+FIRST_TRIES = 16
 _NAME_RE = re.compile(r"^(failed|profile)-r(\d{1,9})-(\d{1,20})-(f|c|w\d{1,4})\.json$")
 FAILURE_KINDS = frozenset({"crash", "oom", "cuda_error", "xid", "gpu_lost"})
 # What a rank prints when a *peer* died: gloo, NCCL, c10d store and torchelastic texts.
@@ -91,6 +94,7 @@ class CrossRank:
         self.wall = wall
         self.store = DumpStore(Path(cfg.dumps.dir))
         self.folder = self._runfolder()
+        self._read_last = False  # the last _load read a file (not refused by its kind, owner or size)
         self.skew = float(getattr(cfg.dumps, "clock_skew", runfolder.CLOCK_SKEW_S))
         self._stalls: list[Finding] = []  # waiting for the incident's stacks
         self._stall_task: asyncio.Task[Any] | None = None
@@ -196,11 +200,12 @@ class CrossRank:
 
     # --- shared files ------------------------------------------------------------------
     async def _store_io(
-        self, fn: Callable[..., T], *args: Any, timeout: float = STALL_WAIT_S, name: str = RANKS_IO
+        self, fn: Callable[..., T], *args: Any, timeout: float | None = None, name: str = RANKS_IO
     ) -> T:
-        """A shared-folder call off the loop (``Agent.dumps_io``), waiting at most ``timeout``;
-        a call stuck on a hung mount blocks only later calls of its own ``name``."""
-        result: T = await self.agent.dumps_io(fn, *args, timeout=timeout, name=name)
+        """A shared-folder call off the loop (``Agent.dumps_io``), waiting at most ``timeout``
+        (``STALL_WAIT_S``); a call stuck on a hung mount blocks only later calls of its ``name``."""
+        wait = STALL_WAIT_S if timeout is None else timeout
+        result: T = await self.agent.dumps_io(fn, *args, timeout=wait, name=name)
         return result
 
     def _write(self, name: str, doc: dict[str, Any], drop: tuple[str, ...] = ()) -> None:
@@ -250,9 +255,12 @@ class CrossRank:
     def _load(self, entry: dict[str, Any]) -> dict[str, Any] | None:
         """A failure record named by ``_read_all``, read (capped) and believed only when its
         content agrees with its name and passes ``runfolder.check_record``; texts bounded."""
+        self._read_last = False
         try:
             with self.folder.open(create=False) as d:
+                before = d.owner.rejected
                 doc = d.read_json(entry["name"])
+                self._read_last = d.owner.rejected == before  # not refused before the read
         except OSError:
             return None
         if doc is None:
@@ -362,10 +370,15 @@ class CrossRank:
             ),
             key=lambda d: (d["time"], d["rank"]),
         )
-        for entry in others[:FIRST_READS]:
+        reads = 0
+        for entry in others[:FIRST_TRIES]:
             doc = self._load(entry)
             if doc is not None:
                 return doc
+            if self._read_last:
+                reads += 1
+                if reads >= FIRST_READS:
+                    break
         return None
 
     def _name_first(self, f: Finding, first: dict[str, Any]) -> None:
