@@ -452,18 +452,20 @@ class RunFolder:
         root's, writable by no one else."""
         if not name or name in (".", "..") or "/" in name or "\0" in name:
             raise _refusal(where, f"{name!r} is not a plain folder name", self.errors, self.component)
-        if create:
-            try:
-                _op("mkdir")
-                os.mkdir(name, self.dir_mode, dir_fd=cur)
-                made = True
-            except FileExistsError:
-                made = False
-        else:
-            made = False
+        made = False
         try:
             _op("open")
-            fd = os.open(name, _DIR_FLAGS, dir_fd=cur)
+            try:
+                fd = os.open(name, _DIR_FLAGS, dir_fd=cur)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):  # a peer made it meanwhile: checked below
+                    _op("mkdir")
+                    os.mkdir(name, self.dir_mode, dir_fd=cur)
+                    made = True
+                _op("open")
+                fd = os.open(name, _DIR_FLAGS, dir_fd=cur)
         except OSError as exc:
             if exc.errno in (errno.ENOTDIR, errno.ELOOP):
                 try:
@@ -507,10 +509,15 @@ class RunFolder:
         """The checked folder, made where missing (``create``). Raises ``safeio.Refused`` (an
         ``OSError``) when a part of it is not to be trusted, ``FileNotFoundError`` when it is
         missing and not to be made."""
-        if create:
-            self.base.mkdir(parents=True, exist_ok=True)
+        flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
         _op("open")
-        cur = os.open(self.base, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            cur = os.open(self.base, flags)
+        except FileNotFoundError:
+            if not create:
+                raise
+            self.base.mkdir(parents=True, exist_ok=True)  # the configured root, as configured
+            cur = os.open(self.base, flags)
         where = str(self.base)
         try:
             for name in self.parts:

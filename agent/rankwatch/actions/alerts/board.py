@@ -234,12 +234,20 @@ class Entry:
     rank: int
     state: str
     us: int
-    path: Path
+    path: Path | None = None  # or, cheaper when listing a thousand: kind_dir and name below
     tag: str = ""  # the subject's tag; "" for a record about the rank itself
+    kind_dir: str = ""
+    name: str = ""
 
     @property
     def member(self) -> Member:
         return _member(self.rank, self.tag)
+
+    def where(self) -> tuple[str, str]:
+        """(kind folder, file name) on the board."""
+        if self.path is not None:
+            return self.path.parent.name, self.path.name
+        return self.kind_dir, self.name
 
 
 @dataclass
@@ -397,7 +405,7 @@ class Board:
                         claims[ck2] = max(us, claims.get(ck2, -1))
                     continue
                 if m := _RECORD_RE.match(name):
-                    e = Entry(int(m[1]), m[3], int(m[4]), self.path / kd / name, m[2] or "")
+                    e = Entry(int(m[1]), m[3], int(m[4]), None, m[2] or "", kd, name)
                     if e.us < fresh_us:
                         if e.rank in own or e.us < dead_us:
                             folder.unlink(name)
@@ -459,11 +467,11 @@ class Board:
             for e in entries:
                 if stop is not None and stop.is_set():
                     break
-                kd = e.path.parent.name
+                kd, name = e.where()
                 try:
                     if kd not in subs:
                         subs[kd] = top.sub(kd, create=False)
-                    doc = subs[kd].read_json(e.path.name)
+                    doc = subs[kd].read_json(name)
                 except OSError:
                     doc = None
                 try:
@@ -472,7 +480,7 @@ class Board:
                     rec = None
                 ok = rec is not None and rec.run == self.run and rec.id == e.member and rec.state == e.state
                 if ok and rec is not None:
-                    ok = self._in_world(rec.rank, e.path.name) and rec.time <= time.time() + self.skew
+                    ok = self._in_world(rec.rank, name) and rec.time <= time.time() + self.skew
                 out[e.member] = rec if ok else None
         return out
 
