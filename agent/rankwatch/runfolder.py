@@ -71,7 +71,8 @@ _NEW_FLAGS = (
     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 )
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-_logged: set[tuple[str, str]] = set()
+_logged: set[tuple[str, str]] = set()  # (path, why) said once; past LOGGED_MAX only counted
+LOGGED_MAX = 1000
 
 
 def _op(kind: str, n: int = 1) -> None:
@@ -148,7 +149,7 @@ def _refusal(
     if errors is not None:
         errors[component] = errors.get(component, 0) + 1
     _op("refused")
-    if (path, why) not in _logged:
+    if (path, why) not in _logged and len(_logged) < LOGGED_MAX:
         _logged.add((path, why))
         if folder:
             log.error(
@@ -439,7 +440,7 @@ class RunFolder:
         if self.errors is not None:
             self.errors[self.component] = self.errors.get(self.component, 0) + 1
         key = (str(self.path), why.split(" ")[0])
-        if key not in _logged:
+        if key not in _logged and len(_logged) < LOGGED_MAX:
             _logged.add(key)
             log.warning("ignoring %s in %s: %s (further ones only counted)", what, self.path, why)
 
