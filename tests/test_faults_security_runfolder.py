@@ -899,3 +899,126 @@ def test_whatever_is_planted_in_the_run_folder_nothing_outside_is_touched_nothin
         rank = rank[0] if isinstance(rank, tuple) else rank
         if isinstance(rank, int) and not isinstance(rank, bool):
             assert rank < WORLD, f"rank {rank} outside the world of {WORLD} was named: {x!r}"
+
+
+# Several agents of a run share a board that another user (or a crashed writer) littered:
+# every alert still goes out, once, and nothing planted reaches it.
+T0 = 1_800_000_000.0
+_BOARD_US = [round(T0 * 1e6), round((T0 - 30) * 1e6), round((T0 + 10 * 365 * 86400) * 1e6)]
+_JUNK = [
+    "link-secret",
+    "fifo",
+    "device",
+    "foreign",
+    "foreign-empty",
+    "huge",
+    "malformed",
+    "future",
+    "outside",
+]
+
+
+def _board_names() -> st.SearchStrategy[str]:
+    rank, us = st.integers(0, 9), st.sampled_from(_BOARD_US)
+    return st.one_of(
+        st.builds(lambda r, u: f"nan_loss/r{r}-firing-{u}.json", rank, us),
+        st.builds(lambda r, u: f"nan_loss/claim-firing-r{r}-{u}", rank, us),
+        st.builds(lambda r, u: f"nan_loss/sent-firing-r{r}-{u}-abcdef.json", rank, us),
+        st.builds(lambda r: f"present/r{r}.json", rank),
+    )
+
+
+def _plant_board(board: Path, name: str, what: str, outside: Path) -> None:
+    path = board / name
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    kind = "sent" if "/sent-" in name else "claim" if "/claim-" in name else "record"
+    m = name.split("/")[-1]
+    rank = int("".join(ch for ch in m.split("-")[0 if kind == "record" else 2] if ch.isdigit()) or 0)
+    us = _BOARD_US[0]
+    member = {"message": SECRET, "step": 1, "evidence": {}, "starts_at": us / 1e6}
+    doc: dict[str, Any] = {"v": 1, "run": RUN, "kind": "nan_loss", "rank": rank, "state": "firing"}
+    doc.update(time=us / 1e6, node="n", severity="critical", member=member)
+    if kind == "sent":
+        doc = {"v": 1, "status": "firing", "by": rank, "time": us / 1e6, "covers": {"0": us, "1": us}}
+    if what == "link-secret":
+        path.symlink_to(outside / "secret")
+    elif what == "fifo":
+        os.mkfifo(path)
+    elif what == "device":
+        try:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+        except PermissionError:
+            path.write_text("{")
+    elif what == "huge":
+        with open(path, "wb") as fh:
+            fh.truncate(1 << 31)
+    elif what == "malformed":
+        path.write_bytes(b'{"v": 1, "run": ')
+    elif what in ("foreign", "foreign-empty"):
+        path.write_text("" if what == "foreign-empty" else json.dumps(doc))
+        os.chown(path, OTHER_UID, OTHER_UID) if ROOT else os.chmod(path, 0o666)
+    elif what == "future":  # same user, but dated beyond the skew bound: forged or a clock far off
+        later = round((T0 + 10 * 365 * 86400) * 1e6)
+        parts = name.rsplit("-", 1) if kind != "sent" else name.rsplit("-", 2)
+        future = f"{parts[0]}-{later}" + (
+            ".json" if kind == "record" else "-abcdef.json" if kind == "sent" else ""
+        )
+        (board / future).write_text(json.dumps({**doc, "time": later / 1e6, "member": {"message": SECRET}}))
+    else:  # "outside": same user, well formed, but of a rank outside the world
+        if rank < 2:
+            return
+        path.write_text(json.dumps(doc))
+
+
+@pytest.mark.unit
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(junk=st.lists(st.tuples(_board_names(), st.sampled_from(_JUNK)), max_size=8))
+def test_with_a_littered_board_every_alert_of_every_agent_still_goes_out_once(
+    tmp_path_factory: pytest.TempPathFactory, junk: list[tuple[str, str]]
+) -> None:
+    import asyncio
+
+    from conftest import FakeClock, until
+    from rankwatch.records import Finding, Severity
+
+    tmp = tmp_path_factory.mktemp("board")
+    outside = tmp / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text(SECRET)
+    board = tmp / "board"
+    from rankwatch.runfolder import RunFolder
+
+    alerts = RunFolder(board, RUN, ".alerts")
+    for sub in ("nan_loss", "present"):
+        with alerts.child(sub).open():
+            pass
+    for name, what in junk:
+        _plant_board(board / RUN / ".alerts", name, what, outside)
+
+    async def go() -> list[Any]:
+        clock = FakeClock(T0)
+        pairs = [_dispatcher(tmp, r, 2, board, clock) for r in range(2)]
+        tasks = [asyncio.create_task(d.run()) for d, _ in pairs]
+        try:
+            for r, (d, _) in enumerate(pairs):
+                d.send(Finding("nan_loss", Severity.CRITICAL, r, f"loss is NaN at step 7 on rank {r}", 7))
+            for _ in range(12):  # group_wait, then takeovers (5 s each)
+                await until(lambda: all(d.settled() for d, _ in pairs), 10)
+                clock.advance(2.0)
+                for d, _ in pairs:
+                    d.wake()
+            await until(lambda: all(d.settled() for d, _ in pairs), 10)
+        finally:
+            for d, _ in pairs:
+                await d.close(1.0)
+            for t in tasks:
+                await asyncio.wait_for(t, 5.0)
+        return [a for _, s in pairs for a in s.alerts]
+
+    alerts_sent = asyncio.run(go())
+    firing = [a for a in alerts_sent if a.status == "firing" and a.kind == "nan_loss"]
+    ranks = sorted(m.rank for a in firing for m in a.members)
+    assert ranks == [0, 1], [(a.title, [m.rank for m in a.members]) for a in alerts_sent]
+    text = repr([(a.title, [(m.rank, m.message, m.evidence) for m in a.members]) for a in alerts_sent])
+    assert SECRET not in text

@@ -284,6 +284,29 @@ class Folder:
         os.close(fd)
         return st.st_size
 
+    def trusted(self, name: str, *, empty: bool = False) -> bool:
+        """``name`` is a regular file of this agent's user or root, writable by no one else
+        (one ``lstat``, nothing opened): for files whose name alone is believed (a claim,
+        which is also ``empty``)."""
+        _op("stat")
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return False
+        path = os.path.join(self.label, name)
+        if not stat.S_ISREG(st.st_mode):
+            why = f"is {safeio.kind_of(st.st_mode)}, not a regular file"
+        elif st.st_uid not in safeio.trusted_uids():
+            why = f"is owned by uid {st.st_uid}, not this agent's user or root"
+        elif st.st_mode & 0o022:
+            why = f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+        elif empty and st.st_size:
+            why = f"holds {st.st_size} bytes where an empty file belongs"
+        else:
+            return True
+        self.owner._file_refused(safeio.Refused(path, why))
+        return False
+
     def mtime(self, name: str) -> float | None:
         _op("stat")
         try:

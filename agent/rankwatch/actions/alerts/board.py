@@ -67,7 +67,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -319,13 +319,17 @@ class Board:
         *,
         world: int | None = None,
         skew: float = runfolder.CLOCK_SKEW_S,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """``world``: ranks at or past it are not believed; ``skew``: how far in the future a
+        peer's time may lie (``dumps.clock_skew``); ``wall``: the clock records are dated by."""
         self.folder = path if isinstance(path, runfolder.RunFolder) else runfolder.RunFolder(path)
         self.path = self.folder.path
         self.run = run
         self.stale_after = stale_after
         self.world = world if world is not None and world > 0 else None
         self.skew = skew
+        self.wall = wall
         self._markers: dict[tuple[str, str], Marker] = {}  # written once under a unique name
         self._lock = threading.Lock()  # a timed-out operation may still run beside the next
 
@@ -373,8 +377,11 @@ class Board:
         with self.folder.open() as top:
             folder = top.sub(_kind_dir(kind))
             for m, us in sorted(covers.items(), key=lambda mu: member_order(mu[0])):
-                if folder.create(f"claim-{status}-r{member_name(m)}-{us}"):
+                name = f"claim-{status}-r{member_name(m)}-{us}"
+                if folder.create(name):
                     got.add(m)
+                elif not folder.trusted(name, empty=True) and folder.unlink(name) and folder.create(name):
+                    got.add(m)  # a link, FIFO or another user's file there is no peer's claim
         return got
 
     def view(self, kind: str, now: float, mine: Iterable[int] = ()) -> View:
@@ -400,7 +407,11 @@ class Board:
                         folder.unlink(name)
                     elif us > future_us:
                         self.folder.reject(name, "a claim dated beyond the clock-skew bound")
-                    elif self._in_world(int(m[2]), name):
+                    elif self._in_world(int(m[2]), name) and (
+                        int(m[2]) not in own or folder.trusted(name, empty=True)
+                    ):
+                        # A claim on this agent's own record would silence it: that one is
+                        # believed only from a regular file of ours (one lstat per own member).
                         ck2 = (m[1], _member(int(m[2]), m[3]))
                         claims[ck2] = max(us, claims.get(ck2, -1))
                     continue
@@ -480,7 +491,7 @@ class Board:
                     rec = None
                 ok = rec is not None and rec.run == self.run and rec.id == e.member and rec.state == e.state
                 if ok and rec is not None:
-                    ok = self._in_world(rec.rank, name) and rec.time <= time.time() + self.skew
+                    ok = self._in_world(rec.rank, name) and rec.time <= self.wall() + self.skew
                 out[e.member] = rec if ok else None
         return out
 

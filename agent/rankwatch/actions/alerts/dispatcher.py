@@ -188,7 +188,14 @@ class AlertDispatcher:
         stale = max(STALE_MIN_S, float(self.cfg.startup_quiet) + chain)
         return PeerGroups(
             self.policy,
-            Board(path, self.identity.run, stale, world=self.identity.world_size, skew=self.clock_skew),
+            Board(
+                path,
+                self.identity.run,
+                stale,
+                world=self.identity.world_size,
+                skew=self.clock_skew,
+                wall=self.wall,
+            ),
             run=self.identity.run,
             node=self.identity.node,
             ranks=self.policy.ranks,
