@@ -313,6 +313,8 @@ class CrossRank:
             first = self._record_failure(f.rank, t, consequence, mine)
             if first is not None:
                 self._name_first(f, first)
+            elif (refused := self.folder.refused) is not None:
+                f.evidence = {**f.evidence, "shared_folder": f"refused ({refused}): no peer's failure was read"}
             return False
         self._held(f.rank, failure=True)
         if self._spawn(self._failure(f, t, consequence, mine)) is None:
@@ -344,8 +346,17 @@ class CrossRank:
                 first = await self._wait_first_failure(f.rank, t)
             if first is not None:
                 self._name_first(f, first)
-        except asyncio.TimeoutError:
-            pass  # logged once and counted by offloop
+            elif (refused := self.folder.refused) is not None:
+                f.evidence = {
+                    **f.evidence,
+                    "shared_folder": f"refused ({refused}): no peer's failure was read",
+                }
+        except asyncio.TimeoutError:  # logged once and counted by offloop
+            f.evidence = {
+                **f.evidence,
+                "shared_folder": f"{self.shared} did not answer within {FAILURE_IO_S:g}s (hung filesystem?): "
+                "no peer's failure was checked",
+            }
         except Exception:
             errs = self.agent.internal_errors_by_component
             errs["dumps"] = errs.get("dumps", 0) + 1
