@@ -314,7 +314,10 @@ class CrossRank:
             if first is not None:
                 self._name_first(f, first)
             elif (refused := self.folder.refused) is not None:
-                f.evidence = {**f.evidence, "shared_folder": f"refused ({refused}): no peer's failure was read"}
+                f.evidence = {
+                    **f.evidence,
+                    "shared_folder": f"refused ({refused}): no peer's failure was read",
+                }
             return False
         self._held(f.rank, failure=True)
         if self._spawn(self._failure(f, t, consequence, mine)) is None:
