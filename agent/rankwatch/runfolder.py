@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import grp
 import json
 import logging
@@ -80,8 +81,9 @@ def _op(kind: str, n: int = 1) -> None:
         OPS[kind] += n
 
 
+@functools.lru_cache(maxsize=16)
 def resolve_group(group: str | int | None) -> int | None:
-    """The gid of ``dumps.group`` (a name or a number); None when unset or unknown."""
+    """The gid of ``dumps.group`` (a name or a number); None when unset or unknown (said once)."""
     if group is None or group == "":
         return None
     if isinstance(group, int) or str(group).isdigit():
