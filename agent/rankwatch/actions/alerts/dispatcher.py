@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from rankwatch import runfolder
-from rankwatch.actions.alerts.alertmanager import AlertmanagerSink
 from rankwatch.actions.alerts.board import Board, board_path
 from rankwatch.actions.alerts.delivery import BACKOFF_BASE_S, Delivery, _wait, retry_window
 from rankwatch.actions.alerts.message import AlertMember, AlertMessage, AlertSink
@@ -157,6 +156,8 @@ class AlertDispatcher:
         self._starting: asyncio.Future[None] | None = None
         self._closed = False
         self._sleeping_until: float | None = None  # the timer loop waits for this time (or a wake)
+        from rankwatch.actions.alerts.alertmanager import AlertmanagerSink  # as sinks_from_config
+
         path = board_path(self.cfg.board_dir, dumps_dir, self.identity.run)
         if (
             path is not None
