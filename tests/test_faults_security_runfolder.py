@@ -654,6 +654,7 @@ def test_with_alertmanager_the_only_sink_the_board_steps_aside(tmp_path: Path) -
     am = AlertsConfig(spool_dir=str(tmp_path / "spool"), alertmanager=_am_config())
     d = AlertDispatcher(am, ident, dumps_dir=tmp_path / "dumps")
     assert [s.name for s in d.sinks] == ["alertmanager"] and d.peers is None
+    assert not (tmp_path / "dumps").exists()  # no board files for a thousand agents to list
     both = AlertsConfig(
         spool_dir=str(tmp_path / "spool"), alertmanager=_am_config(),
         webhook=type(am.webhook)(urls=("http://127.0.0.1:9/x",)),
