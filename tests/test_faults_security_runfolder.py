@@ -1027,3 +1027,68 @@ def test_with_a_littered_board_every_alert_of_every_agent_still_goes_out_once(
     assert ranks == [0, 1], [(a.title, [m.rank for m in a.members]) for a in alerts_sent]
     text = repr([(a.title, [(m.rank, m.message, m.evidence) for m in a.members]) for a in alerts_sent])
     assert SECRET not in text
+
+
+@pytest.mark.process
+def test_a_fifo_in_the_ranks_folder_leaves_the_dumps_api_and_manual_dumps_alive(tmp_path: Path) -> None:
+    """Item 5, live: the job (the agent's own user) puts a FIFO where a peer's failure record
+    goes. A crash makes the agent read the records: that read must not block, and /api/dumps
+    must keep answering (it used to share one "stuck" slot with the records: 503 for good)."""
+    import asyncio
+
+    import aiohttp
+
+    from conftest import until
+    from rankwatch.config.schema import Config
+    from rankwatch.config.snapshot import replaced
+    from rankwatch.identity import Identity
+    from rankwatch.runtime.modes import watch_processes
+
+    dumps = tmp_path / "dumps"
+    ranks = dumps / RUN / ".ranks"
+    ranks.mkdir(parents=True, mode=0o700)
+    os.chmod(ranks.parent, 0o700)
+    t = time.time() - 2
+    for name in _both_names(1, t):
+        os.mkfifo(ranks / name)
+    log = tmp_path / "rank-0.log"
+    log.write_text("step=1 loss=2.0\n")
+    cfg = replaced(Config(), {"dumps.dir": str(dumps), "server.listen": "127.0.0.1:0"})
+    ident = Identity(run=RUN, rank=0, local_rank=0, world_size=2, node="n")
+
+    async def go() -> tuple[list[int], float, list[Any]]:
+        started: list[Any] = []
+        stop = asyncio.Event()
+        sent: list[Any] = []
+
+        class Sink:
+            def send(self, f: Any) -> None:
+                sent.append(f)
+
+        task = asyncio.create_task(
+            watch_processes(
+                cfg, ident, pids=[], match=None, logs=[log], sinks=[Sink()], stop=stop,
+                services={"on_start": started.append},
+            )
+        )  # fmt: skip
+        try:
+            assert await until(lambda: bool(started) or task.done(), 20)
+            svc = started[0]
+            begun = time.monotonic()
+            svc.agent.emit(_crash(0, "killed by signal 9 (SIGKILL) after step 1", time.time()))
+            await until(lambda: bool(sent), 20)
+            took = time.monotonic() - begun
+            statuses = []
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+                for _ in range(3):
+                    async with s.get(svc.server.url + "/api/dumps") as r:
+                        statuses.append(r.status)
+            return statuses, took, sent
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+    statuses, took, sent = asyncio.run(go())
+    assert statuses == [200, 200, 200], statuses
+    assert took < 2.5, f"the crash waited {took:.1f}s on the FIFO"
+    assert [f.kind for f in sent if f.kind == "crash"] == ["crash"]
