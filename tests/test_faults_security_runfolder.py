@@ -1030,7 +1030,7 @@ def test_with_a_littered_board_every_alert_of_every_agent_still_goes_out_once(
 
 
 @pytest.mark.process
-def test_a_fifo_in_the_ranks_folder_leaves_the_dumps_api_and_manual_dumps_alive(tmp_path: Path) -> None:
+def test_a_fifo_in_the_ranks_folder_leaves_the_crash_and_the_dumps_api_alive(tmp_path: Path) -> None:
     """Item 5, live: the job (the agent's own user) puts a FIFO where a peer's failure record
     goes. A crash makes the agent read the records: that read must not block, and /api/dumps
     must keep answering (it used to share one "stuck" slot with the records: 503 for good)."""
