@@ -208,7 +208,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if problems:
         lines = [line for group in problems.values() for line in group]
         raise pytest.UsageError(
-            "every test needs exactly one tier marker (tests/conftest.py):\n"
+            "every test needs exactly one tier marker, and a unit test no wall-clock assertion "
+            "(tests/conftest.py):\n"
             + "\n".join(lines)
             + ("\n" + HOW if "no tier" in problems else "")
         )

@@ -22,7 +22,6 @@ from rankwatch.config.loader import load_config
 from rankwatch.dumps.diff import diff_incident
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
-from rankwatch.runtime import agent as agent_mod
 from rankwatch.runtime import diagnose
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.diagnose import CrossRank
@@ -69,7 +68,8 @@ def test_a_peers_gloo_failure_names_the_rank_killed_first(tmp_path: Path) -> Non
     agent0, _, sent0 = _agent(tmp_path, 0)
     dead = _crash(3, "killed by signal 9 (SIGKILL) after step 14. SIGKILL with no traceback ...", 9, 1000.0)
     agent3.emit(dead)
-    record = json.loads((tmp_path / "dumps" / "job" / ".ranks" / "failed-3.json").read_text())
+    [path] = (tmp_path / "dumps" / "job" / ".ranks").glob("failed-r3-*-f.json")
+    record = json.loads(path.read_text())
     assert record["rank"] == 3 and record["signal"] == 9 and not record["consequence"]
     agent0.emit(
         _crash(0, f"process exited with code 1 after step 14. Cause (crash): {GLOO_CLOSED}.", None, 1000.4)
@@ -237,7 +237,7 @@ def test_a_hung_shared_folder_neither_blocks_the_loop_nor_loses_the_crash(
     [f] = sent  # once
     assert f.kind == "crash" and f.message == message and "first_failure" not in f.evidence
     assert agent.internal_errors_by_component == {"dumps": 1}
-    assert offloop.timeouts == {agent_mod.DUMPS_IO: 1}
+    assert offloop.timeouts == {diagnose.RANKS_IO: 1}
     assert sum("a blocking call did not return" in r.getMessage() for r in caplog.records) == 1
 
 

@@ -391,7 +391,8 @@ REAL = DATA / "report_incidents"
 
 
 def real_report(tmp_path: Path, case: str) -> Report:
-    shutil.copytree(REAL / case, tmp_path / case)
+    if not (tmp_path / case).exists():
+        shutil.copytree(REAL / case, tmp_path / case)
     store = DumpStore(tmp_path / case / "dumps")
     (info,) = store.list_incidents()
     return build_report(
@@ -401,8 +402,17 @@ def real_report(tmp_path: Path, case: str) -> Report:
     )
 
 
-def test_real_sigkill_names_rank_3_first_and_every_peer_a_consequence(tmp_path: Path) -> None:
-    rep = real_report(tmp_path, "sigkill")
+@pytest.mark.parametrize("names", ["as recorded", "as agents name them now"])
+def test_real_sigkill_names_rank_3_first_and_every_peer_a_consequence(tmp_path: Path, names: str) -> None:
+    if names != "as recorded":  # runtime/diagnose.py: failed-r<rank>-<microseconds>-<f|c>.json
+        shutil.copytree(REAL / "sigkill", tmp_path / "renamed")
+        ranks = next((tmp_path / "renamed" / "dumps").iterdir()) / ".ranks"
+        for p in ranks.glob("failed-*.json"):
+            doc = json.loads(p.read_text())
+            how = "c" if doc.get("consequence") else "f"
+            p.rename(ranks / f"failed-r{doc['rank']}-{round(doc['time'] * 1e6)}-{how}.json")
+        (ranks / "failed-r7-1-f.json").write_text(json.dumps({**doc, "rank": 7}))  # outside the world
+    rep = real_report(tmp_path, "sigkill" if names == "as recorded" else "renamed")
     v = rep.verdict
     assert v.kind == "first_failure" and v.suspects == [3] and "SIGKILL" in v.why
     assert rep.world_size == 4 and v.not_dumped == [3]  # it was dead when the others were dumped

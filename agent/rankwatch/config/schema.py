@@ -343,6 +343,17 @@ class DumpsConfig:
         min=0.1,
         zero_off=True,
     )
+    group: str | None = opt(
+        None,
+        "a group (name or gid) that may read the run folder (<dir>/<run>: stacks, failure records, alert "
+        "board): it is made 0750 with that group; unset: 0700, the job's user only",
+    )
+    clock_skew: Duration = opt(
+        Duration(60.0),
+        "a peer's shared record (failure, claim, board record) dated further in the future than this is "
+        "not believed: a forged or far-off clock must not win an election or silence an alert",
+        min=0.0,
+    )
     flight_recorder: bool = opt(
         True,
         "run mode: give the child a flight-recorder pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE, trace "

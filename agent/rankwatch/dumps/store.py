@@ -112,9 +112,11 @@ class DumpStore:
         cur = os.open(self.root, _ROOT_FLAGS)
         where = str(self.root)
         try:
-            for name in parts:
+            for i, name in enumerate(parts):
                 try:
-                    os.mkdir(name, 0o777, dir_fd=cur)
+                    # The run folder (the first part) is the run folder's (rankwatch.runfolder):
+                    # 0700, whatever the umask, or it would be refused as writable by others.
+                    os.mkdir(name, 0o700 if i == 0 else 0o777, dir_fd=cur)
                 except FileExistsError:
                     pass  # a symlink by that name is refused just below, not followed
                 nxt = safeio.open_dir_beneath(cur, [name], label=where)

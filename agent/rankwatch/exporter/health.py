@@ -37,6 +37,7 @@ COMPONENTS = (
     "process_env",
     "signals",
     "sources",
+    "runfolder",
 )  # tests/test_metrics.py checks that every name the agent counts under is here
 ALERT_COUNTS = (
     ("sent", "delivered to the sink"),

@@ -20,12 +20,13 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from rankwatch import safeio
+from rankwatch import runfolder, safeio
 from rankwatch.dumps import flight
 from rankwatch.dumps.classify import COLLECTIVE, Activity, collective_text, describe, main_thread
 from rankwatch.dumps.diff import MISMATCH, DiffResult, diff_incident
@@ -42,7 +43,9 @@ LOG_TAIL_LINES = 40
 FINDINGS_SHOWN = 200
 MAX_FAILURE_RECORDS = 4096
 _ADDR_RE = re.compile(r"0x[0-9a-fA-F]+")
-_RECORD_RE = re.compile(r"^failed-(\d+)\.json$")
+# A failure record as the agents write it (runtime/diagnose.py: ``failed-r<r>-<us>-<f|c>``),
+# or as agents before that wrote it (``failed-<r>``, kept by incidents already on disk).
+_RECORD_RE = re.compile(r"^failed-(?:\d+|r\d{1,9}-\d{1,20}-[fc])\.json$")
 _EXTRA_RE = re.compile(r"^(flight-recorder-rank-(\d+)(?:\.pkl|\.json)?|extras-rank-(\d+)\.txt)$")
 RECORD_MAX_BYTES = 64 << 10
 
@@ -213,7 +216,7 @@ def _list_files(root: Any, parts: list[str], pattern: re.Pattern[str] | None = N
         os.close(fd)
 
 
-def _failure_records(store: DumpStore, info: IncidentInfo) -> list[Failure]:
+def _failure_records(store: DumpStore, info: IncidentInfo, world: int | None = None) -> list[Failure]:
     """The run's failure records within the incident's window."""
     if not info.parts:
         base: list[str] = []
@@ -230,9 +233,11 @@ def _failure_records(store: DumpStore, info: IncidentInfo) -> list[Failure]:
             continue
         if not isinstance(doc, dict):
             continue
-        rank, when = doc.get("rank"), doc.get("time")
-        if not isinstance(rank, int) or isinstance(rank, bool) or not isinstance(when, (int, float)):
+        # Believed only as the agents believe a peer's record (runfolder.check_record): a rank
+        # outside the world or a time from the future is another user's forgery.
+        if runfolder.check_record(doc, run=None, world=world, now=time.time()) is not None:
             continue
+        rank, when = doc["rank"], doc["time"]
         if abs(float(when) - t0) > FAILURE_WINDOW_S:
             continue
         out.append(
@@ -623,7 +628,7 @@ def build_report(
     names = _incident_files(store, info)
     traces = _flight(store, info, names)
     fr = flight.analyze(traces) if traces else None
-    failures = _failure_records(store, info)
+    failures = _failure_records(store, info, world_size)
     missing = sorted(set(range(world_size)) - set(dumps)) if world_size else []
     verdict = _verdict(result, failures, fr, missing)
     entered = fr.last_entered if fr is not None else None

@@ -24,13 +24,13 @@ from typing import Any, Protocol, TypeVar
 
 import psutil
 
-from rankwatch import offloop
+from rankwatch import offloop, runfolder, safeio
 from rankwatch.actions.dump_outcome import DumpOutcome
 from rankwatch.config.schema import Config
 from rankwatch.detectors.disk import human, is_full
 from rankwatch.dumps.capture import DumpResult, capture, find_py_spy, py_spy_missing
 from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scope
-from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason
+from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason, sanitise_run
 from rankwatch.events import DiskSample
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
@@ -40,7 +40,10 @@ from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.snapshot import AgentSnapshot, HttpCounters
 
 T = TypeVar("T")
-DUMPS_IO = "rankwatch-dumps"  # offloop's name for calls into the (shared) dumps folder
+# offloop's names for calls into the (shared) dumps folder, one per kind: a call stuck on a hung
+# mount (or on whatever the job planted there) blocks later calls of its own kind only.
+DUMPS_IO = "rankwatch-dumps"  # writing stacks
+INCIDENT_IO = "rankwatch-dumps-incident"  # listing and opening incidents (joining peers)
 
 log = logging.getLogger("rankwatch.agent")
 
@@ -347,8 +350,21 @@ class Agent:
         ]
         return sorted(found, key=lambda i: (i.time, i.name))
 
+    def run_folder(self) -> runfolder.RunFolder:
+        """``<dumps.dir>/<run>``: made 0700 (0750 with ``dumps.group``) and refused when anyone
+        else owns it or may write to it (another user can pre-create a run's folder on /scratch)."""
+        return runfolder.RunFolder(
+            self.cfg.dumps.dir,
+            sanitise_run(self.identity.run),
+            group=runfolder.resolve_group(getattr(self.cfg.dumps, "group", None)),
+            errors=self.internal_errors_by_component,
+        )
+
     def _incident(self, reason: str) -> str:
         now = datetime.now(timezone.utc)
+        refused = self.run_folder().check()
+        if refused is not None:
+            raise refused  # no stack goes where another user can read or swap it
         try:
             if found := self._joinable(reason, now):
                 return found[0].name
@@ -375,6 +391,8 @@ class Agent:
         ranks = {w.rank if w.rank is not None else 0 for w in self.watchers if w.pids()}
         if not ranks:
             return None
+        if self.run_folder().check(create=False) is not None:
+            return None  # another user's folder: never join (or write) an incident there
         # One stat per poll while nothing happens: a new incident changes the run folder's
         # mtime; one still being written (no rank file yet) is looked at again until it has one.
         try:
@@ -433,7 +451,11 @@ class Agent:
     ) -> Path | None:
         c = self.cfg.dumps
         if incident is None:
-            incident = await self.dumps_io(self._incident, reason)
+            try:
+                incident = await self.dumps_io(self._incident, reason, name=INCIDENT_IO)
+            except (asyncio.TimeoutError, OSError) as e:
+                self._no_incident(e)
+                return None
         self._joined.add(incident)
         folder: Path | None = None
         captured: list[int | None] = []  # as the findings name the ranks
@@ -576,6 +598,20 @@ class Agent:
                 judged["stall timeout now (s)"] = round(float(w.stall.timeout()), 1)
             out["judged_by"] = judged
         return out
+
+    def _no_incident(self, e: BaseException) -> None:
+        """The incident folder could not be opened: the outcome says why for every watched rank
+        (a hung or refused folder, never "no watched process to dump")."""
+        if isinstance(e, asyncio.TimeoutError):
+            why = f"the dumps folder {self.store.root} did not answer (hung filesystem?): no stack written"
+        elif isinstance(e, safeio.Refused):
+            why = f"the run folder is refused: {e}; no stack was written there"
+        else:
+            assert isinstance(e, OSError)
+            self._store_failed(e)
+            why = self._store_problem(e)
+        ranks = sorted({w.rank if w.rank is not None else 0 for w in self.watchers if w.pids()})
+        self.last_capture = DumpOutcome("failed", failed={r: why for r in ranks or [0]})
 
     def _store_problem(self, e: OSError) -> str:
         if e.errno == errno.ENOSPC:

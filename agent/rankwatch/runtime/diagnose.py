@@ -5,12 +5,20 @@ One agent sees one rank (or one launcher's workers); the answer needs all of the
 a run already share the dumps folder (``<dumps.dir>/<run>/``), so they tell each other
 through small files there, in ``.ranks/`` (a name ``dumps list`` ignores):
 
-- ``failed-<r>.json``: rank r's process died or reported a fatal error, when, how and where
-  its log is. A peer whose own crash or stall came later names rank r as the first failure;
+- ``failed-r<r>-<us>-<f|c>.json``: rank r's process died or reported a fatal error at ``us``
+  (wall-clock microseconds), as a first failure (``f``) or a consequence (``c``); inside, how
+  and where its log is. A peer whose own crash or stall came later names rank r as the first failure;
   gloo's ``Connection closed by peer`` and NCCL's watchdog texts are consequences, not causes.
-- ``profile-<r>.json``: on a sustained slowdown each agent samples its own rank with py-spy
-  and writes how often its main thread waited in a collective. In a synchronous job every
+- ``profile-r<r>-<us>-w<permille>.json``: on a sustained slowdown each agent samples its own
+  rank with py-spy and writes how often its main thread waited in a collective. In a synchronous job every
   rank slows down; the straggler is the one that works while its peers wait.
+
+What a peer needs to decide sits in the file names, so an agent pays one listing per look,
+not one read per rank (1,024 agents on Lustre): the first failure is the earliest ``f`` name,
+and only that record is read; the straggler is judged from the names alone. The folder and
+every file in it go through :mod:`rankwatch.runfolder` (owned by the job's user, no link
+followed, capped reads), and a record is believed only when it is of this run, its rank lies
+within the world and its time is not beyond ``dumps.clock_skew`` in the future.
 
 A stall finding is held until the incident's stacks are in (every rank of the world, or a
 bounded wait), so the alert itself names the rank the others wait for. A failure finding is
@@ -24,9 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
@@ -34,15 +40,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rankwatch import offloop
+from rankwatch import offloop, runfolder
 from rankwatch.config.schema import Config
 from rankwatch.dumps.capture import find_py_spy
 from rankwatch.dumps.classify import COLLECTIVE, KIND_TEXT, classify_dump, collective_text, describe
 from rankwatch.dumps.diff import MISMATCH, MISSING, NOT_IN_COLLECTIVE, ONLY_IN_COLLECTIVE, diff_incident
 from rankwatch.dumps.diff import format_ranks as fmt_ranks
-from rankwatch.dumps.store import DumpStore
+from rankwatch.dumps.store import DumpStore, sanitise_run
 from rankwatch.records import Finding, Severity
-from rankwatch.runtime.agent import capture_off_loop
+from rankwatch.runtime.agent import DUMPS_IO, capture_off_loop
 
 log = logging.getLogger("rankwatch.diagnose")
 T = TypeVar("T")
@@ -57,6 +63,13 @@ PROFILE_GAP_S = 0.25
 PROFILE_WAIT_S = 12.0
 PROFILE_FRESH_S = 90.0
 PROFILE_EVERY_S = 300.0  # at most one profile per rank this often: py-spy pauses the rank
+RANKS_IO = "rankwatch-ranks"  # offloop's name for the .ranks calls: stuck, they block only their kind
+READ_IO = "rankwatch-dumps-read"  # ... for reading an incident's stacks back
+# While looking for the first failure: records read at most (one that is read and fails validation
+# counts), and names tried at most (a link, FIFO or oversized file is refused before any read).
+FIRST_READS = 3
+FIRST_TRIES = 16
+_NAME_RE = re.compile(r"^(failed|profile)-r(\d{1,9})-(\d{1,20})-(f|c|w\d{1,4})\.json$")
 FAILURE_KINDS = frozenset({"crash", "oom", "cuda_error", "xid", "gpu_lost"})
 # What a rank prints when a *peer* died: gloo, NCCL, c10d store and torchelastic texts.
 PEER_FAILURE_RE = re.compile(
@@ -80,6 +93,9 @@ class CrossRank:
         self.cfg = cfg
         self.wall = wall
         self.store = DumpStore(Path(cfg.dumps.dir))
+        self.folder = self._runfolder()
+        self._read_last = False  # the last _load read a file (not refused by its kind, owner or size)
+        self.skew = float(getattr(cfg.dumps, "clock_skew", runfolder.CLOCK_SKEW_S))
         self._stalls: list[Finding] = []  # waiting for the incident's stacks
         self._stall_task: asyncio.Task[Any] | None = None
         # By rank: what came after a held finding and waits for it (resolutions; everything while a
@@ -95,7 +111,17 @@ class CrossRank:
 
     @property
     def shared(self) -> Path:
-        return self.store.run_dir(self.agent.identity.run) / ".ranks"
+        return self.folder.path
+
+    def _runfolder(self) -> runfolder.RunFolder:
+        d = self.cfg.dumps
+        return runfolder.RunFolder(
+            d.dir,
+            sanitise_run(self.agent.identity.run),
+            ".ranks",
+            group=runfolder.resolve_group(getattr(d, "group", None)),
+            errors=self.agent.internal_errors_by_component,
+        )
 
     def multi_rank(self) -> bool:
         world = self.agent.identity.world_size
@@ -173,34 +199,93 @@ class CrossRank:
             self.agent.emit(later)
 
     # --- shared files ------------------------------------------------------------------
-    async def _store_io(self, fn: Callable[..., T], *args: Any, timeout: float = STALL_WAIT_S) -> T:
-        """A dumps-folder call off the loop (``Agent.dumps_io``), waiting at most ``timeout``."""
-        result: T = await self.agent.dumps_io(fn, *args, timeout=timeout)
+    async def _store_io(
+        self, fn: Callable[..., T], *args: Any, timeout: float | None = None, name: str = RANKS_IO
+    ) -> T:
+        """A shared-folder call off the loop (``Agent.dumps_io``), waiting at most ``timeout``
+        (``STALL_WAIT_S``); a call stuck on a hung mount blocks only later calls of its ``name``."""
+        wait = STALL_WAIT_S if timeout is None else timeout
+        result: T = await self.agent.dumps_io(fn, *args, timeout=wait, name=name)
         return result
 
-    def _write(self, name: str, doc: dict[str, Any]) -> None:
+    def _write(self, name: str, doc: dict[str, Any], drop: tuple[str, ...] = ()) -> None:
+        """This rank's record (and ``drop``: its own older ones, so the folder stays small)."""
         try:
-            self.shared.mkdir(parents=True, exist_ok=True)
-            tmp = self.shared / f".{name}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(doc))
-            os.replace(tmp, self.shared / name)
+            with self.folder.open() as d:
+                d.write_json(name, {"v": 1, "run": self.agent.identity.run, **doc})
+                for old in drop:
+                    d.unlink(old)
         except OSError as e:
             log.debug("cannot write %s: %s", name, e)
 
     def _read_all(self, prefix: str) -> list[dict[str, Any]]:
+        """The records of one kind as their names tell them (one listing, no read): rank, time,
+        and ``consequence`` (failures) or ``waiting`` (profiles). Names of a rank outside the
+        world or dated beyond the clock-skew bound are ignored and counted."""
+        kind = prefix.rstrip("-")
         out: list[dict[str, Any]] = []
         try:
-            entries = list(self.shared.iterdir())
+            with self.folder.open(create=False) as d:
+                names = d.names()
         except OSError:
             return out
-        for p in entries:
-            if not (p.name.startswith(prefix) and p.name.endswith(".json")):
+        world = self.world()
+        limit = self.wall() + self.skew
+        for name in names:
+            m = _NAME_RE.match(name)
+            if m is None or m[1] != kind:
                 continue
-            with contextlib.suppress(OSError, ValueError):
-                doc = json.loads(p.read_text())
-                if isinstance(doc, dict):
-                    out.append(doc)
+            rank, t = int(m[2]), int(m[3]) / 1e6
+            if world is not None and rank >= world:
+                self.folder.reject(name, f"rank {rank} outside a world of {world}")
+                continue
+            if t > limit:
+                self.folder.reject(name, f"dated {t - self.wall():.0f}s in the future")
+                continue
+            doc: dict[str, Any] = {"rank": rank, "time": t, "name": name}
+            if kind == "failed":
+                doc["consequence"] = m[4] == "c"
+            elif m[4].startswith("w"):
+                doc["waiting"] = min(int(m[4][1:]), 1000) / 1000
+            else:
+                continue
+            out.append(doc)
         return out
+
+    def _load(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """A failure record named by ``_read_all``, read (capped) and believed only when its
+        content agrees with its name and passes ``runfolder.check_record``; texts bounded."""
+        self._read_last = False
+        try:
+            with self.folder.open(create=False) as d:
+                before = d.owner.rejected
+                doc = d.read_json(entry["name"])
+                self._read_last = d.owner.rejected == before  # not refused before the read
+        except OSError:
+            return None
+        if doc is None:
+            return None
+        why = runfolder.check_record(
+            doc, run=self.agent.identity.run, world=self.world(), now=self.wall(), skew=self.skew
+        )
+        if why is None and (
+            doc.get("rank") != entry["rank"] or abs(float(doc["time"]) - entry["time"]) > 1e-3
+        ):
+            why = "its content does not match its name"
+        if why is not None:
+            self.folder.reject(entry["name"], why)
+            return None
+        sig = doc.get("signal")
+        return {
+            "rank": entry["rank"],
+            "kind": runfolder.bounded(doc.get("kind"), 64),
+            "time": entry["time"],
+            "how": runfolder.bounded(doc.get("how"), 300) or "failed",
+            "signal": sig if isinstance(sig, int) and not isinstance(sig, bool) else None,
+            "consequence": bool(doc.get("consequence")),
+            "log": runfolder.bounded(doc.get("log"), 1000),
+            "node": runfolder.bounded(doc.get("node"), 255),
+        }
 
     # --- first failure -----------------------------------------------------------------
     def _on_failure(self, f: Finding) -> bool:
@@ -219,7 +304,7 @@ class CrossRank:
             "how": how[:300],
             "signal": sig,
             "consequence": consequence,
-            "log": f.path,
+            "log": f.path[:1000] if f.path else None,
             "node": self.agent.identity.node,
         }
         try:
@@ -228,6 +313,11 @@ class CrossRank:
             first = self._record_failure(f.rank, t, consequence, mine)
             if first is not None:
                 self._name_first(f, first)
+            elif (refused := self.folder.refused) is not None:
+                f.evidence = {
+                    **f.evidence,
+                    "shared_folder": f"refused ({refused}): no peer's failure was read",
+                }
             return False
         self._held(f.rank, failure=True)
         if self._spawn(self._failure(f, t, consequence, mine)) is None:
@@ -238,12 +328,14 @@ class CrossRank:
         self, rank: int | None, t: float, consequence: bool, mine: dict[str, Any]
     ) -> dict[str, Any] | None:
         """In the shared folder (blocking: off the loop): write this rank's failure record unless
-        it already has one of the same incident, and return the first failure it follows."""
-        before = {d.get("rank"): d for d in self._read_all("failed-")}.get(rank)
-        when = before.get("time") if before is not None else None
-        if not isinstance(when, (int, float)) or when < t - FAILURE_WINDOW_S:  # first failure of an incident
-            self._write(f"failed-{rank}.json", mine)
-        return self._first_failure(rank, t, consequence)
+        it already has one of the same incident, and return the first failure it follows. One
+        listing, one create and rename, one read: the same for 2 ranks or 1,024."""
+        entries = self._read_all("failed-")
+        own = sorted((d for d in entries if d["rank"] == rank), key=lambda d: d["time"])
+        if rank is not None and (not own or own[-1]["time"] < t - FAILURE_WINDOW_S):  # a new incident
+            name = f"failed-r{rank}-{round(t * 1e6)}-{'c' if consequence else 'f'}.json"
+            self._write(name, mine, tuple(d["name"] for d in own))
+        return self._first_failure(rank, t, consequence, entries)
 
     async def _failure(self, f: Finding, t: float, consequence: bool, mine: dict[str, Any]) -> None:
         """The held failure, emitted once whatever the folder does: named after the first failure
@@ -257,8 +349,17 @@ class CrossRank:
                 first = await self._wait_first_failure(f.rank, t)
             if first is not None:
                 self._name_first(f, first)
-        except asyncio.TimeoutError:
-            pass  # logged once and counted by offloop
+            elif (refused := self.folder.refused) is not None:
+                f.evidence = {
+                    **f.evidence,
+                    "shared_folder": f"refused ({refused}): no peer's failure was read",
+                }
+        except asyncio.TimeoutError:  # logged once and counted by offloop
+            f.evidence = {
+                **f.evidence,
+                "shared_folder": f"{self.shared} did not answer within {FAILURE_IO_S:g}s (hung filesystem?): "
+                "no peer's failure was checked",
+            }
         except Exception:
             errs = self.agent.internal_errors_by_component
             errs["dumps"] = errs.get("dumps", 0) + 1
@@ -266,17 +367,33 @@ class CrossRank:
         finally:
             self._release(f, failure=True)
 
-    def _first_failure(self, rank: int | None, t: float, consequence: bool) -> dict[str, Any] | None:
-        """The earliest failure of another rank that this one's failure (at ``t``) may follow."""
-        others = [
-            d
-            for d in self._read_all("failed-")
-            if d.get("rank") != rank
-            and isinstance(d.get("time"), (int, float))
-            and not d.get("consequence")
-            and t - FAILURE_WINDOW_S <= d["time"] <= t + (30.0 if consequence else 0.0)
-        ]
-        return min(others, key=lambda d: d["time"]) if others else None
+    def _first_failure(
+        self, rank: int | None, t: float, consequence: bool, entries: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any] | None:
+        """The earliest failure of another rank that this one's failure (at ``t``) may follow:
+        chosen from the names, then read; a record that fails validation is skipped (counted)."""
+        if entries is None:
+            entries = self._read_all("failed-")
+        others = sorted(
+            (
+                d
+                for d in entries
+                if d["rank"] != rank
+                and not d["consequence"]
+                and t - FAILURE_WINDOW_S <= d["time"] <= t + (30.0 if consequence else 0.0)
+            ),
+            key=lambda d: (d["time"], d["rank"]),
+        )
+        reads = 0
+        for entry in others[:FIRST_TRIES]:
+            doc = self._load(entry)
+            if doc is not None:
+                return doc
+            if self._read_last:
+                reads += 1
+                if reads >= FIRST_READS:
+                    break
+        return None
 
     def _name_first(self, f: Finding, first: dict[str, Any]) -> None:
         when = first.get("time")
@@ -314,27 +431,46 @@ class CrossRank:
 
     # --- stalls ------------------------------------------------------------------------
     async def _diagnose_stalls(self) -> None:
+        """Each step on its own: a shared folder that hangs or refuses costs what it touches
+        (the comparison, the peers' failure records), never the stacks already written, and the
+        finding says which part did not answer."""
         await asyncio.sleep(0)  # let stalls of other watchers found in the same pass join
+        folder: Path | None = None
+        result: Any = None
+        own: dict[int | None, Any] = {}
+        first: dict[str, Any] | None = None
+        problems: list[str] = []
         try:
             folder = await self.agent.capture_dumps("stall")
-            result: Any = None
-            own: dict[int | None, Any] = {}
-            if folder is not None:
+        except Exception:
+            log.exception("stall diagnosis failed")
+        if folder is not None:
+            try:
                 await self._second_look(folder)
                 result, own = await self._diff_when_complete(folder)
-            first = await self._store_io(
-                self._first_failure,
-                None,
-                self.wall(),
-                True,
+            except asyncio.TimeoutError:
+                problems.append(
+                    f"the dumps folder did not answer within {STALL_WAIT_S:.0f}s (hung filesystem?), "
+                    "so the ranks' stacks could not be read back and compared"
+                )
+            except Exception as e:
+                log.exception("stall diagnosis failed")
+                problems.append(f"reading them back failed ({type(e).__name__})")
+        try:
+            first = await self._store_io(self._first_failure, None, self.wall(), True)
+        except asyncio.TimeoutError:
+            problems.append(
+                f"the shared folder {self.shared} did not answer within {STALL_WAIT_S:.0f}s (hung "
+                "filesystem?), so no peer's failure record could be checked"
             )
         except Exception:
             log.exception("stall diagnosis failed")
-            folder, result, own, first = None, None, {}, None
+        if (refused := self.folder.refused) is not None:
+            problems.append(f"the shared folder is refused ({refused}), so no peer's failure record was read")
         while self._stalls:
             f = self._stalls.pop(0)
             try:
-                self._complete_stall(f, folder, result, own.get(f.rank), first)
+                self._complete_stall(f, folder, result, own.get(f.rank), first, problems)
             except Exception:
                 log.exception("stall diagnosis failed")
             self._release(f)
@@ -345,20 +481,13 @@ class CrossRank:
         with them, into the same incident."""
         if self.cfg.dumps.native:
             return
-        info = await self._store_io(
-            self.store.find,
-            str(folder),
-        )
+        info = await self._store_io(self.store.find, str(folder), name=READ_IO)
         for w in list(self.agent.watchers):
             pids = w.pids()
             rank = w.rank if w.rank is not None else 0
             if not pids or rank not in info.ranks:
                 continue
-            dump = await self._store_io(
-                self.store.load_rank,
-                info,
-                rank,
-            )
+            dump = await self._store_io(self.store.load_rank, info, rank, name=READ_IO)
             act = classify_dump(dump) if dump.get("ok") else None
             if act is None or act.kind != COLLECTIVE or act.certain:
                 continue
@@ -383,28 +512,32 @@ class CrossRank:
                         res,
                         meta,
                         timeout=offloop.FS_TIMEOUT_S,
+                        name=DUMPS_IO,
                     )
 
     async def _diff_when_complete(self, folder: Path) -> tuple[Any, dict[int | None, Any]]:
         world = self.world()
         deadline = time.monotonic() + STALL_WAIT_S
         while True:
-            info = await self._store_io(
-                self.store.find,
-                str(folder),
-            )
+            info = await self._store_io(self.store.find, str(folder), name=READ_IO)
             done = world is not None and set(range(world)) <= set(info.ranks)
             if done or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.25)
         dumps = await self._store_io(
-            lambda: {r: self.store.load_rank(info, r) for r in info.ranks},
+            lambda: {r: self.store.load_rank(info, r) for r in info.ranks}, name=READ_IO
         )
         result = diff_incident(dumps, world_size=world)
         return result, {r: a for r, a in result.activities.items()}
 
     def _complete_stall(
-        self, f: Finding, folder: Path | None, result: Any, own: Any, first: dict[str, Any] | None
+        self,
+        f: Finding,
+        folder: Path | None,
+        result: Any,
+        own: Any,
+        first: dict[str, Any] | None,
+        problems: list[str] | None = None,
     ) -> None:
         head, _, _ = f.message.partition(" Usual fix:")
         parts = [head.rstrip()]
@@ -433,11 +566,22 @@ class CrossRank:
                 "activity": own.to_dict() if own is not None else None,
             }
             return
+        said = "; ".join(problems or [])
+        if result is None and folder is not None:
+            # The stacks are there; only reading them back failed: say so, and where they are.
+            parts.append(f"Stacks are in {folder}, but {said or 'they could not be compared'}.")
+            f.evidence = {**f.evidence, "incident": str(folder)}
+            f.message = " ".join(parts)
+            return
         if result is None:
-            parts.append("Stack dumps could not be taken (see the agent's log).")
+            # Why no stack came is the capture's outcome, which the agent appends to the message.
+            if said:
+                parts.append(f"Also, {said}.")
             f.evidence = {**f.evidence, "incident": None}
             f.message = " ".join(parts)
             return
+        if said:
+            parts.append(f"Note: {said}.")
         suspects = result.suspects
         ranks_dumped = sorted(result.activities) + sorted(result.failed)
         parts.append(f"Stacks of ranks {fmt_ranks(sorted(ranks_dumped))} in {folder}: {result.summary()}.")
@@ -537,17 +681,21 @@ class CrossRank:
                 return
             cpu = w.last_sample.cpu_percent if w.last_sample is not None and w.last_sample.alive else None
             doc = {"rank": f.rank, "time": self.wall(), "waiting": waiting, "top": top, "cpu_percent": cpu}
-            await self._store_io(
-                self._write,
-                f"profile-{f.rank}.json",
-                doc,
-                timeout=PROFILE_WAIT_S,
-            )
+            await self._store_io(self._write_profile, doc, timeout=PROFILE_WAIT_S)
             peers = await self._peer_profiles(started)
             self._judge_straggler(f, doc, peers)
         except Exception:
             log.exception("straggler profile failed")
         self._release(f)
+
+    def _write_profile(self, doc: dict[str, Any]) -> None:
+        """This rank's profile, its waiting share in the name (peers judge from one listing)."""
+        rank = doc.get("rank")
+        if rank is None:
+            return
+        own = tuple(d["name"] for d in self._read_all("profile-") if d["rank"] == rank)
+        permille = min(1000, max(0, round(float(doc["waiting"]) * 1000)))
+        self._write(f"profile-r{rank}-{round(float(doc['time']) * 1e6)}-w{permille}.json", doc, own)
 
     async def _peer_profiles(self, since: float) -> list[dict[str, Any]]:
         world = self.world()
@@ -570,6 +718,8 @@ class CrossRank:
 
     def _judge_straggler(self, f: Finding, mine: dict[str, Any], docs: list[dict[str, Any]]) -> None:
         by_rank = {d.get("rank"): d for d in docs if isinstance(d.get("waiting"), (int, float))}
+        if f.rank in by_rank:
+            by_rank[f.rank] = mine  # this rank's own, with what it did (read from no file)
         if len(by_rank) < 2:
             return
         least = min(by_rank.values(), key=lambda d: d["waiting"])

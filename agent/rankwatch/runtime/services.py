@@ -132,6 +132,7 @@ class Services:
             self.on_start(self)
 
     def _start_alerts(self) -> None:
+        from rankwatch import runfolder
         from rankwatch.actions.alerts import AlertDispatcher
 
         try:
@@ -142,6 +143,8 @@ class Services:
                 errors=self.agent.internal_errors_by_component,
                 ranks=[w.rank for w in self.agent.watchers if w.rank is not None],
                 dumps_dir=self.cfg.dumps.dir,
+                folder_group=runfolder.resolve_group(self.cfg.dumps.group),
+                clock_skew=float(self.cfg.dumps.clock_skew),
             )
         except Exception as e:
             self._failed("alerts", "alerting disabled: %s", e)

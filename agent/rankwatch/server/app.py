@@ -412,7 +412,7 @@ def _store(request: web.Request) -> DumpStore:
 async def api_dumps(request: web.Request) -> web.Response:
     store = _store(request)
     try:
-        infos = await offloop.fs(store.list_incidents, name="rankwatch-dumps")
+        infos = await offloop.fs(store.list_incidents, name="rankwatch-dumps-list")
     except asyncio.TimeoutError:
         return _error(503, "the dump store does not answer (a hung filesystem?)")
     return _json({"dir": str(store.root), "incidents": [incident_doc(i) for i in infos]})
@@ -455,7 +455,9 @@ async def api_dump(request: web.Request) -> web.Response:
     store = _store(request)
     try:
         text = fmt == "text"
-        status, doc = await offloop.fs(_load_dump, store, incident, int(rank_s), text, name="rankwatch-dumps")
+        status, doc = await offloop.fs(
+            _load_dump, store, incident, int(rank_s), text, name="rankwatch-dumps-read"
+        )
     except asyncio.TimeoutError:
         return _error(503, "the dump store does not answer (a hung filesystem?)")
     if status != 200:

@@ -150,7 +150,9 @@ async def load_page_extras(snap: AgentSnapshot) -> PageExtras:
     store = snap.dumps.store
     if store is not None:
         try:
-            infos = await offloop.fs(store.list_incidents, name="rankwatch-dumps", timeout=LIST_TIMEOUT_S)
+            infos = await offloop.fs(
+                store.list_incidents, name="rankwatch-dumps-list", timeout=LIST_TIMEOUT_S
+            )
             incidents = [incident_doc(i) for i in infos]
         except asyncio.TimeoutError:
             error = f"listing the dump store took over {LIST_TIMEOUT_S:.0f}s"

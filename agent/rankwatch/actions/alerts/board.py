@@ -43,6 +43,14 @@ the agents interleave (a slow leader and its taker deciding at the same moment),
 goes out in one message at most. A claimer killed between its claim and its send loses
 those records, like any alert whose first attempt is in flight at a SIGKILL.
 
+The folder and every file in it go through :mod:`rankwatch.runfolder`: made 0700 (0750 with
+``dumps.group``) and refused, loudly, when another user owns it or may write to it (the board
+is then set aside and each agent sends its own alerts); no link followed, no FIFO opened,
+every read capped. A name or record is believed only when its rank lies within the world and
+its time is not beyond the clock-skew bound in the future: a claim, marker or record "from
+the future" (forged, or a clock far off) is ignored and counted, so it can neither win an
+election nor keep an alert from going out.
+
 All of it is best effort: a file that does not parse (or carries a value this version does
 not know) is ignored, a record older than ``stale_after`` is ignored, and stale files are
 removed by whoever reads them (another agent's record only once it is far older, so a slow
@@ -53,17 +61,18 @@ of a writer that died mid-write go once they are older than ``stale_after``).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re
 import secrets
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from rankwatch import runfolder
 from rankwatch.dumps.store import sanitise_run
 
 FORMAT = 1
@@ -225,12 +234,20 @@ class Entry:
     rank: int
     state: str
     us: int
-    path: Path
+    path: Path | None = None  # or, cheaper when listing a thousand: kind_dir and name below
     tag: str = ""  # the subject's tag; "" for a record about the rank itself
+    kind_dir: str = ""
+    name: str = ""
 
     @property
     def member(self) -> Member:
         return _member(self.rank, self.tag)
+
+    def where(self) -> tuple[str, str]:
+        """(kind folder, file name) on the board."""
+        if self.path is not None:
+            return self.path.parent.name, self.path.name
+        return self.kind_dir, self.name
 
 
 @dataclass
@@ -286,70 +303,91 @@ class View:
 class Board:
     """Blocking file operations; the dispatcher runs them in a thread with a timeout.
 
-    Nothing here raises for what another agent wrote: a file that does not parse, or that
-    holds values of the wrong type, is left out. Only the folder itself failing (permissions,
-    ENOSPC, a dead mount) raises OSError."""
+    Nothing here raises for what another agent wrote: a file that does not parse, holds values
+    of the wrong type, names a rank outside the world or a time beyond the clock-skew bound is
+    left out (and counted). Only the folder itself failing (refused, permissions, ENOSPC, a
+    dead mount) raises OSError."""
 
     MARKER_KEEP = 2.0  # markers are read this many times stale_after (clock skew between nodes)
     DEAD = 4.0  # anyone removes records and markers this many times stale_after old
 
-    def __init__(self, path: Path, run: str, stale_after: float) -> None:
-        self.path = Path(path)
+    def __init__(
+        self,
+        path: Path | runfolder.RunFolder,
+        run: str,
+        stale_after: float,
+        *,
+        world: int | None = None,
+        skew: float = runfolder.CLOCK_SKEW_S,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``world``: ranks at or past it are not believed; ``skew``: how far in the future a
+        peer's time may lie (``dumps.clock_skew``); ``wall``: the clock records are dated by."""
+        self.folder = path if isinstance(path, runfolder.RunFolder) else runfolder.RunFolder(path)
+        self.path = self.folder.path
         self.run = run
         self.stale_after = stale_after
+        self.world = world if world is not None and world > 0 else None
+        self.skew = skew
+        self.wall = wall
         self._markers: dict[tuple[str, str], Marker] = {}  # written once under a unique name
         self._lock = threading.Lock()  # a timed-out operation may still run beside the next
+
+    def _in_world(self, rank: int, what: str) -> bool:
+        if self.world is not None and rank >= self.world:
+            self.folder.reject(what, f"rank {rank} outside a world of {self.world}")
+            return False
+        return True
 
     def post(self, records: Iterable[Record]) -> None:
         by_kind: dict[str, list[Record]] = {}
         for rec in records:
             by_kind.setdefault(_kind_dir(rec.kind), []).append(rec)
-        for kind, recs in by_kind.items():
-            folder = self.path / kind
-            folder.mkdir(parents=True, exist_ok=True)
-            names: dict[Member, str] = {}
-            for rec in recs:
-                name = f"r{member_name(rec.id)}-{rec.state}-{stamp(rec.time)}.json"
-                names[rec.id] = name
-                _write(folder / name, rec.to_json())
-            for old in _scan(folder):  # one listing per kind, not one per record
-                m = _RECORD_RE.match(old.name)
-                # ours: only this agent writes the members of rank r
-                if m and (mid := _member(int(m[1]), m[2])) in names and old.name != names[mid]:
-                    _unlink(old)
+        with self.folder.open() as top:
+            for kind, recs in by_kind.items():
+                folder = top.sub(kind)
+                names: dict[Member, str] = {}
+                for rec in recs:
+                    name = f"r{member_name(rec.id)}-{rec.state}-{stamp(rec.time)}.json"
+                    names[rec.id] = name
+                    folder.write_json(name, rec.to_json())
+                for old in folder.names():  # one listing per kind, not one per record
+                    m = _RECORD_RE.match(old)
+                    # ours: only this agent writes the members of rank r
+                    if m and (mid := _member(int(m[1]), m[2])) in names and old != names[mid]:
+                        folder.unlink(old)
 
     def present(self, ranks: Iterable[int], node: str, now: float) -> None:
-        folder = self.path / "present"
-        folder.mkdir(parents=True, exist_ok=True)
-        for r in ranks:
-            doc = {"v": FORMAT, "run": self.run, "rank": r, "node": node, "time": now}
-            _write(folder / f"r{r}.json", doc)
+        with self.folder.open() as top:
+            folder = top.sub("present")
+            for r in ranks:
+                doc = {"v": FORMAT, "run": self.run, "rank": r, "node": node, "time": now}
+                folder.write_json(f"r{r}.json", doc)
 
     def mark(self, kind: str, marker: Marker) -> None:
-        folder = self.path / _kind_dir(kind)
-        folder.mkdir(parents=True, exist_ok=True)
-        name = f"sent-{marker.status}-r{marker.by}-{stamp(marker.time)}-{secrets.token_hex(3)}.json"
-        _write(folder / name, marker.to_json())
+        with self.folder.open() as top:
+            folder = top.sub(_kind_dir(kind))
+            name = f"sent-{marker.status}-r{marker.by}-{stamp(marker.time)}-{secrets.token_hex(3)}.json"
+            folder.write_json(name, marker.to_json())
 
     def claim(self, kind: str, status: str, covers: dict[Member, int]) -> set[Member]:
         """Take these records (member -> us) for one message; returns the members this agent got.
         A record already claimed is another sender's: it is left out of our message."""
-        folder = self.path / _kind_dir(kind)
-        folder.mkdir(parents=True, exist_ok=True)
         got: set[Member] = set()
-        for m, us in sorted(covers.items(), key=lambda mu: member_order(mu[0])):
-            name = folder / f"claim-{status}-r{member_name(m)}-{us}"
-            try:
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                continue
-            os.close(fd)
-            got.add(m)
+        with self.folder.open() as top:
+            folder = top.sub(_kind_dir(kind))
+            for m, us in sorted(covers.items(), key=lambda mu: member_order(mu[0])):
+                name = f"claim-{status}-r{member_name(m)}-{us}"
+                if folder.create(name):
+                    got.add(m)
+                elif not folder.trusted(name, empty=True) and folder.unlink(name) and folder.create(name):
+                    got.add(m)  # a link, FIFO or another user's file there is no peer's claim
         return got
 
     def view(self, kind: str, now: float, mine: Iterable[int] = ()) -> View:
         """List one kind; removes stale markers, this agent's stale records (``mine``: its ranks)
-        and long-dead ones."""
+        and long-dead ones. Names of ranks outside the world, or dated beyond the clock-skew
+        bound in the future, are ignored (and counted): a forged claim cannot silence an alert."""
         own = set(mine)
         kd = _kind_dir(kind)
         records: dict[Member, Entry] = {}
@@ -357,45 +395,72 @@ class Board:
         fresh_us = stamp(now - self.stale_after)
         keep_us = stamp(now - self.MARKER_KEEP * self.stale_after)
         dead_us = stamp(now - self.DEAD * self.stale_after)
-        folder = self.path / kd
+        future_us = stamp(now + self.skew)
         seen: dict[tuple[str, str], Marker] = {}
         claims: dict[tuple[str, Member], int] = {}
-        for entry in _scan(folder, temps=now - self.stale_after):
-            if m := _CLAIM_RE.match(entry.name):
-                us = int(m[4])
-                if us < dead_us:
-                    _unlink(entry)
-                else:
-                    ck2 = (m[1], _member(int(m[2]), m[3]))
-                    claims[ck2] = max(us, claims.get(ck2, -1))
-                continue
-            if m := _RECORD_RE.match(entry.name):
-                e = Entry(int(m[1]), m[3], int(m[4]), entry, m[2] or "")
-                if e.us < fresh_us:
-                    if e.rank in own or e.us < dead_us:
-                        _unlink(entry)
-                elif e.member not in records or e.us > records[e.member].us:  # mid-replace: newest
-                    records[e.member] = e
-            elif m := _MARKER_RE.match(entry.name):
-                us = int(m[2])
-                if us < dead_us:
-                    _unlink(entry)
-                elif us >= keep_us:
-                    ck = (kd, entry.name)
-                    marker = self._markers.get(ck) or _marker(entry)
-                    if marker is not None:
-                        seen[ck] = marker
-                        markers.append(marker)
-        with self._lock:  # parsed markers are kept while their file is listed
-            for ck in [ck for ck in self._markers if ck[0] == kd and ck not in seen]:
-                del self._markers[ck]
-            self._markers.update(seen)
-        present = {
-            int(m[1])
-            for e in _scan(self.path / "present", temps=now - self.stale_after)
-            if (m := _PRESENT_RE.match(e.name))
-        }
+        with self.folder.open() as top:
+            folder = top.sub(kd)
+            for name in _scan(folder, temps=now - self.stale_after):
+                if m := _CLAIM_RE.match(name):
+                    us = int(m[4])
+                    if us < dead_us:
+                        folder.unlink(name)
+                    elif us > future_us:
+                        self.folder.reject(name, "a claim dated beyond the clock-skew bound")
+                    elif self._in_world(int(m[2]), name) and (
+                        int(m[2]) not in own or folder.trusted(name, empty=True)
+                    ):
+                        # A claim on this agent's own record would silence it: that one is
+                        # believed only from a regular file of ours (one lstat per own member).
+                        ck2 = (m[1], _member(int(m[2]), m[3]))
+                        claims[ck2] = max(us, claims.get(ck2, -1))
+                    continue
+                if m := _RECORD_RE.match(name):
+                    e = Entry(int(m[1]), m[3], int(m[4]), None, m[2] or "", kd, name)
+                    if e.us < fresh_us:
+                        if e.rank in own or e.us < dead_us:
+                            folder.unlink(name)
+                    elif e.us > future_us:
+                        self.folder.reject(name, "a record dated beyond the clock-skew bound")
+                    elif not self._in_world(e.rank, name):
+                        continue
+                    elif e.member not in records or e.us > records[e.member].us:  # mid-replace: newest
+                        records[e.member] = e
+                elif m := _MARKER_RE.match(name):
+                    us = int(m[2])
+                    if us < dead_us:
+                        folder.unlink(name)
+                    elif us > future_us:
+                        self.folder.reject(name, "a marker dated beyond the clock-skew bound")
+                    elif us >= keep_us:
+                        ck = (kd, name)
+                        marker = self._markers.get(ck) or self._marker(folder, name, future_us)
+                        if marker is not None:
+                            seen[ck] = marker
+                            markers.append(marker)
+            with self._lock:  # parsed markers are kept while their file is listed
+                for ck in [ck for ck in self._markers if ck[0] == kd and ck not in seen]:
+                    del self._markers[ck]
+                self._markers.update(seen)
+            present = {
+                int(m[1])
+                for name in _scan(top.sub("present"), temps=now - self.stale_after)
+                if (m := _PRESENT_RE.match(name)) and self._in_world(int(m[1]), name)
+            }
         return View(records, markers, present, claims)
+
+    def _marker(self, folder: runfolder.Folder, name: str, future_us: int) -> Marker | None:
+        """A marker as another agent wrote it, believed only for ranks within the world and for
+        record times not beyond the clock-skew bound."""
+        marker = _marker(folder.read_json(name))
+        if marker is None:
+            return None
+        if not self._in_world(marker.by, name):
+            return None
+        covers = {
+            m: us for m, us in marker.covers.items() if us <= future_us and self._in_world(rank_of(m), name)
+        }
+        return Marker(marker.status, marker.by, marker.time, covers)
 
     def load(
         self,
@@ -405,37 +470,47 @@ class Board:
     ) -> dict[Member, Record | None]:
         """The leader's read of the records it is about to send for, into ``out`` as it goes (a
         caller that stops waiting keeps what was read, and sets ``stop``): member -> the record,
-        or None where it is gone, torn, of another run or member, or holds values this agent
-        cannot use."""
+        or None where it is gone, torn, of another run, member or world, dated beyond the
+        clock-skew bound, or holds values this agent cannot use."""
         out = {} if out is None else out
-        for e in entries:
-            if stop is not None and stop.is_set():
-                break
-            doc = _read(e.path)
-            try:
-                rec = Record.from_json(doc) if doc is not None else None
-            except (KeyError, TypeError, ValueError, OverflowError):
-                rec = None
-            ok = rec is not None and rec.run == self.run and rec.id == e.member and rec.state == e.state
-            out[e.member] = rec if ok else None
+        with self.folder.open(create=False) as top:
+            subs: dict[str, runfolder.Folder] = {}
+            for e in entries:
+                if stop is not None and stop.is_set():
+                    break
+                kd, name = e.where()
+                try:
+                    if kd not in subs:
+                        subs[kd] = top.sub(kd, create=False)
+                    doc = subs[kd].read_json(name)
+                except OSError:
+                    doc = None
+                try:
+                    rec = Record.from_json(doc) if doc is not None else None
+                except (KeyError, TypeError, ValueError, OverflowError):
+                    rec = None
+                ok = rec is not None and rec.run == self.run and rec.id == e.member and rec.state == e.state
+                if ok and rec is not None:
+                    ok = self._in_world(rec.rank, name) and rec.time <= self.wall() + self.skew
+                out[e.member] = rec if ok else None
         return out
 
 
-def _marker(path: Path) -> Marker | None:
-    doc = _read(path)
+def _marker(doc: dict[str, Any] | None) -> Marker | None:
     if doc is None:
         return None
     status, by, t, covers, subjects = (doc.get(k) for k in ("status", "by", "time", "covers", "subjects"))
     if (
         status not in ("firing", "resolved")
         or not _is_int(by)
+        or by < 0
         or not _is_time(t)
         or not isinstance(covers, dict)
     ):
         return None
     try:
-        cov: dict[Member, int] = {int(r): t for r, t in covers.items() if _is_int(t)}
-    except (TypeError, ValueError):
+        cov: dict[Member, int] = {int(r): t for r, t in covers.items() if _is_int(t) and int(r) >= 0}
+    except (TypeError, ValueError, OverflowError):
         return None
     if isinstance(subjects, dict):
         for name, us in subjects.items():
@@ -444,47 +519,14 @@ def _marker(path: Path) -> Marker | None:
     return Marker(status, by, float(t), cov)
 
 
-def _scan(folder: Path, temps: float | None = None) -> list[Path]:
-    """The folder's files; with ``temps`` (wall clock), temp files not changed since are removed
+def _scan(folder: runfolder.Folder, temps: float | None = None) -> list[str]:
+    """The folder's names; with ``temps`` (wall clock), temp files not changed since are removed
     (a writer that died between its write and its rename leaves one behind)."""
-    try:
-        entries = list(folder.iterdir())
-    except FileNotFoundError:
-        return []
+    names = folder.names()
     if temps is not None:
-        for e in entries:
-            if _TEMP_RE.match(e.name):
-                try:
-                    old = e.stat().st_mtime < temps
-                except OSError:
-                    continue
-                if old:
-                    _unlink(e)
-    return [e for e in entries if not e.name.startswith(".")]
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return None  # gone meanwhile, torn by a writer that crashed before its rename, or hostile
-    return doc if isinstance(doc, dict) else None
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass  # another agent cleaned it first
-
-
-def _write(path: Path, doc: dict[str, Any]) -> None:
-    """tmp + rename: a reader on another node sees the old file or the new one, never half."""
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, allow_nan=False, default=str, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
+        for name in names:
+            if _TEMP_RE.match(name):
+                mtime = folder.mtime(name)
+                if mtime is not None and mtime < temps:
+                    folder.unlink(name)
+    return [n for n in names if not n.startswith(".")]

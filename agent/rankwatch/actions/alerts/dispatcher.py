@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rankwatch import runfolder
 from rankwatch.actions.alerts.board import Board, board_path
 from rankwatch.actions.alerts.delivery import BACKOFF_BASE_S, Delivery, _wait, retry_window
 from rankwatch.actions.alerts.message import AlertMember, AlertMessage, AlertSink
@@ -66,9 +67,14 @@ class AlertDispatcher:
         ranks: Iterable[int] = (),
         dumps_dir: str | Path | None = None,
         inherit_hold: float = INHERIT_HOLD_S,
+        folder_group: int | None = None,
+        clock_skew: float = runfolder.CLOCK_SKEW_S,
     ) -> None:
         """``ranks``: the ranks this agent watches (for "N of WORLD"); ``dumps_dir``: where the
-        alert board lives by default (``alerts.board_dir`` unset)."""
+        alert board lives by default (``alerts.board_dir`` unset); ``folder_group`` and
+        ``clock_skew``: the run folder's rules (``dumps.group``, ``dumps.clock_skew``)."""
+        self.folder_group = folder_group
+        self.clock_skew = clock_skew
         self.cfg = cfg
         # The agent's internal-error counters, so a spool that cannot be written shows in /metrics.
         self.errors = errors if errors is not None else {}
@@ -77,7 +83,12 @@ class AlertDispatcher:
         self.wall = wall
         self.rng = rng
         self.sinks = sinks_from_config(cfg) if sinks is None else list(sinks)
-        spool = Spool(spool_path(cfg.spool_dir, identity.run, identity.rank), cfg.spool_max_bytes)
+        spool = Spool(
+            spool_path(cfg.spool_dir, identity.run, identity.rank),
+            cfg.spool_max_bytes,
+            group=folder_group,
+            errors=self.errors,
+        )
         self.delivery = Delivery(
             self.sinks,
             cfg,
@@ -100,7 +111,9 @@ class AlertDispatcher:
             ranks=ranks,
             inherit_hold=inherit_hold,
         )
-        self.state = StateFile(state_path(cfg.spool_dir, identity.run, identity.rank))
+        self.state = StateFile(
+            state_path(cfg.spool_dir, identity.run, identity.rank), group=folder_group, errors=self.errors
+        )
         self._saved_doc: Any = None
         self._saving: asyncio.Future[Any] | None = None
         self._state_retry_at = -float("inf")
@@ -109,21 +122,47 @@ class AlertDispatcher:
         self._starting: asyncio.Future[None] | None = None
         self._closed = False
         self._sleeping_until: float | None = None  # the timer loop waits for this time (or a wake)
+        from rankwatch.actions.alerts.alertmanager import AlertmanagerSink  # as sinks_from_config
+
         path = board_path(self.cfg.board_dir, dumps_dir, self.identity.run)
-        self.peers = self._make_peers(path) if path is not None else None
+        if (
+            path is not None
+            and self.cfg.board_dir is None
+            and self.sinks
+            and all(isinstance(s, AlertmanagerSink) for s in self.sinks)
+        ):
+            # Alertmanager groups and deduplicates the agents' alerts itself (same labels, one
+            # notification): the board steps aside, and a large run keeps no shared files for it.
+            log.info("alert board off: Alertmanager is the only sink and groups across agents itself")
+            path = None
+        self.board_folder = self._board_folder(path) if path is not None else None
+        self.peers = self._make_peers(self.board_folder) if self.board_folder is not None else None
         self.policy.coord = self.peers
         for s in self.sinks:
             share = getattr(s, "share_threads", None)
-            if path is not None and callable(share):
-                share(ThreadStore(path / "slack-threads"))
+            if self.board_folder is not None and callable(share):
+                share(ThreadStore(self.board_folder.child("slack-threads")))
 
-    def _make_peers(self, path: Path) -> PeerGroups:
+    def _board_folder(self, path: Path) -> runfolder.RunFolder:
+        """``<root>/<run>/.alerts``, the run folder's rules from ``<root>`` down."""
+        return runfolder.RunFolder(
+            path.parent.parent, path.parent.name, path.name, group=self.folder_group, errors=self.errors
+        )
+
+    def _make_peers(self, path: runfolder.RunFolder) -> PeerGroups:
         takeover = float(self.cfg.board_takeover)
         chain = float(self.cfg.group_wait) + max_takeover_delay(takeover) + 2 * takeover
         stale = max(STALE_MIN_S, float(self.cfg.startup_quiet) + chain)
         return PeerGroups(
             self.policy,
-            Board(path, self.identity.run, stale),
+            Board(
+                path,
+                self.identity.run,
+                stale,
+                world=self.identity.world_size,
+                skew=self.clock_skew,
+                wall=self.wall,
+            ),
             run=self.identity.run,
             node=self.identity.node,
             ranks=self.policy.ranks,

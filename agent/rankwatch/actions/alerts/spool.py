@@ -5,11 +5,16 @@ write the same file. Appends are fsync'd; removals and the size bound rewrite th
 a temporary name and rename it over the old one, so a crash leaves either the old or the
 new file, never half of one. A torn last line (crash mid-append) is skipped on load.
 The methods block on disk: the dispatcher calls them in a thread.
+
+The folder and the file follow the run folder's rules (:mod:`rankwatch.runfolder`): made
+0700, refused when another user owns or may write to it (a sticky folder such as /tmp is
+allowed: nobody else can rename or remove our file there), no link followed, and the read at
+start is capped: a spool grown (or swapped) to 2 GiB costs at most ``max_bytes`` of memory,
+its newest entries kept.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -18,6 +23,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rankwatch import runfolder
 
 log = logging.getLogger("rankwatch.alerts.spool")
 
@@ -34,35 +41,21 @@ class SpoolEntry:
         return (json.dumps(doc, separators=(",", ":"), default=str) + "\n").encode()
 
 
-def write_durably(path: Path, data: bytes, tmp: Path) -> None:
-    """Replace ``path`` by ``data`` so that a crash leaves the old file or the new one, never
-    half of one: a temporary file beside it, synced, renamed over it, then the folder synced."""
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk must not keep the half copy as well
-        raise
-    with contextlib.suppress(OSError):
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def spool_path(spool_dir: str | Path, run: str, rank: int | None) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run) or "default"
     return Path(spool_dir) / f"{safe}.rank-{'none' if rank is None else rank}.jsonl"
 
 
+READ_SLACK = 64 << 10  # the read at start takes this much more than max_bytes (one long line)
+
+
 class Spool:
-    def __init__(self, path: Path, max_bytes: int) -> None:
-        self.path = path
+    def __init__(
+        self, path: Path, max_bytes: int, *, group: int | None = None, errors: dict[str, int] | None = None
+    ) -> None:
+        self.path = Path(os.path.abspath(path))
         self.max_bytes = max(0, int(max_bytes))
+        self.folder = runfolder.RunFolder(self.path.parent, group=group, errors=errors, sticky_ok=True)
         self._lock = threading.Lock()
 
     def load(self) -> list[SpoolEntry]:
@@ -74,24 +67,9 @@ class Spool:
         if not entries:
             return []
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
-            try:
-                start = os.lseek(fd, 0, os.SEEK_END)
-                data = memoryview(b"".join(e.line() for e in entries))
-                try:
-                    while data:
-                        data = data[os.write(fd, data) :]
-                    os.fsync(fd)
-                except OSError:
-                    # A full disk takes part of the write: cut it off, or the next append is
-                    # glued to the torn line and lost with it on load.
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(fd, start)
-                    raise
-            finally:
-                os.close(fd)
-            if self.path.stat().st_size <= self.max_bytes:
+            with self.folder.open() as d:
+                size = d.append(self.path.name, b"".join(e.line() for e in entries))
+            if size <= self.max_bytes:
                 return []
             kept = self._read()
             sizes = [len(e.line()) for e in kept]
@@ -113,10 +91,23 @@ class Spool:
                 self._rewrite(kept)
 
     def _read(self) -> list[SpoolEntry]:
+        cap = self.max_bytes + READ_SLACK
         try:
-            raw = self.path.read_bytes()
+            with self.folder.open(create=False) as d:
+                size = d.size(self.path.name)
+                raw = d.read(self.path.name, cap, tail=True) if size is not None else None
         except FileNotFoundError:
             return []
+        if raw is None or size is None:
+            return []
+        if size > cap:
+            log.warning(
+                "alert spool %s holds %d bytes, more than its bound: only the newest %d are read",
+                self.path,
+                size,
+                cap,
+            )
+            raw = raw.partition(b"\n")[2]  # the first line is cut: skip it
         out: list[SpoolEntry] = []
         bad = 0
         for line in raw.splitlines():
@@ -125,15 +116,15 @@ class Spool:
             try:
                 d = json.loads(line)
                 out.append(SpoolEntry(d["id"], d["sink"], d["alert"], int(d.get("attempts", 0))))
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 bad += 1
         if bad:
             log.warning("alert spool %s: skipped %d unreadable line(s)", self.path, bad)
         return out
 
     def _rewrite(self, entries: list[SpoolEntry]) -> None:
-        if not entries:
-            self.path.unlink(missing_ok=True)
-            return
-        data = b"".join(e.line() for e in entries)
-        write_durably(self.path, data, self.path.with_name(self.path.name + ".tmp"))
+        with self.folder.open() as d:
+            if not entries:
+                d.unlink(self.path.name)
+                return
+            d.write(self.path.name, b"".join(e.line() for e in entries), durable=True)

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankwatch.actions.alerts.spool import write_durably
+from rankwatch import runfolder
 
 log = logging.getLogger("rankwatch.alerts.state")
 
@@ -112,27 +112,43 @@ def state_path(spool_dir: str | Path, run: str, rank: int | None) -> Path:
 
 
 class StateFile:
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    """The state file, through the run folder's rules (:mod:`rankwatch.runfolder`): a symlink
+    planted at its name or its temp name is never followed, another user's file never read,
+    and the read is capped at ``MAX_BYTES``."""
+
+    def __init__(self, path: Path, *, group: int | None = None, errors: dict[str, int] | None = None) -> None:
+        self.path = Path(os.path.abspath(path))
+        self.folder = runfolder.RunFolder(self.path.parent, group=group, errors=errors, sticky_ok=True)
         self.saved_at: float | None = None  # wall clock of the last save, as ``load`` read it
         self._lock = threading.Lock()  # a timed-out write may still run beside the next
 
     def load(self) -> list[Remembered]:
         """The alerts remembered; [] when there is no file. A file that does not parse is set
         aside (renamed ``.bad``) and logged: the agent starts as if it were the first time."""
+        name = self.path.name
         with self._lock:
             try:
-                if self.path.stat().st_size > MAX_BYTES:
-                    raise ValueError("too large")
-                doc = json.loads(self.path.read_bytes())
-                if not isinstance(doc, dict) or not isinstance(doc.get("alerts"), list):
-                    raise ValueError("not an alert state document")
+                with self.folder.open(create=False) as d:
+                    size = d.size(name)
+                    if size is None:
+                        if d.mtime(name) is None:
+                            return []
+                        raise ValueError("not a regular file of this agent's user")
+                    if size > MAX_BYTES:
+                        raise ValueError("too large")
+                    data = d.read(name, MAX_BYTES)
+                    if data is None:
+                        return []
+                    doc = json.loads(data)
+                    if not isinstance(doc, dict) or not isinstance(doc.get("alerts"), list):
+                        raise ValueError("not an alert state document")
             except FileNotFoundError:
                 return []
             except (OSError, ValueError, RecursionError) as e:
                 log.warning("alert state %s unreadable (%s); set aside, starting afresh", self.path, e)
                 try:
-                    os.replace(self.path, self.path.with_name(self.path.name + ".bad"))
+                    with self.folder.open(create=False) as d:
+                        d.rename(name, name + ".bad")
                 except OSError:
                     pass
                 return []
@@ -143,9 +159,8 @@ class StateFile:
     def save(self, alerts: list[Remembered], meta: dict[str, Any]) -> None:
         doc = {"v": FORMAT, **meta, "alerts": [asdict(a) for a in alerts]}
         data = json.dumps(doc, separators=(",", ":"), default=str, allow_nan=False).encode()
-        with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_durably(self.path, data, self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp"))
+        with self._lock, self.folder.open() as d:
+            d.write(self.path.name, data, durable=True)
 
 
 def prune_ended(ended: dict[Any, Remembered], now: float) -> None:

@@ -12,11 +12,11 @@ written only costs the threading, never the alert.
 from __future__ import annotations
 
 import json
-import os
 import re
-import secrets
 from collections.abc import Iterable
 from pathlib import Path
+
+from rankwatch import runfolder
 
 MAX_AGE_S = 7 * 86400.0  # a thread older than this is not continued (nobody reads it any more)
 # A rank, or (rank, subject) for an alert about something within the rank (a GPU's UUID).
@@ -33,35 +33,40 @@ def _name(kind: str, who: Who) -> str:
 class ThreadStore:
     """Blocking file operations; the Slack sink runs them off the event loop with a timeout."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Path | runfolder.RunFolder) -> None:
+        self.folder = path if isinstance(path, runfolder.RunFolder) else runfolder.RunFolder(path)
+        self.path = self.folder.path
 
     def get(self, kind: str, ranks: Iterable[Who], channel: str, now: float) -> str | None:
-        for rank in ranks:
-            try:
-                doc = json.loads((self.path / _name(kind, rank)).read_bytes())
-            except (OSError, ValueError, RecursionError):
-                continue
-            if not isinstance(doc, dict):
-                continue
-            ts, ch, t = doc.get("ts"), doc.get("channel"), doc.get("time")
-            if isinstance(ts, str) and ch == channel and isinstance(t, (int, float)) and now - t < MAX_AGE_S:
-                return ts
+        try:
+            with self.folder.open(create=False) as d:
+                for rank in ranks:
+                    doc = d.read_json(_name(kind, rank), 4096)
+                    if doc is None:
+                        continue
+                    ts, ch, t = doc.get("ts"), doc.get("channel"), doc.get("time")
+                    if (
+                        isinstance(ts, str)
+                        and len(ts) <= 64
+                        and ch == channel
+                        and isinstance(t, (int, float))
+                        and now - MAX_AGE_S < t <= now + runfolder.CLOCK_SKEW_S
+                    ):
+                        return ts
+        except OSError:
+            return None
         return None
 
     def put(self, kind: str, ranks: Iterable[Who], channel: str, ts: str, now: float) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
         data = json.dumps({"ts": ts, "channel": channel, "time": now}).encode()
-        for rank in ranks:
-            final = self.path / _name(kind, rank)
-            tmp = self.path / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-            try:
-                tmp.write_bytes(data)
-                os.replace(tmp, final)
-            except OSError:
-                tmp.unlink(missing_ok=True)
-                raise
+        with self.folder.open() as d:
+            for rank in ranks:
+                d.write(_name(kind, rank), data)
 
     def drop(self, kind: str, ranks: Iterable[Who]) -> None:
-        for rank in ranks:
-            (self.path / _name(kind, rank)).unlink(missing_ok=True)
+        try:
+            with self.folder.open(create=False) as d:
+                for rank in ranks:
+                    d.unlink(_name(kind, rank))
+        except FileNotFoundError:
+            return
