@@ -193,6 +193,28 @@ def _unit_starts_no_process(request: pytest.FixtureRequest) -> Generator[None, N
         pytest.fail(f"a unit test started a process or server ({tried[0]}): mark it `process` or `tool`")
 
 
+@pytest.fixture(autouse=True)
+def _private_runtime_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Generator[Path, None, None]:
+    """Each test its own ``$XDG_RUNTIME_DIR`` (0700), inherited by the agents it starts: the
+    token an agent makes when none is configured never lands in the real runtime folder, and
+    tests never share one."""
+    folder = tmp_path_factory.mktemp("xdg")
+    folder.chmod(0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
+    yield folder
+
+
+def agent_token() -> str:
+    """The token this test's agents use when none is configured (the CLI reads the same)."""
+    from rankwatch.server.tokenfile import read_token
+
+    token = read_token()
+    assert token, "no agent has made a token in this test's runtime folder yet"
+    return token
+
+
 # --- strict skips ------------------------------------------------------------------------------
 # What no install step can give: a GPU, IPv6, a new systemd, root for tmpfs/slurmd, inotify.
 ALLOWED_SKIPS = re.compile(

@@ -87,8 +87,12 @@ def _wait(pred: Callable[[], T], timeout: float, what: str, diag: Callable[[], s
 
 
 def _get(url: str) -> str | None:
+    from rankwatch.server.tokenfile import read_token
+
+    token = read_token()  # the agents under srun inherit this test's runtime folder
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=3) as r:
+        with urllib.request.urlopen(req, timeout=3) as r:
             return r.read().decode()
     except OSError:
         return None

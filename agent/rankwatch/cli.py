@@ -343,6 +343,48 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return 0
 
 
+def agent_token(cfg: Config | None) -> str | None:
+    """The token to talk to an agent with: ``server.token`` from the config, else the one the
+    agents of this user on this node made in the runtime folder (``server.tokenfile``)."""
+    if cfg is not None and cfg.server.token:
+        return cfg.server.token
+    from rankwatch.server.tokenfile import UnsafeTokenFile, read_token
+
+    try:
+        return read_token()
+    except UnsafeTokenFile as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"{e.filename or 'the token file'}: {e.strerror or e}") from None
+
+
+def local_url(listen: str) -> str:
+    from rankwatch.server import parse_listen
+
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as e:
+        raise UsageError(f"server.listen: {e}") from None
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def cmd_url(args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
+    cfg = _load_config(args)
+    base = (args.url or local_url(cfg.server.listen)).rstrip("/")
+    token = agent_token(cfg)
+    if not token:
+        from rankwatch.server.tokenfile import token_path
+
+        raise UsageError(
+            f"no token: server.token is unset and no agent of this user has made {token_path()} yet"
+        )
+    print(f"{base}/?token={quote(token, safe='')}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from rankwatch.demo.scenario import run_demo
 
@@ -473,6 +515,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--workdir", help="where logs and dumps go (default: a temporary folder)")
     d.add_argument("--keep", action="store_true", help="keep the temporary folder")
     d.set_defaults(func=cmd_demo)
+
+    u = sub.add_parser(
+        "url",
+        parents=[common],
+        help="print the status page link with the token (the agent's own, from the runtime folder)",
+        description="Print the link that opens an agent's status page in a browser: the token is "
+        "server.token, or the one the agents of this user on this node keep in "
+        "$XDG_RUNTIME_DIR/rankwatch/token (else <tmp>/rankwatch-<uid>/token).",
+    )
+    u.add_argument("url", nargs="?", help="the agent's address (default: from server.listen, on loopback)")
+    u.set_defaults(func=cmd_url)
 
     c = sub.add_parser("config", help="show the effective configuration or check a file")
     csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)

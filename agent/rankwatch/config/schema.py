@@ -344,12 +344,13 @@ class ServerConfig:
     listen: str = opt(
         "0.0.0.0:9478",
         "host:port; 9478 avoids node_exporter (9100) and dcgm-exporter (9400). /metrics, /healthz and "
-        "/readyz answer everyone; / and /api/* need the token, or, without one, answer loopback only",
+        "/readyz answer everyone; / and /api/* need the token, from loopback too",
     )
     token: str | None = opt(
         None,
-        "bearer token for / and /api/* (use ${RANKWATCH_TOKEN}, never a literal); unset: they answer "
-        "only on loopback (127.0.0.1, ::1, kubectl port-forward). A browser logs in with /?token=...",
+        "bearer token for / and /api/* (use ${RANKWATCH_TOKEN}, never a literal); unset: the agent uses "
+        "this user's token in $XDG_RUNTIME_DIR/rankwatch/token (else <tmp>/rankwatch-<uid>/token), made "
+        "at start, 0600, which `rankwatch url` and `rankwatch top` read. A browser logs in with /?token=...",
     )
     metrics_token: str | None = opt(None, "bearer token required on /metrics (default: open)")
     max_request_bytes: Size = opt(Size(64 << 10), "larger requests are refused with 413", min=1024)

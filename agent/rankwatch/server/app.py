@@ -15,12 +15,13 @@ these come before any authentication, so a stranger must not be able to fill the
 Who may read what (secure by default, Prometheus keeps working across the network):
 ``/metrics`` (unless ``metrics_token``), ``/healthz`` and ``/readyz`` answer everyone. The
 status page ``/`` and ``/api/*`` reveal code paths, command lines and, with ``dumps.locals``,
-data: with ``server.token`` they need it (``Authorization: Bearer``, or the session cookie a
-browser gets from ``/?token=...`` or the login form); without a token they answer only a
-loopback peer that names a local host (127.0.0.1, ::1, ``kubectl port-forward``; a Host
-that is a DNS name is refused, so a rebinding web page cannot read them through a
-browser), and everyone else gets 403 saying how to open them. A bind on a non-loopback
-address without a token is said once, loudly, at start.
+data: they need the token (``Authorization: Bearer``, or the session cookie a browser gets
+from ``/?token=...`` or the login form), from loopback too — any user of a shared node can
+connect to 127.0.0.1. Without ``server.token`` a started server uses this user's token from
+its runtime folder, made at start when there is none (``tokenfile``; the CLI reads the same
+file). An application built without a token (``make_app`` alone, as tests do) answers only a
+loopback peer that names a local host (a Host that is a DNS name is refused, so a rebinding
+web page cannot read it through a browser), and everyone else gets 403.
 
 Connections are bounded: at most ``max_connections`` at once (a new one beyond it closes
 the longest-idle one, or itself when all are busy), and one with no request in progress
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import gzip
 import hashlib
@@ -43,9 +45,11 @@ import ipaddress
 import json
 import logging
 import re
+import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -67,6 +71,7 @@ from rankwatch.server.status import (
     ready,
     status_doc,
 )
+from rankwatch.server.tokenfile import ensure_token
 from rankwatch.snapshot import AgentSnapshot, HttpCounters, SnapshotFn, Source, snapshot_fn
 
 log = logging.getLogger("rankwatch.server")
@@ -217,7 +222,9 @@ def _login_page(status: int, note: str) -> web.Response:
         '<label>Token <input type="password" name="token" autocomplete="current-password" autofocus>'
         '</label> <button type="submit">Open</button></form>'
         '<p style="color:#777">The token is the agent\'s <code>server.token</code> '
-        "(<code>$RANKWATCH_TOKEN</code>). Scripts send <code>Authorization: Bearer &lt;token&gt;</code>."
+        "(<code>$RANKWATCH_TOKEN</code>), or, when that is unset, the one in the runtime folder of the "
+        "user who started it: <code>rankwatch url</code> prints the link. Scripts send "
+        "<code>Authorization: Bearer &lt;token&gt;</code>."
         "</p></body></html>"
     )
     headers = {**_NO_STORE, "Content-Security-Policy": _PAGE_CSP, "X-Content-Type-Options": "nosniff"}
@@ -765,6 +772,24 @@ def exposure_warning(cfg: ServerConfig, host: str) -> str | None:
     )
 
 
+def _with_token(cfg: ServerConfig) -> tuple[ServerConfig, Path | None]:
+    """``cfg`` with a token: the configured one, else this user's shared one from its runtime
+    folder (made now if need be; ``tokenfile``), else — when that folder cannot be trusted or
+    written — one held in memory only: the API is then closed, never open."""
+    if cfg.token:
+        return cfg, None
+    try:
+        token, path = ensure_token()
+    except OSError as e:
+        log.warning(
+            "server.token is unset and no token file could be kept (%s): the status page and /api/* "
+            "stay closed; set server.token (${RANKWATCH_TOKEN}) to open them",
+            e,
+        )
+        return dataclasses.replace(cfg, token=secrets.token_urlsafe(32)), None
+    return dataclasses.replace(cfg, token=token), path
+
+
 def connection_cap(configured: int) -> int:
     """``server.max_connections``, but never more than a quarter of the process's descriptor
     limit: the HTTP server must leave the rest to logs, findings, dumps and the child."""
@@ -794,6 +819,7 @@ async def start_server(
     """Listen on ``cfg.listen``; raises ``ValueError`` (bad address) or ``OSError`` (bind).
     ``source`` as for ``make_app``."""
     host, port = parse_listen(cfg.listen)
+    cfg, token_file = _with_token(cfg)
     idle = float(cfg.idle_timeout)
     handler_kwargs: dict[str, Any] = {
         "access_log": None,
@@ -832,6 +858,10 @@ async def start_server(
     sockets = listener.sockets or ()
     bound = sockets[0].getsockname()[1] if sockets else port
     log.info("serving metrics and API on %s:%d", host, bound)
+    if token_file is not None:
+        log.info(
+            "status page and /api/* need the token in %s (rankwatch url / rankwatch top read it)", token_file
+        )
     warning = exposure_warning(cfg, host)
     if warning:
         log.warning("%s", warning)
