@@ -509,3 +509,21 @@ def test_browser_opens_the_page_with_the_token_and_not_without(tmp_path: Path) -
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.wait(timeout=5)
+
+
+@pytest.mark.unit
+def test_throughput_falls_back_to_the_steps_per_s_the_agent_knows(tmp_path: Path) -> None:
+    """A log with neither tokens/s nor a step time (HF's loss lines): the agent still knows
+    steps/s from the step timestamps, and the page shows it instead of "–"."""
+    agent = Agent(replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")}), IDENT)
+    log = tmp_path / "rank-0.log"
+    log.touch()
+    w = agent.add_watcher([log], IDENT)
+    now = time.time()
+    w._records([StepRecord(step=i, loss=2.0, time=now - 50 + i / 2) for i in range(1, 60)])
+    doc = status_doc(agent.snapshot())
+    steps_per_s = doc["ranks"][0]["rates"]["steps_per_s"]
+    assert steps_per_s is not None and doc["ranks"][0]["rates"]["tokens_per_s"] is None
+    for extras in (None, page_extras(agent.snapshot())):
+        row = _parse(render_page(doc, extras)).rows["0"]["text"]
+        assert "steps/s" in row, row

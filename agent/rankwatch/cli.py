@@ -69,10 +69,19 @@ def _expand_paths(paths: Sequence[str]) -> list[str]:
     from rankwatch.sources.compressed import UnreadableCompression, compression_of, require_readable
 
     out: list[str] = []
+    if paths.count("-") > 1:
+        raise UsageError("-: standard input can be read once")
     for p in paths:
+        if p == "-":
+            out.append(p)
+            continue
         path = Path(p)
-        if path.is_dir():
-            files = sorted(f for f in path.iterdir() if f.is_file() and _is_log_name(f))
+        try:
+            is_dir = path.is_dir()
+            files = sorted(f for f in path.iterdir() if f.is_file() and _is_log_name(f)) if is_dir else []
+        except OSError as e:
+            raise UsageError(f"{p}: {e.strerror or e}") from None
+        if is_dir:
             if not files:
                 raise UsageError(
                     f"{p}: directory holds no log files ({', '.join(LOG_SUFFIXES)}, or one of them "
@@ -89,6 +98,8 @@ def _expand_paths(paths: Sequence[str]) -> list[str]:
             if not os.access(f, os.R_OK):
                 raise UsageError(f"{f}: permission denied")
     for f in out:
+        if f == "-":
+            continue
         kind = compression_of(f)
         if kind is not None:
             try:
@@ -419,7 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
         "prefixes on each line; gzip, bzip2 and xz files are read as the text they hold. Exit 0: nothing "
         "of severity warning or above; 1: such findings; 2: bad input.",
     )
-    a.add_argument("paths", nargs="+", metavar="PATH", help="log files, or directories of them")
+    a.add_argument(
+        "paths", nargs="+", metavar="PATH", help="log files, or directories of them; - reads standard input"
+    )
     a.add_argument(
         "--json",
         action="store_true",
@@ -582,6 +595,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except UsageError as e:
         print(f"rankwatch: error: {e}", file=sys.stderr)
+        return 2
+    except (PermissionError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
+        # A path the user named or configured: one line naming it, never a traceback.
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"rankwatch: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -35,11 +35,20 @@ class ConsoleSink:
         rank = f.rank if f.rank is not None else self.identity.rank
         try:
             self.stream.write(
-                f"rankwatch: [run={self.identity.run} rank={rank}] {sev} {f.kind}{step}: {f.message}\n"
+                f"rankwatch: {_where(self.identity.run, rank)}{sev} {f.kind}{step}: {f.message}\n"
             )
             self.stream.flush()
         except (OSError, ValueError):
             pass
+
+
+def _where(run: str, rank: int | None) -> str:
+    """``[run=R rank=N] `` with only what is known: an unnamed run on an unranked process (a
+    plain ``rankwatch run -- python train.py``) is not worth ``[run=default rank=None]``."""
+    parts = ([f"run={run}"] if run and run != "default" else []) + (
+        [f"rank={rank}"] if rank is not None else []
+    )
+    return f"[{' '.join(parts)}] " if parts else ""
 
 
 class JsonlSink:

@@ -331,7 +331,11 @@ class DumpsConfig:
 
 @dataclass(frozen=True)
 class RunModeConfig:
-    log_dir: str = opt("rankwatch-logs", "run mode: the child's output file goes here (rank-<r>.log)")
+    log_dir: str | None = opt(
+        None,
+        "run mode: the child's output file goes here (rank-<r>.log); unset: $XDG_STATE_HOME/rankwatch/logs/"
+        "<run> (else ~/.local/state/...). Unwritable: a private temporary folder, said at start",
+    )
     log_file: str | None = opt(None, "run mode: exact output file (overrides log_dir)")
     echo: bool = opt(True, "echo the child's output to the agent's stdout")
     unbuffered: bool = opt(True, "set PYTHONUNBUFFERED=1 for the child")

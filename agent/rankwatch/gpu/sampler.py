@@ -215,7 +215,14 @@ class GpuSampler:
                 names = sorted({i.name for i in infos if i.name})
                 log.info("NVML: %d GPU(s) %s", len(infos), ", ".join(names))
                 return True
-        log.warning("NVML not available: %s; GPU metrics disabled", self.reason)
+        # A CPU-only node (no NVIDIA library, or no GPU) is normal, not worth a WARNING at
+        # every start; a GPU node whose NVML fails otherwise (driver, timeout) is.
+        quiet = self.reason == "no GPU visible to NVML" or "library not found" in self.reason.lower()
+        log.log(
+            logging.INFO if quiet else logging.WARNING,
+            "NVML not available: %s; GPU metrics disabled",
+            self.reason,
+        )
         return False
 
     def _init(self) -> list[GpuInfo]:
@@ -251,7 +258,7 @@ class GpuSampler:
                 log.warning(
                     "no GPU could be tied to the watched processes (NVML lists none of their PIDs, "
                     "and no CUDA_VISIBLE_DEVICES or LOCAL_RANK says which): reporting all %d GPU(s) of "
-                    "this node, which may belong to other jobs (attribution=\"unattributed\" on "
+                    'this node, which may belong to other jobs (attribution="unattributed" on '
                     "rankwatch_gpu_info); set gpu.devices to name them",
                     len(self.devices),
                 )
