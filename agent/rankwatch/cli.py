@@ -396,6 +396,33 @@ def cmd_url(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from rankwatch.top import run_top
+
+    if args.interval <= 0:
+        raise UsageError(f"--interval must be above 0, got {args.interval}")
+    cfg = _load_config(args)
+    agents = [u if "://" in u else f"http://{u}" for u in args.urls]
+    if args.prometheus and agents:
+        raise UsageError("top: give agent URLs or --prometheus, not both")
+    tokens: dict[str, str | None] = {}
+    if not args.prometheus:
+        from urllib.parse import urlsplit
+
+        from rankwatch.server.app import is_loopback_host
+
+        agents = agents or [local_url(cfg.server.listen)]
+        given = args.token or (cfg.server.token or None)
+        # The token file's token is this node's: it goes to agents on this node only, never
+        # to a URL on another host (which would learn it).
+        mine = None if given else agent_token(None)
+        for u in agents:
+            tokens[u] = given or (mine if is_loopback_host(urlsplit(u).hostname or "") else None)
+    return run_top(
+        agents, tokens, prometheus=args.prometheus, run=args.run, interval=args.interval, once=args.once
+    )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from rankwatch.demo.scenario import run_demo
 
@@ -539,6 +566,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     u.add_argument("url", nargs="?", help="the agent's address (default: from server.listen, on loopback)")
     u.set_defaults(func=cmd_url)
+
+    t = sub.add_parser(
+        "top",
+        parents=[common],
+        help="live view of a run's ranks in the terminal, the rank in trouble first",
+        description="A live view of a run's ranks: step, steps/s, loss, GPU utilisation and memory, "
+        "time since progress and active findings, the rank in trouble first. From agents' URLs (their "
+        "/api/status with the token, and /metrics) or from Prometheus (--prometheus). NO_COLOR turns "
+        "colour off; COLUMNS sets the width.",
+    )
+    t.add_argument(
+        "urls", nargs="*", metavar="URL", help="agents (default: the local one, from server.listen)"
+    )
+    t.add_argument("--prometheus", metavar="URL", help="read the rankwatch_* series from this Prometheus")
+    t.add_argument("--run", help="only this run")
+    t.add_argument(
+        "--token",
+        help="the agents' token (default: server.token / $RANKWATCH_TOKEN, else this user's token file)",
+    )
+    t.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
+    t.add_argument("--once", action="store_true", help="print one frame and exit (scripts)")
+    t.set_defaults(func=cmd_top)
 
     c = sub.add_parser("config", help="show the effective configuration or check a file")
     csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)
