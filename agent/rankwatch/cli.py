@@ -172,6 +172,7 @@ def _live_config(args: argparse.Namespace) -> Config:
         "dumps.dir": getattr(args, "dumps_dir", None),
         "checkpoints.dir": getattr(args, "checkpoint_dir", None),
         "server.listen": getattr(args, "listen", None),
+        "server.web_config": getattr(args, "web_config", None),
     }
     overrides = {k: v for k, v in flags.items() if v}
     if getattr(args, "no_server", False):
@@ -493,6 +494,13 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--dumps-dir", metavar="DIR", help="root of stack-dump incidents (config dumps.dir)")
     live.add_argument(
         "--checkpoint-dir", metavar="DIR", help="watch this checkpoint directory (config checkpoints.dir)"
+    )
+    live.add_argument(
+        "--web.config.file",
+        dest="web_config",
+        metavar="FILE",
+        help="exporter-toolkit web config (TLS, client certificates, bcrypt basic auth on /metrics), as "
+        "node_exporter takes it (config server.web_config)",
     )
     live.add_argument(
         "--listen",

@@ -357,6 +357,11 @@ class ServerConfig:
         "at start, 0600, which `rankwatch url` and `rankwatch top` read. A browser logs in with /?token=...",
     )
     metrics_token: str | None = opt(None, "bearer token required on /metrics (default: open)")
+    web_config: str | None = opt(
+        None,
+        "exporter-toolkit web config file (--web.config.file): tls_server_config (cert_file, key_file, "
+        "client_auth_type, client_ca_file, min_version), basic_auth_users (bcrypt) on /metrics",
+    )
     max_request_bytes: Size = opt(Size(64 << 10), "larger requests are refused with 413", min=1024)
     max_connections: int = opt(
         128,

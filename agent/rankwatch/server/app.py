@@ -34,6 +34,7 @@ resource" is logged once and counted, and idle connections are shed so that /met
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import errno
@@ -72,6 +73,7 @@ from rankwatch.server.status import (
     status_doc,
 )
 from rankwatch.server.tokenfile import ensure_token
+from rankwatch.server.webconfig import WebConfig, WebConfigError, load_web_config
 from rankwatch.snapshot import AgentSnapshot, HttpCounters, SnapshotFn, Source, snapshot_fn
 
 log = logging.getLogger("rankwatch.server")
@@ -81,6 +83,7 @@ COUNTERS = web.AppKey("counters", HttpCounters)
 CFG = web.AppKey("cfg", ServerConfig)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 LOGGED = web.AppKey("logged", set)
+WEB = web.AppKey("web", WebConfig)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -190,6 +193,18 @@ def _bearer_ok(request: web.Request, token: str) -> bool:
     return hmac.compare_digest(cred.strip().encode(), token.encode()) and ok_scheme
 
 
+async def _basic_ok(request: web.Request, web_cfg: WebConfig) -> bool:
+    """``Authorization: Basic`` against the web config's ``basic_auth_users``."""
+    scheme, _, cred = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        user, sep, password = base64.b64decode(cred.strip(), validate=True).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return bool(sep) and await web_cfg.check_basic(user, password)
+
+
 def session_value(token: str) -> str:
     """The cookie a browser holds after logging in: derived from the token, never the token
     itself, so a cookie read off a disk does not open other agents that share the token."""
@@ -260,7 +275,11 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     cfg = request.app[CFG]
     path = request.path
     if path == "/metrics":
-        if cfg.metrics_token and not _bearer_ok(request, cfg.metrics_token):
+        web_cfg = request.app.get(WEB)
+        if web_cfg is not None and web_cfg.users:
+            if not await _basic_ok(request, web_cfg):
+                return _error(401, "basic auth required", {"WWW-Authenticate": 'Basic realm="rankwatch"'})
+        elif cfg.metrics_token and not _bearer_ok(request, cfg.metrics_token):
             return _unauthorised(request)
         return await handler(request)
     if not _private(path):
@@ -470,7 +489,11 @@ async def api_dump(request: web.Request) -> web.Response:
 
 # --- assembly ----------------------------------------------------------------------------
 def make_app(
-    source: Source, cfg: ServerConfig | None = None, *, registry: CollectorRegistry | None = None
+    source: Source,
+    cfg: ServerConfig | None = None,
+    *,
+    registry: CollectorRegistry | None = None,
+    web_config: WebConfig | None = None,
 ) -> web.Application:
     """The application without a listener (tests use aiohttp's test client on it).
     ``source``: the agent (anything with ``snapshot()``) or a callable returning snapshots."""
@@ -478,6 +501,16 @@ def make_app(
     app = web.Application(
         middlewares=[_track, _limit_body, _auth, _errors], client_max_size=int(cfg.max_request_bytes)
     )
+    if web_config is not None:
+        app[WEB] = web_config
+        if web_config.headers:
+            extra = dict(web_config.headers)
+
+            async def add_headers(_: web.Request, resp: web.StreamResponse) -> None:
+                for k, v in extra.items():
+                    resp.headers.setdefault(k, v)
+
+            app.on_response_prepare.append(add_headers)
     snapshot = snapshot_fn(source)
     app[SNAPSHOT] = snapshot
     app[COUNTERS] = snapshot().http
@@ -739,11 +772,13 @@ class Server:
         self.listener = listener
         self.accept_errors = accept_errors
         self.guard = guard
+        self.scheme = "http"
 
     @property
     def url(self) -> str:
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+        where = f"[{host}]" if ":" in host else host
+        return f"{self.scheme}://{where}:{self.port}"
 
     async def close(self) -> None:
         if self.listener is not None:
@@ -770,6 +805,19 @@ def exposure_warning(cfg: ServerConfig, host: str) -> str | None:
         "and /api/* (stacks, command lines, findings) answer only on loopback until server.token "
         "is set (${RANKWATCH_TOKEN})"
     )
+
+
+def load_server_web_config(cfg: ServerConfig) -> WebConfig | None:
+    """``server.web_config`` loaded and checked; raises ``ValueError`` naming the file and key
+    (the server then does not start: never plain HTTP where TLS was asked for)."""
+    if not cfg.web_config:
+        return None
+    web_cfg = load_web_config(cfg.web_config)
+    if web_cfg.users and cfg.metrics_token:
+        raise WebConfigError(
+            f"{cfg.web_config}: basic_auth_users and server.metrics_token both guard /metrics: keep one"
+        )
+    return web_cfg
 
 
 def _with_token(cfg: ServerConfig) -> tuple[ServerConfig, Path | None]:
@@ -819,6 +867,7 @@ async def start_server(
     """Listen on ``cfg.listen``; raises ``ValueError`` (bad address) or ``OSError`` (bind).
     ``source`` as for ``make_app``."""
     host, port = parse_listen(cfg.listen)
+    web_cfg = load_server_web_config(cfg)
     cfg, token_file = _with_token(cfg)
     idle = float(cfg.idle_timeout)
     handler_kwargs: dict[str, Any] = {
@@ -829,7 +878,7 @@ async def start_server(
         "max_headers": MAX_HEADERS,
         "lingering_time": min(idle, 10.0),
     }
-    app = make_app(source, cfg, registry=registry)
+    app = make_app(source, cfg, registry=registry, web_config=web_cfg)
     counters = app[COUNTERS]
     counters.serving = True  # its counts are exported from now on
     counts = counters.dropped
@@ -850,14 +899,16 @@ async def start_server(
     # idle connections cannot evict a scrape's connection before its request has been read.
     backlog = max(16, min(128, guard.cap // 2))
     try:
-        listener = await loop.create_server(factory, host, port, reuse_address=True, backlog=backlog)
+        tls = web_cfg.ssl if web_cfg is not None else None
+        listener = await loop.create_server(factory, host, port, reuse_address=True, backlog=backlog, ssl=tls)
     except BaseException:
         await runner.cleanup()
         raise
     loop.set_exception_handler(accept_errors)
     sockets = listener.sockets or ()
     bound = sockets[0].getsockname()[1] if sockets else port
-    log.info("serving metrics and API on %s:%d", host, bound)
+    scheme = "https" if web_cfg is not None and web_cfg.ssl is not None else "http"
+    log.info("serving metrics and API on %s:%d (%s)", host, bound, scheme)
     if token_file is not None:
         log.info(
             "status page and /api/* need the token in %s (rankwatch url / rankwatch top read it)", token_file
@@ -865,4 +916,6 @@ async def start_server(
     warning = exposure_warning(cfg, host)
     if warning:
         log.warning("%s", warning)
-    return Server(runner, host, bound, listener=listener, accept_errors=accept_errors, guard=guard)
+    server = Server(runner, host, bound, listener=listener, accept_errors=accept_errors, guard=guard)
+    server.scheme = scheme
+    return server
