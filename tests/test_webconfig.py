@@ -22,7 +22,7 @@ from conftest import free_port, wait_for
 from rankwatch.server.webconfig import WebConfigError, load_web_config
 
 ROOT = Path(__file__).resolve().parent.parent
-PORT = re.compile(r"serving metrics and API on [^\s]+:(\d+) \((https?)\)")
+PORT = re.compile(r"serving metrics and API on [^\s]+:(\d+)\n.*web config .*: (HTTPS only)")
 
 
 def _write(tmp_path: Path, doc: dict[str, Any]) -> Path:
@@ -147,7 +147,7 @@ def test_a_real_prometheus_scrapes_the_agent_over_tls_with_a_client_cert_and_bas
                    "--web.config.file", str(web)]  # fmt: skip
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, env=env))
         m = wait_for(lambda: PORT.search(err.read_text(errors="replace")), 30, "the agent's port")
-        assert m.group(2) == "https", err.read_text()
+        assert m.group(2) == "HTTPS only", err.read_text()
         port = int(m.group(1))
         base = f"https://127.0.0.1:{port}"
 

@@ -908,7 +908,14 @@ async def start_server(
     sockets = listener.sockets or ()
     bound = sockets[0].getsockname()[1] if sockets else port
     scheme = "https" if web_cfg is not None and web_cfg.ssl is not None else "http"
-    log.info("serving metrics and API on %s:%d (%s)", host, bound, scheme)
+    log.info("serving metrics and API on %s:%d", host, bound)
+    if web_cfg is not None:
+        log.info(
+            "web config %s: %s%s",
+            web_cfg.path,
+            "HTTPS only" if web_cfg.ssl is not None else "no TLS",
+            f", basic auth on /metrics ({len(web_cfg.users)} user(s))" if web_cfg.users else "",
+        )
     if token_file is not None:
         log.info(
             "status page and /api/* need the token in %s (rankwatch url / rankwatch top read it)", token_file
