@@ -37,6 +37,7 @@ from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
+from rankwatch.sources import kubepods
 from rankwatch.sources.process import ProcessProber, find_processes
 
 log = logging.getLogger("rankwatch.run")
@@ -432,6 +433,7 @@ class _Found:
     problem: str | None
     stdout: Path | None
     prober: ProcessProber
+    pod: str | None = None  # namespace/pod/container when the log is the kubelet's
 
 
 def _look(
@@ -443,9 +445,15 @@ def _look(
     new = [p for p in pids if p not in attached]
     if first_only:
         new = new[:1]
-    return pids, {
-        p: _Found(*_read_process_env(p), _stdout_file(p), ProcessProber(p, clock=clock)) for p in new
-    }
+    out: dict[int, _Found] = {}
+    for p in new:
+        stdout, pod = _stdout_file(p), None
+        if stdout is None:
+            pc = kubepods.container_log(p)  # a pod's process: its stdout is the kubelet's log file
+            if pc is not None:
+                stdout, pod = pc.log, str(pc)
+        out[p] = _Found(*_read_process_env(p), stdout, ProcessProber(p, clock=clock), pod)
+    return pids, out
 
 
 def _stdout_file(pid: int) -> Path | None:
@@ -546,7 +554,9 @@ async def _watch_processes(
         watchers.append(w)
         if started:
             tasks.append(asyncio.create_task(w.run()))
-        log.info("rank %s: pid %d%s", ident.rank, pid, f", following {out}" if out else ", no log file")
+        pod = f" (pod {seen.pod})" if seen.pod else ""
+        following = f", following {out}" if out else ", no log file"
+        log.info("rank %s: pid %d%s%s", ident.rank, pid, pod, following)
 
     async def assign(found: Sequence[int]) -> None:
         for gone in set(agent.attach_problems) - set(found):

@@ -253,6 +253,10 @@ fail the install instead, naming the fix.
 {{- if include "rankwatch.metricsTokenKey" . }}
 {{- $_ := set $base.server "metrics_token" "${RANKWATCH_METRICS_TOKEN}" }}
 {{- end }}
+{{- if eq .Values.mode "daemonset" }}
+{{- /* a node agent watches every job on its node: each rank's run comes from its own environment */}}
+{{- $_ := set $base "run" (dict "node" "${NODE_NAME:-}") }}
+{{- end }}
 {{- $cfg := mergeOverwrite $base (deepCopy (.Values.agent.config | default dict)) }}
 {{- if not .Values.stackDumps.enabled }}
 {{- $_ := set $cfg.dumps "on_stall" false }}
