@@ -239,6 +239,9 @@ def _job_env(slurm: dict[str, str], tmp_path: Path, sd: Path) -> dict[str, str]:
         RANKWATCH_BIND="127.0.0.1",
         RANKWATCH_SD_DIR=str(sd),
         RANKWATCH_LOG_DIR=str(tmp_path / "logs"),
+        # this test's runtime folder (the module's cluster was started under another test's):
+        # the agents keep their token there, where _get reads it
+        XDG_RUNTIME_DIR=os.environ["XDG_RUNTIME_DIR"],
     )
 
 
