@@ -44,6 +44,8 @@ from typing import Any
 
 import yaml
 
+from rankwatch import offloop
+
 _TLS_KEYS = {
     "cert_file",
     "key_file",
@@ -69,6 +71,7 @@ _CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 _CACHE = 64  # remembered good credentials
+_CHECKS = 2  # bcrypt checks at once
 
 
 class WebConfigError(ValueError):
@@ -83,6 +86,7 @@ class WebConfig:
     headers: dict[str, str] = field(default_factory=dict)
     _key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     _good: OrderedDict[bytes, None] = field(default_factory=OrderedDict, repr=False)
+    _checks: asyncio.Semaphore | None = field(default=None, repr=False)
 
     async def check_basic(self, user: str, password: str) -> bool:
         """Whether ``user:password`` is one of ``basic_auth_users`` (bcrypt, off the loop)."""
@@ -90,12 +94,12 @@ class WebConfig:
         digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
         if want is None:
             # the same work for an unknown user, so timing does not tell which users exist
-            await asyncio.to_thread(_checkpw, password, _dummy_hash())
+            await self._bcrypt(password, None)
             return False
         if digest in self._good:
             self._good.move_to_end(digest)
             return True
-        ok = await asyncio.to_thread(_checkpw, password, want)
+        ok = await self._bcrypt(password, want)
         if ok:
             self._good[digest] = None
             while len(self._good) > _CACHE:
@@ -103,8 +107,20 @@ class WebConfig:
         return ok
 
 
-def _checkpw(password: str, hashed: bytes) -> bool:
+    async def _bcrypt(self, password: str, hashed: bytes | None) -> bool:
+        """One bcrypt check on a daemon thread (``offloop``), at most ``_CHECKS`` at once: a
+        flood of wrong passwords costs at most that many cores, never the event loop."""
+        if self._checks is None:
+            self._checks = asyncio.Semaphore(_CHECKS)
+        async with self._checks:
+            return await offloop.in_daemon(_checkpw, password, hashed, name="rankwatch-bcrypt")
+
+
+def _checkpw(password: str, hashed: bytes | None) -> bool:
     import bcrypt
+
+    if hashed is None:
+        hashed = _dummy_hash()
 
     try:
         return bool(bcrypt.checkpw(password.encode(), hashed))
