@@ -170,6 +170,15 @@ def test_a_real_prometheus_scrapes_the_agent_over_tls_with_a_client_cert_and_bas
         with pytest.raises(OSError):  # plain HTTP is not served
             _get(f"http://127.0.0.1:{port}/healthz", None)
 
+        # rankwatch top over the same TLS, with the client certificate and the agent's token file
+        top = subprocess.run(
+            [sys.executable, "-m", "rankwatch", "top", "--once", base, "--cacert", str(pki / "ca.crt"),
+             "--cert", str(pki / "client.crt"), "--key", str(pki / "client.key")],
+            capture_output=True, text=True, timeout=60, env={**env, "NO_COLOR": "1", "COLUMNS": "100"},
+        )  # fmt: skip
+        said = top.stdout + top.stderr
+        assert top.returncode == 0 and "1 rank(s)" in top.stdout and "! " not in top.stdout, said
+
         prom_port = free_port()
         tls = {
             "ca_file": str(pki / "ca.crt"),

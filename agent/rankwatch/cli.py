@@ -419,8 +419,20 @@ def cmd_top(args: argparse.Namespace) -> int:
         mine = None if given else agent_token(None)
         for u in agents:
             tokens[u] = given or (mine if is_loopback_host(urlsplit(u).hostname or "") else None)
+    from rankwatch.top import tls_context
+
+    try:
+        tls = tls_context(args.cacert, args.cert, args.key)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--cacert/--cert/--key: {e}") from None
     return run_top(
-        agents, tokens, prometheus=args.prometheus, run=args.run, interval=args.interval, once=args.once
+        agents,
+        tokens,
+        prometheus=args.prometheus,
+        run=args.run,
+        interval=args.interval,
+        once=args.once,
+        tls=tls,
     )
 
 
@@ -595,6 +607,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
     t.add_argument("--once", action="store_true", help="print one frame and exit (scripts)")
+    t.add_argument(
+        "--cacert", metavar="FILE", help="CA that signed the agents' TLS certificates (web config)"
+    )
+    t.add_argument("--cert", metavar="FILE", help="client certificate, for agents that require one")
+    t.add_argument("--key", metavar="FILE", help="the client certificate's key (default: in --cert)")
     t.set_defaults(func=cmd_top)
 
     c = sub.add_parser("config", help="show the effective configuration or check a file")

@@ -23,6 +23,7 @@ import math
 import os
 import re
 import shutil
+import ssl
 import sys
 import time
 import urllib.error
@@ -108,12 +109,12 @@ class Frame:
 
 
 # --- fetching ------------------------------------------------------------------------------
-def _get(url: str, token: str | None, timeout: float) -> bytes:
+def _get(url: str, token: str | None, timeout: float, tls: ssl.SSLContext | None = None) -> bytes:
     headers = {"Accept": "application/json, text/plain"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(url, headers=headers)
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with urllib.request.urlopen(req, timeout=timeout, context=tls) as r:
         body: bytes = r.read(MAX_BODY + 1)
     if len(body) > MAX_BODY:
         raise ValueError(f"answer over {MAX_BODY >> 20} MiB")
@@ -231,22 +232,24 @@ def rows_from_samples(samples: Iterable[Sample], rows: list[Row] | None = None) 
     return list(by_key.values())
 
 
-def from_agent(url: str, token: str | None, timeout: float) -> list[Row]:
+def from_agent(url: str, token: str | None, timeout: float, tls: ssl.SSLContext | None = None) -> list[Row]:
     base = url.rstrip("/")
-    doc = json.loads(_get(base + "/api/status", token, timeout))
+    doc = json.loads(_get(base + "/api/status", token, timeout, tls))
     rows = rows_from_status(doc)
     try:
-        text = _get(base + "/metrics", None, timeout).decode("utf-8", "replace")
+        text = _get(base + "/metrics", None, timeout, tls).decode("utf-8", "replace")
     except (OSError, ValueError):
         return rows  # the GPU columns stay empty; the rest is what matters
     return rows_from_samples(samples_from_metrics(text), rows)
 
 
-def from_prometheus(url: str, timeout: float, run: str | None = None) -> list[Row]:
+def from_prometheus(
+    url: str, timeout: float, run: str | None = None, tls: ssl.SSLContext | None = None
+) -> list[Row]:
     names = "|".join(SERIES)
     selector = f'__name__=~"{names}"' + (f',run="{_promql_string(run)}"' if run else "")
     query = urllib.parse.urlencode({"query": "{" + selector + "}"})
-    doc = json.loads(_get(url.rstrip("/") + "/api/v1/query?" + query, None, timeout))
+    doc = json.loads(_get(url.rstrip("/") + "/api/v1/query?" + query, None, timeout, tls))
     if doc.get("status") != "success":
         raise ValueError(f"query failed: {doc.get('error') or doc.get('status')}")
     samples: list[Sample] = []
@@ -269,6 +272,7 @@ def fetch(
     prometheus: str | None = None,
     run: str | None = None,
     timeout: float = 3.0,
+    tls: ssl.SSLContext | None = None,
     clock: Callable[[], float] = time.time,
 ) -> Frame:
     """One frame from every source; a source that fails is a line under the table."""
@@ -276,14 +280,14 @@ def fetch(
     errors: list[str] = []
     if prometheus:
         try:
-            rows = from_prometheus(prometheus, timeout, run)
+            rows = from_prometheus(prometheus, timeout, run, tls)
         except (OSError, ValueError) as e:
             errors.append(_why(prometheus, e))
         n = 1
     else:
         n = len(agents)
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, max(1, n))) as pool:
-            futures = [pool.submit(from_agent, u, tokens.get(u), timeout) for u in agents]
+            futures = [pool.submit(from_agent, u, tokens.get(u), timeout, tls) for u in agents]
             for u, fut in zip(agents, futures, strict=True):
                 try:
                     rows.extend(fut.result())
@@ -406,6 +410,17 @@ def render(frame: Frame, *, width: int = 100, colour: bool = False, title: str =
     return "\n".join(lines) + "\n"
 
 
+def tls_context(cacert: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """For agents (or a Prometheus) behind the web config's TLS: a CA to trust, and the client
+    certificate a ``RequireAndVerifyClientCert`` agent asks for. None: the system's defaults."""
+    if not (cacert or cert):
+        return None
+    ctx = ssl.create_default_context(cafile=cacert)
+    if cert:
+        ctx.load_cert_chain(cert, key)
+    return ctx
+
+
 def use_colour(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return stream.isatty() and not env.get("NO_COLOR") and env.get("TERM", "") != "dumb"
@@ -426,6 +441,7 @@ def run_top(
     once: bool,
     stream: TextIO | None = None,
     timeout: float = 3.0,
+    tls: ssl.SSLContext | None = None,
 ) -> int:
     """Print frames until interrupted (or one with ``once``). Exit 0; 1 when ``once`` and
     no source answered."""
@@ -434,7 +450,7 @@ def run_top(
     title = prometheus or (agents[0] if len(agents) == 1 else f"{len(agents)} agents")
     redraw = out.isatty() and not once
     while True:
-        frame = fetch(agents, tokens, prometheus=prometheus, run=run, timeout=timeout)
+        frame = fetch(agents, tokens, prometheus=prometheus, run=run, timeout=timeout, tls=tls)
         text = render(frame, width=terminal_width(out), colour=colour, title=clean(title, 60))
         out.write(("\x1b[H\x1b[2J" if redraw else "") + text)
         out.flush()
