@@ -370,22 +370,31 @@ def agent_token(cfg: Config | None) -> str | None:
         raise UsageError(f"{e.filename or 'the token file'}: {e.strerror or e}") from None
 
 
-def local_url(listen: str) -> str:
+def local_url(listen: str, web_config: str | None = None) -> str:
+    """The local agent's address; https when its web config has ``tls_server_config``."""
     from rankwatch.server import parse_listen
 
     try:
         host, port = parse_listen(listen)
     except ValueError as e:
         raise UsageError(f"server.listen: {e}") from None
+    scheme = "http"
+    if web_config:
+        from rankwatch.server.webconfig import WebConfigError, load_web_config
+
+        try:
+            scheme = "https" if load_web_config(web_config).ssl is not None else "http"
+        except WebConfigError as e:
+            raise UsageError(str(e)) from None
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def cmd_url(args: argparse.Namespace) -> int:
     from urllib.parse import quote
 
     cfg = _load_config(args)
-    base = (args.url or local_url(cfg.server.listen)).rstrip("/")
+    base = (args.url or local_url(cfg.server.listen, cfg.server.web_config)).rstrip("/")
     token = agent_token(cfg)
     if not token:
         from rankwatch.server.tokenfile import token_path
@@ -412,7 +421,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
         from rankwatch.server.app import is_loopback_host
 
-        agents = agents or [local_url(cfg.server.listen)]
+        agents = agents or [local_url(cfg.server.listen, cfg.server.web_config)]
         given = args.token or (cfg.server.token or None)
         # The token file's token is this node's: it goes to agents on this node only, never
         # to a URL on another host (which would learn it).
