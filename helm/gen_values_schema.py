@@ -106,11 +106,44 @@ def _type(hint: Any, path: str) -> dict[str, Any]:
     raise TypeError(f"{path}: no JSON schema for {hint!r}")
 
 
+MINIMUMS_FILE = ROOT / "helm" / "rankwatch" / "files" / "config-minimums.json"
+_MINIMUMS: list[dict[str, Any]] = []
+
+
+def _kind(hint: Any) -> str:
+    args = union_args(hint)
+    if args is not None:
+        hint = next(a for a in args if a is not type(None))
+    return "duration" if hint is Duration else "size" if hint is Size else "number"
+
+
+def _shown(value: float, kind: str) -> str:
+    if kind == "duration":
+        return f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
+    return f"{value:g} bytes" if kind == "size" else f"{value:g}"
+
+
+def _with_min(schema: dict[str, Any], low: float, zero_off: bool) -> dict[str, Any]:
+    """The number arms of ``schema`` with the agent's minimum (strings: the chart's template
+    check, files/config-minimums.json, since JSON schema cannot compare durations)."""
+    if schema.get("type") in ("number", "integer") and "minimum" in schema:
+        bounded = {**schema, "minimum": low}
+        return {"anyOf": [{"const": 0}, bounded]} if zero_off else bounded
+    if "anyOf" in schema:
+        return {**schema, "anyOf": [_with_min(a, low, zero_off) for a in schema["anyOf"]]}
+    return schema
+
+
 def _section(cls: type, path: str) -> dict[str, Any]:
     props: dict[str, Any] = {}
     for f, hint in section_fields(cls):
         child = f"{path}.{f.name}" if path else f.name
         schema = _type(hint, child)
+        if f.metadata.get("min") is not None:
+            low, zero_off, kind = float(f.metadata["min"]), bool(f.metadata.get("zero_off")), _kind(hint)
+            schema = _with_min(schema, low, zero_off)
+            entry = {"path": child.split("."), "min": low, "zero_off": zero_off, "kind": kind}
+            _MINIMUMS.append({**entry, "shown": _shown(low, kind)})
         doc = f.metadata.get("doc")
         if doc and "description" not in schema:
             schema = {"description": doc, **schema}
@@ -130,18 +163,33 @@ def config_schema() -> dict[str, Any]:
 
 def render() -> str:
     doc = json.loads(SCHEMA_FILE.read_text())
+    _MINIMUMS.clear()
     doc["properties"]["agent"]["properties"]["config"] = config_schema()
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
+def render_minimums() -> str:
+    """The agent's minimums for the chart's template check (``rankwatch.checkMinimums``)."""
+    units = {
+        "duration": {u.lower(): v for u, v in _DURATION_UNITS.items()} | {"": 1.0},
+        "size": {u.lower(): float(v) for u, v in _SIZE_UNITS.items()},
+        "number": {"": 1.0},
+    }
+    keys = sorted(_MINIMUMS, key=lambda m: m["path"])
+    return json.dumps({"keys": keys, "units": units}, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+
+
 def main(argv: list[str]) -> int:
     text = render()
+    minimums = render_minimums()
     if "--check" in argv:
-        if SCHEMA_FILE.read_text() != text:
-            print(f"{SCHEMA_FILE} is stale: run python helm/gen_values_schema.py", file=sys.stderr)
-            return 1
+        for path, want in ((SCHEMA_FILE, text), (MINIMUMS_FILE, minimums)):
+            if not path.exists() or path.read_text() != want:
+                print(f"{path} is stale: run python helm/gen_values_schema.py", file=sys.stderr)
+                return 1
         return 0
     SCHEMA_FILE.write_text(text)
+    MINIMUMS_FILE.write_text(minimums)
     return 0
 
 

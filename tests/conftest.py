@@ -209,9 +209,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         lines = [line for group in problems.values() for line in group]
         raise pytest.UsageError(
             "every test needs exactly one tier marker, and a unit test no wall-clock assertion "
-            "(tests/conftest.py):\n"
-            + "\n".join(lines)
-            + ("\n" + HOW if "no tier" in problems else "")
+            "(tests/conftest.py):\n" + "\n".join(lines) + ("\n" + HOW if "no tier" in problems else "")
         )
     # Tests that start real programs (agents, trainers, Slurm, Prometheus, Chromium) wait on
     # wall-clock deadlines on a 2-core machine that other work shares: a missed deadline there
@@ -296,6 +294,28 @@ def _unit_starts_no_process(request: pytest.FixtureRequest) -> Generator[None, N
         mp.undo()
     if tried and not request.node.stash.get(_CALL_FAILED, False):  # the error was swallowed
         pytest.fail(f"a unit test started a process or server ({tried[0]}): mark it `process` or `tool`")
+
+
+@pytest.fixture(autouse=True)
+def _private_runtime_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Generator[Path, None, None]:
+    """Each test its own ``$XDG_RUNTIME_DIR`` (0700), inherited by the agents it starts: the
+    token an agent makes when none is configured never lands in the real runtime folder, and
+    tests never share one."""
+    folder = tmp_path_factory.mktemp("xdg")
+    folder.chmod(0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
+    yield folder
+
+
+def agent_token() -> str:
+    """The token this test's agents use when none is configured (the CLI reads the same)."""
+    from rankwatch.server.tokenfile import read_token
+
+    token = read_token()
+    assert token, "no agent has made a token in this test's runtime folder yet"
+    return token
 
 
 # --- strict skips ------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import agent_token
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -38,9 +40,10 @@ def _rankwatch(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _get(url: str) -> tuple[int, str]:
+def _get(url: str, token: str | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=5) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
@@ -174,7 +177,7 @@ def test_unreadable_rank_environment_is_loud_and_not_ready(tmp_path: Path) -> No
         assert port, err.read_text()
         base = f"http://127.0.0.1:{port}"
         while time.monotonic() < deadline:
-            status, body = _get(f"{base}/readyz")
+            status, body = _get(f"{base}/readyz", agent_token())  # details need the token
             if "cannot read the environment" in body:
                 break
             time.sleep(0.1)

@@ -285,8 +285,8 @@ def test_chart_lints_strict(name: str) -> None:
         ),
         ({"agent": {"config": {"alerts": {"min_severity": "warn"}}}}, "/agent/config/alerts/min_severity"),
         ({"agent": {"config": {"server": {"token": "s3cret"}}}}, "/agent/config/server/token"),
-        # --set 'server.token=${RANKWATCH_TOKEN}': Helm would install the literal.
-        ({"server": {"token": "${RANKWATCH_TOKEN}"}}, "/server/token"),
+        # below the agent's own minimum (10ms) as a number; a string is the template's check (below)
+        ({"agent": {"config": {"logs": {"poll_interval": 0.001}}}}, "/agent/config/logs/poll_interval"),
         ({"sidecar": {"startupProbe": {"enabeld": False}}}, "enabeld"),
     ],
 )
@@ -471,7 +471,11 @@ def test_restricted_mode_meets_the_restricted_pod_security_standard() -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert _agent_config(docs)["dumps"]["on_stall"] is False
     env = {e["name"]: e for e in sidecar["env"]}
-    assert env["SLACK_BOT_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "training-alerts", "key": "token"}
+    assert env["SLACK_BOT_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "training-alerts",
+        "key": "token",
+        "optional": True,
+    }
     assert "Secret" not in _kinds(docs)
     assert _agent_config(docs)["alerts"]["slack"]["token"] == "${SLACK_BOT_TOKEN}"
 
@@ -487,7 +491,11 @@ def test_multirank_render() -> None:
     env = {e["name"]: e for e in sidecar["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["WORLD_SIZE"]["value"] == "8"
-    assert env["RANKWATCH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "rankwatch-api", "key": "token"}
+    assert env["RANKWATCH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "rankwatch-api",
+        "key": "token",
+        "optional": True,
+    }
     assert "RANKWATCH_METRICS_TOKEN" not in env
     (trainer,) = pod["containers"]
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -537,8 +545,9 @@ def test_operator_settings_render() -> None:
         for e in sidecar["env"]
         if "secretKeyRef" in e.get("valueFrom", {})
     }
-    assert env["RANKWATCH_TOKEN"] == {"name": secret["metadata"]["name"], "key": "token"}
-    assert env["RANKWATCH_METRICS_TOKEN"] == {"name": secret["metadata"]["name"], "key": "metrics-token"}
+    name = secret["metadata"]["name"]
+    assert env["RANKWATCH_TOKEN"] == {"name": name, "key": "token", "optional": True}
+    assert env["RANKWATCH_METRICS_TOKEN"] == {"name": name, "key": "metrics-token", "optional": True}
     cm = _one(docs, "ConfigMap", "-config")
     assert "token-from-ci" not in json.dumps(cm)
     cfg = _agent_config(docs)
@@ -546,17 +555,24 @@ def test_operator_settings_render() -> None:
     assert cfg["server"]["metrics_token"] == "${RANKWATCH_METRICS_TOKEN}"
 
     auth = {"type": "Bearer", "credentials": {"name": secret["metadata"]["name"], "key": "metrics-token"}}
-    (pm_ep,) = _one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert not [d for d in docs if d["kind"] == "PodMonitor"]  # one monitor: never every pod twice
     monitor = _one(docs, "ServiceMonitor")
     (sm_ep,) = monitor["spec"]["endpoints"]
-    for ep in (pm_ep, sm_ep):
-        assert ep["authorization"] == auth
-        assert ep["scrapeTimeout"] == "10s"
-        assert ep["relabelings"][0]["targetLabel"] == "hostname"
-    assert pm_ep["metricRelabelings"][0]["action"] == "drop"
-    assert _one(docs, "PodMonitor")["spec"]["selector"] == {"matchLabels": {"team": "llm"}}
-    assert _one(docs, "PodMonitor")["spec"]["selector"]["matchLabels"].items() <= meta["labels"].items()
+    assert sm_ep["authorization"] == auth
+    assert sm_ep["scrapeTimeout"] == "10s"
+    assert sm_ep["relabelings"][0]["targetLabel"] == "hostname"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    # in the monitoring namespace, selecting the release's; label options passed through
+    assert monitor["metadata"]["namespace"] == "monitoring"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ml"]}
+    assert sm_ep["honorLabels"] is True and monitor["spec"]["podTargetLabels"] == ["team"]
+    # a mirror registry and a digest; the port from agent.config.server.listen everywhere
+    digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    assert sidecar["image"] == f"registry.example.com/rankwatch/rankwatch:{_chart()['appVersion']}@{digest}"
+    assert pod["containers"][0]["image"] == "registry.example.com/python:3.11-slim"
+    assert sidecar["ports"][0]["containerPort"] == 9555
+    assert _one(docs, "Service", "-metrics")["spec"]["ports"][0]["port"] == 9555
+    assert cfg["server"]["listen"] == "0.0.0.0:9555"
     # The ServiceMonitor finds the metrics Service, which finds the pods.
     svc = _one(docs, "Service", "-metrics")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
@@ -584,7 +600,7 @@ def test_a_token_variable_the_sidecar_never_gets_fails_the_install() -> None:
 @pytest.mark.tool
 def test_operator_crd_validation_is_strict() -> None:
     """The CRD check above means something: a misspelt endpoint field or a bad type fails."""
-    monitor = json.loads(json.dumps(_one(_render("operator"), "PodMonitor")))
+    monitor = json.loads(json.dumps(_one(_render("default"), "PodMonitor")))
     monitor["spec"]["podMetricsEndpoints"][0]["scrapeTimout"] = "10s"
     with pytest.raises(pytest.fail.Exception):
         _validate_operator_crd(monitor)
@@ -886,3 +902,191 @@ def test_hadolint() -> None:
 def test_grafana_dashboards_configmap_validates() -> None:
     cm = yaml.safe_load((ROOT / "grafana" / "kubernetes" / "dashboards-configmap.yaml").read_text())
     _validate_all([cm])
+
+
+# --- issue 30: fail-open holes, one cluster-wide install, monitor options ----------------------
+def _render_values(values: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    helm = _helm()
+    with helm.Chart.load(str(CHART)) as chart:
+        out = chart.render(values=values, name="demo", namespace="ml")
+    return tuple(
+        d
+        for path, text in sorted(out.items())
+        if not path.endswith(".txt")
+        for d in yaml.safe_load_all(text)
+        if d
+    )
+
+
+@pytest.mark.tool
+def test_secret_references_are_optional_so_a_missing_secret_never_blocks_the_trainer() -> None:
+    values = {
+        "server": {"existingSecret": "api", "metricsTokenKey": "m"},
+        "slack": {"enabled": True, "existingSecret": "s"},
+    }
+    sidecar = _sidecar(_pod(_render_values(values)))
+    refs = [
+        e["valueFrom"]["secretKeyRef"] for e in sidecar["env"] if "secretKeyRef" in e.get("valueFrom", {})
+    ]
+    assert len(refs) == 3 and all(r["optional"] is True for r in refs), refs
+    assert _one(_render_values(values), "PodMonitor")  # and the rest still renders
+
+
+@pytest.mark.tool
+def test_a_listen_port_in_the_agent_config_moves_probes_services_and_monitors() -> None:
+    values = {
+        "agent": {"config": {"server": {"listen": "0.0.0.0:9600"}}},
+        "sidecar": {"readinessProbe": {"enabled": True}, "startupProbe": {"enabled": True}},
+    }
+    docs = _render_values(values)
+    sidecar = _sidecar(_pod(docs))
+    assert sidecar["ports"] == [{"name": "rankwatch", "containerPort": 9600, "protocol": "TCP"}]
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert sidecar[probe]["httpGet"]["port"] == "rankwatch"  # the named port: 9600
+    svc = _one(docs, "Service")
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]}["rankwatch"] == 9600
+    (ep,) = _one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert ep["port"] == "rankwatch"
+    assert _agent_config(docs)["server"]["listen"] == "0.0.0.0:9600"
+    helm = _helm()
+    with helm.Chart.load(str(CHART)) as chart:
+        for listen in ("0.0.0.0:auto", ":0", "${LISTEN}"):
+            with pytest.raises(Exception, match="needs a fixed port"):
+                chart.render(
+                    values={"agent": {"config": {"server": {"listen": listen}}}}, name="d", namespace="ml"
+                )
+
+
+@pytest.mark.tool
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        (
+            {"logs": {"poll_interval": "1ms"}},
+            "agent.config.logs.poll_interval: 1ms is below the agent's minimum 10ms",
+        ),
+        ({"logs": {"poll_interval": "0.005s"}}, "below the agent's minimum 10ms"),
+        ({"reload": {"interval": "5ms"}}, "minimum 10ms or 0 (off)"),
+        ({"server": {"max_request_bytes": "512"}}, "minimum 1024 bytes"),
+        ({"process": {"sample_interval": "10ms"}}, "minimum 50ms"),
+    ],
+)
+def test_values_below_the_agents_minimums_are_refused_at_install(config: dict[str, Any], says: str) -> None:
+    helm = _helm()
+    with helm.Chart.load(str(CHART)) as chart:
+        with pytest.raises(Exception, match=re.escape(says)):
+            chart.render(values={"agent": {"config": config}}, name="demo", namespace="ml")
+        for fine in (
+            {"logs": {"poll_interval": "10ms"}},
+            {"reload": {"interval": 0}},
+            {"stall": {"floor": "1m30s"}},
+        ):
+            assert chart.render(values={"agent": {"config": fine}}, name="demo", namespace="ml")
+    from rankwatch.config.loader import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError):  # the agent refuses the same value
+        config_from_dict(config, source="test")
+
+
+@pytest.mark.tool
+def test_one_cluster_wide_install_of_rules_and_dashboards_and_per_job_releases_without_them() -> None:
+    shared = _render_values(
+        {
+            "scope": "shared",
+            "prometheusRule": {"namespace": "monitoring"},
+            "dashboards": {"namespace": "monitoring"},
+        }
+    )
+    assert _kinds(shared) == ["ConfigMap", "PrometheusRule"]
+    assert {d["metadata"]["namespace"] for d in shared} == {"monitoring"}
+    assert _one(shared, "ConfigMap", "-dashboards")["metadata"]["labels"]["grafana_dashboard"] == "1"
+    job = _render_values(
+        {"scope": "workload", "podMonitor": {"namespace": "monitoring", "podTargetLabels": ["team"]}}
+    )
+    assert "PrometheusRule" not in _kinds(job) and not [
+        d for d in job if d["metadata"]["name"].endswith("-dashboards")
+    ]
+    assert {"Job", "PodMonitor", "ConfigMap"} <= set(_kinds(job))
+    pm = _one(job, "PodMonitor")
+    assert pm["metadata"]["namespace"] == "monitoring" and pm["spec"]["namespaceSelector"] == {
+        "matchNames": ["ml"]
+    }
+    assert (
+        pm["spec"]["podTargetLabels"] == ["team"]
+        and pm["spec"]["podMetricsEndpoints"][0]["honorLabels"] is False
+    )
+    explicit = _one(_render_values({"podMonitor": {"namespaceSelector": {"any": True}}}), "PodMonitor")
+    assert explicit["spec"]["namespaceSelector"] == {"any": True}
+    _validate_all(shared)
+    _validate_all(job)
+    for monitor in (pm, explicit):
+        _validate_operator_crd(monitor)
+    helm = _helm()
+    with helm.Chart.load(str(CHART)) as chart, pytest.raises(Exception, match="scrape the same sidecars"):
+        chart.render(values={"serviceMonitor": {"enabled": True}}, name="demo", namespace="ml")
+
+
+@pytest.mark.tool
+def test_global_image_registry_and_digest_are_honoured() -> None:
+    digest = "sha256:" + "ab" * 32
+    version = _chart()["appVersion"]
+    for registry, want in (
+        ("mirror.example.com", f"mirror.example.com/rankwatch/rankwatch:{version}@{digest}"),
+        ("mirror.example.com/proxy/", f"mirror.example.com/proxy/rankwatch/rankwatch:{version}@{digest}"),
+    ):
+        docs = _render_values({"global": {"imageRegistry": registry}, "image": {"digest": digest}})
+        assert _sidecar(_pod(docs))["image"] == want
+    plain = _sidecar(_pod(_render_values({})))["image"]
+    assert plain == f"ghcr.io/rankwatch/rankwatch:{version}"
+    report = _helm().lint(str(CHART), {"image": {"digest": "latest"}}, strict=True)
+    assert any("/image/digest" in e for e in report["errors"]), report["errors"]
+
+
+@pytest.mark.tool
+def test_a_token_variable_in_the_chart_values_is_refused_saying_why() -> None:
+    """--set 'server.token=${RANKWATCH_TOKEN}' in single quotes: Helm would put the characters
+    in the Secret. The install fails with the fix, not with a schema's "'not' failed"."""
+    helm = _helm()
+    with helm.Chart.load(str(CHART)) as chart:
+        for key in ("token", "metricsToken"):
+            with pytest.raises(
+                Exception, match=r"Helm does not expand \$\{VAR\}.*server\.existingSecret"
+            ) as e:
+                chart.render(values={"server": {key: "${RANKWATCH_TOKEN}"}}, name="demo", namespace="ml")
+            assert "'not' failed" not in str(e.value)
+
+
+@pytest.mark.tool
+def test_daemonset_mode_watches_the_node_without_pod_edits_with_least_privilege() -> None:
+    """mode: daemonset (partial: no pod-resources GPU mapping yet): one agent per node, the
+    example Job without a sidecar, and only the privileges node-level watching needs."""
+    docs = _render_values({"mode": "daemonset", "nodeAgent": {"nodeSelector": {"gpu": "true"}}})
+    _validate_all(docs)
+    assert "initContainers" not in _pod(docs)  # the training pods are not edited
+    ds = _one(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True and "hostNetwork" not in pod and pod["nodeSelector"] == {"gpu": "true"}
+    assert pod["automountServiceAccountToken"] is False  # no Kubernetes API access
+    (agent,) = pod["containers"]
+    sc = agent["securityContext"]
+    assert (
+        sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"]
+    )
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH"]}
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host == {"var-log-pods": "/var/log/pods", "var-log-containers": "/var/log/containers"}
+    mounts = _mounts(agent)
+    assert all(mounts[name]["readOnly"] is True for name in host)
+    assert agent["args"][:5] == [
+        "watch",
+        "--config",
+        "/etc/rankwatch/rankwatch.yaml",
+        "--fail-open",
+        "--match",
+    ]
+    assert "run" not in _agent_config(docs) or "name" not in _agent_config(docs)["run"]  # each rank's own run
+    monitor = _one(docs, "PodMonitor")
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert agent["ports"][0]["name"] == monitor["spec"]["podMetricsEndpoints"][0]["port"]
+    assert "DaemonSet" not in _kinds(_render("default"))  # the sidecar stays the default

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import agent_token
+
 pytestmark = [pytest.mark.process, pytest.mark.faults]
 
 
@@ -89,7 +91,9 @@ def _port(err: Path) -> int | None:
 
 
 def _status(err: Path) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{_port(err)}/api/status", timeout=5) as r:
+    url = f"http://127.0.0.1:{_port(err)}/api/status"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {agent_token()}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
         return json.loads(r.read())
 
 

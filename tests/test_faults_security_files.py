@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import agent_token
 from rankwatch import safeio
 from rankwatch.dumps.capture import DumpResult
 from rankwatch.dumps.store import DumpStore
@@ -49,9 +50,21 @@ needs_root = pytest.mark.skipif(not ROOT, reason="needs root (files owned by ano
 
 
 # --------------------------------------------------------------------------- helpers
+_TOKEN_DIR: dict[str, Path] = {}  # "agent": set (monkeypatched) by a test whose agent is another user
+
+
+def _token() -> str:
+    if "agent" in _TOKEN_DIR:  # read as root: the file is the agent user's, 0600
+        return (_TOKEN_DIR["agent"] / "token").read_text().strip()
+    return agent_token()
+
+
 def _get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    """GET with the token the agent made in this test's runtime folder (none on /metrics)."""
+    private = not url.split("/", 3)[-1].startswith(("metrics", "healthz", "readyz"))
+    headers = {"Authorization": f"Bearer {_token()}"} if private else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
@@ -137,7 +150,9 @@ sys.exit(1)
 
 @pytest.mark.tool
 @needs_root
-def test_log_swapped_for_a_symlink_to_a_root_only_file_is_never_read(shared: Path) -> None:
+def test_log_swapped_for_a_symlink_to_a_root_only_file_is_never_read(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     secret = _secret_file(shared / "root-only.txt")
     assert os.stat(secret).st_uid == 0 and stat.S_IMODE(os.stat(secret).st_mode) == 0o600
     job = shared / "job"
@@ -169,6 +184,12 @@ def test_log_swapped_for_a_symlink_to_a_root_only_file_is_never_read(shared: Pat
         as_agent = []
     found = out / "findings.jsonl"
     err, console = out / "agent.err", out / "agent.out"
+    # the agent's own runtime folder, where it keeps the token it makes (its user's, 0700)
+    runtime = out / "xdg"
+    runtime.mkdir(mode=0o700)
+    if as_agent:
+        os.chown(runtime, AGENT_UID, AGENT_UID)
+    monkeypatch.setitem(_TOKEN_DIR, "agent", runtime / "rankwatch")
     job_proc = subprocess.Popen(
         [*as_job, sys.executable, str(script), str(job), str(secret), marker], env=_env(), cwd=shared
     )
@@ -178,7 +199,7 @@ def test_log_swapped_for_a_symlink_to_a_root_only_file_is_never_read(shared: Pat
             [*as_agent, sys.executable, "-m", "rankwatch", "-v", *watch, "--findings-jsonl", str(found)],
             stdout=o_fh,
             stderr=e_fh,
-            env=_env(),
+            env=dict(_env(), XDG_RUNTIME_DIR=str(runtime)),
             cwd=out,
         )
     pages: dict[str, str] = {}

@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from conftest import agent_token
+
 ROOT = os.geteuid() == 0
 AGENT_UID = 1  # daemon: the systemd unit's user, neither root nor the job's
 OTHER_UID = 65534  # nobody: another user of the node
@@ -1080,7 +1082,8 @@ def test_a_fifo_in_the_ranks_folder_leaves_the_crash_and_the_dumps_api_alive(tmp
             statuses = []
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
                 for _ in range(3):
-                    async with s.get(svc.server.url + "/api/dumps") as r:
+                    auth = {"Authorization": f"Bearer {agent_token()}"}  # the token it made
+                    async with s.get(svc.server.url + "/api/dumps", headers=auth) as r:
                         statuses.append(r.status)
             return statuses, took, sent
         finally:

@@ -18,8 +18,10 @@ import re
 import resource
 import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +31,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp.test_utils import TestServer
 
 from conftest import free_port
 from rankwatch.config.schema import Config, ServerConfig
@@ -37,7 +40,7 @@ from rankwatch.identity import Identity
 from rankwatch.records import StepRecord
 from rankwatch.runtime.agent import Agent
 from rankwatch.server import Server, start_server
-from rankwatch.server.app import exposure_warning, is_loopback_host, session_value
+from rankwatch.server.app import exposure_warning, is_loopback_host, make_app, session_value
 
 IDENT = Identity(run="t", rank=0, local_rank=0, world_size=1, node="n1")
 TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -81,64 +84,121 @@ def _outside_address() -> str | None:
 
 
 # --- who may read what ---------------------------------------------------------------------
+PRIVATE = ("/", "/api/status", "/api/findings", "/api/dumps", "/api/dumps/x/0", "/api")
+
+
 @pytest.mark.process
-def test_without_a_token_network_peers_get_metrics_but_not_the_api_or_page(tmp_path: Path) -> None:
-    outside = _outside_address()
-    if outside is None:
-        pytest.skip("this machine has no non-loopback interface to connect from")
+def test_without_a_configured_token_loopback_needs_the_token_the_agent_made(
+    tmp_path: Path, _private_runtime_dir: Path
+) -> None:
+    """Issue 26 item 10: any user of a shared node can reach 127.0.0.1, so stacks and command
+    lines need a token there too; the agent makes one in its user's runtime folder."""
     agent = _agent(tmp_path)
+    outside = _outside_address()
 
     async def go() -> None:
         async with _serve(agent, listen="0.0.0.0:0") as srv, aiohttp.ClientSession(timeout=TIMEOUT) as s:
-            remote = f"http://{outside}:{srv.port}"
-            for path in ("/metrics", "/healthz", "/readyz"):
-                async with s.get(remote + path) as r:
-                    assert r.status == 200, path
-            async with s.get(remote + "/readyz") as r:
-                assert "rank 0" not in await r.text()  # probes get the status, not what is watched
-            async with s.get(f"http://127.0.0.1:{srv.port}/readyz") as r:
-                assert "rank 0" in await r.text()
-            for path in ("/", "/api/status", "/api/findings", "/api/dumps", "/api/dumps/x/0", "/api"):
-                async with s.get(remote + path) as r:
-                    body = await r.text()
-                    assert r.status == 403, (path, r.status)
-                    assert "server.token" in body and '"ranks"' not in body and "step" not in body
-            async with s.get(remote + "/", headers={"Accept": "text/html"}) as r:
-                assert r.status == 403 and "loopback" in await r.text()
-            # the same server from loopback: the API answers (kubectl port-forward, SSH tunnel)
-            async with s.get(f"http://127.0.0.1:{srv.port}/api/status") as r:
-                assert r.status == 200 and (await r.json())["ranks"]
-            # a spoofed forwarding header changes nothing: the socket's peer decides
-            async with s.get(remote + "/api/status", headers={"X-Forwarded-For": "127.0.0.1"}) as r:
-                assert r.status == 403
+            path = _private_runtime_dir / "rankwatch" / "token"
+            st, folder = path.lstat(), path.parent.lstat()
+            assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+            assert st.st_uid == os.geteuid()
+            assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.geteuid()
+            token = path.read_text().strip()
+            assert len(token) >= 32
+            auth = {"Authorization": f"Bearer {token}"}
+            bases = [f"http://127.0.0.1:{srv.port}"] + ([f"http://{outside}:{srv.port}"] if outside else [])
+            for base in bases:
+                for open_path in ("/metrics", "/healthz", "/readyz"):
+                    async with s.get(base + open_path) as r:
+                        assert r.status == 200, (base, open_path)
+                async with s.get(base + "/readyz") as r:
+                    assert "rank 0" not in await r.text()  # probes get the status, not what is watched
+                async with s.get(base + "/readyz", headers=auth) as r:
+                    assert "rank 0" in await r.text()
+                for private in PRIVATE:
+                    async with s.get(base + private) as r:
+                        body = await r.text()
+                        assert r.status == 401, (base, private, r.status)
+                        assert '"ranks"' not in body and "rank-0.log" not in body and "step" not in body
+                    async with s.get(base + private, headers={"Authorization": "Bearer wrong"}) as r:
+                        assert r.status == 401, (base, private)
+                async with s.get(base + "/api/status", headers=auth) as r:
+                    assert r.status == 200 and (await r.json())["ranks"]
+                async with s.get(base + "/api/dumps", headers=auth) as r:
+                    assert r.status == 200
+                async with s.get(base + "/api/status", headers={"X-Forwarded-For": "127.0.0.1"}) as r:
+                    assert r.status == 401
+            # a second agent of the same user on this node shares the token (one file for the CLI)
+            async with _serve(agent) as other, s.get(other.url + "/api/status", headers=auth) as r:
+                assert r.status == 200
+            assert path.read_text().strip() == token
 
     _run(go)
 
 
 @pytest.mark.process
-def test_loopback_without_token_refuses_a_dns_name_in_host(tmp_path: Path) -> None:
-    """A web page that rebinds its name to 127.0.0.1 must not read the API via a local browser."""
+def test_an_untrusted_runtime_folder_keeps_the_api_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without XDG_RUNTIME_DIR the token goes to <tmp>/rankwatch-<uid>: in a 1777 /tmp another
+    user can make that folder first. The agent refuses it and keeps the API closed."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    monkeypatch.setenv("TMPDIR", str(shared))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    planted = shared / f"rankwatch-{os.geteuid()}"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)  # as another user would leave it to read what the agent writes
     agent = _agent(tmp_path)
 
     async def go() -> None:
         async with _serve(agent) as srv, aiohttp.ClientSession(timeout=TIMEOUT) as s:
-            for host, want in (
-                ("evil.example:80", 403),
-                ("localhost", 200),
-                (f"127.0.0.1:{srv.port}", 200),
-                ("app.localhost", 200),
-            ):
-                async with s.get(srv.url + "/api/status", headers={"Host": host}) as r:
-                    assert r.status == want, host
-            async with s.get(srv.url + "/metrics", headers={"Host": "evil.example"}) as r:
-                assert r.status == 200  # metrics carry no code or data
-            # HTTP/1.0 without Host (curl -0, old tools) is not a browser: served on loopback
-            reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
-            writer.write(b"GET /api/status HTTP/1.0\r\n\r\n")
-            await writer.drain()
-            head = (await asyncio.wait_for(reader.read(), 10)).split(b"\r\n", 1)[0]
-            writer.close()
-            assert head.endswith(b"200 OK"), head
+            for private in PRIVATE:
+                async with s.get(srv.url + private) as r:
+                    assert r.status == 401, private
+            async with s.get(srv.url + "/metrics") as r:
+                assert r.status == 200
+
+    with caplog.at_level(logging.INFO, logger="rankwatch.server"):
+        _run(go)
+    assert list(planted.iterdir()) == []  # nothing written into the other user's folder
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(planted) in m and "open to group or others" in m and "stay closed" in m for m in said)
+
+
+@pytest.mark.process
+def test_loopback_without_token_refuses_a_dns_name_in_host(tmp_path: Path) -> None:
+    """An application built without a token (``make_app`` alone) answers loopback only, and
+    a web page that rebinds its name to 127.0.0.1 must not read it via a local browser."""
+    agent = _agent(tmp_path)
+
+    async def go() -> None:
+        server = TestServer(make_app(agent, ServerConfig()), host="127.0.0.1")
+        await server.start_server()
+        url = f"http://127.0.0.1:{server.port}"
+        try:
+            async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+                for host, want in (
+                    ("evil.example:80", 403),
+                    ("localhost", 200),
+                    (f"127.0.0.1:{server.port}", 200),
+                    ("app.localhost", 200),
+                ):
+                    async with s.get(url + "/api/status", headers={"Host": host}) as r:
+                        assert r.status == want, host
+                async with s.get(url + "/metrics", headers={"Host": "evil.example"}) as r:
+                    assert r.status == 200  # metrics carry no code or data
+                # HTTP/1.0 without Host (curl -0, old tools) is not a browser: served on loopback
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(b"GET /api/status HTTP/1.0\r\n\r\n")
+                await writer.drain()
+                head = (await asyncio.wait_for(reader.read(), 10)).split(b"\r\n", 1)[0]
+                writer.close()
+                assert head.endswith(b"200 OK"), head
+        finally:
+            await server.close()
 
     _run(go)
 
@@ -186,6 +246,7 @@ def test_browser_login_sets_a_strict_httponly_cookie_and_bearer_still_works(tmp_
 
 @pytest.mark.process
 def test_exposure_is_announced_once_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # an app without a token (make_app alone) on the network is said loudly
     assert exposure_warning(ServerConfig(), "0.0.0.0") is not None
     assert exposure_warning(ServerConfig(token="x"), "0.0.0.0") is None
     assert exposure_warning(ServerConfig(), "127.0.0.1") is None
@@ -197,14 +258,15 @@ def test_exposure_is_announced_once_at_start(tmp_path: Path, caplog: pytest.LogC
             pass
         async with _serve(agent, listen="0.0.0.0:0", token="t"):
             pass
-        async with _serve(agent, listen="127.0.0.1:0"):
-            pass
 
     with caplog.at_level(logging.INFO, logger="rankwatch.server"):
         _run(go)
-    loud = [r for r in caplog.records if "WITHOUT A TOKEN" in r.getMessage()]
-    assert len(loud) == 1 and loud[0].levelno == logging.WARNING
-    assert "0.0.0.0" in loud[0].getMessage() and "server.token" in loud[0].getMessage()
+    # a started server always has a token: the made one is named (its file, never its value)
+    assert not [r for r in caplog.records if "WITHOUT A TOKEN" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "need the token in" in r.getMessage()]
+    assert len(said) == 1 and "rankwatch url" in said[0]
+    token = (Path(os.environ["XDG_RUNTIME_DIR"]) / "rankwatch" / "token").read_text().strip()
+    assert all(token not in r.getMessage() for r in caplog.records)
 
 
 # --- connections -----------------------------------------------------------------------------

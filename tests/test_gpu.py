@@ -348,11 +348,21 @@ def test_no_nvml_logs_one_line_and_exports_collector_down(caplog: pytest.LogCapt
     assert [r.getMessage() for r in caplog.records] == [
         "NVML not available: NVML Shared Library Not Found; GPU metrics disabled"
     ]
-    assert caplog.records[0].levelno == logging.WARNING
+    assert caplog.records[0].levelno == logging.INFO  # a CPU-only node: normal, no WARNING each start
     families = gpu_metric_families({0: sampler.latest()}, LABELS, up=sampler.up)
     assert [f.name for f in families] == ["rankwatch_gpu_collector_up"]
     assert families[0].samples[0].value == 0.0
     assert families[0].samples[0].labels == {"run": "llama-7b", "rank": "0", "node": "gpu-node-01"}
+
+
+@pytest.mark.unit
+def test_nvml_failing_on_a_gpu_node_is_still_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="rankwatch.gpu")
+    sampler = GpuSampler(backend=FakeBackend([], init_error="Driver/library version mismatch"))
+    assert not asyncio.run(sampler.start())
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "NVML not available: Driver/library version mismatch; GPU metrics disabled")
+    ]
 
 
 @pytest.mark.unit

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from conftest import ticks_during
+from conftest import agent_token, ticks_during
 from rankwatch import offloop
 from rankwatch.actions.alerts import AlertDispatcher
 from rankwatch.config.schema import AlertsConfig, Config, ServerConfig
@@ -96,8 +96,9 @@ def test_a_hung_dump_store_does_not_wedge_the_api(tmp_path: Path, hung: Any) -> 
 
     async def go() -> None:
         server = await start_server(agent, ServerConfig(listen="127.0.0.1:0"))
+        auth = {"Authorization": f"Bearer {agent_token()}"}
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10), headers=auth) as s:
 
                 async def ask(path: str) -> int:
                     async with s.get(server.url + path) as r:

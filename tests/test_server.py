@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
+from conftest import agent_token
 from rankwatch.config.schema import Config, ServerConfig
 from rankwatch.config.snapshot import replaced
 from rankwatch.dumps.capture import DumpResult
@@ -53,8 +54,10 @@ def _agent(tmp_path: Path, ranks: int = 2, logs: bool = True) -> Agent:
 @contextlib.asynccontextmanager
 async def _serve(agent: Agent, **cfg: Any) -> AsyncIterator[tuple[Server, aiohttp.ClientSession]]:
     server = await start_server(agent, ServerConfig(listen="127.0.0.1:0", **cfg))
+    # without a configured token the agent made one in this test's runtime folder
+    auth = {} if cfg.get("token") else {"Authorization": f"Bearer {agent_token()}"}
     try:
-        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        async with aiohttp.ClientSession(timeout=TIMEOUT, headers=auth) as session:
             yield server, session
     finally:
         await server.close()
@@ -435,8 +438,9 @@ def test_the_server_reads_only_the_snapshot_it_is_handed() -> None:
 
     async def go() -> None:
         server = await start_server(take, ServerConfig(listen="127.0.0.1:0"))
+        auth = {"Authorization": f"Bearer {agent_token()}"}
         try:
-            async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+            async with aiohttp.ClientSession(timeout=TIMEOUT, headers=auth) as s:
                 async with s.get(server.url + "/healthz") as r:
                     assert r.status == 503 and "lagging" in await r.text()
                 async with s.get(server.url + "/readyz") as r:

@@ -87,8 +87,12 @@ def _wait(pred: Callable[[], T], timeout: float, what: str, diag: Callable[[], s
 
 
 def _get(url: str) -> str | None:
+    from rankwatch.server.tokenfile import read_token
+
+    token = read_token()  # the agents under srun inherit this test's runtime folder
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=3) as r:
+        with urllib.request.urlopen(req, timeout=3) as r:
             return r.read().decode()
     except OSError:
         return None
@@ -235,6 +239,9 @@ def _job_env(slurm: dict[str, str], tmp_path: Path, sd: Path) -> dict[str, str]:
         RANKWATCH_BIND="127.0.0.1",
         RANKWATCH_SD_DIR=str(sd),
         RANKWATCH_LOG_DIR=str(tmp_path / "logs"),
+        # this test's runtime folder (the module's cluster was started under another test's):
+        # the agents keep their token there, where _get reads it
+        XDG_RUNTIME_DIR=os.environ["XDG_RUNTIME_DIR"],
     )
 
 

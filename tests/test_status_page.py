@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import os
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import zlib
 from datetime import datetime, timezone
@@ -23,6 +25,7 @@ from urllib.parse import urljoin
 import aiohttp
 import pytest
 
+from conftest import agent_token
 from rankwatch.config.schema import Config, ServerConfig
 from rankwatch.config.snapshot import replaced
 from rankwatch.dumps.capture import DumpResult
@@ -388,11 +391,12 @@ def _wait(pred: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _get_json(url: str) -> Any:
+def _get_json(url: str, token: str | None = None) -> Any:
     import json
 
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=5) as r:
             return json.loads(r.read())
     except OSError:
         return None
@@ -432,10 +436,12 @@ def test_browser_shows_the_stalled_rank_and_opens_its_stack(tmp_path: Path) -> N
         pattern = re.compile(r"serving metrics and API on [^\s]+:(\d+)")
         port = _wait(lambda: pattern.search(err_path.read_text(errors="replace")), 20, "the agent's port")
         base = f"http://127.0.0.1:{port.group(1)}/"
+        # no server.token: the agent made one in this user's runtime folder, as `rankwatch url` reads
+        token = agent_token()
 
         def stalled_with_dump() -> bool:
-            st = _get_json(base + "api/status")
-            dumps = _get_json(base + "api/dumps")
+            st = _get_json(base + "api/status", token)
+            dumps = _get_json(base + "api/dumps", token)
             if not st or not dumps:
                 return False
             by_rank = {x["rank"]: x for x in st["ranks"]}
@@ -449,10 +455,12 @@ def test_browser_shows_the_stalled_rank_and_opens_its_stack(tmp_path: Path) -> N
 
         shot = tmp_path / "page.png"
         size = "--window-size=1400,1000"
-        _browse(chrome, tmp_path, base, f"--screenshot={shot}", size, "--hide-scrollbars")
+        signed_in = f"{base}?token={token}"  # the link `rankwatch url` prints: 303 to / with a cookie
+        _browse(chrome, tmp_path, signed_in, f"--screenshot={shot}", size, "--hide-scrollbars")
         _png_is_nontrivial(shot, 1400, 1000)
+        assert "rankwatch: sign in" not in _browse(chrome, tmp_path, signed_in, "--dump-dom")
 
-        page = _parse(_browse(chrome, tmp_path, base, "--dump-dom"))
+        page = _parse(_browse(chrome, tmp_path, signed_in, "--dump-dom"))
         assert set(page.rows) == {"0", "1"}, page.rows
         assert page.rows["1"]["state"] == "stalled" and "STALLED" in page.rows["1"]["text"]
         assert page.rows["0"]["state"] == "running" and "STALLED" not in page.rows["0"]["text"]
@@ -461,7 +469,13 @@ def test_browser_shows_the_stalled_rank_and_opens_its_stack(tmp_path: Path) -> N
         dump_links = [href for cls, href in page.rows["1"]["links"] if cls == "dump"]
         assert len(dump_links) == 1 and dump_links[0].startswith("api/dumps/"), page.rows["1"]["links"]
 
-        stack = _browse(chrome, tmp_path, urljoin(base, dump_links[0]), "--dump-dom")
+        # each _browse is a fresh profile (no cookie): the stack link is opened with the token
+        link = urljoin(base, dump_links[0])
+        req = urllib.request.Request(link, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            stack = r.read().decode()
+        with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(link):
+            raise AssertionError("a stack was served without the token")
         assert "rankwatch dump: rank 1" in stack and "wait_for_batch" in stack, stack[:3000]
     finally:
         for p in reversed(procs):
@@ -528,3 +542,21 @@ def test_browser_opens_the_page_with_the_token_and_not_without(tmp_path: Path) -
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.wait(timeout=5)
+
+
+@pytest.mark.unit
+def test_throughput_falls_back_to_the_steps_per_s_the_agent_knows(tmp_path: Path) -> None:
+    """A log with neither tokens/s nor a step time (HF's loss lines): the agent still knows
+    steps/s from the step timestamps, and the page shows it instead of "–"."""
+    agent = Agent(replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")}), IDENT)
+    log = tmp_path / "rank-0.log"
+    log.touch()
+    w = agent.add_watcher([log], IDENT)
+    now = time.time()
+    w._records([StepRecord(step=i, loss=2.0, time=now - 50 + i / 2) for i in range(1, 60)])
+    doc = status_doc(agent.snapshot())
+    steps_per_s = doc["ranks"][0]["rates"]["steps_per_s"]
+    assert steps_per_s is not None and doc["ranks"][0]["rates"]["tokens_per_s"] is None
+    for extras in (None, page_extras(agent.snapshot())):
+        row = _parse(render_page(doc, extras)).rows["0"]["text"]
+        assert "steps/s" in row, row

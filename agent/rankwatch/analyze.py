@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import re
 import stat
+import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -122,8 +123,14 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+STDIN = "-"  # ``rankwatch analyze -``: the log on standard input (``kubectl logs pod | ...``)
+
+
 def _lines(path: str, cfg: Config, prefetch: bool) -> Iterator[FollowedLine]:
     limit, encoding = cfg.logs.max_line_bytes, cfg.logs.encoding
+    if path == STDIN:  # read in this process, as it comes (a pipe has no size and no second reader)
+        fd = os.dup(sys.stdin.fileno())
+        return read_lines(fd, max_line_bytes=limit, drop=NOISE, label="<stdin>", encoding=encoding)
     kind = compression_of(path)
     if prefetch and os.name == "posix" and encoding == "utf-8":  # the reading child decodes UTF-8
         st = os.stat(path)
@@ -256,6 +263,8 @@ def _file_results(paths: Sequence[str], cfg: Config, jobs: int | None) -> list[F
     this process are read by a second one when big and a core is spare (``jobs`` unset)."""
     n = len(paths)
     prefetch = jobs is None and _cores() > 1
+    if STDIN in paths:
+        jobs = 1  # standard input belongs to this process
     if jobs is None:
         jobs = min(n, _cores())
         total = 0

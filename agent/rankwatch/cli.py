@@ -69,10 +69,19 @@ def _expand_paths(paths: Sequence[str]) -> list[str]:
     from rankwatch.sources.compressed import UnreadableCompression, compression_of, require_readable
 
     out: list[str] = []
+    if paths.count("-") > 1:
+        raise UsageError("-: standard input can be read once")
     for p in paths:
+        if p == "-":
+            out.append(p)
+            continue
         path = Path(p)
-        if path.is_dir():
-            files = sorted(f for f in path.iterdir() if f.is_file() and _is_log_name(f))
+        try:
+            is_dir = path.is_dir()
+            files = sorted(f for f in path.iterdir() if f.is_file() and _is_log_name(f)) if is_dir else []
+        except OSError as e:
+            raise UsageError(f"{p}: {e.strerror or e}") from None
+        if is_dir:
             if not files:
                 raise UsageError(
                     f"{p}: directory holds no log files ({', '.join(LOG_SUFFIXES)}, or one of them "
@@ -89,6 +98,8 @@ def _expand_paths(paths: Sequence[str]) -> list[str]:
             if not os.access(f, os.R_OK):
                 raise UsageError(f"{f}: permission denied")
     for f in out:
+        if f == "-":
+            continue
         kind = compression_of(f)
         if kind is not None:
             try:
@@ -161,6 +172,7 @@ def _live_config(args: argparse.Namespace) -> Config:
         "dumps.dir": getattr(args, "dumps_dir", None),
         "checkpoints.dir": getattr(args, "checkpoint_dir", None),
         "server.listen": getattr(args, "listen", None),
+        "server.web_config": getattr(args, "web_config", None),
     }
     overrides = {k: v for k, v in flags.items() if v}
     if getattr(args, "no_server", False):
@@ -343,6 +355,96 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return 0
 
 
+def agent_token(cfg: Config | None) -> str | None:
+    """The token to talk to an agent with: ``server.token`` from the config, else the one the
+    agents of this user on this node made in the runtime folder (``server.tokenfile``)."""
+    if cfg is not None and cfg.server.token:
+        return cfg.server.token
+    from rankwatch.server.tokenfile import UnsafeTokenFile, read_token
+
+    try:
+        return read_token()
+    except UnsafeTokenFile as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"{e.filename or 'the token file'}: {e.strerror or e}") from None
+
+
+def local_url(listen: str, web_config: str | None = None) -> str:
+    """The local agent's address; https when its web config has ``tls_server_config``."""
+    from rankwatch.server import parse_listen
+
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as e:
+        raise UsageError(f"server.listen: {e}") from None
+    scheme = "http"
+    if web_config:
+        from rankwatch.server.webconfig import WebConfigError, load_web_config
+
+        try:
+            scheme = "https" if load_web_config(web_config).ssl is not None else "http"
+        except WebConfigError as e:
+            raise UsageError(str(e)) from None
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def cmd_url(args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
+    cfg = _load_config(args)
+    base = (args.url or local_url(cfg.server.listen, cfg.server.web_config)).rstrip("/")
+    token = agent_token(cfg)
+    if not token:
+        from rankwatch.server.tokenfile import token_path
+
+        raise UsageError(
+            f"no token: server.token is unset and no agent of this user has made {token_path()} yet"
+        )
+    print(f"{base}/?token={quote(token, safe='')}")
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from rankwatch.top import run_top
+
+    if args.interval <= 0:
+        raise UsageError(f"--interval must be above 0, got {args.interval}")
+    cfg = _load_config(args)
+    agents = [u if "://" in u else f"http://{u}" for u in args.urls]
+    if args.prometheus and agents:
+        raise UsageError("top: give agent URLs or --prometheus, not both")
+    tokens: dict[str, str | None] = {}
+    if not args.prometheus:
+        from urllib.parse import urlsplit
+
+        from rankwatch.server.app import is_loopback_host
+
+        agents = agents or [local_url(cfg.server.listen, cfg.server.web_config)]
+        given = args.token or (cfg.server.token or None)
+        # The token file's token is this node's: it goes to agents on this node only, never
+        # to a URL on another host (which would learn it).
+        mine = None if given else agent_token(None)
+        for u in agents:
+            tokens[u] = given or (mine if is_loopback_host(urlsplit(u).hostname or "") else None)
+    from rankwatch.top import tls_context
+
+    try:
+        tls = tls_context(args.cacert, args.cert, args.key)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--cacert/--cert/--key: {e}") from None
+    return run_top(
+        agents,
+        tokens,
+        prometheus=args.prometheus,
+        run=args.run,
+        interval=args.interval,
+        once=args.once,
+        tls=tls,
+    )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from rankwatch.demo.scenario import run_demo
 
@@ -377,7 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
         "prefixes on each line; gzip, bzip2 and xz files are read as the text they hold. Exit 0: nothing "
         "of severity warning or above; 1: such findings; 2: bad input.",
     )
-    a.add_argument("paths", nargs="+", metavar="PATH", help="log files, or directories of them")
+    a.add_argument(
+        "paths", nargs="+", metavar="PATH", help="log files, or directories of them; - reads standard input"
+    )
     a.add_argument(
         "--json",
         action="store_true",
@@ -411,6 +515,13 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--dumps-dir", metavar="DIR", help="root of stack-dump incidents (config dumps.dir)")
     live.add_argument(
         "--checkpoint-dir", metavar="DIR", help="watch this checkpoint directory (config checkpoints.dir)"
+    )
+    live.add_argument(
+        "--web.config.file",
+        dest="web_config",
+        metavar="FILE",
+        help="exporter-toolkit web config (TLS, client certificates, bcrypt basic auth on /metrics), as "
+        "node_exporter takes it (config server.web_config)",
     )
     live.add_argument(
         "--listen",
@@ -474,6 +585,44 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--keep", action="store_true", help="keep the temporary folder")
     d.set_defaults(func=cmd_demo)
 
+    u = sub.add_parser(
+        "url",
+        parents=[common],
+        help="print the status page link with the token (the agent's own, from the runtime folder)",
+        description="Print the link that opens an agent's status page in a browser: the token is "
+        "server.token, or the one the agents of this user on this node keep in "
+        "$XDG_RUNTIME_DIR/rankwatch/token (else <tmp>/rankwatch-<uid>/token).",
+    )
+    u.add_argument("url", nargs="?", help="the agent's address (default: from server.listen, on loopback)")
+    u.set_defaults(func=cmd_url)
+
+    t = sub.add_parser(
+        "top",
+        parents=[common],
+        help="live view of a run's ranks in the terminal, the rank in trouble first",
+        description="A live view of a run's ranks: step, steps/s, loss, GPU utilisation and memory, "
+        "time since progress and active findings, the rank in trouble first. From agents' URLs (their "
+        "/api/status with the token, and /metrics) or from Prometheus (--prometheus). NO_COLOR turns "
+        "colour off; COLUMNS sets the width.",
+    )
+    t.add_argument(
+        "urls", nargs="*", metavar="URL", help="agents (default: the local one, from server.listen)"
+    )
+    t.add_argument("--prometheus", metavar="URL", help="read the rankwatch_* series from this Prometheus")
+    t.add_argument("--run", help="only this run")
+    t.add_argument(
+        "--token",
+        help="the agents' token (default: server.token / $RANKWATCH_TOKEN, else this user's token file)",
+    )
+    t.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
+    t.add_argument("--once", action="store_true", help="print one frame and exit (scripts)")
+    t.add_argument(
+        "--cacert", metavar="FILE", help="CA that signed the agents' TLS certificates (web config)"
+    )
+    t.add_argument("--cert", metavar="FILE", help="client certificate, for agents that require one")
+    t.add_argument("--key", metavar="FILE", help="the client certificate's key (default: in --cert)")
+    t.set_defaults(func=cmd_top)
+
     c = sub.add_parser("config", help="show the effective configuration or check a file")
     csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     cs = csub.add_parser("show", parents=[common], help="print the effective config with defaults and docs")
@@ -531,6 +680,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except UsageError as e:
         print(f"rankwatch: error: {e}", file=sys.stderr)
+        return 2
+    except (PermissionError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
+        # A path the user named or configured: one line naming it, never a traceback.
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"rankwatch: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -35,16 +35,21 @@ class ConsoleSink:
         step = f" step {f.step}" if f.step is not None else ""
         rank = f.rank if f.rank is not None else self.identity.rank
         # One line per finding; log text in it is shown, never obeyed (rankwatch.sanitize).
-        text = (
-            visible(f"[run={self.identity.run} rank={rank}]")
-            + f" {sev} "
-            + visible(f"{f.kind}{step}: {f.message}")
-        )
+        text = visible(_where(self.identity.run, rank)) + f"{sev} " + visible(f"{f.kind}{step}: {f.message}")
         try:
             self.stream.write(f"rankwatch: {text}\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass
+
+
+def _where(run: str, rank: int | None) -> str:
+    """``[run=R rank=N] `` with only what is known: an unnamed run on an unranked process (a
+    plain ``rankwatch run -- python train.py``) is not worth ``[run=default rank=None]``."""
+    parts = ([f"run={run}"] if run and run != "default" else []) + (
+        [f"rank={rank}"] if rank is not None else []
+    )
+    return f"[{' '.join(parts)}] " if parts else ""
 
 
 class JsonlSink:

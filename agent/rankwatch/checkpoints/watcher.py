@@ -27,6 +27,7 @@ from rankwatch.detectors import checkpoints as rules
 from rankwatch.events import CheckpointScan, SavedCheckpoint
 from rankwatch.offloop import in_daemon
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
+from rankwatch.sources.follower import quiet_watchdog_stop_race
 
 log = logging.getLogger("rankwatch.checkpoints")
 
@@ -85,6 +86,7 @@ class _Events:
                 if event.event_type not in ("opened", "closed_no_write"):
                     events.fire()
 
+        quiet_watchdog_stop_race()
         observer = Observer()
         try:
             observer.schedule(Handler(), str(target), recursive=target == self.root)

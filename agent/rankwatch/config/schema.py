@@ -373,7 +373,11 @@ class DumpsConfig:
 
 @dataclass(frozen=True)
 class RunModeConfig:
-    log_dir: str = opt("rankwatch-logs", "run mode: the child's output file goes here (rank-<r>.log)")
+    log_dir: str | None = opt(
+        None,
+        "run mode: the child's output file goes here (rank-<r>.log); unset: $XDG_STATE_HOME/rankwatch/logs/"
+        "<run> (else ~/.local/state/...). Unwritable: a private temporary folder, said at start",
+    )
     log_file: str | None = opt(None, "run mode: exact output file (overrides log_dir)")
     echo: bool = opt(True, "echo the child's output to the agent's stdout")
     unbuffered: bool = opt(True, "set PYTHONUNBUFFERED=1 for the child")
@@ -386,14 +390,20 @@ class ServerConfig:
     listen: str = opt(
         "0.0.0.0:9478",
         "host:port; 9478 avoids node_exporter (9100) and dcgm-exporter (9400). /metrics, /healthz and "
-        "/readyz answer everyone; / and /api/* need the token, or, without one, answer loopback only",
+        "/readyz answer everyone; / and /api/* need the token, from loopback too",
     )
     token: str | None = opt(
         None,
-        "bearer token for / and /api/* (use ${RANKWATCH_TOKEN}, never a literal); unset: they answer "
-        "only on loopback (127.0.0.1, ::1, kubectl port-forward). A browser logs in with /?token=...",
+        "bearer token for / and /api/* (use ${RANKWATCH_TOKEN}, never a literal); unset: the agent uses "
+        "this user's token in $XDG_RUNTIME_DIR/rankwatch/token (else <tmp>/rankwatch-<uid>/token), made "
+        "at start, 0600, which `rankwatch url` and `rankwatch top` read. A browser logs in with /?token=...",
     )
     metrics_token: str | None = opt(None, "bearer token required on /metrics (default: open)")
+    web_config: str | None = opt(
+        None,
+        "exporter-toolkit web config file (--web.config.file): tls_server_config (cert_file, key_file, "
+        "client_auth_type, client_ca_file, min_version), basic_auth_users (bcrypt) on /metrics",
+    )
     max_request_bytes: Size = opt(Size(64 << 10), "larger requests are refused with 413", min=1024)
     max_connections: int = opt(
         128,

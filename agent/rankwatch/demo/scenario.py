@@ -68,7 +68,8 @@ def run_demo(*, workdir: str | None = None, ranks: int = 4, keep: bool = False) 
         d.mkdir(exist_ok=True)
     cfg = root / "rankwatch.yaml"
     cfg.write_text(CONFIG.format(dumps=dumps, logs=logs))
-    print(f"rankwatch demo: {ranks} simulated ranks (Megatron-LM log format), one agent each, in {root}")
+    where = f"in {root}" if workdir or keep else f"in {root} (removed at the end; --keep keeps it)"
+    print(f"rankwatch demo: {ranks} simulated ranks (Megatron-LM log format), one agent each, {where}")
     print(
         f"faults: loss spike at step 40, NaN at step 120 on every rank, rank 2 slows at 80, "
         f"rank {HANG_RANK} hangs in its data loader at step 160\n",
@@ -138,9 +139,16 @@ def run_demo(*, workdir: str | None = None, ranks: int = 4, keep: bool = False) 
         if incident is None:
             print("rankwatch demo: no complete stall incident within the deadline", file=sys.stderr)
             return 1
-        print(f"\nstack dumps of every rank: {incident.path}")
         result = diff_incident({r: store.load_rank(incident, r) for r in incident.ranks})
-        print(f"\n$ rankwatch dumps diff {incident.name} --dir {dumps}\n{format_diff(result)}\n")
+        if workdir or keep:
+            print(f"\nstack dumps of every rank: {incident.path}")
+            print(f"\n$ rankwatch dumps diff {incident.name} --dir {dumps}\n{format_diff(result)}\n")
+        else:  # the folder goes when the demo ends: print no command that points into it
+            print(
+                "\nstack dumps of every rank, compared by `rankwatch dumps diff` (the demo's folder is "
+                "removed at the end: `rankwatch demo --keep` keeps it to run that yourself):"
+            )
+            print(f"{format_diff(result)}\n")
         code = 0 if result.suspects == [HANG_RANK] else 1
         print(
             "rankwatch demo: "

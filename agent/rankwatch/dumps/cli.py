@@ -175,7 +175,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
         cfg = _config(args)
         args.run = identity_from_env(cfg.run if cfg is not None else RunConfig()).run
     incident = incident_name(args.reason, datetime.now(timezone.utc))
-    folder = store.incident_dir(args.run, incident)
+    try:  # before any capture: an unwritable folder is one line, not a traceback after py-spy ran
+        folder = store.incident_dir(args.run, incident)
+    except OSError as e:
+        where = e.filename or store.root
+        why = e.strerror or e
+        print(f"rankwatch: error: {where}: cannot make the incident folder: {why}", file=sys.stderr)
+        return 2
     failures = 0
     for pid, rank in zip(pids, ranks, strict=True):
         result = capture(
@@ -185,7 +191,12 @@ def cmd_capture(args: argparse.Namespace) -> int:
             nonblocking=args.nonblocking,
             timeout=args.timeout,
         )
-        path = store.write_rank(args.run, incident, rank, result, {"source": "manual", "reason": args.reason})
+        try:
+            meta = {"source": "manual", "reason": args.reason}
+            path = store.write_rank(args.run, incident, rank, result, meta)
+        except OSError as e:
+            print(f"rankwatch: error: {e.filename or folder}: {e.strerror or e}", file=sys.stderr)
+            return 2
         if result.ok:
             print(f"rank {rank} (pid {pid}): {path}")
         else:

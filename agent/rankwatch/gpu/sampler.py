@@ -216,7 +216,14 @@ class GpuSampler:
                 names = sorted({i.name for i in infos if i.name})
                 log.info("NVML: %d GPU(s) %s", len(infos), ", ".join(names))
                 return True
-        log.warning("NVML not available: %s; GPU metrics disabled", self.reason)
+        # A CPU-only node (no NVIDIA library, or no GPU) is normal, not worth a WARNING at
+        # every start; a GPU node whose NVML fails otherwise (driver, timeout) is.
+        quiet = self.reason == "no GPU visible to NVML" or "library not found" in self.reason.lower()
+        log.log(
+            logging.INFO if quiet else logging.WARNING,
+            "NVML not available: %s; GPU metrics disabled",
+            self.reason,
+        )
         return False
 
     def _init(self) -> list[GpuInfo]:

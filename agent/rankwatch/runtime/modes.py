@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import psutil
 
@@ -36,6 +37,7 @@ from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
+from rankwatch.sources import kubepods
 from rankwatch.sources.process import ProcessProber, find_processes
 
 log = logging.getLogger("rankwatch.run")
@@ -46,11 +48,47 @@ STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # forwarded, they ask th
 STOP_STATUSES = frozenset({-s for s in STOPS} | {128 + s for s in STOPS})
 
 
+def default_log_dir(run: str, env: dict[str, str] | None = None) -> Path:
+    """``runner.log_dir`` when unset: ``$XDG_STATE_HOME/rankwatch/logs/<run>`` (else
+    ``~/.local/state/...``), where the XDG spec keeps logs, one folder per run, never a new
+    ``./rankwatch-logs`` in whatever folder the job happens to start in."""
+    env = dict(os.environ) if env is None else env
+    state = env.get("XDG_STATE_HOME", "")
+    base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", run)[:128].lstrip(".") or "default"
+    return base / "rankwatch" / "logs" / name
+
+
 def child_log_path(cfg: Config, identity: Identity) -> Path:
     if cfg.runner.log_file:
         return Path(cfg.runner.log_file)
     rank = identity.rank if identity.rank is not None else 0
-    return Path(cfg.runner.log_dir) / f"rank-{rank}.log"
+    folder = Path(cfg.runner.log_dir) if cfg.runner.log_dir else default_log_dir(identity.run)
+    return folder / f"rank-{rank}.log"
+
+
+def open_child_log(path: Path) -> tuple[BinaryIO | None, Path]:
+    """The child's output file, opened for appending. A folder the agent cannot write (a
+    read-only home, a typo in runner.log_dir) must not keep the trainer from starting: the
+    output then goes to a private temporary folder (0700), said on stderr. When even that
+    fails, (None, path): the child inherits the agent's stdout and only its process is watched."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "ab"), path
+    except OSError as e:
+        why = f"{e.filename or path}: {e.strerror or e}"
+    try:
+        fallback = Path(tempfile.mkdtemp(prefix="rankwatch-logs-")) / path.name
+        fh = open(fallback, "ab")  # noqa: SIM115 - the caller holds it for the child
+    except OSError as e:
+        print(
+            f"rankwatch: cannot write the child's log ({why}; {e.strerror or e} in the temporary folder "
+            "too): starting it with its output on this terminal, its log unread",
+            file=sys.stderr,
+        )
+        return None, path
+    print(f"rankwatch: cannot write the child's log ({why}): its output goes to {fallback}", file=sys.stderr)
+    return fh, fallback
 
 
 # PyTorch reads the TORCH_NCCL_* names (ProcessGroupNCCL); newer builds and other backends the
@@ -181,8 +219,7 @@ async def _run_command(
     nice: int = 0,
     guard: StderrGuard | None = None,
 ) -> int:
-    path = child_log_path(cfg, identity)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    out, path = open_child_log(child_log_path(cfg, identity))
     env, fr = child_env(cfg, identity)
     agent = Agent(cfg, identity, sinks=sinks, fr_prefix=fr)
     agent.launched = True
@@ -223,14 +260,14 @@ async def _run_command(
     # Under a launcher (torchrun) every worker is a rank of its own, with its own watcher (and
     # stall clock, dump file, identity); this one only stands for the launcher's exit.
     launcher = workers.is_launcher(list(cmd))
-    with open(path, "ab") as fh:
-        start = fh.tell()
-        watcher = agent.add_watcher([] if launcher else [path], from_end=True)
+    with out if out is not None else contextlib.nullcontext() as fh:
+        start = fh.tell() if fh is not None else 0
+        watcher = agent.add_watcher([] if launcher or fh is None else [path], from_end=True)
         try:
             child = subprocess.Popen(
                 list(cmd),
                 stdout=fh,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.STDOUT if fh is not None else None,
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
@@ -247,7 +284,7 @@ async def _run_command(
     fleet = workers.Fleet(agent, cfg, path, child.pid, stop_requested) if launcher else None
     lower_priority(nice)
     agent.install_dump_signal()
-    echo = _stdout_echo(path, start) if cfg.runner.echo else None
+    echo = _stdout_echo(path, start) if cfg.runner.echo and out is not None else None
     agent.echo = echo
     if echo is not None:
         echo.start()
@@ -396,6 +433,7 @@ class _Found:
     problem: str | None
     stdout: Path | None
     prober: ProcessProber
+    pod: str | None = None  # namespace/pod/container when the log is the kubelet's
 
 
 def _look(
@@ -407,9 +445,15 @@ def _look(
     new = [p for p in pids if p not in attached]
     if first_only:
         new = new[:1]
-    return pids, {
-        p: _Found(*_read_process_env(p), _stdout_file(p), ProcessProber(p, clock=clock)) for p in new
-    }
+    out: dict[int, _Found] = {}
+    for p in new:
+        stdout, pod = _stdout_file(p), None
+        if stdout is None:
+            pc = kubepods.container_log(p)  # a pod's process: its stdout is the kubelet's log file
+            if pc is not None:
+                stdout, pod = pc.log, str(pc)
+        out[p] = _Found(*_read_process_env(p), stdout, ProcessProber(p, clock=clock), pod)
+    return pids, out
 
 
 def _stdout_file(pid: int) -> Path | None:
@@ -510,7 +554,9 @@ async def _watch_processes(
         watchers.append(w)
         if started:
             tasks.append(asyncio.create_task(w.run()))
-        log.info("rank %s: pid %d%s", ident.rank, pid, f", following {out}" if out else ", no log file")
+        pod = f" (pod {seen.pod})" if seen.pod else ""
+        following = f", following {out}" if out else ", no log file"
+        log.info("rank %s: pid %d%s%s", ident.rank, pid, pod, following)
 
     async def assign(found: Sequence[int]) -> None:
         for gone in set(agent.attach_problems) - set(found):

@@ -65,6 +65,7 @@ class _Polled:
     source: PolledSource
     inflight: asyncio.Future[list[Event]] | None = None
     hung_logged: bool = False
+    failing: str | None = None  # the failure last logged: the same one again is only counted
 
 
 class Services:
@@ -443,10 +444,21 @@ class Services:
             return None
         except Exception as e:
             p.inflight = None
-            self._failed(name, "%s sample failed: %s", name, e)
+            why = f"{type(e).__name__}: {e}"
+            if p.failing == why:  # the same cause every interval (an unwritable folder): count it
+                errs = self.agent.internal_errors_by_component
+                errs[name] = errs.get(name, 0) + 1
+            else:
+                p.failing = why
+                self._failed(
+                    name, "%s sample failed: %s (again: counted in rankwatch_internal_errors_total)", name, e
+                )
             return None
         p.inflight = None
         p.hung_logged = False
+        if p.failing is not None:
+            p.failing = None
+            log.info("%s sample works again", name)
         if isinstance(src, DiskSource):
             self.agent.disk_latest = [e for e in events if isinstance(e, DiskSample)]
         for event in events:

@@ -15,12 +15,13 @@ these come before any authentication, so a stranger must not be able to fill the
 Who may read what (secure by default, Prometheus keeps working across the network):
 ``/metrics`` (unless ``metrics_token``), ``/healthz`` and ``/readyz`` answer everyone. The
 status page ``/`` and ``/api/*`` reveal code paths, command lines and, with ``dumps.locals``,
-data: with ``server.token`` they need it (``Authorization: Bearer``, or the session cookie a
-browser gets from ``/?token=...`` or the login form); without a token they answer only a
-loopback peer that names a local host (127.0.0.1, ::1, ``kubectl port-forward``; a Host
-that is a DNS name is refused, so a rebinding web page cannot read them through a
-browser), and everyone else gets 403 saying how to open them. A bind on a non-loopback
-address without a token is said once, loudly, at start.
+data: they need the token (``Authorization: Bearer``, or the session cookie a browser gets
+from ``/?token=...`` or the login form), from loopback too — any user of a shared node can
+connect to 127.0.0.1. Without ``server.token`` a started server uses this user's token from
+its runtime folder, made at start when there is none (``tokenfile``; the CLI reads the same
+file). An application built without a token (``make_app`` alone, as tests do) answers only a
+loopback peer that names a local host (a Host that is a DNS name is refused, so a rebinding
+web page cannot read it through a browser), and everyone else gets 403.
 
 Connections are bounded: at most ``max_connections`` at once (a new one beyond it closes
 the longest-idle one, or itself when all are busy), and one with no request in progress
@@ -33,7 +34,9 @@ resource" is logged once and counted, and idle connections are shed so that /met
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import dataclasses
 import errno
 import gzip
 import hashlib
@@ -43,9 +46,11 @@ import ipaddress
 import json
 import logging
 import re
+import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -70,6 +75,8 @@ from rankwatch.server.status import (
     ready,
     status_doc,
 )
+from rankwatch.server.tokenfile import ensure_token
+from rankwatch.server.webconfig import WebConfig, WebConfigError, load_web_config
 from rankwatch.snapshot import AgentSnapshot, HttpCounters, SnapshotFn, Source, snapshot_fn
 
 log = logging.getLogger("rankwatch.server")
@@ -79,6 +86,7 @@ COUNTERS = web.AppKey("counters", HttpCounters)
 CFG = web.AppKey("cfg", ServerConfig)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 LOGGED = web.AppKey("logged", set)
+WEB = web.AppKey("web", WebConfig)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -188,6 +196,18 @@ def _bearer_ok(request: web.Request, token: str) -> bool:
     return hmac.compare_digest(cred.strip().encode(), token.encode()) and ok_scheme
 
 
+async def _basic_ok(request: web.Request, web_cfg: WebConfig) -> bool:
+    """``Authorization: Basic`` against the web config's ``basic_auth_users``."""
+    scheme, _, cred = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        user, sep, password = base64.b64decode(cred.strip(), validate=True).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return bool(sep) and await web_cfg.check_basic(user, password)
+
+
 def session_value(token: str) -> str:
     """The cookie a browser holds after logging in: derived from the token, never the token
     itself, so a cookie read off a disk does not open other agents that share the token."""
@@ -221,7 +241,9 @@ def _login_page(status: int, note: str) -> web.Response:
         '<label>Token <input type="password" name="token" autocomplete="current-password" autofocus>'
         '</label> <button type="submit">Open</button></form>'
         '<p style="color:#777">The token is the agent\'s <code>server.token</code> '
-        "(<code>$RANKWATCH_TOKEN</code>). Scripts send <code>Authorization: Bearer &lt;token&gt;</code>."
+        "(<code>$RANKWATCH_TOKEN</code>), or, when that is unset, the one in the runtime folder of the "
+        "user who started it: <code>rankwatch url</code> prints the link. Scripts send "
+        "<code>Authorization: Bearer &lt;token&gt;</code>."
         "</p></body></html>"
     )
     headers = {**_NO_STORE, "Content-Security-Policy": _PAGE_CSP, "X-Content-Type-Options": "nosniff"}
@@ -257,7 +279,11 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     cfg = request.app[CFG]
     path = request.path
     if path == "/metrics":
-        if cfg.metrics_token and not _bearer_ok(request, cfg.metrics_token):
+        web_cfg = request.app.get(WEB)
+        if web_cfg is not None and web_cfg.users:
+            if not await _basic_ok(request, web_cfg):
+                return _error(401, "basic auth required", {"WWW-Authenticate": 'Basic realm="rankwatch"'})
+        elif cfg.metrics_token and not _bearer_ok(request, cfg.metrics_token):
             return _unauthorised(request)
         return await handler(request)
     if not _private(path):
@@ -508,7 +534,11 @@ async def incident_page(request: web.Request) -> web.Response:
 
 # --- assembly ----------------------------------------------------------------------------
 def make_app(
-    source: Source, cfg: ServerConfig | None = None, *, registry: CollectorRegistry | None = None
+    source: Source,
+    cfg: ServerConfig | None = None,
+    *,
+    registry: CollectorRegistry | None = None,
+    web_config: WebConfig | None = None,
 ) -> web.Application:
     """The application without a listener (tests use aiohttp's test client on it).
     ``source``: the agent (anything with ``snapshot()``) or a callable returning snapshots."""
@@ -516,6 +546,16 @@ def make_app(
     app = web.Application(
         middlewares=[_track, _limit_body, _auth, _errors], client_max_size=int(cfg.max_request_bytes)
     )
+    if web_config is not None:
+        app[WEB] = web_config
+        if web_config.headers:
+            extra = dict(web_config.headers)
+
+            async def add_headers(_: web.Request, resp: web.StreamResponse) -> None:
+                for k, v in extra.items():
+                    resp.headers.setdefault(k, v)
+
+            app.on_response_prepare.append(add_headers)
     snapshot = snapshot_fn(source)
     app[SNAPSHOT] = snapshot
     app[COUNTERS] = snapshot().http
@@ -778,11 +818,13 @@ class Server:
         self.listener = listener
         self.accept_errors = accept_errors
         self.guard = guard
+        self.scheme = "http"
 
     @property
     def url(self) -> str:
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+        where = f"[{host}]" if ":" in host else host
+        return f"{self.scheme}://{where}:{self.port}"
 
     async def close(self) -> None:
         if self.listener is not None:
@@ -809,6 +851,37 @@ def exposure_warning(cfg: ServerConfig, host: str) -> str | None:
         "and /api/* (stacks, command lines, findings) answer only on loopback until server.token "
         "is set (${RANKWATCH_TOKEN})"
     )
+
+
+def load_server_web_config(cfg: ServerConfig) -> WebConfig | None:
+    """``server.web_config`` loaded and checked; raises ``ValueError`` naming the file and key
+    (the server then does not start: never plain HTTP where TLS was asked for)."""
+    if not cfg.web_config:
+        return None
+    web_cfg = load_web_config(cfg.web_config)
+    if web_cfg.users and cfg.metrics_token:
+        raise WebConfigError(
+            f"{cfg.web_config}: basic_auth_users and server.metrics_token both guard /metrics: keep one"
+        )
+    return web_cfg
+
+
+def _with_token(cfg: ServerConfig) -> tuple[ServerConfig, Path | None]:
+    """``cfg`` with a token: the configured one, else this user's shared one from its runtime
+    folder (made now if need be; ``tokenfile``), else — when that folder cannot be trusted or
+    written — one held in memory only: the API is then closed, never open."""
+    if cfg.token:
+        return cfg, None
+    try:
+        token, path = ensure_token()
+    except OSError as e:
+        log.warning(
+            "server.token is unset and no token file could be kept (%s): the status page and /api/* "
+            "stay closed; set server.token (${RANKWATCH_TOKEN}) to open them",
+            e,
+        )
+        return dataclasses.replace(cfg, token=secrets.token_urlsafe(32)), None
+    return dataclasses.replace(cfg, token=token), path
 
 
 def connection_cap(configured: int) -> int:
@@ -840,6 +913,8 @@ async def start_server(
     """Listen on ``cfg.listen``; raises ``ValueError`` (bad address) or ``OSError`` (bind).
     ``source`` as for ``make_app``."""
     host, port = parse_listen(cfg.listen)
+    web_cfg = load_server_web_config(cfg)
+    cfg, token_file = _with_token(cfg)
     idle = float(cfg.idle_timeout)
     handler_kwargs: dict[str, Any] = {
         "access_log": None,
@@ -849,7 +924,7 @@ async def start_server(
         "max_headers": MAX_HEADERS,
         "lingering_time": min(idle, 10.0),
     }
-    app = make_app(source, cfg, registry=registry)
+    app = make_app(source, cfg, registry=registry, web_config=web_cfg)
     counters = app[COUNTERS]
     counters.serving = True  # its counts are exported from now on
     counts = counters.dropped
@@ -870,15 +945,30 @@ async def start_server(
     # idle connections cannot evict a scrape's connection before its request has been read.
     backlog = max(16, min(128, guard.cap // 2))
     try:
-        listener = await loop.create_server(factory, host, port, reuse_address=True, backlog=backlog)
+        tls = web_cfg.ssl if web_cfg is not None else None
+        listener = await loop.create_server(factory, host, port, reuse_address=True, backlog=backlog, ssl=tls)
     except BaseException:
         await runner.cleanup()
         raise
     loop.set_exception_handler(accept_errors)
     sockets = listener.sockets or ()
     bound = sockets[0].getsockname()[1] if sockets else port
+    scheme = "https" if web_cfg is not None and web_cfg.ssl is not None else "http"
     log.info("serving metrics and API on %s:%d", host, bound)
+    if web_cfg is not None:
+        log.info(
+            "web config %s: %s%s",
+            web_cfg.path,
+            "HTTPS only" if web_cfg.ssl is not None else "no TLS",
+            f", basic auth on /metrics ({len(web_cfg.users)} user(s))" if web_cfg.users else "",
+        )
+    if token_file is not None:
+        log.info(
+            "status page and /api/* need the token in %s (rankwatch url / rankwatch top read it)", token_file
+        )
     warning = exposure_warning(cfg, host)
     if warning:
         log.warning("%s", warning)
-    return Server(runner, host, bound, listener=listener, accept_errors=accept_errors, guard=guard)
+    server = Server(runner, host, bound, listener=listener, accept_errors=accept_errors, guard=guard)
+    server.scheme = scheme
+    return server

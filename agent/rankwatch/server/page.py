@@ -285,10 +285,10 @@ def _rank_row(r: dict[str, Any], extras: PageExtras | None, dumps: dict[int, dic
     if thr is not None:
         last = next((v for v in reversed(thr.values) if v is not None), None)
         thr_text = f"{_rate(last)} {thr.label}"
-    elif rates.get("tokens_per_s") is not None:
-        thr_text = f"{_rate(rates['tokens_per_s'])} tokens/s"
-    else:
-        thr_text = "–"
+    else:  # no history yet: the latest rate the log gave, else steps/s from the step times
+        known = [(rates.get(k), unit) for k, unit in (*THROUGHPUT_FIELDS, ("steps_per_s", "steps/s"))]
+        value, unit = next(((v, u) for v, u in known if v is not None), (None, ""))
+        thr_text = f"{_rate(value)} {unit}" if value is not None else "–"
     cells = [
         _td(_rank_text(rank), left=True),
         _td(r["node"], left=True),

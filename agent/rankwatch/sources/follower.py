@@ -360,6 +360,25 @@ class LogFollower:
             self._splitter.feed(data, out)
 
 
+class _StopRace(logging.Filter):
+    """watchdog's inotify emitter logs ``ERROR ... queue_events() called when the thread is
+    inactive`` when an event arrives while its observer is being stopped (watchdog 6, its
+    ``on_thread_stop``): a harmless race at every agent exit that read as a failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in record.getMessage()
+
+
+_STOP_RACE = _StopRace()
+
+
+def quiet_watchdog_stop_race() -> None:
+    """Drop watchdog's stop-race line (only that one) from its inotify logger; idempotent."""
+    logger = logging.getLogger("watchdog.observers.inotify")
+    if _STOP_RACE not in logger.filters:
+        logger.addFilter(_STOP_RACE)
+
+
 class _Waker:
     """Watchdog observer on the parent directory; events reach the loop only as a wake-up."""
 
@@ -404,6 +423,7 @@ class _Waker:
                         waker._wake_threadsafe()
                         return
 
+        quiet_watchdog_stop_race()
         observer = Observer()
         try:
             # Which-file events only (and a writer closing it). A wake-up per write (IN_MODIFY)

@@ -40,8 +40,115 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+An image reference: global.imageRegistry (a mirror) replaces the registry the repository names
+(or is put in front of a repository that names none); a digest pins it. Args: dict "root" $
+"image" <image values>.
+*/}}
+{{- define "rankwatch.imageRef" -}}
+{{- $img := .image }}
+{{- $repo := $img.repository }}
+{{- $reg := ((.root.Values.global | default dict).imageRegistry) | default "" }}
+{{- if $reg }}
+{{- $parts := splitList "/" $repo }}
+{{- $first := first $parts }}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $repo = join "/" (rest $parts) }}
+{{- end }}
+{{- $repo = printf "%s/%s" (trimSuffix "/" $reg) $repo }}
+{{- end }}
+{{- $ref := printf "%s:%s" $repo (toString ($img.tag | default .root.Chart.AppVersion)) }}
+{{- with $img.digest }}
+{{- $ref = printf "%s@%s" $ref . }}
+{{- end }}
+{{- $ref }}
+{{- end }}
+
 {{- define "rankwatch.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- include "rankwatch.imageRef" (dict "root" . "image" .Values.image) }}
+{{- end }}
+
+{{/*
+The port the agent listens on: agent.config.server.listen's when set (the probes, the
+Services and the monitors follow it), else sidecar.port.
+*/}}
+{{- define "rankwatch.port" -}}
+{{- $listen := toString ((((.Values.agent.config | default dict).server | default dict).listen) | default "") }}
+{{- if $listen }}
+{{- $port := regexFind "[0-9]+$" $listen }}
+{{- if or (contains "${" $listen) (not $port) (eq (int $port) 0) }}
+{{- fail (printf "agent.config.server.listen %q: the chart needs a fixed port there (probes, Services and monitors use it); or leave it unset and set sidecar.port" $listen) }}
+{{- end }}
+{{- $port }}
+{{- else }}
+{{- .Values.sidecar.port }}
+{{- end }}
+{{- end }}
+
+{{/* What this release installs: the job's objects ("all" or "workload"), the shared ones ("all" or "shared"). */}}
+{{- define "rankwatch.installsWorkload" -}}
+{{- if ne .Values.scope "shared" }}true{{ end }}
+{{- end }}
+{{- define "rankwatch.installsShared" -}}
+{{- if ne .Values.scope "workload" }}true{{ end }}
+{{- end }}
+
+{{/*
+Chart values Helm would install as they are while they mean a variable: refused with the fix.
+*/}}
+{{- define "rankwatch.checkValues" -}}
+{{- range $key := list "token" "metricsToken" }}
+{{- with index $.Values.server $key }}
+{{- if contains "${" (toString .) }}
+{{- fail (printf "server.%s is %q: Helm does not expand ${VAR}, so the Secret would hold those characters. Pass the value itself (--set server.%s=\"$RANKWATCH_TOKEN\", double quotes), or name a Secret you made in server.existingSecret" $key (toString .) $key) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and .Values.podMonitor.enabled .Values.serviceMonitor.enabled (include "rankwatch.installsWorkload" .) }}
+{{- fail "podMonitor.enabled and serviceMonitor.enabled both scrape the same sidecars (every series twice, a duplicate-sample error for the rules): enable one" }}
+{{- end }}
+{{- include "rankwatch.checkMinimums" . }}
+{{- end }}
+
+{{/*
+agent.config values the agent refuses below its minimum (logs.poll_interval: 1ms): refused at
+install with the key named, not by a degraded sidecar. The minimums come from the agent's schema
+(files/config-minimums.json, written by helm/gen_values_schema.py).
+*/}}
+{{- define "rankwatch.checkMinimums" -}}
+{{- $spec := .Files.Get "files/config-minimums.json" | fromJson }}
+{{- $cfg := .Values.agent.config | default dict }}
+{{- range $spec.keys }}
+{{- $v := $cfg }}
+{{- $found := true }}
+{{- range .path }}
+{{- if and $found (kindIs "map" $v) (hasKey $v .) }}{{ $v = index $v . }}{{ else }}{{ $found = false }}{{ end }}
+{{- end }}
+{{- if and $found (not (kindIs "invalid" $v)) (not (kindIs "map" $v)) }}
+{{- $text := toString $v | trim | lower }}
+{{- if not (contains "${" $text) }}
+{{- $units := index $spec.units .kind }}
+{{- $total := 0.0 }}
+{{- $ok := true }}
+{{- if regexMatch "^[+]?[0-9]*[.]?[0-9]+([eE][-+]?[0-9]+)?$" $text }}
+{{- $total = float64 $text }}
+{{- else }}
+{{- range regexFindAll "[0-9]*[.]?[0-9]+\\s*[a-zµ]*" $text -1 }}
+{{- $num := regexFind "^[0-9]*[.]?[0-9]+" . }}
+{{- $unit := trim (trimPrefix $num .) }}
+{{- if hasKey $units $unit }}
+{{- $total = addf $total (mulf (float64 $num) (index $units $unit)) }}
+{{- else }}
+{{- $ok = false }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and $ok (lt $total .min) (not (and .zero_off (eq $total 0.0))) }}
+{{- fail (printf "agent.config.%s: %s is below the agent's minimum %s%s (the agent would refuse it and the sidecar run degraded)" (join "." .path) (toString $v) .shown (ternary " or 0 (off)" "" .zero_off)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{- define "rankwatch.runName" -}}
@@ -146,6 +253,10 @@ fail the install instead, naming the fix.
 {{- if include "rankwatch.metricsTokenKey" . }}
 {{- $_ := set $base.server "metrics_token" "${RANKWATCH_METRICS_TOKEN}" }}
 {{- end }}
+{{- if eq .Values.mode "daemonset" }}
+{{- /* a node agent watches every job on its node: each rank's run comes from its own environment */}}
+{{- $_ := set $base "run" (dict "node" "${NODE_NAME:-}") }}
+{{- end }}
 {{- $cfg := mergeOverwrite $base (deepCopy (.Values.agent.config | default dict)) }}
 {{- if not .Values.stackDumps.enabled }}
 {{- $_ := set $cfg.dumps "on_stall" false }}
@@ -230,6 +341,8 @@ env:
       secretKeyRef:
         name: {{ include "rankwatch.slackSecretName" . }}
         key: {{ .Values.slack.secretKey }}
+        # a missing Secret must not keep the pod (and the trainer) from starting
+        optional: true
   {{- end }}
   {{- $secret := include "rankwatch.serverSecretName" . }}
   {{- with include "rankwatch.apiTokenKey" . }}
@@ -238,6 +351,7 @@ env:
       secretKeyRef:
         name: {{ $secret }}
         key: {{ . }}
+        optional: true
   {{- end }}
   {{- with include "rankwatch.metricsTokenKey" . }}
   - name: RANKWATCH_METRICS_TOKEN
@@ -245,6 +359,7 @@ env:
       secretKeyRef:
         name: {{ $secret }}
         key: {{ . }}
+        optional: true
   {{- end }}
   {{- with .Values.sidecar.nvidiaVisibleDevices }}
   - name: NVIDIA_VISIBLE_DEVICES
@@ -255,7 +370,7 @@ env:
   {{- end }}
 ports:
   - name: rankwatch
-    containerPort: {{ .Values.sidecar.port }}
+    containerPort: {{ include "rankwatch.port" . }}
     protocol: TCP
 {{- with .Values.sidecar.startupProbe }}
 {{- if .enabled }}
@@ -358,5 +473,21 @@ volumeMounts:
   {{- else }}
   emptyDir: {}
   {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+namespaceSelector of a monitor: the configured one, else — when the monitor lives in another
+namespace than the release (monitor.namespace) — the release's namespace, where the pods are.
+*/}}
+{{- define "rankwatch.namespaceSelector" -}}
+{{- $m := .monitor }}
+{{- if $m.namespaceSelector }}
+namespaceSelector:
+  {{- toYaml $m.namespaceSelector | nindent 2 }}
+{{- else if and $m.namespace (ne $m.namespace .root.Release.Namespace) }}
+namespaceSelector:
+  matchNames:
+    - {{ .root.Release.Namespace }}
 {{- end }}
 {{- end }}
