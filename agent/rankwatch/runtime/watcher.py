@@ -23,6 +23,7 @@ from rankwatch.detectors.liveness import StallDetector
 from rankwatch.engine import RankEngine
 from rankwatch.events import Event, LogActivity, ProcessExit, ProcessStart, Progress
 from rankwatch.identity import Identity
+from rankwatch.k8s.crilog import Joiner
 from rankwatch.records import Finding, Record, Severity, StepRecord
 from rankwatch.sources.follower import NOISE, LogFollower, follow
 from rankwatch.sources.logparser import LogParser
@@ -58,7 +59,9 @@ SAMPLE_TIMEOUT_MIN_S = 2.0
 
 
 class Stream:
-    __slots__ = ("dropped", "follower", "last_data", "parser", "path", "shedding", "thinned", "uncounted")
+    __slots__ = (
+        "cri", "dropped", "follower", "last_data", "parser", "path", "shedding", "thinned", "uncounted",
+    )  # fmt: skip
 
     def __init__(
         self, path: Path, cfg: Config, rank: int | None, from_end: bool, world_size: int | None = None
@@ -86,6 +89,8 @@ class Stream:
         self.last_data = 0.0
         self.shedding = False
         self.thinned = 0  # the follower's thinned_lines already counted
+        # A kubelet container log (node mode on Kubernetes): CRI prefixes off, cut lines joined.
+        self.cri: Joiner | None = None
 
 
 def matters(text: str) -> bool:
@@ -322,6 +327,8 @@ class RankWatcher:
             stream.parser.stats.lines += dropped - stream.dropped
             stream.parser.stats.unparsed += dropped - stream.dropped
             stream.dropped = dropped
+        if stream.cri is not None:
+            batch = stream.cri.feed(batch)
         if len(batch) > 1 and batch[-1].lineno - batch[0].lineno + 1 < len(batch):  # \r segments in it
             batch = _latest_redraws(batch, stream.parser.stats)
         out: list[Record] = []

@@ -1,0 +1,140 @@
+"""`rankwatch watch --k8s`: a node DaemonSet watching the opted-in pods' ranks.
+
+Every scan (``kubernetes.interval``, off the loop) lists the node's opted-in rank processes
+(``rankwatch.k8s.node``); each (pod, container, rank) gets a pipeline of its own, with the
+run and rank of its process and the pod's container log (CRI format, joined back into the
+trainer's lines). A restarted rank (same pod, container and rank, new pid) goes on in the
+same pipeline; the pod's namespace, name, container and GPUs are exported as
+``rankwatch_pod_info`` / ``rankwatch_pod_gpu_info``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+from rankwatch import offloop
+from rankwatch.config.schema import Config
+from rankwatch.identity import Identity
+from rankwatch.k8s.crilog import Joiner
+from rankwatch.k8s.node import RankProcess, Scanner
+from rankwatch.runtime.agent import Agent, Sink
+from rankwatch.runtime.services import Services
+from rankwatch.runtime.signals import on_signal
+from rankwatch.runtime.stdio import StderrGuard
+from rankwatch.runtime.watcher import RankWatcher
+from rankwatch.snapshot import PodView
+from rankwatch.sources.process import ProcessProber
+
+log = logging.getLogger("rankwatch.k8s")
+
+Key = tuple[str, str, int | None]  # pod UID, container, rank
+
+
+def _s(v: int | None) -> str:
+    return "" if v is None else str(v)
+
+
+async def watch_pods(
+    cfg: Config,
+    identity: Identity,
+    *,
+    sinks: Sequence[Sink],
+    stop: asyncio.Event | None = None,
+    services: dict[str, Any] | None = None,
+    scanner: Scanner | None = None,
+) -> int:
+    guard = StderrGuard()
+    guard.install()
+    try:
+        return await _watch_pods(cfg, identity, sinks=sinks, stop=stop, services=services, scanner=scanner)
+    finally:
+        guard.restore()
+
+
+async def _watch_pods(
+    cfg: Config,
+    identity: Identity,
+    *,
+    sinks: Sequence[Sink],
+    stop: asyncio.Event | None,
+    services: dict[str, Any] | None,
+    scanner: Scanner | None,
+) -> int:
+    stop = stop or asyncio.Event()
+    scanner = scanner or Scanner(cfg.kubernetes)
+    agent = Agent(cfg, identity, sinks=sinks)
+    pods: dict[Key, tuple[RankWatcher, PodView]] = {}
+    agent.pods = lambda: tuple(v for _, v in pods.values())
+    tasks: list[asyncio.Task[Any]] = []
+
+    def add(rp: RankProcess) -> None:
+        key = (rp.uid, rp.container, rp.rank)
+        have = pods.get(key)
+        if have is not None:
+            w = have[0]
+            if w.exited and (w.prober is None or w.prober.pid != rp.pid):  # restarted: same pipeline
+                w.attach(rp.pid, ProcessProber(rp.pid, clock=agent.clock))
+            return
+        ident = dataclasses.replace(
+            identity, run=rp.run, rank=rp.rank, local_rank=rp.local_rank, world_size=rp.world_size
+        )
+        w = agent.add_watcher([rp.log] if rp.log is not None else [], ident, from_end=True, replay=True)
+        for s in w.streams:
+            s.cri = Joiner(int(cfg.logs.max_line_bytes))
+        w.attach(rp.pid, ProcessProber(rp.pid, clock=agent.clock))
+        labels = (ident.run, _s(ident.rank), _s(ident.local_rank), ident.node)
+        pods[key] = (w, PodView(labels, rp.namespace, rp.pod, rp.container, rp.gpus))
+        tasks.append(asyncio.create_task(w.run()))
+        log.info(
+            "pod %s/%s container %s: rank %s of run %s, pid %d, GPUs %s, log %s",
+            rp.namespace, rp.pod, rp.container, rp.rank, rp.run, rp.pid, ",".join(rp.gpus) or "-", rp.log,
+        )  # fmt: skip
+
+    async def scan() -> None:
+        try:
+            found = await offloop.proc(
+                scanner.scan, name="rankwatch-k8s-scan", errors=agent.internal_errors_by_component
+            )
+        except asyncio.TimeoutError:
+            return  # logged and counted by offloop; tried again next period
+        for rp in found:
+            add(rp)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        on_signal(loop, sig, stop.set, errors=agent.internal_errors_by_component)
+    agent.install_dump_signal()
+    extras = Services(agent, cfg, **(services or {}))
+    await extras.start()
+    next_scan = 0.0
+    try:
+        while not stop.is_set():
+            for w, _ in pods.values():
+                s = w.last_sample
+                if s is not None and not s.alive and not w.exited:
+                    w.on_exit(s.exit_code, None, disk_full=agent.log_disk_full(w))
+            if loop.time() >= next_scan:
+                await scan()
+                next_scan = loop.time() + cfg.kubernetes.interval
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(cfg.process.sample_interval, cfg.kubernetes.interval))
+    finally:
+        for w, _ in pods.values():
+            w.stop()
+        for t in tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, 5.0)
+        for w, _ in pods.values():
+            w.drain()
+            w.flush_held()
+        await agent.settle()
+        await extras.close()
+        for w, _ in pods.values():
+            w.close()
+    return 0
