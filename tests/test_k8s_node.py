@@ -1,0 +1,193 @@
+"""Node mode on Kubernetes with real processes: the real gRPC client against a stand-in
+kubelet pod-resources server on a unix socket, and `rankwatch watch --k8s` over a fake node
+layout (a /proc-like cgroup map of real trainer pids and a /var/log/pods tree in CRI format)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+pytest.importorskip("grpc")
+
+from conftest import free_port, wait_for
+from podresources_standin import serving
+from rankwatch.k8s.podresources import ContainerDevices, PodResources, PodResourcesError, list_pods
+
+UID_A = "0b3c3a52-8a4e-4f76-9b7a-2f1d6c0e5a11"
+UID_B = "7f2e9d10-1c5b-4e2a-8d3f-9a6b4c2e1d22"
+CID_A = "a" * 64
+CID_B = "b" * 64
+GPUS_A = ["GPU-6f1a2b3c-0000-1111-2222-333344445555", "GPU-7e2b3c4d-0000-1111-2222-333344446666"]
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A unix socket path must stay under 108 bytes; pytest's tmp_path may not."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rwk8s") as d:
+        yield Path(d)
+
+
+@pytest.mark.process
+def test_the_grpc_client_lists_pods_containers_and_gpu_uuids(short_tmp: Path) -> None:
+    sock = short_tmp / "kubelet.sock"
+    layout = {
+        ("ml", "llama-worker-0"): {
+            "trainer": [("nvidia.com/gpu", GPUS_A), ("example.com/nic", ["nic0"])],
+            "rankwatch-sidecar": [],
+        },
+        ("default", "web-0"): {"nginx": []},
+    }
+    with serving(sock, layout) as lister:
+        pods = list_pods(str(sock), timeout=5)
+    assert lister.calls == 1
+    assert (
+        PodResources(
+            "ml",
+            "llama-worker-0",
+            (ContainerDevices("trainer", tuple(GPUS_A)), ContainerDevices("rankwatch-sidecar", ())),
+        )
+        in pods
+    )
+    assert PodResources("default", "web-0", (ContainerDevices("nginx", ()),)) in pods
+    assert pods[0].gpus() == tuple(GPUS_A)
+
+
+@pytest.mark.process
+def test_no_kubelet_socket_is_one_clear_error(short_tmp: Path) -> None:
+    with pytest.raises(PodResourcesError, match=r"pod-resources List on .* failed: StatusCode\.UNAVAILABLE"):
+        list_pods(str(short_tmp / "absent.sock"), timeout=2)
+
+
+def _cri_pump(src: IO[bytes], dst: Path) -> threading.Thread:
+    """What containerd does with a container's stdout: each line as a CRI record, lines longer
+    than a small buffer cut into P pieces (containerd's is 16 KiB; small here so the joiner
+    has work on every step line: no "loss=nan" fits in one piece)."""
+
+    def run() -> None:
+        with open(dst, "ab", buffering=0) as out:
+            for raw in iter(src.readline, b""):
+                text = raw.rstrip(b"\n")
+                now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ").encode()
+                pieces = [text[i : i + 7] for i in range(0, len(text), 7)] or [b""]
+                for i, piece in enumerate(pieces):
+                    tag = b"F" if i == len(pieces) - 1 else b"P"
+                    out.write(now + b" stdout " + tag + b" " + piece + b"\n")
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _trainer(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rankwatch.demo.trainer", "--format", "kv", "--step-time", "0.05", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+    )
+
+
+@pytest.mark.process
+def test_watch_k8s_reports_a_nan_in_one_opted_in_pod_with_its_pod_and_gpus(short_tmp: Path) -> None:
+    node = short_tmp
+    proc, pods, links = node / "proc", node / "pods", node / "containers"
+    links.mkdir()
+    log_a = pods / f"ml_llama-worker-1_{UID_A}" / "trainer" / "0.log"
+    log_b = pods / f"ml_other-0_{UID_B}" / "trainer" / "0.log"
+    for log in (log_a, log_b):
+        log.parent.mkdir(parents=True)
+        log.touch()
+    (links / f"llama-worker-1_ml_trainer-{CID_A}.log").touch()
+    (links / f"other-0_ml_trainer-{CID_B}.log").touch()
+    # Pod A opted in, NaN at step 40; pod B (same rank number) not opted in, NaN too: ignored.
+    a = _trainer({"RANKWATCH_WATCH": "true", "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"},
+                 "--seed", "9101", "--steps", "100000", "--fault", "nan@40")  # fmt: skip
+    b = _trainer({"RANK": "1"}, "--seed", "9102", "--steps", "100000", "--fault", "nan@40")
+    pumps = [_cri_pump(a.stdout, log_a), _cri_pump(b.stdout, log_b)]  # type: ignore[arg-type]
+    systemd = (
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n"
+    )
+    for p, uid, cid in ((a, UID_A, CID_A), (b, UID_B, CID_B)):
+        (proc / str(p.pid)).mkdir(parents=True)
+        (proc / str(p.pid) / "cgroup").write_text(systemd.format(uid.replace("-", "_"), cid))
+    (proc / "1").mkdir()
+    (proc / "1" / "cgroup").write_text("0::/init.scope\n")
+    sock = node / "kubelet.sock"
+    port = free_port()
+    cfg = node / "rw.yaml"
+    cfg.write_text(
+        "detectors: {warmup_steps: 5}\nprocess: {sample_interval: 200ms}\n"
+        f"dumps: {{dir: {node / 'dumps'}}}\nserver: {{listen: '127.0.0.1:{port}'}}\ngpu: {{enabled: false}}\n"
+        f"kubernetes: {{proc_root: {proc}, pod_logs: {pods}, container_logs: {links}, "
+        f"pod_resources_socket: {sock}, interval: 200ms}}\n"
+    )
+    found = node / "f.jsonl"
+    layout = {
+        ("ml", "llama-worker-1"): {"trainer": [("nvidia.com/gpu", GPUS_A)]},
+        ("ml", "other-0"): {"trainer": [("nvidia.com/gpu", ["GPU-99999999-0000-1111-2222-333344447777"])]},
+    }
+    agent = None
+    try:
+        with serving(sock, layout):
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "rankwatch", "-v", "watch", "--k8s", "--config", str(cfg),
+                 "--findings-jsonl", str(found)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+
+            def nans() -> list[dict[str, object]]:
+                if not found.exists():
+                    return []
+                rows = [json.loads(x) for x in found.read_text().splitlines() if x.strip()]
+                return [f for f in rows if f["kind"] == "nan_loss"]
+
+            got = wait_for(nans, timeout=60, what="a nan_loss finding")
+
+            def metrics() -> str:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                        return str(r.read().decode())
+                except OSError:
+                    return ""
+
+            text = wait_for(
+                lambda: (m := metrics()) and "rankwatch_pod_gpu_info{" in m and 'kind="nan_loss"' in m and m,
+                timeout=30,
+            )
+            agent.send_signal(signal.SIGTERM)
+            _, err = agent.communicate(timeout=30)
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait(timeout=10)
+        for t in pumps:
+            t.join(timeout=10)
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+    assert len(got) == 1 and got[0]["rank"] == 1, got
+    assert got[0]["path"] == str(log_a), got  # read from the pod's CRI log, pieces joined
+    # The finding's series carries the pod's run (the JSONL sink writes the agent's own run).
+    fired = [x for x in text.splitlines() if x.startswith("rankwatch_findings_total{") and "nan_loss" in x]
+    assert fired and all('run="llama"' in x and 'rank="1"' in x for x in fired), fired
+    info = [x for x in text.splitlines() if x.startswith("rankwatch_pod_info{")]
+    assert len(info) == 1, info  # pod B is not opted in
+    for want in ('namespace="ml"', 'pod="llama-worker-1"', 'container="trainer"', 'run="llama"', 'rank="1"'):
+        assert want in info[0], info
+    uuids = sorted(x.split('uuid="')[1].split('"')[0] for x in text.splitlines()
+                   if x.startswith("rankwatch_pod_gpu_info{"))  # fmt: skip
+    assert uuids == sorted(GPUS_A)
+    assert "other-0" not in text
+    assert "pod ml/llama-worker-1 container trainer: rank 1 of run llama" in err, err[-3000:]
