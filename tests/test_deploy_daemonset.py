@@ -44,6 +44,9 @@ def test_daemonset_mode_renders_a_least_privilege_node_agent_and_no_sidecar() ->
     # Fail open: a missing Secret never keeps the agent from starting.
     refs = [e["valueFrom"]["secretKeyRef"] for e in agent["env"] if "secretKeyRef" in e.get("valueFrom", {})]
     assert {r["name"] for r in refs} == {"rankwatch-tokens", "slack"} and all(r["optional"] for r in refs)
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"  # NVML sees the node's GPUs; it requests none
+    assert "nvidia.com/gpu" not in str(agent.get("resources"))
     cfg = _agent_config(docs)
     assert cfg["kubernetes"] == {
         "enabled": True,

@@ -211,3 +211,27 @@ def test_a_namespace_opts_every_rank_of_it_in_and_a_dead_socket_only_costs_the_g
     found = scanner.scan()
     assert [(r.pid, r.run, r.rank, r.gpus) for r in found] == [(100, "job-42", None, ())]
     assert scanner.problem is not None and "UNAVAILABLE" in scanner.problem
+
+
+@pytest.mark.unit
+def test_a_ranks_container_relative_gpus_become_host_uuids() -> None:
+    from rankwatch.k8s.podresources import visible_devices
+
+    gpus = ("GPU-a", "GPU-b", "GPU-c")
+    assert visible_devices(gpus, None) == "GPU-a,GPU-b,GPU-c"  # all of the container's
+    assert visible_devices(gpus, "1") == "GPU-b"  # torchrun-style one GPU per rank
+    assert visible_devices(gpus, "2,0") == "GPU-c,GPU-a"
+    assert visible_devices(gpus, "GPU-c") == "GPU-c"
+    assert visible_devices(gpus, "0,7,1") == "GPU-a"  # CUDA stops at the first bad entry
+    assert visible_devices((), "0") is None
+
+
+@pytest.mark.unit
+def test_without_grpcio_the_client_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from rankwatch.k8s.podresources import list_pods
+
+    monkeypatch.setitem(sys.modules, "grpc", None)  # as if grpcio were not installed
+    with pytest.raises(PodResourcesError, match=r"pip install 'rankwatch\[k8s\]'"):
+        list_pods("/nonexistent.sock")

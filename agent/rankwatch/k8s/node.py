@@ -53,6 +53,7 @@ class RankProcess:
     container: str
     log: Path | None  # the container's current CRI log
     gpus: tuple[str, ...]  # GPU device IDs of the container (pod-resources), kubelet order
+    cuda_visible_devices: str | None  # the rank's own, as it set it (container-relative)
     run: str
     rank: int | None
     local_rank: int | None
@@ -226,6 +227,7 @@ class Scanner:
                     rank=rank,
                     local_rank=_int(env, LOCAL_RANK_VARS),
                     world_size=_int(env, WORLD_VARS),
+                    cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
                 )
             )
         return out

@@ -97,3 +97,25 @@ def list_pods(
         )
         for p in resp.pod_resources
     ]
+
+
+def visible_devices(gpus: Sequence[str], cuda_visible: str | None) -> str | None:
+    """The rank's GPUs as host-wide UUIDs, for ``CUDA_VISIBLE_DEVICES`` as the agent on the host
+    reads it. Inside the container the devices are numbered from 0 in the order the device
+    plugin listed them (the container toolkit exposes ``NVIDIA_VISIBLE_DEVICES`` in that order),
+    so the rank's own numeric ``CUDA_VISIBLE_DEVICES`` picks from ``gpus``; UUIDs pass as they
+    are. ``None``: nothing known (no GPU from the kubelet)."""
+    if not gpus:
+        return None
+    if cuda_visible is None or not cuda_visible.strip():
+        return ",".join(gpus)
+    out: list[str] = []
+    for entry in cuda_visible.split(","):
+        e = entry.strip()
+        if e.isdigit():
+            if int(e) >= len(gpus):
+                break  # CUDA stops at the first invalid entry
+            out.append(gpus[int(e)])
+        elif e:
+            out.append(e)
+    return ",".join(out) if out else ""

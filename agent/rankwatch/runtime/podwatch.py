@@ -23,6 +23,7 @@ from rankwatch.config.schema import Config
 from rankwatch.identity import Identity
 from rankwatch.k8s.crilog import Joiner
 from rankwatch.k8s.node import RankProcess, Scanner
+from rankwatch.k8s.podresources import visible_devices
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
@@ -87,6 +88,9 @@ async def _watch_pods(
         w = agent.add_watcher([rp.log] if rp.log is not None else [], ident, from_end=True, replay=True)
         for s in w.streams:
             s.cri = Joiner(int(cfg.logs.max_line_bytes))
+        visible = visible_devices(rp.gpus, rp.cuda_visible_devices)
+        if visible is not None:
+            w.gpu_env = {"CUDA_VISIBLE_DEVICES": visible}  # NVML on the host knows them by UUID
         w.attach(rp.pid, ProcessProber(rp.pid, clock=agent.clock))
         labels = (ident.run, _s(ident.rank), _s(ident.local_rank), ident.node)
         pods[key] = (w, PodView(labels, rp.namespace, rp.pod, rp.container, rp.gpus))

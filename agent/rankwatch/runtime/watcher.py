@@ -152,6 +152,9 @@ class RankWatcher:
         self._held: list[tuple[float, Finding]] = []
         self._stop = asyncio.Event()
         self.replayed: list[Finding] = []  # what the replayed history held, for the alert dispatcher
+        # Set over the process's environment when its GPUs are mapped (node mode on Kubernetes:
+        # the container's GPUs from the kubelet, as host-wide UUIDs).
+        self.gpu_env: dict[str, str] = {}
         if replay and from_end and int(cfg.logs.replay) > 0:
             for stream in self.streams:
                 self._replay(stream, int(cfg.logs.replay))
