@@ -235,3 +235,22 @@ def test_without_grpcio_the_client_says_how_to_install_it(monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "grpc", None)  # as if grpcio were not installed
     with pytest.raises(PodResourcesError, match=r"pip install 'rankwatch\[k8s\]'"):
         list_pods("/nonexistent.sock")
+
+
+@pytest.mark.unit
+def test_ranks_sharing_a_container_read_its_log_once(tmp_path: Path) -> None:
+    """torchrun with two workers in one container: two pipelines, one of them reads the log."""
+    cg = CGROUPS["v2 cgroupfs guaranteed"]
+    cfg = _node(tmp_path, {300: cg, 301: cg, 302: cg})
+    envs = {
+        300: {"RANKWATCH_WATCH": "1"},  # torchrun itself: no RANK
+        301: {"RANKWATCH_WATCH": "1", "RANK": "0", "LOCAL_RANK": "0"},
+        302: {"RANKWATCH_WATCH": "1", "RANK": "1", "LOCAL_RANK": "1"},
+    }
+    scanner = Scanner(
+        dataclasses.replace(cfg, pod_resources_socket=""), environ=lambda pid: envs[pid], lister=list
+    )
+    by_rank = {r.rank: r for r in scanner.scan()}
+    assert sorted(by_rank, key=str) == [0, 1, None]
+    readers = [r for r in by_rank.values() if r.log is not None]
+    assert [r.rank for r in readers] == [None]  # the launcher's pipeline reads the shared log

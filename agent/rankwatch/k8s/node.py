@@ -203,6 +203,12 @@ class Scanner:
                     container = subs[0] if len(subs) == 1 else ""
             chosen.setdefault((ref.uid, container, _int(env, RANK_VARS)), []).append((pid, env, container))
         out: list[RankProcess] = []
+        # Several ranks in one container (torchrun --nproc-per-node 8) write one container log:
+        # the lowest rank's pipeline reads it (lines a launcher tags with a rank go to that
+        # rank), the others watch their process only, so no line is read and reported twice.
+        readers: dict[tuple[str, str], int | None] = {}
+        for uid, container, rank in sorted(chosen, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])):
+            readers.setdefault((uid, container), rank)
         for (uid, container, rank), procs in chosen.items():
             mine = {p for p, _, _ in procs}
             # A rank's own workers (DataLoader) inherit its RANK: the rank is the one whose
@@ -221,7 +227,9 @@ class Scanner:
                     pod=pod,
                     uid=uid,
                     container=container,
-                    log=_latest_log(folder / container) if container else None,
+                    log=_latest_log(folder / container)
+                    if container and readers[(uid, container)] == rank
+                    else None,
                     gpus=res.gpus(container) if res is not None else (),
                     run=run,
                     rank=rank,
