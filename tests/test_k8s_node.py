@@ -28,6 +28,7 @@ UID_A = "0b3c3a52-8a4e-4f76-9b7a-2f1d6c0e5a11"
 UID_B = "7f2e9d10-1c5b-4e2a-8d3f-9a6b4c2e1d22"
 CID_A = "a" * 64
 CID_B = "b" * 64
+GPU_B = "GPU-99999999-0000-1111-2222-333344447777"
 GPUS_A = ["GPU-6f1a2b3c-0000-1111-2222-333344445555", "GPU-7e2b3c4d-0000-1111-2222-333344446666"]
 
 
@@ -100,9 +101,10 @@ def _trainer(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
     )
 
 
-@pytest.mark.process
-def test_watch_k8s_reports_a_nan_in_one_opted_in_pod_with_its_pod_and_gpus(short_tmp: Path) -> None:
-    node = short_tmp
+def _node_run(node: Path, *, gpu: str = "gpu: {enabled: false}", env: dict[str, str] | None = None,
+              until: str = 'kind="nan_loss"') -> tuple[list[dict[str, object]], str, str, Path]:  # fmt: skip
+    """Two pods on a fake node, run `rankwatch watch --k8s` until /metrics holds ``until``:
+    pod A opted in with a NaN at step 40, pod B (the same rank number) not opted in, NaN too."""
     proc, pods, links = node / "proc", node / "pods", node / "containers"
     links.mkdir()
     log_a = pods / f"ml_llama-worker-1_{UID_A}" / "trainer" / "0.log"
@@ -112,7 +114,6 @@ def test_watch_k8s_reports_a_nan_in_one_opted_in_pod_with_its_pod_and_gpus(short
         log.touch()
     (links / f"llama-worker-1_ml_trainer-{CID_A}.log").touch()
     (links / f"other-0_ml_trainer-{CID_B}.log").touch()
-    # Pod A opted in, NaN at step 40; pod B (same rank number) not opted in, NaN too: ignored.
     a = _trainer({"RANKWATCH_WATCH": "true", "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"},
                  "--seed", "9101", "--steps", "100000", "--fault", "nan@40")  # fmt: skip
     b = _trainer({"RANK": "1"}, "--seed", "9102", "--steps", "100000", "--fault", "nan@40")
@@ -130,14 +131,14 @@ def test_watch_k8s_reports_a_nan_in_one_opted_in_pod_with_its_pod_and_gpus(short
     cfg = node / "rw.yaml"
     cfg.write_text(
         "detectors: {warmup_steps: 5}\nprocess: {sample_interval: 200ms}\n"
-        f"dumps: {{dir: {node / 'dumps'}}}\nserver: {{listen: '127.0.0.1:{port}'}}\ngpu: {{enabled: false}}\n"
+        f"dumps: {{dir: {node / 'dumps'}}}\nserver: {{listen: '127.0.0.1:{port}'}}\n{gpu}\n"
         f"kubernetes: {{proc_root: {proc}, pod_logs: {pods}, container_logs: {links}, "
         f"pod_resources_socket: {sock}, interval: 200ms}}\n"
     )
     found = node / "f.jsonl"
     layout = {
         ("ml", "llama-worker-1"): {"trainer": [("nvidia.com/gpu", GPUS_A)]},
-        ("ml", "other-0"): {"trainer": [("nvidia.com/gpu", ["GPU-99999999-0000-1111-2222-333344447777"])]},
+        ("ml", "other-0"): {"trainer": [("nvidia.com/gpu", [GPU_B])]},
     }
     agent = None
     try:
@@ -145,7 +146,7 @@ def test_watch_k8s_reports_a_nan_in_one_opted_in_pod_with_its_pod_and_gpus(short
             agent = subprocess.Popen(
                 [sys.executable, "-m", "rankwatch", "-v", "watch", "--k8s", "--config", str(cfg),
                  "--findings-jsonl", str(found)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
             )  # fmt: skip
 
             def nans() -> list[dict[str, object]]:
@@ -164,8 +165,9 @@ def test_watch_k8s_reports_a_nan_in_one_opted_in_pod_with_its_pod_and_gpus(short
                     return ""
 
             text = wait_for(
-                lambda: (m := metrics()) and "rankwatch_pod_gpu_info{" in m and 'kind="nan_loss"' in m and m,
+                lambda: (m := metrics()) and "rankwatch_pod_gpu_info{" in m and until in m and m,
                 timeout=30,
+                what=until,
             )
             agent.send_signal(signal.SIGTERM)
             _, err = agent.communicate(timeout=30)
@@ -177,6 +179,12 @@ def test_watch_k8s_reports_a_nan_in_one_opted_in_pod_with_its_pod_and_gpus(short
             t.join(timeout=10)
         if agent is not None and agent.poll() is None:
             agent.kill()
+    return got, text, err, log_a
+
+
+@pytest.mark.process
+def test_watch_k8s_reports_a_nan_in_one_opted_in_pod_with_its_pod_and_gpus(short_tmp: Path) -> None:
+    got, text, err, log_a = _node_run(short_tmp)
     assert len(got) == 1 and got[0]["rank"] == 1, got
     assert got[0]["path"] == str(log_a), got  # read from the pod's CRI log, pieces joined
     # The finding's series carries the pod's run (the JSONL sink writes the agent's own run).
@@ -191,3 +199,30 @@ def test_watch_k8s_reports_a_nan_in_one_opted_in_pod_with_its_pod_and_gpus(short
     assert uuids == sorted(GPUS_A)
     assert "other-0" not in text
     assert "pod ml/llama-worker-1 container trainer: rank 1 of run llama" in err, err[-3000:]
+
+
+@pytest.mark.tool
+def test_the_pod_gpus_from_the_kubelet_pick_the_ranks_gpu_in_real_nvml(short_tmp: Path) -> None:
+    """pynvml over the stand-in libnvidia-ml (tests/nvml_standin): the node has three GPUs; the
+    kubelet gave pod A the last two; its rank has LOCAL_RANK 1 and no CUDA_VISIBLE_DEVICES, so
+    its GPU is the container's second one, host index 2, found by UUID. NVML lists no compute
+    process (the trainers use none), so only the pod-resources mapping ties it."""
+    from test_gpu_standin import _build, _env
+
+    lib = _build(short_tmp / "nvml")
+    state = short_tmp / "nvml-state.txt"
+    state.write_text(
+        f"count 3\ngpu0.uuid {GPU_B}\ngpu1.uuid {GPUS_A[0]}\ngpu2.uuid {GPUS_A[1]}\n"
+        "gpu0.util 11\ngpu1.util 22\ngpu2.util 87\n"
+    )
+    node = short_tmp / "node"
+    node.mkdir()
+    _, text, _, _ = _node_run(
+        node, gpu="gpu: {interval: 200ms}", env=_env(lib, state), until="rankwatch_gpu_utilization_ratio{"
+    )
+    util = [x for x in text.splitlines() if x.startswith("rankwatch_gpu_utilization_ratio{")]
+    # GPU series still carry the agent's run label (per-pipeline labels there are issue 28's);
+    # the rank and the UUID tie them to the pod's rankwatch_pod_gpu_info.
+    mine = [x for x in util if 'rank="1"' in x]
+    assert len(mine) == 1 and f'uuid="{GPUS_A[1]}"' in mine[0] and 'gpu="2"' in mine[0], util
+    assert mine[0].endswith(" 0.87"), mine
