@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rankwatch import offloop
@@ -35,6 +36,14 @@ from rankwatch.sources.process import ProcessProber
 log = logging.getLogger("rankwatch.k8s")
 
 Key = tuple[str, str, int | None]  # pod UID, container, rank
+
+
+def _look(
+    scanner: Scanner, attached: set[int], clock: Callable[[], float]
+) -> list[tuple[RankProcess, ProcessProber | None]]:
+    """The node's ranks, and a prober for each one not watched yet. Blocking (a process in D
+    state blocks reading its command line): run it through ``offloop.proc``."""
+    return [(rp, None if rp.pid in attached else ProcessProber(rp.pid, clock=clock)) for rp in scanner.scan()]
 
 
 def _s(v: int | None) -> str:
@@ -74,13 +83,13 @@ async def _watch_pods(
     agent.pods = lambda: tuple(v for _, v in pods.values())
     tasks: list[asyncio.Task[Any]] = []
 
-    def add(rp: RankProcess) -> None:
+    def add(rp: RankProcess, prober: ProcessProber | None) -> None:
         key = (rp.uid, rp.container, rp.rank)
         have = pods.get(key)
         if have is not None:
             w = have[0]
             if w.exited and (w.prober is None or w.prober.pid != rp.pid):  # restarted: same pipeline
-                w.attach(rp.pid, ProcessProber(rp.pid, clock=agent.clock))
+                w.attach(rp.pid, prober)
             return
         ident = dataclasses.replace(
             identity, run=rp.run, rank=rp.rank, local_rank=rp.local_rank, world_size=rp.world_size
@@ -91,7 +100,7 @@ async def _watch_pods(
         visible = visible_devices(rp.gpus, rp.cuda_visible_devices)
         if visible is not None:
             w.gpu_env = {"CUDA_VISIBLE_DEVICES": visible}  # NVML on the host knows them by UUID
-        w.attach(rp.pid, ProcessProber(rp.pid, clock=agent.clock))
+        w.attach(rp.pid, prober)
         labels = (ident.run, _s(ident.rank), _s(ident.local_rank), ident.node)
         pods[key] = (w, PodView(labels, rp.namespace, rp.pod, rp.container, rp.gpus))
         tasks.append(asyncio.create_task(w.run()))
@@ -101,14 +110,17 @@ async def _watch_pods(
         )  # fmt: skip
 
     async def scan() -> None:
+        attached = {w.prober.pid for w, _ in pods.values() if w.prober is not None and not w.exited}
         try:
             found = await offloop.proc(
-                scanner.scan, name="rankwatch-k8s-scan", errors=agent.internal_errors_by_component
+                functools.partial(_look, scanner, attached, agent.clock),
+                name="rankwatch-k8s-scan",
+                errors=agent.internal_errors_by_component,
             )
         except asyncio.TimeoutError:
             return  # logged and counted by offloop; tried again next period
-        for rp in found:
-            add(rp)
+        for rp, prober in found:
+            add(rp, prober)
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
