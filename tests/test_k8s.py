@@ -174,7 +174,7 @@ def test_a_node_scan_finds_opted_in_ranks_with_their_pod_log_and_gpus(tmp_path: 
         lists.append(socket)
         return [PodResources("ml", "llama-worker-1", (ContainerDevices("trainer", ("GPU-a", "GPU-b")),))]
 
-    scanner = Scanner(cfg, lister=lister, environ=lambda pid: envs.get(pid, {}))
+    scanner = Scanner(cfg, lister=lister, environ=lambda pid: envs.get(pid, {}), alive=lambda pid: True)
     import rankwatch.k8s.node as node
 
     parents = {101: 100}
@@ -207,7 +207,9 @@ def test_a_namespace_opts_every_rank_of_it_in_and_a_dead_socket_only_costs_the_g
     def lister(socket: str, *, gpu_resources: object) -> list[PodResources]:
         raise PodResourcesError("pod-resources List on sock failed: UNAVAILABLE")
 
-    scanner = Scanner(cfg, lister=lister, environ=lambda pid: {"TORCHELASTIC_RUN_ID": "job-42"})
+    scanner = Scanner(
+        cfg, lister=lister, environ=lambda pid: {"TORCHELASTIC_RUN_ID": "job-42"}, alive=lambda pid: True
+    )
     found = scanner.scan()
     assert [(r.pid, r.run, r.rank, r.gpus) for r in found] == [(100, "job-42", None, ())]
     assert scanner.problem is not None and "UNAVAILABLE" in scanner.problem
@@ -241,16 +243,21 @@ def test_without_grpcio_the_client_says_how_to_install_it(monkeypatch: pytest.Mo
 def test_ranks_sharing_a_container_read_its_log_once(tmp_path: Path) -> None:
     """torchrun with two workers in one container: two pipelines, one of them reads the log."""
     cg = CGROUPS["v2 cgroupfs guaranteed"]
-    cfg = _node(tmp_path, {300: cg, 301: cg, 302: cg})
+    cfg = _node(tmp_path, {300: cg, 301: cg, 302: cg, 303: cg})
     envs = {
+        303: {"RANKWATCH_WATCH": "1", "RANK": "1", "LOCAL_RANK": "1"},  # rank 1 before a restart: a zombie
         300: {"RANKWATCH_WATCH": "1"},  # torchrun itself: no RANK
         301: {"RANKWATCH_WATCH": "1", "RANK": "0", "LOCAL_RANK": "0"},
         302: {"RANKWATCH_WATCH": "1", "RANK": "1", "LOCAL_RANK": "1"},
     }
     scanner = Scanner(
-        dataclasses.replace(cfg, pod_resources_socket=""), environ=lambda pid: envs[pid], lister=list
+        dataclasses.replace(cfg, pod_resources_socket=""),
+        environ=lambda pid: envs[pid],
+        lister=list,
+        alive=lambda pid: pid != 303,
     )
     by_rank = {r.rank: r for r in scanner.scan()}
     assert sorted(by_rank, key=str) == [0, 1, None]
+    assert by_rank[1].pid == 302  # not the exited one still in /proc
     readers = [r for r in by_rank.values() if r.log is not None]
     assert [r.rank for r in readers] == [None]  # the launcher's pipeline reads the shared log

@@ -226,3 +226,63 @@ def test_the_pod_gpus_from_the_kubelet_pick_the_ranks_gpu_in_real_nvml(short_tmp
     mine = [x for x in util if 'rank="1"' in x]
     assert len(mine) == 1 and f'uuid="{GPUS_A[1]}"' in mine[0] and 'gpu="2"' in mine[0], util
     assert mine[0].endswith(" 0.87"), mine
+
+
+@pytest.mark.process
+def test_a_rank_restarted_in_its_container_goes_on_in_the_same_pipeline(short_tmp: Path) -> None:
+    """torchrun's --max-restarts or a requeue inside the pod: a new pid with the same pod,
+    container and rank is attached to the pipeline that watched the old one."""
+    node = short_tmp
+    proc, pods, links = node / "proc", node / "pods", node / "containers"
+    links.mkdir()
+    (pods / f"ml_bert-0-x7k2p_{UID_A}" / "trainer").mkdir(parents=True)
+    (pods / f"ml_bert-0-x7k2p_{UID_A}" / "trainer" / "0.log").touch()
+    stop = node / "stop"
+    script = (
+        "import os, sys, time\n"
+        "t = time.monotonic()\n"
+        "while not os.path.exists(sys.argv[1]) and time.monotonic() - t < 60: time.sleep(0.05)\n"
+    )
+    cgroup = f"0::/kubepods/burstable/pod{UID_A}/{CID_A}\n"
+    env = {**os.environ, "RANKWATCH_WATCH": "true", "RANK": "0"}
+
+    def start(path: Path) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen([sys.executable, "-c", script, str(path)], env=env)
+        (proc / str(p.pid)).mkdir(parents=True)
+        (proc / str(p.pid) / "cgroup").write_text(cgroup)
+        return p
+
+    first = start(stop)
+    cfg = node / "rw.yaml"
+    cfg.write_text(
+        f"process: {{sample_interval: 100ms}}\ndumps: {{dir: {node / 'dumps'}}}\n"
+        f"server: {{listen: '127.0.0.1:{free_port()}'}}\ngpu: {{enabled: false}}\n"
+        f"kubernetes: {{proc_root: {proc}, pod_logs: {pods}, container_logs: {links}, "
+        "pod_resources_socket: '', interval: 100ms}\n"
+    )
+    err = node / "agent.err"
+    second = None
+    with open(err, "w") as fh:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "-v", "watch", "--k8s", "--config", str(cfg)],
+            stdout=subprocess.DEVNULL, stderr=fh,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: f"watching pid {first.pid}" in err.read_text(), timeout=30, what="first pid")
+        stop.touch()
+        first.wait(timeout=30)
+        wait_for(lambda: "exit" in err.read_text().split(f"watching pid {first.pid}")[1], timeout=30,
+                 what="the first pid's exit")  # fmt: skip
+        second = start(node / "stop-2")
+        wait_for(lambda: f"watching pid {second.pid}" in err.read_text(), timeout=30, what="second pid")
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=30)
+    finally:
+        (node / "stop-2").touch()
+        for p in (first, second, agent):
+            if p is not None and p.poll() is None:
+                p.kill()
+            if p is not None:
+                p.wait(timeout=10)
+    text = err.read_text()
+    assert text.count("pod ml/bert-0-x7k2p container trainer: rank 0 of run bert") == 1, text[-3000:]

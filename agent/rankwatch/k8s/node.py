@@ -87,6 +87,17 @@ def _environ(pid: int) -> dict[str, str]:
         return {}
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie: a rank that exited stays in /proc until its launcher reaps it,
+    and its restarted successor must not be taken for it."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except Exception:
+        return False
+
+
 def _ppid(pid: int) -> int | None:
     import psutil
 
@@ -125,10 +136,12 @@ class Scanner:
         *,
         lister: Callable[..., list[PodResources]] = list_pods,
         environ: Callable[[int], dict[str, str]] = _environ,
+        alive: Callable[[int], bool] = _alive,
     ) -> None:
         self.cfg = cfg
         self.lister = lister
         self.environ = environ
+        self.alive = alive
         self._pods: dict[int, PodRef | None] = {}
         self._env: dict[int, dict[str, str]] = {}
         self.problem: str | None = None  # why the last pod-resources List failed
@@ -195,6 +208,8 @@ class Scanner:
                 env.get(self.cfg.opt_in_env, "").strip().lower() not in _TRUE
                 and ns not in self.cfg.namespaces
             ):
+                continue
+            if not self.alive(pid):
                 continue
             container = names.get(ref.container_id or "", "")
             if not container:
