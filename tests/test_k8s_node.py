@@ -229,9 +229,11 @@ def test_the_pod_gpus_from_the_kubelet_pick_the_ranks_gpu_in_real_nvml(short_tmp
 
 
 @pytest.mark.process
-def test_a_rank_restarted_in_its_container_goes_on_in_the_same_pipeline(short_tmp: Path) -> None:
-    """torchrun's --max-restarts or a requeue inside the pod: a new pid with the same pod,
-    container and rank is attached to the pipeline that watched the old one."""
+@pytest.mark.parametrize("kubelet_restart", [False, True], ids=["in-container", "container-restarted"])
+def test_a_restarted_rank_is_watched_again(short_tmp: Path, kubelet_restart: bool) -> None:
+    """torchrun's --max-restarts inside the container: a new pid with the same pod, container
+    and rank is attached to the pipeline that watched the old one. A container the kubelet
+    restarted (a new container ID, its output in 1.log): a new pipeline follows 1.log."""
     node = short_tmp
     proc, pods, links = node / "proc", node / "pods", node / "containers"
     links.mkdir()
@@ -246,10 +248,10 @@ def test_a_rank_restarted_in_its_container_goes_on_in_the_same_pipeline(short_tm
     cgroup = f"0::/kubepods/burstable/pod{UID_A}/{CID_A}\n"
     env = {**os.environ, "RANKWATCH_WATCH": "true", "RANK": "0"}
 
-    def start(path: Path) -> subprocess.Popen[bytes]:
+    def start(path: Path, cg: str = cgroup) -> subprocess.Popen[bytes]:
         p = subprocess.Popen([sys.executable, "-c", script, str(path)], env=env)
         (proc / str(p.pid)).mkdir(parents=True)
-        (proc / str(p.pid) / "cgroup").write_text(cgroup)
+        (proc / str(p.pid) / "cgroup").write_text(cg)
         return p
 
     first = start(stop)
@@ -273,8 +275,19 @@ def test_a_rank_restarted_in_its_container_goes_on_in_the_same_pipeline(short_tm
         first.wait(timeout=30)
         wait_for(lambda: "exit" in err.read_text().split(f"watching pid {first.pid}")[1], timeout=30,
                  what="the first pid's exit")  # fmt: skip
-        second = start(node / "stop-2")
+        log1 = pods / f"ml_bert-0-x7k2p_{UID_A}" / "trainer" / "1.log"
+        if kubelet_restart:
+            log1.touch()
+            second = start(node / "stop-2", cgroup.replace(CID_A, CID_B))
+        else:
+            second = start(node / "stop-2")
         wait_for(lambda: f"watching pid {second.pid}" in err.read_text(), timeout=30, what="second pid")
+        if kubelet_restart:
+            with open(log1, "a") as out:
+                for step in range(1, 13):
+                    out.write(f"2024-05-01T10:00:{step:02d}Z stdout F step={step} loss={2.0 - step / 100}\n")
+                out.write("2024-05-01T10:00:13Z stdout F step=13 loss=nan\n")
+            wait_for(lambda: "nan_loss" in err.read_text(), timeout=30, what="the NaN in 1.log")
         agent.send_signal(signal.SIGTERM)
         agent.wait(timeout=30)
     finally:
@@ -285,4 +298,7 @@ def test_a_rank_restarted_in_its_container_goes_on_in_the_same_pipeline(short_tm
             if p is not None:
                 p.wait(timeout=10)
     text = err.read_text()
-    assert text.count("pod ml/bert-0-x7k2p container trainer: rank 0 of run bert") == 1, text[-3000:]
+    pipelines = text.count("pod ml/bert-0-x7k2p container trainer: rank 0 of run bert")
+    assert pipelines == (2 if kubelet_restart else 1), text[-3000:]
+    if kubelet_restart:
+        assert f"log {log1}" in text, text[-3000:]

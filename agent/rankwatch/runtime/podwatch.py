@@ -81,16 +81,33 @@ async def _watch_pods(
     agent = Agent(cfg, identity, sinks=sinks)
     pods: dict[Key, tuple[RankWatcher, PodView]] = {}
     agent.pods = lambda: tuple(v for _, v in pods.values())
-    tasks: list[asyncio.Task[Any]] = []
+    tasks: dict[Key, asyncio.Task[Any]] = {}
 
-    def add(rp: RankProcess, prober: ProcessProber | None) -> None:
+    async def retire(key: Key) -> None:
+        """The container was restarted by the kubelet: its output now goes to the next
+        ``<n>.log``. The old pipeline has said what it saw (the exit); a new one follows the
+        new file under the same labels (two watchers with one label set would be one series)."""
+        w, _ = pods.pop(key)
+        w.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(tasks.pop(key), 5.0)
+        w.drain()
+        w.flush_held()
+        w.close()
+        with contextlib.suppress(ValueError):
+            agent.watchers.remove(w)
+
+    async def add(rp: RankProcess, prober: ProcessProber | None) -> None:
         key = (rp.uid, rp.container, rp.rank)
         have = pods.get(key)
         if have is not None:
             w = have[0]
-            if w.exited and (w.prober is None or w.prober.pid != rp.pid):  # restarted: same pipeline
-                w.attach(rp.pid, prober)
-            return
+            if not w.exited or (w.prober is not None and w.prober.pid == rp.pid):
+                return
+            if w.path == (str(rp.log) if rp.log is not None else None):
+                w.attach(rp.pid, prober)  # restarted in its container (torchrun): same pipeline
+                return
+            await retire(key)
         ident = dataclasses.replace(
             identity, run=rp.run, rank=rp.rank, local_rank=rp.local_rank, world_size=rp.world_size
         )
@@ -103,7 +120,7 @@ async def _watch_pods(
         w.attach(rp.pid, prober)
         labels = (ident.run, _s(ident.rank), _s(ident.local_rank), ident.node)
         pods[key] = (w, PodView(labels, rp.namespace, rp.pod, rp.container, rp.gpus))
-        tasks.append(asyncio.create_task(w.run()))
+        tasks[key] = asyncio.create_task(w.run())
         log.info(
             "pod %s/%s container %s: rank %s of run %s, pid %d, GPUs %s, log %s",
             rp.namespace, rp.pod, rp.container, rp.rank, rp.run, rp.pid, ",".join(rp.gpus) or "-", rp.log,
@@ -120,7 +137,7 @@ async def _watch_pods(
         except asyncio.TimeoutError:
             return  # logged and counted by offloop; tried again next period
         for rp, prober in found:
-            add(rp, prober)
+            await add(rp, prober)
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -143,7 +160,7 @@ async def _watch_pods(
     finally:
         for w, _ in pods.values():
             w.stop()
-        for t in tasks:
+        for t in tasks.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(t, 5.0)
         for w, _ in pods.values():
