@@ -260,13 +260,13 @@ def test_a_restarted_rank_is_watched_again(short_tmp: Path, kubelet_restart: boo
         f"process: {{sample_interval: 100ms}}\ndumps: {{dir: {node / 'dumps'}}}\n"
         f"server: {{listen: '127.0.0.1:{free_port()}'}}\ngpu: {{enabled: false}}\n"
         f"kubernetes: {{proc_root: {proc}, pod_logs: {pods}, container_logs: {links}, "
-        "pod_resources_socket: '', interval: 100ms}\n"
+        "pod_resources_socket: '', interval: 100ms, enabled: true}\n"
     )
     err = node / "agent.err"
     second = None
     with open(err, "w") as fh:
         agent = subprocess.Popen(
-            [sys.executable, "-m", "rankwatch", "-v", "watch", "--k8s", "--config", str(cfg)],
+            [sys.executable, "-m", "rankwatch", "-v", "watch", "--config", str(cfg)],  # kubernetes.enabled
             stdout=subprocess.DEVNULL, stderr=fh,
         )  # fmt: skip
     try:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rankwatch.config.schema import KubernetesConfig, RunConfig
-from rankwatch.identity import LOCAL_RANK_VARS, RANK_VARS, WORLD_VARS, identity_from_env
+from rankwatch.identity import LOCAL_RANK_VARS, RANK_VARS, RUN_VARS, WORLD_VARS, identity_from_env
 from rankwatch.k8s.cgroup import PodRef, pod_of_cgroup
 from rankwatch.k8s.podresources import PodResources, PodResourcesError, list_pods
 
@@ -33,6 +33,7 @@ __all__ = ["RankProcess", "Scanner", "run_of_pod"]
 
 CGROUP_MAX_BYTES = 64 << 10  # v1 lists one line per controller; a few hundred bytes in practice
 MAX_PODS = 1024  # a node runs at most 110 pods by default (kubelet maxPods); bound what a scan keeps
+MAX_CONTAINERS = 16 * MAX_PODS
 _LINK = re.compile(r"(?P<pod>[^_]+)_(?P<ns>[^_]+)_(?P<c>.+)-(?P<id>[0-9a-f]{64})\.log")
 _TRUE = {"1", "true", "yes", "on"}
 # Names the controllers give: PyTorchJob/MPIJob "<job>-master-0"/"<job>-worker-3", an indexed
@@ -145,6 +146,7 @@ class Scanner:
         self._pods: dict[int, PodRef | None] = {}
         self._env: dict[int, dict[str, str]] = {}
         self.problem: str | None = None  # why the last pod-resources List failed
+        self._keys = (*RANK_VARS, *LOCAL_RANK_VARS, *WORLD_VARS, *RUN_VARS, "CUDA_VISIBLE_DEVICES")
 
     def _pod_dirs(self) -> dict[str, tuple[str, str, Path]]:
         out: dict[str, tuple[str, str, Path]] = {}
@@ -160,7 +162,7 @@ class Scanner:
         with contextlib.suppress(OSError):
             for e in os.scandir(self.cfg.container_logs):
                 m = _LINK.fullmatch(e.name)
-                if m is not None:
+                if m is not None and len(out) < MAX_CONTAINERS:
                     out[m.group("id")] = m.group("c")
         return out
 
@@ -203,7 +205,9 @@ class Scanner:
             ns, pod, folder = dirs[ref.uid]
             env = self._env.get(pid)
             if env is None:
-                env = self._env[pid] = self.environ(pid)
+                # Only what identity and opt-in read: a process's environment can be megabytes.
+                full = self.environ(pid)
+                env = self._env[pid] = {k: full[k] for k in (*self._keys, self.cfg.opt_in_env) if k in full}
             if (
                 env.get(self.cfg.opt_in_env, "").strip().lower() not in _TRUE
                 and ns not in self.cfg.namespaces
