@@ -373,6 +373,9 @@ class RankWatcher:
             rest = s.follower.flush()
             if rest:
                 self.feed_lines(s, rest)
+            held = s.cri.flush() if s.cri is not None else []
+            if held:
+                self.feed_lines(s, held)  # the last line of a container that never got its F
         self.release_quiet(force=True)
 
     async def _follow(self, stream: Stream) -> None:
