@@ -9,7 +9,8 @@ FROM python:${PYTHON_VERSION}-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY agent ./agent
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The k8s extra (grpcio, protobuf) is for node mode on Kubernetes (`watch --k8s`); imported only there.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[k8s]"
 
 FROM python:${PYTHON_VERSION}-slim
 ARG VERSION=0.1.0

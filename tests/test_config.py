@@ -167,7 +167,7 @@ def test_unknown_top_level_without_close_match_lists_sections(tmp_path: Path) ->
     assert (err.line, err.key) == (3, "zzzzzz")
     assert err.message == (
         "unknown key; valid keys: run, logs, detectors, stall, process, dumps, runner, server, alerts, gpu, "
-        "checkpoints, reload"
+        "checkpoints, reload, kubernetes"
     )
 
 

@@ -1054,39 +1054,3 @@ def test_a_token_variable_in_the_chart_values_is_refused_saying_why() -> None:
             ) as e:
                 chart.render(values={"server": {key: "${RANKWATCH_TOKEN}"}}, name="demo", namespace="ml")
             assert "'not' failed" not in str(e.value)
-
-
-@pytest.mark.tool
-def test_daemonset_mode_watches_the_node_without_pod_edits_with_least_privilege() -> None:
-    """mode: daemonset (partial: no pod-resources GPU mapping yet): one agent per node, the
-    example Job without a sidecar, and only the privileges node-level watching needs."""
-    docs = _render_values({"mode": "daemonset", "nodeAgent": {"nodeSelector": {"gpu": "true"}}})
-    _validate_all(docs)
-    assert "initContainers" not in _pod(docs)  # the training pods are not edited
-    ds = _one(docs, "DaemonSet")
-    pod = ds["spec"]["template"]["spec"]
-    assert pod["hostPID"] is True and "hostNetwork" not in pod and pod["nodeSelector"] == {"gpu": "true"}
-    assert pod["automountServiceAccountToken"] is False  # no Kubernetes API access
-    (agent,) = pod["containers"]
-    sc = agent["securityContext"]
-    assert (
-        sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"]
-    )
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH"]}
-    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert host == {"var-log-pods": "/var/log/pods", "var-log-containers": "/var/log/containers"}
-    mounts = _mounts(agent)
-    assert all(mounts[name]["readOnly"] is True for name in host)
-    assert agent["args"][:5] == [
-        "watch",
-        "--config",
-        "/etc/rankwatch/rankwatch.yaml",
-        "--fail-open",
-        "--match",
-    ]
-    assert "run" not in _agent_config(docs) or "name" not in _agent_config(docs)["run"]  # each rank's own run
-    monitor = _one(docs, "PodMonitor")
-    labels = ds["spec"]["template"]["metadata"]["labels"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert agent["ports"][0]["name"] == monitor["spec"]["podMetricsEndpoints"][0]["port"]
-    assert "DaemonSet" not in _kinds(_render("default"))  # the sidecar stays the default

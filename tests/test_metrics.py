@@ -368,14 +368,14 @@ def test_collectors_report_their_own_success_and_duration(tmp_path: Path) -> Non
     _steps(agent.watchers[0], 10, t0=time.time())
     s = _samples(agent)
     ran = {x.labels["collector"]: x.value for x in s["rankwatch_collector_success"]}
-    # gpu, checkpoints and config apply only where that monitoring is on.
+    # gpu, checkpoints, config and kubernetes apply only where that monitoring is on.
     assert ran == dict.fromkeys(("findings", "logs", "loop", "process", "training", "agent"), 1.0)
     took = {x.labels["collector"]: x.value for x in s["rankwatch_collector_duration_seconds"]}
     assert set(took) == set(ran) and all(0 <= v < 5 for v in took.values())
     assert all(x.labels["run"] == "t" and x.labels["rank"] == "0" for x in s["rankwatch_collector_success"])
     names = [r.name for r in registered()]
     assert names[-1] == "agent"  # runs last: it exports the others' failures
-    assert set(names) == set(ran) | {"gpu", "checkpoints", "config"}
+    assert set(names) == set(ran) | {"gpu", "checkpoints", "config", "kubernetes"}
 
 
 @pytest.mark.unit

@@ -270,30 +270,40 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-
-    from rankwatch.runtime.modes import watch_processes
-
     if args.fail_open:
         return _watch_failing_open(args)
     _check_watch_args(args)
     cfg, identity, sinks = _live_setup(args)
-    logs = [Path(p) for p in args.log or []]
-    return _live(
-        args,
-        watch_processes(
-            cfg,
-            identity,
-            pids=args.pid or [],
-            match=args.match,
-            logs=logs,
-            sinks=sinks,
-            services=_live_services(args),
-            nice=cfg.process.agent_nice,
-        ),
+    _check_watch_args(args, _k8s(args, cfg))
+    return _live(args, _watch_coro(args, cfg, identity, sinks))
+
+
+def _k8s(args: argparse.Namespace, cfg: Any) -> bool:
+    return bool(getattr(args, "k8s", False) or cfg.kubernetes.enabled)
+
+
+def _watch_coro(args: argparse.Namespace, cfg: Any, identity: Any, sinks: Any) -> Any:
+    """The node daemon on Kubernetes (``--k8s`` / ``kubernetes.enabled``) or the sidecar."""
+    if _k8s(args, cfg):
+        from rankwatch.runtime.podwatch import watch_pods
+
+        return watch_pods(cfg, identity, sinks=sinks, services=_live_services(args))
+    from rankwatch.runtime.modes import watch_processes
+
+    return watch_processes(
+        cfg,
+        identity,
+        pids=args.pid or [],
+        match=args.match,
+        logs=[Path(p) for p in args.log or []],
+        sinks=sinks,
+        services=_live_services(args),
+        nice=cfg.process.agent_nice,
     )
 
 
-def _check_watch_args(args: argparse.Namespace) -> None:
+def _check_watch_args(args: argparse.Namespace, k8s: bool = True) -> None:
+    """``k8s`` true until the config is read: the node daemon needs neither --pid nor --log."""
     import re
 
     if args.match:
@@ -301,8 +311,8 @@ def _check_watch_args(args: argparse.Namespace) -> None:
             re.compile(args.match)
         except re.error as e:
             raise UsageError(f"--match {args.match!r}: bad regex: {e}") from e
-    if not (args.pid or args.match or args.log):
-        raise UsageError("watch: give --pid PID, --match REGEX and/or --log PATH")
+    if not (args.pid or args.match or args.log or k8s):
+        raise UsageError("watch: give --pid PID, --match REGEX and/or --log PATH, or --k8s")
 
 
 def _watch_failing_open(args: argparse.Namespace) -> int:
@@ -312,31 +322,19 @@ def _watch_failing_open(args: argparse.Namespace) -> int:
 
     from rankwatch.config.loader import ConfigError
     from rankwatch.runtime.failopen import listen_from, run_degraded
-    from rankwatch.runtime.modes import watch_processes
 
     config_path = getattr(args, "config", None) or os.environ.get("RANKWATCH_CONFIG") or None
     listen = listen_from(config_path, args.listen)
     try:
         _check_watch_args(args)
         cfg, identity, sinks = _live_setup(args)
+        _check_watch_args(args, _k8s(args, cfg))
     except ConfigError as e:
         return run_degraded("config_error", f"config error: {e}", listen)
     except UsageError as e:
         return run_degraded("usage_error", str(e), listen)
     try:
-        rc = _live(
-            args,
-            watch_processes(
-                cfg,
-                identity,
-                pids=args.pid or [],
-                match=args.match,
-                logs=[Path(p) for p in args.log or []],
-                sinks=sinks,
-                services=_live_services(args),
-                nice=cfg.process.agent_nice,
-            ),
-        )
+        rc = _live(args, _watch_coro(args, cfg, identity, sinks))
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # fail open: any crash leaves the trainer alone
@@ -573,6 +571,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument(
         "--log", action="append", metavar="PATH", help="log file to follow (repeatable; rank from its name)"
+    )
+    w.add_argument(
+        "--k8s",
+        action="store_true",
+        help="node DaemonSet on Kubernetes: every opted-in pod's ranks on this node, found by cgroup, "
+        "logs from /var/log/pods, GPUs from the kubelet's pod-resources API (config: kubernetes.*)",
     )
     w.set_defaults(func=cmd_watch)
 

@@ -183,6 +183,17 @@ class ConfigReloadView:
 
 
 @dataclass(frozen=True, slots=True)
+class PodView:
+    """A watched rank's pod (node mode on Kubernetes): what joins its series to the pod."""
+
+    labels: RankLabels
+    namespace: str
+    pod: str
+    container: str
+    gpus: tuple[str, ...] = ()  # device IDs from the kubelet's pod-resources API (GPU UUIDs)
+
+
+@dataclass(frozen=True)
 class AgentSnapshot:
     identity: Identity
     labels: RankLabels  # the agent's own label set
@@ -208,6 +219,7 @@ class AgentSnapshot:
     config_reload: ConfigReloadView | None = None  # None: no hot reload
     broken: Mapping[str, BaseException] = field(default_factory=_empty)  # part -> why it could not be read
     http: HttpCounters = field(default_factory=HttpCounters)  # a handle (see the module doc)
+    pods: tuple[PodView, ...] | None = None  # None: not a Kubernetes node daemon
 
     def need(self, part: str) -> None:
         """Raise if ``part`` could not be read: the collector showing it fails alone."""

@@ -614,6 +614,37 @@ class ReloadConfig:
 
 
 @dataclass(frozen=True)
+class KubernetesConfig:
+    enabled: bool = opt(
+        False,
+        "`watch` as a node DaemonSet: find the opted-in pods' rank processes by their cgroup, follow "
+        "their /var/log/pods logs and map GPUs through the kubelet's pod-resources API (rankwatch[k8s])",
+    )
+    opt_in_env: str = opt(
+        "RANKWATCH_WATCH",
+        "a rank process is watched when this variable is true in its environment (pod labels and "
+        "annotations are not readable without the API server)",
+    )
+    namespaces: tuple[str, ...] = opt(
+        (), "also watch every rank process of pods in these namespaces, opted in or not"
+    )
+    proc_root: str = opt("/proc", "the host's /proc (the DaemonSet runs with hostPID)")
+    pod_logs: str = opt(
+        "/var/log/pods", "the kubelet's pod log folder (<namespace>_<pod>_<uid>/<container>/<n>.log)"
+    )
+    container_logs: str = opt(
+        "/var/log/containers",
+        "the kubelet's links <pod>_<namespace>_<container>-<id>.log (names only are read)",
+    )
+    pod_resources_socket: str = opt(
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "the kubelet pod-resources gRPC socket; empty: no GPU mapping",
+    )
+    gpu_resources: tuple[str, ...] = opt(("nvidia.com/gpu",), "extended resources that are GPUs")
+    interval: Duration = opt(Duration(10.0), "how often pods are looked for", min=0.1)
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunConfig = section(RunConfig, "identity of the run and this rank")
     logs: LogsConfig = section(LogsConfig, "log following and parsing")
@@ -627,3 +658,4 @@ class Config:
     gpu: GpuConfig = section(GpuConfig, "GPU telemetry through NVML")
     checkpoints: CheckpointConfig = section(CheckpointConfig, "checkpoint directory watching")
     reload: ReloadConfig = section(ReloadConfig, "config hot reload (live agent)")
+    kubernetes: KubernetesConfig = section(KubernetesConfig, "node mode on Kubernetes (`watch --k8s`)")

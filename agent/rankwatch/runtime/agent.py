@@ -37,7 +37,7 @@ from rankwatch.records import Finding
 from rankwatch.runtime.faces import SnapshotBuilder
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.watcher import RankWatcher
-from rankwatch.snapshot import AgentSnapshot, HttpCounters
+from rankwatch.snapshot import AgentSnapshot, HttpCounters, PodView
 
 T = TypeVar("T")
 # offloop's names for calls into the (shared) dumps folder, one per kind: a call stuck on a hung
@@ -135,6 +135,8 @@ class Agent:
         # pid -> why a matched process could not be attached (e.g. its environment is unreadable);
         # /readyz is not ready while any is left.
         self.attach_problems: dict[int, str] = {}
+        # Node mode on Kubernetes: the pods of the watched ranks, read into every snapshot.
+        self.pods: Callable[[], tuple[PodView, ...]] | None = None
         self.alert_stats: dict[str, dict[str, int]] | None = None
         self.alert_peer_stats: dict[str, int] | None = None  # cross-agent grouping, by role
         self.http = HttpCounters()  # the HTTP server's own counts, read into every snapshot

@@ -29,6 +29,7 @@ from rankwatch.snapshot import (
     HttpCounters,
     LogView,
     LoopView,
+    PodView,
     ProcessSampleView,
     ProcessView,
     RankLabels,
@@ -79,6 +80,8 @@ class AgentState(Protocol):
     def started_at(self) -> float: ...
     @property
     def attach_problems(self) -> Mapping[int, str]: ...
+    @property
+    def pods(self) -> Callable[[], tuple[PodView, ...]] | None: ...
     @property
     def store(self) -> DumpStore: ...
     @property
@@ -376,6 +379,7 @@ class SnapshotBuilder:
             config_reload=self._config(broken),
             broken=frozen_map(broken),
             http=http,
+            pods=agent.pods() if agent.pods is not None else None,
         )
 
     def _internal_errors(

@@ -202,7 +202,7 @@ class Services:
                 )
             except asyncio.TimeoutError:
                 env = {}  # as when it cannot be read; logged and counted by offloop
-            trees.append((w.rank, pids, env))
+            trees.append((w.rank, pids, {**env, **w.gpu_env}))
         self.gpu_owner = await self.sampler.map_ranks(trees)
 
     def _rank_of(self, sample: GpuSample) -> int | None:

@@ -23,6 +23,7 @@ from rankwatch.detectors.liveness import StallDetector
 from rankwatch.engine import RankEngine
 from rankwatch.events import Event, LogActivity, ProcessExit, ProcessStart, Progress
 from rankwatch.identity import Identity
+from rankwatch.k8s.crilog import Joiner
 from rankwatch.records import Finding, Record, Severity, StepRecord
 from rankwatch.sources.follower import NOISE, LogFollower, follow
 from rankwatch.sources.logparser import LogParser
@@ -58,7 +59,9 @@ SAMPLE_TIMEOUT_MIN_S = 2.0
 
 
 class Stream:
-    __slots__ = ("dropped", "follower", "last_data", "parser", "path", "shedding", "thinned", "uncounted")
+    __slots__ = (
+        "cri", "dropped", "follower", "last_data", "parser", "path", "shedding", "thinned", "uncounted",
+    )  # fmt: skip
 
     def __init__(
         self, path: Path, cfg: Config, rank: int | None, from_end: bool, world_size: int | None = None
@@ -86,6 +89,8 @@ class Stream:
         self.last_data = 0.0
         self.shedding = False
         self.thinned = 0  # the follower's thinned_lines already counted
+        # A kubelet container log (node mode on Kubernetes): CRI prefixes off, cut lines joined.
+        self.cri: Joiner | None = None
 
 
 def matters(text: str) -> bool:
@@ -147,6 +152,9 @@ class RankWatcher:
         self._held: list[tuple[float, Finding]] = []
         self._stop = asyncio.Event()
         self.replayed: list[Finding] = []  # what the replayed history held, for the alert dispatcher
+        # Set over the process's environment when its GPUs are mapped (node mode on Kubernetes:
+        # the container's GPUs from the kubelet, as host-wide UUIDs).
+        self.gpu_env: dict[str, str] = {}
         if replay and from_end and int(cfg.logs.replay) > 0:
             for stream in self.streams:
                 self._replay(stream, int(cfg.logs.replay))
@@ -322,6 +330,8 @@ class RankWatcher:
             stream.parser.stats.lines += dropped - stream.dropped
             stream.parser.stats.unparsed += dropped - stream.dropped
             stream.dropped = dropped
+        if stream.cri is not None:
+            batch = stream.cri.feed(batch)
         if len(batch) > 1 and batch[-1].lineno - batch[0].lineno + 1 < len(batch):  # \r segments in it
             batch = _latest_redraws(batch, stream.parser.stats)
         out: list[Record] = []
@@ -363,6 +373,9 @@ class RankWatcher:
             rest = s.follower.flush()
             if rest:
                 self.feed_lines(s, rest)
+            held = s.cri.flush() if s.cri is not None else []
+            if held:
+                self.feed_lines(s, held)  # the last line of a container that never got its F
         self.release_quiet(force=True)
 
     async def _follow(self, stream: Stream) -> None:

@@ -25,13 +25,13 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from rankwatch.k8s.cgroup import pod_of_cgroup
+
 PROC = "/proc"
 CONTAINERS_DIR = "/var/log/containers"
 PODS_DIR = "/var/log/pods"
 _CGROUP_MAX = 64 << 10
 
-_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
-_CONTAINER_ID = re.compile(r"(?:^|/|-)([0-9a-f]{64})(?:\.scope)?$")
 # <pod>_<namespace>_<container>-<64 hex>.log (the kubelet's /var/log/containers names)
 _LINK_NAME = re.compile(r"^(?P<pod>[^_/]+)_(?P<ns>[^_/]+)_(?P<container>[^/]+)-(?P<id>[0-9a-f]{64})\.log$")
 
@@ -61,13 +61,10 @@ def pod_of(pid: int, proc: str = PROC) -> tuple[str, str] | None:
         return None
     finally:
         os.close(fd)
-    for line in data.decode("utf-8", "replace").splitlines():
-        path = line.split(":", 2)[-1].strip()
-        uid = _POD_UID.search(path)
-        cid = _CONTAINER_ID.search(path)
-        if uid and cid:
-            return uid.group(1).replace("_", "-"), cid.group(1)
-    return None
+    ref = pod_of_cgroup(data.decode("utf-8", "replace"))  # the one reading of kubelet's cgroup forms
+    if ref is None or ref.container_id is None:
+        return None
+    return ref.uid, ref.container_id
 
 
 def container_log(

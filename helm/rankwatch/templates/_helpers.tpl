@@ -247,6 +247,10 @@ fail the install instead, naming the fix.
 {{- if .Values.slack.enabled }}
 {{- $_ := set $base.alerts "slack" (dict "token" "${SLACK_BOT_TOKEN}" "channel" .Values.slack.channel) }}
 {{- end }}
+{{- if eq .Values.mode "daemonset" }}
+{{- $sock := ternary "/var/lib/kubelet/pod-resources/kubelet.sock" "" .Values.daemonset.podResources.enabled }}
+{{- $_ := set $base "kubernetes" (dict "enabled" true "opt_in_env" .Values.daemonset.optInEnv "namespaces" .Values.daemonset.namespaces "pod_resources_socket" $sock) }}
+{{- end }}
 {{- if include "rankwatch.apiTokenKey" . }}
 {{- $_ := set $base.server "token" "${RANKWATCH_TOKEN}" }}
 {{- end }}
