@@ -242,7 +242,11 @@ def test_binary_garbage_and_a_50mb_line_are_cut_counted_and_parsing_goes_on(
             assert ok, w.engine.state.last_step
             assert peak < 16 << 20, f"peak {peak >> 20} MiB while reading a 50 MiB line"
             text = await live.metrics()
-            assert metric(text, "rankwatch_log_lines_total", result="parsed") == 100
+            # Read behind a 50 MiB backlog, the step lines may be thinned (logs.shed_backlog):
+            # every line is still counted, parsed or shed, and the last step is known.
+            parsed = metric(text, "rankwatch_log_lines_total", result="parsed")
+            shed = metric(text, "rankwatch_log_lines_total", result="shed") or 0
+            assert parsed + shed == 100 and parsed >= 1, (parsed, shed)
             assert metric(text, "rankwatch_log_lines_total", result="cut") == 1
             assert metric(text, "rankwatch_internal_errors_total", component="parser") == 0
         assert _count(caplog, "longer than") == 1
