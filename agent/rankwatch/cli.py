@@ -419,7 +419,7 @@ def cmd_top(args: argparse.Namespace) -> int:
     if not args.prometheus:
         from urllib.parse import urlsplit
 
-        from rankwatch.server.app import is_loopback_host
+        from rankwatch.server.auth import is_loopback_host
 
         agents = agents or [local_url(cfg.server.listen, cfg.server.web_config)]
         given = args.token or (cfg.server.token or None)
