@@ -1097,6 +1097,9 @@ def test_dumps_native_with_nonblocking_is_refused_as_py_spy_refuses_it() -> None
         ('alerts: {slack: {token: "${T:-xoxb-1}"}}\n', "alerts.slack.token", "channel_not_specified"),
         ('alerts: {slack: {channel: "#ops"}}\n', "alerts.slack.channel", "not_authed"),
         ("gpu: {xid_wait: 2s, call_timeout: 2s}\n", "gpu.xid_wait", "every sample would time out"),
+        ("run: {rank: 4, world_size: 4}\n", "run.rank", "outside a world of 4"),
+        ("run: {world_size: 0}\n", "run.world_size", "1 or more"),
+        ("run: {local_rank: -1}\n", "run.local_rank", "0 or more"),
         ("gpu: {leak_long_window: 5m}\n", "gpu.leak_long_window", "could never fire"),
         ("detectors: {host_memory: {window: 5m}}\n", "detectors.host_memory.window", "could never fire"),
     ],
@@ -1120,6 +1123,8 @@ def test_combinations_a_dependency_refuses_are_refused_naming_file_and_key(
         'alerts: {slack: {token: "${T:-xoxb-1}", channel: "#ops"}}\n',
         "gpu: {xid_wait: 1s, call_timeout: 2s, leak_long_window: 0s}\n",
         "gpu: {leak_long_window: 7m}\ndetectors: {host_memory: {window: 7m}}\n",
+        "run: {rank: 3, local_rank: 3, world_size: 4}\n",
+        "run: {rank: 9}\n",
         "detectors: {host_memory: {window: 5m, resolution: 30s}}\n",
     ],
 )

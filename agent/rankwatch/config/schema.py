@@ -128,6 +128,21 @@ class RunConfig:
         None, "unix time the allocation ends (warn if the run cannot finish); default SLURM_JOB_END_TIME"
     )
 
+    def problems(self) -> list[tuple[str, str]]:
+        out = [
+            (key, "must be 0 or more")
+            for key in ("rank", "local_rank")
+            if (v := getattr(self, key)) is not None and v < 0
+        ]
+        if self.world_size is not None and self.world_size < 1:
+            out.append(("world_size", "must be 1 or more"))
+        elif self.world_size is not None and self.rank is not None and self.rank >= self.world_size:
+            # the run folder refuses every record whose writer rank lies outside the world
+            # (runfolder.check_record): this agent's failure records and board votes would be lost
+            world = self.world_size
+            out.append(("rank", f"{self.rank} lies outside a world of {world} (ranks 0..{world - 1})"))
+        return out
+
 
 @dataclass(frozen=True)
 class LogsConfig:
