@@ -1153,3 +1153,39 @@ def test_climb_points_is_what_the_trend_rule_needs() -> None:
         for i in range(40 * span):
             h.add(i * 5.0, float(i) * 1e6)
         assert (sustained_climb(h.points, min_growth=1.0) is not None) is fires
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("server", "says"),
+    [
+        ('{listen: "::1:9478"}', "server.listen: listen '::1:9478': an IPv6 address needs brackets"),
+        ('{listen: "host-without-port"}', "server.listen: listen 'host-without-port': expected host:port"),
+        ("{web_config: WEB, metrics_token: '${T:-m3trics}'}", "server.web_config: WEB: basic_auth_users and"),
+        ("{web_config: NONE}", "server.web_config: NONE"),
+    ],
+)
+def test_config_check_refuses_what_the_server_refuses_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], server: str, says: str
+) -> None:
+    """The address and the web config file are checked as the server's start checks them."""
+    import argparse
+
+    import bcrypt
+
+    from rankwatch.cli import cmd_config_check
+
+    web = tmp_path / "web.yml"
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
+    web.write_text(f'basic_auth_users: {{prometheus: "{hashed}"}}\n')
+    none = tmp_path / "absent.yml"
+    server = server.replace("WEB", str(web)).replace("NONE", str(none))
+    path = write(tmp_path, f"server: {server}\n")
+    with pytest.raises(ConfigError) as e:
+        cmd_config_check(argparse.Namespace(file=str(path)))
+    assert str(e.value).startswith(f"{path}: " + says.replace("WEB", str(web)).replace("NONE", str(none))), (
+        e.value
+    )
+    off = write(tmp_path, "server: {enabled: false, listen: nope}\n", "off.yaml")
+    assert cmd_config_check(argparse.Namespace(file=str(off))) == 0
+    assert capsys.readouterr().out == f"{off}: ok\n"
