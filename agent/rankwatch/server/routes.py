@@ -35,7 +35,6 @@ from rankwatch.server.keys import (
     json_reply,
     snapshot_of,
 )
-from rankwatch.server.page import load_page_extras, render_page
 from rankwatch.server.status import (
     FINDINGS_DEFAULT,
     FINDINGS_MAX,
@@ -124,6 +123,8 @@ async def page(request: web.Request) -> web.Response:
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",
     }
+    from rankwatch.server.page import load_page_extras, render_page  # the page's first visit
+
     snap = snapshot_of(request)
     extras = await load_page_extras(snap)
     html = render_page(status_doc(snap), extras)
