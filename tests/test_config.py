@@ -22,7 +22,7 @@ from rankwatch.config.loader import (
     with_overrides,
 )
 from rankwatch.config.render import config_keys, render_config
-from rankwatch.config.schema import Config, Duration, Size
+from rankwatch.config.schema import AlertsConfig, Config, Duration, Size, SlackConfig
 from rankwatch.config.units import format_duration, format_size, parse_duration, parse_size
 
 
@@ -1084,3 +1084,108 @@ def test_dumps_native_with_nonblocking_is_refused_as_py_spy_refuses_it() -> None
     msg = str(e.value)
     assert "rw.yaml" in msg and "dumps" in msg and "--nonblocking" in msg, msg
     assert config_from_yaml("dumps: {native: true}\n").dumps.native
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("text", "key", "words"),
+    [
+        ("logs: {format: regex}\n", "logs.format", "needs a pattern (logs.regex)"),
+        ('logs: {format: regex, regex: "(?P<step>\\\\d+"}\n', "logs.regex", "does not compile"),
+        ('logs: {format: regex, regex: "step (\\\\d+)"}\n', "logs.regex", "no named group"),
+        ('checkpoints: {step_regex: "(step"}\n', "checkpoints.step_regex", "does not compile"),
+        ('alerts: {slack: {token: "${T:-xoxb-1}"}}\n', "alerts.slack.token", "channel_not_specified"),
+        ('alerts: {slack: {channel: "#ops"}}\n', "alerts.slack.channel", "not_authed"),
+        ("gpu: {xid_wait: 2s, call_timeout: 2s}\n", "gpu.xid_wait", "every sample would time out"),
+        ("run: {rank: 4, world_size: 4}\n", "run.rank", "outside a world of 4"),
+        ("run: {world_size: 0}\n", "run.world_size", "1 or more"),
+        ("run: {local_rank: -1}\n", "run.local_rank", "0 or more"),
+        ("gpu: {leak_long_window: 5m}\n", "gpu.leak_long_window", "could never fire"),
+        ("detectors: {host_memory: {window: 5m}}\n", "detectors.host_memory.window", "could never fire"),
+    ],
+)
+def test_combinations_a_dependency_refuses_are_refused_naming_file_and_key(
+    text: str, key: str, words: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        config_from_yaml(text, source="rw.yaml", env={})
+    msg = str(e.value)
+    assert "rw.yaml:1" in msg and key in msg and words in msg, msg
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "text",
+    [
+        'logs: {format: regex, regex: "step (?P<step>\\\\d+)"}\n',
+        'logs: {regex: "unused unless format is regex ("}\n',
+        'alerts: {slack: {channel: "#ops", webhook_url: "https://hooks.example/x"}}\n',
+        'alerts: {slack: {token: "${T:-xoxb-1}", channel: "#ops"}}\n',
+        "gpu: {xid_wait: 1s, call_timeout: 2s, leak_long_window: 0s}\n",
+        "gpu: {leak_long_window: 7m}\ndetectors: {host_memory: {window: 7m}}\n",
+        "run: {rank: 3, local_rank: 3, world_size: 4}\n",
+        "run: {rank: 9}\n",
+        "detectors: {host_memory: {window: 5m, resolution: 30s}}\n",
+    ],
+)
+def test_the_neighbouring_combinations_still_load(text: str) -> None:
+    config_from_yaml(text, env={})
+
+
+@pytest.mark.unit
+def test_the_slack_pairs_refused_are_the_ones_the_sink_would_drop() -> None:
+    """Each refused pair is one the Slack sink builder turns into no sink at all."""
+    from rankwatch.actions.alerts.slack import slack_sinks
+
+    assert slack_sinks(AlertsConfig(slack=SlackConfig(token="xoxb-1"))) == []
+    assert slack_sinks(AlertsConfig(slack=SlackConfig(channel="#ops"))) == []
+
+
+@pytest.mark.unit
+def test_climb_points_is_what_the_trend_rule_needs() -> None:
+    """The window check and the rule agree: one point fewer than CLIMB_POINTS is no climb."""
+    from rankwatch.config.schema import CLIMB_POINTS
+    from rankwatch.detectors.trend import CLIMB_SEGMENTS, FloorHistory, sustained_climb
+
+    assert CLIMB_POINTS == 2 * CLIMB_SEGMENTS
+    for span, fires in ((CLIMB_POINTS - 2, False), (CLIMB_POINTS - 1, True)):
+        h = FloorHistory(60.0, 60.0 * span)
+        for i in range(40 * span):
+            h.add(i * 5.0, float(i) * 1e6)
+        assert (sustained_climb(h.points, min_growth=1.0) is not None) is fires
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("server", "says"),
+    [
+        ('{listen: "::1:9478"}', "server.listen: listen '::1:9478': an IPv6 address needs brackets"),
+        ('{listen: "host-without-port"}', "server.listen: listen 'host-without-port': expected host:port"),
+        ("{web_config: WEB, metrics_token: '${T:-m3trics}'}", "server.web_config: WEB: basic_auth_users and"),
+        ("{web_config: NONE}", "server.web_config: NONE"),
+    ],
+)
+def test_config_check_refuses_what_the_server_refuses_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], server: str, says: str
+) -> None:
+    """The address and the web config file are checked as the server's start checks them."""
+    import argparse
+
+    import bcrypt
+
+    from rankwatch.cli import cmd_config_check
+
+    web = tmp_path / "web.yml"
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
+    web.write_text(f'basic_auth_users: {{prometheus: "{hashed}"}}\n')
+    none = tmp_path / "absent.yml"
+    server = server.replace("WEB", str(web)).replace("NONE", str(none))
+    path = write(tmp_path, f"server: {server}\n")
+    with pytest.raises(ConfigError) as e:
+        cmd_config_check(argparse.Namespace(file=str(path)))
+    assert str(e.value).startswith(f"{path}: " + says.replace("WEB", str(web)).replace("NONE", str(none))), (
+        e.value
+    )
+    off = write(tmp_path, "server: {enabled: false, listen: nope}\n", "off.yaml")
+    assert cmd_config_check(argparse.Namespace(file=str(off))) == 0
+    assert capsys.readouterr().out == f"{off}: ok\n"

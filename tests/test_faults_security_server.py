@@ -39,8 +39,8 @@ from rankwatch.config.snapshot import replaced
 from rankwatch.identity import Identity
 from rankwatch.records import StepRecord
 from rankwatch.runtime.agent import Agent
-from rankwatch.server import Server, start_server
-from rankwatch.server.app import exposure_warning, is_loopback_host, make_app, session_value
+from rankwatch.server import Server, make_app, start_server
+from rankwatch.server.auth import exposure_warning, is_loopback_host, session_value
 
 IDENT = Identity(run="t", rank=0, local_rank=0, world_size=1, node="n1")
 TIMEOUT = aiohttp.ClientTimeout(total=10)

@@ -30,7 +30,7 @@ def test_set_override(text: str) -> None:
 @FUZZ
 @given(st.one_of(TEXT, st.from_regex(r"\A(\[[0-9a-f:]*\]|[a-z0-9.]*):[0-9²³¹٣]{0,6}\Z")))
 def test_listen_address(text: str) -> None:
-    from rankwatch.server.app import parse_listen
+    from rankwatch.server import parse_listen
 
     try:
         host, port = parse_listen(text)

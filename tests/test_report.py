@@ -361,7 +361,9 @@ def test_incident_route_renders_the_same_report(tmp_path: Path) -> None:
     from aiohttp.test_utils import make_mocked_request
 
     from rankwatch.config.schema import ServerConfig
-    from rankwatch.server.app import CFG, incident_page, make_app
+    from rankwatch.server import make_app
+    from rankwatch.server.keys import CFG
+    from rankwatch.server.routes import incident_page
 
     ident = Identity(run="job1", rank=0, local_rank=0, world_size=4, node="n1")
     agent = Agent(replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")}), ident)
@@ -381,9 +383,9 @@ def test_incident_route_renders_the_same_report(tmp_path: Path) -> None:
 
 
 def test_incident_route_is_behind_the_token() -> None:
-    from rankwatch.server.app import _private
+    from rankwatch.server.auth import is_private_path
 
-    assert _private("/incidents/20261125T135811Z_stall") and _private("/api/dumps")
+    assert is_private_path("/incidents/20261125T135811Z_stall") and is_private_path("/api/dumps")
 
 
 # --- whole incident folders of real gloo runs (tests/data/report_incidents) --------------------

@@ -211,10 +211,10 @@ def test_dumps_show_renderer_keeps_its_own_colour_only(tmp_path: Path) -> None:
 def test_the_api_serves_a_dump_text_file_shown(tmp_path: Path) -> None:
     """``/api/dumps/<incident>/<rank>?format=text`` (the page's dump link) serves the text
     file as people read it, even one written raw (by an older agent, or by hand)."""
-    from rankwatch.server.app import _load_dump
+    from rankwatch.server.routes import load_dump
 
     root = tmp_path / "dumps"
     incident = _planted(root)
     (root / "r1" / incident / "rank-0.txt").write_text(f"Thread 1: {HOSTILE}\nline two\n")
-    status, text = _load_dump(DumpStore(root), incident, 0, True)
+    status, text = load_dump(DumpStore(root), incident, 0, True)
     assert status == 200 and raw(text) == [] and readable(text) and "\nline two" in text

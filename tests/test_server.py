@@ -28,6 +28,7 @@ from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity, StepRecord
 from rankwatch.runtime.agent import Agent
 from rankwatch.server import Server, parse_listen, start_server
+from rankwatch.server.protocol import MAX_HEADER_FIELD, MAX_HEADERS, HeadScanner
 
 IDENT = Identity(run="t", rank=0, local_rank=0, world_size=2, node="n1")
 TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -329,6 +330,74 @@ def test_oversized_request_line_and_headers_are_414_431_and_logged_once(
     assert not [r for r in caplog.records if "Error handling request" in r.getMessage()]
     assert [r.levelname for r in caplog.records if "malformed HTTP request" in r.getMessage()] == ["WARNING"]
     assert agent.http.rejected == {414: 5, 431: 2, 400: 1}
+
+
+async def _raw_all(port: int, *parts: bytes) -> bytes:
+    """Every byte the server sends until it closes; ``parts`` are written one drain apart."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for part in parts:
+            writer.write(part)
+            await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+@pytest.mark.process
+def test_414_and_431_come_from_the_bytes_pipelined_split_and_after_a_body(tmp_path: Path) -> None:
+    """The status names the limit the raw bytes broke, wherever the line sits: after a good
+    pipelined request, split across writes, or after a body longer than either limit."""
+    agent = _agent(tmp_path, ranks=1)
+    ok = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    long_url = b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    long_header = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n"
+    body = b"t" * 9000  # no line end: a scanner that read it as a line would say 414
+    post = b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    async def go() -> None:
+        async with _serve(agent) as (srv, _):
+            got = await _raw_all(srv.port, ok + long_url)
+            assert b" 414 " in got and b" 431 " not in got
+            got = await _raw_all(srv.port, long_url[:3000], long_url[3000:6000], long_url[6000:])
+            assert got.startswith(b"HTTP/1.0 414 ")
+            got = await _raw_all(srv.port, post + long_header)
+            assert b" 431 " in got and b" 414 " not in got
+            got = await _raw_all(
+                srv.port, b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 5000, b"a" * 5000 + b"\r\n\r\n"
+            )
+            assert got.startswith(b"HTTP/1.0 431 ")
+
+    _run(go)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("stream", "verdict"),
+    [
+        (b"GET /" + b"a" * 8200 + b" HTTP/1.1\r\n", 414),
+        (b"\r\nGET /" + b"a" * 8200, 414),  # an empty line before the request line is allowed
+        (b"GET / HTTP/1.1\r\nX: " + b"a" * 8200, 431),
+        (b"GET / HTTP/1.1\r\n" + b"X: 1\r\n" * (MAX_HEADERS + 1), 431),
+        (b"GET / HTTP/1.1\r\n" + b"X: 1\r\n" * MAX_HEADERS + b"\r\n", None),
+        (b"GET / HTTP/1.1\r\nX: " + b"a" * (MAX_HEADER_FIELD - 3) + b"\r\n\r\n", None),
+        (b"GET / HTTP/1.1\r\n\r\nGET /" + b"a" * 8200, 414),
+        (
+            b"POST / HTTP/1.1\r\nContent-Length: 9000\r\n\r\n"
+            + b"b" * 9000
+            + b"GET / HTTP/1.1\r\nX: "
+            + b"a" * 8200,
+            431,
+        ),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + b"f" * 9000, None),
+    ],
+)
+def test_head_scanner_names_the_limit_broken(stream: bytes, verdict: int | None) -> None:
+    whole, bytewise = HeadScanner(), HeadScanner()
+    whole.feed(stream)
+    for i in range(len(stream)):
+        bytewise.feed(stream[i : i + 1])
+    assert whole.verdict == bytewise.verdict == verdict
 
 
 @pytest.mark.process

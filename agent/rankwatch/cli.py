@@ -160,9 +160,31 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 def cmd_config_check(args: argparse.Namespace) -> int:
     from rankwatch.config.loader import load_config
 
-    load_config(args.file)
+    cfg = load_config(args.file)
+    if cfg.server.enabled:
+        _check_server_start(cfg, args.file)
     print(f"{args.file}: ok")
     return 0
+
+
+def _check_server_start(cfg: Config, file: str) -> None:
+    """What the server refuses at start and the schema cannot see: the address, and the web
+    config file read as at start (its keys, certificates, and basic auth against
+    ``server.metrics_token``)."""
+    from rankwatch.config.loader import ConfigError
+    from rankwatch.server import parse_listen
+    from rankwatch.server.app import load_server_web_config
+    from rankwatch.server.webconfig import WebConfigError
+    from rankwatch.slurm import resolve_listen
+
+    try:
+        parse_listen(resolve_listen(cfg.server.listen))
+    except ValueError as e:
+        raise ConfigError(str(e), file=file, key="server.listen") from None
+    try:
+        load_server_web_config(cfg.server)
+    except WebConfigError as e:
+        raise ConfigError(str(e), file=file, key="server.web_config") from None
 
 
 def _live_config(args: argparse.Namespace) -> Config:
@@ -417,7 +439,7 @@ def cmd_top(args: argparse.Namespace) -> int:
     if not args.prometheus:
         from urllib.parse import urlsplit
 
-        from rankwatch.server.app import is_loopback_host
+        from rankwatch.server.auth import is_loopback_host
 
         agents = agents or [local_url(cfg.server.listen, cfg.server.web_config)]
         given = args.token or (cfg.server.token or None)

@@ -11,6 +11,7 @@ written ``512MiB``), ``X | None``, ``tuple[str, ...]`` (a YAML list), ``dict[str
 from __future__ import annotations
 
 import codecs
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, NewType
 from urllib.parse import urlsplit
@@ -86,6 +87,30 @@ def _encoding_problem(name: str) -> str | None:
     return None
 
 
+def _regex_problem(pattern: str) -> str | None:
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return f"does not compile: {e}"
+    return None
+
+
+# trend.sustained_climb judges a climb from at least 2 * CLIMB_SEGMENTS points, one per
+# resolution; a window holds window / resolution + 1 of them (tests/test_config.py holds the
+# two together). A shorter window makes the rule silent for ever.
+CLIMB_POINTS = 8
+
+
+def _climb_problem(window: float, resolution: float, what: str) -> str | None:
+    if window >= (CLIMB_POINTS - 1) * resolution:
+        return None
+    return (
+        f"{what} of {window:g}s holds {int(window // resolution) + 1} points of {resolution:g}s; a climb "
+        f"is judged from at least {CLIMB_POINTS}, so the rule could never fire: make it at least "
+        f"{(CLIMB_POINTS - 1) * resolution:g}s or lower the resolution"
+    )
+
+
 def section(cls: type, doc: str) -> Any:
     return field(default_factory=cls, metadata={"doc": doc})
 
@@ -102,6 +127,21 @@ class RunConfig:
     job_end: float | None = opt(
         None, "unix time the allocation ends (warn if the run cannot finish); default SLURM_JOB_END_TIME"
     )
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = [
+            (key, "must be 0 or more")
+            for key in ("rank", "local_rank")
+            if (v := getattr(self, key)) is not None and v < 0
+        ]
+        if self.world_size is not None and self.world_size < 1:
+            out.append(("world_size", "must be 1 or more"))
+        elif self.world_size is not None and self.rank is not None and self.rank >= self.world_size:
+            # the run folder refuses every record whose writer rank lies outside the world
+            # (runfolder.check_record): this agent's failure records and board votes would be lost
+            world = self.world_size
+            out.append(("rank", f"{self.rank} lies outside a world of {world} (ranks 0..{world - 1})"))
+        return out
 
 
 @dataclass(frozen=True)
@@ -151,7 +191,17 @@ class LogsConfig:
 
     def problems(self) -> list[tuple[str, str]]:
         why = _encoding_problem(self.encoding)
-        return [("encoding", why)] if why else []
+        out = [("encoding", why)] if why else []
+        if self.format == "regex" and not self.regex:
+            # the parser refuses it at start: "format 'regex' needs a pattern (logs.regex)"
+            out.append(("format", "format 'regex' needs a pattern (logs.regex)"))
+        if self.format == "regex" and self.regex:
+            why = _regex_problem(self.regex)
+            if why is None and not re.compile(self.regex).groupindex:
+                why = "has no named group: the parser fills records from (?P<step>...), (?P<loss>...), ..."
+            if why:
+                out.append(("regex", why))
+        return out
 
 
 @dataclass(frozen=True)
@@ -269,6 +319,10 @@ class HostMemoryConfig:
     window: Duration = opt(Duration(1800.0), "the climb must hold in every quarter of this span", min=60.0)
     min_growth: Size = opt(Size(512 << 20), "and add at least this much RSS over it")
     warn_within: Duration = opt(Duration(3600.0), "warn when the limit is reached within this at that rate")
+
+    def problems(self) -> list[tuple[str, str]]:
+        why = _climb_problem(float(self.window), float(self.resolution), "window")
+        return [("window", why)] if why else []
 
 
 @dataclass(frozen=True)
@@ -434,6 +488,19 @@ class SlackConfig:
             why = _url_problem(url) if url else None
             if why:
                 out.append((key, why))
+        # chat.postMessage answers channel_not_specified without a channel and not_authed without
+        # a token: half of the pair would send nothing, so it is refused, not quietly dropped.
+        if self.token and not self.channel and not self.webhook_url:
+            out.append(
+                ("token", "a bot token needs alerts.slack.channel (chat.postMessage: channel_not_specified)")
+            )
+        if self.channel and not self.token and not self.webhook_url:
+            out.append(
+                (
+                    "channel",
+                    "a channel needs alerts.slack.token (chat.postMessage: not_authed), or set webhook_url",
+                )
+            )
         return out
 
 
@@ -563,6 +630,24 @@ class GpuConfig:
         "counts as lost; GPU_IS_LOST (fallen off the bus) is immediate",
     )
 
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        if self.xid_wait >= self.call_timeout:
+            out.append(
+                (
+                    "xid_wait",
+                    f"must be shorter than gpu.call_timeout ({self.call_timeout:g}s): the Xid wait is part "
+                    "of each sample, which gives up after call_timeout, so every sample would time out",
+                )
+            )
+        if self.leak_long_window > 0:
+            why = _climb_problem(
+                float(self.leak_long_window), float(self.leak_long_resolution), "leak_long_window"
+            )
+            if why:
+                out.append(("leak_long_window", why))
+        return out
+
 
 @dataclass(frozen=True)
 class CheckpointConfig:
@@ -601,6 +686,10 @@ class CheckpointConfig:
         Duration(6 * 3600.0), "deep mode: re-hash good checkpoints this often (at least 1m)", min=60.0
     )
     manifest: str | None = opt(None, "deep mode: JSON manifest of sha256 sums, kept across agent restarts")
+
+    def problems(self) -> list[tuple[str, str]]:
+        why = _regex_problem(self.step_regex) if self.step_regex else None
+        return [("step_regex", why)] if why else []
 
 
 @dataclass(frozen=True)
