@@ -363,7 +363,7 @@ class Agent:
         the incident that the alert points to, and ``dumps diff`` could not name the suspect."""
         if self._dump_lock.locked():
             return None
-        ranks = {w.rank if w.rank is not None else 0 for w in self.watchers if w.pids()}
+        ranks = {w.rank if w.rank is not None else 0 for w in self.watchers if w.known_pids()}
         if not ranks:
             return None
         # One stat per poll while nothing happens: a new incident changes the run folder's

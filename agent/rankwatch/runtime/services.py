@@ -251,7 +251,7 @@ class Services:
         known: set[int] = set()
         while not self._stop.is_set():
             started = loop.time()
-            pids = {p for w in self.agent.watchers for p in w.pids()}
+            pids = {p for w in self.agent.watchers for p in w.known_pids()}
             if pids != known or started >= next_map:
                 known, next_map = pids, started + GPU_REMAP_S
                 with contextlib.suppress(Exception):
@@ -273,11 +273,11 @@ class Services:
                 await asyncio.wait_for(self._stop.wait(), delay)
 
     def _start_checkpoints(self) -> None:
-        from rankwatch.checkpoints.watcher import CheckpointWatcher
-
         c = self.cfg.checkpoints
         if not c.dir:
             return
+        from rankwatch.checkpoints.watcher import CheckpointWatcher
+
         try:
             cw = CheckpointWatcher(
                 Path(c.dir),

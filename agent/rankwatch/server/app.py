@@ -58,7 +58,6 @@ from rankwatch.config.schema import ServerConfig
 from rankwatch.dumps.store import DumpStore
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.sanitize import visible_lines
-from rankwatch.server.page import load_page_extras, render_page
 from rankwatch.server.status import (
     FINDINGS_DEFAULT,
     FINDINGS_MAX,
@@ -358,6 +357,8 @@ async def page(request: web.Request) -> web.Response:
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",
     }
+    from rankwatch.server.page import load_page_extras, render_page  # the page's first visit
+
     snap = _snapshot(request)
     extras = await load_page_extras(snap)
     html = render_page(status_doc(snap), extras)
