@@ -132,13 +132,19 @@ class Services:
             self.on_start(self)
 
     def _start_alerts(self) -> None:
-        from rankwatch.actions.alerts import AlertDispatcher
+        from rankwatch.actions.alerts.sinks import sinks_from_config
 
         try:
+            # The sinks first: without one the dispatcher's modules are never loaded.
+            sinks = self.alert_sinks if self.alert_sinks is not None else sinks_from_config(self.cfg.alerts)
+            if not sinks:
+                return
+            from rankwatch.actions.alerts import AlertDispatcher
+
             d = AlertDispatcher(
                 self.cfg.alerts,
                 self.agent.identity,
-                sinks=self.alert_sinks,
+                sinks=sinks,
                 errors=self.agent.internal_errors_by_component,
                 ranks=[w.rank for w in self.agent.watchers if w.rank is not None],
                 dumps_dir=self.cfg.dumps.dir,
