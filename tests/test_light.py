@@ -31,6 +31,7 @@ NOT_LOADED = {
     "rankwatch.server.page": "the status page's first visit",
     "rankwatch.dumps.flight": "dumps diff",
     "rankwatch.actions.alerts.dispatcher": "an alert sink",
+    "difflib": "a config key that is not known",
 }
 
 
