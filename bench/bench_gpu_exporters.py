@@ -7,6 +7,14 @@
 
 Scrapes alternate between the exporters so that both see the same machine load; every
 ratio is rankwatch / peer from this one run (lower is better for all of them).
+
+Light (issue 30): in the same run a "floor" process imports the agent's own stack
+(aiohttp.web, prometheus_client, psutil, yaml, pynvml, watchdog.observers) and does
+nothing; rankwatch's RSS is set against it (target: within 10%), and its idle CPU (between
+scrapes, over the idle window) against nvitop-exporter's (target: no higher). rankwatch
+runs from a byte-compiled copy of the package it would import, as a pip install leaves it:
+the peers' site-packages are byte-compiled, and a tree run with PYTHONDONTWRITEBYTECODE
+compiles every module at each start (about 1 MB more RSS).
 Needs gcc, `pip install nvitop-exporter` and `apt-get install prometheus-node-exporter`;
 a peer that is missing is reported as such and skipped.
 """
@@ -14,6 +22,7 @@ a peer that is missing is reported as such and skipped.
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import subprocess
@@ -28,8 +37,10 @@ from benchlib import (
     RANKWATCH,
     agent_env,
     build_nvml_standin,
+    cpu_load,
     free_port,
     machine,
+    mark,
     nvml_standin_state,
     pct,
     scrape,
@@ -37,6 +48,22 @@ from benchlib import (
     stop,
     wait_http,
 )
+
+# What the agent imports of its dependencies (the floor the issue measures against).
+STACK = ("aiohttp.web", "prometheus_client", "psutil", "yaml", "pynvml", "watchdog.observers")
+
+
+def installed_copy(tmp: Path) -> str:
+    """The rankwatch package this interpreter imports, copied and byte-compiled into ``tmp``:
+    what a wheel install leaves (pip compiles at install); returns the folder for PYTHONPATH."""
+    import rankwatch
+
+    site = tmp / "site"
+    shutil.copytree(
+        Path(rankwatch.__file__).parent, site / "rankwatch", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    compileall.compile_dir(str(site / "rankwatch"), quiet=1, legacy=False)
+    return str(site)
 
 
 def rss_mb(pid: int) -> float:
@@ -92,19 +119,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--scrapes", type=int, default=300)
-    ap.add_argument("--quick", action="store_true", help="60 scrapes, 5 s idle window")
+    ap.add_argument("--quick", action="store_true", help="60 scrapes, 30 s idle window")
+    ap.add_argument("--idle", type=float, help="idle window in seconds (default 60, --quick 30)")
     args = ap.parse_args()
     n = 60 if args.quick else args.scrapes
-    idle_s = 5.0 if args.quick else 20.0
+    # CPU time is counted in 10 ms ticks and the peers use ~1% of a core: a 5 s window holds
+    # ~5 ticks each, too few to rank two exporters.
+    idle_s = args.idle or (30.0 if args.quick else 60.0)
     print(f"machine: {machine()}")
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-gpu-"))
     lib = build_nvml_standin(tmp)
     state = tmp / "nvml-state.txt"
     state.write_text(nvml_standin_state(args.gpus))
     env = agent_env(RANKWATCH_NVML_STANDIN=str(state), LD_LIBRARY_PATH=str(lib))
+    site = installed_copy(tmp)
+    rw_env = dict(env, PYTHONPATH=os.pathsep.join(x for x in (site, env.get("PYTHONPATH")) if x))
     procs: list[subprocess.Popen] = []
     arms: dict[str, tuple[int, int]] = {}
+    floor: subprocess.Popen | None = None
     try:
+        code = f"import signal, {', '.join(STACK)}; signal.pause()"
+        floor = start([PY, "-c", code], env=env, stderr=tmp / "floor.err")
+        procs.append(floor)
         port = free_port()
         devices = ", ".join(str(i) for i in range(args.gpus))
         cfg = tmp / "rw.yaml"
@@ -116,7 +152,7 @@ def main() -> None:
             f'server: {{listen: "127.0.0.1:{port}"}}\n'
         )
         rw = start([*RANKWATCH, "run", "--config", str(cfg), "--", PY, "-c", "import time; time.sleep(3600)"],
-                   env=env, stderr=tmp / "rankwatch.err")  # fmt: skip
+                   env=rw_env, stderr=tmp / "rankwatch.err")  # fmt: skip
         procs.append(rw)
         wait_http(port, rw)
         arms["rankwatch"] = (port, rw.pid)
@@ -146,9 +182,13 @@ def main() -> None:
         for a in arms:
             scrape(arms[a][0])  # warm
         idle = idle_cpu(arms, idle_s)
+        idle_rss = {a: rss_mb(pid) for a, (_port, pid) in arms.items()}
+        floor_rss = rss_mb(floor.pid) if floor.poll() is None else float("nan")
+        threads = psutil.Process(rw.pid).num_threads()
         res = measure(arms, n)
         for a in arms:
             res[a]["idle_cpu_pct"] = idle[a]
+            res[a]["idle_rss_mb"] = idle_rss[a]
     finally:
         for p in procs:
             stop(p)
@@ -163,6 +203,19 @@ def main() -> None:
             f"{r['idle_cpu_pct']:>12.2f}{r['rss_mb']:>9.1f}"
         )
     rw = res["rankwatch"]
+    print(f"\nlight (idle window {idle_s:.0f} s before the scrapes; {cpu_load()} at the end)")
+    print(f"  floor: a process importing {', '.join(STACK)}: RSS {floor_rss:.1f} MB")
+    ratio = rw["idle_rss_mb"] / floor_rss
+    print(f"  rankwatch RSS at idle {rw['idle_rss_mb']:.1f} MB ({threads} threads) = {ratio:.2f} x floor; "
+          f"target <= 1.10: {mark(ratio <= 1.10)}")  # fmt: skip
+    if "nvitop-exporter" in res:
+        nv = res["nvitop-exporter"]
+        cpu_ratio = rw["idle_cpu_pct"] / max(nv["idle_cpu_pct"], 1e-9)
+        print(f"  idle CPU rankwatch {rw['idle_cpu_pct']:.2f}% vs nvitop-exporter {nv['idle_cpu_pct']:.2f}% "
+              f"= {cpu_ratio:.2f}; target <= 1.00: {mark(cpu_ratio <= 1.0)}")  # fmt: skip
+        print(
+            f"  nvitop-exporter RSS at idle {nv['idle_rss_mb']:.1f} MB = {nv['idle_rss_mb'] / floor_rss:.2f} x floor"
+        )
     for peer in ("nvitop-exporter", "node-exporter"):
         if peer not in res:
             continue

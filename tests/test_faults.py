@@ -416,6 +416,9 @@ class _IdleProber:
     def pids(self) -> list[int]:
         return [4242]
 
+    def known_pids(self) -> list[int]:
+        return [4242]
+
 
 @pytest.mark.unit
 @pytest.mark.parametrize("jump", [3600.0, -3600.0])

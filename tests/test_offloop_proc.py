@@ -102,6 +102,9 @@ class HungProber:
     def pids(self) -> list[int]:
         return []
 
+    def known_pids(self) -> list[int]:
+        return []
+
 
 def _bounded_run(stuck: Stuck, main: Callable[[], Coroutine[Any, Any, Any]]) -> tuple[Any, float, bool]:
     """``asyncio.run(main())`` with a watchdog that releases the stuck call after WATCHDOG_S:

@@ -8,13 +8,11 @@ The output shapes are the ``analyze --json`` contract of DESIGN.md.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import re
 import stat
 import sys
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,7 +274,11 @@ def _file_results(paths: Sequence[str], cfg: Config, jobs: int | None) -> list[F
     jobs = max(1, min(jobs, n))
     if jobs == 1:
         return [analyze_file(str(p), cfg, i, prefetch) for i, p in enumerate(paths)]
-    # spawn, not fork: no inherited locks or threads, the same on every platform.
+    # Here, not at the top: the live agent imports this module (rank_from_path) and never
+    # starts a pool. spawn, not fork: no inherited locks or threads, the same on every platform.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         return list(pool.map(analyze_file, [str(p) for p in paths], [cfg] * n, range(n)))

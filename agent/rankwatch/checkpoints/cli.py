@@ -13,12 +13,15 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankwatch.checkpoints import CheckpointConfig
-from rankwatch.checkpoints import layouts as L
-from rankwatch.checkpoints.catalog import GOOD, WRITING, Catalog, Entry
-from rankwatch.detectors.checkpoints import human_size, last_good_line
+
+if TYPE_CHECKING:
+    # Imported where used: every start of the agent builds the parser (``add_subcommands``),
+    # and only this command needs the catalog, the layouts and their verifiers.
+    from rankwatch.checkpoints import layouts as L
+    from rankwatch.checkpoints.catalog import Catalog, Entry
 
 
 def _when(t: float) -> str:
@@ -32,6 +35,8 @@ def _name(e: Entry, root: Path) -> str:
 
 
 def format_table(entries: list[Entry], root: Path) -> str:
+    from rankwatch.detectors.checkpoints import human_size
+
     rows = [("NAME", "STEP", "SAVED (UTC)", "SIZE", "LAYOUT", "STATUS")]
     notes: dict[int, list[str]] = {}
     for e in entries:
@@ -57,6 +62,9 @@ def format_table(entries: list[Entry], root: Path) -> str:
 
 
 def inspect(root: Path, cfg: CheckpointConfig, bad_from: int | None = None) -> tuple[Catalog, L.ScanResult]:
+    from rankwatch.checkpoints import layouts as L
+    from rankwatch.checkpoints.catalog import Catalog
+
     catalog = Catalog(root, cfg, oneshot=True)
     scan = L.scan(root, glob=cfg.glob, step_regex=cfg.step_regex, max_depth=cfg.max_depth)
     catalog.update(scan)
@@ -66,10 +74,15 @@ def inspect(root: Path, cfg: CheckpointConfig, bad_from: int | None = None) -> t
 
 
 def newest_settled(entries: list[Entry]) -> Entry | None:
+    from rankwatch.checkpoints.catalog import WRITING
+
     return next((e for e in reversed(entries) if e.status != WRITING), None)
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from rankwatch.checkpoints.catalog import GOOD, WRITING
+    from rankwatch.detectors.checkpoints import last_good_line
+
     root = Path(args.dir)
     if not root.exists():
         print(f"rankwatch checkpoints: {root}: no such file or directory", file=sys.stderr)

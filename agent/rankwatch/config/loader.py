@@ -22,7 +22,6 @@ Rules worth knowing:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import functools
 import logging
@@ -173,6 +172,8 @@ def _join(path: str, key: str) -> str:
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    import difflib  # only for a key that is not known: not in every agent's memory
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

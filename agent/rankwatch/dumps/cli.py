@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankwatch import ranksets
-from rankwatch.dumps import flight
 from rankwatch.dumps.capture import capture
 from rankwatch.dumps.diff import diff_incident, format_diff
 from rankwatch.dumps.show import format_rank
@@ -146,6 +145,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
         print(f"rankwatch dumps: incident {info.name} holds no rank dumps", file=sys.stderr)
         return 1
     result = diff_incident({r: store.load_rank(info, r) for r in info.ranks})
+    from rankwatch.dumps import flight  # here: the agent builds this parser at every start
+
     traces = flight.load_folder(info.path)  # PyTorch's flight recorder, where it was collected
     fr = flight.analyze(traces) if traces else None
     if args.json:

@@ -152,6 +152,10 @@ class NvmlBackend:
         self._event_indices: dict[int, int] = {}
         self._gpm_prev: dict[int, Any] = {}
         self._driver: str | None = None
+        # What a board supports does not change while the driver is loaded: asked once per GPU
+        # (16 of the ~300 NVML calls a second of 8 GPUs at 1 s).
+        self._supported_reasons: dict[int, int] = {}
+        self._nvlink_links: dict[int, int] = {}
 
     def _call(self, fn: Any, *args: Any) -> Any:
         nv = self._nvml
@@ -216,6 +220,8 @@ class NvmlBackend:
             pass
         self._events = None
         self._handles.clear()
+        self._supported_reasons.clear()
+        self._nvlink_links.clear()
 
     def _handle(self, index: int) -> Any:
         h = self._handles.get(index)
@@ -310,12 +316,16 @@ class NvmlBackend:
             if e.kind != "not_supported":
                 raise
             current = self._call(nv.nvmlDeviceGetCurrentClocksThrottleReasons, h)  # drivers < 535
-        try:
-            supported = self._call(nv.nvmlDeviceGetSupportedClocksEventReasons, h)
-        except GpuError as e:
-            if e.kind == "gone":
-                raise
-            supported = sum(THROTTLE_BITS.values())
+        supported = self._supported_reasons.get(index)
+        if supported is None:
+            try:
+                supported = self._supported_reasons[index] = int(
+                    self._call(nv.nvmlDeviceGetSupportedClocksEventReasons, h)
+                )
+            except GpuError as e:
+                if e.kind == "gone":
+                    raise
+                supported = sum(THROTTLE_BITS.values())  # asked again next time
         return {name: bool(current & bit) for name, bit in THROTTLE_BITS.items() if supported & bit}
 
     def ecc_errors(self, index: int) -> dict[tuple[str, str], int]:
@@ -412,10 +422,12 @@ class NvmlBackend:
 
     def nvlink(self, index: int) -> tuple[float, float, dict[str, int]]:
         """Data bytes moved over all links (counters) and the error counters summed over links."""
-        (links,) = self._fields(index, [_FI_NVLINK_LINK_COUNT])
-        if not links:
-            raise GpuError("not_supported", "no NVLink on this GPU")
-        n = int(links)
+        n = self._nvlink_links.get(index, 0)
+        if not n:
+            (links,) = self._fields(index, [_FI_NVLINK_LINK_COUNT])
+            if not links:
+                raise GpuError("not_supported", "no NVLink on this GPU")
+            n = self._nvlink_links[index] = int(links)
         pair = (_FI_NVLINK_TX_DATA_KIB, _FI_NVLINK_RX_DATA_KIB)
         ids: list[Any] = [(f, link) for link in range(n) for f in pair]
         ids += list(NVLINK_ERROR_FIELDS.values())

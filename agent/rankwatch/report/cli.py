@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 from rankwatch.dumps.cli import _common, _find, _store
-from rankwatch.report.html import render_html
-from rankwatch.report.markdown import render_markdown
-from rankwatch.report.model import build_report, read_findings
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    # Here, not at the top: the agent builds this parser at every start and renders no report.
+    from rankwatch.report.html import render_html
+    from rankwatch.report.markdown import render_markdown
+    from rankwatch.report.model import build_report, read_findings
+
     store = _store(args)
     info = _find(store, args)
     if info is None:

@@ -390,7 +390,7 @@ class Agent:
         the incident that the alert points to, and ``dumps diff`` could not name the suspect."""
         if self._dump_lock.locked():
             return None
-        ranks = {w.rank if w.rank is not None else 0 for w in self.watchers if w.pids()}
+        ranks = {w.rank if w.rank is not None else 0 for w in self.watchers if w.known_pids()}
         if not ranks:
             return None
         if self.run_folder().check(create=False) is not None:

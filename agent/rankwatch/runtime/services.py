@@ -134,13 +134,19 @@ class Services:
 
     def _start_alerts(self) -> None:
         from rankwatch import runfolder
-        from rankwatch.actions.alerts import AlertDispatcher
+        from rankwatch.actions.alerts.sinks import sinks_from_config
 
         try:
+            # The sinks first: without one the dispatcher's modules are never loaded.
+            sinks = self.alert_sinks if self.alert_sinks is not None else sinks_from_config(self.cfg.alerts)
+            if not sinks:
+                return
+            from rankwatch.actions.alerts import AlertDispatcher
+
             d = AlertDispatcher(
                 self.cfg.alerts,
                 self.agent.identity,
-                sinks=self.alert_sinks,
+                sinks=sinks,
                 errors=self.agent.internal_errors_by_component,
                 ranks=[w.rank for w in self.agent.watchers if w.rank is not None],
                 dumps_dir=self.cfg.dumps.dir,
@@ -255,7 +261,7 @@ class Services:
         known: set[int] = set()
         while not self._stop.is_set():
             started = loop.time()
-            pids = {p for w in self.agent.watchers for p in w.pids()}
+            pids = {p for w in self.agent.watchers for p in w.known_pids()}
             if pids != known or started >= next_map:
                 known, next_map = pids, started + GPU_REMAP_S
                 with contextlib.suppress(Exception):
@@ -277,11 +283,11 @@ class Services:
                 await asyncio.wait_for(self._stop.wait(), delay)
 
     def _start_checkpoints(self) -> None:
-        from rankwatch.checkpoints.watcher import CheckpointWatcher
-
         c = self.cfg.checkpoints
         if not c.dir:
             return
+        from rankwatch.checkpoints.watcher import CheckpointWatcher
+
         try:
             cw = CheckpointWatcher(
                 Path(c.dir),

@@ -206,6 +206,15 @@ class RankWatcher:
         except Exception:
             return []
 
+    def known_pids(self) -> list[int]:
+        """``pids`` as the last process sample knew them, without a walk of /proc."""
+        if self.prober is None:
+            return []
+        try:
+            return self.prober.known_pids()
+        except Exception:
+            return []
+
     # --- logs --------------------------------------------------------------------------
     def _replay(self, stream: Stream, budget: int) -> None:
         """An agent started (or restarted) next to a running rank: rebuild its windows from the

@@ -21,7 +21,6 @@ from prometheus_client.exposition import choose_encoder
 
 from rankwatch import offloop
 from rankwatch.dumps.store import DumpStore
-from rankwatch.report import build_report, render_html
 from rankwatch.sanitize import visible_lines
 from rankwatch.server.auth import PAGE_CSP, login_page, refusal, signed_in
 from rankwatch.server.keys import (
@@ -235,6 +234,8 @@ def _incident_report(
     store: DumpStore, incident: str, run: str | None, findings: list[dict[str, Any]]
 ) -> tuple[int, str]:
     """(HTTP status, page or why not); blocking, run in a thread. Read as ``api_dump`` reads."""
+    from rankwatch.report import build_report, render_html  # on the first report asked for
+
     try:
         info = store.find(incident, run=run, allow_path=False)
     except KeyError as e:

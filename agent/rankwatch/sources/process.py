@@ -156,7 +156,8 @@ class ProcessProber:
         self._samples = 0
         if self._proc is not None:
             self._cmdline = _safe(self._proc.cmdline, [])
-            self._last_cpu = self._tree_cpu(self._proc, self._descendants(self._proc))
+            self._kids = self._descendants(self._proc)
+            self._last_cpu = self._tree_cpu(self._proc, self._kids)
 
     @staticmethod
     def _descendants(p: psutil.Process) -> list[psutil.Process]:
@@ -239,6 +240,15 @@ class ProcessProber:
         if p is None or not _safe(p.is_running, False):
             return []
         return [self.pid, *(k.pid for k in self._descendants(p))]
+
+    def known_pids(self) -> list[int]:
+        """The process and the descendants the last sample knew (``TREE_RESCAN``): what a
+        periodic caller asks for, as a fresh walk reads /proc/*/stat of every process on the
+        node. ``pids`` walks anew, for a dump that must not miss a worker started since."""
+        p = self._proc
+        if p is None or not _safe(p.is_running, False):
+            return []
+        return [self.pid, *(k.pid for k in self._kids)]
 
 
 def _ancestors(pid: int) -> set[int]:

@@ -1,7 +1,8 @@
 """The alert sinks there are: each sink module registers a builder with ``@register_sink``.
 
 A builder takes the ``alerts`` section and returns the sinks it configures (none when its
-settings are empty). ``sinks_from_config`` imports every module of this package first, so a
+settings are empty). ``sinks_from_config`` imports every module of this package first (but
+the dispatcher's own, ``MACHINERY``: an agent without sinks never loads them), so a
 sink in a new file (``actions/alerts/<name>.py``: a class with ``name`` and
 ``async send(alert)``, see ``message.AlertSink``, plus its builder) needs no other line;
 ``webhook.py`` is the smallest example. Sinks are built in the order their names sort, so a
@@ -23,6 +24,10 @@ SinkBuilder = Callable[[AlertsConfig], list[AlertSink]]
 
 REGISTRY: dict[str, SinkBuilder] = {}
 _loaded = False
+# The modules of this package that are not sinks.
+MACHINERY = frozenset(
+    {"board", "delivery", "dispatcher", "message", "peers", "policy", "sinks", "spool", "state", "threads"}
+)
 
 
 def register_sink(kind: str) -> Callable[[SinkBuilder], SinkBuilder]:
@@ -44,7 +49,8 @@ def load_all() -> dict[str, SinkBuilder]:
     if not _loaded:
         package = __name__.rpartition(".")[0]
         for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            importlib.import_module(f"{package}.{mod.name}")
+            if mod.name not in MACHINERY:
+                importlib.import_module(f"{package}.{mod.name}")
         _loaded = True
     return dict(REGISTRY)
 

@@ -20,12 +20,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from slack_sdk.errors import SlackApiError
-from slack_sdk.web.async_client import AsyncWebClient
-from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from rankwatch.actions.alerts.message import (
     AlertMessage,
@@ -44,6 +41,13 @@ from rankwatch.records import Severity
 from rankwatch.sanitize import slack_escape as _esc
 from rankwatch.sanitize import slack_link as _link
 from rankwatch.sanitize import visible
+
+if TYPE_CHECKING:
+    # slack-sdk is imported by the sink that uses it: an agent without Slack never loads it
+    # (~3 MB of the agent's memory).
+    from slack_sdk.errors import SlackApiError
+    from slack_sdk.web.async_client import AsyncWebClient
+    from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 log = logging.getLogger("rankwatch.alerts.slack")
 
@@ -182,6 +186,9 @@ class SlackSink:
         self.timeout = float(cfg.timeout)
         self.channel = cfg.channel
         self._secrets = [x for x in (cfg.token, cfg.webhook_url) if x]
+        from slack_sdk.web.async_client import AsyncWebClient
+        from slack_sdk.webhook.async_client import AsyncWebhookClient
+
         self._web: AsyncWebClient | None = None
         self._hook: AsyncWebhookClient | None = None
         if cfg.token and cfg.channel:
@@ -235,6 +242,8 @@ class SlackSink:
             ) from e
 
     async def _post(self, alert: AlertMessage, text: str, blocks: list[dict[str, Any]]) -> None:
+        from slack_sdk.errors import SlackApiError
+
         assert self._web is not None and self.channel is not None
         keys = [(alert.run, m.rank, alert.kind, m.subject) for m in alert.members]
         who: list[Who] = [(m.rank, m.subject) if m.subject is not None else m.rank for m in alert.members]

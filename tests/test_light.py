@@ -1,0 +1,81 @@
+"""The agent loads only what its configuration uses (issue 30, "Light").
+
+Every module an agent imports stays in its memory for its lifetime: on a node of many
+ranks, one per rank. A configuration without Slack, GPUs, a checkpoint folder or a
+followed log must not pay for slack-sdk, pynvml, watchdog or the checkpoint verifiers;
+the figures are in bench/bench_gpu_exporters.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port, wait_for
+
+# Modules a plain `watch --pid` agent with the GPU off must not import, with what needs them.
+NOT_LOADED = {
+    "slack_sdk": "alerts.slack set",
+    "watchdog": "a followed log or checkpoints.dir",
+    "pynvml": "gpu.enabled",
+    "multiprocessing": "rankwatch analyze with several files",
+    "zipfile": "checkpoint verification",
+    "rankwatch.checkpoints.catalog": "checkpoints.dir or the checkpoints command",
+    "rankwatch.checkpoints.watcher": "checkpoints.dir",
+    "rankwatch.server.page": "the status page's first visit",
+    "rankwatch.dumps.flight": "dumps diff",
+    "rankwatch.actions.alerts.dispatcher": "an alert sink",
+    "difflib": "a config key that is not known",
+}
+
+
+def _imported(stderr: str) -> set[str]:
+    """Module names from ``python -X importtime``'s report (one line per import)."""
+    out: set[str] = set()
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and line.count("|") == 2:
+            out.add(line.rsplit("|", 1)[1].strip())
+    return out
+
+
+def _served(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return b"rankwatch_" in r.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.process
+def test_an_agent_without_gpu_logs_checkpoints_or_slack_imports_none_of_them(tmp_path: Path) -> None:
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(f"gpu: {{enabled: false}}\ndumps: {{dir: {tmp_path / 'dumps'}}}\n")
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    port = free_port()
+    cmd = [sys.executable, "-X", "importtime", "-m", "rankwatch", "watch", "--config", str(cfg),
+           "--pid", str(rank.pid), "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKWATCH_", "SLACK_"))}
+    agent = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+    )
+    try:
+        wait_for(lambda: _served(port) or agent.poll() is not None, timeout=60, what="the agent serving")
+        assert agent.poll() is None, "the agent exited"
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=30)
+    finally:
+        for p in (agent, rank):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    mods = _imported(err)
+    # The report is read right: the agent's server and its services are in it.
+    assert {"aiohttp", "prometheus_client", "rankwatch.runtime.services", "rankwatch.server.app"} <= mods
+    loaded = {m: why for m, why in NOT_LOADED.items() if m in mods}
+    assert not loaded, f"imported although their feature is off: {loaded}"
