@@ -271,8 +271,9 @@ def test_every_metric_in_the_dashboards_is_exported(tmp_path: Path) -> None:
 
 
 # --- the real thing: agents -> Prometheus -> every panel query ----------------------------------
-FAKE_GPU_AGENT = """
+FAKE_GPU_AGENT = f"""
 import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})  # tests/: the scripted GPU backend
 import rankwatch.runtime.services as services
 from gpufake import FakeBackend, healthy, xid
 

@@ -488,18 +488,13 @@ class SlackConfig:
             why = _url_problem(url) if url else None
             if why:
                 out.append((key, why))
-        # chat.postMessage answers channel_not_specified without a channel and not_authed without
-        # a token: half of the pair would send nothing, so it is refused, not quietly dropped.
+        # chat.postMessage answers channel_not_specified without a channel: a bot token alone
+        # sends nothing, so it is refused. A channel alone is not: its token usually comes from
+        # the environment (token: ${SLACK_BOT_TOKEN}) of the node that runs the agent, not of the
+        # one that checks the file; without it Slack is off and the agent says so once.
         if self.token and not self.channel and not self.webhook_url:
             out.append(
                 ("token", "a bot token needs alerts.slack.channel (chat.postMessage: channel_not_specified)")
-            )
-        if self.channel and not self.token and not self.webhook_url:
-            out.append(
-                (
-                    "channel",
-                    "a channel needs alerts.slack.token (chat.postMessage: not_authed), or set webhook_url",
-                )
             )
         return out
 
