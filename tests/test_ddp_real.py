@@ -200,7 +200,7 @@ def test_dataloader_deadlock_names_rank_2(job_factory: Callable[..., Job], tmp_p
     for r, f in enumerate(stalls):
         assert f["rank"] == r
         assert f"{SUSPECT_2}: in data loading" in f["message"], f
-        assert f["evidence"]["suspects"] == [2], f
+        assert f["diagnosis"]["suspects"] == [2], f
     assert "This rank is in data loading" in stalls[2]["message"]
     assert "read_shard_forever" in stalls[2]["message"]  # its worker's place
     assert "This rank only waits in" in stalls[1]["message"] and "fix rank 2" in stalls[1]["message"]
@@ -208,8 +208,8 @@ def test_dataloader_deadlock_names_rank_2(job_factory: Callable[..., Job], tmp_p
     for r in (1, 3):
         assert stalls[r]["evidence"]["activity"]["certain"] is True, stalls[r]["evidence"]
         assert "(native: c10d)" in stalls[r]["message"]
-    incident = Path(stalls[0]["evidence"]["incident"])
-    assert all(stall["evidence"]["incident"] == str(incident) for stall in stalls)
+    incident = Path(stalls[0]["diagnosis"]["incident"])
+    assert all(stall["diagnosis"]["incident"] == str(incident) for stall in stalls)
     text = dumps_diff(tmp_path, incident.name)
     assert f"{SUSPECT_2}: in data loading" in text, text
     assert "ranks 0,1,3 wait for it" in text and "DDP gradient all-reduce inside loss.backward()" in text
@@ -231,8 +231,8 @@ def test_extra_barrier_is_a_collective_mismatch(job_factory: Callable[..., Job],
         assert mismatch in f["message"], f
         assert "ranks 1-3 in broadcast (DDP buffer broadcast" in f["message"]
         assert "real error" not in f["message"]
-        assert f["evidence"]["verdict"] == "collective_mismatch"
-    text = dumps_diff(tmp_path, Path(stalls[0]["evidence"]["incident"]).name)
+        assert f["diagnosis"]["verdict"] == "collective_mismatch"
+    text = dumps_diff(tmp_path, Path(stalls[0]["diagnosis"]["incident"]).name)
     assert "suspect: rank 0 (collective mismatch" in text and "real error" not in text
 
 
@@ -257,7 +257,7 @@ def test_sigkill_of_rank_3_is_named_by_every_peer(job_factory: Callable[..., Job
     for f in peers:
         assert "rank 3 failed first" in f["message"].lower(), f
         assert "SIGKILL" in f["message"], f
-        named = f["evidence"].get("first_failure", {}).get("rank") == 3
+        named = ((f.get("diagnosis") or {}).get("first_failure") or {}).get("rank") == 3
         assert named or "Rank 3 failed first" in f["message"], f
 
 
@@ -342,7 +342,7 @@ def test_torchrun_workers_are_ranks_of_their_own(tmp_path: Path) -> None:
         assert sorted(f["rank"] for f in stalls) == [0, 1, 2, 3], stalls  # no stall for rank None
         for f in stalls:
             assert f"{SUSPECT_2}: in data loading" in f["message"], f
-        incident = Path(stalls[0]["evidence"]["incident"])
+        incident = Path(stalls[0]["diagnosis"]["incident"])
         assert sorted(p.name for p in incident.glob("rank-*.txt")) == [f"rank-{r}.txt" for r in range(WORLD)]
         assert f"{SUSPECT_2}: in data loading" in dumps_diff(tmp_path, incident.name)
     finally:

@@ -58,6 +58,7 @@ class JsonlSink:
             "run": self.identity.run,
             "node": self.identity.node,
             "evidence": f.evidence,
+            "diagnosis": f.diagnosis.to_json() if f.diagnosis is not None else None,
         }
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(_strict(doc), allow_nan=False) + "\n")

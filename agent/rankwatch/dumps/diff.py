@@ -29,6 +29,7 @@ from rankwatch.dumps.classify import (
     main_thread,
 )
 from rankwatch.dumps.show import basename, is_training_frame
+from rankwatch.records import Diagnosis
 
 _ADDR_RE = re.compile(r"0x[0-9a-fA-F]+")
 # Thin wrappers that say nothing about where a rank is.
@@ -75,9 +76,23 @@ class DiffResult:
     reason: str
     verdict: str = UNCLEAR
     activities: dict[int, Activity] = field(default_factory=dict)
+    world_size: int | None = None
+    missing: list[int] = field(default_factory=list)  # ranks of the world with no usable stack
+
+    def diagnosis(self, incident: str | None = None) -> Diagnosis:
+        """The judgement as the typed data every face reads (the alert, the page, the CLI)."""
+        return Diagnosis(
+            suspects=tuple(self.suspects),
+            verdict=self.verdict,
+            incident=incident,
+            world_size=self.world_size,
+            missing=tuple(self.missing),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "world_size": self.world_size,
+            "missing": self.missing,
             "groups": [asdict(g) | {"signature": [list(s) for s in g.signature]} for g in self.groups],
             "failed": {str(k): v for k, v in self.failed.items()},
             "suspects": self.suspects,
@@ -274,7 +289,9 @@ def diff_incident(ranks: dict[int, dict[str, Any]], world_size: int | None = Non
             reason = "no clear odd one out"
     elif verdict == UNCLEAR and groups and sum(len(g.ranks) for g in groups) > 1:
         reason = "all ranks share one stack: the cause is likely outside the dumped ranks"
-    return DiffResult(groups, failed, suspects, reason, verdict, acts)
+    never = {r for r in range(world_size) if r not in ranks} if world_size else set()
+    missing = sorted(set(failed) | never)
+    return DiffResult(groups, failed, suspects, reason, verdict, acts, world_size, missing)
 
 
 def format_diff(result: DiffResult) -> str:

@@ -93,7 +93,7 @@ def with_outcome(f: Finding, outcome: DumpOutcome) -> None:
     text = outcome.text()
     if text:
         f.message = f"{f.message} {text}"
-    f.evidence = {**f.evidence, **outcome.to_evidence()}
+    f.diagnosed(dumps=outcome)
 
 
 class Sink(Protocol):
@@ -191,13 +191,13 @@ class Agent:
         if f.kind == "stall" and not f.resolved and not self.cfg.dumps.on_stall:
             # Say so, so nobody goes looking for stacks that were never taken.
             with_outcome(f, DumpOutcome("off"))
-        elif f.kind == "stall" and not f.resolved and "incident" in f.evidence:
+        elif f.kind == "stall" and not f.resolved and f.diagnosis is not None:
             # Completed by the cross-rank diagnosis (runtime/diagnose.py), which took the stacks and
             # names them in its own words: the outcome goes with it as data (the alert's link to
             # the stacks), and in words only if they did not come.
             outcome = self._outcome()
             if outcome.state == "captured":
-                f.evidence = {**f.evidence, **outcome.to_evidence()}
+                f.diagnosed(dumps=outcome)
             else:
                 with_outcome(f, outcome)
         elif f.kind == "stall" and not f.resolved:

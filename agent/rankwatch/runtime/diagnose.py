@@ -41,7 +41,7 @@ from rankwatch.dumps.classify import COLLECTIVE, KIND_TEXT, classify_dump, colle
 from rankwatch.dumps.diff import MISMATCH, MISSING, NOT_IN_COLLECTIVE, ONLY_IN_COLLECTIVE, diff_incident
 from rankwatch.dumps.diff import format_ranks as fmt_ranks
 from rankwatch.dumps.store import DumpStore
-from rankwatch.records import Finding, Severity
+from rankwatch.records import Finding, FirstFailure, Severity
 from rankwatch.runtime.agent import capture_off_loop
 
 log = logging.getLogger("rankwatch.diagnose")
@@ -290,7 +290,7 @@ class CrossRank:
             f"rank {first.get('rank')} failed first: {first.get('how')}{gap}{log_at}. This rank's failure "
             f"is a consequence: look at rank {first.get('rank')}, not this one. " + f.message
         )
-        f.evidence = {**f.evidence, "first_failure": first}
+        f.diagnosed(first_failure=FirstFailure.from_json(first))
 
     async def _wait_first_failure(self, rank: int | None, t: float) -> dict[str, Any] | None:
         """A consequence came first: the first failure's record may follow within seconds."""
@@ -424,18 +424,19 @@ class CrossRank:
                 f"Usual fix: read rank {dead}'s log and fix that failure; nothing to fix on this rank."
             )
             f.message = " ".join(parts)
-            f.evidence = {
-                **f.evidence,
-                "incident": str(folder) if folder is not None else None,
-                "suspects": [dead],
-                "verdict": "first_failure",
-                "first_failure": first,
-                "activity": own.to_dict() if own is not None else None,
-            }
+            f.diagnosed(
+                incident=str(folder) if folder is not None else None,
+                suspects=(dead,) if isinstance(dead, int) else (),
+                verdict="first_failure",
+                first_failure=FirstFailure.from_json(first),
+                world_size=result.world_size if result is not None else self.world(),
+                missing=tuple(result.missing) if result is not None else (),
+            )
+            f.evidence = {**f.evidence, "activity": own.to_dict() if own is not None else None}
             return
         if result is None:
             parts.append("Stack dumps could not be taken (see the agent's log).")
-            f.evidence = {**f.evidence, "incident": None}
+            f.diagnosed(world_size=self.world())
             f.message = " ".join(parts)
             return
         suspects = result.suspects
@@ -445,13 +446,14 @@ class CrossRank:
             parts.append(f"This rank is {describe(own)}.")
         parts.append(self._advice(f.rank, result, own))
         f.message = " ".join(p for p in parts if p)
-        f.evidence = {
-            **f.evidence,
-            "incident": str(folder),
-            "suspects": suspects,
-            "verdict": result.verdict,
-            "activity": own.to_dict() if own is not None else None,
-        }
+        f.diagnosed(
+            incident=str(folder),
+            suspects=tuple(suspects),
+            verdict=result.verdict,
+            world_size=result.world_size,
+            missing=tuple(result.missing),
+        )
+        f.evidence = {**f.evidence, "activity": own.to_dict() if own is not None else None}
 
     @staticmethod
     def _advice(rank: int | None, result: Any, own: Any) -> str:

@@ -342,12 +342,31 @@ def _evidence_text(ev: Mapping[Any, Any]) -> str:
     return text
 
 
+def _diagnosis_text(d: Any) -> str:
+    """The cross-rank judgement in the words of the alert title: the same typed data."""
+    if not isinstance(d, Mapping):
+        return ""
+    parts: list[str] = []
+    if isinstance(d.get("suspect"), int):
+        parts.append(f"suspect rank {d['suspect']}")
+    ff = d.get("first_failure")
+    if isinstance(ff, Mapping) and isinstance(ff.get("rank"), int):
+        parts.append(f"first failure: rank {ff['rank']} ({ff.get('kind')})")
+    missing = d.get("missing")
+    if isinstance(missing, list) and missing:
+        parts.append("no stack from rank " + ", ".join(_num(x) for x in missing[:32]))
+    if isinstance(d.get("world_size"), int):
+        parts.append(f"world size {d['world_size']}")
+    return "; ".join(parts)
+
+
 def _message_cell(f: dict[str, Any]) -> str:
     ev = f.get("evidence") or {}
-    details = ""
+    diag = _diagnosis_text(f.get("diagnosis"))
+    details = f'<div class="diag">{escape(diag)}</div>' if diag else ""
     if isinstance(ev, Mapping) and ev:
         opened = " open" if f["severity"] == "critical" else ""
-        details = (
+        details += (
             f"<details{opened}><summary>evidence</summary><pre>{escape(_evidence_text(ev))}</pre></details>"
         )
     return f'<td class="msg">{escape(str(f["message"]))}{details}</td>'

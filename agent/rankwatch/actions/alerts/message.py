@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 
-from rankwatch.records import Severity
+from rankwatch.records import Diagnosis, Severity
 
 Status = Literal["firing", "resolved"]
 
@@ -30,6 +30,7 @@ class AlertMember:
     starts_at: float = 0.0  # wall clock (epoch seconds) when the condition was first seen
     node: str | None = None  # set when a peer agent's rank joins the message (another node)
     subject: str | None = None  # what within the rank it is about (a GPU's UUID): Finding.subject
+    diagnosis: Diagnosis | None = None  # Finding.diagnosis: suspect, first failure, stacks
 
 
 @dataclass(eq=False)
@@ -111,37 +112,48 @@ class AlertMessage:
         else:
             body = f"{self.kind} on {len(ranks)} ranks ({rank_list(ranks)})"
         s = self.suspect
-        if s is not None and n > 1 and self.status == "firing":
+        if s is not None and self.status == "firing":
             body += f", suspect rank {s}"
         if self.status == "resolved":
             return f"resolved: {body}"
         return f"still firing: {body}" if self.repeat else body
 
+    @property
+    def diagnosis(self) -> Diagnosis | None:
+        """The lead member's diagnosis (the suspect's own, else the first one that has one)."""
+        lead = next((m for m in self.members if m.rank == self.rank and m.diagnosis is not None), None)
+        lead = lead or next((m for m in self.members if m.diagnosis is not None), None)
+        return lead.diagnosis if lead is not None else None
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["severity"] = self.severity.label
+        for doc, m in zip(d["members"], self.members, strict=True):
+            doc["diagnosis"] = m.diagnosis.to_json() if m.diagnosis is not None else None
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> AlertMessage:
         d = dict(d)
         d["severity"] = Severity.parse(d["severity"])
-        d["members"] = [AlertMember(**m) for m in d["members"]]
+        d["members"] = [
+            AlertMember(**{**m, "diagnosis": Diagnosis.from_json(m.get("diagnosis"))}) for m in d["members"]
+        ]
         return cls(**d)
 
 
 def suspect_rank(members: list[AlertMember]) -> int | None:
     """The rank a human should look at first, kept deliberately simple.
 
-    1. A rank named by a finding's evidence ``suspect`` (detectors that compare ranks know).
+    1. The rank a member's :class:`~rankwatch.records.Diagnosis` names (the cross-rank judgement).
     2. Else, with three or more ranks, the single rank whose evidence ``classification``
        differs from the one all the others share (e.g. the one busy rank among idle ones
        waiting in a collective).
     Otherwise none.
     """
     for m in members:
-        s = m.evidence.get("suspect")
-        if isinstance(s, int) and not isinstance(s, bool):
+        s = m.diagnosis.suspect if m.diagnosis is not None else None
+        if s is not None:
             return s
     if len(members) < 3:
         return None

@@ -189,7 +189,7 @@ class AlertPolicy:
             self._fire(key, f)
 
     def _member(self, rank: int | None, f: Finding, starts_at: float) -> AlertMember:
-        dump = dump_link(f.evidence) or self._dumps.get(rank)
+        dump = dump_link(f) or self._dumps.get(rank)
         return AlertMember(
             rank,
             f.message,
@@ -199,6 +199,7 @@ class AlertPolicy:
             starts_at,
             None,
             subject=f.subject,
+            diagnosis=f.diagnosis,
         )
 
     def _fire(self, key: Key, f: Finding) -> None:
@@ -207,6 +208,7 @@ class AlertPolicy:
             self._inherited.pop(key, None)  # seen again: the same episode, resolved by its detector
             fresh = self._member(key[1], f, a.member.starts_at)
             a.member.message, a.member.step, a.member.evidence = fresh.message, fresh.step, fresh.evidence
+            a.member.diagnosis = fresh.diagnosis or a.member.diagnosis
             a.member.dump_path = a.member.dump_path or fresh.dump_path
             if f.severity > a.severity:  # an escalation is news: a new board episode
                 a.severity = f.severity
@@ -320,6 +322,7 @@ class AlertPolicy:
                 m["dump_path"],
                 m["starts_at"],
                 subject=rec.subject,
+                diagnosis=m["diagnosis"],
             )
             if rec.ended is not None:
                 self._ended[key] = rec
@@ -664,6 +667,7 @@ def _member_doc(m: AlertMember) -> dict[str, Any]:
         "evidence": small_evidence(m.evidence),
         "dump_path": m.dump_path,
         "starts_at": m.starts_at,
+        "diagnosis": m.diagnosis.to_json() if m.diagnosis is not None else None,
     }
 
 

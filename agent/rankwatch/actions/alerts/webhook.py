@@ -21,6 +21,7 @@ from rankwatch.config.redact import redact_text, redact_url
 
 def payload(alert: AlertMessage) -> dict[str, Any]:
     lead = next((m for m in alert.members if m.rank == alert.rank), alert.members[0])
+    diagnosis = alert.diagnosis
     return {
         "version": "1",
         "status": alert.status,
@@ -30,6 +31,7 @@ def payload(alert: AlertMessage) -> dict[str, Any]:
         "ranks": alert.ranks,
         "world_size": alert.world_size,
         "suspect": alert.suspect,
+        "diagnosis": diagnosis.to_json() if diagnosis is not None else None,
         "node": alert.node,
         "kind": alert.kind,
         "severity": alert.severity.label,
