@@ -118,6 +118,9 @@ class CheckpointStatus:
     writing: bool
     last_saved: float | None = None
     next_due: float | None = None
+    # Seconds before ``now`` that a save in progress last changed on disk: the write is the
+    # progress, not the save being open (a writer hung in torch.save writes nothing more).
+    write_age: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
