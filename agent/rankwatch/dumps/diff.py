@@ -9,7 +9,10 @@ waits, but not in the same collective, the ranks disagree on what comes next: a 
 mismatch, reported with each side's call site.
 
 Stacks are grouped by (function, file) so line numbers and native addresses, which differ
-between builds, do not split groups.
+between builds of a library, do not split groups; the innermost frame of the training code
+(the call site) keeps its line, since every rank runs the same code: ranks waiting in
+all-reduces of different process groups, called from two lines of one function, are two
+groups with two call sites.
 """
 
 from __future__ import annotations
@@ -123,12 +126,14 @@ def main_stack(dump: dict[str, Any]) -> list[Frame]:
 
 
 def signature(frames: list[Frame]) -> tuple[tuple[str, str], ...]:
+    site = next((i for i, f in enumerate(frames) if is_training_frame(f)), None)
     return tuple(
         (
             _ADDR_RE.sub("0x?", str(f.get("name") or "?")),
-            basename(f.get("filename") or f.get("short_filename")),
+            basename(f.get("filename") or f.get("short_filename"))
+            + (f":{f.get('line')}" if i == site and f.get("line") else ""),
         )
-        for f in frames
+        for i, f in enumerate(frames)
     )
 
 
@@ -215,9 +220,11 @@ def judge(
                 "may be the one that never arrived",
                 MISSING,
             )
-        by_op: dict[tuple[str | None, str], list[int]] = {}
+        # Ranks in one collective from different call sites wait in different collectives
+        # (another process group, another step): not one group.
+        by_op: dict[tuple[str | None, str, str | None], list[int]] = {}
         for r in waiting:
-            by_op.setdefault((acts[r].op, acts[r].detail), []).append(r)
+            by_op.setdefault((acts[r].op, acts[r].detail, acts[r].call_site), []).append(r)
         if len(by_op) == 1:
             return (
                 [],
