@@ -84,6 +84,7 @@ class ProcessExit:
     requested: bool | int = False
     disk_full: str | None = None
     wall: float | None = None
+    stopped_by: str = "we forwarded"  # who sent the ``requested`` stop (the launcher, for its workers)
 
 
 # --- progress and activity --------------------------------------------------------------

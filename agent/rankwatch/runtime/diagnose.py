@@ -57,7 +57,7 @@ PROFILE_GAP_S = 0.25
 PROFILE_WAIT_S = 12.0
 PROFILE_FRESH_S = 90.0
 PROFILE_EVERY_S = 300.0  # at most one profile per rank this often: py-spy pauses the rank
-FAILURE_KINDS = frozenset({"crash", "oom", "cuda_error", "xid", "gpu_lost"})
+FAILURE_KINDS = frozenset({"crash", "oom", "cuda_error", "xid", "gpu_lost", "peer_error"})
 # What a rank prints when a *peer* died: gloo, NCCL, c10d store and torchelastic texts.
 PEER_FAILURE_RE = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"

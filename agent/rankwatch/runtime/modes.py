@@ -225,7 +225,11 @@ async def _run_command(
     launcher = workers.is_launcher(list(cmd))
     with open(path, "ab") as fh:
         start = fh.tell()
-        watcher = agent.add_watcher([] if launcher else [path], from_end=True)
+        if launcher:  # the run's own lines of the combined log (no rank prefix): see workers
+            watcher = workers.run_watcher(cfg, identity, path, emit=agent.emit, clock=agent.clock)
+            agent.watchers.append(watcher)
+        else:
+            watcher = agent.add_watcher([path], from_end=True)
         try:
             child = subprocess.Popen(
                 list(cmd),
@@ -244,7 +248,13 @@ async def _run_command(
     if not launcher:
         watcher.attach(child.pid)
     tree = workers.Tree(child.pid)
-    fleet = workers.Fleet(agent, cfg, path, child.pid, stop_requested) if launcher else None
+    fleet = (
+        workers.Fleet(
+            agent, cfg, path, child.pid, stop_requested, start=start, cmd=list(cmd), run_pipeline=watcher
+        )
+        if launcher
+        else None
+    )
     lower_priority(nice)
     agent.install_dump_signal()
     echo = _stdout_echo(path, start) if cfg.runner.echo else None
@@ -289,8 +299,9 @@ async def _run_command(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(fleet_task, 5.0)
         fleet.check()
-        worker_crashed = await fleet.close()
-        watcher.tail.extend(workers.last_lines(path, start, watcher.tail.maxlen or 50))
+        worker_crashed = await fleet.close(rc)
+        if not watcher.tail:  # the run's pipeline read none of it (every line had a rank prefix)
+            watcher.tail.extend(workers.last_lines(path, start, watcher.tail.maxlen or 50))
     else:
         worker_crashed = False
     disk_full = None

@@ -143,7 +143,10 @@ class RankWatcher:
     def attach(self, pid: int, prober: ProcessProber | None = None) -> None:
         """Watch ``pid``; ``prober``: one made off the loop (making one reads the process's
         command line, which a process in D state blocks)."""
-        # A new pid after a restart (torchrun, a requeue) gets the startup grace again.
+        # A new pid after a restart (torchrun, a requeue) gets the startup grace again, and the
+        # errors its predecessor printed (judged with its end) are not the new process's.
+        if self.prober is not None and self.prober.pid != pid:
+            self.engine.state.errors.clear()
         self.engine.feed(ProcessStart(self.clock(), pid))
         self.prober = prober if prober is not None else ProcessProber(pid, clock=self.clock)
         self.proc_io = f"rankwatch-proc-{self.rank}-pid{pid}"
@@ -326,6 +329,7 @@ class RankWatcher:
         *,
         requested: bool | int = False,
         disk_full: str | None = None,
+        stopped_by: str = "we forwarded",
     ) -> Finding | None:
         """The process ended: a crash finding unless it ended cleanly, on our forwarded stop
         signal, or we cannot tell.
@@ -340,7 +344,9 @@ class RankWatcher:
         self.exited = True
         self.drain()
         held, self._held = self._held, []
-        event = ProcessExit(exit_code, signal, tuple(self.tail), requested, disk_full, wall=self.wall())
+        event = ProcessExit(
+            exit_code, signal, tuple(self.tail), requested, disk_full, wall=self.wall(), stopped_by=stopped_by
+        )
         found = self.engine.feed(event)
         for f in found:
             self.emit(f)
