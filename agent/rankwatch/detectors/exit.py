@@ -96,5 +96,6 @@ def _signame(sig: int | bool) -> str:
 
 
 def _interrupt(summary: str) -> bool:
-    """The traceback a stop signal itself prints (Python's default SIGINT handler, sys.exit)."""
-    return "KeyboardInterrupt" in summary or "SystemExit" in summary
+    """The traceback a stop signal itself prints (Python's default SIGINT handler, sys.exit,
+    torchelastic's handler: ``SignalException: Process N got signal: 15``)."""
+    return "KeyboardInterrupt" in summary or "SystemExit" in summary or "SignalException" in summary
