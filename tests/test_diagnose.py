@@ -331,3 +331,58 @@ def test_the_stall_alert_names_the_suspect_the_diagnosis_found(tmp_path: Path) -
     assert doc["annotations"]["suspect"] == "2" and "suspect rank 2" in doc["annotations"]["summary"]
     again = AlertMessage.from_json(json.loads(json.dumps(alert.to_json())))
     assert again.suspect == 2 and again.title == alert.title
+
+
+def test_a_rank_that_exits_cleanly_early_is_the_first_failure_its_peers_name(tmp_path: Path) -> None:
+    """Rank 2 returns from main with status 0 while its peers enter the next all-reduce: gloo's
+    `Connection closed by peer` on rank 0 is a consequence, named after rank 2's exit. A peer's
+    failure of its own is not blamed on a clean exit."""
+    agent2, _, _ = _agent(tmp_path, 2)
+    agent0, _, sent0 = _agent(tmp_path, 0)
+    agent1, _, sent1 = _agent(tmp_path, 1)
+    agent2.clean_exit(2, 50, 1000.0)
+    record = json.loads((tmp_path / "dumps" / "job" / ".ranks" / "failed-2.json").read_text())
+    assert record["kind"] == "exit" and not record["consequence"]
+    agent0.emit(_crash(0, f"process exited with code 1. Cause (crash): {GLOO_CLOSED}.", None, 1000.5))
+    [f] = sent0
+    assert f.message.startswith(
+        "rank 2 failed first: exited with status 0 at step 50 while its peers went on"
+    )
+    assert f.diagnosis is not None and f.diagnosis.suspect == 2
+    assert f.diagnosis.first_failure is not None and f.diagnosis.first_failure.kind == "exit"
+    agent1.emit(
+        _crash(
+            1, "process exited with code 1. Cause (oom): torch.OutOfMemoryError: CUDA out of memory", t=1000.6
+        )
+    )
+    [own] = sent1
+    assert "failed first" not in own.message and own.diagnosis is None
+
+
+def test_dumps_diff_blames_the_rank_the_incident_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 2 left the job, so the incident holds stacks of ranks 0, 1 and 3 only. The live
+    diagnosis recorded the world size and the first failure in the incident: `dumps diff`
+    blames rank 2, not the lowest rank whose stack it has."""
+    from rankwatch.cli import main
+    from rankwatch.dumps.store import DumpStore
+
+    _, cross, _ = _agent(tmp_path, 0)
+    folder = tmp_path / "dumps" / "job" / "20261128T020000Z_stall"
+    shutil.copytree(STACKS / "loader_hang", folder)
+    for p in folder.glob("rank-2.*"):
+        p.unlink()
+    dumps = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in folder.glob("rank-*.json")}
+    result = diff_incident(dumps, world_size=4)
+    first = {"rank": 2, "kind": "exit", "time": 1000.0, "how": "exited with status 0 at step 50"}
+    asyncio.run(cross._record_incident(folder, result, first))
+    recorded = DumpStore(tmp_path / "dumps").load_diagnosis(DumpStore(tmp_path / "dumps").find(str(folder)))
+    assert recorded is not None and recorded.world_size == 4 and recorded.missing == (2,)
+    assert main(["dumps", "diff", str(folder), "--dir", str(tmp_path / "dumps")]) == 0
+    out = capsys.readouterr().out
+    assert "rank 2: no dump" not in out or "suspect: rank 2" in out, out
+    assert "suspect: rank 2 (rank 2 failed first: exited with status 0 at step 50)" in out, out
+    assert main(["dumps", "diff", str(folder), "--dir", str(tmp_path / "dumps"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["suspects"] == [2] and doc["world_size"] == 4 and doc["diagnosis"]["suspect"] == 2

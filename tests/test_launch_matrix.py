@@ -183,3 +183,23 @@ def test_torchrun_restart_reports_the_first_attempts_crash(tmp_path: Path) -> No
     assert not [f for f in c.findings if f["kind"] == "process_exit" and "unknown" in f["message"]], _debug(c)
     alert = next(a for a in c.alerts_of("crash") if a["rank"] == 1 or a["suspect"] == 1)
     assert "crash" in alert["summary"], alert
+
+
+@pytest.mark.timeout(300)
+def test_plain_torchrun_a_rank_that_leaves_early_is_named(tmp_path: Path) -> None:
+    """Rank 1 returns from main with status 0 at step 8 while rank 0 enters the next collective:
+    rank 0's gloo `Connection closed by peer` is a consequence, named after rank 1; the alerts'
+    suspect is rank 1; the agent exits with torchrun's status."""
+    env = {"FAULT": "exit", "FAULT_RANK": "1", "FAULT_STEP": "8", "STEPS": "40"}
+    c = run_cell(tmp_path, torchrun(2), env)
+    assert "rank 1 leaves early at step 8" in c.log, _debug(c)
+    assert c.rc == 1, _debug(c)  # torchrun's: rank 0 failed
+    blamed = [f for f in c.findings if f["rank"] == 0 and f["kind"] in ("crash", "peer_error")]
+    assert blamed, _debug(c)
+    for f in blamed:
+        assert f["message"].startswith("rank 1 failed first: exited with status 0"), _debug(c)
+        assert f["diagnosis"]["suspect"] == 1 and f["diagnosis"]["first_failure"]["kind"] == "exit", f
+    assert not [f for f in c.of("crash") if f["rank"] == 1], _debug(c)
+    firing = [a for a in c.alerts if a["status"] == "firing"]
+    assert firing and all(a["suspect"] == 1 for a in firing), [(a["summary"], a["suspect"]) for a in firing]
+    assert all("suspect rank 1" in a["summary"] for a in firing), [a["summary"] for a in firing]

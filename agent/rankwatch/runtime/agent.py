@@ -131,6 +131,8 @@ class Agent:
         # Take a finding now and emit it completed later (runtime/diagnose.py: a stall waits for
         # its peers' stacks); a held finding comes back with evidence["cross_rank"] set.
         self.holds: list[Callable[[Finding], bool]] = []
+        # Told when a watched rank exits cleanly (rank, last step, wall): see RankWatcher.
+        self.exit_hooks: list[Callable[[int | None, int | None, float], None]] = []
         self.dumps_captured = 0
         self.dumps_failed: dict[str, int] = {}  # by DumpResult.error: a small fixed vocabulary
         # Set by the GPU service: () -> ({rank: [GpuSample]}, sampler up); read by the status page.
@@ -169,8 +171,23 @@ class Agent:
             from_end=from_end,
             replay=replay,
         )
-        self.watchers.append(w)
+        self.adopt(w)
         return w
+
+    def adopt(self, w: RankWatcher) -> None:
+        """A watcher made elsewhere (a launcher's worker, the run's own pipeline) joins the agent."""
+        w.on_clean_exit = self.clean_exit
+        if w not in self.watchers:
+            self.watchers.append(w)
+
+    def clean_exit(self, rank: int | None, step: int | None, wall: float) -> None:
+        for hook in self.exit_hooks:
+            try:
+                hook(rank, step, wall)
+            except Exception:
+                errs = self.internal_errors_by_component
+                errs["hold"] = errs.get("hold", 0) + 1
+                log.exception("an exit hook failed")
 
     def snapshot(self) -> AgentSnapshot:
         """What the exporter and the server show, now (built on the loop: runtime/faces.py)."""

@@ -92,6 +92,44 @@ class CrossRank:
     # --- wiring ------------------------------------------------------------------------
     def install(self) -> None:
         self.agent.holds.append(self.hold)
+        self.agent.exit_hooks.append(self.clean_exit)
+
+    def clean_exit(self, rank: int | None, step: int | None, t: float) -> None:
+        """A rank of many exited with status 0: recorded as a possible first failure. If its
+        peers go on into the next collective, their hang or their gloo ``Connection closed by
+        peer`` follows it, and they name it; a job that ends well leaves records nobody reads."""
+        if not self.multi_rank() or rank is None:
+            return
+        at = f" at step {step}" if step is not None else ""
+        mine = {
+            "rank": rank,
+            "kind": "exit",
+            "time": t,
+            "how": f"exited with status 0{at} while its peers went on (a rank that left early: an early "
+            "return, a rank-dependent break, an uneven last batch)",
+            "signal": None,
+            "consequence": False,
+            "log": self._log_of(rank),
+            "node": self.agent.identity.node,
+        }
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._record_failure(rank, t, False, mine)
+            return
+        self._spawn(self._record_exit(rank, t, mine))
+
+    async def _record_exit(self, rank: int, t: float, mine: dict[str, Any]) -> None:
+        try:
+            await self._store_io(self._record_failure, rank, t, False, mine, timeout=FAILURE_IO_S)
+        except asyncio.TimeoutError:
+            pass  # logged once and counted by offloop
+        except Exception:
+            log.exception("recording rank %s's exit in %s failed", rank, self.shared)
+
+    def _log_of(self, rank: int | None) -> str | None:
+        w = next((w for w in self.agent.watchers if w.rank == rank), None)
+        return w.path if w is not None else None
 
     @property
     def shared(self) -> Path:
@@ -241,7 +279,8 @@ class CrossRank:
         it already has one of the same incident, and return the first failure it follows."""
         before = {d.get("rank"): d for d in self._read_all("failed-")}.get(rank)
         when = before.get("time") if before is not None else None
-        if not isinstance(when, (int, float)) or when < t - FAILURE_WINDOW_S:  # first failure of an incident
+        # A launcher's own failure (no rank) is no peer another rank could wait for.
+        if rank is not None and (not isinstance(when, (int, float)) or when < t - FAILURE_WINDOW_S):
             self._write(f"failed-{rank}.json", mine)
         return self._first_failure(rank, t, consequence)
 
@@ -274,6 +313,7 @@ class CrossRank:
             if d.get("rank") != rank
             and isinstance(d.get("time"), (int, float))
             and not d.get("consequence")
+            and (consequence or d.get("kind") != "exit")  # a clean exit causes only what waited for it
             and t - FAILURE_WINDOW_S <= d["time"] <= t + (30.0 if consequence else 0.0)
         ]
         return min(others, key=lambda d: d["time"]) if others else None
@@ -328,6 +368,8 @@ class CrossRank:
                 self.wall(),
                 True,
             )
+            if folder is not None and result is not None:
+                await self._record_incident(folder, result, first)
         except Exception:
             log.exception("stall diagnosis failed")
             folder, result, own, first = None, None, {}, None
@@ -338,6 +380,20 @@ class CrossRank:
             except Exception:
                 log.exception("stall diagnosis failed")
             self._release(f)
+
+    async def _record_incident(self, folder: Path, result: Any, first: dict[str, Any] | None) -> None:
+        """The judgement goes into the incident folder (``diagnosis.json``): the world size, the
+        ranks with no stack, a peer that failed first. `dumps diff` reads it and blames the rank
+        the live agents blamed, not the lowest of those it has stacks of."""
+        diagnosis = result.diagnosis(str(folder))
+        ff = FirstFailure.from_json(first) if first is not None else None
+        if ff is not None and ff.rank is not None:
+            diagnosis = diagnosis.but(suspects=(ff.rank,), verdict="first_failure", first_failure=ff)
+        try:
+            info = await self._store_io(self.store.find, str(folder))
+            await self._store_io(self.store.write_diagnosis, info, diagnosis, timeout=offloop.FS_TIMEOUT_S)
+        except (OSError, KeyError, asyncio.TimeoutError) as e:
+            log.debug("cannot record the diagnosis in %s: %s", folder, e)
 
     async def _second_look(self, folder: Path) -> None:
         """A rank inside backward with Python frames only may wait for its peers' gradients or

@@ -227,7 +227,7 @@ async def _run_command(
         start = fh.tell()
         if launcher:  # the run's own lines of the combined log (no rank prefix): see workers
             watcher = workers.run_watcher(cfg, identity, path, emit=agent.emit, clock=agent.clock)
-            agent.watchers.append(watcher)
+            agent.adopt(watcher)
         else:
             watcher = agent.add_watcher([path], from_end=True)
         try:
@@ -299,7 +299,7 @@ async def _run_command(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(fleet_task, 5.0)
         fleet.check()
-        worker_crashed = await fleet.close(rc)
+        worker_crashed = await fleet.close()
         if not watcher.tail:  # the run's pipeline read none of it (every line had a rank prefix)
             watcher.tail.extend(workers.last_lines(path, start, watcher.tail.maxlen or 50))
     else:

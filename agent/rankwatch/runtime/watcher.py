@@ -102,6 +102,8 @@ class RankWatcher:
         self._held: list[tuple[float, Finding]] = []
         self._stop = asyncio.Event()
         self.replayed: list[Finding] = []  # what the replayed history held, for the alert dispatcher
+        # Told of a clean exit (status 0): rank, last step, wall time. Set by the agent.
+        self.on_clean_exit: Callable[[int | None, int | None, float], None] | None = None
         if replay and from_end and int(cfg.logs.replay) > 0:
             for stream in self.streams:
                 self._replay(stream, int(cfg.logs.replay))
@@ -353,6 +355,10 @@ class RankWatcher:
         if not found:  # a clean end: what it printed was handled
             for _, h in held:
                 self.emit(_still_running(h, None))
+            if exit_code == 0 and signal is None and not requested and self.on_clean_exit is not None:
+                # Not a finding: a rank of many that leaves while its peers go on is the first
+                # failure their hang or crash follows (runtime/diagnose.py judges that).
+                self.on_clean_exit(self.rank, self.engine.state.last_step, event.wall or self.wall())
         return next((f for f in found if f.kind in ("crash", "process_exit")), None)
 
     # --- lifecycle ---------------------------------------------------------------------

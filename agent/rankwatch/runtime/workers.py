@@ -225,6 +225,8 @@ def run_watcher(cfg: Any, identity: Any, log_path: Path, *, emit: Any, clock: An
 # failed worker within its monitor interval, and each worker it stops itself.
 _FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _CLOSING_RE = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")
+# Its failure box at the end: ``exitcode  : -15 (pid: 17341)`` for every failed worker.
+_BOX_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
 _LAUNCHER_LOG_MAX = 4 << 20  # a backlog larger than this is skipped: those fates stay unknown
 MONITOR_INTERVAL_S = 0.1  # torchrun's --monitor-interval default (torch/distributed/run.py)
 
@@ -279,6 +281,9 @@ class LauncherLog:
             m = _FAILED_RE.search(text)
             if m is not None:
                 self.failed[int(m.group(3))] = int(m.group(1))
+            b = _BOX_RE.search(text)
+            if b is not None:
+                self.failed.setdefault(int(b.group(2)), int(b.group(1)))
             c = _CLOSING_RE.search(text)
             if c is not None:
                 with contextlib.suppress(AttributeError):
@@ -292,9 +297,9 @@ class Fleet:
     rank and world size from its own environment, for the life of the run: a restarted worker
     (torchrun's ``--max-restarts``) is an event in it, after the old worker's end is judged.
     The agent is not a worker's parent, so its exit status comes from the launcher: torchrun
-    logs each worker that failed (and each one it stopped) within its monitor interval; a worker
-    that ended with no such line after a few intervals ended cleanly, and so did every worker
-    of a launcher that exits 0.
+    logs each worker that failed (and each one it stopped) within its monitor interval, and
+    lists them again in its failure box: a worker that ended with no such line after a few
+    intervals (or by the launcher's own end) ended cleanly.
     """
 
     def __init__(
@@ -324,6 +329,7 @@ class Fleet:
         self.restarts: dict[int, int] = {}
         self.run_pipeline = run_pipeline  # the run's own lines: a worker's unprefixed traceback
         self.attached_at: dict[int, float] = {}
+        self.crashed: set[int | None] = set()  # ranks whose worker crashed (found held or not)
 
     def _add(self, pid: int, env: dict[str, str]) -> None:
         rank = env_int(env, RANK_VARS)
@@ -353,12 +359,12 @@ class Fleet:
         w.reads = rank
         w.attach(pid)
         self.attached_at[rank] = time.time()
-        self.agent.watchers.append(w)
+        self.agent.adopt(w)
         self.by_rank[rank] = w
         self.tasks.append(asyncio.create_task(w.run(), name=f"rank-{rank}"))
         log.info("launcher worker: rank %d is pid %d", rank, pid)
 
-    def _judge(self, w: Any, *, final: bool = False, launcher_rc: int | None = None) -> bool:
+    def _judge(self, w: Any, *, final: bool = False) -> bool:
         """Report the end of ``w``'s process when its status is known; False while it waits for
         the launcher's word (``final``: no more waiting)."""
         s = w.last_sample
@@ -374,16 +380,19 @@ class Fleet:
                 return True
         if code is None:
             waited = w.clock() - s.time if s is not None else self.grace
-            if launcher_rc == 0 or (not final and waited >= self.grace and launcher_rc is None):
-                code = 0  # the launcher saw it end and said nothing: a clean exit
-            elif not final:
+            if not final and waited < self.grace:
                 return False
-        if code not in (None, 0) and not requested:
+            # The launcher, its parent, saw it end (it logs every failed worker within its monitor
+            # interval, and the ones it stops) and said nothing: a clean exit.
+            code = 0
+        if code != 0 and not requested:
             self._lend_cause(w)
-        if code is not None and code < 0:
-            w.on_exit(None, -code, requested=requested)
+        if code < 0:
+            f = w.on_exit(None, -code, requested=requested)
         else:
-            w.on_exit(code, None, requested=requested)
+            f = w.on_exit(code, None, requested=requested)
+        if f is not None and f.kind == "crash":
+            self.crashed.add(w.rank)
         return True
 
     def _lend_cause(self, w: Any) -> None:
@@ -434,9 +443,8 @@ class Fleet:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 
-    async def close(self, launcher_rc: int | None = None) -> bool:
-        """Every worker's end reported (``launcher_rc``: the launcher's own exit status, which
-        speaks for workers whose end it did not log); True when one of them crashed."""
+    async def close(self) -> bool:
+        """Every worker's end reported, the launcher's last words read; True when one crashed."""
         await self._read_launcher_log()
         for w in self.by_rank.values():
             w.stop()
@@ -446,7 +454,8 @@ class Fleet:
         crashed = False
         for w in self.by_rank.values():
             if not w.exited:
-                self._judge(w, final=True, launcher_rc=launcher_rc)
+                self._judge(w, final=True)
+            crashed = crashed or w.rank in self.crashed
             crashed = crashed or any(f.kind == "crash" and f.rank == w.rank for f in self.agent.findings)
             w.close()
         return crashed
