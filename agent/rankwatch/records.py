@@ -317,6 +317,8 @@ class Finding:
     subject: str | None = None
     # The cross-rank judgement (suspect, first failure, stacks), typed: see Diagnosis.
     diagnosis: Diagnosis | None = None
+    # The job the rank belongs to (the watched process's own run): a node daemon watches many.
+    run: str | None = None
 
     @property
     def key(self) -> tuple[str, int | None, str | None]:

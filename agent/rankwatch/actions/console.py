@@ -35,7 +35,7 @@ class ConsoleSink:
         rank = f.rank if f.rank is not None else self.identity.rank
         try:
             self.stream.write(
-                f"rankwatch: [run={self.identity.run} rank={rank}] {sev} {f.kind}{step}: {f.message}\n"
+                f"rankwatch: [run={f.run or self.identity.run} rank={rank}] {sev} {f.kind}{step}: {f.message}\n"
             )
             self.stream.flush()
         except (OSError, ValueError):
@@ -55,7 +55,7 @@ class JsonlSink:
             **f.to_json(),
             "resolved": f.resolved,
             "time": f.time,
-            "run": self.identity.run,
+            "run": f.run or self.identity.run,
             "node": self.identity.node,
             "evidence": f.evidence,
             "diagnosis": f.diagnosis.to_json() if f.diagnosis is not None else None,

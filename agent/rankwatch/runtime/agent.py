@@ -259,7 +259,7 @@ class Agent:
                     pass
             else:
                 stacks = asyncio.Event()
-                capture = asyncio.ensure_future(self.capture_dumps("stall", on_stacks=stacks.set))
+                capture = asyncio.ensure_future(self.capture_dumps("stall", on_stacks=stacks.set, run=f.run))
                 self._tasks.add(capture)  # runs on (extras) after the finding is out
                 capture.add_done_callback(self._tasks.discard)
                 waiting = asyncio.ensure_future(stacks.wait())
@@ -342,28 +342,28 @@ class Agent:
         return True
 
     # --- dumps -------------------------------------------------------------------------
-    def _joinable(self, reason: str, now: datetime) -> list[IncidentInfo]:
+    def _joinable(self, reason: str, now: datetime, run: str | None = None) -> list[IncidentInfo]:
         """This run's incidents of ``reason`` within the join window, oldest first: every agent
         sorts them the same way, so agents that name one at the same moment agree on it."""
         why = sanitise_reason(reason)
         since = now - timedelta(seconds=JOIN_WINDOW_S)
         found = [
             i
-            for i in self.store.list_incidents(self.identity.run, since=since)  # not older than the window
+            for i in self.store.list_incidents(run or self.identity.run, since=since)  # not older than it
             if i.reason == why and (i.time - now).total_seconds() <= JOIN_WINDOW_S  # nor far ahead (skew)
         ]
         return sorted(found, key=lambda i: (i.time, i.name))
 
-    def _incident(self, reason: str) -> str:
+    def _incident(self, reason: str, run: str | None = None) -> str:
         now = datetime.now(timezone.utc)
         try:
-            if found := self._joinable(reason, now):
+            if found := self._joinable(reason, now, run):
                 return found[0].name
             # Create it now, not when the first dump lands: an agent firing a second later
             # (another UTC second) must find it, or one hang splits into two folders.
             name = incident_name(reason, now)
-            mine = self.store.incident_dir(self.identity.run, name)
-            first = self._joinable(reason, now)[0]
+            mine = self.store.incident_dir(run or self.identity.run, name)
+            first = self._joinable(reason, now, run)[0]
             if first.name != name:  # a peer named one at the same moment: the oldest wins
                 with contextlib.suppress(OSError):
                     mine.rmdir()
@@ -408,15 +408,21 @@ class Agent:
         return found
 
     async def capture_dumps(
-        self, reason: str, incident: str | None = None, on_stacks: Callable[[], None] | None = None
+        self,
+        reason: str,
+        incident: str | None = None,
+        on_stacks: Callable[[], None] | None = None,
+        run: str | None = None,
     ) -> Path | None:
         """py-spy every watched process into one incident folder; never raises. ``on_stacks``
-        is called once the stacks are written, before the slower extras (flight recorder)."""
+        is called once the stacks are written, before the slower extras (flight recorder).
+        ``run``: only that job's processes, into that job's folder (a node daemon watches many
+        jobs and users: one job's hang never dumps another's stacks)."""
         if self._dump_lock.locked():
             return self.last_incident
         async with self._dump_lock:
             try:
-                return await self._capture(reason, incident, on_stacks)
+                return await self._capture(reason, incident, on_stacks, run)
             except Exception:
                 log.exception("dump capture failed")
                 return None
@@ -436,11 +442,16 @@ class Agent:
         )
 
     async def _capture(
-        self, reason: str, incident: str | None = None, on_stacks: Callable[[], None] | None = None
+        self,
+        reason: str,
+        incident: str | None = None,
+        on_stacks: Callable[[], None] | None = None,
+        run: str | None = None,
     ) -> Path | None:
         c = self.cfg.dumps
+        store_run = run or self.identity.run
         if incident is None:
-            incident = await self.dumps_io(self._incident, reason)
+            incident = await self.dumps_io(self._incident, reason, store_run)
         self._joined.add(incident)
         folder: Path | None = None
         captured: list[int | None] = []  # as the findings name the ranks
@@ -449,7 +460,7 @@ class Agent:
         self.last_capture = DumpOutcome("failed")
         for w in self.watchers:
             pids = w.pids()
-            if not pids:
+            if not pids or (run is not None and w.identity.run != run):
                 continue
             rank = w.rank if w.rank is not None else 0
             result = await capture_off_loop(
@@ -463,16 +474,16 @@ class Agent:
                 timeout=c.timeout,
             )
             meta = {
-                "run": self.identity.run,
+                "run": w.identity.run,
+                "user": w.identity.user,
+                "world_size": w.identity.world_size,
                 "node": self.identity.node,
                 "reason": reason,
                 "last_step": w.engine.state.last_step,
                 "local_rank": w.identity.local_rank,
             }
             try:
-                txt = await self.dumps_io(
-                    self.store.write_rank, self.identity.run, incident, rank, result, meta
-                )
+                txt = await self.dumps_io(self.store.write_rank, store_run, incident, rank, result, meta)
             except asyncio.TimeoutError:
                 failures[rank] = f"the dumps folder {self.store.root} does not answer (hung filesystem?)"
                 continue
@@ -517,7 +528,7 @@ class Agent:
                 continue
             for name, data in extras.items():
                 try:
-                    await self.dumps_io(self.store.write_extra, self.identity.run, incident, name, data)
+                    await self.dumps_io(self.store.write_extra, store_run, incident, name, data)
                 except asyncio.TimeoutError:
                     break
                 except OSError as e:

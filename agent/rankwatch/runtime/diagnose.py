@@ -356,7 +356,8 @@ class CrossRank:
     async def _diagnose_stalls(self) -> None:
         await asyncio.sleep(0)  # let stalls of other watchers found in the same pass join
         try:
-            folder = await self.agent.capture_dumps("stall")
+            runs = {f.run for f in self._stalls}  # one job's hang dumps that job's processes only
+            folder = await self.agent.capture_dumps("stall", run=runs.pop() if len(runs) == 1 else None)
             result: Any = None
             own: dict[int | None, Any] = {}
             if folder is not None:

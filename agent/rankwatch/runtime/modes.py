@@ -28,7 +28,7 @@ from rankwatch import offloop
 from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
-from rankwatch.identity import Identity, identity_from_env
+from rankwatch.identity import RANK_VARS, Identity, identity_of_process
 from rankwatch.runtime import workers
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.echo import Echo
@@ -332,10 +332,6 @@ async def _run_command(
     return exit_status(rc)
 
 
-RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-
-
 def _read_process_env(pid: int) -> tuple[dict[str, str], str | None]:
     """The process's environment, and why it could not be read when the reason matters: a
     sidecar or daemon running as another user than the ranks (the chart's UID 10001 next to a
@@ -407,6 +403,20 @@ class _Found:
     problem: str | None
     stdout: Path | None
     prober: ProcessProber
+    user: str | None = None  # the process's owner
+    cgroup: str | None = None  # /proc/<pid>/cgroup: a Kubernetes pod names the run
+
+
+def _owner_and_cgroup(pid: int) -> tuple[str | None, str | None]:
+    import psutil
+
+    user: str | None = None
+    with contextlib.suppress(Exception):
+        user = psutil.Process(pid).username()
+    cgroup: str | None = None
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cgroup", "rb") as fh:
+        cgroup = fh.read(64 * 1024).decode("utf-8", "replace")
+    return user, cgroup
 
 
 def _look(
@@ -419,7 +429,10 @@ def _look(
     if first_only:
         new = new[:1]
     return pids, {
-        p: _Found(*_read_process_env(p), _stdout_file(p), ProcessProber(p, clock=clock)) for p in new
+        p: _Found(
+            *_read_process_env(p), _stdout_file(p), ProcessProber(p, clock=clock), *_owner_and_cgroup(p)
+        )
+        for p in new
     }
 
 
@@ -501,20 +514,12 @@ async def _watch_processes(
     def add_process(pid: int, seen: _Found) -> None:
         env = seen.env
         _note_unreadable(agent, pid, seen.problem)
-        rank = _env_int(env, RANK_VARS)
-        if rank is None and pid in pids and len(pids) > 1:
-            rank = pids.index(pid)  # several --pid without RANK: their order on the command line
-        local = _env_int(env, LOCAL_RANK_VARS)
-        ident = dataclasses.replace(
-            identity,
-            rank=rank if rank is not None else identity.rank,
-            local_rank=local if local is not None else identity.local_rank,
-        )
-        if cfg.run.name is None:
-            # A node daemon watches many jobs: each rank's run is its own job id, not the agent's.
-            own = identity_from_env(cfg.run, env)
-            if own.run != "default":
-                ident = dataclasses.replace(ident, run=own.run)
+        # A node daemon watches many jobs and users: each process's identity (run, rank, local
+        # rank, world size, node, user) is its own, read from its environment and cgroup.
+        ident = identity_of_process(cfg.run, env, identity, user=seen.user, cgroup=seen.cgroup)
+        if _env_int(env, RANK_VARS) is None and pid in pids and len(pids) > 1:
+            # several --pid without RANK: their order on the command line
+            ident = dataclasses.replace(ident, rank=pids.index(pid))
         out = seen.stdout
         w = agent.add_watcher([out] if out is not None else [], ident, from_end=True, replay=True)
         w.attach(pid, seen.prober)
@@ -545,8 +550,23 @@ async def _watch_processes(
             for pid in found:
                 if pid in attached:
                     continue
-                rank = _env_int(seen[pid].env, RANK_VARS)
-                again = next((w for w in watchers if w.exited and w.rank == rank and rank is not None), None)
+                ident = identity_of_process(
+                    cfg.run, seen[pid].env, identity, user=seen[pid].user, cgroup=seen[pid].cgroup
+                )
+                # The same rank of the same job (a restart) goes on in its pipeline; the same rank
+                # number of another job (the next one on the node) is a new pipeline.
+                again = next(
+                    (
+                        w
+                        for w in watchers
+                        if w.exited
+                        and ident.rank is not None
+                        and w.rank == ident.rank
+                        and w.identity.run == ident.run
+                        and w.identity.user == ident.user
+                    ),
+                    None,
+                )
                 if again is not None:
                     again.attach(pid, seen[pid].prober)  # the rank restarted: same state and labels
                 else:

@@ -82,7 +82,7 @@ class RankWatcher:
         self.cfg = cfg
         self.identity = identity
         self.rank = identity.rank
-        self.emit = emit
+        self.emit = self._stamped(emit)
         self.clock = clock
         self.wall = wall
         self.path = str(logs[0]) if logs else None
@@ -107,6 +107,17 @@ class RankWatcher:
         if replay and from_end and int(cfg.logs.replay) > 0:
             for stream in self.streams:
                 self._replay(stream, int(cfg.logs.replay))
+
+    def _stamped(self, emit: Callable[[Finding], None]) -> Callable[[Finding], None]:
+        """Every finding of this pipeline carries its process's run (the alert key, the
+        incident folder and the cross-rank records are the run's)."""
+
+        def stamped(f: Finding) -> None:
+            if f.run is None:
+                f.run = self.identity.run
+            emit(f)
+
+        return stamped
 
     # --- state -------------------------------------------------------------------------
     @property

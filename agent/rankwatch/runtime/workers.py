@@ -27,12 +27,10 @@ from typing import Any
 import psutil
 
 from rankwatch import offloop
+from rankwatch.identity import LOCAL_RANK_VARS, RANK_VARS, WORLD_VARS
 
 log = logging.getLogger("rankwatch.run")
 
-RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 REAP_GRACE_S = 1.0  # between SIGTERM and SIGKILL for what is left of a stopped job
 
 
