@@ -33,10 +33,9 @@ class ConsoleSink:
             sev = f"{_COLOURS[f.severity]}{sev}\x1b[0m"
         step = f" step {f.step}" if f.step is not None else ""
         rank = f.rank if f.rank is not None else self.identity.rank
+        run = f.run or self.identity.run
         try:
-            self.stream.write(
-                f"rankwatch: [run={f.run or self.identity.run} rank={rank}] {sev} {f.kind}{step}: {f.message}\n"
-            )
+            self.stream.write(f"rankwatch: [run={run} rank={rank}] {sev} {f.kind}{step}: {f.message}\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass
