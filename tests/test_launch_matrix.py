@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -203,3 +204,91 @@ def test_plain_torchrun_a_rank_that_leaves_early_is_named(tmp_path: Path) -> Non
     firing = [a for a in c.alerts if a["status"] == "firing"]
     assert firing and all(a["suspect"] == 1 for a in firing), [(a["summary"], a["suspect"]) for a in firing]
     assert all("suspect rank 1" in a["summary"] for a in firing), [a["summary"] for a in firing]
+
+
+# --- the node daemon: `watch --match`, two users' jobs --------------------------------------
+
+
+def _job(out: Path, run: str, tag: str, *, user: int | None, steps: int = 400) -> subprocess.Popen[bytes]:
+    """One single-rank job (rank 0 of its own world), NaN from step 10, its stdout a file as
+    Slurm's --output makes it; as another user with ``setpriv`` when ``user`` is given."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", RW_TEST_TAG=tag, DIST="0", FAULT="nan", FAULT_RANK="0")
+    env.update(FAULT_STEP="10", STEPS=str(steps), STEP_S="0.05", SLURM_JOB_ID=run, RANK="0", WORLD_SIZE="1")
+    env.update(LOCAL_RANK="0", PYTHONUNBUFFERED="1")
+    out.touch()
+    cmd = [sys.executable, str(WORKLOAD), "--node-daemon-test"]
+    if user is not None:
+        os.chown(out, user, user)
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    with open(out, "ab") as fh:
+        return subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.geteuid() != 0, reason="two users' jobs need root for setpriv")
+def test_node_daemon_keeps_two_users_jobs_apart_and_a_new_job_is_a_new_pipeline(tmp_path: Path) -> None:
+    """One `watch --match` on a node running job A (root) and job B (nobody), both rank 0 going
+    NaN at step 10: two nan_loss findings and two alerts, each with its own run and user. Job A
+    ends and job C starts on the same rank numbers: a new pipeline, whose NaN is reported."""
+    srv, got = _receiver()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/hook"
+    tag = uuid.uuid4().hex
+    jobs = tmp_path / "jobs"
+    jobs.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(
+        "stall: {startup_grace: 120s, floor: 30s}\nprocess: {sample_interval: 250ms}\n"
+        f"dumps: {{dir: {tmp_path / 'dumps'}}}\nserver: {{enabled: false}}\ngpu: {{enabled: false}}\n"
+        f"alerts: {{startup_quiet: 0s, group_wait: 1s, spool_dir: {tmp_path / 'spool'}, board_dir: '',"
+        f" webhook: {{urls: ['{url}']}}}}\n"
+    )
+    found = tmp_path / "f.jsonl"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "rankwatch", "watch", "--config", str(cfg), "--match=--node-daemon-test",
+         "--findings-jsonl", str(found)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def nans() -> list[dict[str, Any]]:
+        rows = [json.loads(x) for x in found.read_text().splitlines() if x.strip()] if found.exists() else []
+        return [f for f in rows if f["kind"] == "nan_loss" and not f.get("resolved")]
+
+    def wait(what: str, check: Any, timeout: float = 120.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got_ = check()
+            if got_:
+                return got_
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}: {nans()}")
+
+    try:
+        a = _job(jobs / "a.out", "9001", tag, user=None, steps=60)
+        b = _job(jobs / "b.out", "9002", tag, user=65534)
+        procs += [a, b]
+        wait("NaN of both jobs", lambda: {f["run"] for f in nans()} >= {"9001", "9002"})
+        assert sorted((f["run"], f["rank"], f["step"]) for f in nans()) == [("9001", 0, 10), ("9002", 0, 10)]
+        wait(
+            "two nan_loss alerts", lambda: len({a_["run"] for a_ in got if a_["kind"] == "nan_loss"}) == 2, 30
+        )
+        a.wait(timeout=120)  # job A runs to its end
+        c = _job(jobs / "c.out", "9003", tag, user=None)
+        procs.append(c)
+        wait("NaN of the next job on the same rank", lambda: "9003" in {f["run"] for f in nans()})
+    finally:
+        agent.terminate()
+        try:
+            agent.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.communicate()
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+            p.wait(timeout=10)
+        srv.shutdown()
+    alerts = [a_ for a_ in got if a_["kind"] == "nan_loss" and a_["status"] == "firing"]
+    assert sorted({a_["run"] for a_ in alerts}) == ["9001", "9002", "9003"], [a_["summary"] for a_ in alerts]
+    assert not _job_processes(tag)
