@@ -356,7 +356,8 @@ def test_a_rank_that_exits_cleanly_early_is_the_first_failure_its_peers_name(tmp
         )
     )
     [own] = sent1
-    assert "failed first" not in own.message and own.diagnosis is None
+    assert "failed first" not in own.message  # its own failure: the first one, its own suspect
+    assert own.diagnosis is not None and own.diagnosis.suspect == 1
 
 
 def test_dumps_diff_blames_the_rank_the_incident_recorded(

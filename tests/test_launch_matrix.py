@@ -86,7 +86,7 @@ def _job_processes(tag: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get("RW_TEST_TAG") == tag:
+            if p.environ().get("RW_TEST_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
         except psutil.Error:
             continue
@@ -119,7 +119,11 @@ def run_cell(tmp: Path, launcher: list[str], env: dict[str, str], *, world: int 
         done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=RUN_S)
     finally:
         srv.shutdown()
-        left = _job_processes(tag)
+        # A killed rank's DataLoader worker notices its parent is gone within PyTorch's
+        # MP_STATUS_CHECK_INTERVAL (5 s, torch/utils/data/_utils/__init__.py) and exits on its own.
+        deadline = time.monotonic() + 10.0
+        while (left := _job_processes(tag)) and time.monotonic() < deadline:
+            time.sleep(0.2)
         for p in left:
             p.kill()
     path = tmp / "f.jsonl"
@@ -292,3 +296,54 @@ def test_node_daemon_keeps_two_users_jobs_apart_and_a_new_job_is_a_new_pipeline(
     alerts = [a_ for a_ in got if a_["kind"] == "nan_loss" and a_["status"] == "firing"]
     assert sorted({a_["run"] for a_ in alerts}) == ["9001", "9002", "9003"], [a_["summary"] for a_ in alerts]
     assert not _job_processes(tag)
+
+
+# --- more cells: run -- torchrun (plain and --tee 3) x OOM, SIGKILL, NaN -----------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("form", "fault", "kind"),
+    [
+        ("plain", "oom", "oom"),
+        ("plain", "sigkill", "crash"),
+        ("tee", "oom", "oom"),
+        ("tee", "sigkill", "crash"),
+    ],
+)
+def test_torchrun_a_failing_rank_is_named_by_its_peer(
+    tmp_path: Path, form: str, fault: str, kind: str
+) -> None:
+    """Rank 1 fails at step 8 (a CUDA OOM exception's text, or SIGKILL as the OOM killer sends
+    it): its failure is reported on rank 1 (the launcher's account gives a killed worker its
+    signal), rank 0's gloo error is named after it, every alert's suspect is rank 1, and the agent
+    exits with torchrun's status."""
+    extra = ("--tee", "3") if form == "tee" else ()
+    env = {"FAULT": fault, "FAULT_RANK": "1", "FAULT_STEP": "8", "STEPS": "40"}
+    c = run_cell(tmp_path, torchrun(2, *extra), env)
+    assert c.rc == 1, _debug(c)
+    own = [
+        f for f in c.findings if f["rank"] == 1 and f["kind"] in ("crash", "oom") and not f.get("resolved")
+    ]
+    assert own, _debug(c)
+    text = " ".join(f["message"] for f in own)
+    assert ("CUDA out of memory" in text) if fault == "oom" else ("SIGKILL" in text or "signal 9" in text), (
+        _debug(c)
+    )
+    for f in c.findings:
+        if f["rank"] == 0 and f["kind"] in ("crash", "peer_error") and not f.get("resolved"):
+            assert f["message"].startswith("rank 1 failed first"), _debug(c)
+    firing = [a for a in c.alerts if a["status"] == "firing"]
+    assert firing and all(a["suspect"] == 1 for a in firing), [(a["summary"], a["suspect"]) for a in firing]
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_tee_nan_is_found_on_its_rank(tmp_path: Path) -> None:
+    """With --tee 3 every worker line carries its prefix: the NaN is found on the rank that
+    printed it, at its step."""
+    env = {"FAULT": "nan", "FAULT_RANK": "0", "FAULT_STEP": "12", "STEPS": "20"}
+    c = run_cell(tmp_path, torchrun(2, "--tee", "3"), env)
+    assert c.rc == 0, _debug(c)
+    first = {f["rank"]: f["step"] for f in reversed(c.of("nan_loss"))}
+    assert first.get(0) == 12, _debug(c)
+    assert not c.of("crash") and not [f for f in c.findings if "unknown" in f["message"]], _debug(c)

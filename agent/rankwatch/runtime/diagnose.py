@@ -266,6 +266,8 @@ class CrossRank:
             first = self._record_failure(f.rank, t, consequence, mine)
             if first is not None:
                 self._name_first(f, first)
+            elif not consequence and f.rank is not None:
+                f.diagnosed(suspects=(f.rank,), first_failure=FirstFailure.from_json(mine))
             return False
         self._held(f.rank, failure=True)
         if self._spawn(self._failure(f, t, consequence, mine)) is None:
@@ -296,6 +298,9 @@ class CrossRank:
                 first = await self._wait_first_failure(f.rank, t)
             if first is not None:
                 self._name_first(f, first)
+            elif not consequence and f.rank is not None:
+                # No peer failed before it: this rank is the first failure, its own suspect.
+                f.diagnosed(suspects=(f.rank,), first_failure=FirstFailure.from_json(mine))
         except asyncio.TimeoutError:
             pass  # logged once and counted by offloop
         except Exception:

@@ -255,6 +255,16 @@ class LauncherLog:
         self._rest = b""
         self.failed: dict[int, int] = {}
         self.stopped: dict[int, int] = {}
+        self.boxed: dict[int, int] = {}  # the failure box: the workers it stopped are there too
+
+    def fate(self, pid: int) -> tuple[int | None, int | None]:
+        """(exit status, stop signal the launcher sent): its failure line first, then a stop
+        it logged (the box lists a stopped worker's -15 as a failure), then the box."""
+        if pid in self.failed:
+            return self.failed[pid], None
+        if pid in self.stopped:
+            return None, self.stopped[pid]
+        return self.boxed.get(pid), None
 
     def read(self) -> None:
         """Blocking (the log may be on NFS): run it off the loop."""
@@ -281,7 +291,7 @@ class LauncherLog:
                 self.failed[int(m.group(3))] = int(m.group(1))
             b = _BOX_RE.search(text)
             if b is not None:
-                self.failed.setdefault(int(b.group(2)), int(b.group(1)))
+                self.boxed[int(b.group(2))] = int(b.group(1))
             c = _CLOSING_RE.search(text)
             if c is not None:
                 with contextlib.suppress(AttributeError):
@@ -370,8 +380,7 @@ class Fleet:
         code = s.exit_code if s is not None else None
         requested = bool(self.stop_requested)
         if code is None and pid is not None:
-            code = self.launcher_log.failed.get(pid)
-            stop = self.launcher_log.stopped.get(pid)
+            code, stop = self.launcher_log.fate(pid)
             if code is None and stop is not None:
                 # The launcher stopped it, after another worker failed: not this worker's failure.
                 w.on_exit(None, stop, requested=stop, stopped_by="the launcher sent")
