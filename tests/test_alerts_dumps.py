@@ -104,3 +104,31 @@ def test_outcome_text_is_composed_from_the_data() -> None:
     f.diagnosed(dumps=ok)
     assert dump_link(f) == "/d/inc"
     assert DumpOutcome("failed").text() == "No stacks were captured (no watched process to dump)."
+
+
+def test_a_stall_of_job_a_never_dumps_job_b(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node daemon watches rank 0 of job A (alice) and rank 0 of job B (bob): A's stall takes
+    A's stacks into A's folder; B's process is not dumped (one user's stacks never land in
+    another's incident)."""
+    dumped: list[int] = []
+
+    def capture(pid: int, **kw: Any) -> DumpResult:
+        dumped.append(pid)
+        return _fake_capture(pid, **kw)
+
+    monkeypatch.setattr("rankwatch.runtime.agent.capture", capture)
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    node = Identity(run="default", rank=None, local_rank=None, world_size=None, node="n")
+
+    async def go() -> Path | None:
+        agent = Agent(cfg, node)
+        a = agent.add_watcher([], Identity("job-a", 0, 0, 1, "n", user="alice"))
+        b = agent.add_watcher([], Identity("job-b", 0, 0, 1, "n", user="bob"))
+        a.attach(os.getpid())
+        b.attach(os.getppid())
+        return await agent.capture_dumps("stall", run="job-a")
+
+    folder = asyncio.run(go())
+    assert folder is not None and folder.parent.name == "job-a"
+    assert dumped == [os.getpid()] and os.getppid() not in dumped
+    assert not (tmp_path / "dumps" / "job-b").exists()
