@@ -278,6 +278,27 @@ def test_oom_on_rank_1_is_named_by_every_peer(job_factory: Callable[..., Job], t
         assert "out of memory" in f["message"].lower(), f
 
 
+def test_a_rank_that_leaves_early_is_named_by_every_peer(
+    job_factory: Callable[..., Job], tmp_path: Path
+) -> None:
+    """One agent per rank: rank 2 returns from main with status 0 at step 15 while the others
+    enter the next collective. Rank 2's agent (its parent: status 0 known) records it; every
+    peer's gloo `Connection closed by peer` (or hang) names rank 2, and none is blamed itself."""
+    job = job_factory({"FAULT": "exit", "FAULT_RANK": "2", "FAULT_STEP": "15"})
+
+    def peers_named() -> list[dict[str, Any]] | None:
+        found = [
+            job.first(r, "crash") or job.first(r, "peer_error") or job.first(r, "stall") for r in (0, 1, 3)
+        ]
+        return found if all(found) else None  # type: ignore[return-value]
+
+    peers = job.wait("a crash, peer error or stall finding on every peer", peers_named, START_S)
+    for f in peers:
+        assert "rank 2 failed first: exited with status 0 at step 14" in f["message"], f
+        assert f["diagnosis"]["suspect"] == 2, f
+    assert not job.first(2, "crash"), job.first(2, "crash")
+
+
 def test_straggler_is_named_on_rank_1_only(job_factory: Callable[..., Job], tmp_path: Path) -> None:
     extra = "detectors: {warmup_steps: 5, throughput: {baseline_steps: 10, consecutive: 4}}\n"
     job = job_factory({"FAULT": "slow", "FAULT_RANK": "1", "FAULT_STEP": "40", "SLOW_FACTOR": "4"}, extra)
