@@ -299,6 +299,31 @@ def test_a_rank_that_leaves_early_is_named_by_every_peer(
     assert not job.first(2, "crash"), job.first(2, "crash")
 
 
+def test_a_rank_hung_inside_torch_save_stalls_without_a_false_corrupt(
+    job_factory: Callable[..., Job], tmp_path: Path
+) -> None:
+    """Rank 0 hangs inside torch.save (its writes stop after the first bytes, as on a hung NFS
+    server) with the checkpoint folder watched: the open save is not progress (every rank
+    stalls within seconds, not after the 600 s allowance) and the file its writer still holds
+    open is not called corrupt (corrupt_after shortened to 3 s to show it)."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    extra = f"checkpoints: {{dir: {ckpt}, settle: 1s, corrupt_after: 3s, poll_interval: 500ms}}\n"
+    job = job_factory(
+        {"FAULT": "save_hang", "FAULT_RANK": "0", "FAULT_STEP": "15", "CKPT_DIR": str(ckpt)}, extra
+    )
+    job.wait("rank 0's save to begin", lambda: list(ckpt.glob("ckpt_step15.pt")), START_S)
+    began = time.monotonic()
+    stalls = job.wait("a stall finding on every rank", lambda: job.on_every_rank("stall"), 60)
+    took = time.monotonic() - began
+    latency(tmp_path, "torch_save_hang", took)
+    assert took < 45, took  # one base timeout after the last write (floor 4 s), not 600 s more
+    assert stalls[0]["diagnosis"]["suspects"] == [0], stalls[0]
+    time.sleep(5.0)  # past corrupt_after: the file is still open in its writer
+    for r in range(WORLD):
+        assert not job.first(r, "checkpoint_corrupt"), job.first(r, "checkpoint_corrupt")
+
+
 def test_straggler_is_named_on_rank_1_only(job_factory: Callable[..., Job], tmp_path: Path) -> None:
     extra = "detectors: {warmup_steps: 5, throughput: {baseline_steps: 10, consecutive: 4}}\n"
     job = job_factory({"FAULT": "slow", "FAULT_RANK": "1", "FAULT_STEP": "40", "SLOW_FACTOR": "4"}, extra)

@@ -14,6 +14,8 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   raise        the rank raises a RuntimeError, in the first attempt only (a torchrun restart
                runs on: ``TORCHELASTIC_RESTART_COUNT``);
   exit         the rank returns from ``main`` with exit status 0 while its peers go on;
+  save_hang    the rank saves a checkpoint (``torch.save`` into ``CKPT_DIR``) whose writes
+               stop after the first bytes, as on a hung NFS server: it hangs inside torch.save;
   none         healthy.
 Rank identity comes from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 ``DIST=0`` runs each rank alone (no process group, no DDP): the cheapest real job for what
@@ -23,6 +25,7 @@ after a restart is slow and racy on a busy two-core runner).
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import threading
@@ -105,6 +108,29 @@ def allocate_activations(step: int) -> None:
     )
 
 
+class StuckFile(io.RawIOBase):
+    """A checkpoint file whose disk stops answering after its first write (a hung NFS server)."""
+
+    def __init__(self, path: str) -> None:
+        self.f = open(path, "wb")  # noqa: SIM115 - held open while it hangs
+        self.n = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[no-untyped-def,override]
+        if self.n:
+            threading.Event().wait()
+        self.n += 1
+        self.f.write(b)
+        self.f.flush()
+        return len(b)
+
+
+def save_checkpoint(model: nn.Module, step: int) -> None:
+    torch.save(model.state_dict(), StuckFile(os.path.join(os.environ["CKPT_DIR"], f"ckpt_step{step}.pt")))
+
+
 def sync_metrics() -> None:
     """An extra barrier that only one rank takes: a collective mismatch."""
     dist.barrier()
@@ -135,6 +161,8 @@ def main() -> None:
             x = x * float("nan")
         if faulty and FAULT == "raise" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
             raise RuntimeError(f"rank {rank} hit a bad batch at step {step}")
+        if faulty and FAULT == "save_hang":
+            save_checkpoint(model, step)
         if faulty and FAULT == "exit":
             print(f"rank {rank} leaves early at step {step}", flush=True)
             return
