@@ -379,18 +379,36 @@ def _env_int(env: dict[str, str], names: Sequence[str]) -> int | None:
 
 
 def _leaves(pids: Sequence[int]) -> list[int]:
-    """Drop matches that are ancestors of other matches: `torchrun train.py` and the shell
-    that runs `python train.py` match as well as the rank processes themselves."""
+    """The rank processes among the matches. A launcher above them (`torchrun train.py`, the
+    shell that runs `python train.py`) matches too and is dropped; so is a rank's own forked
+    child that matches with the same RANK (a DataLoader worker has its parent's command line and
+    environment), which would otherwise be a second pipeline on the same stdout."""
     import psutil
 
     found = set(pids)
-    parents: set[int] = set()
+    parents: dict[int, list[int]] = {}
+    ranks: dict[int, int | None] = {}
     for pid in found:
         try:
-            parents.update(p.pid for p in psutil.Process(pid).parents())
+            proc = psutil.Process(pid)
+            parents[pid] = [p.pid for p in proc.parents()]
         except Exception:
             continue
-    return sorted(found - parents)
+        try:
+            ranks[pid] = _env_int(proc.environ(), RANK_VARS)
+        except Exception:
+            ranks[pid] = None
+    keep: list[int] = []
+    for pid in sorted(found):
+        rank = ranks.get(pid)
+        above = [a for a in parents.get(pid, []) if a in found]
+        if rank is not None and any(ranks.get(a) == rank for a in above):
+            continue  # a worker of that rank
+        below = [d for d in found if pid in parents.get(d, [])]
+        if below and not (rank is not None and all(ranks.get(d) == rank for d in below)):
+            continue  # a launcher or shell above the ranks
+        keep.append(pid)
+    return keep
 
 
 @dataclasses.dataclass(frozen=True)
