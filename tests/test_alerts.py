@@ -166,7 +166,9 @@ def test_slack_block_kit_content_and_threaded_resolve(tmp_path: Path) -> None:
             )
             d = AlertDispatcher(cfg, IDENT, sinks=[slack_sink(srv)])
             async with running(d):
-                d.send(stall(dump_path="/dumps/job42/20250101T000000Z_stall"))
+                found = stall()
+                found.diagnosed(incident="/dumps/job42/20250101T000000Z_stall")
+                d.send(found)
                 await until(lambda: len(srv.requests) == 1)
                 d.send(stall(resolved=True))
                 await until(lambda: len(srv.requests) == 2)

@@ -333,6 +333,30 @@ def test_the_stall_alert_names_the_suspect_the_diagnosis_found(tmp_path: Path) -
     assert again.suspect == 2 and again.title == alert.title
 
 
+def test_a_node_daemon_keeps_each_jobs_failures_apart(tmp_path: Path) -> None:
+    """A node daemon watches two jobs: job A's rank 3 killed first is no first failure of job
+    B's rank 0 (its own run's folder holds no record), while job A's rank 0 names it."""
+    agent, _, sent = _agent(tmp_path, 0)
+    dead = _crash(3, "killed by signal 9 (SIGKILL) after step 14. SIGKILL with no traceback ...", 9, 1000.0)
+    dead.run = "jobA"
+    agent.emit(dead)
+    [path] = (tmp_path / "dumps" / "jobA" / ".ranks").glob("failed-r3-*-f.json")
+    assert json.loads(path.read_text())["run"] == "jobA"
+    assert not (tmp_path / "dumps" / "job" / ".ranks").exists()
+    other = _crash(
+        0, f"process exited with code 1 after step 14. Cause (crash): {GLOO_CLOSED}.", None, 1000.4
+    )
+    other.run = "jobB"
+    agent.emit(other)
+    same = _crash(0, f"process exited with code 1 after step 14. Cause (crash): {GLOO_CLOSED}.", None, 1000.5)
+    same.run = "jobA"
+    agent.emit(same)
+    by_run = {f.run: f for f in sent if f.rank == 0}
+    assert "failed first" not in by_run["jobB"].message
+    assert by_run["jobA"].message.startswith("rank 3 failed first: killed by signal 9")
+    assert by_run["jobA"].diagnosis is not None and by_run["jobA"].diagnosis.suspect == 3
+
+
 def test_a_rank_that_exits_cleanly_early_is_the_first_failure_its_peers_name(tmp_path: Path) -> None:
     """Rank 2 returns from main with status 0 while its peers enter the next all-reduce: gloo's
     `Connection closed by peer` on rank 0 is a consequence, named after rank 2's exit. A peer's
