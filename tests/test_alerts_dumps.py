@@ -19,7 +19,7 @@ from rankwatch.config.schema import AlertsConfig, Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.dumps.capture import DumpResult
 from rankwatch.identity import Identity
-from rankwatch.records import Finding, Severity
+from rankwatch.records import MAX_RANKS, MAX_TEXT, Diagnosis, Finding, Severity
 from rankwatch.runtime.agent import Agent
 
 pytestmark = pytest.mark.unit
@@ -104,6 +104,28 @@ def test_outcome_text_is_composed_from_the_data() -> None:
     f.diagnosed(dumps=ok)
     assert dump_link(f) == "/d/inc"
     assert DumpOutcome("failed").text() == "No stacks were captured (no watched process to dump)."
+
+
+def test_a_diagnosis_read_back_from_a_peers_file_is_bounded() -> None:
+    """A board record, the spool or an incident's diagnosis.json may be another user's: what
+    comes back is typed and bounded whatever it held."""
+    doc = {
+        "suspects": [1, "x", True, *range(100_000)],
+        "verdict": "v" * 10_000,
+        "incident": "/d/" + "i" * 100_000,
+        "first_failure": {"rank": 3, "kind": ["odd"], "how": "h" * 10_000, "log": 5, "node": "n" * 1000},
+        "dumps": {"state": "failed", "failed": {str(i): "w" * 10_000 for i in range(70_000)}, "problem": 1},
+        "missing": list(range(100_000)),
+    }
+    d = Diagnosis.from_json(doc)
+    assert d is not None and d.suspects[:2] == (1, 0) and len(d.suspects) <= MAX_RANKS
+    assert len(d.missing) == MAX_RANKS and d.verdict is not None and len(d.verdict) == 64
+    assert d.incident is not None and len(d.incident) == MAX_TEXT
+    ff = d.first_failure
+    assert ff is not None and ff.rank == 3 and ff.kind == "crash" and len(ff.how) == 300
+    assert ff.log is None and ff.node is not None and len(ff.node) == 255
+    assert d.dumps is not None and len(d.dumps.failed) == MAX_RANKS and d.dumps.problem is None
+    assert all(len(w) == MAX_TEXT for w in d.dumps.failed.values())
 
 
 def test_a_stall_of_job_a_never_dumps_job_b(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

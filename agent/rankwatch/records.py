@@ -106,8 +106,20 @@ def _int_or_none(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+# What a diagnosis read back from a peer's file, the spool or an incident may hold: another
+# user can write those, so every text and list is bounded on the way in.
+MAX_RANKS = 65536
+MAX_TEXT = 4096
+
+
 def _ints(v: Any) -> tuple[int, ...]:
-    return tuple(x for x in v if _int_or_none(x) is not None) if isinstance(v, (list, tuple)) else ()
+    if not isinstance(v, (list, tuple)):
+        return ()
+    return tuple(x for x in v[:MAX_RANKS] if _int_or_none(x) is not None)
+
+
+def _text(v: Any, limit: int = MAX_TEXT) -> str | None:
+    return v[:limit] if isinstance(v, str) else None
 
 
 @dataclass(frozen=True)
@@ -190,12 +202,16 @@ class DumpOutcome:
         captured = d.get("captured")
         return cls(
             d["state"],
-            folder if isinstance(folder, str) else None,
-            tuple(_int_or_none(x) for x in captured) if isinstance(captured, list) else (),
-            {int(k): str(v) for k, v in failed.items() if str(k).isdigit()}
+            _text(folder),
+            tuple(_int_or_none(x) for x in captured[:MAX_RANKS]) if isinstance(captured, list) else (),
+            {
+                int(k): str(v)[:MAX_TEXT]
+                for k, v in list(failed.items())[:MAX_RANKS]
+                if str(k).isdigit() and len(str(k)) < 10
+            }
             if isinstance(failed, Mapping)
             else {},
-            problem if isinstance(problem, str) else None,
+            _text(problem),
         )
 
 
@@ -216,13 +232,14 @@ class FirstFailure:
             return None
         t = d.get("time")
         how, log, node = d.get("how"), d.get("log"), d.get("node")
+        kind = d.get("kind")
         return cls(
             _int_or_none(d.get("rank")),
-            str(d.get("kind") or "crash"),
+            kind[:64] if isinstance(kind, str) and kind else "crash",
             float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None,
-            how if isinstance(how, str) else "",
-            log if isinstance(log, str) else None,
-            node if isinstance(node, str) else None,
+            _text(how, 300) or "",
+            _text(log, 1000),
+            _text(node, 255),
         )
 
 
@@ -284,9 +301,9 @@ class Diagnosis:
         verdict, incident = d.get("verdict"), d.get("incident")
         return cls(
             _ints(d.get("suspects")),
-            verdict if isinstance(verdict, str) else None,
+            _text(verdict, 64),
             FirstFailure.from_json(d.get("first_failure")),
-            incident if isinstance(incident, str) else None,
+            _text(incident),
             DumpOutcome.from_json(d.get("dumps")),
             _int_or_none(d.get("world_size")),
             _ints(d.get("missing")),
