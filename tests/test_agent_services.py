@@ -256,6 +256,9 @@ def test_a_runs_first_save_ends_the_checkpoint_allowance(
             self.polls += 1
             return {"last_checkpoint_timestamp_seconds": self.saved}
 
+        def write_age(self) -> float | None:
+            return 0.0 if self.writing else None  # written to just now
+
     cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
     agent = Agent(cfg, IDENT)
     w = agent.add_watcher([])

@@ -21,7 +21,7 @@ from conftest import free_port
 from rankwatch.actions.alerts import AlertDispatcher
 from rankwatch.config.schema import AlertmanagerConfig, AlertsConfig
 from rankwatch.identity import Identity
-from rankwatch.records import Finding, Severity
+from rankwatch.records import Diagnosis, Finding, Severity
 
 BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 pytestmark = [
@@ -135,7 +135,14 @@ def test_alertmanager_receives_fires_and_resolves(tmp_path: Path) -> None:
                     "no progress for 12m; last step 1200; process alive, idle. Usual fix: look at the dumps."
                 )
                 d.send(
-                    Finding("stall", Severity.CRITICAL, 2, msg, step=1200, evidence={"dump_path": "/dumps/x"})
+                    Finding(
+                        "stall",
+                        Severity.CRITICAL,
+                        2,
+                        msg,
+                        step=1200,
+                        diagnosis=Diagnosis(incident="/dumps/x"),
+                    )
                 )
                 fired = await notification("firing")
                 alert = fired["alerts"][0]

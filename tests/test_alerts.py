@@ -31,7 +31,7 @@ from rankwatch.actions.alerts.webhook import WebhookSink
 from rankwatch.actions.dump_outcome import DumpOutcome
 from rankwatch.config.schema import AlertmanagerConfig, AlertsConfig, SlackConfig, WebhookConfig
 from rankwatch.identity import Identity
-from rankwatch.records import Finding, Severity
+from rankwatch.records import Diagnosis, Finding, Severity
 
 IDENT = Identity(run="job42", rank=3, local_rank=3, world_size=8, node="gpu-node-7")
 STALL_MSG = (
@@ -166,7 +166,9 @@ def test_slack_block_kit_content_and_threaded_resolve(tmp_path: Path) -> None:
             )
             d = AlertDispatcher(cfg, IDENT, sinks=[slack_sink(srv)])
             async with running(d):
-                d.send(stall(dump_path="/dumps/job42/20250101T000000Z_stall"))
+                found = stall()
+                found.diagnosed(incident="/dumps/job42/20250101T000000Z_stall")
+                d.send(found)
                 await until(lambda: len(srv.requests) == 1)
                 d.send(stall(resolved=True))
                 await until(lambda: len(srv.requests) == 2)
@@ -901,7 +903,7 @@ def test_suspect_rank_and_rank_list() -> None:
     assert suspect_rank(idle) is None
     idle[3].evidence = {"classification": "busy"}
     assert suspect_rank(idle) == 3
-    assert suspect_rank([AlertMember(0, "m"), AlertMember(1, "m", evidence={"suspect": 5})]) == 5
+    assert suspect_rank([AlertMember(0, "m"), AlertMember(1, "m", diagnosis=Diagnosis(suspects=(5,)))]) == 5
     assert rank_list([0, 1, 2, 3, 5, 7, 8]) == "0-3, 5, 7-8"
 
 

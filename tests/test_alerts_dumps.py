@@ -19,7 +19,7 @@ from rankwatch.config.schema import AlertsConfig, Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.dumps.capture import DumpResult
 from rankwatch.identity import Identity
-from rankwatch.records import Finding, Severity
+from rankwatch.records import MAX_RANKS, MAX_TEXT, Diagnosis, Finding, Severity
 from rankwatch.runtime.agent import Agent
 
 pytestmark = pytest.mark.unit
@@ -64,7 +64,8 @@ def test_node_daemon_stall_alert_links_the_stacks(tmp_path: Path, monkeypatch: p
             folder = await agent.capture_dumps("stall")  # as the cross-rank diagnosis does
             assert folder is not None
             stall = Finding("stall", Severity.CRITICAL, 1, "no progress for 61s on rank 1.", 9)
-            stall.evidence = {"incident": str(folder), "cross_rank": True}  # completed by it
+            stall.evidence = {"cross_rank": True}  # completed by it
+            stall.diagnosed(incident=str(folder))
             agent.emit(stall)
             await until(lambda: len(sink.alerts) == 1)
         finally:
@@ -75,7 +76,8 @@ def test_node_daemon_stall_alert_links_the_stacks(tmp_path: Path, monkeypatch: p
     folder = asyncio.run(go())
     [alert] = sink.alerts
     assert alert.ranks == [1] and alert.dump_path == str(folder)
-    assert alert.members[0].evidence["dumps"]["captured"] == [0, 1]
+    diagnosis = alert.members[0].diagnosis
+    assert diagnosis is not None and diagnosis.dumps is not None and diagnosis.dumps.captured == (0, 1)
 
 
 def test_outcome_text_is_composed_from_the_data() -> None:
@@ -84,20 +86,71 @@ def test_outcome_text_is_composed_from_the_data() -> None:
         "Stacks captured in /d/inc (`rankwatch dumps show`). Failed for rank 1: ptrace denied: Operation "
         "not permitted."
     )
-    assert ok.to_evidence() == {
-        "dumps": {
-            "state": "captured",
-            "folder": "/d/inc",
-            "captured": [0],
-            "failed": {"1": "ptrace denied: Operation not permitted"},
-        },
-        "dump_path": "/d/inc",
+    assert ok.to_json() == {
+        "state": "captured",
+        "folder": "/d/inc",
+        "captured": [0],
+        "failed": {"1": "ptrace denied: Operation not permitted"},
     }
+    assert DumpOutcome.from_json(ok.to_json()) == ok
     failed = DumpOutcome.of_capture("/d/inc", (), {0: "py-spy not found: x"}, "Fix: install py-spy")
     assert (
         failed.text()
         == "Stack dumps failed, no stacks were captured: rank 0: py-spy not found: x. Fix: install py-spy"
     )
-    assert failed.link is None and dump_link(failed.to_evidence()) is None
-    assert dump_link({"dumps": ok.to_evidence()["dumps"]}) == "/d/inc"
+    f = Finding("stall", Severity.CRITICAL, 0, "m")
+    f.diagnosed(dumps=failed)
+    assert failed.link is None and dump_link(f) is None
+    f.diagnosed(dumps=ok)
+    assert dump_link(f) == "/d/inc"
     assert DumpOutcome("failed").text() == "No stacks were captured (no watched process to dump)."
+
+
+def test_a_diagnosis_read_back_from_a_peers_file_is_bounded() -> None:
+    """A board record, the spool or an incident's diagnosis.json may be another user's: what
+    comes back is typed and bounded whatever it held."""
+    doc = {
+        "suspects": [1, "x", True, *range(100_000)],
+        "verdict": "v" * 10_000,
+        "incident": "/d/" + "i" * 100_000,
+        "first_failure": {"rank": 3, "kind": ["odd"], "how": "h" * 10_000, "log": 5, "node": "n" * 1000},
+        "dumps": {"state": "failed", "failed": {str(i): "w" * 10_000 for i in range(70_000)}, "problem": 1},
+        "missing": list(range(100_000)),
+    }
+    d = Diagnosis.from_json(doc)
+    assert d is not None and d.suspects[:2] == (1, 0) and len(d.suspects) <= MAX_RANKS
+    assert len(d.missing) == MAX_RANKS and d.verdict is not None and len(d.verdict) == 64
+    assert d.incident is not None and len(d.incident) == MAX_TEXT
+    ff = d.first_failure
+    assert ff is not None and ff.rank == 3 and ff.kind == "crash" and len(ff.how) == 300
+    assert ff.log is None and ff.node is not None and len(ff.node) == 255
+    assert d.dumps is not None and len(d.dumps.failed) == MAX_RANKS and d.dumps.problem is None
+    assert all(len(w) == MAX_TEXT for w in d.dumps.failed.values())
+
+
+def test_a_stall_of_job_a_never_dumps_job_b(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node daemon watches rank 0 of job A (alice) and rank 0 of job B (bob): A's stall takes
+    A's stacks into A's folder; B's process is not dumped (one user's stacks never land in
+    another's incident)."""
+    dumped: list[int] = []
+
+    def capture(pid: int, **kw: Any) -> DumpResult:
+        dumped.append(pid)
+        return _fake_capture(pid, **kw)
+
+    monkeypatch.setattr("rankwatch.runtime.agent.capture", capture)
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    node = Identity(run="default", rank=None, local_rank=None, world_size=None, node="n")
+
+    async def go() -> Path | None:
+        agent = Agent(cfg, node)
+        a = agent.add_watcher([], Identity("job-a", 0, 0, 1, "n", user="alice"))
+        b = agent.add_watcher([], Identity("job-b", 0, 0, 1, "n", user="bob"))
+        a.attach(os.getpid())
+        b.attach(os.getppid())
+        return await agent.capture_dumps("stall", run="job-a")
+
+    folder = asyncio.run(go())
+    assert folder is not None and folder.parent.name == "job-a"
+    assert dumped == [os.getpid()] and os.getppid() not in dumped
+    assert not (tmp_path / "dumps" / "job-b").exists()

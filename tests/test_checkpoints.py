@@ -28,7 +28,7 @@ from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.catalog import Catalog
 from rankwatch.checkpoints.cli import add_subcommands
 from rankwatch.checkpoints.verify import check_safetensors, check_torch, verify_candidate
-from rankwatch.checkpoints.watcher import CheckpointWatcher
+from rankwatch.checkpoints.watcher import CheckpointWatcher, open_for_writing
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.detectors.checkpoints import (
@@ -1316,3 +1316,30 @@ def test_cli_judges_a_fresh_copy_with_completion_markers_at_once(
     assert statuses(copy / "plain") == {"ckpt.pt": "writing"}  # only settling tells, as before
     # The originals, long settled, read the same.
     assert statuses(src / "hf")["checkpoint-64"] == "good"
+
+
+@pytest.mark.unit
+def test_a_save_its_writer_still_holds_open_is_not_called_corrupt(tmp_path: Path) -> None:
+    """Rank 0 hung inside torch.save: its .pt file has zero bytes and stops changing, but the
+    writer still has it open. That is a save in progress (the hang is the stall's to report),
+    not a corrupt file from a full disk; once closed as it is, it is corrupt."""
+    clock = Clock()
+    cat = Catalog(
+        tmp_path,
+        CheckpointConfig(settle=5.0, corrupt_after=60.0),
+        clock=clock.mono,
+        wall=clock.wall,
+        writers=open_for_writing,
+    )
+    path = tmp_path / "ckpt_step30.pt"
+    with open(path, "wb") as fh:
+        assert open_for_writing(path) and open_for_writing(tmp_path)
+        update(cat)
+        for _ in range(5):
+            clock.advance(61)
+            assert update(cat) == []
+        assert cat.entries[path.name].status == "writing"
+    assert not open_for_writing(path) and fh.closed
+    clock.advance(61)
+    found = update(cat)
+    assert kinds(found) == [("checkpoint_corrupt", "critical", False)]

@@ -200,7 +200,7 @@ def test_dataloader_deadlock_names_rank_2(job_factory: Callable[..., Job], tmp_p
     for r, f in enumerate(stalls):
         assert f["rank"] == r
         assert f"{SUSPECT_2}: in data loading" in f["message"], f
-        assert f["evidence"]["suspects"] == [2], f
+        assert f["diagnosis"]["suspects"] == [2], f
     assert "This rank is in data loading" in stalls[2]["message"]
     assert "read_shard_forever" in stalls[2]["message"]  # its worker's place
     assert "This rank only waits in" in stalls[1]["message"] and "fix rank 2" in stalls[1]["message"]
@@ -208,8 +208,8 @@ def test_dataloader_deadlock_names_rank_2(job_factory: Callable[..., Job], tmp_p
     for r in (1, 3):
         assert stalls[r]["evidence"]["activity"]["certain"] is True, stalls[r]["evidence"]
         assert "(native: c10d)" in stalls[r]["message"]
-    incident = Path(stalls[0]["evidence"]["incident"])
-    assert all(stall["evidence"]["incident"] == str(incident) for stall in stalls)
+    incident = Path(stalls[0]["diagnosis"]["incident"])
+    assert all(stall["diagnosis"]["incident"] == str(incident) for stall in stalls)
     text = dumps_diff(tmp_path, incident.name)
     assert f"{SUSPECT_2}: in data loading" in text, text
     assert "ranks 0,1,3 wait for it" in text and "DDP gradient all-reduce inside loss.backward()" in text
@@ -231,8 +231,8 @@ def test_extra_barrier_is_a_collective_mismatch(job_factory: Callable[..., Job],
         assert mismatch in f["message"], f
         assert "ranks 1-3 in broadcast (DDP buffer broadcast" in f["message"]
         assert "real error" not in f["message"]
-        assert f["evidence"]["verdict"] == "collective_mismatch"
-    text = dumps_diff(tmp_path, Path(stalls[0]["evidence"]["incident"]).name)
+        assert f["diagnosis"]["verdict"] == "collective_mismatch"
+    text = dumps_diff(tmp_path, Path(stalls[0]["diagnosis"]["incident"]).name)
     assert "suspect: rank 0 (collective mismatch" in text and "real error" not in text
 
 
@@ -257,7 +257,7 @@ def test_sigkill_of_rank_3_is_named_by_every_peer(job_factory: Callable[..., Job
     for f in peers:
         assert "rank 3 failed first" in f["message"].lower(), f
         assert "SIGKILL" in f["message"], f
-        named = f["evidence"].get("first_failure", {}).get("rank") == 3
+        named = ((f.get("diagnosis") or {}).get("first_failure") or {}).get("rank") == 3
         assert named or "Rank 3 failed first" in f["message"], f
 
 
@@ -276,6 +276,52 @@ def test_oom_on_rank_1_is_named_by_every_peer(job_factory: Callable[..., Job], t
     for f in peers:
         assert "rank 1 failed first" in f["message"].lower(), f
         assert "out of memory" in f["message"].lower(), f
+
+
+def test_a_rank_that_leaves_early_is_named_by_every_peer(
+    job_factory: Callable[..., Job], tmp_path: Path
+) -> None:
+    """One agent per rank: rank 2 returns from main with status 0 at step 15 while the others
+    enter the next collective. Rank 2's agent (its parent: status 0 known) records it; every
+    peer's gloo `Connection closed by peer` (or hang) names rank 2, and none is blamed itself."""
+    job = job_factory({"FAULT": "exit", "FAULT_RANK": "2", "FAULT_STEP": "15"})
+
+    def peers_named() -> list[dict[str, Any]] | None:
+        found = [
+            job.first(r, "crash") or job.first(r, "peer_error") or job.first(r, "stall") for r in (0, 1, 3)
+        ]
+        return found if all(found) else None  # type: ignore[return-value]
+
+    peers = job.wait("a crash, peer error or stall finding on every peer", peers_named, START_S)
+    for f in peers:
+        assert "rank 2 failed first: exited with status 0 at step 14" in f["message"], f
+        assert f["diagnosis"]["suspect"] == 2, f
+    assert not job.first(2, "crash"), job.first(2, "crash")
+
+
+def test_a_rank_hung_inside_torch_save_stalls_without_a_false_corrupt(
+    job_factory: Callable[..., Job], tmp_path: Path
+) -> None:
+    """Rank 0 hangs inside torch.save (its writes stop after the first bytes, as on a hung NFS
+    server) with the checkpoint folder watched: the open save is not progress (every rank
+    stalls within seconds, not after the 600 s allowance) and the file its writer still holds
+    open is not called corrupt (corrupt_after shortened to 3 s to show it)."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    extra = f"checkpoints: {{dir: {ckpt}, settle: 1s, corrupt_after: 3s, poll_interval: 500ms}}\n"
+    job = job_factory(
+        {"FAULT": "save_hang", "FAULT_RANK": "0", "FAULT_STEP": "15", "CKPT_DIR": str(ckpt)}, extra
+    )
+    job.wait("rank 0's save to begin", lambda: list(ckpt.glob("ckpt_step15.pt")), START_S)
+    began = time.monotonic()
+    stalls = job.wait("a stall finding on every rank", lambda: job.on_every_rank("stall"), 60)
+    took = time.monotonic() - began
+    latency(tmp_path, "torch_save_hang", took)
+    assert took < 45, took  # one base timeout after the last write (floor 4 s), not 600 s more
+    assert stalls[0]["diagnosis"]["suspects"] == [0], stalls[0]
+    time.sleep(5.0)  # past corrupt_after: the file is still open in its writer
+    for r in range(WORLD):
+        assert not job.first(r, "checkpoint_corrupt"), job.first(r, "checkpoint_corrupt")
 
 
 def test_straggler_is_named_on_rank_1_only(job_factory: Callable[..., Job], tmp_path: Path) -> None:
@@ -342,7 +388,7 @@ def test_torchrun_workers_are_ranks_of_their_own(tmp_path: Path) -> None:
         assert sorted(f["rank"] for f in stalls) == [0, 1, 2, 3], stalls  # no stall for rank None
         for f in stalls:
             assert f"{SUSPECT_2}: in data loading" in f["message"], f
-        incident = Path(stalls[0]["evidence"]["incident"])
+        incident = Path(stalls[0]["diagnosis"]["incident"])
         assert sorted(p.name for p in incident.glob("rank-*.txt")) == [f"rank-{r}.txt" for r in range(WORLD)]
         assert f"{SUSPECT_2}: in data loading" in dumps_diff(tmp_path, incident.name)
     finally:

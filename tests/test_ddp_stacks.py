@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from rankwatch.dumps.classify import BLOCKED, COLLECTIVE, COMPUTE, DATA, classify_dump, classify_frames
+from rankwatch.dumps.classify import (
+    BLOCKED,
+    COLLECTIVE,
+    COMPUTE,
+    DATA,
+    classify_dump,
+    classify_frames,
+    describe,
+)
 from rankwatch.dumps.diff import MISMATCH, NOT_IN_COLLECTIVE, diff_incident, format_diff
 
 pytestmark = pytest.mark.unit
@@ -111,7 +119,7 @@ SITE = "/usr/lib/python3.11/site-packages"
     ],
 )
 def test_classify_frames(frames: list[dict[str, Any]], kind: str, op: str | None) -> None:
-    act = classify_frames(frames, active=False)
+    act = classify_frames(frames, active=None)
     assert (act.kind, act.op) == (kind, op), act
 
 
@@ -179,3 +187,70 @@ def test_dumps_diff_prints_the_flight_recorder_verdict(
     assert args.func(args) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["flight_recorder"]["verdict"]["suspects"] == [1]
+
+
+IDLE_DIR = Path(__file__).parent / "data" / "idle_stacks"
+
+
+@pytest.mark.parametrize("name", ["sleep", "sleep_native"])
+def test_a_rank_idle_in_time_sleep_is_not_computing(name: str) -> None:
+    threads = json.loads((IDLE_DIR / f"{name}.json").read_text())
+    act = classify_dump({"pid": threads[0]["pid"], "ok": True, "threads": threads})
+    assert act.kind == BLOCKED, act
+    assert "wait_for_peer" in act.detail and "computing" not in describe(act)
+    if name == "sleep_native":
+        assert act.detail.startswith("sleeping (time.sleep)")
+
+
+C10D = f"{SITE}/torch/distributed/distributed_c10d.py"
+FSDP2 = f"{SITE}/torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py"
+
+
+@pytest.mark.parametrize(
+    ("inner", "op", "detail"),
+    [
+        ("all_gather_single", "all_gather", "FSDP parameter all-gather"),
+        ("reduce_scatter_single", "reduce_scatter", "FSDP gradient reduce-scatter"),
+        ("all_gather_into_tensor", "all_gather", "FSDP parameter all-gather"),
+        ("_reduce_scatter_base", "reduce_scatter", "FSDP gradient reduce-scatter"),
+    ],
+)
+def test_fsdp2_collectives_by_their_c10d_names(inner: str, op: str, detail: str) -> None:
+    """torch 2.13's FSDP2 calls ``dist.all_gather_single``/``reduce_scatter_single`` from
+    ``_fsdp_collectives.py`` (``DefaultAllGather.__call__``): the FSDP wording shows."""
+    frames = [
+        _f(inner, C10D),
+        _f("DefaultAllGather.__call__", FSDP2),
+        _f("forward", "/w/model.py"),
+    ]
+    act = classify_frames(frames, active=False)
+    assert (act.kind, act.op, act.detail, act.certain) == (COLLECTIVE, op, detail, True), act
+    plain = classify_frames([_f("reduce_scatter_tensor_coalesced", C10D), _f("step", "/w/train.py")])
+    assert (plain.op, plain.certain) == ("reduce_scatter", True)
+
+
+def _dump(rank: int, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    thread = {
+        "thread_id": 1,
+        "thread_name": "MainThread",
+        "active": False,
+        "frames": frames,
+        "pid": 100 + rank,
+    }
+    return {"pid": 100 + rank, "ok": True, "threads": [thread]}
+
+
+def test_ranks_waiting_in_different_process_groups_are_two_groups() -> None:
+    """Ranks 0,1 wait in an all-reduce of their tensor-parallel group (train.py:40), ranks 2,3
+    in one of their data-parallel group (train.py:44): two groups with two call sites, not
+    one group showing one of them."""
+
+    def frames(line: int) -> list[dict[str, Any]]:
+        return [_f("all_reduce", C10D, 3000), _f("sync", "/w/train.py", line), _f("main", "/w/train.py", 60)]
+
+    dumps = {r: _dump(r, frames(40 if r < 2 else 44)) for r in range(4)}
+    result = diff_incident(dumps, world_size=4)
+    assert sorted(g.ranks for g in result.groups) == [[0, 1], [2, 3]]
+    text = format_diff(result)
+    assert "train.py:40" in text and "train.py:44" in text, text
+    assert result.verdict != "same_collective"

@@ -77,7 +77,8 @@ def test_a_peers_gloo_failure_names_the_rank_killed_first(tmp_path: Path) -> Non
     [f] = sent0
     assert f.message.startswith("rank 3 failed first: killed by signal 9 (SIGKILL) after step 14 at ")
     assert "0.4s before this rank" in f.message and "(its log: /logs/rank-3.log)" in f.message
-    assert f.evidence["first_failure"]["rank"] == 3
+    assert f.diagnosis is not None and f.diagnosis.first_failure is not None
+    assert f.diagnosis.first_failure.rank == 3 and f.diagnosis.suspect == 3
 
 
 def test_a_peer_failure_that_comes_first_waits_for_the_first_failures_record(
@@ -133,7 +134,7 @@ def test_stall_message_names_the_suspect_and_fits_the_verdict(tmp_path: Path) ->
         assert want in stall.message, stall.message
         assert unwanted not in stall.message, stall.message
         assert "Stacks are being captured" not in stall.message
-        assert stall.evidence["incident"] == str(folder)
+        assert stall.diagnosis is not None and stall.diagnosis.incident == str(folder)
 
 
 def test_stall_after_a_peer_died_names_it(tmp_path: Path) -> None:
@@ -156,7 +157,9 @@ def test_stall_after_a_peer_died_names_it(tmp_path: Path) -> None:
     cross._complete_stall(stall, folder, result, result.activities.get(0), first)
     assert "Rank 2 failed first: killed by signal 9 (SIGKILL) after step 14 at " in stall.message
     assert "read rank 2's log and fix that failure; nothing to fix on this rank" in stall.message
-    assert stall.evidence["suspects"] == [2] and stall.evidence["verdict"] == "first_failure"
+    assert stall.diagnosis is not None
+    assert stall.diagnosis.suspects == (2,) and stall.diagnosis.verdict == "first_failure"
+    assert stall.diagnosis.world_size == 3 and stall.diagnosis.missing == (2,)
     assert "This rank is waiting in" in stall.message
 
 
@@ -235,7 +238,7 @@ def test_a_hung_shared_folder_neither_blocks_the_loop_nor_loses_the_crash(
     assert at_once == []  # held while the folder is asked, off the loop
     assert IO_TIMEOUT * 0.9 <= took < IO_TIMEOUT + 2.0  # out after the store's timeout, not the hang's end
     [f] = sent  # once
-    assert f.kind == "crash" and f.message == message and "first_failure" not in f.evidence
+    assert f.kind == "crash" and f.message == message and f.diagnosis is None
     assert agent.internal_errors_by_component == {"dumps": 1}
     assert offloop.timeouts == {diagnose.RANKS_IO: 1}
     assert sum("a blocking call did not return" in r.getMessage() for r in caplog.records) == 1
@@ -269,7 +272,7 @@ def test_the_failure_records_are_read_and_written_off_the_loops_thread(
     assert threads and loop_thread not in threads
     [f] = sent0
     assert f.message.startswith("rank 3 failed first: killed by signal 9 (SIGKILL) after step 14 at ")
-    assert f.evidence["first_failure"]["rank"] == 3 and f.evidence["cross_rank"]
+    assert f.diagnosis is not None and f.diagnosis.suspect == 3 and f.evidence["cross_rank"]
 
 
 def test_what_a_rank_reports_while_its_failure_is_held_comes_after_it(
@@ -300,3 +303,112 @@ def test_what_a_rank_reports_while_its_failure_is_held_comes_after_it(
     ]
     # The oom asked the folder while the crash's call was still stuck: given up at once.
     assert agent.internal_errors_by_component == {"dumps": 2}
+
+
+def test_the_stall_alert_names_the_suspect_the_diagnosis_found(tmp_path: Path) -> None:
+    """The diagnosis's suspect reaches the alert title, the webhook and Alertmanager payloads, and
+    survives the spool: one typed structure between the layers, not string keys."""
+    from rankwatch.actions.alerts.alertmanager import payload as am_payload
+    from rankwatch.actions.alerts.message import AlertMember, AlertMessage
+    from rankwatch.actions.alerts.webhook import payload as hook_payload
+
+    _, cross, _ = _agent(tmp_path, 1)
+    folder = tmp_path / "loader_hang"
+    shutil.copytree(STACKS / "loader_hang", folder)
+    dumps = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in folder.glob("rank-*.json")}
+    result = diff_incident(dumps, world_size=4)
+    stall = Finding(
+        kind="stall", severity=Severity.CRITICAL, rank=1, message="no progress for 21s. Usual fix: x"
+    )
+    cross._complete_stall(stall, folder, result, result.activities.get(1), None)
+    assert stall.diagnosis is not None and stall.diagnosis.suspect == 2 and stall.diagnosis.world_size == 4
+    member = AlertMember(1, stall.message, diagnosis=stall.diagnosis, starts_at=1.0)
+    alert = AlertMessage("job", "stall", Severity.CRITICAL, "firing", [member], "n", world_size=4)
+    assert alert.title == "stall on rank 1, suspect rank 2"
+    assert hook_payload(alert)["suspect"] == 2
+    assert hook_payload(alert)["diagnosis"]["incident"] == str(folder)
+    [doc] = am_payload(alert, 2.0)
+    assert doc["annotations"]["suspect"] == "2" and "suspect rank 2" in doc["annotations"]["summary"]
+    again = AlertMessage.from_json(json.loads(json.dumps(alert.to_json())))
+    assert again.suspect == 2 and again.title == alert.title
+
+
+def test_a_node_daemon_keeps_each_jobs_failures_apart(tmp_path: Path) -> None:
+    """A node daemon watches two jobs: job A's rank 3 killed first is no first failure of job
+    B's rank 0 (its own run's folder holds no record), while job A's rank 0 names it."""
+    agent, _, sent = _agent(tmp_path, 0)
+    dead = _crash(3, "killed by signal 9 (SIGKILL) after step 14. SIGKILL with no traceback ...", 9, 1000.0)
+    dead.run = "jobA"
+    agent.emit(dead)
+    [path] = (tmp_path / "dumps" / "jobA" / ".ranks").glob("failed-r3-*-f.json")
+    assert json.loads(path.read_text())["run"] == "jobA"
+    assert not (tmp_path / "dumps" / "job" / ".ranks").exists()
+    other = _crash(
+        0, f"process exited with code 1 after step 14. Cause (crash): {GLOO_CLOSED}.", None, 1000.4
+    )
+    other.run = "jobB"
+    agent.emit(other)
+    same = _crash(0, f"process exited with code 1 after step 14. Cause (crash): {GLOO_CLOSED}.", None, 1000.5)
+    same.run = "jobA"
+    agent.emit(same)
+    by_run = {f.run: f for f in sent if f.rank == 0}
+    assert "failed first" not in by_run["jobB"].message
+    assert by_run["jobA"].message.startswith("rank 3 failed first: killed by signal 9")
+    assert by_run["jobA"].diagnosis is not None and by_run["jobA"].diagnosis.suspect == 3
+
+
+def test_a_rank_that_exits_cleanly_early_is_the_first_failure_its_peers_name(tmp_path: Path) -> None:
+    """Rank 2 returns from main with status 0 while its peers enter the next all-reduce: gloo's
+    `Connection closed by peer` on rank 0 is a consequence, named after rank 2's exit. A peer's
+    failure of its own is not blamed on a clean exit."""
+    agent2, _, _ = _agent(tmp_path, 2)
+    agent0, _, sent0 = _agent(tmp_path, 0)
+    agent1, _, sent1 = _agent(tmp_path, 1)
+    agent2.clean_exit(2, 50, 1000.0)
+    [path] = (tmp_path / "dumps" / "job" / ".ranks").glob("failed-r2-*-x.json")  # x: a clean exit
+    record = json.loads(path.read_text())
+    assert record["kind"] == "exit" and not record["consequence"]
+    agent0.emit(_crash(0, f"process exited with code 1. Cause (crash): {GLOO_CLOSED}.", None, 1000.5))
+    [f] = sent0
+    assert f.message.startswith(
+        "rank 2 failed first: exited with status 0 at step 50 while its peers went on"
+    )
+    assert f.diagnosis is not None and f.diagnosis.suspect == 2
+    assert f.diagnosis.first_failure is not None and f.diagnosis.first_failure.kind == "exit"
+    agent1.emit(
+        _crash(
+            1, "process exited with code 1. Cause (oom): torch.OutOfMemoryError: CUDA out of memory", t=1000.6
+        )
+    )
+    [own] = sent1
+    assert "failed first" not in own.message  # its own failure: the first one, its own suspect
+    assert own.diagnosis is not None and own.diagnosis.suspect == 1
+
+
+def test_dumps_diff_blames_the_rank_the_incident_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 2 left the job, so the incident holds stacks of ranks 0, 1 and 3 only. The live
+    diagnosis recorded the world size and the first failure in the incident: `dumps diff`
+    blames rank 2, not the lowest rank whose stack it has."""
+    from rankwatch.cli import main
+    from rankwatch.dumps.store import DumpStore
+
+    _, cross, _ = _agent(tmp_path, 0)
+    folder = tmp_path / "dumps" / "job" / "20261128T020000Z_stall"
+    shutil.copytree(STACKS / "loader_hang", folder)
+    for p in folder.glob("rank-2.*"):
+        p.unlink()
+    dumps = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in folder.glob("rank-*.json")}
+    result = diff_incident(dumps, world_size=4)
+    first = {"rank": 2, "kind": "exit", "time": 1000.0, "how": "exited with status 0 at step 50"}
+    asyncio.run(cross._record_incident(folder, result, first))
+    recorded = DumpStore(tmp_path / "dumps").load_diagnosis(DumpStore(tmp_path / "dumps").find(str(folder)))
+    assert recorded is not None and recorded.world_size == 4 and recorded.missing == (2,)
+    assert main(["dumps", "diff", str(folder), "--dir", str(tmp_path / "dumps")]) == 0
+    out = capsys.readouterr().out
+    assert "rank 2: no dump" not in out or "suspect: rank 2" in out, out
+    assert "suspect: rank 2 (rank 2 failed first: exited with status 0 at step 50)" in out, out
+    assert main(["dumps", "diff", str(folder), "--dir", str(tmp_path / "dumps"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["suspects"] == [2] and doc["world_size"] == 4 and doc["diagnosis"]["suspect"] == 2

@@ -186,7 +186,8 @@ def test_stall_with_ptrace_refused_by_the_kernel_says_no_stacks(tmp_path: Path) 
     assert "Stacks are being captured" not in f.message and "Stacks captured" not in f.message
     assert "no stacks were captured" in f.message and "ptrace denied" in f.message, f.message
     assert "CAP_SYS_PTRACE" in f.message
-    assert f.evidence["dumps"]["state"] == "failed" and "dump_path" not in f.evidence
+    assert f.diagnosis is not None and f.diagnosis.dumps is not None
+    assert f.diagnosis.dumps.state == "failed" and f.diagnosis.dump_link is None
     assert f.time is not None and abs(f.time - time.time()) < 120
 
 
@@ -199,7 +200,8 @@ def test_stall_with_the_dumps_folder_full_says_so(tmp_path: Path) -> None:
         f = _stall(tmp_path, real, dumps)
     assert "Stacks are being captured" not in f.message and "Stacks captured" not in f.message
     assert "no stacks were captured" in f.message and "is full" in f.message, f.message
-    assert f.evidence["dumps"]["state"] == "failed" and "dump_path" not in f.evidence
+    assert f.diagnosis is not None and f.diagnosis.dumps is not None
+    assert f.diagnosis.dumps.state == "failed" and f.diagnosis.dump_link is None
 
 
 @pytest.mark.tool
@@ -208,7 +210,8 @@ def test_stall_with_working_dumps_names_the_folder(tmp_path: Path) -> None:
     assert real, "py-spy is installed in CI"
     f = _stall(tmp_path, real, tmp_path / "dumps")
     assert "Stacks captured in " in f.message and "Stacks are being captured" not in f.message, f.message
-    folder = Path(f.evidence["dump_path"])
+    assert f.diagnosis is not None and f.diagnosis.dump_link is not None
+    folder = Path(f.diagnosis.dump_link)
     assert (folder / "rank-0.txt").exists() and "FAILED" not in (folder / "rank-0.txt").read_text()[:200]
 
 

@@ -249,7 +249,12 @@ def test_stall_finding_says_when_dumps_are_off(tmp_path: Path) -> None:
     agent.emit(Finding("stall", Severity.CRITICAL, 0, msg))
     (f,) = agent.findings
     assert "Stacks are being captured" not in f.message and "Stack dumps are off" in f.message
-    assert f.evidence["dumps"]["state"] == "off" and not (tmp_path / "dumps").exists()
+    assert (
+        f.diagnosis is not None
+        and f.diagnosis.dumps is not None
+        and f.diagnosis.dumps.state == "off"
+        and not (tmp_path / "dumps").exists()
+    )
 
 
 @pytest.mark.process

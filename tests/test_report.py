@@ -29,7 +29,7 @@ from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.dumps.store import DumpStore
 from rankwatch.identity import Identity
-from rankwatch.records import Finding, Severity, StepRecord
+from rankwatch.records import Diagnosis, Finding, FirstFailure, Severity, StepRecord
 from rankwatch.report import build_report, render_html, render_markdown
 from rankwatch.report.escape import h, md
 from rankwatch.report.model import MAX_ROWS, Report
@@ -333,16 +333,17 @@ def test_report_url_template_and_the_slack_verdict_lines() -> None:
     )
     assert url == "https://n1:9478/incidents/2026_stall?run=job1"
     assert render_report_link("https://x/{incident}", "job1", 2, "stall", None, "n1") is None
-    evidence = {
-        "suspects": [2],
-        "verdict": "not_in_collective",
-        "first_failure": {"rank": 3, "how": "killed by <!channel>", "time": 1764079080.0},
-        "incident": "/d/job1/2026_stall",
-    }
-    lines = verdict_lines(evidence)
+    diagnosis = Diagnosis(
+        suspects=(2,),
+        verdict="not_in_collective",
+        first_failure=FirstFailure(rank=3, kind="crash", how="killed by <!channel>", time=1764079080.0),
+        incident="/d/job1/2026_stall",
+    )
+    lines = verdict_lines(diagnosis)
     assert lines[0].startswith("suspect: rank 2: the only rank not waiting")
     assert lines[1].startswith("first failure: rank 3, killed by <!channel> at 2025-11-25T")
-    member = AlertMember(rank=2, message="stall", evidence=evidence, starts_at=1.0)
+    assert verdict_lines(None) == []
+    member = AlertMember(rank=2, message="stall", starts_at=1.0, diagnosis=diagnosis)
     alert = AlertMessage("job1", "stall", Severity.CRITICAL, "firing", [member], "n1", report_url=url)
     blocks = build_blocks(alert)
     text = json.dumps(blocks)

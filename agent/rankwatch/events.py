@@ -84,6 +84,7 @@ class ProcessExit:
     requested: bool | int = False
     disk_full: str | None = None
     wall: float | None = None
+    stopped_by: str = "we forwarded"  # who sent the ``requested`` stop (the launcher, for its workers)
 
 
 # --- progress and activity --------------------------------------------------------------
@@ -118,6 +119,9 @@ class CheckpointStatus:
     writing: bool
     last_saved: float | None = None
     next_due: float | None = None
+    # Seconds before ``now`` that a save in progress last changed on disk: the write is the
+    # progress, not the save being open (a writer hung in torch.save writes nothing more).
+    write_age: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

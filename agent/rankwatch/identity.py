@@ -1,22 +1,30 @@
-"""Who this agent watches: run name, rank, local rank, world size, node.
+"""Who a watched process is: run, rank, local rank, world size, node, user.
 
-Launchers each export their own variables; config wins over all of them so a user can
-always say what the environment cannot.
+Identity belongs to the watched process: a node daemon watching two users' jobs reads each
+one's from that process's own environment (``identity_of_process``); the agent's own is only
+the default for what it launched. Launchers each export their own variables (Slurm,
+torchrun/elastic, accelerate and the DeepSpeed launcher through torchrun's names, Open MPI,
+PMI); Kubernetes names the pod in the process's cgroup. Config wins over all of them so a
+user can always say what the environment cannot. These are the only lists of the variables.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rankwatch.config.schema import RunConfig
 
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-RUN_VARS = ("RANKWATCH_RUN", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+RUN_VARS = ("RANKWATCH_RUN", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "LSB_JOBID", "PBS_JOBID")
+# Kubernetes: .../kubepods[-burstable|-besteffort]/pod<uid>/<container> (cgroup v1 and v2, with
+# "_" for "-" under the systemd driver).
+_POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,7 @@ class Identity:
     world_size: int | None
     node: str
     job_end: float | None = None  # unix time the allocation ends (Slurm time limit)
+    user: str | None = None  # whose process it is (a node daemon watches many users' jobs)
 
     def labels(self) -> dict[str, str]:
         return {
@@ -70,4 +79,38 @@ def identity_from_env(cfg: RunConfig, env: Mapping[str, str] | None = None) -> I
         world_size=cfg.world_size if cfg.world_size is not None else _int(env, WORLD_VARS),
         node=cfg.node or env.get("SLURMD_NODENAME") or socket.gethostname(),
         job_end=cfg.job_end if cfg.job_end is not None else _float(env, ("SLURM_JOB_END_TIME",)),
+    )
+
+
+def pod_of(cgroup: str | None) -> str | None:
+    """The Kubernetes pod UID in a ``/proc/<pid>/cgroup`` text, dashed."""
+    m = _POD_RE.search(cgroup or "")
+    return m.group(1).replace("_", "-") if m else None
+
+
+def identity_of_process(
+    cfg: RunConfig,
+    env: Mapping[str, str],
+    default: Identity,
+    *,
+    user: str | None = None,
+    cgroup: str | None = None,
+) -> Identity:
+    """A watched process's identity from its own environment; what it does not say comes from
+    ``default`` (the agent's). Without a job id of its own, a Kubernetes pod names its run."""
+    # The process's own variables first: the agent's config (its run.rank) is the agent's.
+    own = identity_from_env(RunConfig(name=cfg.name), env)
+    run = own.run
+    if run == "default" and cfg.name is None:
+        pod = pod_of(cgroup)
+        run = f"pod-{pod}" if pod is not None else default.run
+    return replace(
+        default,
+        run=run,
+        rank=own.rank if own.rank is not None else default.rank,
+        local_rank=own.local_rank if own.local_rank is not None else default.local_rank,
+        world_size=own.world_size if own.world_size is not None else default.world_size,
+        node=env.get("SLURMD_NODENAME") or default.node,
+        job_end=own.job_end if own.job_end is not None else default.job_end,
+        user=user if user is not None else default.user,
     )

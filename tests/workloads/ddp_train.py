@@ -10,12 +10,22 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   sigkill      the rank kills itself with SIGKILL (the OOM killer);
   oom          the rank raises torch.OutOfMemoryError (CUDA's text) and exits;
   slow         each step computes ``SLOW_FACTOR`` x longer (a straggler);
+  nan          the rank's inputs become NaN, so its real loss is NaN from then on;
+  raise        the rank raises a RuntimeError, in the first attempt only (a torchrun restart
+               runs on: ``TORCHELASTIC_RESTART_COUNT``);
+  exit         the rank returns from ``main`` with exit status 0 while its peers go on;
+  save_hang    the rank saves a checkpoint (``torch.save`` into ``CKPT_DIR``) whose writes
+               stop after the first bytes, as on a hung NFS server: it hangs inside torch.save;
   none         healthy.
 Rank identity comes from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+``DIST=0`` runs each rank alone (no process group, no DDP): the cheapest real job for what
+is about the launcher and not the collectives (a torchrun restart: gloo's re-rendezvous
+after a restart is slow and racy on a busy two-core runner).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import threading
@@ -98,17 +108,44 @@ def allocate_activations(step: int) -> None:
     )
 
 
+class StuckFile(io.RawIOBase):
+    """A checkpoint file whose disk stops answering after its first write (a hung NFS server)."""
+
+    def __init__(self, path: str) -> None:
+        self.f = open(path, "wb")  # noqa: SIM115 - held open while it hangs
+        self.n = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[no-untyped-def,override]
+        if self.n:
+            threading.Event().wait()
+        self.n += 1
+        self.f.write(b)
+        self.f.flush()
+        return len(b)
+
+
+def save_checkpoint(model: nn.Module, step: int) -> None:
+    torch.save(model.state_dict(), StuckFile(os.path.join(os.environ["CKPT_DIR"], f"ckpt_step{step}.pt")))
+
+
 def sync_metrics() -> None:
     """An extra barrier that only one rank takes: a collective mismatch."""
     dist.barrier()
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    alone = os.environ.get("DIST", "1") == "0"
+    if alone:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    else:
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = DDP(CausalBlock())
+    model: nn.Module = CausalBlock() if alone else DDP(CausalBlock())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(Tokens(rank), batch_size=BATCH, num_workers=1, prefetch_factor=1)
     print(f"rank {rank}/{world} pid {os.getpid()} starting", flush=True)
@@ -120,6 +157,15 @@ def main() -> None:
             allocate_activations(step)
         if faulty and FAULT == "barrier" and step == FAULT_STEP:
             sync_metrics()
+        if faulty and FAULT == "nan":
+            x = x * float("nan")
+        if faulty and FAULT == "raise" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            raise RuntimeError(f"rank {rank} hit a bad batch at step {step}")
+        if faulty and FAULT == "save_hang":
+            save_checkpoint(model, step)
+        if faulty and FAULT == "exit":
+            print(f"rank {rank} leaves early at step {step}", flush=True)
+            return
         slow = SLOW_FACTOR if faulty and FAULT == "slow" else 1.0
         t0 = time.perf_counter()
         loss = train_step(model, opt, x, y, slow)
@@ -127,7 +173,8 @@ def main() -> None:
         print(f"step={step} loss={loss.item():.4f} lr=1e-3 step_time={dt:.4f}", flush=True)
         if step >= STEPS:
             break
-    dist.destroy_process_group()
+    if not alone:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ class ConsoleSink:
             sev = f"{_COLOURS[f.severity]}{sev}\x1b[0m"
         step = f" step {f.step}" if f.step is not None else ""
         rank = f.rank if f.rank is not None else self.identity.rank
+        run = f.run or self.identity.run
         # One line per finding; log text in it is shown, never obeyed (rankwatch.sanitize).
-        text = visible(_where(self.identity.run, rank)) + f"{sev} " + visible(f"{f.kind}{step}: {f.message}")
+        text = visible(_where(run, rank)) + f"{sev} " + visible(f"{f.kind}{step}: {f.message}")
         try:
             self.stream.write(f"rankwatch: {text}\n")
             self.stream.flush()
@@ -65,9 +66,10 @@ class JsonlSink:
             **f.to_json(),
             "resolved": f.resolved,
             "time": f.time,
-            "run": self.identity.run,
+            "run": f.run or self.identity.run,
             "node": self.identity.node,
             "evidence": f.evidence,
+            "diagnosis": f.diagnosis.to_json() if f.diagnosis is not None else None,
         }
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(_strict(doc), allow_nan=False) + "\n")

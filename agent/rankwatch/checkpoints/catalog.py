@@ -130,8 +130,12 @@ class Catalog:
         wall: Callable[[], float] = time.time,
         rank: int | None = None,
         oneshot: bool = False,
+        writers: Callable[[Path], bool] | None = None,
     ) -> None:
         self.root = Path(root)
+        # Is a file of this save still open for writing by a process (a writer hung inside
+        # torch.save)? Then a failing check is a save in progress, not a corrupt file.
+        self.writers = writers
         self.cfg = cfg or CheckpointConfig()
         self.clock = clock
         self.wall = wall
@@ -181,13 +185,21 @@ class Catalog:
 
     def writing(self) -> bool:
         """A save looks in progress: something unjudged changed within ``incomplete_after``."""
+        return self.write_age() is not None
+
+    def write_age(self) -> float | None:
+        """Seconds since the last byte of an unjudged save changed (None: no save in progress).
+        The stall detector counts the write itself as progress, not the save being open: a
+        writer hung inside ``torch.save`` writes nothing more."""
         now = self.clock()
         limit = float(self.cfg.incomplete_after)
         with self.lock:
-            return any(
-                e.status == WRITING and not e.removing and now - e.last_change < limit
+            ages = [
+                now - e.last_change
                 for e in self.entries.values()
-            )
+                if e.status == WRITING and not e.removing and now - e.last_change < limit
+            ]
+        return max(0.0, min(ages)) if ages else None
 
     def next_size(self) -> int | None:
         """What the next save will need: the larger of the last two complete checkpoints."""
@@ -249,18 +261,26 @@ class Catalog:
             self.updates += 1
             todo = self._reconcile(scan, initial, findings)
         results: list[tuple[Entry, L.Candidate, Verdict | None, str | None]] = []
+        still_open: set[str] = set()
         for e, c in todo:
             try:
-                results.append((e, c, verify_candidate(c, deep=self.cfg.deep), None))
+                v = verify_candidate(c, deep=self.cfg.deep)
+                results.append((e, c, v, None))
             except FileNotFoundError:
                 continue  # changed under us: the next scan sees it
             except OSError as exc:
+                v = None
                 results.append((e, c, None, f"unreadable ({exc.strerror or exc})"))
+            if (v is None or not v.ok) and not self.oneshot and self._open_for_writing(c.path):
+                still_open.add(e.name)
         rehash = self._due_rehash()
         rehashed = [(e, self._safe_hash(e)) for e in rehash]
         with self.lock:
             for e, c, verdict, error in results:
                 if self.entries.get(e.name) is e and e.sig == c.signature():
+                    if e.name in still_open:
+                        e.failed_sig = e.sig  # its writer still holds it open: not judged yet
+                        continue
                     self._apply(e, verdict, error, findings)
                     if verdict is not None:
                         self._gather(verdict.history)
@@ -314,6 +334,15 @@ class Catalog:
                 self._deleted(self.entries.pop(name))
         self.pointers = list(scan.pointers)
         return self._due(now, findings)
+
+    def _open_for_writing(self, path: Path) -> bool:
+        if self.writers is None:
+            return False
+        try:
+            return self.writers(path)
+        except Exception:
+            log.debug("cannot tell whether %s is open for writing", path, exc_info=True)
+            return False
 
     def _deleted(self, e: Entry) -> None:
         if e.staging:

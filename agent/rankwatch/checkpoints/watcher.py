@@ -38,6 +38,26 @@ STUCK_WARN_S = 120.0
 MIN_GAP_S = 1.0
 
 
+def open_for_writing(path: Path) -> bool:
+    """True when a process on this node holds ``path`` (or a file under it) open for writing:
+    a save still in progress, however long its writer has been silent. Processes the agent
+    may not inspect are skipped (so another node's writer is not seen)."""
+    import psutil
+
+    target = os.path.realpath(path)
+    inside = target.rstrip("/") + "/"
+    for proc in psutil.process_iter():
+        try:
+            files = proc.open_files()
+        except (psutil.Error, OSError):
+            continue
+        for f in files:
+            mode = getattr(f, "mode", "") or ""
+            if (f.path == target or f.path.startswith(inside)) and any(m in mode for m in "wa+"):
+                return True
+    return False
+
+
 class _Events:
     """A watchdog observer whose only job is to wake the loop.
 
@@ -156,6 +176,7 @@ class CheckpointWatcher:
         statvfs: Callable[[str], os.statvfs_result] | None = None,
         on_records: Callable[[list[StepRecord | EvalRecord]], None] | None = None,
         on_scan: Callable[[CheckpointScan], None] | None = None,
+        writers: Callable[[Path], bool] | None = open_for_writing,
     ) -> None:
         self.root = Path(dir)
         self.cfg = cfg or CheckpointConfig()
@@ -168,7 +189,7 @@ class CheckpointWatcher:
         self.on_scan = on_scan
         self.last_scan: CheckpointScan | None = None  # from the last tick, for on_scan
         self.history: list[StepRecord | EvalRecord] = []  # from the last tick, for on_records
-        self.catalog = Catalog(self.root, self.cfg, clock=clock, wall=wall, rank=rank)
+        self.catalog = Catalog(self.root, self.cfg, clock=clock, wall=wall, rank=rank, writers=writers)
         self.started = wall()
         self.fs_free: int | None = None
         self.fs_total: int | None = None
@@ -188,6 +209,9 @@ class CheckpointWatcher:
     @property
     def writing(self) -> bool:
         return self.catalog.writing()
+
+    def write_age(self) -> float | None:
+        return self.catalog.write_age()
 
     def last_good(self) -> Entry | None:
         return self.catalog.last_good()

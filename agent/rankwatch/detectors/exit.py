@@ -52,7 +52,7 @@ class ExitDetector(Detector):
             interrupted = cause is not None and _interrupt(cause.summary)
             if cause is None or interrupted or cause.severity < Severity.CRITICAL:
                 how = (
-                    f"{_signame(requested)} we forwarded"
+                    f"{_signame(requested)} {e.stopped_by}"
                     if requested is not True
                     else "forwarded stop signal"
                 )
@@ -73,7 +73,7 @@ class ExitDetector(Detector):
             crash.time = crash.time or e.wall
             if requested:
                 crash.severity = Severity.WARNING
-                crash.message = f"after the stop signal we forwarded: {crash.message}"
+                crash.message = f"after the stop signal {e.stopped_by}: {crash.message}"
         return crash
 
     def _exit(self, state: RankState, message: str, wall: float | None) -> Finding:
@@ -96,5 +96,6 @@ def _signame(sig: int | bool) -> str:
 
 
 def _interrupt(summary: str) -> bool:
-    """The traceback a stop signal itself prints (Python's default SIGINT handler, sys.exit)."""
-    return "KeyboardInterrupt" in summary or "SystemExit" in summary
+    """The traceback a stop signal itself prints (Python's default SIGINT handler, sys.exit,
+    torchelastic's handler: ``SignalException: Process N got signal: 15``)."""
+    return "KeyboardInterrupt" in summary or "SystemExit" in summary or "SignalException" in summary

@@ -119,7 +119,11 @@ class StallDetector(Detector):
         if not self.checkpoint_primed:
             self.checkpoint_primed, self.checkpoint_saved = e.scans > 0, e.last_saved
         elif e.writing:
-            self.on_activity(e.now, "checkpoint_writing")  # a save finished meanwhile is seen next time
+            # The last byte written is the sign of life, not the save being open: a save whose
+            # writer hangs stops counting once its files stop changing.
+            wrote = e.now - e.write_age if e.write_age is not None else e.now
+            if self.last_checkpoint is None or wrote > self.last_checkpoint:
+                self.on_activity(wrote, "checkpoint_writing")  # a finished save is seen next time
         elif e.last_saved is not None and e.last_saved != self.checkpoint_saved:
             self.checkpoint_saved = e.last_saved
             self.on_activity(e.now, "checkpoint")
@@ -162,9 +166,13 @@ class StallDetector(Detector):
         return self.steps_seen > 0 or self.state_has_steps
 
     def _checkpoint_extra(self) -> float:
+        """The allowance holds while the save writes: once its files have not changed for a
+        whole base timeout, the writer is as stuck as a rank with no step line."""
         a = float(self.cfg.checkpoint_allowance)
         lc = self.last_checkpoint
-        return a if lc is not None and 0 <= self.now - lc <= a else 0.0
+        if lc is None or not 0 <= self.now - lc <= a:
+            return 0.0
+        return a if self.now - lc <= self._base_timeout()[0] else 0.0
 
     def _base_timeout(self) -> tuple[float, str]:
         floor, grace = float(self.cfg.floor), float(self.cfg.startup_grace)

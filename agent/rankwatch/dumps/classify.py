@@ -84,7 +84,26 @@ _C10D_OPS = {
     "wait": "wait",
     "wait_tensor": "wait",
     "batch_isend_irecv": "send/recv",
+    "send_object_list": "send",
+    "recv_object_list": "recv",
+    "_store_based_barrier": "barrier",
 }
+# c10d's variants of one op (torch 2.13's distributed_c10d.py and _functional_collectives.py:
+# ``all_gather_single`` that FSDP2 calls, ``reduce_scatter_tensor_coalesced``, the autograd
+# and in-place forms): the op is what is left without these affixes.
+_VARIANT_RE = re.compile(r"^_+|(_single|_into_tensor|_tensor|_coalesced|_base|_autograd|_inplace)+$")
+
+
+def c10d_op(name: str) -> str | None:
+    """The op a c10d entry point is, whatever its variant; None when it is no collective."""
+    if name in _C10D_OPS:
+        return _C10D_OPS[name]
+    base = name
+    for _ in range(3):
+        base = _VARIANT_RE.sub("", base)
+    return _C10D_OPS.get(base)
+
+
 # DDP's own collectives (torch/nn/parallel/distributed.py).
 _DDP_BUFFERS = frozenset(
     {
@@ -106,6 +125,7 @@ _NATIVE_COMM_RE = re.compile(r"c10d::|Reducer::|ProcessGroup|gloo::|nccl|ncclGro
 _IDLE_FILES = frozenset(
     {"threading.py", "queue.py", "selectors.py", "connection.py", "queues.py", "synchronize.py", "socket.py"}
 )
+_SLEEP_RE = re.compile(r"^(time_sleep|clock_nanosleep|nanosleep|__nanosleep|usleep|select)$")
 _HELPER_LOOPS = frozenset({"_worker_loop", "_pin_memory_loop"})
 _LAUNCHER_RE = re.compile(
     r"torch[/\\]distributed[/\\](elastic|run\.py)|deepspeed[/\\]launcher|accelerate[/\\]commands"
@@ -179,8 +199,13 @@ def _collective(frames: list[Frame], i: int) -> tuple[str, str, bool] | None:
             return "all_gather", "FSDP parameter all-gather", True
         if "reduce_scatter" in low or "reduce_grad" in low or "foreach_reduce" in low:
             return "reduce_scatter", "FSDP gradient reduce-scatter", True
-    if _C10D_RE.search(path) and name in _C10D_OPS:
-        op = _C10D_OPS[name]
+    op = c10d_op(name) if _C10D_RE.search(path) else None
+    if op is not None:
+        if any(_FSDP_RE.search(_file(g)) for g in frames[i + 1 :]):  # FSDP called it
+            if op == "all_gather":
+                return op, "FSDP parameter all-gather", True
+            if op == "reduce_scatter":
+                return op, "FSDP gradient reduce-scatter", True
         return op, ("an async collective's Work.wait()" if op == "wait" else ""), True
     first_python = next((j for j, g in enumerate(frames) if _is_python(g)), i)
     if name in _BACKWARD and _AUTOGRAD_RE.search(path) and (name != "backward" or i == first_python):
@@ -250,6 +275,12 @@ def classify_frames(frames: list[Frame], *, active: bool | None = None) -> Activ
     if basename(_file(top)) in _IDLE_FILES and not active:
         # A wait of the training code's own (an Event, a lock, a queue): named where it was called.
         return Activity(BLOCKED, None, f"in {top.get('name')}", site or label(top), site)
+    if active is False:
+        # py-spy saw the thread idle (off CPU) in Python code of its own: a sleep or a blocking
+        # C call (time.sleep, a socket or lock wait), not computing.
+        native = [str(g.get("name") or "") for g in frames[:first]]
+        how = "sleeping (time.sleep)" if any(_SLEEP_RE.search(n) for n in native) else "idle off CPU"
+        return Activity(BLOCKED, None, f"{how} in {top.get('name')}", label(top), site)
     where = frames[user] if user is not None else top
     return Activity(COMPUTE, None, f"running {where.get('name')}", label(where), site)
 
@@ -313,7 +344,8 @@ def _worker_place(dump: dict[str, Any]) -> str | None:
 def classify_dump(dump: dict[str, Any]) -> Activity:
     """Classify one rank's dump (the JSON document of ``rank-<r>.json``)."""
     main = main_thread(dump)
-    act = classify_frames(_frames(main), active=bool((main or {}).get("active")))
+    active = (main or {}).get("active")
+    act = classify_frames(_frames(main), active=active if isinstance(active, bool) else None)
     if act.kind == DATA:
         worker = _worker_place(dump)
         if worker:

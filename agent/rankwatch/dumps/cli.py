@@ -144,13 +144,23 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if not info.ranks:
         print(f"rankwatch dumps: incident {info.name} holds no rank dumps", file=sys.stderr)
         return 1
-    result = diff_incident({r: store.load_rank(info, r) for r in info.ranks})
+    # The live agents recorded the world size (ranks that never wrote a stack are suspects too)
+    # and a rank that failed first (one that left the job has no stack to show).
+    recorded = store.load_diagnosis(info)
+    world = recorded.world_size if recorded is not None else None
+    result = diff_incident({r: store.load_rank(info, r) for r in info.ranks}, world_size=world)
+    first = recorded.first_failure if recorded is not None else None
+    if first is not None and first.rank is not None:
+        result.suspects = [first.rank]
+        result.reason = f"rank {first.rank} failed first: {first.how or first.kind}"
+        result.verdict = "first_failure"
     from rankwatch.dumps import flight  # here: the agent builds this parser at every start
 
     traces = flight.load_folder(info.path)  # PyTorch's flight recorder, where it was collected
     fr = flight.analyze(traces) if traces else None
     if args.json:
         doc = {"incident": info.name, "run": info.run, **result.to_dict()}
+        doc["diagnosis"] = result.diagnosis(str(info.path)).but(first_failure=first).to_json()
         if traces:
             doc["flight_recorder"] = {"ranks": sorted(traces), "verdict": fr.to_dict() if fr else None}
         print(json.dumps(doc, indent=2))

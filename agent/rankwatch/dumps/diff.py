@@ -9,7 +9,10 @@ waits, but not in the same collective, the ranks disagree on what comes next: a 
 mismatch, reported with each side's call site.
 
 Stacks are grouped by (function, file) so line numbers and native addresses, which differ
-between builds, do not split groups.
+between builds of a library, do not split groups; the innermost frame of the training code
+(the call site) keeps its line, since every rank runs the same code: ranks waiting in
+all-reduces of different process groups, called from two lines of one function, are two
+groups with two call sites.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from rankwatch.dumps.classify import (
     main_thread,
 )
 from rankwatch.dumps.show import basename, is_training_frame
+from rankwatch.records import Diagnosis
 
 _ADDR_RE = re.compile(r"0x[0-9a-fA-F]+")
 # Thin wrappers that say nothing about where a rank is.
@@ -76,9 +80,23 @@ class DiffResult:
     reason: str
     verdict: str = UNCLEAR
     activities: dict[int, Activity] = field(default_factory=dict)
+    world_size: int | None = None
+    missing: list[int] = field(default_factory=list)  # ranks of the world with no usable stack
+
+    def diagnosis(self, incident: str | None = None) -> Diagnosis:
+        """The judgement as the typed data every face reads (the alert, the page, the CLI)."""
+        return Diagnosis(
+            suspects=tuple(self.suspects),
+            verdict=self.verdict,
+            incident=incident,
+            world_size=self.world_size,
+            missing=tuple(self.missing),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "world_size": self.world_size,
+            "missing": self.missing,
             "groups": [asdict(g) | {"signature": [list(s) for s in g.signature]} for g in self.groups],
             "failed": {str(k): v for k, v in self.failed.items()},
             "suspects": self.suspects,
@@ -102,12 +120,14 @@ def main_stack(dump: dict[str, Any]) -> list[Frame]:
 
 
 def signature(frames: list[Frame]) -> tuple[tuple[str, str], ...]:
+    site = next((i for i, f in enumerate(frames) if is_training_frame(f)), None)
     return tuple(
         (
             _ADDR_RE.sub("0x?", str(f.get("name") or "?")),
-            basename(f.get("filename") or f.get("short_filename")),
+            basename(f.get("filename") or f.get("short_filename"))
+            + (f":{f.get('line')}" if i == site and f.get("line") else ""),
         )
-        for f in frames
+        for i, f in enumerate(frames)
     )
 
 
@@ -192,9 +212,11 @@ def judge(
                 "may be the one that never arrived",
                 MISSING,
             )
-        by_op: dict[tuple[str | None, str], list[int]] = {}
+        # Ranks in one collective from different call sites wait in different collectives
+        # (another process group, another step): not one group.
+        by_op: dict[tuple[str | None, str, str | None], list[int]] = {}
         for r in waiting:
-            by_op.setdefault((acts[r].op, acts[r].detail), []).append(r)
+            by_op.setdefault((acts[r].op, acts[r].detail, acts[r].call_site), []).append(r)
         if len(by_op) == 1:
             return (
                 [],
@@ -266,7 +288,9 @@ def diff_incident(ranks: dict[int, dict[str, Any]], world_size: int | None = Non
             reason = "no clear odd one out"
     elif verdict == UNCLEAR and groups and sum(len(g.ranks) for g in groups) > 1:
         reason = "all ranks share one stack: the cause is likely outside the dumped ranks"
-    return DiffResult(groups, failed, suspects, reason, verdict, acts)
+    never = {r for r in range(world_size) if r not in ranks} if world_size else set()
+    missing = sorted(set(failed) | never)
+    return DiffResult(groups, failed, suspects, reason, verdict, acts, world_size, missing)
 
 
 def format_diff(result: DiffResult) -> str:

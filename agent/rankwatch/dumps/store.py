@@ -25,6 +25,7 @@ from typing import Any
 
 from rankwatch import safeio
 from rankwatch.dumps.capture import DumpResult
+from rankwatch.records import Diagnosis
 from rankwatch.sanitize import visible, visible_lines
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ _INCIDENT_RE = re.compile(r"^(\d{8}T\d{6}Z)_([a-z0-9_-]+)$")
 _RANK_FILE_RE = re.compile(r"^rank-(\d+)\.(txt|json)$")
 _ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 DUMP_FORMAT = 1
+DIAGNOSIS_FILE = "diagnosis.json"
 
 
 def _sanitise(text: str, allowed: str, *, lower: bool, default: str) -> str:
@@ -178,6 +180,23 @@ class DumpStore:
         finally:
             os.close(dir_fd)
         return self.root.joinpath(*parts, safe)
+
+    def write_diagnosis(self, info: IncidentInfo, diagnosis: Diagnosis) -> Path:
+        """The live agents' judgement of the incident (world size, ranks without a stack, the
+        first failure), so `dumps diff` later blames the rank they blamed."""
+        return self.write_extra(
+            info.run, info.name, DIAGNOSIS_FILE, json.dumps(diagnosis.to_json(), indent=1)
+        )
+
+    def load_diagnosis(self, info: IncidentInfo) -> Diagnosis | None:
+        """The recorded judgement; None when there is none or it cannot be believed."""
+        try:
+            raw = self.read_file(info, DIAGNOSIS_FILE)
+            if len(raw) > 1 << 20:
+                return None
+            return Diagnosis.from_json(json.loads(raw.decode(errors="replace")))
+        except (OSError, ValueError, safeio.Refused):
+            return None
 
     def _info(
         self, run: str, name: str, folder_fd: int, path: Path, parts: tuple[str, ...]

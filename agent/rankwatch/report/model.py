@@ -43,9 +43,9 @@ LOG_TAIL_LINES = 40
 FINDINGS_SHOWN = 200
 MAX_FAILURE_RECORDS = 4096
 _ADDR_RE = re.compile(r"0x[0-9a-fA-F]+")
-# A failure record as the agents write it (runtime/diagnose.py: ``failed-r<r>-<us>-<f|c>``),
+# A failure record as the agents write it (runtime/diagnose.py: ``failed-r<r>-<us>-<f|c|x>``),
 # or as agents before that wrote it (``failed-<r>``, kept by incidents already on disk).
-_RECORD_RE = re.compile(r"^failed-(?:\d+|r\d{1,9}-\d{1,20}-[fc])\.json$")
+_RECORD_RE = re.compile(r"^failed-(?:\d+|r\d{1,9}-\d{1,20}-[fcx])\.json$")
 _EXTRA_RE = re.compile(r"^(flight-recorder-rank-(\d+)(?:\.pkl|\.json)?|extras-rank-(\d+)\.txt)$")
 RECORD_MAX_BYTES = 64 << 10
 

@@ -106,7 +106,7 @@ def with_outcome(f: Finding, outcome: DumpOutcome) -> None:
     text = outcome.text()
     if text:
         f.message = f"{f.message} {text}"
-    f.evidence = {**f.evidence, **outcome.to_evidence()}
+    f.diagnosed(dumps=outcome)
 
 
 class Sink(Protocol):
@@ -146,6 +146,9 @@ class Agent:
         # Take a finding now and emit it completed later (runtime/diagnose.py: a stall waits for
         # its peers' stacks); a held finding comes back with evidence["cross_rank"] set.
         self.holds: list[Callable[[Finding], bool]] = []
+        # Told when a watched rank exits cleanly (rank, last step, wall): see RankWatcher.
+        # Told of a rank's clean exit: rank, last step, wall time, the process's run.
+        self.exit_hooks: list[Callable[[int | None, int | None, float, str | None], None]] = []
         self.dumps_captured = 0
         self.dumps_failed: dict[str, int] = {}  # by DumpResult.error: a small fixed vocabulary
         # Set by the GPU service: () -> ({rank: [GpuSample]}, sampler up); read by the status page.
@@ -184,8 +187,23 @@ class Agent:
             from_end=from_end,
             replay=replay,
         )
-        self.watchers.append(w)
+        self.adopt(w)
         return w
+
+    def adopt(self, w: RankWatcher) -> None:
+        """A watcher made elsewhere (a launcher's worker, the run's own pipeline) joins the agent."""
+        w.on_clean_exit = lambda rank, step, wall: self.clean_exit(rank, step, wall, w.identity.run)
+        if w not in self.watchers:
+            self.watchers.append(w)
+
+    def clean_exit(self, rank: int | None, step: int | None, wall: float, run: str | None = None) -> None:
+        for hook in self.exit_hooks:
+            try:
+                hook(rank, step, wall, run)
+            except Exception:
+                errs = self.internal_errors_by_component
+                errs["hold"] = errs.get("hold", 0) + 1
+                log.exception("an exit hook failed")
 
     def snapshot(self) -> AgentSnapshot:
         """What the exporter and the server show, now (built on the loop: runtime/faces.py)."""
@@ -206,13 +224,13 @@ class Agent:
         if f.kind == "stall" and not f.resolved and not self.cfg.dumps.on_stall:
             # Say so, so nobody goes looking for stacks that were never taken.
             with_outcome(f, DumpOutcome("off"))
-        elif f.kind == "stall" and not f.resolved and "incident" in f.evidence:
+        elif f.kind == "stall" and not f.resolved and f.diagnosis is not None:
             # Completed by the cross-rank diagnosis (runtime/diagnose.py), which took the stacks and
             # names them in its own words: the outcome goes with it as data (the alert's link to
             # the stacks), and in words only if they did not come.
             outcome = self._outcome()
             if outcome.state == "captured":
-                f.evidence = {**f.evidence, **outcome.to_evidence()}
+                f.diagnosed(dumps=outcome)
             else:
                 with_outcome(f, outcome)
         elif f.kind == "stall" and not f.resolved:
@@ -257,7 +275,7 @@ class Agent:
                     pass
             else:
                 stacks = asyncio.Event()
-                capture = asyncio.ensure_future(self.capture_dumps("stall", on_stacks=stacks.set))
+                capture = asyncio.ensure_future(self.capture_dumps("stall", on_stacks=stacks.set, run=f.run))
                 self._tasks.add(capture)  # runs on (extras) after the finding is out
                 capture.add_done_callback(self._tasks.discard)
                 waiting = asyncio.ensure_future(stacks.wait())
@@ -340,41 +358,42 @@ class Agent:
         return True
 
     # --- dumps -------------------------------------------------------------------------
-    def _joinable(self, reason: str, now: datetime) -> list[IncidentInfo]:
+    def _joinable(self, reason: str, now: datetime, run: str | None = None) -> list[IncidentInfo]:
         """This run's incidents of ``reason`` within the join window, oldest first: every agent
         sorts them the same way, so agents that name one at the same moment agree on it."""
         why = sanitise_reason(reason)
         since = now - timedelta(seconds=JOIN_WINDOW_S)
         found = [
             i
-            for i in self.store.list_incidents(self.identity.run, since=since)  # not older than the window
+            for i in self.store.list_incidents(run or self.identity.run, since=since)  # not older than it
             if i.reason == why and (i.time - now).total_seconds() <= JOIN_WINDOW_S  # nor far ahead (skew)
         ]
         return sorted(found, key=lambda i: (i.time, i.name))
 
-    def run_folder(self) -> runfolder.RunFolder:
+    def run_folder(self, run: str | None = None) -> runfolder.RunFolder:
         """``<dumps.dir>/<run>``: made 0700 (0750 with ``dumps.group``) and refused when anyone
-        else owns it or may write to it (another user can pre-create a run's folder on /scratch)."""
+        else owns it or may write to it (another user can pre-create a run's folder on /scratch).
+        ``run``: a watched job's own run (a node daemon watches many), else the agent's."""
         return runfolder.RunFolder(
             self.cfg.dumps.dir,
-            sanitise_run(self.identity.run),
+            sanitise_run(run or self.identity.run),
             group=runfolder.resolve_group(getattr(self.cfg.dumps, "group", None)),
             errors=self.internal_errors_by_component,
         )
 
-    def _incident(self, reason: str) -> str:
+    def _incident(self, reason: str, run: str | None = None) -> str:
         now = datetime.now(timezone.utc)
-        refused = self.run_folder().check()
+        refused = self.run_folder(run).check()
         if refused is not None:
             raise refused  # no stack goes where another user can read or swap it
         try:
-            if found := self._joinable(reason, now):
+            if found := self._joinable(reason, now, run):
                 return found[0].name
             # Create it now, not when the first dump lands: an agent firing a second later
             # (another UTC second) must find it, or one hang splits into two folders.
             name = incident_name(reason, now)
-            mine = self.store.incident_dir(self.identity.run, name)
-            first = self._joinable(reason, now)[0]
+            mine = self.store.incident_dir(run or self.identity.run, name)
+            first = self._joinable(reason, now, run)[0]
             if first.name != name:  # a peer named one at the same moment: the oldest wins
                 with contextlib.suppress(OSError):
                     mine.rmdir()
@@ -421,15 +440,21 @@ class Agent:
         return found
 
     async def capture_dumps(
-        self, reason: str, incident: str | None = None, on_stacks: Callable[[], None] | None = None
+        self,
+        reason: str,
+        incident: str | None = None,
+        on_stacks: Callable[[], None] | None = None,
+        run: str | None = None,
     ) -> Path | None:
         """py-spy every watched process into one incident folder; never raises. ``on_stacks``
-        is called once the stacks are written, before the slower extras (flight recorder)."""
+        is called once the stacks are written, before the slower extras (flight recorder).
+        ``run``: only that job's processes, into that job's folder (a node daemon watches many
+        jobs and users: one job's hang never dumps another's stacks)."""
         if self._dump_lock.locked():
             return self.last_incident
         async with self._dump_lock:
             try:
-                return await self._capture(reason, incident, on_stacks)
+                return await self._capture(reason, incident, on_stacks, run)
             except Exception:
                 log.exception("dump capture failed")
                 return None
@@ -449,12 +474,17 @@ class Agent:
         )
 
     async def _capture(
-        self, reason: str, incident: str | None = None, on_stacks: Callable[[], None] | None = None
+        self,
+        reason: str,
+        incident: str | None = None,
+        on_stacks: Callable[[], None] | None = None,
+        run: str | None = None,
     ) -> Path | None:
         c = self.cfg.dumps
+        store_run = run or self.identity.run
         if incident is None:
             try:
-                incident = await self.dumps_io(self._incident, reason, name=INCIDENT_IO)
+                incident = await self.dumps_io(self._incident, reason, store_run, name=INCIDENT_IO)
             except (asyncio.TimeoutError, OSError) as e:
                 self._no_incident(e)
                 return None
@@ -466,7 +496,7 @@ class Agent:
         self.last_capture = DumpOutcome("failed")
         for w in self.watchers:
             pids = w.pids()
-            if not pids:
+            if not pids or (run is not None and w.identity.run != run):
                 continue
             rank = w.rank if w.rank is not None else 0
             result = await capture_off_loop(
@@ -480,7 +510,9 @@ class Agent:
                 timeout=c.timeout,
             )
             meta = {
-                "run": self.identity.run,
+                "run": w.identity.run,
+                "user": w.identity.user,
+                "world_size": w.identity.world_size,
                 "node": self.identity.node,
                 "reason": reason,
                 "last_step": w.engine.state.last_step,
@@ -488,9 +520,7 @@ class Agent:
                 **self._report_context(w, rank),
             }
             try:
-                txt = await self.dumps_io(
-                    self.store.write_rank, self.identity.run, incident, rank, result, meta
-                )
+                txt = await self.dumps_io(self.store.write_rank, store_run, incident, rank, result, meta)
             except asyncio.TimeoutError:
                 failures[rank] = f"the dumps folder {self.store.root} does not answer (hung filesystem?)"
                 continue
@@ -535,7 +565,7 @@ class Agent:
                 continue
             for name, data in extras.items():
                 try:
-                    await self.dumps_io(self.store.write_extra, self.identity.run, incident, name, data)
+                    await self.dumps_io(self.store.write_extra, store_run, incident, name, data)
                 except asyncio.TimeoutError:
                     break
                 except OSError as e:

@@ -47,7 +47,7 @@ from rankwatch.dumps.classify import COLLECTIVE, KIND_TEXT, classify_dump, colle
 from rankwatch.dumps.diff import MISMATCH, MISSING, NOT_IN_COLLECTIVE, ONLY_IN_COLLECTIVE, diff_incident
 from rankwatch.dumps.diff import format_ranks as fmt_ranks
 from rankwatch.dumps.store import DumpStore, sanitise_run
-from rankwatch.records import Finding, Severity
+from rankwatch.records import Finding, FirstFailure, Severity
 from rankwatch.runtime.agent import DUMPS_IO, capture_off_loop
 
 log = logging.getLogger("rankwatch.diagnose")
@@ -69,8 +69,11 @@ READ_IO = "rankwatch-dumps-read"  # ... for reading an incident's stacks back
 # counts), and names tried at most (a link, FIFO or oversized file is refused before any read).
 FIRST_READS = 3
 FIRST_TRIES = 16
-_NAME_RE = re.compile(r"^(failed|profile)-r(\d{1,9})-(\d{1,20})-(f|c|w\d{1,4})\.json$")
-FAILURE_KINDS = frozenset({"crash", "oom", "cuda_error", "xid", "gpu_lost"})
+# failed-r<rank>-<µs>-<f: a failure, c: a consequence of a peer's, x: a clean exit>.json;
+# profile-r<rank>-<µs>-w<permille waiting>.json
+_NAME_RE = re.compile(r"^(failed|profile)-r(\d{1,9})-(\d{1,20})-(f|c|x|w\d{1,4})\.json$")
+MAX_RUN_FOLDERS = 64  # other jobs' .ranks folders kept open at once (a node daemon's runs)
+FAILURE_KINDS = frozenset({"crash", "oom", "cuda_error", "xid", "gpu_lost", "peer_error"})
 # What a rank prints when a *peer* died: gloo, NCCL, c10d store and torchelastic texts.
 PEER_FAILURE_RE = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
@@ -94,6 +97,7 @@ class CrossRank:
         self.wall = wall
         self.store = DumpStore(Path(cfg.dumps.dir))
         self.folder = self._runfolder()
+        self._folders: dict[str, runfolder.RunFolder] = {}  # other jobs' (node daemon), by run
         self._read_last = False  # the last _load read a file (not refused by its kind, owner or size)
         self.skew = float(getattr(cfg.dumps, "clock_skew", runfolder.CLOCK_SKEW_S))
         self._stalls: list[Finding] = []  # waiting for the incident's stacks
@@ -108,16 +112,69 @@ class CrossRank:
     # --- wiring ------------------------------------------------------------------------
     def install(self) -> None:
         self.agent.holds.append(self.hold)
+        self.agent.exit_hooks.append(self.clean_exit)
+
+    def clean_exit(self, rank: int | None, step: int | None, t: float, run: str | None = None) -> None:
+        """A rank of many exited with status 0: recorded as a possible first failure. If its
+        peers go on into the next collective, their hang or their gloo ``Connection closed by
+        peer`` follows it, and they name it; a job that ends well leaves records nobody reads."""
+        if not self.multi_rank() or rank is None:
+            return
+        at = f" at step {step}" if step is not None else ""
+        mine = {
+            "rank": rank,
+            "kind": "exit",
+            "time": t,
+            "how": f"exited with status 0{at} while its peers went on (a rank that left early: an early "
+            "return, a rank-dependent break, an uneven last batch)",
+            "signal": None,
+            "consequence": False,
+            "log": self._log_of(rank, run),
+            "node": self.agent.identity.node,
+        }
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._record_failure(rank, t, False, mine, run)
+            return
+        self._spawn(self._record_exit(rank, t, mine, run))
+
+    async def _record_exit(self, rank: int, t: float, mine: dict[str, Any], run: str | None) -> None:
+        try:
+            await self._store_io(self._record_failure, rank, t, False, mine, run, timeout=FAILURE_IO_S)
+        except asyncio.TimeoutError:
+            pass  # logged once and counted by offloop
+        except Exception:
+            log.exception("recording rank %s's exit in %s failed", rank, self.shared)
+
+    def _log_of(self, rank: int | None, run: str | None = None) -> str | None:
+        w = next(
+            (w for w in self.agent.watchers if w.rank == rank and (run is None or w.identity.run == run)),
+            None,
+        )
+        return w.path if w is not None else None
 
     @property
     def shared(self) -> Path:
         return self.folder.path
 
-    def _runfolder(self) -> runfolder.RunFolder:
+    def _folder(self, run: str | None) -> runfolder.RunFolder:
+        """The ``.ranks`` folder of ``run`` (a watched job's own, on a node daemon that watches
+        several), else the agent's: one job's failure is never another job's first failure."""
+        if run is None or run == self.agent.identity.run:
+            return self.folder
+        found = self._folders.get(run)
+        if found is None:
+            if len(self._folders) >= MAX_RUN_FOLDERS:
+                self._folders.pop(next(iter(self._folders)))
+            found = self._folders[run] = self._runfolder(run)
+        return found
+
+    def _runfolder(self, run: str | None = None) -> runfolder.RunFolder:
         d = self.cfg.dumps
         return runfolder.RunFolder(
             d.dir,
-            sanitise_run(self.agent.identity.run),
+            sanitise_run(run or self.agent.identity.run),
             ".ranks",
             group=runfolder.resolve_group(getattr(d, "group", None)),
             errors=self.agent.internal_errors_by_component,
@@ -208,24 +265,27 @@ class CrossRank:
         result: T = await self.agent.dumps_io(fn, *args, timeout=wait, name=name)
         return result
 
-    def _write(self, name: str, doc: dict[str, Any], drop: tuple[str, ...] = ()) -> None:
+    def _write(
+        self, name: str, doc: dict[str, Any], drop: tuple[str, ...] = (), run: str | None = None
+    ) -> None:
         """This rank's record (and ``drop``: its own older ones, so the folder stays small)."""
         try:
-            with self.folder.open() as d:
-                d.write_json(name, {"v": 1, "run": self.agent.identity.run, **doc})
+            with self._folder(run).open() as d:
+                d.write_json(name, {"v": 1, "run": run or self.agent.identity.run, **doc})
                 for old in drop:
                     d.unlink(old)
         except OSError as e:
             log.debug("cannot write %s: %s", name, e)
 
-    def _read_all(self, prefix: str) -> list[dict[str, Any]]:
+    def _read_all(self, prefix: str, run: str | None = None) -> list[dict[str, Any]]:
         """The records of one kind as their names tell them (one listing, no read): rank, time,
         and ``consequence`` (failures) or ``waiting`` (profiles). Names of a rank outside the
         world or dated beyond the clock-skew bound are ignored and counted."""
         kind = prefix.rstrip("-")
         out: list[dict[str, Any]] = []
+        folder = self._folder(run)
         try:
-            with self.folder.open(create=False) as d:
+            with folder.open(create=False) as d:
                 names = d.names()
         except OSError:
             return out
@@ -237,14 +297,15 @@ class CrossRank:
                 continue
             rank, t = int(m[2]), int(m[3]) / 1e6
             if world is not None and rank >= world:
-                self.folder.reject(name, f"rank {rank} outside a world of {world}")
+                folder.reject(name, f"rank {rank} outside a world of {world}")
                 continue
             if t > limit:
-                self.folder.reject(name, f"dated {t - self.wall():.0f}s in the future")
+                folder.reject(name, f"dated {t - self.wall():.0f}s in the future")
                 continue
             doc: dict[str, Any] = {"rank": rank, "time": t, "name": name}
             if kind == "failed":
                 doc["consequence"] = m[4] == "c"
+                doc["exit"] = m[4] == "x"
             elif m[4].startswith("w"):
                 doc["waiting"] = min(int(m[4][1:]), 1000) / 1000
             else:
@@ -252,12 +313,13 @@ class CrossRank:
             out.append(doc)
         return out
 
-    def _load(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+    def _load(self, entry: dict[str, Any], run: str | None = None) -> dict[str, Any] | None:
         """A failure record named by ``_read_all``, read (capped) and believed only when its
         content agrees with its name and passes ``runfolder.check_record``; texts bounded."""
         self._read_last = False
+        folder = self._folder(run)
         try:
-            with self.folder.open(create=False) as d:
+            with folder.open(create=False) as d:
                 before = d.owner.rejected
                 doc = d.read_json(entry["name"])
                 self._read_last = d.owner.rejected == before  # not refused before the read
@@ -266,14 +328,16 @@ class CrossRank:
         if doc is None:
             return None
         why = runfolder.check_record(
-            doc, run=self.agent.identity.run, world=self.world(), now=self.wall(), skew=self.skew
+            doc, run=run or self.agent.identity.run, world=self.world(), now=self.wall(), skew=self.skew
         )
         if why is None and (
-            doc.get("rank") != entry["rank"] or abs(float(doc["time"]) - entry["time"]) > 1e-3
+            doc.get("rank") != entry["rank"]
+            or abs(float(doc["time"]) - entry["time"]) > 1e-3
+            or (doc.get("kind") == "exit") != bool(entry.get("exit"))
         ):
             why = "its content does not match its name"
         if why is not None:
-            self.folder.reject(entry["name"], why)
+            folder.reject(entry["name"], why)
             return None
         sig = doc.get("signal")
         return {
@@ -310,14 +374,16 @@ class CrossRank:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            first = self._record_failure(f.rank, t, consequence, mine)
+            first = self._record_failure(f.rank, t, consequence, mine, f.run)
             if first is not None:
                 self._name_first(f, first)
-            elif (refused := self.folder.refused) is not None:
+            elif (refused := self._folder(f.run).refused) is not None:
                 f.evidence = {
                     **f.evidence,
                     "shared_folder": f"refused ({refused}): no peer's failure was read",
                 }
+            elif not consequence and f.rank is not None:
+                f.diagnosed(suspects=(f.rank,), first_failure=FirstFailure.from_json(mine))
             return False
         self._held(f.rank, failure=True)
         if self._spawn(self._failure(f, t, consequence, mine)) is None:
@@ -325,17 +391,20 @@ class CrossRank:
         return True
 
     def _record_failure(
-        self, rank: int | None, t: float, consequence: bool, mine: dict[str, Any]
+        self, rank: int | None, t: float, consequence: bool, mine: dict[str, Any], run: str | None = None
     ) -> dict[str, Any] | None:
         """In the shared folder (blocking: off the loop): write this rank's failure record unless
         it already has one of the same incident, and return the first failure it follows. One
-        listing, one create and rename, one read: the same for 2 ranks or 1,024."""
-        entries = self._read_all("failed-")
+        listing, one create and rename, one read: the same for 2 ranks or 1,024. A launcher's own
+        failure (no rank) is no peer another rank could wait for: not written. ``run``: the
+        failing process's job (a node daemon watches several), else the agent's."""
+        entries = self._read_all("failed-", run)
         own = sorted((d for d in entries if d["rank"] == rank), key=lambda d: d["time"])
         if rank is not None and (not own or own[-1]["time"] < t - FAILURE_WINDOW_S):  # a new incident
-            name = f"failed-r{rank}-{round(t * 1e6)}-{'c' if consequence else 'f'}.json"
-            self._write(name, mine, tuple(d["name"] for d in own))
-        return self._first_failure(rank, t, consequence, entries)
+            tag = "x" if mine.get("kind") == "exit" else "c" if consequence else "f"
+            name = f"failed-r{rank}-{round(t * 1e6)}-{tag}.json"
+            self._write(name, mine, tuple(d["name"] for d in own), run)
+        return self._first_failure(rank, t, consequence, entries, run)
 
     async def _failure(self, f: Finding, t: float, consequence: bool, mine: dict[str, Any]) -> None:
         """The held failure, emitted once whatever the folder does: named after the first failure
@@ -343,22 +412,25 @@ class CrossRank:
         the folder hangs (``FAILURE_IO_S``, counted under ``dumps`` by offloop) or fails."""
         try:
             first = await self._store_io(
-                self._record_failure, f.rank, t, consequence, mine, timeout=FAILURE_IO_S
+                self._record_failure, f.rank, t, consequence, mine, f.run, timeout=FAILURE_IO_S
             )
             if first is None and consequence:
-                first = await self._wait_first_failure(f.rank, t)
+                first = await self._wait_first_failure(f.rank, t, f.run)
             if first is not None:
                 self._name_first(f, first)
-            elif (refused := self.folder.refused) is not None:
+            elif (refused := self._folder(f.run).refused) is not None:
                 f.evidence = {
                     **f.evidence,
                     "shared_folder": f"refused ({refused}): no peer's failure was read",
                 }
+            elif not consequence and f.rank is not None:
+                # No peer failed before it: this rank is the first failure, its own suspect.
+                f.diagnosed(suspects=(f.rank,), first_failure=FirstFailure.from_json(mine))
         except asyncio.TimeoutError:  # logged once and counted by offloop
             f.evidence = {
                 **f.evidence,
-                "shared_folder": f"{self.shared} did not answer within {FAILURE_IO_S:g}s (hung filesystem?): "
-                "no peer's failure was checked",
+                "shared_folder": f"{self._folder(f.run).path} did not answer within {FAILURE_IO_S:g}s "
+                "(hung filesystem?): no peer's failure was checked",
             }
         except Exception:
             errs = self.agent.internal_errors_by_component
@@ -368,25 +440,32 @@ class CrossRank:
             self._release(f, failure=True)
 
     def _first_failure(
-        self, rank: int | None, t: float, consequence: bool, entries: list[dict[str, Any]] | None = None
+        self,
+        rank: int | None,
+        t: float,
+        consequence: bool,
+        entries: list[dict[str, Any]] | None = None,
+        run: str | None = None,
     ) -> dict[str, Any] | None:
         """The earliest failure of another rank that this one's failure (at ``t``) may follow:
-        chosen from the names, then read; a record that fails validation is skipped (counted)."""
+        chosen from the names, then read; a record that fails validation is skipped (counted).
+        A clean exit causes only what waited for it (a consequence), never a failure of its own."""
         if entries is None:
-            entries = self._read_all("failed-")
+            entries = self._read_all("failed-", run)
         others = sorted(
             (
                 d
                 for d in entries
                 if d["rank"] != rank
                 and not d["consequence"]
+                and (consequence or not d.get("exit"))
                 and t - FAILURE_WINDOW_S <= d["time"] <= t + (30.0 if consequence else 0.0)
             ),
             key=lambda d: (d["time"], d["rank"]),
         )
         reads = 0
         for entry in others[:FIRST_TRIES]:
-            doc = self._load(entry)
+            doc = self._load(entry, run)
             if doc is not None:
                 return doc
             if self._read_last:
@@ -407,9 +486,11 @@ class CrossRank:
             f"rank {first.get('rank')} failed first: {first.get('how')}{gap}{log_at}. This rank's failure "
             f"is a consequence: look at rank {first.get('rank')}, not this one. " + f.message
         )
-        f.evidence = {**f.evidence, "first_failure": first}
+        f.diagnosed(first_failure=FirstFailure.from_json(first))
 
-    async def _wait_first_failure(self, rank: int | None, t: float) -> dict[str, Any] | None:
+    async def _wait_first_failure(
+        self, rank: int | None, t: float, run: str | None = None
+    ) -> dict[str, Any] | None:
         """A consequence came first: the first failure's record may follow within seconds."""
         deadline = time.monotonic() + FAILURE_WAIT_S
         first = None
@@ -420,6 +501,8 @@ class CrossRank:
                     rank,
                     t,
                     True,
+                    None,
+                    run,
                     timeout=FAILURE_WAIT_S,
                 )
             except asyncio.TimeoutError:
@@ -440,8 +523,11 @@ class CrossRank:
         own: dict[int | None, Any] = {}
         first: dict[str, Any] | None = None
         problems: list[str] = []
+        stall_run: str | None = None
         try:
-            folder = await self.agent.capture_dumps("stall")
+            runs = {f.run for f in self._stalls}  # one job's hang dumps that job's processes only
+            stall_run = runs.pop() if len(runs) == 1 else None
+            folder = await self.agent.capture_dumps("stall", run=stall_run)
         except Exception:
             log.exception("stall diagnosis failed")
         if folder is not None:
@@ -457,16 +543,18 @@ class CrossRank:
                 log.exception("stall diagnosis failed")
                 problems.append(f"reading them back failed ({type(e).__name__})")
         try:
-            first = await self._store_io(self._first_failure, None, self.wall(), True)
+            first = await self._store_io(self._first_failure, None, self.wall(), True, None, stall_run)
         except asyncio.TimeoutError:
             problems.append(
-                f"the shared folder {self.shared} did not answer within {STALL_WAIT_S:.0f}s (hung "
-                "filesystem?), so no peer's failure record could be checked"
+                f"the shared folder {self._folder(stall_run).path} did not answer within {STALL_WAIT_S:.0f}s "
+                "(hung filesystem?), so no peer's failure record could be checked"
             )
         except Exception:
             log.exception("stall diagnosis failed")
-        if (refused := self.folder.refused) is not None:
+        if (refused := self._folder(stall_run).refused) is not None:
             problems.append(f"the shared folder is refused ({refused}), so no peer's failure record was read")
+        if folder is not None and result is not None:
+            await self._record_incident(folder, result, first)
         while self._stalls:
             f = self._stalls.pop(0)
             try:
@@ -474,6 +562,22 @@ class CrossRank:
             except Exception:
                 log.exception("stall diagnosis failed")
             self._release(f)
+
+    async def _record_incident(self, folder: Path, result: Any, first: dict[str, Any] | None) -> None:
+        """The judgement goes into the incident folder (``diagnosis.json``): the world size, the
+        ranks with no stack, a peer that failed first. `dumps diff` reads it and blames the rank
+        the live agents blamed, not the lowest of those it has stacks of."""
+        diagnosis = result.diagnosis(str(folder))
+        ff = FirstFailure.from_json(first) if first is not None else None
+        if ff is not None and ff.rank is not None:
+            diagnosis = diagnosis.but(suspects=(ff.rank,), verdict="first_failure", first_failure=ff)
+        try:
+            info = await self._store_io(self.store.find, str(folder), name=READ_IO)
+            await self._store_io(
+                self.store.write_diagnosis, info, diagnosis, timeout=offloop.FS_TIMEOUT_S, name=DUMPS_IO
+            )
+        except (OSError, KeyError, asyncio.TimeoutError) as e:
+            log.debug("cannot record the diagnosis in %s: %s", folder, e)
 
     async def _second_look(self, folder: Path) -> None:
         """A rank inside backward with Python frames only may wait for its peers' gradients or
@@ -557,27 +661,28 @@ class CrossRank:
                 f"Usual fix: read rank {dead}'s log and fix that failure; nothing to fix on this rank."
             )
             f.message = " ".join(parts)
-            f.evidence = {
-                **f.evidence,
-                "incident": str(folder) if folder is not None else None,
-                "suspects": [dead],
-                "verdict": "first_failure",
-                "first_failure": first,
-                "activity": own.to_dict() if own is not None else None,
-            }
+            f.diagnosed(
+                incident=str(folder) if folder is not None else None,
+                suspects=(dead,) if isinstance(dead, int) else (),
+                verdict="first_failure",
+                first_failure=FirstFailure.from_json(first),
+                world_size=result.world_size if result is not None else self.world(),
+                missing=tuple(result.missing) if result is not None else (),
+            )
+            f.evidence = {**f.evidence, "activity": own.to_dict() if own is not None else None}
             return
         said = "; ".join(problems or [])
         if result is None and folder is not None:
             # The stacks are there; only reading them back failed: say so, and where they are.
             parts.append(f"Stacks are in {folder}, but {said or 'they could not be compared'}.")
-            f.evidence = {**f.evidence, "incident": str(folder)}
+            f.diagnosed(incident=str(folder), world_size=self.world())
             f.message = " ".join(parts)
             return
         if result is None:
             # Why no stack came is the capture's outcome, which the agent appends to the message.
             if said:
                 parts.append(f"Also, {said}.")
-            f.evidence = {**f.evidence, "incident": None}
+            f.diagnosed(world_size=self.world())
             f.message = " ".join(parts)
             return
         if said:
@@ -589,13 +694,14 @@ class CrossRank:
             parts.append(f"This rank is {describe(own)}.")
         parts.append(self._advice(f.rank, result, own))
         f.message = " ".join(p for p in parts if p)
-        f.evidence = {
-            **f.evidence,
-            "incident": str(folder),
-            "suspects": suspects,
-            "verdict": result.verdict,
-            "activity": own.to_dict() if own is not None else None,
-        }
+        f.diagnosed(
+            incident=str(folder),
+            suspects=tuple(suspects),
+            verdict=result.verdict,
+            world_size=result.world_size,
+            missing=tuple(result.missing),
+        )
+        f.evidence = {**f.evidence, "activity": own.to_dict() if own is not None else None}
 
     @staticmethod
     def _advice(rank: int | None, result: Any, own: Any) -> str:

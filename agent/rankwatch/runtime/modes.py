@@ -29,7 +29,7 @@ from rankwatch import offloop
 from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
-from rankwatch.identity import Identity, identity_from_env
+from rankwatch.identity import RANK_VARS, Identity, identity_of_process
 from rankwatch.runtime import workers
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.echo import Echo
@@ -262,7 +262,11 @@ async def _run_command(
     launcher = workers.is_launcher(list(cmd))
     with out if out is not None else contextlib.nullcontext() as fh:
         start = fh.tell() if fh is not None else 0
-        watcher = agent.add_watcher([] if launcher or fh is None else [path], from_end=True)
+        if launcher and fh is not None:  # the run's own lines of the combined log (no rank prefix)
+            watcher = workers.run_watcher(cfg, identity, path, emit=agent.emit, clock=agent.clock)
+            agent.adopt(watcher)
+        else:  # no log file: the child's output goes where the agent's does, unread
+            watcher = agent.add_watcher([] if launcher or fh is None else [path], from_end=True)
         try:
             child = subprocess.Popen(
                 list(cmd),
@@ -281,7 +285,13 @@ async def _run_command(
     if not launcher:
         watcher.attach(child.pid)
     tree = workers.Tree(child.pid)
-    fleet = workers.Fleet(agent, cfg, path, child.pid, stop_requested) if launcher else None
+    fleet = (
+        workers.Fleet(
+            agent, cfg, path, child.pid, stop_requested, start=start, cmd=list(cmd), run_pipeline=watcher
+        )
+        if launcher
+        else None
+    )
     lower_priority(nice)
     agent.install_dump_signal()
     echo = _stdout_echo(path, start) if cfg.runner.echo and out is not None else None
@@ -327,7 +337,8 @@ async def _run_command(
             await asyncio.wait_for(fleet_task, 5.0)
         fleet.check()
         worker_crashed = await fleet.close()
-        watcher.tail.extend(workers.last_lines(path, start, watcher.tail.maxlen or 50))
+        if not watcher.tail:  # the run's pipeline read none of it (every line had a rank prefix)
+            watcher.tail.extend(workers.last_lines(path, start, watcher.tail.maxlen or 50))
     else:
         worker_crashed = False
     disk_full = None
@@ -356,10 +367,6 @@ async def _run_command(
     watcher.close()
     shutil.rmtree(fr_state_dir(), ignore_errors=True)
     return exit_status(rc)
-
-
-RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 
 
 def _read_process_env(pid: int) -> tuple[dict[str, str], str | None]:
@@ -409,18 +416,36 @@ def _env_int(env: dict[str, str], names: Sequence[str]) -> int | None:
 
 
 def _leaves(pids: Sequence[int]) -> list[int]:
-    """Drop matches that are ancestors of other matches: `torchrun train.py` and the shell
-    that runs `python train.py` match as well as the rank processes themselves."""
+    """The rank processes among the matches. A launcher above them (`torchrun train.py`, the
+    shell that runs `python train.py`) matches too and is dropped; so is a rank's own forked
+    child that matches with the same RANK (a DataLoader worker has its parent's command line and
+    environment), which would otherwise be a second pipeline on the same stdout."""
     import psutil
 
     found = set(pids)
-    parents: set[int] = set()
+    parents: dict[int, list[int]] = {}
+    ranks: dict[int, int | None] = {}
     for pid in found:
         try:
-            parents.update(p.pid for p in psutil.Process(pid).parents())
+            proc = psutil.Process(pid)
+            parents[pid] = [p.pid for p in proc.parents()]
         except Exception:
             continue
-    return sorted(found - parents)
+        try:
+            ranks[pid] = _env_int(proc.environ(), RANK_VARS)
+        except Exception:
+            ranks[pid] = None
+    keep: list[int] = []
+    for pid in sorted(found):
+        rank = ranks.get(pid)
+        above = [a for a in parents.get(pid, []) if a in found]
+        if rank is not None and any(ranks.get(a) == rank for a in above):
+            continue  # a worker of that rank
+        below = [d for d in found if pid in parents.get(d, [])]
+        if below and not (rank is not None and all(ranks.get(d) == rank for d in below)):
+            continue  # a launcher or shell above the ranks
+        keep.append(pid)
+    return keep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,6 +459,20 @@ class _Found:
     stdout: Path | None
     prober: ProcessProber
     pod: str | None = None  # namespace/pod/container when the log is the kubelet's
+    user: str | None = None  # the process's owner
+    cgroup: str | None = None  # /proc/<pid>/cgroup: a Kubernetes pod names the run
+
+
+def _owner_and_cgroup(pid: int) -> tuple[str | None, str | None]:
+    import psutil
+
+    user: str | None = None
+    with contextlib.suppress(Exception):
+        user = psutil.Process(pid).username()
+    cgroup: str | None = None
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cgroup", "rb") as fh:
+        cgroup = fh.read(64 * 1024).decode("utf-8", "replace")
+    return user, cgroup
 
 
 def _look(
@@ -452,7 +491,10 @@ def _look(
             pc = kubepods.container_log(p)  # a pod's process: its stdout is the kubelet's log file
             if pc is not None:
                 stdout, pod = pc.log, str(pc)
-        out[p] = _Found(*_read_process_env(p), stdout, ProcessProber(p, clock=clock), pod)
+        user, cgroup = _owner_and_cgroup(p)
+        out[p] = _Found(
+            *_read_process_env(p), stdout, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup
+        )
     return pids, out
 
 
@@ -534,20 +576,12 @@ async def _watch_processes(
     def add_process(pid: int, seen: _Found) -> None:
         env = seen.env
         _note_unreadable(agent, pid, seen.problem)
-        rank = _env_int(env, RANK_VARS)
-        if rank is None and pid in pids and len(pids) > 1:
-            rank = pids.index(pid)  # several --pid without RANK: their order on the command line
-        local = _env_int(env, LOCAL_RANK_VARS)
-        ident = dataclasses.replace(
-            identity,
-            rank=rank if rank is not None else identity.rank,
-            local_rank=local if local is not None else identity.local_rank,
-        )
-        if cfg.run.name is None:
-            # A node daemon watches many jobs: each rank's run is its own job id, not the agent's.
-            own = identity_from_env(cfg.run, env)
-            if own.run != "default":
-                ident = dataclasses.replace(ident, run=own.run)
+        # A node daemon watches many jobs and users: each process's identity (run, rank, local
+        # rank, world size, node, user) is its own, read from its environment and cgroup.
+        ident = identity_of_process(cfg.run, env, identity, user=seen.user, cgroup=seen.cgroup)
+        if _env_int(env, RANK_VARS) is None and pid in pids and len(pids) > 1:
+            # several --pid without RANK: their order on the command line
+            ident = dataclasses.replace(ident, rank=pids.index(pid))
         out = seen.stdout
         w = agent.add_watcher([out] if out is not None else [], ident, from_end=True, replay=True)
         w.attach(pid, seen.prober)
@@ -580,8 +614,23 @@ async def _watch_processes(
             for pid in found:
                 if pid in attached:
                     continue
-                rank = _env_int(seen[pid].env, RANK_VARS)
-                again = next((w for w in watchers if w.exited and w.rank == rank and rank is not None), None)
+                ident = identity_of_process(
+                    cfg.run, seen[pid].env, identity, user=seen[pid].user, cgroup=seen[pid].cgroup
+                )
+                # The same rank of the same job (a restart) goes on in its pipeline; the same rank
+                # number of another job (the next one on the node) is a new pipeline.
+                again = next(
+                    (
+                        w
+                        for w in watchers
+                        if w.exited
+                        and ident.rank is not None
+                        and w.rank == ident.rank
+                        and w.identity.run == ident.run
+                        and w.identity.user == ident.user
+                    ),
+                    None,
+                )
                 if again is not None:
                     again.attach(pid, seen[pid].prober)  # the rank restarted: same state and labels
                 else:

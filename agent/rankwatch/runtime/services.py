@@ -359,6 +359,7 @@ class Services:
                     now=0.0,
                     scans=cw.scans,
                     writing=bool(cw.writing),
+                    write_age=cw.write_age(),
                     last_saved=snap.get("last_checkpoint_timestamp_seconds"),
                     next_due=snap.get("next_save_due_timestamp_seconds"),
                 )

@@ -132,7 +132,7 @@ class RankWatcher:
         self.cfg = cfg
         self.identity = identity
         self.rank = identity.rank
-        self.emit = emit
+        self.emit = self._stamped(emit)
         self.clock = clock
         self.wall = wall
         self.path = str(logs[0]) if logs else None
@@ -155,9 +155,22 @@ class RankWatcher:
         # Set over the process's environment when its GPUs are mapped (node mode on Kubernetes:
         # the container's GPUs from the kubelet, as host-wide UUIDs).
         self.gpu_env: dict[str, str] = {}
+        # Told of a clean exit (status 0): rank, last step, wall time. Set by the agent.
+        self.on_clean_exit: Callable[[int | None, int | None, float], None] | None = None
         if replay and from_end and int(cfg.logs.replay) > 0:
             for stream in self.streams:
                 self._replay(stream, int(cfg.logs.replay))
+
+    def _stamped(self, emit: Callable[[Finding], None]) -> Callable[[Finding], None]:
+        """Every finding of this pipeline carries its process's run (the alert key, the
+        incident folder and the cross-rank records are the run's)."""
+
+        def stamped(f: Finding) -> None:
+            if f.run is None:
+                f.run = self.identity.run
+            emit(f)
+
+        return stamped
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -190,7 +203,10 @@ class RankWatcher:
     def attach(self, pid: int, prober: ProcessProber | None = None) -> None:
         """Watch ``pid``; ``prober``: one made off the loop (making one reads the process's
         command line, which a process in D state blocks)."""
-        # A new pid after a restart (torchrun, a requeue) gets the startup grace again.
+        # A new pid after a restart (torchrun, a requeue) gets the startup grace again, and the
+        # errors its predecessor printed (judged with its end) are not the new process's.
+        if self.prober is not None and self.prober.pid != pid:
+            self.engine.state.errors.clear()
         self.engine.feed(ProcessStart(self.clock(), pid))
         self.prober = prober if prober is not None else ProcessProber(pid, clock=self.clock)
         self.proc_io = f"rankwatch-proc-{self.rank}-pid{pid}"
@@ -437,6 +453,7 @@ class RankWatcher:
         *,
         requested: bool | int = False,
         disk_full: str | None = None,
+        stopped_by: str = "we forwarded",
     ) -> Finding | None:
         """The process ended: a crash finding unless it ended cleanly, on our forwarded stop
         signal, or we cannot tell.
@@ -451,13 +468,19 @@ class RankWatcher:
         self.exited = True
         self.drain()
         held, self._held = self._held, []
-        event = ProcessExit(exit_code, signal, tuple(self.tail), requested, disk_full, wall=self.wall())
+        event = ProcessExit(
+            exit_code, signal, tuple(self.tail), requested, disk_full, wall=self.wall(), stopped_by=stopped_by
+        )
         found = self.engine.feed(event)
         for f in found:
             self.emit(f)
         if not found:  # a clean end: what it printed was handled
             for _, h in held:
                 self.emit(_still_running(h, None))
+            if exit_code == 0 and signal is None and not requested and self.on_clean_exit is not None:
+                # Not a finding: a rank of many that leaves while its peers go on is the first
+                # failure their hang or crash follows (runtime/diagnose.py judges that).
+                self.on_clean_exit(self.rank, self.engine.state.last_step, event.wall or self.wall())
         return next((f for f in found if f.kind in ("crash", "process_exit")), None)
 
     # --- lifecycle ---------------------------------------------------------------------

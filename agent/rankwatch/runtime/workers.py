@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Iterable
@@ -26,12 +27,10 @@ from typing import Any
 import psutil
 
 from rankwatch import offloop
+from rankwatch.identity import LOCAL_RANK_VARS, RANK_VARS, WORLD_VARS
 
 log = logging.getLogger("rankwatch.run")
 
-RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 REAP_GRACE_S = 1.0  # between SIGTERM and SIGKILL for what is left of a stopped job
 
 
@@ -162,6 +161,8 @@ def rank_workers(root: int) -> list[tuple[int, dict[str, str]]]:
 
 # --- a launcher's workers, one watcher each ---------------------------------------------------
 
+# What the run's pipeline leaves to the launcher's exit (its state keeps them as the cause).
+LAUNCHER_HELD = frozenset({"crash", "oom", "cuda_error", "peer_error", "nccl_error", "nccl_timeout", "xid"})
 LAUNCHER_NAMES = frozenset({"torchrun", "deepspeed", "accelerate"})
 LAUNCHER_MODULES = frozenset(
     {"torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.runner"}
@@ -182,28 +183,145 @@ def _worker_watcher_class() -> type:
     from rankwatch.sources.decorations import strip
 
     class WorkerWatcher(RankWatcher):
-        """One rank of a launcher: its own stall clock, process and dump file. It follows the
-        launcher's log but reads only its own lines (torchrun's ``[rankN]:`` prefixes, from
-        ``--tee 3``); without prefixes it is judged as a rank that prints no steps."""
+        """One pipeline of a launcher's combined log: a rank's (its own stall clock, process and
+        dump file) reads the lines carrying its prefix (torchrun's ``[rankN]:`` from ``--tee 3``,
+        or the ``[rankN]:`` PyTorch puts before a rank's traceback); the run's own (``reads``
+        None) reads every line with no rank prefix: what the workers print without ``--tee``
+        (HF Trainer's loss lines, from rank 0) and the launcher's own lines."""
+
+        reads: int | None = None
+        launcher = False  # the run's own pipeline: its failures are judged at the launcher's exit
 
         def feed_lines(self, stream, batch):  # type: ignore[no-untyped-def]
-            mine = [fl for fl in batch if fl.cut or strip(fl.text)[1] == self.rank]
+            mine = [fl for fl in batch if fl.cut or strip(fl.text)[1] == self.reads]
             if mine:
                 super().feed_lines(stream, mine)
 
+        def _records(self, records):  # type: ignore[no-untyped-def]
+            if not self.launcher:
+                return super()._records(records)
+            emit = self.emit
+            # A failure in the run's lines (the launcher's account of a worker, a worker's text
+            # before its rank prefix) is the worker pipelines' to report, or the launcher's exit.
+            self.emit = lambda f: None if f.kind in LAUNCHER_HELD else emit(f)
+            try:
+                return super()._records(records)
+            finally:
+                self.emit = emit
+
     return WorkerWatcher
+
+
+def run_watcher(cfg: Any, identity: Any, log_path: Path, *, emit: Any, clock: Any) -> Any:
+    """The launcher's own pipeline: the run's lines of its combined log (see WorkerWatcher)."""
+    w = _worker_watcher_class()(cfg, identity, [log_path], emit=emit, clock=clock, from_end=True)
+    w.reads, w.launcher = None, True
+    return w
+
+
+# torchrun's own account of its workers (torch/distributed/elastic/multiprocessing/api.py): each
+# failed worker within its monitor interval, and each worker it stops itself.
+_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_CLOSING_RE = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")
+# Its failure box at the end: ``exitcode  : -15 (pid: 17341)`` for every failed worker.
+_BOX_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+_LAUNCHER_LOG_MAX = 4 << 20  # a backlog larger than this is skipped: those fates stay unknown
+MONITOR_INTERVAL_S = 0.1  # torchrun's --monitor-interval default (torch/distributed/run.py)
+
+
+def monitor_interval(cmd: list[str]) -> float:
+    """The launcher's ``--monitor-interval`` (how soon it notices a worker's end)."""
+    for i, a in enumerate(cmd):
+        for name in ("--monitor-interval", "--monitor_interval"):
+            v = (
+                a[len(name) + 1 :]
+                if a.startswith(name + "=")
+                else (cmd[i + 1] if a == name and i + 1 < len(cmd) else None)
+            )
+            if v is not None:
+                with contextlib.suppress(ValueError):
+                    return max(0.0, float(v))
+    return MONITOR_INTERVAL_S
+
+
+class LauncherLog:
+    """What the launcher said of its workers' ends, read from the combined log as it grows:
+    ``failed`` pid -> exit status (negative: that signal), ``stopped`` pid -> the signal it
+    sent. A non-parent cannot read a worker's exit status; the launcher, its parent, logs it."""
+
+    def __init__(self, path: Path, start: int) -> None:
+        self.path = path
+        self.offset = start
+        self._rest = b""
+        self.failed: dict[int, int] = {}
+        self.stopped: dict[int, int] = {}
+        self.boxed: dict[int, int] = {}  # the failure box: the workers it stopped are there too
+
+    def fate(self, pid: int) -> tuple[int | None, int | None]:
+        """(exit status, stop signal the launcher sent): its failure line first, then a stop
+        it logged (the box lists a stopped worker's -15 as a failure), then the box."""
+        if pid in self.failed:
+            return self.failed[pid], None
+        if pid in self.stopped:
+            return None, self.stopped[pid]
+        return self.boxed.get(pid), None
+
+    def read(self) -> None:
+        """Blocking (the log may be on NFS): run it off the loop."""
+        try:
+            with open(self.path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                if size < self.offset:  # truncated
+                    self.offset, self._rest = 0, b""
+                if size - self.offset > _LAUNCHER_LOG_MAX:
+                    self.offset, self._rest = size - _LAUNCHER_LOG_MAX, b""
+                fh.seek(self.offset)
+                data = fh.read(size - self.offset)
+        except OSError:
+            return
+        self.offset += len(data)
+        lines = (self._rest + data).split(b"\n")
+        self._rest = lines.pop()[-4096:]
+        for raw in lines:
+            if b"exitcode" not in raw and b"closing signal" not in raw:
+                continue
+            text = raw.decode("utf-8", "replace")
+            m = _FAILED_RE.search(text)
+            if m is not None:
+                self.failed[int(m.group(3))] = int(m.group(1))
+            b = _BOX_RE.search(text)
+            if b is not None:
+                self.boxed[int(b.group(2))] = int(b.group(1))
+            c = _CLOSING_RE.search(text)
+            if c is not None:
+                with contextlib.suppress(AttributeError):
+                    self.stopped[int(c.group(1))] = int(getattr(signal, c.group(2)))
 
 
 class Fleet:
     """The rank workers of a launched launcher (``rankwatch run -- torchrun ...``).
 
-    Each worker found under the launcher gets its own watcher, with the rank, local rank and
-    world size from its own environment; a restarted worker (torchrun's ``--max-restarts``) is
-    attached to its rank's watcher again. A worker that ends is reported by its watcher: as a
-    stop when one was asked for, else as a crash with its lines of the log as evidence.
+    Each worker found under the launcher gets its own pipeline (watcher), with the rank, local
+    rank and world size from its own environment, for the life of the run: a restarted worker
+    (torchrun's ``--max-restarts``) is an event in it, after the old worker's end is judged.
+    The agent is not a worker's parent, so its exit status comes from the launcher: torchrun
+    logs each worker that failed (and each one it stopped) within its monitor interval, and
+    lists them again in its failure box: a worker that ended with no such line after a few
+    intervals (or by the launcher's own end) ended cleanly.
     """
 
-    def __init__(self, agent: Any, cfg: Any, log_path: Any, root: int, stop_requested: list[Any]) -> None:
+    def __init__(
+        self,
+        agent: Any,
+        cfg: Any,
+        log_path: Any,
+        root: int,
+        stop_requested: list[Any],
+        *,
+        start: int = 0,
+        cmd: list[str] | None = None,
+        run_pipeline: Any = None,
+    ) -> None:
         self.agent = agent
         self.cfg = cfg
         self.log_path = log_path
@@ -212,6 +330,14 @@ class Fleet:
         self.by_rank: dict[int, Any] = {}
         self.tasks: list[Any] = []
         self._cls = _worker_watcher_class()
+        self.launcher_log = LauncherLog(Path(log_path), start)
+        # How long a worker's end may wait for the launcher's word on it: a few monitor intervals,
+        # and a second for the log line to be written and read.
+        self.grace = 1.0 + 10 * monitor_interval(cmd or [])
+        self.restarts: dict[int, int] = {}
+        self.run_pipeline = run_pipeline  # the run's own lines: a worker's unprefixed traceback
+        self.attached_at: dict[int, float] = {}
+        self.crashed: set[int | None] = set()  # ranks whose worker crashed (found held or not)
 
     def _add(self, pid: int, env: dict[str, str]) -> None:
         rank = env_int(env, RANK_VARS)
@@ -220,7 +346,14 @@ class Fleet:
         w = self.by_rank.get(rank)
         if w is not None:
             if w.prober is None or w.prober.pid != pid:
-                w.attach(pid)  # torchrun restarted it: same state and labels, startup grace again
+                # torchrun restarted it: the old worker's end first (its crash, with its traceback),
+                # then the same pipeline goes on with the new process (startup grace again).
+                if w.prober is not None and not w.exited:
+                    self._judge(w, final=True)
+                self.restarts[rank] = self.restarts.get(rank, 0) + 1
+                log.info("launcher worker: rank %d restarted as pid %d", rank, pid)
+                w.attach(pid)
+                self.attached_at[rank] = time.time()
             return
         ident = dataclasses.replace(
             self.agent.identity,
@@ -231,18 +364,72 @@ class Fleet:
         w = self._cls(
             self.cfg, ident, [self.log_path], emit=self.agent.emit, clock=self.agent.clock, from_end=True
         )
+        w.reads = rank
         w.attach(pid)
-        self.agent.watchers.append(w)
+        self.attached_at[rank] = time.time()
+        self.agent.adopt(w)
         self.by_rank[rank] = w
         self.tasks.append(asyncio.create_task(w.run(), name=f"rank-{rank}"))
         log.info("launcher worker: rank %d is pid %d", rank, pid)
 
+    def _judge(self, w: Any, *, final: bool = False) -> bool:
+        """Report the end of ``w``'s process when its status is known; False while it waits for
+        the launcher's word (``final``: no more waiting)."""
+        s = w.last_sample
+        pid = w.prober.pid if w.prober is not None else None
+        code = s.exit_code if s is not None else None
+        requested = bool(self.stop_requested)
+        if code is None and pid is not None:
+            code, stop = self.launcher_log.fate(pid)
+            if code is None and stop is not None:
+                # The launcher stopped it, after another worker failed: not this worker's failure.
+                w.on_exit(None, stop, requested=stop, stopped_by="the launcher sent")
+                return True
+        if code is None:
+            waited = w.clock() - s.time if s is not None else self.grace
+            if not final and waited < self.grace:
+                return False
+            # The launcher, its parent, saw it end (it logs every failed worker within its monitor
+            # interval, and the ones it stops) and said nothing: a clean exit.
+            code = 0
+        if code != 0 and not requested:
+            self._lend_cause(w)
+        if code < 0:
+            f = w.on_exit(None, -code, requested=requested)
+        else:
+            f = w.on_exit(code, None, requested=requested)
+        if f is not None and f.kind == "crash":
+            self.crashed.add(w.rank)
+        return True
+
+    def _lend_cause(self, w: Any) -> None:
+        """A failed worker with no error in its own lines: without ``--tee`` (and before
+        ``init_process_group``) its traceback carries no rank prefix and went to the run's
+        pipeline. The launcher names the worker that failed, so the latest such error printed
+        since this worker started is its cause."""
+        run = self.run_pipeline
+        if run is None or w.engine.state.errors or w.rank is None:
+            return
+        since = self.attached_at.get(w.rank, 0.0) - 1.0
+        mine = [e for e in run.engine.state.errors if (e.time or 0.0) >= since and e.kind in LAUNCHER_HELD]
+        mine = [e for e in mine if "torchelastic" not in e.summary]  # the launcher's own account
+        if mine:
+            w.engine.state.errors.append(dataclasses.replace(mine[-1], rank=w.rank))
+
     def check(self) -> None:
-        """Report workers that ended since the last look."""
+        """Report workers that ended since the last look, once their status is known."""
         for w in self.by_rank.values():
             s = w.last_sample
             if s is not None and not s.alive and not w.exited:
-                w.on_exit(s.exit_code, None, requested=bool(self.stop_requested))
+                self._judge(w)
+
+    async def _read_launcher_log(self) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await offloop.proc(
+                self.launcher_log.read,
+                name="rankwatch-proc-launcher-log",
+                errors=self.agent.internal_errors_by_component,
+            )
 
     async def run(self, stop: Any) -> None:
         interval = max(0.25, float(self.cfg.process.sample_interval))
@@ -256,6 +443,7 @@ class Fleet:
                 )
             except asyncio.TimeoutError:
                 found = []  # a process in D state (logged and counted by offloop): next period
+            await self._read_launcher_log()
             for pid, env in found:
                 self._add(pid, env)
             self.check()
@@ -263,7 +451,8 @@ class Fleet:
                 await asyncio.wait_for(stop.wait(), interval)
 
     async def close(self) -> bool:
-        """Every worker's end reported; True when one of them crashed."""
+        """Every worker's end reported, the launcher's last words read; True when one crashed."""
+        await self._read_launcher_log()
         for w in self.by_rank.values():
             w.stop()
         for t in self.tasks:
@@ -272,8 +461,8 @@ class Fleet:
         crashed = False
         for w in self.by_rank.values():
             if not w.exited:
-                s = w.last_sample
-                w.on_exit(s.exit_code if s is not None else None, None, requested=bool(self.stop_requested))
+                self._judge(w, final=True)
+            crashed = crashed or w.rank in self.crashed
             crashed = crashed or any(f.kind == "crash" and f.rank == w.rank for f in self.agent.findings)
             w.close()
         return crashed

@@ -361,13 +361,33 @@ def _evidence_text(ev: Mapping[Any, Any]) -> str:
     return text
 
 
+def _diagnosis_text(d: Any) -> str:
+    """The cross-rank judgement in the words of the alert title: the same typed data."""
+    if not isinstance(d, Mapping):
+        return ""
+    parts: list[str] = []
+    if isinstance(d.get("suspect"), int):
+        parts.append(f"suspect rank {d['suspect']}")
+    ff = d.get("first_failure")
+    if isinstance(ff, Mapping) and isinstance(ff.get("rank"), int):
+        parts.append(f"first failure: rank {ff['rank']} ({ff.get('kind')})")
+    missing = d.get("missing")
+    if isinstance(missing, list) and missing:
+        ranks = [x for x in missing if isinstance(x, int) and not isinstance(x, bool)]
+        parts.append("no stack from " + describe_ranks(ranks))
+    if isinstance(d.get("world_size"), int):
+        parts.append(f"world size {d['world_size']}")
+    return "; ".join(parts)
+
+
 def _message_cell(f: dict[str, Any]) -> str:
     ev = f.get("evidence") or {}
-    details = ""
+    diag = _diagnosis_text(f.get("diagnosis"))
+    details = f'<div class="diag">{escape(diag)}</div>' if diag else ""
     if isinstance(ev, Mapping) and ev:
         opened = " open" if f["severity"] == "critical" else ""
         text = escape_lines(_evidence_text(ev))
-        details = f"<details{opened}><summary>evidence</summary><pre>{text}</pre></details>"
+        details += f"<details{opened}><summary>evidence</summary><pre>{text}</pre></details>"
     return f'<td class="msg">{escape(str(f["message"]))}{details}</td>'
 
 

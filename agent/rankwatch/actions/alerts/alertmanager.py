@@ -59,16 +59,20 @@ def payload(alert: AlertMessage, now: float) -> list[dict[str, Any]]:
             labels["subject"] = m.subject
         labels = {k: visible(v) for k, v in labels.items()}
         summary = f"{alert.kind} on rank {m.rank}" if m.rank is not None else alert.kind
-        annotations = {
-            "summary": annotation(f"{summary} (run {alert.run})"),
-            "description": annotation(m.message),
-        }
+        annotations = {"description": annotation(m.message)}
         if m.dump_path:
             annotations["dump_path"] = annotation(m.dump_path)
+        if alert.suspect is not None:
+            annotations["suspect"] = str(alert.suspect)
+            summary += f", suspect rank {alert.suspect}"
+        ff = alert.diagnosis.first_failure if alert.diagnosis is not None else None
+        if ff is not None and ff.rank is not None:
+            annotations["first_failure"] = annotation(f"rank {ff.rank}: {ff.how or ff.kind}")
         if m.step is not None:
             annotations["step"] = str(m.step)
         if alert.report_url:
             annotations["report_url"] = alert.report_url
+        annotations["summary"] = annotation(f"{summary} (run {alert.run})")
         doc: dict[str, Any] = {"labels": labels, "annotations": annotations, "startsAt": iso(m.starts_at)}
         if alert.status == "resolved":
             doc["endsAt"] = iso(alert.ends_at or now)

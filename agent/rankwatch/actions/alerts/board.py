@@ -74,6 +74,7 @@ from typing import Any, TypeGuard
 
 from rankwatch import runfolder
 from rankwatch.dumps.store import sanitise_run
+from rankwatch.records import Diagnosis
 
 FORMAT = 1
 _RECORD_RE = re.compile(r"^r(\d{1,9})(?:\.([0-9a-f]{16}))?-(firing|resolved|cleared)-(\d{1,20})\.json$")
@@ -216,6 +217,7 @@ def clean_member(m: Any, t: float) -> dict[str, Any]:
         "evidence": small_evidence(evidence) if isinstance(evidence, dict) else {},
         "dump_path": dump[:MAX_TEXT] if isinstance(dump, str) and dump else None,
         "starts_at": float(starts) if _is_time(starts) else float(t),
+        "diagnosis": Diagnosis.from_json(m.get("diagnosis")),
     }
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 from urllib.parse import quote
 
 from rankwatch.ranksets import describe_ranks, format_ranks
-from rankwatch.records import Severity
+from rankwatch.records import Diagnosis, Severity
 
 Status = Literal["firing", "resolved"]
 
@@ -32,6 +32,7 @@ class AlertMember:
     starts_at: float = 0.0  # wall clock (epoch seconds) when the condition was first seen
     node: str | None = None  # set when a peer agent's rank joins the message (another node)
     subject: str | None = None  # what within the rank it is about (a GPU's UUID): Finding.subject
+    diagnosis: Diagnosis | None = None  # Finding.diagnosis: suspect, first failure, stacks
 
 
 @dataclass(eq=False)
@@ -114,37 +115,48 @@ class AlertMessage:
         else:
             body = f"{self.kind} on {len(ranks)} ranks ({rank_list(ranks)})"
         s = self.suspect
-        if s is not None and n > 1 and self.status == "firing":
+        if s is not None and self.status == "firing":
             body += f", suspect rank {s}"
         if self.status == "resolved":
             return f"resolved: {body}"
         return f"still firing: {body}" if self.repeat else body
 
+    @property
+    def diagnosis(self) -> Diagnosis | None:
+        """The lead member's diagnosis (the suspect's own, else the first one that has one)."""
+        lead = next((m for m in self.members if m.rank == self.rank and m.diagnosis is not None), None)
+        lead = lead or next((m for m in self.members if m.diagnosis is not None), None)
+        return lead.diagnosis if lead is not None else None
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["severity"] = self.severity.label
+        for doc, m in zip(d["members"], self.members, strict=True):
+            doc["diagnosis"] = m.diagnosis.to_json() if m.diagnosis is not None else None
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> AlertMessage:
         d = dict(d)
         d["severity"] = Severity.parse(d["severity"])
-        d["members"] = [AlertMember(**m) for m in d["members"]]
+        d["members"] = [
+            AlertMember(**{**m, "diagnosis": Diagnosis.from_json(m.get("diagnosis"))}) for m in d["members"]
+        ]
         return cls(**d)
 
 
 def suspect_rank(members: list[AlertMember]) -> int | None:
     """The rank a human should look at first, kept deliberately simple.
 
-    1. A rank named by a finding's evidence ``suspect`` (detectors that compare ranks know).
+    1. The rank a member's :class:`~rankwatch.records.Diagnosis` names (the cross-rank judgement).
     2. Else, with three or more ranks, the single rank whose evidence ``classification``
        differs from the one all the others share (e.g. the one busy rank among idle ones
        waiting in a collective).
     Otherwise none.
     """
     for m in members:
-        s = m.evidence.get("suspect")
-        if isinstance(s, int) and not isinstance(s, bool):
+        s = m.diagnosis.suspect if m.diagnosis is not None else None
+        if s is not None:
             return s
     if len(members) < 3:
         return None
@@ -211,30 +223,24 @@ def render_report_link(
     )
 
 
-def verdict_lines(evidence: dict[str, Any]) -> list[str]:
+def verdict_lines(diagnosis: Diagnosis | None) -> list[str]:
     """The diagnosis a cross-rank finding carries, as a few plain lines: the suspect and why,
-    the first failure with its time. Read from the evidence keys the diagnosis writes."""
+    the first failure with its time."""
     out: list[str] = []
-    suspects = evidence.get("suspects")
-    if not isinstance(suspects, list):
-        one = evidence.get("suspect")
-        suspects = [one] if isinstance(one, int) and not isinstance(one, bool) else []
-    suspects = [s for s in suspects if isinstance(s, int) and not isinstance(s, bool)]
-    verdict = str(evidence.get("verdict") or "")
+    if diagnosis is None:
+        return out
+    suspects = list(diagnosis.suspects)
+    verdict = diagnosis.verdict or ""
     why = VERDICT_WHY.get(verdict, "")
     if suspects:
         who = describe_ranks(suspects)
         out.append(f"suspect: {who}" + (f": {why}" if why else ""))
     elif verdict:
         out.append(f"no single suspect: {why or verdict}")
-    first = evidence.get("first_failure")
-    if isinstance(first, dict) and first.get("rank") is not None:
-        when = first.get("time")
-        at = f" at {iso(float(when))}" if isinstance(when, (int, float)) else ""
-        out.append(
-            f"first failure: rank {first.get('rank')}, "
-            f"{first.get('how') or first.get('kind') or 'failed'}{at}"
-        )
+    first = diagnosis.first_failure
+    if first is not None and first.rank is not None:
+        at = f" at {iso(first.time)}" if first.time is not None else ""
+        out.append(f"first failure: rank {first.rank}, {first.how or first.kind or 'failed'}{at}")
     return out
 
 

@@ -64,7 +64,7 @@ from rankwatch.actions.alerts.board import (
 from rankwatch.actions.alerts.message import AlertMember
 from rankwatch.actions.alerts.policy import Group, Key
 from rankwatch.offloop import in_daemon
-from rankwatch.records import Severity
+from rankwatch.records import Diagnosis, Severity
 
 log = logging.getLogger("rankwatch.alerts")
 
@@ -204,6 +204,7 @@ class PeerGroups:
             "evidence": small_evidence(m.evidence),
             "dump_path": m.dump_path,
             "starts_at": m.starts_at,
+            "diagnosis": m.diagnosis.to_json() if m.diagnosis is not None else None,
         }
         rec = Record(self.run, key[2], rank, state, when, self.node, severity.label, doc, key[3])
         self._outbox = [r for r in self._outbox if (r.kind, r.id) != (rec.kind, rec.id)]
@@ -559,4 +560,5 @@ def _peer(rec: Record) -> AlertMember:
         float(starts) if isinstance(starts, (int, float)) and not isinstance(starts, bool) else rec.time,
         node=rec.node or None,
         subject=rec.subject,
+        diagnosis=m.get("diagnosis") if isinstance(m.get("diagnosis"), Diagnosis) else None,
     )

@@ -188,7 +188,7 @@ class AlertPolicy:
         if self.closed:
             return
         rank = f.rank if f.rank is not None else self.identity.rank
-        key: Key = (self.identity.run, rank, f.kind, f.subject)
+        key: Key = (f.run or self.identity.run, rank, f.kind, f.subject)  # two jobs' rank 0: two alerts
         if rank is not None:
             self.ranks.add(rank)
         if f.resolved:
@@ -197,7 +197,7 @@ class AlertPolicy:
             self._fire(key, f)
 
     def _member(self, rank: int | None, f: Finding, starts_at: float) -> AlertMember:
-        dump = dump_link(f.evidence) or self._dumps.get(rank)
+        dump = dump_link(f) or self._dumps.get(rank)
         return AlertMember(
             rank,
             f.message,
@@ -207,6 +207,7 @@ class AlertPolicy:
             starts_at,
             None,
             subject=f.subject,
+            diagnosis=f.diagnosis,
         )
 
     def _fire(self, key: Key, f: Finding) -> None:
@@ -215,6 +216,7 @@ class AlertPolicy:
             self._inherited.pop(key, None)  # seen again: the same episode, resolved by its detector
             fresh = self._member(key[1], f, a.member.starts_at)
             a.member.message, a.member.step, a.member.evidence = fresh.message, fresh.step, fresh.evidence
+            a.member.diagnosis = fresh.diagnosis or a.member.diagnosis
             a.member.dump_path = a.member.dump_path or fresh.dump_path
             if f.severity > a.severity:  # an escalation is news: a new board episode
                 a.severity = f.severity
@@ -328,6 +330,7 @@ class AlertPolicy:
                 m["dump_path"],
                 m["starts_at"],
                 subject=rec.subject,
+                diagnosis=m["diagnosis"],
             )
             if rec.ended is not None:
                 self._ended[key] = rec
@@ -392,7 +395,7 @@ class AlertPolicy:
         last: dict[Key, Finding] = {}
         for f in findings:
             rank = f.rank if f.rank is not None else self.identity.rank
-            key: Key = (self.identity.run, rank, f.kind, f.subject)
+            key: Key = (f.run or self.identity.run, rank, f.kind, f.subject)
             last.pop(key, None)
             last[key] = f
         for key, f in last.items():
@@ -575,7 +578,8 @@ class AlertPolicy:
                         self._add(k, dataclasses.replace(a.member), "firing", a.severity, a.board_time, True)
                     due = min(due, now + self.cfg.group_wait)
                     continue
-                self.out(self._message(kind, "firing", group, repeat=True))
+                for msg in self._message(kind, "firing", group, repeat=True):
+                    self.out(msg)
             due = min(due, *(a.last_sent + interval for _, a in sent))
         return due
 
@@ -597,18 +601,28 @@ class AlertPolicy:
         an alert not posted again (Alertmanager's ``resolve_timeout``)."""
         sent = [(k, a) for k, a in self._active.items() if a.sent and not a.pending]
         return [
-            self._message(kind, "firing", [(k, a) for k, a in sent if k[2] == kind])
+            msg
             for kind in sorted({k[2] for k, _ in sent})
+            for msg in self._message(kind, "firing", [(k, a) for k, a in sent if k[2] == kind])
         ]
 
     def _message(
         self, kind: str, status: Status, actives: list[tuple[Key, Active]], *, repeat: bool = False
+    ) -> list[AlertMessage]:
+        """One message per run (a node daemon's jobs are never one alert)."""
+        return [
+            self._run_message(run, kind, status, [(k, a) for k, a in actives if k[0] == run], repeat=repeat)
+            for run in sorted({k[0] for k, _ in actives})
+        ]
+
+    def _run_message(
+        self, run: str, kind: str, status: Status, actives: list[tuple[Key, Active]], *, repeat: bool = False
     ) -> AlertMessage:
         members = [dataclasses.replace(a.member) for _, a in sorted(actives, key=_rank_order)]
         sev = max(a.severity for _, a in actives)
         return self._finish(
             AlertMessage(
-                self.identity.run,
+                run,
                 kind,
                 sev,
                 status,
@@ -642,20 +656,21 @@ class AlertPolicy:
     def emit(self, g: Group, now: float, *, saw_all: bool | None = None) -> None:
         """Send the group now (``saw_all``: the coordinator's word on "N of WORLD")."""
         keys = sorted(g.members, key=_key_order)
-        members = [dataclasses.replace(g.members[k]) for k in keys]
-        msg = AlertMessage(
-            self.identity.run,
-            g.kind,
-            g.severity,
-            g.status,
-            members,
-            self.identity.node,
-            self.identity.world_size,
-            saw_all=self.saw_all() if saw_all is None else saw_all,
-            repeat=g.repeat,
-        )
         self.announced(g, keys, now)
-        self.out(self._finish(msg))
+        for run in sorted({k[0] for k in keys}):  # one message per run: a node daemon's jobs apart
+            members = [dataclasses.replace(g.members[k]) for k in keys if k[0] == run]
+            msg = AlertMessage(
+                run,
+                g.kind,
+                g.severity,
+                g.status,
+                members,
+                self.identity.node,
+                self.identity.world_size,
+                saw_all=self.saw_all() if saw_all is None else saw_all,
+                repeat=g.repeat,
+            )
+            self.out(self._finish(msg))
 
     def announced(self, g: Group, keys: list[Key], now: float) -> None:
         """These members are announced (by us, or by the peer that led the group)."""
@@ -669,9 +684,9 @@ class AlertPolicy:
 
 
 def _incident_of(msg: AlertMessage) -> str | None:
-    """The incident folder's name the alert's stacks are in (its dump path, or the evidence)."""
+    """The incident folder's name the alert's stacks are in (its dump path, or the diagnosis)."""
     for m in msg.members:
-        where = m.dump_path or m.evidence.get("incident")
+        where = m.dump_path or (m.diagnosis.incident if m.diagnosis is not None else None)
         if isinstance(where, str) and where:
             return os.path.basename(where.rstrip("/"))
     return None
@@ -684,6 +699,7 @@ def _member_doc(m: AlertMember) -> dict[str, Any]:
         "evidence": small_evidence(m.evidence),
         "dump_path": m.dump_path,
         "starts_at": m.starts_at,
+        "diagnosis": m.diagnosis.to_json() if m.diagnosis is not None else None,
     }
 
 

@@ -150,7 +150,7 @@ def build_blocks(a: AlertMessage) -> list[dict[str, Any]]:
         {"type": "section", "text": {"type": "mrkdwn", "text": _cut(_esc(a.message), 2900)}},
     ]
     lead = next((m for m in a.members if m.rank == a.rank), a.members[0])
-    verdict = verdict_lines(lead.evidence) if a.status == "firing" else []
+    verdict = verdict_lines(a.diagnosis) if a.status == "firing" else []
     if verdict:
         text = "*Verdict:* " + "\n".join(_esc(line) for line in verdict)
         blocks.insert(1, {"type": "section", "text": {"type": "mrkdwn", "text": _cut(text, 2900)}})

@@ -31,6 +31,7 @@ def payload(alert: AlertMessage) -> dict[str, Any]:
 
 
 def _raw(alert: AlertMessage, lead: Any) -> dict[str, Any]:
+    diagnosis = alert.diagnosis
     return {
         "version": "1",
         "status": alert.status,
@@ -40,6 +41,7 @@ def _raw(alert: AlertMessage, lead: Any) -> dict[str, Any]:
         "ranks": alert.ranks,
         "world_size": alert.world_size,
         "suspect": alert.suspect,
+        "diagnosis": diagnosis.to_json() if diagnosis is not None else None,
         "node": alert.node,
         "kind": alert.kind,
         "severity": alert.severity.label,

@@ -1,0 +1,81 @@
+"""Identity belongs to the watched process: read from its own environment and cgroup."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from rankwatch.config.schema import RunConfig
+from rankwatch.identity import Identity, identity_of_process, pod_of
+
+pytestmark = pytest.mark.unit
+
+AGENT = Identity("default", 0, 0, None, "node-7")
+# As each launcher exports them (Slurm srun; torchrun/elastic, which accelerate and the DeepSpeed
+# launcher use too; Open MPI).
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8"}
+TORCHRUN = {"TORCHELASTIC_RUN_ID": "job-a", "RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "4"}
+OMPI = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_SIZE": "16"}
+# /proc/<pid>/cgroup of a container of a Kubernetes pod (cgroup v2, systemd driver).
+K8S_CGROUP = (
+    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-"
+    "pod1a2b3c4d_5e6f_7a8b_9c0d_112233445566.slice/cri-containerd-0123abcd.scope\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("env", "cgroup", "want"),
+    [
+        (SLURM, None, ("4242", 5, 1, 8)),
+        (TORCHRUN, None, ("job-a", 3, 3, 4)),
+        (OMPI, None, ("default", 2, 0, 16)),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, K8S_CGROUP, ("pod-1a2b3c4d-5e6f-7a8b-9c0d-112233445566", 1, 0, 2)),
+    ],
+)
+def test_a_process_identity_is_its_own(env: dict[str, str], cgroup: str | None, want: tuple) -> None:
+    # The agent's own config names a rank: it is the agent's, not the watched process's.
+    ident = identity_of_process(RunConfig(rank=7), env, AGENT, user="alice", cgroup=cgroup)
+    assert (ident.run, ident.rank, ident.local_rank, ident.world_size) == want
+    assert ident.user == "alice" and ident.node == "node-7"
+
+
+def test_pod_uid_from_cgroup_v1() -> None:
+    v1 = "11:memory:/kubepods/besteffort/pod0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/abcdef\n"
+    assert pod_of(v1) == "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b" and pod_of("0::/user.slice") is None
+
+
+def test_one_list_of_rank_variables() -> None:
+    """workers.py and modes.py read the same lists as identity.py (three copies had drifted)."""
+    import rankwatch.identity as identity
+    from rankwatch.runtime import modes, workers
+
+    assert workers.RANK_VARS is identity.RANK_VARS and modes.RANK_VARS is identity.RANK_VARS
+    assert workers.LOCAL_RANK_VARS is identity.LOCAL_RANK_VARS and workers.WORLD_VARS is identity.WORLD_VARS
+
+
+def test_two_jobs_rank_0_nan_at_once_are_two_alerts(tmp_path: Path) -> None:
+    """A node daemon sees rank 0 of job A and rank 0 of job B go NaN at once: two alerts, each
+    with its own run, not one deduplicated on the agent's (run, rank, kind)."""
+    from rankwatch.actions.alerts.dispatcher import AlertDispatcher
+    from rankwatch.config.schema import AlertsConfig
+    from rankwatch.records import Finding, Severity
+    from test_alerts import RecordingSink, running, settle
+
+    async def go() -> list:
+        sink = RecordingSink()
+        cfg = AlertsConfig(startup_quiet=0.0, group_wait=0.0, spool_dir=str(tmp_path / "spool"))
+        d = AlertDispatcher(cfg, AGENT, sinks=[sink])
+        async with running(d):
+            for run in ("job-a", "job-b"):
+                d.send(Finding("nan_loss", Severity.CRITICAL, 0, "loss is NaN at step 40", step=40, run=run))
+            await settle(d)
+            from conftest import until
+
+            await until(lambda: len(sink.alerts) == 2)
+        return sink.alerts
+
+    alerts = asyncio.run(go())
+    assert sorted(a.run for a in alerts) == ["job-a", "job-b"]
+    assert all(a.ranks == [0] for a in alerts)
