@@ -580,6 +580,13 @@ class AlertsConfig:
 class GpuConfig:
     enabled: bool = opt(True, "sample the watched ranks' GPUs through NVML (off on CPU-only nodes is fine)")
     interval: Duration = opt(Duration(5.0), "time between two GPU samples (at least 50ms)", min=0.05)
+    health_interval: Duration = opt(
+        Duration(30.0),
+        "ECC counters, retired pages, remapped rows, PCIe replays and clock-event counters are read this "
+        "often and carried forward in between (they change on events; dcgm-exporter collects every 30s); "
+        "an Xid reads them at the next sample; at most gpu.interval apart when set below it",
+        min=0.05,
+    )
     call_timeout: Duration = opt(
         Duration(10.0),
         "one sample (all NVML calls) gives up after this long; a hung driver skips samples",

@@ -44,6 +44,12 @@ FIELDS = (
     "gpm",
 )
 
+# Readings that change on the order of events, not seconds: ECC counters, retired pages,
+# row-remapper state, PCIe replays and the clock-event (violation) time counters. The
+# sampler reads them every ``gpu.health_interval`` and carries the last values forward in
+# between (15 of the ~35 NVML calls per GPU and round).
+HEALTH_FIELDS = frozenset({"ecc_errors", "retired_pages", "remapped_rows", "pcie_replays", "violations"})
+
 # NVML's performance policies whose violation (clock-event) time dcgm-exporter exports as
 # DCGM_FI_DEV_*_VIOLATION; the key is our ``reason`` label.
 VIOLATION_POLICIES = {
