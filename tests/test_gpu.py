@@ -32,6 +32,7 @@ from gpufake import (
     unsupported,
 )
 from gpufake import exposition as gpufake_exposition
+from rankwatch.config.schema import Duration
 from rankwatch.detectors.gpu import (
     ACTIVITY_AMBIGUOUS,
     ACTIVITY_BUSY,
@@ -42,7 +43,6 @@ from rankwatch.detectors.gpu import (
     gpu_activity,
     staircase_step,
 )
-from rankwatch.config.schema import Duration
 from rankwatch.detectors.trend import FloorHistory, sustained_climb
 from rankwatch.gpu import GpuConfig, GpuInfo, GpuSample
 from rankwatch.gpu.backend import GpuError, error_kind
@@ -304,10 +304,10 @@ def test_health_counters_are_read_every_health_interval_and_carried_forward_betw
     assert calls["temperature"] == calls["utilization"] == calls["power"] == 13
     fresh = [t for t, (s,) in enumerate(rounds) if s.health_fresh]
     assert fresh == [0, 6, 12]
-    for s, in rounds:  # carried forward: /metrics keeps every series between reads
+    for (s,) in rounds:  # carried forward: /metrics keeps every series between reads
         assert s.ecc is not None and s.retired_pages is not None and s.remapped_rows is not None
         assert s.violations is not None and s.temperature == 62.0
-    assert [s.pcie_replays for s, in rounds] == [0] * 6 + [6] * 6 + [12]
+    assert [s.pcie_replays for (s,) in rounds] == [0] * 6 + [6] * 6 + [12]
 
 
 @pytest.mark.unit
@@ -350,9 +350,9 @@ def test_carried_counters_neither_fire_nor_resolve_an_ecc_episode() -> None:
 def test_a_failed_health_reading_is_retried_at_the_next_sample() -> None:
     first_fails = seq([GpuError("failed", "Timeout", code=10)] + [(0, 0, False, False)] * 20)
     rounds, calls = _per_tick([healthy(0, fields={"remapped_rows": first_fails})], 8)
-    assert [s.remapped_rows is not None for s, in rounds] == [False] + [True] * 7
+    assert [s.remapped_rows is not None for (s,) in rounds] == [False] + [True] * 7
     # read again at tick 1, then a health interval (6 ticks) from that read
-    assert [s.health_fresh for s, in rounds] == [True, True] + [False] * 5 + [True]
+    assert [s.health_fresh for (s,) in rounds] == [True, True] + [False] * 5 + [True]
     assert calls["remapped_rows"] == calls["ecc_errors"] == 3
 
 
