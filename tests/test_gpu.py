@@ -299,7 +299,7 @@ def test_health_counters_are_read_every_health_interval_and_carried_forward_betw
     assert float(GpuConfig().health_interval) == 30.0  # dcgm-exporter's default collection interval
     rounds, calls = _per_tick([healthy(0, fields={"pcie_replays": lambda t: t})], 13)
     # 30 s at 5 s a sample: ticks 0, 6 and 12 read the board; the fast readings every tick
-    for name in ("ecc_errors", "retired_pages", "remapped_rows", "pcie_replays", "violations"):
+    for name in ("power_limit", "ecc_errors", "retired_pages", "remapped_rows", "pcie_replays", "violations"):
         assert calls[name] == 3, name
     assert calls["temperature"] == calls["utilization"] == calls["power"] == 13
     fresh = [t for t, (s,) in enumerate(rounds) if s.health_fresh]
