@@ -14,6 +14,7 @@
  *   gpu0.util 87                    per-GPU readings, see get() calls below for the keys
  *   gpu0.lost 1                     every call on GPU 0 returns GPU_IS_LOST
  *   xid.1 0:79                      Xid 79 on GPU 0, delivered once through nvmlEventSetWait_v2
+ *   gpu0.no_link_sum 1              NVLink throughput with scopeId UINT_MAX is not summed (per link only)
  *
  * Built with -DSTANDIN_MINIMAL it leaves out the newer functions, so pynvml raises
  * NVMLError_FunctionNotFound for them as it does on an old driver.
@@ -465,6 +466,25 @@ int nvmlDeviceGetFieldValues(nvmlDevice_t device, int n, nvmlFieldValue_t *value
         else
             snprintf(key, sizeof key, "field%u", f->fieldId);
         const char *v = get(g, key);
+        char sum[32];
+        if (!v && f->scopeId == 0xFFFFFFFFu && f->fieldId >= 138 && f->fieldId <= 141 &&
+            !num(g, "no_link_sum", 0)) {
+            /* nvml.h: a scopeId of UINT_MAX sums the counter over all links */
+            unsigned long long total = 0;
+            int found = 0;
+            for (int link = 0; link < 32; link++) {
+                snprintf(key, sizeof key, "field%u.%d", f->fieldId, link);
+                const char *one = get(g, key);
+                if (one) {
+                    total += strtoull(one, NULL, 0);
+                    found = 1;
+                }
+            }
+            if (found) {
+                snprintf(sum, sizeof sum, "%llu", total);
+                v = sum;
+            }
+        }
         f->timestamp = (long long)time(NULL) * 1000000LL;
         f->latencyUsec = 0;
         if (!v) {
