@@ -124,36 +124,7 @@ class GpuBackend(Protocol):
     def energy(self, index: int) -> float: ...  # joules
     def pcie_throughput(self, index: int) -> tuple[float, float]: ...  # tx, rx bytes/s
     def violations(self, index: int) -> dict[str, float]: ...  # policy -> seconds
-    def nvlink(self, index: int) -> tuple[float, float, dict[str, int]]:
-        """Data bytes moved over all links (counters) and the error counters summed over links.
-
-        nvml.h: a scopeId of UINT_MAX returns the throughput counters summed over all links,
-        so one request of 6 values instead of 2 per link (36 on an 18-link H100); a driver
-        that answers the sum with an error is read link by link from then on.
-        """
-        n = self._nvlink_links.get(index, 0)
-        if not n:
-            (links,) = self._fields(index, [_FI_NVLINK_LINK_COUNT])
-            if not links:
-                raise GpuError("not_supported", "no NVLink on this GPU")
-            n = self._nvlink_links[index] = int(links)
-        errors_ids: list[Any] = list(NVLINK_ERROR_FIELDS.values())
-        mode = self._nvlink_mode.get(index)
-        if mode != "links":
-            whole = [(_FI_NVLINK_TX_DATA_KIB, _ALL_SCOPES), (_FI_NVLINK_RX_DATA_KIB, _ALL_SCOPES)]
-            got = self._fields(index, whole + errors_ids)
-            if got[0] is not None or got[1] is not None or mode == "none":
-                self._nvlink_mode[index] = "sum" if mode is None else mode
-                return (got[0] or 0.0) * 1024.0, (got[1] or 0.0) * 1024.0, _nvlink_errors(got[2:])
-        pair = (_FI_NVLINK_TX_DATA_KIB, _FI_NVLINK_RX_DATA_KIB)
-        ids: list[Any] = [(f, link) for link in range(n) for f in pair]
-        got = self._fields(index, ids + errors_ids)
-        if mode is None:
-            self._nvlink_mode[index] = "links" if any(v is not None for v in got[: 2 * n]) else "none"
-        tx = sum(v or 0.0 for v in got[0 : 2 * n : 2]) * 1024.0
-        rx = sum(v or 0.0 for v in got[1 : 2 * n : 2]) * 1024.0
-        return tx, rx, _nvlink_errors(got[2 * n :])
-
+    def nvlink(self, index: int) -> tuple[float, float, dict[str, int]]: ...  # tx, rx bytes; errors
     def gpm(self, index: int) -> dict[str, float]: ...  # GpuSample attribute -> ratio
     def compute_pids(self, index: int) -> list[int]: ...
     def xid_events(self, timeout_s: float) -> list[XidEvent]: ...
@@ -467,21 +438,34 @@ class NvmlBackend:
         return out
 
     def nvlink(self, index: int) -> tuple[float, float, dict[str, int]]:
-        """Data bytes moved over all links (counters) and the error counters summed over links."""
+        """Data bytes moved over all links (counters) and the error counters summed over links.
+
+        nvml.h: a scopeId of UINT_MAX returns the throughput counters summed over all links,
+        so one request of 6 values instead of 2 per link (36 on an 18-link H100); a driver
+        that answers the sum with an error is read link by link from then on.
+        """
         n = self._nvlink_links.get(index, 0)
         if not n:
             (links,) = self._fields(index, [_FI_NVLINK_LINK_COUNT])
             if not links:
                 raise GpuError("not_supported", "no NVLink on this GPU")
             n = self._nvlink_links[index] = int(links)
+        errors_ids: list[Any] = list(NVLINK_ERROR_FIELDS.values())
+        mode = self._nvlink_mode.get(index)
+        if mode != "links":
+            whole = [(_FI_NVLINK_TX_DATA_KIB, _ALL_SCOPES), (_FI_NVLINK_RX_DATA_KIB, _ALL_SCOPES)]
+            got = self._fields(index, whole + errors_ids)
+            if got[0] is not None or got[1] is not None or mode == "none":
+                self._nvlink_mode[index] = "sum" if mode is None else mode
+                return (got[0] or 0.0) * 1024.0, (got[1] or 0.0) * 1024.0, _nvlink_errors(got[2:])
         pair = (_FI_NVLINK_TX_DATA_KIB, _FI_NVLINK_RX_DATA_KIB)
         ids: list[Any] = [(f, link) for link in range(n) for f in pair]
-        ids += list(NVLINK_ERROR_FIELDS.values())
-        got = self._fields(index, ids)
+        got = self._fields(index, ids + errors_ids)
+        if mode is None:
+            self._nvlink_mode[index] = "links" if any(v is not None for v in got[: 2 * n]) else "none"
         tx = sum(v or 0.0 for v in got[0 : 2 * n : 2]) * 1024.0
         rx = sum(v or 0.0 for v in got[1 : 2 * n : 2]) * 1024.0
-        errors = {k: int(v) for k, v in zip(NVLINK_ERROR_FIELDS, got[2 * n :], strict=True) if v is not None}
-        return tx, rx, errors
+        return tx, rx, _nvlink_errors(got[2 * n :])
 
     def gpm(self, index: int) -> dict[str, float]:
         """SM, tensor and DRAM activity from GPM: two samples one interval apart, no DCGM needed.
