@@ -582,9 +582,9 @@ class GpuConfig:
     interval: Duration = opt(Duration(5.0), "time between two GPU samples (at least 50ms)", min=0.05)
     health_interval: Duration = opt(
         Duration(30.0),
-        "ECC counters, retired pages, remapped rows, PCIe replays and clock-event counters are read this "
-        "often and carried forward in between (they change on events; dcgm-exporter collects every 30s); "
-        "an Xid reads them at the next sample; at most gpu.interval apart when set below it",
+        "ECC counters, retired pages, remapped rows, PCIe replays, clock-event counters and the power limit "
+        "change on events: read this often, last values kept in between (dcgm-exporter collects every 30s); "
+        "an Xid reads them at the next sample; below gpu.interval: every sample",
         min=0.05,
     )
     call_timeout: Duration = opt(
