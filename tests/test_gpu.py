@@ -27,10 +27,12 @@ from gpufake import (
     leak,
     lost,
     seq,
+    switch,
     throttle,
     unsupported,
 )
 from gpufake import exposition as gpufake_exposition
+from rankwatch.config.schema import Duration
 from rankwatch.detectors.gpu import (
     ACTIVITY_AMBIGUOUS,
     ACTIVITY_BUSY,
@@ -43,7 +45,7 @@ from rankwatch.detectors.gpu import (
 )
 from rankwatch.detectors.trend import FloorHistory, sustained_climb
 from rankwatch.gpu import GpuConfig, GpuInfo, GpuSample
-from rankwatch.gpu.backend import error_kind
+from rankwatch.gpu.backend import GpuError, error_kind
 from rankwatch.gpu.collector import gpu_metric_families
 from rankwatch.gpu.sampler import GpuSampler, map_pids_to_gpus
 from rankwatch.records import Finding, Severity
@@ -244,7 +246,8 @@ def test_uncorrectable_ecc_increase_fires_and_resolves() -> None:
         return {("uncorrected", "volatile"): unc, ("uncorrected", "aggregate"): unc + 5}
 
     script = seq([ecc(2)] * 5 + [ecc(3)] * 10)  # 2 already there when the agent starts
-    findings, _, _ = drive([healthy(0, fields={"ecc_errors": script})], 15)
+    every = GpuConfig(health_interval=Duration(INTERVAL))  # the counters read at every sample
+    findings, _, _ = drive([healthy(0, fields={"ecc_errors": script})], 15, every)
     assert [(t, f.severity, f.resolved) for t, f in findings] == [
         (0, Severity.INFO, False),  # the board's history, told once
         (3, Severity.INFO, True),
@@ -262,11 +265,95 @@ def test_uncorrectable_ecc_increase_fires_and_resolves() -> None:
 @pytest.mark.unit
 def test_pending_remap_then_failure_escalates() -> None:
     rows = seq([(0, 0, False, False)] * 2 + [(0, 1, True, False)] * 3 + [(0, 1, True, True)] * 3)
-    findings, _, _ = drive([healthy(0, fields={"remapped_rows": rows})], 8)
+    every = GpuConfig(health_interval=Duration(INTERVAL))
+    findings, _, _ = drive([healthy(0, fields={"remapped_rows": rows})], 8, every)
     assert [(f.kind, f.severity) for _, f in findings] == [
         ("ecc_error", Severity.WARNING),
         ("ecc_error", Severity.CRITICAL),
     ]
+
+
+# --- health counters on their own cadence (gpu.health_interval) ------------------------------
+
+
+def _per_tick(
+    gpus: list[FakeGpu], ticks: int, cfg: GpuConfig | None = None
+) -> tuple[list[list[GpuSample]], dict[str, int]]:
+    """Every tick's samples (5 s apart on the sampler's clock) and the backend's call counts."""
+    fb = FakeBackend(gpus)
+    sampler = GpuSampler(cfg or GpuConfig(), backend=fb, clock=lambda: 1000.0 + fb.tick * INTERVAL)
+
+    async def go() -> list[list[GpuSample]]:
+        assert await sampler.start()
+        out = []
+        for _ in range(ticks):
+            out.append(await sampler.sample_once())
+            fb.advance()
+        return out
+
+    return asyncio.run(go()), dict(fb.calls)
+
+
+@pytest.mark.unit
+def test_health_counters_are_read_every_health_interval_and_carried_forward_between() -> None:
+    assert float(GpuConfig().health_interval) == 30.0  # dcgm-exporter's default collection interval
+    rounds, calls = _per_tick([healthy(0, fields={"pcie_replays": lambda t: t})], 13)
+    # 30 s at 5 s a sample: ticks 0, 6 and 12 read the board; the fast readings every tick
+    for name in ("power_limit", "ecc_errors", "retired_pages", "remapped_rows", "pcie_replays", "violations"):
+        assert calls[name] == 3, name
+    assert calls["temperature"] == calls["utilization"] == calls["power"] == 13
+    fresh = [t for t, (s,) in enumerate(rounds) if s.health_fresh]
+    assert fresh == [0, 6, 12]
+    for (s,) in rounds:  # carried forward: /metrics keeps every series between reads
+        assert s.ecc is not None and s.retired_pages is not None and s.remapped_rows is not None
+        assert s.violations is not None and s.temperature == 62.0
+    assert [s.pcie_replays for (s,) in rounds] == [0] * 6 + [6] * 6 + [12]
+
+
+@pytest.mark.unit
+def test_a_new_ecc_error_is_found_within_one_health_interval_and_carried_rounds_decide_nothing() -> None:
+    def ecc(unc: int) -> dict[tuple[str, str], int]:
+        return {("uncorrected", "volatile"): unc, ("uncorrected", "aggregate"): unc}
+
+    errors = switch(8, const(ecc(0)), const(ecc(1)))  # between the reads at ticks 6 and 12
+    findings, _, _ = drive([healthy(0, fields={"ecc_errors": errors})], 60)
+    assert [(t, f.severity, f.resolved) for t, f in findings] == [
+        (12, Severity.CRITICAL, False),  # 4 samples (20 s) after the error: within 30 s
+        (30, Severity.CRITICAL, True),  # clear_samples (3) reads without news: 18, 24, 30
+    ]
+    assert "from 0 to 1" in findings[0][1].message
+
+
+@pytest.mark.unit
+def test_an_xid_reads_the_memory_counters_at_the_next_sample() -> None:
+    errors = switch(8, const({("uncorrected", "volatile"): 0}), const({("uncorrected", "volatile"): 1}))
+    gpu = healthy(0, fields={"ecc_errors": errors}, xids={8: [48]})
+    findings, _, _ = drive([gpu], 12)
+    ecc = [(t, f.severity) for t, f in findings if f.kind == "ecc_error"]
+    assert ecc == [(9, Severity.CRITICAL)]  # not at tick 12, the next scheduled read
+
+
+@pytest.mark.unit
+def test_carried_counters_neither_fire_nor_resolve_an_ecc_episode() -> None:
+    fresh = [_ecc(uncorrected=0), _ecc(uncorrected=1)]
+    carried = [{**_ecc(uncorrected=1), "health_fresh": False}] * 10
+    findings = ecc_run(fresh + carried + [_ecc(uncorrected=1)] * 3)
+    assert [(t, f.severity, f.resolved) for t, f in findings] == [
+        (1, Severity.CRITICAL, False),
+        (14, Severity.CRITICAL, True),  # the third read without news, not the third sample
+    ]
+    # a carried round with a different value (it cannot happen) is not news either
+    assert ecc_run([_ecc(uncorrected=0), {**_ecc(uncorrected=5), "health_fresh": False}]) == []
+
+
+@pytest.mark.unit
+def test_a_failed_health_reading_is_retried_at_the_next_sample() -> None:
+    first_fails = seq([GpuError("failed", "Timeout", code=10)] + [(0, 0, False, False)] * 20)
+    rounds, calls = _per_tick([healthy(0, fields={"remapped_rows": first_fails})], 8)
+    assert [s.remapped_rows is not None for (s,) in rounds] == [False] + [True] * 7
+    # read again at tick 1, then a health interval (6 ticks) from that read
+    assert [s.health_fresh for (s,) in rounds] == [True, True] + [False] * 5 + [True]
+    assert calls["remapped_rows"] == calls["ecc_errors"] == 3
 
 
 # --- degraded backends -----------------------------------------------------------------------

@@ -170,6 +170,19 @@ def test_healthy_readings_reach_samples_and_metrics_in_base_units(
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_nvlink_throughput_is_read_summed_and_link_by_link_where_the_driver_does_not_sum(
+    standin: dict[str, Path], tmp_path: Path
+) -> None:
+    summed = probe(standin["full"], tmp_path, [{"sample": 3}])["rounds"]
+    no_sum = HEALTHY + "gpu0.no_link_sum 1\n"
+    links = probe(standin["full"], tmp_path, [{"sample": 3}], state=no_sum)["rounds"]
+    for rounds in (summed, links):
+        for r in rounds:
+            g0 = r["samples"][0]
+            assert (g0["nvlink_tx"], g0["nvlink_rx"]) == (400 * 1024.0, 100 * 1024.0)
+            assert g0["nvlink_errors"] == {"crc_flit": 0, "crc_data": 0, "replay": 7, "recovery": 0}
+
+
 def test_functions_an_old_driver_lacks_are_not_supported_once_never_errors(
     standin: dict[str, Path], tmp_path: Path
 ) -> None:

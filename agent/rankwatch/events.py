@@ -213,6 +213,10 @@ class GpuSample:
     remap_pending: bool | None = None
     remap_failure: bool | None = None
     pcie_replays: int | None = None
+    # False when ecc .. pcie_replays and violations were not read this sample but carried
+    # forward from the last read (``gpu.health_interval``): kept for /metrics, but no news
+    # for the detectors, which neither fire nor count a quiet sample on them.
+    health_fresh: bool = True
     xids: list[int] = field(default_factory=list)  # Xid numbers seen since the previous sample
     xid_counts: dict[int, int] = field(default_factory=dict)  # cumulative since the sampler started
     memory_free: int | None = None  # bytes

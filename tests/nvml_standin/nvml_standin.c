@@ -14,6 +14,7 @@
  *   gpu0.util 87                    per-GPU readings, see get() calls below for the keys
  *   gpu0.lost 1                     every call on GPU 0 returns GPU_IS_LOST
  *   xid.1 0:79                      Xid 79 on GPU 0, delivered once through nvmlEventSetWait_v2
+ *   gpu0.no_link_sum 1              NVLink throughput with scopeId UINT_MAX is not summed (per link only)
  *
  * Built with -DSTANDIN_MINIMAL it leaves out the newer functions, so pynvml raises
  * NVMLError_FunctionNotFound for them as it does on an old driver.
@@ -455,6 +456,24 @@ typedef struct {
     union { double d; unsigned int ui; unsigned long ul; unsigned long long ull; long long sll; int si; } value;
 } nvmlFieldValue_t;
 
+/* "gpuN.fieldF.<link>" summed over the links listed, in one pass (one reload check). */
+static int sum_links(int gpu, unsigned int field, char *out, size_t size) {
+    char prefix[48];
+    int plen = snprintf(prefix, sizeof prefix, "gpu%d.field%u.", gpu, field);
+    unsigned long long total = 0;
+    int found = 0;
+    pthread_mutex_lock(&mu);
+    reload_locked();
+    for (int i = 0; i < nkeys; i++)
+        if (strncmp(keys[i], prefix, (size_t)plen) == 0) {
+            total += strtoull(vals[i], NULL, 0);
+            found = 1;
+        }
+    pthread_mutex_unlock(&mu);
+    if (found) snprintf(out, size, "%llu", total);
+    return found;
+}
+
 int nvmlDeviceGetFieldValues(nvmlDevice_t device, int n, nvmlFieldValue_t *values) {
     DEV_ENTER("nvmlDeviceGetFieldValues");
     for (int i = 0; i < n; i++) {
@@ -465,6 +484,10 @@ int nvmlDeviceGetFieldValues(nvmlDevice_t device, int n, nvmlFieldValue_t *value
         else
             snprintf(key, sizeof key, "field%u", f->fieldId);
         const char *v = get(g, key);
+        char sum[32];
+        if (!v && f->scopeId == 0xFFFFFFFFu && f->fieldId >= 138 && f->fieldId <= 141 &&
+            !num(g, "no_link_sum", 0) && sum_links(g, f->fieldId, sum, sizeof sum))
+            v = sum; /* nvml.h: a scopeId of UINT_MAX sums the counter over all links */
         f->timestamp = (long long)time(NULL) * 1000000LL;
         f->latencyUsec = 0;
         if (!v) {

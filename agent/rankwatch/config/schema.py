@@ -575,6 +575,13 @@ class AlertsConfig:
 class GpuConfig:
     enabled: bool = opt(True, "sample the watched ranks' GPUs through NVML (off on CPU-only nodes is fine)")
     interval: Duration = opt(Duration(5.0), "time between two GPU samples (at least 50ms)", min=0.05)
+    health_interval: Duration = opt(
+        Duration(30.0),
+        "ECC counters, retired pages, remapped rows, PCIe replays, clock-event counters and the power limit "
+        "change on events: read this often, last values kept in between (dcgm-exporter collects every 30s); "
+        "an Xid reads them at the next sample; below gpu.interval: every sample",
+        min=0.05,
+    )
     call_timeout: Duration = opt(
         Duration(10.0),
         "one sample (all NVML calls) gives up after this long; a hung driver skips samples",

@@ -431,7 +431,9 @@ class EccRule(GpuRule):
     trickle of corrected errors harms nothing yet but precedes both: info, warning when it
     is a storm. What the board carried before the agent started is a history, told once as
     info. One episode per GPU; it fires again only when its severity rises, so flags that
-    stay set until a reset do not repeat.
+    stay set until a reset do not repeat. Only samples whose counters were read this round
+    count (``health_fresh``; they are read every ``gpu.health_interval``), so a new error is
+    seen within one health interval and ``clear_samples`` counts reads, not carried copies.
     """
 
     kind = "ecc_error"
@@ -447,7 +449,7 @@ class EccRule(GpuRule):
         self.severity = Severity.INFO
 
     def observe(self, s: GpuSample) -> list[Finding]:
-        if s.lost:
+        if s.lost or not s.health_fresh:  # carried-forward counters: nothing new, nor a quiet sample
             return []
         reasons = self._history(s) if self.first else []
         self.first = False

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from rankwatch.events import GpuInfo, GpuSample
 from rankwatch.gpu import GpuConfig
-from rankwatch.gpu.backend import FIELDS, GpuBackend, GpuError, NvmlBackend
+from rankwatch.gpu.backend import FIELDS, HEALTH_FIELDS, GpuBackend, GpuError, NvmlBackend
 from rankwatch.identity import LOCAL_RANK_VARS
 
 log = logging.getLogger("rankwatch.gpu")
@@ -175,6 +175,10 @@ class GpuSampler:
         self._unknown: dict[int, int] = {}  # GPU -> samples in a row that read nothing but error 999
         self._logged: set[tuple[str, str]] = set()
         self._xid_counts: dict[int, Counter[int]] = {}
+        # The health readings (HEALTH_FIELDS) last read per GPU, carried into the samples in
+        # between, and when each GPU's are next due (clock time; absent: at the next sample).
+        self._health: dict[int, dict[str, Any]] = {}
+        self._health_due: dict[int, float] = {}
         self._xid_off = False
         self.attribution: dict[int, str] = {}  # GPU index -> how it was tied to a watched rank
         self._warned_unattributed = False
@@ -389,6 +393,9 @@ class GpuSampler:
             s = by_index.get(ev.gpu) if ev.gpu is not None else None
             if s is not None:
                 s.xids.append(ev.xid)
+                # Many Xids come with memory errors (48: double-bit ECC, 63/64: row remapping):
+                # the board's counters are read at the next sample, not a health interval later.
+                self._health_due.pop(s.index, None)
             elif ev.gpu is None:
                 log.warning("Xid %d on a GPU that NVML could not name: see the kernel log (dmesg)", ev.xid)
             else:
@@ -433,8 +440,15 @@ class GpuSampler:
         errors: list[tuple[str, str]] = []
         unknown: str | None = None
         read = 0
+        health = now >= self._health_due.get(i, now)
+        kept = self._health.setdefault(i, {})
+        s.health_fresh = health
         for name in FIELDS:
             if name in skip:
+                continue
+            if name in HEALTH_FIELDS and not health:
+                if name in kept:  # carried forward: unchanged since it was read, as far as we know
+                    _assign(s, name, kept[name])
                 continue
             try:
                 value = getattr(self.backend, name)(i)
@@ -454,13 +468,22 @@ class GpuSampler:
                         unknown = str(e) or "Unknown Error"
                     self.errors += 1
                     errors.append((name, f"{e}"))
+                kept.pop(name, None)
                 continue
             except Exception as e:
                 self.errors += 1
                 errors.append((name, repr(e)))
+                kept.pop(name, None)
                 continue
             _assign(s, name, value)
+            if name in HEALTH_FIELDS:
+                kept[name] = value
             read += 1
+        if health:
+            if any(name in HEALTH_FIELDS for name, _why in errors):
+                self._health_due.pop(i, None)  # a failed health reading is retried next sample
+            else:
+                self._health_due[i] = now + self.cfg.health_interval
         if errors and not read and failed is not None:
             failed[i] = errors[0][1]
         else:
@@ -495,6 +518,8 @@ class GpuSampler:
         )
 
     def _mark_lost(self, i: int, reason: str, now: float) -> None:
+        self._health.pop(i, None)  # a GPU that answers again is read in full at once
+        self._health_due.pop(i, None)
         if i not in self._lost:
             log.error("GPU %d is lost: %s", i, reason)
         self._lost[i] = _Lost(reason=reason, probed=now)
