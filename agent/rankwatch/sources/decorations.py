@@ -84,6 +84,13 @@ def _bracket_rank(head: str) -> tuple[int, bool] | None:
             digits = head[len(tag) :]
             if 0 < len(digits) <= 7 and digits.isdecimal():
                 return int(digits), space
+    # torchrun --log-line-prefix-template "[${role_name}${local_rank}|${rank}]:" (torchtune's
+    # multi-node recipes print "[trainer0|0]:"): the global rank follows the bar.
+    bar = head.find("|")
+    if bar > 0 and head[1:2].isalpha():
+        digits = head[bar + 1 :]
+        if 0 < len(digits) <= 7 and digits.isdecimal() and head[bar - 1 : bar].isdecimal():
+            return int(digits), False
     return None
 
 

@@ -9,9 +9,10 @@ import math
 import re
 from typing import Any, ClassVar
 
-from rankwatch.records import Record
+from rankwatch.records import Record, StepRecord
 
 from ._common import MetricBag, canonical, eval_record, strip_ansi, to_float, to_int
+from ._progress import bare_count, loss_columns, progress, table_header, table_row
 from .base import LogLine
 from .deepspeed import DeepSpeedParser
 from .hf import HFParser
@@ -132,15 +133,23 @@ class JsonParser:
         return _records(bag, line)
 
 
-# ---------------------------------------------------------------- key=value text
+# ---------------------------------------------------------------- key=value text (the general reader)
 
 _NUMBER = r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?)\b"
 _WORD = r"[A-Za-z_][A-Za-z0-9_./()%-]{0,40}"
+# ``k: v``, ``k=v``, ``k v``, ``k : v``, ``| k v |``, ``'k': 'v'``, ``k: [v]``, a unit after the
+# number with or without a space (``iter time: 40.78 ms``), ``k: i/n``.
 _PAIR = re.compile(
-    rf"(?<![\w./-])(?P<k>{_WORD}(?: [A-Za-z_][A-Za-z_]{{0,20}})?)\s{{0,4}}(?:[:=]\s{{0,8}}\[?|\s{{1,8}})"
-    rf"(?P<v>{_NUMBER})(?P<u>ms|s|%|GiB|GB|MiB|MB|it/s|s/it)?"
-    rf"(?:\s{{0,4}}/\s{{0,4}}(?P<tot>\d{{1,18}}))?(?=[\s,;:|)\]}}]|$)",
+    rf"(?<![\w./-])['\"]?(?P<k>{_WORD}(?: [A-Za-z_][A-Za-z_]{{0,20}})?)['\"]?"
+    rf"\s{{0,4}}(?:[:=]\s{{0,8}}[\['\"]?|\s{{1,8}})"
+    rf"(?P<v>{_NUMBER})['\"]?(?: ?(?P<u>ms|s|%|GiB|GB|MiB|MB|it/s|s/it)(?![A-Za-z]))?"
+    rf"(?:\s{{0,4}}/\s{{0,4}}(?P<tot>\d{{1,18}}))?(?=[\s,;:|)\]}}'\"]|$)",
     re.IGNORECASE,
+)
+# A word that names the step outright beats one that counts micro-batches (LitGPT prints
+# "iter 62 step 62": iter counts batches, step counts optimizer steps).
+_STEP_WORDS = frozenset(
+    {"step", "steps", "global_step", "globalstep", "optimizer_step", "trainer/global_step"}
 )
 
 
@@ -148,40 +157,37 @@ def _kv_gate(text: str) -> bool:
     return "oss" in text or "OSS" in text
 
 
-# OpenMMLab (mmengine, mmcv): "Epoch(train) [1][240/735]  lr: 1.98e-04 ... loss: 2.51  grad_norm: nan",
-# "Iter(train) [  200/10000]  ...", older "Epoch [1][100/62598]\tlr: ...". An epoch-based run's
-# global iteration is (epoch - 1) x iterations per epoch + the iteration in the epoch.
-_MM = re.compile(
-    r"\b(?:(?P<e>Epoch)(?:\(train\))?\s?\[(?P<ep>\d{1,9})\]\[\s*(?P<i>\d{1,12})/(?P<n>\d{1,12})\]"
-    r"|Iter\(train\)\s?\[\s*(?P<it>\d{1,15})/(?P<tot>\d{1,15})\])"
-)
-
-
-def _mm_step(text: str, bag: MetricBag) -> None:
-    if "Epoch" not in text and "Iter(" not in text:
-        return
-    m = _MM.search(text)
-    if m is None:
-        return
-    if m.group("e"):
-        per_epoch = int(m.group("n"))
-        bag.fields.setdefault("step", float((int(m.group("ep")) - 1) * per_epoch + int(m.group("i"))))
-    else:
-        bag.fields.setdefault("step", float(m.group("it")))
-        bag.fields.setdefault("total_steps", float(m.group("tot")))
+def _is_part(key: str) -> bool:
+    """A named part of the training loss (``loss_cls``, ``box_loss``, ``s0.loss_bbox``)."""
+    k = key.lower()
+    return "loss" in k and not k.startswith(("val", "eval", "test", "valid")) and "scale" not in k
 
 
 class KvParser:
-    """``step=10 loss=2.45 lr=6.67e-05``, ``Step 10: loss=2.45, lr=6.67e-05``,
-    ``Epoch 1 Step 10 | loss: 2.45 | lr: 1e-4``, ``step 10/100 | loss 2.4 | dt 120ms``."""
+    """The general reader: any line that pairs a step (or an epoch and an iteration) with named
+    numbers, whatever its punctuation. ``step=10 loss=2.45 lr=6.67e-05``, ``Step 10: loss=2.45``,
+    ``Epoch 1 Step 10 | loss: 2.45 | lr: 1e-4``, ``iter: 19  total_loss: 1.36``,
+    ``Epoch(train)  [1][ 500/2931]  loss: nan``, ``Train: 0 [1550/2502 (62%)]  Loss: 6.9``,
+    ``1|25|Loss: 1.26``, and column tables under a header line (ultralytics).
+
+    Metric names are matched by meaning (``_common.ALIASES``): a total loss is preferred over
+    its parts, and when only parts are written (YOLO's box/cls/dfl) their sum is the loss.
+    """
 
     name: ClassVar[str] = "kv"
-    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS")  # a line sniff() accepts holds one
+    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS", "Epoch")  # a line sniff() accepts holds one
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
+    def __init__(self) -> None:
+        self._cols: list[str] | None = None
+        self._loss_cols: list[int] = []
+        self._last: tuple[int | None, float | None] | None = None
+
     def sniff(self, text: str) -> bool:
-        if not _kv_gate(text):
-            return False
+        if "Epoch" in text and table_header(strip_ansi(text)) is not None:
+            return not _specific(text)
+        if not _kv_gate(text) or JsonParser._load(text) is not None:
+            return False  # a JSON object is the JSON reader's
         bag = self._bag(strip_ansi(text))
         f = bag.fields
         if not ({"loss", "eval_loss"} & f.keys()):
@@ -195,9 +201,11 @@ class KvParser:
         return not _specific(text)
 
     @staticmethod
-    def _bag(text: str) -> MetricBag:
+    def _bag(text: str, *, bare: bool = False) -> MetricBag:
         bag = MetricBag()
-        _mm_step(text, bag)
+        f = bag.fields
+        step_word = False
+        parts: list[float] = []
         for m in _PAIR.finditer(text):
             key = m.group("k")
             field = canonical(key)
@@ -205,23 +213,101 @@ class KvParser:
                 key = key.rsplit(" ", 1)[1]
                 field = canonical(key)
             if field is None:
+                if _is_part(key):
+                    v = to_float(m.group("v"))
+                    if v is not None:
+                        parts.append(v)
                 continue
             unit = m.group("u") or ""
-            if field == "step" and unit:
+            if field == "step":
+                if unit:
+                    continue
+                v = to_float(m.group("v"))
+                if v is None:
+                    continue
+                named = key.strip().lower() in _STEP_WORDS
+                if "step" not in f or (named and not step_word):
+                    f["step"] = v
+                    step_word = step_word or named
+                    if m.group("tot"):
+                        f["total_steps"] = float(m.group("tot"))
                 continue
             bag.put(key, to_float(m.group("v")), unit)
-            if field == "step" and m.group("tot"):
-                bag.put("total_steps", to_float(m.group("tot")))
+        if "step" not in f:
+            prog = progress(text)
+            if prog is not None:
+                f["step"] = prog[0]
+                if prog[1] is not None:
+                    f.setdefault("total_steps", prog[1])
+                if prog[2] is not None:
+                    f.setdefault("epoch", prog[2])
+            elif bare and "epoch" not in f:
+                count = bare_count(text)
+                if count is not None:
+                    f["step"], f["total_steps"] = count
+        if "loss" not in f and parts:
+            f["loss"] = math.fsum(parts) if all(map(math.isfinite, parts)) else math.nan
         return bag
 
     def parse(self, line: LogLine) -> list[Record]:
         text = line.text
         if not _kv_gate(text):
+            if self._cols is not None or "Epoch" in text:
+                return self._table(line, strip_ansi(text))
             return []
-        bag = self._bag(strip_ansi(text))
+        text = strip_ansi(text)
+        if "Epoch" in text and table_header(text) is not None:
+            return self._table(line, text)
+        bag = self._bag(text, bare=True)
         if not ({"loss", "eval_loss", "grad_norm"} & bag.fields.keys()):
             return []
-        return _records(bag, line)
+        out = _records(bag, line)
+        if out and isinstance(out[0], StepRecord):
+            # A progress bar redrawn with the same step and values (torchtune's tqdm) is one record.
+            key = (out[0].step, out[0].loss)
+            if key == self._last and key[0] is not None:
+                out.pop(0)
+            else:
+                self._last = key
+        return out
+
+    def _table(self, line: LogLine, text: str) -> list[Record]:
+        header = table_header(text) if "poch" in text else None
+        if header is not None:
+            self._cols, self._loss_cols = header, loss_columns(header)
+            return []
+        cols = self._cols
+        if cols is None or not self._loss_cols:
+            return []
+        if "\r" in text:
+            text = text.rstrip("\r")
+            text = text[text.rfind("\r") + 1 :]
+        row = table_row(text, len(cols))
+        if row is None:
+            return []
+        epoch, epochs, cells = row
+        bag = MetricBag()
+        for name, cell in zip(cols[1:], cells[1:], strict=False):
+            m = re.match(r"(-?[\d.eE+-]+|nan|inf)([A-Za-z]*)$", cell, re.IGNORECASE)
+            if m is not None:
+                bag.put(name, to_float(m.group(1)), m.group(2))
+        parts = [to_float(cells[i]) for i in self._loss_cols]
+        vals = [v for v in parts if v is not None]
+        if vals and "loss" not in bag.fields:
+            bag.fields["loss"] = math.fsum(vals) if all(map(math.isfinite, vals)) else math.nan
+        bag.fields["step"], bag.fields["total_steps"], bag.fields["epoch"] = (
+            float(epoch),
+            float(epochs),
+            float(epoch),
+        )
+        rec = bag.step_record(line)
+        if rec is None:
+            return []
+        key = (rec.step, rec.loss)
+        if self._last is not None and self._last[0] == rec.step:
+            return []  # the same epoch's bar redrawn: its first complete drawing stands
+        self._last = key
+        return [rec]
 
 
 # ---------------------------------------------------------------- user regex
