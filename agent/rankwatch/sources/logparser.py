@@ -48,6 +48,16 @@ class ParseStats:
     errors: int = 0  # exceptions caught from parsers (and, never expected, from matchers)
 
 
+def _about_other_rank(records: list[Record]) -> None:
+    """A launcher's report names the rank that failed (torchelastic's failure box and its
+    "failed ... local_rank: 3" line): an unprefixed one is about that rank, not the stream's."""
+    for rec in records:
+        if rec.rank is None and isinstance(rec, ErrorRecord):
+            failed = rec.details.get("failed_rank")
+            if isinstance(failed, int):
+                rec.rank = failed
+
+
 class LogParser:
     def __init__(
         self,
@@ -103,11 +113,8 @@ class LogParser:
         when = ts if ts is not None else now
 
         out: list[Record] = self._signatures(body, lineno, rank, when, clean)  # type: ignore[assignment]
-        for rec in out:
-            # torchelastic's failure box is printed by the launcher, about another rank.
-            failed = getattr(rec, "details", {}).get("failed_rank") if rec.rank is None else None
-            if isinstance(failed, int):
-                rec.rank = failed
+        if out:
+            _about_other_rank(out)
         if cut:
             st.cut += 1
         else:
@@ -134,6 +141,7 @@ class LogParser:
         out: list[Record] = []
         for m in self._matchers.values():
             out.extend(self._guard(m.flush, "matcher"))
+        _about_other_rank(out)
         self._waiting.clear()
         for rank, parser in self._parsers.items():
             fin = getattr(parser, "finish", None)
@@ -148,6 +156,7 @@ class LogParser:
         out: list[Record] = []
         for rank in list(self._waiting):
             out.extend(self._guard(self._matchers[rank].release, "matcher"))
+        _about_other_rank(out)
         self._waiting.clear()
         for rank, parser in self._parsers.items():
             rel = getattr(parser, "release", None)

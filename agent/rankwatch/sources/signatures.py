@@ -100,7 +100,18 @@ _UNCAUGHT = re.compile(r"\bUncaught ([A-Za-z_][\w.]*(?:Error|Exception|Interrupt
 # --- the rank a message names, for lines no launcher prefixed ------------------------------
 # ProcessGroupNCCL's "[Rank 7] Watchdog caught ..." (the default group's rank, the global one;
 # "[PG 1 Rank 3]" is a rank in a subgroup and is not used) and OLMo's "[olmo.util:158, rank=0]".
-_MESSAGE_RANK = re.compile(r"\[Rank (\d{1,7})\]|[\[,] ?rank=(\d{1,7})\]")
+_MESSAGE_RANK = re.compile(
+    r"\[Rank (\d{1,7})\]|[\[,] ?rank=(\d{1,7})\]"
+    # Megatron: "Rank 3: found NaN in local grad norm ..." (param_and_grad_buffer.py) and its
+    # rerun state machine's "Rank 2, node n01, device 2, iteration -1: Unexpected result nan".
+    r"|\bRank (\d{1,7})(?::|, node )"
+)
+# torch.multiprocessing.spawn names the failed process by its index, which is the local rank
+# the spawned function receives: "-- Process 1 terminated with the following error:",
+# "ProcessExitedException: process 1 terminated with signal SIGKILL".
+_SPAWN_PROCESS = re.compile(
+    r"-- Process (\d{1,7}) terminated with the following error|process (\d{1,7}) terminated with (?:signal|exit code)"
+)
 
 
 def message_rank(text: str) -> int | None:
@@ -110,7 +121,45 @@ def message_rank(text: str) -> int | None:
     m = _MESSAGE_RANK.search(text)
     if m is None:
         return None
-    return int(m[1] if m[1] is not None else m[2])
+    return int(next(g for g in m.groups() if g is not None))
+
+
+def spawn_process(text: str) -> int | None:
+    """The process index torch.multiprocessing.spawn reports as failed, if ``text`` names one."""
+    if "rocess" not in text:
+        return None
+    m = _SPAWN_PROCESS.search(text)
+    return None if m is None else int(m[1] if m[1] is not None else m[2])
+
+
+# --- training code that stops on a NaN itself ----------------------------------------------
+# detectron2 (engine/train_loop.py, _write_metrics): "FloatingPointError: Loss became infinite
+# or NaN at iteration=2137!" - the trainer's own iteration. Megatron (param_and_grad_buffer.py):
+# "Rank 3: found NaN in local grad norm in backward pass before data-parallel communication
+# collective" and, through its rerun state machine, "Unexpected result nan (message='found NaN
+# in local grad norm ...')".
+_NAN_AT_ITER = re.compile(r"Loss became infinite or NaN at iteration=(\d{1,15})")
+_NAN_GRAD_NORM = re.compile(r"found (NaN|Inf) in local grad norm")
+
+
+def _nan_raised(t: str) -> Hit | None:
+    m = _NAN_AT_ITER.search(t)
+    if m is not None:
+        step = int(m[1])
+        return Hit(
+            "nan_loss", _C, f"the trainer stopped: loss became infinite or NaN at iteration {step}",
+            {"step": step}, ("nan_raised", step),
+        )  # fmt: skip
+    m = _NAN_GRAD_NORM.search(t)
+    if m is not None:
+        rank = message_rank(t)
+        where = f" on rank {rank}" if rank is not None else ""
+        d: dict[str, Any] = {} if rank is None else {"said_rank": rank}
+        return Hit(
+            "nan_loss", _C, f"Megatron stopped: {m[1]} in the local grad norm{where} before the data-parallel "
+            "reduction", d, ("nan_grad_norm", rank),
+        )  # fmt: skip
+    return None
 
 
 # --- CUDA and the driver ------------------------------------------------------------------
@@ -173,6 +222,9 @@ _LIBRARY_PATH = ("site-packages", "dist-packages", "/lib/python", "<frozen", "/b
 _CHAIN_HEADS = (
     "During handling of the above exception",
     "The above exception was the direct cause",
+    # torch.multiprocessing.spawn: the parent's ProcessRaisedException, then the child's own
+    # traceback under "-- Process 1 terminated with the following error:". One event.
+    "-- Process ",
 )
 # Lines that extend the message of the error just seen rather than start a new one.
 _CONT = re.compile(
@@ -457,6 +509,9 @@ def _elastic_failed(t: str) -> Hit | None:
     code, local_rank, pid = int(m[1]), int(m[2]), int(m[3])
     # Named as in torchelastic's failure box, which tells the same event when it follows.
     d: dict[str, Any] = {"exitcode": code, "local_rank": local_rank, "pid": pid, m[4]: m[5], "lead": True}
+    # The launcher prints this about a child: the child's rank, not the launcher's. The local
+    # rank is the one it names (the box that may follow names the global rank and replaces it).
+    d["failed_rank"] = local_rank
     how = f"exitcode {code}"
     if code < 0:
         sig = _SIGNUMS.get(-code, f"signal {-code}")
@@ -776,6 +831,15 @@ SIGNATURES: tuple[Signature, ...] = (
         patterns=(_DEVICE_ASSERT,),
         example="/pytorch/aten/src/ATen/native/cuda/Loss.cu:240: nll_loss_forward_reduce_cuda_kernel_2d: "
         "block: [0,0,0], thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed.",
+    ),
+    Signature(
+        name="nan_raised",
+        kinds=("nan_loss",),
+        severity=_C,
+        triggers=("infinite or NaN", "in local grad norm"),
+        rule=_nan_raised,
+        patterns=(_NAN_AT_ITER, _NAN_GRAD_NORM),
+        example="FloatingPointError: Loss became infinite or NaN at iteration=2137!",
     ),
     Signature(
         name="elastic_failed",
@@ -1307,13 +1371,25 @@ class SignatureMatcher:
             if p.frame:
                 details["frame"] = p.frame
             details["incomplete"] = True
+        evidence = p.evidence()
+        rank = p.rank
+        if rank is None:
+            # No launcher prefix: the rank the error names itself (Megatron's "Rank 3: found NaN
+            # ..."), or the process torch.multiprocessing.spawn says failed.
+            said = details.get("said_rank")
+            if said is None and p.exc:
+                said = message_rank(p.exc[-1][0])
+            if said is None:
+                said = next((n for n in map(spawn_process, evidence) if n is not None), None)
+            if said is not None:
+                rank = details["said_rank"] = said
         rec = ErrorRecord(
             kind=kind,
             summary=_short(summary),
-            evidence=p.evidence(),
+            evidence=evidence,
             severity=severity,
             details=details,
-            rank=p.rank,
+            rank=rank,
             line=line,
             time=time if time is not None else p.first_time,
         )

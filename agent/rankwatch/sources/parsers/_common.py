@@ -116,6 +116,7 @@ def _alias(field: str, *names: str) -> None:
 
 _alias("step", "step", "steps", "global_step", "globalstep", "iter", "iters", "iteration", "it", "_step")
 _alias("step", "trainer/global_step", "train/global_step", "optimizer_step", "update", "updates")
+_alias("step", "num_updates")  # fairseq's optimizer steps
 _alias("total_steps", "total_steps", "max_steps", "train_iters", "num_steps", "total_iters")
 _alias("loss", "loss", "train_loss", "lm_loss", "lm loss", "train loss", "training_loss", "train/loss")
 _alias("loss", "train_loss_step", "loss_step", "training loss", "train/lm_loss", "avg_loss")
@@ -295,7 +296,10 @@ _OVF_ATTEMPT = re.compile(r"Attempted loss scale:\s*([-\w.+]+?),?\s+reducing to\
 _OVF_HYST = re.compile(r"Attempted loss scale:\s*([-\w.+]+?),?\s+but hysteresis")
 _OVF_SKIP = re.compile(r"OVERFLOW!.{0,40}Skipping step|Overflow detected\.\s*Skipping step")
 _OVF_APEX = re.compile(r"Gradient overflow\.\s+Skipping step,.{0,40}reducing loss scale to\s+([-\w.+]+)")
-_OVF_FAIRSEQ = re.compile(r"gradient overflow detected.{0,60}setting loss scale to:?\s+([-\w.+]+)")
+# fairseq: "| WARNING: overflow detected, setting loss scale to: 0.25" (0.6), "NOTE: overflow
+# detected, setting loss scale to: 1024.0" and "NOTE: gradient overflow detected, ignoring
+# gradient, setting loss scale to: 4.0" (fairseq/trainer.py).
+_OVF_FAIRSEQ = re.compile(r"overflow detected,.{0,60}?setting loss scale to:?\s+([-\w.+]+)")
 
 
 def _scale(raw: str) -> float | None:

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from rankwatch.records import Record, StepRecord
 
-from ._common import MetricBag, canonical, eval_record, strip_ansi, to_float, to_int
+from ._common import MetricBag, OverflowTracker, canonical, eval_record, strip_ansi, to_float, to_int
 from ._progress import bare_count, loss_columns, progress, table_header, table_row
 from .base import LogLine
 from .deepspeed import DeepSpeedParser
@@ -182,6 +182,7 @@ class KvParser:
         self._cols: list[str] | None = None
         self._loss_cols: list[int] = []
         self._last: tuple[int | None, float | None] | None = None
+        self._overflow = OverflowTracker()
 
     def sniff(self, text: str) -> bool:
         if "Epoch" in text and table_header(strip_ansi(text)) is not None:
@@ -258,6 +259,10 @@ class KvParser:
         text = strip_ansi(text)
         if "Epoch" in text and table_header(text) is not None:
             return self._table(line, text)
+        if OverflowTracker.maybe(text):
+            ovf = self._overflow.feed(line, text)
+            if ovf is not None:
+                return list(ovf)
         bag = self._bag(text, bare=True)
         if not ({"loss", "eval_loss", "grad_norm"} & bag.fields.keys()):
             return []
