@@ -110,7 +110,8 @@ _MESSAGE_RANK = re.compile(
 # the spawned function receives: "-- Process 1 terminated with the following error:",
 # "ProcessExitedException: process 1 terminated with signal SIGKILL".
 _SPAWN_PROCESS = re.compile(
-    r"-- Process (\d{1,7}) terminated with the following error|process (\d{1,7}) terminated with (?:signal|exit code)"
+    r"-- Process (\d{1,7}) terminated with the following error"
+    r"|process (\d{1,7}) terminated with (?:signal|exit code)"
 )
 
 
@@ -156,8 +157,9 @@ def _nan_raised(t: str) -> Hit | None:
         where = f" on rank {rank}" if rank is not None else ""
         d: dict[str, Any] = {} if rank is None else {"said_rank": rank}
         return Hit(
-            "nan_loss", _C, f"Megatron stopped: {m[1]} in the local grad norm{where} before the data-parallel "
-            "reduction", d, ("nan_grad_norm", rank),
+            "nan_loss", _C,
+            f"Megatron stopped: {m[1]} in the local grad norm{where} before the data-parallel reduction",
+            d, ("nan_grad_norm", rank),
         )  # fmt: skip
     return None
 
