@@ -140,9 +140,19 @@ def test_loss_spike_fires_once_and_single_noise_does_not() -> None:
 def test_loss_spike_is_judged_from_its_first_full_window_not_after_a_warmup() -> None:
     recs = [StepRecord(step=s, loss=5.0) for s in range(1, 50)] + [StepRecord(step=50, loss=20.0)]
     assert [f.step for f in run(recs) if f.kind == "loss_spike"] == [50]
-    # Before ten losses exist there is no mean to judge a spike against.
+    # Before ten losses exist a spike is judged against what there is (issue 27): above every
+    # earlier loss by the factor.
     recs = [StepRecord(step=s, loss=5.0) for s in range(1, 5)] + [StepRecord(step=5, loss=20.0)]
+    assert [f.step for f in run(recs) if f.kind == "loss_spike"] == [5]
+    # A short log whose loss only wanders within the factor of its largest value: silent.
+    recs = [StepRecord(step=s, loss=v) for s, v in enumerate([5.0, 3.0, 4.0, 9.0], 1)]
     assert [f for f in run(recs) if f.kind == "loss_spike"] == []
+
+
+def test_a_spike_after_three_records_is_flagged() -> None:
+    """Issue 27: 2.77 -> 7.34 -> 8.72 with no earlier history is a spike at the second record."""
+    recs = [StepRecord(step=s, loss=v) for s, v in enumerate([2.77, 7.34, 8.72], 1)]
+    assert [f.step for f in run(recs) if f.kind == "loss_spike"] == [2]
 
 
 def test_divergence() -> None:
@@ -566,7 +576,8 @@ def test_a_loss_and_grad_collapse_is_flagged_from_the_first_steps() -> None:
         StepRecord(step=3, loss=0.0, grad_norm=7.7e-8),
     ]
     fs = [f for f in run(collapse) if f.kind == "grad_vanishing" and not f.resolved]
-    assert [f.step for f in fs] == [3] and "collapsed" in fs[0].message
+    # Step 2 already: loss and grad norm both 10^4 below their first values (collapse_ratio).
+    assert [f.step for f in fs] == [2] and "collapsed" in fs[0].message
     # Low loss with live gradients, or tiny gradients with a loss that still means something: silent.
     fine = [StepRecord(step=i, loss=2.0 / i, grad_norm=1.0 if i < 50 else 1e-7) for i in range(1, 60)]
     assert not [f for f in run(fine) if f.kind == "grad_vanishing"]

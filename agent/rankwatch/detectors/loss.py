@@ -45,6 +45,9 @@ class NanDetector(Detector):
         self.cfg = cfg
         self.episode = Episode()
         self.bad_grads = 0
+        # A first-window record with a non-finite grad norm and a finite loss, held until the
+        # next record says whether it was fp16 loss-scale calibration.
+        self.held: tuple[StepRecord, str] | None = None
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled:
@@ -55,7 +58,24 @@ class NanDetector(Detector):
             return []
         if not isinstance(record, StepRecord):
             return []
+        held = self.held
+        if held is not None:
+            self.held = None
+            if not (finite(record.loss) and record.loss and finite(record.grad_norm)):
+                # Not calibration: the NaN stayed (or the loss went). Told at the first record.
+                self.bad_grads = 0
+                return self._fire(state, held[0], held[1]) + self.observe(state, record)
         loss, scale, grad = record.loss, record.loss_scale, record.grad_norm
+        if (
+            _nonfinite(grad)
+            and loss
+            and loss - loss == 0
+            and not _nonfinite(scale)
+            and state.step_count <= self.cfg.calibration_records
+            and not self.episode.active
+        ):
+            self.held = (record, f"grad norm is {grad}")
+            return []
         if (
             loss  # neither None nor 0: a NaN or inf is truthy, so it is tested below
             and loss - loss == 0
@@ -98,6 +118,10 @@ class NanDetector(Detector):
                 )
             ]
         return []
+
+    def finish(self, state: RankState) -> list[Finding]:
+        held, self.held = self.held, None
+        return self._fire(state, held[0], held[1]) if held is not None else []
 
     def _story(self, state: RankState) -> tuple[str, dict[str, Any]]:
         n = self.cfg.lookback_steps
@@ -186,6 +210,18 @@ class LossSpikeDetector(Detector):
         cfg = self.cfg
         total = state.prior_sum("loss", cfg.window)
         if total is None:
+            # A short log: judged against what there is, and stricter for it (above every earlier
+            # loss by the factor, not only above their mean).
+            prior = state.recent("loss", cfg.window + 1)[:-1]
+            if len(prior) < cfg.min_records or state.recent("loss", 1) != [loss]:
+                return []
+            mean = sum(prior) / len(prior)
+            top = max(prior)
+            ratio = loss / top if top > 0 else 0.0
+            if ratio > cfg.factor and loss - top >= cfg.min_delta:
+                self.quiet_until = step + cfg.window
+                return [self._spike(state, record, loss, mean, prior, 0.0)]
+            self.ratios.append(loss / mean if mean > 0 else 0.0)
             return []
         mean = total / cfg.window
         ratio = loss / mean if mean > 0 else 0.0
@@ -200,20 +236,24 @@ class LossSpikeDetector(Detector):
             if before and ratio <= SPIKE_RECORD_MARGIN * max(before):
                 return []  # this run had a jump as large recently and recovered: its normal tail
             self.quiet_until = step + self.cfg.window
-            return [
-                finding(
-                    "loss_spike",
-                    Severity.WARNING,
-                    state,
-                    f"loss spiked to {fmt(loss)} at step {record.step}, {loss / mean:.1f}x the mean "
-                    f"{fmt(mean)} of the previous {len(window)} logged steps. One spike that recovers "
-                    "is survivable; repeated spikes usually mean the LR is too high or a bad batch: "
-                    "check the data at this step, lower the LR or tighten clipping.",
-                    record=record,
-                    evidence={"loss": loss, "baseline_mean": mean, "window": window, "noise_sigma": sigma},
-                )
-            ]
+            return [self._spike(state, record, loss, mean, window, sigma)]
         return []
+
+    @staticmethod
+    def _spike(
+        state: RankState, record: StepRecord, loss: float, mean: float, window: list[float], sigma: float
+    ) -> Finding:
+        return finding(
+            "loss_spike",
+            Severity.WARNING,
+            state,
+            f"loss spiked to {fmt(loss)} at step {record.step}, {loss / mean:.1f}x the mean "
+            f"{fmt(mean)} of the previous {len(window)} logged steps. One spike that recovers "
+            "is survivable; repeated spikes usually mean the LR is too high or a bad batch: "
+            "check the data at this step, lower the LR or tighten clipping.",
+            record=record,
+            evidence={"loss": loss, "baseline_mean": mean, "window": window, "noise_sigma": sigma},
+        )
 
 
 @register
