@@ -82,6 +82,13 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
         alert="RankwatchFinding",
     ),
     ErrorKind(
+        "stack_dump",
+        "A py-spy dump was pasted into the log: its stacks show where each thread was when it was "
+        "taken (`rankwatch dumps diff` compares the dumps of several ranks).",
+        crash_priority=None,
+        alert="RankwatchFinding",
+    ),
+    ErrorKind(
         "crash",
         "The rank ended abnormally: a traceback in the evidence names the failing frame; "
         "without one, the exit code or signal says how it was stopped.",

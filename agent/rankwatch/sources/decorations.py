@@ -44,7 +44,15 @@ _SRUN = re.compile(r" *(?P<r>\d{1,7}): ")
 _HOST_HEAD = re.compile(r"\[(?P<h>[A-Za-z][\w.-]{0,63}):(?P<r>\d{1,7})$")
 _HOST = re.compile(r"(?P<h>[A-Za-z][\w.-]{0,63}):(?P<r>\d{1,7})(?:\t| {2,8}|: )")
 
-_START = frozenset("[0123456789 DIWEC")
+# Ray prefixes a worker's output with its process: "(pid=18175, ip=10.0.0.2) ",
+# "(RayTrainWorker pid=1234, ip=10.0.0.2) ", "(ActorWorker(actor_train-1) pid=18175, ip=...) ".
+# It names no rank (Ray Train's workers print theirs in the text); the text after it is the job's.
+_RAY = re.compile(
+    r"\((?:[\w.-]{1,64}(?:\([^()]{0,64}\))? )?pid=\d{1,9}(?:, ip=[\w.:-]{1,64})?"
+    r"(?:, rank=(?P<r>\d{1,7}))?\) ?"
+)
+
+_START = frozenset("[0123456789 DIWEC(")
 _MAX_PREFIXES = 8
 _MINUTE_CACHE: dict[tuple[str, str, str, str, str], int] = {}
 _RANK_CACHE: dict[str, tuple[int, bool]] = {}  # "[rank3" -> (3, True), "[gpu187:1" -> (1, True)
@@ -170,6 +178,10 @@ def strip(raw: str) -> tuple[str, int | None, float | None]:
                 rank = int(m["r"])
         elif c in "DIWEC":
             m = _PY_LOGGING.match(text)
+        elif c == "(":
+            m = _RAY.match(text)
+            if m is not None and m["r"] is not None:
+                rank = int(m["r"])
         else:
             m = _TS.match(text)
             if m is not None:

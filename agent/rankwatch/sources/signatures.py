@@ -164,6 +164,22 @@ def _nan_raised(t: str) -> Hit | None:
     return None
 
 
+# --- a py-spy dump pasted into the log ------------------------------------------------------
+# "Thread 1234 (active): \"MainThread\"", "Thread 0x7F2B1C (idle+gil): \"Thread-1\"" (py-spy dump;
+# "Process 1234: python train.py" and "Python v3.10.12 (/usr/bin/python3)" head it). Stacks, not
+# training records: noted, so that a log holding only a dump is not "nothing recognised".
+_PYSPY_THREAD = re.compile(r"^Thread (?:0x[0-9A-Fa-f]{1,16}|\d{1,10}) \((?:active|idle)(?:\+gil)?\): \"")
+
+
+def _pyspy(t: str) -> Hit | None:
+    m = _PYSPY_THREAD.match(t.lstrip())
+    if m is None:
+        return None
+    return Hit(
+        "stack_dump", Severity.INFO, "a py-spy dump of the process's threads is in the log", {}, ("pyspy",)
+    )
+
+
 # --- CUDA and the driver ------------------------------------------------------------------
 _CUDA_ERR = re.compile(
     r"CUDA error: (.+)|CUDA driver error: (.+)|(cudaError\w+)|(CUDNN_STATUS_\w+|CUBLAS_STATUS_\w+)"
@@ -833,6 +849,15 @@ SIGNATURES: tuple[Signature, ...] = (
         patterns=(_DEVICE_ASSERT,),
         example="/pytorch/aten/src/ATen/native/cuda/Loss.cu:240: nll_loss_forward_reduce_cuda_kernel_2d: "
         "block: [0,0,0], thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed.",
+    ),
+    Signature(
+        name="pyspy_dump",
+        kinds=("stack_dump",),
+        severity=Severity.INFO,
+        triggers=("(active", "(idle"),
+        rule=_pyspy,
+        patterns=(_PYSPY_THREAD,),
+        example='Thread 3771 (active): "MainThread"',
     ),
     Signature(
         name="nan_raised",
