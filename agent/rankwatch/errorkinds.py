@@ -82,6 +82,13 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
         alert="RankwatchFinding",
     ),
     ErrorKind(
+        "loss_scale_collapse",
+        "The fp16 loss scale has gone to (almost) nothing: the model produces inf/NaN gradients at any "
+        "scale. Switch to bf16, lower the LR, or find the bad batch; resume from the last good checkpoint.",
+        crash_priority=None,
+        alert="RankwatchFinding",
+    ),
+    ErrorKind(
         "stack_dump",
         "A py-spy dump was pasted into the log: its stacks show where each thread was when it was "
         "taken (`rankwatch dumps diff` compares the dumps of several ranks).",

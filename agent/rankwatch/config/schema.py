@@ -145,6 +145,12 @@ class NanConfig:
     # first logging window of a healthy fp16 run can hold a NaN/inf grad norm. Real cases: the
     # three DeepSpeed calibrations in tests/data/wild (ds_*_scale_calibration.log) and the HF
     # Trainer fp16 run of tests/test_general_reader.py. The next record decides.
+    # float32 holds up to 3.4e38 and fp16 training multiplies the loss by the loss scale (torch
+    # GradScaler starts at 2^16): a loss beyond 3.4e38 / 2^16 = 5.2e33 overflows to inf when
+    # scaled; no loss that means something is that large (ESPnet#3885: -3.19e34 after 59.6).
+    overflow_magnitude: float = opt(
+        5.2e33, "a loss this large in magnitude is numerically broken: reported as a NaN/Inf loss"
+    )
     calibration_records: int = opt(
         1,
         "logged records at the start of a run whose non-finite grad norm (with a finite, non-zero "
@@ -164,10 +170,20 @@ class LossSpikeConfig:
         "and this many robust standard deviations of the step-to-step noise (MAD), so noisy runs do not fire",
     )
     noise_window: int = opt(50, "logged steps the noise is measured over")
+    # Per-batch logs at small batch sizes are noisy (YOLOX VOC at batch size 1, step noise 25% of
+    # the loss: tests/data/wild/batch2/yolox_voc_s_healthy_bs1.log; LitGPT per-batch SFT losses
+    # 3.5..26, awslabs/keys_values#97); smooth pretraining logs are at 1-2% (the llm.c and
+    # torchtitan cases of tests/data/wild). In a noisy log one batch that comes straight back is noise.
+    confirm_noise_ratio: float = opt(
+        0.1,
+        "step noise (robust sd) at or above this fraction of the loss level: a spike must still be up "
+        "at the next logged step to count",
+    )
     min_records: int = opt(
         1,
         "earlier logged steps a spike is judged against at the least; with fewer than `window` the "
-        "loss must exceed factor x the largest of them (a short log is judged against what there is)",
+        "loss and the one after it must exceed factor x the largest of them (a short log is judged "
+        "against what there is)",
         min=1,
     )
 

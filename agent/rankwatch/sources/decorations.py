@@ -35,6 +35,10 @@ _TS_BRACKET = re.compile(r"\[" + _TS_CORE + r"\](?: - | |$)")
 # Hugging Face example scripts: "[INFO|trainer.py:2345] 2024-05-01 10:00:00,123 >> ".
 _HF_LOGGING = re.compile(r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\|[^\]\s]*\] " + _TS_CORE + r" >> ?")
 _PY_LOGGING = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.<>-]+:")
+# k2/icefall's logging format after its timestamp: "INFO [train.py:518] (2/4) " (rank/world).
+_ICEFALL = re.compile(
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \[[\w.-]{1,64}:\d{1,6}\] \((?P<r>\d{1,7})/\d{1,7}\) "
+)
 _MPI = re.compile(r"\[\d+,(?P<r>\d{1,7})\]<std(?:out|err|diag)>:")
 _SRUN = re.compile(r" *(?P<r>\d{1,7}): ")
 # "[gpu187:1]:" (the head before "]:"), and after a timestamp "gpu187:1\t" / "node-3:0  " /
@@ -178,6 +182,10 @@ def strip(raw: str) -> tuple[str, int | None, float | None]:
                 rank = int(m["r"])
         elif c in "DIWEC":
             m = _PY_LOGGING.match(text)
+            if m is None and ") " in text[:96]:
+                m = _ICEFALL.match(text)
+                if m is not None:
+                    rank = int(m["r"])
         elif c == "(":
             m = _RAY.match(text)
             if m is not None and m["r"] is not None:

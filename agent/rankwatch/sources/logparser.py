@@ -52,10 +52,14 @@ def _about_other_rank(records: list[Record]) -> None:
     """A launcher's report names the rank that failed (torchelastic's failure box and its
     "failed ... local_rank: 3" line): an unprefixed one is about that rank, not the stream's."""
     for rec in records:
-        if rec.rank is None and isinstance(rec, ErrorRecord):
-            failed = rec.details.get("failed_rank")
-            if isinstance(failed, int):
-                rec.rank = failed
+        if isinstance(rec, ErrorRecord):
+            about = rec.details.get("about_rank")  # a message about another rank (its flight recorder)
+            if isinstance(about, int):
+                rec.rank = about
+            elif rec.rank is None:
+                failed = rec.details.get("failed_rank")
+                if isinstance(failed, int):
+                    rec.rank = failed
 
 
 class LogParser:
@@ -83,6 +87,7 @@ class LogParser:
         # Lines a parser may need before the format is known: (text, lineno, rank, time).
         self._before: deque[tuple[str, int, int | None, float | None]] = deque(maxlen=_REPLAY_LINES)
         self._logged: set[Any] = set()
+        self._prev: dict[int | None, str] = {}  # each rank's last line while the format is unknown
         if not self._auto:
             # Build one now so that an unknown format or a bad regex fails at startup.
             self._parsers[default_rank] = _formats.make_parser(fmt, regex=regex)
@@ -223,7 +228,17 @@ class LogParser:
             return self._run(parser, body, lineno, rank, when)
         if self._auto and (self.format is None or self._upgrade_left > 0):
             self._sniff(body)
+            if self.format is None and ("oss" in body or "OSS" in body):
+                # A record may spread over two lines: the step on one, the loss on the next
+                # (Horovod examples: "Epoch 0/100, Batch 17/29316" then "Total loss is 29.8").
+                prev = self._prev.get(rank)
+                if prev is not None:
+                    self._sniff(f"{prev} | {body}")
             if self.format is None:
+                if body.strip() and len(body) <= 400:
+                    self._prev[rank] = body
+                    if len(self._prev) > 64:
+                        self._prev.clear()
                 if "%|" in body or "steps =" in body:
                     self._before.append((body, lineno, rank, when))
                 return []

@@ -140,6 +140,8 @@ def spawn_process(text: str) -> int | None:
 # collective" and, through its rerun state machine, "Unexpected result nan (message='found NaN
 # in local grad norm ...')".
 _NAN_AT_ITER = re.compile(r"Loss became infinite or NaN at iteration=(\d{1,15})")
+# Coqui/Mozilla TTS (tts/layers/losses.py): raise RuntimeError(f" [!] NaN loss with {key}.")
+_NAN_LOSS_WITH = re.compile(r"\[!\] NaN loss with (\w{1,64})")
 _NAN_GRAD_NORM = re.compile(r"found (NaN|Inf) in local grad norm")
 
 
@@ -151,6 +153,15 @@ def _nan_raised(t: str) -> Hit | None:
             "nan_loss", _C, f"the trainer stopped: loss became infinite or NaN at iteration {step}",
             {"step": step}, ("nan_raised", step),
         )  # fmt: skip
+    m = _NAN_LOSS_WITH.search(t)
+    if m is not None:
+        return Hit(
+            "nan_loss",
+            _C,
+            f"the trainer stopped: NaN loss in {m[1]}",
+            {"loss_term": m[1]},
+            ("nan_with", m[1]),
+        )
     m = _NAN_GRAD_NORM.search(t)
     if m is not None:
         rank = message_rank(t)
@@ -162,6 +173,40 @@ def _nan_raised(t: str) -> Hit | None:
             d, ("nan_grad_norm", rank),
         )  # fmt: skip
     return None
+
+
+# --- fp16 loss scale gone to nothing -----------------------------------------------------------
+# k2/icefall (egs/*/ASR/zipformer/train.py): "Grad scale is small: 1.29e-26" (below 1e-5 it
+# saves a bad-model checkpoint and raises "grad_scale is too small, exiting: ...").
+_GRAD_SCALE_SMALL = re.compile(r"[Gg]rad[ _]scale is (?:too )?small(?:, exiting)?: ([-\w.+]+)")
+
+
+def _grad_scale_small(t: str) -> Hit | None:
+    m = _GRAD_SCALE_SMALL.search(t)
+    if m is None:
+        return None
+    return Hit(
+        "loss_scale_collapse", _W,
+        f"fp16 grad scale collapsed to {m[1]}: every step overflows (inf/NaN gradients)",
+        {"loss_scale": m[1]}, ("grad_scale_small",),
+    )  # fmt: skip
+
+
+# --- a peer's collective timed out --------------------------------------------------------------
+# ProcessGroupNCCL (flight recorder): "Received a dump signal due to a collective timeout from
+# rank 13 and we will try our best to dump the debug info." Every rank prints it about rank 13.
+_DUMP_SIGNAL = re.compile(r"Received a dump signal due to a collective timeout from\s+rank (\d{1,7})")
+
+
+def _dump_signal(t: str) -> Hit | None:
+    m = _DUMP_SIGNAL.search(t)
+    if m is None:
+        return None
+    rank = int(m[1])
+    return Hit(
+        "nccl_timeout", _C, f"rank {rank} timed out in a collective (its flight recorder dump was requested)",
+        {"about_rank": rank}, ("dump_signal", rank),
+    )  # fmt: skip
 
 
 # --- a py-spy dump pasted into the log ------------------------------------------------------
@@ -851,6 +896,26 @@ SIGNATURES: tuple[Signature, ...] = (
         "block: [0,0,0], thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed.",
     ),
     Signature(
+        name="nccl_dump_signal",
+        kinds=("nccl_timeout",),
+        severity=_C,
+        triggers=("Received a dump signal",),
+        rule=_dump_signal,
+        patterns=(_DUMP_SIGNAL,),
+        example="[rank0]:[E804 23:05:54.817424543 ProcessGroupNCCL.cpp:1914] [PG ID 0 PG GUID 0(default_pg) "
+        "Rank 0] Received a dump signal due to a collective timeout from  rank 13 and we will try our best",
+    ),
+    Signature(
+        name="grad_scale_small",
+        kinds=("loss_scale_collapse",),
+        severity=_W,
+        triggers=("rad scale is", "rad_scale is"),
+        rule=_grad_scale_small,
+        patterns=(_GRAD_SCALE_SMALL,),
+        example="2024-01-14 01:03:00,826 WARNING [train.py:1057] (2/4) Grad scale is small: "
+        "1.2924697071141057e-26",
+    ),
+    Signature(
         name="pyspy_dump",
         kinds=("stack_dump",),
         severity=Severity.INFO,
@@ -863,9 +928,9 @@ SIGNATURES: tuple[Signature, ...] = (
         name="nan_raised",
         kinds=("nan_loss",),
         severity=_C,
-        triggers=("infinite or NaN", "in local grad norm"),
+        triggers=("infinite or NaN", "in local grad norm", "NaN loss with"),
         rule=_nan_raised,
-        patterns=(_NAN_AT_ITER, _NAN_GRAD_NORM),
+        patterns=(_NAN_AT_ITER, _NAN_GRAD_NORM, _NAN_LOSS_WITH),
         example="FloatingPointError: Loss became infinite or NaN at iteration=2137!",
     ),
     Signature(
@@ -1087,6 +1152,7 @@ class SignatureMatcher:
         self._last_line = 0
         self._last_wants_next = False
         self._oom_kill_line = -_OOM_KILL_NEAR - 1  # last line that reported a host OOM kill
+        self._spawn: tuple[int, int] | None = None  # torch.multiprocessing's "-- Process N": (N, line)
 
     @property
     def waiting(self) -> bool:
@@ -1156,7 +1222,15 @@ class SignatureMatcher:
         if "Traceback" in text:
             s = text.lstrip()
             if s.startswith(_TB_HEAD) or (s.startswith("╭") and _TB_HEAD in s):
-                self._start(text, lineno, rank, time, len(text) - len(s))
+                p = self._start(text, lineno, rank, time, len(text) - len(s))
+                spawn = self._spawn
+                if rank is None and spawn is not None and 0 < lineno - spawn[1] <= 3:
+                    p.rank = spawn[0]  # the child's traceback under "-- Process 1 terminated ..."
+                return []
+        if text.startswith("-- Process "):
+            n = spawn_process(text)
+            if n is not None:
+                self._spawn = (n, lineno)
                 return []
         if clean or not may_hold_signature(text):
             return []
@@ -1398,6 +1472,14 @@ class SignatureMatcher:
             if p.frame:
                 details["frame"] = p.frame
             details["incomplete"] = True
+            # Interleaved output can glue the exception onto a frame line ("main(args)RuntimeError:
+            # [!] NaN loss with decoder_loss."): a known error in the frames still names it.
+            for text in p.evidence():
+                h = classify(text) if may_hold_signature(text) else None
+                if h is not None and h.kind != "crash":
+                    kind, severity, summary = h.kind, h.severity, h.summary
+                    details = {**h.details, **details}
+                    break
         evidence = p.evidence()
         rank = p.rank
         if rank is None:

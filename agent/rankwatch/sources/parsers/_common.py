@@ -116,14 +116,14 @@ def _alias(field: str, *names: str) -> None:
 
 _alias("step", "step", "steps", "global_step", "globalstep", "iter", "iters", "iteration", "it", "_step")
 _alias("step", "trainer/global_step", "train/global_step", "optimizer_step", "update", "updates")
-_alias("step", "num_updates")  # fairseq's optimizer steps
+_alias("step", "num_updates", "n_updates", "nupdates", "iterations", "acc_iter", "batch", "batch_idx")
 _alias("total_steps", "total_steps", "max_steps", "train_iters", "num_steps", "total_iters")
 _alias("loss", "loss", "train_loss", "lm_loss", "lm loss", "train loss", "training_loss", "train/loss")
 _alias("loss", "train_loss_step", "loss_step", "training loss", "train/lm_loss", "avg_loss")
 # A total written beside its parts (detectron2's total_loss beside loss_cls, loss_box_reg ...;
 # DLLogger's average_loss beside step_loss; LitGPT's "loss train"): the total is the loss.
 _alias("loss", "total_loss", "loss_total", "overall_loss", "average_loss", "step_loss", "loss train")
-_alias("loss", "train_step_loss", "train/total_loss")
+_alias("loss", "train_step_loss", "train/total_loss", "total loss", "cross_entropy")
 _alias("grad_norm", "grad_norm", "gradient_norm", "grad norm", "grad_norm_total", "train/grad_norm")
 _alias("grad_norm", "norm", "total_norm", "gnorm", "grad-norm", "gradnorm")
 _alias("learning_rate", "lr", "learning_rate", "learning rate", "train/learning_rate", "train/lr", "lr-adamw")
