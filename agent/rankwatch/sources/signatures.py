@@ -1227,13 +1227,13 @@ class SignatureMatcher:
                 if rank is None and spawn is not None and 0 < lineno - spawn[1] <= 3:
                     p.rank = spawn[0]  # the child's traceback under "-- Process 1 terminated ..."
                 return []
-        if text.startswith("-- Process "):
+        if clean or not may_hold_signature(text):
+            return []
+        if text.startswith("-- Process "):  # holds "error": past the gate
             n = spawn_process(text)
             if n is not None:
                 self._spawn = (n, lineno)
                 return []
-        if clean or not may_hold_signature(text):
-            return []
         if "ChildFailedError" in text:
             s = text.lstrip()
             if _is_exception_line(s):

@@ -177,6 +177,7 @@ _EVAL_WORD = re.compile(r"\b(?:valid(?:ation)?|val|eval(?:uation)?|test|dev)\b",
 
 
 _BESIDE_LOSS = frozenset({"learning_rate", "grad_norm"})
+_LOSS_WORD = re.compile(r"\bloss\b", re.IGNORECASE)
 
 
 def _count(v: float) -> bool:
@@ -290,7 +291,8 @@ class KvParser:
         parts: list[float] = []
         stats_nan = False
         unnamed: float | None = None
-        headed = "oss" in text and re.search(r"\bloss\b", text, re.IGNORECASE) is not None
+        heading = _LOSS_WORD.search(text) if "oss" in text else None
+        headed_at = heading.end() if heading is not None else len(text)
         plain_loss_at = -1
         step_unnamed = False
         for m in _PAIR.finditer(text):
@@ -305,7 +307,7 @@ class KvParser:
                 key = _flat_key(key)
                 field = canonical(key)
             low = key.lower()
-            if field is None and headed and low in _HEADED:
+            if field is None and m.start() >= headed_at and low in _HEADED:
                 field = _HEADED[low]
                 key = field
             if field is None:
