@@ -355,3 +355,12 @@ def test_fp16_calibration_nan_grad_norm_is_not_a_nan_loss(tmp_path: Path) -> Non
     # Nor a NaN grad norm that stays.
     stays = text.replace("grad_norm: 3.9772", "grad_norm: nan")
     assert serious(run(tmp_path, stays, name="stays.log")) == [("nan_loss", 0, 100)]
+
+
+def test_deepspeed_launcher_names_the_child_that_died(tmp_path: Path) -> None:
+    """DeepSeek-Coder#55, quoted in a public note (code index file id 12064442746)."""
+    text = " [2023-11-28 10:00:34,590] [ERROR] [launch.py:321:sigkill_handler] ['/home/.python_libs/conda_env/deepseek/bin/python', '-u', 'finetune_deepseekcoder.py', '--local_rank=0', '--model_name_or_path', '/home/project/deepseek/DeepSeek-Coder-main/models/deepseek-coder-6.7b-instruct', '--data_path', '/home/project/deepseek/DeepSeek-Coder-main/data/test.json', '--output_dir', '/home/project/deepseek/DeepSeek-Coder-main/deepseek_finetune', '--num_train_epochs', '1', '--model_max_length', '1024', '--per_device_train_batch_size', '1', '--per_device_eval_batch_size', '1', '--gradient_accumulation_steps', '4', '--evaluation_strategy', 'no', '--save_strategy', 'steps', '--save_steps', '100', '--save_total_limit', '100', '--learning_rate', '2e-5', '--warmup_steps', '10', '--logging_steps', '1', '--lr_scheduler_type', 'cosine', '--gradient_checkpointing', 'True', '--report_to', 'tensorboard', '--deepspeed', 'configs/ds_config_zero3.json', '--bf16', 'True'] exits with return code = -9"
+    # The same line for the child of local rank 2 (rank 0 is also the file's default rank).
+    res = run(tmp_path, text.replace("--local_rank=0", "--local_rank=2"))
+    assert [(f.kind, f.rank) for f in res.findings] == [("crash", 2)]
+    assert "SIGKILL" in res.findings[0].message

@@ -584,6 +584,34 @@ def _elastic_failed(t: str) -> Hit | None:
     return Hit("crash", _C, summary, d, ("elastic_failed", local_rank, pid))
 
 
+# The DeepSpeed launcher (deepspeed/launcher/launch.py, sigkill_handler) names the child by its
+# command line: "[ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', '-u', 'train.py',
+# '--local_rank=0', ...] exits with return code = -9".
+_DS_LAUNCHER_EXIT = re.compile(r"exits with return code = (-?\d{1,4})")
+_DS_LOCAL_RANK = re.compile(r"'--local_rank=(\d{1,7})'")
+
+
+def _ds_launcher_exit(t: str) -> Hit | None:
+    m = _DS_LAUNCHER_EXIT.search(t)
+    if m is None:
+        return None
+    code = int(m[1])
+    d: dict[str, Any] = {"exitcode": code}
+    how = f"return code {code}"
+    if code < 0:
+        d["signal"] = _SIGNUMS.get(-code, f"signal {-code}")
+        how += f" ({d['signal']})"
+    r = _DS_LOCAL_RANK.search(t)
+    who = "a child"
+    if r is not None:
+        d["failed_rank"] = d["local_rank"] = int(r[1])
+        who = f"local_rank {r[1]}"
+    if code == -9:
+        how += " - SIGKILL usually means the host OOM killer"
+    key = ("ds_launcher", r[1] if r else None)
+    return Hit("crash", _C, f"DeepSpeed launcher: {who} exited with {how}", d, key)
+
+
 def _peer(t: str) -> Hit | None:
     """A collective backend (gloo) or the c10d store lost the connection to a peer: the peer
     died or exited first, so this rank's failure is a consequence and the peer's log holds
@@ -942,6 +970,17 @@ SIGNATURES: tuple[Signature, ...] = (
         patterns=(_ELASTIC_FAILED,),
         example="E0101 12:00:00.123000 140 torch/distributed/elastic/multiprocessing/api.py:869] failed "
         "(exitcode: 1) local_rank: 0 (pid: 1234) of binary: /usr/bin/python3",
+    ),
+    Signature(
+        name="ds_launcher_exit",
+        kinds=("crash",),
+        severity=_C,
+        triggers=("exits with return code",),
+        rule=_ds_launcher_exit,
+        patterns=(_DS_LAUNCHER_EXIT,),
+        example="[2023-11-28 10:00:34,590] [ERROR] [launch.py:321:sigkill_handler] ['/home/.python_libs/"
+        "conda_env/deepseek/bin/python', '-u', 'finetune_deepseekcoder.py', '--local_rank=0'] exits with "
+        "return code = -9",
     ),
     Signature(
         name="uncaught",
