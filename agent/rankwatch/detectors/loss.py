@@ -67,16 +67,6 @@ class NanDetector(Detector):
                 return self._fire(state, held[0], held[1]) + self.observe(state, record)
         loss, scale, grad = record.loss, record.loss_scale, record.grad_norm
         if (
-            _nonfinite(grad)
-            and loss
-            and loss - loss == 0
-            and not _nonfinite(scale)
-            and state.step_count <= self.cfg.calibration_records
-            and not self.episode.active
-        ):
-            self.held = (record, f"grad norm is {grad}")
-            return []
-        if (
             loss  # neither None nor 0: a NaN or inf is truthy, so it is tested below
             and loss - loss == 0
             and -self.cfg.overflow_magnitude < loss < self.cfg.overflow_magnitude
@@ -86,6 +76,16 @@ class NanDetector(Detector):
         ):
             self.bad_grads = 0
             return []  # every healthy step
+        if (
+            _nonfinite(grad)
+            and loss
+            and loss - loss == 0
+            and not _nonfinite(scale)
+            and state.step_count <= self.cfg.calibration_records
+            and not self.episode.active
+        ):
+            self.held = (record, f"grad norm is {grad}")
+            return []
         reasons: list[str] = []
         if _nonfinite(record.loss):
             reasons.append(f"loss is {record.loss}")

@@ -163,11 +163,13 @@ def strip(raw: str) -> tuple[str, int | None, float | None]:
                     rank = hit[0]
                     text = rest[1:] if hit[1] and rest[:1] == " " else rest
                     continue
-            m = _MPI.match(text)
+            # "[1,3]<stdout>:" and "[2024-..." open with a digit, "[INFO|..." with a letter.
+            digit = text[1:2].isdigit()
+            m = _MPI.match(text) if digit else None
             if m is not None:
                 rank = int(m["r"])
             else:
-                m = _TS_BRACKET.match(text) or _HF_LOGGING.match(text)
+                m = _TS_BRACKET.match(text) if digit else _HF_LOGGING.match(text)
                 if m is not None:
                     t = _epoch(m)
                     if t is None:

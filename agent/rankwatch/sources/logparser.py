@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from rankwatch.records import ErrorRecord, Record
+from rankwatch.records import ErrorRecord, Record, StepRecord
 from rankwatch.sources import parsers as _formats
 from rankwatch.sources.decorations import strip
 from rankwatch.sources.parsers.base import FormatParser, LogLine
@@ -117,17 +117,32 @@ class LogParser:
         self._last_lineno, self._last_rank = lineno, rank
         when = ts if ts is not None else now
 
+        recs: list[Record] | None = None
+        if not cut and not self._waiting:
+            parser = self._parsers.get(rank)
+            if parser is not None and not self._upgrade_left:  # the format is settled: the usual line
+                m = self._matchers.get(rank)
+                if m is None or not m.busy:
+                    recs = self._run(parser, body, lineno, rank, when)
+                    if recs and all(type(r) is StepRecord and r.line == lineno for r in recs):
+                        # A training step's own line is no error line (its "nan" is the NaN
+                        # detector's): the signatures, the costliest test of a long line, are
+                        # spared. A record completed by this line (OLMo's block, a held bar) is
+                        # an earlier line's: this one is still looked at.
+                        st.parsed += 1
+                        return recs
         out: list[Record] = self._signatures(body, lineno, rank, when, clean)  # type: ignore[assignment]
         if out:
             _about_other_rank(out)
         if cut:
             st.cut += 1
         else:
-            parser = self._parsers.get(rank)
-            if parser is not None and not self._upgrade_left:  # the format is settled: the usual line
-                recs = self._run(parser, body, lineno, rank, when)
-            else:
-                recs = self._parse(body, lineno, rank, when)
+            if recs is None:
+                parser = self._parsers.get(rank)
+                if parser is not None and not self._upgrade_left:
+                    recs = self._run(parser, body, lineno, rank, when)
+                else:
+                    recs = self._parse(body, lineno, rank, when)
             if recs:
                 # A parser's records come first: they tell steps reached before this line's
                 # error (a multi-line record this line completes, a bar drawn before it).
@@ -202,7 +217,7 @@ class LogParser:
         if m is None:
             m = self._matchers[rank] = SignatureMatcher()
         try:
-            out = m.feed(body, lineno, rank, when, clean=clean)
+            out = m.feed(body, lineno, rank, when, clean)  # positional: the call of every line
         except Exception:
             self._error("matcher", "error-signature matcher failed")
             out = []

@@ -139,10 +139,10 @@ def spawn_process(text: str) -> int | None:
 # "Rank 3: found NaN in local grad norm in backward pass before data-parallel communication
 # collective" and, through its rerun state machine, "Unexpected result nan (message='found NaN
 # in local grad norm ...')".
-_NAN_AT_ITER = re.compile(r"Loss became infinite or NaN at iteration=(\d{1,15})")
+_NAN_AT_ITER = re.compile(r"Error: Loss became infinite or NaN at iteration=(\d{1,15})")
 # Coqui/Mozilla TTS (tts/layers/losses.py): raise RuntimeError(f" [!] NaN loss with {key}.")
-_NAN_LOSS_WITH = re.compile(r"\[!\] NaN loss with (\w{1,64})")
-_NAN_GRAD_NORM = re.compile(r"found (NaN) in local grad norm")
+_NAN_LOSS_WITH = re.compile(r"Error: {0,4}\[!\] NaN loss with (\w{1,64})")
+_NAN_GRAD_NORM = re.compile(r"Error: .{0,200}?found (NaN) in local grad norm")
 
 
 def _nan_raised(t: str) -> Hit | None:
@@ -195,7 +195,9 @@ def _grad_scale_small(t: str) -> Hit | None:
 # --- a peer's collective timed out --------------------------------------------------------------
 # ProcessGroupNCCL (flight recorder): "Received a dump signal due to a collective timeout from
 # rank 13 and we will try our best to dump the debug info." Every rank prints it about rank 13.
-_DUMP_SIGNAL = re.compile(r"Received a dump signal due to a collective timeout from\s+rank (\d{1,7})")
+_DUMP_SIGNAL = re.compile(
+    r"NCCL\.cpp:\d{1,6}\] .{0,200}?Received a dump signal due to a collective timeout from\s+rank (\d{1,7})"
+)
 
 
 def _dump_signal(t: str) -> Hit | None:
@@ -927,7 +929,8 @@ SIGNATURES: tuple[Signature, ...] = (
         name="nccl_dump_signal",
         kinds=("nccl_timeout",),
         severity=_C,
-        triggers=("Received a dump signal",),
+        triggers=("NCCL",),
+        context=("Received a dump signal",),
         rule=_dump_signal,
         patterns=(_DUMP_SIGNAL,),
         example="[rank0]:[E804 23:05:54.817424543 ProcessGroupNCCL.cpp:1914] [PG ID 0 PG GUID 0(default_pg) "
@@ -956,7 +959,7 @@ SIGNATURES: tuple[Signature, ...] = (
         name="nan_raised",
         kinds=("nan_loss",),
         severity=_C,
-        triggers=("NaN",),
+        triggers=("rror",),  # the exception's name: "FloatingPointError: Loss became ..."
         rule=_nan_raised,
         patterns=(_NAN_AT_ITER, _NAN_GRAD_NORM, _NAN_LOSS_WITH),
         example="FloatingPointError: Loss became infinite or NaN at iteration=2137!",
@@ -975,7 +978,8 @@ SIGNATURES: tuple[Signature, ...] = (
         name="ds_launcher_exit",
         kinds=("crash",),
         severity=_C,
-        triggers=("exits with return code",),
+        triggers=("xit",),
+        context=("exits with return code",),
         rule=_ds_launcher_exit,
         patterns=(_DS_LAUNCHER_EXIT,),
         example="[2023-11-28 10:00:34,590] [ERROR] [launch.py:321:sigkill_handler] ['/home/.python_libs/"
@@ -1208,7 +1212,6 @@ class SignatureMatcher:
         lineno: int,
         rank: int | None = None,
         time: float | None = None,
-        *,
         clean: bool = False,
     ) -> list[ErrorRecord]:
         """``clean``: the caller found that ``may_hold_signature`` is false for this line."""

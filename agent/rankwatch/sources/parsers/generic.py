@@ -198,7 +198,13 @@ def _step_gate(text: str) -> bool:
 def _is_part(key: str) -> bool:
     """A named part of the training loss (``loss_cls``, ``box_loss``, ``s0.loss_bbox``)."""
     k = key.lower()
-    return "loss" in k and not k.startswith(("val", "eval", "test", "valid", "dev")) and "scale" not in k
+    return (
+        "loss" in k
+        and not k.startswith(("val", "eval", "test", "valid", "dev"))
+        # settings printed beside the metrics (a config dump): loss_weight, loss_type, loss_scale
+        and not k.endswith(("weight", "weights", "coef", "coeff", "type", "fn", "_w"))
+        and "scale" not in k
+    )
 
 
 def _flat_key(key: str) -> str:
@@ -511,8 +517,10 @@ class KvParser:
             f["step"] = self._carry[0]
         if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
             return []
+        if "step" not in f and not self._block_steps:
+            return []  # no step: a settings dump ("epochs: 10", "loss_weight: 1.0"), not a record
         # A block cut before its step (the end of a pasted excerpt) follows blocks that had one.
-        stepless = "step" not in f and self._block_steps
+        stepless = "step" not in f
         self._block_steps = self._block_steps or "step" in f
         return _records(bag, line, need_step=not stepless)
 
