@@ -123,7 +123,7 @@ _alias("loss", "train_loss_step", "loss_step", "training loss", "train/lm_loss",
 # A total written beside its parts (detectron2's total_loss beside loss_cls, loss_box_reg ...;
 # DLLogger's average_loss beside step_loss; LitGPT's "loss train"): the total is the loss.
 _alias("loss", "total_loss", "loss_total", "overall_loss", "average_loss", "step_loss", "loss train")
-_alias("loss", "train_step_loss", "train/total_loss", "total loss", "cross_entropy")
+_alias("loss", "train_step_loss", "train/total_loss", "total loss", "cross_entropy", "xent")
 _alias("grad_norm", "grad_norm", "gradient_norm", "grad norm", "grad_norm_total", "train/grad_norm")
 _alias("grad_norm", "norm", "total_norm", "gnorm", "grad-norm", "gradnorm")
 _alias("learning_rate", "lr", "learning_rate", "learning rate", "train/learning_rate", "train/lr", "lr-adamw")

@@ -185,7 +185,8 @@ def _count(v: float) -> bool:
 
 
 def _kv_gate(text: str) -> bool:
-    return "oss" in text or "OSS" in text
+    # "xent": OpenNMT-py's cross-entropy ("Step 5350/50000; acc: 51.25; ppl: 8.43; xent: 2.13").
+    return "oss" in text or "OSS" in text or "xent" in text
 
 
 def _step_gate(text: str) -> bool:
@@ -236,7 +237,7 @@ class KvParser:
 
     name: ClassVar[str] = "kv"
     # A line sniff() accepts holds one of these (an update statistic's row: "| KL | nan |").
-    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS", "Epoch", "epoch", "KL", "kl", "entropy")
+    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy")
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
     def __init__(self) -> None:
