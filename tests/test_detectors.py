@@ -594,3 +594,16 @@ def test_overflows_at_the_lowest_loss_scale_are_a_collapse() -> None:
     # A scale that held at a healthy value is hysteresis, not a collapse.
     held = [OverflowRecord(step=None, old_scale=1024.0, new_scale=1024.0) for _ in range(4)]
     assert not [f for f in run(held) if f.kind == "loss_scale_collapse"]
+
+
+def test_a_loss_scale_printed_as_zero_is_a_collapse() -> None:
+    """fairseq#1529 ("loss_scale 0.000") and fairseq#1895 ("loss_scale 0"): below fairseq's own
+    3-decimal print of its 1e-4 floor; no run trains at scale 0."""
+    recs = [StepRecord(step=s, loss=9.8, loss_scale=0.0) for s in (695, 700)]
+    assert [f.step for f in run(recs) if f.kind == "loss_scale_collapse"] == [695]
+    # Megatron's bf16 "loss scale: 1.0" on every line is no collapse.
+    assert not [
+        f
+        for f in run([StepRecord(step=s, loss=2.0, loss_scale=1.0) for s in range(1, 50)])
+        if f.kind == "loss_scale_collapse"
+    ]

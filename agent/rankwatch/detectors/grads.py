@@ -345,14 +345,20 @@ class LossScaleDetector(Detector):
         # Steps skipped again and again at the lowest scale: no scale is small enough, the
         # gradients are inf/NaN whatever the scaler does.
         floor = ok and self.streak >= self.cfg.floor_overflows and scale <= self.cfg.min_scale  # type: ignore[operator]
-        collapsed = collapsed or floor
+        # A scale printed as 0: below what the framework's own format shows (fairseq prints 3
+        # decimals; its floor is 1e-4): fairseq#1529 "loss_scale 0.000" and fairseq#1895
+        # "loss_scale 0", both ending in "Minimum loss scale reached". No run trains at scale 0.
+        zero = ok and scale == 0 and is_step
+        collapsed = collapsed or floor or zero
         if not collapsed and not halved and len(state.overflows) < self.cfg.max_overflows:
             return []  # every step of a healthy run: too few overflows ever to count
         now = record.step if record.step is not None else state.position()
         start = now - self.cfg.window
         recent = [s for s in state.overflows if s > start]
         if (collapsed or halved or len(recent) >= self.cfg.max_overflows) and self.episode.open(now):
-            if floor:
+            if zero:
+                why = "the scale the trainer prints has fallen to 0"
+            elif floor:
                 why = f"{self.streak} overflows in a row at the lowest scale (every one a skipped step)"
             elif halved:
                 why = f"{self.streak} overflows in a row halved it to {fmt(scale)}"
