@@ -140,9 +140,22 @@ def test_loss_spike_fires_once_and_single_noise_does_not() -> None:
 def test_loss_spike_is_judged_from_its_first_full_window_not_after_a_warmup() -> None:
     recs = [StepRecord(step=s, loss=5.0) for s in range(1, 50)] + [StepRecord(step=50, loss=20.0)]
     assert [f.step for f in run(recs) if f.kind == "loss_spike"] == [50]
-    # Before ten losses exist there is no mean to judge a spike against.
+    # Before ten losses exist a spike is judged against what there is (issue 27): above every
+    # earlier loss by the factor, and the next loss still up.
     recs = [StepRecord(step=s, loss=5.0) for s in range(1, 5)] + [StepRecord(step=5, loss=20.0)]
+    assert [f.step for f in run([*recs, StepRecord(step=6, loss=18.0)]) if f.kind == "loss_spike"] == [5]
+    # One noisy batch that comes straight back (horovod deeplab rank 1: 3.2, 3.4, 11.1, 4.0): silent.
+    recs = [StepRecord(step=s, loss=v) for s, v in enumerate([3.216, 3.396, 11.08, 3.984], 1)]
     assert [f for f in run(recs) if f.kind == "loss_spike"] == []
+    # A short log whose loss only wanders within the factor of its largest value: silent.
+    recs = [StepRecord(step=s, loss=v) for s, v in enumerate([5.0, 3.0, 4.0, 9.0], 1)]
+    assert [f for f in run(recs) if f.kind == "loss_spike"] == []
+
+
+def test_a_spike_after_three_records_is_flagged() -> None:
+    """Issue 27: 2.77 -> 7.34 -> 8.72 with no earlier history is a spike at the second record."""
+    recs = [StepRecord(step=s, loss=v) for s, v in enumerate([2.77, 7.34, 8.72], 1)]
+    assert [f.step for f in run(recs) if f.kind == "loss_spike"] == [2]
 
 
 def test_divergence() -> None:
@@ -566,7 +579,8 @@ def test_a_loss_and_grad_collapse_is_flagged_from_the_first_steps() -> None:
         StepRecord(step=3, loss=0.0, grad_norm=7.7e-8),
     ]
     fs = [f for f in run(collapse) if f.kind == "grad_vanishing" and not f.resolved]
-    assert [f.step for f in fs] == [3] and "collapsed" in fs[0].message
+    # Step 2 already: loss and grad norm both 10^4 below their first values (collapse_ratio).
+    assert [f.step for f in fs] == [2] and "collapsed" in fs[0].message
     # Low loss with live gradients, or tiny gradients with a loss that still means something: silent.
     fine = [StepRecord(step=i, loss=2.0 / i, grad_norm=1.0 if i < 50 else 1e-7) for i in range(1, 60)]
     assert not [f for f in run(fine) if f.kind == "grad_vanishing"]
@@ -580,3 +594,16 @@ def test_overflows_at_the_lowest_loss_scale_are_a_collapse() -> None:
     # A scale that held at a healthy value is hysteresis, not a collapse.
     held = [OverflowRecord(step=None, old_scale=1024.0, new_scale=1024.0) for _ in range(4)]
     assert not [f for f in run(held) if f.kind == "loss_scale_collapse"]
+
+
+def test_a_loss_scale_printed_as_zero_is_a_collapse() -> None:
+    """fairseq#1529 ("loss_scale 0.000") and fairseq#1895 ("loss_scale 0"): below fairseq's own
+    3-decimal print of its 1e-4 floor; no run trains at scale 0."""
+    recs = [StepRecord(step=s, loss=9.8, loss_scale=0.0) for s in (695, 700)]
+    assert [f.step for f in run(recs) if f.kind == "loss_scale_collapse"] == [695]
+    # Megatron's bf16 "loss scale: 1.0" on every line is no collapse.
+    assert not [
+        f
+        for f in run([StepRecord(step=s, loss=2.0, loss_scale=1.0) for s in range(1, 50)])
+        if f.kind == "loss_scale_collapse"
+    ]

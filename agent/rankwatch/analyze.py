@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankwatch.config.schema import Config
 from rankwatch.detectors.crossrank import cross_rank
@@ -25,6 +25,9 @@ from rankwatch.sanitize import visible
 from rankwatch.sources.compressed import compression_of, open_decompressed, require_readable
 from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
 from rankwatch.sources.logparser import LogParser
+
+if TYPE_CHECKING:
+    from rankwatch.sources.suggest import Diagnosis
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|proc|worker|task|process)[-_.]?(\d+)", re.IGNORECASE)
 
@@ -323,6 +326,14 @@ def analyze(paths: Sequence[str], cfg: Config, *, jobs: int | None = None) -> An
     reports.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.path))
     everything = sorted((f for rep in reports for f in rep.findings), key=_sort_key)
     return Analysis(ranks=reports, findings=everything)
+
+
+def diagnose(paths: Sequence[str], cfg: Config) -> list[tuple[str, Diagnosis]]:
+    """For logs nothing was read from: the lines that looked like records, why none was taken,
+    and a drafted ``logs.regex`` (``sources/suggest.py``)."""
+    from rankwatch.sources.suggest import diagnose_lines
+
+    return [(str(p), diagnose_lines(fl.text for fl in _lines(str(p), cfg, False))) for p in paths]
 
 
 _NOTHING = "no training records recognised"

@@ -110,12 +110,19 @@ def _expand_paths(paths: Sequence[str]) -> list[str]:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from rankwatch.analyze import analyze, format_human
+    from rankwatch.analyze import analyze, diagnose, format_human
 
     cfg = _load_config(args)
     paths = _expand_paths(args.paths)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be 1 or more, got {args.jobs}")
+    if args.suggest_pattern:
+        found = [(p, d.pattern) for p, d in diagnose(paths, cfg) if d.pattern]
+        for p, pattern in found:
+            print(f"# {p}\n{pattern}" if len(paths) > 1 else pattern)
+        if not found:
+            raise UsageError("no line of these logs looks like a record a pattern could be drafted from")
+        return 0
     if sys.stderr.isatty() and not args.quiet and not args.no_progress:
         from rankwatch.progress import DELAY, Progress
 
@@ -127,9 +134,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if not result.recognised_any:
         # A wrong path or an unknown format must not read as a healthy run.
         names = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+        why = "\n".join(f"{p}: {d.render()}" for p, d in diagnose(paths[:5], cfg))
         raise UsageError(
             f"no training records or error lines recognised in {names}: not a training log, or a "
-            "format rankwatch does not detect (force one with --format, or set logs.regex)"
+            "format rankwatch does not detect (force one with --format, or set logs.regex; "
+            f"`rankwatch analyze --suggest-pattern` prints a drafted one)\n{why}"
         )
     if args.json:
         json.dump(
@@ -510,6 +519,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--pretty", action="store_true", help="indent the JSON")
     a.add_argument("--format", help="force a log format instead of auto-detection")
+    a.add_argument(
+        "--suggest-pattern",
+        action="store_true",
+        help="print a drafted logs.regex for the lines that look like records (for a log rankwatch "
+        "does not read), instead of analyzing",
+    )
     a.add_argument("--no-color", action="store_true", help="no ANSI colour in the summary")
     a.add_argument(
         "--quiet",

@@ -40,14 +40,14 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
         "nccl_timeout",
         "A collective waited past the NCCL timeout: usually one rank is stuck or died "
         "first; its log holds the real error. Check the rank that stopped first, not this one.",
-        crash_priority=3,
+        crash_priority=4,
         alert="RankwatchNCCLFailure",
     ),
     ErrorKind(
         "nccl_error",
         "Usual causes: a peer rank died, a network/IB fault, or mismatched collectives. "
         "Set NCCL_DEBUG=INFO and check the first rank that failed.",
-        crash_priority=4,
+        crash_priority=5,
         alert="RankwatchNCCLFailure",
     ),
     ErrorKind(
@@ -66,6 +66,14 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
         alert="RankwatchGPUFault",
     ),
     ErrorKind(
+        "nan_loss",
+        "The training code itself stopped on a non-finite loss or gradient. Usual fix: resume from "
+        "the last good checkpoint with a lower LR or longer warmup, check the batch at this step, "
+        "prefer bf16 over fp16, clip gradients.",
+        crash_priority=3,
+        alert="RankwatchNaNLoss",
+    ),
+    ErrorKind(
         "peer_error",
         "The collective backend (gloo) or the c10d store lost its connection to a peer: "
         "that peer died or exited first, and this rank's failure is its consequence. The peer's log "
@@ -74,10 +82,24 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
         alert="RankwatchFinding",
     ),
     ErrorKind(
+        "loss_scale_collapse",
+        "The fp16 loss scale has gone to (almost) nothing: the model produces inf/NaN gradients at any "
+        "scale. Switch to bf16, lower the LR, or find the bad batch; resume from the last good checkpoint.",
+        crash_priority=None,
+        alert="RankwatchFinding",
+    ),
+    ErrorKind(
+        "stack_dump",
+        "A py-spy dump was pasted into the log: its stacks show where each thread was when it was "
+        "taken (`rankwatch dumps diff` compares the dumps of several ranks).",
+        crash_priority=None,
+        alert="RankwatchFinding",
+    ),
+    ErrorKind(
         "crash",
         "The rank ended abnormally: a traceback in the evidence names the failing frame; "
         "without one, the exit code or signal says how it was stopped.",
-        crash_priority=5,
+        crash_priority=6,
         alert="RankwatchRankCrashed",
     ),
 )

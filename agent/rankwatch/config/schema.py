@@ -211,6 +211,23 @@ class NanConfig:
         0.05, "a loss of exactly 0 after the median loss was above this is treated as NaN-filtered"
     )
     lookback_steps: int = opt(10, "steps before a NaN inspected to tell blow-up from bad batch")
+    # fp16 dynamic loss scaling starts high (torch GradScaler 2^16, DeepSpeed 2^32) and halves on
+    # each overflow, skipping that step (torch/amp/grad_scaler.py, deepspeed loss_scaler.py): the
+    # first logging window of a healthy fp16 run can hold a NaN/inf grad norm. Real cases: the
+    # three DeepSpeed calibrations in tests/data/wild (ds_*_scale_calibration.log) and the HF
+    # Trainer fp16 run of tests/test_general_reader.py. The next record decides.
+    # float32 holds up to 3.4e38 and fp16 training multiplies the loss by the loss scale (torch
+    # GradScaler starts at 2^16): a loss beyond 3.4e38 / 2^16 = 5.2e33 overflows to inf when
+    # scaled; no loss that means something is that large (ESPnet#3885: -3.19e34 after 59.6).
+    overflow_magnitude: float = opt(
+        5.2e33, "a loss this large in magnitude is numerically broken: reported as a NaN/Inf loss"
+    )
+    calibration_records: int = opt(
+        1,
+        "logged records at the start of a run whose non-finite grad norm (with a finite, non-zero "
+        "loss) may be fp16 loss-scale calibration: judged by the record after them, 0 to judge at once",
+        min=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -224,6 +241,22 @@ class LossSpikeConfig:
         "and this many robust standard deviations of the step-to-step noise (MAD), so noisy runs do not fire",
     )
     noise_window: int = opt(50, "logged steps the noise is measured over")
+    # Per-batch logs at small batch sizes are noisy (YOLOX VOC at batch size 1, step noise 25% of
+    # the loss: tests/data/wild/batch2/yolox_voc_s_healthy_bs1.log; LitGPT per-batch SFT losses
+    # 3.5..26, awslabs/keys_values#97); smooth pretraining logs are at 1-2% (the llm.c and
+    # torchtitan cases of tests/data/wild). In a noisy log one batch that comes straight back is noise.
+    confirm_noise_ratio: float = opt(
+        0.1,
+        "step noise (robust sd) at or above this fraction of the loss level: a spike must still be up "
+        "at the next logged step to count",
+    )
+    min_records: int = opt(
+        1,
+        "earlier logged steps a spike is judged against at the least; with fewer than `window` the "
+        "loss and the one after it must exceed factor x the largest of them (a short log is judged "
+        "against what there is)",
+        min=1,
+    )
 
 
 @dataclass(frozen=True)
@@ -282,6 +315,14 @@ class GradVanishingConfig:
     enabled: bool = opt(True, "grad norm collapsed to ~0 for many steps")
     threshold: float = opt(1e-6, "grad norm below this counts as vanished")
     consecutive: int = opt(20, "steps in a row below it")
+    # A loss 10^4 times below its first value with the gradients gone likewise is no learning
+    # but a collapse (every label masked, the target in the input). Real cases: OLMo#692
+    # (tests/data/wild/olmo_loss_collapse_zero.log: 12.18 -> 1.8e-6, grad 231 -> 2e-4) and
+    # ModernBERT#233 (loss 0.2 -> 0.0 with NaN grads); a cross-entropy's healthy end is within
+    # 10^2 of its start (ln(vocab) ~ 10 -> >= 0.1).
+    collapse_ratio: float = opt(
+        1e-4, "a loss and a grad norm this many times below their first values is a collapse, from step 1"
+    )
 
 
 @dataclass(frozen=True)
@@ -294,6 +335,13 @@ class LossScaleConfig:
         5, "overflows in a row (no growth between) ending at or below low_scale are a collapse"
     )
     low_scale: float = opt(16.0, "a scale this low after repeated halvings is no start-up calibration")
+    # DeepSpeed's dynamic scaler at its floor overflows once more before it raises (hysteresis,
+    # delayed_shift=2 by default, runtime/fp16/loss_scaler.py): beyond that, every step is skipped.
+    # Real cases: ds_t5_scale_stuck_at_1.log (HF#14531, every step at scale 1) and fairseq#512
+    # (the scale halved to 0.000122, fairseq's floor, then FloatingPointError).
+    floor_overflows: int = opt(
+        3, "overflows in a row at or below min_scale that count as a collapse (beyond the hysteresis)", min=1
+    )
 
 
 @dataclass(frozen=True)

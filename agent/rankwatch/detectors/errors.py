@@ -43,12 +43,13 @@ class ErrorSignatureDetector(Detector):
         self.seen.add(key)
         self.per_kind[record.kind] = self.per_kind.get(record.kind, 0) + 1
         fix = FIXES.get(record.kind, "")
-        where = f" (last step {state.last_step})" if state.last_step is not None else ""
+        # An error that names its own step (detectron2's "at iteration=2137") is placed there.
+        said = record.details.get("step")
+        step = said if isinstance(said, int) else state.last_step
+        where = f" (last step {state.last_step})" if state.last_step is not None and step != said else ""
         msg = f"{record.summary}{where}. {fix}".strip()
         ev = {"lines": record.evidence, **record.details}
-        f = finding(
-            record.kind, record.severity, state, msg, record=record, step=state.last_step, evidence=ev
-        )
+        f = finding(record.kind, record.severity, state, msg, record=record, step=step, evidence=ev)
         return [f]
 
 

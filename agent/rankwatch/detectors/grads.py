@@ -207,16 +207,13 @@ class GradVanishingDetector(Detector):
     accepts = (StepRecord,)
     section = "detectors.grad_vanishing"
 
-    # A loss this many times below its first value, with the gradients gone, is no learning:
-    # the whole rule is safe from step 1, where the slow rule below waits out the warmup.
-    COLLAPSE = 1e-4
-
     def __init__(self, cfg: GradVanishingConfig, warmup_steps: int) -> None:
         self.cfg = cfg
         self.warmup = warmup_steps
         self.low = 0
         self.episode = Episode()
         self.first_loss: float | None = None
+        self.first_grad: float | None = None
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
@@ -227,11 +224,18 @@ class GradVanishingDetector(Detector):
         g = record.grad_norm
         if g is None or g - g != 0:
             return []
+        if self.first_grad is None and g > 0:
+            self.first_grad = g
+        # The collapse rule is safe from step 1 (the slow rule below waits out the warmup): the
+        # loss and the grad norm both fell by collapse_ratio from their first values, or the grad
+        # norm below the vanishing threshold.
+        ratio = self.cfg.collapse_ratio
+        gone = g < self.cfg.threshold or (self.first_grad is not None and g <= self.first_grad * ratio)
         if (
-            g < self.cfg.threshold
+            gone
             and loss is not None
             and self.first_loss is not None
-            and 0 <= loss <= self.first_loss * self.COLLAPSE
+            and 0 <= loss <= self.first_loss * ratio
             and self.episode.open(record.step)
         ):
             return [
@@ -294,7 +298,6 @@ class LossScaleDetector(Detector):
     kinds = ("loss_scale_collapse",)
     accepts = (StepRecord, OverflowRecord)
     section = "detectors.loss_scale"
-    FLOOR_OVERFLOWS = 3
 
     def __init__(self, cfg: LossScaleConfig, warmup_steps: int) -> None:
         self.cfg = cfg
@@ -341,15 +344,21 @@ class LossScaleDetector(Detector):
         halved = ok and self.streak >= self.cfg.halvings and scale <= self.cfg.low_scale  # type: ignore[operator]
         # Steps skipped again and again at the lowest scale: no scale is small enough, the
         # gradients are inf/NaN whatever the scaler does.
-        floor = ok and self.streak >= self.FLOOR_OVERFLOWS and scale <= self.cfg.min_scale  # type: ignore[operator]
-        collapsed = collapsed or floor
+        floor = ok and self.streak >= self.cfg.floor_overflows and scale <= self.cfg.min_scale  # type: ignore[operator]
+        # A scale printed as 0: below what the framework's own format shows (fairseq prints 3
+        # decimals; its floor is 1e-4): fairseq#1529 "loss_scale 0.000" and fairseq#1895
+        # "loss_scale 0", both ending in "Minimum loss scale reached". No run trains at scale 0.
+        zero = ok and scale == 0 and is_step
+        collapsed = collapsed or floor or zero
         if not collapsed and not halved and len(state.overflows) < self.cfg.max_overflows:
             return []  # every step of a healthy run: too few overflows ever to count
         now = record.step if record.step is not None else state.position()
         start = now - self.cfg.window
         recent = [s for s in state.overflows if s > start]
         if (collapsed or halved or len(recent) >= self.cfg.max_overflows) and self.episode.open(now):
-            if floor:
+            if zero:
+                why = "the scale the trainer prints has fallen to 0"
+            elif floor:
                 why = f"{self.streak} overflows in a row at the lowest scale (every one a skipped step)"
             elif halved:
                 why = f"{self.streak} overflows in a row halved it to {fmt(scale)}"

@@ -45,6 +45,9 @@ class NanDetector(Detector):
         self.cfg = cfg
         self.episode = Episode()
         self.bad_grads = 0
+        # A first-window record with a non-finite grad norm and a finite loss, held until the
+        # next record says whether it was fp16 loss-scale calibration.
+        self.held: tuple[StepRecord, str] | None = None
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled:
@@ -55,19 +58,39 @@ class NanDetector(Detector):
             return []
         if not isinstance(record, StepRecord):
             return []
+        held = self.held
+        if held is not None:
+            self.held = None
+            if not (finite(record.loss) and record.loss and finite(record.grad_norm)):
+                # Not calibration: the NaN stayed (or the loss went). Told at the first record.
+                self.bad_grads = 0
+                return self._fire(state, held[0], held[1]) + self.observe(state, record)
         loss, scale, grad = record.loss, record.loss_scale, record.grad_norm
         if (
             loss  # neither None nor 0: a NaN or inf is truthy, so it is tested below
             and loss - loss == 0
+            and -self.cfg.overflow_magnitude < loss < self.cfg.overflow_magnitude
             and (scale is None or scale - scale == 0)
             and (grad is None or grad - grad == 0)
             and not self.episode.active
         ):
             self.bad_grads = 0
             return []  # every healthy step
+        if (
+            _nonfinite(grad)
+            and loss
+            and loss - loss == 0
+            and not _nonfinite(scale)
+            and state.step_count <= self.cfg.calibration_records
+            and not self.episode.active
+        ):
+            self.held = (record, f"grad norm is {grad}")
+            return []
         reasons: list[str] = []
         if _nonfinite(record.loss):
             reasons.append(f"loss is {record.loss}")
+        elif loss is not None and abs(loss) >= self.cfg.overflow_magnitude:
+            reasons.append(f"loss is {loss:.3g}, beyond what float32 holds once scaled (an overflow)")
         if _nonfinite(record.loss_scale):
             reasons.append(f"loss scale is {record.loss_scale}")
         if _nonfinite(record.grad_norm):
@@ -98,6 +121,10 @@ class NanDetector(Detector):
                 )
             ]
         return []
+
+    def finish(self, state: RankState) -> list[Finding]:
+        held, self.held = self.held, None
+        return self._fire(state, held[0], held[1]) if held is not None else []
 
     def _story(self, state: RankState) -> tuple[str, dict[str, Any]]:
         n = self.cfg.lookback_steps
@@ -160,8 +187,10 @@ class LossSpikeDetector(Detector):
     """A jump far above the recent mean, beyond the run's own noise, larger than any lately.
 
     Per-batch losses (SFT, logging_steps=1) jump 2-3x now and then and come straight back:
-    a spike must stand out from the step-to-step noise (median/MAD) and beat the largest jump
-    of the last ``SPIKE_MEMORY`` logged steps by a quarter to be news.
+    a spike must stand out from the step-to-step noise (median/MAD), beat the largest jump
+    of the last ``SPIKE_MEMORY`` logged steps by a quarter. In a noisy log (step noise at least
+    ``confirm_noise_ratio`` of the level) the next loss must still be above ``factor`` x the
+    mean too (told at the jump; a jump that is the last loss of a log is told).
     """
 
     kinds = ("loss_spike",)
@@ -173,6 +202,11 @@ class LossSpikeDetector(Detector):
         self.warmup = warmup_steps
         self.quiet_until = -1
         self.ratios: deque[float] = deque(maxlen=SPIKE_MEMORY)  # loss / rolling mean, per logged step
+        # A short log's jump above every earlier loss, its top and the losses before it, until
+        # the next loss says whether it stayed up.
+        self.held: tuple[StepRecord, float, list[float]] | None = None
+        # A jump over a full window, until the next loss says whether it stayed up.
+        self.pending: tuple[StepRecord, float, float, list[float], float] | None = None
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
@@ -181,12 +215,17 @@ class LossSpikeDetector(Detector):
         if loss is None or loss - loss != 0:  # absent, NaN or inf: the NaN detector's
             return []
         step = record.step if record.step is not None else state.position()
+        cfg = self.cfg
+        pending, self.pending = self.pending, None
+        if pending is not None and loss > cfg.factor * pending[2]:
+            # The loss after the jump is still up: a spike, told at the jump.
+            self.quiet_until = step + cfg.window
+            return [self._spike(state, *pending)]
         if step <= self.quiet_until:
             return []
-        cfg = self.cfg
         total = state.prior_sum("loss", cfg.window)
         if total is None:
-            return []
+            return self._short(state, record, loss, step)
         mean = total / cfg.window
         ratio = loss / mean if mean > 0 else 0.0
         before = self.ratios.copy() if ratio > cfg.factor else None
@@ -199,21 +238,58 @@ class LossSpikeDetector(Detector):
                 return []  # within this run's own step-to-step noise (per-batch losses of SFT)
             if before and ratio <= SPIKE_RECORD_MARGIN * max(before):
                 return []  # this run had a jump as large recently and recovered: its normal tail
+            if level > 0 and sigma / level >= cfg.confirm_noise_ratio:
+                # A noisy per-batch log: judged at the next loss; one batch that comes straight
+                # back (YOLOX at batch size 1: 5.0, 2.3, 5.2, 21.6, 6.7) is its noise.
+                self.pending = (record, loss, mean, window, sigma)
+                return []
             self.quiet_until = step + self.cfg.window
-            return [
-                finding(
-                    "loss_spike",
-                    Severity.WARNING,
-                    state,
-                    f"loss spiked to {fmt(loss)} at step {record.step}, {loss / mean:.1f}x the mean "
-                    f"{fmt(mean)} of the previous {len(window)} logged steps. One spike that recovers "
-                    "is survivable; repeated spikes usually mean the LR is too high or a bad batch: "
-                    "check the data at this step, lower the LR or tighten clipping.",
-                    record=record,
-                    evidence={"loss": loss, "baseline_mean": mean, "window": window, "noise_sigma": sigma},
-                )
-            ]
+            return [self._spike(state, record, loss, mean, window, sigma)]
         return []
+
+    def finish(self, state: RankState) -> list[Finding]:
+        pending, self.pending = self.pending, None
+        return [self._spike(state, *pending)] if pending is not None else []
+
+    def _short(self, state: RankState, record: StepRecord, loss: float, step: int) -> list[Finding]:
+        """A log shorter than ``window``: judged against what there is, and stricter for it. A
+        loss above every earlier one by ``factor`` is a candidate; it is a spike when the next
+        loss stays that high too (a single noisy batch of a short log comes straight back)."""
+        cfg = self.cfg
+        vals = state.recent("loss", cfg.window + 1)
+        if not vals or vals[-1] != loss:
+            return []
+        held, self.held = self.held, None
+        if held is not None:
+            rec, top, prior = held
+            if loss > cfg.factor * top and loss - top >= cfg.min_delta:
+                self.quiet_until = step + cfg.window
+                mean = sum(prior) / len(prior)
+                return [self._spike(state, rec, rec.loss or 0.0, mean, prior, 0.0)]
+            return []
+        prior = vals[:-1]
+        if len(prior) < cfg.min_records:
+            return []
+        top = max(prior)
+        if top > 0 and loss > cfg.factor * top and loss - top >= cfg.min_delta:
+            self.held = (record, top, prior)
+        return []
+
+    @staticmethod
+    def _spike(
+        state: RankState, record: StepRecord, loss: float, mean: float, window: list[float], sigma: float
+    ) -> Finding:
+        return finding(
+            "loss_spike",
+            Severity.WARNING,
+            state,
+            f"loss spiked to {fmt(loss)} at step {record.step}, {loss / mean:.1f}x the mean "
+            f"{fmt(mean)} of the previous {len(window)} logged steps. One spike that recovers "
+            "is survivable; repeated spikes usually mean the LR is too high or a bad batch: "
+            "check the data at this step, lower the LR or tighten clipping.",
+            record=record,
+            evidence={"loss": loss, "baseline_mean": mean, "window": window, "noise_sigma": sigma},
+        )
 
 
 @register

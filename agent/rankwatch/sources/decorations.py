@@ -35,6 +35,10 @@ _TS_BRACKET = re.compile(r"\[" + _TS_CORE + r"\](?: - | |$)")
 # Hugging Face example scripts: "[INFO|trainer.py:2345] 2024-05-01 10:00:00,123 >> ".
 _HF_LOGGING = re.compile(r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\|[^\]\s]*\] " + _TS_CORE + r" >> ?")
 _PY_LOGGING = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.<>-]+:")
+# k2/icefall's logging format after its timestamp: "INFO [train.py:518] (2/4) " (rank/world).
+_ICEFALL = re.compile(
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \[[\w.-]{1,64}:\d{1,6}\] \((?P<r>\d{1,7})/\d{1,7}\) "
+)
 _MPI = re.compile(r"\[\d+,(?P<r>\d{1,7})\]<std(?:out|err|diag)>:")
 _SRUN = re.compile(r" *(?P<r>\d{1,7}): ")
 # "[gpu187:1]:" (the head before "]:"), and after a timestamp "gpu187:1\t" / "node-3:0  " /
@@ -44,7 +48,15 @@ _SRUN = re.compile(r" *(?P<r>\d{1,7}): ")
 _HOST_HEAD = re.compile(r"\[(?P<h>[A-Za-z][\w.-]{0,63}):(?P<r>\d{1,7})$")
 _HOST = re.compile(r"(?P<h>[A-Za-z][\w.-]{0,63}):(?P<r>\d{1,7})(?:\t| {2,8}|: )")
 
-_START = frozenset("[0123456789 DIWEC")
+# Ray prefixes a worker's output with its process: "(pid=18175, ip=10.0.0.2) ",
+# "(RayTrainWorker pid=1234, ip=10.0.0.2) ", "(ActorWorker(actor_train-1) pid=18175, ip=...) ".
+# It names no rank (Ray Train's workers print theirs in the text); the text after it is the job's.
+_RAY = re.compile(
+    r"\((?:[\w.-]{1,64}(?:\([^()]{0,64}\))? )?pid=\d{1,9}(?:, ip=[\w.:-]{1,64})?"
+    r"(?:, rank=(?P<r>\d{1,7}))?\) ?"
+)
+
+_START = frozenset("[0123456789 DIWEC(")
 _MAX_PREFIXES = 8
 _MINUTE_CACHE: dict[tuple[str, str, str, str, str], int] = {}
 _RANK_CACHE: dict[str, tuple[int, bool]] = {}  # "[rank3" -> (3, True), "[gpu187:1" -> (1, True)
@@ -84,6 +96,13 @@ def _bracket_rank(head: str) -> tuple[int, bool] | None:
             digits = head[len(tag) :]
             if 0 < len(digits) <= 7 and digits.isdecimal():
                 return int(digits), space
+    # torchrun --log-line-prefix-template "[${role_name}${local_rank}|${rank}]:" (torchtune's
+    # multi-node recipes print "[trainer0|0]:"): the global rank follows the bar.
+    bar = head.find("|")
+    if bar > 0 and head[1:2].isalpha():
+        digits = head[bar + 1 :]
+        if 0 < len(digits) <= 7 and digits.isdecimal() and head[bar - 1 : bar].isdecimal():
+            return int(digits), False
     return None
 
 
@@ -144,11 +163,13 @@ def strip(raw: str) -> tuple[str, int | None, float | None]:
                     rank = hit[0]
                     text = rest[1:] if hit[1] and rest[:1] == " " else rest
                     continue
-            m = _MPI.match(text)
+            # "[1,3]<stdout>:" and "[2024-..." open with a digit, "[INFO|..." with a letter.
+            digit = text[1:2].isdigit()
+            m = _MPI.match(text) if digit else None
             if m is not None:
                 rank = int(m["r"])
             else:
-                m = _TS_BRACKET.match(text) or _HF_LOGGING.match(text)
+                m = _TS_BRACKET.match(text) if digit else _HF_LOGGING.match(text)
                 if m is not None:
                     t = _epoch(m)
                     if t is None:
@@ -163,6 +184,14 @@ def strip(raw: str) -> tuple[str, int | None, float | None]:
                 rank = int(m["r"])
         elif c in "DIWEC":
             m = _PY_LOGGING.match(text)
+            if m is None and ") " in text[:96]:
+                m = _ICEFALL.match(text)
+                if m is not None:
+                    rank = int(m["r"])
+        elif c == "(":
+            m = _RAY.match(text)
+            if m is not None and m["r"] is not None:
+                rank = int(m["r"])
         else:
             m = _TS.match(text)
             if m is not None:

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rankwatch.records import ErrorRecord, Record
+from rankwatch.records import ErrorRecord, Record, StepRecord
 from rankwatch.sources import parsers as _formats
 from rankwatch.sources.decorations import strip
 from rankwatch.sources.parsers.base import FormatParser, LogLine
@@ -53,6 +54,22 @@ class ParseStats:
     errors: int = 0  # exceptions caught from parsers (and, never expected, from matchers)
     rank_refused: int = 0  # lines naming a rank outside the world or past max_ranks: dropped
     shed: int = 0  # lines a reader far behind passed over unparsed (see runtime.watcher.shed)
+
+
+def _about_other_rank(records: list[Record], admit: Callable[[int], bool]) -> None:
+    """A launcher's report names the rank that failed (torchelastic's failure box and its
+    "failed ... local_rank: 3" line): an unprefixed one is about that rank, not the stream's.
+    ``admit`` keeps the rank inside the world (and the stream's cap on distinct ranks)."""
+    for rec in records:
+        if isinstance(rec, ErrorRecord):
+            about = rec.details.get("about_rank")  # a message about another rank (its flight recorder)
+            if isinstance(about, int):
+                if admit(about):
+                    rec.rank = about
+            elif rec.rank is None:
+                failed = rec.details.get("failed_rank")
+                if isinstance(failed, int) and admit(failed):
+                    rec.rank = failed
 
 
 class LogParser:
@@ -84,6 +101,7 @@ class LogParser:
         # Lines a parser may need before the format is known: (text, lineno, rank, time).
         self._before: deque[tuple[str, int, int | None, float | None]] = deque(maxlen=_REPLAY_LINES)
         self._logged: set[Any] = set()
+        self._prev: dict[int | None, str] = {}  # each rank's last line while the format is unknown
         if not self._auto:
             # Build one now so that an unknown format or a bad regex fails at startup.
             self._parsers[default_rank] = _formats.make_parser(fmt, regex=regex)
@@ -116,20 +134,33 @@ class LogParser:
         self._last_lineno, self._last_rank = lineno, rank
         when = ts if ts is not None else now
 
+        recs: list[Record] | None = None
+        if not cut and not self._waiting:
+            parser = self._parsers.get(rank)
+            if parser is not None and not self._upgrade_left:  # the format is settled: the usual line
+                m = self._matchers.get(rank)
+                if m is None or not m.busy:
+                    recs = self._run(parser, body, lineno, rank, when)
+                    if recs and all(type(r) is StepRecord and r.line == lineno for r in recs):
+                        # A training step's own line is no error line (its "nan" is the NaN
+                        # detector's): the signatures, the costliest test of a long line, are
+                        # spared. A record completed by this line (OLMo's block, a held bar) is
+                        # an earlier line's: this one is still looked at.
+                        st.parsed += 1
+                        return recs
         out: list[Record] = self._signatures(body, lineno, rank, when, clean)  # type: ignore[assignment]
-        for rec in out:
-            # torchelastic's failure box is printed by the launcher, about another rank.
-            failed = getattr(rec, "details", {}).get("failed_rank") if rec.rank is None else None
-            if isinstance(failed, int) and (failed in self.ranks_seen or self._admit(failed)):
-                rec.rank = failed
+        if out:
+            # A launcher's report about another rank, bounded like any rank a stream names.
+            _about_other_rank(out, self._admits)
         if cut:
             st.cut += 1
         else:
-            parser = self._parsers.get(rank)
-            if parser is not None and not self._upgrade_left:  # the format is settled: the usual line
-                recs = self._run(parser, body, lineno, rank, when)
-            else:
-                recs = self._parse(body, lineno, rank, when)
+            if recs is None:
+                parser = self._parsers.get(rank)
+                if parser is not None and not self._upgrade_left:
+                    recs = self._run(parser, body, lineno, rank, when)
+                else:
+                    recs = self._parse(body, lineno, rank, when)
             if recs:
                 # A parser's records come first: they tell steps reached before this line's
                 # error (a multi-line record this line completes, a bar drawn before it).
@@ -148,6 +179,7 @@ class LogParser:
         out: list[Record] = []
         for m in self._matchers.values():
             out.extend(self._guard(m.flush, "matcher"))
+        _about_other_rank(out, self._admits)
         self._waiting.clear()
         for rank, parser in self._parsers.items():
             fin = getattr(parser, "finish", None)
@@ -156,12 +188,18 @@ class LogParser:
                 out.extend(self._fill(recs, None, rank, None))
         return out
 
+    def _admits(self, rank: int) -> bool:
+        """A rank named by a launcher's report is believed as a rank prefix is: inside the
+        world, and within the stream's cap on distinct ranks."""
+        return rank in self.ranks_seen or self._admit(rank)
+
     def release_pending(self) -> list[Record]:
         """Records held back in case more lines complete them (a traceback, a DeepSpeed step
         told twice); for idle streams."""
         out: list[Record] = []
         for rank in list(self._waiting):
             out.extend(self._guard(self._matchers[rank].release, "matcher"))
+        _about_other_rank(out, self._admits)
         self._waiting.clear()
         for rank, parser in self._parsers.items():
             rel = getattr(parser, "release", None)
@@ -223,7 +261,7 @@ class LogParser:
         if m is None:
             m = self._matchers[rank] = SignatureMatcher()
         try:
-            out = m.feed(body, lineno, rank, when, clean=clean)
+            out = m.feed(body, lineno, rank, when, clean)  # positional: the call of every line
         except Exception:
             self._error("matcher", "error-signature matcher failed")
             out = []
@@ -249,7 +287,17 @@ class LogParser:
             return self._run(parser, body, lineno, rank, when)
         if self._auto and (self.format is None or self._upgrade_left > 0):
             self._sniff(body)
+            if self.format is None and ("oss" in body or "OSS" in body):
+                # A record may spread over two lines: the step on one, the loss on the next
+                # (Horovod examples: "Epoch 0/100, Batch 17/29316" then "Total loss is 29.8").
+                prev = self._prev.get(rank)
+                if prev is not None:
+                    self._sniff(f"{prev} | {body}")
             if self.format is None:
+                if body.strip() and len(body) <= 400:
+                    self._prev[rank] = body
+                    if len(self._prev) > 64:
+                        self._prev.clear()
                 if "%|" in body or "steps =" in body:
                     self._before.append((body, lineno, rank, when))
                 return []

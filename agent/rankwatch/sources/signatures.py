@@ -100,7 +100,19 @@ _UNCAUGHT = re.compile(r"\bUncaught ([A-Za-z_][\w.]*(?:Error|Exception|Interrupt
 # --- the rank a message names, for lines no launcher prefixed ------------------------------
 # ProcessGroupNCCL's "[Rank 7] Watchdog caught ..." (the default group's rank, the global one;
 # "[PG 1 Rank 3]" is a rank in a subgroup and is not used) and OLMo's "[olmo.util:158, rank=0]".
-_MESSAGE_RANK = re.compile(r"\[Rank (\d{1,7})\]|[\[,] ?rank=(\d{1,7})\]")
+_MESSAGE_RANK = re.compile(
+    r"\[Rank (\d{1,7})\]|[\[,] ?rank=(\d{1,7})\]"
+    # Megatron: "Rank 3: found NaN in local grad norm ..." (param_and_grad_buffer.py) and its
+    # rerun state machine's "Rank 2, node n01, device 2, iteration -1: Unexpected result nan".
+    r"|\bRank (\d{1,7})(?::|, node )"
+)
+# torch.multiprocessing.spawn names the failed process by its index, which is the local rank
+# the spawned function receives: "-- Process 1 terminated with the following error:",
+# "ProcessExitedException: process 1 terminated with signal SIGKILL".
+_SPAWN_PROCESS = re.compile(
+    r"-- Process (\d{1,7}) terminated with the following error"
+    r"|process (\d{1,7}) terminated with (?:signal|exit code)"
+)
 
 
 def message_rank(text: str) -> int | None:
@@ -110,7 +122,109 @@ def message_rank(text: str) -> int | None:
     m = _MESSAGE_RANK.search(text)
     if m is None:
         return None
-    return int(m[1] if m[1] is not None else m[2])
+    return int(next(g for g in m.groups() if g is not None))
+
+
+def spawn_process(text: str) -> int | None:
+    """The process index torch.multiprocessing.spawn reports as failed, if ``text`` names one."""
+    if "rocess" not in text:
+        return None
+    m = _SPAWN_PROCESS.search(text)
+    return None if m is None else int(m[1] if m[1] is not None else m[2])
+
+
+# --- training code that stops on a NaN itself ----------------------------------------------
+# detectron2 (engine/train_loop.py, _write_metrics): "FloatingPointError: Loss became infinite
+# or NaN at iteration=2137!" - the trainer's own iteration. Megatron (param_and_grad_buffer.py):
+# "Rank 3: found NaN in local grad norm in backward pass before data-parallel communication
+# collective" and, through its rerun state machine, "Unexpected result nan (message='found NaN
+# in local grad norm ...')".
+_NAN_AT_ITER = re.compile(r"Error: Loss became infinite or NaN at iteration=(\d{1,15})")
+# Coqui/Mozilla TTS (tts/layers/losses.py): raise RuntimeError(f" [!] NaN loss with {key}.")
+_NAN_LOSS_WITH = re.compile(r"Error: {0,4}\[!\] NaN loss with (\w{1,64})")
+_NAN_GRAD_NORM = re.compile(r"Error: .{0,200}?found (NaN) in local grad norm")
+
+
+def _nan_raised(t: str) -> Hit | None:
+    m = _NAN_AT_ITER.search(t)
+    if m is not None:
+        step = int(m[1])
+        return Hit(
+            "nan_loss", _C, f"the trainer stopped: loss became infinite or NaN at iteration {step}",
+            {"step": step}, ("nan_raised", step),
+        )  # fmt: skip
+    m = _NAN_LOSS_WITH.search(t)
+    if m is not None:
+        return Hit(
+            "nan_loss",
+            _C,
+            f"the trainer stopped: NaN loss in {m[1]}",
+            {"loss_term": m[1]},
+            ("nan_with", m[1]),
+        )
+    m = _NAN_GRAD_NORM.search(t)
+    if m is not None:
+        rank = message_rank(t)
+        where = f" on rank {rank}" if rank is not None else ""
+        d: dict[str, Any] = {} if rank is None else {"said_rank": rank}
+        return Hit(
+            "nan_loss", _C,
+            f"Megatron stopped: {m[1]} in the local grad norm{where} before the data-parallel reduction",
+            d, ("nan_grad_norm", rank),
+        )  # fmt: skip
+    return None
+
+
+# --- fp16 loss scale gone to nothing -----------------------------------------------------------
+# k2/icefall (egs/*/ASR/zipformer/train.py): "Grad scale is small: 1.29e-26" (below 1e-5 it
+# saves a bad-model checkpoint and raises "grad_scale is too small, exiting: ...").
+_GRAD_SCALE_SMALL = re.compile(r"[Gg]rad[ _]scale is (?:too )?small(?:, exiting)?: ([-\w.+]+)")
+
+
+def _grad_scale_small(t: str) -> Hit | None:
+    m = _GRAD_SCALE_SMALL.search(t)
+    if m is None:
+        return None
+    return Hit(
+        "loss_scale_collapse", _W,
+        f"fp16 grad scale collapsed to {m[1]}: every step overflows (inf/NaN gradients)",
+        {"loss_scale": m[1]}, ("grad_scale_small",),
+    )  # fmt: skip
+
+
+# --- a peer's collective timed out --------------------------------------------------------------
+# ProcessGroupNCCL (flight recorder): "Received a dump signal due to a collective timeout from
+# rank 13 and we will try our best to dump the debug info." Every rank prints it about rank 13.
+_DUMP_SIGNAL = re.compile(
+    r"NCCL\.cpp:\d{1,6}\] .{0,200}?Received a dump signal due to a collective timeout from\s+rank (\d{1,7})"
+)
+
+
+def _dump_signal(t: str) -> Hit | None:
+    m = _DUMP_SIGNAL.search(t)
+    if m is None:
+        return None
+    rank = int(m[1])
+    return Hit(
+        "nccl_timeout", _C, f"rank {rank} timed out in a collective (its flight recorder dump was requested)",
+        {"about_rank": rank}, ("dump_signal", rank),
+    )  # fmt: skip
+
+
+# --- a py-spy dump pasted into the log ------------------------------------------------------
+# "Thread 1234 (active): \"MainThread\"", "Thread 0x7F2B1C (idle+gil): \"Thread-1\"" (py-spy dump;
+# "Process 1234: python train.py" and "Python v3.10.12 (/usr/bin/python3)" head it). Stacks, not
+# training records: noted, so that a log holding only a dump is not "nothing recognised".
+_PYSPY_THREAD = re.compile(r"^Thread (?:0x[0-9A-Fa-f]{1,16}|\d{1,10}) \((?:active|idle)(?:\+gil)?\): \"")
+
+
+def _pyspy(t: str) -> Hit | None:
+    m = _PYSPY_THREAD.match(t.lstrip())
+    if m is None:
+        return None
+    return Hit(
+        "stack_dump", Severity.INFO, "a py-spy dump of the process's threads is in the log", {}, ("pyspy",)
+    )
 
 
 # --- CUDA and the driver ------------------------------------------------------------------
@@ -173,6 +287,9 @@ _LIBRARY_PATH = ("site-packages", "dist-packages", "/lib/python", "<frozen", "/b
 _CHAIN_HEADS = (
     "During handling of the above exception",
     "The above exception was the direct cause",
+    # torch.multiprocessing.spawn: the parent's ProcessRaisedException, then the child's own
+    # traceback under "-- Process 1 terminated with the following error:". One event.
+    "-- Process ",
 )
 # Lines that extend the message of the error just seen rather than start a new one.
 _CONT = re.compile(
@@ -457,6 +574,9 @@ def _elastic_failed(t: str) -> Hit | None:
     code, local_rank, pid = int(m[1]), int(m[2]), int(m[3])
     # Named as in torchelastic's failure box, which tells the same event when it follows.
     d: dict[str, Any] = {"exitcode": code, "local_rank": local_rank, "pid": pid, m[4]: m[5], "lead": True}
+    # The launcher prints this about a child: the child's rank, not the launcher's. The local
+    # rank is the one it names (the box that may follow names the global rank and replaces it).
+    d["failed_rank"] = local_rank
     how = f"exitcode {code}"
     if code < 0:
         sig = _SIGNUMS.get(-code, f"signal {-code}")
@@ -464,6 +584,34 @@ def _elastic_failed(t: str) -> Hit | None:
         how += f" ({sig})"
     summary = f"torchelastic: local_rank {local_rank} (pid {pid}) failed with {how}"
     return Hit("crash", _C, summary, d, ("elastic_failed", local_rank, pid))
+
+
+# The DeepSpeed launcher (deepspeed/launcher/launch.py, sigkill_handler) names the child by its
+# command line: "[ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', '-u', 'train.py',
+# '--local_rank=0', ...] exits with return code = -9".
+_DS_LAUNCHER_EXIT = re.compile(r"exits with return code = (-?\d{1,4})")
+_DS_LOCAL_RANK = re.compile(r"'--local_rank=(\d{1,7})'")
+
+
+def _ds_launcher_exit(t: str) -> Hit | None:
+    m = _DS_LAUNCHER_EXIT.search(t)
+    if m is None:
+        return None
+    code = int(m[1])
+    d: dict[str, Any] = {"exitcode": code}
+    how = f"return code {code}"
+    if code < 0:
+        d["signal"] = _SIGNUMS.get(-code, f"signal {-code}")
+        how += f" ({d['signal']})"
+    r = _DS_LOCAL_RANK.search(t)
+    who = "a child"
+    if r is not None:
+        d["failed_rank"] = d["local_rank"] = int(r[1])
+        who = f"local_rank {r[1]}"
+    if code == -9:
+        how += " - SIGKILL usually means the host OOM killer"
+    key = ("ds_launcher", r[1] if r else None)
+    return Hit("crash", _C, f"DeepSpeed launcher: {who} exited with {how}", d, key)
 
 
 def _peer(t: str) -> Hit | None:
@@ -778,6 +926,45 @@ SIGNATURES: tuple[Signature, ...] = (
         "block: [0,0,0], thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed.",
     ),
     Signature(
+        name="nccl_dump_signal",
+        kinds=("nccl_timeout",),
+        severity=_C,
+        triggers=("NCCL",),
+        context=("Received a dump signal",),
+        rule=_dump_signal,
+        patterns=(_DUMP_SIGNAL,),
+        example="[rank0]:[E804 23:05:54.817424543 ProcessGroupNCCL.cpp:1914] [PG ID 0 PG GUID 0(default_pg) "
+        "Rank 0] Received a dump signal due to a collective timeout from  rank 13 and we will try our best",
+    ),
+    Signature(
+        name="grad_scale_small",
+        kinds=("loss_scale_collapse",),
+        severity=_W,
+        triggers=("cale is",),
+        rule=_grad_scale_small,
+        patterns=(_GRAD_SCALE_SMALL,),
+        example="2024-01-14 01:03:00,826 WARNING [train.py:1057] (2/4) Grad scale is small: "
+        "1.2924697071141057e-26",
+    ),
+    Signature(
+        name="pyspy_dump",
+        kinds=("stack_dump",),
+        severity=Severity.INFO,
+        triggers=('): "',),
+        rule=_pyspy,
+        patterns=(_PYSPY_THREAD,),
+        example='Thread 3771 (active): "MainThread"',
+    ),
+    Signature(
+        name="nan_raised",
+        kinds=("nan_loss",),
+        severity=_C,
+        triggers=("rror",),  # the exception's name: "FloatingPointError: Loss became ..."
+        rule=_nan_raised,
+        patterns=(_NAN_AT_ITER, _NAN_GRAD_NORM, _NAN_LOSS_WITH),
+        example="FloatingPointError: Loss became infinite or NaN at iteration=2137!",
+    ),
+    Signature(
         name="elastic_failed",
         kinds=("crash",),
         severity=_C,
@@ -786,6 +973,18 @@ SIGNATURES: tuple[Signature, ...] = (
         patterns=(_ELASTIC_FAILED,),
         example="E0101 12:00:00.123000 140 torch/distributed/elastic/multiprocessing/api.py:869] failed "
         "(exitcode: 1) local_rank: 0 (pid: 1234) of binary: /usr/bin/python3",
+    ),
+    Signature(
+        name="ds_launcher_exit",
+        kinds=("crash",),
+        severity=_C,
+        triggers=("xit",),
+        context=("exits with return code",),
+        rule=_ds_launcher_exit,
+        patterns=(_DS_LAUNCHER_EXIT,),
+        example="[2023-11-28 10:00:34,590] [ERROR] [launch.py:321:sigkill_handler] ['/home/.python_libs/"
+        "conda_env/deepseek/bin/python', '-u', 'finetune_deepseekcoder.py', '--local_rank=0'] exits with "
+        "return code = -9",
     ),
     Signature(
         name="uncaught",
@@ -996,6 +1195,7 @@ class SignatureMatcher:
         self._last_line = 0
         self._last_wants_next = False
         self._oom_kill_line = -_OOM_KILL_NEAR - 1  # last line that reported a host OOM kill
+        self._spawn: tuple[int, int] | None = None  # torch.multiprocessing's "-- Process N": (N, line)
 
     @property
     def waiting(self) -> bool:
@@ -1012,7 +1212,6 @@ class SignatureMatcher:
         lineno: int,
         rank: int | None = None,
         time: float | None = None,
-        *,
         clean: bool = False,
     ) -> list[ErrorRecord]:
         """``clean``: the caller found that ``may_hold_signature`` is false for this line."""
@@ -1065,10 +1264,18 @@ class SignatureMatcher:
         if "Traceback" in text:
             s = text.lstrip()
             if s.startswith(_TB_HEAD) or (s.startswith("╭") and _TB_HEAD in s):
-                self._start(text, lineno, rank, time, len(text) - len(s))
+                p = self._start(text, lineno, rank, time, len(text) - len(s))
+                spawn = self._spawn
+                if rank is None and spawn is not None and 0 < lineno - spawn[1] <= 3:
+                    p.rank = spawn[0]  # the child's traceback under "-- Process 1 terminated ..."
                 return []
         if clean or not may_hold_signature(text):
             return []
+        if text.startswith("-- Process "):  # holds "error": past the gate
+            n = spawn_process(text)
+            if n is not None:
+                self._spawn = (n, lineno)
+                return []
         if "ChildFailedError" in text:
             s = text.lstrip()
             if _is_exception_line(s):
@@ -1307,13 +1514,33 @@ class SignatureMatcher:
             if p.frame:
                 details["frame"] = p.frame
             details["incomplete"] = True
+            # Interleaved output can glue the exception onto a frame line ("main(args)RuntimeError:
+            # [!] NaN loss with decoder_loss."): a known error in the frames still names it.
+            for text in p.evidence():
+                h = classify(text) if may_hold_signature(text) else None
+                if h is not None and h.kind != "crash":
+                    kind, severity, summary = h.kind, h.severity, h.summary
+                    details = {**h.details, **details}
+                    break
+        evidence = p.evidence()
+        rank = p.rank
+        if rank is None:
+            # No launcher prefix: the rank the error names itself (Megatron's "Rank 3: found NaN
+            # ..."), or the process torch.multiprocessing.spawn says failed.
+            said = details.get("said_rank")
+            if said is None and p.exc:
+                said = message_rank(p.exc[-1][0])
+            if said is None:
+                said = next((n for n in map(spawn_process, evidence) if n is not None), None)
+            if said is not None:
+                rank = details["said_rank"] = said
         rec = ErrorRecord(
             kind=kind,
             summary=_short(summary),
-            evidence=p.evidence(),
+            evidence=evidence,
             severity=severity,
             details=details,
-            rank=p.rank,
+            rank=rank,
             line=line,
             time=time if time is not None else p.first_time,
         )

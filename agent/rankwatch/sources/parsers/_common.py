@@ -116,19 +116,26 @@ def _alias(field: str, *names: str) -> None:
 
 _alias("step", "step", "steps", "global_step", "globalstep", "iter", "iters", "iteration", "it", "_step")
 _alias("step", "trainer/global_step", "train/global_step", "optimizer_step", "update", "updates")
+_alias("step", "num_updates", "n_updates", "nupdates", "iterations", "acc_iter", "batch", "batch_idx")
 _alias("total_steps", "total_steps", "max_steps", "train_iters", "num_steps", "total_iters")
 _alias("loss", "loss", "train_loss", "lm_loss", "lm loss", "train loss", "training_loss", "train/loss")
 _alias("loss", "train_loss_step", "loss_step", "training loss", "train/lm_loss", "avg_loss")
+# A total written beside its parts (detectron2's total_loss beside loss_cls, loss_box_reg ...;
+# DLLogger's average_loss beside step_loss; LitGPT's "loss train"): the total is the loss.
+_alias("loss", "total_loss", "loss_total", "overall_loss", "average_loss", "step_loss", "loss train")
+_alias("loss", "train_step_loss", "train/total_loss", "total loss", "cross_entropy", "xent")
 _alias("grad_norm", "grad_norm", "gradient_norm", "grad norm", "grad_norm_total", "train/grad_norm")
 _alias("grad_norm", "norm", "total_norm", "gnorm", "grad-norm", "gradnorm")
 _alias("learning_rate", "lr", "learning_rate", "learning rate", "train/learning_rate", "train/lr", "lr-adamw")
-_alias("loss_scale", "loss_scale", "loss scale", "loss_scaler", "grad_scale")
+_alias("learning_rate", "base_lr", "lr_0")
+_alias("loss_scale", "loss_scale", "loss scale", "loss_scaler", "grad_scale", "loss-scale")
 _alias("tokens_per_s", "tokens_per_sec", "tokens_per_second", "tok/s", "tok/sec", "tokens/s", "tokens/sec")
 _alias("tokens_per_s", "tps", "wps", "throughput(tps)", "tokens_per_s", "tgs", "train/tokens_per_second")
 _alias("samples_per_s", "samples_per_sec", "samples_per_second", "samples/s", "samples/sec", "sps")
 _alias("samples_per_s", "samples_per_s", "train/samples_per_second")
 _alias("step_time_s", "step_time", "iter_time", "time_per_step", "step_time_s", "iter_time_s", "dt")
 _alias("step_time_s", "batch_time", "iteration_time", "elapsed_time_per_iteration", "train/step_time")
+_alias("step_time_unit", "iter time", "step time", "iter_time_unit")
 _alias("step_time_ms", "step_time_ms", "iter_time_ms", "time_ms", "dt_ms", "batch_time_ms")
 _alias("tflops", "tflops", "tflop/s", "tflops_per_gpu", "throughput_tflops")
 _alias("mfu", "mfu", "train/mfu")
@@ -144,6 +151,7 @@ _alias("time_unit", "time", "elapsed")
 _alias("epoch", "epoch", "epochs", "ep")
 _alias("eval_loss", "eval_loss", "val_loss", "valid_loss", "validation_loss", "eval/loss", "val/loss")
 _alias("eval_loss", "val loss", "eval loss", "valid loss", "validation loss", "val_loss_epoch")
+_alias("eval_loss", "val_loss valid", "valid/loss", "validation/loss", "test_loss")
 _alias("skipped_iters", "skipped_iters", "skipped")
 _alias("nan_iters", "nan_iters")
 
@@ -206,13 +214,16 @@ class MetricBag:
                 return False
             value = memory_bytes(value, unit)
             field = "memory_bytes" if field == "memory_unit" else "max_memory_bytes"
-        elif field == "time_unit":
+        elif field == "time_unit" or field == "step_time_unit":
             if unit not in ("ms", "s"):
                 return False
             field, value = "step_time_s", seconds(value, unit)
         if value is None:
             return False
-        self.fields.setdefault(field, value)
+        if field == "loss" and "total" in key.lower():
+            self.fields[field] = value  # the total over any part or average seen before it
+        else:
+            self.fields.setdefault(field, value)
         return True
 
     def step_record(self, line: LogLine, *, need_step: bool = True) -> StepRecord | None:
@@ -285,7 +296,10 @@ _OVF_ATTEMPT = re.compile(r"Attempted loss scale:\s*([-\w.+]+?),?\s+reducing to\
 _OVF_HYST = re.compile(r"Attempted loss scale:\s*([-\w.+]+?),?\s+but hysteresis")
 _OVF_SKIP = re.compile(r"OVERFLOW!.{0,40}Skipping step|Overflow detected\.\s*Skipping step")
 _OVF_APEX = re.compile(r"Gradient overflow\.\s+Skipping step,.{0,40}reducing loss scale to\s+([-\w.+]+)")
-_OVF_FAIRSEQ = re.compile(r"gradient overflow detected.{0,60}setting loss scale to:?\s+([-\w.+]+)")
+# fairseq: "| WARNING: overflow detected, setting loss scale to: 0.25" (0.6), "NOTE: overflow
+# detected, setting loss scale to: 1024.0" and "NOTE: gradient overflow detected, ignoring
+# gradient, setting loss scale to: 4.0" (fairseq/trainer.py).
+_OVF_FAIRSEQ = re.compile(r"overflow detected,.{0,60}?setting loss scale to:?\s+([-\w.+]+)")
 
 
 def _scale(raw: str) -> float | None:

@@ -9,9 +9,10 @@ import math
 import re
 from typing import Any, ClassVar
 
-from rankwatch.records import Record
+from rankwatch.records import Record, StepRecord
 
-from ._common import MetricBag, canonical, eval_record, strip_ansi, to_float, to_int
+from ._common import MetricBag, OverflowTracker, canonical, eval_record, strip_ansi, to_float, to_int
+from ._progress import bare_count, loss_columns, progress, table_header, table_row
 from .base import LogLine
 from .deepspeed import DeepSpeedParser
 from .hf import HFParser
@@ -39,9 +40,9 @@ def _specific(text: str) -> bool:
     return any(p.sniff(text) for p in _SPECIFIC)
 
 
-def _records(bag: MetricBag, line: LogLine) -> list[Record]:
+def _records(bag: MetricBag, line: LogLine, *, need_step: bool = True) -> list[Record]:
     out: list[Record] = []
-    rec = bag.step_record(line)
+    rec = bag.step_record(line, need_step=need_step)
     if rec is not None:
         out.append(rec)
     ev = bag.eval_record(line)
@@ -132,57 +133,149 @@ class JsonParser:
         return _records(bag, line)
 
 
-# ---------------------------------------------------------------- key=value text
+# ---------------------------------------------------------------- key=value text (the general reader)
 
-_NUMBER = r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?)\b"
-_WORD = r"[A-Za-z_][A-Za-z0-9_./()%-]{0,40}"
+_NUMBER = r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?\.?(?:nan|inf(?:inity)?)\b"
+_WORD = r"[^\W\d][\w./()%-]{0,40}"
+# ``k: v``, ``k=v``, ``k v``, ``k : v``, ``k is v``, ``| k v |``, ``'k': 'v'``, ``k: [v]``, a unit
+# after the number with or without a space (``iter time: 40.78 ms``), ``k: i/n``, ``k = nan(...)``.
 _PAIR = re.compile(
-    rf"(?<![\w./-])(?P<k>{_WORD}(?: [A-Za-z_][A-Za-z_]{{0,20}})?)\s{{0,4}}(?:[:=]\s{{0,8}}\[?|\s{{1,8}})"
-    rf"(?P<v>{_NUMBER})(?P<u>ms|s|%|GiB|GB|MiB|MB|it/s|s/it)?"
-    rf"(?:\s{{0,4}}/\s{{0,4}}(?P<tot>\d{{1,18}}))?(?=[\s,;:|)\]}}]|$)",
+    rf"(?<![\w./-])['\"]?(?P<k>{_WORD}(?: [^\W\d][\w]{{0,20}})?)['\"]?"
+    rf"(?:\s{{0,4}}[:=]\s{{0,8}}[\['\"]?|\s+is\s+|\s{{1,8}})"
+    rf"(?P<v>{_NUMBER})['\"]?(?: ?(?P<u>ms|s|%|GiB|GB|MiB|MB|it/s|s/it)(?![A-Za-z]))?"
+    rf"(?:\s{{0,4}}/\s{{0,4}}(?P<tot>\d{{1,18}}))?(?=[\s,;:|)\]}}'\"(]|$)",
     re.IGNORECASE,
 )
+# A word that names the step outright beats one that counts micro-batches (LitGPT prints
+# "iter 62 step 62": iter counts batches, step counts optimizer steps).
+_STEP_WORDS = frozenset(
+    {"step", "steps", "global_step", "globalstep", "optimizer_step", "trainer/global_step", "acc_iter"}
+)
+# Full-width punctuation (CJK logs: "训练次数：100, Loss：1.98") read as its ASCII twin.
+_FULLWIDTH = str.maketrans({"：": ":", "，": ",", "（": "(", "）": ")", "｜": "|", "＝": "="})
+# "333 154 Loss=nan Time=0.040": bare leading counters (epoch, iteration) before the first pair.
+_LEADING = re.compile(r"^\s*(?:(?P<a>\d{1,9})\s+)?(?P<b>\d{1,12})\s+(?=[^\W\d][\w./-]*\s*[:=])")
+# One key and its value filling a line: rows of a pretty-printed JSON object, a YAML dump, a
+# stable-baselines table ("|    loss                 | 20.1        |").
+_ROW = re.compile(
+    rf"^\s*\|?\s*[\"']?(?P<k>[^\W\d][\w./-]{{0,60}}(?: [^\W\d][\w./-]{{0,30}}){{0,3}})[\"']?"
+    rf"\s*(?:[:=|])\s*\[?(?P<v>{_NUMBER})\]?\s*[|,]?\s*$",
+    re.IGNORECASE,
+)
+# "losses/q1_loss 65.3581 193000": a TensorBoard-style (tag, value, step) line (CleanRL prints).
+_TRIPLE = re.compile(rf"^\s*(?P<k>[^\W\d][\w./-]{{0,80}})\s+\[?(?P<v>{_NUMBER})\]?\s+(?P<s>\d{{1,15}})\s*$")
+# Words after a "Loss" heading that name whose loss a number is ("Loss ... train = nan | dev = nan").
+_HEADED = {"train": "loss", "training": "loss", "dev": "eval_loss", "val": "eval_loss", "valid": "eval_loss"}
+_HEADED["validation"] = _HEADED["eval"] = _HEADED["test"] = "eval_loss"
+# Statistics of an update that are NaN only when the update is (an RL policy's KL, its entropy):
+# a NaN there with no loss written is a NaN loss.
+_UPDATE_STATS = frozenset({"kl", "approxkl", "approx_kl", "entropy", "policy_entropy"})
+_CSV_WORD = re.compile(r"[^\W\d][\w/.:() -]{0,80}")
+
+
+_EVAL_WORD = re.compile(r"\b(?:valid(?:ation)?|val|eval(?:uation)?|test|dev)\b", re.IGNORECASE)
+
+
+_BESIDE_LOSS = frozenset({"learning_rate", "grad_norm"})
+_LOSS_WORD = re.compile(r"\bloss\b", re.IGNORECASE)
+
+
+def _count(v: float) -> bool:
+    return math.isfinite(v) and v >= 0 and v == int(v)
 
 
 def _kv_gate(text: str) -> bool:
-    return "oss" in text or "OSS" in text
+    # "xent": OpenNMT-py's cross-entropy ("Step 5350/50000; acc: 51.25; ppl: 8.43; xent: 2.13").
+    return "oss" in text or "OSS" in text or "xent" in text
 
 
-# OpenMMLab (mmengine, mmcv): "Epoch(train) [1][240/735]  lr: 1.98e-04 ... loss: 2.51  grad_norm: nan",
-# "Iter(train) [  200/10000]  ...", older "Epoch [1][100/62598]\tlr: ...". An epoch-based run's
-# global iteration is (epoch - 1) x iterations per epoch + the iteration in the epoch.
-_MM = re.compile(
-    r"\b(?:(?P<e>Epoch)(?:\(train\))?\s?\[(?P<ep>\d{1,9})\]\[\s*(?P<i>\d{1,12})/(?P<n>\d{1,12})\]"
-    r"|Iter\(train\)\s?\[\s*(?P<it>\d{1,15})/(?P<tot>\d{1,15})\])"
-)
+def _step_gate(text: str) -> bool:
+    """A line that may carry a step alone ("Epoch 0/100, Batch 17/29316", "Iteration 3025")."""
+    return ("ter" in text or "tep" in text or "atch" in text or "poch" in text) and any(
+        c.isdigit() for c in text
+    )
 
 
-def _mm_step(text: str, bag: MetricBag) -> None:
-    if "Epoch" not in text and "Iter(" not in text:
-        return
-    m = _MM.search(text)
-    if m is None:
-        return
-    if m.group("e"):
-        per_epoch = int(m.group("n"))
-        bag.fields.setdefault("step", float((int(m.group("ep")) - 1) * per_epoch + int(m.group("i"))))
-    else:
-        bag.fields.setdefault("step", float(m.group("it")))
-        bag.fields.setdefault("total_steps", float(m.group("tot")))
+def _is_part(key: str) -> bool:
+    """A named part of the training loss (``loss_cls``, ``box_loss``, ``s0.loss_bbox``)."""
+    k = key.lower()
+    return (
+        "loss" in k
+        and not k.startswith(("val", "eval", "test", "valid", "dev"))
+        # settings printed beside the metrics (a config dump): loss_weight, loss_type, loss_scale
+        and not k.endswith(("weight", "weights", "coef", "coeff", "type", "fn", "_w"))
+        and "scale" not in k
+    )
+
+
+def _flat_key(key: str) -> str:
+    """``main/loss`` -> ``loss``, ``train/box_loss`` -> ``box_loss``; eval prefixes kept."""
+    return _json_key(key.strip()) if "/" in key else key.strip()
+
+
+def _finish_bag(bag: MetricBag, parts: list[float], stats_nan: bool) -> None:
+    f = bag.fields
+    if "loss" not in f:
+        if parts:
+            f["loss"] = math.fsum(parts) if all(map(math.isfinite, parts)) else math.nan
+        elif stats_nan:
+            f["loss"] = math.nan
 
 
 class KvParser:
-    """``step=10 loss=2.45 lr=6.67e-05``, ``Step 10: loss=2.45, lr=6.67e-05``,
-    ``Epoch 1 Step 10 | loss: 2.45 | lr: 1e-4``, ``step 10/100 | loss 2.4 | dt 120ms``."""
+    """The general reader: any line that pairs a step (or an epoch and an iteration) with named
+    numbers, whatever its punctuation. ``step=10 loss=2.45 lr=6.67e-05``, ``Step 10: loss=2.45``,
+    ``Epoch 1 Step 10 | loss: 2.45 | lr: 1e-4``, ``iter: 19  total_loss: 1.36``,
+    ``Epoch(train)  [1][ 500/2931]  loss: nan``, ``Train: 0 [1550/2502 (62%)]  Loss: 6.9``,
+    ``1|25|Loss: 1.26``, ``Total loss is 29.8``, and what spreads a record over lines: column
+    tables under a header (ultralytics, results.csv), one key per line (pretty JSON, YAML,
+    stable-baselines tables), a step on the line before its metrics, (tag, value, step) lines.
+
+    Metric names are matched by meaning (``_common.ALIASES``): a total loss is preferred over
+    its parts, and when only parts are written (YOLO's box/cls/dfl) their sum is the loss.
+    """
 
     name: ClassVar[str] = "kv"
-    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS")  # a line sniff() accepts holds one
+    # A line sniff() accepts holds one of these (an update statistic's row: "| KL | nan |").
+    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy")
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
+    def __init__(self) -> None:
+        self._cols: list[str] | None = None
+        self._loss_cols: list[int] = []
+        self._csv: list[str] | None = None
+        self._last: tuple[int | None, float | None] | None = None
+        self._overflow = OverflowTracker()
+        self._zero_epoch = False
+        self._carry: tuple[float, float | None] | None = None  # a step told on a line of its own
+        self._block: list[tuple[str, str]] = []  # one-key rows waiting for their block to end
+        self._block_line: LogLine | None = None
+        self._triple: tuple[int, list[float], LogLine] | None = None
+        self._block_steps = False  # a block of this stream named its step
+
+    # -- sniffing (stateless) --------------------------------------------------------------------
+
     def sniff(self, text: str) -> bool:
+        if not text.isascii():
+            text = text.translate(_FULLWIDTH)
+        if "poch" in text and (table_header(strip_ansi(text)) is not None or _csv_header(text) is not None):
+            return not _specific(text)
         if not _kv_gate(text):
-            return False
-        bag = self._bag(strip_ansi(text))
+            # A block row naming an update statistic ("| KL        | nan      |", OpenAI baselines).
+            row = _ROW.match(text) if "|" in text else None
+            return row is not None and row["k"].strip().lower() in _UPDATE_STATS and not _specific(text)
+        if JsonParser._load(text) is not None:
+            return False  # a JSON object is the JSON reader's
+        text = strip_ansi(text)
+        if "overflow detected" in text and OverflowTracker.maybe(text):
+            return not _specific(text)  # fairseq's loss scaler
+        trip = _TRIPLE.match(text)
+        if trip is not None:
+            return _is_part(trip["k"])
+        row = _ROW.match(text)
+        if row is not None and text.lstrip()[:1] in ('"', "|") and _is_part(row["k"]):
+            return not _specific(text)  # a row of a one-key-per-line block
+        bag = self._bag(text, bare=True)
         f = bag.fields
         if not ({"loss", "eval_loss"} & f.keys()):
             return False
@@ -190,38 +283,335 @@ class KvParser:
         # loss: 0.21"); a fraction (HF's 'epoch': 0.53) is not.
         epoch = f.get("epoch")
         whole = epoch is not None and math.isfinite(epoch) and epoch == int(epoch)
-        if "step" not in f and not whole:
+        if "step" not in f and not whole and not (_BESIDE_LOSS & f.keys() and "loss" in f):
             return False
         return not _specific(text)
 
+    # -- one line's pairs ------------------------------------------------------------------------
+
     @staticmethod
-    def _bag(text: str) -> MetricBag:
+    def _bag(text: str, *, bare: bool = False, zero_epoch: bool = False) -> MetricBag:
         bag = MetricBag()
-        _mm_step(text, bag)
+        f = bag.fields
+        step_word = False
+        step_tot: float | None = None
+        parts: list[float] = []
+        stats_nan = False
+        unnamed: float | None = None
+        heading = _LOSS_WORD.search(text) if "oss" in text else None
+        headed_at = heading.end() if heading is not None else len(text)
+        plain_loss_at = -1
+        step_unnamed = False
         for m in _PAIR.finditer(text):
             key = m.group("k")
             field = canonical(key)
+            if field == "loss" and plain_loss_at < 0 and key.lower() == "loss":
+                plain_loss_at = m.start()
             if field is None and " " in key:
                 key = key.rsplit(" ", 1)[1]
                 field = canonical(key)
+            if field is None and "/" in key:
+                key = _flat_key(key)
+                field = canonical(key)
+            low = key.lower()
+            if field is None and m.start() >= headed_at and low in _HEADED:
+                field = _HEADED[low]
+                key = field
             if field is None:
+                v = to_float(m.group("v"))
+                if v is None:
+                    continue
+                if _is_part(key):
+                    parts.append(v)
+                elif low in _UPDATE_STATS and not math.isfinite(v):
+                    stats_nan = True
+                elif unnamed is None and not parts and "loss" not in f and not m.group("u") and _count(v):
+                    unnamed = v  # "训练次数：100, Loss：1.98": an unnamed counter before the loss
                 continue
             unit = m.group("u") or ""
-            if field == "step" and unit:
+            if field == "step":
+                if unit:
+                    continue
+                v = to_float(m.group("v"))
+                if v is None:
+                    continue
+                named = key.strip().lower() in _STEP_WORDS
+                if "step" not in f or (named and not step_word):
+                    f["step"] = v
+                    step_word = step_word or named
+                    step_tot = float(m.group("tot")) if m.group("tot") else None
+                    if m.group("tot") and named:
+                        f["total_steps"] = float(m.group("tot"))
                 continue
             bag.put(key, to_float(m.group("v")), unit)
-            if field == "step" and m.group("tot"):
-                bag.put("total_steps", to_float(m.group("tot")))
+        if "step" in f and not step_word and step_tot and "epoch" in f and math.isfinite(f["epoch"]):
+            # "epoch: 2/300, iter: 10/47": the iteration counts within the epoch.
+            ep = f["epoch"]
+            f["step"] = (ep if zero_epoch else max(ep - 1, 0)) * step_tot + f["step"]
+        if "step" not in f:
+            prog = progress(text)
+            if prog is not None:
+                f["step"] = prog[0]
+                if prog[1] is not None:
+                    f.setdefault("total_steps", prog[1])
+                if prog[2] is not None:
+                    f.setdefault("epoch", prog[2])
+            elif bare and "epoch" not in f:
+                count = bare_count(text)
+                lead = _LEADING.match(text) if count is None else None
+                if count is not None:
+                    f["step"], f["total_steps"] = count
+                elif lead is not None:
+                    f["step"] = float(lead["b"])
+                elif unnamed is not None:
+                    f["step"] = unnamed
+                    step_unnamed = True
+        _finish_bag(bag, parts, stats_nan)
+        if plain_loss_at > 0 and "eval_loss" not in f and "loss" in f:
+            # "VALID SET 0 LOSS:0.178", "| valid on 'valid' subset | loss 9.329": a plain "loss"
+            # after a word naming the eval split, on a line that names no training, is the eval loss.
+            head = text[:plain_loss_at]
+            if _EVAL_WORD.search(head) is not None and "train" not in text.lower():
+                f["eval_loss"] = f.pop("loss")
+                if step_unnamed:
+                    del f["step"]  # "SET 0" counts sets, not steps
         return bag
+
+    # -- parsing (per stream and rank) -----------------------------------------------------------
 
     def parse(self, line: LogLine) -> list[Record]:
         text = line.text
+        if not text.isascii():
+            text = text.translate(_FULLWIDTH)
+        out: list[Record] = []
+        if self._block or self._triple is not None:
+            row = _ROW.match(text) if self._block else None
+            if row is not None or (self._block and _block_filler(text)):
+                if row is not None:
+                    self._block.append((row["k"], row["v"]))
+                return []
+            trip = _TRIPLE.match(text) if self._triple is not None else None
+            if trip is not None and int(trip["s"]) == self._triple[0]:  # type: ignore[index]
+                self._triple_add(trip, line)
+                return []
+            out = self._flush_blocks()
+        return out + self._line(line, text)
+
+    def _line(self, line: LogLine, text: str) -> list[Record]:
         if not _kv_gate(text):
+            if self._cols is not None or self._csv is not None or "poch" in text:
+                recs = self._table(line, strip_ansi(text))
+                if recs is not None:
+                    return recs
+            if _step_gate(text):
+                self._carry_step(strip_ansi(text))
+            row = _ROW.match(text) if ":" in text or "|" in text or "=" in text else None
+            if row is not None:
+                self._block = [(row["k"], row["v"])]
+                self._block_line = line
             return []
-        bag = self._bag(strip_ansi(text))
-        if not ({"loss", "eval_loss", "grad_norm"} & bag.fields.keys()):
+        text = strip_ansi(text)
+        if "poch" in text:
+            recs = self._table(line, text)
+            if recs is not None:
+                return recs
+        if OverflowTracker.maybe(text):
+            ovf = self._overflow.feed(line, text)
+            if ovf is not None:
+                return list(ovf)
+        trip = _TRIPLE.match(text)
+        if trip is not None:
+            self._triple = (int(trip["s"]), [], line)
+            self._triple_add(trip, line)
             return []
-        return _records(bag, line)
+        row = _ROW.match(text)
+        if row is not None:
+            self._block = [(row["k"], row["v"])]
+            self._block_line = line
+            return []
+        bag = self._bag(text, bare=True, zero_epoch=self._zero_epoch)
+        f = bag.fields
+        if f.get("epoch") == 0:
+            self._zero_epoch = True
+        if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
+            if "step" in f:
+                self._carry = (f["step"], f.get("total_steps"))
+            return []
+        if "step" not in f and self._carry is not None:
+            f["step"] = self._carry[0]
+            if self._carry[1] is not None:
+                f.setdefault("total_steps", self._carry[1])
+        stepless = (
+            "step" not in f
+            and "epoch" not in f
+            and "loss" in f
+            and bool({"learning_rate", "grad_norm"} & f.keys())
+        )
+        out = _records(bag, line, need_step=not stepless)
+        if out and isinstance(out[0], StepRecord):
+            # A progress bar redrawn with the same step and values (torchtune's tqdm) is one record.
+            key = (out[0].step, out[0].loss)
+            if key == self._last and key[0] is not None:
+                out.pop(0)
+            else:
+                self._last = key
+        return out
+
+    def _carry_step(self, text: str) -> None:
+        """A line that tells only the step ("Iteration 3025", "Epoch 0/100, Batch 17/29316"):
+        the metrics that follow on their own line belong to it."""
+        bag = self._bag(text, zero_epoch=self._zero_epoch)
+        f = bag.fields
+        if f.get("epoch") == 0:
+            self._zero_epoch = True
+        if "step" in f:
+            self._carry = (f["step"], f.get("total_steps"))
+
+    def _triple_add(self, m: re.Match[str], line: LogLine) -> None:
+        assert self._triple is not None
+        v = to_float(m["v"])
+        if v is not None and _is_part(m["k"]):
+            self._triple[1].append(v)
+
+    def _flush_blocks(self) -> list[Record]:
+        out: list[Record] = []
+        if self._triple is not None:
+            step, parts, line = self._triple
+            self._triple = None
+            if parts:
+                bag = MetricBag()
+                bag.fields["step"] = float(step)
+                _finish_bag(bag, parts, False)
+                out.extend(_records(bag, line))
+        if self._block:
+            rows, self._block = self._block, []
+            first = self._block_line
+            if first is not None and len(rows) >= 2:
+                out.extend(self._rows(rows, first))
+        return out
+
+    def _rows(self, rows: list[tuple[str, str]], line: LogLine) -> list[Record]:
+        bag = MetricBag()
+        f = bag.fields
+        parts: list[float] = []
+        stats_nan = False
+        for raw_key, raw in rows:
+            key = _flat_key(raw_key.strip().strip("\"'"))
+            v = to_float(raw[1:] if raw[:1] == "." and raw[1:2].isalpha() else raw)  # YAML's .nan
+            if v is None:
+                continue
+            field = canonical(key)
+            low = key.lower()
+            if field is None:
+                if _is_part(key):
+                    parts.append(v)
+                elif low in _UPDATE_STATS and not math.isfinite(v):
+                    stats_nan = True
+                continue
+            if field == "step":
+                if "step" not in f or low in _STEP_WORDS:
+                    f["step"] = v
+                continue
+            bag.put(key, v)
+        _finish_bag(bag, parts, stats_nan)
+        if "step" not in f and self._carry is not None:
+            f["step"] = self._carry[0]
+        if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
+            return []
+        if "step" not in f and not self._block_steps:
+            return []  # no step: a settings dump ("epochs: 10", "loss_weight: 1.0"), not a record
+        # A block cut before its step (the end of a pasted excerpt) follows blocks that had one.
+        stepless = "step" not in f
+        self._block_steps = self._block_steps or "step" in f
+        return _records(bag, line, need_step=not stepless)
+
+    def finish(self) -> list[Record]:
+        return self._flush_blocks()
+
+    def release(self) -> list[Record]:
+        return self._flush_blocks()
+
+    # -- column tables -----------------------------------------------------------------------------
+
+    def _table(self, line: LogLine, text: str) -> list[Record] | None:
+        """Records of a header-and-rows table; None when ``text`` is no part of one."""
+        if "poch" in text:
+            header = table_header(text)
+            if header is not None:
+                self._cols, self._loss_cols = header, loss_columns(header)
+                return []
+            csv = _csv_header(text)
+            if csv is not None:
+                self._csv = csv
+                return []
+        if self._csv is not None and text.count(",") == len(self._csv) - 1:
+            return self._csv_row(line, text)
+        cols = self._cols
+        if cols is None or not self._loss_cols:
+            return None
+        if "\r" in text:
+            text = text.rstrip("\r")
+            text = text[text.rfind("\r") + 1 :]
+        row = table_row(text, len(cols))
+        if row is None:
+            return None
+        epoch, epochs, cells = row
+        bag = MetricBag()
+        for name, cell in zip(cols[1:], cells[1:], strict=False):
+            m = re.match(r"(-?[\d.eE+-]+|nan|inf)([A-Za-z]*)$", cell, re.IGNORECASE)
+            if m is not None:
+                bag.put(name, to_float(m.group(1)), m.group(2))
+        parts = [to_float(cells[i]) for i in self._loss_cols]
+        _finish_bag(bag, [v for v in parts if v is not None], False)
+        f = bag.fields
+        f["step"], f["total_steps"], f["epoch"] = float(epoch), float(epochs), float(epoch)
+        rec = bag.step_record(line)
+        if rec is None:
+            return []
+        if self._last is not None and self._last[0] == rec.step:
+            return []  # the same epoch's bar redrawn: its first complete drawing stands
+        self._last = (rec.step, rec.loss)
+        return [rec]
+
+    def _csv_row(self, line: LogLine, text: str) -> list[Record]:
+        assert self._csv is not None
+        bag = MetricBag()
+        parts: list[float] = []
+        for col, cell in zip(self._csv, text.split(","), strict=False):
+            v = to_float(cell) if cell.strip() else None
+            if v is None:
+                continue
+            key = _flat_key(col)
+            if canonical(key) is None:
+                if _is_part(col):
+                    parts.append(v)
+                continue
+            bag.put(key, v)
+        _finish_bag(bag, parts, False)
+        f = bag.fields
+        if "step" not in f and "epoch" in f:
+            f["step"] = f["epoch"]
+        return _records(bag, line) if "loss" in f or "eval_loss" in f else []
+
+
+def _block_filler(text: str) -> bool:
+    """A line inside a one-key-per-line block that carries no pair: a stable-baselines section
+    name ("| time/                   |             |")."""
+    s = text.strip()
+    return s.startswith("|") and s.endswith("|") and s.count("|") == 3 and not any(c.isdigit() for c in s)
+
+
+def _csv_header(text: str) -> list[str] | None:
+    """Column names of a CSV header with an epoch column and a loss column (YOLOv5 results.csv)."""
+    if text.count(",") < 2:
+        return None
+    cols = [c.strip().strip('"') for c in text.strip().split(",")]
+    low = [c.lower() for c in cols]
+    if "epoch" not in low or "step" in low:
+        return None  # a step column: Lightning's CSVLogger, its own reader
+    if not any("loss" in c for c in low) or not all(_CSV_WORD.fullmatch(c) for c in cols):
+        return None
+    return cols
 
 
 # ---------------------------------------------------------------- user regex

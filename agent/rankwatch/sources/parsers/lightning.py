@@ -31,7 +31,8 @@ _TQDM = re.compile(
     r"\s{0,4}\[(?P<info>[^\]\r\n]{0,2000})\]"
 )
 _RICH = re.compile(
-    r"Epoch (?P<epoch>\d{1,9})(?:/(?P<last>\d{1,9}))?\s+[━╸╺╾╼─ ]{1,400}\s(?P<n>\d{1,18})/(?P<total>\d{1,18})"
+    r"Epoch (?P<epoch>\d{1,9})(?:/(?P<last>-?\d{1,9}))?\s+[━╸╺╾╼─ ]{1,400}"
+    r"\s(?P<n>\d{1,18})/(?P<total>\d{1,18}|--)"
     r"\s+\S+\s+•\s+\S+\s+(?P<rate>[\d.]+it/s|[\d.]+s/it)?(?P<info>.{0,2000})"
 )
 _POSTFIX = re.compile(r"(?P<k>[A-Za-z_][\w/.\-]{0,80})\s{0,2}[=:]\s{0,2}(?P<v>[^,\s\]]{1,400})")
@@ -79,10 +80,21 @@ class LightningParser:
             return self._bar(line, m.group("epoch"), n_raw, m.group("total"), rate, postfix, None)
         r = _RICH.search(text)
         if r is not None:
+            # "Epoch 0/-2": max_steps without max_epochs (Lightning prints max_epochs - 1, and
+            # max_epochs is -1); "5072/--": an iterable without a length.
             last = to_int(r.group("last")) if r.group("last") else None
+            if last is not None and last < 0:
+                last = None
             rate = r.group("rate") or ""
+            total = r.group("total")
             return self._bar(
-                line, r.group("epoch"), r.group("n"), r.group("total"), rate, r.group("info"), last
+                line,
+                r.group("epoch"),
+                r.group("n"),
+                None if total == "--" else total,
+                rate,
+                r.group("info"),
+                last,
             )
         return []
 

@@ -1,0 +1,366 @@
+# ruff: noqa: E501  (real log lines are kept whole)
+"""Issue 27: the general reader, errors read for their step and rank, detectors on a short
+history. Every log line here is a real one, copied from the public place named beside it (a
+line the public copy cut is dropped; nothing else is changed)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from rankwatch.analyze import Analysis, analyze, diagnose
+from rankwatch.cli import main
+from rankwatch.config.schema import Config
+from rankwatch.records import ErrorRecord, Severity, StepRecord
+from rankwatch.sources.logparser import LogParser
+from rankwatch.sources.suggest import draft_pattern
+
+pytestmark = pytest.mark.unit
+
+
+def run(tmp_path: Path, text: str, name: str = "job.log", cfg: Config | None = None) -> Analysis:
+    p = tmp_path / name
+    p.write_text(text.strip("\n") + "\n")
+    return analyze([str(p)], cfg or Config(), jobs=1)
+
+
+def records(text: str) -> list[object]:
+    parser = LogParser()
+    out: list[object] = []
+    for i, line in enumerate(text.strip("\n").splitlines(), 1):
+        out.extend(parser.feed(line, i))
+    out.extend(parser.finish())
+    return out
+
+
+def steps(text: str) -> list[StepRecord]:
+    return [r for r in records(text) if isinstance(r, StepRecord)]
+
+
+def serious(result: Analysis) -> list[tuple[str, int | None, int | None]]:
+    return [(f.kind, f.rank, f.step) for f in result.findings if f.severity >= Severity.WARNING]
+
+
+# ---------------------------------------------------------------- the reader
+
+# https://github.com/facebookresearch/d2go/issues/524 (detectron2's d2.utils.events writer)
+D2 = """
+[04/05 01:30:24 d2.utils.events]:  eta: 0:03:35  iter: 19  total_loss: 1.36  loss_cls: 0.6522  loss_box_reg: 0.5817  loss_rpn_cls: 0.07138  loss_rpn_loc: 0.003773  time: 0.3636  data_time: 0.1102  lr: 3.8077e-06  max_mem: 433M
+[04/05 01:30:31 d2.utils.events]:  eta: 0:03:14  iter: 39  total_loss: 1.353  loss_cls: 0.6354  loss_box_reg: 0.637  loss_rpn_cls: 0.0653  loss_rpn_loc: 0.00412  time: 0.3633  data_time: 0.0641  lr: 7.5527e-06  max_mem: 433M
+[04/05 01:30:35 d2.utils.events]:  eta: 0:02:45  iter: 59  total_loss: 1.329  loss_cls: 0.6168  loss_box_reg: 0.5782  loss_rpn_cls: 0.08931  loss_rpn_loc: 0.006219  time: 0.3147  data_time: 0.0555  lr: 1.1298e-05  max_mem: 433M
+"""
+
+
+def test_detectron2_events_take_the_total_loss_not_a_part() -> None:
+    s = steps(D2)
+    assert [(r.step, r.loss, r.learning_rate) for r in s] == [
+        (19, 1.36, 3.8077e-06),
+        (39, 1.353, 7.5527e-06),
+        (59, 1.329, 1.1298e-05),
+    ]
+
+
+def test_mmengine_padded_iteration_fields(tmp_path: Path) -> None:
+    """https://github.com/open-mmlab/mmdetection/issues/11893: the NaN at iteration 500 of 2931."""
+    line = (
+        "08/03 22:09:24 - mmengine - INFO - Epoch(train)  [1][ 500/2931]  lr: 2.0000e-02  eta: 0:39:15  "
+        "time: 0.0578  data_time: 0.0017  memory: 2389  loss: nan  loss_rpn_cls: nan  loss_rpn_bbox: nan  "
+        "loss_cls: nan  acc: 0.0000  loss_bbox: nan"
+    )
+    assert serious(run(tmp_path, line)) == [("nan_loss", 0, 500)]
+
+
+# https://github.com/ultralytics/ultralytics/issues/21765 (YOLOv8 table, tqdm bar behind each row)
+YOLOV8 = """
+      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size
+       9/55      9.02G     0.1295      7.585      3.256         16        640: 100%|██████████| 954/954 [11:32<00:00,  1.38it/s]
+                 Class     Images  Instances      Box(P          R      mAP50  mAP50-95): 100%|██████████| 66/66 [00:37<00:00,  1.74it/s]
+                   all       1049       1164      0.764      0.776      0.739      0.526
+
+      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size
+      10/55      9.02G     0.1271      7.321      3.224         12        640: 100%|██████████| 954/954 [11:25<00:00,  1.39it/s]
+"""
+# https://github.com/ultralytics/yolov5/issues/4963 (early YOLOv5: box obj cls columns)
+YOLOV5 = """
+ Epoch   gpu_mem       box       obj       cls    labels  img_size
+      1/99     2.64G         nan       nan       nan         4       416: 100%|██████████| 7/7 [00:15<00:00,  2.27s/it]
+               Class     Images     Labels          P          R     mAP@.5 mAP@.5:.95: 100%|██████████| 1/1 [00:01<00:00,  1.30s/it]
+"""
+
+
+def test_ultralytics_tables_under_a_header(tmp_path: Path) -> None:
+    s = steps(YOLOV8)
+    assert [(r.step, r.total_steps) for r in s] == [(9, 55), (10, 55)]
+    assert s[0].loss == pytest.approx(0.1295 + 7.585 + 3.256)  # the parts, summed: no total is written
+    assert serious(run(tmp_path, YOLOV5)) == [("nan_loss", 0, 1)]
+
+
+def test_timm_train_lines() -> None:
+    """https://github.com/huggingface/pytorch-image-models/issues/814 (timm train.py)."""
+    text = """
+Train: 1 [ 350/5004 (  7%)]  Loss:  6.732388 (6.8414)  Time: 1.271s,  201.43/s  (0.608s,  420.96/s)  LR: 2.133e-02  Data: 1.056 (0.403)
+Train: 1 [ 400/5004 (  8%)]  Loss:  6.717005 (6.8258)  Time: 0.214s, 1197.18/s  (0.608s,  421.14/s)  LR: 2.133e-02  Data: 0.013 (0.402)
+"""
+    s = steps(text)
+    # epoch x (last index + 1) + batch index: timm prints the last index of the epoch.
+    assert [(r.step, r.loss, r.learning_rate) for r in s] == [
+        (5005 + 350, 6.732388, 2.133e-02),
+        (5005 + 400, 6.717005, 2.133e-02),
+    ]
+
+
+def test_litgpt_takes_the_optimizer_step_not_the_iteration() -> None:
+    """https://github.com/Lightning-AI/litgpt/issues/1110 (finetune lora): sniffed as key-value
+    with 0 steps before issue 27."""
+    text = """
+Epoch 4 | iter 961 step 961 | loss train: 1.062, val: 1.057 | iter time: 529.46 ms (step)
+Epoch 4 | iter 962 step 962 | loss train: 0.937, val: 1.057 | iter time: 503.53 ms (step)
+Epoch 5 | iter 965 step 965 | loss train: 1.182, val: 1.057 | iter time: 743.31 ms (step)
+Training time: 583.36s
+"""
+    s = steps(text)
+    assert [(r.step, r.loss) for r in s] == [(961, 1.062), (962, 0.937), (965, 1.182)]
+    assert s[0].step_time_s == pytest.approx(0.52946)
+    # https://github.com/Lightning-AI/litgpt/issues/1224: gradient accumulation, step 1 of many iters.
+    acc = "Epoch 1 | iter 46 step 1 | loss train: 3.724, val: n/a | iter time: 45.73 ms\n"
+    assert [(r.step, r.loss) for r in steps(acc)] == [(1, 3.724)]
+
+
+def test_torchtune_multinode_bar(tmp_path: Path) -> None:
+    """https://github.com/meta-pytorch/torchtune/pull/2620: "[trainer0|0]:" names global rank 0;
+    epoch | global step | loss, redrawn by tqdm."""
+    text = """
+[trainer0|0]:1|25|Loss: 1.2621808052062988:  26%|██▌       | 26/101 [06:45<17:27, 13.96s/it]
+[trainer0|0]:1|26|Loss: 1.2436443567276:  26%|██▌       | 26/101 [06:45<17:27, 13.96s/it]   [trainer0|0]:
+[trainer0|0]:1|26|Loss: 1.2436443567276:  27%|██▋       | 27/101 [07:00<17:31, 14.21s/it]
+[trainer0|0]:1|27|Loss: 1.1958776712417603:  27%|██▋       | 27/101 [07:00<17:31, 14.21s/it][trainer0|0]:
+"""
+    res = run(tmp_path, text)
+    assert [(r.rank, r.format, r.steps, r.last_step) for r in res.ranks] == [(0, "kv", 3, 27)]
+
+
+def test_dllogger_training_iteration() -> None:
+    """https://github.com/NVIDIA/DeepLearningExamples/issues/1107 (BERT, DLLogger stdout)."""
+    text = """
+DLL 2022-04-05 02:22:54.614486 - Training Epoch: 1 Training Iteration: 2872  step_loss : 0.6953772306442261  learning_rate : 1.5844598709048836e-05
+DLL 2022-04-05 02:23:00.608205 - Training Epoch: 1 Training Iteration: 2922  step_loss : 2.592996120452881  learning_rate : 1.5540129095116308e-05
+"""
+    assert [(r.step, r.loss) for r in steps(text)] == [(2872, 0.6953772306442261), (2922, 2.592996120452881)]
+
+
+def test_torchvision_metric_logger() -> None:
+    """https://github.com/pytorch/vision/issues/4086 (references/classification MetricLogger)."""
+    text = (
+        "Epoch: [0]  [   10/40037]  eta: 6:56:59  lr: 0.1  img/s: 120.38295738808868  loss: 22.6492 (28.1895)  "
+        "acc1: 0.0000 (0.0000)  acc5: 0.0000 (0.5682)  time: 0.6251  data: 0.1307  max mem: 7117"
+    )
+    assert [(r.step, r.loss, r.learning_rate) for r in steps(text)] == [(10, 22.6492, 0.1)]
+
+
+# code index file id 44493781509 (a public repository's README, PI2NLI): Lightning's rich bar
+# with max_steps and no max_epochs prints "Epoch 0/-2".
+RICH = """
+Total estimated model params size (MB): 1.4 K
+Epoch 0/-2 ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 191/191 0:01:23 • 0:00:00 2.26it/s v_num: 3szp train_step_loss: 0.400 Metric val_f1 improved. New best score: 0.931
+"""
+
+
+def test_lightning_rich_bar_without_max_epochs_in_analyze_and_live(tmp_path: Path) -> None:
+    res = run(tmp_path, RICH)
+    assert [(r.format, r.steps, r.last_step, r.total_steps) for r in res.ranks] == [
+        ("lightning", 1, 191, None)
+    ]
+    # Live: the bar is written once at the end; an idle stream hands its held step out.
+    parser = LogParser()
+    got: list[object] = []
+    for i, line in enumerate(RICH.strip().splitlines(), 1):
+        got.extend(parser.feed(line, i))
+    got.extend(parser.release_pending())
+    assert [(r.step, r.loss) for r in got if isinstance(r, StepRecord)] == [(191, 0.4)]
+
+
+def test_lightning_rich_bar_with_no_length_reads_nan() -> None:
+    """code index file id 2581728945: an iterable without a length ("5072/--")."""
+    line = "Epoch 0/-2 ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 5072/-- 2:40:43 • -:--:-- 0.57it/s v_num: xn3p train_loss: nan"
+    s = steps(line)
+    assert len(s) == 1 and s[0].step == 5072 and s[0].loss is not None and math.isnan(s[0].loss)
+
+
+# code index file id 63488297244 (an sglang debugging note): a py-spy dump pasted into a log.
+PYSPY = """
+Process 165: sglang::data_parallel_controller
+Python v3.12.3 (/usr/bin/python3.12)
+
+Thread 165 (active+gil): "MainThread"
+    recv_pyobj (zmq/sugar/socket.py:989)
+    event_loop (data_parallel_controller.py:273)
+    run_data_parallel_controller_process (data_parallel_controller.py:310)
+    run (multiprocessing/process.py:108)
+"""
+
+
+def test_a_pyspy_dump_is_recognised_but_is_no_training_record(tmp_path: Path) -> None:
+    res = run(tmp_path, PYSPY)
+    assert res.recognised_any and res.exit_code() == 0
+    assert [(f.kind, f.severity) for f in res.findings] == [("stack_dump", Severity.INFO)]
+
+
+def test_ray_worker_prefix_is_stripped() -> None:
+    """https://github.com/alibaba/ROLL/issues/193: Ray's "(ActorWorker(...) pid=..., ip=...)" prefix."""
+    text = (
+        "(ActorWorker(actor_train-1) pid=18175, ip=33.199.184.82)   File "
+        '"/checkpoint/binary/train_package/roll/pipeline/base_worker.py", line 104, in train_step'
+    )
+    from rankwatch.sources.decorations import strip
+
+    assert strip(text)[0].startswith('  File "/checkpoint')
+
+
+# ---------------------------------------------------------------- when nothing is read
+
+
+def test_nothing_read_says_why_and_drafts_a_pattern_that_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A format forced wrongly (logs.format: megatron on detectron2's lines) reads nothing: the
+    diagnosis names the lines that looked like records, and its drafted regex reads them."""
+    path = tmp_path / "d2.log"
+    path.write_text(D2.strip() + "\n")
+    [(_, d)] = diagnose([str(path)], Config())
+    assert d.candidates == 3 and d.pattern is not None
+    assert "line 1:" in d.render() and "logs.regex" in d.render()
+    assert main(["analyze", "--suggest-pattern", str(path)]) == 0
+    pattern = capsys.readouterr().out.strip()
+    assert pattern == d.pattern
+    res = main(
+        ["analyze", "--json", "--set", "logs.format=regex", "--set", f"logs.regex={pattern}", str(path)]
+    )
+    assert res == 0
+    forced = main(["analyze", "--set", "logs.format=megatron", str(path)])
+    assert forced == 2 and "3 of its 3 lines looked like records" in capsys.readouterr().err
+
+
+def test_drafted_pattern_names_its_groups_by_meaning() -> None:
+    """https://github.com/lucidrains/vit-pytorch/issues/35."""
+    line = "Epoch : 1/20 - Iter : 6519/6672 - Iter loss : 27.8335 - Iter acc: 0.0000 - Num correct: 0"
+    pattern = draft_pattern(line)
+    assert pattern is not None and "(?P<loss>" in pattern
+
+
+def test_an_unreadable_log_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "notes.log"
+    path.write_text("Loading data...\nall done\n")
+    assert main(["analyze", str(path)]) == 2
+    assert "none of its 2 lines names a number with a metric word" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- errors: step and rank
+
+# https://github.com/facebookresearch/detectron2/issues/838
+D2_NAN = """
+ERROR [02/10 22:55:41 d2.engine.train_loop]: Exception during training:
+Traceback (most recent call last):
+  File "/home/yview/work/ai/outside/pytorch/detectron2/detectron2/engine/train_loop.py", line 132, in train
+    self.run_step()
+  File "/home/yview/work/ai/outside/pytorch/detectron2/detectron2/engine/train_loop.py", line 239, in _detect_anomaly
+    self.iter, loss_dict
+FloatingPointError: Loss became infinite or NaN at iteration=2137!
+"""
+
+
+def test_detectron2_nan_is_nan_loss_at_its_iteration(tmp_path: Path) -> None:
+    assert serious(run(tmp_path, D2_NAN)) == [("nan_loss", 0, 2137)]
+
+
+def test_megatron_nan_grad_norm_names_its_rank(tmp_path: Path) -> None:
+    """https://github.com/alibaba/Pai-Megatron-Patch/issues/366 (the issue's title line)."""
+    text = (
+        "AssertionError: Rank 11: found NaN in local grad norm in backward pass before data-parallel "
+        "communication collective. Device: 3"
+    )
+    recs = [r for r in records(text) if isinstance(r, ErrorRecord)]
+    assert [(r.kind, r.rank) for r in recs] == [("nan_loss", 11)]
+
+
+def test_torchelastic_failure_line_names_the_local_rank(tmp_path: Path) -> None:
+    """https://github.com/showlab/EgoVLP/issues/21."""
+    text = (
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 (pid: 407727) "
+        "of binary: /fs/nexus-scratch/sanjoyc/anaconda/envs/egovlp/bin/python"
+    )
+    res = run(tmp_path, text)
+    assert [(f.kind, f.rank) for f in res.findings] == [("crash", 3)]
+    assert "SIGKILL" in res.findings[0].message
+
+
+def test_spawn_names_the_process_that_failed(tmp_path: Path) -> None:
+    """https://github.com/greatlog/SWAHR-HumanPose/issues/11 (frames trimmed to the spawn ones)."""
+    text = """
+Traceback (most recent call last):
+  File "tools/dist_train.py", line 320, in <module>
+    main()
+  File "/home/lab/.conda/envs/pytorch-1.10/lib/python3.7/site-packages/torch/multiprocessing/spawn.py", line 150, in join
+    raise ProcessRaisedException(msg, error_index, failed_process.pid)
+torch.multiprocessing.spawn.ProcessRaisedException:
+
+-- Process 0 terminated with the following error:
+Traceback (most recent call last):
+  File "/home/lab/.conda/envs/pytorch-1.10/lib/python3.7/site-packages/torch/multiprocessing/spawn.py", line 59, in _wrap
+    fn(i, *args)
+"""
+    res = run(tmp_path, text.replace("-- Process 0", "-- Process 1"))
+    # (The issue's process index is 0; the same text naming process 1 must land on rank 1.)
+    assert {f.rank for f in res.findings} == {1}
+    res0 = run(tmp_path, text, name="other.log")
+    assert {f.rank for f in res0.findings} == {0}
+
+
+def test_fairseq_overflow_cascade_is_a_loss_scale_collapse(tmp_path: Path) -> None:
+    """https://github.com/facebookresearch/fairseq/issues/512."""
+    text = """
+| epoch 027 | loss 6.343 | nll_loss 4.984 | ppl 31.65 | wps 164346 | ups 0.4 | wpb 364096 | bsz 11907 | num_updates 10198 | lr 0.000626286 | gnorm 0.390 | clip 0% | oom 0 | loss_scale 0.500 | wall 23080 | train_wall 21383
+| WARNING: overflow detected, setting loss scale to: 0.25
+| WARNING: overflow detected, setting loss scale to: 0.125
+| WARNING: overflow detected, setting loss scale to: 0.0625
+| WARNING: overflow detected, setting loss scale to: 0.03125
+| WARNING: overflow detected, setting loss scale to: 0.015625
+| WARNING: overflow detected, setting loss scale to: 0.0078125
+| WARNING: overflow detected, setting loss scale to: 0.00390625
+| WARNING: overflow detected, setting loss scale to: 0.001953125
+| WARNING: overflow detected, setting loss scale to: 0.0009765625
+| WARNING: overflow detected, setting loss scale to: 0.00048828125
+| WARNING: overflow detected, setting loss scale to: 0.000244140625
+| WARNING: overflow detected, setting loss scale to: 0.0001220703125
+"""
+    assert ("loss_scale_collapse", 0) in {(k, r) for k, r, _ in serious(run(tmp_path, text))}
+
+
+# ---------------------------------------------------------------- detectors: short history
+
+
+def test_fp16_calibration_nan_grad_norm_is_not_a_nan_loss(tmp_path: Path) -> None:
+    """https://github.com/JiaquanYe/TableMASTER-mmocr/issues/32: the first logging window of an
+    fp16 run has grad_norm nan while the scaler calibrates; the maintainer: "it is normal"."""
+    text = """
+ Epoch [1][100/62598]	lr: 1.000e-03, eta: 6 days, 15:22:46, time: 0.539, data_time: 0.051, memory: 7239, loss_ce: 1.2757, horizon_bbox_loss: 0.2828, vertical_bbox_loss: 0.3507, loss: 1.9091, grad_norm: nan
+2021-11-22 01:32:34,502 - mmocr - INFO - Epoch [1][200/62598]	lr: 1.000e-03, eta: 7 days, 15:55:58, time: 0.705, data_time: 0.002, memory: 7239, loss_ce: 0.5921, horizon_bbox_loss: 0.2210, vertical_bbox_loss: 0.1055, loss: 0.9186, grad_norm: 3.9772
+"""
+    res = run(tmp_path, text)
+    assert res.ranks[0].steps == 2 and serious(res) == []
+    # The window does not hide a NaN loss (mmdetection#11893's first record: loss nan).
+    bad = text.replace("loss: 1.9091", "loss: nan")
+    assert serious(run(tmp_path, bad, name="bad.log")) == [("nan_loss", 0, 100)]
+    # Nor a NaN grad norm that stays.
+    stays = text.replace("grad_norm: 3.9772", "grad_norm: nan")
+    assert serious(run(tmp_path, stays, name="stays.log")) == [("nan_loss", 0, 100)]
+
+
+def test_deepspeed_launcher_names_the_child_that_died(tmp_path: Path) -> None:
+    """DeepSeek-Coder#55, quoted in a public note (code index file id 12064442746)."""
+    text = " [2023-11-28 10:00:34,590] [ERROR] [launch.py:321:sigkill_handler] ['/home/.python_libs/conda_env/deepseek/bin/python', '-u', 'finetune_deepseekcoder.py', '--local_rank=0', '--model_name_or_path', '/home/project/deepseek/DeepSeek-Coder-main/models/deepseek-coder-6.7b-instruct', '--data_path', '/home/project/deepseek/DeepSeek-Coder-main/data/test.json', '--output_dir', '/home/project/deepseek/DeepSeek-Coder-main/deepseek_finetune', '--num_train_epochs', '1', '--model_max_length', '1024', '--per_device_train_batch_size', '1', '--per_device_eval_batch_size', '1', '--gradient_accumulation_steps', '4', '--evaluation_strategy', 'no', '--save_strategy', 'steps', '--save_steps', '100', '--save_total_limit', '100', '--learning_rate', '2e-5', '--warmup_steps', '10', '--logging_steps', '1', '--lr_scheduler_type', 'cosine', '--gradient_checkpointing', 'True', '--report_to', 'tensorboard', '--deepspeed', 'configs/ds_config_zero3.json', '--bf16', 'True'] exits with return code = -9"
+    # The same line for the child of local rank 2 (rank 0 is also the file's default rank).
+    res = run(tmp_path, text.replace("--local_rank=0", "--local_rank=2"))
+    assert [(f.kind, f.rank) for f in res.findings] == [("crash", 2)]
+    assert "SIGKILL" in res.findings[0].message
