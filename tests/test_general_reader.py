@@ -13,7 +13,7 @@ import pytest
 from rankwatch.analyze import Analysis, analyze, diagnose
 from rankwatch.cli import main
 from rankwatch.config.schema import Config
-from rankwatch.records import ErrorRecord, Severity, StepRecord
+from rankwatch.records import ErrorRecord, EvalRecord, Severity, StepRecord
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.suggest import draft_pattern
 
@@ -364,3 +364,38 @@ def test_deepspeed_launcher_names_the_child_that_died(tmp_path: Path) -> None:
     res = run(tmp_path, text.replace("--local_rank=0", "--local_rank=2"))
     assert [(f.kind, f.rank) for f in res.findings] == [("crash", 2)]
     assert "SIGKILL" in res.findings[0].message
+
+
+WILD5 = Path(__file__).resolve().parent / "data" / "wild" / "batch5"
+
+
+def test_a_config_dump_setting_named_like_a_loss_part_is_no_step() -> None:
+    # AntonioLopardo/OLMo@f2d9024:training.log line 7 (the TrainConfig dump), whole: its
+    # "auxiliary_loss_multiplier=0.0001" is a setting, not a loss (it made a step 0 with loss
+    # 0.0001, then a "spike" at step 1 and a "divergence" at step 3).
+    lines = (WILD5 / "olmo_ddp_continue_pretrain_healthy.log").read_text().splitlines()
+    assert "auxiliary_loss_multiplier=0.0001" in lines[6]
+    assert steps("\n".join(lines[:60]))[0].step == 1
+
+
+def test_a_running_loss_part_way_through_validation_is_no_eval_result() -> None:
+    # ApiaoSamaa/audio_sep@b324f9c:train_log.txt, epoch 9's cross validation: the "i/3" lines are
+    # running losses of two validation sets (0.13 -> 0.18), the summary is the result.
+    text = """
+- Train Summary | Epoch 9 | Loss=0.1133 | Reco=0.1104 | Grad=0.0899 | Penalty=294.9805
+- ----------------------------------------------------------------------
+- Cross validation...
+- Valid | Epoch 9 | 1/3 | 0.30 it/sec | Loss 0.1327 | Reco 0.1327 | Nsdr 7.784
+- Valid | Epoch 9 | 2/3 | 0.37 it/sec | Loss 0.1388 | Reco 0.1388 | Nsdr 7.350
+- Valid | Epoch 9 | 1/3 | 0.30 it/sec | Loss 0.1428 | Reco 0.1428 | Nsdr 7.154
+- Valid | Epoch 9 | 2/3 | 0.36 it/sec | Loss 0.1501 | Reco 0.1501 | Nsdr 6.711
+- Valid | Epoch 9 | 1/3 | 0.32 it/sec | Loss 0.1711 | Reco 0.1711 | Nsdr 5.703
+- Valid | Epoch 9 | 2/3 | 0.38 it/sec | Loss 0.1787 | Reco 0.1787 | Nsdr 5.299
+- Valid | Epoch 9 | 1/3 | 0.29 it/sec | Loss 0.1525 | Reco 0.1525 | Nsdr 6.650
+- Valid | Epoch 9 | 2/3 | 0.36 it/sec | Loss 0.1602 | Reco 0.1602 | Nsdr 6.207
+- Valid | Epoch 9 | 1/3 | 0.30 it/sec | Loss 0.1587 | Reco 0.1587 | Nsdr 6.335
+- Valid | Epoch 9 | 2/3 | 0.37 it/sec | Loss 0.1664 | Reco 0.1664 | Nsdr 5.899
+- Valid Summary | Epoch 9 | Loss=0.1388 | Reco=0.1388 | Nsdr=6.350 | Best=0.1388 | Bname=main | Penal86.8787
+"""
+    evals = [r for r in records(text) if isinstance(r, EvalRecord)]
+    assert [e.eval_loss for e in evals] == [0.1388]

@@ -176,6 +176,8 @@ _CSV_WORD = re.compile(r"[^\W\d][\w/.:() -]{0,80}")
 _EVAL_WORD = re.compile(r"\b(?:valid(?:ation)?|val|eval(?:uation)?|test|dev)\b", re.IGNORECASE)
 
 
+# A batch counter standing as a field of its own ("| 1/3 |", "[ 500/2931]"), not an epoch's.
+_MID_PASS = re.compile(r"(?:^|[|\[(,])\s*(?P<i>\d{1,9})\s*/\s*(?P<n>\d{1,9})\s*(?=[|\]),]|$)")
 _BESIDE_LOSS = frozenset({"learning_rate", "grad_norm"})
 _LOSS_WORD = re.compile(r"\bloss\b", re.IGNORECASE)
 
@@ -202,8 +204,9 @@ def _is_part(key: str) -> bool:
     return (
         "loss" in k
         and not k.startswith(("val", "eval", "test", "valid", "dev"))
-        # settings printed beside the metrics (a config dump): loss_weight, loss_type, loss_scale
-        and not k.endswith(("weight", "weights", "coef", "coeff", "type", "fn", "_w"))
+        # settings printed beside the metrics (a config dump): loss_weight, loss_type, loss_scale,
+        # OLMo's auxiliary_loss_multiplier
+        and not k.endswith(("weight", "weights", "coef", "coeff", "type", "fn", "_w", "multiplier"))
         and "scale" not in k
     )
 
@@ -375,6 +378,11 @@ class KvParser:
                 f["eval_loss"] = f.pop("loss")
                 if step_unnamed:
                     del f["step"]  # "SET 0" counts sets, not steps
+                mid = _MID_PASS.search(text)
+                if mid is not None and int(mid["i"]) < int(mid["n"]) and math.isfinite(f["eval_loss"]):
+                    # "Valid | Epoch 9 | 1/3 | ... | Loss 0.1327": a running loss part-way through
+                    # the validation pass, not its result (a NaN there is still told).
+                    del f["eval_loss"]
         return bag
 
     # -- parsing (per stream and rank) -----------------------------------------------------------
