@@ -295,6 +295,17 @@ def test_torchelastic_failure_line_names_the_local_rank(tmp_path: Path) -> None:
     assert "SIGKILL" in res.findings[0].message
 
 
+def test_torch_distributed_launch_names_the_child_that_died_by_a_signal(tmp_path: Path) -> None:
+    """https://github.com/pytorch/pytorch/issues/61839 (the command line cut to its head)."""
+    text = (
+        "subprocess.CalledProcessError: Command '['/opt/tiger/conda/bin/python3', '-u', 'train_imagenet.py', "
+        "'--local_rank=7', '--save-dir', './fixArch_model/fixArch_model_0718_1817']' died with <Signals.SIGSEGV: 11>."
+    )
+    res = run(tmp_path, text)
+    assert [(f.kind, f.rank) for f in res.findings] == [("crash", 7)]
+    assert "SIGSEGV" in res.findings[0].message
+
+
 def test_spawn_names_the_process_that_failed(tmp_path: Path) -> None:
     """https://github.com/greatlog/SWAHR-HumanPose/issues/11 (frames trimmed to the spawn ones)."""
     text = """
