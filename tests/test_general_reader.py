@@ -306,6 +306,30 @@ def test_torch_distributed_launch_names_the_child_that_died_by_a_signal(tmp_path
     assert "SIGSEGV" in res.findings[0].message
 
 
+def test_a_torchrun_failure_box_alone_names_its_root_cause_rank(tmp_path: Path) -> None:
+    """https://github.com/fudan-generative-vision/hallo2/issues/75 (the box as posted)."""
+    text = """
+=========================================================
+scripts.train_stage1 FAILED
+---------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+---------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2025-03-04_15:41:29
+  host      : amax
+  rank      : 0 (local_rank: 0)
+  exitcode  : -11 (pid: 3182701)
+  error_file: <N/A>
+  traceback : Signal 11 (SIGSEGV) received by PID 3182701
+=========================================================
+"""
+    res = run(tmp_path, text)
+    assert [(f.kind, f.rank) for f in res.findings] == [("crash", 0)]
+    assert "rank 0 (local_rank 0) on amax failed with exitcode -11 (SIGSEGV)" in res.findings[0].message
+
+
 def test_spawn_names_the_process_that_failed(tmp_path: Path) -> None:
     """https://github.com/greatlog/SWAHR-HumanPose/issues/11 (frames trimmed to the spawn ones)."""
     text = """

@@ -1060,8 +1060,10 @@ SIGNATURES: tuple[Signature, ...] = (
 # line holding this is never an error, whatever else it says.
 NOT_AN_ERROR = "NCCL INFO"
 
-# SignatureMatcher itself starts a torchelastic failure box on this word.
-_MATCHER_TRIGGERS = ("ChildFailedError",)
+# SignatureMatcher itself starts a torchelastic failure box on these words (the box may come
+# alone, without the ChildFailedError traceback above it: hallo2#75).
+_BOX_ROOT = "Root Cause (first observed failure)"
+_MATCHER_TRIGGERS = ("ChildFailedError", _BOX_ROOT)
 
 
 def gate_words(signatures: tuple[Signature, ...] = SIGNATURES) -> tuple[str, ...]:
@@ -1316,6 +1318,13 @@ class SignatureMatcher:
                 p.frames.append(None)
                 self._state = _BOX
                 return []
+        if _BOX_ROOT in text and text.lstrip().startswith(_BOX_ROOT):
+            # A failure box whose ChildFailedError traceback was not kept: read from its root cause.
+            p = self._start(text, lineno, rank, time, 0)
+            p.rules = 1
+            p.box_line(text.strip())
+            self._state = _BOX
+            return []
         hit = classify(text)
         if hit is None:
             return []
@@ -1540,6 +1549,11 @@ class SignatureMatcher:
                 severity = _W
             if p.box:
                 summary = self._box_summary(p, details) or summary
+        elif p.box:
+            line, time = p.first_line, p.first_time
+            summary = self._box_summary(p, details) or "torchelastic failure box"
+            if "failed_rank" in details:
+                details["said_rank"] = details["failed_rank"]  # the launcher's box names the rank
         else:
             line, time = p.last_line, p.first_time
             summary = "Traceback without its final exception line (stream ended or output interleaved)"
