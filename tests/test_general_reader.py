@@ -434,3 +434,14 @@ def test_a_running_loss_part_way_through_validation_is_no_eval_result() -> None:
 """
     evals = [r for r in records(text) if isinstance(r, EvalRecord)]
     assert [e.eval_loss for e in evals] == [0.1388]
+
+
+def test_caret_escaped_colours_and_two_word_loss_parts() -> None:
+    # ByteDance-Seed/Bagel#80: the log as posted, its ANSI colours in caret notation ("^[[34m").
+    text = """
+[^[[34m2025-05-28 14:37:10^[[0m] (step=0012460) Train Loss mse: 0.0097, Train Loss ce: 0.0194, Train Steps/Sec: 0.16,
+[^[[34m2025-05-28 14:38:12^[[0m] (step=0012470) Train Loss mse: 0.0021, Train Loss ce: 0.0505, Train Steps/Sec: 0.16,
+"""
+    got = steps(text)
+    assert [r.step for r in got] == [12460, 12470]
+    assert got[0].loss == pytest.approx(0.0097 + 0.0194)

@@ -306,7 +306,7 @@ class KvParser:
         plain_loss_at = -1
         step_unnamed = False
         for m in _PAIR.finditer(text):
-            key = m.group("k")
+            key = whole = m.group("k")
             field = canonical(key)
             if field == "loss" and plain_loss_at < 0 and key.lower() == "loss":
                 plain_loss_at = m.start()
@@ -324,8 +324,8 @@ class KvParser:
                 v = to_float(m.group("v"))
                 if v is None:
                     continue
-                if _is_part(key):
-                    parts.append(v)
+                if _is_part(key) or (whole is not key and _is_part(whole)):
+                    parts.append(v)  # "Train Loss mse: 0.0097, Train Loss ce: 0.0194" (BAGEL)
                 elif low in _UPDATE_STATS and not math.isfinite(v):
                     stats_nan = True
                 elif unnamed is None and not parts and "loss" not in f and not m.group("u") and _count(v):
