@@ -445,3 +445,14 @@ def test_caret_escaped_colours_and_two_word_loss_parts() -> None:
     got = steps(text)
     assert [r.step for r in got] == [12460, 12470]
     assert got[0].loss == pytest.approx(0.0097 + 0.0194)
+
+
+def test_tagged_keys_of_a_loguru_line() -> None:
+    # https://github.com/nv-tlabs/LION/issues/9 (turn 3): the trainer's loguru lines.
+    text = """
+2023-01-25 00:21:09.074 | INFO     | trainers.base_trainer:train_epochs:256 - [R0] | E5 iter[ 14/ 15] | [Loss] 51566519.44 | [exp] ./exp/0125/car/3dbf3ah_hvae_lion_B40 | [step]    89 | [url] none | [time] 0.4m (~5h) |[best] 0 -100.000x1e-2
+2023-01-25 00:21:34.569 | INFO     | trainers.base_trainer:train_epochs:256 - [R0] | E6 iter[ 14/ 15] | [Loss] nan | [exp] ./exp/0125/car/3dbf3ah_hvae_lion_B40 | [step]   104 | [url] none | [time] 0.4m (~5h) |[best] 0 -100.000x1e-2
+"""
+    got = steps(text)
+    assert [r.step for r in got] == [89, 104]
+    assert got[0].loss == 51566519.44 and math.isnan(got[1].loss or 0.0)

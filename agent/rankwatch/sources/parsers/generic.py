@@ -176,6 +176,8 @@ _CSV_WORD = re.compile(r"[^\W\d][\w/.:() -]{0,80}")
 _EVAL_WORD = re.compile(r"\b(?:valid(?:ation)?|val|eval(?:uation)?|test|dev)\b", re.IGNORECASE)
 
 
+# A key written as a tag before its number ("[Loss] nan", "[step]   104").
+_TAG_KEY = re.compile(r"\[([^\W\d]\w{0,30})\](?=\s{1,8}[-+]?(?:\d|nan\b|inf\b))", re.IGNORECASE)
 # A batch counter standing as a field of its own ("| 1/3 |", "[ 500/2931]"), not an epoch's.
 _MID_PASS = re.compile(r"(?:^|[|\[(,])\s*(?P<i>\d{1,9})\s*/\s*(?P<n>\d{1,9})\s*(?=[|\]),]|$)")
 _BESIDE_LOSS = frozenset({"learning_rate", "grad_norm"})
@@ -294,6 +296,9 @@ class KvParser:
 
     @staticmethod
     def _bag(text: str, *, bare: bool = False, zero_epoch: bool = False) -> MetricBag:
+        if "]" in text:
+            # "[Loss] nan | ... | [step]   104" (loguru-style tags): the tag is the key.
+            text = _TAG_KEY.sub(r"\1:", text)
         bag = MetricBag()
         f = bag.fields
         step_word = False
