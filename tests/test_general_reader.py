@@ -456,3 +456,16 @@ def test_tagged_keys_of_a_loguru_line() -> None:
     got = steps(text)
     assert [r.step for r in got] == [89, 104]
     assert got[0].loss == 51566519.44 and math.isnan(got[1].loss or 0.0)
+
+
+def test_clu_logging_writer_step_in_brackets() -> None:
+    # https://github.com/google/flax/issues/3364: the ImageNet example on four hosts, each
+    # printing the same step (one record per step).
+    text = """
+I1002 21:38:13.425730 139917864867392 logging_writer.py:35] [400] steps_per_second=1.583725, train_accuracy=0.3724340796470642, train_learning_rate=0.35846155881881714, train_loss=3.219879150390625
+I1002 21:38:13.425510 140400640460352 logging_writer.py:35] [400] steps_per_second=1.583736, train_accuracy=0.3724340796470642, train_learning_rate=0.35846155881881714, train_loss=3.219879150390625
+I1002 21:39:09.572115 140400640460352 logging_writer.py:35] [500] steps_per_second=1.781075, train_accuracy=0.8223657011985779, train_learning_rate=0.4610256254673004, train_loss=0.8868171572685242
+"""
+    got = steps(text)
+    assert [r.step for r in got] == [400, 500]
+    assert got[-1].loss == 0.8868171572685242

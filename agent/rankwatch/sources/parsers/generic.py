@@ -176,6 +176,8 @@ _CSV_WORD = re.compile(r"[^\W\d][\w/.:() -]{0,80}")
 _EVAL_WORD = re.compile(r"\b(?:valid(?:ation)?|val|eval(?:uation)?|test|dev)\b", re.IGNORECASE)
 
 
+# clu metric_writers.LoggingWriter.write_scalars logs "[step] k=v, k=v" (behind absl/glog's prefix).
+_CLU_STEP = re.compile(r"\] \[(\d{1,12})\] (?=[^\W\d][\w./-]{0,60}=)")
 # A key written as a tag before its number ("[Loss] nan", "[step]   104").
 _TAG_KEY = re.compile(r"\[([^\W\d]\w{0,30})\](?=\s{1,8}[-+]?(?:\d|nan\b|inf\b))", re.IGNORECASE)
 # A batch counter standing as a field of its own ("| 1/3 |", "[ 500/2931]"), not an epoch's.
@@ -356,6 +358,9 @@ class KvParser:
             # "epoch: 2/300, iter: 10/47": the iteration counts within the epoch.
             ep = f["epoch"]
             f["step"] = (ep if zero_epoch else max(ep - 1, 0)) * step_tot + f["step"]
+        clu = _CLU_STEP.search(text) if "step" not in f and "] [" in text else None
+        if clu is not None:
+            f["step"] = float(clu[1])  # clu's LoggingWriter: "[%d] k=v, k=v" after glog's prefix
         if "step" not in f:
             prog = progress(text)
             if prog is not None:
