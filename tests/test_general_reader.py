@@ -469,3 +469,14 @@ I1002 21:39:09.572115 140400640460352 logging_writer.py:35] [500] steps_per_seco
     got = steps(text)
     assert [r.step for r in got] == [400, 500]
     assert got[-1].loss == 0.8868171572685242
+
+
+def test_yolov7_results_txt_rows_without_a_header() -> None:
+    # mrshahabian/Soccer-Yolov7@eab607d:runs/train/exp/results.txt, its first rows: epoch/last,
+    # GPU memory, box obj cls total, labels, img_size, then 7 results (yolov7 train.py).
+    text = """
+      0/54     12.8G   0.03604    0.2529         0    0.2889        19       640   0.04946   0.03419   0.00595  0.001898   0.03685  0.004025         0
+      1/54     12.5G   0.02545  0.001799         0   0.02725        19       640    0.3473     0.484    0.3314    0.1412   0.02462  0.003212         0
+"""
+    got = steps(text)
+    assert [(r.step, r.loss) for r in got] == [(0, 0.2889), (1, 0.02725)]

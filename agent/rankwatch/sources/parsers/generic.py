@@ -176,6 +176,10 @@ _CSV_WORD = re.compile(r"[^\W\d][\w/.:() -]{0,80}")
 _EVAL_WORD = re.compile(r"\b(?:valid(?:ation)?|val|eval(?:uation)?|test|dev)\b", re.IGNORECASE)
 
 
+# A YOLOv5/YOLOv7 results.txt row, written with no header (yolov7 train.py: "%g/%g" epoch, gpu
+# memory, box obj cls total losses, labels, img_size, then 7 results: 15 cells).
+_YOLO_RESULTS = re.compile(r"\s*\d{1,6}/\d{1,6}\s+\d{1,5}(?:\.\d{1,4})?G(?:\s+\S+){13}\s*$")
+_YOLO_RESULTS_COLS = ["epoch", "gpu_mem", "box_loss", "obj_loss", "cls_loss", "loss", "labels", "img_size"]
 # clu metric_writers.LoggingWriter.write_scalars logs "[step] k=v, k=v" (behind absl/glog's prefix).
 _CLU_STEP = re.compile(r"\] \[(\d{1,12})\] (?=[^\W\d][\w./-]{0,60}=)")
 # A key written as a tag before its number ("[Loss] nan", "[step]   104").
@@ -243,8 +247,9 @@ class KvParser:
     """
 
     name: ClassVar[str] = "kv"
-    # A line sniff() accepts holds one of these (an update statistic's row: "| KL | nan |").
-    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy")
+    # A line sniff() accepts holds one of these (an update statistic's row: "| KL | nan |";
+    # "G " the GPU memory cell of a headerless YOLO results.txt row).
+    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ")
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
     def __init__(self) -> None:
@@ -266,6 +271,8 @@ class KvParser:
         if not text.isascii():
             text = text.translate(_FULLWIDTH)
         if "poch" in text and (table_header(strip_ansi(text)) is not None or _csv_header(text) is not None):
+            return not _specific(text)
+        if "G " in text and _YOLO_RESULTS.match(text) is not None:
             return not _specific(text)
         if not _kv_gate(text):
             # A block row naming an update statistic ("| KL        | nan      |", OpenAI baselines).
@@ -417,6 +424,9 @@ class KvParser:
 
     def _line(self, line: LogLine, text: str) -> list[Record]:
         if not _kv_gate(text):
+            if self._cols is None and "G " in text and _YOLO_RESULTS.match(text) is not None:
+                self._cols = _YOLO_RESULTS_COLS
+                self._loss_cols = loss_columns(_YOLO_RESULTS_COLS)
             if self._cols is not None or self._csv is not None or "poch" in text:
                 recs = self._table(line, strip_ansi(text))
                 if recs is not None:
