@@ -228,6 +228,19 @@ def test_loss_scale_collapse_from_overflows() -> None:
     assert len(fs) == 1 and fs[0].severity is Severity.WARNING
 
 
+def test_halvings_to_a_low_scale_are_told_once_while_steps_go_on_at_it() -> None:
+    # Scale 512 halved 6 times to 8, then steps go through at 8 (above 4 x min_scale, not above
+    # low_scale): the finding stands, it is not "recovered" and reopened at every step.
+    recs: list = [StepRecord(step=s, loss=2.0, loss_scale=512.0) for s in range(1, 50)]
+    scale = 512.0
+    for s in range(50, 56):
+        scale /= 2
+        recs.append(OverflowRecord(old_scale=scale * 2, new_scale=scale, step=s))
+    recs.extend(StepRecord(step=s, loss=2.0) for s in range(56, 120))
+    fs = [f for f in run(recs) if f.kind == "loss_scale_collapse"]
+    assert len(fs) == 1 and not fs[0].resolved
+
+
 def test_throughput_drop_and_recovery() -> None:
     rng = random.Random(7)
     recs = [healthy(s, rng) for s in range(1, 400)]

@@ -13,7 +13,7 @@ import pytest
 from rankwatch.analyze import Analysis, analyze, diagnose
 from rankwatch.cli import main
 from rankwatch.config.schema import Config
-from rankwatch.records import ErrorRecord, Severity, StepRecord
+from rankwatch.records import ErrorRecord, EvalRecord, Severity, StepRecord
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.suggest import draft_pattern
 
@@ -295,6 +295,41 @@ def test_torchelastic_failure_line_names_the_local_rank(tmp_path: Path) -> None:
     assert "SIGKILL" in res.findings[0].message
 
 
+def test_torch_distributed_launch_names_the_child_that_died_by_a_signal(tmp_path: Path) -> None:
+    """https://github.com/pytorch/pytorch/issues/61839 (the command line cut to its head)."""
+    text = (
+        "subprocess.CalledProcessError: Command '['/opt/tiger/conda/bin/python3', '-u', 'train_imagenet.py', "
+        "'--local_rank=7', '--save-dir', './fixArch_model/fixArch_model_0718_1817']' died with <Signals.SIGSEGV: 11>."
+    )
+    res = run(tmp_path, text)
+    assert [(f.kind, f.rank) for f in res.findings] == [("crash", 7)]
+    assert "SIGSEGV" in res.findings[0].message
+
+
+def test_a_torchrun_failure_box_alone_names_its_root_cause_rank(tmp_path: Path) -> None:
+    """https://github.com/fudan-generative-vision/hallo2/issues/75 (the box as posted)."""
+    text = """
+=========================================================
+scripts.train_stage1 FAILED
+---------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+---------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2025-03-04_15:41:29
+  host      : amax
+  rank      : 0 (local_rank: 0)
+  exitcode  : -11 (pid: 3182701)
+  error_file: <N/A>
+  traceback : Signal 11 (SIGSEGV) received by PID 3182701
+=========================================================
+"""
+    res = run(tmp_path, text)
+    assert [(f.kind, f.rank) for f in res.findings] == [("crash", 0)]
+    assert "rank 0 (local_rank 0) on amax failed with exitcode -11 (SIGSEGV)" in res.findings[0].message
+
+
 def test_spawn_names_the_process_that_failed(tmp_path: Path) -> None:
     """https://github.com/greatlog/SWAHR-HumanPose/issues/11 (frames trimmed to the spawn ones)."""
     text = """
@@ -364,3 +399,84 @@ def test_deepspeed_launcher_names_the_child_that_died(tmp_path: Path) -> None:
     res = run(tmp_path, text.replace("--local_rank=0", "--local_rank=2"))
     assert [(f.kind, f.rank) for f in res.findings] == [("crash", 2)]
     assert "SIGKILL" in res.findings[0].message
+
+
+WILD5 = Path(__file__).resolve().parent / "data" / "wild" / "batch5"
+
+
+def test_a_config_dump_setting_named_like_a_loss_part_is_no_step() -> None:
+    # AntonioLopardo/OLMo@f2d9024:training.log line 7 (the TrainConfig dump), whole: its
+    # "auxiliary_loss_multiplier=0.0001" is a setting, not a loss (it made a step 0 with loss
+    # 0.0001, then a "spike" at step 1 and a "divergence" at step 3).
+    lines = (WILD5 / "olmo_ddp_continue_pretrain_healthy.log").read_text().splitlines()
+    assert "auxiliary_loss_multiplier=0.0001" in lines[6]
+    assert steps("\n".join(lines[:60]))[0].step == 1
+
+
+def test_a_running_loss_part_way_through_validation_is_no_eval_result() -> None:
+    # ApiaoSamaa/audio_sep@b324f9c:train_log.txt, epoch 9's cross validation: the "i/3" lines are
+    # running losses of two validation sets (0.13 -> 0.18), the summary is the result.
+    text = """
+- Train Summary | Epoch 9 | Loss=0.1133 | Reco=0.1104 | Grad=0.0899 | Penalty=294.9805
+- ----------------------------------------------------------------------
+- Cross validation...
+- Valid | Epoch 9 | 1/3 | 0.30 it/sec | Loss 0.1327 | Reco 0.1327 | Nsdr 7.784
+- Valid | Epoch 9 | 2/3 | 0.37 it/sec | Loss 0.1388 | Reco 0.1388 | Nsdr 7.350
+- Valid | Epoch 9 | 1/3 | 0.30 it/sec | Loss 0.1428 | Reco 0.1428 | Nsdr 7.154
+- Valid | Epoch 9 | 2/3 | 0.36 it/sec | Loss 0.1501 | Reco 0.1501 | Nsdr 6.711
+- Valid | Epoch 9 | 1/3 | 0.32 it/sec | Loss 0.1711 | Reco 0.1711 | Nsdr 5.703
+- Valid | Epoch 9 | 2/3 | 0.38 it/sec | Loss 0.1787 | Reco 0.1787 | Nsdr 5.299
+- Valid | Epoch 9 | 1/3 | 0.29 it/sec | Loss 0.1525 | Reco 0.1525 | Nsdr 6.650
+- Valid | Epoch 9 | 2/3 | 0.36 it/sec | Loss 0.1602 | Reco 0.1602 | Nsdr 6.207
+- Valid | Epoch 9 | 1/3 | 0.30 it/sec | Loss 0.1587 | Reco 0.1587 | Nsdr 6.335
+- Valid | Epoch 9 | 2/3 | 0.37 it/sec | Loss 0.1664 | Reco 0.1664 | Nsdr 5.899
+- Valid Summary | Epoch 9 | Loss=0.1388 | Reco=0.1388 | Nsdr=6.350 | Best=0.1388 | Bname=main | Penal86.8787
+"""
+    evals = [r for r in records(text) if isinstance(r, EvalRecord)]
+    assert [e.eval_loss for e in evals] == [0.1388]
+
+
+def test_caret_escaped_colours_and_two_word_loss_parts() -> None:
+    # ByteDance-Seed/Bagel#80: the log as posted, its ANSI colours in caret notation ("^[[34m").
+    text = """
+[^[[34m2025-05-28 14:37:10^[[0m] (step=0012460) Train Loss mse: 0.0097, Train Loss ce: 0.0194, Train Steps/Sec: 0.16,
+[^[[34m2025-05-28 14:38:12^[[0m] (step=0012470) Train Loss mse: 0.0021, Train Loss ce: 0.0505, Train Steps/Sec: 0.16,
+"""
+    got = steps(text)
+    assert [r.step for r in got] == [12460, 12470]
+    assert got[0].loss == pytest.approx(0.0097 + 0.0194)
+
+
+def test_tagged_keys_of_a_loguru_line() -> None:
+    # https://github.com/nv-tlabs/LION/issues/9 (turn 3): the trainer's loguru lines.
+    text = """
+2023-01-25 00:21:09.074 | INFO     | trainers.base_trainer:train_epochs:256 - [R0] | E5 iter[ 14/ 15] | [Loss] 51566519.44 | [exp] ./exp/0125/car/3dbf3ah_hvae_lion_B40 | [step]    89 | [url] none | [time] 0.4m (~5h) |[best] 0 -100.000x1e-2
+2023-01-25 00:21:34.569 | INFO     | trainers.base_trainer:train_epochs:256 - [R0] | E6 iter[ 14/ 15] | [Loss] nan | [exp] ./exp/0125/car/3dbf3ah_hvae_lion_B40 | [step]   104 | [url] none | [time] 0.4m (~5h) |[best] 0 -100.000x1e-2
+"""
+    got = steps(text)
+    assert [r.step for r in got] == [89, 104]
+    assert got[0].loss == 51566519.44 and math.isnan(got[1].loss or 0.0)
+
+
+def test_clu_logging_writer_step_in_brackets() -> None:
+    # https://github.com/google/flax/issues/3364: the ImageNet example on four hosts, each
+    # printing the same step (one record per step).
+    text = """
+I1002 21:38:13.425730 139917864867392 logging_writer.py:35] [400] steps_per_second=1.583725, train_accuracy=0.3724340796470642, train_learning_rate=0.35846155881881714, train_loss=3.219879150390625
+I1002 21:38:13.425510 140400640460352 logging_writer.py:35] [400] steps_per_second=1.583736, train_accuracy=0.3724340796470642, train_learning_rate=0.35846155881881714, train_loss=3.219879150390625
+I1002 21:39:09.572115 140400640460352 logging_writer.py:35] [500] steps_per_second=1.781075, train_accuracy=0.8223657011985779, train_learning_rate=0.4610256254673004, train_loss=0.8868171572685242
+"""
+    got = steps(text)
+    assert [r.step for r in got] == [400, 500]
+    assert got[-1].loss == 0.8868171572685242
+
+
+def test_yolov7_results_txt_rows_without_a_header() -> None:
+    # mrshahabian/Soccer-Yolov7@eab607d:runs/train/exp/results.txt, its first rows: epoch/last,
+    # GPU memory, box obj cls total, labels, img_size, then 7 results (yolov7 train.py).
+    text = """
+      0/54     12.8G   0.03604    0.2529         0    0.2889        19       640   0.04946   0.03419   0.00595  0.001898   0.03685  0.004025         0
+      1/54     12.5G   0.02545  0.001799         0   0.02725        19       640    0.3473     0.484    0.3314    0.1412   0.02462  0.003212         0
+"""
+    got = steps(text)
+    assert [(r.step, r.loss) for r in got] == [(0, 0.2889), (1, 0.02725)]

@@ -88,3 +88,26 @@ def test_a_loss_is_never_held_back() -> None:
     (rec,) = steps_of(got)
     assert rec.step == 30 and rec.loss != rec.loss and rec.learning_rate == 1e-4
     assert parser.finish() == []
+
+
+DSCHAT = Path(__file__).resolve().parent / "data" / "wild" / "batch3" / "dschat_step2_reward_opt350m.log"
+
+
+def test_each_ranks_copy_of_one_reduction_is_one_overflow() -> None:
+    # DeepSpeedExamples DeepSpeed-Chat step2 opt-350m log, lines 1036-1078: the ranks' scalers
+    # each print "Grad overflow on iteration 565" and "Reducing dynamic loss scale from 16.0 to
+    # 8.0" (16 copies), unprefixed and interleaved; DeepSpeed's own counter: skipped=16 -> 17.
+    from rankwatch.records import OverflowRecord
+
+    lines = DSCHAT.read_text().splitlines()
+    assert sum("Reducing dynamic loss scale from 16.0 to 8.0" in t for t in lines[1035:1078]) == 16
+    p = LogParser()
+    recs = [r for i, t in enumerate(lines) for r in p.feed(t, i + 1)]
+    ovf = [r for r in recs if isinstance(r, OverflowRecord)]
+    assert [(r.old_scale, r.new_scale) for r in ovf if r.old_scale == 16.0] == [(16.0, 8.0)]
+    # 17 skipped steps in DeepSpeed's counter: 10 start-up halvings (65536 -> 64) and 7 later.
+    assert len(ovf) == 17
+    # The scaler's growth lines ("Increasing dynamic loss scale from 8.0 to 16.0") give the
+    # step lines after them their scale.
+    grown = [(r.step, r.loss_scale) for r in steps_of(recs) if r.loss_scale is not None]
+    assert grown[-1] == (1370, 2048.0)

@@ -76,6 +76,16 @@ def test_oom_record_waits_for_the_next_line_or_flush() -> None:
     assert not m.busy
 
 
+def test_xla_cumemallocasync_out_of_memory_is_oom() -> None:
+    # NovaSky-AI/SkyRL#624 (JAX on an 80 GB GPU): XLA's async allocator names the driver's error.
+    rec = one(
+        "E1103 18:23:55.103160 3413767 gpu_cudamallocasync_allocator.cc:361] gpu_async_1 "
+        "cuMemAllocAsync failed to allocate 1225195446464 bytes: RESOURCE_EXHAUSTED: : "
+        "CUDA_ERROR_OUT_OF_MEMORY: out of memory"
+    )
+    assert rec.kind == "oom"
+
+
 def test_oom_old_wording() -> None:
     rec = one(
         "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 3; 79.15 GiB total capacity; "

@@ -321,7 +321,14 @@ class LossScaleDetector(Detector):
         if is_step and not record.skipped_iters:  # type: ignore[union-attr]
             if self.streak and ok and scale > max(self.cfg.min_scale * 4, self.cfg.low_scale):  # type: ignore[operator]
                 self.streak = 0  # a step went through at a healthy scale
-            if self.episode.active and ok and scale > self.cfg.min_scale * 4 and self.episode.close():  # type: ignore[operator]
+            low_streak = self.streak >= self.cfg.halvings and scale <= self.cfg.low_scale  # type: ignore[operator]
+            if (
+                self.episode.active
+                and ok
+                and scale > self.cfg.min_scale * 4  # type: ignore[operator]
+                and not low_streak  # still what opened it: no "recovered" to reopen at the next step
+                and self.episode.close()
+            ):
                 return [
                     finding(
                         "loss_scale_collapse",

@@ -23,6 +23,9 @@ import re
 
 __all__ = ["strip"]
 
+# The same colour codes written in caret notation ("^[[34m", ESC as "^[": cat -v, a pasted
+# terminal): BAGEL's logs as posted in ByteDance-Seed/Bagel#80.
+_CARET_ANSI = re.compile(r"\^\[\[[0-9;?]{0,16}[A-Za-z]")
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x40-\x5f])")
 
 _TS_CORE = (
@@ -135,6 +138,8 @@ def strip(raw: str) -> tuple[str, int | None, float | None]:
     """
     if "\x1b" in raw:
         raw = _ANSI.sub("", raw)
+    if "^[[" in raw:
+        raw = _CARET_ANSI.sub("", raw)
     if not raw or raw[0] not in _START:
         return raw, None, None
     if raw[0] == " " and not (raw[1:2] == " " or raw[1:2].isdecimal()):

@@ -51,6 +51,8 @@ _SIZE = r"(\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB|TiB|KB|MB|GB|TB|B)\b"
 _GPU_OOM = re.compile(
     r"(?:CUDA|HIP) out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
     r"|CUBLAS_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED: Out of memory"
+    # The driver API's own name (cuda.h), as XLA's cuMemAllocAsync allocator prints it.
+    r"|CUDA_ERROR_OUT_OF_MEMORY"
 )
 _OOM_TRIED = re.compile(r"Tried to allocate " + _SIZE)
 # Before torch 2.1: "(GPU 0; 79.15 GiB total capacity; 1.2 GiB already allocated; 6.00 MiB free; ..."
@@ -614,6 +616,26 @@ def _ds_launcher_exit(t: str) -> Hit | None:
     return Hit("crash", _C, f"DeepSpeed launcher: {who} exited with {how}", d, key)
 
 
+# torch.distributed.launch (before torchrun) raises CalledProcessError naming the child by its
+# command line; CPython's subprocess words a child killed by a signal "Command '...' died with
+# <Signals.SIGSEGV: 11>." (CalledProcessError.__str__).
+_LAUNCH_DIED = re.compile(r"died with <Signals\.(SIG[A-Z0-9]{2,8}): (\d{1,3})>")
+
+
+def _launch_died(t: str) -> Hit | None:
+    m = _LAUNCH_DIED.search(t)
+    if m is None or "CalledProcessError" not in t:
+        return None
+    d: dict[str, Any] = {"signal": m[1], "exitcode": -int(m[2])}
+    r = _DS_LOCAL_RANK.search(t)
+    who = "a child"
+    if r is not None:
+        d["failed_rank"] = d["local_rank"] = int(r[1])
+        who = f"local_rank {r[1]}"
+    key = ("launch_died", r[1] if r else None)
+    return Hit("crash", _C, f"torch.distributed.launch: {who} died with {m[1]}", d, key)
+
+
 def _peer(t: str) -> Hit | None:
     """A collective backend (gloo) or the c10d store lost the connection to a peer: the peer
     died or exited first, so this rank's failure is a consequence and the peer's log holds
@@ -770,7 +792,7 @@ SIGNATURES: tuple[Signature, ...] = (
         name="gpu_oom",
         kinds=("oom",),
         severity=_C,
-        triggers=("emory", "_STATUS_"),
+        triggers=("emory", "_STATUS_", "_OUT_OF_MEMORY"),
         rule=_gpu_oom_rule,
         patterns=(_GPU_OOM,),
         example="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.",
@@ -987,6 +1009,16 @@ SIGNATURES: tuple[Signature, ...] = (
         "return code = -9",
     ),
     Signature(
+        name="launch_died",
+        kinds=("crash",),
+        severity=_C,
+        triggers=("died with <Signals.",),
+        rule=_launch_died,
+        patterns=(_LAUNCH_DIED,),
+        example="subprocess.CalledProcessError: Command '['/usr/bin/python3', '-u', 'train.py', "
+        "'--local_rank=7']' died with <Signals.SIGSEGV: 11>.",
+    ),
+    Signature(
         name="uncaught",
         kinds=("crash",),
         severity=_C,
@@ -1028,8 +1060,10 @@ SIGNATURES: tuple[Signature, ...] = (
 # line holding this is never an error, whatever else it says.
 NOT_AN_ERROR = "NCCL INFO"
 
-# SignatureMatcher itself starts a torchelastic failure box on this word.
-_MATCHER_TRIGGERS = ("ChildFailedError",)
+# SignatureMatcher itself starts a torchelastic failure box on these words (the box may come
+# alone, without the ChildFailedError traceback above it: hallo2#75).
+_BOX_ROOT = "Root Cause (first observed failure)"
+_MATCHER_TRIGGERS = ("ChildFailedError", _BOX_ROOT)
 
 
 def gate_words(signatures: tuple[Signature, ...] = SIGNATURES) -> tuple[str, ...]:
@@ -1284,6 +1318,13 @@ class SignatureMatcher:
                 p.frames.append(None)
                 self._state = _BOX
                 return []
+        if _BOX_ROOT in text and text.lstrip().startswith(_BOX_ROOT):
+            # A failure box whose ChildFailedError traceback was not kept: read from its root cause.
+            p = self._start(text, lineno, rank, time, 0)
+            p.rules = 1
+            p.box_line(text.strip())
+            self._state = _BOX
+            return []
         hit = classify(text)
         if hit is None:
             return []
@@ -1508,6 +1549,11 @@ class SignatureMatcher:
                 severity = _W
             if p.box:
                 summary = self._box_summary(p, details) or summary
+        elif p.box:
+            line, time = p.first_line, p.first_time
+            summary = self._box_summary(p, details) or "torchelastic failure box"
+            if "failed_rank" in details:
+                details["said_rank"] = details["failed_rank"]  # the launcher's box names the rank
         else:
             line, time = p.last_line, p.first_time
             summary = "Traceback without its final exception line (stream ended or output interleaved)"

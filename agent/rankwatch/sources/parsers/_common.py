@@ -306,6 +306,20 @@ def _scale(raw: str) -> float | None:
     return to_float(raw.rstrip("."))
 
 
+def _same_event(
+    told: tuple[float, float | None, int | None, int | None, float | None],
+    old: float,
+    new: float | None,
+    step: int | None,
+    line: LogLine,
+) -> bool:
+    """Another rank's copy of the reduction ``told``: same scales and rank, no other step."""
+    t_old, t_new, t_step, t_rank, _ = told
+    if (t_old, t_new, t_rank) != (old, new, line.rank):
+        return False
+    return t_step is None or step is None or t_step == step
+
+
 class OverflowTracker:
     """Turns DeepSpeed/apex/fairseq loss-scaler messages into one OverflowRecord per event.
 
@@ -314,17 +328,29 @@ class OverflowTracker:
     overflow rate a detector sees. An "Attempted"/"OVERFLOW!" line that repeats the scales
     of a "Reducing" line just before it is the same event; back-to-back "Attempted" lines
     (one per skipped step at the minimum scale) are all real.
+
+    Every rank's scaler prints its own copy, unprefixed when the launcher does not tag lines
+    (DeepSpeed-Chat's 8-rank logs: "Reducing dynamic loss scale from 16.0 to 8.0" eight times
+    within a few milliseconds, the run's own counter saying skipped=17): one rank's scaler
+    cannot reduce from A to B twice without growing back to A in between, so a reduction
+    equal to the last one told, at no other step and with no growth seen since, is a copy.
     """
 
-    __slots__ = ("_last", "_pending_step")
+    __slots__ = ("_last", "_pending_step", "_told")
 
     def __init__(self) -> None:
         self._pending_step: int | None = None
         self._last: tuple[float | None, float | None, int] | None = None
+        # The last reduction told: old and new scale, step, rank, time.
+        self._told: tuple[float, float | None, int | None, int | None, float | None] | None = None
 
     @staticmethod
     def maybe(text: str) -> bool:
         return "verflow" in text or "oss scale" in text or "OVERFLOW" in text
+
+    def grown(self) -> None:
+        """The scaler grew: the next reduction equal to the last one is a new event."""
+        self._told = None
 
     def feed(self, line: LogLine, text: str) -> list[OverflowRecord] | None:
         """Records for an overflow line, or None when the line is not about overflows."""
@@ -360,6 +386,11 @@ class OverflowTracker:
         if not dedup:
             self._last = (old, new, line.lineno)
         step, self._pending_step = self._pending_step, None
+        if old is not None and old != new:  # a reduction (at the floor every overflow is new)
+            told = self._told
+            if told is not None and _same_event(told, old, new, step, line):
+                return []
+            self._told = (old, new, step, line.rank, line.time)
         return [
             OverflowRecord(
                 new_scale=new, old_scale=old, step=step, rank=line.rank, line=line.lineno, time=line.time

@@ -29,6 +29,7 @@ from .hf import HFParser
 from .lightning import LightningParser
 from .megatron import MegatronParser
 
+_GROW = re.compile(r"Increasing dynamic loss scale from [0-9.eE+]{1,24} to ([0-9.eE+]{1,24})")
 _STEP = re.compile(r"\bstep=(\d{1,18}), skipped=(\d{1,18}), lr=\[([^\],]{0,80})")
 _TIMER = re.compile(
     r"global_step=(\d{1,18}), RunningAvgSamplesPerSec=[^,\s]{0,40}, CurrSamplesPerSec=([^,\s]{1,400})"
@@ -72,6 +73,7 @@ class DeepSpeedParser:
     def __init__(self) -> None:
         self._overflow = OverflowTracker()
         self._skipped: int | None = None
+        self._grown: float | None = None  # a scale the scaler grew to, for the next step line
         self._hosts: list[FormatParser] = [MegatronParser(), HFParser(), LightningParser()]
         self._host: FormatParser | None = None
         self._held: StepRecord | None = None  # a step record that more lines may complete
@@ -129,6 +131,14 @@ class DeepSpeedParser:
                 s = _STEPS.search(text)
                 if s is not None:
                     return self._own(self._steps_line(line, text, s))
+        if "Increasing dynamic loss scale" in text:
+            g = _GROW.search(text)
+            if g is not None:
+                # The scaler grew back after loss_scale_window clean steps (fused_optimizer.py
+                # _update_scale); the step lines print no scale, so the next one carries it.
+                self._grown = to_float(g.group(1))
+                self._overflow.grown()
+                return []
         if OverflowTracker.maybe(text) and not ("|" in text and "iteration" in text):
             found = self._overflow.feed(line, strip_ansi(text))
             if found is not None:
@@ -186,7 +196,14 @@ class DeepSpeedParser:
             prev = self._skipped
             delta = skipped if prev is None or skipped < prev else skipped - prev
             self._skipped = skipped
-        return step_record(line, step=to_int(m.group(1)), learning_rate=_lr(m.group(3)), skipped_iters=delta)
+        grown, self._grown = self._grown, None
+        return step_record(
+            line,
+            step=to_int(m.group(1)),
+            learning_rate=_lr(m.group(3)),
+            skipped_iters=delta,
+            loss_scale=grown,
+        )
 
     def _timer_line(self, line: LogLine, t: re.Match[str]) -> StepRecord:
         mem, max_mem = to_float(t.group(3)), to_float(t.group(4))

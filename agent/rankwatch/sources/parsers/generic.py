@@ -176,6 +176,16 @@ _CSV_WORD = re.compile(r"[^\W\d][\w/.:() -]{0,80}")
 _EVAL_WORD = re.compile(r"\b(?:valid(?:ation)?|val|eval(?:uation)?|test|dev)\b", re.IGNORECASE)
 
 
+# A YOLOv5/YOLOv7 results.txt row, written with no header (yolov7 train.py: "%g/%g" epoch, gpu
+# memory, box obj cls total losses, labels, img_size, then 7 results: 15 cells).
+_YOLO_RESULTS = re.compile(r"\s*\d{1,6}/\d{1,6}\s+\d{1,5}(?:\.\d{1,4})?G(?:\s+\S+){13}\s*$")
+_YOLO_RESULTS_COLS = ["epoch", "gpu_mem", "box_loss", "obj_loss", "cls_loss", "loss", "labels", "img_size"]
+# clu metric_writers.LoggingWriter.write_scalars logs "[step] k=v, k=v" (behind absl/glog's prefix).
+_CLU_STEP = re.compile(r"\] \[(\d{1,12})\] (?=[^\W\d][\w./-]{0,60}=)")
+# A key written as a tag before its number ("[Loss] nan", "[step]   104").
+_TAG_KEY = re.compile(r"\[([^\W\d]\w{0,30})\](?=\s{1,8}[-+]?(?:\d|nan\b|inf\b))", re.IGNORECASE)
+# A batch counter standing as a field of its own ("| 1/3 |", "[ 500/2931]"), not an epoch's.
+_MID_PASS = re.compile(r"(?:^|[|\[(,])\s*(?P<i>\d{1,9})\s*/\s*(?P<n>\d{1,9})\s*(?=[|\]),]|$)")
 _BESIDE_LOSS = frozenset({"learning_rate", "grad_norm"})
 _LOSS_WORD = re.compile(r"\bloss\b", re.IGNORECASE)
 
@@ -202,8 +212,9 @@ def _is_part(key: str) -> bool:
     return (
         "loss" in k
         and not k.startswith(("val", "eval", "test", "valid", "dev"))
-        # settings printed beside the metrics (a config dump): loss_weight, loss_type, loss_scale
-        and not k.endswith(("weight", "weights", "coef", "coeff", "type", "fn", "_w"))
+        # settings printed beside the metrics (a config dump): loss_weight, loss_type, loss_scale,
+        # OLMo's auxiliary_loss_multiplier
+        and not k.endswith(("weight", "weights", "coef", "coeff", "type", "fn", "_w", "multiplier"))
         and "scale" not in k
     )
 
@@ -236,8 +247,9 @@ class KvParser:
     """
 
     name: ClassVar[str] = "kv"
-    # A line sniff() accepts holds one of these (an update statistic's row: "| KL | nan |").
-    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy")
+    # A line sniff() accepts holds one of these (an update statistic's row: "| KL | nan |";
+    # "G " the GPU memory cell of a headerless YOLO results.txt row).
+    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ")
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
     def __init__(self) -> None:
@@ -259,6 +271,8 @@ class KvParser:
         if not text.isascii():
             text = text.translate(_FULLWIDTH)
         if "poch" in text and (table_header(strip_ansi(text)) is not None or _csv_header(text) is not None):
+            return not _specific(text)
+        if "G " in text and _YOLO_RESULTS.match(text) is not None:
             return not _specific(text)
         if not _kv_gate(text):
             # A block row naming an update statistic ("| KL        | nan      |", OpenAI baselines).
@@ -291,6 +305,9 @@ class KvParser:
 
     @staticmethod
     def _bag(text: str, *, bare: bool = False, zero_epoch: bool = False) -> MetricBag:
+        if "]" in text:
+            # "[Loss] nan | ... | [step]   104" (loguru-style tags): the tag is the key.
+            text = _TAG_KEY.sub(r"\1:", text)
         bag = MetricBag()
         f = bag.fields
         step_word = False
@@ -303,7 +320,7 @@ class KvParser:
         plain_loss_at = -1
         step_unnamed = False
         for m in _PAIR.finditer(text):
-            key = m.group("k")
+            key = whole = m.group("k")
             field = canonical(key)
             if field == "loss" and plain_loss_at < 0 and key.lower() == "loss":
                 plain_loss_at = m.start()
@@ -321,8 +338,8 @@ class KvParser:
                 v = to_float(m.group("v"))
                 if v is None:
                     continue
-                if _is_part(key):
-                    parts.append(v)
+                if _is_part(key) or (whole is not key and _is_part(whole)):
+                    parts.append(v)  # "Train Loss mse: 0.0097, Train Loss ce: 0.0194" (BAGEL)
                 elif low in _UPDATE_STATS and not math.isfinite(v):
                     stats_nan = True
                 elif unnamed is None and not parts and "loss" not in f and not m.group("u") and _count(v):
@@ -348,6 +365,9 @@ class KvParser:
             # "epoch: 2/300, iter: 10/47": the iteration counts within the epoch.
             ep = f["epoch"]
             f["step"] = (ep if zero_epoch else max(ep - 1, 0)) * step_tot + f["step"]
+        clu = _CLU_STEP.search(text) if "step" not in f and "] [" in text else None
+        if clu is not None:
+            f["step"] = float(clu[1])  # clu's LoggingWriter: "[%d] k=v, k=v" after glog's prefix
         if "step" not in f:
             prog = progress(text)
             if prog is not None:
@@ -375,6 +395,11 @@ class KvParser:
                 f["eval_loss"] = f.pop("loss")
                 if step_unnamed:
                     del f["step"]  # "SET 0" counts sets, not steps
+                mid = _MID_PASS.search(text)
+                if mid is not None and int(mid["i"]) < int(mid["n"]) and math.isfinite(f["eval_loss"]):
+                    # "Valid | Epoch 9 | 1/3 | ... | Loss 0.1327": a running loss part-way through
+                    # the validation pass, not its result (a NaN there is still told).
+                    del f["eval_loss"]
         return bag
 
     # -- parsing (per stream and rank) -----------------------------------------------------------
@@ -399,6 +424,9 @@ class KvParser:
 
     def _line(self, line: LogLine, text: str) -> list[Record]:
         if not _kv_gate(text):
+            if self._cols is None and "G " in text and _YOLO_RESULTS.match(text) is not None:
+                self._cols = _YOLO_RESULTS_COLS
+                self._loss_cols = loss_columns(_YOLO_RESULTS_COLS)
             if self._cols is not None or self._csv is not None or "poch" in text:
                 recs = self._table(line, strip_ansi(text))
                 if recs is not None:
