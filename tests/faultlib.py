@@ -4,10 +4,13 @@ that can be taken down, /metrics parsing, and (from conftest) the fake clock and
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import re
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,3 +184,32 @@ def cut_reader(nbytes: int) -> Callable[..., subprocess.Popen[bytes]]:
         )
 
     return cut
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    posted: list[str]
+
+    def do_POST(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        self.posted.append(self.rfile.read(n).decode(errors="replace"))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def webhook() -> Iterator[tuple[str, list[str]]]:
+    """A loopback webhook receiver: its URL and the bodies posted to it, in order."""
+    posted: list[str] = []
+    handler = type("Hook", (_Hook,), {"posted": posted})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/hook", posted
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import http.server
 import json
 import os
 import shutil
@@ -18,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +27,7 @@ from typing import Any
 import pytest
 
 from conftest import free_port, wait_for
+from faultlib import webhook
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="needs root (a FUSE mount, a memory cgroup)")
@@ -39,34 +38,6 @@ def _env() -> dict[str, str]:
     drop = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "WORLD_SIZE")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     return dict(env, PYTHONPATH=agent, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
-
-
-class _Hook(http.server.BaseHTTPRequestHandler):
-    posted: list[str]
-
-    def do_POST(self) -> None:
-        n = int(self.headers.get("Content-Length") or 0)
-        self.posted.append(self.rfile.read(n).decode(errors="replace"))
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *_: Any) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _webhook() -> Iterator[tuple[str, list[str]]]:
-    posted: list[str] = []
-    handler = type("Hook", (_Hook,), {"posted": posted})
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/hook", posted
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def _get(url: str, timeout: float) -> tuple[int, str]:
@@ -167,7 +138,7 @@ def test_a_dumps_folder_on_a_fuse_mount_that_never_answers_keeps_the_loop_the_al
     not answer (not "no watched process"), the alert goes out once, SIGTERM ends the agent."""
     base = Path(tempfile.mkdtemp(prefix="rw-hungfs-"))
     try:
-        with _hung_mount(base / "mnt") as mnt, _webhook() as (url, posted):
+        with _hung_mount(base / "mnt") as mnt, webhook() as (url, posted):
             out = base / "out"
             out.mkdir()
             child = out / "child.py"
@@ -296,7 +267,7 @@ def test_in_a_memory_cgroup_shared_with_the_job_dev_zero_records_and_a_huge_spoo
     base = Path(tempfile.mkdtemp(prefix="rw-memcg-"))
     os.chmod(base, 0o755)
     try:
-        with _v1_memory_cgroup(CG_LIMIT) as cg, _webhook() as (url, posted):
+        with _v1_memory_cgroup(CG_LIMIT) as cg, webhook() as (url, posted):
             dumps, spool, out = base / "dumps", base / "spool", base / "out"
             for d in (dumps, spool, out):
                 d.mkdir()

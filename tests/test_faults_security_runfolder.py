@@ -15,7 +15,6 @@ property test that fills the folder with whatever a hostile user can make.
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ from typing import Any
 import pytest
 
 from conftest import agent_token
+from faultlib import webhook
 
 ROOT = os.geteuid() == 0
 AGENT_UID = 1  # daemon: the systemd unit's user, neither root nor the job's
@@ -66,34 +66,6 @@ def shared() -> Iterator[Path]:
         yield base
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-class _Hook(http.server.BaseHTTPRequestHandler):
-    posted: list[str]
-
-    def do_POST(self) -> None:
-        n = int(self.headers.get("Content-Length") or 0)
-        self.posted.append(self.rfile.read(n).decode(errors="replace"))
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *_: Any) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _webhook() -> Iterator[tuple[str, list[str]]]:
-    posted: list[str] = []
-    handler = type("Hook", (_Hook,), {"posted": posted})
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/hook", posted
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 # The other user's script: everything it can make before the agent starts (job ids are
@@ -185,7 +157,7 @@ def test_a_run_folder_another_user_made_first_is_refused_and_nothing_in_it_is_fo
     subprocess.run([*as_other, sys.executable, str(attacker), *args, "before"], check=True, timeout=60)
     found = out / "findings.jsonl"
     err = out / "agent.err"
-    with _webhook() as (url, posted):
+    with webhook() as (url, posted):
         cfg = out / "rw.yaml"
         cfg.write_text(
             "run: {name: sec, rank: 0, world_size: 2}\nlogs: {poll_interval: 50ms}\n"

@@ -33,6 +33,7 @@ from typing import Any, TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from rankwatch.config.units import format_age
 from rankwatch.sanitize import visible
 
 # Prometheus series ``top`` reads, in one query.
@@ -304,16 +305,6 @@ def _fmt_num(x: float | None) -> str:
     return f"{x:.4g}"
 
 
-def _fmt_secs(x: float | None) -> str:
-    if x is None:
-        return "–"
-    if x < 120:
-        return f"{x:.0f}s"
-    if x < 7200:
-        return f"{x / 60:.0f}m"
-    return f"{x / 3600:.1f}h"
-
-
 def _fmt_bytes(x: float | None) -> str:
     if x is None:
         return "–"
@@ -342,7 +333,7 @@ COLUMNS: tuple[Column, ...] = (
             else _fmt_bytes(r.gpu_mem_used) + ("/" + _fmt_bytes(r.gpu_mem_total) if r.gpu_mem_total else "")
         ),
     ),
-    ("SINCE", 6, True, lambda r: _fmt_secs(r.since_progress)),
+    ("SINCE", 6, True, lambda r: format_age(r.since_progress)),
 )
 # Least useful first: what goes when the terminal is narrow.
 DROP_ORDER = ("NODE", "GPU MEM", "LOSS", "STEP/S", "GPU%")

@@ -157,3 +157,15 @@ def format_size(num_bytes: int) -> str:
                     break
     candidates.append(f"{num_bytes}B")
     return min(candidates, key=len)
+
+
+def format_age(seconds: float | None) -> str:
+    """For a person reading a table: ``42s``, ``17m``, ``2.5h``; ``–`` when unknown. Not meant
+    to parse back (``format_duration`` is)."""
+    if seconds is None:
+        return "–"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"

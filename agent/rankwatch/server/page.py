@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import quote
 
 from rankwatch import offloop
+from rankwatch.config.units import format_age
 from rankwatch.events import GpuSample
 from rankwatch.ranksets import describe_ranks
 from rankwatch.records import StepRecord
@@ -178,16 +179,6 @@ def _num(x: Any, fmt: str = "{:.4g}") -> str:
         return str(x)
 
 
-def _secs(x: float | None) -> str:
-    if x is None:
-        return "–"
-    if x < 120:
-        return f"{x:.0f}s"
-    if x < 7200:
-        return f"{x / 60:.0f}m"
-    return f"{x / 3600:.1f}h"
-
-
 def _bytes(x: float | None) -> str:
     if x is None:
         return "–"
@@ -294,12 +285,12 @@ def _rank_row(r: dict[str, Any], extras: PageExtras | None, dumps: dict[int, dic
         _td(r["node"], left=True),
         f'<td class="l state state-{state}">{escape(state.upper() if state == "stalled" else state)}</td>',
         _td(step),
-        _td(_secs(r["seconds_since_progress"])),
-        _td(_secs(r["stall_timeout_s"])),
+        _td(format_age(r["seconds_since_progress"])),
+        _td(format_age(r["stall_timeout_s"])),
         _spark_cell(hist.get("loss"), _num(r["loss"])),
         _spark_cell(thr, thr_text),
         _td(_num(rates["step_time_s"], "{:.3g}s")),
-        _td(_secs(rates["eta_s"])),
+        _td(format_age(rates["eta_s"])),
         _td(pstate, left=True),
         _td(_num(proc.get("cpu_percent"), "{:.0f}%")),
         _td(_bytes(proc.get("rss_bytes"))),
@@ -504,7 +495,8 @@ def render_page(doc: dict[str, Any], extras: PageExtras | None = None) -> str:
         f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>"
         f"<h1>{escape(title)}</h1>"
         f'<p class="muted">rankwatch {escape(doc["version"])} · {escape(doc["time"] or "")} · '
-        f"up {_secs(doc['uptime_s'])} · {escape(ready)} · dumps captured: {int(doc['dumps_captured'] or 0)}"
+        f"up {format_age(doc['uptime_s'])} · {escape(ready)} · "
+        f"dumps captured: {int(doc['dumps_captured'] or 0)}"
         + (f" (last: {escape(doc['last_incident'])})" if doc["last_incident"] else "")
         + "</p>"
         + banner
