@@ -1,6 +1,6 @@
 """The kinds of error a log can report: one row each, with the fix and the crash priority.
 
-The error signatures (``sources/signatures.py``) say which text is which kind; this table
+The error signatures (``sources/signatures/``) say which text is which kind; this table
 says what a kind means to the rest of the agent. It lives beside the records, not in
 ``sources/``, because detectors read it (the fix a finding carries, which error explains a
 crash best) and detectors import no source.
