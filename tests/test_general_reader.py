@@ -480,3 +480,47 @@ def test_yolov7_results_txt_rows_without_a_header() -> None:
 """
     got = steps(text)
     assert [(r.step, r.loss) for r in got] == [(0, 0.2889), (1, 0.02725)]
+
+
+# ---------------------------------------------------------------- epochs as steps, held-out JSON records
+
+# https://github.com/yuhuan-wu/P2T/issues/13 (DeiT-style engine's log.txt: one JSON object per epoch)
+DEIT_JSON = """
+{"train_lr": 0.0005257284485959572, "train_loss": 3.5884025637194408, "epoch": 147, "n_parameters": 11590840}
+{"train_lr": 0.000520548325743666, "train_loss": 3.5758108694871646, "epoch": 148, "n_parameters": 11590840}
+"""
+
+# https://github.com/open-mmlab/mmsegmentation/issues/271 (mmcv's log.json: train and val records)
+MMCV_JSON = """
+{"mode": "train", "epoch": 5, "iter": 11950, "lr": 0.00446, "memory": 6912, "data_time": 0.00874, "decode.loss_seg": 0.71687, "decode.acc_seg": 70.43675, "aux.loss_seg": 0.38568, "aux.acc_seg": 63.78304, "loss": 1.10256, "time": 1.43798}
+{"mode": "val", "epoch": 5, "iter": 12000, "lr": 0.00444, "mIoU": 0.18724, "mAcc": 0.26615, "aAcc": 0.81247}
+{"mode": "train", "epoch": 5, "iter": 12050, "lr": 0.00442, "memory": 6912, "data_time": 5.35153, "decode.loss_seg": 0.60969, "decode.acc_seg": 70.07939, "aux.loss_seg": 0.33121, "aux.acc_seg": 64.63887, "loss": 0.94091, "time": 6.77109}
+"""
+
+# Dang-Tu-lang/Dino_augseg@268fc5bbe6efa8375c963fe7a9fc8a1f6ee4c44b:train_log.txt (restarted twice)
+DINO_RESTARTS = """
+Epoch 1/100 | LR: 3.800000e-06 | Train Loss: 2.8484 | Val Loss: 1.2244 | mP=9.95% mR=15.56% mIoU=6.25% mDice=11.24% ← best IoU ← best loss
+Epoch 2/100 | LR: 7.100000e-06 | Train Loss: 2.7510 | Val Loss: 1.1408 | mP=13.96% mR=19.86% mIoU=8.73% mDice=15.14% ← best IoU ← best loss
+Epoch 1/100 [38.7s] | LR: 3.800000e-06 | Train Loss: 2.7200 | Val Loss: 1.2311 | mP=9.70% mR=15.24% mIoU=6.11% mDice=10.99% ← best IoU ← best loss
+Epoch 2/100 [34.3s] | LR: 7.100000e-06 | Train Loss: 2.7786 | Val Loss: 1.2085 | mP=10.20% mR=15.71% mIoU=6.39% mDice=11.46% ← best IoU ← best loss
+Epoch 1/100 [138.0s] | LR: 3.800000e-06 | Train Loss: 2.8360 | Val Loss: 1.2237 | mP=9.99% mR=15.42% mIoU=6.26% mDice=11.26% ← best IoU ← best loss
+Epoch 2/100 [133.4s] | LR: 7.100000e-06 | Train Loss: 2.6075 | Val Loss: 1.1377 | mP=13.95% mR=19.41% mIoU=8.66% mDice=15.02% ← best IoU ← best loss
+Epoch 3/100 [133.2s] | LR: 1.040000e-05 | Train Loss: 2.4425 | Val Loss: 0.9604 | mP=27.01% mR=28.77% mIoU=17.15% mDice=25.62% ← best IoU ← best loss
+Epoch 4/100 [133.3s] | LR: 1.370000e-05 | Train Loss: 2.3944 | Val Loss: 0.8944 | mP=34.98% mR=37.17% mIoU=23.69% mDice=33.40% ← best IoU ← best loss
+"""
+
+
+def test_json_epoch_is_the_step_when_no_step_key() -> None:
+    assert [(r.step, r.loss) for r in steps(DEIT_JSON)] == [
+        (147, 3.5884025637194408),
+        (148, 3.5758108694871646),
+    ]
+
+
+def test_mmcv_val_record_is_no_training_step() -> None:
+    assert [r.step for r in steps(MMCV_JSON)] == [11950, 12050]
+
+
+def test_epoch_lines_that_start_again_are_a_restart_not_overfitting(tmp_path: Path) -> None:
+    assert [r.step for r in steps(DINO_RESTARTS)] == [1, 2, 1, 2, 1, 2, 3, 4]
+    assert serious(run(tmp_path, DINO_RESTARTS)) == []

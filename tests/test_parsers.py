@@ -794,7 +794,7 @@ epoch: 3451 loss: nan"""  # noqa: E501
     assert (a.step, a.loss) == (735 + 240, 2.5128) and math.isnan(a.grad_norm)  # type: ignore[arg-type]
     assert (b.step, b.grad_norm) == (200, 3.9772)
     assert (c.step, c.total_steps) == (200, 10000)
-    assert (d.step, d.epoch) == (None, 3451) and math.isnan(d.loss)  # type: ignore[arg-type]
+    assert (d.step, d.epoch) == (3451, 3451) and math.isnan(d.loss)  # type: ignore[arg-type]
     assert sniff_format("epoch: 3442 loss: 0.2105546216666698") == "kv"
     assert sniff_format("{'loss': 0.2051, 'grad_norm': nan, 'learning_rate': 9.7e-06, 'epoch': 0.53}") == "hf"
 

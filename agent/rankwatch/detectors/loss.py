@@ -604,12 +604,21 @@ class OverfittingDetector(Detector):
         self.train_at_best: float | None = None
         self.above = 0
         self.count = 0
+        self.last_step: int | None = None
         self.episode = Episode()
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, EvalRecord) or not finite(record.eval_loss):
             return []
         ev = float(record.eval_loss)  # type: ignore[arg-type]
+        step = record.step
+        if step is not None and self.last_step is not None and step < self.last_step:
+            # An eval at an earlier step than the last one: the run restarted (from scratch or a
+            # checkpoint), and the best of the run before is not this one's to beat.
+            self.best = self.best_step = self.train_at_best = None
+            self.above = self.count = 0
+        if step is not None:
+            self.last_step = step
         self.count += 1
         train = state.recent("loss", 20)
         train_now = median(train) if train else None

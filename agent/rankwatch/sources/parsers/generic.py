@@ -125,12 +125,33 @@ class JsonParser:
         if obj is None:
             return []
         bag = MetricBag()
+        # mmcv's log.json tags each record with its phase ({"mode": "val", "iter": 12000,
+        # "mIoU": ...}): a val record's numbers are evaluation results, not a training step.
+        held_out = str(obj.get("mode", "")).lower() in _HELD_OUT_MODES
         for k, v in obj.items():
             if isinstance(k, str):
                 key = _json_key(k)
+                if held_out and canonical(key) in _TRAIN_FIELDS:
+                    key = f"val_{key.rsplit('/', 1)[-1]}"
                 unit = "%" if "%" in key else ""
                 bag.put(key, _json_number(v), unit)
+        f = bag.fields
+        if held_out:
+            f.pop("step_time_s", None)
+            f.pop("learning_rate", None)
+        elif "step" not in f and _whole(f.get("epoch")):
+            # One record per epoch with no step key (MAE/DeiT/BEiT engines' log.txt: {"train_loss":
+            # ..., "epoch": 147}): the epoch is the step, as the key=value reader takes it.
+            f["step"] = f["epoch"]
         return _records(bag, line)
+
+
+_HELD_OUT_MODES = frozenset({"val", "valid", "validation", "test", "eval"})
+_TRAIN_FIELDS = frozenset({"loss", "grad_norm"})
+
+
+def _whole(v: float | None) -> bool:
+    return v is not None and math.isfinite(v) and v == int(v) and v >= 0
 
 
 # ---------------------------------------------------------------- key=value text (the general reader)
@@ -475,6 +496,11 @@ class KvParser:
             and "loss" in f
             and bool({"learning_rate", "grad_norm"} & f.keys())
         )
+        if "step" not in f and _whole(f.get("epoch")) and f.get("total_steps") is None:
+            # One record per epoch with nothing else counting ("Epoch 2/100 | Train Loss: 2.75 |
+            # Val Loss: 1.14"): the epoch is the step, so a run that starts again at epoch 1 is
+            # seen to restart rather than read as one sequence.
+            f["step"] = f["epoch"]
         out = _records(bag, line, need_step=not stepless)
         if out and isinstance(out[0], StepRecord):
             # A progress bar redrawn with the same step and values (torchtune's tqdm) is one record.
