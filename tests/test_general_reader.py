@@ -524,3 +524,47 @@ def test_mmcv_val_record_is_no_training_step() -> None:
 def test_epoch_lines_that_start_again_are_a_restart_not_overfitting(tmp_path: Path) -> None:
     assert [r.step for r in steps(DINO_RESTARTS)] == [1, 2, 1, 2, 1, 2, 3, 4]
     assert serious(run(tmp_path, DINO_RESTARTS)) == []
+
+
+# ---------------------------------------------------------------- errors of other runtimes
+
+ERROR_LINES = [
+    # https://github.com/NVIDIA/DeepLearningExamples/issues/549 (BERT, TF estimator)
+    ("ERROR:tensorflow:Model diverged with loss = NaN.", "nan_loss"),
+    (
+        "E0606 09:34:26.659411 46912496659904 basic_session_run_hooks.py:760] Model diverged with loss = NaN.",
+        "nan_loss",
+    ),
+    # https://github.com/espnet/espnet/issues/3170
+    (
+        "[user] 2021-04-23 19:22:52,420 (trainer:581) WARNING: The grad norm is nan. Skipping updating the model.",
+        "nan_loss",
+    ),
+    # https://github.com/DLR-RM/stable-baselines3/issues/1401
+    (
+        "ValueError: Expected parameter loc (Tensor of shape (1, 50)) of distribution Normal(loc: torch.Size([1, 50]), scale: torch.Size([1, 50])) to satisfy the constraint Real(), but found invalid values:",
+        "crash",
+    ),
+    # https://github.com/ray-project/ray/issues/31828
+    (
+        "2023-01-17 17:21:35,472\tWARNING worker.py:1829 -- A worker died or was killed while executing a task by an unexpected system error. To troubleshoot the problem, check the logs for the dead worker.",
+        "crash",
+    ),
+    # https://github.com/ray-project/ray/issues/49252
+    ("(RayTrainWorker pid=7315) *** SIGABRT received at time=1734086759 ***", "crash"),
+    # https://github.com/hezhangsprinter/DCPDN/issues/12
+    ("RuntimeError: DataLoader worker (pid 19597) is killed by signal: Killed.", "crash"),
+]
+
+
+@pytest.mark.parametrize(("line", "kind"), ERROR_LINES)
+def test_error_lines_of_other_runtimes(line: str, kind: str) -> None:
+    errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
+    assert [e.kind for e in errs] == [kind]
+
+
+def test_torchelastic_failed_event_names_its_global_rank() -> None:
+    # https://github.com/exiawsh/StreamPETR/issues/19 (the event's raw_error cut here)
+    line = '{"name": "torchelastic.worker.status.FAILED", "source": "WORKER", "timestamp": 0, "metadata": {"run_id": "none", "global_rank": 3, "group_rank": 0, "worker_id": "11376", "role": "default", "hostname": "sajadi", "state": "FAILED"}}'
+    errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
+    assert [(e.kind, e.rank) for e in errs] == [("crash", 3)]

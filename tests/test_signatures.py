@@ -127,7 +127,6 @@ def test_oom_typo_capacty_and_zero_bytes_free() -> None:
         ("[ 5012.345678] Memory cgroup out of memory: Killed process 4242 (python3) total-vm:91234567kB, "
          "anon-rss:81234567kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:160000kB oom_score_adj:0",
          {"pid": 4242, "process": "python3"}),
-        ("RuntimeError: DataLoader worker (pid 12345) is killed by signal: Killed.", {"dataloader": True}),
     ],
 )  # fmt: skip
 def test_host_oom(line: str, extra: dict[str, object]) -> None:
@@ -139,6 +138,13 @@ def test_host_oom(line: str, extra: dict[str, object]) -> None:
 
 
 KILLED = "killed (SIGKILL: the kernel OOM killer, scancel or a time limit)"
+
+
+def test_dataloader_worker_killed_is_a_kill_whose_sender_is_not_named() -> None:
+    # https://github.com/hezhangsprinter/DCPDN/issues/12: nothing says who sent the SIGKILL.
+    rec = one("RuntimeError: DataLoader worker (pid 19597) is killed by signal: Killed.")
+    assert (rec.kind, rec.details["dataloader"], rec.details["signal"]) == ("crash", True, "SIGKILL")
+    assert KILLED in rec.summary
 
 
 @pytest.mark.parametrize(

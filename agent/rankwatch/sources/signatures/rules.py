@@ -81,6 +81,8 @@ _MESSAGE_RANK = re.compile(
     # Megatron: "Rank 3: found NaN in local grad norm ..." (param_and_grad_buffer.py) and its
     # rerun state machine's "Rank 2, node n01, device 2, iteration -1: Unexpected result nan".
     r"|\bRank (\d{1,7})(?::|, node )"
+    # torchelastic's JSON event log: {"name": "torchelastic.worker.status.FAILED", "global_rank": 3}
+    r'|"global_rank": ?(\d{1,7})'
 )
 # torch.multiprocessing.spawn names the failed process by its index, which is the local rank
 # the spawned function receives: "-- Process 1 terminated with the following error:",
@@ -148,6 +150,65 @@ def _nan_raised(t: str) -> Hit | None:
             f"Megatron stopped: {m[1]} in the local grad norm{where} before the data-parallel reduction",
             d, ("nan_grad_norm", rank),
         )  # fmt: skip
+    return None
+
+
+# TensorFlow's NanTensorHook (training/basic_session_run_hooks.py) logs "Model diverged with loss
+# = NaN." (as "ERROR:tensorflow:..." or absl's "E0606 ... basic_session_run_hooks.py:760] ...")
+# before it raises NanLossDuringTrainingError.
+_TF_DIVERGED = re.compile(r"Model diverged with loss = (NaN|nan|inf|Inf)")
+# ESPnet2 (espnet2/train/trainer.py): "The grad norm is nan. Skipping updating the model." An
+# inf there is the fp16 scaler's overflow, which the scaler handles; a NaN is not.
+_GRAD_NORM_NAN_SKIP = re.compile(r"[Tt]he grad norm is (nan)\. Skipping updating the model")
+# torch.distributions' argument check (distributions/distribution.py): "Expected parameter loc
+# (Tensor of shape (1, 50)) of distribution Normal(...) to satisfy the constraint Real(), but found
+# invalid values:" followed by the tensor, NaN as a rule: the network produced NaN.
+_DIST_INVALID = re.compile(r"Expected parameter (\w{1,64}) .{0,400}?but found invalid values")
+
+
+def _nan_stopped(t: str) -> Hit | None:
+    m = _TF_DIVERGED.search(t)
+    if m is not None:
+        return Hit("nan_loss", _C, "TensorFlow stopped: model diverged with loss = NaN", {}, ("tf_diverged",))
+    m = _GRAD_NORM_NAN_SKIP.search(t)
+    if m is not None:
+        return Hit(
+            "nan_loss",
+            _W,
+            "the grad norm is NaN: the trainer skips the update (ESPnet)",
+            {},
+            ("grad_norm_nan_skip",),
+        )
+    m = _DIST_INVALID.search(t)
+    if m is not None:
+        summary = f"torch.distributions rejected parameter {m[1]}: invalid values (NaN from the network?)"
+        return Hit("crash", _C, _short(summary), {"parameter": m[1]}, ("dist_invalid", m[1]))
+    return None
+
+
+# --- workers that died under another runtime ----------------------------------------------------
+# Ray (core worker): "A worker died or was killed while executing a task by an unexpected system
+# error." abseil's and glog's failure signal handlers: "*** SIGABRT received at time=1734086759
+# ***", "*** SIGSEGV (@0x0) received by PID 1234 (TID 0x7f...) from PID 0; stack trace: ***".
+# torchelastic's event log: {"name": "torchelastic.worker.status.FAILED", ... "global_rank": 3}.
+_RAY_WORKER_DIED = re.compile(r"A worker died or was killed while executing (?:a|the) task")
+_SIGNAL_RECEIVED = re.compile(
+    r"\*\*\* (SIG[A-Z]{2,7}) (?:\(@0x[0-9a-f]{1,16}\) )?received (?:at time=|by PID)"
+)
+_ELASTIC_EVENT_FAILED = re.compile(r'"name": ?"torchelastic\.worker\.status\.FAILED"')
+
+
+def _worker_died(t: str) -> Hit | None:
+    m = _SIGNAL_RECEIVED.search(t)
+    if m is not None:
+        summary = f"the process received {m[1]} (failure signal handler)"
+        return Hit("crash", _C, summary, {"signal": m[1]}, ("signal_received", m[1]))
+    if _RAY_WORKER_DIED.search(t) is not None:
+        return Hit(
+            "crash", _C, "Ray: a worker died or was killed by an unexpected system error", {}, ("ray_died",)
+        )
+    if _ELASTIC_EVENT_FAILED.search(t) is not None:
+        return Hit("crash", _C, "torchelastic: worker status FAILED", {}, ("elastic_event_failed",))
     return None
 
 
@@ -381,8 +442,15 @@ def _memory_error(t: str) -> Hit | None:
 
 
 def _dataloader_killed(t: str) -> Hit | None:
+    # A SIGKILL names no sender (the OOM killer, a cgroup limit, scancel): a crash, which
+    # SignatureMatcher makes an OOM when an OOM-kill line came just before, as for "Killed".
     m = _DL_KILLED.search(t)
-    return _host_oom(_short(t), dataloader=True, pids=m[1].strip()) if m else None
+    if m is None:
+        return None
+    return Hit(
+        "crash", _C, _short(f"{t.strip()}: {_KILLED}"),
+        {"signal": "SIGKILL", "killed": True, "shell": True, "dataloader": True, "pids": m[1].strip()},
+    )  # fmt: skip
 
 
 def _nccl_warn(t: str) -> Hit | None:
