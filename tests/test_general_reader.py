@@ -568,3 +568,32 @@ def test_torchelastic_failed_event_names_its_global_rank() -> None:
     line = '{"name": "torchelastic.worker.status.FAILED", "source": "WORKER", "timestamp": 0, "metadata": {"run_id": "none", "global_rank": 3, "group_rank": 0, "worker_id": "11376", "role": "default", "hostname": "sajadi", "state": "FAILED"}}'
     errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
     assert [(e.kind, e.rank) for e in errs] == [("crash", 3)]
+
+
+# ---------------------------------------------------------------- Trainer dicts: their own step, told twice
+
+# https://github.com/PaddlePaddle/PaddleNLP/pull/1761 (PaddleNLP's Trainer logs 'global_step')
+PADDLENLP = """
+{'loss': 0.1856, 'learning_rate': 4.5e-05, 'global_step': 150, 'epoch': 2.0}
+{'loss': 0.1202, 'learning_rate': 4.4000000000000006e-05, 'global_step': 160, 'epoch': 2.13}
+"""
+
+# https://github.com/hiyouga/LlamaFactory/issues/6286 (LogCallback's rounded copy, then the Trainer's dict)
+LLAMAFACTORY_ECHO = """
+[INFO|2024-12-08 01:09:59] llamafactory.train.callbacks:157 >> {'loss': 0.0000, 'learning_rate': 4.9985e-05, 'epoch': 0.03}
+{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 4.998452110450943e-05, 'epoch': 0.03}
+"""
+
+
+def test_trainer_dict_with_its_own_global_step() -> None:
+    assert [(r.step, r.loss) for r in steps(PADDLENLP)] == [(150, 0.1856), (160, 0.1202)]
+
+
+def test_a_logged_copy_of_the_trainer_dict_is_one_step() -> None:
+    s = steps(LLAMAFACTORY_ECHO)
+    assert len(s) == 1 and s[0].line == 2 and math.isnan(s[0].grad_norm)  # type: ignore[arg-type]
+
+
+def test_a_logged_dict_alone_still_counts() -> None:
+    s = steps(LLAMAFACTORY_ECHO.strip().splitlines()[0] + "\nsome other line\n")
+    assert [(r.loss, r.epoch) for r in s] == [(0.0, 0.03)]

@@ -50,6 +50,34 @@ _SNIFF_LOSS = re.compile(r"'(?:loss|eval_loss|train_loss|train_runtime)'\s*:")
 _SNIFF_MORE = re.compile(r"'(?:epoch|learning_rate|grad_norm|eval_runtime|train_samples_per_second)'\s*:")
 _TOTAL = re.compile(r"Total optimization steps\s*=\s*([\d,]{1,24})")
 _TRAIN_KEYS = ("loss", "grad_norm", "learning_rate")
+# A logger's prefix before a dict ("[INFO|2024-12-08 01:09:59] llamafactory.train.callbacks:157 >> ").
+_LOGGED = re.compile(r"\b(?:INFO|info)\b[^{]{0,160}(?:>>|\s-|:)\s*$")
+
+
+def _dict_values(flat: str) -> dict[str, float]:
+    vals: dict[str, float] = {}
+    for m in _KV.finditer(flat):
+        v = _value(m.group("v"))
+        if v is not None:
+            vals.setdefault(m.group("k"), v)
+    return vals
+
+
+def _same_dict(a: dict[str, float], b: dict[str, float]) -> bool:
+    """Two prints of one dict: the same epoch, and every value both hold equal to the precision
+    of the rounder one (a relative 1e-3, or 1e-4 absolute for a loss printed as 0.0000)."""
+    shared = a.keys() & b.keys()
+    if "epoch" not in shared or not shared & {"loss", "learning_rate"}:
+        return False
+    for k in shared:
+        x, y = a[k], b[k]
+        if x != x and y != y:
+            continue
+        if not abs(x - y) <= max(1e-3 * max(abs(x), abs(y)), 1e-4 if k == "loss" else 0.0):
+            return False
+    return True
+
+
 _MAX_PENDING = 4096
 _PENDING_LINES = 4
 _MAX_BAR_ONLY = 1 << 16  # bar positions kept while no dict came
@@ -106,6 +134,7 @@ class HFParser:
         self._bar_line = -1  # line number of the training bar's latest drawing
         # A dict printed by tqdm.write, waiting for the redraw that names its step.
         self._held: tuple[StepRecord, float, bool] | None = None  # (record, epoch precision, synced)
+        self._echo: tuple[LogLine, int, dict[str, float]] | None = None  # a logged dict, its offset
         self._out: list[Record] = []
         self._bar_seen_n: int | None = None  # the training bar's n when the last dict came
         # Steps the bar gave: the last one, the interval between two, steps per epoch.
@@ -146,7 +175,10 @@ class HFParser:
     def finish(self) -> list[Record]:
         """End of stream: a dict still waiting for its cut-off end or its step is emitted,
         and, where the Trainer printed no loss dict at all, the steps its bar showed."""
-        out = self._flush()
+        if self._echo is not None:
+            self._settle_echo("")
+        out = self._out + self._flush()
+        self._out = []
         out.extend(self._release_held())
         if not self._train_dicts and self._trainer_seen and self._bar_only:
             total = self._bar_total
@@ -160,9 +192,26 @@ class HFParser:
 
     def release(self) -> list[Record]:
         """The stream went quiet: a dict waiting for the bar's redraw gets its best step."""
-        return self._release_held()
+        if self._echo is not None:
+            self._settle_echo("")
+        out, self._out = self._out, []
+        return out + self._release_held()
 
     def parse(self, line: LogLine) -> list[Record]:
+        if self._echo is None and "{'" not in line.text:
+            return self._parse(line)
+        if self._echo is not None:
+            self._settle_echo(line.text)
+        if self._pending is None and "{'" in line.text and self._defer_echo(line, line.text):
+            out, self._out = self._out, []
+            return out
+        out = self._parse(line)
+        if self._out:
+            out = self._out + out
+            self._out = []
+        return out
+
+    def _parse(self, line: LogLine) -> list[Record]:
         text = line.text
         if self._pending is None and "'" not in text and "|" not in text:
             if not text or text.isspace():
@@ -181,6 +230,33 @@ class HFParser:
             out = self._out + out
             self._out = []
         return out
+
+    # -- a dict told twice ---------------------------------------------------------------------
+    # LLaMA-Factory's LogCallback logs each Trainer dict, rounded, through its logger
+    # ("[INFO|...] llamafactory.train.callbacks:157 >> {'loss': 0.0000, 'learning_rate': 4.9985e-05,
+    # 'epoch': 0.03}") just before the Trainer's ProgressCallback/PrinterCallback prints the dict
+    # itself. A dict a logger wrote waits one line: when the next line is the same dict, only the
+    # Trainer's (more precise, and with the grad norm) counts.
+
+    def _defer_echo(self, line: LogLine, text: str) -> bool:
+        i = text.find("{'")
+        if text.find("{'", i + 1) >= 0 or text.find("}", i) < 0 or _LOGGED.search(text, 0, i) is None:
+            return False
+        vals = _dict_values(text[i:])
+        if not any(k in vals for k in _TRAIN_KEYS) or any(k.startswith("eval_") for k in vals):
+            return False
+        self._echo = (line, i, vals)
+        return True
+
+    def _settle_echo(self, text: str) -> None:
+        """The line after a logged dict decides whether it was an echo of the Trainer's."""
+        echo, self._echo = self._echo, None
+        assert echo is not None
+        line, i, vals = echo
+        j = text.find("{'")
+        same = j >= 0 and text.find("}", j) >= 0 and _same_dict(vals, _dict_values(text[j:]))
+        keep = LogLine(line.text[:i], line.lineno, line.rank, line.time) if same else line
+        self._out.extend(self._parse_slow(keep, strip_ansi(keep.text)))
 
     def _parse_slow(self, line: LogLine, text: str) -> list[Record]:
         # tqdm.write's dict starts a segment after the clearing, on the line where the bar
@@ -316,11 +392,7 @@ class HFParser:
 
     def _dict(self, line: LogLine, text: str, synced: bool) -> list[Record]:
         flat = _SPACES.sub("", text)
-        vals: dict[str, float] = {}
-        for m in _KV.finditer(flat):
-            v = _value(m.group("v"))
-            if v is not None:
-                vals.setdefault(m.group("k"), v)
+        vals = _dict_values(flat)
         if not vals or "train_runtime" in vals or "train_samples_per_second" in vals:
             self._trainer_seen = self._trainer_seen or bool(vals)
             return self._release_held()  # the end-of-training summary is not a step
@@ -353,6 +425,15 @@ class HFParser:
             step_time_s=self._bar_step_time,
         )
         eps = self._epoch_eps(flat)
+        own = vals.get("global_step", vals.get("step"))
+        if own is not None and own - own == 0 and own == int(own) and own >= 0:
+            # A dict that carries its own step (PaddleNLP's Trainer logs 'global_step'): no
+            # bar or epoch needs to tell it.
+            rec.step, rec.step_inferred = int(own), False
+            self._learn(int(own), rec.epoch, eps)
+            self._last_step, self._bar_seen_n = int(own), self._bar_n
+            out.append(rec)
+            return out
         if synced and self._bar_total is not None:
             self._held = (rec, eps, True)  # the redraw that follows names the step
             return out
