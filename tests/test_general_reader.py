@@ -597,3 +597,69 @@ def test_a_logged_copy_of_the_trainer_dict_is_one_step() -> None:
 def test_a_logged_dict_alone_still_counts() -> None:
     s = steps(LLAMAFACTORY_ECHO.strip().splitlines()[0] + "\nsome other line\n")
     assert [(r.loss, r.epoch) for r in s] == [(0.0, 0.03)]
+
+
+# ---------------------------------------------------------------- RL blocks: Ray Tune results, RSL-RL iterations
+
+# 01jongmin/Shogi-RL@ffb10b12d9fe23215b1016476a4f7b8204ed05f3:nohup.out (Ray Tune's pretty-printed
+# DQN result; the td_error list and most keys left out)
+RLLIB_RESULT = """
+Result for DQN_shogi_96499_00000:
+  agent_timesteps_total: 1217
+  custom_metrics: {}
+  date: 2022-04-22_01-29-09
+  done: false
+  episode_len_mean: 7.1625
+  info:
+    last_target_update_ts: 1320
+    learner:
+      player_0:
+        custom_metrics: {}
+        learner_stats:
+          allreduce_latency: 0.0
+          cur_lr: 0.0005
+          grad_gnorm: 0.18033289909362793
+          max_q: 0.05319087952375412
+        mean_td_error: 0.06492121517658234
+        td_error:
+        - -0.030639369040727615
+        - -0.14049682021141052
+    num_steps_trained: 32
+  iterations_since_restore: 1
+  training_iteration: 1
+  trial_id: '96499_00000'
+  warmup_time: 3.954873561859131
+
+== Status ==
+"""
+
+# https://github.com/isaac-sim/IsaacLab/issues/1999 (RSL-RL's OnPolicyRunner.log block)
+RSL_RL = """
+################################
+                     Learning iteration 8391/10000
+
+                       Computation: 14963 steps/s (collection: 6.407s, learning
+0.163s)
+               Value function loss: inf
+                    Surrogate loss: 0.0000
+             Mean action noise std: 0.56
+                 Mean total reward: 25.66
+"""
+
+
+def test_ray_tune_result_block_is_one_record_at_its_training_iteration() -> None:
+    parser = LogParser(fmt="kv")
+    s = [r for i, x in enumerate(RLLIB_RESULT.strip("\n").splitlines(), 1) for r in parser.feed(x, i)]
+    assert [(r.step, r.grad_norm, r.learning_rate) for r in s if isinstance(r, StepRecord)] == [
+        (1, 0.18033289909362793, 0.0005)
+    ]
+    # Unforced, the first block gives the format away only at its end; the whole log is read.
+    whole = Path(__file__).parent / "data/wild/batch5/rllib_tune_dqn_shogi_grad_explodes.log"
+    s = steps(whole.read_text())
+    assert [r.step for r in s[:3]] == [6, 11, 15] and s[0].grad_norm == 0.4098327159881592
+
+
+def test_rsl_rl_iteration_block_value_function_loss_is_a_training_loss(tmp_path: Path) -> None:
+    s = steps(RSL_RL)
+    assert [r.step for r in s] == [8391] and not math.isfinite(s[0].loss)  # type: ignore[arg-type]
+    assert ("nan_loss", 0, 8391) in serious(run(tmp_path, RSL_RL))

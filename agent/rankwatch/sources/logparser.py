@@ -298,7 +298,10 @@ class LogParser:
                     self._prev[rank] = body
                     if len(self._prev) > 64:
                         self._prev.clear()
-                if "%|" in body or "steps =" in body:
+                if "%|" in body or "steps =" in body or "teration" in body:
+                    # Bars, run headers, and a step told on a line of its own before the rows of
+                    # its metrics (RSL-RL: "Learning iteration 8391/10000", then "Value function
+                    # loss: inf" gives the format away).
                     self._before.append((body, lineno, rank, when))
                 return []
         parser = self._parsers.get(rank)

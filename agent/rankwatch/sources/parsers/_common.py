@@ -117,6 +117,8 @@ def _alias(field: str, *names: str) -> None:
 _alias("step", "step", "steps", "global_step", "globalstep", "iter", "iters", "iteration", "it", "_step")
 _alias("step", "trainer/global_step", "train/global_step", "optimizer_step", "update", "updates")
 _alias("step", "num_updates", "n_updates", "nupdates", "iterations", "acc_iter", "batch", "batch_idx")
+# Ray Tune's result counter (one result per training iteration of the trainable).
+_alias("step", "training_iteration")
 _alias("total_steps", "total_steps", "max_steps", "train_iters", "num_steps", "total_iters")
 _alias("loss", "loss", "train_loss", "lm_loss", "lm loss", "train loss", "training_loss", "train/loss")
 _alias("loss", "train_loss_step", "loss_step", "training loss", "train/lm_loss", "avg_loss")
@@ -126,6 +128,9 @@ _alias("loss", "total_loss", "loss_total", "overall_loss", "average_loss", "step
 _alias("loss", "train_step_loss", "train/total_loss", "total loss", "cross_entropy", "xent")
 _alias("grad_norm", "grad_norm", "gradient_norm", "grad norm", "grad_norm_total", "train/grad_norm")
 _alias("grad_norm", "norm", "total_norm", "gnorm", "grad-norm", "gradnorm")
+# RLlib's learner_stats (the policies' stats_fn): "grad_gnorm", "cur_lr".
+_alias("grad_norm", "grad_gnorm")
+_alias("learning_rate", "cur_lr")
 _alias("learning_rate", "lr", "learning_rate", "learning rate", "train/learning_rate", "train/lr", "lr-adamw")
 _alias("learning_rate", "base_lr", "lr_0")
 _alias("loss_scale", "loss_scale", "loss scale", "loss_scaler", "grad_scale", "loss-scale")

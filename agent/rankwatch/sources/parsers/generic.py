@@ -170,8 +170,9 @@ _PAIR = re.compile(
 # A word that names the step outright beats one that counts micro-batches (LitGPT prints
 # "iter 62 step 62": iter counts batches, step counts optimizer steps).
 _STEP_WORDS = frozenset(
-    {"step", "steps", "global_step", "globalstep", "optimizer_step", "trainer/global_step", "acc_iter"}
-)
+    {"step", "steps", "global_step", "globalstep", "optimizer_step", "trainer/global_step", "acc_iter",
+     "training_iteration"}
+)  # fmt: skip
 # Full-width punctuation (CJK logs: "训练次数：100, Loss：1.98") read as its ASCII twin.
 _FULLWIDTH = str.maketrans({"：": ":", "，": ",", "（": "(", "）": ")", "｜": "|", "＝": "="})
 # "333 154 Loss=nan Time=0.040": bare leading counters (epoch, iteration) before the first pair.
@@ -227,12 +228,18 @@ def _step_gate(text: str) -> bool:
     )
 
 
+_FIRST_WORD = re.compile(r"[_/ .:-]")
+_EVAL_SPLITS = frozenset({"val", "eval", "test", "valid", "dev", "validation", "evaluation"})
+
+
 def _is_part(key: str) -> bool:
     """A named part of the training loss (``loss_cls``, ``box_loss``, ``s0.loss_bbox``)."""
     k = key.lower()
     return (
         "loss" in k
-        and not k.startswith(("val", "eval", "test", "valid", "dev"))
+        # an eval split's loss ("val_loss", "eval/loss", "validation loss"), by its first word:
+        # "value function loss" (RSL-RL) is a training loss
+        and _FIRST_WORD.split(k, 1)[0] not in _EVAL_SPLITS
         # settings printed beside the metrics (a config dump): loss_weight, loss_type, loss_scale,
         # OLMo's auxiliary_loss_multiplier
         and not k.endswith(("weight", "weights", "coef", "coeff", "type", "fn", "_w", "multiplier"))
@@ -269,8 +276,10 @@ class KvParser:
 
     name: ClassVar[str] = "kv"
     # A line sniff() accepts holds one of these (an update statistic's row: "| KL | nan |";
-    # "G " the GPU memory cell of a headerless YOLO results.txt row).
-    hints: ClassVar[tuple[str, ...]] = ("oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ")
+    # "G " the GPU memory cell of a headerless YOLO results.txt row; Ray Tune's result counter).
+    hints: ClassVar[tuple[str, ...]] = (
+        "oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ", "training_iteration",
+    )  # fmt: skip
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
     def __init__(self) -> None:
@@ -295,10 +304,15 @@ class KvParser:
             return not _specific(text)
         if "G " in text and _YOLO_RESULTS.match(text) is not None:
             return not _specific(text)
+        if "training_iteration" in text and text.lstrip().startswith("training_iteration:"):
+            return True  # Ray Tune's pretty-printed result names its iteration on a row of its own
         if not _kv_gate(text):
             # A block row naming an update statistic ("| KL        | nan      |", OpenAI baselines).
-            row = _ROW.match(text) if "|" in text else None
-            return row is not None and row["k"].strip().lower() in _UPDATE_STATS and not _specific(text)
+            row = _ROW.match(text) if "|" in text or ":" in text else None
+            if row is None:
+                return False
+            key = row["k"].strip()
+            return (key.lower() in _UPDATE_STATS or _is_part(key)) and not _specific(text)
         if JsonParser._load(text) is not None:
             return False  # a JSON object is the JSON reader's
         text = strip_ansi(text)
@@ -308,8 +322,10 @@ class KvParser:
         if trip is not None:
             return _is_part(trip["k"])
         row = _ROW.match(text)
-        if row is not None and text.lstrip()[:1] in ('"', "|") and _is_part(row["k"]):
-            return not _specific(text)  # a row of a one-key-per-line block
+        if row is not None and _is_part(row["k"]):
+            # A row of a one-key-per-line block: pretty JSON, a stable-baselines table, RSL-RL's
+            # iteration block ("               Value function loss: inf").
+            return not _specific(text)
         bag = self._bag(text, bare=True)
         f = bag.fields
         if not ({"loss", "eval_loss"} & f.keys()):
@@ -650,9 +666,16 @@ class KvParser:
 
 def _block_filler(text: str) -> bool:
     """A line inside a one-key-per-line block that carries no pair: a stable-baselines section
-    name ("| time/                   |             |")."""
+    name ("| time/                   |             |"), or an indented YAML line with no number
+    (Ray Tune's pretty-printed result: "  info:", "  done: false", "  custom_metrics: {}", a list
+    item "        - -0.0306")."""
     s = text.strip()
-    return s.startswith("|") and s.endswith("|") and s.count("|") == 3 and not any(c.isdigit() for c in s)
+    if s.startswith("|"):
+        return s.endswith("|") and s.count("|") == 3 and not any(c.isdigit() for c in s)
+    return text[:1] == " " and (_YAML_KEY.match(s) is not None or s.startswith("- "))
+
+
+_YAML_KEY = re.compile(r"[\w./'\"-]{1,80}:(?:\s|$)")
 
 
 def _csv_header(text: str) -> list[str] | None:
