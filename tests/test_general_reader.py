@@ -663,3 +663,44 @@ def test_rsl_rl_iteration_block_value_function_loss_is_a_training_loss(tmp_path:
     s = steps(RSL_RL)
     assert [r.step for r in s] == [8391] and not math.isfinite(s[0].loss)  # type: ignore[arg-type]
     assert ("nan_loss", 0, 8391) in serious(run(tmp_path, RSL_RL))
+
+
+# ---------------------------------------------------------------- CSV files, bare lists
+
+# davidADSP/SIMPLE@ba6b9b50cab153eae75091f586aec39b89cd3342:logs/progress.csv (OpenAI baselines PPO1)
+BASELINES_CSV = """
+TimeElapsed,loss_vf_loss,EpisodesSoFar,EpRewMean,TimestepsSoFar,EpThisIter,loss_kl,loss_pol_surr,ev_tdlam_before,loss_ent,loss_pol_entpen,EpLenMean
+2.374695301055908,0.059557907,12,0.08333333333333333,1024,12,0.0015515797,-0.008476209,-0.2864949703216553,1.1641085,-0.11641085,84.0
+4.318211078643799,0.03881309,21,0.047619047619047616,2048,9,0.001284814,-0.0062062843,-0.9207720756530762,1.147481,-0.1147481,96.23809523809524
+"""
+
+# https://github.com/jaywalnut310/vits/issues/233 (VITS train.py: losses, then global step and lr)
+VITS = """
+ljs_base INFO [2.384028673171997, 2.508051872253418, 7.846828937530518, 17.78978157043457, 1.4343225955963135, 2.2450718879699707, 843400, 0.00013416124686580283]
+ljs_base INFO ====> Epoch: 3195
+"""
+
+# 0Xero7/slm_training@e8703f9f44e28c4dbfc50376b633ccf1c415350a:lightning_logs/version_0/metrics.csv
+LIGHTNING_CSV = """
+epoch,epoch_time,step,train_epoch_perplexity,train_loss_epoch,train_loss_step,train_perplexity_epoch,train_perplexity_step,val_epoch_perplexity,val_loss,val_perplexity
+9,,140699,,,3.565943479537964,,35.37281036376953,,,
+9,,140739,,,,,,35.53385925292969,3.570486068725586,36.68146514892578
+9,2419.625244140625,140739,39.934356689453125,3.687237024307251,,40.125675201416016,,,,
+"""
+
+
+def test_rl_progress_csv_steps_by_its_timestep_counter() -> None:
+    assert [r.step for r in steps(BASELINES_CSV)] == [1024, 2048]
+
+
+def test_vits_bare_loss_list() -> None:
+    s = steps(VITS)
+    assert [(r.step, r.learning_rate) for r in s] == [(843400, 0.00013416124686580283)]
+    assert s[0].loss == pytest.approx(34.2081, abs=1e-3)  # the sum of the six losses
+
+
+def test_lightning_csv_epoch_end_row_is_the_last_step() -> None:
+    assert [(r.step, r.loss) for r in steps(LIGHTNING_CSV)] == [
+        (140699, 3.565943479537964),
+        (140739, 3.687237024307251),
+    ]

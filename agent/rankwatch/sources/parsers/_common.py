@@ -117,8 +117,9 @@ def _alias(field: str, *names: str) -> None:
 _alias("step", "step", "steps", "global_step", "globalstep", "iter", "iters", "iteration", "it", "_step")
 _alias("step", "trainer/global_step", "train/global_step", "optimizer_step", "update", "updates")
 _alias("step", "num_updates", "n_updates", "nupdates", "iterations", "acc_iter", "batch", "batch_idx")
-# Ray Tune's result counter (one result per training iteration of the trainable).
-_alias("step", "training_iteration")
+# Ray Tune's result counter (one result per training iteration of the trainable); the RL
+# loggers' environment-step counters (OpenAI baselines' "TimestepsSoFar", SB3's "total_timesteps").
+_alias("step", "training_iteration", "timestepssofar", "total_timesteps")
 _alias("total_steps", "total_steps", "max_steps", "train_iters", "num_steps", "total_iters")
 _alias("loss", "loss", "train_loss", "lm_loss", "lm loss", "train loss", "training_loss", "train/loss")
 _alias("loss", "train_loss_step", "loss_step", "training loss", "train/lm_loss", "avg_loss")

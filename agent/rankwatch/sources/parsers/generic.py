@@ -278,7 +278,7 @@ class KvParser:
     # A line sniff() accepts holds one of these (an update statistic's row: "| KL | nan |";
     # "G " the GPU memory cell of a headerless YOLO results.txt row; Ray Tune's result counter).
     hints: ClassVar[tuple[str, ...]] = (
-        "oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ", "training_iteration",
+        "oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ", "training_iteration", "INFO [",
     )  # fmt: skip
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
@@ -302,7 +302,11 @@ class KvParser:
             text = text.translate(_FULLWIDTH)
         if "poch" in text and (table_header(strip_ansi(text)) is not None or _csv_header(text) is not None):
             return not _specific(text)
+        if "imesteps" in text and _csv_header(text) is not None:
+            return not _specific(text)  # an RL logger's progress.csv (OpenAI baselines, SB3)
         if "G " in text and _YOLO_RESULTS.match(text) is not None:
+            return not _specific(text)
+        if "INFO [" in text and _vits_list(text) is not None:
             return not _specific(text)
         if "training_iteration" in text and text.lstrip().startswith("training_iteration:"):
             return True  # Ray Tune's pretty-printed result names its iteration on a row of its own
@@ -460,6 +464,13 @@ class KvParser:
         return out + self._line(line, text)
 
     def _line(self, line: LogLine, text: str) -> list[Record]:
+        if "INFO [" in text:
+            vits = _vits_list(text)
+            if vits is not None:
+                bag = MetricBag()
+                bag.fields["step"], bag.fields["learning_rate"] = vits[1], vits[2]
+                _finish_bag(bag, vits[0], False)
+                return _records(bag, line)
         if not _kv_gate(text):
             if self._cols is None and "G " in text and _YOLO_RESULTS.match(text) is not None:
                 self._cols = _YOLO_RESULTS_COLS
@@ -476,7 +487,7 @@ class KvParser:
                 self._block_line = line
             return []
         text = strip_ansi(text)
-        if "poch" in text:
+        if "poch" in text or ("imesteps" in text and "," in text):
             recs = self._table(line, text)
             if recs is not None:
                 return recs
@@ -605,8 +616,8 @@ class KvParser:
 
     def _table(self, line: LogLine, text: str) -> list[Record] | None:
         """Records of a header-and-rows table; None when ``text`` is no part of one."""
-        if "poch" in text:
-            header = table_header(text)
+        if "poch" in text or "imesteps" in text:
+            header = table_header(text) if "poch" in text else None
             if header is not None:
                 self._cols, self._loss_cols = header, loss_columns(header)
                 return []
@@ -664,6 +675,26 @@ class KvParser:
         return _records(bag, line) if "loss" in f or "eval_loss" in f else []
 
 
+# VITS and its forks (train.py: logger.info([x.item() for x in losses] + [global_step, lr])):
+# "ljs_base INFO [2.38, 2.51, 7.85, 17.79, 1.43, 2.25, 843400, 0.000134]".
+_VITS = re.compile(r"\bINFO \[([-+\d.eEnaif, ]{5,800})\]\s*$")
+
+
+def _vits_list(text: str) -> tuple[list[float], float, float] | None:
+    """(losses, global step, lr) of a VITS loss list, or None."""
+    m = _VITS.search(text)
+    if m is None:
+        return None
+    vals = [to_float(c) for c in m[1].split(",")]
+    if len(vals) < 3 or any(v is None for v in vals):
+        return None
+    nums = [float(v) for v in vals if v is not None]
+    *losses, step, lr = nums
+    if not (math.isfinite(step) and step == int(step) and step >= 0 and 0 < lr < 1):
+        return None
+    return losses, step, lr
+
+
 def _block_filler(text: str) -> bool:
     """A line inside a one-key-per-line block that carries no pair: a stable-baselines section
     name ("| time/                   |             |"), or an indented YAML line with no number
@@ -679,13 +710,16 @@ _YAML_KEY = re.compile(r"[\w./'\"-]{1,80}:(?:\s|$)")
 
 
 def _csv_header(text: str) -> list[str] | None:
-    """Column names of a CSV header with an epoch column and a loss column (YOLOv5 results.csv)."""
+    """Column names of a CSV header with an epoch (or environment-step) column and a loss column
+    (YOLOv5 results.csv, OpenAI baselines' and SB3's progress.csv)."""
     if text.count(",") < 2:
         return None
     cols = [c.strip().strip('"') for c in text.strip().split(",")]
     low = [c.lower() for c in cols]
-    if "epoch" not in low or "step" in low:
+    if "step" in low:
         return None  # a step column: Lightning's CSVLogger, its own reader
+    if "epoch" not in low and not any(canonical(_flat_key(c)) == "step" and "timesteps" in c for c in low):
+        return None
     if not any("loss" in c for c in low) or not all(_CSV_WORD.fullmatch(c) for c in cols):
         return None
     return cols

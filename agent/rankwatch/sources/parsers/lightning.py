@@ -227,11 +227,19 @@ class LightningCsvParser:
     def _row(self, line: LogLine, text: str) -> list[Record]:
         assert self._cols is not None
         bag = MetricBag()
+        epoch_loss: float | None = None
         for col, cell in zip(self._cols, text.split(","), strict=False):
-            bag.put(col, to_float(cell) if cell.strip() else None)
+            v = to_float(cell) if cell.strip() else None
+            taken = bag.put(col, v)
+            if not taken and v is not None and col.startswith("train") and col.endswith("loss_epoch"):
+                epoch_loss = v
         f = bag.fields
         if "step" not in f:
             return []
+        if epoch_loss is not None and "loss" not in f:
+            # The epoch-end row (``self.log(..., on_epoch=True)`` writes "train_loss_epoch" at the
+            # epoch's last global step): the run reached this step, its loss the epoch's mean.
+            f["loss"] = epoch_loss
         step = to_int(f["step"])
         out: list[Record] = []
         if any(k in f for k in ("loss", "grad_norm")):
