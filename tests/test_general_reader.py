@@ -704,3 +704,33 @@ def test_lightning_csv_epoch_end_row_is_the_last_step() -> None:
         (140699, 3.565943479537964),
         (140739, 3.687237024307251),
     ]
+
+
+# ---------------------------------------------------------------- loss scaler exhausted, a traceback after a bar
+
+
+def test_loss_scaler_exhausted_is_a_collapse() -> None:
+    # https://github.com/yangjianxin1/Firefly/issues/68 (DeepSpeed's loss_scaler.py);
+    # https://github.com/EleutherAI/gpt-neox/issues/482 (GPT-NeoX's OverflowMonitor)
+    for line in (
+        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.",
+        "Exception: Skipped 50 iterations in a row due to Overflow - Exiting training.",
+    ):
+        errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
+        assert [(e.kind, e.severity) for e in errs] == [("loss_scale_collapse", Severity.CRITICAL)]
+
+
+# https://github.com/TheLastBen/fast-stable-diffusion/issues/1789 (the bar, then the traceback on its line)
+GLUED_TRACEBACK = """
+Progress:|█                        |  4% 13/300 [01:21<28:53,  6.04s/it, loss=0.18, lr=9.57e-7] dramine  Traceback (most recent call last):
+  File "/content/diffusers/examples/dreambooth/train_dreambooth.py", line 803, in <module>
+    main()
+  File "/content/diffusers/examples/dreambooth/train_dreambooth.py", line 668, in main
+    latents = vae.encode(batch["pixel_values"].to(dtype=weight_dtype)).latent_dist.sample()
+"""
+
+
+def test_traceback_head_glued_to_a_progress_bar_starts_a_traceback() -> None:
+    errs = [r for r in records(GLUED_TRACEBACK) if isinstance(r, ErrorRecord)]
+    assert [(e.kind, e.line) for e in errs] == [("crash", 5)]
+    assert "train_dreambooth.py:668 main" in str(errs[0].details.get("frame"))

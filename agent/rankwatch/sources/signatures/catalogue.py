@@ -44,6 +44,7 @@ from rankwatch.sources.signatures.rules import (
     _PEER_WHERE,
     _PYSPY_THREAD,
     _RAY_WORKER_DIED,
+    _SCALE_EXHAUSTED,
     _SHELL_SIGNAL,
     _SIGNAL_RECEIVED,
     _SLURM_CANCEL,
@@ -80,6 +81,7 @@ from rankwatch.sources.signatures.rules import (
     _nccl_warn,
     _peer,
     _pyspy,
+    _scale_exhausted,
     _shell_signal,
     _short,
     _slurm_cancel,
@@ -364,6 +366,16 @@ SIGNATURES: tuple[Signature, ...] = (
         patterns=(_DUMP_SIGNAL,),
         example="[rank0]:[E804 23:05:54.817424543 ProcessGroupNCCL.cpp:1914] [PG ID 0 PG GUID 0(default_pg) "
         "Rank 0] Received a dump signal due to a collective timeout from  rank 13 and we will try our best",
+    ),
+    Signature(
+        name="scale_exhausted",
+        kinds=("loss_scale_collapse",),
+        severity=_C,
+        triggers=("minimum - cannot decrease", "in a row due to Overflow"),
+        rule=_scale_exhausted,
+        patterns=(_SCALE_EXHAUSTED,),
+        example="Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
+        "Exiting run.",
     ),
     Signature(
         name="grad_scale_small",

@@ -229,6 +229,27 @@ def _grad_scale_small(t: str) -> Hit | None:
     )  # fmt: skip
 
 
+# The loss scaler gave up (it raises, ending the run): DeepSpeed (runtime/fp16/loss_scaler.py)
+# "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."; GPT-NeoX
+# (megatron/utils.py, OverflowMonitor) "Skipped 50 iterations in a row due to Overflow - Exiting
+# training."
+_SCALE_EXHAUSTED = re.compile(
+    r"Current loss scale already at minimum - cannot decrease scale anymore"
+    r"|Skipped (\d{1,9}) iterations in a row due to Overflow"
+)
+
+
+def _scale_exhausted(t: str) -> Hit | None:
+    m = _SCALE_EXHAUSTED.search(t)
+    if m is None:
+        return None
+    if m[1] is not None:
+        summary = f"the run stopped: {m[1]} iterations in a row overflowed (fp16 loss scale exhausted)"
+    else:
+        summary = "the run stopped: the fp16 loss scale is at its minimum and steps still overflow"
+    return Hit("loss_scale_collapse", _C, summary, {"exiting": True}, ("scale_exhausted",))
+
+
 # --- a peer's collective timed out --------------------------------------------------------------
 # ProcessGroupNCCL (flight recorder): "Received a dump signal due to a collective timeout from
 # rank 13 and we will try our best to dump the debug info." Every rank prints it about rank 13.

@@ -73,6 +73,13 @@ def _is_exception_line(stripped: str) -> re.Match[str] | None:
     return None
 
 
+def _glued_head(s: str) -> bool:
+    """A traceback's head written after a progress bar that ended without a newline (tqdm on
+    stderr, then Python's traceback on the same stream): "...6.04s/it, loss=0.18] Traceback (most
+    recent call last):". Its frames follow at Python's own two-space indent."""
+    return s.rstrip().endswith(_TB_HEAD + ":") and (s.rfind(_TB_HEAD) > 0 and s[s.rfind(_TB_HEAD) - 1] == " ")
+
+
 def _is_rule(stripped: str) -> bool:
     return len(stripped) >= 8 and stripped.count("=") == len(stripped)
 
@@ -246,7 +253,7 @@ class SignatureMatcher:
             self._last_wants_next = False
         if "Traceback" in text:
             s = text.lstrip()
-            if s.startswith(_TB_HEAD) or (s.startswith("╭") and _TB_HEAD in s):
+            if s.startswith(_TB_HEAD) or (s.startswith("╭") and _TB_HEAD in s) or _glued_head(s):
                 p = self._start(text, lineno, rank, time, len(text) - len(s))
                 spawn = self._spawn
                 if rank is None and spawn is not None and 0 < lineno - spawn[1] <= 3:
