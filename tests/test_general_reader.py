@@ -734,3 +734,22 @@ def test_traceback_head_glued_to_a_progress_bar_starts_a_traceback() -> None:
     errs = [r for r in records(GLUED_TRACEBACK) if isinstance(r, ErrorRecord)]
     assert [(e.kind, e.line) for e in errs] == [("crash", 5)]
     assert "train_dreambooth.py:668 main" in str(errs[0].details.get("frame"))
+
+
+# https://github.com/Noble-Lab/casanovo/issues/367 (a history table: each row fills one loss, nan in the other)
+CASANOVO = """
+2024-08-19 13:28:48,101 INFO [casanovo/MainProcess] model._log_history : Step\tTrain loss\tValid loss\t
+2024-08-19 13:28:48,101 INFO [casanovo/MainProcess] model._log_history : 20000\tnan\t1.594399
+2024-08-19 13:49:20,856 INFO [casanovo/MainProcess] model._log_history : 33440\t1.816622\tnan
+2024-08-19 14:01:56,689 INFO [casanovo/MainProcess] model._log_history : 40000\tnan\t1.010075
+"""
+
+
+def test_tab_table_behind_a_logger_prefix_nan_beside_a_value_is_not_logged(tmp_path: Path) -> None:
+    recs = records(CASANOVO)
+    assert [(r.step, r.loss) for r in recs if isinstance(r, StepRecord)] == [(33440, 1.816622)]
+    assert [(r.step, r.eval_loss) for r in recs if isinstance(r, EvalRecord)] == [
+        (20000, 1.594399),
+        (40000, 1.010075),
+    ]
+    assert serious(run(tmp_path, CASANOVO)) == []

@@ -294,6 +294,7 @@ class KvParser:
         self._block_line: LogLine | None = None
         self._triple: tuple[int, list[float], LogLine] | None = None
         self._block_steps = False  # a block of this stream named its step
+        self._tsv: list[str] | None = None  # columns of a tab-separated table (after its step column)
 
     # -- sniffing (stateless) --------------------------------------------------------------------
 
@@ -307,6 +308,8 @@ class KvParser:
         if "G " in text and _YOLO_RESULTS.match(text) is not None:
             return not _specific(text)
         if "INFO [" in text and _vits_list(text) is not None:
+            return not _specific(text)
+        if "\t" in text and _tsv_header(text) is not None:
             return not _specific(text)
         if "training_iteration" in text and text.lstrip().startswith("training_iteration:"):
             return True  # Ray Tune's pretty-printed result names its iteration on a row of its own
@@ -464,6 +467,10 @@ class KvParser:
         return out + self._line(line, text)
 
     def _line(self, line: LogLine, text: str) -> list[Record]:
+        if "\t" in text:
+            recs = self._tsv_line(line, text)
+            if recs is not None:
+                return recs
         if "INFO [" in text:
             vits = _vits_list(text)
             if vits is not None:
@@ -614,6 +621,34 @@ class KvParser:
 
     # -- column tables -----------------------------------------------------------------------------
 
+    def _tsv_line(self, line: LogLine, text: str) -> list[Record] | None:
+        """A header or a row of a tab-separated table ("Step\tTrain loss\tValid loss" behind a
+        logger's prefix, casanovo's history); None when ``text`` is neither."""
+        header = _tsv_header(text)
+        if header is not None:
+            self._tsv = header
+            return []
+        cols = self._tsv
+        if cols is None:
+            return None
+        cells = [c.strip() for c in text.rstrip("\t\r\n ").split("\t")]
+        if len(cells) != len(cols) + 1:
+            return None
+        step = to_float(cells[0].rsplit(None, 1)[-1]) if cells[0].strip() else None
+        vals = [to_float(c) for c in cells[1:]]
+        if step is None or not _whole(step) or any(v is None for v in vals):
+            return None
+        # A row fills the columns logged at its step and writes nan in the others (train and
+        # validation losses are logged at different steps): a nan beside a finite loss of the
+        # same row is "not logged here", not a NaN loss.
+        filled = any(v is not None and math.isfinite(v) for v in vals)
+        bag = MetricBag()
+        for col, v in zip(cols, vals, strict=True):
+            if v is not None and (math.isfinite(v) or not filled):
+                bag.put(col, v)
+        bag.fields["step"] = step
+        return _records(bag, line)
+
     def _table(self, line: LogLine, text: str) -> list[Record] | None:
         """Records of a header-and-rows table; None when ``text`` is no part of one."""
         if "poch" in text or "imesteps" in text:
@@ -693,6 +728,25 @@ def _vits_list(text: str) -> tuple[list[float], float, float] | None:
     if not (math.isfinite(step) and step == int(step) and step >= 0 and 0 < lr < 1):
         return None
     return losses, step, lr
+
+
+_TSV_STEP = frozenset({"step", "steps", "global_step", "epoch", "iteration", "iter"})
+
+
+def _tsv_header(text: str) -> list[str] | None:
+    """Columns (after the step column) of a tab-separated header whose first column names the
+    step (the last word before the first tab, a logger's prefix may precede it) and which has a
+    loss column."""
+    cells = [c.strip() for c in text.rstrip("\t\r\n ").split("\t")]
+    if len(cells) < 2 or len(cells) > 32 or not cells[0]:
+        return None
+    first = cells[0].rsplit(None, 1)[-1].lower()
+    cols = cells[1:]
+    if first not in _TSV_STEP or not all(_CSV_WORD.fullmatch(c) for c in cols):
+        return None
+    if not any(canonical(c) in ("loss", "eval_loss") for c in cols):
+        return None
+    return cols
 
 
 def _block_filler(text: str) -> bool:
