@@ -753,3 +753,17 @@ def test_tab_table_behind_a_logger_prefix_nan_beside_a_value_is_not_logged(tmp_p
         (40000, 1.010075),
     ]
     assert serious(run(tmp_path, CASANOVO)) == []
+
+
+# https://github.com/unslothai/unsloth/issues/1145 (unsloth_train's "step, loss" after the bar)
+UNSLOTH_BAR = """
+  0%|          | 1/312 [00:25<2:13:19, 25.72s/it]0, 2.5521
+  4%|▎         | 11/312 [02:27<1:00:48, 12.12s/it]10, 2.2398
+"""
+
+
+def test_bare_step_loss_pair_after_a_bar_when_the_bar_counts_it() -> None:
+    assert [(r.step, r.loss, r.total_steps) for r in steps(UNSLOTH_BAR)] == [
+        (0, 2.5521, 312),
+        (10, 2.2398, 312),
+    ]

@@ -279,6 +279,7 @@ class KvParser:
     # "G " the GPU memory cell of a headerless YOLO results.txt row; Ray Tune's result counter).
     hints: ClassVar[tuple[str, ...]] = (
         "oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ", "training_iteration", "INFO [",
+        "s/it]", "it/s]",
     )  # fmt: skip
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
@@ -310,6 +311,8 @@ class KvParser:
         if "INFO [" in text and _vits_list(text) is not None:
             return not _specific(text)
         if "\t" in text and _tsv_header(text) is not None:
+            return not _specific(text)
+        if "]" in text and _bar_pair(text) is not None:
             return not _specific(text)
         if "training_iteration" in text and text.lstrip().startswith("training_iteration:"):
             return True  # Ray Tune's pretty-printed result names its iteration on a row of its own
@@ -471,6 +474,12 @@ class KvParser:
             recs = self._tsv_line(line, text)
             if recs is not None:
                 return recs
+        if "]" in text and "|" in text:
+            pair = _bar_pair(text)
+            if pair is not None:
+                bag = MetricBag()
+                bag.fields["step"], bag.fields["loss"], bag.fields["total_steps"] = pair
+                return _records(bag, line)
         if "INFO [" in text:
             vits = _vits_list(text)
             if vits is not None:
@@ -713,6 +722,25 @@ class KvParser:
 # VITS and its forks (train.py: logger.info([x.item() for x in losses] + [global_step, lr])):
 # "ljs_base INFO [2.38, 2.51, 7.85, 17.79, 1.43, 2.25, 843400, 0.000134]".
 _VITS = re.compile(r"\bINFO \[([-+\d.eEnaif, ]{5,800})\]\s*$")
+
+
+# A progress bar followed, on its line, by a bare "step, loss" the training loop printed
+# (unsloth_train: "  4%|▎  | 11/312 [02:27<1:00:48, 12.12s/it]10, 2.2398"): taken only when the
+# number is the bar's count or the one before it, which says it is the step.
+_BAR_PAIR = re.compile(
+    rf"\|\s{{0,4}}(\d{{1,12}})/(\d{{1,12}}) \[[^\]\r\n]{{0,120}}\](\d{{1,12}}), ({_NUMBER})\s*$"
+)
+
+
+def _bar_pair(text: str) -> tuple[float, float, float] | None:
+    """(step, loss, total) of a bar line ending in a bare step, loss pair, or None."""
+    m = _BAR_PAIR.search(text)
+    if m is None:
+        return None
+    n, total, step, loss = int(m[1]), int(m[2]), int(m[3]), to_float(m[4])
+    if loss is None or step not in (n, n - 1):
+        return None
+    return float(step), loss, float(total)
 
 
 def _vits_list(text: str) -> tuple[list[float], float, float] | None:
