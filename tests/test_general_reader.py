@@ -767,3 +767,19 @@ def test_bare_step_loss_pair_after_a_bar_when_the_bar_counts_it() -> None:
         (0, 2.5521, 312),
         (10, 2.2398, 312),
     ]
+
+
+# https://github.com/axolotl-ai-cloud/axolotl/issues/2357 (loss and grad norm exactly 0 from the first record)
+AXOLOTL_DEAD = """
+{'loss': 0.0, 'grad_norm': 0.0, 'learning_rate': 4.0000000000000003e-07, 'epoch': 0.05}
+{'loss': 0.0, 'grad_norm': 0.0, 'learning_rate': 6.000000000000001e-07, 'epoch': 0.08}
+{'loss': 0.0, 'grad_norm': 0.0, 'learning_rate': 8.000000000000001e-07, 'epoch': 0.1}
+{'loss': 0.0, 'grad_norm': 0.0, 'learning_rate': 1.0000000000000002e-06, 'epoch': 0.13}
+{'loss': 0.0, 'grad_norm': 0.0, 'learning_rate': 1.2000000000000002e-06, 'epoch': 0.15}
+"""
+
+
+def test_loss_and_grad_norm_exactly_zero_from_the_start_is_no_learning(tmp_path: Path) -> None:
+    assert [k for k, _, _ in serious(run(tmp_path, AXOLOTL_DEAD))] == ["grad_vanishing"]
+    four = "\n".join(AXOLOTL_DEAD.strip().splitlines()[:4])
+    assert serious(run(tmp_path, four, name="four.log")) == []  # fewer than dead_records

@@ -323,6 +323,14 @@ class GradVanishingConfig:
     collapse_ratio: float = opt(
         1e-4, "a loss and a grad norm this many times below their first values is a collapse, from step 1"
     )
+    # A loss of exactly 0 with a grad norm below ``threshold`` is what a batch with every label
+    # masked gives (no token to learn from), from the first record on, so no first value to fall
+    # from. Real case: axolotl#2357 (tests/data/wild/batch3/axolotl_qwen32b_loss_grad_zero.log,
+    # 11 records of loss 0.0, grad_norm 0.0). A learning model's loss printed as 0.0 after rounding
+    # still has a gradient; five records in a row is no single empty batch.
+    dead_records: int = opt(
+        5, "records in a row with loss exactly 0 and the grad norm below threshold: nothing is learnt", min=1
+    )
 
 
 @dataclass(frozen=True)

@@ -214,6 +214,7 @@ class GradVanishingDetector(Detector):
         self.episode = Episode()
         self.first_loss: float | None = None
         self.first_grad: float | None = None
+        self.dead = 0  # records in a row with loss exactly 0 and no gradient
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
@@ -224,6 +225,20 @@ class GradVanishingDetector(Detector):
         g = record.grad_norm
         if g is None or g - g != 0:
             return []
+        self.dead = self.dead + 1 if loss == 0 and g < self.cfg.threshold else 0
+        if self.dead >= self.cfg.dead_records and self.episode.open(record.step):
+            return [
+                finding(
+                    "grad_vanishing",
+                    Severity.WARNING,
+                    state,
+                    f"nothing is being learnt: loss exactly 0 and grad norm {fmt(g)} on {self.dead} logged "
+                    "steps in a row. Usual causes: every label masked (-100) or padding only, an empty "
+                    "completion after the prompt is masked, a broken data collator.",
+                    record=record,
+                    evidence={"grad_norm": g, "loss": loss, "records": self.dead},
+                )
+            ]
         if self.first_grad is None and g > 0:
             self.first_grad = g
         # The collapse rule is safe from step 1 (the slow rule below waits out the warmup): the
