@@ -142,3 +142,41 @@ def test_a_hung_spool_does_not_hold_the_dispatcher(tmp_path: Path, hung: Any) ->
         assert d.errors.get("alerts") == 1
 
     _run(hung, go)
+
+
+@pytest.mark.unit
+def test_periodic_calls_of_one_name_reuse_its_thread_a_busy_one_gets_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 30 ("Light"): a call a second must not start and end a thread a second; a call
+    still running (or stuck) never makes the next one of its name wait."""
+    from conftest import wait_for
+
+    monkeypatch.setattr(offloop, "_lanes", {})
+    release = threading.Event()
+
+    def ident() -> int:
+        return threading.get_ident()
+
+    def slow() -> int:
+        release.wait(10)
+        return threading.get_ident()
+
+    async def go() -> None:
+        first = await offloop.call(ident, timeout=5, name="rankwatch-lane")
+        again = [await offloop.call(ident, timeout=5, name="rankwatch-lane") for _ in range(5)]
+        assert again == [first] * 5
+        stuck = offloop.in_daemon(slow, name="rankwatch-lane")
+        other = await offloop.call(ident, timeout=5, name="rankwatch-lane")  # not behind ``slow``
+        release.set()
+        assert other != await stuck
+
+    asyncio.run(go())
+    monkeypatch.setattr(offloop, "LANE_IDLE_S", 0.01)
+    offloop.start(lambda: None, "rankwatch-lane")  # the kept thread takes it, then ends when idle
+    wait_for(lambda: "rankwatch-lane" not in offloop._lanes, timeout=20, what="the idle thread ending")
+    wait_for(
+        lambda: not any(t.name == "rankwatch-lane" for t in threading.enumerate()),
+        timeout=20,
+        what="it ended",
+    )

@@ -81,8 +81,9 @@ def stuck(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stuck]:
     assert s.inside == 0
 
 
-def _proc_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("rankwatch-proc-")]
+def _proc_threads(name: str) -> list[str]:
+    """Threads of ``name`` (an earlier test's idle kept thread, of another name, may linger)."""
+    return [t.name for t in threading.enumerate() if t.name == name]
 
 
 class HungProber:
@@ -146,7 +147,7 @@ def test_a_hung_sample_leaves_one_thread_keeps_the_loop_turning_and_claims_nothi
         _, ticks, took = await ticks_during(many())
         assert took < TIMEOUT + 2  # only the first period waited for the timeout
         assert ticks >= 5  # the loop kept turning
-        assert len(_proc_threads()) == 1 and stuck.most_inside == 1  # one thread on the hung process
+        assert len(_proc_threads(w.proc_io)) == 1 and stuck.most_inside == 1  # one thread on the hung process
         assert found == []  # no stall and no crash claimed from missing samples
         stuck.release.set()  # the process came back: once the stuck call returned, sampling resumes
         await until(lambda: offloop._stuck[w.proc_io].is_set(), 5)

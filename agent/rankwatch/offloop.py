@@ -2,7 +2,8 @@
 
 The one policy for blocking I/O from the event loop: every filesystem call (dump store,
 spool, alert state, config file, checkpoint folders) goes through ``call``, which runs it on
-a daemon thread of its own and stops waiting after a timeout. Not ``asyncio.to_thread``:
+a daemon thread (one kept per kind of call while idle, a new one while it is busy) and stops
+waiting after a timeout. Not ``asyncio.to_thread``:
 the default executor's threads are joined when ``asyncio.run`` returns and are shared with
 process sampling, so one call stuck on a dead mount would keep the agent from exiting and
 starve everything else; a daemon thread is simply left behind. A timeout is logged once per
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -32,13 +34,17 @@ timeouts: dict[str, int] = {}
 FS_TIMEOUT_S = 30.0
 # Timeout of the /proc calls (``proc``): a scan of every process on a busy node takes a second.
 PROC_TIMEOUT_S = 10.0
+# A name's thread waits this long for its next call before it ends: the agent's periodic calls
+# (process samples, NVML rounds, the descendants' walk, config polls) come every 1-10 s.
+LANE_IDLE_S = 30.0
 FS_HINT = "hung filesystem?"
 PROC_HINT = "a process in D state or holding its memory map lock?"
 
 
 def in_daemon(fn: Callable[..., T], *args: Any, name: str = "rankwatch-io") -> asyncio.Future[T]:
-    """``fn(*args)`` on a daemon thread of its own; its result or exception lands in the future
-    (retrieved even when the caller stops waiting, so asyncio never warns about it)."""
+    """``fn(*args)`` on a daemon thread (``start``: the name's kept thread when idle); its
+    result or exception lands in the future (retrieved even when the caller stops waiting, so
+    asyncio never warns about it)."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[T] = loop.create_future()
     fut.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -46,6 +52,8 @@ def in_daemon(fn: Callable[..., T], *args: Any, name: str = "rankwatch-io") -> a
     def settle(ok: bool, value: Any) -> None:
         if not fut.done():
             fut.set_result(value) if ok else fut.set_exception(value)
+
+    done: list[tuple[bool, Any]] = []
 
     def work() -> None:
         value: T | BaseException
@@ -55,11 +63,80 @@ def in_daemon(fn: Callable[..., T], *args: Any, name: str = "rankwatch-io") -> a
             ok, value = False, e
         except BaseException as e:  # never raise SystemExit & co. into the loop
             ok, value = False, RuntimeError(repr(e))
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            loop.call_soon_threadsafe(settle, ok, value)
+        done.append((ok, value))
 
-    threading.Thread(target=work, name=name, daemon=True).start()
+    def report() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, *done[0])
+
+    start(work, name, then=report)
     return fut
+
+
+_Job = tuple[Callable[[], None], "Callable[[], None] | None"]
+
+
+class _Lane:
+    """The daemon thread of one ``name``, kept between calls."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.busy = True
+
+
+_lanes: dict[str, _Lane] = {}
+_lanes_lock = threading.Lock()
+
+
+def start(work: Callable[[], None], name: str, then: Callable[[], None] | None = None) -> None:
+    """``work()`` then ``then()`` on a daemon thread named ``name``: that name's thread when it
+    is idle, else a new one; the thread counts as idle again before ``then`` runs, so a caller
+    woken by ``then`` finds it free. Periodic callers (a process sample a second, an NVML
+    round a second) would otherwise start and end a thread per call (clone, a stack mapped and
+    unmapped, the interpreter's thread state) for nothing. A name whose thread is busy (a call still
+    running, or stuck on a hung mount) gets a thread of its own, as every call once did, so
+    no call ever waits behind another. ``work`` must not raise."""
+    with _lanes_lock:
+        lane = _lanes.get(name)
+        if lane is None:
+            lane = _lanes[name] = _Lane()
+            threading.Thread(target=_serve, args=(name, lane, (work, then)), name=name, daemon=True).start()
+            return
+        if not lane.busy:
+            lane.busy = True
+            lane.jobs.put((work, then))
+            return
+    threading.Thread(target=_once, args=(work, then), name=name, daemon=True).start()
+
+
+def _once(work: Callable[[], None], then: Callable[[], None] | None) -> None:
+    with contextlib.suppress(BaseException):
+        work()
+    if then is not None:
+        with contextlib.suppress(BaseException):
+            then()
+
+
+def _serve(name: str, lane: _Lane, job: _Job) -> None:
+    while True:
+        work, then = job
+        with contextlib.suppress(BaseException):
+            work()
+        with _lanes_lock:
+            lane.busy = False
+        if then is not None:
+            with contextlib.suppress(BaseException):
+                then()
+        try:
+            job = lane.jobs.get(timeout=LANE_IDLE_S)
+        except queue.Empty:
+            with _lanes_lock:
+                if lane.busy:  # handed a call as the wait ended: it is in the queue
+                    job = lane.jobs.get_nowait()
+                    continue
+                if _lanes.get(name) is lane:
+                    del _lanes[name]
+                return
 
 
 async def call(

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from rankwatch import offloop
 from rankwatch.events import GpuInfo, GpuSample
 from rankwatch.gpu import GpuConfig
 from rankwatch.gpu.backend import FIELDS, HEALTH_FIELDS, GpuBackend, GpuError, NvmlBackend
@@ -537,6 +537,8 @@ class GpuSampler:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
 
+        done: list[tuple[Any, BaseException | None]] = []
+
         def work() -> None:
             result: Any = None
             exc: BaseException | None = None
@@ -544,13 +546,16 @@ class GpuSampler:
                 result = fn(*args)
             except BaseException as e:
                 exc = e
+            done.append((result, exc))
+
+        def report() -> None:
             try:
-                loop.call_soon_threadsafe(_settle, fut, result, exc)
+                loop.call_soon_threadsafe(_settle, fut, *done[0])
             except RuntimeError:  # the loop closed while the call hung
                 pass
 
         self._busy = fut
-        threading.Thread(target=work, name="rankwatch-nvml", daemon=True).start()
+        offloop.start(work, "rankwatch-nvml", then=report)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), self.cfg.call_timeout)
         except asyncio.TimeoutError:

@@ -28,6 +28,7 @@ import psutil
 
 from rankwatch import offloop
 from rankwatch.identity import LOCAL_RANK_VARS, RANK_VARS, WORLD_VARS
+from rankwatch.sources.process import descendants
 
 log = logging.getLogger("rankwatch.run")
 
@@ -65,8 +66,10 @@ class Tree:
         self.seen: dict[int, float] = {}
 
     def remember(self) -> list[psutil.Process]:
+        """The descendants now, noted; from the agent's shared pid table (``descendants``: no
+        read of every process's /proc/<pid>/stat at each call)."""
         try:
-            kids = psutil.Process(self.root).children(recursive=True)
+            kids = descendants(psutil.Process(self.root))
         except psutil.Error:
             return []
         for k in kids:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -20,7 +21,7 @@ import psutil
 
 from rankwatch.events import ProcessSample
 
-__all__ = ["ProcessProber", "ProcessSample", "find_processes", "memory_headroom", "state_name"]
+__all__ = ["ProcessProber", "ProcessSample", "descendants", "find_processes", "memory_headroom", "state_name"]
 
 _T = TypeVar("_T")
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, ProcessLookupError, OSError)
@@ -130,6 +131,106 @@ def memory_headroom(pid: int, root: str = CGROUP_ROOT) -> tuple[int | None, int 
     return limit, avail
 
 
+class PidTable:
+    """Parent of every process on the node, read from /proc a little at a time.
+
+    psutil's ``children(recursive=True)`` reads /proc/<pid>/stat of every process on the node
+    at each call (~3 ms for 100 processes, more on a busy node); run mode asked for it every
+    5 s to remember the job's descendants and every 10th process sample. Here a walk lists
+    /proc (one directory read) and reads the stat of only the pids it has not seen and of the
+    last tree's members: a process that is not a descendant of the root cannot become one
+    (the kernel re-parents an orphan to init or to a subreaper above it, never sideways), so
+    its parent need not be read again while its pid stays listed. A pid that left the listing
+    and came back is read again like a new one. What a walk returns is what psutil's returns
+    for the same /proc: the same re-parenting, the same children older than their parent
+    dropped. One table per agent, shared by every walk (each rank's prober, the job's tree),
+    behind a lock: the walks run on offloop threads.
+    """
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self.stat_reads = 0  # for tests and benchmarks: /proc/<pid>/stat files read
+        self._ppid: dict[int, int] = {}
+        self._trees: dict[int, set[int]] = {}  # root -> its last walk's members, re-read each walk
+        self._lock = threading.Lock()
+
+    def _read_ppid(self, pid: int) -> int | None:
+        self.stat_reads += 1
+        try:
+            with open(f"{self.proc}/{pid}/stat", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            return None
+        # comm may hold spaces and parentheses: the fields after the last ")" are fixed.
+        fields = data[data.rfind(b")") + 2 :].split(None, 2)
+        try:
+            return int(fields[1])
+        except (IndexError, ValueError):
+            return None
+
+    def walk(self, root: int, admit: Callable[[int], bool] = lambda pid: True) -> list[int] | None:
+        """Pids below ``root``, parents before children; a pid ``admit`` refuses is left out
+        with what lies below it. None when /proc cannot be listed."""
+        with self._lock:
+            try:
+                listed = {int(n) for n in os.listdir(self.proc) if n.isdigit()}
+            except OSError:
+                return None
+            ppid = self._ppid
+            for gone in ppid.keys() - listed:
+                del ppid[gone]
+            for r in [r for r in self._trees if r not in listed]:
+                del self._trees[r]
+            again = set().union(*self._trees.values()) & listed if self._trees else set()
+            for pid in (listed - ppid.keys()) | again:
+                parent = self._read_ppid(pid)
+                if parent is None:
+                    ppid.pop(pid, None)
+                else:
+                    ppid[pid] = parent
+            kids: dict[int, list[int]] = {}
+            for pid, parent in ppid.items():
+                kids.setdefault(parent, []).append(pid)
+            out: list[int] = []
+            seen = {root}
+            stack = [root]
+            while stack:
+                for k in kids.get(stack.pop(), ()):
+                    if k not in seen:
+                        seen.add(k)
+                        if admit(k):
+                            out.append(k)
+                            stack.append(k)
+            if root in listed:
+                self._trees[root] = set(out)
+            return out
+
+
+_TABLE = PidTable()
+
+
+def descendants(p: psutil.Process, table: PidTable | None = None) -> list[psutil.Process]:
+    """What ``p.children(recursive=True)`` returns, from the agent's shared ``PidTable``
+    (psutil's own walk where /proc cannot be listed)."""
+    born = p.create_time()
+    found: dict[int, psutil.Process] = {}
+
+    def admit(pid: int) -> bool:
+        try:
+            child = psutil.Process(pid)
+            if born <= child.create_time():  # older than its parent: a reused pid (as psutil)
+                found[pid] = child
+                return True
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+        return False
+
+    pids = (table or _TABLE).walk(p.pid, admit)
+    if pids is None:
+        return p.children(recursive=True)
+    return [found[pid] for pid in pids]
+
+
 class ProcessProber:
     """Samples one process and its descendants; remembers enough to compute CPU %.
 
@@ -161,12 +262,13 @@ class ProcessProber:
 
     @staticmethod
     def _descendants(p: psutil.Process) -> list[psutil.Process]:
-        return _safe(lambda: p.children(recursive=True), [])
+        return _safe(lambda: descendants(p), [])
 
     def _tree(self, p: psutil.Process) -> list[psutil.Process]:
-        """Descendants, re-walked every ``TREE_RESCAN`` samples: a walk reads /proc/*/stat of
-        every process on the node, the costliest thing a sample does. In between the known
-        ones are reused (a new data-loader worker shows up within a rescan)."""
+        """Descendants, re-walked every ``TREE_RESCAN`` samples: a walk lists /proc and reads
+        the stat of the processes new since the last one (``PidTable``), the costliest thing a
+        sample does. In between the known ones are reused (a new data-loader worker shows up
+        within a rescan)."""
         if self._samples % TREE_RESCAN == 0:
             self._kids = self._descendants(p)
         else:
