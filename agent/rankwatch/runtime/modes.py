@@ -26,10 +26,9 @@ from typing import Any, BinaryIO
 import psutil
 
 from rankwatch import offloop
-from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
-from rankwatch.identity import RANK_VARS, Identity, identity_of_process
+from rankwatch.identity import RANK_VARS, Identity, identity_of_process, rank_from_path
 from rankwatch.runtime import workers
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.echo import Echo
