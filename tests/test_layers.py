@@ -198,3 +198,18 @@ def test_no_import_cycle() -> None:
     assert not new, f"import cycles: {new}"
     gone = [sorted(c) for c in KNOWN_CYCLES - cycles]
     assert not gone, f"fixed: remove from KNOWN_CYCLES: {gone}"
+
+
+def test_the_runtime_reads_no_detectors_insides() -> None:
+    """The runtime feeds a rank's engine and reads its typed readings (``RankEngine.liveness``),
+    never a detector instance it looked up (``engine.detector(...)``) and then reached into."""
+    found = [
+        f"{name}:{node.lineno}"
+        for name, path in MODULES.items()
+        if _layer(name) == "runtime"
+        for node in source_nodes(path)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "detector"
+    ]
+    assert not found, found

@@ -89,7 +89,7 @@ def _now_text(t: float) -> str:
 
 
 class CrossRank:
-    """Installed on an :class:`~rankwatch.runtime.agent.Agent` by the services; see the module doc."""
+    """Wired into an :class:`~rankwatch.runtime.agent.Agent` by the services; see the module doc."""
 
     def __init__(self, agent: Any, cfg: Config, *, wall: Callable[[], float] = time.time) -> None:
         self.agent = agent
@@ -109,11 +109,7 @@ class CrossRank:
         self._failing: dict[int | None, int] = {}
         self._profiled: dict[int | None, float] = {}
 
-    # --- wiring ------------------------------------------------------------------------
-    def install(self) -> None:
-        self.agent.holds.append(self.hold)
-        self.agent.exit_hooks.append(self.clean_exit)
-
+    # --- what the agent calls (runtime/agent.py: CrossRankJudge) ------------------------
     def clean_exit(self, rank: int | None, step: int | None, t: float, run: str | None = None) -> None:
         """A rank of many exited with status 0: recorded as a possible first failure. If its
         peers go on into the next collective, their hang or their gloo ``Connection closed by
