@@ -4,6 +4,7 @@ GPU metrics from the fake NVML backend, and the checkpoint watcher, all at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from conftest import until
 from gpufake import FakeBackend, healthy
 from rankwatch.config.loader import load_config
 from rankwatch.config.snapshot import replaced
+from rankwatch.detectors.liveness import StallDetector
 from rankwatch.identity import Identity
 from rankwatch.runtime.modes import run_command
 from rankwatch.runtime.services import Services
@@ -263,7 +265,8 @@ def test_a_runs_first_save_ends_the_checkpoint_allowance(
     agent = Agent(cfg, IDENT)
     w = agent.add_watcher([])
     seen: list[str] = []
-    monkeypatch.setattr(w.stall, "on_activity", lambda now, what: seen.append(what))
+    stall = w.engine.detector(StallDetector)
+    monkeypatch.setattr(stall, "on_activity", lambda now, what: seen.append(what))
     svc = Services(agent, cfg)
     cw = FakeCheckpoints()
     svc.checkpoints = cw  # type: ignore[assignment]
@@ -294,3 +297,77 @@ def test_a_runs_first_save_ends_the_checkpoint_allowance(
         await asyncio.wait_for(task, 5)
 
     asyncio.run(main())
+
+
+@pytest.mark.unit
+def test_what_the_agent_samples_of_itself_is_judged_by_its_ranks_one_engine(tmp_path: Path) -> None:
+    """One engine per rank: the agent's folders' free space and NVML's state go to the engine
+    of the rank it watches (the one hot reload reconfigures, whose errors are counted), not to
+    a second engine of the same rank kept beside it; its findings carry the rank's run."""
+    from rankwatch.config.schema import Config
+    from rankwatch.events import DiskSample, NvmlHang
+    from rankwatch.runtime.agent import Agent
+    from rankwatch.runtime.services import Services
+
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    agent = Agent(cfg, IDENT)
+    w = agent.add_watcher([])
+    svc = Services(agent, cfg)
+    assert svc.engine(agent=True) is w.engine
+    full = DiskSample({str(tmp_path): "log"}, free=0, total=1 << 30, time=1.0, wall=1.7e9)
+    svc.push(full, agent=True)
+    svc.push(NvmlHang(2.0, None), agent=True)
+    assert svc.engines == {} and list(w.engines) == [IDENT.rank]
+    low = [f for f in agent.findings if f.kind == "disk_low"]
+    assert len(low) == 1 and low[0].rank == IDENT.rank and low[0].run == IDENT.run
+
+    # A node daemon: no watcher is the agent's own rank, so its own events have an engine here.
+    other = Agent(cfg, IDENT)
+    other.add_watcher([], dataclasses.replace(IDENT, run="someone-else", rank=3))
+    svc2 = Services(other, cfg)
+    svc2.push(full, agent=True)
+    assert list(svc2.engines) == [IDENT.rank] and [f.kind for f in other.findings] == ["disk_low"]
+
+
+@pytest.mark.unit
+def test_a_findings_way_to_the_sinks_is_wired_in_one_call(tmp_path: Path) -> None:
+    """The cross-rank hold, the enricher and the alert dispatcher are the agent's named parts,
+    set by one ``wire`` call: no module fills a list of hooks on the agent."""
+    from rankwatch.config.schema import Config
+    from rankwatch.records import Finding, Severity
+    from rankwatch.runtime.agent import Agent
+
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    sent: list[str] = []
+    order: list[str] = []
+
+    class Sink:
+        def send(self, f: Finding) -> None:
+            sent.append(f"sink:{f.message}")
+
+    class Alerts(Sink):
+        def send(self, f: Finding) -> None:
+            sent.append(f"alerts:{f.message}")
+
+        def dumps_taken(self, outcome: object) -> None:
+            order.append("dumps")
+
+    class Judge:
+        def hold(self, f: Finding) -> bool:
+            order.append("hold")
+            return f.message == "held"
+
+        def clean_exit(self, rank: int | None, step: int | None, t: float, run: str | None = None) -> None:
+            order.append(f"exit:{rank}:{step}:{run}")
+
+    agent = Agent(cfg, IDENT, sinks=[Sink()])
+    agent.wire(
+        cross_rank=Judge(),
+        enrich=lambda f: dataclasses.replace(f, message=f.message.upper()),
+        alerts=Alerts(),
+    )
+    agent.emit(Finding(kind="oom", severity=Severity.CRITICAL, rank=0, message="held"))
+    agent.emit(Finding(kind="oom", severity=Severity.CRITICAL, rank=0, message="out"))
+    agent.clean_exit(0, 12, 1.7e9, "svc")
+    assert sent == ["sink:OUT", "alerts:OUT"]
+    assert order == ["hold", "hold", "exit:0:12:svc"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rankwatch.analyze import rank_from_path
 from rankwatch.cli import main
+from rankwatch.identity import rank_from_path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FINDING_KEYS = {"kind", "severity", "rank", "path", "step", "line", "message"}

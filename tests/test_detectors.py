@@ -297,6 +297,23 @@ def test_cross_rank_names_the_crashed_rank_behind_nccl_timeouts() -> None:
     assert "rank 2 failed first" in out[0].message and "0,1,3" in out[0].message
 
 
+@pytest.mark.parametrize("own", ["crash", "oom", "cuda_error", "xid", "gpu_lost"])
+def test_cross_rank_weighs_the_failures_the_live_agent_records(own: str) -> None:
+    """One list of failure kinds: whatever the live agent records as a rank's own failure is a
+    cause for ``analyze`` too, and what a rank says of a lost peer is a consequence for both."""
+    from rankwatch.errorkinds import OWN_FAILURES, PEER_FAILURES, RECORDED_FAILURES
+
+    assert own in OWN_FAILURES and set(OWN_FAILURES) <= RECORDED_FAILURES
+    assert "peer_error" in RECORDED_FAILURES and "peer_error" in PEER_FAILURES
+    states, findings = [], {}
+    for r in range(3):
+        st, fs = _state_with(r, 100, [own] if r == 1 else ["peer_error"])
+        states.append(st)
+        findings[r] = fs
+    out = cross_rank(states, findings, RankLagConfig())
+    assert [(f.kind, f.rank, f.severity) for f in out] == [("rank_lagging", 1, Severity.CRITICAL)]
+
+
 def test_cross_rank_names_the_rank_without_timeout() -> None:
     states, findings = [], {}
     for r in range(4):

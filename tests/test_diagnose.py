@@ -47,7 +47,7 @@ def _agent(tmp: Path, rank: int, world: int = 4) -> tuple[Agent, CrossRank, list
 
     agent = Agent(cfg, Identity("job", rank, rank, world, "n"), sinks=[Sink()])
     cross = CrossRank(agent, cfg, wall=lambda: 1000.0 + rank)
-    cross.install()
+    agent.wire(cross_rank=cross)
     return agent, cross, sent
 
 

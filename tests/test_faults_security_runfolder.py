@@ -256,7 +256,7 @@ def _cross(tmp: Path, rank: int, world: int = 2, **dumps: Any) -> tuple[Any, Any
 
     agent = Agent(cfg, Identity(RUN, rank, rank, world, "n"), sinks=[Sink()])
     cross = CrossRank(agent, cfg, wall=time.time)
-    cross.install()
+    agent.wire(cross_rank=cross)
     return agent, cross, sent
 
 

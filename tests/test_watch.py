@@ -269,6 +269,7 @@ def test_a_restarted_rank_gets_the_startup_grace_again() -> None:
     """Re-attached to a new pid (torchrun restart, requeue), the rank reloads its model: the
     stall timeout must be the startup grace again, not the old one-minute timeout."""
     from rankwatch.config.schema import Config
+    from rankwatch.events import Progress
     from rankwatch.identity import Identity
     from rankwatch.runtime.watcher import RankWatcher
 
@@ -278,12 +279,12 @@ def test_a_restarted_rank_gets_the_startup_grace_again() -> None:
     w.attach(os.getpid())
     for i in range(50):
         t[0] += 2.0
-        w.stall.on_step(t[0], i)
-    assert w.stall.timeout() == 60.0
+        w.push(Progress(t[0], i))
+    assert w.liveness().timeout == 60.0
     w.attach(os.getpid())  # the same process again: nothing changes
-    assert w.stall.timeout() == 60.0
+    assert w.liveness().timeout == 60.0
     w.attach(os.getppid())
-    assert w.stall.timeout() == float(Config().stall.startup_grace)
+    assert w.liveness().timeout == float(Config().stall.startup_grace)
 
 
 @pytest.mark.process

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankwatch.config.schema import Config
 from rankwatch.detectors.crossrank import cross_rank
 from rankwatch.engine import RankEngine
+from rankwatch.identity import rank_from_path
 from rankwatch.records import Finding, Severity
 from rankwatch.sanitize import visible
 from rankwatch.sources.compressed import compression_of, open_decompressed, require_readable
@@ -28,14 +27,6 @@ from rankwatch.sources.logparser import LogParser
 
 if TYPE_CHECKING:
     from rankwatch.sources.suggest import Diagnosis
-
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|proc|worker|task|process)[-_.]?(\d+)", re.IGNORECASE)
-
-
-def rank_from_path(path: str | os.PathLike[str]) -> int | None:
-    """``rank-3.log``, ``rank3.out``, ``worker_3.txt``, ``job.task-3.log`` -> 3."""
-    m = _RANK_IN_NAME.search(Path(path).name)
-    return int(m.group(1)) if m else None
 
 
 @dataclass
@@ -277,8 +268,8 @@ def _file_results(paths: Sequence[str], cfg: Config, jobs: int | None) -> list[F
     jobs = max(1, min(jobs, n))
     if jobs == 1:
         return [analyze_file(str(p), cfg, i, prefetch) for i, p in enumerate(paths)]
-    # Here, not at the top: the live agent imports this module (rank_from_path) and never
-    # starts a pool. spawn, not fork: no inherited locks or threads, the same on every platform.
+    # Here, not at the top: most calls never start a pool. spawn, not fork: no inherited
+    # locks or threads, the same on every platform.
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 

@@ -18,6 +18,7 @@ from typing import Any, cast
 from rankwatch.config.schema import Config, DetectorsConfig
 from rankwatch.detectors import Detector, DetectorContext, build_detectors
 from rankwatch.detectors.base import Episode
+from rankwatch.detectors.liveness import Liveness, StallDetector
 from rankwatch.detectors.registry import load_all
 from rankwatch.events import Event
 from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Record, StepRecord
@@ -71,8 +72,13 @@ class RankEngine:
         return out
 
     def detector(self, cls: type[Detector]) -> Detector | None:
-        """This rank's instance of a detector class (the runtime reads its live figures)."""
+        """This rank's instance of a detector class (tests read its state)."""
         return next((d for d in self.detectors if type(d) is cls), None)
+
+    def liveness(self, now: float) -> Liveness | None:
+        """The stall rule's reading of this rank at ``now`` (None when the rule is off)."""
+        det = next((d for d in self.detectors if isinstance(d, StallDetector)), None)
+        return det.liveness(self.state, now) if det is not None else None
 
     def finish(self) -> list[Finding]:
         out: list[Finding] = []

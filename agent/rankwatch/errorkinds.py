@@ -16,7 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CRASH_PRIORITY", "ERROR_KINDS", "FIXES", "ErrorKind"]
+__all__ = [
+    "CRASH_PRIORITY",
+    "ERROR_KINDS",
+    "FIXES",
+    "OWN_FAILURES",
+    "PEER_FAILURES",
+    "RECORDED_FAILURES",
+    "ErrorKind",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +119,16 @@ CRASH_PRIORITY: dict[str, int] = {
     for k in sorted(ERROR_KINDS, key=lambda k: k.crash_priority or 0)
     if k.crash_priority is not None
 }
+
+
+# The failures the cross-rank judgement weighs, one list for ``analyze``
+# (detectors/crossrank.py) and the live agent (runtime/diagnose.py). A rank's own failure is a
+# cause its peers' errors may follow (a GPU lost is one: only the live agent sees it).
+OWN_FAILURES: tuple[str, ...] = ("crash", "oom", "cuda_error", "xid", "gpu_lost")
+# What a rank says when another one failed: a collective that timed out or broke, a peer whose
+# connection closed (gloo, the c10d store).
+PEER_FAILURES: tuple[str, ...] = ("nccl_timeout", "nccl_error", "peer_error")
+# What a live agent records in the run folder as a failure and holds until its peers' records
+# are read: its own failures, and a lost peer it reports itself. The NCCL watchdog's texts are
+# judged by the crash or stall they end in, which is recorded in their place.
+RECORDED_FAILURES: frozenset[str] = frozenset({*OWN_FAILURES, "peer_error"})

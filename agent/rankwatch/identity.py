@@ -15,6 +15,7 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from rankwatch.config.schema import RunConfig
 
@@ -25,6 +26,16 @@ RUN_VARS = ("RANKWATCH_RUN", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "LSB_JOBID",
 # Kubernetes: .../kubepods[-burstable|-besteffort]/pod<uid>/<container> (cgroup v1 and v2, with
 # "_" for "-" under the systemd driver).
 _POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+
+
+# A rank in a log file's name (one file per rank, written by a launcher or a user's shell).
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|proc|worker|task|process)[-_.]?(\d+)", re.IGNORECASE)
+
+
+def rank_from_path(path: str | os.PathLike[str]) -> int | None:
+    """``rank-3.log``, ``rank3.out``, ``worker_3.txt``, ``job.task-3.log`` -> 3."""
+    m = _RANK_IN_NAME.search(Path(path).name)
+    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)

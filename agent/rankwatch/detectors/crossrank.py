@@ -12,13 +12,9 @@ from itertools import pairwise
 
 from rankwatch.config.schema import RankLagConfig
 from rankwatch.detectors.base import median
+from rankwatch.errorkinds import OWN_FAILURES, PEER_FAILURES
 from rankwatch.records import Finding, Severity
 from rankwatch.state import RankState
-
-PRIMARY = ("crash", "oom", "cuda_error", "xid")
-# What a rank says when another one failed: a collective that timed out or broke, a peer
-# whose connection closed (gloo, the c10d store).
-SECONDARY = ("nccl_timeout", "nccl_error", "peer_error")
 
 
 def _first_time(findings: Sequence[Finding], kinds: tuple[str, ...]) -> tuple[bool, float | None, int | None]:
@@ -52,10 +48,10 @@ def cross_rank(
     secondary = []
     for s in states:
         fs = findings.get(s.rank, [])
-        has_p, t_p, line_p = _first_time(fs, PRIMARY)
+        has_p, t_p, line_p = _first_time(fs, OWN_FAILURES)
         if has_p:
             primary[s.rank] = (t_p, line_p)
-        if _first_time(fs, SECONDARY)[0]:
+        if _first_time(fs, PEER_FAILURES)[0]:
             secondary.append(s.rank)
 
     if primary and secondary:
@@ -74,7 +70,7 @@ def cross_rank(
         st = by_rank[culprit]
         others = [r for r in secondary if r != culprit]
         if others:
-            kinds = sorted({f.kind for f in findings.get(culprit, []) if f.kind in PRIMARY})
+            kinds = sorted({f.kind for f in findings.get(culprit, []) if f.kind in OWN_FAILURES})
             at = f" at step {st.last_step}" if st.last_step is not None else ""
             out[culprit] = Finding(
                 kind="rank_lagging",

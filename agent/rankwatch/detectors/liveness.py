@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rankwatch.config.schema import StallConfig
@@ -74,6 +75,18 @@ def p99(xs: deque[float] | list[float]) -> float:
 
 def _secs(x: float) -> str:
     return f"{x:.0f}s" if x >= 10 else f"{x:.1f}s"
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """What the stall rule knows of a rank now, as the faces show it: seconds since its last
+    step (a stepping rank) or last sign of life, the timeout it is judged by (None when it
+    cannot be told), and whether a stall is open."""
+
+    since: float
+    timeout: float | None
+    stalled: bool
+    stepping: bool
 
 
 @register
@@ -159,6 +172,16 @@ class StallDetector(Detector):
     @property
     def active(self) -> bool:
         return self.episode.active
+
+    def liveness(self, state: RankState | None, now: float) -> Liveness:
+        """The reading at ``now`` (the clock the rule judges by): since > timeout is a stall."""
+        stepping = self.steps_seen > 0 or (state is not None and state.step_count > 0)
+        since = max(0.0, now - (self.last_progress if stepping else self.last_signal))
+        try:
+            timeout: float | None = float(self.timeout())
+        except Exception:
+            timeout = None
+        return Liveness(since, timeout, bool(self.active), stepping)
 
     def _stepping(self, state: RankState | None = None) -> bool:
         if state is not None and state.step_count > 0:

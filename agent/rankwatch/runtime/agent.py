@@ -31,7 +31,7 @@ from rankwatch.detectors.disk import human, is_full
 from rankwatch.dumps.capture import DumpResult, capture, find_py_spy, py_spy_missing
 from rankwatch.dumps.ptrace import has_cap_sys_ptrace, ptrace_problem, yama_scope
 from rankwatch.dumps.store import DumpStore, IncidentInfo, incident_name, sanitise_reason, sanitise_run
-from rankwatch.events import DiskSample
+from rankwatch.events import DiskSample, Event
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
 from rankwatch.runtime.faces import SnapshotBuilder
@@ -113,6 +113,24 @@ class Sink(Protocol):
     def send(self, f: Finding) -> None: ...
 
 
+class AlertSink(Sink, Protocol):
+    """The alert dispatcher, as the agent uses it: findings in, and the stacks a capture took."""
+
+    def dumps_taken(self, outcome: DumpOutcome) -> None: ...
+
+
+class CrossRankJudge(Protocol):
+    """The cross-rank diagnosis (runtime/diagnose.py), as the agent uses it."""
+
+    def hold(self, f: Finding) -> bool:
+        """True when it takes ``f`` and emits it itself, completed, a little later."""
+        ...
+
+    def clean_exit(self, rank: int | None, step: int | None, t: float, run: str | None = None) -> None:
+        """A watched rank exited with status 0 (rank, last step, wall time, its run)."""
+        ...
+
+
 class Agent:
     def __init__(
         self,
@@ -141,14 +159,11 @@ class Agent:
         self.alert_peer_stats: dict[str, int] | None = None  # cross-agent grouping, by role
         self.http = HttpCounters()  # the HTTP server's own counts, read into every snapshot
         self.started_at = time.time()
-        # Add context to a finding before anyone sees it (e.g. the last good checkpoint for a NaN).
-        self.enrichers: list[Callable[[Finding], Finding]] = []
-        # Take a finding now and emit it completed later (runtime/diagnose.py: a stall waits for
-        # its peers' stacks); a held finding comes back with evidence["cross_rank"] set.
-        self.holds: list[Callable[[Finding], bool]] = []
-        # Told when a watched rank exits cleanly (rank, last step, wall): see RankWatcher.
-        # Told of a rank's clean exit: rank, last step, wall time, the process's run.
-        self.exit_hooks: list[Callable[[int | None, int | None, float, str | None], None]] = []
+        # Wired once by the services (``wire``): what a finding meets between its detector and
+        # the sinks. None until then (an agent in a test, ``analyze``): findings go straight out.
+        self.cross_rank: CrossRankJudge | None = None
+        self.enrich: Callable[[Finding], Finding] | None = None
+        self.alerts: AlertSink | None = None
         self.dumps_captured = 0
         self.dumps_failed: dict[str, int] = {}  # by DumpResult.error: a small fixed vocabulary
         # Set by the GPU service: () -> ({rank: [GpuSample]}, sampler up); read by the status page.
@@ -164,7 +179,8 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.last_capture = DumpOutcome("failed")  # what the last stack capture did
         self._held_stalls: dict[int | None, list[Finding]] = {}  # stalls waiting for their stacks
-        self.disk_latest: list[DiskSample] = []  # free space of log/dumps/spool (Services samples it)
+        # The last good sample of each polled source (sources/polled), by its name.
+        self.sampled: dict[str, tuple[Event, ...]] = {}
         self.stderr_guard: Any = None  # runtime.stdio.StderrGuard (its dropped bytes are a metric)
         self.echo: Any = None  # run mode: runtime.echo.Echo (its dropped bytes are a metric)
         self.loop_monitor: Any = None  # runtime.loopmon.LoopMonitor, set by Services (/healthz)
@@ -196,14 +212,35 @@ class Agent:
         if w not in self.watchers:
             self.watchers.append(w)
 
+    def wire(
+        self,
+        *,
+        cross_rank: CrossRankJudge | None = None,
+        enrich: Callable[[Finding], Finding] | None = None,
+        alerts: AlertSink | None = None,
+    ) -> None:
+        """The path of a finding, declared in one call: ``cross_rank`` may hold it (a stall waits
+        for its peers' stacks, a failure for the first failure's record) and is told of clean
+        exits; ``enrich`` adds what the agent knows (the last good checkpoint for a NaN); the
+        sinks, then ``alerts`` (the dispatcher), receive it."""
+        self.cross_rank = cross_rank
+        self.enrich = enrich
+        self.alerts = alerts
+
     def clean_exit(self, rank: int | None, step: int | None, wall: float, run: str | None = None) -> None:
-        for hook in self.exit_hooks:
-            try:
-                hook(rank, step, wall, run)
-            except Exception:
-                errs = self.internal_errors_by_component
-                errs["hold"] = errs.get("hold", 0) + 1
-                log.exception("an exit hook failed")
+        if self.cross_rank is None:
+            return
+        try:
+            self.cross_rank.clean_exit(rank, step, wall, run)
+        except Exception:
+            errs = self.internal_errors_by_component
+            errs["hold"] = errs.get("hold", 0) + 1
+            log.exception("an exit hook failed")
+
+    @property
+    def disk_latest(self) -> list[DiskSample]:
+        """Free space of the log, dumps and spool folders, as last sampled (off the loop)."""
+        return [e for events in self.sampled.values() for e in events if isinstance(e, DiskSample)]
 
     def snapshot(self) -> AgentSnapshot:
         """What the exporter and the server show, now (built on the loop: runtime/faces.py)."""
@@ -213,9 +250,9 @@ class Agent:
     def emit(self, f: Finding) -> None:
         if f.time is None:
             f.time = time.time()  # when the agent saw it (a stall has no log line to date it)
-        for hold in self.holds:
+        if self.cross_rank is not None:
             try:
-                if hold(f):
+                if self.cross_rank.hold(f):
                     return
             except Exception:
                 errs = self.internal_errors_by_component
@@ -248,9 +285,9 @@ class Agent:
         self._publish(f)
 
     def _publish(self, f: Finding) -> None:
-        for enrich in self.enrichers:
+        if self.enrich is not None:
             try:
-                f = enrich(f)
+                f = self.enrich(f)
             except Exception:
                 self.internal_errors_by_component["enrich"] = (
                     self.internal_errors_by_component.get("enrich", 0) + 1
@@ -259,7 +296,8 @@ class Agent:
         self.findings.append(f)
         if len(self.findings) > 10_000:
             del self.findings[:5_000]
-        for sink in self.sinks:
+        sinks: list[Sink] = [*self.sinks, self.alerts] if self.alerts is not None else self.sinks
+        for sink in sinks:
             try:
                 sink.send(f)
             except Exception:
@@ -550,12 +588,9 @@ class Agent:
         if folder is not None:
             self.last_incident = folder
             log.warning("stack dumps written to %s", folder)
-        if outcome.link is not None:  # a folder of failure notes is no link to stacks
-            for sink in self.sinks:
-                taken = getattr(sink, "dumps_taken", None)  # the alert dispatcher links them
-                if callable(taken):
-                    with contextlib.suppress(Exception):
-                        taken(outcome)
+        if outcome.link is not None and self.alerts is not None:  # failure notes are no link to stacks
+            with contextlib.suppress(Exception):
+                self.alerts.dumps_taken(outcome)  # the alerts link them
         if on_stacks is not None:
             on_stacks()  # the stall finding goes out now; the extras below can take seconds
         for rank in dumped:
@@ -627,7 +662,9 @@ class Agent:
                 for k, v in dataclasses.asdict(st).items()
             }
             with contextlib.suppress(Exception):
-                judged["stall timeout now (s)"] = round(float(w.stall.timeout()), 1)
+                timeout = w.liveness().timeout
+                if timeout is not None:
+                    judged["stall timeout now (s)"] = round(timeout, 1)
             out["judged_by"] = judged
         return out
 

@@ -47,6 +47,7 @@ from rankwatch.dumps.classify import COLLECTIVE, KIND_TEXT, classify_dump, colle
 from rankwatch.dumps.diff import MISMATCH, MISSING, NOT_IN_COLLECTIVE, ONLY_IN_COLLECTIVE, diff_incident
 from rankwatch.dumps.diff import format_ranks as fmt_ranks
 from rankwatch.dumps.store import DumpStore, sanitise_run
+from rankwatch.errorkinds import RECORDED_FAILURES
 from rankwatch.records import Finding, FirstFailure, Severity
 from rankwatch.runtime.agent import DUMPS_IO, capture_off_loop
 
@@ -73,7 +74,6 @@ FIRST_TRIES = 16
 # profile-r<rank>-<µs>-w<permille waiting>.json
 _NAME_RE = re.compile(r"^(failed|profile)-r(\d{1,9})-(\d{1,20})-(f|c|x|w\d{1,4})\.json$")
 MAX_RUN_FOLDERS = 64  # other jobs' .ranks folders kept open at once (a node daemon's runs)
-FAILURE_KINDS = frozenset({"crash", "oom", "cuda_error", "xid", "gpu_lost", "peer_error"})
 # What a rank prints when a *peer* died: gloo, NCCL, c10d store and torchelastic texts.
 PEER_FAILURE_RE = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
@@ -89,7 +89,7 @@ def _now_text(t: float) -> str:
 
 
 class CrossRank:
-    """Installed on an :class:`~rankwatch.runtime.agent.Agent` by the services; see the module doc."""
+    """Wired into an :class:`~rankwatch.runtime.agent.Agent` by the services; see the module doc."""
 
     def __init__(self, agent: Any, cfg: Config, *, wall: Callable[[], float] = time.time) -> None:
         self.agent = agent
@@ -109,11 +109,7 @@ class CrossRank:
         self._failing: dict[int | None, int] = {}
         self._profiled: dict[int | None, float] = {}
 
-    # --- wiring ------------------------------------------------------------------------
-    def install(self) -> None:
-        self.agent.holds.append(self.hold)
-        self.agent.exit_hooks.append(self.clean_exit)
-
+    # --- what the agent calls (runtime/agent.py: CrossRankJudge) ------------------------
     def clean_exit(self, rank: int | None, step: int | None, t: float, run: str | None = None) -> None:
         """A rank of many exited with status 0: recorded as a possible first failure. If its
         peers go on into the next collective, their hang or their gloo ``Connection closed by
@@ -204,7 +200,7 @@ class CrossRank:
         if self._failing.get(f.rank):  # the rank's failure goes out first, whatever follows it
             self._later[f.rank].append(f)
             return True
-        if f.kind in FAILURE_KINDS:
+        if f.kind in RECORDED_FAILURES:
             return self._on_failure(f)
         if f.kind == "stall" and self.cfg.dumps.on_stall:
             self._held(f.rank)

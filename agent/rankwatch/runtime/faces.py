@@ -235,25 +235,17 @@ def _own_view(
 ) -> RankSnapshot:
     eng = w.engines.get(w.rank)
     fields: dict[str, Any] = _training(eng.state) if eng is not None else {}
-    stall = w.stall
-    state = eng.state if eng is not None else None
-    stepping = stall.steps_seen > 0 or (state is not None and state.step_count > 0)
-    # The same clock the stall detector judges by, so since > timeout means "stalled".
-    since = max(0.0, w.clock() - (stall.last_progress if stepping else stall.last_signal))
-    try:
-        timeout: float | None = float(stall.timeout())
-    except Exception:
-        timeout = None
-    if fields.get("last_progress_time") is None and stepping:
-        fields["last_progress_time"] = wall - since
+    live = w.liveness()  # on the stall rule's own clock, so since > timeout means "stalled"
+    if fields.get("last_progress_time") is None and live.stepping:
+        fields["last_progress_time"] = wall - live.since
     return RankSnapshot(
         labels=labels,
         rank=w.rank,
         own=True,
         local_rank=w.identity.local_rank,
-        seconds_since_progress=since,
-        stall_timeout_s=timeout,
-        stalled=bool(stall.active),
+        seconds_since_progress=live.since,
+        stall_timeout_s=live.timeout,
+        stalled=live.stalled,
         process=_part(broken, "process", lambda: _process(w)),
         logs=_part(broken, "logs", lambda: _logs(w)),
         sources=sources,

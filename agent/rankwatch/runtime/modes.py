@@ -26,14 +26,12 @@ from typing import Any, BinaryIO
 import psutil
 
 from rankwatch import offloop
-from rankwatch.analyze import rank_from_path
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
-from rankwatch.identity import RANK_VARS, Identity, identity_of_process
-from rankwatch.runtime import workers
+from rankwatch.identity import RANK_VARS, Identity, identity_of_process, rank_from_path
+from rankwatch.runtime import lifecycle, workers
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.echo import Echo
-from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
@@ -293,14 +291,12 @@ async def _run_command(
         else None
     )
     lower_priority(nice)
-    agent.install_dump_signal()
     echo = _stdout_echo(path, start) if cfg.runner.echo and out is not None else None
     agent.echo = echo
     if echo is not None:
         echo.start()
-    extras = Services(agent, cfg, **(services or {}))
     try:
-        await extras.start()
+        extras = await lifecycle.start(agent, cfg, services)  # its signals are forwarded above
     except BaseException:
         _remove_handlers(loop)
         raise
@@ -524,179 +520,202 @@ async def watch_processes(
     guard = StderrGuard()
     guard.install()  # a stderr nobody reads must not stall the loop
     try:
-        return await _watch_processes(
-            cfg, identity, pids=pids, match=match, logs=logs, sinks=sinks, stop=stop, services=services,
-            nice=nice, guard=guard,
-        )  # fmt: skip
+        problem = _usage_problem(pids, logs)
+        if problem is not None:
+            print(f"rankwatch: {problem}", file=sys.stderr)
+            return 2
+        lower_priority(nice)
+        agent = Agent(cfg, identity, sinks=sinks)
+        agent.stderr_guard = guard
+        session = _ProcessWatch(cfg, identity, agent, pids, match, logs)
+        return await session.run(stop or asyncio.Event(), services)
     finally:
         guard.restore()
 
 
-async def _watch_processes(
-    cfg: Config,
-    identity: Identity,
-    *,
-    pids: Sequence[int],
-    match: str | None,
-    logs: Sequence[Path],
-    sinks: Sequence[Sink],
-    stop: asyncio.Event | None = None,
-    services: dict[str, Any] | None = None,
-    nice: int = 0,
-    guard: StderrGuard | None = None,
-) -> int:
-    stop = stop or asyncio.Event()
+def _usage_problem(pids: Sequence[int], logs: Sequence[Path]) -> str | None:
+    """What in ``watch``'s arguments cannot work, said before anything starts."""
     missing = [p for p in pids if not psutil.pid_exists(p)]
     if missing:
-        print(f"rankwatch: no process with pid {', '.join(map(str, missing))}", file=sys.stderr)
-        return 2
+        return f"no process with pid {', '.join(map(str, missing))}"
     if len(pids) > 1 and len(logs) == 1:
-        print(
-            "rankwatch: one --log for several --pid: give one --log per rank (rank-<r>.log), or none "
-            "to follow each process's own stdout file",
-            file=sys.stderr,
+        return (
+            "one --log for several --pid: give one --log per rank (rank-<r>.log), or none "
+            "to follow each process's own stdout file"
         )
-        return 2
-    lower_priority(nice)
-    agent = Agent(cfg, identity, sinks=sinks)
-    agent.stderr_guard = guard
-    watchers: list[RankWatcher] = []
-    tasks: list[asyncio.Task[Any]] = []
-    # A node daemon (`watch --match train.py`, or several --pid, no logs): one watcher per rank
-    # process, each with its own rank and labels, following its stdout when that is a file.
-    per_process = not logs and ((bool(match) and not pids) or len(pids) > 1)
-    if not per_process and len(logs) <= 1:
-        watchers.append(agent.add_watcher(list(logs), from_end=True, replay=True))
-    elif not per_process:
+    return None
+
+
+@dataclasses.dataclass
+class _ProcessWatch:
+    """``rankwatch watch``: ranks found by pid or by a command-line match, attached to watchers.
+
+    A node daemon (``--match`` with no pid, or several ``--pid``, and no ``--log``) gives each
+    rank process a watcher of its own, with the identity read from its environment and its
+    stdout file followed when it is one (``per_process``). Otherwise the watchers come from
+    the logs (one, or one per ``--log`` with the rank in its name) and a found process is
+    attached to the free watcher of its rank."""
+
+    cfg: Config
+    identity: Identity
+    agent: Agent
+    pids: Sequence[int]
+    match: str | None
+    logs: dataclasses.InitVar[Sequence[Path]]
+    watchers: list[RankWatcher] = dataclasses.field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = dataclasses.field(default_factory=list)
+    started: bool = False  # watchers added from now on start running at once
+    per_process: bool = False
+
+    def __post_init__(self, logs: Sequence[Path]) -> None:
+        self.per_process = not logs and ((bool(self.match) and not self.pids) or len(self.pids) > 1)
+        if not self.per_process:
+            self._watch_logs(logs)
+
+    def _watch_logs(self, logs: Sequence[Path]) -> None:
+        if len(logs) <= 1:
+            self.watchers.append(self.agent.add_watcher(list(logs), from_end=True, replay=True))
+            return
         for i, p in enumerate(logs):
             r = rank_from_path(p)
-            ident = dataclasses.replace(identity, rank=r if r is not None else i, local_rank=i)
-            watchers.append(agent.add_watcher([p], ident, from_end=True, replay=True))
+            ident = dataclasses.replace(self.identity, rank=r if r is not None else i, local_rank=i)
+            self.watchers.append(self.agent.add_watcher([p], ident, from_end=True, replay=True))
 
-    def add_process(pid: int, seen: _Found) -> None:
-        env = seen.env
-        _note_unreadable(agent, pid, seen.problem)
-        # A node daemon watches many jobs and users: each process's identity (run, rank, local
-        # rank, world size, node, user) is its own, read from its environment and cgroup.
-        ident = identity_of_process(cfg.run, env, identity, user=seen.user, cgroup=seen.cgroup)
-        if _env_int(env, RANK_VARS) is None and pid in pids and len(pids) > 1:
+    # --- finding the ranks --------------------------------------------------------------
+    def _identity_of(self, seen: _Found) -> Identity:
+        """A node daemon watches many jobs and users: each process's identity (run, rank, local
+        rank, world size, node, user) is its own, read from its environment and cgroup."""
+        return identity_of_process(self.cfg.run, seen.env, self.identity, user=seen.user, cgroup=seen.cgroup)
+
+    def _add_process(self, pid: int, seen: _Found) -> None:
+        _note_unreadable(self.agent, pid, seen.problem)
+        ident = self._identity_of(seen)
+        if _env_int(seen.env, RANK_VARS) is None and pid in self.pids and len(self.pids) > 1:
             # several --pid without RANK: their order on the command line
-            ident = dataclasses.replace(ident, rank=pids.index(pid))
+            ident = dataclasses.replace(ident, rank=list(self.pids).index(pid))
         out = seen.stdout
-        w = agent.add_watcher([out] if out is not None else [], ident, from_end=True, replay=True)
+        w = self.agent.add_watcher([out] if out is not None else [], ident, from_end=True, replay=True)
         w.attach(pid, seen.prober)
-        watchers.append(w)
-        if started:
-            tasks.append(asyncio.create_task(w.run()))
+        self.watchers.append(w)
+        if self.started:
+            self.tasks.append(asyncio.create_task(w.run()))
         pod = f" (pod {seen.pod})" if seen.pod else ""
         following = f", following {out}" if out else ", no log file"
         log.info("rank %s: pid %d%s%s", ident.rank, pid, pod, following)
 
-    async def assign(found: Sequence[int]) -> None:
-        for gone in set(agent.attach_problems) - set(found):
-            agent.attach_problems.pop(gone, None)
-        attached = {w.prober.pid for w in watchers if w.prober is not None and not w.exited}
-        free = [w for w in watchers if w.prober is None or w.exited]
-        if not per_process and (not free or not found):
-            return
-        try:
-            found, seen = await offloop.proc(
-                functools.partial(
-                    _look, found, per_process=per_process, attached=attached,
-                    first_only=not per_process and len(watchers) == 1, clock=agent.clock,
-                ),
-                name="rankwatch-proc-attach",
-                errors=agent.internal_errors_by_component,
-            )  # fmt: skip
-        except asyncio.TimeoutError:
-            return  # logged and counted by offloop; tried again next period
-        if per_process:
-            for pid in found:
-                if pid in attached:
-                    continue
-                ident = identity_of_process(
-                    cfg.run, seen[pid].env, identity, user=seen[pid].user, cgroup=seen[pid].cgroup
-                )
-                # The same rank of the same job (a restart) goes on in its pipeline; the same rank
-                # number of another job (the next one on the node) is a new pipeline.
-                again = next(
-                    (
-                        w
-                        for w in watchers
-                        if w.exited
-                        and ident.rank is not None
-                        and w.rank == ident.rank
-                        and w.identity.run == ident.run
-                        and w.identity.user == ident.user
-                    ),
-                    None,
-                )
-                if again is not None:
-                    again.attach(pid, seen[pid].prober)  # the rank restarted: same state and labels
-                else:
-                    add_process(pid, seen[pid])
-            return
-        if len(watchers) == 1:
-            watchers[0].attach(found[0], seen[found[0]].prober)
+    def _restarted(self, ident: Identity) -> RankWatcher | None:
+        """The pipeline of the same rank of the same job, its process gone (a restart goes on
+        in it); the same rank number of another job (the next one on the node) is not it."""
+        if ident.rank is None:
+            return None
+        return next(
+            (
+                w
+                for w in self.watchers
+                if w.exited
+                and w.rank == ident.rank
+                and w.identity.run == ident.run
+                and w.identity.user == ident.user
+            ),
+            None,
+        )
+
+    def _assign_per_process(self, found: Sequence[int], seen: dict[int, _Found], attached: set[int]) -> None:
+        for pid in found:
+            if pid in attached:
+                continue
+            again = self._restarted(self._identity_of(seen[pid]))
+            if again is not None:
+                again.attach(pid, seen[pid].prober)  # the rank restarted: same state and labels
+            else:
+                self._add_process(pid, seen[pid])
+
+    def _assign_by_rank(self, found: Sequence[int], seen: dict[int, _Found], free: list[RankWatcher]) -> None:
+        if len(self.watchers) == 1:
+            self.watchers[0].attach(found[0], seen[found[0]].prober)
             return
         by_rank = {w.rank: w for w in free}
         for pid in found:
             if pid not in seen:
                 continue  # attached to a watcher that is not free
-            _note_unreadable(agent, pid, seen[pid].problem)
+            _note_unreadable(self.agent, pid, seen[pid].problem)
             w = by_rank.pop(_env_int(seen[pid].env, RANK_VARS), None)
             if w is not None:
                 w.attach(pid, seen[pid].prober)
 
-    async def matching() -> list[int] | None:
+    async def assign(self, found: Sequence[int]) -> None:
+        """Attach what ``found`` holds that no watcher has yet (read off the loop: ``_look``)."""
+        for gone in set(self.agent.attach_problems) - set(found):
+            self.agent.attach_problems.pop(gone, None)
+        attached = {w.prober.pid for w in self.watchers if w.prober is not None and not w.exited}
+        free = [w for w in self.watchers if w.prober is None or w.exited]
+        if not self.per_process and (not free or not found):
+            return
+        try:
+            found, seen = await offloop.proc(
+                functools.partial(
+                    _look, found, per_process=self.per_process, attached=attached,
+                    first_only=not self.per_process and len(self.watchers) == 1, clock=self.agent.clock,
+                ),
+                name="rankwatch-proc-attach",
+                errors=self.agent.internal_errors_by_component,
+            )  # fmt: skip
+        except asyncio.TimeoutError:
+            return  # logged and counted by offloop; tried again next period
+        if self.per_process:
+            self._assign_per_process(found, seen, attached)
+        else:
+            self._assign_by_rank(found, seen, free)
+
+    async def matching(self) -> list[int] | None:
         """``find_processes`` reads every process's cmdline: off the loop, bounded; None when
         it did not answer (logged and counted by offloop; tried again next period)."""
-        assert match
+        assert self.match
         try:
             return await offloop.proc(
-                find_processes, match, name="rankwatch-proc-match", errors=agent.internal_errors_by_component
+                find_processes,
+                self.match,
+                name="rankwatch-proc-match",
+                errors=self.agent.internal_errors_by_component,
             )
         except asyncio.TimeoutError:
             return None
 
-    started = False
-    await assign(list(pids) or ((await matching() or []) if match else []))
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        on_signal(loop, sig, stop.set, errors=agent.internal_errors_by_component)
-    agent.install_dump_signal()
-    extras = Services(agent, cfg, **(services or {}))
-    await extras.start()
-    tasks.extend(asyncio.create_task(w.run()) for w in watchers)
-    started = True
-    try:
-        while not stop.is_set():
-            for w in watchers:
-                s = w.last_sample
-                if s is not None and not s.alive and not w.exited:
-                    w.on_exit(s.exit_code, None, disk_full=agent.log_disk_full(w))
-            attached = [w for w in watchers if w.prober is not None]
-            if pids and not match and attached and all(w.exited for w in attached):
-                # Nothing can bring a --pid back (no --match to find a restart): done.
-                log.info("every watched pid has exited; stopping")
-                break
-            if match and (per_process or any(w.prober is None or w.exited for w in watchers)):
-                found = await matching()
-                if found is not None:
-                    await assign(found)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), cfg.process.sample_interval)
-    finally:
-        for w in watchers:
-            w.stop()
-        for t in tasks:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(t, 5.0)
-        for w in watchers:
-            w.drain()
-            w.flush_held()
-        await agent.settle()
-        await extras.close()
-        for w in watchers:
-            w.close()
-    return 0
+    async def first_look(self) -> None:
+        await self.assign(list(self.pids) or ((await self.matching() or []) if self.match else []))
+
+    # --- the loop -----------------------------------------------------------------------
+    def all_gone(self) -> bool:
+        """Every --pid has exited, and nothing can bring one back (no --match to find a restart)."""
+        attached = [w for w in self.watchers if w.prober is not None]
+        return bool(self.pids) and not self.match and bool(attached) and all(w.exited for w in attached)
+
+    def wants_match(self) -> bool:
+        """A match is looked for again: a node daemon always (new jobs), else while a watcher is free."""
+        return bool(self.match) and (
+            self.per_process or any(w.prober is None or w.exited for w in self.watchers)
+        )
+
+    def start(self) -> None:
+        self.tasks.extend(asyncio.create_task(w.run()) for w in self.watchers)
+        self.started = True
+
+    async def run(self, stop: asyncio.Event, services: dict[str, Any] | None) -> int:
+        await self.first_look()
+        extras = await lifecycle.start(self.agent, self.cfg, services, stop=stop)
+        self.start()
+        try:
+            while not stop.is_set():
+                lifecycle.judge_exits(self.agent, self.watchers)
+                if self.all_gone():
+                    log.info("every watched pid has exited; stopping")
+                    break
+                if self.wants_match():
+                    found = await self.matching()
+                    if found is not None:
+                        await self.assign(found)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.cfg.process.sample_interval)
+        finally:
+            await lifecycle.stop_watchers(self.agent, extras, self.watchers, self.tasks)
+        return 0

@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,9 +24,8 @@ from rankwatch.identity import Identity
 from rankwatch.k8s.crilog import Joiner
 from rankwatch.k8s.node import RankProcess, Scanner
 from rankwatch.k8s.podresources import visible_devices
+from rankwatch.runtime import lifecycle
 from rankwatch.runtime.agent import Agent, Sink
-from rankwatch.runtime.services import Services
-from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.snapshot import PodView
@@ -140,34 +138,16 @@ async def _watch_pods(
             await add(rp, prober)
 
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        on_signal(loop, sig, stop.set, errors=agent.internal_errors_by_component)
-    agent.install_dump_signal()
-    extras = Services(agent, cfg, **(services or {}))
-    await extras.start()
+    extras = await lifecycle.start(agent, cfg, services, stop=stop)
     next_scan = 0.0
     try:
         while not stop.is_set():
-            for w, _ in pods.values():
-                s = w.last_sample
-                if s is not None and not s.alive and not w.exited:
-                    w.on_exit(s.exit_code, None, disk_full=agent.log_disk_full(w))
+            lifecycle.judge_exits(agent, [w for w, _ in pods.values()])
             if loop.time() >= next_scan:
                 await scan()
                 next_scan = loop.time() + cfg.kubernetes.interval
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), min(cfg.process.sample_interval, cfg.kubernetes.interval))
     finally:
-        for w, _ in pods.values():
-            w.stop()
-        for t in tasks.values():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(t, 5.0)
-        for w, _ in pods.values():
-            w.drain()
-            w.flush_held()
-        await agent.settle()
-        await extras.close()
-        for w, _ in pods.values():
-            w.close()
+        await lifecycle.stop_watchers(agent, extras, [w for w, _ in pods.values()], list(tasks.values()))
     return 0

@@ -27,7 +27,6 @@ from rankwatch.engine import RankEngine
 from rankwatch.events import (
     CheckpointScan,
     CheckpointStatus,
-    DiskSample,
     Event,
     GpuRound,
     GpuSample,
@@ -37,10 +36,11 @@ from rankwatch.events import (
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.gpu.backend import GpuBackend
 from rankwatch.offloop import in_daemon
-from rankwatch.records import Finding, StepRecord
+from rankwatch.records import Finding
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource, hand_over
+from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.sources.polled import PolledSource, SourceContext, build_sources
 from rankwatch.sources.polled.disk import DiskSource
 
@@ -92,10 +92,11 @@ class Services:
         self.dispatcher: Any = None
         self.sampler: Any = None
         self.checkpoints: Any = None
-        self._history_fed = 0  # step records handed from trainer_state.json to a rank's engine
         self.gpu_owner: dict[int, int | None] = {}
-        # Engines for what no watcher's rank owns: the agent's folders, NVML itself, GPUs
-        # tied to no watched rank (keyed by the rank their findings carry).
+        # One engine per rank: events about a watched rank go to its watcher's engine. These
+        # are for what no watcher owns: GPUs tied to no watched rank, and the agent's folders
+        # and NVML itself when no watcher is the agent's own rank (a node daemon); keyed by the
+        # rank their findings carry.
         self.engines: dict[int | None, RankEngine] = {}
         self.polled: dict[str, _Polled] = {}
         self._stop = asyncio.Event()
@@ -112,8 +113,15 @@ class Services:
         self._tasks.append(asyncio.create_task(mon.run(self._stop), name="loop-monitor"))
         from rankwatch.runtime.diagnose import CrossRank
 
-        CrossRank(self.agent, self.cfg).install()
         self._start_reload()
+        self.dispatcher = self._make_dispatcher()
+        self.checkpoints = self._make_checkpoints()
+        # The one place a finding's way from the detectors to the sinks is declared.
+        self.agent.wire(
+            cross_rank=CrossRank(self.agent, self.cfg),
+            enrich=self._with_last_good if self.checkpoints is not None else None,
+            alerts=self.dispatcher,
+        )
         self._start_alerts()
         await self._start_gpu()
         self._start_checkpoints()
@@ -132,7 +140,8 @@ class Services:
         if self.on_start is not None:
             self.on_start(self)
 
-    def _start_alerts(self) -> None:
+    def _make_dispatcher(self) -> Any:
+        """The alert dispatcher, or None (no sink configured, or it cannot be made)."""
         from rankwatch import runfolder
         from rankwatch.actions.alerts.sinks import sinks_from_config
 
@@ -140,7 +149,7 @@ class Services:
             # The sinks first: without one the dispatcher's modules are never loaded.
             sinks = self.alert_sinks if self.alert_sinks is not None else sinks_from_config(self.cfg.alerts)
             if not sinks:
-                return
+                return None
             from rankwatch.actions.alerts import AlertDispatcher
 
             d = AlertDispatcher(
@@ -155,12 +164,14 @@ class Services:
             )
         except Exception as e:
             self._failed("alerts", "alerting disabled: %s", e)
+            return None
+        return d if d.sinks else None
+
+    def _start_alerts(self) -> None:
+        d = self.dispatcher
+        if d is None:
             return
-        if not d.sinks:
-            return
-        self.dispatcher = d
         d.replayed([f for w in self.agent.watchers for f in w.replayed])
-        self.agent.sinks.append(d)
         self.agent.alert_stats = d.stats
         self.agent.alert_peer_stats = d.peer_stats  # the live dict: read at every scrape
         self._tasks.append(asyncio.create_task(d.run(), name="alerts"))
@@ -216,9 +227,20 @@ class Services:
             return self.gpu_owner[sample.index]
         return self.agent.identity.rank if len(self.agent.watchers) <= 1 else None
 
+    def own_pipeline(self) -> RankWatcher | None:
+        """The watcher of the agent's own rank and run (in run mode and ``watch --pid``, the
+        rank it watches): what the agent samples of itself (its folders' free space, NVML, the
+        checkpoint folder) is that rank's, judged by that rank's one engine."""
+        me = self.agent.identity
+        return next((w for w in self.agent.watchers if w.rank == me.rank and w.identity.run == me.run), None)
+
     def engine(self, rank: int | None = None, *, agent: bool = False) -> RankEngine:
-        """The engine of events about ``rank`` that no watcher owns (``agent``: this agent's rank)."""
+        """The engine of events about ``rank`` (``agent``: this agent's rank): its watcher's,
+        else one kept here for what no watcher owns."""
         if agent:
+            w = self.own_pipeline()
+            if w is not None:
+                return w.engine
             rank = self.agent.identity.rank
         eng = self.engines.get(rank)
         if eng is None:
@@ -228,6 +250,10 @@ class Services:
         return eng
 
     def push(self, event: Event, rank: int | None = None, *, agent: bool = False) -> None:
+        w = self.own_pipeline() if agent else None
+        if w is not None:
+            w.push(event)  # its findings carry the run of its process
+            return
         for f in self.engine(rank, agent=agent).feed(event):
             self.agent.emit(f)
 
@@ -282,14 +308,15 @@ class Services:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
 
-    def _start_checkpoints(self) -> None:
+    def _make_checkpoints(self) -> Any:
+        """The checkpoint watcher, or None (no folder configured, or it cannot be watched)."""
         c = self.cfg.checkpoints
         if not c.dir:
-            return
+            return None
         from rankwatch.checkpoints.watcher import CheckpointWatcher
 
         try:
-            cw = CheckpointWatcher(
+            return CheckpointWatcher(
                 Path(c.dir),
                 c,
                 emit=self.agent.emit,
@@ -299,9 +326,12 @@ class Services:
             )
         except Exception as e:
             self._failed("checkpoints", "checkpoint watching disabled: %s", e)
+            return None
+
+    def _start_checkpoints(self) -> None:
+        cw = self.checkpoints
+        if cw is None:
             return
-        self.checkpoints = cw
-        self.agent.enrichers.append(self._with_last_good)
         self._tasks.append(asyncio.create_task(cw.run(self._stop), name="checkpoints"))
         self._tasks.append(asyncio.create_task(self._checkpoint_activity(), name="checkpoint-activity"))
 
@@ -318,13 +348,8 @@ class Services:
         w = next((w for w in ws if w.rank == self.agent.identity.rank), None)
         if w is None and ws:  # a node daemon: rank 0 is the one that writes HF checkpoints
             w = ws[0] if len(ws) == 1 else next((w for w in ws if w.rank == 0), None)
-        if w is None or w.engine.state.step_count > self._history_fed:
-            return
-        for rec in records:
-            if isinstance(rec, StepRecord):
-                self._history_fed += 1
-            for f in w.engine.feed(rec):
-                self.agent.emit(f)
+        if w is not None:
+            w.history(records)
 
     def _with_last_good(self, f: Finding) -> Finding:
         """A NaN or divergence marks later checkpoints suspect, and its alert names the one to resume from."""
@@ -466,8 +491,7 @@ class Services:
         if p.failing is not None:
             p.failing = None
             log.info("%s sample works again", name)
-        if isinstance(src, DiskSource):
-            self.agent.disk_latest = [e for e in events if isinstance(e, DiskSample)]
+        self.agent.sampled[name] = tuple(events)
         for event in events:
             self.push(event, agent=True)
         return events

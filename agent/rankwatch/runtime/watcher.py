@@ -13,13 +13,13 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rankwatch import offloop
 from rankwatch.config.schema import Config
-from rankwatch.detectors.liveness import StallDetector
+from rankwatch.detectors.liveness import Liveness
 from rankwatch.engine import RankEngine
 from rankwatch.events import Event, LogActivity, ProcessExit, ProcessStart, Progress
 from rankwatch.identity import Identity
@@ -152,6 +152,7 @@ class RankWatcher:
         self._held: list[tuple[float, Finding]] = []
         self._stop = asyncio.Event()
         self.replayed: list[Finding] = []  # what the replayed history held, for the alert dispatcher
+        self.history_fed = 0  # step records taken from the checkpoints' trainer_state.json
         # Set over the process's environment when its GPUs are mapped (node mode on Kubernetes:
         # the container's GPUs from the kubelet, as host-wide UUIDs).
         self.gpu_env: dict[str, str] = {}
@@ -187,11 +188,11 @@ class RankWatcher:
             )
         return eng
 
-    @property
-    def stall(self) -> StallDetector:
-        det = self.engine.detector(StallDetector)
-        assert isinstance(det, StallDetector)
-        return det
+    def liveness(self) -> Liveness:
+        """The stall rule's reading of the rank now, on the watcher's clock."""
+        reading = self.engine.liveness(self.clock())
+        assert reading is not None  # the stall rule is built for every rank
+        return reading
 
     def push(self, event: Event) -> list[Finding]:
         """One event of the rank (not a log record) through its engine; findings emitted."""
@@ -199,6 +200,19 @@ class RankWatcher:
         for f in found:
             self.emit(f)
         return found
+
+    def history(self, records: Sequence[Record]) -> None:
+        """HF log_history from the checkpoint folder, with exact step numbers, for a rank whose
+        log shows no steps (none followed, or no step lines): else a NaN seen only there finds
+        nothing. Once the log has steps of its own it is the source, and history would count
+        twice. Its findings go straight out (no crash in it is held for the process's fate)."""
+        if self.engine.state.step_count > self.history_fed:
+            return
+        for rec in records:
+            if isinstance(rec, StepRecord):
+                self.history_fed += 1
+            for f in self.engine.feed(rec):
+                self.emit(f)
 
     def attach(self, pid: int, prober: ProcessProber | None = None) -> None:
         """Watch ``pid``; ``prober``: one made off the loop (making one reads the process's
@@ -268,7 +282,7 @@ class RankWatcher:
                     self.internal_errors += 1
         state = self.engine.state
         if state.last_step is not None:
-            self.stall.on_step(self.clock(), state.last_step)
+            self.engine.feed(Progress(self.clock(), state.last_step))  # the stall clock starts from it
         if lines:
             seen = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none"
             log.info(
