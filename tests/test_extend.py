@@ -93,24 +93,39 @@ def test_a_metric_collector_is_one_file(tmp_path: Path) -> None:
 
 
 def test_an_alert_sink_is_one_file(tmp_path: Path) -> None:
+    """The sink is built from its own settings (alerts.file.path), which the loader takes and
+    checks with the key named, and which the Helm values schema generated from that copy lists."""
     root = _copy(tmp_path, "actions/alerts/file.py", PLUGINS["actions/alerts/file.py"])
     out = tmp_path / "alerts.txt"
     code = f"""
-        import asyncio, os
-        os.environ["HELLO_SINK_FILE"] = {str(out)!r}
+        import asyncio, importlib.util, json
         from rankwatch.actions.alerts import sinks_from_config
         from rankwatch.actions.alerts.message import AlertMember, AlertMessage
-        from rankwatch.config.schema import AlertsConfig
+        from rankwatch.config.loader import ConfigError, config_from_yaml
+        from rankwatch.config.schema import Config
         from rankwatch.records import Severity
 
-        (sink,) = sinks_from_config(AlertsConfig())
+        assert sinks_from_config(Config().alerts) == []
+        cfg = config_from_yaml("alerts:\\n  file:\\n    path: {out}\\n")
+        (sink,) = sinks_from_config(cfg.alerts)
         member = AlertMember(rank=3, message="loss is NaN")
         msg = AlertMessage("ext", "nan_loss", Severity.CRITICAL, "firing", [member], node="n")
         asyncio.run(sink.send(msg))
+        try:
+            config_from_yaml("alerts:\\n  file:\\n    paht: x\\n")
+        except ConfigError as e:
+            print("refused:", e)
+        spec = importlib.util.spec_from_file_location("gen", {str(ROOT / "helm" / "gen_values_schema.py")!r})
+        gen = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gen)
+        alerts = gen.config_schema()["properties"]["alerts"]["properties"]
+        print("helm:", json.dumps(sorted(alerts["file"]["properties"])))
     """
     res = _run(root, code=code)
     assert res.returncode == 0, res.stderr
     assert "nan_loss" in out.read_text() and "3" in out.read_text(), out.read_text()
+    assert "alerts.file.paht: unknown key (did you mean 'path'?)" in res.stdout, res.stdout
+    assert 'helm: ["path"]' in res.stdout, res.stdout
 
 
 def test_a_polled_source_is_one_file(tmp_path: Path) -> None:

@@ -6,20 +6,26 @@ int, float, str, ``Duration`` (seconds, written ``30s``/``10m``/``2h``), ``Size`
 written ``512MiB``), ``X | None``, ``tuple[str, ...]`` (a YAML list), ``dict[str, str]``,
 ``Literal[...]`` and nested sections. Sections are frozen: a config is an immutable snapshot
 (``config.snapshot.replaced`` makes a changed copy); lists are tuples for the same reason.
+
+A plugin's settings are declared beside its code and registered with
+``config.settings.settings``; a section such as ``alerts`` is assembled here from its core
+keys and the plugins' sections (``config.settings.assemble``), so the alert sinks' keys
+(``alerts.slack``, ...) live in ``actions/alerts/<sink>.py``.
 """
 
 from __future__ import annotations
 
 import codecs
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NewType
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
+from rankwatch.config.settings import Duration as Duration
+from rankwatch.config.settings import PluginSections, assemble, plugin_settings
+from rankwatch.config.settings import Size as Size
+from rankwatch.config.settings import opt as opt
+from rankwatch.config.settings import section as section
 from rankwatch.sources import parsers as _parsers
-
-Duration = NewType("Duration", float)
-Size = NewType("Size", int)
 
 # logs.format: "auto" or a registered format (rankwatch.sources.parsers.registry): a parser
 # in a new file is a valid choice with no line here. The loader, `config show` and the Helm
@@ -29,39 +35,6 @@ if TYPE_CHECKING:
 else:
     _FORMAT_CHOICES = ("auto", *_parsers.FORMATS)
     LogFormat = Literal[_FORMAT_CHOICES]
-
-
-def opt(default: Any, doc: str, *, min: float | None = None, zero_off: bool = False) -> Any:
-    """A key with its default and help; ``min`` is the smallest value the loader accepts
-    (with ``zero_off``, 0 is also accepted: it means "off"), so an interval that would
-    spin a core next to the rank (``poll_interval: 0s``) is refused with the key named."""
-    meta: dict[str, Any] = {"doc": doc}
-    if min is not None:
-        meta["min"] = min
-        meta["zero_off"] = zero_off
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _url_problem(url: str) -> str | None:
-    """Why ``url`` cannot be POSTed to, or None (the URL itself is never quoted: it may hold a key)."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError as e:
-        return f"not a valid URL ({e})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an http:// or https:// URL with a host"
-    return None
-
-
-def _has_userinfo(url: str) -> bool:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return False
-    return parts.username is not None or parts.password is not None
 
 
 def _encoding_problem(name: str) -> str | None:
@@ -102,10 +75,6 @@ def _climb_problem(window: float, resolution: float, what: str) -> str | None:
         f"is judged from at least {CLIMB_POINTS}, so the rule could never fire: make it at least "
         f"{(CLIMB_POINTS - 1) * resolution:g}s or lower the resolution"
     )
-
-
-def section(cls: type, doc: str) -> Any:
-    return field(default_factory=cls, metadata={"doc": doc})
 
 
 @dataclass(frozen=True)
@@ -515,70 +484,10 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
-class SlackConfig:
-    token: str | None = opt(None, "bot token (xoxb-...), from ${SLACK_BOT_TOKEN}")
-    channel: str | None = opt(None, "channel id or name for chat.postMessage")
-    webhook_url: str | None = opt(None, "incoming-webhook URL, instead of token + channel")
-    base_url: str | None = opt(None, "Slack Web API base URL (tests, proxies); default slack-sdk's")
-    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
+class AlertsCore(PluginSections):
+    """The alerts section; each sink's own settings (alerts.slack, ...) are declared in its
+    module (``actions/alerts/<sink>.py``) and added by ``assemble``."""
 
-    def problems(self) -> list[tuple[str, str]]:
-        out = []
-        for key in ("webhook_url", "base_url"):
-            url = getattr(self, key)
-            why = _url_problem(url) if url else None
-            if why:
-                out.append((key, why))
-        # chat.postMessage answers channel_not_specified without a channel: a bot token alone
-        # sends nothing, so it is refused. A channel alone is not: its token usually comes from
-        # the environment (token: ${SLACK_BOT_TOKEN}) of the node that runs the agent, not of the
-        # one that checks the file; without it Slack is off and the agent says so once.
-        if self.token and not self.channel and not self.webhook_url:
-            out.append(
-                ("token", "a bot token needs alerts.slack.channel (chat.postMessage: channel_not_specified)")
-            )
-        return out
-
-
-@dataclass(frozen=True)
-class AlertmanagerConfig:
-    urls: tuple[str, ...] = opt((), "Alertmanager base URLs; alerts go to <url>/api/v2/alerts")
-    names: dict[str, str] = opt(
-        {}, "URL -> sink name (sink label, spool routing); default alertmanager (-<URL hash> if several)"
-    )
-    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
-
-    def problems(self) -> list[tuple[str, str]]:
-        return [(f"urls[{i}]", why) for i, u in enumerate(self.urls) if (why := _url_problem(u))]
-
-
-@dataclass(frozen=True)
-class WebhookConfig:
-    urls: tuple[str, ...] = opt((), "generic JSON webhooks (POST)")
-    names: dict[str, str] = opt(
-        {}, "URL -> sink name (sink label, spool routing); default webhook (-<URL hash> if several)"
-    )
-    headers: dict[str, str] = opt({}, "extra headers, e.g. Authorization: Bearer ${HOOK_TOKEN}")
-    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
-
-    def problems(self) -> list[tuple[str, str]]:
-        out = [(f"urls[{i}]", why) for i, u in enumerate(self.urls) if (why := _url_problem(u))]
-        if any(k.strip().lower() == "authorization" for k in self.headers):
-            out += [
-                (
-                    f"urls[{i}]",
-                    "holds user:password@ and alerts.webhook.headers sets Authorization: an HTTP "
-                    "request carries one or the other; keep the header (Bearer ${HOOK_TOKEN}) or the "
-                    "URL's credentials, not both",
-                )
-                for i, u in enumerate(self.urls)
-                if _has_userinfo(u)
-            ]
-        return out
-
-
-@dataclass(frozen=True)
-class AlertsConfig:
     min_severity: Literal["info", "warning", "critical"] = opt("warning", "findings below this never alert")
     startup_quiet: Duration = opt(Duration(60.0), "no alerts in the first seconds after the agent starts")
     group_wait: Duration = opt(Duration(5.0), "collect findings of many ranks this long into one message")
@@ -607,9 +516,12 @@ class AlertsConfig:
         "link template to the incident's report in messages, e.g. "
         "https://{node}:9478/incidents/{incident}?run={run} (also {rank}, {kind})",
     )
-    slack: SlackConfig = section(SlackConfig, "Slack (slack-sdk)")
-    alertmanager: AlertmanagerConfig = section(AlertmanagerConfig, "Prometheus Alertmanager v2 API")
-    webhook: WebhookConfig = section(WebhookConfig, "generic JSON webhook")
+
+
+if TYPE_CHECKING:
+    AlertsConfig = AlertsCore
+else:  # the core keys, then alerts.<sink> for every sink module that declares @settings("alerts", ...)
+    AlertsConfig = assemble(AlertsCore, "alerts", "AlertsConfig", discover="rankwatch.actions.alerts.sinks")
 
 
 @dataclass(frozen=True)
@@ -791,3 +703,14 @@ class Config:
     checkpoints: CheckpointConfig = section(CheckpointConfig, "checkpoint directory watching")
     reload: ReloadConfig = section(ReloadConfig, "config hot reload (live agent)")
     kubernetes: KubernetesConfig = section(KubernetesConfig, "node mode on Kubernetes (`watch --k8s`)")
+
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        """A plugin's settings class by its name (``from rankwatch.config.schema import
+        SlackConfig``), as when it was declared here; its home is the plugin's module."""
+        for p in plugin_settings():
+            if p.cls.__name__ == name:
+                return p.cls
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
