@@ -60,14 +60,6 @@ def inspect_unwrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     return inspect.unwrap(fn)
 
 
-def imported_module(package: str, node: ast.ImportFrom) -> str:
-    """The module a ``from ... import`` in ``package`` names, a relative one resolved."""
-    if node.level:
-        base = package.split(".")[: len(package.split(".")) - node.level + 1]
-        return ".".join([*base, node.module] if node.module else base)
-    return node.module or ""
-
-
 def source_nodes(path: Path) -> tuple[ast.AST, ...]:
     """Every node of ``path``'s syntax tree (``ast.walk`` order), parsed once per test run."""
     return tuple(ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import imported_module, source_nodes
+from conftest import source_nodes
 
 ROOT = Path(__file__).resolve().parent.parent / "agent" / "rankwatch"
 
@@ -50,7 +50,11 @@ def _imports(name: str, path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.split(".")[0] == "rankwatch")
         elif isinstance(node, ast.ImportFrom):
-            target = imported_module(package, node)
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
             if target.split(".")[0] != "rankwatch":
                 continue
             for a in node.names:

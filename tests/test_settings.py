@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import pickle
 from pathlib import Path
 
 import pytest
 
-from conftest import imported_module
 from rankwatch.actions.alerts.alertmanager import AlertmanagerConfig
 from rankwatch.actions.alerts.slack import SlackConfig
 from rankwatch.actions.alerts.webhook import WebhookConfig
@@ -52,7 +52,7 @@ def _import_time_imports(source: str, name: str, is_package: bool) -> set[str]:
             elif isinstance(node, ast.Import):
                 out.update(a.name for a in node.names if a.name.split(".")[0] == "rankwatch")
             elif isinstance(node, ast.ImportFrom):
-                target = imported_module(package, node)
+                target = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
                 if target.split(".")[0] == "rankwatch":
                     out.add(target)
                     out.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in MODULES)
