@@ -72,6 +72,10 @@ def test_a_detector_is_one_file(tmp_path: Path) -> None:
     big = [f for f in doc["findings"] if f["kind"] == "big_loss"]
     assert [(f["step"], f["severity"]) for f in big] == [(7, "warning")], res.stdout + res.stderr
     assert res.returncode == 1
+    res = _run(root, "analyze", "--json", "--set", "detectors.big_loss.ceiling=200", str(log))
+    assert not [f for f in json.loads(res.stdout)["findings"] if f["kind"] == "big_loss"], res.stdout
+    shown = _run(root, "config", "show").stdout
+    assert "big_loss:" in shown and "ceiling: 100.0" in shown, shown[-3000:]
 
 
 def test_a_metric_collector_is_one_file(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import importlib.util
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from rankwatch.actions.alerts.webhook import WebhookConfig
 from rankwatch.config import schema
 from rankwatch.config.loader import ConfigError, config_from_yaml
 from rankwatch.config.settings import assemble, plugin_settings, settings, settings_of
+from rankwatch.detectors.loss import LossSpikeConfig
 
 pytestmark = pytest.mark.unit
 
@@ -81,12 +83,31 @@ def _reaches_schema(start: str, source: str | None = None) -> list[str] | None:
     return None
 
 
+def _built_with_the_schema() -> list[str]:
+    """The modules the schema's ``assemble(..., discover=...)`` calls import: every module of
+    each family's package but those its loader leaves out (the sinks' ``MACHINERY``)."""
+    tree = ast.parse((PACKAGE / "config" / "schema.py").read_text())
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "discover":
+            assert isinstance(node.value, ast.Constant)
+            loader = importlib.import_module(node.value.value)
+            package = node.value.value.rpartition(".")[0]
+            skip = {f"{package}.{m}" for m in getattr(loader, "MACHINERY", ())}
+            out += [n for n in MODULES if n.rpartition(".")[0] == package and n not in skip]
+    return sorted(out)
+
+
 def test_a_module_with_settings_does_not_import_the_schema_while_it_loads() -> None:
-    """The schema imports the modules that declare settings while it is being built: one that
-    imported the schema back at import time would find it half made."""
-    declaring = sorted(n for n, p in MODULES.items() if "@settings(" in p.read_text() and n != __name__)
-    assert {"rankwatch.actions.alerts.slack", "rankwatch.actions.alerts.webhook"} <= set(declaring)
-    for name in declaring:
+    """The schema imports every module of the sink and detector packages while it is being
+    built (their settings): one that imported the schema back at import time would find it
+    half made, and one that declares settings after such an import would be left out."""
+    built = _built_with_the_schema()
+    declaring = [n for n in MODULES if re.search(r"^@settings\(", MODULES[n].read_text(), re.M)]
+    assert {"rankwatch.actions.alerts.slack", "rankwatch.detectors.loss"} <= set(declaring)
+    assert "rankwatch.detectors.gpu" in built
+    assert set(declaring) <= set(built), sorted(set(declaring) - set(built))
+    for name in built:
         assert _reaches_schema(name) is None, (name, _reaches_schema(name))
 
 
@@ -114,14 +135,19 @@ def test_the_sinks_sections_are_assembled_into_alerts() -> None:
     assert settings_of(cfg.alerts, SlackConfig) is cfg.alerts.slack == SlackConfig()
     assert settings_of(cfg.alerts, WebhookConfig).timeout == 10.0
     assert [p.key for p in plugin_settings("alerts")][:3] == ["alertmanager", "slack", "webhook"]
+    detectors = {f.name: f.metadata["doc"] for f in dataclasses.fields(schema.DetectorsConfig)}
+    assert detectors["nan"] == "NaN / Inf detection" and detectors["rank_lagging"] == "cross-rank lag"
+    assert next(iter(detectors)) == "warmup_steps" and len(detectors) == 13
+    assert settings_of(cfg.detectors, LossSpikeConfig).factor == 2.0 == cfg.detectors.loss_spike.factor
     assert pickle.loads(pickle.dumps(cfg)) == cfg  # analyze -j sends it to worker processes
 
 
 def test_old_names_still_import_from_the_schema() -> None:
     from rankwatch.config.schema import AlertmanagerConfig as Am
+    from rankwatch.config.schema import LossSpikeConfig as Spike
     from rankwatch.config.schema import SlackConfig as Slack
 
-    assert Slack is SlackConfig and Am is AlertmanagerConfig
+    assert Slack is SlackConfig and Am is AlertmanagerConfig and Spike is LossSpikeConfig
     with pytest.raises(AttributeError):
         schema.NoSuchConfig  # noqa: B018
 
@@ -133,6 +159,12 @@ def test_a_sinks_keys_load_and_are_checked_with_the_key_named() -> None:
         config_from_yaml("alerts:\n  slack:\n    token: xoxb-1\n")
     with pytest.raises(ConfigError, match=r"alerts\.alertmanager\.timeout"):
         config_from_yaml("alerts:\n  alertmanager:\n    timeout: 0s\n")
+    with pytest.raises(ConfigError, match=r"detectors\.host_memory\.window: window of 600s"):
+        config_from_yaml("detectors:\n  host_memory:\n    window: 10m\n    resolution: 2m\n")
+    with pytest.raises(
+        ConfigError, match=r"detectors\.loss_spike\.factr: unknown key \(did you mean 'factor'\?\)"
+    ):
+        config_from_yaml("detectors:\n  loss_spike:\n    factr: 3\n")
 
 
 def test_a_section_is_declared_once_and_never_over_a_core_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -66,6 +66,22 @@ def has_userinfo(url: str) -> bool:
     return parts.username is not None or parts.password is not None
 
 
+# trend.sustained_climb judges a climb from at least 2 * CLIMB_SEGMENTS points, one per
+# resolution; a window holds window / resolution + 1 of them (tests/test_config.py holds the
+# two together). A shorter window makes the rule silent for ever.
+CLIMB_POINTS = 8
+
+
+def climb_problem(window: float, resolution: float, what: str) -> str | None:
+    if window >= (CLIMB_POINTS - 1) * resolution:
+        return None
+    return (
+        f"{what} of {window:g}s holds {int(window // resolution) + 1} points of {resolution:g}s; a climb "
+        f"is judged from at least {CLIMB_POINTS}, so the rule could never fire: make it at least "
+        f"{(CLIMB_POINTS - 1) * resolution:g}s or lower the resolution"
+    )
+
+
 # --- plugin settings ---------------------------------------------------------------------------
 
 
