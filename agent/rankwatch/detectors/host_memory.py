@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rankwatch.config.settings import Duration, Size, climb_problem, opt, settings
+from rankwatch.config.settings import Duration, Size, climb_problem, opt, settings, settings_of
 from rankwatch.detectors.base import Detector, DetectorContext, Episode
 from rankwatch.detectors.registry import register
 from rankwatch.detectors.trend import CLIMB_SEGMENTS, FloorHistory, sustained_climb
@@ -65,7 +65,7 @@ class HostMemoryDetector(Detector):
 
     @classmethod
     def create(cls, cfg: Config, ctx: DetectorContext) -> HostMemoryDetector:
-        return cls(cfg.detectors.host_memory, ctx.rank, ctx.path)
+        return cls(settings_of(cfg.detectors, HostMemoryConfig), ctx.rank, ctx.path)
 
     def __init__(self, cfg: HostMemoryConfig, rank: int | None = None, path: str | None = None) -> None:
         self.cfg = cfg
