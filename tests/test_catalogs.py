@@ -204,6 +204,32 @@ def test_registry_names_come_from_the_parsers() -> None:
     assert set(names) > parsers.GENERIC
 
 
+def test_the_sniff_order_is_each_parsers_declared_order() -> None:
+    """Auto-detection asks the parsers by their own ``order``, not by the order their modules
+    happen to be imported in: specific formats first, the generic ones (which claim lines the
+    specific ones print too) after every specific one."""
+    orders = [cls.order for cls in parsers.PARSERS]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
+    assert [cls.name for cls in parsers.PARSERS if cls.generic] == ["json", "kv"]
+    assert min(c.order for c in parsers.PARSERS if c.generic) > max(
+        c.order for c in parsers.PARSERS if not c.generic
+    )
+    assert parsers.sniff_format("iter 3: loss 2.5000, time 120.00ms, mfu 40.00%") == "nanogpt"
+
+
+def test_a_format_name_is_registered_once() -> None:
+    from rankwatch.sources.parsers.registry import register_parser
+
+    class Twin:
+        name = "kv"
+
+    with pytest.raises(TypeError, match="'kv' is registered twice"):
+        register_parser(Twin)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="other than 'auto'"):
+        register_parser(type("Auto", (), {"name": "auto"}))  # type: ignore[arg-type]
+    assert parsers.REGISTRY["kv"] is parsers.make_parser("kv").__class__
+
+
 def test_every_sniffed_line_holds_a_hint_of_its_format() -> None:
     """Auto-detection offers a line to the sniffers only when it holds a hint: a parser whose
     sniffable lines lack its hints would never be detected on them."""

@@ -1,15 +1,19 @@
-"""Adding a detector, a polled source, a metric collector or an alert sink is one file.
+"""Adding a log format, a detector, a polled source, a metric collector or an alert sink is
+one file.
 
 Each test copies the package into a temporary folder, adds one throwaway plugin file there
 (and nothing else), and runs the real program from that copy in a child process, which shows
-the plugin found, built and used: a detector's finding in ``analyze``, a collector's series
-in a scrape of the agent's registry, a sink's delivery, a source's events. README's
-Development section shows the same files.
+the plugin found, built and used: a format detected and chosen by ``logs.format``, a
+detector's finding in ``analyze``, a collector's series in a scrape of the agent's registry,
+a sink's delivery, a source's events. The files are the code blocks of README's Development
+section (each after an ``<!-- extend: <path> -->`` line), so what the README shows is what
+runs here.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +24,23 @@ import pytest
 
 pytestmark = pytest.mark.process
 
-PACKAGE = Path(__file__).resolve().parent.parent / "agent" / "rankwatch"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "agent" / "rankwatch"
+
+
+def _readme_plugins() -> dict[str, str]:
+    """``{path in the package: code}`` of README's plugin examples."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"<!-- extend: (\S+) -->\n *```python\n(.*?)\n *```", readme, re.S)
+    return {path: textwrap.dedent(code) + "\n" for path, code in blocks}
+
+
+PLUGINS = _readme_plugins()
+
+
+def test_the_readme_shows_one_plugin_of_each_kind() -> None:
+    kinds = {"sources/parsers", "detectors", "sources/polled", "exporter", "actions/alerts"}
+    assert {path.rpartition("/")[0] for path in PLUGINS} == kinds, sorted(PLUGINS)
 
 
 def _copy(tmp_path: Path, plugin: str, code: str) -> Path:
@@ -43,38 +63,8 @@ def _run(
     return res
 
 
-DETECTOR = '''
-    """Flags a loss above 100: a throwaway detector, one file."""
-    from __future__ import annotations
-
-    from rankwatch.config.schema import Config
-    from rankwatch.detectors.base import Detector, DetectorContext
-    from rankwatch.detectors.registry import register
-    from rankwatch.records import Finding, Severity, StepRecord
-    from rankwatch.state import RankState
-
-
-    @register
-    class BigLossDetector(Detector):
-        kinds = ("big_loss",)
-        accepts = (StepRecord,)
-
-        @classmethod
-        def create(cls, cfg: Config, ctx: DetectorContext) -> BigLossDetector:
-            return cls()
-
-        def __init__(self) -> None:
-            pass
-
-        def observe(self, state: RankState, record: object) -> list[Finding]:
-            if isinstance(record, StepRecord) and record.loss is not None and record.loss > 100:
-                return [Finding("big_loss", Severity.WARNING, state.rank, "loss over 100", step=record.step)]
-            return []
-'''
-
-
 def test_a_detector_is_one_file(tmp_path: Path) -> None:
-    root = _copy(tmp_path, "detectors/big_loss.py", DETECTOR)
+    root = _copy(tmp_path, "detectors/big_loss.py", PLUGINS["detectors/big_loss.py"])
     log = tmp_path / "train.log"
     log.write_text("".join(f"step={i} loss={2.0 if i != 7 else 150.0}\n" for i in range(1, 12)))
     res = _run(root, "analyze", "--json", str(log))
@@ -82,30 +72,14 @@ def test_a_detector_is_one_file(tmp_path: Path) -> None:
     big = [f for f in doc["findings"] if f["kind"] == "big_loss"]
     assert [(f["step"], f["severity"]) for f in big] == [(7, "warning")], res.stdout + res.stderr
     assert res.returncode == 1
-
-
-COLLECTOR = '''
-    """A throwaway collector: the number of watched ranks, one file."""
-    from __future__ import annotations
-
-    from collections.abc import Mapping
-
-    from prometheus_client.core import GaugeMetricFamily, Metric
-
-    from rankwatch.exporter.collector import register
-    from rankwatch.snapshot import AgentSnapshot
-
-
-    @register("hello")
-    def collect_hello(snap: AgentSnapshot, failures: Mapping[str, int]) -> list[Metric]:
-        g = GaugeMetricFamily("rankwatch_hello_ranks", "Ranks this agent watches")
-        g.add_metric([], float(len(snap.ranks)))
-        return [g]
-'''
+    res = _run(root, "analyze", "--json", "--set", "detectors.big_loss.ceiling=200", str(log))
+    assert not [f for f in json.loads(res.stdout)["findings"] if f["kind"] == "big_loss"], res.stdout
+    shown = _run(root, "config", "show").stdout
+    assert "big_loss:" in shown and "ceiling: 100.0" in shown, shown[-3000:]
 
 
 def test_a_metric_collector_is_one_file(tmp_path: Path) -> None:
-    root = _copy(tmp_path, "exporter/hello.py", COLLECTOR)
+    root = _copy(tmp_path, "exporter/hello.py", PLUGINS["exporter/hello.py"])
     code = """
         from pathlib import Path
         from rankwatch.config.schema import Config
@@ -122,84 +96,44 @@ def test_a_metric_collector_is_one_file(tmp_path: Path) -> None:
     assert 'rankwatch_collector_success{collector="hello"' in res.stdout
 
 
-SINK = '''
-    """A throwaway sink that appends each alert's title to a file named in the environment."""
-    from __future__ import annotations
-
-    import os
-
-    from rankwatch.actions.alerts.message import AlertMessage, AlertSink
-    from rankwatch.actions.alerts.sinks import register_sink
-    from rankwatch.config.schema import AlertsConfig
-
-
-    class FileSink:
-        name = "file"
-
-        async def send(self, alert: AlertMessage) -> None:
-            with open(os.environ["HELLO_SINK_FILE"], "a") as fh:
-                fh.write(alert.title + "\\n")
-
-
-    @register_sink("file")
-    def file_sinks(cfg: AlertsConfig) -> list[AlertSink]:
-        return [FileSink()] if os.environ.get("HELLO_SINK_FILE") else []
-'''
-
-
 def test_an_alert_sink_is_one_file(tmp_path: Path) -> None:
-    root = _copy(tmp_path, "actions/alerts/file.py", SINK)
+    """The sink is built from its own settings (alerts.file.path), which the loader takes and
+    checks with the key named, and which the Helm values schema generated from that copy lists."""
+    root = _copy(tmp_path, "actions/alerts/file.py", PLUGINS["actions/alerts/file.py"])
     out = tmp_path / "alerts.txt"
     code = f"""
-        import asyncio, os
-        os.environ["HELLO_SINK_FILE"] = {str(out)!r}
+        import asyncio, importlib.util, json
         from rankwatch.actions.alerts import sinks_from_config
         from rankwatch.actions.alerts.message import AlertMember, AlertMessage
-        from rankwatch.config.schema import AlertsConfig
+        from rankwatch.config.loader import ConfigError, config_from_yaml
+        from rankwatch.config.schema import Config
         from rankwatch.records import Severity
 
-        (sink,) = sinks_from_config(AlertsConfig())
+        assert sinks_from_config(Config().alerts) == []
+        cfg = config_from_yaml("alerts:\\n  file:\\n    path: {out}\\n")
+        (sink,) = sinks_from_config(cfg.alerts)
         member = AlertMember(rank=3, message="loss is NaN")
         msg = AlertMessage("ext", "nan_loss", Severity.CRITICAL, "firing", [member], node="n")
         asyncio.run(sink.send(msg))
+        try:
+            config_from_yaml("alerts:\\n  file:\\n    paht: x\\n")
+        except ConfigError as e:
+            print("refused:", e)
+        spec = importlib.util.spec_from_file_location("gen", {str(ROOT / "helm" / "gen_values_schema.py")!r})
+        gen = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gen)
+        alerts = gen.config_schema()["properties"]["alerts"]["properties"]
+        print("helm:", json.dumps(sorted(alerts["file"]["properties"])))
     """
     res = _run(root, code=code)
     assert res.returncode == 0, res.stderr
     assert "nan_loss" in out.read_text() and "3" in out.read_text(), out.read_text()
-
-
-SOURCE = '''
-    """A throwaway polled source: the load average, one file."""
-    from __future__ import annotations
-
-    import os
-    from typing import Any, ClassVar
-
-    from rankwatch.events import Event
-    from rankwatch.sources.polled import SourceContext, register_source
-
-
-    @register_source
-    class LoadAverage:
-        name: ClassVar[str] = "loadavg"
-        interval = 1.0
-        timeout = 1.0
-
-        @classmethod
-        def create(cls, ctx: SourceContext) -> LoadAverage:
-            return cls()
-
-        def inputs(self) -> Any:
-            return None
-
-        def sample(self, inputs: Any) -> list[Event]:
-            os.getloadavg()
-            return []
-'''
+    assert "alerts.file.paht: unknown key (did you mean 'path'?)" in res.stdout, res.stdout
+    assert 'helm: ["path"]' in res.stdout, res.stdout
 
 
 def test_a_polled_source_is_one_file(tmp_path: Path) -> None:
-    root = _copy(tmp_path, "sources/polled/loadavg.py", SOURCE)
+    root = _copy(tmp_path, "sources/polled/loadavg.py", PLUGINS["sources/polled/loadavg.py"])
     code = """
         from rankwatch.config.schema import Config
         from rankwatch.sources.polled import SourceContext, build_sources
@@ -212,3 +146,30 @@ def test_a_polled_source_is_one_file(tmp_path: Path) -> None:
     res = _run(root, code=code)
     assert res.returncode == 0, res.stderr
     assert "'loadavg'" in res.stdout.splitlines()[0] and res.stdout.splitlines()[1] == "[]", res.stdout
+
+
+def test_a_log_format_is_one_file(tmp_path: Path) -> None:
+    """Auto-detection finds the new format, ``logs.format`` and ``--format`` take its name (the
+    config schema's choices come from the registry), and the real package refuses the name
+    with the key and the known formats."""
+    root = _copy(tmp_path, "sources/parsers/hello.py", PLUGINS["sources/parsers/hello.py"])
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"[hello] step {i} loss {'nan' if i == 7 else 2.5}\n" for i in range(1, 12)))
+    res = _run(root, "analyze", "--json", str(log))
+    doc = json.loads(res.stdout)
+    assert [(r["format"], r["steps"]) for r in doc["ranks"]] == [("hello", 11)], res.stdout + res.stderr
+    assert [(f["kind"], f["step"]) for f in doc["findings"]] == [("nan_loss", 7)], res.stdout
+    assert res.returncode == 1
+
+    conf = tmp_path / "rankwatch.yaml"
+    conf.write_text("logs:\n  format: hello\n")
+    res = _run(root, "analyze", "--json", "--config", str(conf), str(log))
+    assert [r["format"] for r in json.loads(res.stdout)["ranks"]] == ["hello"], res.stdout + res.stderr
+    res = _run(root, "analyze", "--json", "--format", "hello", str(log))
+    assert [r["format"] for r in json.loads(res.stdout)["ranks"]] == ["hello"], res.stdout + res.stderr
+    assert _run(root, "config", "check", str(conf)).returncode == 0
+
+    real = _run(PACKAGE.parent, "config", "check", str(conf))
+    assert real.returncode == 2
+    assert "logs.format: must be one of 'auto', 'megatron'" in real.stderr, real.stderr
+    assert "'regex' (got 'hello')" in real.stderr, real.stderr

@@ -79,3 +79,15 @@ def test_an_agent_without_gpu_logs_checkpoints_or_slack_imports_none_of_them(tmp
     assert {"aiohttp", "prometheus_client", "rankwatch.runtime.services", "rankwatch.server.app"} <= mods
     loaded = {m: why for m, why in NOT_LOADED.items() if m in mods}
     assert not loaded, f"imported although their feature is off: {loaded}"
+
+
+@pytest.mark.process
+def test_the_config_schema_loads_the_sinks_settings_but_no_network_stack() -> None:
+    """The schema imports the sink modules for their settings (config/settings.py), so
+    `rankwatch analyze` and `config check` load them too: a sink imports aiohttp, asyncio and
+    slack-sdk when it first delivers, not when its module is imported."""
+    code = "import sys, rankwatch.config.schema; print(' '.join(sorted(sys.modules)))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    mods = set(res.stdout.split())
+    assert {"rankwatch.actions.alerts.slack", "rankwatch.actions.alerts.webhook"} <= mods, res.stderr[-2000:]
+    assert not {"asyncio", "aiohttp", "slack_sdk"} & mods

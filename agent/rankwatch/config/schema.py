@@ -6,69 +6,37 @@ int, float, str, ``Duration`` (seconds, written ``30s``/``10m``/``2h``), ``Size`
 written ``512MiB``), ``X | None``, ``tuple[str, ...]`` (a YAML list), ``dict[str, str]``,
 ``Literal[...]`` and nested sections. Sections are frozen: a config is an immutable snapshot
 (``config.snapshot.replaced`` makes a changed copy); lists are tuples for the same reason.
+
+A plugin's settings are declared beside its code and registered with
+``config.settings.settings``; a section such as ``alerts`` is assembled here from its core
+keys and the plugins' sections (``config.settings.assemble``), so the alert sinks' keys
+(``alerts.slack``, ...) live in ``actions/alerts/<sink>.py``.
 """
 
 from __future__ import annotations
 
 import codecs
 import re
-from dataclasses import dataclass, field
-from typing import Any, Literal, NewType
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
-Duration = NewType("Duration", float)
-Size = NewType("Size", int)
+from rankwatch.config.settings import CLIMB_POINTS as CLIMB_POINTS
+from rankwatch.config.settings import Duration as Duration
+from rankwatch.config.settings import PluginSections, assemble, plugin_settings
+from rankwatch.config.settings import Size as Size
+from rankwatch.config.settings import climb_problem as _climb_problem
+from rankwatch.config.settings import opt as opt
+from rankwatch.config.settings import section as section
+from rankwatch.sources import parsers as _parsers
 
-# The registered formats (rankwatch.sources.parsers.FORMATS) and "auto"; tests/test_catalogs.py
-# holds the two together.
-LogFormat = Literal[
-    "auto",
-    "hf",
-    "lightning",
-    "lightning_csv",
-    "megatron",
-    "deepspeed",
-    "nanogpt",
-    "torchtitan",
-    "llmc",
-    "olmo",
-    "json",
-    "kv",
-    "regex",
-]
-
-
-def opt(default: Any, doc: str, *, min: float | None = None, zero_off: bool = False) -> Any:
-    """A key with its default and help; ``min`` is the smallest value the loader accepts
-    (with ``zero_off``, 0 is also accepted: it means "off"), so an interval that would
-    spin a core next to the rank (``poll_interval: 0s``) is refused with the key named."""
-    meta: dict[str, Any] = {"doc": doc}
-    if min is not None:
-        meta["min"] = min
-        meta["zero_off"] = zero_off
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _url_problem(url: str) -> str | None:
-    """Why ``url`` cannot be POSTed to, or None (the URL itself is never quoted: it may hold a key)."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError as e:
-        return f"not a valid URL ({e})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an http:// or https:// URL with a host"
-    return None
-
-
-def _has_userinfo(url: str) -> bool:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return False
-    return parts.username is not None or parts.password is not None
+# logs.format: "auto" or a registered format (rankwatch.sources.parsers.registry): a parser
+# in a new file is a valid choice with no line here. The loader, `config show` and the Helm
+# values schema read the choices from this Literal; to mypy it is a str.
+if TYPE_CHECKING:
+    LogFormat = str
+else:
+    _FORMAT_CHOICES = ("auto", *_parsers.FORMATS)
+    LogFormat = Literal[_FORMAT_CHOICES]
 
 
 def _encoding_problem(name: str) -> str | None:
@@ -93,26 +61,6 @@ def _regex_problem(pattern: str) -> str | None:
     except re.error as e:
         return f"does not compile: {e}"
     return None
-
-
-# trend.sustained_climb judges a climb from at least 2 * CLIMB_SEGMENTS points, one per
-# resolution; a window holds window / resolution + 1 of them (tests/test_config.py holds the
-# two together). A shorter window makes the rule silent for ever.
-CLIMB_POINTS = 8
-
-
-def _climb_problem(window: float, resolution: float, what: str) -> str | None:
-    if window >= (CLIMB_POINTS - 1) * resolution:
-        return None
-    return (
-        f"{what} of {window:g}s holds {int(window // resolution) + 1} points of {resolution:g}s; a climb "
-        f"is judged from at least {CLIMB_POINTS}, so the rule could never fire: make it at least "
-        f"{(CLIMB_POINTS - 1) * resolution:g}s or lower the resolution"
-    )
-
-
-def section(cls: type, doc: str) -> Any:
-    return field(default_factory=cls, metadata={"doc": doc})
 
 
 @dataclass(frozen=True)
@@ -205,201 +153,23 @@ class LogsConfig:
 
 
 @dataclass(frozen=True)
-class NanConfig:
-    enabled: bool = opt(True, "non-finite loss, grad norm, eval loss or loss scale")
-    zero_loss_min_prior: float = opt(
-        0.05, "a loss of exactly 0 after the median loss was above this is treated as NaN-filtered"
-    )
-    lookback_steps: int = opt(10, "steps before a NaN inspected to tell blow-up from bad batch")
-    # fp16 dynamic loss scaling starts high (torch GradScaler 2^16, DeepSpeed 2^32) and halves on
-    # each overflow, skipping that step (torch/amp/grad_scaler.py, deepspeed loss_scaler.py): the
-    # first logging window of a healthy fp16 run can hold a NaN/inf grad norm. Real cases: the
-    # three DeepSpeed calibrations in tests/data/wild (ds_*_scale_calibration.log) and the HF
-    # Trainer fp16 run of tests/test_general_reader.py. The next record decides.
-    # float32 holds up to 3.4e38 and fp16 training multiplies the loss by the loss scale (torch
-    # GradScaler starts at 2^16): a loss beyond 3.4e38 / 2^16 = 5.2e33 overflows to inf when
-    # scaled; no loss that means something is that large (ESPnet#3885: -3.19e34 after 59.6).
-    overflow_magnitude: float = opt(
-        5.2e33, "a loss this large in magnitude is numerically broken: reported as a NaN/Inf loss"
-    )
-    calibration_records: int = opt(
-        1,
-        "logged records at the start of a run whose non-finite grad norm (with a finite, non-zero "
-        "loss) may be fp16 loss-scale calibration: judged by the record after them, 0 to judge at once",
-        min=0,
-    )
+class DetectorsCore(PluginSections):
+    """The detectors section; each detector's thresholds (detectors.nan, ...) are declared in
+    its module (``detectors/<name>.py``) and added by ``assemble``."""
 
-
-@dataclass(frozen=True)
-class LossSpikeConfig:
-    enabled: bool = opt(True, "a single step's loss far above its recent mean")
-    factor: float = opt(2.0, "spike when loss > factor x rolling mean of the window")
-    window: int = opt(10, "logged steps in the rolling mean")
-    min_delta: float = opt(0.1, "and at least this absolute rise, so tiny losses do not fire")
-    noise_factor: float = opt(
-        8.0,
-        "and this many robust standard deviations of the step-to-step noise (MAD), so noisy runs do not fire",
-    )
-    noise_window: int = opt(50, "logged steps the noise is measured over")
-    # Per-batch logs at small batch sizes are noisy (YOLOX VOC at batch size 1, step noise 25% of
-    # the loss: tests/data/wild/batch2/yolox_voc_s_healthy_bs1.log; LitGPT per-batch SFT losses
-    # 3.5..26, awslabs/keys_values#97); smooth pretraining logs are at 1-2% (the llm.c and
-    # torchtitan cases of tests/data/wild). In a noisy log one batch that comes straight back is noise.
-    confirm_noise_ratio: float = opt(
-        0.1,
-        "step noise (robust sd) at or above this fraction of the loss level: a spike must still be up "
-        "at the next logged step to count",
-    )
-    min_records: int = opt(
-        1,
-        "earlier logged steps a spike is judged against at the least; with fewer than `window` the "
-        "loss and the one after it must exceed factor x the largest of them (a short log is judged "
-        "against what there is)",
-        min=1,
-    )
-
-
-@dataclass(frozen=True)
-class LossDivergenceConfig:
-    enabled: bool = opt(True, "a sustained rise of the loss, not a single spike")
-    window: int = opt(50, "logged steps per median window")
-    rise_ratio: float = opt(0.25, "diverging when the recent median is this far above the best median")
-    consecutive_windows: int = opt(2, "rise must hold over this many consecutive windows")
-    min_delta: float = opt(
-        0.1, "and the loss must have risen by at least this much, so tiny losses do not fire"
-    )
-    blowup_factor: float = opt(
-        4.0, "blow-up: losses above this many times the lowest of the run's first five"
-    )
-    blowup_records: int = opt(3, "blow-up: logged steps in a row above it")
-    trend_records: int = opt(32, "trend: logged steps over which most changes must be rises")
-
-
-@dataclass(frozen=True)
-class LossPlateauConfig:
-    enabled: bool = opt(True, "loss stopped improving long after warmup")
-    window: int = opt(500, "training steps (not logged records) over which some improvement is expected")
-    min_improvement: float = opt(0.005, "relative improvement of the median below this is a plateau")
-
-
-@dataclass(frozen=True)
-class OverfittingConfig:
-    enabled: bool = opt(True, "eval loss rising while train loss still falls")
-    eval_rise_ratio: float = opt(0.05, "eval loss this far above its minimum")
-    min_evals: int = opt(3, "evaluations needed before judging")
-    consecutive: int = opt(2, "evaluations in a row above the threshold")
-
-
-@dataclass(frozen=True)
-class GradExplosionConfig:
-    enabled: bool = opt(True, "grad norm far above normal for several steps")
-    threshold: float = opt(10.0, "absolute grad-norm threshold")
-    factor: float = opt(10.0, "and this many times the post-warmup median")
-    consecutive: int = opt(3, "steps in a row above both")
-    climb_factor: float = opt(
-        10.0, "from step 1: grad norm above threshold and this many times the lowest of the few before"
-    )
-    baseline_steps: int = opt(10, "steps that form the median; before it, only threshold x factor counts")
-
-
-@dataclass(frozen=True)
-class GradClippingConfig:
-    enabled: bool = opt(True, "pre-clip grad norm above max_grad_norm on most steps")
-    max_grad_norm: float = opt(1.0, "the run's clipping threshold (HF default 1.0)")
-    fraction: float = opt(0.9, "share of steps in the window that must exceed it")
-    window: int = opt(100, "logged steps judged")
-
-
-@dataclass(frozen=True)
-class GradVanishingConfig:
-    enabled: bool = opt(True, "grad norm collapsed to ~0 for many steps")
-    threshold: float = opt(1e-6, "grad norm below this counts as vanished")
-    consecutive: int = opt(20, "steps in a row below it")
-    # A loss 10^4 times below its first value with the gradients gone likewise is no learning
-    # but a collapse (every label masked, the target in the input). Real cases: OLMo#692
-    # (tests/data/wild/olmo_loss_collapse_zero.log: 12.18 -> 1.8e-6, grad 231 -> 2e-4) and
-    # ModernBERT#233 (loss 0.2 -> 0.0 with NaN grads); a cross-entropy's healthy end is within
-    # 10^2 of its start (ln(vocab) ~ 10 -> >= 0.1).
-    collapse_ratio: float = opt(
-        1e-4, "a loss and a grad norm this many times below their first values is a collapse, from step 1"
-    )
-    # A loss of exactly 0 with a grad norm below ``threshold`` is what a batch with every label
-    # masked gives (no token to learn from), from the first record on, so no first value to fall
-    # from. Real case: axolotl#2357 (tests/data/wild/batch3/axolotl_qwen32b_loss_grad_zero.log,
-    # 11 records of loss 0.0, grad_norm 0.0). A learning model's loss printed as 0.0 after rounding
-    # still has a gradient; five records in a row is no single empty batch.
-    dead_records: int = opt(
-        5, "records in a row with loss exactly 0 and the grad norm below threshold: nothing is learnt", min=1
-    )
-
-
-@dataclass(frozen=True)
-class LossScaleConfig:
-    enabled: bool = opt(True, "fp16 loss scaler shrinking again and again")
-    min_scale: float = opt(1.0, "a scale at or below this is a collapse")
-    max_overflows: int = opt(20, "overflow (skipped) steps within the window that count as a collapse")
-    window: int = opt(200, "steps the overflow count is taken over")
-    halvings: int = opt(
-        5, "overflows in a row (no growth between) ending at or below low_scale are a collapse"
-    )
-    low_scale: float = opt(16.0, "a scale this low after repeated halvings is no start-up calibration")
-    # DeepSpeed's dynamic scaler at its floor overflows once more before it raises (hysteresis,
-    # delayed_shift=2 by default, runtime/fp16/loss_scaler.py): beyond that, every step is skipped.
-    # Real cases: ds_t5_scale_stuck_at_1.log (HF#14531, every step at scale 1) and fairseq#512
-    # (the scale halved to 0.000122, fairseq's floor, then FloatingPointError).
-    floor_overflows: int = opt(
-        3, "overflows in a row at or below min_scale that count as a collapse (beyond the hysteresis)", min=1
-    )
-
-
-@dataclass(frozen=True)
-class ThroughputConfig:
-    enabled: bool = opt(True, "step time or tokens/s far worse than the learned baseline")
-    drop_ratio: float = opt(0.5, "throughput at or below this fraction of baseline is a drop")
-    baseline_steps: int = opt(
-        20, "logged steps whose median forms the baseline (the best such median so far)"
-    )
-    consecutive: int = opt(5, "logged steps in a row below the threshold")
-
-
-@dataclass(frozen=True)
-class RankLagConfig:
-    enabled: bool = opt(True, "one rank stopped or lags while others carry on")
-    min_lag_steps: int = opt(1, "steps behind the leading rank that count as lagging at the end")
-
-
-@dataclass(frozen=True)
-class HostMemoryConfig:
-    enabled: bool = opt(True, "the rank's RSS climbing steadily towards its cgroup or host memory limit")
-    resolution: Duration = opt(Duration(60.0), "one point per this long: the lowest RSS within it", min=1.0)
-    window: Duration = opt(Duration(1800.0), "the climb must hold in every quarter of this span", min=60.0)
-    min_growth: Size = opt(Size(512 << 20), "and add at least this much RSS over it")
-    warn_within: Duration = opt(Duration(3600.0), "warn when the limit is reached within this at that rate")
-
-    def problems(self) -> list[tuple[str, str]]:
-        why = _climb_problem(float(self.window), float(self.resolution), "window")
-        return [("window", why)] if why else []
-
-
-@dataclass(frozen=True)
-class DetectorsConfig:
     warmup_steps: int = opt(
         100,
         "steps the info-level rules (clipping saturated, vanishing gradients) ignore; the loss, "
         "gradient, loss-scale and throughput rules are safe in warmup and judge from step 1",
     )
-    nan: NanConfig = section(NanConfig, "NaN / Inf detection")
-    loss_spike: LossSpikeConfig = section(LossSpikeConfig, "loss spikes")
-    loss_divergence: LossDivergenceConfig = section(LossDivergenceConfig, "sustained loss rise")
-    loss_plateau: LossPlateauConfig = section(LossPlateauConfig, "loss plateau")
-    overfitting: OverfittingConfig = section(OverfittingConfig, "eval rising while train falls")
-    grad_explosion: GradExplosionConfig = section(GradExplosionConfig, "gradient explosion")
-    grad_clipping: GradClippingConfig = section(GradClippingConfig, "clipping saturated")
-    grad_vanishing: GradVanishingConfig = section(GradVanishingConfig, "vanishing gradients")
-    loss_scale: LossScaleConfig = section(LossScaleConfig, "fp16 loss-scale collapse")
-    throughput: ThroughputConfig = section(ThroughputConfig, "throughput drop")
-    rank_lagging: RankLagConfig = section(RankLagConfig, "cross-rank lag")
-    host_memory: HostMemoryConfig = section(HostMemoryConfig, "host memory climbing to the OOM killer")
+
+
+if TYPE_CHECKING:
+    DetectorsConfig = DetectorsCore
+else:  # warmup_steps, then detectors.<key> for every detector module that declares its settings
+    DetectorsConfig = assemble(
+        DetectorsCore, "detectors", "DetectorsConfig", discover="rankwatch.detectors.registry"
+    )
 
 
 @dataclass(frozen=True)
@@ -530,70 +300,10 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
-class SlackConfig:
-    token: str | None = opt(None, "bot token (xoxb-...), from ${SLACK_BOT_TOKEN}")
-    channel: str | None = opt(None, "channel id or name for chat.postMessage")
-    webhook_url: str | None = opt(None, "incoming-webhook URL, instead of token + channel")
-    base_url: str | None = opt(None, "Slack Web API base URL (tests, proxies); default slack-sdk's")
-    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
+class AlertsCore(PluginSections):
+    """The alerts section; each sink's own settings (alerts.slack, ...) are declared in its
+    module (``actions/alerts/<sink>.py``) and added by ``assemble``."""
 
-    def problems(self) -> list[tuple[str, str]]:
-        out = []
-        for key in ("webhook_url", "base_url"):
-            url = getattr(self, key)
-            why = _url_problem(url) if url else None
-            if why:
-                out.append((key, why))
-        # chat.postMessage answers channel_not_specified without a channel: a bot token alone
-        # sends nothing, so it is refused. A channel alone is not: its token usually comes from
-        # the environment (token: ${SLACK_BOT_TOKEN}) of the node that runs the agent, not of the
-        # one that checks the file; without it Slack is off and the agent says so once.
-        if self.token and not self.channel and not self.webhook_url:
-            out.append(
-                ("token", "a bot token needs alerts.slack.channel (chat.postMessage: channel_not_specified)")
-            )
-        return out
-
-
-@dataclass(frozen=True)
-class AlertmanagerConfig:
-    urls: tuple[str, ...] = opt((), "Alertmanager base URLs; alerts go to <url>/api/v2/alerts")
-    names: dict[str, str] = opt(
-        {}, "URL -> sink name (sink label, spool routing); default alertmanager (-<URL hash> if several)"
-    )
-    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
-
-    def problems(self) -> list[tuple[str, str]]:
-        return [(f"urls[{i}]", why) for i, u in enumerate(self.urls) if (why := _url_problem(u))]
-
-
-@dataclass(frozen=True)
-class WebhookConfig:
-    urls: tuple[str, ...] = opt((), "generic JSON webhooks (POST)")
-    names: dict[str, str] = opt(
-        {}, "URL -> sink name (sink label, spool routing); default webhook (-<URL hash> if several)"
-    )
-    headers: dict[str, str] = opt({}, "extra headers, e.g. Authorization: Bearer ${HOOK_TOKEN}")
-    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
-
-    def problems(self) -> list[tuple[str, str]]:
-        out = [(f"urls[{i}]", why) for i, u in enumerate(self.urls) if (why := _url_problem(u))]
-        if any(k.strip().lower() == "authorization" for k in self.headers):
-            out += [
-                (
-                    f"urls[{i}]",
-                    "holds user:password@ and alerts.webhook.headers sets Authorization: an HTTP "
-                    "request carries one or the other; keep the header (Bearer ${HOOK_TOKEN}) or the "
-                    "URL's credentials, not both",
-                )
-                for i, u in enumerate(self.urls)
-                if _has_userinfo(u)
-            ]
-        return out
-
-
-@dataclass(frozen=True)
-class AlertsConfig:
     min_severity: Literal["info", "warning", "critical"] = opt("warning", "findings below this never alert")
     startup_quiet: Duration = opt(Duration(60.0), "no alerts in the first seconds after the agent starts")
     group_wait: Duration = opt(Duration(5.0), "collect findings of many ranks this long into one message")
@@ -622,9 +332,12 @@ class AlertsConfig:
         "link template to the incident's report in messages, e.g. "
         "https://{node}:9478/incidents/{incident}?run={run} (also {rank}, {kind})",
     )
-    slack: SlackConfig = section(SlackConfig, "Slack (slack-sdk)")
-    alertmanager: AlertmanagerConfig = section(AlertmanagerConfig, "Prometheus Alertmanager v2 API")
-    webhook: WebhookConfig = section(WebhookConfig, "generic JSON webhook")
+
+
+if TYPE_CHECKING:
+    AlertsConfig = AlertsCore
+else:  # the core keys, then alerts.<sink> for every sink module that declares @settings("alerts", ...)
+    AlertsConfig = assemble(AlertsCore, "alerts", "AlertsConfig", discover="rankwatch.actions.alerts.sinks")
 
 
 @dataclass(frozen=True)
@@ -806,3 +519,14 @@ class Config:
     checkpoints: CheckpointConfig = section(CheckpointConfig, "checkpoint directory watching")
     reload: ReloadConfig = section(ReloadConfig, "config hot reload (live agent)")
     kubernetes: KubernetesConfig = section(KubernetesConfig, "node mode on Kubernetes (`watch --k8s`)")
+
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        """A plugin's settings class by its name (``from rankwatch.config.schema import
+        SlackConfig``), as when it was declared here; its home is the plugin's module."""
+        for p in plugin_settings():
+            if p.cls.__name__ == name:
+                return p.cls
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

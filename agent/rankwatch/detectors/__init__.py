@@ -6,7 +6,9 @@ the event types it ``accepts`` (``rankwatch.events``, ``rankwatch.records``), th
 (``detectors.registry``). ``build_detectors`` imports every module of the package (ordered
 as ``registry.py`` says), so the engine of every rank, live or in ``analyze``, builds it and
 routes its events to it; a ``create`` classmethod builds it from the configuration (or
-returns None to stay out). Its settings go in a section appended to ``config/schema.py``.
+returns None to stay out). Its settings are a frozen dataclass in the same module,
+registered with ``@settings("detectors", <key>, <doc>)`` (``config.settings``): the schema
+adds ``detectors.<key>``; the module imports ``config.schema`` only under ``TYPE_CHECKING``.
 It may import ``records``, ``events``, ``state``, ``config`` and other detector modules,
 never a source, GPU, checkpoint, runtime, dump or action module. ``host_memory.py`` is a
 small example.

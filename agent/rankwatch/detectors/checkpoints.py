@@ -12,14 +12,16 @@ import itertools
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import PurePath
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from rankwatch.config.schema import CheckpointConfig, Config
 from rankwatch.detectors.base import Detector, DetectorContext, Episode
 from rankwatch.detectors.registry import register
 from rankwatch.events import CheckpointScan, Event
 from rankwatch.records import Finding, Severity
 from rankwatch.state import RankState
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import CheckpointConfig, Config
 
 
 class Entry(Protocol):

@@ -8,13 +8,21 @@ useful answer is the rank whose own log holds the real error.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 
-from rankwatch.config.schema import RankLagConfig
+from rankwatch.config.settings import opt, settings
 from rankwatch.detectors.base import median
 from rankwatch.errorkinds import OWN_FAILURES, PEER_FAILURES
 from rankwatch.records import Finding, Severity
 from rankwatch.state import RankState
+
+
+@settings("detectors", "rank_lagging", "cross-rank lag")
+@dataclass(frozen=True)
+class RankLagConfig:
+    enabled: bool = opt(True, "one rank stopped or lags while others carry on")
+    min_lag_steps: int = opt(1, "steps behind the leading rank that count as lagging at the end")
 
 
 def _first_time(findings: Sequence[Finding], kinds: tuple[str, ...]) -> tuple[bool, float | None, int | None]:

@@ -14,7 +14,6 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from rankwatch.config.schema import GpuConfig
 from rankwatch.detectors.base import Detector, DetectorContext, Episode, fmt
 from rankwatch.detectors.registry import register
 from rankwatch.detectors.trend import (
@@ -31,7 +30,7 @@ from rankwatch.state import RankState
 from rankwatch.xid import xid_info
 
 if TYPE_CHECKING:
-    from rankwatch.config.schema import Config
+    from rankwatch.config.schema import Config, GpuConfig
 
 MiB = float(1 << 20)
 GiB = float(1 << 30)

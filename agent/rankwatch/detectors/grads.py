@@ -3,18 +3,81 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
-from rankwatch.config.schema import (
-    GradClippingConfig,
-    GradExplosionConfig,
-    GradVanishingConfig,
-    LossScaleConfig,
-)
+from rankwatch.config.settings import opt, settings
 from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
 from rankwatch.detectors.registry import register
 from rankwatch.events import Event
 from rankwatch.records import Finding, OverflowRecord, Severity, StepRecord
 from rankwatch.state import RankState
+
+
+@settings("detectors", "grad_explosion", "gradient explosion")
+@dataclass(frozen=True)
+class GradExplosionConfig:
+    enabled: bool = opt(True, "grad norm far above normal for several steps")
+    threshold: float = opt(10.0, "absolute grad-norm threshold")
+    factor: float = opt(10.0, "and this many times the post-warmup median")
+    consecutive: int = opt(3, "steps in a row above both")
+    climb_factor: float = opt(
+        10.0, "from step 1: grad norm above threshold and this many times the lowest of the few before"
+    )
+    baseline_steps: int = opt(10, "steps that form the median; before it, only threshold x factor counts")
+
+
+@settings("detectors", "grad_clipping", "clipping saturated")
+@dataclass(frozen=True)
+class GradClippingConfig:
+    enabled: bool = opt(True, "pre-clip grad norm above max_grad_norm on most steps")
+    max_grad_norm: float = opt(1.0, "the run's clipping threshold (HF default 1.0)")
+    fraction: float = opt(0.9, "share of steps in the window that must exceed it")
+    window: int = opt(100, "logged steps judged")
+
+
+@settings("detectors", "grad_vanishing", "vanishing gradients")
+@dataclass(frozen=True)
+class GradVanishingConfig:
+    enabled: bool = opt(True, "grad norm collapsed to ~0 for many steps")
+    threshold: float = opt(1e-6, "grad norm below this counts as vanished")
+    consecutive: int = opt(20, "steps in a row below it")
+    # A loss 10^4 times below its first value with the gradients gone likewise is no learning
+    # but a collapse (every label masked, the target in the input). Real cases: OLMo#692
+    # (tests/data/wild/olmo_loss_collapse_zero.log: 12.18 -> 1.8e-6, grad 231 -> 2e-4) and
+    # ModernBERT#233 (loss 0.2 -> 0.0 with NaN grads); a cross-entropy's healthy end is within
+    # 10^2 of its start (ln(vocab) ~ 10 -> >= 0.1).
+    collapse_ratio: float = opt(
+        1e-4, "a loss and a grad norm this many times below their first values is a collapse, from step 1"
+    )
+    # A loss of exactly 0 with a grad norm below ``threshold`` is what a batch with every label
+    # masked gives (no token to learn from), from the first record on, so no first value to fall
+    # from. Real case: axolotl#2357 (tests/data/wild/batch3/axolotl_qwen32b_loss_grad_zero.log,
+    # 11 records of loss 0.0, grad_norm 0.0). A learning model's loss printed as 0.0 after rounding
+    # still has a gradient; five records in a row is no single empty batch.
+    dead_records: int = opt(
+        5, "records in a row with loss exactly 0 and the grad norm below threshold: nothing is learnt", min=1
+    )
+
+
+@settings("detectors", "loss_scale", "fp16 loss-scale collapse")
+@dataclass(frozen=True)
+class LossScaleConfig:
+    enabled: bool = opt(True, "fp16 loss scaler shrinking again and again")
+    min_scale: float = opt(1.0, "a scale at or below this is a collapse")
+    max_overflows: int = opt(20, "overflow (skipped) steps within the window that count as a collapse")
+    window: int = opt(200, "steps the overflow count is taken over")
+    halvings: int = opt(
+        5, "overflows in a row (no growth between) ending at or below low_scale are a collapse"
+    )
+    low_scale: float = opt(16.0, "a scale this low after repeated halvings is no start-up calibration")
+    # DeepSpeed's dynamic scaler at its floor overflows once more before it raises (hysteresis,
+    # delayed_shift=2 by default, runtime/fp16/loss_scaler.py): beyond that, every step is skipped.
+    # Real cases: ds_t5_scale_stuck_at_1.log (HF#14531, every step at scale 1) and fairseq#512
+    # (the scale halved to 0.000122, fairseq's floor, then FloatingPointError).
+    floor_overflows: int = opt(
+        3, "overflows in a row at or below min_scale that count as a collapse (beyond the hysteresis)", min=1
+    )
+
 
 CLIMB_RECORDS = 5  # logged steps a grad-norm climb is looked for over
 LR_RISING = 1.01  # the LR 10 logged steps ago was more than 1% lower: still in warmup

@@ -22,9 +22,10 @@ so its finding names both explanations.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rankwatch.config.schema import HostMemoryConfig
+from rankwatch.config.settings import Duration, Size, climb_problem, opt, settings, settings_of
 from rankwatch.detectors.base import Detector, DetectorContext, Episode
 from rankwatch.detectors.registry import register
 from rankwatch.detectors.trend import CLIMB_SEGMENTS, FloorHistory, sustained_climb
@@ -34,6 +35,21 @@ from rankwatch.state import RankState
 
 if TYPE_CHECKING:
     from rankwatch.config.schema import Config
+
+
+@settings("detectors", "host_memory", "host memory climbing to the OOM killer")
+@dataclass(frozen=True)
+class HostMemoryConfig:
+    enabled: bool = opt(True, "the rank's RSS climbing steadily towards its cgroup or host memory limit")
+    resolution: Duration = opt(Duration(60.0), "one point per this long: the lowest RSS within it", min=1.0)
+    window: Duration = opt(Duration(1800.0), "the climb must hold in every quarter of this span", min=60.0)
+    min_growth: Size = opt(Size(512 << 20), "and add at least this much RSS over it")
+    warn_within: Duration = opt(Duration(3600.0), "warn when the limit is reached within this at that rate")
+
+    def problems(self) -> list[tuple[str, str]]:
+        why = climb_problem(float(self.window), float(self.resolution), "window")
+        return [("window", why)] if why else []
+
 
 KIND = "host_memory_growth"
 GiB = float(1 << 30)
@@ -49,7 +65,7 @@ class HostMemoryDetector(Detector):
 
     @classmethod
     def create(cls, cfg: Config, ctx: DetectorContext) -> HostMemoryDetector:
-        return cls(cfg.detectors.host_memory, ctx.rank, ctx.path)
+        return cls(settings_of(cfg.detectors, HostMemoryConfig), ctx.rank, ctx.path)
 
     def __init__(self, cfg: HostMemoryConfig, rank: int | None = None, path: str | None = None) -> None:
         self.cfg = cfg

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from rankwatch.config.schema import GpuConfig
 from rankwatch.detectors.base import Detector, DetectorContext, Episode
 from rankwatch.detectors.registry import register
 from rankwatch.events import Event, GpuRound, ProcessSample, Progress
@@ -21,7 +20,7 @@ from rankwatch.records import Finding, Severity
 from rankwatch.state import RankState
 
 if TYPE_CHECKING:
-    from rankwatch.config.schema import Config
+    from rankwatch.config.schema import Config, GpuConfig
 
 COVERAGE = 0.9  # readings must span this share of the window before it is judged
 MIN_STEPS = 3  # a rank that stopped stepping is a stall, judged elsewhere

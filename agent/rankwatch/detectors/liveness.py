@@ -16,7 +16,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rankwatch.config.schema import StallConfig
 from rankwatch.detectors.base import Detector, DetectorContext, Episode, finding
 from rankwatch.detectors.gpu import gpu_activity
 from rankwatch.detectors.registry import register
@@ -34,7 +33,7 @@ from rankwatch.records import Finding, Severity
 from rankwatch.state import RankState
 
 if TYPE_CHECKING:
-    from rankwatch.config.schema import Config
+    from rankwatch.config.schema import Config, StallConfig
 
 INTERVALS = 100
 SAMPLES = 10

@@ -5,22 +5,108 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
+from dataclasses import dataclass
 from itertools import islice
 from operator import attrgetter
 from typing import Any
 
-from rankwatch.config.schema import (
-    LossDivergenceConfig,
-    LossPlateauConfig,
-    LossSpikeConfig,
-    NanConfig,
-    OverfittingConfig,
-)
+from rankwatch.config.settings import opt, settings
 from rankwatch.detectors.base import Detector, Episode, finding, fmt, median, step_noise
 from rankwatch.detectors.registry import register
 from rankwatch.events import Event
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 from rankwatch.state import RankState, finite
+
+
+@settings("detectors", "nan", "NaN / Inf detection")
+@dataclass(frozen=True)
+class NanConfig:
+    enabled: bool = opt(True, "non-finite loss, grad norm, eval loss or loss scale")
+    zero_loss_min_prior: float = opt(
+        0.05, "a loss of exactly 0 after the median loss was above this is treated as NaN-filtered"
+    )
+    lookback_steps: int = opt(10, "steps before a NaN inspected to tell blow-up from bad batch")
+    # fp16 dynamic loss scaling starts high (torch GradScaler 2^16, DeepSpeed 2^32) and halves on
+    # each overflow, skipping that step (torch/amp/grad_scaler.py, deepspeed loss_scaler.py): the
+    # first logging window of a healthy fp16 run can hold a NaN/inf grad norm. Real cases: the
+    # three DeepSpeed calibrations in tests/data/wild (ds_*_scale_calibration.log) and the HF
+    # Trainer fp16 run of tests/test_general_reader.py. The next record decides.
+    # float32 holds up to 3.4e38 and fp16 training multiplies the loss by the loss scale (torch
+    # GradScaler starts at 2^16): a loss beyond 3.4e38 / 2^16 = 5.2e33 overflows to inf when
+    # scaled; no loss that means something is that large (ESPnet#3885: -3.19e34 after 59.6).
+    overflow_magnitude: float = opt(
+        5.2e33, "a loss this large in magnitude is numerically broken: reported as a NaN/Inf loss"
+    )
+    calibration_records: int = opt(
+        1,
+        "logged records at the start of a run whose non-finite grad norm (with a finite, non-zero "
+        "loss) may be fp16 loss-scale calibration: judged by the record after them, 0 to judge at once",
+        min=0,
+    )
+
+
+@settings("detectors", "loss_spike", "loss spikes")
+@dataclass(frozen=True)
+class LossSpikeConfig:
+    enabled: bool = opt(True, "a single step's loss far above its recent mean")
+    factor: float = opt(2.0, "spike when loss > factor x rolling mean of the window")
+    window: int = opt(10, "logged steps in the rolling mean")
+    min_delta: float = opt(0.1, "and at least this absolute rise, so tiny losses do not fire")
+    noise_factor: float = opt(
+        8.0,
+        "and this many robust standard deviations of the step-to-step noise (MAD), so noisy runs do not fire",
+    )
+    noise_window: int = opt(50, "logged steps the noise is measured over")
+    # Per-batch logs at small batch sizes are noisy (YOLOX VOC at batch size 1, step noise 25% of
+    # the loss: tests/data/wild/batch2/yolox_voc_s_healthy_bs1.log; LitGPT per-batch SFT losses
+    # 3.5..26, awslabs/keys_values#97); smooth pretraining logs are at 1-2% (the llm.c and
+    # torchtitan cases of tests/data/wild). In a noisy log one batch that comes straight back is noise.
+    confirm_noise_ratio: float = opt(
+        0.1,
+        "step noise (robust sd) at or above this fraction of the loss level: a spike must still be up "
+        "at the next logged step to count",
+    )
+    min_records: int = opt(
+        1,
+        "earlier logged steps a spike is judged against at the least; with fewer than `window` the "
+        "loss and the one after it must exceed factor x the largest of them (a short log is judged "
+        "against what there is)",
+        min=1,
+    )
+
+
+@settings("detectors", "loss_divergence", "sustained loss rise")
+@dataclass(frozen=True)
+class LossDivergenceConfig:
+    enabled: bool = opt(True, "a sustained rise of the loss, not a single spike")
+    window: int = opt(50, "logged steps per median window")
+    rise_ratio: float = opt(0.25, "diverging when the recent median is this far above the best median")
+    consecutive_windows: int = opt(2, "rise must hold over this many consecutive windows")
+    min_delta: float = opt(
+        0.1, "and the loss must have risen by at least this much, so tiny losses do not fire"
+    )
+    blowup_factor: float = opt(
+        4.0, "blow-up: losses above this many times the lowest of the run's first five"
+    )
+    blowup_records: int = opt(3, "blow-up: logged steps in a row above it")
+    trend_records: int = opt(32, "trend: logged steps over which most changes must be rises")
+
+
+@settings("detectors", "loss_plateau", "loss plateau")
+@dataclass(frozen=True)
+class LossPlateauConfig:
+    enabled: bool = opt(True, "loss stopped improving long after warmup")
+    window: int = opt(500, "training steps (not logged records) over which some improvement is expected")
+    min_improvement: float = opt(0.005, "relative improvement of the median below this is a plateau")
+
+
+@settings("detectors", "overfitting", "eval rising while train falls")
+@dataclass(frozen=True)
+class OverfittingConfig:
+    enabled: bool = opt(True, "eval loss rising while train loss still falls")
+    eval_rise_ratio: float = opt(0.05, "eval loss this far above its minimum")
+    min_evals: int = opt(3, "evaluations needed before judging")
+    consecutive: int = opt(2, "evaluations in a row above the threshold")
 
 
 def _nonfinite(x: float | None) -> bool:

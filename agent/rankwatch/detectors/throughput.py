@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from itertools import islice
 
-from rankwatch.config.schema import ThroughputConfig
+from rankwatch.config.settings import opt, settings
 from rankwatch.detectors.base import Detector, Episode, finding, fmt, median
 from rankwatch.detectors.registry import register
 from rankwatch.events import Event
 from rankwatch.records import Finding, Severity, StepRecord
 from rankwatch.state import RankState
+
+
+@settings("detectors", "throughput", "throughput drop")
+@dataclass(frozen=True)
+class ThroughputConfig:
+    enabled: bool = opt(True, "step time or tokens/s far worse than the learned baseline")
+    drop_ratio: float = opt(0.5, "throughput at or below this fraction of baseline is a drop")
+    baseline_steps: int = opt(
+        20, "logged steps whose median forms the baseline (the best such median so far)"
+    )
+    consecutive: int = opt(5, "logged steps in a row below the threshold")
+
 
 FIRST_BASELINE = 5  # logged rates before a first baseline exists
 BASELINE_EVERY = 5  # once the window is full, the baseline is looked at again every this many rates

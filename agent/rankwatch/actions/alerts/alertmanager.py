@@ -17,18 +17,34 @@ left exact: routing matches on it).
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
-from typing import Any
-
-import aiohttp
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rankwatch.actions.alerts.message import AlertMessage, AlertSink, DeliveryError, iso
 from rankwatch.actions.alerts.sinks import register_sink, sink_name
 from rankwatch.config.redact import redact_text, redact_url
-from rankwatch.config.schema import AlertsConfig
+from rankwatch.config.settings import Duration, opt, settings, settings_of, url_problem
 from rankwatch.sanitize import defuse_mentions, visible
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from rankwatch.config.schema import AlertsConfig
+
+
+@settings("alerts", "alertmanager", "Prometheus Alertmanager v2 API")
+@dataclass(frozen=True)
+class AlertmanagerConfig:
+    urls: tuple[str, ...] = opt((), "Alertmanager base URLs; alerts go to <url>/api/v2/alerts")
+    names: dict[str, str] = opt(
+        {}, "URL -> sink name (sink label, spool routing); default alertmanager (-<URL hash> if several)"
+    )
+    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
+
+    def problems(self) -> list[tuple[str, str]]:
+        return [(f"urls[{i}]", why) for i, u in enumerate(self.urls) if (why := url_problem(u))]
 
 
 def annotation(text: str) -> str:
@@ -94,6 +110,10 @@ class AlertmanagerSink:
         self._session: aiohttp.ClientSession | None = None
 
     async def deliver(self, alert: AlertMessage) -> None:
+        import asyncio  # on first use: the config schema imports this module for its settings
+
+        import aiohttp
+
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         try:
@@ -122,7 +142,7 @@ class AlertmanagerSink:
 
 @register_sink("alertmanager")
 def alertmanager_sinks(cfg: AlertsConfig) -> list[AlertSink]:
-    am = cfg.alertmanager
+    am = settings_of(cfg, AlertmanagerConfig)
     urls = list(dict.fromkeys(am.urls))
     return [
         AlertmanagerSink(

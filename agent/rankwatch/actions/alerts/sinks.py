@@ -7,6 +7,13 @@ sink in a new file (``actions/alerts/<name>.py``: a class with ``name`` and
 ``async send(alert)``, see ``message.AlertSink``, plus its builder) needs no other line;
 ``webhook.py`` is the smallest example. Sinks are built in the order their names sort, so a
 configuration always yields the same list.
+
+A sink's settings are a frozen dataclass in its own module, registered with
+``@settings("alerts", <key>, <doc>)`` (``config.settings``): the config schema imports the
+sink modules (through ``load_all``) to assemble ``alerts``. So a sink module imports
+``config.schema`` only under ``TYPE_CHECKING`` (tests/test_settings.py), and its network
+stack (aiohttp, asyncio, slack-sdk) on first delivery, so `rankwatch analyze` does not load
+it (tests/test_light.py).
 """
 
 from __future__ import annotations
@@ -16,11 +23,14 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rankwatch.actions.alerts.message import AlertSink
-from rankwatch.config.schema import AlertsConfig
 
-SinkBuilder = Callable[[AlertsConfig], list[AlertSink]]
+if TYPE_CHECKING:  # the schema imports the sinks (their settings) while it is being built
+    from rankwatch.config.schema import AlertsConfig
+
+SinkBuilder = Callable[["AlertsConfig"], list[AlertSink]]
 
 REGISTRY: dict[str, SinkBuilder] = {}
 _loaded = False

@@ -16,13 +16,11 @@ percent-encoded, and only http(s).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import aiohttp
 
 from rankwatch.actions.alerts.message import (
     AlertMessage,
@@ -35,8 +33,7 @@ from rankwatch.actions.alerts.message import (
 from rankwatch.actions.alerts.sinks import register_sink
 from rankwatch.actions.alerts.threads import ThreadStore, Who
 from rankwatch.config.redact import redact_text
-from rankwatch.config.schema import AlertsConfig, SlackConfig
-from rankwatch.offloop import call
+from rankwatch.config.settings import Duration, opt, settings, settings_of, url_problem
 from rankwatch.records import Severity
 from rankwatch.sanitize import slack_escape as _esc
 from rankwatch.sanitize import slack_link as _link
@@ -48,6 +45,36 @@ if TYPE_CHECKING:
     from slack_sdk.errors import SlackApiError
     from slack_sdk.web.async_client import AsyncWebClient
     from slack_sdk.webhook.async_client import AsyncWebhookClient
+
+    from rankwatch.config.schema import AlertsConfig
+
+
+@settings("alerts", "slack", "Slack (slack-sdk)")
+@dataclass(frozen=True)
+class SlackConfig:
+    token: str | None = opt(None, "bot token (xoxb-...), from ${SLACK_BOT_TOKEN}")
+    channel: str | None = opt(None, "channel id or name for chat.postMessage")
+    webhook_url: str | None = opt(None, "incoming-webhook URL, instead of token + channel")
+    base_url: str | None = opt(None, "Slack Web API base URL (tests, proxies); default slack-sdk's")
+    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        for key in ("webhook_url", "base_url"):
+            url = getattr(self, key)
+            why = url_problem(url) if url else None
+            if why:
+                out.append((key, why))
+        # chat.postMessage answers channel_not_specified without a channel: a bot token alone
+        # sends nothing, so it is refused. A channel alone is not: its token usually comes from
+        # the environment (token: ${SLACK_BOT_TOKEN}) of the node that runs the agent, not of the
+        # one that checks the file; without it Slack is off and the agent says so once.
+        if self.token and not self.channel and not self.webhook_url:
+            out.append(
+                ("token", "a bot token needs alerts.slack.channel (chat.postMessage: channel_not_specified)")
+            )
+        return out
+
 
 log = logging.getLogger("rankwatch.alerts.slack")
 
@@ -219,6 +246,8 @@ class SlackSink:
 
     async def _shared(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
+            from rankwatch.offloop import call
+
             return await call(fn, *args, timeout=THREAD_IO_S, name="rankwatch-slack-threads")
         except Exception as e:  # threading is a nicety: the alert goes out regardless
             if "threads" not in self._logged:
@@ -227,6 +256,10 @@ class SlackSink:
             return None
 
     async def deliver(self, alert: AlertMessage) -> None:
+        import asyncio  # on first use: the config schema imports this module for its settings
+
+        import aiohttp
+
         blocks = build_blocks(alert)
         text = fallback_text(alert)
         try:
@@ -320,7 +353,7 @@ def _retry_after(headers: Any) -> float:
 
 @register_sink("slack")
 def slack_sinks(cfg: AlertsConfig) -> list[AlertSink]:
-    s = cfg.slack
+    s = settings_of(cfg, SlackConfig)
     if (s.token and s.channel) or s.webhook_url:
         return [SlackSink(s)]  # one Slack sink at most: "slack" is already stable
     if s.token or s.channel:

@@ -10,18 +10,47 @@ credentials (userinfo, query, secret path).
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import aiohttp
 
 from rankwatch.actions.alerts.message import AlertMessage, AlertSink, DeliveryError, iso
 from rankwatch.actions.alerts.sinks import register_sink, sink_name
 from rankwatch.config.redact import redact_text, redact_url
-from rankwatch.config.schema import AlertsConfig
+from rankwatch.config.settings import Duration, has_userinfo, opt, settings, settings_of, url_problem
 from rankwatch.sanitize import deep
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from rankwatch.config.schema import AlertsConfig
+
+
+@settings("alerts", "webhook", "generic JSON webhook")
+@dataclass(frozen=True)
+class WebhookConfig:
+    urls: tuple[str, ...] = opt((), "generic JSON webhooks (POST)")
+    names: dict[str, str] = opt(
+        {}, "URL -> sink name (sink label, spool routing); default webhook (-<URL hash> if several)"
+    )
+    headers: dict[str, str] = opt({}, "extra headers, e.g. Authorization: Bearer ${HOOK_TOKEN}")
+    timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = [(f"urls[{i}]", why) for i, u in enumerate(self.urls) if (why := url_problem(u))]
+        if any(k.strip().lower() == "authorization" for k in self.headers):
+            out += [
+                (
+                    f"urls[{i}]",
+                    "holds user:password@ and alerts.webhook.headers sets Authorization: an HTTP "
+                    "request carries one or the other; keep the header (Bearer ${HOOK_TOKEN}) or the "
+                    "URL's credentials, not both",
+                )
+                for i, u in enumerate(self.urls)
+                if has_userinfo(u)
+            ]
+        return out
 
 
 def payload(alert: AlertMessage) -> dict[str, Any]:
@@ -83,6 +112,10 @@ class WebhookSink:
         self._session: aiohttp.ClientSession | None = None
 
     async def deliver(self, alert: AlertMessage) -> None:
+        import asyncio  # on first use: the config schema imports this module for its settings
+
+        import aiohttp
+
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         try:
@@ -116,7 +149,7 @@ class WebhookSink:
 
 @register_sink("webhook")
 def webhook_sinks(cfg: AlertsConfig) -> list[AlertSink]:
-    wh = cfg.webhook
+    wh = settings_of(cfg, WebhookConfig)
     urls = list(dict.fromkeys(wh.urls))
     return [
         WebhookSink(

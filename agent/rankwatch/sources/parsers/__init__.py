@@ -1,6 +1,8 @@
 """Format parsers: one per framework's console format plus generic JSON, key=value and a
-user regex. ``FORMATS`` is the sniff priority: specific formats before generic ones, so
-the first format whose ``sniff`` accepts a line is the most specific one.
+user regex. Each registers itself with ``@register_parser`` (``registry.py``) and is found by
+importing the package's modules: a new format is one new file. ``FORMATS`` is the sniff
+priority, each parser's ``order``: specific formats before generic ones, so the first format
+whose ``sniff`` accepts a line is the most specific one.
 """
 
 from __future__ import annotations
@@ -9,39 +11,20 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import FormatParser, LogLine
-from .deepspeed import DeepSpeedParser
-from .generic import JsonParser, KvParser, RegexParser
-from .hf import HFParser
-from .lightning import LightningCsvParser, LightningParser
-from .llmc import LlmcParser
-from .megatron import MegatronParser
-from .nanogpt import NanoGPTParser
-from .olmo import OlmoParser
-from .torchtitan import TorchTitanParser
+from .generic import RegexParser
+from .registry import REGISTRY, load_all, register_parser
 
-# The format registry: every parser, in sniff priority. A format's name, its detection hints
-# and its sniffer come from its class; the config schema's ``logs.format`` values, the demo
-# trainer's and the examples' formats are held to this list by tests/test_catalogs.py.
-PARSERS: tuple[type[FormatParser], ...] = (
-    MegatronParser,
-    DeepSpeedParser,
-    TorchTitanParser,
-    NanoGPTParser,
-    LlmcParser,
-    OlmoParser,
-    LightningParser,
-    LightningCsvParser,
-    HFParser,
-    JsonParser,
-    KvParser,
-)
-_FACTORIES: dict[str, Callable[[], FormatParser]] = {cls.name: cls for cls in PARSERS}
-
-FORMATS: tuple[str, ...] = (*_FACTORIES, RegexParser.name)
+# The format registry: every parser, in sniff order. A format's name, its detection hints,
+# its place and its sniffer come from its class; the config schema's ``logs.format`` values
+# are read from here, and the demo trainer's and the examples' formats are held to this list
+# by tests/test_catalogs.py.
+_ALL = load_all()
+PARSERS: tuple[type[FormatParser], ...] = tuple(cls for cls in _ALL if cls.hints)  # the sniffed ones
+FORMATS: tuple[str, ...] = tuple(cls.name for cls in _ALL)
 GENERIC: frozenset[str] = frozenset(cls.name for cls in PARSERS if cls.generic)
 
 # Sniffing is stateless, so one instance of each serves every caller.
-_SNIFFERS: tuple[tuple[str, FormatParser], ...] = tuple((n, f()) for n, f in _FACTORIES.items())
+_SNIFFERS: tuple[tuple[str, FormatParser], ...] = tuple((cls.name, cls()) for cls in PARSERS)
 
 HINTS: tuple[str, ...] = tuple(dict.fromkeys(w for cls in PARSERS for w in cls.hints))
 
@@ -61,14 +44,14 @@ _might_sniff = _make_might_sniff(HINTS)
 
 def make_parser(name: str, *, regex: str | None = None) -> FormatParser:
     """A fresh parser (parsers keep per-stream state, so never share one)."""
-    if name == "regex":
+    cls = REGISTRY.get(name)
+    if cls is None:
+        raise ValueError(f"unknown log format {name!r}; known: {', '.join(FORMATS)}")
+    if cls is RegexParser:  # chosen by name only, built from the user's pattern
         if not regex:
             raise ValueError("format 'regex' needs a pattern (logs.regex)")
         return RegexParser(regex)
-    factory = _FACTORIES.get(name)
-    if factory is None:
-        raise ValueError(f"unknown log format {name!r}; known: {', '.join(FORMATS)}")
-    return factory()
+    return cls()
 
 
 def sniff_format(text: str) -> str | None:
@@ -86,20 +69,11 @@ __all__ = [
     "GENERIC",
     "HINTS",
     "PARSERS",
-    "DeepSpeedParser",
+    "REGISTRY",
     "FormatParser",
-    "HFParser",
-    "JsonParser",
-    "KvParser",
-    "LightningCsvParser",
-    "LightningParser",
-    "LlmcParser",
     "LogLine",
-    "MegatronParser",
-    "NanoGPTParser",
-    "OlmoParser",
     "RegexParser",
-    "TorchTitanParser",
     "make_parser",
+    "register_parser",
     "sniff_format",
 ]

@@ -29,6 +29,9 @@ class FormatParser(Protocol):
     # A generic format (JSON, key=value) claims lines that specific formats print too, so a
     # specific format seen soon after may take over (``LogParser``'s ``sniff_lines``).
     generic: ClassVar[bool]
+    # Auto-detection asks the parsers in this order, smaller first (``registry.load_all``):
+    # a format whose lines another also claims sits before it (generic formats at 200+).
+    order: ClassVar[int]
 
     def sniff(self, text: str) -> bool:
         """True when this (stripped) line is unmistakably in this parser's format."""

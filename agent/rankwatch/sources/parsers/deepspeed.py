@@ -28,6 +28,7 @@ from .base import FormatParser, LogLine
 from .hf import HFParser
 from .lightning import LightningParser
 from .megatron import MegatronParser
+from .registry import register_parser
 
 _GROW = re.compile(r"Increasing dynamic loss scale from [0-9.eE+]{1,24} to ([0-9.eE+]{1,24})")
 _STEP = re.compile(r"\bstep=(\d{1,18}), skipped=(\d{1,18}), lr=\[([^\],]{0,80})")
@@ -60,6 +61,7 @@ def _lr(raw: str) -> float | None:
     return to_float(v)
 
 
+@register_parser
 class DeepSpeedParser:
     name: ClassVar[str] = "deepspeed"
     hints: ClassVar[tuple[str, ...]] = (
@@ -69,6 +71,7 @@ class DeepSpeedParser:
         "oss",
     )  # a line sniff() accepts holds one
     generic: ClassVar[bool] = False
+    order: ClassVar[int] = 20  # sniffed after smaller orders (registry.py)
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()

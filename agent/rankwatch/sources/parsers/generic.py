@@ -4,6 +4,7 @@ user-supplied regex with named groups.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -13,31 +14,19 @@ from rankwatch.records import Record, StepRecord
 
 from ._common import MetricBag, OverflowTracker, canonical, eval_record, strip_ansi, to_float, to_int
 from ._progress import bare_count, loss_columns, progress, table_header, table_row
-from .base import LogLine
-from .deepspeed import DeepSpeedParser
-from .hf import HFParser
-from .lightning import LightningParser
-from .llmc import LlmcParser
-from .megatron import MegatronParser
-from .nanogpt import NanoGPTParser
-from .olmo import OlmoParser
-from .torchtitan import TorchTitanParser
+from .base import FormatParser, LogLine
+from .registry import load_all, register_parser
 
-_SPECIFIC = (
-    MegatronParser(),
-    DeepSpeedParser(),
-    TorchTitanParser(),
-    NanoGPTParser(),
-    LlmcParser(),
-    OlmoParser(),
-    LightningParser(),
-    HFParser(),
-)
+
+@functools.cache
+def _specific_parsers() -> tuple[FormatParser, ...]:
+    """Every registered specific format (a new file's included), built once."""
+    return tuple(cls() for cls in load_all() if cls.hints and not cls.generic)
 
 
 def _specific(text: str) -> bool:
     """Lines a framework parser claims must not be sniffed as a generic format."""
-    return any(p.sniff(text) for p in _SPECIFIC)
+    return any(p.sniff(text) for p in _specific_parsers())
 
 
 def _records(bag: MetricBag, line: LogLine, *, need_step: bool = True) -> list[Record]:
@@ -95,10 +84,12 @@ def _json_key(key: str) -> str:
     return key
 
 
+@register_parser
 class JsonParser:
     name: ClassVar[str] = "json"
     hints: ClassVar[tuple[str, ...]] = ("{",)  # a line sniff() accepts holds one
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
+    order: ClassVar[int] = 200  # sniffed after smaller orders (registry.py)
 
     def sniff(self, text: str) -> bool:
         obj = self._load(text)
@@ -261,6 +252,7 @@ def _finish_bag(bag: MetricBag, parts: list[float], stats_nan: bool) -> None:
             f["loss"] = math.nan
 
 
+@register_parser
 class KvParser:
     """The general reader: any line that pairs a step (or an epoch and an iteration) with named
     numbers, whatever its punctuation. ``step=10 loss=2.45 lr=6.67e-05``, ``Step 10: loss=2.45``,
@@ -282,6 +274,7 @@ class KvParser:
         "s/it]", "it/s]",
     )  # fmt: skip
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
+    order: ClassVar[int] = 210  # sniffed after smaller orders (registry.py)
 
     def __init__(self) -> None:
         self._cols: list[str] | None = None
@@ -827,12 +820,14 @@ _GROUPS = {
 }
 
 
+@register_parser
 class RegexParser:
     """A user's regex; each known named group fills the record field of that name."""
 
     name: ClassVar[str] = "regex"
     hints: ClassVar[tuple[str, ...]] = ()  # never sniffed: only chosen by name
     generic: ClassVar[bool] = False
+    order: ClassVar[int] = 1000  # sniffed after smaller orders (registry.py)
 
     def __init__(self, pattern: str) -> None:
         try:

@@ -43,6 +43,7 @@ from ._common import (
     to_int,
 )
 from .base import LogLine
+from .registry import register_parser
 
 _KV = re.compile(r"'(?P<k>[A-Za-z_][^'\\\n]{0,100})'\s*:\s*(?P<v>[^,{}]{1,400})")
 _SPACES = re.compile(r"\s{2,}|\r")
@@ -111,10 +112,12 @@ def _value(raw: str) -> float | None:
     return to_float(v)
 
 
+@register_parser
 class HFParser:
     name: ClassVar[str] = "hf"
     hints: ClassVar[tuple[str, ...]] = ("{",)  # a line sniff() accepts holds one
     generic: ClassVar[bool] = False
+    order: ClassVar[int] = 90  # sniffed after smaller orders (registry.py)
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()

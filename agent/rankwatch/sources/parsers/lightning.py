@@ -24,6 +24,7 @@ from ._common import (
     to_int,
 )
 from .base import LogLine
+from .registry import register_parser
 
 _TQDM = re.compile(
     r"Epoch (?P<epoch>\d{1,9}):\s{0,4}"
@@ -39,10 +40,12 @@ _POSTFIX = re.compile(r"(?P<k>[A-Za-z_][\w/.\-]{0,80})\s{0,2}[=:]\s{0,2}(?P<v>[^
 _EVAL_KEYS = ("val_loss", "val/loss", "valid_loss", "validation_loss", "val_loss_epoch", "eval_loss")
 
 
+@register_parser
 class LightningParser:
     name: ClassVar[str] = "lightning"
     hints: ClassVar[tuple[str, ...]] = ("Epoch",)  # a line sniff() accepts holds one
     generic: ClassVar[bool] = False
+    order: ClassVar[int] = 70  # sniffed after smaller orders (registry.py)
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()
@@ -181,6 +184,7 @@ class LightningParser:
         return self._epoch_base + n
 
 
+@register_parser
 class LightningCsvParser:
     """Rows of ``CSVLogger``'s ``metrics.csv``; columns are named by its header line.
 
@@ -191,6 +195,7 @@ class LightningCsvParser:
     name: ClassVar[str] = "lightning_csv"
     hints: ClassVar[tuple[str, ...]] = ("step",)  # a line sniff() accepts holds one
     generic: ClassVar[bool] = False
+    order: ClassVar[int] = 80  # sniffed after smaller orders (registry.py)
 
     _IDENT = re.compile(r"[A-Za-z_][\w/.\-() ]{0,120}")
 

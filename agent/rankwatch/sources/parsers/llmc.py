@@ -17,6 +17,7 @@ from rankwatch.records import Record
 
 from ._common import eval_record, ratio, step_record, strip_ansi, to_float, to_int
 from .base import LogLine
+from .registry import register_parser
 
 _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|-?inf)"
 _FILE = re.compile(rf"^s:(?P<s>\d{{1,18}}) (?P<k>trl|tel|eval):(?P<v>{_NUM})(?P<rest>.*)$")
@@ -31,10 +32,12 @@ _CONSOLE = re.compile(
 _VAL = re.compile(rf"^val loss (?P<v>{_NUM})\s*$")
 
 
+@register_parser
 class LlmcParser:
     name: ClassVar[str] = "llmc"
     hints: ClassVar[tuple[str, ...]] = ("trl:", "tel:", "step")  # a line sniff() accepts holds one
     generic: ClassVar[bool] = False
+    order: ClassVar[int] = 50  # sniffed after smaller orders (registry.py)
 
     def __init__(self) -> None:
         self._last_step: int | None = None

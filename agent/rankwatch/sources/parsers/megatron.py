@@ -22,6 +22,7 @@ from rankwatch.records import Record, StepRecord
 
 from ._common import OverflowTracker, eval_record, strip_ansi, to_float, to_int
 from .base import LogLine
+from .registry import register_parser
 
 _ITER = re.compile(r"\biteration\s{0,40}(\d{1,18})\s{0,40}/\s{0,40}(\d{1,18}|infinity)\s{0,40}\|")
 _VALID = re.compile(r"validation loss at ([^|]{0,200})\|")
@@ -138,10 +139,12 @@ class _Layout:
         return it, total, self.pick(vals)
 
 
+@register_parser
 class MegatronParser:
     name: ClassVar[str] = "megatron"
     hints: ClassVar[tuple[str, ...]] = ("oss",)  # a line sniff() accepts holds one
     generic: ClassVar[bool] = False
+    order: ClassVar[int] = 10  # sniffed after smaller orders (registry.py)
 
     def __init__(self) -> None:
         self._overflow = OverflowTracker()

@@ -11,6 +11,7 @@ from rankwatch.records import Record
 
 from ._common import eval_record, ratio, seconds, step_record, strip_ansi, to_float, to_int
 from .base import LogLine
+from .registry import register_parser
 
 _NUM = r"[-+]?(?:\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|NaN|inf|-inf|Infinity)"
 _ITER = re.compile(
@@ -20,10 +21,12 @@ _ITER = re.compile(
 _EVAL = re.compile(rf"^\s*step (?P<it>\d{{1,18}}): train loss (?P<train>{_NUM}), val loss (?P<val>{_NUM})")
 
 
+@register_parser
 class NanoGPTParser:
     name: ClassVar[str] = "nanogpt"
     hints: ClassVar[tuple[str, ...]] = ("oss",)  # a line sniff() accepts holds one
     generic: ClassVar[bool] = False
+    order: ClassVar[int] = 40  # sniffed after smaller orders (registry.py)
 
     def sniff(self, text: str) -> bool:
         if "loss" not in text:

@@ -17,6 +17,7 @@ from rankwatch.records import Record
 
 from ._common import MIB, eval_record, step_record, strip_ansi, to_float, to_int
 from .base import LogLine
+from .registry import register_parser
 
 _HEAD = re.compile(r"\[step=(?P<s>\d{1,18})/(?P<n>\d{1,18})(?:,\s?[a-z_]+=[^\]]{0,60})?\]\s*$")
 _RANK = re.compile(r"\brank=(\d{1,7})\]")
@@ -37,10 +38,12 @@ _FIELDS = {
 }
 
 
+@register_parser
 class OlmoParser:
     name: ClassVar[str] = "olmo"
     hints: ClassVar[tuple[str, ...]] = ("step",)  # a line sniff() accepts holds one
     generic: ClassVar[bool] = False
+    order: ClassVar[int] = 60  # sniffed after smaller orders (registry.py)
 
     def __init__(self) -> None:
         self._open: LogLine | None = None  # the header of the record being collected

@@ -16,6 +16,7 @@ from rankwatch.records import Record
 
 from ._common import eval_record, memory_bytes, ratio, step_record, strip_ansi, to_float, to_int
 from .base import LogLine
+from .registry import register_parser
 
 _HEAD = re.compile(r"(?P<val>validate )?step:\s{0,8}(?P<step>\d{1,18})\s+loss:")
 _FIELD = re.compile(
@@ -26,10 +27,12 @@ _FIELD = re.compile(
 _SNIFF = ("memory:", "tps:", "wps:", "mfu:", "tflops:", "grad_norm:")
 
 
+@register_parser
 class TorchTitanParser:
     name: ClassVar[str] = "torchtitan"
     hints: ClassVar[tuple[str, ...]] = ("step",)  # a line sniff() accepts holds one
     generic: ClassVar[bool] = False
+    order: ClassVar[int] = 30  # sniffed after smaller orders (registry.py)
 
     def __init__(self) -> None:
         self._last: tuple[bool, int | None] | None = None  # (validate?, step) of the last line
