@@ -783,3 +783,24 @@ def test_loss_and_grad_norm_exactly_zero_from_the_start_is_no_learning(tmp_path:
     assert [k for k, _, _ in serious(run(tmp_path, AXOLOTL_DEAD))] == ["grad_vanishing"]
     four = "\n".join(AXOLOTL_DEAD.strip().splitlines()[:4])
     assert serious(run(tmp_path, four, name="four.log")) == []  # fewer than dead_records
+
+
+# https://github.com/facebookresearch/fairseq/issues/301 (an epoch summary: "words/batch 906" is a rate)
+FAIRSEQ_SUMMARY = """
+| epoch 010  8000 / 8223 loss=1.33 (1.45), wps=961, wpb=905, bsz=32, lr=0.001, clip=100%, gnorm=2.1133
+| epoch 010 | train loss 1.44 | train ppl 2.72 | s/checkpoint    7747 | words/s    961 | words/batch    906 | bsz    32 | lr 0.001000 | clip 100% | gnorm 2.1113
+"""
+
+# https://github.com/facebookresearch/fastText/issues/604 (progress JSON: loss and lr, no counter)
+FASTTEXT = """
+{"progress":83,"loss":0.596971,"lr":0.00836,"words":210226,"eta":"0h0m","eta_msec":0}
+{"progress":83.6,"loss":0.595277,"lr":0.008207,"words":210351,"eta":"0h0m","eta_msec":0}
+"""
+
+
+def test_a_per_batch_rate_is_no_step() -> None:
+    assert 906 not in [r.step for r in steps(FAIRSEQ_SUMMARY)]
+
+
+def test_json_with_loss_and_lr_but_no_counter_is_numbered_by_position() -> None:
+    assert [(r.loss, r.learning_rate) for r in steps(FASTTEXT)] == [(0.596971, 0.00836), (0.595277, 0.008207)]

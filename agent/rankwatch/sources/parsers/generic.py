@@ -143,7 +143,10 @@ class JsonParser:
             # One record per epoch with no step key (MAE/DeiT/BEiT engines' log.txt: {"train_loss":
             # ..., "epoch": 147}): the epoch is the step, as the key=value reader takes it.
             f["step"] = f["epoch"]
-        return _records(bag, line)
+        # A record with a loss and its LR or grad norm but no counter (fastText's progress JSON)
+        # is a training step all the same, numbered by its position.
+        stepless = "step" not in f and "loss" in f and bool({"learning_rate", "grad_norm"} & f.keys())
+        return _records(bag, line, need_step=not stepless)
 
 
 _HELD_OUT_MODES = frozenset({"val", "valid", "validation", "test", "eval"})
@@ -230,6 +233,18 @@ def _step_gate(text: str) -> bool:
 
 _FIRST_WORD = re.compile(r"[_/ .:-]")
 _EVAL_SPLITS = frozenset({"val", "eval", "test", "valid", "dev", "validation", "evaluation"})
+
+
+# Rates written as "<what>/<step word>" (fairseq's "words/batch 906", "s/checkpoint"): per step,
+# not a step.
+_PER_WHAT = frozenset(
+    {"words", "tokens", "samples", "sentences", "examples", "images", "seqs", "s", "ms", "sec"}
+)
+
+
+def _per_unit(key: str) -> bool:
+    head, _, tail = key.strip().lower().rpartition("/")
+    return bool(head) and head.rsplit(None, 1)[-1] in _PER_WHAT and bool(tail)
 
 
 def _is_part(key: str) -> bool:
@@ -394,7 +409,7 @@ class KvParser:
                 continue
             unit = m.group("u") or ""
             if field == "step":
-                if unit:
+                if unit or _per_unit(whole):
                     continue
                 v = to_float(m.group("v"))
                 if v is None:
