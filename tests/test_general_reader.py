@@ -804,3 +804,28 @@ def test_a_per_batch_rate_is_no_step() -> None:
 
 def test_json_with_loss_and_lr_but_no_counter_is_numbered_by_position() -> None:
     assert [(r.loss, r.learning_rate) for r in steps(FASTTEXT)] == [(0.596971, 0.00836), (0.595277, 0.008207)]
+
+
+# https://github.com/mira-ai-lab/MUSIC-AVQA-R/issues/1 (the epoch told on every progress line)
+EPOCH_REPEATED = """
+[2024-07-06 06:40:54,438]-[engine.py line:78]:Epoch 1 complete [0%]     Loss: 3.709857
+[2024-07-06 06:41:25,455]-[engine.py line:78]:Epoch 1 complete [10%]    Loss: 2.799116
+[2024-07-06 06:41:56,752]-[engine.py line:78]:Epoch 1 complete [20%]    Loss: 1.711389
+"""
+
+# https://github.com/maudzung/RTM3D/issues/4 ("Epoch: [127/300][ 35/464]": epoch of epochs, then the batch)
+RTM3D_EPOCH_OF = """
+Train - Epoch: [127/300][ 35/464]\tTime  0.738 ( 0.738)\tData  0.000 ( 0.014)\tLoss 2.1274e+00 (1.5406e+00)
+Train - Epoch: [127/300][ 85/464]\tTime  0.730 ( 0.730)\tData  0.000 ( 0.006)\tLoss 1.2996e+00 (1.5485e+00)
+"""
+
+
+def test_an_epoch_told_on_every_line_is_no_step() -> None:
+    s = records(EPOCH_REPEATED)
+    assert len({r.step for r in s if isinstance(r, StepRecord)} - {None}) <= 1  # no two records share a step
+    assert len([r for r in s if isinstance(r, StepRecord)]) == 3
+
+
+def test_epoch_of_epochs_then_batch_in_brackets() -> None:
+    s = steps(RTM3D_EPOCH_OF)
+    assert [r.step is not None and r.step % 464 for r in s] == [35, 85] and s[0].epoch == 127

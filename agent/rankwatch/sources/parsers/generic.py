@@ -100,6 +100,10 @@ class JsonParser:
     hints: ClassVar[tuple[str, ...]] = ("{",)  # a line sniff() accepts holds one
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
+    def __init__(self) -> None:
+        self._epoch_steps = True  # a whole epoch with no step key is the step
+        self._last_epoch_step: float | None = None
+
     def sniff(self, text: str) -> bool:
         obj = self._load(text)
         if obj is None or _specific(text):
@@ -139,10 +143,14 @@ class JsonParser:
         if held_out:
             f.pop("step_time_s", None)
             f.pop("learning_rate", None)
-        elif "step" not in f and _whole(f.get("epoch")):
+        elif "step" not in f and _whole(f.get("epoch")) and self._epoch_steps:
             # One record per epoch with no step key (MAE/DeiT/BEiT engines' log.txt: {"train_loss":
-            # ..., "epoch": 147}): the epoch is the step, as the key=value reader takes it.
-            f["step"] = f["epoch"]
+            # ..., "epoch": 147}): the epoch is the step, as the key=value reader takes it; an
+            # epoch told twice in a row is no step counter (position numbers the records then).
+            if f["epoch"] == self._last_epoch_step:
+                self._epoch_steps = False
+            else:
+                f["step"] = self._last_epoch_step = f["epoch"]
         # A record with a loss and its LR or grad norm but no counter (fastText's progress JSON)
         # is a training step all the same, numbered by its position.
         stepless = "step" not in f and "loss" in f and bool({"learning_rate", "grad_norm"} & f.keys())
@@ -311,6 +319,8 @@ class KvParser:
         self._triple: tuple[int, list[float], LogLine] | None = None
         self._block_steps = False  # a block of this stream named its step
         self._tsv: list[str] | None = None  # columns of a tab-separated table (after its step column)
+        self._epoch_steps = True  # a whole epoch with nothing else counting is the step
+        self._last_epoch_step: float | None = None
 
     # -- sniffing (stateless) --------------------------------------------------------------------
 
@@ -554,11 +564,16 @@ class KvParser:
             and "loss" in f
             and bool({"learning_rate", "grad_norm"} & f.keys())
         )
-        if "step" not in f and _whole(f.get("epoch")) and f.get("total_steps") is None:
+        if "step" not in f and _whole(f.get("epoch")) and f.get("total_steps") is None and self._epoch_steps:
             # One record per epoch with nothing else counting ("Epoch 2/100 | Train Loss: 2.75 |
             # Val Loss: 1.14"): the epoch is the step, so a run that starts again at epoch 1 is
-            # seen to restart rather than read as one sequence.
-            f["step"] = f["epoch"]
+            # seen to restart rather than read as one sequence. An epoch told twice in a row
+            # ("Epoch 1 complete [10%] Loss: ..." several times per epoch) is no step counter:
+            # from then on the records are numbered by position.
+            if f["epoch"] == self._last_epoch_step:
+                self._epoch_steps = False
+            else:
+                f["step"] = self._last_epoch_step = f["epoch"]
         out = _records(bag, line, need_step=not stepless)
         if out and isinstance(out[0], StepRecord):
             # A progress bar redrawn with the same step and values (torchtune's tqdm) is one record.
