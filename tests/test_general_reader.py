@@ -829,3 +829,24 @@ def test_an_epoch_told_on_every_line_is_no_step() -> None:
 def test_epoch_of_epochs_then_batch_in_brackets() -> None:
     s = steps(RTM3D_EPOCH_OF)
     assert [r.step is not None and r.step % 464 for r in s] == [35, 85] and s[0].epoch == 127
+
+
+MPI_LINES = [
+    # https://github.com/horovod/horovod/issues/469
+    ("mpirun noticed that process rank 7 with PID 0 on node HOSTNAME exited on signal 9 (Killed).", 7),
+    # https://github.com/Kay1794/Aware-of-the-history/issues/2
+    ("mpirun noticed that process rank 1 with PID xxxxxx on node xxxxxxxx exited on signal 9 (Killed).", 1),
+    # https://github.com/horovod/horovod/issues/1421
+    ("mpirun detected that one or more processes exited with non-zero status, thus causing", None),
+    # https://github.com/horovod/horovod/issues/410
+    (
+        "2018-07-30 06:41:52.525932: W tensorflow/core/framework/op_kernel.cc:1318] OP_REQUIRES failed at mpi_ops.cc:422 : Aborted: Horovod has been shut down. This was caused by an exception on one of the ranks or an attempt to allreduce, allgather or broadcast a tensor after one of the ranks finished execution.",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "rank"), MPI_LINES)
+def test_mpirun_and_horovod_failures(line: str, rank: int | None) -> None:
+    errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
+    assert [(e.kind, e.rank) for e in errs] == [("crash", rank)]

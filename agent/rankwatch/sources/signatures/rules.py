@@ -83,6 +83,8 @@ _MESSAGE_RANK = re.compile(
     r"|\bRank (\d{1,7})(?::|, node )"
     # torchelastic's JSON event log: {"name": "torchelastic.worker.status.FAILED", "global_rank": 3}
     r'|"global_rank": ?(\d{1,7})'
+    # OpenMPI's mpirun: "mpirun noticed that process rank 1 with PID 4242 on node n01 exited on ..."
+    r"|\bnoticed that process rank (\d{1,7}) with PID"
 )
 # torch.multiprocessing.spawn names the failed process by its index, which is the local rank
 # the spawned function receives: "-- Process 1 terminated with the following error:",
@@ -209,6 +211,41 @@ def _worker_died(t: str) -> Hit | None:
         )
     if _ELASTIC_EVENT_FAILED.search(t) is not None:
         return Hit("crash", _C, "torchelastic: worker status FAILED", {}, ("elastic_event_failed",))
+    return None
+
+
+# --- MPI launchers -------------------------------------------------------------------------------
+# OpenMPI's mpirun (orte errmgr help texts): "mpirun noticed that process rank 1 with PID 4242 on
+# node n01 exited on signal 9 (Killed)." and "mpirun detected that one or more processes exited
+# with non-zero status, thus causing the job to be terminated." Horovod, when a peer failed:
+# "Horovod has been shut down. This was caused by an exception on one of the ranks ...".
+_MPI_SIGNAL = re.compile(
+    r"noticed that process rank (\d{1,7}) with PID \S{1,16} on node \S{1,128} exited on signal (\d{1,3})"
+)
+_MPI_NONZERO = re.compile(r"detected that one or more processes exited with non-zero status")
+_HOROVOD_DOWN = re.compile(
+    r"Horovod has been shut down\. This (?:was|has been) caused by an exception on one of the ranks?"
+)
+
+
+def _mpi(t: str) -> Hit | None:
+    m = _MPI_SIGNAL.search(t)
+    if m is not None:
+        sig = _SIGNUMS.get(int(m[2]), f"signal {m[2]}")
+        summary = f"mpirun: rank {m[1]} exited on {sig}"
+        if sig == "SIGKILL":
+            summary += f": {_KILLED}"
+        return Hit("crash", _C, summary, {"signal": sig, "said_rank": int(m[1])}, ("mpi_signal", m[1]))
+    if _MPI_NONZERO.search(t) is not None:
+        return Hit("crash", _C, "mpirun: a process exited with non-zero status", {}, ("mpi_nonzero",))
+    if _HOROVOD_DOWN.search(t) is not None:
+        return Hit(
+            "crash",
+            _C,
+            "Horovod shut down: an exception on another rank ended the job",
+            {},
+            ("horovod_down",),
+        )
     return None
 
 
