@@ -850,3 +850,28 @@ MPI_LINES = [
 def test_mpirun_and_horovod_failures(line: str, rank: int | None) -> None:
     errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
     assert [(e.kind, e.rank) for e in errs] == [("crash", rank)]
+
+
+STOP_LINES = [
+    # DETR/DeiT-style engine.py print("Loss is {}, stopping training"), as reported in
+    # https://github.com/Intellindust-AI-Lab/DEIM/issues/96
+    ("Loss is nan, stopping training", "nan_loss"),
+    # fairseq/optim/dynamic_loss_scaler.py raises this text (reported in fairseq#282)
+    (
+        "FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding. Try lowering the learning rate, using gradient clipping or increasing the batch size.",
+        "loss_scale_collapse",
+    ),
+    # https://github.com/hezhangsprinter/DCPDN/issues/58
+    (
+        "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).",
+        "crash",
+    ),
+    # https://github.com/THU-DA-6D-Pose-Group/GDR-Net/issues/16
+    ("RuntimeError: DataLoader worker (pid(s) 3216) exited unexpectedly", "crash"),
+]
+
+
+@pytest.mark.parametrize(("line", "kind"), STOP_LINES)
+def test_loops_and_loaders_that_stop_themselves(line: str, kind: str) -> None:
+    errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
+    assert [e.kind for e in errs] == [kind]

@@ -214,6 +214,33 @@ def _worker_died(t: str) -> Hit | None:
     return None
 
 
+# --- training loops and data loaders that stop themselves ---------------------------------------
+# The DETR/DeiT/MAE/DINO/ConvNeXt engines (engine.py: print("Loss is {}, stopping training")
+# then sys.exit(1)): "Loss is nan, stopping training".
+_LOSS_IS_STOP = re.compile(r"Loss is (nan|inf|-inf|NaN|Inf), stopping training")
+# torch.utils.data's worker loop: "ERROR: Unexpected bus error encountered in worker. This might be
+# caused by insufficient shared memory (shm)." and the parent's "DataLoader worker (pid(s) 12345)
+# exited unexpectedly".
+_DL_SHM = re.compile(
+    r"Unexpected bus error encountered in worker\. This might be caused by insufficient shared memory"
+)
+_DL_EXITED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]{1,64})\) exited unexpectedly")
+
+
+def _stopped(t: str) -> Hit | None:
+    m = _LOSS_IS_STOP.search(t)
+    if m is not None:
+        return Hit("nan_loss", _C, f"the trainer stopped: loss is {m[1]}", {}, ("loss_is_stop",))
+    if _DL_SHM.search(t) is not None:
+        summary = "a DataLoader worker hit a bus error: shared memory (/dev/shm) too small"
+        return Hit("crash", _C, summary, {"dataloader": True, "shm": True}, ("dl_shm",))
+    m = _DL_EXITED.search(t)
+    if m is not None:
+        summary = f"DataLoader worker (pid {m[1].strip()}) exited unexpectedly"
+        return Hit("crash", _C, summary, {"dataloader": True, "pids": m[1].strip()}, ("dl_exited", m[1]))
+    return None
+
+
 # --- MPI launchers -------------------------------------------------------------------------------
 # OpenMPI's mpirun (orte errmgr help texts): "mpirun noticed that process rank 1 with PID 4242 on
 # node n01 exited on signal 9 (Killed)." and "mpirun detected that one or more processes exited
@@ -273,6 +300,9 @@ def _grad_scale_small(t: str) -> Hit | None:
 _SCALE_EXHAUSTED = re.compile(
     r"Current loss scale already at minimum - cannot decrease scale anymore"
     r"|Skipped (\d{1,9}) iterations in a row due to Overflow"
+    # fairseq (optim/dynamic_loss_scaler.py): "Minimum loss scale reached (0.0001). Your loss is
+    # probably exploding."
+    r"|Minimum loss scale reached \([-\w.+]{1,24}\)"
 )
 
 
