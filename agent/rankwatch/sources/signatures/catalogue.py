@@ -428,7 +428,7 @@ SIGNATURES: tuple[Signature, ...] = (
         severity=_C,
         triggers=(
             "stopping training",
-            "insufficient shared memory",
+            "bus error encountered",  # holds "rror", in the gate already
             "exited unexpectedly",
         ),
         rule=_stopped,
@@ -439,7 +439,11 @@ SIGNATURES: tuple[Signature, ...] = (
         name="mpi",
         kinds=("crash",),
         severity=_C,
-        triggers=("noticed that process rank", "exited with non-zero status", "Horovod has been shut down"),
+        triggers=(
+            "exited on signal",
+            "exited with non-zero status",
+            "xception on one of the rank",
+        ),  # "xit", "xception": in the gate already
         rule=_mpi,
         patterns=(_MPI_SIGNAL, _MPI_NONZERO, _HOROVOD_DOWN),
         example="mpirun noticed that process rank 7 with PID 0 on node HOSTNAME exited on signal 9 (Killed).",
