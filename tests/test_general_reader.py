@@ -783,3 +783,95 @@ def test_loss_and_grad_norm_exactly_zero_from_the_start_is_no_learning(tmp_path:
     assert [k for k, _, _ in serious(run(tmp_path, AXOLOTL_DEAD))] == ["grad_vanishing"]
     four = "\n".join(AXOLOTL_DEAD.strip().splitlines()[:4])
     assert serious(run(tmp_path, four, name="four.log")) == []  # fewer than dead_records
+
+
+# https://github.com/facebookresearch/fairseq/issues/301 (an epoch summary: "words/batch 906" is a rate)
+FAIRSEQ_SUMMARY = """
+| epoch 010  8000 / 8223 loss=1.33 (1.45), wps=961, wpb=905, bsz=32, lr=0.001, clip=100%, gnorm=2.1133
+| epoch 010 | train loss 1.44 | train ppl 2.72 | s/checkpoint    7747 | words/s    961 | words/batch    906 | bsz    32 | lr 0.001000 | clip 100% | gnorm 2.1113
+"""
+
+# https://github.com/facebookresearch/fastText/issues/604 (progress JSON: loss and lr, no counter)
+FASTTEXT = """
+{"progress":83,"loss":0.596971,"lr":0.00836,"words":210226,"eta":"0h0m","eta_msec":0}
+{"progress":83.6,"loss":0.595277,"lr":0.008207,"words":210351,"eta":"0h0m","eta_msec":0}
+"""
+
+
+def test_a_per_batch_rate_is_no_step() -> None:
+    assert 906 not in [r.step for r in steps(FAIRSEQ_SUMMARY)]
+
+
+def test_json_with_loss_and_lr_but_no_counter_is_numbered_by_position() -> None:
+    assert [(r.loss, r.learning_rate) for r in steps(FASTTEXT)] == [(0.596971, 0.00836), (0.595277, 0.008207)]
+
+
+# https://github.com/mira-ai-lab/MUSIC-AVQA-R/issues/1 (the epoch told on every progress line)
+EPOCH_REPEATED = """
+[2024-07-06 06:40:54,438]-[engine.py line:78]:Epoch 1 complete [0%]     Loss: 3.709857
+[2024-07-06 06:41:25,455]-[engine.py line:78]:Epoch 1 complete [10%]    Loss: 2.799116
+[2024-07-06 06:41:56,752]-[engine.py line:78]:Epoch 1 complete [20%]    Loss: 1.711389
+"""
+
+# https://github.com/maudzung/RTM3D/issues/4 ("Epoch: [127/300][ 35/464]": epoch of epochs, then the batch)
+RTM3D_EPOCH_OF = """
+Train - Epoch: [127/300][ 35/464]\tTime  0.738 ( 0.738)\tData  0.000 ( 0.014)\tLoss 2.1274e+00 (1.5406e+00)
+Train - Epoch: [127/300][ 85/464]\tTime  0.730 ( 0.730)\tData  0.000 ( 0.006)\tLoss 1.2996e+00 (1.5485e+00)
+"""
+
+
+def test_an_epoch_told_on_every_line_is_no_step() -> None:
+    s = records(EPOCH_REPEATED)
+    assert len({r.step for r in s if isinstance(r, StepRecord)} - {None}) <= 1  # no two records share a step
+    assert len([r for r in s if isinstance(r, StepRecord)]) == 3
+
+
+def test_epoch_of_epochs_then_batch_in_brackets() -> None:
+    s = steps(RTM3D_EPOCH_OF)
+    assert [r.step is not None and r.step % 464 for r in s] == [35, 85] and s[0].epoch == 127
+
+
+MPI_LINES = [
+    # https://github.com/horovod/horovod/issues/469
+    ("mpirun noticed that process rank 7 with PID 0 on node HOSTNAME exited on signal 9 (Killed).", 7),
+    # https://github.com/Kay1794/Aware-of-the-history/issues/2
+    ("mpirun noticed that process rank 1 with PID xxxxxx on node xxxxxxxx exited on signal 9 (Killed).", 1),
+    # https://github.com/horovod/horovod/issues/1421
+    ("mpirun detected that one or more processes exited with non-zero status, thus causing", None),
+    # https://github.com/horovod/horovod/issues/410
+    (
+        "2018-07-30 06:41:52.525932: W tensorflow/core/framework/op_kernel.cc:1318] OP_REQUIRES failed at mpi_ops.cc:422 : Aborted: Horovod has been shut down. This was caused by an exception on one of the ranks or an attempt to allreduce, allgather or broadcast a tensor after one of the ranks finished execution.",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "rank"), MPI_LINES)
+def test_mpirun_and_horovod_failures(line: str, rank: int | None) -> None:
+    errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
+    assert [(e.kind, e.rank) for e in errs] == [("crash", rank)]
+
+
+STOP_LINES = [
+    # DETR/DeiT-style engine.py print("Loss is {}, stopping training"), as reported in
+    # https://github.com/Intellindust-AI-Lab/DEIM/issues/96
+    ("Loss is nan, stopping training", "nan_loss"),
+    # fairseq/optim/dynamic_loss_scaler.py raises this text (reported in fairseq#282)
+    (
+        "FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding. Try lowering the learning rate, using gradient clipping or increasing the batch size.",
+        "loss_scale_collapse",
+    ),
+    # https://github.com/hezhangsprinter/DCPDN/issues/58
+    (
+        "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).",
+        "crash",
+    ),
+    # https://github.com/THU-DA-6D-Pose-Group/GDR-Net/issues/16
+    ("RuntimeError: DataLoader worker (pid(s) 3216) exited unexpectedly", "crash"),
+]
+
+
+@pytest.mark.parametrize(("line", "kind"), STOP_LINES)
+def test_loops_and_loaders_that_stop_themselves(line: str, kind: str) -> None:
+    errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
+    assert [e.kind for e in errs] == [kind]

@@ -91,6 +91,10 @@ class JsonParser:
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
     order: ClassVar[int] = 200  # sniffed after smaller orders (registry.py)
 
+    def __init__(self) -> None:
+        self._epoch_steps = True  # a whole epoch with no step key is the step
+        self._last_epoch_step: float | None = None
+
     def sniff(self, text: str) -> bool:
         obj = self._load(text)
         if obj is None or _specific(text):
@@ -130,11 +134,18 @@ class JsonParser:
         if held_out:
             f.pop("step_time_s", None)
             f.pop("learning_rate", None)
-        elif "step" not in f and _whole(f.get("epoch")):
+        elif "step" not in f and _whole(f.get("epoch")) and self._epoch_steps:
             # One record per epoch with no step key (MAE/DeiT/BEiT engines' log.txt: {"train_loss":
-            # ..., "epoch": 147}): the epoch is the step, as the key=value reader takes it.
-            f["step"] = f["epoch"]
-        return _records(bag, line)
+            # ..., "epoch": 147}): the epoch is the step, as the key=value reader takes it; an
+            # epoch told twice in a row is no step counter (position numbers the records then).
+            if f["epoch"] == self._last_epoch_step:
+                self._epoch_steps = False
+            else:
+                f["step"] = self._last_epoch_step = f["epoch"]
+        # A record with a loss and its LR or grad norm but no counter (fastText's progress JSON)
+        # is a training step all the same, numbered by its position.
+        stepless = "step" not in f and "loss" in f and bool({"learning_rate", "grad_norm"} & f.keys())
+        return _records(bag, line, need_step=not stepless)
 
 
 _HELD_OUT_MODES = frozenset({"val", "valid", "validation", "test", "eval"})
@@ -223,6 +234,18 @@ _FIRST_WORD = re.compile(r"[_/ .:-]")
 _EVAL_SPLITS = frozenset({"val", "eval", "test", "valid", "dev", "validation", "evaluation"})
 
 
+# Rates written as "<what>/<step word>" (fairseq's "words/batch 906", "s/checkpoint"): per step,
+# not a step.
+_PER_WHAT = frozenset(
+    {"words", "tokens", "samples", "sentences", "examples", "images", "seqs", "s", "ms", "sec"}
+)
+
+
+def _per_unit(key: str) -> bool:
+    head, _, tail = key.strip().lower().rpartition("/")
+    return bool(head) and head.rsplit(None, 1)[-1] in _PER_WHAT and bool(tail)
+
+
 def _is_part(key: str) -> bool:
     """A named part of the training loss (``loss_cls``, ``box_loss``, ``s0.loss_bbox``)."""
     k = key.lower()
@@ -289,6 +312,8 @@ class KvParser:
         self._triple: tuple[int, list[float], LogLine] | None = None
         self._block_steps = False  # a block of this stream named its step
         self._tsv: list[str] | None = None  # columns of a tab-separated table (after its step column)
+        self._epoch_steps = True  # a whole epoch with nothing else counting is the step
+        self._last_epoch_step: float | None = None
 
     # -- sniffing (stateless) --------------------------------------------------------------------
 
@@ -387,7 +412,7 @@ class KvParser:
                 continue
             unit = m.group("u") or ""
             if field == "step":
-                if unit:
+                if unit or _per_unit(whole):
                     continue
                 v = to_float(m.group("v"))
                 if v is None:
@@ -532,11 +557,16 @@ class KvParser:
             and "loss" in f
             and bool({"learning_rate", "grad_norm"} & f.keys())
         )
-        if "step" not in f and _whole(f.get("epoch")) and f.get("total_steps") is None:
+        if "step" not in f and _whole(f.get("epoch")) and f.get("total_steps") is None and self._epoch_steps:
             # One record per epoch with nothing else counting ("Epoch 2/100 | Train Loss: 2.75 |
             # Val Loss: 1.14"): the epoch is the step, so a run that starts again at epoch 1 is
-            # seen to restart rather than read as one sequence.
-            f["step"] = f["epoch"]
+            # seen to restart rather than read as one sequence. An epoch told twice in a row
+            # ("Epoch 1 complete [10%] Loss: ..." several times per epoch) is no step counter:
+            # from then on the records are numbered by position.
+            if f["epoch"] == self._last_epoch_step:
+                self._epoch_steps = False
+            else:
+                f["step"] = self._last_epoch_step = f["epoch"]
         out = _records(bag, line, need_step=not stepless)
         if out and isinstance(out[0], StepRecord):
             # A progress bar redrawn with the same step and values (torchtune's tqdm) is one record.

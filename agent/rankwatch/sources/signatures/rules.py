@@ -83,6 +83,8 @@ _MESSAGE_RANK = re.compile(
     r"|\bRank (\d{1,7})(?::|, node )"
     # torchelastic's JSON event log: {"name": "torchelastic.worker.status.FAILED", "global_rank": 3}
     r'|"global_rank": ?(\d{1,7})'
+    # OpenMPI's mpirun: "mpirun noticed that process rank 1 with PID 4242 on node n01 exited on ..."
+    r"|\bnoticed that process rank (\d{1,7}) with PID"
 )
 # torch.multiprocessing.spawn names the failed process by its index, which is the local rank
 # the spawned function receives: "-- Process 1 terminated with the following error:",
@@ -212,6 +214,68 @@ def _worker_died(t: str) -> Hit | None:
     return None
 
 
+# --- training loops and data loaders that stop themselves ---------------------------------------
+# The DETR/DeiT/MAE/DINO/ConvNeXt engines (engine.py: print("Loss is {}, stopping training")
+# then sys.exit(1)): "Loss is nan, stopping training".
+_LOSS_IS_STOP = re.compile(r"Loss is (nan|inf|-inf|NaN|Inf), stopping training")
+# torch.utils.data's worker loop: "ERROR: Unexpected bus error encountered in worker. This might be
+# caused by insufficient shared memory (shm)." and the parent's "DataLoader worker (pid(s) 12345)
+# exited unexpectedly".
+_DL_SHM = re.compile(
+    r"Unexpected bus error encountered in worker\. This might be caused by insufficient shared memory"
+)
+_DL_EXITED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]{1,64})\) exited unexpectedly")
+
+
+def _stopped(t: str) -> Hit | None:
+    m = _LOSS_IS_STOP.search(t)
+    if m is not None:
+        return Hit("nan_loss", _C, f"the trainer stopped: loss is {m[1]}", {}, ("loss_is_stop",))
+    if _DL_SHM.search(t) is not None:
+        summary = "a DataLoader worker hit a bus error: shared memory (/dev/shm) too small"
+        return Hit("crash", _C, summary, {"dataloader": True, "shm": True}, ("dl_shm",))
+    m = _DL_EXITED.search(t)
+    if m is not None:
+        summary = f"DataLoader worker (pid {m[1].strip()}) exited unexpectedly"
+        return Hit("crash", _C, summary, {"dataloader": True, "pids": m[1].strip()}, ("dl_exited", m[1]))
+    return None
+
+
+# --- MPI launchers -------------------------------------------------------------------------------
+# OpenMPI's mpirun (orte errmgr help texts): "mpirun noticed that process rank 1 with PID 4242 on
+# node n01 exited on signal 9 (Killed)." and "mpirun detected that one or more processes exited
+# with non-zero status, thus causing the job to be terminated." Horovod, when a peer failed:
+# "Horovod has been shut down. This was caused by an exception on one of the ranks ...".
+_MPI_SIGNAL = re.compile(
+    r"noticed that process rank (\d{1,7}) with PID \S{1,16} on node \S{1,128} exited on signal (\d{1,3})"
+)
+_MPI_NONZERO = re.compile(r"detected that one or more processes exited with non-zero status")
+_HOROVOD_DOWN = re.compile(
+    r"Horovod has been shut down\. This (?:was|has been) caused by an exception on one of the ranks?"
+)
+
+
+def _mpi(t: str) -> Hit | None:
+    m = _MPI_SIGNAL.search(t)
+    if m is not None:
+        sig = _SIGNUMS.get(int(m[2]), f"signal {m[2]}")
+        summary = f"mpirun: rank {m[1]} exited on {sig}"
+        if sig == "SIGKILL":
+            summary += f": {_KILLED}"
+        return Hit("crash", _C, summary, {"signal": sig, "said_rank": int(m[1])}, ("mpi_signal", m[1]))
+    if _MPI_NONZERO.search(t) is not None:
+        return Hit("crash", _C, "mpirun: a process exited with non-zero status", {}, ("mpi_nonzero",))
+    if _HOROVOD_DOWN.search(t) is not None:
+        return Hit(
+            "crash",
+            _C,
+            "Horovod shut down: an exception on another rank ended the job",
+            {},
+            ("horovod_down",),
+        )
+    return None
+
+
 # --- fp16 loss scale gone to nothing -----------------------------------------------------------
 # k2/icefall (egs/*/ASR/zipformer/train.py): "Grad scale is small: 1.29e-26" (below 1e-5 it
 # saves a bad-model checkpoint and raises "grad_scale is too small, exiting: ...").
@@ -236,6 +300,9 @@ def _grad_scale_small(t: str) -> Hit | None:
 _SCALE_EXHAUSTED = re.compile(
     r"Current loss scale already at minimum - cannot decrease scale anymore"
     r"|Skipped (\d{1,9}) iterations in a row due to Overflow"
+    # fairseq (optim/dynamic_loss_scaler.py): "Minimum loss scale reached (0.0001). Your loss is
+    # probably exploding."
+    r"|Minimum loss scale reached \([-\w.+]{1,24}\)"
 )
 
 
