@@ -783,3 +783,37 @@ def test_loss_and_grad_norm_exactly_zero_from_the_start_is_no_learning(tmp_path:
     assert [k for k, _, _ in serious(run(tmp_path, AXOLOTL_DEAD))] == ["grad_vanishing"]
     four = "\n".join(AXOLOTL_DEAD.strip().splitlines()[:4])
     assert serious(run(tmp_path, four, name="four.log")) == []  # fewer than dead_records
+
+
+# ---------------------------------------------------------------- batch 6 forms
+
+# https://github.com/intel/ipex-llm/issues/2494 (BigDL DistriOptimizer, description by nwang2):
+# prose "Loss is NaN." ending its sentence with a full stop, the step in "[Iteration N]".
+BIGDL = """
+2018-04-14 00:58:52 INFO  DistriOptimizer$:392 - [Epoch 149 390144/1281167][Iteration 61991][Wall Clock 90297.102702327s] Trained 3072 records in 1.402170578 seconds. Throughput is 2190.889 records/second. Loss is NaN. Current learning rate is 0.0011379211379215811. Current weight decay is 1.0E-4. Current momentum is 0.9.
+2018-04-14 00:58:53 INFO  DistriOptimizer$:392 - [Epoch 149 393216/1281167][Iteration 61992][Wall Clock 90298.51743813s] Trained 3072 records in 1.414735803 seconds. Throughput is 2171.4302 records/second. Loss is NaN. Current learning rate is 0.0010795267780450456. Current weight decay is 1.0E-4. Current momentum is 0.9.
+"""
+
+
+def test_prose_loss_is_value_ending_a_sentence(tmp_path: Path) -> None:
+    s = steps(BIGDL)
+    assert [r.step for r in s] == [61991, 61992]
+    assert all(math.isnan(r.loss or 0.0) for r in s)
+    assert s[0].learning_rate == pytest.approx(0.0011379211379215811)
+    assert ("nan_loss", 0, 61991) in serious(run(tmp_path, BIGDL, "rank-0.log"))
+
+
+# https://github.com/isl-org/PhotorealismEnhancement/issues/66 (description by WouterBesse): EPE
+# prints an iteration and its loss terms with no header, "----" where a term was not computed.
+EPE = """
+2024-05-27 12:22:39,683 2 ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ----
+2024-05-27 12:22:40,036 3 1.00 2.79 0.00 6.03 0.62 0.32 0.01 0.48 0.00 1.39 0.00 0.99 0.67 1.00 0.19 0.32 0.94 3.16 0.12 0.26 0.86 0.00 0.26 0.17 0.15 0.00 0.25 0.01 0.99 0.09 1001.44 ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ----
+2024-05-27 12:23:01,982 4 ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- nan nan nan nan nan nan nan nan nan nan nan
+"""
+
+
+def test_headerless_placeholder_columns_nan_is_a_nan_loss(tmp_path: Path) -> None:
+    s = steps(EPE)
+    assert [r.step for r in s] == [4] and math.isnan(s[0].loss or 0.0)
+    assert serious(run(tmp_path, EPE, "rank-0.log")) == [("nan_loss", 0, 4)]
+    assert steps(EPE.replace("nan", "0.10")) == []  # finite unnamed cells tell nothing

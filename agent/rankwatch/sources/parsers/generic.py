@@ -164,7 +164,7 @@ _PAIR = re.compile(
     rf"(?<![\w./-])['\"]?(?P<k>{_WORD}(?: [^\W\d][\w]{{0,20}})?)['\"]?"
     rf"(?:\s{{0,4}}[:=]\s{{0,8}}[\['\"]?|\s+is\s+|\s{{1,8}})"
     rf"(?P<v>{_NUMBER})['\"]?(?: ?(?P<u>ms|s|%|GiB|GB|MiB|MB|it/s|s/it)(?![A-Za-z]))?"
-    rf"(?:\s{{0,4}}/\s{{0,4}}(?P<tot>\d{{1,18}}))?(?=[\s,;:|)\]}}'\"(]|$)",
+    rf"(?:\s{{0,4}}/\s{{0,4}}(?P<tot>\d{{1,18}}))?(?=[\s,;:|)\]}}'\"(]|\.(?:\s|$)|$)",
     re.IGNORECASE,
 )
 # A word that names the step outright beats one that counts micro-batches (LitGPT prints
@@ -214,6 +214,13 @@ _LOSS_WORD = re.compile(r"\bloss\b", re.IGNORECASE)
 
 def _count(v: float) -> bool:
     return math.isfinite(v) and v >= 0 and v == int(v)
+
+
+def _told(text: str, m: re.Match[str]) -> bool:
+    """The pair joins a word to its value with ``:`` or ``=``: a glog prefix's "E0606 09:34" and
+    its source line "basic_session_run_hooks.py:760" are no counter."""
+    sep = text[m.end("k") : m.start("v")]
+    return (":" in sep or "=" in sep) and "." not in m["k"]
 
 
 def _kv_gate(text: str) -> bool:
@@ -279,7 +286,7 @@ class KvParser:
     # "G " the GPU memory cell of a headerless YOLO results.txt row; Ray Tune's result counter).
     hints: ClassVar[tuple[str, ...]] = (
         "oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ", "training_iteration", "INFO [",
-        "s/it]", "it/s]",
+        "s/it]", "it/s]", "----",
     )  # fmt: skip
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
 
@@ -311,6 +318,8 @@ class KvParser:
         if "INFO [" in text and _vits_list(text) is not None:
             return not _specific(text)
         if "\t" in text and _tsv_header(text) is not None:
+            return not _specific(text)
+        if "----" in text and _placeholder_row(text) is not None:
             return not _specific(text)
         if "]" in text and _bar_pair(text) is not None:
             return not _specific(text)
@@ -389,7 +398,14 @@ class KvParser:
                     parts.append(v)  # "Train Loss mse: 0.0097, Train Loss ce: 0.0194" (BAGEL)
                 elif low in _UPDATE_STATS and not math.isfinite(v):
                     stats_nan = True
-                elif unnamed is None and not parts and "loss" not in f and not m.group("u") and _count(v):
+                elif (
+                    unnamed is None
+                    and not parts
+                    and "loss" not in f
+                    and not m.group("u")
+                    and _count(v)
+                    and _told(text, m)
+                ):
                     unnamed = v  # "训练次数：100, Loss：1.98": an unnamed counter before the loss
                 continue
             unit = m.group("u") or ""
@@ -486,6 +502,14 @@ class KvParser:
                 bag = MetricBag()
                 bag.fields["step"], bag.fields["learning_rate"] = vits[1], vits[2]
                 _finish_bag(bag, vits[0], False)
+                return _records(bag, line)
+        if "----" in text:
+            cells = _placeholder_row(text)
+            if cells is not None:
+                bag = MetricBag()
+                bag.fields["step"] = cells[0]
+                if not all(map(math.isfinite, cells[1])):
+                    bag.fields["loss"] = math.nan
                 return _records(bag, line)
         if not _kv_gate(text):
             if self._cols is None and "G " in text and _YOLO_RESULTS.match(text) is not None:
@@ -759,6 +783,31 @@ def _vits_list(text: str) -> tuple[list[float], float, float] | None:
 
 
 _TSV_STEP = frozenset({"step", "steps", "global_step", "epoch", "iteration", "iter"})
+
+
+# A headerless row of an iteration and its loss terms with "----" where a term was not computed
+# at that iteration (Enhancing Photorealism Enhancement: "4 ---- ---- 0.57 ---- nan nan").
+_PLACEHOLDER = re.compile(r"-{2,}")
+_PLACEHOLDER_CELLS = 8
+
+
+def _placeholder_row(text: str) -> tuple[float, list[float]] | None:
+    """(iteration, the numbers) of a row of bare cells with ``----`` placeholders, or None. The
+    cells are unnamed, so only a non-finite one tells anything (a NaN among the loss terms)."""
+    cells = text.split()
+    if len(cells) <= _PLACEHOLDER_CELLS or not cells[0].isdigit() or len(cells[0]) > 12:
+        return None
+    nums: list[float] = []
+    held = False
+    for c in cells[1:]:
+        if _PLACEHOLDER.fullmatch(c):
+            held = True
+            continue
+        v = to_float(c)
+        if v is None:
+            return None
+        nums.append(v)
+    return (float(cells[0]), nums) if held else None
 
 
 def _tsv_header(text: str) -> list[str] | None:
