@@ -817,3 +817,109 @@ def test_headerless_placeholder_columns_nan_is_a_nan_loss(tmp_path: Path) -> Non
     assert [r.step for r in s] == [4] and math.isnan(s[0].loss or 0.0)
     assert serious(run(tmp_path, EPE, "rank-0.log")) == [("nan_loss", 0, 4)]
     assert steps(EPE.replace("nan", "0.10")) == []  # finite unnamed cells tell nothing
+
+
+# https://github.com/jeffffffli/HybrIK/issues/198 (description by zengyiwen123): the parent's
+# traceback from torch.multiprocessing.spawn, its head written straight after tqdm's bar, ending
+# in old torch's plain "Exception: process 3 terminated with signal SIGKILL".
+HYBRIK = """
+############# Starting Epoch 0 | LR: 0.001 #############
+  0%|                                                                                                                                         | 0/4878 [00:00<?, ?it/s]Traceback (most recent call last):
+  File "./scripts/train_smpl_cam.py", line 375, in <module>
+    main()
+  File "./scripts/train_smpl_cam.py", line 213, in main
+    mp.spawn(main_worker, nprocs=ngpus_per_node, args=(opt, cfg))
+  File "/home/ubuntu/anaconda3/envs/3D/lib/python3.6/site-packages/torch/multiprocessing/spawn.py", line 199, in spawn
+    return start_processes(fn, args, nprocs, join, daemon, start_method='spawn')
+  File "/home/ubuntu/anaconda3/envs/3D/lib/python3.6/site-packages/torch/multiprocessing/spawn.py", line 157, in start_processes
+    while not context.join():
+  File "/home/ubuntu/anaconda3/envs/3D/lib/python3.6/site-packages/torch/multiprocessing/spawn.py", line 107, in join
+    (error_index, name)
+Exception: process 3 terminated with signal SIGKILL
+"""
+
+
+def test_spawn_traceback_after_a_bar_is_a_crash_of_the_process_it_names(tmp_path: Path) -> None:
+    assert serious(run(tmp_path, HYBRIK)) == [("crash", 3, None)]
+
+
+@pytest.mark.parametrize(
+    ("line", "rank"),
+    [
+        # https://github.com/Plachtaa/VITS-fast-fine-tuning/issues/284 (description by Hyponarch)
+        ("torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 1", 0),
+        # https://github.com/dingjiansw101/ZegFormer/issues/19 (description by BanaBanaBanaa)
+        ("torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGKILL", 1),
+        # https://github.com/SayaSS/vits-finetuning/issues/32 (description by Decan29, Windows)
+        (
+            "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 3221226505",
+            0,
+        ),
+    ],
+)
+def test_spawn_exited_line_alone_is_a_crash_of_that_process(line: str, rank: int) -> None:
+    errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
+    assert [(e.kind, e.rank) for e in errs] == [("crash", rank)]
+
+
+# CS15B001/HER_Improvements@67d25ccf4e96ff92f565a73f85c4030b32532ff3:Logs/output_256batch_largerbuffer
+# (OpenAI baselines HER on stdout): one framed table per epoch and no loss in it.
+HER = """
+Training...
+-----------------------------------
+| epoch              | 0          |
+| stats_g/mean       | 0.0        |
+| stats_g/std        | 1.0        |
+| stats_o/mean       | 0.0        |
+| stats_o/std        | 1.0        |
+| test/episode       | 20.0       |
+| test/mean_Q        | -1.3563926 |
+| test/success_rate  | 0.0        |
+| train/episode      | 20.0       |
+| train/success_rate | 0.0        |
+-----------------------------------
+New best success rate: 0.0. Saving policy to /tmp/openai-2018-04-16-17-05-02-131582/policy_best.pkl ...
+Saving periodic policy to /tmp/openai-2018-04-16-17-05-02-131582/policy_0.pkl ...
+-----------------------------------
+| epoch              | 1          |
+| stats_g/mean       | 0.0        |
+| stats_g/std        | 1.0        |
+| stats_o/mean       | 0.0        |
+| stats_o/std        | 1.0        |
+| test/episode       | 40.0       |
+| test/mean_Q        | -1.9132456 |
+| test/success_rate  | 0.0        |
+| train/episode      | 40.0       |
+| train/success_rate | 0.0        |
+-----------------------------------
+"""
+
+
+def test_framed_logger_table_without_a_loss_is_one_record_at_its_counter(tmp_path: Path) -> None:
+    s = steps(HER)
+    assert [(r.step, r.loss) for r in s] == [(0, None), (1, None)]
+    res = run(tmp_path, HER)
+    assert res.recognised_any and serious(res) == []
+
+
+# jackokeefe11/nanoGPT@b79be64da991e268dad3f747459cbbdc3c171e59:wandb/run-20240215_012725-vgpqdf1r/files/output.log
+# (a nanoGPT fork on enwik8 printing the loss in bits per character): the eval line is an eval at
+# its step, not one more training step.
+NANOGPT_BPC = """
+step 0: train loss 12.5201 BPC, val loss 12.5218 BPC
+iter 0: loss 12.5435 BPC, time 242620.93ms, mfu -100.00%
+iter 10: loss 10.0507 BPC, time 263.86ms, mfu 9.31%
+step 250: train loss 3.1345 BPC, val loss 3.1441 BPC
+saving checkpoint to out-enwik-char
+iter 250: loss 3.1895 BPC, time 32924.41ms, mfu 8.23%
+"""
+
+
+def test_nanogpt_loss_with_its_unit_evals_are_not_steps() -> None:
+    recs = records(NANOGPT_BPC)
+    assert [(r.step, r.loss) for r in recs if isinstance(r, StepRecord)] == [
+        (0, 12.5435),
+        (10, 10.0507),
+        (250, 3.1895),
+    ]
+    assert [(r.step, r.eval_loss) for r in recs if isinstance(r, EvalRecord)] == [(0, 12.5218), (250, 3.1441)]

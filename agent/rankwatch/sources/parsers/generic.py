@@ -11,7 +11,16 @@ from typing import Any, ClassVar
 
 from rankwatch.records import Record, StepRecord
 
-from ._common import MetricBag, OverflowTracker, canonical, eval_record, strip_ansi, to_float, to_int
+from ._common import (
+    MetricBag,
+    OverflowTracker,
+    canonical,
+    eval_record,
+    step_record,
+    strip_ansi,
+    to_float,
+    to_int,
+)
 from ._progress import bare_count, loss_columns, progress, table_header, table_row
 from .base import LogLine
 from .deepspeed import DeepSpeedParser
@@ -331,6 +340,8 @@ class KvParser:
             if row is None:
                 return False
             key = row["k"].strip()
+            if _framed(text) and canonical(_flat_key(key)) == "epoch":
+                return not _specific(text)  # a logger table's epoch row ("| epoch | 3 |")
             return (key.lower() in _UPDATE_STATS or _is_part(key)) and not _specific(text)
         if JsonParser._load(text) is not None:
             return False  # a JSON object is the JSON reader's
@@ -638,13 +649,27 @@ class KvParser:
         if "step" not in f and self._carry is not None:
             f["step"] = self._carry[0]
         if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
-            return []
+            return self._counted_table(f, line)
         if "step" not in f and not self._block_steps:
             return []  # no step: a settings dump ("epochs: 10", "loss_weight: 1.0"), not a record
         # A block cut before its step (the end of a pasted excerpt) follows blocks that had one.
         stepless = "step" not in f
         self._block_steps = self._block_steps or "step" in f
         return _records(bag, line, need_step=not stepless)
+
+    @staticmethod
+    def _counted_table(f: dict[str, float], line: LogLine) -> list[Record]:
+        """A framed logger table with no loss in it (OpenAI baselines' HER: "| epoch | 3 |",
+        success rates, Q values) is still one record at its counter: the run is read, and there
+        is no loss to judge."""
+        if not _framed(line.text):
+            return []
+        step = f.get("step")
+        if step is None and _whole(f.get("epoch")):
+            step = f["epoch"]
+        if step is None or not _whole(step):
+            return []
+        return [step_record(line, step=int(step), epoch=f.get("epoch"))]
 
     def finish(self) -> list[Record]:
         return self._flush_blocks()
@@ -824,6 +849,12 @@ def _tsv_header(text: str) -> list[str] | None:
     if not any(canonical(c) in ("loss", "eval_loss") for c in cols):
         return None
     return cols
+
+
+def _framed(text: str) -> bool:
+    """A row of a ``| key | value |`` table (the frame of OpenAI baselines' and SB3's logger)."""
+    s = text.strip()
+    return s[:1] == "|" and s[-1:] == "|" and s.count("|") == 3
 
 
 def _block_filler(text: str) -> bool:

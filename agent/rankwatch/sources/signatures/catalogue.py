@@ -49,6 +49,7 @@ from rankwatch.sources.signatures.rules import (
     _SIGNAL_RECEIVED,
     _SLURM_CANCEL,
     _SLURM_OOM,
+    _SPAWN_EXITED,
     _SRUN,
     _TF_DIVERGED,
     _UNCAUGHT,
@@ -86,6 +87,7 @@ from rankwatch.sources.signatures.rules import (
     _short,
     _slurm_cancel,
     _slurm_oom,
+    _spawn_exited,
     _srun,
     _uncaught,
     _worker_died,
@@ -454,6 +456,17 @@ SIGNATURES: tuple[Signature, ...] = (
         patterns=(_LAUNCH_DIED,),
         example="subprocess.CalledProcessError: Command '['/usr/bin/python3', '-u', 'train.py', "
         "'--local_rank=7']' died with <Signals.SIGSEGV: 11>.",
+    ),
+    Signature(
+        name="spawn_exited",
+        kinds=("crash",),
+        severity=_C,
+        triggers=("terminated with ",),
+        context=("Exception: process ",),
+        rule=_spawn_exited,
+        patterns=(_SPAWN_EXITED,),
+        example="torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal "
+        "SIGKILL",
     ),
     Signature(
         name="uncaught",
