@@ -280,6 +280,17 @@ class LossPlateauConfig:
     enabled: bool = opt(True, "loss stopped improving long after warmup")
     window: int = opt(500, "training steps (not logged records) over which some improvement is expected")
     min_improvement: float = opt(0.005, "relative improvement of the median below this is a plateau")
+    # A loss that never moves from its first record is a model learning nothing (a warning, not
+    # the window rule's info): tf2 ALBERT at 11.17 for 8 records (aws-samples/deep-learning-models
+    # #45), DINO at 11.0902 = ln 65536 for 11 epochs (facebookresearch/dino#246), lit-gpt at
+    # 10.8259 = ln 50257 for 12 (Lightning-AI/litgpt#689); no healthy run of the wild corpus starts
+    # with more than 3 records that close.
+    flat_records: int = opt(
+        8, "logged losses all within flat_tolerance of the first, from the first, before warning", min=2
+    )
+    flat_tolerance: float = opt(
+        0.001, "relative spread of losses counted as flat (ALBERT's 11.166-11.177 is 0.1%)", min=0.0
+    )
 
 
 @dataclass(frozen=True)
@@ -288,6 +299,11 @@ class OverfittingConfig:
     eval_rise_ratio: float = opt(0.05, "eval loss this far above its minimum")
     min_evals: int = opt(3, "evaluations needed before judging")
     consecutive: int = opt(2, "evaluations in a row above the threshold")
+    # A rise counts only beyond this many times the eval curve's own noise (robust sd of its
+    # eval-to-eval changes; the 3-sigma control limit). Real curves: a healthy Keras fine-tune's
+    # noisy val loss peaks 2.4 sigma above its best (batch6 keras_csvlogger_resnet50_emotion);
+    # overfitting LSTMs rise 3.4 sigma (kk7nc/RMDL#14) and 5.8 sigma (keras-team/keras#3056).
+    noise_factor: float = opt(3.0, "a rise must also exceed this many eval-to-eval noise sds", min=0.0)
 
 
 @dataclass(frozen=True)

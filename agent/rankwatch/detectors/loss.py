@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
+from decimal import Decimal
 from itertools import islice
 from operator import attrgetter
 from typing import Any
@@ -171,6 +172,7 @@ class NanDetector(Detector):
         ]
 
 
+EVAL_NOISE_MEMORY = 64  # recent evals whose changes measure the eval curve's noise
 FIRST_LOSSES = 5  # the run's first losses, the base of the blow-up rule
 TREND_MIN_RECORDS = 12  # logged losses before a trend is judged
 TREND_RISE_SHARE = 0.75  # share of step-to-step changes that must be rises
@@ -496,11 +498,33 @@ def _walk_losses(state: RankState, lo: int) -> list[float]:
 _STEP_OF = attrgetter("step")
 
 
+class _Flat:
+    """The plateau rule's record of a loss that has not moved since the first record."""
+
+    __slots__ = ("broken", "fine", "first", "hi", "lo", "n", "told")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.lo = self.hi = self.first = 0.0
+        self.broken = False
+        self.fine = False  # some loss of it was printed to better than the tolerance
+        self.told = False
+
+
+def _last_digit(v: float) -> float:
+    """The place of a printed number's last digit, relative to the number (10.8259: 9e-6;
+    2.0: 0.5), read from its shortest representation."""
+    exp = Decimal(repr(v)).normalize().as_tuple().exponent
+    return 10.0**exp / abs(v) if isinstance(exp, int) else math.inf
+
+
 @register
 class LossPlateauDetector(Detector):
     """No meaningful improvement over the last ``window`` training steps, or the last third
-    of the run so far when that is longer (however often the log prints). Info only:
-    converged runs plateau too."""
+    of the run so far when that is longer (however often the log prints): info only, as
+    converged runs plateau too. A loss that has not moved from its first record for
+    ``flat_records`` records (within ``flat_tolerance``, not drifting down) is a warning: a run
+    that learns nothing at all."""
 
     kinds = ("loss_plateau",)
     accepts = (StepRecord,)
@@ -515,6 +539,7 @@ class LossPlateauDetector(Detector):
         self.observed = 0  # step records seen, to match them with the state's
         self.back_at = 0  # the number of the last one whose step was below its predecessor's
         self.prev_step: int | None = None
+        self.flat = _Flat()
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
@@ -527,6 +552,9 @@ class LossPlateauDetector(Detector):
         loss = record.loss
         if loss is None or loss - loss != 0:
             return []
+        flat = self._flat(state, record, loss)
+        if flat:
+            return flat
         step = record.step if record.step is not None else state.position()
         if self.first_step is None:
             self.first_step = step
@@ -568,6 +596,59 @@ class LossPlateauDetector(Detector):
             ]
         return []
 
+    def _flat(self, state: RankState, record: StepRecord, loss: float) -> list[Finding]:
+        """Every loss so far within ``flat_tolerance`` of the first, for ``flat_records``
+        records: nothing is learned at all (a run that moved once is out of this rule for good)."""
+        fl = self.flat
+        if fl.broken:
+            return []
+        if fl.n == 0:
+            fl.lo = fl.hi = fl.first = loss
+        lo, hi = min(fl.lo, loss), max(fl.hi, loss)
+        if loss <= 0 or hi - lo > self.cfg.flat_tolerance * hi:
+            fl.broken = True
+            if fl.told and self.episode.close():
+                return [
+                    finding(
+                        "loss_plateau",
+                        Severity.INFO,
+                        state,
+                        "loss moving again",
+                        record=record,
+                        resolved=True,
+                    )
+                ]
+            return []
+        fl.lo, fl.hi, fl.n = lo, hi, fl.n + 1
+        # Only a print fine enough to show learning can show its absence: "2.0" over and over
+        # (a loss rounded to one digit) may hide a falling loss; "10.8259" cannot.
+        fl.fine = fl.fine or _last_digit(loss) < self.cfg.flat_tolerance
+        if fl.n >= self.cfg.flat_records and not fl.fine:
+            fl.broken = True  # printed too coarsely to judge
+        if fl.n < self.cfg.flat_records or fl.broken or fl.told or fl.first - loss > (hi - lo) / 2:
+            return []  # too few yet, too coarse, told, or drifting down through the band
+        if not self.episode.open(record.step):
+            return []
+        fl.told = True
+        guess = (
+            f" (a uniform guess over about {math.exp(loss):,.0f} classes scores {fmt(loss)})"
+            if 1 < loss < 25
+            else ""
+        )
+        return [
+            finding(
+                "loss_plateau",
+                Severity.WARNING,
+                state,
+                f"loss flat at {fmt(loss)} for all {fl.n} logged steps so far (spread {fmt(hi - lo)}): the "
+                f"model is learning nothing{guess}. Usual causes: a loss stuck at ln(vocabulary size) "
+                "or ln(output size) from a collapsed head, a zero or tiny learning rate, frozen or "
+                "detached parameters, labels all masked out.",
+                record=record,
+                evidence={"loss": loss, "records": fl.n, "spread": hi - lo},
+            )
+        ]
+
     def _window(self, state: RankState, lo: int) -> list[float]:
         """What ``_walk_losses`` returns, without the walk in the usual case: up to
         ``HISTORY`` records every tenth of a window, walked in Python, made this rule the
@@ -593,6 +674,9 @@ class LossPlateauDetector(Detector):
 
 @register
 class OverfittingDetector(Detector):
+    """Eval loss ``consecutive`` times above its best by ``eval_rise_ratio`` and by more than
+    ``noise_factor`` times the eval curve's own noise, while the train loss kept falling."""
+
     kinds = ("overfitting",)
     accepts = (EvalRecord,)
     section = "detectors.overfitting"
@@ -606,6 +690,7 @@ class OverfittingDetector(Detector):
         self.count = 0
         self.last_step: int | None = None
         self.episode = Episode()
+        self.evals: deque[float] = deque(maxlen=EVAL_NOISE_MEMORY)
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, EvalRecord) or not finite(record.eval_loss):
@@ -617,9 +702,11 @@ class OverfittingDetector(Detector):
             # checkpoint), and the best of the run before is not this one's to beat.
             self.best = self.best_step = self.train_at_best = None
             self.above = self.count = 0
+            self.evals.clear()
         if step is not None:
             self.last_step = step
         self.count += 1
+        self.evals.append(ev)
         train = state.recent("loss", 20)
         train_now = median(train) if train else None
         if self.best is None or ev < self.best:
@@ -637,7 +724,11 @@ class OverfittingDetector(Detector):
                     )
                 ]
             return []
-        if self.best > 0 and ev > self.best * (1 + self.cfg.eval_rise_ratio):  # no percent of 0
+        if (
+            self.best > 0
+            and ev > self.best * (1 + self.cfg.eval_rise_ratio)  # no percent of 0
+            and ev - self.best > self.cfg.noise_factor * step_noise(self.evals)  # beyond its own noise
+        ):
             self.above += 1
         else:
             self.above = 0
