@@ -923,3 +923,42 @@ def test_nanogpt_loss_with_its_unit_evals_are_not_steps() -> None:
         (250, 3.1895),
     ]
     assert [(r.step, r.eval_loss) for r in recs if isinstance(r, EvalRecord)] == [(0, 12.5218), (250, 3.1441)]
+
+
+# https://github.com/keras-team/keras/issues/3056 (description by zero76114): Keras fit, "Epoch i/N" on
+# its own line, then the finished bar counting samples: each epoch a record of its own.
+KERAS_3056 = """
+Epoch 1/15
+47808/47808 [==============================] - 300s - loss: 0.6807 - acc: 0.5745 - val_loss: 0.6770 - val_acc: 0.5802
+Epoch 2/15
+47808/47808 [==============================] - 324s - loss: 0.6693 - acc: 0.5843 - val_loss: 0.6765 - val_acc: 0.5796
+Epoch 3/15
+47808/47808 [==============================] - 349s - loss: 0.6678 - acc: 0.5857 - val_loss: 0.6789 - val_acc: 0.5801
+Epoch 4/15
+47808/47808 [==============================] - 345s - loss: 0.6485 - acc: 0.6128 - val_loss: 0.6913 - val_acc: 0.5599
+"""
+
+# https://github.com/kk7nc/RMDL/issues/14 (turn 5 by zhuzhangli): Keras verbose=2, no bar at all.
+RMDL_14 = r"""
+Epoch 8/100
+ - 660s - loss: 0.6090 - acc: 0.8146 - val_loss: 0.8632 - val_acc: 0.7744
+
+Epoch 00008: val_acc improved from 0.76232 to 0.77444, saving model to weights\weights_RNN_1.hdf5
+Epoch 9/100
+ - 688s - loss: 0.4891 - acc: 0.8539 - val_loss: 0.8302 - val_acc: 0.7916
+
+Epoch 00009: val_acc improved from 0.77444 to 0.79156, saving model to weights\weights_RNN_1.hdf5
+Epoch 10/100
+"""
+
+
+def test_keras_metrics_on_the_line_after_their_epoch_belong_to_it() -> None:
+    s = steps(KERAS_3056)
+    assert [(r.step, r.epoch, r.loss) for r in s][1:] == [
+        (95616, 2, 0.6693),
+        (143424, 3, 0.6678),
+        (191232, 4, 0.6485),
+    ]
+    recs = records(RMDL_14)
+    assert [(r.step, r.loss) for r in recs if isinstance(r, StepRecord)] == [(9, 0.4891)]
+    assert [(r.step, r.eval_loss) for r in recs if isinstance(r, EvalRecord)][1:] == [(9, 0.8302)]

@@ -312,6 +312,8 @@ class KvParser:
         self._triple: tuple[int, list[float], LogLine] | None = None
         self._block_steps = False  # a block of this stream named its step
         self._tsv: list[str] | None = None  # columns of a tab-separated table (after its step column)
+        self._epoch: float | None = None  # an epoch told on a line of its own ("Epoch 3/15")
+        self._epoch_before: float | None = None  # ... on the line before this one
 
     # -- sniffing (stateless) --------------------------------------------------------------------
 
@@ -494,6 +496,8 @@ class KvParser:
                 self._triple_add(trip, line)
                 return []
             out = self._flush_blocks()
+        # An epoch told on a line of its own holds for the next line only.
+        self._epoch_before, self._epoch = self._epoch, None
         return out + self._line(line, text)
 
     def _line(self, line: LogLine, text: str) -> list[Record]:
@@ -568,6 +572,8 @@ class KvParser:
             f["step"] = self._carry[0]
             if self._carry[1] is not None:
                 f.setdefault("total_steps", self._carry[1])
+        elif self._epoch_before is not None and "epoch" not in f:
+            self._in_epoch(f, text, self._epoch_before)
         stepless = (
             "step" not in f
             and "epoch" not in f
@@ -598,6 +604,22 @@ class KvParser:
             self._zero_epoch = True
         if "step" in f:
             self._carry = (f["step"], f.get("total_steps"))
+        elif _whole(f.get("epoch")):
+            self._epoch = f["epoch"]
+
+    def _in_epoch(self, f: dict[str, float], text: str, epoch: float) -> None:
+        """Metrics on the line right after "Epoch 3/15" (Keras fit): one record of that epoch. A
+        finished bar's "423/423" on it counts batches (or samples) within the epoch: the step is
+        the count so far over the run, so every epoch's record has a step of its own."""
+        f["epoch"] = epoch
+        if "step" not in f:
+            return
+        count = bare_count(text)
+        if count is None or (f["step"], f.get("total_steps")) != count:
+            return
+        done = epoch if self._zero_epoch else epoch - 1
+        f["step"] = done * count[1] + count[0]
+        f.pop("total_steps", None)
 
     def _triple_add(self, m: re.Match[str], line: LogLine) -> None:
         assert self._triple is not None
