@@ -167,6 +167,34 @@ def test_divergence() -> None:
     assert len(fs) == 1 and fs[0].severity is Severity.WARNING and 800 < fs[0].step < 1100
 
 
+# https://github.com/facebookresearch/dino/issues/246 (description by AwayFromKeyboardwarrior):
+# DINO's train_loss per epoch (151-161) at ln 65536, the head collapsed to a uniform output.
+DINO_STUCK = [
+    11.090190887451172, 11.090194702148438, 11.090197801589966, 11.090206146240234, 11.0902099609375,
+    11.090211868286133, 11.090214729309082, 11.090224266052246, 11.090226173400879, 11.090229988098145,
+    11.09023666381836,
+]  # fmt: skip
+
+
+def test_a_loss_flat_from_the_first_record_is_a_plateau_warning() -> None:
+    fs = [f for f in alarms(run([StepRecord(step=151 + i, loss=v) for i, v in enumerate(DINO_STUCK)]))]
+    assert [(f.kind, f.severity) for f in fs] == [("loss_plateau", Severity.WARNING)]
+    # https://github.com/Lightning-AI/litgpt/issues/689: "loss 10.8259" (ln 50257) at every step
+    fs = alarms(run([StepRecord(step=38 + i, loss=10.8259) for i in range(12)]))
+    assert [f.kind for f in fs] == ["loss_plateau"] and "50,3" in fs[0].message  # e^10.8259 = 50,307
+
+
+def test_a_short_flat_history_or_one_that_moved_is_no_plateau_warning() -> None:
+    short = [StepRecord(step=151 + i, loss=v) for i, v in enumerate(DINO_STUCK[:7])]
+    assert alarms(run(short)) == []
+    # The healthy Keras run's train losses (it learned), then its last value held: not stuck.
+    learned = [StepRecord(step=i, loss=tr) for i, (tr, _) in enumerate(KERAS_NOISY_HEALTHY)]
+    learned += [StepRecord(step=17 + i, loss=0.9639) for i in range(12)]
+    assert [f for f in alarms(run(learned)) if f.kind == "loss_plateau"] == []
+    # A loss printed to one digit ("2.0") may hide a falling loss: too coarse to judge.
+    assert alarms(run([StepRecord(step=i, loss=2.0) for i in range(1, 41)])) == []
+
+
 def test_plateau_is_info_only() -> None:
     cfg = replaced(DetectorsConfig(), {"loss_plateau.window": 200})
     rng = random.Random(1)
@@ -177,12 +205,50 @@ def test_plateau_is_info_only() -> None:
 
 def test_overfitting() -> None:
     recs: list = []
-    evals = [2.0, 1.8, 1.7, 1.75, 1.82, 1.9]
+    # 1.82 is within the curve's own eval-to-eval noise (its steep start): 1.9 and 2.0 are not.
+    evals = [2.0, 1.8, 1.7, 1.75, 1.82, 1.9, 2.0]
     for i, ev in enumerate(evals):
         recs.extend(StepRecord(step=i * 100 + k, loss=2.0 - 0.002 * (i * 100 + k)) for k in range(1, 101))
         recs.append(EvalRecord(eval_loss=ev, step=i * 100 + 100))
     fs = [f for f in run(recs) if f.kind == "overfitting" and not f.resolved]
-    assert len(fs) == 1 and fs[0].step == 600 and "1.82" not in fs[0].message
+    assert len(fs) == 1 and fs[0].step == 700 and "1.82" not in fs[0].message
+
+
+def _epochs(pairs: list[tuple[float, float]]) -> list:
+    """(train loss, val loss) per epoch as a Keras-style log gives them: one of each per epoch."""
+    recs: list = []
+    for e, (tr, ev) in enumerate(pairs):
+        recs += [StepRecord(step=e, loss=tr, epoch=e), EvalRecord(eval_loss=ev, step=e)]
+    return recs
+
+
+# (loss, val_loss) per epoch of real runs:
+# Aditya24jar/Emotion-Detection-Resnet50@65f5765144a3589340241f72845baabc4e1a4e04:training.log
+# (Keras CSVLogger, healthy: a noisy val loss, best 1.024 at epoch 10, then 1.04-1.13).
+KERAS_NOISY_HEALTHY = [
+    (1.7160, 1.4436), (1.5262, 7.4172), (1.4375, 1.2864), (1.3448, 1.5442), (1.2870, 1.6200),
+    (1.2312, 1.1484), (1.1537, 1.1709), (1.1001, 1.0636), (1.0729, 1.0713), (1.0732, 1.0480),
+    (1.0344, 1.0240), (1.0185, 1.0730), (0.9931, 1.0445), (0.9870, 1.0522), (0.9583, 1.1142),
+    (0.9513, 1.1289), (0.9639, 1.0745),
+]  # fmt: skip
+# https://github.com/keras-team/keras/issues/3056 (description by zero76114): an LSTM whose val
+# loss climbs from its best 0.6765 at epoch 2 while the train loss falls.
+KERAS_3056_OVERFIT = [
+    (0.6807, 0.6770), (0.6693, 0.6765), (0.6678, 0.6789), (0.6485, 0.6913), (0.6175, 0.7101),
+    (0.5860, 0.7268), (0.5521, 0.7586),
+]  # fmt: skip
+# https://github.com/kk7nc/RMDL/issues/14 (turn 5 by zhuzhangli), epochs 8-14: best 0.8235 at 10.
+RMDL_14_OVERFIT = [
+    (0.6090, 0.8632), (0.4891, 0.8302), (0.4015, 0.8235), (0.3249, 0.9020), (0.2727, 0.9440),
+    (0.2220, 0.9457), (0.1903, 1.0360),
+]  # fmt: skip
+
+
+def test_overfitting_is_a_rise_beyond_the_eval_curves_own_noise() -> None:
+    assert [f for f in alarms(run(_epochs(KERAS_NOISY_HEALTHY))) if f.kind == "overfitting"] == []
+    for curve, at in ((KERAS_3056_OVERFIT, {5, 6}), (RMDL_14_OVERFIT, {4, 5, 6})):
+        fs = [f for f in alarms(run(_epochs(curve))) if f.kind == "overfitting"]
+        assert len(fs) == 1 and fs[0].step in at
 
 
 def test_overfitting_after_an_eval_loss_of_zero_fails_nothing() -> None:

@@ -875,3 +875,182 @@ STOP_LINES = [
 def test_loops_and_loaders_that_stop_themselves(line: str, kind: str) -> None:
     errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
     assert [e.kind for e in errs] == [kind]
+
+
+# ---------------------------------------------------------------- batch 6 forms
+
+# https://github.com/intel/ipex-llm/issues/2494 (BigDL DistriOptimizer, description by nwang2):
+# prose "Loss is NaN." ending its sentence with a full stop, the step in "[Iteration N]".
+BIGDL = """
+2018-04-14 00:58:52 INFO  DistriOptimizer$:392 - [Epoch 149 390144/1281167][Iteration 61991][Wall Clock 90297.102702327s] Trained 3072 records in 1.402170578 seconds. Throughput is 2190.889 records/second. Loss is NaN. Current learning rate is 0.0011379211379215811. Current weight decay is 1.0E-4. Current momentum is 0.9.
+2018-04-14 00:58:53 INFO  DistriOptimizer$:392 - [Epoch 149 393216/1281167][Iteration 61992][Wall Clock 90298.51743813s] Trained 3072 records in 1.414735803 seconds. Throughput is 2171.4302 records/second. Loss is NaN. Current learning rate is 0.0010795267780450456. Current weight decay is 1.0E-4. Current momentum is 0.9.
+"""
+
+
+def test_prose_loss_is_value_ending_a_sentence(tmp_path: Path) -> None:
+    s = steps(BIGDL)
+    assert [r.step for r in s] == [61991, 61992]
+    assert all(math.isnan(r.loss or 0.0) for r in s)
+    assert s[0].learning_rate == pytest.approx(0.0011379211379215811)
+    assert ("nan_loss", 0, 61991) in serious(run(tmp_path, BIGDL, "rank-0.log"))
+
+
+# https://github.com/isl-org/PhotorealismEnhancement/issues/66 (description by WouterBesse): EPE
+# prints an iteration and its loss terms with no header, "----" where a term was not computed.
+EPE = """
+2024-05-27 12:22:39,683 2 ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ----
+2024-05-27 12:22:40,036 3 1.00 2.79 0.00 6.03 0.62 0.32 0.01 0.48 0.00 1.39 0.00 0.99 0.67 1.00 0.19 0.32 0.94 3.16 0.12 0.26 0.86 0.00 0.26 0.17 0.15 0.00 0.25 0.01 0.99 0.09 1001.44 ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ----
+2024-05-27 12:23:01,982 4 ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- ---- nan nan nan nan nan nan nan nan nan nan nan
+"""
+
+
+def test_headerless_placeholder_columns_nan_is_a_nan_loss(tmp_path: Path) -> None:
+    s = steps(EPE)
+    assert [r.step for r in s] == [4] and math.isnan(s[0].loss or 0.0)
+    assert serious(run(tmp_path, EPE, "rank-0.log")) == [("nan_loss", 0, 4)]
+    assert steps(EPE.replace("nan", "0.10")) == []  # finite unnamed cells tell nothing
+
+
+# https://github.com/jeffffffli/HybrIK/issues/198 (description by zengyiwen123): the parent's
+# traceback from torch.multiprocessing.spawn, its head written straight after tqdm's bar, ending
+# in old torch's plain "Exception: process 3 terminated with signal SIGKILL".
+HYBRIK = """
+############# Starting Epoch 0 | LR: 0.001 #############
+  0%|                                                                                                                                         | 0/4878 [00:00<?, ?it/s]Traceback (most recent call last):
+  File "./scripts/train_smpl_cam.py", line 375, in <module>
+    main()
+  File "./scripts/train_smpl_cam.py", line 213, in main
+    mp.spawn(main_worker, nprocs=ngpus_per_node, args=(opt, cfg))
+  File "/home/ubuntu/anaconda3/envs/3D/lib/python3.6/site-packages/torch/multiprocessing/spawn.py", line 199, in spawn
+    return start_processes(fn, args, nprocs, join, daemon, start_method='spawn')
+  File "/home/ubuntu/anaconda3/envs/3D/lib/python3.6/site-packages/torch/multiprocessing/spawn.py", line 157, in start_processes
+    while not context.join():
+  File "/home/ubuntu/anaconda3/envs/3D/lib/python3.6/site-packages/torch/multiprocessing/spawn.py", line 107, in join
+    (error_index, name)
+Exception: process 3 terminated with signal SIGKILL
+"""
+
+
+def test_spawn_traceback_after_a_bar_is_a_crash_of_the_process_it_names(tmp_path: Path) -> None:
+    assert serious(run(tmp_path, HYBRIK)) == [("crash", 3, None)]
+
+
+@pytest.mark.parametrize(
+    ("line", "rank"),
+    [
+        # https://github.com/Plachtaa/VITS-fast-fine-tuning/issues/284 (description by Hyponarch)
+        ("torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 1", 0),
+        # https://github.com/dingjiansw101/ZegFormer/issues/19 (description by BanaBanaBanaa)
+        ("torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGKILL", 1),
+        # https://github.com/SayaSS/vits-finetuning/issues/32 (description by Decan29, Windows)
+        (
+            "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 3221226505",
+            0,
+        ),
+    ],
+)
+def test_spawn_exited_line_alone_is_a_crash_of_that_process(line: str, rank: int) -> None:
+    errs = [r for r in records(line) if isinstance(r, ErrorRecord)]
+    assert [(e.kind, e.rank) for e in errs] == [("crash", rank)]
+
+
+# CS15B001/HER_Improvements@67d25ccf4e96ff92f565a73f85c4030b32532ff3:Logs/output_256batch_largerbuffer
+# (OpenAI baselines HER on stdout): one framed table per epoch and no loss in it.
+HER = """
+Training...
+-----------------------------------
+| epoch              | 0          |
+| stats_g/mean       | 0.0        |
+| stats_g/std        | 1.0        |
+| stats_o/mean       | 0.0        |
+| stats_o/std        | 1.0        |
+| test/episode       | 20.0       |
+| test/mean_Q        | -1.3563926 |
+| test/success_rate  | 0.0        |
+| train/episode      | 20.0       |
+| train/success_rate | 0.0        |
+-----------------------------------
+New best success rate: 0.0. Saving policy to /tmp/openai-2018-04-16-17-05-02-131582/policy_best.pkl ...
+Saving periodic policy to /tmp/openai-2018-04-16-17-05-02-131582/policy_0.pkl ...
+-----------------------------------
+| epoch              | 1          |
+| stats_g/mean       | 0.0        |
+| stats_g/std        | 1.0        |
+| stats_o/mean       | 0.0        |
+| stats_o/std        | 1.0        |
+| test/episode       | 40.0       |
+| test/mean_Q        | -1.9132456 |
+| test/success_rate  | 0.0        |
+| train/episode      | 40.0       |
+| train/success_rate | 0.0        |
+-----------------------------------
+"""
+
+
+def test_framed_logger_table_without_a_loss_is_one_record_at_its_counter(tmp_path: Path) -> None:
+    s = steps(HER)
+    assert [(r.step, r.loss) for r in s] == [(0, None), (1, None)]
+    res = run(tmp_path, HER)
+    assert res.recognised_any and serious(res) == []
+
+
+# jackokeefe11/nanoGPT@b79be64da991e268dad3f747459cbbdc3c171e59:wandb/run-20240215_012725-vgpqdf1r/files/output.log
+# (a nanoGPT fork on enwik8 printing the loss in bits per character): the eval line is an eval at
+# its step, not one more training step.
+NANOGPT_BPC = """
+step 0: train loss 12.5201 BPC, val loss 12.5218 BPC
+iter 0: loss 12.5435 BPC, time 242620.93ms, mfu -100.00%
+iter 10: loss 10.0507 BPC, time 263.86ms, mfu 9.31%
+step 250: train loss 3.1345 BPC, val loss 3.1441 BPC
+saving checkpoint to out-enwik-char
+iter 250: loss 3.1895 BPC, time 32924.41ms, mfu 8.23%
+"""
+
+
+def test_nanogpt_loss_with_its_unit_evals_are_not_steps() -> None:
+    recs = records(NANOGPT_BPC)
+    assert [(r.step, r.loss) for r in recs if isinstance(r, StepRecord)] == [
+        (0, 12.5435),
+        (10, 10.0507),
+        (250, 3.1895),
+    ]
+    assert [(r.step, r.eval_loss) for r in recs if isinstance(r, EvalRecord)] == [(0, 12.5218), (250, 3.1441)]
+
+
+# https://github.com/keras-team/keras/issues/3056 (description by zero76114): Keras fit, "Epoch i/N" on
+# its own line, then the finished bar counting samples: each epoch a record of its own.
+KERAS_3056 = """
+Epoch 1/15
+47808/47808 [==============================] - 300s - loss: 0.6807 - acc: 0.5745 - val_loss: 0.6770 - val_acc: 0.5802
+Epoch 2/15
+47808/47808 [==============================] - 324s - loss: 0.6693 - acc: 0.5843 - val_loss: 0.6765 - val_acc: 0.5796
+Epoch 3/15
+47808/47808 [==============================] - 349s - loss: 0.6678 - acc: 0.5857 - val_loss: 0.6789 - val_acc: 0.5801
+Epoch 4/15
+47808/47808 [==============================] - 345s - loss: 0.6485 - acc: 0.6128 - val_loss: 0.6913 - val_acc: 0.5599
+"""
+
+# https://github.com/kk7nc/RMDL/issues/14 (turn 5 by zhuzhangli): Keras verbose=2, no bar at all.
+RMDL_14 = r"""
+Epoch 8/100
+ - 660s - loss: 0.6090 - acc: 0.8146 - val_loss: 0.8632 - val_acc: 0.7744
+
+Epoch 00008: val_acc improved from 0.76232 to 0.77444, saving model to weights\weights_RNN_1.hdf5
+Epoch 9/100
+ - 688s - loss: 0.4891 - acc: 0.8539 - val_loss: 0.8302 - val_acc: 0.7916
+
+Epoch 00009: val_acc improved from 0.77444 to 0.79156, saving model to weights\weights_RNN_1.hdf5
+Epoch 10/100
+"""
+
+
+def test_keras_metrics_on_the_line_after_their_epoch_belong_to_it() -> None:
+    s = steps(KERAS_3056)
+    assert [(r.step, r.epoch, r.loss) for r in s][1:] == [
+        (95616, 2, 0.6693),
+        (143424, 3, 0.6678),
+        (191232, 4, 0.6485),
+    ]
+    recs = records(RMDL_14)
+    assert [(r.step, r.loss) for r in recs if isinstance(r, StepRecord)] == [(9, 0.4891)]
+    assert [(r.step, r.eval_loss) for r in recs if isinstance(r, EvalRecord)][1:] == [(9, 0.8302)]

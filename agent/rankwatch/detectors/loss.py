@@ -6,6 +6,7 @@ import math
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
+from decimal import Decimal
 from itertools import islice
 from operator import attrgetter
 from typing import Any
@@ -98,6 +99,17 @@ class LossPlateauConfig:
     enabled: bool = opt(True, "loss stopped improving long after warmup")
     window: int = opt(500, "training steps (not logged records) over which some improvement is expected")
     min_improvement: float = opt(0.005, "relative improvement of the median below this is a plateau")
+    # A loss that never moves from its first record is a model learning nothing (a warning, not
+    # the window rule's info): tf2 ALBERT at 11.17 for 8 records (aws-samples/deep-learning-models
+    # #45), DINO at 11.0902 = ln 65536 for 11 epochs (facebookresearch/dino#246), lit-gpt at
+    # 10.8259 = ln 50257 for 12 (Lightning-AI/litgpt#689); no healthy run of the wild corpus starts
+    # with more than 3 records that close.
+    flat_records: int = opt(
+        8, "logged losses all within flat_tolerance of the first, from the first, before warning", min=2
+    )
+    flat_tolerance: float = opt(
+        0.001, "relative spread of losses counted as flat (ALBERT's 11.166-11.177 is 0.1%)", min=0.0
+    )
 
 
 @settings("detectors", "overfitting", "eval rising while train falls")
@@ -107,6 +119,11 @@ class OverfittingConfig:
     eval_rise_ratio: float = opt(0.05, "eval loss this far above its minimum")
     min_evals: int = opt(3, "evaluations needed before judging")
     consecutive: int = opt(2, "evaluations in a row above the threshold")
+    # A rise counts only beyond this many times the eval curve's own noise (robust sd of its
+    # eval-to-eval changes; the 3-sigma control limit). Real curves: a healthy Keras fine-tune's
+    # noisy val loss peaks 2.4 sigma above its best (batch6 keras_csvlogger_resnet50_emotion);
+    # overfitting LSTMs rise 3.4 sigma (kk7nc/RMDL#14) and 5.8 sigma (keras-team/keras#3056).
+    noise_factor: float = opt(3.0, "a rise must also exceed this many eval-to-eval noise sds", min=0.0)
 
 
 def _nonfinite(x: float | None) -> bool:
@@ -257,6 +274,7 @@ class NanDetector(Detector):
         ]
 
 
+EVAL_NOISE_MEMORY = 64  # recent evals whose changes measure the eval curve's noise
 FIRST_LOSSES = 5  # the run's first losses, the base of the blow-up rule
 TREND_MIN_RECORDS = 12  # logged losses before a trend is judged
 TREND_RISE_SHARE = 0.75  # share of step-to-step changes that must be rises
@@ -582,11 +600,33 @@ def _walk_losses(state: RankState, lo: int) -> list[float]:
 _STEP_OF = attrgetter("step")
 
 
+class _Flat:
+    """The plateau rule's record of a loss that has not moved since the first record."""
+
+    __slots__ = ("broken", "fine", "first", "hi", "lo", "n", "told")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.lo = self.hi = self.first = 0.0
+        self.broken = False
+        self.fine = False  # some loss of it was printed to better than the tolerance
+        self.told = False
+
+
+def _last_digit(v: float) -> float:
+    """The place of a printed number's last digit, relative to the number (10.8259: 9e-6;
+    2.0: 0.5), read from its shortest representation."""
+    exp = Decimal(repr(v)).normalize().as_tuple().exponent
+    return 10.0**exp / abs(v) if isinstance(exp, int) else math.inf
+
+
 @register
 class LossPlateauDetector(Detector):
     """No meaningful improvement over the last ``window`` training steps, or the last third
-    of the run so far when that is longer (however often the log prints). Info only:
-    converged runs plateau too."""
+    of the run so far when that is longer (however often the log prints): info only, as
+    converged runs plateau too. A loss that has not moved from its first record for
+    ``flat_records`` records (within ``flat_tolerance``, not drifting down) is a warning: a run
+    that learns nothing at all."""
 
     kinds = ("loss_plateau",)
     accepts = (StepRecord,)
@@ -601,6 +641,7 @@ class LossPlateauDetector(Detector):
         self.observed = 0  # step records seen, to match them with the state's
         self.back_at = 0  # the number of the last one whose step was below its predecessor's
         self.prev_step: int | None = None
+        self.flat = _Flat()
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
@@ -613,6 +654,9 @@ class LossPlateauDetector(Detector):
         loss = record.loss
         if loss is None or loss - loss != 0:
             return []
+        flat = self._flat(state, record, loss)
+        if flat:
+            return flat
         step = record.step if record.step is not None else state.position()
         if self.first_step is None:
             self.first_step = step
@@ -654,6 +698,59 @@ class LossPlateauDetector(Detector):
             ]
         return []
 
+    def _flat(self, state: RankState, record: StepRecord, loss: float) -> list[Finding]:
+        """Every loss so far within ``flat_tolerance`` of the first, for ``flat_records``
+        records: nothing is learned at all (a run that moved once is out of this rule for good)."""
+        fl = self.flat
+        if fl.broken:
+            return []
+        if fl.n == 0:
+            fl.lo = fl.hi = fl.first = loss
+        lo, hi = min(fl.lo, loss), max(fl.hi, loss)
+        if loss <= 0 or hi - lo > self.cfg.flat_tolerance * hi:
+            fl.broken = True
+            if fl.told and self.episode.close():
+                return [
+                    finding(
+                        "loss_plateau",
+                        Severity.INFO,
+                        state,
+                        "loss moving again",
+                        record=record,
+                        resolved=True,
+                    )
+                ]
+            return []
+        fl.lo, fl.hi, fl.n = lo, hi, fl.n + 1
+        # Only a print fine enough to show learning can show its absence: "2.0" over and over
+        # (a loss rounded to one digit) may hide a falling loss; "10.8259" cannot.
+        fl.fine = fl.fine or _last_digit(loss) < self.cfg.flat_tolerance
+        if fl.n >= self.cfg.flat_records and not fl.fine:
+            fl.broken = True  # printed too coarsely to judge
+        if fl.n < self.cfg.flat_records or fl.broken or fl.told or fl.first - loss > (hi - lo) / 2:
+            return []  # too few yet, too coarse, told, or drifting down through the band
+        if not self.episode.open(record.step):
+            return []
+        fl.told = True
+        guess = (
+            f" (a uniform guess over about {math.exp(loss):,.0f} classes scores {fmt(loss)})"
+            if 1 < loss < 25
+            else ""
+        )
+        return [
+            finding(
+                "loss_plateau",
+                Severity.WARNING,
+                state,
+                f"loss flat at {fmt(loss)} for all {fl.n} logged steps so far (spread {fmt(hi - lo)}): the "
+                f"model is learning nothing{guess}. Usual causes: a loss stuck at ln(vocabulary size) "
+                "or ln(output size) from a collapsed head, a zero or tiny learning rate, frozen or "
+                "detached parameters, labels all masked out.",
+                record=record,
+                evidence={"loss": loss, "records": fl.n, "spread": hi - lo},
+            )
+        ]
+
     def _window(self, state: RankState, lo: int) -> list[float]:
         """What ``_walk_losses`` returns, without the walk in the usual case: up to
         ``HISTORY`` records every tenth of a window, walked in Python, made this rule the
@@ -679,6 +776,9 @@ class LossPlateauDetector(Detector):
 
 @register
 class OverfittingDetector(Detector):
+    """Eval loss ``consecutive`` times above its best by ``eval_rise_ratio`` and by more than
+    ``noise_factor`` times the eval curve's own noise, while the train loss kept falling."""
+
     kinds = ("overfitting",)
     accepts = (EvalRecord,)
     section = "detectors.overfitting"
@@ -692,6 +792,7 @@ class OverfittingDetector(Detector):
         self.count = 0
         self.last_step: int | None = None
         self.episode = Episode()
+        self.evals: deque[float] = deque(maxlen=EVAL_NOISE_MEMORY)
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled or not isinstance(record, EvalRecord) or not finite(record.eval_loss):
@@ -703,9 +804,11 @@ class OverfittingDetector(Detector):
             # checkpoint), and the best of the run before is not this one's to beat.
             self.best = self.best_step = self.train_at_best = None
             self.above = self.count = 0
+            self.evals.clear()
         if step is not None:
             self.last_step = step
         self.count += 1
+        self.evals.append(ev)
         train = state.recent("loss", 20)
         train_now = median(train) if train else None
         if self.best is None or ev < self.best:
@@ -723,7 +826,11 @@ class OverfittingDetector(Detector):
                     )
                 ]
             return []
-        if self.best > 0 and ev > self.best * (1 + self.cfg.eval_rise_ratio):  # no percent of 0
+        if (
+            self.best > 0
+            and ev > self.best * (1 + self.cfg.eval_rise_ratio)  # no percent of 0
+            and ev - self.best > self.cfg.noise_factor * step_noise(self.evals)  # beyond its own noise
+        ):
             self.above += 1
         else:
             self.above = 0

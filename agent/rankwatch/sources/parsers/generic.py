@@ -12,7 +12,16 @@ from typing import Any, ClassVar
 
 from rankwatch.records import Record, StepRecord
 
-from ._common import MetricBag, OverflowTracker, canonical, eval_record, strip_ansi, to_float, to_int
+from ._common import (
+    MetricBag,
+    OverflowTracker,
+    canonical,
+    eval_record,
+    step_record,
+    strip_ansi,
+    to_float,
+    to_int,
+)
 from ._progress import bare_count, loss_columns, progress, table_header, table_row
 from .base import FormatParser, LogLine
 from .registry import load_all, register_parser
@@ -166,7 +175,7 @@ _PAIR = re.compile(
     rf"(?<![\w./-])['\"]?(?P<k>{_WORD}(?: [^\W\d][\w]{{0,20}})?)['\"]?"
     rf"(?:\s{{0,4}}[:=]\s{{0,8}}[\['\"]?|\s+is\s+|\s{{1,8}})"
     rf"(?P<v>{_NUMBER})['\"]?(?: ?(?P<u>ms|s|%|GiB|GB|MiB|MB|it/s|s/it)(?![A-Za-z]))?"
-    rf"(?:\s{{0,4}}/\s{{0,4}}(?P<tot>\d{{1,18}}))?(?=[\s,;:|)\]}}'\"(]|$)",
+    rf"(?:\s{{0,4}}/\s{{0,4}}(?P<tot>\d{{1,18}}))?(?=[\s,;:|)\]}}'\"(]|\.(?:\s|$)|$)",
     re.IGNORECASE,
 )
 # A word that names the step outright beats one that counts micro-batches (LitGPT prints
@@ -216,6 +225,13 @@ _LOSS_WORD = re.compile(r"\bloss\b", re.IGNORECASE)
 
 def _count(v: float) -> bool:
     return math.isfinite(v) and v >= 0 and v == int(v)
+
+
+def _told(text: str, m: re.Match[str]) -> bool:
+    """The pair joins a word to its value with ``:`` or ``=``: a glog prefix's "E0606 09:34" and
+    its source line "basic_session_run_hooks.py:760" are no counter."""
+    sep = text[m.end("k") : m.start("v")]
+    return (":" in sep or "=" in sep) and "." not in m["k"]
 
 
 def _kv_gate(text: str) -> bool:
@@ -294,7 +310,7 @@ class KvParser:
     # "G " the GPU memory cell of a headerless YOLO results.txt row; Ray Tune's result counter).
     hints: ClassVar[tuple[str, ...]] = (
         "oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ", "training_iteration", "INFO [",
-        "s/it]", "it/s]",
+        "s/it]", "it/s]", "----",
     )  # fmt: skip
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
     order: ClassVar[int] = 210  # sniffed after smaller orders (registry.py)
@@ -314,6 +330,8 @@ class KvParser:
         self._tsv: list[str] | None = None  # columns of a tab-separated table (after its step column)
         self._epoch_steps = True  # a whole epoch with nothing else counting is the step
         self._last_epoch_step: float | None = None
+        self._epoch: float | None = None  # an epoch told on a line of its own ("Epoch 3/15")
+        self._epoch_before: float | None = None  # ... on the line before this one
 
     # -- sniffing (stateless) --------------------------------------------------------------------
 
@@ -330,6 +348,8 @@ class KvParser:
             return not _specific(text)
         if "\t" in text and _tsv_header(text) is not None:
             return not _specific(text)
+        if "----" in text and _placeholder_row(text) is not None:
+            return not _specific(text)
         if "]" in text and _bar_pair(text) is not None:
             return not _specific(text)
         if "training_iteration" in text and text.lstrip().startswith("training_iteration:"):
@@ -340,6 +360,8 @@ class KvParser:
             if row is None:
                 return False
             key = row["k"].strip()
+            if _framed(text) and canonical(_flat_key(key)) == "epoch":
+                return not _specific(text)  # a logger table's epoch row ("| epoch | 3 |")
             return (key.lower() in _UPDATE_STATS or _is_part(key)) and not _specific(text)
         if JsonParser._load(text) is not None:
             return False  # a JSON object is the JSON reader's
@@ -407,7 +429,14 @@ class KvParser:
                     parts.append(v)  # "Train Loss mse: 0.0097, Train Loss ce: 0.0194" (BAGEL)
                 elif low in _UPDATE_STATS and not math.isfinite(v):
                     stats_nan = True
-                elif unnamed is None and not parts and "loss" not in f and not m.group("u") and _count(v):
+                elif (
+                    unnamed is None
+                    and not parts
+                    and "loss" not in f
+                    and not m.group("u")
+                    and _count(v)
+                    and _told(text, m)
+                ):
                     unnamed = v  # "训练次数：100, Loss：1.98": an unnamed counter before the loss
                 continue
             unit = m.group("u") or ""
@@ -485,6 +514,8 @@ class KvParser:
                 self._triple_add(trip, line)
                 return []
             out = self._flush_blocks()
+        # An epoch told on a line of its own holds for the next line only.
+        self._epoch_before, self._epoch = self._epoch, None
         return out + self._line(line, text)
 
     def _line(self, line: LogLine, text: str) -> list[Record]:
@@ -504,6 +535,14 @@ class KvParser:
                 bag = MetricBag()
                 bag.fields["step"], bag.fields["learning_rate"] = vits[1], vits[2]
                 _finish_bag(bag, vits[0], False)
+                return _records(bag, line)
+        if "----" in text:
+            cells = _placeholder_row(text)
+            if cells is not None:
+                bag = MetricBag()
+                bag.fields["step"] = cells[0]
+                if not all(map(math.isfinite, cells[1])):
+                    bag.fields["loss"] = math.nan
                 return _records(bag, line)
         if not _kv_gate(text):
             if self._cols is None and "G " in text and _YOLO_RESULTS.match(text) is not None:
@@ -551,6 +590,8 @@ class KvParser:
             f["step"] = self._carry[0]
             if self._carry[1] is not None:
                 f.setdefault("total_steps", self._carry[1])
+        elif self._epoch_before is not None and "epoch" not in f:
+            self._in_epoch(f, text, self._epoch_before)
         stepless = (
             "step" not in f
             and "epoch" not in f
@@ -586,6 +627,22 @@ class KvParser:
             self._zero_epoch = True
         if "step" in f:
             self._carry = (f["step"], f.get("total_steps"))
+        elif _whole(f.get("epoch")):
+            self._epoch = f["epoch"]
+
+    def _in_epoch(self, f: dict[str, float], text: str, epoch: float) -> None:
+        """Metrics on the line right after "Epoch 3/15" (Keras fit): one record of that epoch. A
+        finished bar's "423/423" on it counts batches (or samples) within the epoch: the step is
+        the count so far over the run, so every epoch's record has a step of its own."""
+        f["epoch"] = epoch
+        if "step" not in f:
+            return
+        count = bare_count(text)
+        if count is None or (f["step"], f.get("total_steps")) != count:
+            return
+        done = epoch if self._zero_epoch else epoch - 1
+        f["step"] = done * count[1] + count[0]
+        f.pop("total_steps", None)
 
     def _triple_add(self, m: re.Match[str], line: LogLine) -> None:
         assert self._triple is not None
@@ -637,13 +694,27 @@ class KvParser:
         if "step" not in f and self._carry is not None:
             f["step"] = self._carry[0]
         if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
-            return []
+            return self._counted_table(f, line)
         if "step" not in f and not self._block_steps:
             return []  # no step: a settings dump ("epochs: 10", "loss_weight: 1.0"), not a record
         # A block cut before its step (the end of a pasted excerpt) follows blocks that had one.
         stepless = "step" not in f
         self._block_steps = self._block_steps or "step" in f
         return _records(bag, line, need_step=not stepless)
+
+    @staticmethod
+    def _counted_table(f: dict[str, float], line: LogLine) -> list[Record]:
+        """A framed logger table with no loss in it (OpenAI baselines' HER: "| epoch | 3 |",
+        success rates, Q values) is still one record at its counter: the run is read, and there
+        is no loss to judge."""
+        if not _framed(line.text):
+            return []
+        step = f.get("step")
+        if step is None and _whole(f.get("epoch")):
+            step = f["epoch"]
+        if step is None or not _whole(step):
+            return []
+        return [step_record(line, step=int(step), epoch=f.get("epoch"))]
 
     def finish(self) -> list[Record]:
         return self._flush_blocks()
@@ -784,6 +855,31 @@ def _vits_list(text: str) -> tuple[list[float], float, float] | None:
 _TSV_STEP = frozenset({"step", "steps", "global_step", "epoch", "iteration", "iter"})
 
 
+# A headerless row of an iteration and its loss terms with "----" where a term was not computed
+# at that iteration (Enhancing Photorealism Enhancement: "4 ---- ---- 0.57 ---- nan nan").
+_PLACEHOLDER = re.compile(r"-{2,}")
+_PLACEHOLDER_CELLS = 8
+
+
+def _placeholder_row(text: str) -> tuple[float, list[float]] | None:
+    """(iteration, the numbers) of a row of bare cells with ``----`` placeholders, or None. The
+    cells are unnamed, so only a non-finite one tells anything (a NaN among the loss terms)."""
+    cells = text.split()
+    if len(cells) <= _PLACEHOLDER_CELLS or not cells[0].isdigit() or len(cells[0]) > 12:
+        return None
+    nums: list[float] = []
+    held = False
+    for c in cells[1:]:
+        if _PLACEHOLDER.fullmatch(c):
+            held = True
+            continue
+        v = to_float(c)
+        if v is None:
+            return None
+        nums.append(v)
+    return (float(cells[0]), nums) if held else None
+
+
 def _tsv_header(text: str) -> list[str] | None:
     """Columns (after the step column) of a tab-separated header whose first column names the
     step (the last word before the first tab, a logger's prefix may precede it) and which has a
@@ -798,6 +894,12 @@ def _tsv_header(text: str) -> list[str] | None:
     if not any(canonical(c) in ("loss", "eval_loss") for c in cols):
         return None
     return cols
+
+
+def _framed(text: str) -> bool:
+    """A row of a ``| key | value |`` table (the frame of OpenAI baselines' and SB3's logger)."""
+    s = text.strip()
+    return s[:1] == "|" and s[-1:] == "|" and s.count("|") == 3
 
 
 def _block_filler(text: str) -> bool:

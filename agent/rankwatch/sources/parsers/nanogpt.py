@@ -14,11 +14,15 @@ from .base import LogLine
 from .registry import register_parser
 
 _NUM = r"[-+]?(?:\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|NaN|inf|-inf|Infinity)"
+# A fork may print the loss's unit after it ("loss 3.1895 BPC": bits per character on enwik8).
+_UNIT = r"(?: [A-Za-z]{1,8})?"
 _ITER = re.compile(
-    rf"^\s*iter (?P<it>\d{{1,18}}): loss (?P<loss>{_NUM}), time (?P<t>{_NUM})\s?(?P<u>ms|s)(?:/step)?"
+    rf"^\s*iter (?P<it>\d{{1,18}}): loss (?P<loss>{_NUM}){_UNIT}, time (?P<t>{_NUM})\s?(?P<u>ms|s)(?:/step)?"
     rf"(?:, lr (?P<lr>{_NUM}))?(?:, mfu (?P<mfu>{_NUM})%)?"
 )
-_EVAL = re.compile(rf"^\s*step (?P<it>\d{{1,18}}): train loss (?P<train>{_NUM}), val loss (?P<val>{_NUM})")
+_EVAL = re.compile(
+    rf"^\s*step (?P<it>\d{{1,18}}): train loss (?P<train>{_NUM}){_UNIT}, val loss (?P<val>{_NUM})"
+)
 
 
 @register_parser

@@ -55,6 +55,7 @@ from rankwatch.sources.signatures.rules import (
     _SIGNAL_RECEIVED,
     _SLURM_CANCEL,
     _SLURM_OOM,
+    _SPAWN_EXITED,
     _SRUN,
     _TF_DIVERGED,
     _UNCAUGHT,
@@ -93,6 +94,7 @@ from rankwatch.sources.signatures.rules import (
     _short,
     _slurm_cancel,
     _slurm_oom,
+    _spawn_exited,
     _srun,
     _stopped,
     _uncaught,
@@ -488,6 +490,17 @@ SIGNATURES: tuple[Signature, ...] = (
         patterns=(_LAUNCH_DIED,),
         example="subprocess.CalledProcessError: Command '['/usr/bin/python3', '-u', 'train.py', "
         "'--local_rank=7']' died with <Signals.SIGSEGV: 11>.",
+    ),
+    Signature(
+        name="spawn_exited",
+        kinds=("crash",),
+        severity=_C,
+        triggers=("terminated with ",),
+        context=("Exception: process ",),
+        rule=_spawn_exited,
+        patterns=(_SPAWN_EXITED,),
+        example="torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal "
+        "SIGKILL",
     ),
     Signature(
         name="uncaught",

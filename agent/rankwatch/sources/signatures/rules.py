@@ -732,6 +732,33 @@ def _launch_died(t: str) -> Hit | None:
     return Hit("crash", _C, f"torch.distributed.launch: {who} died with {m[1]}", d, key)
 
 
+# torch.multiprocessing.spawn's join() (spawn.py) on a child that died without a Python
+# exception: "ProcessExitedException: process 1 terminated with exit code 1" / "... with signal
+# SIGKILL" (torch >= 1.5), a plain "Exception: process 3 terminated with signal SIGKILL" before.
+# The process index is the local rank the spawned function received.
+_SPAWN_EXITED = re.compile(
+    r"Exception: process (\d{1,7}) terminated with (?:signal (SIG[A-Z0-9]{2,8})|exit code (-?\d{1,10}))"
+)
+
+
+def _spawn_exited(t: str) -> Hit | None:
+    m = _SPAWN_EXITED.search(t)
+    if m is None:
+        return None
+    d: dict[str, Any] = {"failed_rank": int(m[1]), "local_rank": int(m[1])}
+    if m[2]:
+        d["signal"] = m[2]
+        how = f"signal {m[2]}"
+        if m[2] == "SIGKILL":
+            d["killed"] = True
+            how += " - SIGKILL usually means the host OOM killer"
+    else:
+        d["exitcode"] = int(m[3])
+        how = f"exit code {m[3]}"
+    summary = f"torch.multiprocessing.spawn: process {m[1]} terminated with {how}"
+    return Hit("crash", _C, summary, d, ("spawn_exited", int(m[1])))
+
+
 def _peer(t: str) -> Hit | None:
     """A collective backend (gloo) or the c10d store lost the connection to a peer: the peer
     died or exited first, so this rank's failure is a consequence and the peer's log holds

@@ -76,8 +76,10 @@ def _is_exception_line(stripped: str) -> re.Match[str] | None:
 def _glued_head(s: str) -> bool:
     """A traceback's head written after a progress bar that ended without a newline (tqdm on
     stderr, then Python's traceback on the same stream): "...6.04s/it, loss=0.18] Traceback (most
-    recent call last):". Its frames follow at Python's own two-space indent."""
-    return s.rstrip().endswith(_TB_HEAD + ":") and (s.rfind(_TB_HEAD) > 0 and s[s.rfind(_TB_HEAD) - 1] == " ")
+    recent call last):", or straight after the bar's closing bracket ("0/4878 [00:00<?, ?it/s]Traceback
+    (most recent call last):"). Its frames follow at Python's own two-space indent."""
+    at = s.rfind(_TB_HEAD)
+    return s.rstrip().endswith(_TB_HEAD + ":") and at > 0 and s[at - 1] in " ]"
 
 
 def _is_rule(stripped: str) -> bool:
