@@ -3,7 +3,9 @@
 Every module an agent imports stays in its memory for its lifetime: on a node of many
 ranks, one per rank. A configuration without Slack, GPUs, a checkpoint folder or a
 followed log must not pay for slack-sdk, pynvml, watchdog or the checkpoint verifiers;
-the figures are in bench/bench_gpu_exporters.py.
+the figures are in bench/bench_gpu_exporters.py. What the idle agent no longer does at each
+period is guarded beside the code that does it: no walk over every process on the node
+(tests/test_pidtable.py), no thread started per periodic call (tests/test_offloop.py).
 """
 
 from __future__ import annotations
