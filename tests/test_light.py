@@ -3,11 +3,14 @@
 Every module an agent imports stays in its memory for its lifetime: on a node of many
 ranks, one per rank. A configuration without Slack, GPUs, a checkpoint folder or a
 followed log must not pay for slack-sdk, pynvml, watchdog or the checkpoint verifiers;
-the figures are in bench/bench_gpu_exporters.py.
+the figures are in bench/bench_gpu_exporters.py. What the idle agent no longer does at each
+period is guarded beside the code that does it: no walk over every process on the node
+(tests/test_pidtable.py), no thread started per periodic call (tests/test_offloop.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +18,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import free_port, wait_for
@@ -91,3 +95,60 @@ def test_the_config_schema_loads_the_sinks_settings_but_no_network_stack() -> No
     mods = set(res.stdout.split())
     assert {"rankwatch.actions.alerts.slack", "rankwatch.actions.alerts.webhook"} <= mods, res.stderr[-2000:]
     assert not {"asyncio", "aiohttp", "slack_sdk"} & mods
+
+
+def _metrics(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return str(r.read().decode())
+    except OSError:
+        return ""
+
+
+@pytest.mark.process
+def test_every_thread_of_the_idle_agent_runs_at_its_lowered_priority(tmp_path: Path) -> None:
+    """Threads are kept between periodic calls (offloop.start), and Linux keeps a nice value
+    per thread: none may keep the priority the agent had before ``process.agent_nice``."""
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(
+        f"gpu: {{enabled: false}}\ndumps: {{dir: {tmp_path / 'dumps'}}}\n"
+        f"runner: {{log_dir: {tmp_path / 'logs'}}}\nprocess: {{agent_nice: 7, sample_interval: 0.2s}}\n"
+    )
+    port = free_port()
+    cmd = [sys.executable, "-m", "rankwatch", "run", "--config", str(cfg), "--listen", f"127.0.0.1:{port}",
+           "--", sys.executable, "-c", "import time; time.sleep(600)"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKWATCH_", "SLACK_"))}
+    agent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)
+    try:
+        # Several process samples and a descendants' walk (every 5 samples, at least 1 s) done.
+        wait_for(
+            lambda: "rankwatch_process_up{" in _metrics(port) or agent.poll() is not None,
+            timeout=60,
+            what="a process sample served",
+        )
+        assert agent.poll() is None, "the agent exited"
+        base = int(Path(f"/proc/{agent.pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+        def nices() -> dict[int, int]:
+            out: dict[int, int] = {}
+            for task in Path(f"/proc/{agent.pid}/task").iterdir():
+                try:
+                    out[int(task.name)] = int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+                except (OSError, ValueError):
+                    pass  # a thread that ended while we looked
+            return out
+
+        seen = nices()
+        assert len(seen) > 1 and base == 7
+        assert {t: n for t, n in seen.items() if n != 7} == {}
+    finally:
+        job = psutil.Process(agent.pid).children(recursive=True) if agent.poll() is None else []
+        agent.send_signal(signal.SIGTERM)  # run mode ends the job it started
+        try:
+            agent.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+        for p in job:
+            with contextlib.suppress(psutil.Error):
+                p.kill()

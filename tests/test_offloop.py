@@ -180,3 +180,28 @@ def test_periodic_calls_of_one_name_reuse_its_thread_a_busy_one_gets_another(
         timeout=20,
         what="it ended",
     )
+
+
+@pytest.mark.unit
+def test_a_kept_thread_from_before_the_agent_lowered_its_priority_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Linux keeps a nice value per thread: a thread kept from start-up would go on running the
+    agent's periodic work at the priority it had before ``process.agent_nice`` took effect."""
+    monkeypatch.setattr(offloop, "_lanes", {})
+    nice = [0]
+    monkeypatch.setattr(offloop, "_nice", lambda: nice[0])
+
+    def ident() -> int:
+        return threading.get_ident()
+
+    async def go() -> None:
+        before = await offloop.call(ident, timeout=5, name="rankwatch-nice")
+        assert await offloop.call(ident, timeout=5, name="rankwatch-nice") == before
+        nice[0] = 10
+        after = await offloop.call(ident, timeout=5, name="rankwatch-nice")
+        assert after != before
+        assert await offloop.call(ident, timeout=5, name="rankwatch-nice") == after
+
+    asyncio.run(go())
+    assert offloop._lanes["rankwatch-nice"].nice == 10

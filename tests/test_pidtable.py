@@ -85,6 +85,17 @@ def test_a_pid_that_left_and_came_back_is_read_again(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+def test_a_pid_handed_out_again_between_two_walks_is_found_by_the_next_full_read(tmp_path: Path) -> None:
+    root = _node(tmp_path)
+    t = PidTable(str(root))
+    t.walk(10)
+    _proc(root, 21, 13)  # 21 ended and its pid went to a new process of the job, unseen
+    walks = [sorted(t.walk(10) or []) for _ in range(PidTable.FULL_READ_EVERY)]
+    assert walks[0] == [11, 12, 13]  # its parent as read for the old process
+    assert walks[-1] == [11, 12, 13, 21]  # the full read (12th walk) finds it
+
+
+@pytest.mark.unit
 def test_comm_with_parentheses_and_spaces_and_unreadable_stat(tmp_path: Path) -> None:
     root = _node(tmp_path)
     _proc(root, 15, 10, comm="a) S 1 (b")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -79,9 +80,19 @@ _Job = tuple[Callable[[], None], "Callable[[], None] | None"]
 class _Lane:
     """The daemon thread of one ``name``, kept between calls."""
 
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+    def __init__(self, nice: int) -> None:
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()  # None: end
         self.busy = True
+        self.nice = nice
+
+
+def _nice() -> int:
+    """The calling thread's nice value: Linux keeps one per thread, and a new thread takes its
+    creator's (``runtime.modes.lower_priority`` lowers the agent's after start-up)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except (AttributeError, OSError):
+        return 0
 
 
 _lanes: dict[str, _Lane] = {}
@@ -95,11 +106,18 @@ def start(work: Callable[[], None], name: str, then: Callable[[], None] | None =
     round a second) would otherwise start and end a thread per call (clone, a stack mapped and
     unmapped, the interpreter's thread state) for nothing. A name whose thread is busy (a call still
     running, or stuck on a hung mount) gets a thread of its own, as every call once did, so
-    no call ever waits behind another. ``work`` must not raise."""
+    no call ever waits behind another. A kept thread started before the caller's priority
+    changed is let go (it would run at the old one), as a new thread per call never did.
+    ``work`` must not raise."""
+    nice = _nice()
     with _lanes_lock:
         lane = _lanes.get(name)
+        if lane is not None and lane.nice != nice:
+            del _lanes[name]
+            lane.jobs.put(None)
+            lane = None
         if lane is None:
-            lane = _lanes[name] = _Lane()
+            lane = _lanes[name] = _Lane(nice)
             threading.Thread(target=_serve, args=(name, lane, (work, then)), name=name, daemon=True).start()
             return
         if not lane.busy:
@@ -117,8 +135,8 @@ def _once(work: Callable[[], None], then: Callable[[], None] | None) -> None:
             then()
 
 
-def _serve(name: str, lane: _Lane, job: _Job) -> None:
-    while True:
+def _serve(name: str, lane: _Lane, job: _Job | None) -> None:
+    while job is not None:
         work, then = job
         with contextlib.suppress(BaseException):
             work()
