@@ -370,3 +370,57 @@ def test_a_findings_way_to_the_sinks_is_wired_in_one_call(tmp_path: Path) -> Non
     agent.clean_exit(0, 12, 1.7e9, "svc")
     assert sent == ["sink:OUT", "alerts:OUT"]
     assert order == ["hold", "hold", "exit:0:12:svc"]
+
+
+@pytest.mark.unit
+def test_a_source_for_every_rank_reaches_each_ranks_engine_on_its_own_clock(tmp_path: Path) -> None:
+    """``scope = "ranks"``: one sample, handed to every watched rank's engine with ``now`` from
+    that rank's clock; a sample that only reads its inputs runs on the loop (no thread); a scope
+    the runtime does not know is refused when the source is polled."""
+    import threading
+    from typing import ClassVar
+
+    from rankwatch.config.schema import Config
+    from rankwatch.events import Event, Tick
+    from rankwatch.runtime.agent import Agent
+    from rankwatch.runtime.services import Services
+    from rankwatch.sources.polled import EveryRank
+
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    agent = Agent(cfg, IDENT)
+    clocks = {0: 10.0, 1: 20.0}
+    ws = [
+        agent.add_watcher([], dataclasses.replace(IDENT, rank=r, local_rank=r, world_size=2)) for r in clocks
+    ]
+    seen: list[tuple[int | None, float, str]] = []
+    for w in ws:
+        w.clock = lambda r=w.rank: clocks[r]  # type: ignore[misc]
+        w.push = lambda e, r=w.rank: seen.append((r, e.now, threading.current_thread().name)) or []  # type: ignore[method-assign,misc]
+
+    class Timer(EveryRank):
+        name: ClassVar[str] = "timer"
+        interval = 5.0
+
+        def inputs(self) -> float:
+            return 1.7e9
+
+        def sample(self, inputs: float) -> list[Event]:
+            return [Tick(0.0, inputs)]
+
+    class Odd(Timer):
+        name: ClassVar[str] = "odd"
+        scope: ClassVar[str] = "everywhere"
+
+    svc = Services(agent, cfg)
+    svc.add_source(Timer())
+    svc.add_source(Odd())
+
+    async def main() -> None:
+        assert await svc.poll("timer") == [Tick(0.0, 1.7e9)]
+        with pytest.raises(TypeError, match="everywhere"):
+            await svc.poll("odd")
+
+    asyncio.run(main())
+    me = threading.current_thread().name
+    assert seen == [(0, 10.0, me), (1, 20.0, me)]
+    assert svc.engines == {} and agent.sampled["timer"] == (Tick(0.0, 1.7e9),)
