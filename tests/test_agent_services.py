@@ -16,7 +16,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from conftest import until
 from gpufake import FakeBackend, healthy
 from rankwatch.config.loader import load_config
 from rankwatch.config.snapshot import replaced
@@ -225,7 +224,7 @@ def test_eta_past_slurm_time_limit_is_warned(tmp_path: Path) -> None:
             w = svc.agent.watchers[0]
             assert await _until(lambda: _true((w.engine.state.last_step or 0) >= 60), 30)
             for _ in range(3):
-                svc.check_deadline(time.time())
+                await svc.poll("deadline")  # the job's clock, as every 30 s
             warned = [f for f in svc.agent.findings if f.kind == "eta_past_job_end"]
             assert len(warned) == 1 and "job ends in 59m" in warned[0].message
             async with aiohttp.ClientSession() as http, http.get(svc.server.url + "/metrics") as r:
@@ -244,12 +243,11 @@ def test_a_runs_first_save_ends_the_checkpoint_allowance(
 ) -> None:
     """Saves already on disk when the agent starts are history; the first save of the run is
     seen being written, then finished (which ends the allowance), like every later one."""
-    import rankwatch.runtime.services as services_mod
     from rankwatch.config.schema import Config
     from rankwatch.runtime.agent import Agent
     from rankwatch.runtime.services import Services
-
-    monkeypatch.setattr(services_mod, "CHECKPOINT_ACTIVITY_S", 0.002)
+    from rankwatch.sources.polled import SourceContext
+    from rankwatch.sources.polled.checkpoints import CheckpointActivity
 
     class FakeCheckpoints:
         scans, writing, saved, polls = 0, False, None, 0
@@ -271,14 +269,17 @@ def test_a_runs_first_save_ends_the_checkpoint_allowance(
     cw = FakeCheckpoints()
     svc.checkpoints = cw  # type: ignore[assignment]
 
-    async def main() -> None:
-        task = asyncio.create_task(svc._checkpoint_activity())
+    source = CheckpointActivity.create(SourceContext(cfg, dict, checkpoints=svc.checkpoint_status))
+    assert source is not None
+    svc.add_source(source)
 
+    async def main() -> None:
         async def settle() -> None:
-            """One whole turn of the poll after the last change: it reads the snapshot and
-            pushes the status to the rank's engine before it awaits again."""
+            """One poll of the checkpoint activity source (every second in the agent): it reads
+            the snapshot and hands the status to every rank's engine."""
             polls = cw.polls
-            await until(lambda: cw.polls > polls, timeout=5.0)
+            assert await svc.poll(source.name) is not None
+            assert cw.polls == polls + 1
 
         await settle()
         cw.scans = 1  # the first scan: a fresh run, nothing saved yet
@@ -293,8 +294,6 @@ def test_a_runs_first_save_ends_the_checkpoint_allowance(
         cw.saved = 3000.0  # and the next one
         await settle()
         assert seen.count("checkpoint") == 2
-        svc._stop.set()
-        await asyncio.wait_for(task, 5)
 
     asyncio.run(main())
 
@@ -371,3 +370,57 @@ def test_a_findings_way_to_the_sinks_is_wired_in_one_call(tmp_path: Path) -> Non
     agent.clean_exit(0, 12, 1.7e9, "svc")
     assert sent == ["sink:OUT", "alerts:OUT"]
     assert order == ["hold", "hold", "exit:0:12:svc"]
+
+
+@pytest.mark.unit
+def test_a_source_for_every_rank_reaches_each_ranks_engine_on_its_own_clock(tmp_path: Path) -> None:
+    """``scope = "ranks"``: one sample, handed to every watched rank's engine with ``now`` from
+    that rank's clock; a sample that only reads its inputs runs on the loop (no thread); a scope
+    the runtime does not know is refused when the source is polled."""
+    import threading
+    from typing import ClassVar
+
+    from rankwatch.config.schema import Config
+    from rankwatch.events import Event, Tick
+    from rankwatch.runtime.agent import Agent
+    from rankwatch.runtime.services import Services
+    from rankwatch.sources.polled import EveryRank
+
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    agent = Agent(cfg, IDENT)
+    clocks = {0: 10.0, 1: 20.0}
+    ws = [
+        agent.add_watcher([], dataclasses.replace(IDENT, rank=r, local_rank=r, world_size=2)) for r in clocks
+    ]
+    seen: list[tuple[int | None, float, str]] = []
+    for w in ws:
+        w.clock = lambda r=w.rank: clocks[r]  # type: ignore[misc]
+        w.push = lambda e, r=w.rank: seen.append((r, e.now, threading.current_thread().name)) or []  # type: ignore[method-assign,misc]
+
+    class Timer(EveryRank):
+        name: ClassVar[str] = "timer"
+        interval = 5.0
+
+        def inputs(self) -> float:
+            return 1.7e9
+
+        def sample(self, inputs: float) -> list[Event]:
+            return [Tick(0.0, inputs)]
+
+    class Odd(Timer):
+        name: ClassVar[str] = "odd"
+        scope: ClassVar[str] = "everywhere"
+
+    svc = Services(agent, cfg)
+    svc.add_source(Timer())
+    svc.add_source(Odd())
+
+    async def main() -> None:
+        assert await svc.poll("timer") == [Tick(0.0, 1.7e9)]
+        with pytest.raises(TypeError, match="everywhere"):
+            await svc.poll("odd")
+
+    asyncio.run(main())
+    me = threading.current_thread().name
+    assert seen == [(0, 10.0, me), (1, 20.0, me)]
+    assert svc.engines == {} and agent.sampled["timer"] == (Tick(0.0, 1.7e9),)

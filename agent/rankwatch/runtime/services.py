@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
@@ -31,7 +31,6 @@ from rankwatch.events import (
     GpuRound,
     GpuSample,
     NvmlHang,
-    Tick,
 )
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.gpu.backend import GpuBackend
@@ -41,14 +40,12 @@ from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource, hand_over
 from rankwatch.runtime.watcher import RankWatcher
-from rankwatch.sources.polled import PolledSource, SourceContext, build_sources
+from rankwatch.sources.polled import PolledSource, SourceContext, blocks, build_sources, scope_of
 from rankwatch.sources.polled.disk import DiskSource
 
 log = logging.getLogger("rankwatch.services")
 
 GPU_REMAP_S = 30.0
-DEADLINE_CHECK_S = 30.0
-CHECKPOINT_ACTIVITY_S = 1.0
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -58,6 +55,11 @@ def _environ(pid: int) -> dict[str, str]:
         return dict(psutil.Process(pid).environ())
     except Exception:
         return {}
+
+
+def _on_clock(event: Event, now: float) -> Event:
+    """``event`` with ``now`` read from a rank's clock (the events of a per-rank source have it)."""
+    return cast(Event, dataclasses.replace(cast(Any, event), now=now))
 
 
 @dataclasses.dataclass
@@ -126,8 +128,6 @@ class Services:
         await self._start_gpu()
         self._start_checkpoints()
         self._start_polled()
-        if self.agent.identity.job_end is not None:
-            self._tasks.append(asyncio.create_task(self._deadline_loop(), name="deadline"))
         if self.cfg.dumps.on_stall and float(self.cfg.dumps.join_peers) > 0:
             if self.agent.identity.run == "default":
                 # No job id, no torchrun run id, no run.name: unrelated jobs sharing the dumps
@@ -333,7 +333,6 @@ class Services:
         if cw is None:
             return
         self._tasks.append(asyncio.create_task(cw.run(self._stop), name="checkpoints"))
-        self._tasks.append(asyncio.create_task(self._checkpoint_activity(), name="checkpoint-activity"))
 
     def _checkpoint_scan(self, scan: CheckpointScan) -> None:
         """Each scan of the checkpoint folder, on the loop, to this agent's engine: its stale
@@ -372,34 +371,18 @@ class Services:
             evidence = {"last_good_checkpoint": str(good.path), "last_good_step": good.step}
         return dataclasses.replace(f, message=f"{f.message} {text}", evidence={**f.evidence, **evidence})
 
-    async def _checkpoint_activity(self) -> None:
-        """The checkpoint watcher's state, polled, for every rank: a save in progress or just
-        finished is progress (the stall detector waits for it), the save cadence tells when
-        the next one is due (the job's time limit)."""
-        while not self._stop.is_set():
-            try:
-                cw = self.checkpoints
-                snap = cw.snapshot()
-                status = CheckpointStatus(
-                    now=0.0,
-                    scans=cw.scans,
-                    writing=bool(cw.writing),
-                    write_age=cw.write_age(),
-                    last_saved=snap.get("last_checkpoint_timestamp_seconds"),
-                    next_due=snap.get("next_save_due_timestamp_seconds"),
-                )
-                for w in self.agent.watchers:
-                    w.push(dataclasses.replace(status, now=w.clock()))
-            except Exception:
-                self._failed("checkpoints", "checkpoint activity check failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), CHECKPOINT_ACTIVITY_S)
-
-    def check_deadline(self, now: float) -> None:
-        """A timer tick for every rank (wall ``now``): will the run end after the job's time
-        limit with no checkpoint due before it?"""
-        for w in self.agent.watchers:
-            w.push(Tick(w.clock(), now))
+    def checkpoint_status(self) -> CheckpointStatus:
+        """The checkpoint watcher's state now (read on the loop by ``sources/polled/checkpoints``)."""
+        cw = self.checkpoints
+        snap = cw.snapshot()
+        return CheckpointStatus(
+            now=0.0,
+            scans=cw.scans,
+            writing=bool(cw.writing),
+            write_age=cw.write_age(),
+            last_saved=snap.get("last_checkpoint_timestamp_seconds"),
+            next_due=snap.get("next_save_due_timestamp_seconds"),
+        )
 
     async def _join_peer_incidents(self) -> None:
         """Add this agent's stacks to a stall incident a peer agent of the run opened.
@@ -444,18 +427,38 @@ class Services:
             out.setdefault(str(self.cfg.alerts.spool_dir), "spool")
         return out
 
-    # --- polled sources (sources/polled: disk, ...) ---------------------------------------------
+    # --- polled sources (sources/polled: disk, checkpoints, deadline, ...) ----------------------
     def _start_polled(self) -> None:
-        ctx = SourceContext(cfg=self.cfg, folders=self.disk_folders)
+        ctx = SourceContext(
+            cfg=self.cfg,
+            folders=self.disk_folders,
+            job_end=self.agent.identity.job_end,
+            checkpoints=self.checkpoint_status if self.checkpoints is not None else None,
+        )
         try:
             sources = build_sources(ctx)
         except Exception:
             self._failed("sources", "polled sources could not be built")
             return
         for src in sources:
-            self.polled[src.name] = _Polled(src)
-            self.agent.internal_errors_by_component.setdefault(src.name, 0)  # exported from 0
+            self.add_source(src)
             self._tasks.append(asyncio.create_task(self._poll_loop(src.name), name=f"source-{src.name}"))
+
+    def add_source(self, src: PolledSource) -> None:
+        """``src`` may be polled (``poll``); its errors are exported from 0."""
+        self.polled[src.name] = _Polled(src)
+        self.agent.internal_errors_by_component.setdefault(src.name, 0)
+
+    def _deliver(self, src: PolledSource, events: list[Event]) -> None:
+        """Events to the engines the source's scope names: the agent's rank's, or every
+        watched rank's with ``now`` on that rank's clock."""
+        if scope_of(src) == "agent":
+            for event in events:
+                self.push(event, agent=True)
+            return
+        for w in self.agent.watchers:
+            for event in events:
+                w.push(_on_clock(event, w.clock()))
 
     async def poll(self, name: str, timeout: float | None = None) -> list[Event] | None:
         """One sample of the polled source ``name`` (at most one in flight: a hung one is waited
@@ -466,7 +469,14 @@ class Services:
         src = p.source
         wait = src.timeout if timeout is None else timeout
         if p.inflight is None:
-            p.inflight = in_daemon(src.sample, src.inputs(), name=f"rankwatch-{name}")
+            if blocks(src):
+                p.inflight = in_daemon(src.sample, src.inputs(), name=f"rankwatch-{name}")
+            else:  # it only reads what inputs() read: on the loop, no thread
+                p.inflight = asyncio.get_running_loop().create_future()
+                try:
+                    p.inflight.set_result(src.sample(src.inputs()))
+                except Exception as e:
+                    p.inflight.set_exception(e)
         try:
             events = await asyncio.wait_for(asyncio.shield(p.inflight), wait)
         except asyncio.TimeoutError:
@@ -492,8 +502,7 @@ class Services:
             p.failing = None
             log.info("%s sample works again", name)
         self.agent.sampled[name] = tuple(events)
-        for event in events:
-            self.push(event, agent=True)
+        self._deliver(src, events)
         return events
 
     async def sample_disks(self, timeout: float | None = None) -> list[Event] | None:
@@ -509,15 +518,6 @@ class Services:
                 self._failed(name, "%s sample failed", name)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), src.interval)
-
-    async def _deadline_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.check_deadline(time.time())
-            except Exception:
-                self._failed("deadline", "job time-limit check failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), DEADLINE_CHECK_S)
 
     def registry(self) -> CollectorRegistry:
         """The metrics registry: every registered collector over the agent's snapshots, which

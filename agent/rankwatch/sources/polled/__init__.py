@@ -4,10 +4,16 @@ A polled source's ``sample`` blocks (a ``statvfs``, a ``/proc`` read, a driver c
 runtime never calls it on the event loop: it reads the source's ``inputs()`` on the loop
 (cheap, may look at the agent through the context's callables), then runs
 ``sample(inputs)`` on a daemon thread with the source's ``timeout``, one call in flight at a
-time, and hands the events it returns to the engine of the agent's rank, which routes them
-to the detectors that accept them. A sample that raises or hangs is logged once, counted
-under the source's ``name``, and the next period tries again; the other sources and the
-detection never wait for it.
+time. A source whose sample only reads what ``inputs`` handed it says so with
+``blocking = False`` and is sampled on the loop. A sample that raises or hangs is logged
+once, counted under the source's ``name``, and the next period tries again; the other
+sources and the detection never wait for it.
+
+Where the events go is the source's ``scope``: ``"agent"`` (the default), events about the
+agent's own rank (its folders, its node), to that rank's one engine; ``"ranks"``, events
+every watched rank judges on its own (the checkpoint folder's activity, a timer), to each
+watched rank's engine with ``now`` set from that rank's clock. The engine routes them to
+the detectors that accept them.
 
 Adding a source is one new module in this package: a class with ``name``, ``create(ctx)``
 (None to stay off with this configuration), ``interval``, ``timeout``, ``inputs`` and
@@ -23,19 +29,23 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast
 
 from rankwatch.config.schema import Config
-from rankwatch.events import Event
+from rankwatch.events import CheckpointStatus, Event
 
 
 @dataclass(frozen=True)
 class SourceContext:
     """What a source may know of the agent: its configuration and, read on the loop, the
-    folders it writes to or reads from (``{path: role}``, role ``log``, ``dumps`` or ``spool``)."""
+    folders it writes to or reads from (``{path: role}``, role ``log``, ``dumps`` or ``spool``);
+    when the job must end (wall time, from the scheduler), and the checkpoint watcher's state
+    (None when no checkpoint folder is watched)."""
 
     cfg: Config
     folders: Callable[[], Mapping[str, str]]
+    job_end: float | None = None
+    checkpoints: Callable[[], CheckpointStatus | None] | None = None
 
 
 class PolledSource(Protocol):
@@ -73,6 +83,36 @@ REGISTRY: list[type[SourceFactory]] = []
 _loaded = False
 
 
+Scope = Literal["agent", "ranks"]
+
+
+class EveryRank:
+    """A base for a source whose events every watched rank judges on its own and whose sample
+    only hands on what ``inputs`` read on the loop (a timer, another component's state): it
+    needs no thread, and cannot hang."""
+
+    scope: ClassVar[str] = "ranks"
+    blocking: ClassVar[bool] = False
+    interval: float
+
+    @property
+    def timeout(self) -> float:
+        return self.interval
+
+
+def scope_of(src: PolledSource) -> Scope:
+    """Where ``src``'s events go (its ``scope``, ``"agent"`` when it declares none)."""
+    scope = getattr(src, "scope", "agent")
+    if scope not in ("agent", "ranks"):
+        raise TypeError(f"polled source {src.name!r}: scope {scope!r} is not 'agent' or 'ranks'")
+    return cast(Scope, scope)
+
+
+def blocks(src: PolledSource) -> bool:
+    """Whether ``src``'s sample runs off the loop (its ``blocking``, True when it declares none)."""
+    return bool(getattr(src, "blocking", True))
+
+
 def register_source(cls: _S) -> _S:
     """Class decorator: ``cls.create(ctx)`` is asked for a source by every live agent."""
     if not getattr(cls, "name", ""):
@@ -104,4 +144,14 @@ def build_sources(ctx: SourceContext) -> list[PolledSource]:
     return out
 
 
-__all__ = ["REGISTRY", "PolledSource", "SourceContext", "build_sources", "register_source"]
+__all__ = [
+    "REGISTRY",
+    "EveryRank",
+    "PolledSource",
+    "Scope",
+    "SourceContext",
+    "blocks",
+    "build_sources",
+    "register_source",
+    "scope_of",
+]
