@@ -32,6 +32,7 @@ from rankwatch.identity import RANK_VARS, Identity, identity_of_process, rank_fr
 from rankwatch.runtime import lifecycle, workers
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.echo import Echo
+from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
@@ -202,72 +203,91 @@ async def run_command(
     guard = StderrGuard()
     guard.install()  # a stderr nobody reads (srun stalled) must not stall the loop either
     try:
-        return await _run_command(cfg, identity, cmd, sinks=sinks, services=services, nice=nice, guard=guard)
+        out, path = open_child_log(child_log_path(cfg, identity))
+        env, fr = child_env(cfg, identity)
+        agent = Agent(cfg, identity, sinks=sinks, fr_prefix=fr)
+        agent.launched = True
+        agent.stderr_guard = guard
+        return await _run_child(agent, cmd, out, path, env, services=services, nice=nice)
     finally:
         guard.restore()
 
 
-async def _run_command(
-    cfg: Config,
-    identity: Identity,
-    cmd: Sequence[str],
-    *,
-    sinks: Sequence[Sink],
-    services: dict[str, Any] | None = None,
-    nice: int = 0,
-    guard: StderrGuard | None = None,
-) -> int:
-    out, path = open_child_log(child_log_path(cfg, identity))
-    env, fr = child_env(cfg, identity)
-    agent = Agent(cfg, identity, sinks=sinks, fr_prefix=fr)
-    agent.launched = True
-    agent.stderr_guard = guard
-    loop = asyncio.get_running_loop()
-    started: list[subprocess.Popen[bytes]] = []
-    kill_handle: list[asyncio.TimerHandle] = []
-    stop_requested: list[signal.Signals] = []
+class _Launch:
+    """``rankwatch run``: the child started in its own session, writing into the log file the
+    agent follows; the agent's stop signals forwarded to it (SIGKILL to its process group
+    ``runner.term_grace`` after a SIGTERM it ignores); its end judged, and what a stop left of
+    the job reaped."""
 
-    def forward(sig: signal.Signals) -> None:
+    def __init__(self, cfg: Config, identity: Identity, cmd: Sequence[str], agent: Agent) -> None:
+        self.cfg = cfg
+        self.identity = identity
+        self.cmd = list(cmd)
+        self.agent = agent
+        self.loop = asyncio.get_running_loop()
+        self.child: subprocess.Popen[bytes] | None = None
+        self.kill_handle: list[asyncio.TimerHandle] = []
+        self.stop_requested: list[signal.Signals] = []
+        # Under a launcher (torchrun) every worker is a rank of its own, with its own watcher (and
+        # stall clock, dump file, identity); the run's watcher only stands for the launcher's exit.
+        self.launcher = workers.is_launcher(self.cmd)
+
+    # --- signals ------------------------------------------------------------------------
+    def forward_signals(self) -> None:
+        """Before the child starts: a SIGTERM in the seconds the agent needs to come up (server,
+        GPU, checkpoints) would otherwise kill the agent and leave the child running unwatched.
+        The handlers run from the loop, so none fires before the child is there."""
+        for sig in FORWARDED:
+            on_signal(self.loop, sig, self._forward, sig, errors=self.agent.internal_errors_by_component)
+
+    def _forward(self, sig: signal.Signals) -> None:
         if sig in STOPS:
-            stop_requested.append(sig)
-        child = started[0]
+            self.stop_requested.append(sig)
+        child = self.child
+        assert child is not None
         if child.poll() is not None:  # srun/scancel signal the whole step: the child may be gone already
             return
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(sig)
-        if sig == signal.SIGTERM and not kill_handle:
-            kill_handle.append(loop.call_later(cfg.runner.term_grace, _kill))
+        if sig == signal.SIGTERM and not self.kill_handle:
+            self.kill_handle.append(self.loop.call_later(self.cfg.runner.term_grace, self._kill))
 
-    def _kill() -> None:
-        if started[0].poll() is None:
+    def _kill(self) -> None:
+        child = self.child
+        assert child is not None
+        if child.poll() is None:
             log.warning(
                 "child did not exit %.0fs after SIGTERM: sending SIGKILL to its process group",
-                cfg.runner.term_grace,
+                self.cfg.runner.term_grace,
             )
             # The child leads its own session: its workers and launcher children go with it.
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(started[0].pid, signal.SIGKILL)
+                os.killpg(child.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
-                started[0].kill()
+                child.kill()
 
-    # Before the child starts: a SIGTERM in the seconds the agent needs to come up (server,
-    # GPU, checkpoints) would otherwise kill the agent and leave the child running unwatched.
-    # The handlers run from the loop, so none fires before ``started`` is filled.
-    for sig in FORWARDED:
-        on_signal(loop, sig, forward, sig, errors=agent.internal_errors_by_component)
-    # Under a launcher (torchrun) every worker is a rank of its own, with its own watcher (and
-    # stall clock, dump file, identity); this one only stands for the launcher's exit.
-    launcher = workers.is_launcher(list(cmd))
-    with out if out is not None else contextlib.nullcontext() as fh:
-        start = fh.tell() if fh is not None else 0
-        if launcher and fh is not None:  # the run's own lines of the combined log (no rank prefix)
-            watcher = workers.run_watcher(cfg, identity, path, emit=agent.emit, clock=agent.clock)
-            agent.adopt(watcher)
-        else:  # no log file: the child's output goes where the agent's does, unread
-            watcher = agent.add_watcher([] if launcher or fh is None else [path], from_end=True)
+    def stop_forwarding(self) -> None:
+        _remove_handlers(self.loop)
+        for h in self.kill_handle:
+            h.cancel()
+
+    # --- start --------------------------------------------------------------------------
+    def watcher_for(self, path: Path, logged: bool) -> RankWatcher:
+        if self.launcher and logged:  # the run's own lines of the combined log (no rank prefix)
+            w: RankWatcher = workers.run_watcher(
+                self.cfg, self.identity, path, emit=self.agent.emit, clock=self.agent.clock
+            )
+            self.agent.adopt(w)
+            return w
+        # no log file: the child's output goes where the agent's does, unread
+        return self.agent.add_watcher([] if self.launcher or not logged else [path], from_end=True)
+
+    def start_child(self, fh: BinaryIO | None, env: dict[str, str]) -> int | None:
+        """The child started, writing into ``fh`` (None: the agent's own stdout); else the exit
+        status that says why it could not start."""
         try:
-            child = subprocess.Popen(
-                list(cmd),
+            self.child = subprocess.Popen(
+                self.cmd,
                 stdout=fh,
                 stderr=subprocess.STDOUT if fh is not None else None,
                 stdin=subprocess.DEVNULL,
@@ -276,18 +296,113 @@ async def _run_command(
                 preexec_fn=tracer_preexec(os.getpid()),
             )
         except OSError as e:
-            _remove_handlers(loop)
-            print(f"rankwatch: cannot start {cmd[0]!r}: {e.strerror or e}", file=sys.stderr)
+            _remove_handlers(self.loop)
+            print(f"rankwatch: cannot start {self.cmd[0]!r}: {e.strerror or e}", file=sys.stderr)
             return 127 if isinstance(e, FileNotFoundError) else 126
-    started.append(child)
-    if not launcher:
+        return None
+
+    # --- the end ------------------------------------------------------------------------
+    async def wait(self) -> int:
+        """The child's return code, once it exited (and a stop signal on its way to us is in)."""
+        child = self.child
+        assert child is not None
+        await _wait_exit(child)
+        if child.returncode in STOP_STATUSES and not self.stop_requested:
+            # The same signal may be on its way to us (a Slurm step stop): let it be recorded,
+            # or a time-limit stop reads as a crash.
+            await asyncio.sleep(0.2)
+        return child.returncode
+
+    def requested(self, rc: int) -> bool | int:
+        """After a stop we forwarded, any way the child ends (its handler's exit code, the
+        signal, our SIGKILL after term_grace) is the stop: a clean exit is no finding at all."""
+        return int(self.stop_requested[0]) if self.stop_requested and rc != 0 else False
+
+    async def judge(self, rc: int, watcher: RankWatcher, extras: Services, worker_crashed: bool) -> None:
+        disk_full = None
+        if rc != 0:
+            # In run mode the log is the child's stdout: a full disk kills it without a word.
+            with contextlib.suppress(Exception):
+                await extras.sample_disks(2.0)
+            disk_full = self.agent.log_disk_full(watcher)
+        if not worker_crashed:  # else the launcher ended because a worker failed: that worker's crash says so
+            died_of = -rc if rc < 0 else None
+            watcher.on_exit(
+                rc if rc >= 0 else None, died_of, requested=self.requested(rc), disk_full=disk_full
+            )
+
+    async def reap(self, tree: workers.Tree) -> None:
+        """Nothing of the job outlives a stop: a DataLoader worker blocked in __getitem__ never
+        notices its rank is gone. (A job that ends on its own keeps what it left running.)"""
+        if not self.stop_requested:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):  # logged and counted by offloop
+            await offloop.proc(
+                workers.reap,
+                tree,
+                name="rankwatch-proc-reap",
+                errors=self.agent.internal_errors_by_component,
+                timeout=workers.REAP_GRACE_S + offloop.PROC_TIMEOUT_S,
+            )
+
+
+async def _close_fleet(
+    fleet: workers.Fleet,
+    task: asyncio.Task[Any],
+    stop: asyncio.Event,
+    watcher: RankWatcher,
+    path: Path,
+    start: int,
+) -> bool:
+    """The launcher's workers judged at its end; True when one of them crashed."""
+    stop.set()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(task, 5.0)
+    fleet.check()
+    worker_crashed = await fleet.close()
+    if not watcher.tail:  # the run's pipeline read none of it (every line had a rank prefix)
+        watcher.tail.extend(workers.last_lines(path, start, watcher.tail.maxlen or 50))
+    return worker_crashed
+
+
+async def _run_child(
+    agent: Agent,
+    cmd: Sequence[str],
+    out: BinaryIO | None,
+    path: Path,
+    env: dict[str, str],
+    *,
+    services: dict[str, Any] | None,
+    nice: int,
+) -> int:
+    """Start ``cmd`` writing into ``out`` (the log at ``path``), watch it until it exits, then
+    judge its end; its exit status."""
+    cfg = agent.cfg
+    launch = _Launch(cfg, agent.identity, cmd, agent)
+    launch.forward_signals()
+    with out if out is not None else contextlib.nullcontext() as fh:
+        start = fh.tell() if fh is not None else 0
+        watcher = launch.watcher_for(path, fh is not None)
+        failed = launch.start_child(fh, env)
+        if failed is not None:
+            return failed
+    child = launch.child
+    assert child is not None
+    if not launch.launcher:
         watcher.attach(child.pid)
     tree = workers.Tree(child.pid)
     fleet = (
         workers.Fleet(
-            agent, cfg, path, child.pid, stop_requested, start=start, cmd=list(cmd), run_pipeline=watcher
+            agent,
+            cfg,
+            path,
+            child.pid,
+            launch.stop_requested,
+            start=start,
+            cmd=launch.cmd,
+            run_pipeline=watcher,
         )
-        if launcher
+        if launch.launcher
         else None
     )
     lower_priority(nice)
@@ -298,7 +413,7 @@ async def _run_command(
     try:
         extras = await lifecycle.start(agent, cfg, services)  # its signals are forwarded above
     except BaseException:
-        _remove_handlers(loop)
+        _remove_handlers(launch.loop)
         raise
 
     watch_task = asyncio.create_task(watcher.run())
@@ -308,54 +423,19 @@ async def _run_command(
         _remember(tree, cfg.process.sample_interval, agent.internal_errors_by_component)
     )
     try:
-        await _wait_exit(child)
-        if child.returncode in STOP_STATUSES and not stop_requested:
-            # The same signal may be on its way to us (a Slurm step stop): let it be recorded,
-            # or a time-limit stop reads as a crash.
-            await asyncio.sleep(0.2)
+        rc = await launch.wait()
     finally:
         remember.cancel()
         fleet_stop.set()
-        _remove_handlers(loop)
-        for h in kill_handle:
-            h.cancel()
-    rc = child.returncode
+        launch.stop_forwarding()
     watcher.stop()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(watch_task, 5.0)
-    died_of = -rc if rc < 0 else None
-    # After a stop we forwarded, any way the child ends (its handler's exit code, the signal,
-    # our SIGKILL after term_grace) is the stop: a clean exit is no finding at all.
-    requested: bool | int = int(stop_requested[0]) if stop_requested and rc != 0 else False
+    worker_crashed = False
     if fleet is not None and fleet_task is not None:
-        fleet_stop.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(fleet_task, 5.0)
-        fleet.check()
-        worker_crashed = await fleet.close()
-        if not watcher.tail:  # the run's pipeline read none of it (every line had a rank prefix)
-            watcher.tail.extend(workers.last_lines(path, start, watcher.tail.maxlen or 50))
-    else:
-        worker_crashed = False
-    disk_full = None
-    if rc != 0:
-        # In run mode the log is the child's stdout: a full disk kills it without a word.
-        with contextlib.suppress(Exception):
-            await extras.sample_disks(2.0)
-        disk_full = agent.log_disk_full(watcher)
-    if not worker_crashed:  # else the launcher ended because a worker failed: that worker's crash says so
-        watcher.on_exit(rc if rc >= 0 else None, died_of, requested=requested, disk_full=disk_full)
-    if stop_requested:
-        # Nothing of the job outlives a stop: a DataLoader worker blocked in __getitem__ never
-        # notices its rank is gone. (A job that ends on its own keeps what it left running.)
-        with contextlib.suppress(asyncio.TimeoutError):  # logged and counted by offloop
-            await offloop.proc(
-                workers.reap,
-                tree,
-                name="rankwatch-proc-reap",
-                errors=agent.internal_errors_by_component,
-                timeout=workers.REAP_GRACE_S + offloop.PROC_TIMEOUT_S,
-            )
+        worker_crashed = await _close_fleet(fleet, fleet_task, fleet_stop, watcher, path, start)
+    await launch.judge(rc, watcher, extras, worker_crashed)
+    await launch.reap(tree)
     if echo is not None:
         await echo.close()
     await agent.settle()
