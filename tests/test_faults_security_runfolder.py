@@ -942,6 +942,8 @@ def _plant_board(board: Path, name: str, what: str, outside: Path) -> None:
         future = f"{parts[0]}-{later}" + (
             ".json" if kind == "record" else "-abcdef.json" if kind == "sent" else ""
         )
+        with contextlib.suppress(FileNotFoundError):  # an earlier plant may have left a FIFO there
+            (board / future).unlink()
         (board / future).write_text(json.dumps({**doc, "time": later / 1e6, "member": {"message": SECRET}}))
     else:  # "outside": same user, well formed, but of a rank outside the world
         if rank < 2:
