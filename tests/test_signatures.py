@@ -835,3 +835,17 @@ def test_oom_traceback_and_the_frameworks_uncaught_line_are_one_event() -> None:
     # Two OOMs far apart are two events.
     far = textwrap.dedent(tb) + "\n".join(["step"] * 1200) + "\n" + uncaught
     assert [r.kind for r in run(far, rank=None)] == ["oom", "oom"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # https://github.com/Yochengliu/Relation-Shape-CNN/issues/17 (PyTorch 0.3)
+        "THCudaCheck FAIL file=/opt/conda/conda-bld/pytorch_1518241554738/work/torch/lib/THC/generic/THCStorage.cu line=58 error=2 : out of memory",  # noqa: E501
+        "RuntimeError: cuda runtime error (2) : out of memory at /opt/conda/conda-bld/pytorch_1518241554738/work/torch/lib/THC/generic/THCStorage.cu:58",  # noqa: E501
+        # https://github.com/SeanNaren/deepspeech.pytorch/issues/28 (comment by StephenZengCn)
+        "THCudaCheck FAIL file=/b/wheel/pytorch-src/torch/lib/THC/generic/THCStorage.cu line=66 error=2 : out of memory",  # noqa: E501
+    ],
+)
+def test_old_thc_out_of_memory_is_oom(line: str) -> None:
+    assert classify(line) is not None and classify(line).kind == "oom"  # type: ignore[union-attr]

@@ -27,6 +27,9 @@ _GPU_OOM = re.compile(
     r"|CUBLAS_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED: Out of memory"
     # The driver API's own name (cuda.h), as XLA's cuMemAllocAsync allocator prints it.
     r"|CUDA_ERROR_OUT_OF_MEMORY"
+    # PyTorch <= 1.0 (THC): "THCudaCheck FAIL file=... line=58 error=2 : out of memory" and
+    # "RuntimeError: cuda runtime error (2) : out of memory at ...": 2 is cudaErrorMemoryAllocation.
+    r"|\berror=2 : out of memory|cuda runtime error \(2\) : out of memory"
 )
 _OOM_TRIED = re.compile(r"Tried to allocate " + _SIZE)
 # Before torch 2.1: "(GPU 0; 79.15 GiB total capacity; 1.2 GiB already allocated; 6.00 MiB free; ..."
