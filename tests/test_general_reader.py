@@ -1137,3 +1137,25 @@ def test_a_zero_loss_beside_a_live_grad_norm_on_a_short_history_is_nan_filtered(
         "'loss': 0.0, 'grad_norm': 1.4142135381698608", "'loss': 0.0, 'grad_norm': 0.0"
     )
     assert "nan_loss" not in [k for k, _, _ in serious(run(tmp_path, quiet, "b.log"))]
+
+
+# https://github.com/prajdabre/yanmtt/issues/7 (description by gorka96): print(ctr, loss).
+YANMTT_7 = """
+76960 2.735384
+76970 2.6265104
+76980 nan
+76990 nan
+Saving the model
+Loading from checkpoint
+77000 nan
+"""
+
+
+def test_bare_step_value_rows_with_a_rising_first_column_are_read(tmp_path: Path) -> None:
+    s = steps(YANMTT_7)
+    assert [r.step for r in s] == [76960, 76970, 76980, 76990, 77000]
+    assert s[0].loss == 2.735384 and math.isnan(s[2].loss)  # type: ignore[arg-type]
+    assert serious(run(tmp_path, YANMTT_7))[:1] == [("nan_loss", 0, 76980)]
+    # Two numbers whose first does not count up, or bare pairs inside a log of named metrics: none.
+    assert steps("10 2.5\n5 2.4\n30 2.3\n40 2.3\n") == []
+    assert [r.step for r in steps("step 5 loss 2.0\n10 2.5\n20 2.4\n30 2.3\n")] == [5]

@@ -225,6 +225,11 @@ _JOINED_LINE = re.compile(
     r"^\s*(?:[^\W\d_][^\W\d]{0,30}_[-+]?(?:\d[\d.]*(?:[eE][-+]?\d+)?|nan|inf)[:,;|]?\s*){2,8}$"
 )
 _JOINED_KEY = re.compile(r"(?<![\w.])([^\W\d_][^\W\d]{0,30})_(?=[-+]?(?:\d|nan|inf))")
+# A bare "step value" row ("76980 nan": YANMTT's print(ctr, loss)). Alone it could be any two
+# numbers, so a stream is read as such rows only while its first column keeps rising, from
+# ``_BARE_CONFIRM`` rows on, and never once a named metric has been read from it.
+_BARE_ROW = re.compile(rf"^\s*(\d{{1,12}})\s+({_NUMBER})\s*$", re.IGNORECASE)
+_BARE_CONFIRM = 3
 _BESIDE_LOSS = frozenset({"learning_rate", "grad_norm"})
 _LOSS_WORD = re.compile(r"\bloss\b", re.IGNORECASE)
 
@@ -332,7 +337,7 @@ class KvParser:
     # "G " the GPU memory cell of a headerless YOLO results.txt row; Ray Tune's result counter).
     hints: ClassVar[tuple[str, ...]] = (
         "oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ", "training_iteration", "INFO [",
-        "s/it]", "it/s]", "----",
+        "s/it]", "it/s]", "----", "0 ", "1 ", "2 ", "3 ", "4 ", "5 ", "6 ", "7 ", "8 ", "9 ",
     )  # fmt: skip
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
     order: ClassVar[int] = 210  # sniffed after smaller orders (registry.py)
@@ -354,12 +359,18 @@ class KvParser:
         self._last_epoch_step: float | None = None
         self._epoch: float | None = None  # an epoch told on a line of its own ("Epoch 3/15")
         self._epoch_before: float | None = None  # ... on the line before this one
+        # Bare "step value" rows not yet confirmed by a rising first column; None once this
+        # stream is no log of such rows.
+        self._bare: list[tuple[float, float, LogLine]] | None = []
+        self._bare_step = -1.0  # the last bare row's step once confirmed
 
     # -- sniffing (stateless) --------------------------------------------------------------------
 
     def sniff(self, text: str) -> bool:
         if not text.isascii():
             text = text.translate(_FULLWIDTH)
+        if text[:1].isdigit() and _BARE_ROW.match(text) is not None:
+            return True
         if "_" in text and _JOINED_LINE.match(text) is not None:
             text = _JOINED_KEY.sub(r"\1: ", text)
         if "poch" in text and (table_header(strip_ansi(text)) is not None or _csv_header(text) is not None):
@@ -544,7 +555,35 @@ class KvParser:
             out = self._flush_blocks()
         # An epoch told on a line of its own holds for the next line only.
         self._epoch_before, self._epoch = self._epoch, None
-        return out + self._line(line, text)
+        if self._bare is not None:
+            bare = _BARE_ROW.match(text)
+            if bare is not None:
+                return out + self._bare_row(line, float(bare[1]), to_float(bare[2]))
+        recs = self._line(line, text)
+        if self._bare is not None and any(isinstance(r, StepRecord) for r in (*out, *recs)):
+            self._bare = None  # a log of named metrics: a bare pair of numbers in it is no record
+        return out + recs
+
+    def _bare_row(self, line: LogLine, step: float, value: float | None) -> list[Record]:
+        held = self._bare
+        if held is None or value is None:
+            return []
+        confirmed = self._bare_step >= 0
+        if step <= (self._bare_step if confirmed else held[-1][0] if held else -1.0):
+            if not confirmed:
+                self._bare = None  # the first column does not count: no log of bare rows
+            return []
+        held.append((step, value, line))
+        if not confirmed and len(held) < _BARE_CONFIRM:
+            return []
+        out: list[Record] = []
+        for st, v, ln in held:
+            bag = MetricBag()
+            bag.fields["step"], bag.fields["loss"] = st, v
+            out.extend(_records(bag, ln))
+        self._bare_step = step
+        held.clear()
+        return out
 
     def _line(self, line: LogLine, text: str) -> list[Record]:
         if "\t" in text:
