@@ -1159,3 +1159,19 @@ def test_bare_step_value_rows_with_a_rising_first_column_are_read(tmp_path: Path
     # Two numbers whose first does not count up, or bare pairs inside a log of named metrics: none.
     assert steps("10 2.5\n5 2.4\n30 2.3\n40 2.3\n") == []
     assert [r.step for r in steps("step 5 loss 2.0\n10 2.5\n20 2.4\n30 2.3\n")] == [5]
+
+
+# yunjey/pytorch-tutorial's print (tutorials/01-basics/feedforward_neural_network/main.py):
+# 'Epoch [{}/{}], Step [{}/{}], Loss: {:.4f}'.format(epoch+1, num_epochs, i+1, total_step, ...),
+# the step counting the epoch's batches. These rows: a committed Jupyter notebook's output of an
+# MNIST CNN printing it (found by the code search of this project's library, file id 702482886).
+TUTORIAL_STEPS = """
+    Epoch [1/10], Step [600/600], Loss: 0.0183
+    Epoch [2/10], Step [100/600], Loss: 0.0625
+"""
+
+
+def test_an_epoch_then_a_bracketed_step_counting_its_batches_is_one_rising_step() -> None:
+    s = steps(TUTORIAL_STEPS)
+    assert [(r.epoch, r.loss) for r in s] == [(1, 0.0183), (2, 0.0625)]
+    assert s[0].step is not None and s[1].step is not None and s[1].step > s[0].step
