@@ -1175,3 +1175,16 @@ def test_an_epoch_then_a_bracketed_step_counting_its_batches_is_one_rising_step(
     s = steps(TUTORIAL_STEPS)
     assert [(r.epoch, r.loss) for r in s] == [(1, 0.0183), (2, 0.0625)]
     assert s[0].step is not None and s[1].step is not None and s[1].step > s[0].step
+
+
+# https://github.com/zhangxiann/PyTorch_Practice/issues/1 (description by backkon): the DCGAN
+# example's print('[%d/%d][%d/%d]\tLoss_D: ...' % (epoch, niter, i, len(dataloader), ...)).
+DCGAN_LOG = (
+    "[0/20][30/32]\tLoss_D: 0.2492\tLoss_G: 57.3842\tD(x): 0.9787\tD(G(z)): 0.0000 / 0.0000\n"
+    "[1/20][0/32]\tLoss_D: 0.0000\tLoss_G: 56.7433\tD(x): 1.0000\tD(G(z)): 0.0000 / 0.0000\n"
+)
+
+
+def test_dcgan_epoch_and_batch_counters_make_one_rising_step_and_loss_g_is_the_loss() -> None:
+    s = steps(DCGAN_LOG)
+    assert [(r.step, r.epoch, r.loss) for r in s] == [(30, 0, 57.3842), (32, 1, 56.7433)]

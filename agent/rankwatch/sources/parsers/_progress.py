@@ -44,6 +44,11 @@ _EPOCH_BRACKET = re.compile(
     r"(?:,?\s{0,4}(?:[Ss]tep|[Ii]ter(?:ation)?|[Bb]atch):?)?\s{0,4}"
     r"\[\s*(?P<i>\d{1,12})\s{0,2}/\s{0,2}(?P<n>\d{1,12})\]"
 )
+# Two counters opening the line, the epoch's then the batch's: pytorch/examples dcgan/main.py's
+# print('[%d/%d][%d/%d] Loss_D: %.4f Loss_G: %.4f ...' % (epoch, niter, i, len(dataloader), ...)).
+_TWO_COUNTS = re.compile(
+    r"^\s*\[\s*(?P<ep>\d{1,9})\s*/\s*\d{1,9}\s*\]\s*\[\s*(?P<i>\d{1,12})\s*/\s*(?P<n>\d{1,12})\s*\]"
+)
 # A bare progress count: "[120/500]" or "120/500" standing alone (not a date, path or ratio).
 _BARE = re.compile(
     r"(?:^|(?<=[\s\[|(]))\[?\s{0,4}(?P<i>\d{1,12})\s{0,2}/\s{0,2}(?P<n>\d{1,12})\s{0,4}\]?(?=[\s|,:)]|$)"
@@ -69,6 +74,12 @@ def progress(text: str) -> tuple[float, float | None, float | None] | None:
                 return float(ep * per + int(m.group("i"))), None, float(ep)
         if "poch" in text:
             m = _EPOCH_BRACKET.search(text)
+            if m is not None:
+                per = int(m.group("n"))
+                ep = int(m.group("ep"))
+                return float(ep * per + int(m.group("i"))), None, float(ep)
+        elif "][" in text:
+            m = _TWO_COUNTS.match(text)
             if m is not None:
                 per = int(m.group("n"))
                 ep = int(m.group("ep"))
