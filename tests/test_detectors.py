@@ -158,6 +158,36 @@ def test_a_spike_after_three_records_is_flagged() -> None:
     assert [f.step for f in run(recs) if f.kind == "loss_spike"] == [2]
 
 
+def test_a_jump_of_a_thousand_times_the_loss_is_a_spike_even_when_it_comes_back() -> None:
+    """WaveGlow#32 (https://github.com/NVIDIA/waveglow/issues/32, description by hdmjdp): a
+    negative log-likelihood at -4.07..-4.49 jumps to 4191.68 and comes straight back."""
+    losses = [
+        -4.065555573,
+        -4.490265846,
+        -4.454271317,
+        -4.322495461,
+        4191.683593750,
+        -2.408614397,
+        -2.908127546,
+    ]
+    recs = [StepRecord(step=78540 + 20 * i, loss=v) for i, v in enumerate(losses)]
+    assert [f.step for f in run(recs) if f.kind == "loss_spike"] == [78620]
+    # The same jump after a full window of negative losses.
+    long = [-4.3 + 0.1 * math.sin(i) for i in range(40)] + [4191.68, -2.4]
+    assert [
+        f.step
+        for f in run([StepRecord(step=i + 1, loss=v) for i, v in enumerate(long)])
+        if f.kind == "loss_spike"
+    ] == [41]
+    # Per-batch noise a few times the level (YOLOX at batch size 1) is no extreme jump.
+    noisy = [5.0, 2.3, 5.2, 21.6, 6.7]
+    assert [
+        f
+        for f in run([StepRecord(step=i + 1, loss=v) for i, v in enumerate(noisy)])
+        if f.kind == "loss_spike"
+    ] == []
+
+
 def test_divergence() -> None:
     rng = random.Random(4)
     recs = [healthy(s, rng) for s in range(1, 800)]

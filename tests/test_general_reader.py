@@ -1054,3 +1054,137 @@ def test_keras_metrics_on_the_line_after_their_epoch_belong_to_it() -> None:
     recs = records(RMDL_14)
     assert [(r.step, r.loss) for r in recs if isinstance(r, StepRecord)] == [(9, 0.4891)]
     assert [(r.step, r.eval_loss) for r in recs if isinstance(r, EvalRecord)][1:] == [(9, 0.8302)]
+
+
+# ---------------------------------------------------------------- batch 7: GAN losses, joined keys,
+# Apex AMP's scaler, a zero loss on a short history
+
+# https://github.com/XPixelGroup/BasicSR/issues/204 (turn 0 by shah0nawaz): a thousands separator
+# in the counter, BasicSR's "l_" loss prefix, a discriminator loss swinging 1e-5 -> 1e-8.
+BASICSR_204 = """
+19-08-09 08:25:25.996 - INFO: <epoch: 86, iter: 107,200, lr:2.500e-05> l_g_pix: 1.4819e-03 l_g_fea: 1.0389e+00 l_g_gan: 7.2056e-02 l_d_real: 1.4378e-05 l_d_fake: 4.0903e-06 D_real: -2.5625e+01 D_fake: -4.0036e+01
+19-08-09 08:27:27.746 - INFO: <epoch: 87, iter: 107,400, lr:2.500e-05> l_g_pix: 1.5971e-03 l_g_fea: 9.9606e-01 l_g_gan: 9.4154e-02 l_d_real: 1.4901e-08 l_d_fake: 7.4506e-09 D_real: -2.6405e+01 D_fake: -4.5235e+01
+"""
+
+# https://github.com/open-mmlab/mmagic/issues/82 (description by singulart): padded counters.
+MMEDIT_82 = """
+20-05-22 17:42:09.481 - INFO: [epoch:  0, iter:     600, lr:(1.000e-04,)] l_g_pix: 4.1864e-04 l_g_fea: 8.7215e-01 l_g_gan: 4.5786e-02 l_d_real: 1.1156e-04 l_d_fake: 8.2644e-05 D_real: 2.0082e+01 D_fake: 1.0925e+01
+"""
+
+
+def test_gan_losses_are_the_generator_parts_at_a_separated_or_padded_counter() -> None:
+    s = steps(BASICSR_204)
+    assert [r.step for r in s] == [107200, 107400]
+    assert s[0].loss == pytest.approx(1.4819e-03 + 1.0389 + 7.2056e-02)  # no l_d_* in it
+    assert s[1].loss == pytest.approx(1.5971e-03 + 9.9606e-01 + 9.4154e-02)
+    m = steps(MMEDIT_82)
+    assert [(r.step, r.epoch) for r in m] == [(600, 0)]
+    assert m[0].loss == pytest.approx(4.1864e-04 + 8.7215e-01 + 4.5786e-02)
+
+
+def test_a_discriminator_loss_alone_or_nan_still_makes_the_loss() -> None:
+    # The DCGAN example's print ("[%d/%d][%d/%d]\tLoss_D: %.4f\tLoss_G: %.4f", pytorch/examples
+    # dcgan/main.py): Loss_G is the loss; a NaN Loss_D is the run's NaN.
+    s = steps(
+        "step: 10 Loss_D: 1.3862 Loss_G: 0.6931\nstep: 20 Loss_D: nan Loss_G: 0.7001\nstep: 30 d_loss: 0.52"
+    )
+    assert [r.loss for r in s][:1] == [pytest.approx(0.6931)]
+    assert math.isnan(s[1].loss)  # type: ignore[arg-type]
+    assert s[2].loss == pytest.approx(0.52)
+
+
+# https://github.com/NVIDIA/waveglow/issues/32 (description by hdmjdp): train.py's
+# print("{}:\t{:.9f}".format(iteration, loss)) behind "step_"/"loss_" prefixes.
+WAVEGLOW_32 = "step_78600:\tloss_-4.322495461\nstep_78620:\tloss_4191.683593750\n"
+
+
+def test_underscore_joined_key_value_lines_are_read() -> None:
+    assert [(r.step, r.loss) for r in steps(WAVEGLOW_32)] == [(78600, -4.322495461), (78620, 4191.68359375)]
+    assert steps("model_v2 layer_3 config_a\n") == []
+
+
+# https://github.com/whai362/PVT/issues/94 (description by Williamlizl): apex amp's only line.
+PVT_94 = "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 0.03125\n"
+# https://github.com/NVIDIA/apex/issues/318 (turn 9 by mobassir94): halving on and on, no floor.
+APEX_318 = """
+Gradient overflow. Skipping step, loss scaler 0 reducing loss scale to 8.165126103939127e-202
+Gradient overflow. Skipping step, loss scaler 0 reducing loss scale to 4.082563051969564e-202
+"""
+
+
+def test_apex_amp_overflow_below_a_scale_of_one_is_a_collapse(tmp_path: Path) -> None:
+    assert [k for k, _, _ in serious(run(tmp_path, PVT_94))] == ["loss_scale_collapse"]
+    assert [k for k, _, _ in serious(run(tmp_path, APEX_318, "b.log"))] == ["loss_scale_collapse"]
+    # apex amp's start-up calibration from 2^16 (amp/scaler.py): a few halvings, no alarm.
+    calib = "\n".join(
+        f"Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {2.0 ** (15 - i)}"
+        for i in range(4)
+    )
+    assert serious(run(tmp_path, calib, "c.log")) == []
+
+
+# https://github.com/QwenLM/Qwen3-VL/issues/1981 (description by piqiuni, HF Trainer).
+QWEN3VL_1981 = """
+{'loss': 2.7584, 'grad_norm': 1.4142135381698608, 'learning_rate': 0.0, 'epoch': 0.02}
+{'loss': 0.0, 'grad_norm': 1.4142135381698608, 'learning_rate': 5e-06, 'epoch': 0.05}
+"""
+
+
+def test_a_zero_loss_beside_a_live_grad_norm_on_a_short_history_is_nan_filtered(tmp_path: Path) -> None:
+    assert serious(run(tmp_path, QWEN3VL_1981)) == [("nan_loss", 0, 2)]
+    # A zero loss whose grad norm went to 0 too is a loss that really is 0: no NaN this early.
+    quiet = QWEN3VL_1981.replace(
+        "'loss': 0.0, 'grad_norm': 1.4142135381698608", "'loss': 0.0, 'grad_norm': 0.0"
+    )
+    assert "nan_loss" not in [k for k, _, _ in serious(run(tmp_path, quiet, "b.log"))]
+
+
+# https://github.com/prajdabre/yanmtt/issues/7 (description by gorka96): print(ctr, loss).
+YANMTT_7 = """
+76960 2.735384
+76970 2.6265104
+76980 nan
+76990 nan
+Saving the model
+Loading from checkpoint
+77000 nan
+"""
+
+
+def test_bare_step_value_rows_with_a_rising_first_column_are_read(tmp_path: Path) -> None:
+    s = steps(YANMTT_7)
+    assert [r.step for r in s] == [76960, 76970, 76980, 76990, 77000]
+    assert s[0].loss == 2.735384 and math.isnan(s[2].loss)  # type: ignore[arg-type]
+    assert serious(run(tmp_path, YANMTT_7))[:1] == [("nan_loss", 0, 76980)]
+    # Two numbers whose first does not count up, or bare pairs inside a log of named metrics: none.
+    assert steps("10 2.5\n5 2.4\n30 2.3\n40 2.3\n") == []
+    assert [r.step for r in steps("step 5 loss 2.0\n10 2.5\n20 2.4\n30 2.3\n")] == [5]
+
+
+# yunjey/pytorch-tutorial's print (tutorials/01-basics/feedforward_neural_network/main.py):
+# 'Epoch [{}/{}], Step [{}/{}], Loss: {:.4f}'.format(epoch+1, num_epochs, i+1, total_step, ...),
+# the step counting the epoch's batches. These rows: a committed Jupyter notebook's output of an
+# MNIST CNN printing it (found by the code search of this project's library, file id 702482886).
+TUTORIAL_STEPS = """
+    Epoch [1/10], Step [600/600], Loss: 0.0183
+    Epoch [2/10], Step [100/600], Loss: 0.0625
+"""
+
+
+def test_an_epoch_then_a_bracketed_step_counting_its_batches_is_one_rising_step() -> None:
+    s = steps(TUTORIAL_STEPS)
+    assert [(r.epoch, r.loss) for r in s] == [(1, 0.0183), (2, 0.0625)]
+    assert s[0].step is not None and s[1].step is not None and s[1].step > s[0].step
+
+
+# https://github.com/zhangxiann/PyTorch_Practice/issues/1 (description by backkon): the DCGAN
+# example's print('[%d/%d][%d/%d]\tLoss_D: ...' % (epoch, niter, i, len(dataloader), ...)).
+DCGAN_LOG = (
+    "[0/20][30/32]\tLoss_D: 0.2492\tLoss_G: 57.3842\tD(x): 0.9787\tD(G(z)): 0.0000 / 0.0000\n"
+    "[1/20][0/32]\tLoss_D: 0.0000\tLoss_G: 56.7433\tD(x): 1.0000\tD(G(z)): 0.0000 / 0.0000\n"
+)
+
+
+def test_dcgan_epoch_and_batch_counters_make_one_rising_step_and_loss_g_is_the_loss() -> None:
+    s = steps(DCGAN_LOG)
+    assert [(r.step, r.epoch, r.loss) for r in s] == [(30, 0, 57.3842), (32, 1, 56.7433)]

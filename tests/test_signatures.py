@@ -835,3 +835,52 @@ def test_oom_traceback_and_the_frameworks_uncaught_line_are_one_event() -> None:
     # Two OOMs far apart are two events.
     far = textwrap.dedent(tb) + "\n".join(["step"] * 1200) + "\n" + uncaught
     assert [r.kind for r in run(far, rank=None)] == ["oom", "oom"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # https://github.com/Yochengliu/Relation-Shape-CNN/issues/17 (PyTorch 0.3)
+        "THCudaCheck FAIL file=/opt/conda/conda-bld/pytorch_1518241554738/work/torch/lib/THC/generic/THCStorage.cu line=58 error=2 : out of memory",  # noqa: E501
+        "RuntimeError: cuda runtime error (2) : out of memory at /opt/conda/conda-bld/pytorch_1518241554738/work/torch/lib/THC/generic/THCStorage.cu:58",  # noqa: E501
+        # https://github.com/SeanNaren/deepspeech.pytorch/issues/28 (comment by StephenZengCn)
+        "THCudaCheck FAIL file=/b/wheel/pytorch-src/torch/lib/THC/generic/THCStorage.cu line=66 error=2 : out of memory",  # noqa: E501
+    ],
+)
+def test_old_thc_out_of_memory_is_oom(line: str) -> None:
+    assert classify(line) is not None and classify(line).kind == "oom"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("line", "host", "tried"),
+    [
+        # https://github.com/tensorflow/models/issues/1993 (description by ehfo0, TF 1.2)
+        (
+            "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with shape[2304,384]",  # noqa: E501
+            False,
+            None,
+        ),
+        # https://github.com/zzw922cn/Automatic_Speech_Recognition/issues/78 (description by cjjjy)
+        (
+            "2018-06-08 17:26:00.908130: W tensorflow/core/framework/op_kernel.cc:1202] OP_REQUIRES failed at tile_ops.cc:123 : Resource exhausted: OOM when allocating tensor with shape[16,1,892800,8,4,2,2] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",  # noqa: E501
+            False,
+            None,
+        ),
+        # https://github.com/huggingface/pytorch-image-models/issues/432 (description by etetteh)
+        (
+            "RuntimeError: [enforce fail at CPUAllocator.cpp:65] . DefaultCPUAllocator: can't allocate memory: you tried to allocate 359661568 bytes. Error code 12 (Cannot allocate memory)",  # noqa: E501
+            True,
+            359661568,
+        ),
+        # https://github.com/austinxu87/handsoff/issues/4 (description by YnuhS, Windows)
+        (
+            "RuntimeError: [enforce fail at ..\\c10\\core\\CPUAllocator.cpp:73] data. DefaultCPUAllocator: not enough memory: you tried to allocate 318767104000 bytes. Buy new RAM!",  # noqa: E501
+            True,
+            318767104000,
+        ),
+    ],
+)
+def test_tensorflow_and_host_allocator_out_of_memory_is_oom(line: str, host: bool, tried: int | None) -> None:
+    hit = classify(line)
+    assert hit is not None and hit.kind == "oom"
+    assert bool(hit.details.get("host")) is host and hit.details.get("tried_bytes") == tried

@@ -370,7 +370,7 @@ class LossScaleDetector(Detector):
     scale that fits (a few to 16 halvings, ending high): ``halvings`` overflows in a row
     ending at or below ``low_scale`` (a scale that low means gradients overflow at any
     scale: inf/NaN in the model), or ``max_overflows`` overflows within ``window`` steps.
-    A scale at or below ``min_scale`` after a higher one counts at once.
+    A scale at or below ``min_scale`` after a higher one, or an overflow to below it, counts at once.
     """
 
     kinds = ("loss_scale_collapse",)
@@ -434,7 +434,14 @@ class LossScaleDetector(Detector):
         # decimals; its floor is 1e-4): fairseq#1529 "loss_scale 0.000" and fairseq#1895
         # "loss_scale 0", both ending in "Minimum loss scale reached". No run trains at scale 0.
         zero = ok and scale == 0 and is_step
-        collapsed = collapsed or floor or zero
+        # An overflow that takes the scale below min_scale, whatever came before: every scaler
+        # starts far above it (apex amp and torch's GradScaler at 2^16, apex fp16_utils and
+        # DeepSpeed at 2^16..2^32 with a floor of 1), so the scale got there by overflowing again
+        # and again, the gradients inf/NaN even unscaled. apex amp has no floor (min_loss_scale
+        # None, amp/scaler.py) and prints only the new scale: PVT#94 "reducing loss scale to
+        # 0.03125" is the one line the run left; apex#318 halves on down to 1e-205.
+        below = ok and not is_step and scale < self.cfg.min_scale  # type: ignore[operator]
+        collapsed = collapsed or floor or zero or below
         if not collapsed and not halved and len(state.overflows) < self.cfg.max_overflows:
             return []  # every step of a healthy run: too few overflows ever to count
         now = record.step if record.step is not None else state.position()
@@ -443,6 +450,8 @@ class LossScaleDetector(Detector):
         if (collapsed or halved or len(recent) >= self.cfg.max_overflows) and self.episode.open(now):
             if zero:
                 why = "the scale the trainer prints has fallen to 0"
+            elif below and not floor and not halved:
+                why = f"an overflow took it below {fmt(self.cfg.min_scale)}, where no scaler starts"
             elif floor:
                 why = f"{self.streak} overflows in a row at the lowest scale (every one a skipped step)"
             elif halved:

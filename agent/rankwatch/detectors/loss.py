@@ -74,6 +74,16 @@ class LossSpikeConfig:
         "against what there is)",
         min=1,
     )
+    # Real per-batch noise rises a few times the loss level at most (YOLOX VOC at batch size 1:
+    # 21.6 after 5.2; LitGPT SFT losses 3.5..26, awslabs/keys_values#97), and a ratio to the mean
+    # says nothing when the losses are negative (a flow's or VAE's log-likelihood). WaveGlow#32:
+    # 4191.7 after -4.07..-4.49 (930x their magnitude), then -2.4: a blow-up the model survived.
+    extreme_factor: float = opt(
+        100.0,
+        "a loss above every earlier one of the window by this many times their largest magnitude is "
+        "a spike at once, even when the next loss comes back (short logs and negative losses)",
+        min=1.0,
+    )
 
 
 @settings("detectors", "loss_divergence", "sustained loss rise")
@@ -205,7 +215,16 @@ class NanDetector(Detector):
             self.bad_grads = 0
         if record.loss == 0 and not reasons:
             prior = state.recent("loss", 20)[:-1]
-            if len(prior) >= 3 and median(prior) > self.cfg.zero_loss_min_prior:
+            # On a shorter history the gradient tells: a loss of exactly 0 has a zero gradient,
+            # so a grad norm still above 0 beside it (Qwen3-VL#1981 under the HF Trainer: 2.7584,
+            # then 0.0 with the grad norm unchanged at 1.41) was not taken from that loss.
+            short = (
+                0 < len(prior) < 3
+                and grad is not None
+                and 0 < grad < math.inf
+                and min(prior) > self.cfg.zero_loss_min_prior
+            )
+            if (len(prior) >= 3 or short) and median(prior) > self.cfg.zero_loss_min_prior:
                 reasons.append(
                     f"loss fell to exactly 0 from a median of {fmt(median(prior))} "
                     "(NaN losses filtered out of the logged mean, e.g. HF logging_nan_inf_filter)"
@@ -331,6 +350,8 @@ class LossSpikeDetector(Detector):
         if total is None:
             return self._short(state, record, loss, step)
         mean = total / cfg.window
+        if mean <= 0:
+            return self._extreme(state, record, loss, step, state.recent("loss", cfg.window + 1)[:-1])
         ratio = loss / mean if mean > 0 else 0.0
         before = self.ratios.copy() if ratio > cfg.factor else None
         self.ratios.append(ratio)
@@ -364,6 +385,10 @@ class LossSpikeDetector(Detector):
         if not vals or vals[-1] != loss:
             return []
         held, self.held = self.held, None
+        if held is None and len(vals) > cfg.min_records:
+            found = self._extreme(state, record, loss, step, vals[:-1])
+            if found:
+                return found
         if held is not None:
             rec, top, prior = held
             if loss > cfg.factor * top and loss - top >= cfg.min_delta:
@@ -379,6 +404,20 @@ class LossSpikeDetector(Detector):
             self.held = (record, top, prior)
         return []
 
+    def _extreme(
+        self, state: RankState, record: StepRecord, loss: float, step: int, prior: list[float]
+    ) -> list[Finding]:
+        """A rise above every earlier loss of ``extreme_factor`` times their largest magnitude."""
+        if not prior:
+            return []
+        top = max(prior)
+        rise = loss - top
+        size = max(abs(v) for v in prior)
+        if rise < self.cfg.min_delta or size <= 0 or rise < self.cfg.extreme_factor * size:
+            return []
+        self.quiet_until = step + self.cfg.window
+        return [self._spike(state, record, loss, sum(prior) / len(prior), prior, 0.0)]
+
     @staticmethod
     def _spike(
         state: RankState, record: StepRecord, loss: float, mean: float, window: list[float], sigma: float
@@ -387,8 +426,9 @@ class LossSpikeDetector(Detector):
             "loss_spike",
             Severity.WARNING,
             state,
-            f"loss spiked to {fmt(loss)} at step {record.step}, {loss / mean:.1f}x the mean "
-            f"{fmt(mean)} of the previous {len(window)} logged steps. One spike that recovers "
+            f"loss spiked to {fmt(loss)} at step {record.step}, "
+            + (f"{loss / mean:.1f}x the mean " if mean > 0 else "from a mean of ")
+            + f"{fmt(mean)} of the previous {len(window)} logged steps. One spike that recovers "
             "is survivable; repeated spikes usually mean the LR is too high or a bad batch: "
             "check the data at this step, lower the LR or tighten clipping.",
             record=record,

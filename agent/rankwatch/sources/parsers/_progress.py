@@ -36,10 +36,18 @@ _TIMM = re.compile(r"\bTrain: (?P<ep>\d{1,9}) \[\s*(?P<i>\d{1,12})/(?P<last>\d{1
 # torchtune: "1|25|Loss: 1.26" (epoch | global step | metrics).
 _TUNE = re.compile(r"(?:^|\s)(?P<ep>\d{1,9})\|(?P<st>\d{1,15})\|(?=[A-Za-z])")
 # "Epoch 3 [120/500]", "Epoch 3/10 [120/500]", "epoch: 3 [120/500]", torchvision's reference
-# scripts (MetricLogger) "Epoch: [0]  [   10/40037]", RTM3D-style "Epoch: [127/300][ 35/464]".
+# scripts (MetricLogger) "Epoch: [0]  [   10/40037]", RTM3D-style "Epoch: [127/300][ 35/464]",
+# yunjey/pytorch-tutorial's "Epoch [1/5], Step [100/600], Loss: 0.2241" (the step counts batches
+# of the epoch: it starts again at each one).
 _EPOCH_BRACKET = re.compile(
-    r"\b[Ee]poch:?\s{0,4}\[?(?P<ep>\d{1,9})\]?(?:\s{0,2}/\s{0,2}\d{1,9}\]?)?\s{0,4}"
+    r"\b[Ee]poch:?\s{0,4}\[?(?P<ep>\d{1,9})\]?(?:\s{0,2}/\s{0,2}\d{1,9}\]?)?"
+    r"(?:,?\s{0,4}(?:[Ss]tep|[Ii]ter(?:ation)?|[Bb]atch):?)?\s{0,4}"
     r"\[\s*(?P<i>\d{1,12})\s{0,2}/\s{0,2}(?P<n>\d{1,12})\]"
+)
+# Two counters opening the line, the epoch's then the batch's: pytorch/examples dcgan/main.py's
+# print('[%d/%d][%d/%d] Loss_D: %.4f Loss_G: %.4f ...' % (epoch, niter, i, len(dataloader), ...)).
+_TWO_COUNTS = re.compile(
+    r"^\s*\[\s*(?P<ep>\d{1,9})\s*/\s*\d{1,9}\s*\]\s*\[\s*(?P<i>\d{1,12})\s*/\s*(?P<n>\d{1,12})\s*\]"
 )
 # A bare progress count: "[120/500]" or "120/500" standing alone (not a date, path or ratio).
 _BARE = re.compile(
@@ -66,6 +74,12 @@ def progress(text: str) -> tuple[float, float | None, float | None] | None:
                 return float(ep * per + int(m.group("i"))), None, float(ep)
         if "poch" in text:
             m = _EPOCH_BRACKET.search(text)
+            if m is not None:
+                per = int(m.group("n"))
+                ep = int(m.group("ep"))
+                return float(ep * per + int(m.group("i"))), None, float(ep)
+        elif "][" in text:
+            m = _TWO_COUNTS.match(text)
             if m is not None:
                 per = int(m.group("n"))
                 ep = int(m.group("ep"))

@@ -219,6 +219,17 @@ _CLU_STEP = re.compile(r"\] \[(\d{1,12})\] (?=[^\W\d][\w./-]{0,60}=)")
 _TAG_KEY = re.compile(r"\[([^\W\d]\w{0,30})\](?=\s{1,8}[-+]?(?:\d|nan\b|inf\b))", re.IGNORECASE)
 # A batch counter standing as a field of its own ("| 1/3 |", "[ 500/2931]"), not an epoch's.
 _MID_PASS = re.compile(r"(?:^|[|\[(,])\s*(?P<i>\d{1,9})\s*/\s*(?P<n>\d{1,9})\s*(?=[|\]),]|$)")
+# A line made only of words joined to their numbers by "_" (WaveGlow's train.py prints
+# "step_78620:\tloss_4191.683593750"): the "_" is the separator, read as ": ".
+_JOINED_LINE = re.compile(
+    r"^\s*(?:[^\W\d_][^\W\d]{0,30}_[-+]?(?:\d[\d.]*(?:[eE][-+]?\d+)?|nan|inf)[:,;|]?\s*){2,8}$"
+)
+_JOINED_KEY = re.compile(r"(?<![\w.])([^\W\d_][^\W\d]{0,30})_(?=[-+]?(?:\d|nan|inf))")
+# A bare "step value" row ("76980 nan": YANMTT's print(ctr, loss)). Alone it could be any two
+# numbers, so a stream is read as such rows only while its first column keeps rising, from
+# ``_BARE_CONFIRM`` rows on, and never once a named metric has been read from it.
+_BARE_ROW = re.compile(rf"^\s*(\d{{1,12}})\s+({_NUMBER})\s*$", re.IGNORECASE)
+_BARE_CONFIRM = 3
 _BESIDE_LOSS = frozenset({"learning_rate", "grad_norm"})
 _LOSS_WORD = re.compile(r"\bloss\b", re.IGNORECASE)
 
@@ -235,8 +246,9 @@ def _told(text: str, m: re.Match[str]) -> bool:
 
 
 def _kv_gate(text: str) -> bool:
-    # "xent": OpenNMT-py's cross-entropy ("Step 5350/50000; acc: 51.25; ppl: 8.43; xent: 2.13").
-    return "oss" in text or "OSS" in text or "xent" in text
+    # "xent": OpenNMT-py's cross-entropy ("Step 5350/50000; acc: 51.25; ppl: 8.43; xent: 2.13");
+    # " l_": BasicSR's loss prefix ("l_g_pix: 1.48e-03 l_d_real: 1.43e-05").
+    return "oss" in text or "OSS" in text or "xent" in text or " l_" in text
 
 
 def _step_gate(text: str) -> bool:
@@ -263,10 +275,11 @@ def _per_unit(key: str) -> bool:
 
 
 def _is_part(key: str) -> bool:
-    """A named part of the training loss (``loss_cls``, ``box_loss``, ``s0.loss_bbox``)."""
+    """A named part of the training loss (``loss_cls``, ``box_loss``, ``s0.loss_bbox``, BasicSR's
+    and MMEditing's ``l_pix``, ``l_g_gan``)."""
     k = key.lower()
     return (
-        "loss" in k
+        ("loss" in k or (k.startswith("l_") and len(k) > 2))
         # an eval split's loss ("val_loss", "eval/loss", "validation loss"), by its first word:
         # "value function loss" (RSL-RL) is a training loss
         and _FIRST_WORD.split(k, 1)[0] not in _EVAL_SPLITS
@@ -277,14 +290,28 @@ def _is_part(key: str) -> bool:
     )
 
 
+# A GAN's discriminator loss, by name: BasicSR/MMEditing "l_d_real", mmagic "loss_d_fake",
+# DCGAN/WGAN "Loss_D", "d_loss", "lossD". It swings by orders of magnitude on a healthy run (1e-8
+# to 1e-2 within 400 iterations in BasicSR#204) and is no part of what the generator minimises.
+_DISCRIMINATOR = re.compile(
+    r"(?:^|[_/. -])(?:d|disc|dis|discriminator|critic)(?:$|[_/. -])|lossD$", re.IGNORECASE
+)
+
+
 def _flat_key(key: str) -> str:
     """``main/loss`` -> ``loss``, ``train/box_loss`` -> ``box_loss``; eval prefixes kept."""
     return _json_key(key.strip()) if "/" in key else key.strip()
 
 
-def _finish_bag(bag: MetricBag, parts: list[float], stats_nan: bool) -> None:
+def _finish_bag(
+    bag: MetricBag, parts: list[float], stats_nan: bool, d_parts: list[float] | None = None
+) -> None:
     f = bag.fields
     if "loss" not in f:
+        if d_parts and not parts:
+            parts = d_parts  # the only losses the line has
+        elif d_parts and not all(map(math.isfinite, d_parts)):
+            parts = parts + d_parts  # a NaN in the discriminator is the run's NaN too
         if parts:
             f["loss"] = math.fsum(parts) if all(map(math.isfinite, parts)) else math.nan
         elif stats_nan:
@@ -310,7 +337,7 @@ class KvParser:
     # "G " the GPU memory cell of a headerless YOLO results.txt row; Ray Tune's result counter).
     hints: ClassVar[tuple[str, ...]] = (
         "oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ", "training_iteration", "INFO [",
-        "s/it]", "it/s]", "----",
+        "s/it]", "it/s]", "----", "0 ", "1 ", "2 ", "3 ", "4 ", "5 ", "6 ", "7 ", "8 ", "9 ",
     )  # fmt: skip
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
     order: ClassVar[int] = 210  # sniffed after smaller orders (registry.py)
@@ -332,12 +359,20 @@ class KvParser:
         self._last_epoch_step: float | None = None
         self._epoch: float | None = None  # an epoch told on a line of its own ("Epoch 3/15")
         self._epoch_before: float | None = None  # ... on the line before this one
+        # Bare "step value" rows not yet confirmed by a rising first column; None once this
+        # stream is no log of such rows.
+        self._bare: list[tuple[float, float, LogLine]] | None = []
+        self._bare_step = -1.0  # the last bare row's step once confirmed
 
     # -- sniffing (stateless) --------------------------------------------------------------------
 
     def sniff(self, text: str) -> bool:
         if not text.isascii():
             text = text.translate(_FULLWIDTH)
+        if text[:1].isdigit() and _BARE_ROW.match(text) is not None:
+            return True
+        if "_" in text and _JOINED_LINE.match(text) is not None:
+            text = _JOINED_KEY.sub(r"\1: ", text)
         if "poch" in text and (table_header(strip_ansi(text)) is not None or _csv_header(text) is not None):
             return not _specific(text)
         if "imesteps" in text and _csv_header(text) is not None:
@@ -366,8 +401,8 @@ class KvParser:
         if JsonParser._load(text) is not None:
             return False  # a JSON object is the JSON reader's
         text = strip_ansi(text)
-        if "overflow detected" in text and OverflowTracker.maybe(text):
-            return not _specific(text)  # fairseq's loss scaler
+        if ("overflow detected" in text or "Gradient overflow." in text) and OverflowTracker.maybe(text):
+            return not _specific(text)  # fairseq's and apex amp's loss scaler
         trip = _TRIPLE.match(text)
         if trip is not None:
             return _is_part(trip["k"])
@@ -400,6 +435,7 @@ class KvParser:
         step_word = False
         step_tot: float | None = None
         parts: list[float] = []
+        d_parts: list[float] = []  # a GAN discriminator's: not summed into the generator's loss
         stats_nan = False
         unnamed: float | None = None
         heading = _LOSS_WORD.search(text) if "oss" in text else None
@@ -426,7 +462,8 @@ class KvParser:
                 if v is None:
                     continue
                 if _is_part(key) or (whole is not key and _is_part(whole)):
-                    parts.append(v)  # "Train Loss mse: 0.0097, Train Loss ce: 0.0194" (BAGEL)
+                    # "Train Loss mse: 0.0097, Train Loss ce: 0.0194" (BAGEL)
+                    (d_parts if _DISCRIMINATOR.search(whole) else parts).append(v)
                 elif low in _UPDATE_STATS and not math.isfinite(v):
                     stats_nan = True
                 elif (
@@ -480,7 +517,7 @@ class KvParser:
                 elif unnamed is not None:
                     f["step"] = unnamed
                     step_unnamed = True
-        _finish_bag(bag, parts, stats_nan)
+        _finish_bag(bag, parts, stats_nan, d_parts)
         if plain_loss_at > 0 and "eval_loss" not in f and "loss" in f:
             # "VALID SET 0 LOSS:0.178", "| valid on 'valid' subset | loss 9.329": a plain "loss"
             # after a word naming the eval split, on a line that names no training, is the eval loss.
@@ -502,6 +539,8 @@ class KvParser:
         text = line.text
         if not text.isascii():
             text = text.translate(_FULLWIDTH)
+        if "_" in text and _JOINED_LINE.match(text) is not None:
+            text = _JOINED_KEY.sub(r"\1: ", text)
         out: list[Record] = []
         if self._block or self._triple is not None:
             row = _ROW.match(text) if self._block else None
@@ -516,7 +555,35 @@ class KvParser:
             out = self._flush_blocks()
         # An epoch told on a line of its own holds for the next line only.
         self._epoch_before, self._epoch = self._epoch, None
-        return out + self._line(line, text)
+        if self._bare is not None:
+            bare = _BARE_ROW.match(text)
+            if bare is not None:
+                return out + self._bare_row(line, float(bare[1]), to_float(bare[2]))
+        recs = self._line(line, text)
+        if self._bare is not None and any(isinstance(r, StepRecord) for r in (*out, *recs)):
+            self._bare = None  # a log of named metrics: a bare pair of numbers in it is no record
+        return out + recs
+
+    def _bare_row(self, line: LogLine, step: float, value: float | None) -> list[Record]:
+        held = self._bare
+        if held is None or value is None:
+            return []
+        confirmed = self._bare_step >= 0
+        if step <= (self._bare_step if confirmed else held[-1][0] if held else -1.0):
+            if not confirmed:
+                self._bare = None  # the first column does not count: no log of bare rows
+            return []
+        held.append((step, value, line))
+        if not confirmed and len(held) < _BARE_CONFIRM:
+            return []
+        out: list[Record] = []
+        for st, v, ln in held:
+            bag = MetricBag()
+            bag.fields["step"], bag.fields["loss"] = st, v
+            out.extend(_records(bag, ln))
+        self._bare_step = step
+        held.clear()
+        return out
 
     def _line(self, line: LogLine, text: str) -> list[Record]:
         if "\t" in text:

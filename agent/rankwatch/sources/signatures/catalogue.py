@@ -17,6 +17,7 @@ from rankwatch.errorkinds import BY_KIND, ERROR_KINDS
 from rankwatch.records import Severity
 from rankwatch.sources.signatures.rules import (
     _C,
+    _CPU_ALLOC,
     _CUDA_ERR,
     _DEVICE_ASSERT,
     _DIST_INVALID,
@@ -63,6 +64,7 @@ from rankwatch.sources.signatures.rules import (
     _WHAT,
     _XID,
     Hit,
+    _cpu_alloc,
     _cuda,
     _dataloader_killed,
     _device_assert,
@@ -211,7 +213,7 @@ SIGNATURES: tuple[Signature, ...] = (
         name="gpu_oom",
         kinds=("oom",),
         severity=_C,
-        triggers=("emory", "_STATUS_", "_OUT_OF_MEMORY"),
+        triggers=("emory", "_STATUS_", "_OUT_OF_MEMORY", "OOM when"),
         rule=_gpu_oom_rule,
         patterns=(_GPU_OOM,),
         example="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.",
@@ -224,6 +226,16 @@ SIGNATURES: tuple[Signature, ...] = (
         rule=_kernel_oom,
         patterns=(_KERNEL_OOM,),
         example="[12345.678] Out of memory: Killed process 4242 (python)",
+    ),
+    Signature(
+        name="cpu_allocator_oom",
+        kinds=("oom",),
+        severity=_C,
+        triggers=("DefaultCPUAllocator",),
+        rule=_cpu_alloc,
+        patterns=(_CPU_ALLOC,),
+        example="RuntimeError: [enforce fail at CPUAllocator.cpp:64] . DefaultCPUAllocator: can't allocate "
+        "memory: you tried to allocate 67108864 bytes. Error code 12 (Cannot allocate memory)",
     ),
     Signature(
         name="memory_error",

@@ -27,6 +27,11 @@ _GPU_OOM = re.compile(
     r"|CUBLAS_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED: Out of memory"
     # The driver API's own name (cuda.h), as XLA's cuMemAllocAsync allocator prints it.
     r"|CUDA_ERROR_OUT_OF_MEMORY"
+    # PyTorch <= 1.0 (THC): "THCudaCheck FAIL file=... line=58 error=2 : out of memory" and
+    # "RuntimeError: cuda runtime error (2) : out of memory at ...": 2 is cudaErrorMemoryAllocation.
+    r"|\berror=2 : out of memory|cuda runtime error \(2\) : out of memory"
+    # TensorFlow's BFC allocator: "ResourceExhaustedError: OOM when allocating tensor with shape[...]".
+    r"|OOM when allocating tensor"
 )
 _OOM_TRIED = re.compile(r"Tried to allocate " + _SIZE)
 # Before torch 2.1: "(GPU 0; 79.15 GiB total capacity; 1.2 GiB already allocated; 6.00 MiB free; ..."
@@ -36,6 +41,12 @@ _OOM_OLD = re.compile(
 )
 # Since: "GPU 0 has a total capacity of 79.11 GiB of which 6.00 MiB is free." (some say "capacty")
 _OOM_NEW = re.compile(r"GPU (\d+) has a total capaci?ty of " + _SIZE + r" of which " + _SIZE + r" is free")
+# PyTorch's host allocator (c10/core/CPUAllocator.cpp, later alloc_cpu.cpp): "DefaultCPUAllocator:
+# can't allocate memory: you tried to allocate 67108864 bytes" (Linux), "... not enough memory:
+# you tried to allocate 113246208 bytes. Buy new RAM!" (Windows).
+_CPU_ALLOC = re.compile(
+    r"DefaultCPUAllocator: (?:can't allocate|not enough) memory(?:: you tried to allocate (\d{1,20}) bytes)?"
+)
 _KERNEL_OOM = re.compile(r"[Oo]ut of memory: Killed process (\d+) \(([^)]*)\)")
 _DL_KILLED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) is killed by signal: Killed")
 _SLURM_OOM = re.compile(
@@ -521,6 +532,13 @@ def _gpu_oom_rule(t: str) -> Hit | None:
 def _kernel_oom(t: str) -> Hit | None:
     m = _KERNEL_OOM.search(t)
     return _host_oom(_short(t), pid=int(m[1]), process=m[2]) if m else None
+
+
+def _cpu_alloc(t: str) -> Hit | None:
+    m = _CPU_ALLOC.search(t)
+    if m is None:
+        return None
+    return _host_oom(_short(t), **({"tried_bytes": int(m[1])} if m[1] else {}))
 
 
 def _memory_error(t: str) -> Hit | None:
