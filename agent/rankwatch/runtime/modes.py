@@ -687,6 +687,16 @@ async def _watch_processes(
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), cfg.process.sample_interval)
     finally:
+        # Kubernetes stops a native sidecar as soon as the trainer has exited: a process that
+        # ended since the last sample is judged before the agent goes, not lost with it.
+        for w in watchers:
+            if w.prober is not None and not w.exited:
+                with contextlib.suppress(Exception):
+                    s = await offloop.proc(
+                        w.prober.sample, name=w.proc_io, errors=agent.internal_errors_by_component
+                    )
+                    if not s.alive:
+                        w.on_exit(s.exit_code, None, disk_full=agent.log_disk_full(w))
         for w in watchers:
             w.stop()
         for t in tasks:

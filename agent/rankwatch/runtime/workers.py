@@ -132,6 +132,18 @@ def env_int(env: dict[str, str], names: Iterable[str]) -> int | None:
     return None
 
 
+def output_files(pid: int) -> list[Path]:
+    """The regular files a process's stdout and stderr go to (``/proc/<pid>/fd/1`` and ``2``),
+    in that order, without repeats."""
+    out: list[Path] = []
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("/") and os.path.isfile(target) and Path(target) not in out:
+                out.append(Path(target))
+    return out
+
+
 def rank_workers(root: int) -> list[tuple[int, dict[str, str]]]:
     """The rank processes under a launcher (``torchrun``): descendants with a RANK in their
     environment whose parent has none (a rank's own DataLoader workers inherit its RANK)."""
@@ -191,8 +203,11 @@ def _worker_watcher_class() -> type:
 
         reads: int | None = None
         launcher = False  # the run's own pipeline: its failures are judged at the launcher's exit
+        own: frozenset[Path] = frozenset()  # files only this worker writes: every line is its own
 
         def feed_lines(self, stream, batch):  # type: ignore[no-untyped-def]
+            if stream.path in self.own:
+                return super().feed_lines(stream, batch)
             mine = [fl for fl in batch if fl.cut or strip(fl.text)[1] == self.reads]
             if mine:
                 super().feed_lines(stream, mine)
@@ -339,7 +354,7 @@ class Fleet:
         self.attached_at: dict[int, float] = {}
         self.crashed: set[int | None] = set()  # ranks whose worker crashed (found held or not)
 
-    def _add(self, pid: int, env: dict[str, str]) -> None:
+    def _add(self, pid: int, env: dict[str, str], own: list[Path] | None = None) -> None:
         rank = env_int(env, RANK_VARS)
         if rank is None:
             return
@@ -361,9 +376,21 @@ class Fleet:
             local_rank=env_int(env, LOCAL_RANK_VARS),
             world_size=env_int(env, WORLD_VARS) or self.agent.identity.world_size,
         )
+        from rankwatch.runtime.watcher import Stream
+
+        own = own or []
         w = self._cls(
-            self.cfg, ident, [self.log_path], emit=self.agent.emit, clock=self.agent.clock, from_end=True
+            self.cfg,
+            ident,
+            [*own, self.log_path],
+            emit=self.agent.emit,
+            clock=self.agent.clock,
+            from_end=True,
         )
+        # A worker's own files are new with it: read from their start (the combined log from
+        # its end: what is there is the run's and earlier workers'). Its log is its stdout file.
+        w.streams[: len(own)] = [Stream(p, self.cfg, rank, False, ident.world_size) for p in own]
+        w.own = frozenset(own)
         w.reads = rank
         w.attach(pid)
         self.attached_at[rank] = time.time()
@@ -423,6 +450,22 @@ class Fleet:
             if s is not None and not s.alive and not w.exited:
                 self._judge(w)
 
+    async def _own_files(self, pid: int) -> list[Path]:
+        """A worker's own output files: torchrun's ``--redirects 3 --log-dir D`` sends each
+        worker's stdout and stderr to files of its own (``D/<run>/attempt_<n>/<local rank>/``),
+        and nothing of it reaches the combined log."""
+        try:
+            files = await offloop.proc(
+                output_files,
+                pid,
+                name="rankwatch-proc-workers",
+                errors=self.agent.internal_errors_by_component,
+            )
+        except asyncio.TimeoutError:
+            return []
+        combined = os.path.realpath(self.log_path)
+        return [f for f in files if os.path.realpath(f) != combined]
+
     async def _read_launcher_log(self) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await offloop.proc(
@@ -445,7 +488,8 @@ class Fleet:
                 found = []  # a process in D state (logged and counted by offloop): next period
             await self._read_launcher_log()
             for pid, env in found:
-                self._add(pid, env)
+                own = await self._own_files(pid) if env_int(env, RANK_VARS) not in self.by_rank else []
+                self._add(pid, env, own)
             self.check()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
