@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from conftest import wait_for
+from conftest import free_port, wait_for
 from torchjobs import (
     WORKLOAD,
     Cell,
@@ -249,14 +249,24 @@ def test_plain_torchrun_healthy_run_ends_silent(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_torchrun_restart_reports_the_first_attempts_crash(tmp_path: Path) -> None:
-    """`run -- torchrun --max-restarts 1`, rank 1 raises once at step 6: that crash is reported
-    (the old worker's end is judged before the new one is attached), and the job's clean end
-    after the restart is no crash. DIST=0: see tests/workloads/ddp_train.py."""
-    env = {"FAULT": "raise", "FAULT_RANK": "1", "FAULT_STEP": "6", "STEPS": "12", "DIST": "0"}
+    """`run -- torchrun --max-restarts 1`, rank 1 raises once at step 6 in a real process group:
+    that crash is reported (the old worker's end is judged before the new one is attached),
+    rank 0's gloo error is named after it, one alert, and the job's clean end after the restart
+    is no crash.
+
+    The rendezvous is c10d's with a store of its own per round: torchrun's default static
+    rendezvous keeps one TCPStore, under the same prefix, across restarts, so attempt 1's gloo
+    reads attempt 0's addresses (``connectFullMesh failed ... Connection refused, remote=`` the
+    dead rank's old listener) and the restart fails or hangs about half the time."""
+    env = {"FAULT": "raise", "FAULT_RANK": "1", "FAULT_STEP": "6", "STEPS": "12"}
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     with webhook() as (url, posted):
         cfg = agent_config(tmp_path, url=url)
-        c = finish(run_launcher(tmp_path, cfg, torchrun(WORLD, "--max-restarts", "1"), env), tmp_path, posted)
+        launcher = torchrun(WORLD, "--max-restarts", "1", *rdzv)
+        c = finish(run_launcher(tmp_path, cfg, launcher, env), tmp_path, posted)
     assert c.rc == 0, c.debug()
+    assert c.log.count("rank 1 hit a bad batch at step 6") >= 1 and "step=12 " in c.log, c.debug()
     crashes = c.on(1, "crash")
     assert len(crashes) == 1, c.debug()
     assert "rank 1 hit a bad batch at step 6" in crashes[0]["message"], c.debug()
@@ -264,6 +274,7 @@ def test_torchrun_restart_reports_the_first_attempts_crash(tmp_path: Path) -> No
     # Rank 0 was stopped by the launcher after rank 1 failed: no crash of its own.
     assert not c.on(0, "crash") and not c.on(None, "crash"), c.debug()
     assert not [f for f in c.findings if f["kind"] == "process_exit" and "unknown" in f["message"]], c.debug()
+    named_after_rank_1(c)
     [alert] = c.firing()
     assert alert["kind"] == "crash" and alert["summary"] == "crash on rank 1, suspect rank 1", alert
 
