@@ -205,7 +205,7 @@ def test_a_healthy_run_ends_silent(tmp_path: Path, form: str) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("form", ["redirects", "no-python", "pid", "sidecar"])
+@pytest.mark.parametrize("form", ["tee", "redirects", "no-python", "pid", "sidecar"])
 def test_a_data_loader_hang_names_its_rank(tmp_path: Path, form: str) -> None:
     """Rank 1's DataLoader worker blocks at step 8: both ranks stall, each stall names rank 1
     (in data loading), one stall alert with suspect rank 1; the user's stop ends every process
