@@ -240,8 +240,10 @@ _FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: 
 _CLOSING_RE = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")
 # Its failure box at the end: ``exitcode  : -15 (pid: 17341)`` for every failed worker.
 _BOX_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+_BOX_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")  # the line above it
 _LAUNCHER_LOG_MAX = 4 << 20  # a backlog larger than this is skipped: those fates stay unknown
 MONITOR_INTERVAL_S = 0.1  # torchrun's --monitor-interval default (torch/distributed/run.py)
+MAX_UNSEEN = 64  # workers the failure box names that are given a pipeline at the end, at most
 
 
 def monitor_interval(cmd: list[str]) -> float:
@@ -271,6 +273,8 @@ class LauncherLog:
         self.failed: dict[int, int] = {}
         self.stopped: dict[int, int] = {}
         self.boxed: dict[int, int] = {}  # the failure box: the workers it stopped are there too
+        self.ranks: dict[int, tuple[int, int]] = {}  # pid -> (rank, local rank), from the box
+        self._box_rank: tuple[int, int] | None = None
 
     def fate(self, pid: int) -> tuple[int | None, int | None]:
         """(exit status, stop signal the launcher sent): its failure line first, then a stop
@@ -298,6 +302,9 @@ class LauncherLog:
         lines = (self._rest + data).split(b"\n")
         self._rest = lines.pop()[-4096:]
         for raw in lines:
+            if b"rank" in raw and (r := _BOX_RANK_RE.search(raw.decode("utf-8", "replace"))) is not None:
+                self._box_rank = (int(r.group(1)), int(r.group(2)))
+                continue
             if b"exitcode" not in raw and b"closing signal" not in raw:
                 continue
             text = raw.decode("utf-8", "replace")
@@ -307,6 +314,9 @@ class LauncherLog:
             b = _BOX_RE.search(text)
             if b is not None:
                 self.boxed[int(b.group(2))] = int(b.group(1))
+                if self._box_rank is not None:
+                    self.ranks[int(b.group(2))] = self._box_rank
+                self._box_rank = None
             c = _CLOSING_RE.search(text)
             if c is not None:
                 with contextlib.suppress(AttributeError):
@@ -494,9 +504,24 @@ class Fleet:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 
+    def _unseen(self) -> None:
+        """Workers the launcher's failure box names that ended before a look found them (a rank
+        that dies within its first moments on a busy node): each gets its pipeline now, so its
+        end is reported on its rank, not as the launcher's unexplained exit."""
+        log_ = self.launcher_log
+        seen = {w.prober.pid for w in self.by_rank.values() if w.prober is not None}
+        for pid, (rank, local) in log_.ranks.items():
+            if pid in seen or rank in self.by_rank or log_.boxed.get(pid, 0) == 0:
+                continue
+            if len(self.by_rank) >= MAX_UNSEEN + len(seen):
+                break
+            self._add(pid, {"RANK": str(rank), "LOCAL_RANK": str(local)})
+            log.info("launcher worker: rank %d (pid %d) ended before it was seen", rank, pid)
+
     async def close(self) -> bool:
         """Every worker's end reported, the launcher's last words read; True when one crashed."""
         await self._read_launcher_log()
+        self._unseen()
         for w in self.by_rank.values():
             w.stop()
         for t in self.tasks:
