@@ -77,7 +77,9 @@ PER_RANK = frozenset({"no-python", "sidecar", "srun"})
 WATCHING = frozenset({"pid", "sidecar"})
 
 
-def cell(tmp: Path, form: str, env: dict[str, str], *, hang: bool = False) -> Cell:
+def cell(
+    tmp: Path, form: str, env: dict[str, str], *, hang: bool = False, stuck: tuple[int, ...] = (0, 1)
+) -> Cell:
     if form == "sidecar" and os.geteuid() != 0:
         pytest.skip("a pod's PID namespace (unshare, nsenter) needs root")
     with webhook() as (url, posted):
@@ -85,7 +87,7 @@ def cell(tmp: Path, form: str, env: dict[str, str], *, hang: bool = False) -> Ce
         running = FORMS[form](tmp, cfg, env)
 
         def stalled(rows: list[dict[str, Any]]) -> bool:
-            return {f["rank"] for f in rows if f["kind"] == "stall" and not f.get("resolved")} >= {0, 1}
+            return {f["rank"] for f in rows if f["kind"] == "stall" and not f.get("resolved")} >= set(stuck)
 
         return finish(running, tmp, posted, hang=stalled if hang else None)
 
@@ -182,16 +184,21 @@ def test_a_rank_that_leaves_early_is_named(tmp_path: Path, form: str) -> None:
     exited"), and the address gloo lost is the one rank 1's socket had; rank 1 is no crash of
     its own, one alert, suspect rank 1. (Step 30: the agent reads a rank's sockets about once a
     second, and gloo connects them at ``init_process_group``.)"""
-    c = cell(tmp_path, form, fault("exit", step=30, steps=60))
+    # gloo on rank 0 mostly errors out; sometimes it hangs instead (as NCCL would): then the
+    # stall names rank 1 and the user stops the job once its alert is in.
+    c = cell(tmp_path, form, fault("exit", step=30, steps=60), hang=True, stuck=(0,))
     assert "rank 1 leaves early at step 30" in c.log, c.debug()
-    assert c.rc not in (0, None), c.debug()  # rank 0 failed
+    assert c.rc not in (0, None), c.debug()  # rank 0 failed, or was stopped
     blamed = c.on(0, "crash", "peer_error")
-    assert blamed, c.debug()
-    assert any(f["message"].startswith("rank 1 failed first: exited") for f in blamed), c.debug()
-    assert any("was to rank 1" in f["message"] for f in blamed), c.debug()  # gloo's peer address
+    if blamed:
+        assert any(f["message"].startswith("rank 1 failed first: exited") for f in blamed), c.debug()
+        assert any("was to rank 1" in f["message"] for f in blamed), c.debug()  # gloo's peer address
+        one_alert_per_problem(c, form)
+    else:
+        [stall, *_] = c.on(0, "stall")
+        assert stall["diagnosis"]["suspect"] == 1, c.debug()
     assert not c.on(1, "crash"), c.debug()
     named_after_rank_1(c)
-    one_alert_per_problem(c, form)
     no_agent_failed(c)
 
 
