@@ -684,19 +684,19 @@ def test_rate_limit_queues_excess_without_dropping(tmp_path: Path) -> None:
         sink = RecordingSink()
         d = AlertDispatcher(config(tmp_path, rate_limit_per_minute=2), IDENT, sinks=[sink], clock=clock)
         async with running(d):
-            for kind in ("nan_loss", "oom", "crash"):
+            for kind in ("nan_loss", "oom", "stall"):
                 d.send(finding(kind))
             await until(lambda: len(sink.alerts) == 2)
             clock.advance(29)
             await settle(d)
             assert len(sink.alerts) == 2
             # Held back by the rate limit: on disk, so a SIGKILL now does not lose it.
-            assert [e.alert["kind"] for e in d.spool.load()] == ["crash"]
+            assert [e.alert["kind"] for e in d.spool.load()] == ["stall"]
             clock.advance(2)  # one token per 30 s
             await settle(d)
             await until(lambda: len(sink.alerts) == 3)
             await until(lambda: d.spool.load() == [])
-        assert [a.kind for a in sink.alerts] == ["nan_loss", "oom", "crash"]
+        assert [a.kind for a in sink.alerts] == ["nan_loss", "oom", "stall"]
         assert d.stats["rec"]["dropped"] == 0
 
     asyncio.run(go())

@@ -410,7 +410,7 @@ def test_any_board_error_sends_alone_and_alerting_goes_on(
             await tick([d], clock, 5.1)
             await until(lambda: len(sink.alerts) == 2)
             await tick([d], clock, P.RETRY_S)  # the board is tried again, and fails again
-            d.send(Finding("oom", Severity.CRITICAL, 0, "rank 0 out of memory", 1))
+            d.send(Finding("nan_loss", Severity.CRITICAL, 0, "rank 0 loss is nan", 1))
             await tick([d], clock, 5.1)
             await until(lambda: len(sink.alerts) == 3)
             assert not task.done()
@@ -418,7 +418,7 @@ def test_any_board_error_sends_alone_and_alerting_goes_on(
         finally:
             await d.close(1.0)
             await asyncio.wait_for(task, 5.0)
-        assert [a.kind for a in sink.alerts] == ["stall", "crash", "oom"]
+        assert [a.kind for a in sink.alerts] == ["stall", "crash", "nan_loss"]
 
     with caplog.at_level(logging.ERROR, logger="rankwatch.alerts"):
         asyncio.run(go())

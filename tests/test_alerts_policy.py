@@ -71,3 +71,57 @@ def test_repeat_interval_resends_what_is_still_firing() -> None:
     clock.t += 100.0
     assert p.pump(clock()) == clock() + 100.0
     assert [m.title for m in out] == ["stall on rank 1", "still firing: stall on rank 1"]
+
+
+def _failure(kind: str, rank: int, severity: Severity, *, first: int, t: float) -> Finding:
+    from rankwatch.records import FirstFailure
+
+    f = Finding(kind, severity, rank, f"{kind} on {rank}", 7, time=t)
+    if first == rank:
+        f.diagnosed(suspects=(rank,), first_failure=FirstFailure(rank, kind, t))
+    else:
+        f.diagnosed(first_failure=FirstFailure(first, "oom", t - 0.1))
+    return f
+
+
+def test_one_failure_is_one_alert_whatever_its_echoes() -> None:
+    """Rank 1's OOM, its crash (the same error's end), and rank 0's gloo error and crash that
+    follow it (first failure: rank 1): one alert, titled by the first, naming rank 1; the
+    consequences arriving after it was sent add nothing. A failure of its own on another rank
+    (rank 3's OOM, its own first failure) is an alert of its own."""
+    p, out, clock = policy()
+    p.take(_failure("oom", 1, Severity.CRITICAL, first=1, t=1000.0))
+    p.take(_failure("crash", 1, Severity.CRITICAL, first=1, t=1000.1))
+    p.take(_failure("peer_error", 0, Severity.WARNING, first=1, t=1000.2))
+    clock.t += 5.0
+    p.pump(clock())
+    assert [(m.kind, m.ranks, m.title) for m in out] == [("oom", [1], "oom on rank 1, suspect rank 1")]
+    p.take(_failure("crash", 0, Severity.CRITICAL, first=1, t=1006.0))
+    p.take(_failure("oom", 3, Severity.CRITICAL, first=3, t=1006.0))
+    clock.t += 5.0
+    p.pump(clock())
+    assert [m.title for m in out[1:]] == ["oom on rank 3, suspect rank 3"]
+
+
+def test_a_more_severe_failure_of_a_rank_after_its_sent_warning_is_news() -> None:
+    """Rank 0's own NCCL timeout (a warning, its own first failure) is sent; its crash
+    (critical) after that is an escalation: sent, not folded away. A consequence of another
+    rank's failure is folded however severe."""
+    p, out, clock = policy()
+    p.take(_failure("nccl_timeout", 0, Severity.WARNING, first=0, t=1000.0))
+    clock.t += 5.0
+    p.pump(clock())
+    p.take(_failure("crash", 0, Severity.CRITICAL, first=0, t=1006.0))
+    clock.t += 5.0
+    p.pump(clock())
+    assert [m.title for m in out] == [
+        "nccl_timeout on rank 0, suspect rank 0",
+        "crash on rank 0, suspect rank 0",
+    ]
+    p.take(_failure("peer_error", 2, Severity.WARNING, first=1, t=1010.0))
+    clock.t += 5.0
+    p.pump(clock())
+    p.take(_failure("crash", 2, Severity.CRITICAL, first=1, t=1016.0))
+    clock.t += 5.0
+    p.pump(clock())
+    assert [m.title for m in out[2:]] == ["peer_error on rank 2, suspect rank 1"]

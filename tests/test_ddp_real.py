@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,9 @@ from typing import Any
 import psutil
 import pytest
 
+from conftest import free_port
+from torchjobs import WORKLOAD, agent_config, job_env, job_processes
+
 # find_spec, not importorskip: collecting this module (as `-m unit` does) must not import torch
 pytestmark = [
     pytest.mark.tool,
@@ -32,29 +34,13 @@ pytestmark = [
     ),
 ]
 
-WORKLOAD = Path(__file__).parent / "workloads" / "ddp_train.py"
 WORLD = 4
 SUSPECT_2 = "suspect: rank 2 (the only rank not waiting in a collective"
 START_S = 120.0  # 4 ranks + 4 agents import torch on 2 busy cores
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def config(tmp: Path, extra: str = "", floor: str = "4s") -> Path:
-    cfg = tmp / "rw.yaml"
-    cfg.write_text(
-        f"run: {{name: ddp-{uuid.uuid4().hex[:8]}}}\n"
-        f"stall: {{startup_grace: 120s, floor: {floor}, factor: 10}}\n"
-        "process: {sample_interval: 250ms}\n"
-        f"dumps: {{dir: {tmp / 'dumps'}}}\n"
-        f"runner: {{log_dir: {tmp / 'logs'}, term_grace: 3s}}\n"
-        "server: {enabled: false}\ngpu: {enabled: false}\n" + extra
-    )
-    return cfg
+    return agent_config(tmp, floor=floor, extra=extra)
 
 
 class Job:
@@ -71,17 +57,8 @@ class Job:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.started = time.monotonic()
         for r in range(world):
-            penv = dict(
-                os.environ,
-                RANK=str(r),
-                LOCAL_RANK=str(r),
-                WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-                RW_TEST_TAG=self.tag,
-                **env,
-            )
+            penv = job_env(self.tag, {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world), **env})
+            penv.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             cmd = [sys.executable, "-m", "rankwatch", "run", "--config", str(self.cfg)]
             cmd += ["--findings-jsonl", str(tmp / f"f{r}.jsonl"), "--", sys.executable, str(WORKLOAD)]
             out = open(tmp / f"agent-{r}.out", "wb")  # noqa: SIM115 - closed with the process
@@ -128,15 +105,7 @@ class Job:
 
     def job_processes(self) -> list[psutil.Process]:
         """Every live process started for this job (they all carry its tag in their environment)."""
-        found = []
-        for p in psutil.process_iter():
-            try:
-                mine = p.pid != os.getpid() and p.environ().get("RW_TEST_TAG") == self.tag
-                if mine and p.status() != psutil.STATUS_ZOMBIE:
-                    found.append(p)
-            except psutil.Error:
-                continue
-        return found
+        return job_processes(self.tag)
 
     def stop(self) -> None:
         for p in self.procs:
@@ -343,11 +312,7 @@ def test_torchrun_workers_are_ranks_of_their_own(tmp_path: Path) -> None:
     """``rankwatch run -- torchrun --nproc-per-node 4 --tee 3 ...``: one agent, four ranks."""
     tag = uuid.uuid4().hex
     cfg = config(tmp_path)
-    env = dict(
-        os.environ, FAULT="loader_hang", FAULT_RANK="2", FAULT_STEP="15", OMP_NUM_THREADS="1", RW_TEST_TAG=tag
-    )
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
+    env = job_env(tag, {"FAULT": "loader_hang", "FAULT_RANK": "2", "FAULT_STEP": "15"})
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD)]
     cmd = [
         sys.executable,

@@ -412,3 +412,112 @@ def test_dumps_diff_blames_the_rank_the_incident_recorded(
     assert main(["dumps", "diff", str(folder), "--dir", str(tmp_path / "dumps"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["suspects"] == [2] and doc["world_size"] == 4 and doc["diagnosis"]["suspect"] == 2
+
+
+# gloo's texts as torch 2.13 prints them (tests/test_launch_matrix.py runs the jobs that print them)
+GLOO_RESET = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+    "[127.0.0.1]:28370: Connection reset by peer. This is typically caused by a remote worker hitting "
+    "an error."
+)
+
+
+def _listener(agent: Agent, rank: int, *addresses: str) -> None:
+    """A watched process of ``agent`` whose sockets' local ends were ``addresses`` (what its
+    prober read)."""
+    from types import SimpleNamespace
+
+    agent.watchers.append(
+        SimpleNamespace(  # type: ignore[arg-type]
+            rank=rank,
+            identity=agent.identity,
+            path=f"/logs/rank-{rank}.log",
+            prober=SimpleNamespace(addresses=tuple(addresses)),
+            pids=lambda: [],
+        )
+    )
+
+
+def test_peer_address_is_read_from_the_real_gloo_texts() -> None:
+    closed = Finding("peer_error", Severity.WARNING, 0, GLOO_CLOSED, evidence={"peer": "127.0.0.1:4020"})
+    assert diagnose.peer_address(closed) == "127.0.0.1:4020"
+    crash = _crash(0, f"process exited with code 1. Cause (peer_error): {GLOO_RESET}")
+    assert diagnose.peer_address(crash) == "127.0.0.1:28370"
+    assert diagnose.peer_address(_crash(0, "killed by signal 9 (SIGKILL) [127.0.0.1]:1")) is None
+
+
+def test_gloo_prints_the_peers_port_in_network_byte_order() -> None:
+    """Seen on torch 2.13 (CPU, two ranks on loopback): rank 1 listened on 127.0.0.1:43617, and
+    rank 0's error said ``Connection closed by peer [127.0.0.1]:25002`` (0xAA61 -> 0x61AA)."""
+    assert diagnose._listened("127.0.0.1:25002", ["::ffff:127.0.0.1:35416", "127.0.0.1:43617"])
+    assert diagnose._listened("127.0.0.1:43617", ["0.0.0.0:43617"])
+    assert not diagnose._listened("127.0.0.1:25002", ["127.0.0.1:25003", "10.0.0.9:43617"])
+
+
+def test_the_address_gloo_lost_names_the_rank_that_listened_there(tmp_path: Path) -> None:
+    """Ranks 2 and 1 both left (2 first); rank 0's gloo error names the address it lost, which
+    rank 1's process listened on: rank 1 is named, not the earlier exit of rank 2."""
+    agent1, _, _ = _agent(tmp_path, 1)
+    agent2, _, _ = _agent(tmp_path, 2)
+    agent0, _, sent0 = _agent(tmp_path, 0)
+    _listener(agent1, 1, "0.0.0.0:4020", "127.0.0.1:29500")
+    _listener(agent2, 2, "127.0.0.1:4077")
+    agent2.clean_exit(2, 50, 1000.0)
+    agent1.clean_exit(1, 50, 1000.2)
+    record = json.loads(next((tmp_path / "dumps" / "job" / ".ranks").glob("failed-r1-*-x.json")).read_text())
+    assert record["addresses"] == ["0.0.0.0:4020", "127.0.0.1:29500"]
+    agent0.emit(_crash(0, f"process exited with code 1. Cause (peer_error): {GLOO_CLOSED}.", None, 1000.5))
+    [f] = sent0
+    assert f.message.startswith("rank 1 failed first: exited with status 0 at step 50"), f.message
+    assert "the connection gloo lost (127.0.0.1:4020) was to rank 1" in f.message
+    assert f.diagnosis is not None and f.diagnosis.suspect == 1
+
+
+def test_a_watched_rank_whose_exit_status_is_unknown_is_the_first_failure_its_peers_name(
+    tmp_path: Path,
+) -> None:
+    """`watch --pid`, the sidecar: the agent is not the rank's parent, so a rank that left
+    (exit 0, or SIGKILL) is "exit status unknown". Recorded as a possible first failure, it is
+    what a peer's gloo error names, and the finding itself goes out as it is (info)."""
+    agent1, _, sent1 = _agent(tmp_path, 1)
+    agent0, _, sent0 = _agent(tmp_path, 0)
+    _listener(agent1, 1, "127.0.0.1:4020")
+    gone = Finding(
+        "process_exit",
+        Severity.INFO,
+        1,
+        "watched process exited (exit status unknown in watch mode; no error in its log)",
+        step=7,
+        time=1000.0,
+        evidence={"status_known": False},
+    )
+    agent1.emit(gone)
+    assert [f.kind for f in sent1] == ["process_exit"]
+    agent0.emit(
+        _crash(0, f"process exited (exit status unknown: not our child). Cause: {GLOO_CLOSED}", t=1000.3)
+    )
+    [f] = sent0
+    assert f.message.startswith(
+        "rank 1 failed first: exited at step 7 while its peers went on (its exit status"
+    )
+    assert f.diagnosis is not None and f.diagnosis.suspect == 1
+
+
+def test_a_launchers_worker_that_listened_on_the_lost_address_is_named_without_a_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One agent for a launcher's workers: rank 1's process listened on the address rank 0's
+    gloo lost, and no record of rank 1's end came within the wait: the process table names it."""
+    monkeypatch.setattr(diagnose, "FAILURE_WAIT_S", 0.05)
+    agent, _, sent = _agent(tmp_path, 0)
+    _listener(agent, 0, "127.0.0.1:4001")
+    _listener(agent, 1, "127.0.0.1:28370")
+
+    async def scenario() -> None:
+        agent.emit(_crash(0, f"process exited with code 1. Cause (peer_error): {GLOO_RESET}", t=1000.0))
+        await agent.settle(5)
+
+    asyncio.run(scenario())
+    [f] = sent
+    assert f.message.startswith("the connection gloo lost (127.0.0.1:28370) was to rank 1: look at rank 1")
+    assert f.diagnosis is not None and f.diagnosis.suspect == 1

@@ -1,12 +1,18 @@
 """Launch form x failure, on real PyTorch (CPU, gloo): the cheapest real workload that shows
-each cell (tests/workloads/ddp_train.py, two ranks, tens of steps). Each cell runs the job to
-its end and asserts the findings (kind, rank, step), the alerts the webhook received (title,
-suspect, first failure, one per problem), the agent's exit status, and that nothing of the job
-is left running.
+each cell (tests/workloads/ddp_train.py, two ranks, tens of 50 ms steps). Each cell runs the
+job as a user launches it, to its end (a hang: until the alert is in, then the user's stop),
+and asserts the findings (kind, rank, step), the alerts a loopback webhook received (title
+with the suspect, suspect, first failure, one per problem), the exit status the user sees,
+and that nothing of the job is left running. The harness is tests/torchjobs.py.
 
-Forms built here: ``run -- torchrun`` plain (no ``--tee``: the combined log is read), and
-with ``--max-restarts``. Failures: NaN at a known step, a raise that torchrun restarts,
-healthy completion, a rank that leaves early with exit 0.
+Forms: ``rankwatch run -- torchrun`` plain (no ``--tee``: the combined log is read), with
+``--tee 3``, with ``--redirects 3 --log-dir D`` (each worker's own files), with
+``--max-restarts``; ``torchrun --no-python rankwatch run -- python train.py`` (an agent per
+worker, identity from torchrun); ``watch --pid`` on ranks a script started; the Helm sidecar
+(a PID namespace per pod, ``watch --match --log``); one ``run`` per rank as ``srun`` starts
+them; ``watch --match`` as the node daemon with two users' jobs. Failures: NaN at a known
+step, an OOM exception, SIGKILL of a rank, a rank's clean early exit, a data-loader hang,
+healthy completion, a raise that torchrun restarts.
 """
 
 from __future__ import annotations
@@ -14,19 +20,32 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
-import time
 import uuid
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+
+from conftest import free_port, wait_for
+from torchjobs import (
+    WORKLOAD,
+    Cell,
+    Running,
+    agent_config,
+    agent_under_torchrun,
+    finish,
+    job_processes,
+    one_agent_per_rank,
+    rankwatch,
+    run_launcher,
+    sidecars,
+    torchrun,
+    watch_pids,
+    webhook,
+)
 
 pytestmark = [
     pytest.mark.tool,
@@ -36,126 +55,191 @@ pytestmark = [
     ),
 ]
 
-WORKLOAD = Path(__file__).parent / "workloads" / "ddp_train.py"
-RUN_S = 240.0  # two ranks import torch on two busy cores, then tens of 50 ms steps
+WORLD = 2
+SUSPECT_1 = "suspect: rank 1 (the only rank not waiting in a collective"
+
+Form = Callable[[Path, Path, dict[str, str]], Running]
+FORMS: dict[str, Form] = {
+    "plain": lambda tmp, cfg, env: run_launcher(tmp, cfg, torchrun(WORLD), env),
+    "tee": lambda tmp, cfg, env: run_launcher(tmp, cfg, torchrun(WORLD, "--tee", "3"), env),
+    "redirects": lambda tmp, cfg, env: run_launcher(
+        tmp, cfg, torchrun(WORLD, "--redirects", "3", "--log-dir", str(tmp / "torchrun-logs")), env
+    ),
+    "no-python": lambda tmp, cfg, env: agent_under_torchrun(tmp, cfg, WORLD, env),
+    "pid": lambda tmp, cfg, env: watch_pids(tmp, cfg, WORLD, env),
+    "sidecar": lambda tmp, cfg, env: sidecars(tmp, cfg, WORLD, env),
+    "srun": lambda tmp, cfg, env: one_agent_per_rank(tmp, cfg, WORLD, env),
+}
+# Forms with an agent per rank: they share a run folder (the alert board), as a job's agents do.
+PER_RANK = frozenset({"no-python", "sidecar", "srun"})
+# Forms whose agent is not the ranks' parent and has no launcher to ask: a rank's end is "exit
+# status unknown" there.
+WATCHING = frozenset({"pid", "sidecar"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def cell(
+    tmp: Path, form: str, env: dict[str, str], *, hang: bool = False, stuck: tuple[int, ...] = (0, 1)
+) -> Cell:
+    if form == "sidecar" and os.geteuid() != 0:
+        pytest.skip("a pod's PID namespace (unshare, nsenter) needs root")
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp, url=url, board=form in PER_RANK)
+        running = FORMS[form](tmp, cfg, env)
+
+        def stalled(rows: list[dict[str, Any]]) -> bool:
+            return {f["rank"] for f in rows if f["kind"] == "stall" and not f.get("resolved")} >= set(stuck)
+
+        return finish(running, tmp, posted, hang=stalled if hang else None)
 
 
-@dataclass
-class Cell:
-    tmp: Path
-    rc: int
-    findings: list[dict[str, Any]]
-    alerts: list[dict[str, Any]]
-    log: str
-    tag: str
-    out: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [f for f in self.findings if f["kind"] == kind and not f.get("resolved")]
-
-    def alerts_of(self, kind: str) -> list[dict[str, Any]]:
-        return [a for a in self.alerts if a["kind"] == kind and a["status"] == "firing"]
+def fault(kind: str, *, step: int = 8, steps: int = 40) -> dict[str, str]:
+    return {"FAULT": kind, "FAULT_RANK": "1", "FAULT_STEP": str(step), "STEPS": str(steps)}
 
 
-def _receiver() -> tuple[ThreadingHTTPServer, list[dict[str, Any]]]:
-    got: list[dict[str, Any]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            got.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, got
+# How rank 0's failure names rank 1: by rank 1's record of its end in the run folder, or (before
+# that record is in) by the process whose socket gloo lost.
+NAMED_1 = ("rank 1 failed first", "the connection gloo lost")
 
 
-def _job_processes(tag: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("RW_TEST_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
+def named_after_rank_1(c: Cell) -> None:
+    """Rank 0's failures are rank 1's consequence, and every alert points at rank 1."""
+    for f in c.on(0, "crash", "peer_error"):
+        assert f["message"].startswith(NAMED_1), c.debug()
+        assert f["diagnosis"]["suspect"] == 1, c.debug()
+    firing = c.firing()
+    assert firing, c.debug()
+    for a in firing:
+        assert a["suspect"] == 1 and a["summary"].endswith(", suspect rank 1"), c.debug()
 
 
-def run_cell(tmp: Path, launcher: list[str], env: dict[str, str], *, world: int = 2) -> Cell:
-    """``rankwatch run -- <launcher> ddp_train.py`` to its end; the webhook's alerts and the
-    JSONL findings, once the agent has exited (its alerts flushed on the way out)."""
-    srv, got = _receiver()
-    url = f"http://127.0.0.1:{srv.server_address[1]}/hook"
-    tag = uuid.uuid4().hex
-    cfg = tmp / "rw.yaml"
-    cfg.write_text(
-        f"run: {{name: cell-{tag[:8]}}}\n"
-        "stall: {startup_grace: 120s, floor: 4s, factor: 10}\n"
-        "process: {sample_interval: 250ms}\n"
-        f"dumps: {{dir: {tmp / 'dumps'}}}\n"
-        f"runner: {{log_dir: {tmp / 'logs'}, term_grace: 3s, echo: false}}\n"
-        "server: {enabled: false}\ngpu: {enabled: false}\n"
-        f"alerts: {{startup_quiet: 0s, group_wait: 1s, spool_dir: {tmp / 'spool'}, board_dir: '',"
-        f" webhook: {{urls: ['{url}']}}}}\n"
-    )
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", RW_TEST_TAG=tag, STEP_S="0.05", **env)
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
-        full_env.pop(var, None)
-    cmd = [sys.executable, "-m", "rankwatch", "run", "--config", str(cfg)]
-    cmd += ["--findings-jsonl", str(tmp / "f.jsonl"), "--", *launcher, str(WORKLOAD)]
-    try:
-        done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=RUN_S)
-    finally:
-        srv.shutdown()
-        # A killed rank's DataLoader worker notices its parent is gone within PyTorch's
-        # MP_STATUS_CHECK_INTERVAL (5 s, torch/utils/data/_utils/__init__.py) and exits on its own.
-        deadline = time.monotonic() + 10.0
-        while (left := _job_processes(tag)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for p in left:
-            p.kill()
-    path = tmp / "f.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-    logs = sorted((tmp / "logs").glob("*.log"))
-    text = "".join(p.read_text(errors="replace") for p in logs)
-    cell = Cell(tmp, done.returncode, rows, list(got), text, tag, done.stdout + done.stderr)
-    assert not left, f"left running: {[p.pid for p in left]}"
-    return cell
+def one_alert_per_problem(c: Cell, form: str) -> None:
+    """One alert for the failure. Agents of one job group alerts of one kind between them (the
+    board), not yet a rank's OOM with a peer's gloo error: an agent per rank sends at most one."""
+    failures = [a for a in c.firing() if a["kind"] != "stall"]
+    agents = WORLD if form in PER_RANK else 1
+    assert 1 <= len(failures) <= agents, c.debug()
+    assert len({a["kind"] for a in failures}) == len(failures), c.debug()
 
 
-def torchrun(world: int = 2, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-port",
-            str(_free_port()), "--nproc-per-node", str(world), *extra]  # fmt: skip
+def no_agent_failed(c: Cell) -> None:
+    assert all(rc == 0 for rc in c.extra["agent_rcs"]), c.debug()
 
 
-def _debug(c: Cell) -> str:
-    rows = [(f["kind"], f["rank"], f["step"], f["message"][:160]) for f in c.findings]
-    return f"rc={c.rc}\nfindings={rows}\nalerts={[a['summary'] for a in c.alerts]}\n{c.out[-3000:]}"
+NEW_FORMS = ["redirects", "no-python", "pid", "sidecar", "srun"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", NEW_FORMS)
+def test_nan_is_found_on_its_rank_at_its_step(tmp_path: Path, form: str) -> None:
+    """Rank 1's inputs go NaN at step 8 (rank 0 follows at step 9 through the all-reduce): the
+    first NaN is rank 1's at step 8, one nan_loss alert, the job's own exit status 0."""
+    c = cell(tmp_path, form, fault("nan", steps=20))
+    first = min(c.of("nan_loss"), key=lambda f: (f["step"], f["rank"]), default=None)
+    assert first is not None and (first["rank"], first["step"]) == (1, 8), c.debug()
+    assert c.rc == 0, c.debug()
+    assert not c.of("crash"), c.debug()
+    [alert] = c.alerts_of("nan_loss")
+    assert alert["summary"].startswith("nan_loss on"), alert
+    assert [a["kind"] for a in c.firing()] == ["nan_loss"], c.debug()
+    no_agent_failed(c)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", NEW_FORMS)
+def test_an_oom_is_named_on_its_rank_and_by_its_peer(tmp_path: Path, form: str) -> None:
+    """Rank 1 raises CUDA's OOM at step 8: an ``oom`` finding on rank 1 after step 7, rank 0's
+    gloo error named after it, alerts naming rank 1, the job's exit status non-zero."""
+    c = cell(tmp_path, form, fault("oom"))
+    [oom] = c.on(1, "oom")
+    assert oom["step"] == 7 and "CUDA out of memory" in oom["message"], c.debug()
+    assert c.rc not in (0, None), c.debug()
+    named_after_rank_1(c)
+    one_alert_per_problem(c, form)
+    assert any(a["kind"] == "oom" for a in c.firing()), c.debug()
+    oom_alert = next(a for a in c.firing() if a["kind"] == "oom")
+    assert oom_alert["diagnosis"]["first_failure"]["rank"] == 1, oom_alert
+    no_agent_failed(c)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", ["redirects", "no-python", "pid", "sidecar"])
+def test_a_sigkilled_rank_is_named(tmp_path: Path, form: str) -> None:
+    """Rank 1 is SIGKILLed at step 8 (the OOM killer): its end is reported on rank 1 (with the
+    signal where the agent or launcher knows it), and what rank 0 reports names rank 1."""
+    c = cell(tmp_path, form, fault("sigkill"))
+    assert c.rc not in (0, None), c.debug()
+    own = c.on(1, "crash", "process_exit")
+    assert own, c.debug()
+    if form not in WATCHING:
+        assert any("SIGKILL" in f["message"] for f in own), c.debug()
+    named_after_rank_1(c)
+    no_agent_failed(c)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", [*NEW_FORMS])
+def test_a_rank_that_leaves_early_is_named(tmp_path: Path, form: str) -> None:
+    """Rank 1 returns from main with status 0 at step 30 while rank 0 enters the next
+    collective: rank 0's gloo ``Connection closed by peer`` names rank 1 ("failed first:
+    exited"), and the address gloo lost is the one rank 1's socket had; rank 1 is no crash of
+    its own, one alert, suspect rank 1. (Step 30: the agent reads a rank's sockets about once a
+    second, and gloo connects them at ``init_process_group``.)"""
+    # gloo on rank 0 mostly errors out; sometimes it hangs instead (as NCCL would): then the
+    # stall names rank 1 and the user stops the job once its alert is in.
+    c = cell(tmp_path, form, fault("exit", step=30, steps=60), hang=True, stuck=(0,))
+    assert "rank 1 leaves early at step 30" in c.log, c.debug()
+    assert c.rc not in (0, None), c.debug()  # rank 0 failed, or was stopped
+    blamed = c.on(0, "crash", "peer_error")
+    if blamed:
+        assert any(f["message"].startswith("rank 1 failed first: exited") for f in blamed), c.debug()
+        assert any("was to rank 1" in f["message"] for f in blamed), c.debug()  # gloo's peer address
+        one_alert_per_problem(c, form)
+    else:
+        [stall, *_] = c.on(0, "stall")
+        assert stall["diagnosis"]["suspect"] == 1, c.debug()
+    assert not c.on(1, "crash"), c.debug()
+    named_after_rank_1(c)
+    no_agent_failed(c)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", ["redirects", "no-python", "pid", "sidecar"])
+def test_a_healthy_run_ends_silent(tmp_path: Path, form: str) -> None:
+    c = cell(tmp_path, form, {"FAULT": "none", "STEPS": "15"})
+    assert c.rc == 0, c.debug()
+    assert not c.serious() and not c.alerts, c.debug()
+    no_agent_failed(c)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", ["tee", "redirects", "no-python", "pid", "sidecar"])
+def test_a_data_loader_hang_names_its_rank(tmp_path: Path, form: str) -> None:
+    """Rank 1's DataLoader worker blocks at step 8: both ranks stall, each stall names rank 1
+    (in data loading), one stall alert with suspect rank 1; the user's stop ends every process
+    of the job, the hung worker included."""
+    c = cell(tmp_path, form, fault("loader_hang"), hang=True)
+    for r in (0, 1):
+        [stall, *_] = c.on(r, "stall")
+        assert stall["step"] == 8 and f"{SUSPECT_1}: in data loading" in stall["message"], c.debug()
+    [alert] = c.alerts_of("stall")
+    assert alert["suspect"] == 1 and alert["summary"].endswith(", suspect rank 1"), alert
+    assert alert["diagnosis"]["suspects"] == [1], alert
+    no_agent_failed(c)
+
+
+# --- run -- torchrun, plain and --tee 3 ---------------------------------------------------------
 
 
 @pytest.mark.timeout(300)
 def test_plain_torchrun_nan_is_found_in_the_combined_log(tmp_path: Path) -> None:
     """`rankwatch run -- torchrun --nproc-per-node 2 train.py`, no --tee: the workers' step lines
     carry no rank prefix, so they go to the run's pipeline, which finds the NaN at its step."""
-    c = run_cell(
-        tmp_path, torchrun(2), {"FAULT": "nan", "FAULT_RANK": "0", "FAULT_STEP": "12", "STEPS": "20"}
-    )
+    env = {"FAULT": "nan", "FAULT_RANK": "0", "FAULT_STEP": "12", "STEPS": "20"}
+    c = cell(tmp_path, "plain", env)
     nan = c.of("nan_loss")
-    assert nan and nan[0]["step"] == 12, _debug(c)
-    assert c.rc == 0, _debug(c)
-    assert not c.of("crash") and not c.of("process_exit"), _debug(c)
+    assert nan and nan[0]["step"] == 12, c.debug()
+    assert c.rc == 0, c.debug()
+    assert not c.of("crash") and not c.of("process_exit"), c.debug()
     [alert] = c.alerts_of("nan_loss")  # one alert, whatever the later NaN steps (it updates)
     assert alert["step"] >= 12 and "nan_loss" in alert["summary"], alert
 
@@ -164,50 +248,92 @@ def test_plain_torchrun_nan_is_found_in_the_combined_log(tmp_path: Path) -> None
 def test_plain_torchrun_healthy_run_ends_silent(tmp_path: Path) -> None:
     """Two healthy workers to the end under torchrun: their exit status is torchrun's to tell
     (exit 0): no crash, no "exit status unknown", no alert."""
-    c = run_cell(tmp_path, torchrun(2), {"FAULT": "none", "STEPS": "15"})
-    assert c.rc == 0, _debug(c)
-    serious = [f for f in c.findings if f["severity"] != "info" and not f.get("resolved")]
-    assert not serious and not c.of("process_exit"), _debug(c)
-    assert not c.alerts, _debug(c)
+    c = cell(tmp_path, "plain", {"FAULT": "none", "STEPS": "15"})
+    assert c.rc == 0, c.debug()
+    assert not c.serious() and not c.of("process_exit"), c.debug()
+    assert not c.alerts, c.debug()
 
 
 @pytest.mark.timeout(300)
 def test_torchrun_restart_reports_the_first_attempts_crash(tmp_path: Path) -> None:
-    """`run -- torchrun --max-restarts 1`, rank 1 raises once at step 6: that crash is reported
-    (the old worker's end is judged before the new one is attached), and the job's clean end
-    after the restart is no crash."""
-    env = {"FAULT": "raise", "FAULT_RANK": "1", "FAULT_STEP": "6", "STEPS": "12", "DIST": "0"}
-    c = run_cell(tmp_path, torchrun(2, "--max-restarts", "1"), env)
-    assert c.rc == 0, _debug(c)
-    crashes = [f for f in c.of("crash") if f["rank"] == 1]
-    assert len(crashes) == 1, _debug(c)
-    assert "rank 1 hit a bad batch at step 6" in crashes[0]["message"], _debug(c)
-    assert "exit code 1" in crashes[0]["message"] or "code 1" in crashes[0]["message"], _debug(c)
+    """`run -- torchrun --max-restarts 1`, rank 1 raises once at step 6 in a real process group:
+    that crash is reported (the old worker's end is judged before the new one is attached),
+    rank 0's gloo error is named after it, one alert, and the job's clean end after the restart
+    is no crash.
+
+    The rendezvous is c10d's with a store of its own per round: torchrun's default static
+    rendezvous keeps one TCPStore, under the same prefix, across restarts, so attempt 1's gloo
+    reads attempt 0's addresses (``connectFullMesh failed ... Connection refused, remote=`` the
+    dead rank's old listener) and the restart fails or hangs about half the time."""
+    env = {"FAULT": "raise", "FAULT_RANK": "1", "FAULT_STEP": "6", "STEPS": "12"}
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url)
+        launcher = torchrun(WORLD, "--max-restarts", "1", *rdzv)
+        c = finish(run_launcher(tmp_path, cfg, launcher, env), tmp_path, posted)
+    assert c.rc == 0, c.debug()
+    assert c.log.count("rank 1 hit a bad batch at step 6") >= 1 and "step=12 " in c.log, c.debug()
+    crashes = c.on(1, "crash")
+    assert len(crashes) == 1, c.debug()
+    assert "rank 1 hit a bad batch at step 6" in crashes[0]["message"], c.debug()
+    assert "code 1" in crashes[0]["message"], c.debug()
     # Rank 0 was stopped by the launcher after rank 1 failed: no crash of its own.
-    assert not [f for f in c.of("crash") if f["rank"] != 1], _debug(c)
-    assert not [f for f in c.findings if f["kind"] == "process_exit" and "unknown" in f["message"]], _debug(c)
-    alert = next(a for a in c.alerts_of("crash") if a["rank"] == 1 or a["suspect"] == 1)
-    assert "crash" in alert["summary"], alert
+    assert not c.on(0, "crash") and not c.on(None, "crash"), c.debug()
+    assert not [f for f in c.findings if f["kind"] == "process_exit" and "unknown" in f["message"]], c.debug()
+    named_after_rank_1(c)
+    [alert] = c.firing()
+    assert alert["kind"] == "crash" and alert["summary"] == "crash on rank 1, suspect rank 1", alert
 
 
 @pytest.mark.timeout(300)
-def test_plain_torchrun_a_rank_that_leaves_early_is_named(tmp_path: Path) -> None:
-    """Rank 1 returns from main with status 0 at step 8 while rank 0 enters the next collective:
-    rank 0's gloo `Connection closed by peer` is a consequence, named after rank 1; the alerts'
-    suspect is rank 1; the agent exits with torchrun's status."""
-    env = {"FAULT": "exit", "FAULT_RANK": "1", "FAULT_STEP": "8", "STEPS": "40"}
-    c = run_cell(tmp_path, torchrun(2), env)
-    assert "rank 1 leaves early at step 8" in c.log, _debug(c)
-    assert c.rc == 1, _debug(c)  # torchrun's: rank 0 failed
-    blamed = [f for f in c.findings if f["rank"] == 0 and f["kind"] in ("crash", "peer_error")]
-    assert blamed, _debug(c)
-    for f in blamed:
-        assert f["message"].startswith("rank 1 failed first: exited with status 0"), _debug(c)
-        assert f["diagnosis"]["suspect"] == 1 and f["diagnosis"]["first_failure"]["kind"] == "exit", f
-    assert not [f for f in c.of("crash") if f["rank"] == 1], _debug(c)
-    firing = [a for a in c.alerts if a["status"] == "firing"]
-    assert firing and all(a["suspect"] == 1 for a in firing), [(a["summary"], a["suspect"]) for a in firing]
-    assert all("suspect rank 1" in a["summary"] for a in firing), [a["summary"] for a in firing]
+@pytest.mark.parametrize("form", ["plain", "tee"])
+def test_torchrun_a_rank_that_leaves_early_is_named(tmp_path: Path, form: str) -> None:
+    """Rank 1 returns from main with status 0 at step 30 while rank 0 enters the next collective:
+    rank 0's gloo `Connection closed by peer` is a consequence, named after rank 1 — and the
+    address gloo lost is the one rank 1's socket had; one alert, suspect rank 1; the agent exits
+    with torchrun's status."""
+    c = cell(tmp_path, form, fault("exit", step=30, steps=60))
+    assert c.rc == 1, c.debug()  # torchrun's: rank 0 failed
+    blamed = c.on(0, "crash", "peer_error")
+    assert blamed, c.debug()
+    first = [f for f in blamed if f["message"].startswith("rank 1 failed first: exited with status 0")]
+    assert first and first[0]["diagnosis"]["first_failure"]["kind"] == "exit", c.debug()
+    assert any("was to rank 1" in f["message"] for f in blamed), c.debug()  # gloo's peer address
+    assert not c.on(1, "crash"), c.debug()
+    named_after_rank_1(c)
+    one_alert_per_problem(c, form)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("form", "kind"), [("plain", "oom"), ("plain", "sigkill"), ("tee", "oom"), ("tee", "sigkill")]
+)
+def test_torchrun_a_failing_rank_is_named_by_its_peer(tmp_path: Path, form: str, kind: str) -> None:
+    """Rank 1 fails at step 8 (a CUDA OOM exception's text, or SIGKILL as the OOM killer sends
+    it): its failure is reported on rank 1 (the launcher's account gives a killed worker its
+    signal), rank 0's gloo error is named after it, every alert's suspect is rank 1, one alert,
+    and the agent exits with torchrun's status."""
+    c = cell(tmp_path, form, fault(kind))
+    assert c.rc == 1, c.debug()
+    own = c.on(1, "crash", "oom")
+    assert own, c.debug()
+    text = " ".join(f["message"] for f in own)
+    assert ("CUDA out of memory" in text) if kind == "oom" else ("SIGKILL" in text), c.debug()
+    named_after_rank_1(c)
+    one_alert_per_problem(c, form)
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_tee_nan_is_found_on_its_rank(tmp_path: Path) -> None:
+    """With --tee 3 every worker line carries its prefix: the NaN is found on the rank that
+    printed it, at its step."""
+    env = {"FAULT": "nan", "FAULT_RANK": "0", "FAULT_STEP": "12", "STEPS": "20"}
+    c = cell(tmp_path, "tee", env)
+    assert c.rc == 0, c.debug()
+    first = {f["rank"]: f["step"] for f in reversed(c.of("nan_loss"))}
+    assert first.get(0) == 12, c.debug()
+    assert not c.of("crash") and not [f for f in c.findings if "unknown" in f["message"]], c.debug()
 
 
 # --- the node daemon: `watch --match`, two users' jobs --------------------------------------
@@ -229,122 +355,59 @@ def _job(out: Path, run: str, tag: str, *, user: int | None, steps: int = 400) -
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(os.geteuid() != 0, reason="two users' jobs need root for setpriv")
+@pytest.mark.skipif(os.geteuid() != 0, reason="two users' jobs needs root for setpriv")
 def test_node_daemon_keeps_two_users_jobs_apart_and_a_new_job_is_a_new_pipeline(tmp_path: Path) -> None:
     """One `watch --match` on a node running job A (root) and job B (nobody), both rank 0 going
     NaN at step 10: two nan_loss findings and two alerts, each with its own run and user. Job A
     ends and job C starts on the same rank numbers: a new pipeline, whose NaN is reported."""
-    srv, got = _receiver()
-    url = f"http://127.0.0.1:{srv.server_address[1]}/hook"
     tag = uuid.uuid4().hex
     jobs = tmp_path / "jobs"
     jobs.mkdir(mode=0o755)
     os.chmod(tmp_path, 0o755)
-    cfg = tmp_path / "rw.yaml"
-    cfg.write_text(
-        "stall: {startup_grace: 120s, floor: 30s}\nprocess: {sample_interval: 250ms}\n"
-        f"dumps: {{dir: {tmp_path / 'dumps'}}}\nserver: {{enabled: false}}\ngpu: {{enabled: false}}\n"
-        f"alerts: {{startup_quiet: 0s, group_wait: 1s, spool_dir: {tmp_path / 'spool'}, board_dir: '',"
-        f" webhook: {{urls: ['{url}']}}}}\n"
-    )
     found = tmp_path / "f.jsonl"
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "rankwatch", "watch", "--config", str(cfg), "--match=--node-daemon-test",
-         "--findings-jsonl", str(found)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
     procs: list[subprocess.Popen[bytes]] = []
 
     def nans() -> list[dict[str, Any]]:
         rows = [json.loads(x) for x in found.read_text().splitlines() if x.strip()] if found.exists() else []
         return [f for f in rows if f["kind"] == "nan_loss" and not f.get("resolved")]
 
-    def wait(what: str, check: Any, timeout: float = 120.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got_ = check()
-            if got_:
-                return got_
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}: {nans()}")
-
-    try:
-        a = _job(jobs / "a.out", "9001", tag, user=None, steps=60)
-        b = _job(jobs / "b.out", "9002", tag, user=65534)
-        procs += [a, b]
-        wait("NaN of both jobs", lambda: {f["run"] for f in nans()} >= {"9001", "9002"})
-        seen = sorted((f["run"], f["rank"], f["step"]) for f in nans())
-        assert seen == [("9001", 0, 10), ("9002", 0, 10)], [(f["run"], f["path"], f["line"]) for f in nans()]
-        wait(
-            "two nan_loss alerts", lambda: len({a_["run"] for a_ in got if a_["kind"] == "nan_loss"}) == 2, 30
-        )
-        a.wait(timeout=120)  # job A runs to its end
-        c = _job(jobs / "c.out", "9003", tag, user=None)
-        procs.append(c)
-        wait("NaN of the next job on the same rank", lambda: "9003" in {f["run"] for f in nans()})
-    finally:
-        agent.terminate()
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url, floor="30s", named=False)
+        cmd = rankwatch("watch", "--config", str(cfg), "--match=--node-daemon-test")
+        cmd += ["--findings-jsonl", str(found)]
+        agent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            agent.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.communicate()
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-            p.wait(timeout=10)
-        srv.shutdown()
-    alerts = [a_ for a_ in got if a_["kind"] == "nan_loss" and a_["status"] == "firing"]
+            a = _job(jobs / "a.out", "9001", tag, user=None, steps=60)
+            b = _job(jobs / "b.out", "9002", tag, user=65534)
+            procs += [a, b]
+            wait_for(lambda: {f["run"] for f in nans()} >= {"9001", "9002"}, 120, "NaN of both jobs", 0.2)
+            seen = sorted((f["run"], f["rank"], f["step"]) for f in nans())
+            assert seen == [("9001", 0, 10), ("9002", 0, 10)], [
+                (f["run"], f["path"], f["line"]) for f in nans()
+            ]
+
+            def alerted_runs() -> set[str]:
+                return {json.loads(b_)["run"] for b_ in posted if json.loads(b_)["kind"] == "nan_loss"}
+
+            wait_for(lambda: len(alerted_runs()) == 2, 30, "two nan_loss alerts", 0.2)
+            a.wait(timeout=120)  # job A runs to its end
+            c = _job(jobs / "c.out", "9003", tag, user=None)
+            procs.append(c)
+            wait_for(
+                lambda: "9003" in {f["run"] for f in nans()}, 120, "NaN of the next job on the same rank", 0.2
+            )
+        finally:
+            agent.terminate()
+            try:
+                agent.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.communicate()
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                p.wait(timeout=10)
+    alerts = [json.loads(b_) for b_ in posted]
+    alerts = [a_ for a_ in alerts if a_["kind"] == "nan_loss" and a_["status"] == "firing"]
     assert sorted({a_["run"] for a_ in alerts}) == ["9001", "9002", "9003"], [a_["summary"] for a_ in alerts]
-    assert not _job_processes(tag)
-
-
-# --- more cells: run -- torchrun (plain and --tee 3) x OOM, SIGKILL, NaN -----------------------
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    ("form", "fault", "kind"),
-    [
-        ("plain", "oom", "oom"),
-        ("plain", "sigkill", "crash"),
-        ("tee", "oom", "oom"),
-        ("tee", "sigkill", "crash"),
-    ],
-)
-def test_torchrun_a_failing_rank_is_named_by_its_peer(
-    tmp_path: Path, form: str, fault: str, kind: str
-) -> None:
-    """Rank 1 fails at step 8 (a CUDA OOM exception's text, or SIGKILL as the OOM killer sends
-    it): its failure is reported on rank 1 (the launcher's account gives a killed worker its
-    signal), rank 0's gloo error is named after it, every alert's suspect is rank 1, and the agent
-    exits with torchrun's status."""
-    extra = ("--tee", "3") if form == "tee" else ()
-    env = {"FAULT": fault, "FAULT_RANK": "1", "FAULT_STEP": "8", "STEPS": "40"}
-    c = run_cell(tmp_path, torchrun(2, *extra), env)
-    assert c.rc == 1, _debug(c)
-    own = [
-        f for f in c.findings if f["rank"] == 1 and f["kind"] in ("crash", "oom") and not f.get("resolved")
-    ]
-    assert own, _debug(c)
-    text = " ".join(f["message"] for f in own)
-    assert ("CUDA out of memory" in text) if fault == "oom" else ("SIGKILL" in text or "signal 9" in text), (
-        _debug(c)
-    )
-    for f in c.findings:
-        if f["rank"] == 0 and f["kind"] in ("crash", "peer_error") and not f.get("resolved"):
-            assert f["message"].startswith("rank 1 failed first"), _debug(c)
-    firing = [a for a in c.alerts if a["status"] == "firing"]
-    assert firing and all(a["suspect"] == 1 for a in firing), [(a["summary"], a["suspect"]) for a in firing]
-
-
-@pytest.mark.timeout(300)
-def test_torchrun_tee_nan_is_found_on_its_rank(tmp_path: Path) -> None:
-    """With --tee 3 every worker line carries its prefix: the NaN is found on the rank that
-    printed it, at its step."""
-    env = {"FAULT": "nan", "FAULT_RANK": "0", "FAULT_STEP": "12", "STEPS": "20"}
-    c = run_cell(tmp_path, torchrun(2, "--tee", "3"), env)
-    assert c.rc == 0, _debug(c)
-    first = {f["rank"]: f["step"] for f in reversed(c.of("nan_loss"))}
-    assert first.get(0) == 12, _debug(c)
-    assert not c.of("crash") and not [f for f in c.findings if "unknown" in f["message"]], _debug(c)
+    assert not job_processes(tag)

@@ -19,8 +19,7 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   none         healthy.
 Rank identity comes from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 ``DIST=0`` runs each rank alone (no process group, no DDP): the cheapest real job for what
-is about the launcher and not the collectives (a torchrun restart: gloo's re-rendezvous
-after a restart is slow and racy on a busy two-core runner).
+is about the launcher and not the collectives (the node daemon's jobs).
 """
 
 from __future__ import annotations

@@ -84,6 +84,48 @@ PEER_FAILURE_RE = re.compile(
 )
 
 
+MAX_ADDRESSES = 256  # addresses a record carries (sources.process.MAX_ADDRESSES)
+# gloo's and the c10d store's peer: "Connection closed by peer [10.0.0.2]:41235",
+# "Read error [127.0.0.1]:28370: Connection reset by peer" (sources.signatures reads the same).
+_PEER_ADDR_RE = re.compile(r"\[([0-9A-Fa-f.:]{1,64})\]:(\d{1,5})")
+_WILDCARD = frozenset({"0.0.0.0", "::", ""})
+
+
+def peer_address(f: Finding) -> str | None:
+    """``host:port`` of the peer a gloo error names, from its evidence or its text."""
+    peer = f.evidence.get("peer")
+    if isinstance(peer, str) and peer:
+        return peer[:80]
+    texts = [f.message, *[str(x) for x in f.evidence.get("traceback") or []][-5:]]
+    for text in texts:
+        if PEER_FAILURE_RE.search(text) and (m := _PEER_ADDR_RE.search(text)) is not None:
+            return f"{m[1]}:{m[2]}"
+    return None
+
+
+def _address_list(v: Any) -> list[str]:
+    if not isinstance(v, list):
+        return []
+    return [a[:80] for a in v[:MAX_ADDRESSES] if isinstance(a, str)]
+
+
+def _listened(peer: str, addresses: Any) -> bool:
+    """The peer address is one of these socket ends: the same port, on the same host or on a
+    wildcard bind (a port is one host's, so another node's wildcard may match too:
+    ``_peer_rank`` wants exactly one match). gloo (torch 2.13's, ``pair.cc``) prints the port
+    as it holds it, in network byte order: the peer that listened on 43617 (0xAA61) is printed
+    ``[127.0.0.1]:25002`` (0x61AA) on a little-endian host, so both orders are tried."""
+    host, _, port = peer.rpartition(":")
+    if not port.isdigit() or int(port) > 0xFFFF:
+        return False
+    ports = {int(port), int.from_bytes(int(port).to_bytes(2, "big"), "little")}
+    for addr in addresses:
+        h, _, p = str(addr).rpartition(":")
+        if p.isdigit() and int(p) in ports and (h == host or h in _WILDCARD or h == f"::ffff:{host}"):
+            return True
+    return False
+
+
 def _now_text(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M:%S UTC")
 
@@ -110,10 +152,13 @@ class CrossRank:
         self._profiled: dict[int | None, float] = {}
 
     # --- what the agent calls (runtime/agent.py: CrossRankJudge) ------------------------
-    def clean_exit(self, rank: int | None, step: int | None, t: float, run: str | None = None) -> None:
-        """A rank of many exited with status 0: recorded as a possible first failure. If its
-        peers go on into the next collective, their hang or their gloo ``Connection closed by
-        peer`` follows it, and they name it; a job that ends well leaves records nobody reads."""
+    def clean_exit(
+        self, rank: int | None, step: int | None, t: float, run: str | None = None, how: str | None = None
+    ) -> None:
+        """A rank of many exited with status 0 (or with a status this agent cannot know: ``how``
+        says so): recorded as a possible first failure. If its peers go on into the next
+        collective, their hang or their gloo ``Connection closed by peer`` follows it, and they
+        name it; a job that ends well leaves records nobody reads."""
         if not self.multi_rank() or rank is None:
             return
         at = f" at step {step}" if step is not None else ""
@@ -127,7 +172,10 @@ class CrossRank:
             "consequence": False,
             "log": self._log_of(rank, run),
             "node": self.agent.identity.node,
+            "addresses": self._addresses(rank, run),
         }
+        if how is not None:
+            mine["how"] = how
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -142,6 +190,30 @@ class CrossRank:
             pass  # logged once and counted by offloop
         except Exception:
             log.exception("recording rank %s's exit in %s failed", rank, self.shared)
+
+    def _addresses(self, rank: int | None, run: str | None = None) -> list[str]:
+        """The local ends of the rank's process's TCP sockets (its gloo pairs, the c10d store)."""
+        w = next(
+            (w for w in self.agent.watchers if w.rank == rank and (run is None or w.identity.run == run)),
+            None,
+        )
+        prober = w.prober if w is not None else None
+        return list(getattr(prober, "addresses", ()) or ())[:MAX_ADDRESSES]
+
+    def _peer_rank(self, addr: str | None, rank: int | None, run: str | None) -> int | None:
+        """The rank of this agent's own processes whose socket was ``addr`` (a launcher's
+        workers, a node daemon's ranks): the process table, no record needed."""
+        if addr is None:
+            return None
+        found = {
+            w.rank
+            for w in self.agent.watchers
+            if w.rank is not None
+            and w.rank != rank
+            and (run is None or w.identity.run == run)
+            and _listened(addr, getattr(w.prober, "addresses", ()) or ())
+        }
+        return found.pop() if len(found) == 1 else None
 
     def _log_of(self, rank: int | None, run: str | None = None) -> str | None:
         w = next(
@@ -202,6 +274,16 @@ class CrossRank:
             return True
         if f.kind in RECORDED_FAILURES:
             return self._on_failure(f)
+        if f.kind == "process_exit" and f.evidence.get("status_known") is False:
+            # A watched rank ended and this agent, not its parent, cannot tell how: a peer's gloo
+            # error that follows names it (the address gloo lost, if it says, decides).
+            at = f" at step {f.step}" if f.step is not None else ""
+            how = (
+                f"exited{at} while its peers went on (its exit status is unknown to this agent, "
+                "which is not its parent)"
+            )
+            self.clean_exit(f.rank, f.step, f.time or self.wall(), f.run, how=how)
+            return False
         if f.kind == "stall" and self.cfg.dumps.on_stall:
             self._held(f.rank)
             self._stalls.append(f)
@@ -345,6 +427,7 @@ class CrossRank:
             "consequence": bool(doc.get("consequence")),
             "log": runfolder.bounded(doc.get("log"), 1000),
             "node": runfolder.bounded(doc.get("node"), 255),
+            "addresses": _address_list(doc.get("addresses")),
         }
 
     # --- first failure -----------------------------------------------------------------
@@ -366,20 +449,13 @@ class CrossRank:
             "consequence": consequence,
             "log": f.path[:1000] if f.path else None,
             "node": self.agent.identity.node,
+            "addresses": self._addresses(f.rank, f.run),
         }
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            first = self._record_failure(f.rank, t, consequence, mine, f.run)
-            if first is not None:
-                self._name_first(f, first)
-            elif (refused := self._folder(f.run).refused) is not None:
-                f.evidence = {
-                    **f.evidence,
-                    "shared_folder": f"refused ({refused}): no peer's failure was read",
-                }
-            elif not consequence and f.rank is not None:
-                f.diagnosed(suspects=(f.rank,), first_failure=FirstFailure.from_json(mine))
+            peer = peer_address(f) if consequence else None
+            self._conclude(f, self._record_failure(f.rank, t, consequence, mine, f.run, peer), mine, peer)
             return False
         self._held(f.rank, failure=True)
         if self._spawn(self._failure(f, t, consequence, mine)) is None:
@@ -387,7 +463,13 @@ class CrossRank:
         return True
 
     def _record_failure(
-        self, rank: int | None, t: float, consequence: bool, mine: dict[str, Any], run: str | None = None
+        self,
+        rank: int | None,
+        t: float,
+        consequence: bool,
+        mine: dict[str, Any],
+        run: str | None = None,
+        peer: str | None = None,
     ) -> dict[str, Any] | None:
         """In the shared folder (blocking: off the loop): write this rank's failure record unless
         it already has one of the same incident, and return the first failure it follows. One
@@ -400,28 +482,20 @@ class CrossRank:
             tag = "x" if mine.get("kind") == "exit" else "c" if consequence else "f"
             name = f"failed-r{rank}-{round(t * 1e6)}-{tag}.json"
             self._write(name, mine, tuple(d["name"] for d in own), run)
-        return self._first_failure(rank, t, consequence, entries, run)
+        return self._first_failure(rank, t, consequence, entries, run, peer)
 
     async def _failure(self, f: Finding, t: float, consequence: bool, mine: dict[str, Any]) -> None:
         """The held failure, emitted once whatever the folder does: named after the first failure
         when its record is there (a consequence waits ``FAILURE_WAIT_S`` for it), as it is when
         the folder hangs (``FAILURE_IO_S``, counted under ``dumps`` by offloop) or fails."""
+        peer = peer_address(f) if consequence else None
         try:
             first = await self._store_io(
-                self._record_failure, f.rank, t, consequence, mine, f.run, timeout=FAILURE_IO_S
+                self._record_failure, f.rank, t, consequence, mine, f.run, peer, timeout=FAILURE_IO_S
             )
             if first is None and consequence:
-                first = await self._wait_first_failure(f.rank, t, f.run)
-            if first is not None:
-                self._name_first(f, first)
-            elif (refused := self._folder(f.run).refused) is not None:
-                f.evidence = {
-                    **f.evidence,
-                    "shared_folder": f"refused ({refused}): no peer's failure was read",
-                }
-            elif not consequence and f.rank is not None:
-                # No peer failed before it: this rank is the first failure, its own suspect.
-                f.diagnosed(suspects=(f.rank,), first_failure=FirstFailure.from_json(mine))
+                first = await self._wait_first_failure(f.rank, t, f.run, peer)
+            self._conclude(f, first, mine, peer)
         except asyncio.TimeoutError:  # logged once and counted by offloop
             f.evidence = {
                 **f.evidence,
@@ -435,6 +509,29 @@ class CrossRank:
         finally:
             self._release(f, failure=True)
 
+    def _conclude(
+        self, f: Finding, first: dict[str, Any] | None, mine: dict[str, Any], peer: str | None
+    ) -> None:
+        """Name the first failure ``f`` follows, or the rank gloo lost, or ``f``'s own rank."""
+        if first is not None:
+            self._name_first(f, first, peer)
+        elif (known := self._peer_rank(peer, f.rank, f.run)) is not None:
+            # No record of its end (yet), but this agent watched the process whose socket was
+            # the one gloo lost: that rank left.
+            f.message = (
+                f"the connection gloo lost ({peer}) was to rank {known}: look at rank {known}, "
+                "not this one. " + f.message
+            )
+            f.diagnosed(suspects=(known,))
+        elif (refused := self._folder(f.run).refused) is not None:
+            f.evidence = {
+                **f.evidence,
+                "shared_folder": f"refused ({refused}): no peer's failure was read",
+            }
+        elif not mine["consequence"] and f.rank is not None:
+            # No peer failed before it: this rank is the first failure, its own suspect.
+            f.diagnosed(suspects=(f.rank,), first_failure=FirstFailure.from_json(mine))
+
     def _first_failure(
         self,
         rank: int | None,
@@ -442,10 +539,13 @@ class CrossRank:
         consequence: bool,
         entries: list[dict[str, Any]] | None = None,
         run: str | None = None,
+        peer: str | None = None,
     ) -> dict[str, Any] | None:
         """The earliest failure of another rank that this one's failure (at ``t``) may follow:
         chosen from the names, then read; a record that fails validation is skipped (counted).
-        A clean exit causes only what waited for it (a consequence), never a failure of its own."""
+        A clean exit causes only what waited for it (a consequence), never a failure of its own.
+        ``peer``: the address gloo says it lost; of the records read, the one whose rank's socket
+        it was is the rank that left (else the earliest, as without it)."""
         if entries is None:
             entries = self._read_all("failed-", run)
         others = sorted(
@@ -460,17 +560,20 @@ class CrossRank:
             key=lambda d: (d["time"], d["rank"]),
         )
         reads = 0
+        earliest = None
         for entry in others[:FIRST_TRIES]:
             doc = self._load(entry, run)
             if doc is not None:
-                return doc
+                if peer is None or _listened(peer, doc["addresses"]):
+                    return doc
+                earliest = earliest or doc
             if self._read_last:
                 reads += 1
                 if reads >= FIRST_READS:
                     break
-        return None
+        return earliest
 
-    def _name_first(self, f: Finding, first: dict[str, Any]) -> None:
+    def _name_first(self, f: Finding, first: dict[str, Any], peer: str | None = None) -> None:
         when = first.get("time")
         gap = ""
         if isinstance(when, (int, float)):
@@ -478,6 +581,8 @@ class CrossRank:
             before = f", {mine - when:.1f}s before this rank" if mine >= when else ""
             gap = f" at {_now_text(when)}{before}"
         log_at = f" (its log: {first['log']})" if first.get("log") else ""
+        if peer is not None and _listened(peer, first.get("addresses") or ()):
+            log_at += f"; the connection gloo lost ({peer}) was to rank {first.get('rank')}"
         f.message = (
             f"rank {first.get('rank')} failed first: {first.get('how')}{gap}{log_at}. This rank's failure "
             f"is a consequence: look at rank {first.get('rank')}, not this one. " + f.message
@@ -485,7 +590,7 @@ class CrossRank:
         f.diagnosed(first_failure=FirstFailure.from_json(first))
 
     async def _wait_first_failure(
-        self, rank: int | None, t: float, run: str | None = None
+        self, rank: int | None, t: float, run: str | None = None, peer: str | None = None
     ) -> dict[str, Any] | None:
         """A consequence came first: the first failure's record may follow within seconds."""
         deadline = time.monotonic() + FAILURE_WAIT_S
@@ -499,6 +604,7 @@ class CrossRank:
                     True,
                     None,
                     run,
+                    peer,
                     timeout=FAILURE_WAIT_S,
                 )
             except asyncio.TimeoutError:

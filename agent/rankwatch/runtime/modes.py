@@ -797,5 +797,18 @@ class _ProcessWatch:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.cfg.process.sample_interval)
         finally:
+            await self.last_look()
             await lifecycle.stop_watchers(self.agent, extras, self.watchers, self.tasks)
         return 0
+
+    async def last_look(self) -> None:
+        """Kubernetes stops a native sidecar as soon as the trainer has exited: a process that
+        ended since the last sample is judged before the agent goes, not lost with it."""
+        for w in self.watchers:
+            if w.prober is not None and not w.exited:
+                with contextlib.suppress(Exception):
+                    s = await offloop.proc(
+                        w.prober.sample, name=w.proc_io, errors=self.agent.internal_errors_by_component
+                    )
+                    if not s.alive:
+                        w.on_exit(s.exit_code, None, disk_full=self.agent.log_disk_full(w))

@@ -135,6 +135,18 @@ def env_int(env: dict[str, str], names: Iterable[str]) -> int | None:
     return None
 
 
+def output_files(pid: int) -> list[Path]:
+    """The regular files a process's stdout and stderr go to (``/proc/<pid>/fd/1`` and ``2``),
+    in that order, without repeats."""
+    out: list[Path] = []
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("/") and os.path.isfile(target) and Path(target) not in out:
+                out.append(Path(target))
+    return out
+
+
 def rank_workers(root: int) -> list[tuple[int, dict[str, str]]]:
     """The rank processes under a launcher (``torchrun``): descendants with a RANK in their
     environment whose parent has none (a rank's own DataLoader workers inherit its RANK)."""
@@ -194,8 +206,11 @@ def _worker_watcher_class() -> type:
 
         reads: int | None = None
         launcher = False  # the run's own pipeline: its failures are judged at the launcher's exit
+        own: frozenset[Path] = frozenset()  # files only this worker writes: every line is its own
 
         def feed_lines(self, stream, batch):  # type: ignore[no-untyped-def]
+            if stream.path in self.own:
+                return super().feed_lines(stream, batch)
             mine = [fl for fl in batch if fl.cut or strip(fl.text)[1] == self.reads]
             if mine:
                 super().feed_lines(stream, mine)
@@ -228,8 +243,10 @@ _FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: 
 _CLOSING_RE = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")
 # Its failure box at the end: ``exitcode  : -15 (pid: 17341)`` for every failed worker.
 _BOX_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+_BOX_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")  # the line above it
 _LAUNCHER_LOG_MAX = 4 << 20  # a backlog larger than this is skipped: those fates stay unknown
 MONITOR_INTERVAL_S = 0.1  # torchrun's --monitor-interval default (torch/distributed/run.py)
+MAX_UNSEEN = 64  # workers the failure box names that are given a pipeline at the end, at most
 
 
 def monitor_interval(cmd: list[str]) -> float:
@@ -259,6 +276,8 @@ class LauncherLog:
         self.failed: dict[int, int] = {}
         self.stopped: dict[int, int] = {}
         self.boxed: dict[int, int] = {}  # the failure box: the workers it stopped are there too
+        self.ranks: dict[int, tuple[int, int]] = {}  # pid -> (rank, local rank), from the box
+        self._box_rank: tuple[int, int] | None = None
 
     def fate(self, pid: int) -> tuple[int | None, int | None]:
         """(exit status, stop signal the launcher sent): its failure line first, then a stop
@@ -286,6 +305,9 @@ class LauncherLog:
         lines = (self._rest + data).split(b"\n")
         self._rest = lines.pop()[-4096:]
         for raw in lines:
+            if b"rank" in raw and (r := _BOX_RANK_RE.search(raw.decode("utf-8", "replace"))) is not None:
+                self._box_rank = (int(r.group(1)), int(r.group(2)))
+                continue
             if b"exitcode" not in raw and b"closing signal" not in raw:
                 continue
             text = raw.decode("utf-8", "replace")
@@ -295,6 +317,9 @@ class LauncherLog:
             b = _BOX_RE.search(text)
             if b is not None:
                 self.boxed[int(b.group(2))] = int(b.group(1))
+                if self._box_rank is not None:
+                    self.ranks[int(b.group(2))] = self._box_rank
+                self._box_rank = None
             c = _CLOSING_RE.search(text)
             if c is not None:
                 with contextlib.suppress(AttributeError):
@@ -342,7 +367,7 @@ class Fleet:
         self.attached_at: dict[int, float] = {}
         self.crashed: set[int | None] = set()  # ranks whose worker crashed (found held or not)
 
-    def _add(self, pid: int, env: dict[str, str]) -> None:
+    def _add(self, pid: int, env: dict[str, str], own: list[Path] | None = None) -> None:
         rank = env_int(env, RANK_VARS)
         if rank is None:
             return
@@ -364,9 +389,21 @@ class Fleet:
             local_rank=env_int(env, LOCAL_RANK_VARS),
             world_size=env_int(env, WORLD_VARS) or self.agent.identity.world_size,
         )
+        from rankwatch.runtime.watcher import Stream
+
+        own = own or []
         w = self._cls(
-            self.cfg, ident, [self.log_path], emit=self.agent.emit, clock=self.agent.clock, from_end=True
+            self.cfg,
+            ident,
+            [*own, self.log_path],
+            emit=self.agent.emit,
+            clock=self.agent.clock,
+            from_end=True,
         )
+        # A worker's own files are new with it: read from their start (the combined log from
+        # its end: what is there is the run's and earlier workers'). Its log is its stdout file.
+        w.streams[: len(own)] = [Stream(p, self.cfg, rank, False, ident.world_size) for p in own]
+        w.own = frozenset(own)
         w.reads = rank
         w.attach(pid)
         self.attached_at[rank] = time.time()
@@ -426,6 +463,22 @@ class Fleet:
             if s is not None and not s.alive and not w.exited:
                 self._judge(w)
 
+    async def _own_files(self, pid: int) -> list[Path]:
+        """A worker's own output files: torchrun's ``--redirects 3 --log-dir D`` sends each
+        worker's stdout and stderr to files of its own (``D/<run>/attempt_<n>/<local rank>/``),
+        and nothing of it reaches the combined log."""
+        try:
+            files = await offloop.proc(
+                output_files,
+                pid,
+                name="rankwatch-proc-workers",
+                errors=self.agent.internal_errors_by_component,
+            )
+        except asyncio.TimeoutError:
+            return []
+        combined = os.path.realpath(self.log_path)
+        return [f for f in files if os.path.realpath(f) != combined]
+
     async def _read_launcher_log(self) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await offloop.proc(
@@ -448,14 +501,30 @@ class Fleet:
                 found = []  # a process in D state (logged and counted by offloop): next period
             await self._read_launcher_log()
             for pid, env in found:
-                self._add(pid, env)
+                own = await self._own_files(pid) if env_int(env, RANK_VARS) not in self.by_rank else []
+                self._add(pid, env, own)
             self.check()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 
+    def _unseen(self) -> None:
+        """Workers the launcher's failure box names that ended before a look found them (a rank
+        that dies within its first moments on a busy node): each gets its pipeline now, so its
+        end is reported on its rank, not as the launcher's unexplained exit."""
+        log_ = self.launcher_log
+        seen = {w.prober.pid for w in self.by_rank.values() if w.prober is not None}
+        for pid, (rank, local) in log_.ranks.items():
+            if pid in seen or rank in self.by_rank or log_.boxed.get(pid, 0) == 0:
+                continue
+            if len(self.by_rank) >= MAX_UNSEEN + len(seen):
+                break
+            self._add(pid, {"RANK": str(rank), "LOCAL_RANK": str(local)})
+            log.info("launcher worker: rank %d (pid %d) ended before it was seen", rank, pid)
+
     async def close(self) -> bool:
         """Every worker's end reported, the launcher's last words read; True when one crashed."""
         await self._read_launcher_log()
+        self._unseen()
         for w in self.by_rank.values():
             w.stop()
         for t in self.tasks:

@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psutil
 
@@ -63,6 +63,16 @@ def _cpu(p: psutil.Process) -> float:
 
 
 TREE_RESCAN = 10
+# The local ends of a rank's TCP sockets (its gloo pairs, listening or connected; rank 0's c10d
+# store): a peer's gloo error names the remote end it lost (``Connection closed by peer
+# [10.0.0.2]:41632``), and these say which rank that was once it is gone. Read every LISTEN_EARLY
+# samples for the first EARLY_SAMPLES (a job connects its process groups at start), then every
+# LISTEN_RESCAN (a read walks the process's fds and the namespace's TCP table); at most
+# MAX_ADDRESSES kept, the first ones (the default process group's).
+LISTEN_RESCAN = 40
+LISTEN_EARLY = 4
+EARLY_SAMPLES = 600
+MAX_ADDRESSES = 256
 CGROUP_ROOT = "/sys/fs/cgroup"
 _CGROUP_DEPTH = 16
 
@@ -263,6 +273,7 @@ class ProcessProber:
         self._last_time = clock()
         self._kids: list[psutil.Process] = []
         self._samples = 0
+        self.addresses: tuple[str, ...] = ()  # "host:port" of its sockets' local ends, kept after it died
         if self._proc is not None:
             self._cmdline = _safe(self._proc.cmdline, [])
             self._kids = self._descendants(self._proc)
@@ -316,6 +327,8 @@ class ProcessProber:
         status = _safe(p.status, psutil.STATUS_DEAD)
         if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
             return self._dead(now, state_name(status))
+        if self._samples % (LISTEN_EARLY if self._samples < EARLY_SAMPLES else LISTEN_RESCAN) == 1:
+            self._addresses(p)
         kids = [k for k in self._tree(p) if _safe(k.status, _Z) != _Z]
         cpu = self._tree_cpu(p, kids)
         dt = now - self._last_time
@@ -343,6 +356,19 @@ class ProcessProber:
             memory_limit_bytes=limit,
             memory_available_bytes=avail,
         )
+
+    def _addresses(self, p: psutil.Process) -> None:
+        if len(self.addresses) >= MAX_ADDRESSES:
+            return
+        read = getattr(p, "net_connections", None) or p.connections  # psutil < 6
+        none: list[Any] = []
+        conns: list[Any] = _safe(lambda: list(read(kind="tcp")), none)
+        found = [
+            f"{c.laddr.ip}:{c.laddr.port}"
+            for c in conns
+            if c.laddr and c.status in (psutil.CONN_LISTEN, psutil.CONN_ESTABLISHED)
+        ]
+        self.addresses = tuple(dict.fromkeys([*self.addresses, *found]))[:MAX_ADDRESSES]
 
     def pids(self) -> list[int]:
         """The process and its live descendants, e.g. for py-spy."""

@@ -57,6 +57,12 @@ from rankwatch.records import Finding, Severity
 log = logging.getLogger("rankwatch.alerts")
 
 Key = tuple[str, int | None, str, str | None]  # (run, rank, kind, subject): Finding.key and the run
+# A job's failures: one rank's crash after its own OOM, its peers' gloo errors after it, are one
+# problem and one alert (``_problem_of``), within this long of the first (diagnose's window).
+FAILURE_FAMILY = frozenset(
+    {"crash", "oom", "cuda_error", "xid", "gpu_lost", "peer_error", "nccl_error", "nccl_timeout"}
+)
+FOLD_WINDOW_S = 600.0
 GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
 
 
@@ -243,7 +249,50 @@ class AlertPolicy:
         starts = f.time if f.time is not None else self.wall()
         a = Active(f.severity, self._member(key[1], f, starts), board_time=self.wall())
         self._active[key] = a
+        problem = self._problem_of(key, f, starts)
+        if problem is not None:
+            # Part of a failure this agent already alerts: no message of its own. It stays
+            # active (its resolve, its escalation above an announced alert, are its own).
+            a.pending = False
+            g = next(
+                (g for g in self._pending.values() if problem in g.members and g.status == "firing"), None
+            )
+            if g is not None:
+                g.severity = max(g.severity, f.severity)
+            return
         self._add(key, a.member, "firing", f.severity, a.board_time)
+
+    def _problem_of(self, key: Key, f: Finding, starts: float) -> Key | None:
+        """The failure alert of this agent that ``f`` is part of: one problem, one alert. A rank's
+        crash after its own OOM, CUDA or peer error is that error's end; a rank's failure whose
+        first failure is another rank's (gloo's ``Connection closed by peer`` after rank 1 died)
+        is part of the first failure's alert, however severe. A failure that is its own first
+        failure is never folded into another rank's alert, and one more severe than the announced
+        alert of its own rank is news."""
+        if key[2] not in FAILURE_FAMILY:
+            return None
+        d = f.diagnosis
+        first = d.first_failure.rank if d is not None and d.first_failure is not None else None
+        caused_by = d.suspect if d is not None and d.suspect is not None else first
+        consequence = caused_by is not None and caused_by != key[1]
+        for k, a in self._active.items():
+            if (
+                k == key
+                or k[0] != key[0]
+                or k[2] not in FAILURE_FAMILY
+                or (k[2] == key[2] and k[1] == key[1])
+            ):
+                continue
+            if abs(a.member.starts_at - starts) > FOLD_WINDOW_S:
+                continue
+            if not consequence and a.sent and f.severity > a.severity:
+                continue  # its own failure worse than announced: news
+            if not a.pending and not a.sent:
+                continue  # itself folded into another: fold into that one instead
+            theirs = a.member.diagnosis.suspect if a.member.diagnosis is not None else None
+            if k[1] == key[1] or (consequence and caused_by in (k[1], theirs)):
+                return k
+        return None
 
     def _resolve(self, key: Key, f: Finding) -> None:
         a = self._active.pop(key, None)
