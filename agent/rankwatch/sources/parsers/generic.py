@@ -8,6 +8,7 @@ import functools
 import json
 import math
 import re
+from collections import deque
 from typing import Any, ClassVar
 
 from rankwatch.records import Record, StepRecord
@@ -103,6 +104,7 @@ class JsonParser:
     def __init__(self) -> None:
         self._epoch_steps = True  # a whole epoch with no step key is the step
         self._last_epoch_step: float | None = None
+        self._recent: deque[tuple[float, frozenset[str]]] = deque(maxlen=_JSON_RECENT)
 
     def sniff(self, text: str) -> bool:
         obj = self._load(text)
@@ -154,9 +156,20 @@ class JsonParser:
         # A record with a loss and its LR or grad norm but no counter (fastText's progress JSON)
         # is a training step all the same, numbered by its position.
         stepless = "step" not in f and "loss" in f and bool({"learning_rate", "grad_norm"} & f.keys())
+        if "step" in f:
+            # A step told again with the same fields among the last few records (LLaMA-Factory's
+            # trainer_log.jsonl when two processes append to it, their lines interleaved) is one
+            # step, not two.
+            told = (f["step"], frozenset(f))
+            if told in self._recent:
+                return []
+            self._recent.append(told)
         return _records(bag, line, need_step=not stepless)
 
 
+# How many recent (step, fields) keys a JSON stream remembers to drop a record written twice:
+# two writers appending the same log interleave their lines by one or two records.
+_JSON_RECENT = 4
 _HELD_OUT_MODES = frozenset({"val", "valid", "validation", "test", "eval"})
 _TRAIN_FIELDS = frozenset({"loss", "grad_norm"})
 
