@@ -1231,3 +1231,39 @@ num_episodes,policy_gradient_loss,value_loss,ep_rew_mean,total_loss,total_time,t
 
 def test_rl_progress_csv_total_timesteps_is_the_step() -> None:
     assert [r.step for r in steps(PPO_PROGRESS)] == [1280, 2560, 3840]
+
+
+# ---------------------------------------------------------------- loss-ish text in capitals, one key a line
+
+# https://github.com/apoorvnandan/speech-recognition-primer/issues/2 (batch9): a Keras callback
+# prints "Epoch    :  N" and "LOSS     :  x" on rows of their own; the epoch is the step.
+CTC_BLOCKS = """
+Epoch    :  5
+LOSS     :  24.569025
+
+called epoch end, epoch num:  5
+Epoch    :  6
+LOSS     :  20.572273
+
+called epoch end, epoch num:  6
+BREAK
+BREAKating train data 2/10
+BREAKating train data 4/10
+BREAKating train data 6/10
+BREAKating train data 8/10
+Epoch    :  7ain data 10/10
+LOSS     :  29.43734
+
+called epoch end, epoch num:  7
+Epoch    :  8
+LOSS     :  nan
+"""
+
+
+def test_padded_capital_rows_are_one_record_per_epoch() -> None:
+    # Epoch 5's rows come before the first line the reader is sniffed on, and epoch 7's row is
+    # overwritten by a progress line ("Epoch    :  7ain data 10/10"): neither is a record.
+    s = steps(CTC_BLOCKS)
+    assert [r.step for r in s] == [6, 8]
+    assert s[0].loss == 20.572273
+    assert s[1].loss is not None and math.isnan(s[1].loss)

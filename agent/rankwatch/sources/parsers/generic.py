@@ -751,7 +751,7 @@ class KvParser:
         bag = MetricBag()
         f = bag.fields
         parts: list[float] = []
-        stats_nan = False
+        stats_nan = told_epoch = False
         for raw_key, raw in rows:
             key = _flat_key(raw_key.strip().strip("\"'"))
             v = to_float(raw[1:] if raw[:1] == "." and raw[1:2].isalpha() else raw)  # YAML's .nan
@@ -769,12 +769,18 @@ class KvParser:
                 if "step" not in f or low in _STEP_WORDS:
                     f["step"] = v
                 continue
+            told_epoch = told_epoch or low == "epoch"
             bag.put(key, v)
         _finish_bag(bag, parts, stats_nan)
         if "step" not in f and self._carry is not None:
             f["step"] = self._carry[0]
         if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
             return self._counted_table(f, line)
+        if "step" not in f and told_epoch and _whole(f.get("epoch")):
+            # A block that counts epochs on a row of its own ("Epoch    :  5" over "LOSS     :
+            # 24.569025", a Keras callback's prints): the epoch is the step. A settings dump
+            # says "epochs: 100", which is no counter.
+            f["step"] = f["epoch"]
         if "step" not in f and not self._block_steps:
             return []  # no step: a settings dump ("epochs: 10", "loss_weight: 1.0"), not a record
         # A block cut before its step (the end of a pasted excerpt) follows blocks that had one.
