@@ -1267,3 +1267,18 @@ def test_padded_capital_rows_are_one_record_per_epoch() -> None:
     assert [r.step for r in s] == [6, 8]
     assert s[0].loss == 20.572273
     assert s[1].loss is not None and math.isnan(s[1].loss)
+
+
+# AtariRL/atari-dqn@2e95e3e:progress.csv, header and first rows (batch9): no loss column, an
+# episode column and a "steps_done" counter: one record per episode at its environment step.
+DQN_PROGRESS = """
+episode,episode time,episode_reward,running_reward,steps_done
+0,0.7828805213794112,168.0,122.43,389
+1,0.5403541754931211,84.0,58.59,645
+2,0.6599322035908699,168.0,162.96,975
+"""
+
+
+def test_rl_progress_csv_without_a_loss_is_read_at_its_step_counter() -> None:
+    s = steps(DQN_PROGRESS)
+    assert [(r.step, r.loss) for r in s] == [(389, None), (645, None), (975, None)]

@@ -388,7 +388,7 @@ class KvParser:
             text = _JOINED_KEY.sub(r"\1: ", text)
         if "poch" in text and (table_header(strip_ansi(text)) is not None or _csv_header(text) is not None):
             return not _specific(text)
-        if "imesteps" in text and _csv_header(text) is not None:
+        if _csv_gate(text) and _csv_header(text) is not None:
             return not _specific(text)  # an RL logger's progress.csv (OpenAI baselines, SB3)
         if "G " in text and _YOLO_RESULTS.match(text) is not None:
             return not _specific(text)
@@ -628,7 +628,7 @@ class KvParser:
             if self._cols is None and "G " in text and _YOLO_RESULTS.match(text) is not None:
                 self._cols = _YOLO_RESULTS_COLS
                 self._loss_cols = loss_columns(_YOLO_RESULTS_COLS)
-            if self._cols is not None or self._csv is not None or "poch" in text:
+            if self._cols is not None or self._csv is not None or "poch" in text or _csv_gate(text):
                 recs = self._table(line, strip_ansi(text))
                 if recs is not None:
                     return recs
@@ -640,7 +640,7 @@ class KvParser:
                 self._block_line = line
             return []
         text = strip_ansi(text)
-        if "poch" in text or ("imesteps" in text and "," in text):
+        if "poch" in text or _csv_gate(text):
             recs = self._table(line, text)
             if recs is not None:
                 return recs
@@ -840,7 +840,7 @@ class KvParser:
 
     def _table(self, line: LogLine, text: str) -> list[Record] | None:
         """Records of a header-and-rows table; None when ``text`` is no part of one."""
-        if "poch" in text or "imesteps" in text:
+        if "poch" in text or _csv_gate(text):
             header = table_header(text) if "poch" in text else None
             if header is not None:
                 self._cols, self._loss_cols = header, loss_columns(header)
@@ -896,7 +896,12 @@ class KvParser:
         f = bag.fields
         if "step" not in f and "epoch" in f:
             f["step"] = f["epoch"]
-        return _records(bag, line) if "loss" in f or "eval_loss" in f else []
+        if "loss" in f or "eval_loss" in f:
+            return _records(bag, line)
+        # An RL progress.csv with no loss column (a DQN's per-episode rewards): a record at its
+        # step all the same, so the run is read, with no loss to judge.
+        step = f.get("step")
+        return [step_record(line, step=int(step))] if step is not None and _whole(step) else []
 
 
 # VITS and its forks (train.py: logger.info([x.item() for x in losses] + [global_step, lr])):
@@ -1011,11 +1016,21 @@ def _csv_header(text: str) -> list[str] | None:
     low = [c.lower() for c in cols]
     if "step" in low:
         return None  # a step column: Lightning's CSVLogger, its own reader
-    if "epoch" not in low and not any(canonical(_flat_key(c)) == "step" and "timesteps" in c for c in low):
+    counter = any(canonical(_flat_key(c)) == "step" for c in low)
+    if "epoch" not in low and not counter:
         return None
-    if not any("loss" in c for c in low) or not all(_CSV_WORD.fullmatch(c) for c in cols):
+    # An RL logger's progress.csv may have no loss column: episodes and their rewards against
+    # an environment-step counter (a DQN's "episode,episode_reward,...,steps_done").
+    rl = counter and any("episode" in c for c in low) and any("reward" in c for c in low)
+    if not (rl or any("loss" in c for c in low)) or not all(_CSV_WORD.fullmatch(c) for c in cols):
         return None
     return cols
+
+
+def _csv_gate(text: str) -> bool:
+    """Cheap test for a line that may be an RL progress.csv header naming its step counter
+    ("total timesteps", "TimestepsSoFar", "steps_done")."""
+    return "teps" in text and "," in text and ":" not in text and "=" not in text
 
 
 # ---------------------------------------------------------------- user regex
