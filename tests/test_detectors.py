@@ -733,3 +733,20 @@ def test_a_loss_scale_printed_as_zero_is_a_collapse() -> None:
         for f in run([StepRecord(step=s, loss=2.0, loss_scale=1.0) for s in range(1, 50)])
         if f.kind == "loss_scale_collapse"
     ]
+
+
+# batch9 hf_trainer_token_classifier_healthy.log: two trainer.train() runs in one log; the
+# second starts at a higher loss with its epoch back at 2.21 after 2.8 (loss, epoch).
+TWO_RUNS = [
+    (1.6282, 0.22), (0.072, 0.43), (0.0217, 0.65), (0.0116, 0.86), (0.0076, 1.08), (0.005, 1.29),
+    (0.0038, 1.51), (0.0032, 1.72), (0.0027, 1.94), (0.0022, 2.16), (0.002, 2.37), (0.0016, 2.59),
+    (0.0014, 2.8), (0.1373, 2.21), (0.0276, 4.42), (0.0147, 6.64), (0.01, 8.85),
+]  # fmt: skip
+
+
+def test_a_second_run_in_the_log_is_no_spike_against_the_first() -> None:
+    recs = [StepRecord(step=None, loss=v, epoch=e, line=i) for i, (v, e) in enumerate(TWO_RUNS, 1)]
+    assert [f for f in run(recs) if f.kind == "loss_spike"] == []
+    # The same jump without the epoch going back is still a spike.
+    same = [StepRecord(step=None, loss=v, epoch=float(i), line=i) for i, (v, _) in enumerate(TWO_RUNS, 1)]
+    assert [f.kind for f in run(same) if f.kind == "loss_spike"] == ["loss_spike"]

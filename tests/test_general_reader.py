@@ -1188,3 +1188,97 @@ DCGAN_LOG = (
 def test_dcgan_epoch_and_batch_counters_make_one_rising_step_and_loss_g_is_the_loss() -> None:
     s = steps(DCGAN_LOG)
     assert [(r.step, r.epoch, r.loss) for r in s] == [(30, 0, 57.3842), (32, 1, 56.7433)]
+
+
+# ---------------------------------------------------------------- step identity in structured records
+
+# rameyjm7/SFT-Training-LLM@dbf63c4:trainer_log.jsonl lines 199-203 (batch9; LLaMA-Factory, two writers interleave
+# their copies of each record): "current_steps" is the step, each step counted once.
+LLAMAFACTORY_DOUBLED = """
+{"current_steps": 1000, "total_steps": 6566, "loss": 0.5602, "lr": 9.439617489181439e-06, "epoch": 1.0661333333333334, "percentage": 15.23, "elapsed_time": "4:12:42", "remaining_time": "23:26:32"}
+{"current_steps": 1000, "total_steps": 6566, "loss": 0.5601, "lr": 9.439617489181439e-06, "epoch": 1.0661333333333334, "percentage": 15.23, "elapsed_time": "4:13:32", "remaining_time": "23:31:10"}
+{"current_steps": 1010, "total_steps": 6566, "loss": 0.5479, "lr": 9.428562260256644e-06, "epoch": 1.0768, "percentage": 15.38, "elapsed_time": "4:16:18", "remaining_time": "23:29:59"}
+{"current_steps": 1020, "total_steps": 6566, "loss": 0.5624, "lr": 9.417405649551203e-06, "epoch": 1.0874666666666666, "percentage": 15.53, "elapsed_time": "4:18:51", "remaining_time": "23:27:29"}
+{"current_steps": 1010, "total_steps": 6566, "loss": 0.5478, "lr": 9.428562260256644e-06, "epoch": 1.0768, "percentage": 15.38, "elapsed_time": "4:18:50", "remaining_time": "23:43:54"}
+"""
+
+
+def test_llamafactory_current_steps_is_the_step_and_a_doubled_record_counts_once() -> None:
+    s = steps(LLAMAFACTORY_DOUBLED)
+    assert [(r.step, r.loss) for r in s] == [(1000, 0.5602), (1010, 0.5479), (1020, 0.5624)]
+
+
+# LLaMA-Factory trainer_log.jsonl (batch9 llamafactory_mistral_translator_healthy.jsonl).
+LLAMAFACTORY = """
+{"current_steps": 10, "total_steps": 8660, "loss": 2.4977, "learning_rate": 5.773672055427253e-07, "epoch": 0.004618937644341801, "percentage": 0.12, "elapsed_time": "0:00:24", "remaining_time": "5:58:33", "throughput": "0.00", "total_tokens": 0}
+{"current_steps": 20, "total_steps": 8660, "loss": 2.7655, "learning_rate": 1.1547344110854505e-06, "epoch": 0.009237875288683603, "percentage": 0.23, "elapsed_time": "0:00:47", "remaining_time": "5:41:14", "throughput": "0.00", "total_tokens": 0}
+"""
+
+
+def test_llamafactory_current_steps_not_position() -> None:
+    assert [r.step for r in steps(LLAMAFACTORY)] == [10, 20]
+
+
+# BoogaQ/PPO-exploration@0099410:progress.csv, header and first rows (batch9): the
+# "total timesteps" column is the step, not the episode count or the position.
+PPO_PROGRESS = """
+num_episodes,policy_gradient_loss,value_loss,ep_rew_mean,total_loss,total_time,total timesteps,entropy_loss
+11,-0.005182718403551173,0.07205698246252723,-628.9608993636364,0.052684879181294324,0.78645920753479,1280,-1.4189385175704956
+21,-0.006227885914636348,0.030942515848437324,-551.1840361904761,0.010525245056119244,1.5885744094848633,2560,-1.4189385175704956
+34,-0.003845649563208403,0.03825378270994406,-479.72035794117653,0.020218748269053927,2.375253677368164,3840,-1.4189385175704956
+"""
+
+
+def test_rl_progress_csv_total_timesteps_is_the_step() -> None:
+    assert [r.step for r in steps(PPO_PROGRESS)] == [1280, 2560, 3840]
+
+
+# ---------------------------------------------------------------- loss-ish text in capitals, one key a line
+
+# https://github.com/apoorvnandan/speech-recognition-primer/issues/2 (batch9): a Keras callback
+# prints "Epoch    :  N" and "LOSS     :  x" on rows of their own; the epoch is the step.
+CTC_BLOCKS = """
+Epoch    :  5
+LOSS     :  24.569025
+
+called epoch end, epoch num:  5
+Epoch    :  6
+LOSS     :  20.572273
+
+called epoch end, epoch num:  6
+BREAK
+BREAKating train data 2/10
+BREAKating train data 4/10
+BREAKating train data 6/10
+BREAKating train data 8/10
+Epoch    :  7ain data 10/10
+LOSS     :  29.43734
+
+called epoch end, epoch num:  7
+Epoch    :  8
+LOSS     :  nan
+"""
+
+
+def test_padded_capital_rows_are_one_record_per_epoch() -> None:
+    # Epoch 5's rows come before the first line the reader is sniffed on, and epoch 7's row is
+    # overwritten by a progress line ("Epoch    :  7ain data 10/10"): neither is a record.
+    s = steps(CTC_BLOCKS)
+    assert [r.step for r in s] == [6, 8]
+    assert s[0].loss == 20.572273
+    assert s[1].loss is not None and math.isnan(s[1].loss)
+
+
+# AtariRL/atari-dqn@2e95e3e:progress.csv, header and first rows (batch9): no loss column, an
+# episode column and a "steps_done" counter: one record per episode at its environment step.
+DQN_PROGRESS = """
+episode,episode time,episode_reward,running_reward,steps_done
+0,0.7828805213794112,168.0,122.43,389
+1,0.5403541754931211,84.0,58.59,645
+2,0.6599322035908699,168.0,162.96,975
+"""
+
+
+def test_rl_progress_csv_without_a_loss_is_read_at_its_step_counter() -> None:
+    s = steps(DQN_PROGRESS)
+    assert [(r.step, r.loss) for r in s] == [(389, None), (645, None), (975, None)]

@@ -884,3 +884,11 @@ def test_tensorflow_and_host_allocator_out_of_memory_is_oom(line: str, host: boo
     hit = classify(line)
     assert hit is not None and hit.kind == "oom"
     assert bool(hit.details.get("host")) is host and hit.details.get("tried_bytes") == tried
+
+
+def test_yolact_moving_average_ignoring_nan_is_a_nan_loss() -> None:
+    # https://github.com/dbolya/yolact/issues/318 (batch9): MovingAverage.add prints this for a
+    # non-finite loss it leaves out of the mean.
+    r = one("Warning: Moving average ignored a value of nan")
+    assert r.kind == "nan_loss" and r.severity == Severity.CRITICAL
+    assert one("Warning: Moving average ignored a value of inf").kind == "nan_loss"

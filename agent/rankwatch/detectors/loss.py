@@ -330,12 +330,25 @@ class LossSpikeDetector(Detector):
         self.held: tuple[StepRecord, float, list[float]] | None = None
         # A jump over a full window, until the next loss says whether it stayed up.
         self.pending: tuple[StepRecord, float, float, list[float], float] | None = None
+        self.last_epoch = -math.inf
+        self.fresh = 0  # losses still to come before a run begun again in the log is judged
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, StepRecord) or not self.cfg.enabled:
             return []
+        epoch = record.epoch
+        if epoch is not None:
+            if epoch < self.last_epoch:
+                # The epoch went back: a new run in the same log (a second trainer.train(), a
+                # restart). Its losses are no spike against the last run's: judged once a
+                # window of its own is there.
+                self.fresh, self.pending = self.cfg.window, None
+            self.last_epoch = epoch
         loss = record.loss
         if loss is None or loss - loss != 0:  # absent, NaN or inf: the NaN detector's
+            return []
+        if self.fresh:
+            self.fresh -= 1
             return []
         step = record.step if record.step is not None else state.position()
         cfg = self.cfg

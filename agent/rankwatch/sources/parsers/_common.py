@@ -120,6 +120,9 @@ _alias("step", "num_updates", "n_updates", "nupdates", "iterations", "acc_iter",
 # Ray Tune's result counter (one result per training iteration of the trainable); the RL
 # loggers' environment-step counters (OpenAI baselines' "TimestepsSoFar", SB3's "total_timesteps").
 _alias("step", "training_iteration", "timestepssofar", "total_timesteps")
+# Counters a trainer names as the steps done so far: LLaMA-Factory's trainer_log.jsonl
+# ("current_steps" beside "total_steps"), RL loggers' "steps_done" / "timesteps" / "total timesteps".
+_alias("step", "current_steps", "current_step", "cur_step", "steps_done", "timesteps", "total timesteps")
 _alias("total_steps", "total_steps", "max_steps", "train_iters", "num_steps", "total_iters")
 _alias("loss", "loss", "train_loss", "lm_loss", "lm loss", "train loss", "training_loss", "train/loss")
 _alias("loss", "train_loss_step", "loss_step", "training loss", "train/lm_loss", "avg_loss")

@@ -8,6 +8,7 @@ import functools
 import json
 import math
 import re
+from collections import deque
 from typing import Any, ClassVar
 
 from rankwatch.records import Record, StepRecord
@@ -103,6 +104,7 @@ class JsonParser:
     def __init__(self) -> None:
         self._epoch_steps = True  # a whole epoch with no step key is the step
         self._last_epoch_step: float | None = None
+        self._recent: deque[tuple[float, frozenset[str]]] = deque(maxlen=_JSON_RECENT)
 
     def sniff(self, text: str) -> bool:
         obj = self._load(text)
@@ -154,9 +156,20 @@ class JsonParser:
         # A record with a loss and its LR or grad norm but no counter (fastText's progress JSON)
         # is a training step all the same, numbered by its position.
         stepless = "step" not in f and "loss" in f and bool({"learning_rate", "grad_norm"} & f.keys())
+        if "step" in f:
+            # A step told again with the same fields among the last few records (LLaMA-Factory's
+            # trainer_log.jsonl when two processes append to it, their lines interleaved) is one
+            # step, not two.
+            told = (f["step"], frozenset(f))
+            if told in self._recent:
+                return []
+            self._recent.append(told)
         return _records(bag, line, need_step=not stepless)
 
 
+# How many recent (step, fields) keys a JSON stream remembers to drop a record written twice:
+# two writers appending the same log interleave their lines by one or two records.
+_JSON_RECENT = 4
 _HELD_OUT_MODES = frozenset({"val", "valid", "validation", "test", "eval"})
 _TRAIN_FIELDS = frozenset({"loss", "grad_norm"})
 
@@ -375,7 +388,7 @@ class KvParser:
             text = _JOINED_KEY.sub(r"\1: ", text)
         if "poch" in text and (table_header(strip_ansi(text)) is not None or _csv_header(text) is not None):
             return not _specific(text)
-        if "imesteps" in text and _csv_header(text) is not None:
+        if _csv_gate(text) and _csv_header(text) is not None:
             return not _specific(text)  # an RL logger's progress.csv (OpenAI baselines, SB3)
         if "G " in text and _YOLO_RESULTS.match(text) is not None:
             return not _specific(text)
@@ -615,7 +628,7 @@ class KvParser:
             if self._cols is None and "G " in text and _YOLO_RESULTS.match(text) is not None:
                 self._cols = _YOLO_RESULTS_COLS
                 self._loss_cols = loss_columns(_YOLO_RESULTS_COLS)
-            if self._cols is not None or self._csv is not None or "poch" in text:
+            if self._cols is not None or self._csv is not None or "poch" in text or _csv_gate(text):
                 recs = self._table(line, strip_ansi(text))
                 if recs is not None:
                     return recs
@@ -627,7 +640,7 @@ class KvParser:
                 self._block_line = line
             return []
         text = strip_ansi(text)
-        if "poch" in text or ("imesteps" in text and "," in text):
+        if "poch" in text or _csv_gate(text):
             recs = self._table(line, text)
             if recs is not None:
                 return recs
@@ -738,7 +751,7 @@ class KvParser:
         bag = MetricBag()
         f = bag.fields
         parts: list[float] = []
-        stats_nan = False
+        stats_nan = told_epoch = False
         for raw_key, raw in rows:
             key = _flat_key(raw_key.strip().strip("\"'"))
             v = to_float(raw[1:] if raw[:1] == "." and raw[1:2].isalpha() else raw)  # YAML's .nan
@@ -756,12 +769,18 @@ class KvParser:
                 if "step" not in f or low in _STEP_WORDS:
                     f["step"] = v
                 continue
+            told_epoch = told_epoch or low == "epoch"
             bag.put(key, v)
         _finish_bag(bag, parts, stats_nan)
         if "step" not in f and self._carry is not None:
             f["step"] = self._carry[0]
         if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
             return self._counted_table(f, line)
+        if "step" not in f and told_epoch and _whole(f.get("epoch")):
+            # A block that counts epochs on a row of its own ("Epoch    :  5" over "LOSS     :
+            # 24.569025", a Keras callback's prints): the epoch is the step. A settings dump
+            # says "epochs: 100", which is no counter.
+            f["step"] = f["epoch"]
         if "step" not in f and not self._block_steps:
             return []  # no step: a settings dump ("epochs: 10", "loss_weight: 1.0"), not a record
         # A block cut before its step (the end of a pasted excerpt) follows blocks that had one.
@@ -821,7 +840,7 @@ class KvParser:
 
     def _table(self, line: LogLine, text: str) -> list[Record] | None:
         """Records of a header-and-rows table; None when ``text`` is no part of one."""
-        if "poch" in text or "imesteps" in text:
+        if "poch" in text or _csv_gate(text):
             header = table_header(text) if "poch" in text else None
             if header is not None:
                 self._cols, self._loss_cols = header, loss_columns(header)
@@ -877,7 +896,12 @@ class KvParser:
         f = bag.fields
         if "step" not in f and "epoch" in f:
             f["step"] = f["epoch"]
-        return _records(bag, line) if "loss" in f or "eval_loss" in f else []
+        if "loss" in f or "eval_loss" in f:
+            return _records(bag, line)
+        # An RL progress.csv with no loss column (a DQN's per-episode rewards): a record at its
+        # step all the same, so the run is read, with no loss to judge.
+        step = f.get("step")
+        return [step_record(line, step=int(step))] if step is not None and _whole(step) else []
 
 
 # VITS and its forks (train.py: logger.info([x.item() for x in losses] + [global_step, lr])):
@@ -992,11 +1016,21 @@ def _csv_header(text: str) -> list[str] | None:
     low = [c.lower() for c in cols]
     if "step" in low:
         return None  # a step column: Lightning's CSVLogger, its own reader
-    if "epoch" not in low and not any(canonical(_flat_key(c)) == "step" and "timesteps" in c for c in low):
+    counter = any(canonical(_flat_key(c)) == "step" for c in low)
+    if "epoch" not in low and not counter:
         return None
-    if not any("loss" in c for c in low) or not all(_CSV_WORD.fullmatch(c) for c in cols):
+    # An RL logger's progress.csv may have no loss column: episodes and their rewards against
+    # an environment-step counter (a DQN's "episode,episode_reward,...,steps_done").
+    rl = counter and any("episode" in c for c in low) and any("reward" in c for c in low)
+    if not (rl or any("loss" in c for c in low)) or not all(_CSV_WORD.fullmatch(c) for c in cols):
         return None
     return cols
+
+
+def _csv_gate(text: str) -> bool:
+    """Cheap test for a line that may be an RL progress.csv header naming its step counter
+    ("total timesteps", "TimestepsSoFar", "steps_done")."""
+    return "teps" in text and "," in text and ":" not in text and "=" not in text
 
 
 # ---------------------------------------------------------------- user regex

@@ -16,6 +16,7 @@ from typing import Any
 from rankwatch.errorkinds import BY_KIND, ERROR_KINDS
 from rankwatch.records import Severity
 from rankwatch.sources.signatures.rules import (
+    _AVG_IGNORED,
     _C,
     _CPU_ALLOC,
     _CUDA_ERR,
@@ -431,9 +432,14 @@ SIGNATURES: tuple[Signature, ...] = (
         name="nan_stopped",
         kinds=("nan_loss", "crash"),
         severity=_C,
-        triggers=("diverged with loss", "grad norm is nan", "found invalid values"),
+        triggers=(
+            "diverged with loss",
+            "grad norm is nan",
+            "found invalid values",
+            "average ignored a value",
+        ),
         rule=_nan_stopped,
-        patterns=(_TF_DIVERGED, _GRAD_NORM_NAN_SKIP, _DIST_INVALID),
+        patterns=(_TF_DIVERGED, _GRAD_NORM_NAN_SKIP, _DIST_INVALID, _AVG_IGNORED),
         example="ERROR:tensorflow:Model diverged with loss = NaN.",
     ),
     Signature(

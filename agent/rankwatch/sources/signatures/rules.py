@@ -179,10 +179,19 @@ _GRAD_NORM_NAN_SKIP = re.compile(r"[Tt]he grad norm is (nan)\. Skipping updating
 _DIST_INVALID = re.compile(r"Expected parameter (\w{1,64}) .{0,400}?but found invalid values")
 
 
+# YOLACT (utils/functions.py, MovingAverage.add) drops a non-finite loss from its running mean
+# with print("Warning: Moving average ignored a value of %f"): the loss itself was NaN or inf.
+_AVG_IGNORED = re.compile(r"Moving average ignored a value of (-?(?:nan|inf))\b")
+
+
 def _nan_stopped(t: str) -> Hit | None:
     m = _TF_DIVERGED.search(t)
     if m is not None:
         return Hit("nan_loss", _C, "TensorFlow stopped: model diverged with loss = NaN", {}, ("tf_diverged",))
+    m = _AVG_IGNORED.search(t)
+    if m is not None:
+        summary = f"the loss was {m[1]}: the trainer's moving average ignored it (YOLACT)"
+        return Hit("nan_loss", _C, summary, {}, ("avg_ignored",))
     m = _GRAD_NORM_NAN_SKIP.search(t)
     if m is not None:
         return Hit(
