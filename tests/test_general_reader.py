@@ -1282,3 +1282,17 @@ episode,episode time,episode_reward,running_reward,steps_done
 def test_rl_progress_csv_without_a_loss_is_read_at_its_step_counter() -> None:
     s = steps(DQN_PROGRESS)
     assert [(r.step, r.loss) for r in s] == [(389, None), (645, None), (975, None)]
+
+
+# facebookresearch/3detr issue 61 (atti0127, 2025-10-10), batch10: "Name [i/n]" counters with
+# no ":" between the word and its bracket; the Iter counter is the step, not the record count.
+DETR3D_ITERS = """
+Epoch [0/1080]; Iter [0/713880]; Loss 36.86; LR 1.00e-06; Iter time 0.86; ETA 7 days, 2:52:36; Mem 11266.68MB
+Epoch [0/1080]; Iter [10/713880]; Loss 39.25; LR 2.17e-06; Iter time 0.47; ETA 3 days, 20:36:27; Mem 11358.37MB
+Epoch [0/1080]; Iter [20/713880]; Loss 39.06; LR 3.35e-06; Iter time 0.47; ETA 3 days, 21:07:55; Mem 11358.37MB
+"""
+
+
+def test_bracketed_counter_after_its_name_is_the_step() -> None:
+    s = steps(DETR3D_ITERS)
+    assert [(r.step, r.loss) for r in s] == [(0, 36.86), (10, 39.25), (20, 39.06)]

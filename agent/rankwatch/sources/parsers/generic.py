@@ -183,10 +183,11 @@ def _whole(v: float | None) -> bool:
 _NUMBER = r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?\.?(?:nan|inf(?:inity)?)\b"
 _WORD = r"[^\W\d][\w./()%-]{0,40}"
 # ``k: v``, ``k=v``, ``k v``, ``k : v``, ``k is v``, ``| k v |``, ``'k': 'v'``, ``k: [v]``, a unit
-# after the number with or without a space (``iter time: 40.78 ms``), ``k: i/n``, ``k = nan(...)``.
+# after the number with or without a space (``iter time: 40.78 ms``), ``k: i/n``, ``k = nan(...)``,
+# ``k [i/n]`` (3DETR's "Epoch [0/1080]; Iter [10/713880]; Loss 36.86").
 _PAIR = re.compile(
     rf"(?<![\w./-])['\"]?(?P<k>{_WORD}(?: [^\W\d][\w]{{0,20}})?)['\"]?"
-    rf"(?:\s{{0,4}}[:=]\s{{0,8}}[\['\"]?|\s+is\s+|\s{{1,8}})"
+    rf"(?:\s{{0,4}}[:=]\s{{0,8}}[\['\"]?|\s+is\s+|\s{{1,8}}\[\s{{0,4}}(?=\d{{1,12}}\s{{0,4}}/\s{{0,4}}\d{{1,18}}\s{{0,4}}\])|\s{{1,8}})"
     rf"(?P<v>{_NUMBER})['\"]?(?: ?(?P<u>ms|s|%|GiB|GB|MiB|MB|it/s|s/it)(?![A-Za-z]))?"
     rf"(?:\s{{0,4}}/\s{{0,4}}(?P<tot>\d{{1,18}}))?(?=[\s,;:|)\]}}'\"(]|\.(?:\s|$)|$)",
     re.IGNORECASE,
@@ -496,7 +497,9 @@ class KvParser:
                 v = to_float(m.group("v"))
                 if v is None:
                     continue
-                named = key.strip().lower() in _STEP_WORDS
+                # "Step [100/600]" beside an epoch counts that epoch's batches, named or not.
+                bracketed = "[" in text[m.end("k") : m.start("v")]
+                named = key.strip().lower() in _STEP_WORDS and not bracketed
                 if "step" not in f or (named and not step_word):
                     f["step"] = v
                     step_word = step_word or named
