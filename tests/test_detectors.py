@@ -108,6 +108,15 @@ def test_zero_loss_alone_from_normal_level() -> None:
     assert [f.step for f in run(recs) if f.kind == "nan_loss"] == [10]
 
 
+# AolinGuo/graduate_agent@787eda9:trainer_log.jsonl (LLaMA-Factory, batch10): "loss": 122.1416 at
+# step 10, then "loss": 0.0 on every record, no grad norm logged. Three records of history, the
+# zeros included, are enough; one lone zero after one loss is not.
+def test_zero_losses_in_a_row_after_a_short_history_are_a_collapse() -> None:
+    recs = [StepRecord(step=10, loss=122.1416)] + [StepRecord(step=s, loss=0.0) for s in range(20, 110, 10)]
+    assert [f.step for f in run(recs) if f.kind == "nan_loss"] == [40]
+    assert [f for f in run(recs[:3]) if f.kind == "nan_loss"] == []
+
+
 def test_nan_eval_loss() -> None:
     recs = [StepRecord(step=1, loss=2.0), EvalRecord(eval_loss=math.nan, step=1)]
     assert [f.kind for f in alarms(run(recs))] == ["nan_loss"]

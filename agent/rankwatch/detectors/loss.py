@@ -224,9 +224,15 @@ class NanDetector(Detector):
                 and 0 < grad < math.inf
                 and min(prior) > self.cfg.zero_loss_min_prior
             )
-            if (len(prior) >= 3 or short) and median(prior) > self.cfg.zero_loss_min_prior:
+            # Zeros already in a row are the same collapse, judged against the losses before
+            # them: three records, zeros included, are as much history as three losses
+            # (LLaMA-Factory's trainer_log.jsonl: 122.14, then 0.0 on every record, no grad norm).
+            before = list(prior)
+            while before and before[-1] == 0:
+                before.pop()
+            if before and (len(prior) >= 3 or short) and median(before) > self.cfg.zero_loss_min_prior:
                 reasons.append(
-                    f"loss fell to exactly 0 from a median of {fmt(median(prior))} "
+                    f"loss fell to exactly 0 from a median of {fmt(median(before))} "
                     "(NaN losses filtered out of the logged mean, e.g. HF logging_nan_inf_filter)"
                 )
         if reasons:
