@@ -1296,3 +1296,17 @@ Epoch [0/1080]; Iter [20/713880]; Loss 39.06; LR 3.35e-06; Iter time 0.47; ETA 3
 def test_bracketed_counter_after_its_name_is_the_step() -> None:
     s = steps(DETR3D_ITERS)
     assert [(r.step, r.loss) for r in s] == [(0, 36.86), (10, 39.25), (20, 39.06)]
+
+
+# CTMX-Zhen/pokemon_classification@12ec6b4:train_log.txt (batch9), from its 'Epoch 3:' line: Keras's
+# TqdmCallback through logging tells each val loss twice (the logged value at the batch bar's
+# step, then the epoch bar's rounded one at the epoch): one evaluation, no restart; the best
+# eval comes before any train loss of the excerpt. Its epoch-end lines, batch bars' ends kept.
+KERAS_TQDM = Path(__file__).parent / "data/wild/batch9/keras_tqdm_logging_pokemon_val_loss_rising.log"
+
+
+def test_keras_tqdm_val_loss_told_twice_rising_is_overfitting(tmp_path: Path) -> None:
+    keep = ("Epoch ", "val_loss=", "s/epoch", "| 0.00/171", "| 171/171", "- loss=")
+    lines = [ln for ln in KERAS_TQDM.read_text().splitlines() if any(k in ln for k in keep)]
+    assert len(lines) > 40
+    assert "overfitting" in [k for k, _, _ in serious(run(tmp_path, "\n".join(lines)))]

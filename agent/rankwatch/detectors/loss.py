@@ -136,6 +136,14 @@ class OverfittingConfig:
     noise_factor: float = opt(3.0, "a rise must also exceed this many eval-to-eval noise sds", min=0.0)
 
 
+def _restated(before: float, now: float) -> bool:
+    """``now`` is ``before`` rounded to the digits ``now`` is written with."""
+    text = repr(now)
+    if "e" in text or "." not in text:
+        return now == before
+    return round(before, len(text.split(".", 1)[1])) == now
+
+
 def _nonfinite(x: float | None) -> bool:
     return x is not None and not math.isfinite(x)
 
@@ -858,6 +866,18 @@ class OverfittingDetector(Detector):
             return []
         ev = float(record.eval_loss)  # type: ignore[arg-type]
         step = record.step
+        if self.train_at_best is None and self.best is not None:
+            # The best came before any train loss (a log cut just before an epoch's end): the
+            # first train loss told after it stands for the train loss at it.
+            train = state.recent("loss", 20)
+            self.train_at_best = median(train) if train else None
+        if self.evals and _restated(self.evals[-1], ev):
+            # The last evaluation told again at a coarser precision (Keras's TqdmCallback bar
+            # "val_loss=5.71" after the logged "val_loss=5.7130", at the epoch, not the batch):
+            # one evaluation, and its other step is no restart.
+            if step is not None:
+                self.last_step = step
+            return []
         if step is not None and self.last_step is not None and step < self.last_step:
             # An eval at an earlier step than the last one: the run restarted (from scratch or a
             # checkpoint), and the best of the run before is not this one's to beat.
