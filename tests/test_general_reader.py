@@ -13,6 +13,7 @@ import pytest
 from rankwatch.analyze import Analysis, analyze, diagnose
 from rankwatch.cli import main
 from rankwatch.config.schema import Config
+from rankwatch.config.snapshot import replaced
 from rankwatch.records import ErrorRecord, EvalRecord, Severity, StepRecord
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.suggest import draft_pattern
@@ -1310,3 +1311,15 @@ def test_keras_tqdm_val_loss_told_twice_rising_is_overfitting(tmp_path: Path) ->
     lines = [ln for ln in KERAS_TQDM.read_text().splitlines() if any(k in ln for k in keep)]
     assert len(lines) > 40
     assert "overfitting" in [k for k, _, _ in serious(run(tmp_path, "\n".join(lines)))]
+
+
+# Batch9 t5_custom_loop_batch_loss_healthy (a T5 fine-tune's per-batch "Epoch N - Batch loss: x"):
+# its 50-record medians wander 29-63% above their best within the batches' own spread.
+T5_BATCHES = Path(__file__).parent / "data/wild/batch9/t5_custom_loop_batch_loss_healthy.log"
+
+
+def test_noisy_per_batch_losses_are_no_divergence(tmp_path: Path) -> None:
+    text = T5_BATCHES.read_text()
+    assert "loss_divergence" not in [k for k, _, _ in serious(run(tmp_path, text))]
+    loud = replaced(Config(), {"detectors.loss_divergence.noise_factor": 0.0})
+    assert "loss_divergence" in [k for k, _, _ in serious(run(tmp_path, text, cfg=loud))]
