@@ -206,6 +206,25 @@ def test_divergence() -> None:
     assert len(fs) == 1 and fs[0].severity is Severity.WARNING and 800 < fs[0].step < 1100
 
 
+# pypi nlpia2 0.2.0 ch08/rnn_word/checkpoint_notes (wild batch10 pytorch_word_lm_rnn_tanh_lr20):
+# word_language_model RNN_TANH at lr 20, train losses of epochs 3-4 ("| loss 12.21 |" ...).
+WORD_LM_LR20 = [
+    15.14, 15.03, 14.95, 14.90, 14.86, 14.89, 14.99, 14.84, 14.73, 14.29, 14.72, 14.63, 14.59, 14.55,
+    13.48, 13.02, 12.98, 13.34, 12.54, 12.36, 12.40, 12.21, 13.96, 15.97, 17.21, 17.34, 17.33, 17.28,
+]  # fmt: skip
+
+
+def test_a_log_shorter_than_one_window_that_rises_for_good_diverges() -> None:
+    recs = [StepRecord(step=200 * (i + 1), loss=v) for i, v in enumerate(WORD_LM_LR20)]
+    fs = [f for f in alarms(run(recs)) if f.kind == "loss_divergence"]
+    assert len(fs) == 1 and fs[0].step == 200 * 26 and "12.21" in fs[0].message
+    # Before the rise the same short log is silent, and so is a noisy per-batch loss.
+    assert [f for f in alarms(run(recs[:22])) if f.kind == "loss_divergence"] == []
+    rng = random.Random(3)
+    noisy = [StepRecord(step=i, loss=3.0 + rng.gauss(0, 0.5)) for i in range(1, 45)]
+    assert [f for f in alarms(run(noisy)) if f.kind == "loss_divergence"] == []
+
+
 # https://github.com/facebookresearch/dino/issues/246 (description by AwayFromKeyboardwarrior):
 # DINO's train_loss per epoch (151-161) at ln 65536, the head collapsed to a uniform output.
 DINO_STUCK = [

@@ -108,6 +108,18 @@ class LossDivergenceConfig:
     noise_factor: float = opt(
         1.0, "windows: the median must also rise this many step-noise sds of its window", min=0.0
     )
+    # A log shorter than one window has no window median to judge. It is judged against what
+    # there is, like the spike detector's min_records: the last blowup_records losses all
+    # rise_ratio above the lowest loss before them and short_noise_factor step-noise sds beyond
+    # it. Few records make a noisy per-batch loss look like a rise: healthy wild logs reach
+    # 1.2-2.3 sds (batch2 yolox_voc_s, batch4 yolov1, batch5 llamafactory jsonl, batch9 t5
+    # custom loop); batch10's word_lm RNN at lr 20 rises 36 sds (12.21 -> 15.97, noise 0.10).
+    short_records: int = opt(
+        20, "logged steps before a log shorter than one window is judged for a sustained rise", min=3
+    )
+    short_noise_factor: float = opt(
+        6.0, "short logs: the rise must also clear this many step-noise sds of the losses before it", min=0.0
+    )
 
 
 @settings("detectors", "loss_plateau", "loss plateau")
@@ -542,6 +554,10 @@ class LossDivergenceDetector(Detector):
             if found:
                 return found
         w = cfg.window
+        if not self.episode.active and cfg.short_records <= self.seen < w:
+            found = self._short(state, record)
+            if found:
+                return found
         if self.seen < w or self.seen % max(1, w // 2):
             return []
         window_losses = state.recent("loss", w)
@@ -582,6 +598,39 @@ class LossDivergenceDetector(Detector):
                 )
             ]
         return []
+
+    def _short(self, state: RankState, record: StepRecord) -> list[Finding]:
+        """Fewer logged losses than one window: the last ``blowup_records`` all far above the
+        lowest loss before them, by ``rise_ratio`` and by ``short_noise_factor`` step-noise sds."""
+        cfg = self.cfg
+        k = cfg.blowup_records
+        vals = [v for _, v in self.recent]
+        prior, last = vals[:-k], vals[-k:]
+        if len(prior) < 3:
+            return []
+        low, top = min(prior), min(last)
+        if (
+            low <= 0
+            or top <= low * (1 + cfg.rise_ratio)
+            or top - low < cfg.min_delta
+            or top - low <= cfg.short_noise_factor * step_noise(prior)
+        ):
+            return []
+        self.episode.open(record.step)
+        self.resolve_below = low * (1 + cfg.rise_ratio)
+        shown = ", ".join(f"{s}: {fmt(v)}" if s is not None else fmt(v) for s, v in list(self.recent)[-6:])
+        return [
+            finding(
+                "loss_divergence",
+                Severity.WARNING,
+                state,
+                f"loss is diverging: the last {k} logged losses are at least {(top / low - 1) * 100:.0f}% "
+                f"above the run's lowest {fmt(low)} ({shown}). Usual fix: lower the LR or lengthen "
+                "warmup, check clipping; resume from a checkpoint before the rise.",
+                record=record,
+                evidence={"lowest": low, "recent": last},
+            )
+        ]
 
     def _recovered(self, state: RankState, record: StepRecord) -> list[Finding]:
         level = self.resolve_below
