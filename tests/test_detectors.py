@@ -206,6 +206,19 @@ def test_divergence() -> None:
     assert len(fs) == 1 and fs[0].severity is Severity.WARNING and 800 < fs[0].step < 1100
 
 
+def test_a_large_grad_norm_from_the_first_record_is_judged_by_the_cold_threshold() -> None:
+    # YOLO-World (mmengine) healthy runs: "grad_norm: 971.4538" ... (AILab-CVC/YOLO-World#190)
+    # and "grad_norm: 1298.9029" ... (AILab-CVC/YOLO-World#165), no baseline yet.
+    for norms in ([971.4538, 1034.6824, 1066.5644, 1006.1330], [1298.9029, 1304.1145, 1224.8096]):
+        recs = [StepRecord(step=50 * (i + 1), loss=1100.0, grad_norm=g) for i, g in enumerate(norms)]
+        assert [f for f in alarms(run(recs)) if f.kind == "grad_explosion"] == []
+    # openpi (Physical-Intelligence/openpi#814): "Step 5900: grad_norm=681325.8125, loss=344671968.0000"
+    norms = [681325.8125, 846482.3750, 549847.8750, 775058.3750]
+    recs = [StepRecord(step=5900 + 100 * i, loss=3e8, grad_norm=g) for i, g in enumerate(norms)]
+    fs = [f for f in alarms(run(recs)) if f.kind == "grad_explosion"]
+    assert len(fs) == 1 and fs[0].step == 6100
+
+
 # pypi nlpia2 0.2.0 ch08/rnn_word/checkpoint_notes (wild batch10 pytorch_word_lm_rnn_tanh_lr20):
 # word_language_model RNN_TANH at lr 20, train losses of epochs 3-4 ("| loss 12.21 |" ...).
 WORD_LM_LR20 = [

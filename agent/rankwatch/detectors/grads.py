@@ -23,7 +23,14 @@ class GradExplosionConfig:
     climb_factor: float = opt(
         10.0, "from step 1: grad norm above threshold and this many times the lowest of the few before"
     )
-    baseline_steps: int = opt(10, "steps that form the median; before it, only threshold x factor counts")
+    baseline_steps: int = opt(10, "steps that form the median; before it, only cold_threshold counts")
+    # Without a baseline a large grad norm may be the run's normal: YOLO-World (mmengine, summed
+    # detection losses) logs 971-1067 (AILab-CVC/YOLO-World#190) and 1225-1304
+    # (AILab-CVC/YOLO-World#165) in healthy runs; openpi's exploded run (Physical-Intelligence/
+    # openpi#814) logs 5.5e5-1.2e6 from its first record.
+    cold_threshold: float = opt(
+        1e4, "before baseline_steps: grad norm above this for consecutive steps is an explosion", min=0.0
+    )
 
 
 @settings("detectors", "grad_clipping", "clipping saturated")
@@ -127,11 +134,11 @@ class GradExplosionDetector(Detector):
             if climbed:
                 return climbed
         base = self._base if len(self.baseline) >= self.cfg.baseline_steps else None
-        # Without a baseline yet, only a blow-up far past the absolute threshold counts.
+        # Without a baseline yet, only a blow-up far past any healthy run's grad norm counts.
         high = (
             g > self.cfg.factor * base and g > self.cfg.threshold
             if base is not None
-            else (g > self.cfg.threshold * self.cfg.factor)
+            else g > self.cfg.cold_threshold
         )
         if not high and not self.run and not self.episode.active and len(self.baseline) >= _BASELINE_MAX:
             return []  # the usual step: nothing to learn, count or close, in warmup or not
