@@ -35,9 +35,10 @@ GLOO_CLOSED = (
 )
 
 
-def _agent(tmp: Path, rank: int, world: int = 4) -> tuple[Agent, CrossRank, list[Finding]]:
+def _agent(tmp: Path, rank: int, world: int = 4, dumps: str = "") -> tuple[Agent, CrossRank, list[Finding]]:
     cfg_path = tmp / "rw.yaml"
-    cfg_path.write_text(f"dumps: {{dir: {tmp / 'dumps'}}}\n")
+    more = f", {dumps}" if dumps else ""
+    cfg_path.write_text(f"dumps: {{dir: {tmp / 'dumps'}{more}}}\n")
     cfg = load_config(str(cfg_path))
     sent: list[Finding] = []
 
@@ -508,8 +509,7 @@ def test_a_launchers_worker_that_listened_on_the_lost_address_is_named_without_a
 ) -> None:
     """One agent for a launcher's workers: rank 1's process listened on the address rank 0's
     gloo lost, and no record of rank 1's end came within the wait: the process table names it."""
-    monkeypatch.setattr(diagnose, "FAILURE_WAIT_S", 0.05)
-    agent, _, sent = _agent(tmp_path, 0)
+    agent, _, sent = _agent(tmp_path, 0, dumps="first_failure_wait: 0.05s")
     _listener(agent, 0, "127.0.0.1:4001")
     _listener(agent, 1, "127.0.0.1:28370")
 

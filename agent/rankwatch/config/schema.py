@@ -223,6 +223,13 @@ class DumpsConfig:
         min=0.1,
         zero_off=True,
     )
+    first_failure_wait: Duration = opt(
+        Duration(10.0),
+        "a crash that is a peer's consequence (gloo 'Connection closed by peer', NCCL abort) waits this "
+        "long for the first failure's record before it goes out unnamed: the failing rank's agent "
+        "writes it only after reading the rank's last lines, seconds later on a loaded node",
+        min=0.0,
+    )
     group: str | None = opt(
         None,
         "a group (name or gid) that may read the run folder (<dir>/<run>: stacks, failure records, alert "

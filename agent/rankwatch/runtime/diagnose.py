@@ -55,7 +55,6 @@ log = logging.getLogger("rankwatch.diagnose")
 T = TypeVar("T")
 
 STALL_WAIT_S = 10.0  # how long a stall finding waits for its peers' stacks
-FAILURE_WAIT_S = 3.0  # how long a peer-failure crash waits for the first failure's record
 FAILURE_POLL_S = 0.2  # ... re-reading the folder this often
 FAILURE_IO_S = 3.0  # how long a failure waits for the shared folder before it goes out unnamed
 FAILURE_WINDOW_S = 600.0  # a peer's failure older than this is another incident
@@ -486,7 +485,7 @@ class CrossRank:
 
     async def _failure(self, f: Finding, t: float, consequence: bool, mine: dict[str, Any]) -> None:
         """The held failure, emitted once whatever the folder does: named after the first failure
-        when its record is there (a consequence waits ``FAILURE_WAIT_S`` for it), as it is when
+        when its record is there (a consequence waits ``dumps.first_failure_wait`` for it), as it is when
         the folder hangs (``FAILURE_IO_S``, counted under ``dumps`` by offloop) or fails."""
         peer = peer_address(f) if consequence else None
         try:
@@ -593,7 +592,8 @@ class CrossRank:
         self, rank: int | None, t: float, run: str | None = None, peer: str | None = None
     ) -> dict[str, Any] | None:
         """A consequence came first: the first failure's record may follow within seconds."""
-        deadline = time.monotonic() + FAILURE_WAIT_S
+        wait = float(self.cfg.dumps.first_failure_wait)
+        deadline = time.monotonic() + wait
         first = None
         while time.monotonic() < deadline:
             try:
@@ -605,7 +605,7 @@ class CrossRank:
                     None,
                     run,
                     peer,
-                    timeout=FAILURE_WAIT_S,
+                    timeout=FAILURE_IO_S,
                 )
             except asyncio.TimeoutError:
                 break
