@@ -11,13 +11,14 @@ from typing import Any
 
 import grpc
 
-from rankwatch.k8s.podresources_v1 import api_pb2, api_pb2_grpc
+from rankwatch.k8s.podresources import LIST_METHOD
+from rankwatch.k8s.podresources_v1 import api_pb2
 
 # (namespace, pod) -> container -> [(resource_name, device_ids)]
 Layout = Mapping[tuple[str, str], Mapping[str, list[tuple[str, list[str]]]]]
 
 
-class _Lister(api_pb2_grpc.PodResourcesListerServicer):
+class _Lister:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         self.calls = 0
@@ -49,7 +50,13 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):
 def serving(socket: Path, layout: Layout) -> Iterator[_Lister]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     lister = _Lister(layout)
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(lister, server)
+    service, method = LIST_METHOD.strip("/").split("/")
+    handler = grpc.unary_unary_rpc_method_handler(
+        lister.List,
+        request_deserializer=api_pb2.ListPodResourcesRequest.FromString,
+        response_serializer=api_pb2.ListPodResourcesResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {method: handler}),))
     server.add_insecure_port(f"unix://{socket}")
     server.start()
     try:

@@ -26,6 +26,8 @@ __all__ = [
 ]
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# The kubelet's service and method, as api.proto names them (package v1, service PodResourcesLister).
+LIST_METHOD = "/v1.PodResourcesLister/List"
 GPU_RESOURCES = ("nvidia.com/gpu",)
 # The kubelet answers from memory; dcgm-exporter waits 10 s for it. A socket that does not
 # answer must not hold a discovery round of the node daemon longer than that.
@@ -68,7 +70,7 @@ def list_pods(
     try:
         import grpc
 
-        from rankwatch.k8s.podresources_v1 import api_pb2, api_pb2_grpc
+        from rankwatch.k8s.podresources_v1 import api_pb2
     except ImportError as e:
         raise PodResourcesError(
             f"the kubelet pod-resources API needs grpcio: pip install 'rankwatch[k8s]' ({e})"
@@ -76,8 +78,14 @@ def list_pods(
     opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
     try:
         with grpc.insecure_channel(f"unix://{socket}", options=opts) as channel:
-            stub = api_pb2_grpc.PodResourcesListerStub(channel)
-            resp = stub.List(api_pb2.ListPodResourcesRequest(), timeout=timeout)
+            # The one call the agent makes, bound on the channel with the proto's own messages: no
+            # generated service module (its servicer half is a server's, which the agent is not).
+            list_call = channel.unary_unary(
+                LIST_METHOD,
+                request_serializer=api_pb2.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=api_pb2.ListPodResourcesResponse.FromString,
+            )
+            resp = list_call(api_pb2.ListPodResourcesRequest(), timeout=timeout)
     except grpc.RpcError as e:
         code = e.code() if hasattr(e, "code") else None
         detail = e.details() if hasattr(e, "details") else str(e)
