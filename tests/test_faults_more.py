@@ -181,7 +181,7 @@ def test_statvfs_failing_or_reporting_no_space_never_stops_the_checkpoint_watche
     eng = RankEngine(Config(checkpoints=dataclasses.replace(ckpt, dir=str(tmp_path))), 0)
     seen = []
     for _ in range(5):
-        fs = w.tick()
+        fs = [f for e in w.tick() for f in eng.feed(e)]
         assert w.last_scan is not None
         seen += [(f.kind, f.severity.label, f.resolved) for f in fs + eng.feed(w.last_scan)]
     assert seen == [("disk_low", "warning", False), ("disk_low", "warning", True)]

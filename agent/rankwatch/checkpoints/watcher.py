@@ -23,10 +23,9 @@ from typing import Any
 from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.catalog import Catalog, Entry
 from rankwatch.config.schema import CheckpointConfig
-from rankwatch.detectors import checkpoints as rules
-from rankwatch.events import CheckpointScan, SavedCheckpoint
+from rankwatch.events import CheckpointEvent, CheckpointScan, Event, next_save_due
 from rankwatch.offloop import in_daemon
-from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
+from rankwatch.records import POISON_KINDS, EvalRecord, Finding, Severity, StepRecord
 from rankwatch.sources.follower import quiet_watchdog_stop_race
 
 log = logging.getLogger("rankwatch.checkpoints")
@@ -138,18 +137,6 @@ class _Events:
             self.observer, self.target = None, None
 
 
-def _saved(e: Entry) -> SavedCheckpoint:
-    return SavedCheckpoint(
-        name=e.name,
-        path=e.path,
-        step=e.step,
-        saved_at=e.saved_at,
-        layout=e.layout,
-        size=e.size,
-        weights_only=e.weights_only,
-    )
-
-
 def _in_daemon(fn: Callable[[], Any]) -> asyncio.Future[Any]:
     return in_daemon(fn, name="rankwatch-checkpoints")
 
@@ -157,9 +144,12 @@ def _in_daemon(fn: Callable[[], Any]) -> asyncio.Future[Any]:
 class CheckpointWatcher:
     """Watches one checkpoint directory for the live agent.
 
-    ``clock`` is monotonic (settle times); ``wall`` is compared with file mtimes. The
-    agent passes every finding of the run to ``on_finding`` so checkpoints saved after a
-    NaN are marked suspect, and reads ``writing`` to give the stall detector extra time.
+    ``clock`` is monotonic (settle times); ``wall`` is compared with file mtimes. ``emit``
+    gets, on the event loop, what each scan found wrong or cleared (checkpoint events for
+    the checkpoint rules), then the scan itself (``CheckpointScan``, for the stale and
+    free-space rules). The agent passes every finding of the run to ``on_finding`` so
+    checkpoints saved after a NaN are marked suspect, and reads ``writing`` to give the
+    stall detector extra time.
     ``on_records`` gets, on the event loop, each new tail of HF ``log_history``: the agent
     feeds it to a rank whose log shows no steps.
     """
@@ -169,13 +159,12 @@ class CheckpointWatcher:
         dir: Path | str,
         cfg: CheckpointConfig | None = None,
         *,
-        emit: Callable[[Finding], None],
+        emit: Callable[[Event], None],
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         rank: int | None = None,
         statvfs: Callable[[str], os.statvfs_result] | None = None,
         on_records: Callable[[list[StepRecord | EvalRecord]], None] | None = None,
-        on_scan: Callable[[CheckpointScan], None] | None = None,
         writers: Callable[[Path], bool] | None = open_for_writing,
     ) -> None:
         self.root = Path(dir)
@@ -186,8 +175,7 @@ class CheckpointWatcher:
         self.rank = rank
         self.statvfs = statvfs or os.statvfs
         self.on_records = on_records
-        self.on_scan = on_scan
-        self.last_scan: CheckpointScan | None = None  # from the last tick, for on_scan
+        self.last_scan: CheckpointScan | None = None  # from the last tick, for emit
         self.history: list[StepRecord | EvalRecord] = []  # from the last tick, for on_records
         self.catalog = Catalog(self.root, self.cfg, clock=clock, wall=wall, rank=rank, writers=writers)
         self.started = wall()
@@ -220,7 +208,7 @@ class CheckpointWatcher:
         return self.catalog.mark_bad_from(step, kind, time=time)
 
     def on_finding(self, finding: Finding) -> None:
-        if finding.kind not in rules.POISON_KINDS or finding.resolved or finding.severity < Severity.WARNING:
+        if finding.kind not in POISON_KINDS or finding.resolved or finding.severity < Severity.WARNING:
             return
         when = finding.time if finding.time is not None else self.wall()
         if self.catalog.lock.acquire(blocking=False):
@@ -257,8 +245,8 @@ class CheckpointWatcher:
             "fs_free_bytes": self.fs_free,
             "fs_size_bytes": self.fs_total,
             "next_checkpoint_bytes": cat.next_size(),
-            "max_age_seconds": rules.stale_limit(self.cfg, cat.save_times),
-            "next_save_due_timestamp_seconds": rules.next_save_due(cat.save_times),
+            "max_age_seconds": self.cfg.stale_limit(cat.save_times),
+            "next_save_due_timestamp_seconds": next_save_due(cat.save_times),
             "poisoned_from_step": cat.bad.step if cat.bad else None,
             "scans_total": self.scans,
             "errors_total": self.errors,
@@ -266,14 +254,15 @@ class CheckpointWatcher:
 
     # --- one round ------------------------------------------------------------------------
 
-    def tick(self) -> list[Finding]:
-        """Scan and judge what completed; note free space and the newest good save in
-        ``last_scan`` (the stale and free-space rules judge it in the engine). Blocking I/O."""
+    def tick(self) -> list[CheckpointEvent]:
+        """Scan and judge what completed: what is found wrong or cleared. Free space and the
+        newest good save go in ``last_scan`` (the stale and free-space rules judge it in the
+        engine). Blocking I/O."""
         self._drain()
         scan = L.scan(
             self.root, glob=self.cfg.glob, step_regex=self.cfg.step_regex, max_depth=self.cfg.max_depth
         )
-        findings = self.catalog.update(scan)
+        found = self.catalog.update(scan)
         self.history = self.catalog.new_history()
         self._drain()
         self._exists = scan.exists
@@ -286,11 +275,11 @@ class CheckpointWatcher:
             root=str(self.root),
             started=self.started,
             save_times=tuple(self.catalog.save_times),
-            last_good=_saved(good) if good is not None else None,
+            last_good=good.saved() if good is not None else None,
             free=self.fs_free if self._free_read else None,
             next_size=self.catalog.next_size(),
         )
-        return findings
+        return found
 
     def _drain(self) -> None:
         while self._queued:
@@ -374,7 +363,7 @@ class CheckpointWatcher:
             if events is not None:
                 _in_daemon(events.close)  # joins watchdog's thread: not on the loop, not awaited
 
-    def _scan_and_watch(self, events: _Events | None) -> list[Finding]:
+    def _scan_and_watch(self, events: _Events | None) -> list[CheckpointEvent]:
         """One scan, then the filesystem watch it calls for: watchdog's setup walks the tree
         and a stat on a hung NFS mount blocks, so neither may run on the event loop."""
         found = self.tick()
@@ -384,24 +373,20 @@ class CheckpointWatcher:
 
     def _deliver(self, fut: asyncio.Future[Any]) -> None:
         try:
-            findings = fut.result()
+            found: list[Event] = list(fut.result())
         except Exception:
             self.errors += 1
             log.exception("%s: checkpoint scan failed", self.root)
             return
-        for f in findings:
-            try:
-                self.emit(f)
-            except Exception:
-                self.errors += 1
-                log.exception("emitting a checkpoint finding failed")
         scan, self.last_scan = self.last_scan, None
-        if scan is not None and self.on_scan is not None:
+        if scan is not None:
+            found.append(scan)
+        for event in found:
             try:
-                self.on_scan(scan)
+                self.emit(event)
             except Exception:
                 self.errors += 1
-                log.exception("handing the checkpoint scan on failed")
+                log.exception("handing a checkpoint event on failed")
         records, self.history = self.history, []
         if records and self.on_records is not None:
             try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,6 +28,7 @@ from rankwatch.config.settings import Size as Size
 from rankwatch.config.settings import climb_problem as _climb_problem
 from rankwatch.config.settings import opt as opt
 from rankwatch.config.settings import section as section
+from rankwatch.events import median_save_gap
 from rankwatch.sources import parsers as _parsers
 
 # logs.format: "auto" or a registered format (rankwatch.sources.parsers.registry): a parser
@@ -468,6 +470,14 @@ class CheckpointConfig:
     def problems(self) -> list[tuple[str, str]]:
         why = _regex_problem(self.step_regex) if self.step_regex else None
         return [("step_regex", why)] if why else []
+
+    def stale_limit(self, save_times: Sequence[float]) -> float | None:
+        """How old the newest good save may get: ``max_age`` when set, else ``stale_factor``
+        times the run's median save interval (never under ``stale_min``); None before two saves."""
+        if self.max_age is not None:
+            return float(self.max_age)
+        gap = median_save_gap(save_times)
+        return None if gap is None else max(float(self.stale_min), self.stale_factor * gap)
 
 
 @dataclass(frozen=True)

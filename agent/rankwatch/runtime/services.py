@@ -22,10 +22,8 @@ from prometheus_client import CollectorRegistry
 from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
-from rankwatch.detectors.checkpoints import POISON_KINDS
 from rankwatch.engine import RankEngine
 from rankwatch.events import (
-    CheckpointScan,
     CheckpointStatus,
     Event,
     GpuRound,
@@ -35,7 +33,7 @@ from rankwatch.events import (
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.gpu.backend import GpuBackend
 from rankwatch.offloop import in_daemon
-from rankwatch.records import Finding
+from rankwatch.records import POISON_KINDS, Finding
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource, hand_over
@@ -319,10 +317,9 @@ class Services:
             return CheckpointWatcher(
                 Path(c.dir),
                 c,
-                emit=self.agent.emit,
+                emit=self._checkpoint_event,
                 rank=self.agent.identity.rank,
                 on_records=self._checkpoint_history,
-                on_scan=self._checkpoint_scan,
             )
         except Exception as e:
             self._failed("checkpoints", "checkpoint watching disabled: %s", e)
@@ -334,10 +331,10 @@ class Services:
             return
         self._tasks.append(asyncio.create_task(cw.run(self._stop), name="checkpoints"))
 
-    def _checkpoint_scan(self, scan: CheckpointScan) -> None:
-        """Each scan of the checkpoint folder, on the loop, to this agent's engine: its stale
-        and free-space rules judge it once, whatever the number of ranks watched."""
-        self.push(scan, agent=True)
+    def _checkpoint_event(self, event: Event) -> None:
+        """What each scan of the checkpoint folder found, and the scan, on the loop, to this
+        agent's engine: its checkpoint rules judge them once, whatever the number of ranks watched."""
+        self.push(event, agent=True)
 
     def _checkpoint_history(self, records: list[Any]) -> None:
         """HF log_history, with exact step numbers, for the detectors of a rank whose log shows
