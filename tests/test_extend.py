@@ -132,6 +132,48 @@ def test_an_alert_sink_is_one_file(tmp_path: Path) -> None:
     assert 'helm: ["path"]' in res.stdout, res.stdout
 
 
+def test_a_sinks_credentials_are_declared_beside_its_code(tmp_path: Path) -> None:
+    """A sink's settings mark its secret and its URL: with no line in the loader or the
+    renderer, a literal key is warned about, ``config show`` (YAML and JSON) prints the
+    ``${VAR}`` and the URL without its credentials, and the Helm values schema asks for a
+    reference."""
+    root = _copy(tmp_path, "actions/alerts/pager.py", PLUGINS["actions/alerts/pager.py"])
+    code = f"""
+        import dataclasses, importlib.util, json, logging, sys
+        from rankwatch.actions.alerts import sinks_from_config
+        from rankwatch.config.loader import config_from_yaml
+        from rankwatch.config.render import redacted, render_config
+
+        logging.basicConfig(stream=sys.stdout, format="warn: %(message)s")
+        url = "https://ops:hunter2@pager.example/v2/enqueue"
+        text = f"alerts:\\n  pager:\\n    url: {{url}}\\n    key: R0UT1NGK3Y\\n"
+        cfg = config_from_yaml(text, source="p.yaml", env={{}})
+        (sink,) = sinks_from_config(cfg.alerts)
+        assert sink.key == "R0UT1NGK3Y"
+        shown = render_config(cfg).splitlines()
+        at = shown.index("  pager:")
+        print("show:", json.dumps(shown[at : at + 3]))
+        print("json:", json.dumps(dataclasses.asdict(redacted(cfg))["alerts"]["pager"], default=str))
+        spec = importlib.util.spec_from_file_location("gen", {str(ROOT / "helm" / "gen_values_schema.py")!r})
+        gen = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gen)
+        pager = gen.config_schema()["properties"]["alerts"]["properties"]["pager"]["properties"]
+        print("helm:", json.dumps(pager["key"]))
+    """
+    res = _run(root, code=code)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "p.yaml:4: alerts.pager.key holds a literal secret; write ${PAGER_KEY}" in out, out
+    assert "p.yaml:3: alerts.pager.url holds a credential in its URL" in out, out
+    shown = json.loads(next(line for line in out.splitlines() if line.startswith("show:"))[5:])
+    assert shown[1].startswith("    url: https://<redacted>@pager.example/v2/enqueue  #"), shown
+    assert shown[2].startswith("    key: ${PAGER_KEY}  #"), shown
+    assert "R0UT1NGK3Y" not in out and "hunter2" not in out, out
+    as_json = json.loads(next(line for line in out.splitlines() if line.startswith("json:"))[5:])
+    assert as_json["key"] == "${PAGER_KEY}" and as_json["url"].startswith("https://<redacted>@pager.example")
+    assert "a secret: write ${PAGER_KEY}" in out.split("helm:", 1)[1], out
+
+
 def test_a_polled_source_is_one_file(tmp_path: Path) -> None:
     root = _copy(tmp_path, "sources/polled/loadavg.py", PLUGINS["sources/polled/loadavg.py"])
     code = """

@@ -286,8 +286,11 @@ class ServerConfig:
         "bearer token for / and /api/* (use ${RANKWATCH_TOKEN}, never a literal); unset: the agent uses "
         "this user's token in $XDG_RUNTIME_DIR/rankwatch/token (else <tmp>/rankwatch-<uid>/token), made "
         "at start, 0600, which `rankwatch url` and `rankwatch top` read. A browser logs in with /?token=...",
+        secret="RANKWATCH_TOKEN",
     )
-    metrics_token: str | None = opt(None, "bearer token required on /metrics (default: open)")
+    metrics_token: str | None = opt(
+        None, "bearer token required on /metrics (default: open)", secret="RANKWATCH_METRICS_TOKEN"
+    )
     web_config: str | None = opt(
         None,
         "exporter-toolkit web config file (--web.config.file): tls_server_config (cert_file, key_file, "
@@ -334,12 +337,15 @@ class AlertsCore(PluginSections):
         Duration(30.0), "a peer that should send a grouped alert and has not after this long is taken over"
     )
     grafana_url: str | None = opt(
-        None, "link template in messages, e.g. https://grafana/d/rankwatch-run?var-run={run}&var-rank={rank}"
+        None,
+        "link template in messages, e.g. https://grafana/d/rankwatch-run?var-run={run}&var-rank={rank}",
+        url=True,
     )
     report_url: str | None = opt(
         None,
         "link template to the incident's report in messages, e.g. "
         "https://{node}:9478/incidents/{incident}?run={run} (also {rank}, {kind})",
+        url=True,
     )
 
 
