@@ -154,19 +154,20 @@ def redacted(cfg: Config) -> Config:
     but lose their userinfo, secret query values and key-like path segments."""
     from rankwatch.config.loader import credentials
     from rankwatch.config.redact import redact_url
+    from rankwatch.config.settings import dotted_value
     from rankwatch.config.snapshot import replaced
 
     known = credentials()
     changes: dict[str, Any] = {}
     for dotted, var in known.secrets.items():
-        if _value(cfg, dotted):
+        if dotted_value(cfg, dotted):
             changes[dotted] = EnvRef(f"${{{var}}}")
     for dotted in known.headers:
-        headers = _value(cfg, dotted)
+        headers = dotted_value(cfg, dotted)
         if isinstance(headers, dict):
             changes[dotted] = dict.fromkeys(headers, REDACTED)
     for dotted in known.urls:
-        value = _value(cfg, dotted)
+        value = dotted_value(cfg, dotted)
         if isinstance(value, str) and value:
             changes[dotted] = redact_url(value)
         elif isinstance(value, dict):
@@ -174,13 +175,6 @@ def redacted(cfg: Config) -> Config:
         elif isinstance(value, (tuple, list)):
             changes[dotted] = type(value)(redact_url(u) for u in value)
     return replaced(cfg, changes)
-
-
-def _value(cfg: Config, dotted: str) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        node = getattr(node, part, None)
-    return node
 
 
 def render_config(cfg: Config, *, redact: bool = True) -> str:

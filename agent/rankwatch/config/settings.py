@@ -113,6 +113,14 @@ class Credentials:
     headers: dict[str, str]  # keys holding HTTP headers -> the variable suggested
 
 
+def dotted_value(within: object, dotted: str) -> Any:
+    """The value of the dotted key ``dotted`` (``"alerts.slack.token"``), None where absent."""
+    node: Any = within
+    for part in dotted.split("."):
+        node = getattr(node, part, None)
+    return node
+
+
 def credential_keys(cls: type, prefix: str = "") -> Credentials:
     """Every key of the section ``cls`` (and its nested sections, plugins' included) declared
     a credential with ``opt(secret=...)``, ``opt(url=True)`` or ``opt(secret_headers=...)``."""
@@ -196,12 +204,23 @@ def assemble(core: type[_T], parent: str, name: str, *, discover: str) -> type[_
     return made
 
 
-def settings_of(parent: object, cls: type[_T]) -> _T:
-    """The plugin section of type ``cls`` within the assembled section ``parent``, typed
-    (``settings_of(cfg.alerts, SlackConfig)``; ``cfg.alerts.slack`` is the same object)."""
+def settings_of(within: object, cls: type[_T]) -> _T:
+    """The plugin section of type ``cls``, typed, from the whole configuration or from the
+    assembled section it is part of: ``settings_of(cfg, SlackConfig)`` and
+    ``settings_of(cfg.alerts, SlackConfig)`` are ``cfg.alerts.slack``, which a type checker
+    only knows as ``Any``."""
     for p in _REGISTRY.values():
-        if p.cls is cls:
-            return cast(_T, getattr(parent, p.key))
+        if p.cls is not cls:
+            continue
+        found = getattr(within, p.key, None)
+        if not isinstance(found, cls):
+            parent: Any = within
+            for part in p.parent.split("."):
+                parent = getattr(parent, part, None)
+            found = getattr(parent, p.key, None)
+        if not isinstance(found, cls):
+            raise LookupError(f"{type(within).__qualname__} holds no {p.parent}.{p.key} ({cls.__qualname__})")
+        return found
     raise LookupError(f"{cls.__qualname__} is not registered with @settings")
 
 
