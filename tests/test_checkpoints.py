@@ -43,6 +43,8 @@ from rankwatch.identity import Identity
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.services import Services
+from rankwatch.sources.polled import Poller
+from rankwatch.sources.polled.checkpoint_scan import CheckpointScanSource
 
 pytestmark = pytest.mark.timeout(30)
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -773,7 +775,6 @@ def test_checkpoints_after_nan_finding_are_suspect(tmp_path: Path) -> None:
     w = CheckpointWatcher(
         tmp_path,
         CheckpointConfig(settle=5.0),
-        emit=lambda e: None,
         clock=clock.mono,
         wall=clock.wall,
         statvfs=lambda p: SimpleNamespace(f_bavail=10**9, f_frsize=4096, f_blocks=10**9),
@@ -910,10 +911,10 @@ def test_log_history_is_not_fed_when_the_log_has_steps(tmp_path: Path) -> None:
     agent, svc = _history_services(tmp_path, [tmp_path / "train.log"])
     eng = agent.watchers[0].engine
     eng.feed(StepRecord(step=5, loss=2.0))  # from the log
-    svc._checkpoint_history([StepRecord(step=8, loss=math.nan)])
+    svc._history([StepRecord(step=8, loss=math.nan)])
     assert eng.state.last_step == 5 and not agent.findings
     fresh, svc2 = _history_services(tmp_path / "b", [])
-    svc2._checkpoint_history([StepRecord(step=8, loss=math.nan)])
+    svc2._history([StepRecord(step=8, loss=math.nan)])
     assert kinds(fresh.findings) == [("nan_loss", "critical", False)]
 
 
@@ -1072,7 +1073,6 @@ def test_watcher_stale_and_disk_low_with_injected_clock_and_statvfs(tmp_path: Pa
     w = CheckpointWatcher(
         tmp_path,
         CheckpointConfig(settle=5.0),
-        emit=lambda e: None,
         clock=clock.mono,
         wall=clock.wall,
         statvfs=lambda p: SimpleNamespace(f_bavail=free["bytes"] // 4096, f_frsize=4096, f_blocks=10**9),
@@ -1224,13 +1224,14 @@ def test_async_watcher_picks_up_a_new_checkpoint(tmp_path: Path, mode: str) -> N
     cfg = CheckpointConfig(settle=0.2, mode=mode, poll_interval=0.1 if mode == "poll" else 30.0)
     eng = RankEngine(Config(checkpoints=replaced(cfg, dir=str(root))), 0)
 
-    def emit(event: Event) -> None:
-        emitted.extend(f for f in eng.feed(event) if f.kind != "checkpoint_stale")
+    def deliver(events: list[Event]) -> None:
+        emitted.extend(f for e in events for f in eng.feed(e) if f.kind != "checkpoint_stale")
 
     async def scenario() -> tuple[float, bool]:
-        w = CheckpointWatcher(root, cfg, emit=emit)
+        w = CheckpointWatcher(root, cfg)
         stop = asyncio.Event()
-        task = asyncio.create_task(w.run(stop))
+        # The agent's policy for every polled source: scans off the loop, woken by events.
+        task = asyncio.create_task(Poller(CheckpointScanSource(w)).run(stop, deliver))
         await asyncio.sleep(0.1)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, lambda: write_hf(root, 8))
@@ -1265,9 +1266,7 @@ def test_async_watcher_picks_up_a_new_checkpoint(tmp_path: Path, mode: str) -> N
 @pytest.mark.tool  # torch
 def test_async_watcher_reports_writing_while_a_save_runs(tmp_path: Path) -> None:
     clock = Clock()
-    w = CheckpointWatcher(
-        tmp_path, CheckpointConfig(settle=5.0), emit=lambda e: None, clock=clock.mono, wall=clock.wall
-    )
+    w = CheckpointWatcher(tmp_path, CheckpointConfig(settle=5.0), clock=clock.mono, wall=clock.wall)
     w.tick()
     assert not w.writing
     write_hf(tmp_path, 8, state=False)

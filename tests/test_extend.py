@@ -190,6 +190,97 @@ def test_a_polled_source_is_one_file(tmp_path: Path) -> None:
     assert "'loadavg'" in res.stdout.splitlines()[0] and res.stdout.splitlines()[1] == "[]", res.stdout
 
 
+WOKEN_SOURCE = """
+    \"\"\"A source woken between its periods: a thread of its own says when there is news.\"\"\"
+    from __future__ import annotations
+
+    import os
+    import threading
+    import time
+    from collections.abc import Callable
+    from typing import Any
+
+    from rankwatch.events import Event, Tick
+    from rankwatch.sources.polled import SourceContext, register_source
+
+
+    @register_source
+    class Flag:
+        name = "flag"
+        scope = "ranks"  # every watched rank's engine gets its events
+        interval = 3600.0  # the period is the safety net: news comes through wake()
+        timeout = 5.0
+        min_gap = 0.0
+
+        @classmethod
+        def create(cls, ctx: SourceContext) -> Flag | None:
+            return cls() if os.environ.get("FLAG_FILE") else None
+
+        def bind(self, wake: Callable[[], None]) -> None:
+            def watch() -> None:
+                while not os.path.exists(os.environ["FLAG_FILE"]):
+                    time.sleep(0.01)
+                wake()
+
+            threading.Thread(target=watch, daemon=True).start()
+
+        def inputs(self) -> Any:
+            return None
+
+        def sample(self, inputs: Any) -> list[Event]:
+            return [Tick(0.0, time.time())]
+
+        def close(self) -> None:
+            print("closed", flush=True)
+"""
+
+
+def test_a_woken_source_is_one_file(tmp_path: Path) -> None:
+    """A source of another kind (woken early, every rank's, with a close) runs in a live agent
+    under the same policy, from its file alone."""
+    root = _copy(tmp_path, "sources/polled/flag.py", WOKEN_SOURCE)
+    flag = tmp_path / "go"
+    code = f"""
+        import asyncio, os, time
+        from pathlib import Path
+        from rankwatch.config.loader import config_from_yaml
+        from rankwatch.identity import Identity
+        from rankwatch.runtime.agent import Agent
+        from rankwatch.runtime.services import Services
+
+        os.environ["FLAG_FILE"] = {str(flag)!r}
+        cfg = config_from_yaml("gpu:\\n  enabled: false\\nserver:\\n  enabled: false\\n")
+        agent = Agent(cfg, Identity(run="ext", rank=0, local_rank=0, world_size=1, node="n"))
+        agent.add_watcher([Path("rank-0.log").resolve()])
+
+        async def main():
+            svc = Services(agent, cfg, server=False)
+            await svc.start()
+            seen = []
+
+            async def samples(n):  # each sample is a new tuple in agent.sampled
+                for _ in range(500):
+                    now = agent.sampled.get("flag")
+                    if now is not None and (not seen or now is not seen[-1]):
+                        seen.append(now)
+                    if len(seen) >= n:
+                        return True
+                    await asyncio.sleep(0.01)
+                return False
+
+            print("first", await samples(1))
+            Path({str(flag)!r}).touch()
+            print("woken", await samples(2))
+            await svc.close(2.0)
+            await asyncio.sleep(0.2)
+
+        asyncio.run(main())
+    """
+    res = _run(root, code=code, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["first", "True", "woken", "True", "closed"], res.stdout + res.stderr
+
+
 def test_a_log_format_is_one_file(tmp_path: Path) -> None:
     """Auto-detection finds the new format, ``logs.format`` and ``--format`` take its name (the
     config schema's choices come from the registry), and the real package refuses the name

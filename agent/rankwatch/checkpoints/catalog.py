@@ -185,7 +185,6 @@ class Catalog:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        rank: int | None = None,
         oneshot: bool = False,
         writers: Callable[[Path], bool] | None = None,
     ) -> None:
@@ -196,7 +195,6 @@ class Catalog:
         self.cfg = cfg or CheckpointConfig()
         self.clock = clock
         self.wall = wall
-        self.rank = rank
         self.oneshot = oneshot  # the CLI: judge what is on disk now, no waiting for writers
         self.entries: dict[str, Entry] = {}
         self.deleted: deque[Entry] = deque(maxlen=_KEEP_DELETED)
