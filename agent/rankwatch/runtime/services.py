@@ -383,7 +383,6 @@ class Services:
             cfg=self.cfg,
             folders=self.disk_folders,
             job_end=self.agent.identity.job_end,
-            rank=self.agent.identity.rank,
         )
         for src in build_sources(ctx, self.agent.internal_errors_by_component):
             self.add_source(src)

@@ -57,14 +57,14 @@ log = logging.getLogger("rankwatch.sources")
 class SourceContext:
     """What a source may know of the agent: its configuration and, read on the loop, the
     folders it writes to or reads from (``{path: role}``, role ``log``, ``dumps`` or ``spool``);
-    when the job must end (wall time, from the scheduler), and the checkpoint watcher's state
-    (None when no checkpoint folder is watched)."""
+    when the job must end (wall time, from the scheduler); ``checkpoints``, a reading of the
+    checkpoint state to use instead of the watcher's own (tests); ``shared``, components the
+    sources of one agent share (the checkpoint watcher)."""
 
     cfg: Config
     folders: Callable[[], Mapping[str, str]]
     job_end: float | None = None
     checkpoints: Callable[[], CheckpointStatus | None] | None = None
-    rank: int | None = None  # the agent's own rank
     shared: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
