@@ -39,6 +39,8 @@ def checkpoint_watcher(ctx: SourceContext) -> CheckpointWatcher | None:
 
 @register_source
 class CheckpointScanSource:
+    """The agent's checkpoint watcher under the policy of every polled source."""
+
     name: ClassVar[str] = "checkpoint_scan"
 
     def __init__(self, watcher: CheckpointWatcher) -> None:
