@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_FILE = ROOT / "helm" / "rankwatch" / "values.schema.json"
 sys.path.insert(0, str(ROOT / "agent"))
 
-from rankwatch.config.loader import SECRET_KEYS, is_section, section_fields, union_args  # noqa: E402
+from rankwatch.config.loader import credentials, is_section, section_fields, union_args  # noqa: E402
 from rankwatch.config.schema import Config, Duration, Size  # noqa: E402
 from rankwatch.config.units import _DURATION_UNITS, _SIZE_UNITS  # noqa: E402
 
@@ -49,13 +49,14 @@ def _or_env(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _type(hint: Any, path: str) -> dict[str, Any]:
-    if path in SECRET_KEYS:
+    secrets = credentials().secrets
+    if path in secrets:
         return {
             "anyOf": [
                 {
                     "type": "string",
                     "pattern": ENV_REF,
-                    "description": f"a secret: write ${{{SECRET_KEYS[path]}}} and give the variable "
+                    "description": f"a secret: write ${{{secrets[path]}}} and give the variable "
                     "from a Secret (agent.config is a ConfigMap)",
                 },
                 {"type": "null"},

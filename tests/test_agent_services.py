@@ -243,6 +243,7 @@ def test_a_runs_first_save_ends_the_checkpoint_allowance(
 ) -> None:
     """Saves already on disk when the agent starts are history; the first save of the run is
     seen being written, then finished (which ends the allowance), like every later one."""
+    from rankwatch.checkpoints.watcher import CheckpointWatcher
     from rankwatch.config.schema import Config
     from rankwatch.runtime.agent import Agent
     from rankwatch.runtime.services import Services
@@ -269,7 +270,8 @@ def test_a_runs_first_save_ends_the_checkpoint_allowance(
     cw = FakeCheckpoints()
     svc.checkpoints = cw  # type: ignore[assignment]
 
-    source = CheckpointActivity.create(SourceContext(cfg, dict, checkpoints=svc.checkpoint_status))
+    status = lambda: CheckpointWatcher.status(cw)  # noqa: E731 - the watcher's own reading, of the fake
+    source = CheckpointActivity.create(SourceContext(cfg, dict, checkpoints=status))
     assert source is not None
     svc.add_source(source)
 

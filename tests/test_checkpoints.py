@@ -15,6 +15,7 @@ import re
 import shutil
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path, PurePath
 from types import SimpleNamespace
@@ -25,7 +26,7 @@ import pytest
 from conftest import until
 from rankwatch.checkpoints import CheckpointConfig
 from rankwatch.checkpoints import layouts as L
-from rankwatch.checkpoints.catalog import Catalog
+from rankwatch.checkpoints.catalog import Catalog, OpenProblems
 from rankwatch.checkpoints.cli import add_subcommands
 from rankwatch.checkpoints.verify import check_safetensors, check_torch, verify_candidate
 from rankwatch.checkpoints.watcher import CheckpointWatcher, open_for_writing
@@ -33,16 +34,17 @@ from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.detectors.checkpoints import (
     CheckpointDiskDetector,
+    CheckpointProblemDetector,
     CheckpointStaleDetector,
-    OpenFindings,
-    stale_limit,
 )
 from rankwatch.engine import RankEngine
-from rankwatch.events import CheckpointScan, SavedCheckpoint
+from rankwatch.events import CheckpointCleared, CheckpointEvent, CheckpointScan, Event, SavedCheckpoint
 from rankwatch.identity import Identity
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.services import Services
+from rankwatch.sources.polled import Poller
+from rankwatch.sources.polled.checkpoint_scan import CheckpointScanSource
 
 pytestmark = pytest.mark.timeout(30)
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -149,8 +151,18 @@ def catalog(root: Path, clock: Clock, **cfg: Any) -> Catalog:
     return Catalog(root, CheckpointConfig(**cfg), clock=clock.mono, wall=clock.wall)
 
 
+_RULES: weakref.WeakKeyDictionary[Any, CheckpointProblemDetector] = weakref.WeakKeyDictionary()
+
+
+def judge(source: Any, events: list[CheckpointEvent]) -> list[Finding]:
+    """What the checkpoint rules make of ``source``'s events (one rule instance per source,
+    as one per rank's engine live)."""
+    rules = _RULES.setdefault(source, CheckpointProblemDetector())
+    return [rules.judge(e) for e in events]
+
+
 def update(cat: Catalog) -> list[Finding]:
-    return cat.update(L.scan(cat.root, glob=cat.cfg.glob, step_regex=cat.cfg.step_regex))
+    return judge(cat, cat.update(L.scan(cat.root, glob=cat.cfg.glob, step_regex=cat.cfg.step_regex)))
 
 
 def kinds(findings: list[Finding]) -> list[tuple[str, str, bool]]:
@@ -283,17 +295,37 @@ def test_plain_safetensors_corrupt_then_superseded_then_deleted(tmp_path: Path) 
 
 
 @pytest.mark.unit
-def test_open_findings_resolve_a_kind_only_when_its_last_cause_clears() -> None:
-    open_ = OpenFindings()
-    assert open_.open("checkpoint_corrupt", ("saved", "checkpoint-64"), Severity.CRITICAL)
-    assert open_.open("checkpoint_corrupt", ("pointer", "latest", "global_step9"), Severity.CRITICAL)
-    assert not open_.open("checkpoint_corrupt", ("saved", "checkpoint-64"), Severity.CRITICAL)
+def test_open_problems_clear_a_group_only_when_its_last_cause_clears() -> None:
+    open_ = OpenProblems()
+    assert open_.open("corrupt", ("saved", "checkpoint-64"))
+    assert open_.open("corrupt", ("pointer", "latest", "global_step9"))
+    assert not open_.open("corrupt", ("saved", "checkpoint-64"))
     holding = {("pointer", "latest", "global_step9")}
     assert open_.settle(lambda c: c in holding) == []
-    assert open_.settle(lambda c: False) == [
-        ("checkpoint_corrupt", Severity.CRITICAL, [("pointer", "latest", "global_step9")])
-    ]
-    assert open_.open("checkpoint_corrupt", ("saved", "checkpoint-64"), Severity.CRITICAL)
+    assert open_.settle(lambda c: False) == [("corrupt", [("pointer", "latest", "global_step9")])]
+    assert open_.open("corrupt", ("saved", "checkpoint-64"))
+
+
+@pytest.mark.unit
+def test_a_cleared_group_resolves_at_the_worst_severity_it_fired_with(tmp_path: Path) -> None:
+    """The rule words the watcher's events; its resolve closes the alert the group opened."""
+    from rankwatch.events import CheckpointWeightsOnly
+
+    eng = _ckpt_engine(str(tmp_path), rank=2)
+    assert any(isinstance(d, CheckpointProblemDetector) for d in eng.detectors)
+    ckpt = _saved(tmp_path, 10, T0)
+    first = eng.feed(CheckpointWeightsOnly(wall=T0, root=str(tmp_path), checkpoint=ckpt, regressed=False))
+    assert kinds(first) == [("checkpoint_weights_only", "info", False)] and first[0].rank == 2
+    again = eng.feed(CheckpointWeightsOnly(wall=T0, root=str(tmp_path), checkpoint=ckpt, regressed=True))
+    assert kinds(again) == [("checkpoint_weights_only", "warning", False)]
+    gone = eng.feed(
+        CheckpointCleared(
+            wall=T0 + 60, root=str(tmp_path), group="weights_only", causes=("x",), last_good=ckpt
+        )
+    )
+    assert kinds(gone) == [("checkpoint_weights_only", "warning", True)]
+    assert gone[0].message.endswith("(x); last good: checkpoint-10 (step 10, 60s ago)")
+    assert not any(isinstance(d, CheckpointProblemDetector) for d in RankEngine(Config(), 3).detectors)
 
 
 # --- layouts ----------------------------------------------------------------------------
@@ -740,11 +772,9 @@ def test_checkpoints_after_nan_finding_are_suspect(tmp_path: Path) -> None:
     clock = Clock()
     for i, step in enumerate((32, 64, 96)):
         write_hf(tmp_path, step, when=clock.wall() - 900 + 100 * i)
-    emitted: list[Finding] = []
     w = CheckpointWatcher(
         tmp_path,
         CheckpointConfig(settle=5.0),
-        emit=emitted.append,
         clock=clock.mono,
         wall=clock.wall,
         statvfs=lambda p: SimpleNamespace(f_bavail=10**9, f_frsize=4096, f_blocks=10**9),
@@ -881,10 +911,10 @@ def test_log_history_is_not_fed_when_the_log_has_steps(tmp_path: Path) -> None:
     agent, svc = _history_services(tmp_path, [tmp_path / "train.log"])
     eng = agent.watchers[0].engine
     eng.feed(StepRecord(step=5, loss=2.0))  # from the log
-    svc._checkpoint_history([StepRecord(step=8, loss=math.nan)])
+    svc._history([StepRecord(step=8, loss=math.nan)])
     assert eng.state.last_step == 5 and not agent.findings
     fresh, svc2 = _history_services(tmp_path / "b", [])
-    svc2._checkpoint_history([StepRecord(step=8, loss=math.nan)])
+    svc2._history([StepRecord(step=8, loss=math.nan)])
     assert kinds(fresh.findings) == [("nan_loss", "critical", False)]
 
 
@@ -905,10 +935,10 @@ def _saved(root: Path, step: int, saved_at: float) -> SavedCheckpoint:
 @pytest.mark.unit
 def test_stale_rule_from_cadence(tmp_path: Path) -> None:
     cfg = CheckpointConfig()
-    assert stale_limit(cfg, [T0]) is None
+    assert cfg.stale_limit([T0]) is None
     times = (T0, T0 + 600, T0 + 1200)
-    assert stale_limit(cfg, times) == 1800.0  # 3 x 10 min, and never under 30 min
-    assert stale_limit(cfg, [T0, T0 + 3600, T0 + 7200]) == 3 * 3600
+    assert cfg.stale_limit(times) == 1800.0  # 3 x 10 min, and never under 30 min
+    assert cfg.stale_limit([T0, T0 + 3600, T0 + 7200]) == 3 * 3600
     root = str(tmp_path)
     eng = _ckpt_engine(root, rank=3)
     assert any(isinstance(d, CheckpointStaleDetector) for d in eng.detectors)
@@ -1043,7 +1073,6 @@ def test_watcher_stale_and_disk_low_with_injected_clock_and_statvfs(tmp_path: Pa
     w = CheckpointWatcher(
         tmp_path,
         CheckpointConfig(settle=5.0),
-        emit=lambda f: None,
         clock=clock.mono,
         wall=clock.wall,
         statvfs=lambda p: SimpleNamespace(f_bavail=free["bytes"] // 4096, f_frsize=4096, f_blocks=10**9),
@@ -1052,7 +1081,7 @@ def test_watcher_stale_and_disk_low_with_injected_clock_and_statvfs(tmp_path: Pa
     eng = _ckpt_engine(str(tmp_path), settle=5.0)
 
     def tick() -> list[Finding]:
-        found = w.tick()
+        found = [f for e in w.tick() for f in eng.feed(e)]
         assert w.last_scan is not None
         return found + eng.feed(w.last_scan)
 
@@ -1193,11 +1222,16 @@ def test_async_watcher_picks_up_a_new_checkpoint(tmp_path: Path, mode: str) -> N
     root = tmp_path / "out"  # appears only after the watcher started
     emitted: list[Finding] = []
     cfg = CheckpointConfig(settle=0.2, mode=mode, poll_interval=0.1 if mode == "poll" else 30.0)
+    eng = RankEngine(Config(checkpoints=replaced(cfg, dir=str(root))), 0)
+
+    def deliver(events: list[Event]) -> None:
+        emitted.extend(f for e in events for f in eng.feed(e) if f.kind != "checkpoint_stale")
 
     async def scenario() -> tuple[float, bool]:
-        w = CheckpointWatcher(root, cfg, emit=emitted.append)
+        w = CheckpointWatcher(root, cfg)
         stop = asyncio.Event()
-        task = asyncio.create_task(w.run(stop))
+        # The agent's policy for every polled source: scans off the loop, woken by events.
+        task = asyncio.create_task(Poller(CheckpointScanSource(w)).run(stop, deliver))
         await asyncio.sleep(0.1)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, lambda: write_hf(root, 8))
@@ -1232,9 +1266,7 @@ def test_async_watcher_picks_up_a_new_checkpoint(tmp_path: Path, mode: str) -> N
 @pytest.mark.tool  # torch
 def test_async_watcher_reports_writing_while_a_save_runs(tmp_path: Path) -> None:
     clock = Clock()
-    w = CheckpointWatcher(
-        tmp_path, CheckpointConfig(settle=5.0), emit=lambda f: None, clock=clock.mono, wall=clock.wall
-    )
+    w = CheckpointWatcher(tmp_path, CheckpointConfig(settle=5.0), clock=clock.mono, wall=clock.wall)
     w.tick()
     assert not w.writing
     write_hf(tmp_path, 8, state=False)

@@ -82,7 +82,7 @@ def test_real_trainer_checkpoints_are_judged_good(tmp_path: Path) -> None:
     assert doc["newest_is_good"] is True and doc["last_good"]["name"] == "checkpoint-4"
 
     cat = Catalog(out, CheckpointConfig(settle=0.0), oneshot=True)
-    assert cat.update(L.scan(out)) == []  # no finding at all: not even a note-level one
+    assert cat.update(L.scan(out)) == []  # nothing found wrong: not even a note-level finding
     assert cat.last_good() is cat.newest_judged() and cat.last_good().name == "checkpoint-4"
     steps = [r.step for r in cat.new_history() if isinstance(r, StepRecord)]
     assert steps == [1, 2, 3, 4]  # log_history with the Trainer's own step numbers

@@ -26,7 +26,7 @@ from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.modes import default_log_dir
-from rankwatch.runtime.services import Services, _Polled
+from rankwatch.runtime.services import Services
 from rankwatch.sources.follower import quiet_watchdog_stop_race
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,7 +208,7 @@ def test_a_sample_failing_the_same_way_each_interval_is_logged_once_and_counted(
     agent = Agent(cfg, Identity(run="t", rank=0, local_rank=None, world_size=None, node="n1"))
     svc = Services(agent, cfg, server=False)
     src = _Failing()
-    svc.polled[src.name] = _Polled(src)
+    svc.add_source(src)
 
     async def main() -> None:
         for _ in range(5):

@@ -132,6 +132,48 @@ def test_an_alert_sink_is_one_file(tmp_path: Path) -> None:
     assert 'helm: ["path"]' in res.stdout, res.stdout
 
 
+def test_a_sinks_credentials_are_declared_beside_its_code(tmp_path: Path) -> None:
+    """A sink's settings mark its secret and its URL: with no line in the loader or the
+    renderer, a literal key is warned about, ``config show`` (YAML and JSON) prints the
+    ``${VAR}`` and the URL without its credentials, and the Helm values schema asks for a
+    reference."""
+    root = _copy(tmp_path, "actions/alerts/pager.py", PLUGINS["actions/alerts/pager.py"])
+    code = f"""
+        import dataclasses, importlib.util, json, logging, sys
+        from rankwatch.actions.alerts import sinks_from_config
+        from rankwatch.config.loader import config_from_yaml
+        from rankwatch.config.render import redacted, render_config
+
+        logging.basicConfig(stream=sys.stdout, format="warn: %(message)s")
+        url = "https://ops:hunter2@pager.example/v2/enqueue"
+        text = f"alerts:\\n  pager:\\n    url: {{url}}\\n    key: R0UT1NGK3Y\\n"
+        cfg = config_from_yaml(text, source="p.yaml", env={{}})
+        (sink,) = sinks_from_config(cfg.alerts)
+        assert sink.key == "R0UT1NGK3Y"
+        shown = render_config(cfg).splitlines()
+        at = shown.index("  pager:")
+        print("show:", json.dumps(shown[at : at + 3]))
+        print("json:", json.dumps(dataclasses.asdict(redacted(cfg))["alerts"]["pager"], default=str))
+        spec = importlib.util.spec_from_file_location("gen", {str(ROOT / "helm" / "gen_values_schema.py")!r})
+        gen = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gen)
+        pager = gen.config_schema()["properties"]["alerts"]["properties"]["pager"]["properties"]
+        print("helm:", json.dumps(pager["key"]))
+    """
+    res = _run(root, code=code)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "p.yaml:4: alerts.pager.key holds a literal secret; write ${PAGER_KEY}" in out, out
+    assert "p.yaml:3: alerts.pager.url holds a credential in its URL" in out, out
+    shown = json.loads(next(line for line in out.splitlines() if line.startswith("show:"))[5:])
+    assert shown[1].startswith("    url: https://<redacted>@pager.example/v2/enqueue  #"), shown
+    assert shown[2].startswith("    key: ${PAGER_KEY}  #"), shown
+    assert "R0UT1NGK3Y" not in out and "hunter2" not in out, out
+    as_json = json.loads(next(line for line in out.splitlines() if line.startswith("json:"))[5:])
+    assert as_json["key"] == "${PAGER_KEY}" and as_json["url"].startswith("https://<redacted>@pager.example")
+    assert "a secret: write ${PAGER_KEY}" in out.split("helm:", 1)[1], out
+
+
 def test_a_polled_source_is_one_file(tmp_path: Path) -> None:
     root = _copy(tmp_path, "sources/polled/loadavg.py", PLUGINS["sources/polled/loadavg.py"])
     code = """
@@ -146,6 +188,97 @@ def test_a_polled_source_is_one_file(tmp_path: Path) -> None:
     res = _run(root, code=code)
     assert res.returncode == 0, res.stderr
     assert "'loadavg'" in res.stdout.splitlines()[0] and res.stdout.splitlines()[1] == "[]", res.stdout
+
+
+WOKEN_SOURCE = """
+    \"\"\"A source woken between its periods: a thread of its own says when there is news.\"\"\"
+    from __future__ import annotations
+
+    import os
+    import threading
+    import time
+    from collections.abc import Callable
+    from typing import Any
+
+    from rankwatch.events import Event, Tick
+    from rankwatch.sources.polled import SourceContext, register_source
+
+
+    @register_source
+    class Flag:
+        name = "flag"
+        scope = "ranks"  # every watched rank's engine gets its events
+        interval = 3600.0  # the period is the safety net: news comes through wake()
+        timeout = 5.0
+        min_gap = 0.0
+
+        @classmethod
+        def create(cls, ctx: SourceContext) -> Flag | None:
+            return cls() if os.environ.get("FLAG_FILE") else None
+
+        def bind(self, wake: Callable[[], None]) -> None:
+            def watch() -> None:
+                while not os.path.exists(os.environ["FLAG_FILE"]):
+                    time.sleep(0.01)
+                wake()
+
+            threading.Thread(target=watch, daemon=True).start()
+
+        def inputs(self) -> Any:
+            return None
+
+        def sample(self, inputs: Any) -> list[Event]:
+            return [Tick(0.0, time.time())]
+
+        def close(self) -> None:
+            print("closed", flush=True)
+"""
+
+
+def test_a_woken_source_is_one_file(tmp_path: Path) -> None:
+    """A source of another kind (woken early, every rank's, with a close) runs in a live agent
+    under the same policy, from its file alone."""
+    root = _copy(tmp_path, "sources/polled/flag.py", WOKEN_SOURCE)
+    flag = tmp_path / "go"
+    code = f"""
+        import asyncio, os, time
+        from pathlib import Path
+        from rankwatch.config.loader import config_from_yaml
+        from rankwatch.identity import Identity
+        from rankwatch.runtime.agent import Agent
+        from rankwatch.runtime.services import Services
+
+        os.environ["FLAG_FILE"] = {str(flag)!r}
+        cfg = config_from_yaml("gpu:\\n  enabled: false\\nserver:\\n  enabled: false\\n")
+        agent = Agent(cfg, Identity(run="ext", rank=0, local_rank=0, world_size=1, node="n"))
+        agent.add_watcher([Path("rank-0.log").resolve()])
+
+        async def main():
+            svc = Services(agent, cfg, server=False)
+            await svc.start()
+            seen = []
+
+            async def samples(n):  # each sample is a new tuple in agent.sampled
+                for _ in range(500):
+                    now = agent.sampled.get("flag")
+                    if now is not None and (not seen or now is not seen[-1]):
+                        seen.append(now)
+                    if len(seen) >= n:
+                        return True
+                    await asyncio.sleep(0.01)
+                return False
+
+            print("first", await samples(1))
+            Path({str(flag)!r}).touch()
+            print("woken", await samples(2))
+            await svc.close(2.0)
+            await asyncio.sleep(0.2)
+
+        asyncio.run(main())
+    """
+    res = _run(root, code=code, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["first", "True", "woken", "True", "closed"], res.stdout + res.stderr
 
 
 def test_a_log_format_is_one_file(tmp_path: Path) -> None:

@@ -174,14 +174,13 @@ def test_statvfs_failing_or_reporting_no_space_never_stops_the_checkpoint_watche
         free = int(a) // 4096
         return os.statvfs_result((4096, 4096, 100 * gib // 4096, free, free, 1000, 1000, 1000, 0, 255))
 
-    found: list = []
     ckpt = CheckpointConfig(min_free=1 << 20)
-    w = CheckpointWatcher(tmp_path, ckpt, emit=found.append, statvfs=statvfs)
+    w = CheckpointWatcher(tmp_path, ckpt, statvfs=statvfs)
     # The free-space rule is a detector: the watcher's scans reach it through an engine.
     eng = RankEngine(Config(checkpoints=dataclasses.replace(ckpt, dir=str(tmp_path))), 0)
     seen = []
     for _ in range(5):
-        fs = w.tick()
+        fs = [f for e in w.tick() for f in eng.feed(e)]
         assert w.last_scan is not None
         seen += [(f.kind, f.severity.label, f.resolved) for f in fs + eng.feed(w.last_scan)]
     assert seen == [("disk_low", "warning", False), ("disk_low", "warning", True)]

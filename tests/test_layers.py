@@ -54,11 +54,6 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 # Edges that break the rules today, each to be removed by the change that fixes it: the test
 # also fails when one listed here no longer exists, so this list can only shrink.
 KNOWN_LEAKS: set[tuple[str, str]] = {
-    # The checkpoint catalog still makes its findings with the rules' helpers (issue 28: they
-    # should come from detectors fed checkpoint events).
-    ("rankwatch.checkpoints.catalog", "rankwatch.detectors.checkpoints"),
-    ("rankwatch.checkpoints.watcher", "rankwatch.detectors.checkpoints"),
-    ("rankwatch.checkpoints.cli", "rankwatch.detectors.checkpoints"),
     # For type checking only: the snapshot hands the faces the dump store as a handle.
     ("rankwatch.snapshot", "rankwatch.dumps.store"),
 }

@@ -142,6 +142,68 @@ def test_the_sinks_sections_are_assembled_into_alerts() -> None:
     assert pickle.loads(pickle.dumps(cfg)) == cfg  # analyze -j sends it to worker processes
 
 
+def test_settings_of_reads_a_plugin_section_from_the_whole_config_typed() -> None:
+    from rankwatch.detectors.crossrank import RankLagConfig
+
+    cfg = config_from_yaml(
+        "alerts:\n  slack:\n    channel: '#ops'\ndetectors:\n  rank_lagging:\n    min_lag_steps: 4\n"
+    )
+    assert (
+        settings_of(cfg, SlackConfig) is cfg.alerts.slack and settings_of(cfg, SlackConfig).channel == "#ops"
+    )
+    assert settings_of(cfg, RankLagConfig).min_lag_steps == 4
+    assert settings_of(cfg.detectors, RankLagConfig) is settings_of(cfg, RankLagConfig)
+    with pytest.raises(LookupError, match=r"holds no alerts\.slack"):
+        settings_of(cfg.detectors, SlackConfig)
+    with pytest.raises(LookupError, match="not registered"):
+        settings_of(cfg, schema.GpuConfig)
+
+
+def _plugin_attribute_reads(tree: ast.AST) -> list[str]:
+    """``<x>.alerts.<key>`` / ``<x>.detectors.<key>`` for a plugin's key: untyped (``Any``) reads."""
+    keys = {(p.parent, p.key) for p in plugin_settings()}
+    out = []
+    for node in ast.walk(tree):
+        inner = node.value if isinstance(node, ast.Attribute) else None
+        if isinstance(inner, ast.Attribute) and (inner.attr, node.attr) in keys:
+            out.append(f"{inner.attr}.{node.attr} (line {node.lineno})")
+    return out
+
+
+def test_the_package_reads_plugin_sections_through_settings_of() -> None:
+    """mypy sees ``cfg.alerts.slack`` as ``Any``: a typo there is found at run time only."""
+    found = {
+        name: reads
+        for name, path in MODULES.items()
+        if (reads := _plugin_attribute_reads(ast.parse(path.read_text(), str(path))))
+    }
+    assert found == {}
+    planted = ast.parse("def f(cfg):\n    return cfg.alerts.slack.token, cfg.detectors.nan.enabled\n")
+    assert _plugin_attribute_reads(planted) == ["alerts.slack (line 2)", "detectors.nan (line 2)"]
+
+
+def test_credentials_are_the_keys_their_sections_mark() -> None:
+    from rankwatch.config.loader import credentials
+
+    known = credentials()
+    assert known.secrets == {
+        "server.token": "RANKWATCH_TOKEN",
+        "server.metrics_token": "RANKWATCH_METRICS_TOKEN",
+        "alerts.slack.token": "SLACK_BOT_TOKEN",
+        "alerts.slack.webhook_url": "SLACK_WEBHOOK_URL",
+    }
+    assert set(known.urls) == {
+        "alerts.grafana_url",
+        "alerts.report_url",
+        "alerts.alertmanager.urls",
+        "alerts.alertmanager.names",
+        "alerts.slack.base_url",
+        "alerts.webhook.urls",
+        "alerts.webhook.names",
+    }
+    assert known.headers == {"alerts.webhook.headers": "HOOK_TOKEN"}
+
+
 def test_old_names_still_import_from_the_schema() -> None:
     from rankwatch.config.schema import AlertmanagerConfig as Am
     from rankwatch.config.schema import LossSpikeConfig as Spike

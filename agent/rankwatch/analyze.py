@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rankwatch.config.schema import Config
-from rankwatch.detectors.crossrank import cross_rank
+from rankwatch.config.settings import settings_of
+from rankwatch.detectors.crossrank import RankLagConfig, cross_rank
 from rankwatch.engine import RankEngine
 from rankwatch.identity import rank_from_path
 from rankwatch.records import Finding, Severity
@@ -306,7 +307,7 @@ def analyze(paths: Sequence[str], cfg: Config, *, jobs: int | None = None) -> An
                 )
             )
     _fold_launcher_boxes(reports, by_rank)
-    extra = cross_rank(states, by_rank, cfg.detectors.rank_lagging)
+    extra = cross_rank(states, by_rank, settings_of(cfg, RankLagConfig))
     for f in extra:
         for rep in reports:
             if rep.rank == f.rank and rep.path == f.path:

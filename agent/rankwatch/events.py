@@ -10,14 +10,25 @@ or a job's end.
 
 from __future__ import annotations
 
+import itertools
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
+from typing import ClassVar, Literal
 
 from rankwatch.records import ErrorRecord, EvalRecord, OverflowRecord, Record, StepRecord
 
 __all__ = [
+    "CheckpointCleared",
+    "CheckpointCorrupt",
+    "CheckpointEvent",
+    "CheckpointIncomplete",
+    "CheckpointPointerBroken",
     "CheckpointScan",
+    "CheckpointSmall",
     "CheckpointStatus",
+    "CheckpointWeightsOnly",
     "DiskSample",
     "Event",
     "GpuInfo",
@@ -158,6 +169,149 @@ class CheckpointScan:
     next_size: int | None = None
 
 
+# What the checkpoint watcher found wrong, each one a fact about the folder: the checkpoint
+# rules (``detectors.checkpoints``) word it as a finding. ``group`` is the finding a problem
+# belongs to: a group resolves (``CheckpointCleared``) once its last cause cleared.
+CheckpointGroup = Literal["corrupt", "suspect", "incomplete", "weights_only"]
+
+
+@dataclass(frozen=True, slots=True)
+class _CheckpointFact:
+    wall: float  # when the scan that found it ended
+    root: str  # the watched folder
+
+
+@dataclass(frozen=True, slots=True)
+class _SaveFact(_CheckpointFact):
+    checkpoint: SavedCheckpoint
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCorrupt(_SaveFact):
+    """A finished save failed its ``check`` (``problem`` says how); with ``file``, a file
+    verified earlier changed on disk since (its sha256 differs)."""
+
+    group: ClassVar[CheckpointGroup] = "corrupt"
+    problem: str
+    check: str
+    last_good: SavedCheckpoint | None
+    file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointIncomplete(_SaveFact):
+    """A save stopped changing ``quiet_s`` ago without its framework's ``marker`` (None: it
+    never finished, or its files disappeared)."""
+
+    group: ClassVar[CheckpointGroup] = "incomplete"
+    marker: str | None
+    quiet_s: float
+    last_good: SavedCheckpoint | None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSmall(_SaveFact):
+    """An intact save much smaller than the intact one before it (``previous``)."""
+
+    group: ClassVar[CheckpointGroup] = "suspect"
+    previous: SavedCheckpoint
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWeightsOnly(_SaveFact):
+    """The newest save holds no optimizer state; ``regressed``: the one before it did."""
+
+    group: ClassVar[CheckpointGroup] = "weights_only"
+    regressed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointPointerBroken(_CheckpointFact):
+    """A framework's "latest" ``file`` names ``value``, and ``target`` does not exist."""
+
+    group: ClassVar[CheckpointGroup] = "corrupt"
+    file: str
+    value: str
+    target: str
+    step: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCleared(_CheckpointFact):
+    """Every cause of ``group`` cleared (``causes``: what they were, as text)."""
+
+    group: CheckpointGroup
+    causes: tuple[str, ...]
+    last_good: SavedCheckpoint | None
+
+
+CheckpointEvent = (
+    CheckpointCorrupt
+    | CheckpointIncomplete
+    | CheckpointSmall
+    | CheckpointWeightsOnly
+    | CheckpointPointerBroken
+    | CheckpointCleared
+)
+
+
+# --- checkpoint wording shared by ``rankwatch checkpoints`` and the checkpoint rules -----------
+
+
+def human_size(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    s = max(0.0, seconds)
+    if s < 90:
+        return f"{s:.0f}s ago"
+    if s < 5400:
+        return f"{s / 60:.0f}m ago"
+    if s < 2 * 86400:
+        return f"{s / 3600:.0f}h ago"
+    return f"{s / 86400:.0f}d ago"
+
+
+def duration(seconds: float) -> str:
+    return ago(seconds).removesuffix(" ago")
+
+
+def describe(saved: SavedCheckpoint | None, now: float) -> str:
+    if saved is None:
+        return "none"
+    step = f"step {saved.step}, " if saved.step is not None else ""
+    age = ago(now - saved.saved_at) if saved.saved_at else "time unknown"
+    name = saved.path.name if saved.name == "." else saved.name
+    only = ", weights only" if saved.weights_only else ""
+    return f"{name} ({step}{age}{only})"
+
+
+def last_good_line(saved: SavedCheckpoint | None, now: float) -> str:
+    return f"last good: {describe(saved, now)}"
+
+
+def median_save_gap(save_times: Sequence[float]) -> float | None:
+    """The run's save cadence: the median gap between its good saves (None before two)."""
+    times = sorted(save_times)
+    gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+    return statistics.median(gaps) if gaps else None
+
+
+def next_save_due(save_times: Sequence[float]) -> float | None:
+    """The last save plus the run's median save interval; None before two saves."""
+    gap = median_save_gap(save_times)
+    return max(save_times) + gap if gap is not None else None
+
+
 @dataclass(frozen=True, slots=True)
 class Tick:
     """A timer: for the rules judged on time alone (a job's time limit)."""
@@ -284,6 +438,7 @@ Event = (
     | LogActivity
     | CheckpointStatus
     | CheckpointScan
+    | CheckpointEvent
     | Tick
     | GpuRound
     | NvmlHang

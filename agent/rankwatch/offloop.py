@@ -74,6 +74,26 @@ def in_daemon(fn: Callable[..., T], *args: Any, name: str = "rankwatch-io") -> a
     return fut
 
 
+def threadsafe_waker(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> Callable[[], None]:
+    """A ``wake()`` any thread may call to set ``event`` on ``loop``: a storm of calls while
+    one is pending is one callback on the loop."""
+    pending = threading.Lock()
+
+    def _set() -> None:
+        pending.release()
+        event.set()
+
+    def wake() -> None:
+        if not pending.acquire(blocking=False):
+            return
+        try:
+            loop.call_soon_threadsafe(_set)
+        except RuntimeError:  # the loop closed
+            pending.release()
+
+    return wake
+
+
 _Job = tuple[Callable[[], None], "Callable[[], None] | None"]
 
 

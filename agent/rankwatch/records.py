@@ -310,6 +310,11 @@ class Diagnosis:
         )
 
 
+# Findings after which the run's weights are not trusted: checkpoints saved at or after one
+# are suspect, and its alert names the last good checkpoint from before it.
+POISON_KINDS = frozenset({"nan_loss", "loss_divergence", "grad_explosion"})
+
+
 @dataclass(slots=True)
 class Finding:
     """Something a human should know about one rank.

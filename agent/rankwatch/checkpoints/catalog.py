@@ -8,10 +8,11 @@ lock so a reader (the agent's event loop asking for ``last_good``) never waits o
 "Good" means intact *and* saved before the run was poisoned: the first NaN/divergence
 finding (``mark_bad_from``) or a NaN in a checkpoint's own ``trainer_state.json``.
 
-Findings resolve when their cause clears: a failed or suspect save once a newer sound
-one exists (or it is gone or re-verified), a pointer once it leads somewhere, weights-only
-once the newest checkpoint is resumable. "Sound" includes intact saves made after a NaN:
-the save path works again, and the NaN has its own finding.
+What it finds wrong it hands on as checkpoint events (``rankwatch.events``); the checkpoint
+rules word them as findings. A problem clears when its cause does: a failed or suspect save
+once a newer sound one exists (or it is gone or re-verified), a pointer once it leads
+somewhere, weights-only once the newest checkpoint is resumable. "Sound" includes intact
+saves made after a NaN: the save path works again, and the NaN has its own finding.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankwatch import events as ev
 from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.verify import Verdict, hash_files, verify_candidate
 from rankwatch.config.schema import CheckpointConfig
-from rankwatch.detectors import checkpoints as rules
-from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
+from rankwatch.records import EvalRecord, StepRecord
 
 log = logging.getLogger("rankwatch.checkpoints")
 
@@ -97,6 +98,12 @@ class Entry:
     def status_text(self) -> str:
         return f"{self.status}: {self.reason}" if self.reason else self.status
 
+    def saved(self) -> ev.SavedCheckpoint:
+        """A copy for the rules: the entry changes under the scan thread."""
+        return ev.SavedCheckpoint(
+            self.name, self.path, self.step, self.saved_at, self.layout, self.size, self.weights_only
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -111,6 +118,56 @@ class Entry:
             "resumable": self.resumable,
             "save_duration_s": self.save_duration,
         }
+
+
+# One cause of a problem still open: ("saved", name) a save that failed or is suspect,
+# ("changed", name) a verified file altered later, ("pointer", file, value) a "latest"
+# pointer leading nowhere, ("weights",) the newest checkpoint holds weights only.
+Cause = tuple[str, ...]
+Found = list[ev.CheckpointEvent]  # what a scan found wrong or cleared, in order
+
+
+def cause_text(cause: Cause) -> str:
+    if cause[0] == "pointer":
+        return f"{cause[1]} -> {cause[2]!r}"
+    if cause[0] == "weights":
+        return "weights-only saves"
+    return cause[1]
+
+
+class OpenProblems:
+    """Which problems are still open, and for what, so each group clears once.
+
+    A group with two causes (a corrupt save and a broken ``latest``) clears only when the
+    last of them does. A cause that cleared and comes back opens again.
+    """
+
+    def __init__(self) -> None:
+        self.causes: dict[ev.CheckpointGroup, dict[Cause, None]] = {}  # in the order they opened
+
+    def open(self, group: ev.CheckpointGroup, cause: Cause) -> bool:
+        """Note a cause; False when it was already open (say it once)."""
+        mine = self.causes.setdefault(group, {})
+        new = cause not in mine
+        mine[cause] = None
+        return new
+
+    def is_open(self, group: ev.CheckpointGroup, cause: Cause) -> bool:
+        return cause in self.causes.get(group, {})
+
+    def settle(self, holds: Callable[[Cause], bool]) -> list[tuple[ev.CheckpointGroup, list[Cause]]]:
+        """Forget causes that no longer hold; per group left with none: (group, cleared)."""
+        out: list[tuple[ev.CheckpointGroup, list[Cause]]] = []
+        for group, mine in list(self.causes.items()):
+            gone = [c for c in mine if not holds(c)]
+            if not gone:
+                continue
+            for c in gone:
+                del mine[c]
+            if not mine:
+                del self.causes[group]
+                out.append((group, gone))
+        return out
 
 
 def _adopt(e: Entry, c: L.Candidate) -> None:
@@ -128,7 +185,6 @@ class Catalog:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        rank: int | None = None,
         oneshot: bool = False,
         writers: Callable[[Path], bool] | None = None,
     ) -> None:
@@ -139,7 +195,6 @@ class Catalog:
         self.cfg = cfg or CheckpointConfig()
         self.clock = clock
         self.wall = wall
-        self.rank = rank
         self.oneshot = oneshot  # the CLI: judge what is on disk now, no waiting for writers
         self.entries: dict[str, Entry] = {}
         self.deleted: deque[Entry] = deque(maxlen=_KEEP_DELETED)
@@ -150,7 +205,7 @@ class Catalog:
         self.updates = 0
         self._seen_root = False
         self._broken_pointers: dict[tuple[str, str], float] = {}
-        self.firing = rules.OpenFindings()
+        self.firing = OpenProblems()
         self._history: dict[tuple[bool, int], StepRecord | EvalRecord] = {}
         self._history_step: int | None = None
         self._manifest: dict[str, dict[str, Any]] = self._load_manifest()
@@ -167,6 +222,14 @@ class Catalog:
 
     def last_good(self) -> Entry | None:
         return next((e for e in reversed(self.ordered()) if e.status == GOOD), None)
+
+    def _corrupt(self, e: Entry, problem: str, check: str, file: str | None = None) -> ev.CheckpointCorrupt:
+        good = self._last_good_saved()
+        return ev.CheckpointCorrupt(self.wall(), str(self.root), e.saved(), problem, check, good, file)
+
+    def _last_good_saved(self) -> ev.SavedCheckpoint | None:
+        good = self.last_good()
+        return good.saved() if good is not None else None
 
     def newest_judged(self) -> Entry | None:
         return next((e for e in reversed(self.ordered()) if e.judged), None)
@@ -252,14 +315,14 @@ class Catalog:
 
     # --- updating ----------------------------------------------------------------
 
-    def update(self, scan: L.ScanResult) -> list[Finding]:
-        """Fold one scan in; verify what just completed. Returns the findings to emit."""
-        findings: list[Finding] = []
+    def update(self, scan: L.ScanResult) -> list[ev.CheckpointEvent]:
+        """Fold one scan in; verify what just completed. Returns what it found wrong or cleared."""
+        found: Found = []
         with self.lock:
             initial = scan.exists and not self._seen_root
             self._seen_root = self._seen_root or scan.exists
             self.updates += 1
-            todo = self._reconcile(scan, initial, findings)
+            todo = self._reconcile(scan, initial, found)
         results: list[tuple[Entry, L.Candidate, Verdict | None, str | None]] = []
         still_open: set[str] = set()
         for e, c in todo:
@@ -281,20 +344,18 @@ class Catalog:
                     if e.name in still_open:
                         e.failed_sig = e.sig  # its writer still holds it open: not judged yet
                         continue
-                    self._apply(e, verdict, error, findings)
+                    self._apply(e, verdict, error, found)
                     if verdict is not None:
                         self._gather(verdict.history)
             for e, hashes in rehashed:
-                self._compare_hashes(e, hashes, findings)
-            findings.extend(self._pointer_findings(scan))
-            findings.extend(self._settle())
+                self._compare_hashes(e, hashes, found)
+            found.extend(self._pointer_problems(scan))
+            found.extend(self._settle())
         if any(v is not None and v.hashes for _, _, v, _ in results) or rehashed:
             self._save_manifest()
-        return findings
+        return found
 
-    def _reconcile(
-        self, scan: L.ScanResult, initial: bool, findings: list[Finding]
-    ) -> list[tuple[Entry, L.Candidate]]:
+    def _reconcile(self, scan: L.ScanResult, initial: bool, found: Found) -> list[tuple[Entry, L.Candidate]]:
         now, wall = self.clock(), self.wall()
         seen: dict[str, L.Candidate] = {}
         for c in scan.candidates:
@@ -333,7 +394,7 @@ class Catalog:
             for name in [n for n in self.entries if n not in seen]:
                 self._deleted(self.entries.pop(name))
         self.pointers = list(scan.pointers)
-        return self._due(now, findings)
+        return self._due(now, found)
 
     def _open_for_writing(self, path: Path) -> bool:
         if self.writers is None:
@@ -353,7 +414,7 @@ class Catalog:
         self.deleted.append(e)
         log.info("checkpoint %s deleted (%s)", e.name, was)
 
-    def _due(self, now: float, findings: list[Finding]) -> list[tuple[Entry, L.Candidate]]:
+    def _due(self, now: float, found: Found) -> list[tuple[Entry, L.Candidate]]:
         settle = float(self.cfg.settle)
         give_up = settle if self.oneshot else float(self.cfg.incomplete_after)
         todo: list[tuple[Entry, L.Candidate]] = []
@@ -368,7 +429,7 @@ class Catalog:
                 continue
             if e.staging or e.marker is False or (e.removing and quiet < give_up):
                 if quiet >= give_up:
-                    self._incomplete(e, quiet, findings)
+                    self._incomplete(e, quiet, found)
                 continue
             if e.marker is None and e.failed_sig == e.sig and quiet < self._markerless_give_up():
                 continue
@@ -395,25 +456,25 @@ class Catalog:
             staging=e.staging,
         )
 
-    def _incomplete(self, e: Entry, quiet: float, findings: list[Finding]) -> None:
+    def _incomplete(self, e: Entry, quiet: float, found: Found) -> None:
         e.status = INCOMPLETE
         what = f"no {e.marker_name}" if e.marker is False and e.marker_name else "files stopped changing"
         if e.removing:
             what = "files disappeared"
-        e.reason = f"{what} ({rules.duration(quiet)} since the last write)"
-        self.firing.open("checkpoint_incomplete", ("saved", e.name), Severity.WARNING)
-        findings.append(
-            rules.incomplete_finding(
-                e,
-                e.marker_name if e.marker is False else None,
-                quiet,
-                self.last_good(),
-                rank=self.rank,
-                now=self.wall(),
+        e.reason = f"{what} ({ev.duration(quiet)} since the last write)"
+        self.firing.open("incomplete", ("saved", e.name))
+        found.append(
+            ev.CheckpointIncomplete(
+                wall=self.wall(),
+                root=str(self.root),
+                checkpoint=e.saved(),
+                marker=e.marker_name if e.marker is False else None,
+                quiet_s=quiet,
+                last_good=self._last_good_saved(),
             )
         )
 
-    def _apply(self, e: Entry, v: Verdict | None, error: str | None, findings: list[Finding]) -> None:
+    def _apply(self, e: Entry, v: Verdict | None, error: str | None, found: Found) -> None:
         now, wall = self.clock(), self.wall()
         quiet = now - e.last_change
         problem = v.first_problem if v is not None else None
@@ -424,8 +485,8 @@ class Catalog:
             text = error or str(problem)
             check = problem.check if problem is not None else "read"
             e.status, e.reason, e.intact = CORRUPT, text, False
-            findings.append(rules.corrupt_finding(e, text, check, self.last_good(), rank=self.rank, now=wall))
-            self.firing.open("checkpoint_corrupt", ("saved", e.name), Severity.CRITICAL)
+            found.append(self._corrupt(e, text, check))
+            self.firing.open("corrupt", ("saved", e.name))
             return
         e.intact, e.resumable, e.weights_only = True, v.resumable, v.weights_only
         e.notes = [str(p) for p in v.problems] + list(v.notes)
@@ -438,7 +499,7 @@ class Catalog:
         prev = self._previous_intact(e)
         e.status, e.reason = GOOD, None
         if v.hashes is not None:
-            self._record_hashes(e, v.hashes, findings)
+            self._record_hashes(e, v.hashes, found)
             if e.status == CORRUPT:
                 return
         if v.bad is not None:
@@ -447,16 +508,19 @@ class Catalog:
             self._suspect(e)
         elif prev is not None and self._too_small(e, prev):
             e.status = SUSPECT
-            small, before = rules.human_size(e.size), rules.human_size(prev.size)
+            small, before = ev.human_size(e.size), ev.human_size(prev.size)
             e.reason = f"suspiciously small: {small} vs {before} ({prev.name})"
-            findings.append(rules.small_finding(e, prev, rank=self.rank, now=wall))
-            self.firing.open("checkpoint_suspect", ("saved", e.name), Severity.WARNING)
+            found.append(ev.CheckpointSmall(wall, str(self.root), e.saved(), previous=prev.saved()))
+            self.firing.open("suspect", ("saved", e.name))
         if e.weights_only:
             e.notes.append("weights-only: resume will restart Adam")
             regressed = prev is not None and prev.resumable is True
-            sev = Severity.WARNING if regressed else Severity.INFO
-            if self.firing.open("checkpoint_weights_only", ("weights",), sev):
-                findings.append(rules.weights_only_finding(e, regressed=regressed, rank=self.rank, now=wall))
+            if self.firing.open("weights_only", ("weights",)):
+                found.append(
+                    ev.CheckpointWeightsOnly(
+                        wall=wall, root=str(self.root), checkpoint=e.saved(), regressed=regressed
+                    )
+                )
 
     def _too_small(self, e: Entry, prev: Entry) -> bool:
         if prev.size <= 0 or e.size >= self.cfg.min_size_ratio * prev.size:
@@ -474,9 +538,9 @@ class Catalog:
 
     # --- pointers ------------------------------------------------------------------
 
-    def _pointer_findings(self, scan: L.ScanResult) -> list[Finding]:
+    def _pointer_problems(self, scan: L.ScanResult) -> list[ev.CheckpointEvent]:
         now, wall = self.clock(), self.wall()
-        out: list[Finding] = []
+        out: list[ev.CheckpointEvent] = []
         broken = {(p.file, p.value): p for p in scan.pointers if not p.exists}
         for key in list(self._broken_pointers):
             if key not in broken:
@@ -484,12 +548,21 @@ class Catalog:
         for key, p in broken.items():
             since = self._broken_pointers.setdefault(key, now - max(0.0, wall - p.mtime))
             cause = ("pointer", *key)
-            if self.firing.is_open("checkpoint_corrupt", cause):
+            if self.firing.is_open("corrupt", cause):
                 continue
             if now - since < float(self.cfg.settle) and not self.oneshot:
                 continue
-            self.firing.open("checkpoint_corrupt", cause, Severity.CRITICAL)
-            out.append(rules.pointer_finding(p, str(self.root), rank=self.rank, now=wall))
+            self.firing.open("corrupt", cause)
+            out.append(
+                ev.CheckpointPointerBroken(
+                    wall=wall,
+                    root=str(self.root),
+                    file=p.file,
+                    value=p.value,
+                    target=str(p.target),
+                    step=p.step,
+                )
+            )
         return out
 
     def broken_pointers(self) -> list[L.Pointer]:
@@ -501,7 +574,7 @@ class Catalog:
         """Intact and not suspiciously small: proof the save path works (NaN or not)."""
         return e.status == GOOD or (e.status == SUSPECT and e.intact and self._poisoned(e))
 
-    def _holds(self, cause: rules.Cause) -> bool:
+    def _holds(self, cause: Cause) -> bool:
         what = cause[0]
         if what == "pointer":
             return (cause[1], cause[2]) in self._broken_pointers
@@ -518,11 +591,17 @@ class Catalog:
         later = self.ordered()
         return not any(self._sound(o) for o in later[later.index(e) + 1 :])
 
-    def _settle(self) -> list[Finding]:
-        good, wall = self.last_good(), self.wall()
+    def _settle(self) -> list[ev.CheckpointEvent]:
+        good, wall = self._last_good_saved(), self.wall()
         return [
-            rules.resolved_finding(kind, sev, cleared, good, rank=self.rank, path=str(self.root), now=wall)
-            for kind, sev, cleared in self.firing.settle(self._holds)
+            ev.CheckpointCleared(
+                wall=wall,
+                root=str(self.root),
+                group=group,
+                causes=tuple(cause_text(c) for c in cleared),
+                last_good=good,
+            )
+            for group, cleared in self.firing.settle(self._holds)
         ]
 
     # --- trainer_state.json history -------------------------------------------------------
@@ -574,14 +653,14 @@ class Catalog:
         except OSError as exc:
             log.warning("cannot write checkpoint manifest %s: %s", path, exc)
 
-    def _record_hashes(self, e: Entry, hashes: dict[str, str], findings: list[Finding]) -> None:
+    def _record_hashes(self, e: Entry, hashes: dict[str, str], found: Found) -> None:
         known = self._manifest.get(e.name, {}).get("files", {})
         for rel, digest in hashes.items():
             old = known.get(rel)
             st = e.files.get(rel)
             same_stat = old and st and old.get("size") == st.size and old.get("mtime") == st.mtime
             if same_stat and old.get("sha256") != digest:
-                self._changed(e, rel, findings)
+                self._changed(e, rel, found)
                 return
         e.hashes, e.hashed_at = hashes, self.clock()
         self._manifest[e.name] = {
@@ -593,11 +672,11 @@ class Catalog:
             "verified_at": self.wall(),
         }
 
-    def _changed(self, e: Entry, rel: str, findings: list[Finding]) -> None:
+    def _changed(self, e: Entry, rel: str, found: Found) -> None:
         e.status, e.intact = CORRUPT, False
-        e.reason = f"{rel}: changed on disk after it was verified (sha256 differs)"
-        self.firing.open("checkpoint_corrupt", ("changed", e.name), Severity.CRITICAL)
-        findings.append(rules.changed_finding(e, rel, self.last_good(), rank=self.rank, now=self.wall()))
+        e.reason = problem = f"{rel}: changed on disk after it was verified (sha256 differs)"
+        self.firing.open("corrupt", ("changed", e.name))
+        found.append(self._corrupt(e, problem, "sha256", rel))
 
     def _due_rehash(self) -> list[Entry]:
         if not self.cfg.deep or self.oneshot:
@@ -619,12 +698,12 @@ class Catalog:
         except OSError:
             return None
 
-    def _compare_hashes(self, e: Entry, hashes: dict[str, str] | None, findings: list[Finding]) -> None:
+    def _compare_hashes(self, e: Entry, hashes: dict[str, str] | None, found: Found) -> None:
         if hashes is None or not e.intact or e.hashes is None:
             return
         for rel, digest in hashes.items():
             if e.hashes.get(rel) not in (None, digest):
-                self._changed(e, rel, findings)
+                self._changed(e, rel, found)
                 return
         e.hashed_at = self.clock()
 

@@ -35,7 +35,7 @@ def _name(e: Entry, root: Path) -> str:
 
 
 def format_table(entries: list[Entry], root: Path) -> str:
-    from rankwatch.detectors.checkpoints import human_size
+    from rankwatch.events import human_size
 
     rows = [("NAME", "STEP", "SAVED (UTC)", "SIZE", "LAYOUT", "STATUS")]
     notes: dict[int, list[str]] = {}
@@ -81,7 +81,7 @@ def newest_settled(entries: list[Entry]) -> Entry | None:
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     from rankwatch.checkpoints.catalog import GOOD, WRITING
-    from rankwatch.detectors.checkpoints import last_good_line
+    from rankwatch.events import last_good_line
 
     root = Path(args.dir)
     if not root.exists():
@@ -130,7 +130,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     writing = [e for e in entries if e.status == WRITING]
     if writing:
         print(f"being written: {', '.join(_name(e, root) for e in writing)}")
-    print(last_good_line(good, now))
+    print(last_good_line(good.saved() if good is not None else None, now))
     return 0 if ok else 1
 
 

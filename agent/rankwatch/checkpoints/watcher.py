@@ -2,15 +2,15 @@
 
 inotify is silent for writes made by other nodes on NFS/Lustre, so events only wake the
 scan early; a slow poll is always the safety net (``mode: poll`` drops events for a
-faster poll). Scans and verification run in a daemon thread: a filesystem stuck in
-uninterruptible I/O can hang that thread but never the agent's event loop.
+faster poll). The watcher is a polled source (``sources/polled/checkpoint_scan.py``): its
+scans and verification run off the loop under the policy every source has, so a
+filesystem stuck in uninterruptible I/O can hang that thread but never the agent's event
+loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -23,10 +23,8 @@ from typing import Any
 from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.catalog import Catalog, Entry
 from rankwatch.config.schema import CheckpointConfig
-from rankwatch.detectors import checkpoints as rules
-from rankwatch.events import CheckpointScan, SavedCheckpoint
-from rankwatch.offloop import in_daemon
-from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
+from rankwatch.events import CheckpointEvent, CheckpointScan, CheckpointStatus, Event, next_save_due
+from rankwatch.records import POISON_KINDS, EvalRecord, Finding, Severity, StepRecord
 from rankwatch.sources.follower import quiet_watchdog_stop_race
 
 log = logging.getLogger("rankwatch.checkpoints")
@@ -34,7 +32,7 @@ log = logging.getLogger("rankwatch.checkpoints")
 EVENT_POLL_S = 60.0
 PLAIN_POLL_S = 10.0
 MISSING_DIR_POLL_S = 5.0
-STUCK_WARN_S = 120.0
+SCAN_TIMEOUT_S = 120.0  # a scan still running after this long is said once (a hung filesystem?)
 MIN_GAP_S = 1.0
 
 
@@ -59,21 +57,19 @@ def open_for_writing(path: Path) -> bool:
 
 
 class _Events:
-    """A watchdog observer whose only job is to wake the loop.
+    """A watchdog observer whose only job is to wake the scan early (``wake``: thread-safe).
 
     Recursive on the checkpoint directory; while that does not exist yet, on its nearest
-    existing ancestor, so its creation wakes the loop too.
+    existing ancestor, so its creation wakes the scan too.
     """
 
-    def __init__(self, root: Path, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
+    def __init__(self, root: Path, wake: Callable[[], None]) -> None:
         self.root = root
-        self.loop = loop
         self.wake = wake
         self.observer: Any = None
         self.target: Path | None = None
         self.failed = False
         self.closed = False
-        self._pending = threading.Lock()
         self._lock = threading.Lock()
 
     def ensure(self, target: Path | None) -> None:
@@ -99,12 +95,12 @@ class _Events:
         except ImportError:
             self.failed = True
             return
-        events = self
+        wake = self.wake
 
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event: FileSystemEvent) -> None:
                 if event.event_type not in ("opened", "closed_no_write"):
-                    events.fire()
+                    wake()
 
         quiet_watchdog_stop_race()
         observer = Observer()
@@ -119,18 +115,6 @@ class _Events:
             return
         self.observer, self.target = observer, target
 
-    def fire(self) -> None:
-        if not self._pending.acquire(blocking=False):
-            return
-        try:
-            self.loop.call_soon_threadsafe(self._set)
-        except RuntimeError:  # loop closed
-            self._pending.release()
-
-    def _set(self) -> None:
-        self._pending.release()
-        self.wake.set()
-
     def stop(self) -> None:
         if self.observer is not None:
             self.observer.stop()
@@ -138,30 +122,16 @@ class _Events:
             self.observer, self.target = None, None
 
 
-def _saved(e: Entry) -> SavedCheckpoint:
-    return SavedCheckpoint(
-        name=e.name,
-        path=e.path,
-        step=e.step,
-        saved_at=e.saved_at,
-        layout=e.layout,
-        size=e.size,
-        weights_only=e.weights_only,
-    )
-
-
-def _in_daemon(fn: Callable[[], Any]) -> asyncio.Future[Any]:
-    return in_daemon(fn, name="rankwatch-checkpoints")
-
-
 class CheckpointWatcher:
     """Watches one checkpoint directory for the live agent.
 
-    ``clock`` is monotonic (settle times); ``wall`` is compared with file mtimes. The
-    agent passes every finding of the run to ``on_finding`` so checkpoints saved after a
-    NaN are marked suspect, and reads ``writing`` to give the stall detector extra time.
-    ``on_records`` gets, on the event loop, each new tail of HF ``log_history``: the agent
-    feeds it to a rank whose log shows no steps.
+    ``clock`` is monotonic (settle times); ``wall`` is compared with file mtimes. Each
+    ``sample`` (blocking) returns what the scan found wrong or cleared (checkpoint events
+    for the checkpoint rules), the scan itself (``CheckpointScan``, for the stale and
+    free-space rules) and each new tail of HF ``log_history`` (records, for a rank whose log
+    shows no steps). The agent passes every finding of the run to ``on_finding`` so
+    checkpoints saved after a NaN are marked suspect, and reads ``status`` to give the
+    stall detector extra time while a save is written.
     """
 
     def __init__(
@@ -169,27 +139,19 @@ class CheckpointWatcher:
         dir: Path | str,
         cfg: CheckpointConfig | None = None,
         *,
-        emit: Callable[[Finding], None],
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        rank: int | None = None,
         statvfs: Callable[[str], os.statvfs_result] | None = None,
-        on_records: Callable[[list[StepRecord | EvalRecord]], None] | None = None,
-        on_scan: Callable[[CheckpointScan], None] | None = None,
         writers: Callable[[Path], bool] | None = open_for_writing,
     ) -> None:
         self.root = Path(dir)
         self.cfg = cfg or CheckpointConfig()
-        self.emit = emit
         self.clock = clock
         self.wall = wall
-        self.rank = rank
         self.statvfs = statvfs or os.statvfs
-        self.on_records = on_records
-        self.on_scan = on_scan
-        self.last_scan: CheckpointScan | None = None  # from the last tick, for on_scan
-        self.history: list[StepRecord | EvalRecord] = []  # from the last tick, for on_records
-        self.catalog = Catalog(self.root, self.cfg, clock=clock, wall=wall, rank=rank, writers=writers)
+        self.last_scan: CheckpointScan | None = None  # from the last tick
+        self.history: list[StepRecord | EvalRecord] = []  # from the last tick
+        self.catalog = Catalog(self.root, self.cfg, clock=clock, wall=wall, writers=writers)
         self.started = wall()
         self.fs_free: int | None = None
         self.fs_total: int | None = None
@@ -201,8 +163,8 @@ class CheckpointWatcher:
         self.events_active = False  # filesystem events are being received (else: polling only)
         self._events_failed = False
         self._watch_target: Path | None = None
-        self._wake: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: Callable[[], None] | None = None
+        self._events: _Events | None = None
 
     # --- the API the agent uses ---------------------------------------------------------
 
@@ -220,7 +182,7 @@ class CheckpointWatcher:
         return self.catalog.mark_bad_from(step, kind, time=time)
 
     def on_finding(self, finding: Finding) -> None:
-        if finding.kind not in rules.POISON_KINDS or finding.resolved or finding.severity < Severity.WARNING:
+        if finding.kind not in POISON_KINDS or finding.resolved or finding.severity < Severity.WARNING:
             return
         when = finding.time if finding.time is not None else self.wall()
         if self.catalog.lock.acquire(blocking=False):
@@ -231,7 +193,7 @@ class CheckpointWatcher:
         else:  # a scan holds the lock: apply at its end rather than block the loop
             self._queued.append((finding.step, finding.kind, when))
             if self._wake is not None:
-                self._wake.set()
+                self._wake()
 
     def snapshot(self) -> dict[str, Any]:
         now = self.wall()
@@ -257,8 +219,8 @@ class CheckpointWatcher:
             "fs_free_bytes": self.fs_free,
             "fs_size_bytes": self.fs_total,
             "next_checkpoint_bytes": cat.next_size(),
-            "max_age_seconds": rules.stale_limit(self.cfg, cat.save_times),
-            "next_save_due_timestamp_seconds": rules.next_save_due(cat.save_times),
+            "max_age_seconds": self.cfg.stale_limit(cat.save_times),
+            "next_save_due_timestamp_seconds": next_save_due(cat.save_times),
             "poisoned_from_step": cat.bad.step if cat.bad else None,
             "scans_total": self.scans,
             "errors_total": self.errors,
@@ -266,14 +228,15 @@ class CheckpointWatcher:
 
     # --- one round ------------------------------------------------------------------------
 
-    def tick(self) -> list[Finding]:
-        """Scan and judge what completed; note free space and the newest good save in
-        ``last_scan`` (the stale and free-space rules judge it in the engine). Blocking I/O."""
+    def tick(self) -> list[CheckpointEvent]:
+        """Scan and judge what completed: what is found wrong or cleared. Free space and the
+        newest good save go in ``last_scan`` (the stale and free-space rules judge it in the
+        engine). Blocking I/O."""
         self._drain()
         scan = L.scan(
             self.root, glob=self.cfg.glob, step_regex=self.cfg.step_regex, max_depth=self.cfg.max_depth
         )
-        findings = self.catalog.update(scan)
+        found = self.catalog.update(scan)
         self.history = self.catalog.new_history()
         self._drain()
         self._exists = scan.exists
@@ -286,11 +249,11 @@ class CheckpointWatcher:
             root=str(self.root),
             started=self.started,
             save_times=tuple(self.catalog.save_times),
-            last_good=_saved(good) if good is not None else None,
+            last_good=good.saved() if good is not None else None,
             free=self.fs_free if self._free_read else None,
             next_size=self.catalog.next_size(),
         )
-        return findings
+        return found
 
     def _drain(self) -> None:
         while self._queued:
@@ -312,7 +275,8 @@ class CheckpointWatcher:
         self.fs_total = st.f_blocks * st.f_frsize
         self._free_read = True
 
-    def _interval(self) -> float:
+    def interval(self) -> float:
+        """Seconds to the next scan: the poll, shorter while a save settles or the folder is missing."""
         set_to = self.cfg.poll_interval
         if set_to is not None:
             base = float(set_to)
@@ -324,88 +288,50 @@ class CheckpointWatcher:
             return max(0.05, min(base, float(self.cfg.settle) / 2))
         return base
 
-    # --- the loop -------------------------------------------------------------------------
+    def min_gap(self) -> float:
+        """A big save is a storm of write events: rescan at most this often."""
+        return min(MIN_GAP_S, float(self.cfg.settle) / 4)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-        self._wake, self._loop = wake, loop
-        events = _Events(self.root, loop, wake) if self.cfg.mode != "poll" else None
-        stop_task = asyncio.ensure_future(stop.wait())
-        inflight: asyncio.Future[Any] | None = None
-        started_at = 0.0
-        warned = False
+    # --- as a polled source -----------------------------------------------------------------
+
+    def bind(self, wake: Callable[[], None]) -> None:
+        """Filesystem events (``mode: auto``) and a poisoning finding call ``wake`` (thread-safe)."""
+        self._wake = wake
+        if self.cfg.mode != "poll":
+            self._events = _Events(self.root, wake)
+
+    def sample(self) -> list[Event]:
+        """One scan, then the filesystem watch it calls for (watchdog's setup walks the tree
+        and a stat on a hung NFS mount blocks, so neither may run on the event loop). Blocking."""
         try:
-            while not stop.is_set():
-                wake.clear()
-                if inflight is None:
-                    work = functools.partial(self._scan_and_watch, events)
-                    inflight, started_at, warned = _in_daemon(work), self.clock(), False
-                await asyncio.wait({inflight, stop_task}, timeout=STUCK_WARN_S, return_when="FIRST_COMPLETED")
-                if stop.is_set():
-                    break
-                if not inflight.done():
-                    if not warned:
-                        warned = True
-                        log.warning(
-                            "%s: checkpoint scan running for %.0fs (filesystem hung?)",
-                            self.root,
-                            self.clock() - started_at,
-                        )
-                    continue
-                self._deliver(inflight)
-                inflight = None
-                if events is not None:
-                    self.events_active = events.observer is not None
-                    self._events_failed = events.failed
-                wake_task = asyncio.ensure_future(wake.wait())
-                try:
-                    await asyncio.wait(
-                        {wake_task, stop_task}, timeout=self._interval(), return_when="FIRST_COMPLETED"
-                    )
-                finally:
-                    wake_task.cancel()
-                # A big save is a storm of write events: rescan at most this often.
-                rest = min(MIN_GAP_S, float(self.cfg.settle) / 4) - (self.clock() - started_at)
-                if rest > 0 and not stop.is_set():
-                    await asyncio.wait({stop_task}, timeout=rest)
-        finally:
-            stop_task.cancel()
-            if events is not None:
-                _in_daemon(events.close)  # joins watchdog's thread: not on the loop, not awaited
-
-    def _scan_and_watch(self, events: _Events | None) -> list[Finding]:
-        """One scan, then the filesystem watch it calls for: watchdog's setup walks the tree
-        and a stat on a hung NFS mount blocks, so neither may run on the event loop."""
-        found = self.tick()
-        if events is not None:
-            events.ensure(self._watch_target)
-        return found
-
-    def _deliver(self, fut: asyncio.Future[Any]) -> None:
-        try:
-            findings = fut.result()
+            out: list[Event] = list(self.tick())
+            if self._events is not None:
+                self._events.ensure(self._watch_target)
+                self.events_active = self._events.observer is not None
+                self._events_failed = self._events.failed
         except Exception:
             self.errors += 1
-            log.exception("%s: checkpoint scan failed", self.root)
-            return
-        for f in findings:
-            try:
-                self.emit(f)
-            except Exception:
-                self.errors += 1
-                log.exception("emitting a checkpoint finding failed")
+            raise
         scan, self.last_scan = self.last_scan, None
-        if scan is not None and self.on_scan is not None:
-            try:
-                self.on_scan(scan)
-            except Exception:
-                self.errors += 1
-                log.exception("handing the checkpoint scan on failed")
+        if scan is not None:
+            out.append(scan)
         records, self.history = self.history, []
-        if records and self.on_records is not None:
-            try:
-                self.on_records(records)
-            except Exception:
-                self.errors += 1
-                log.exception("handing trainer_state.json history on failed")
+        out.extend(records)
+        return out
+
+    def close(self) -> None:
+        """Stop the filesystem watch (joins watchdog's thread: off the loop)."""
+        if self._events is not None:
+            self._events.close()
+
+    def status(self) -> CheckpointStatus:
+        """What the stall and time-limit rules read every second: cheap, on the loop."""
+        snap = self.snapshot()
+        return CheckpointStatus(
+            now=0.0,
+            scans=self.scans,
+            writing=bool(self.writing),
+            write_age=self.write_age(),
+            last_saved=snap.get("last_checkpoint_timestamp_seconds"),
+            next_due=snap.get("next_save_due_timestamp_seconds"),
+        )

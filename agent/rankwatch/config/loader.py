@@ -38,26 +38,19 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .redact import redact_url, secret_header
 from .schema import Config, Duration, Size
+from .settings import Credentials, credential_keys
 from .units import DURATION_HINT, SIZE_HINT, format_duration, format_size, parse_duration, parse_size
 
 log = logging.getLogger("rankwatch.config")
 
-# Keys that hold credentials, with the variable the docs suggest: a literal is warned about
-# (the file is then a secret too) and `config show` prints them redacted.
-SECRET_KEYS = {
-    "alerts.slack.token": "SLACK_BOT_TOKEN",
-    "alerts.slack.webhook_url": "SLACK_WEBHOOK_URL",
-    "server.token": "RANKWATCH_TOKEN",
-    "server.metrics_token": "RANKWATCH_METRICS_TOKEN",
-}
-# Keys holding URLs, where a credential may sit in the userinfo, the query or the path.
-URL_KEYS = (
-    "alerts.alertmanager.urls",
-    "alerts.webhook.urls",
-    "alerts.grafana_url",
-    "alerts.report_url",
-    "alerts.slack.base_url",
-)
+
+@functools.cache
+def credentials() -> Credentials:
+    """The keys that hold credentials, as each section declares them beside its code
+    (``opt(secret=..., url=..., secret_headers=...)``): a literal is warned about (the file is
+    then a secret too) and `config show` prints them redacted."""
+    return credential_keys(Config)
+
 
 __all__ = [
     "ConfigError",
@@ -246,11 +239,13 @@ class _Builder:
     def _warn_literal_secret(self, node: ScalarNode, path: str) -> None:
         """A credential written into the file makes the file a secret: say so, with its line."""
         where = f"{self.file}:{node.start_mark.line + 1}" if self.file else "config"
-        if path in SECRET_KEYS:
-            var = SECRET_KEYS[path]
-        elif path.startswith("alerts.webhook.headers.") and secret_header(path.rsplit(".", 1)[1]):
-            var = "HOOK_TOKEN"
-        elif path.split("[", 1)[0] in URL_KEYS and redact_url(node.value) != node.value:
+        known = credentials()
+        parent, _, leaf = path.rpartition(".")
+        if path in known.secrets:
+            var = known.secrets[path]
+        elif parent in known.headers and secret_header(leaf):
+            var = known.headers[parent]
+        elif path.split("[", 1)[0] in known.urls and redact_url(node.value) != node.value:
             log.warning(
                 "%s: %s holds a credential in its URL (%s); take the URL from the environment "
                 "(${...}) so the file can be shared and read without it",

@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+
+from .settings import credential_keys, dotted_value
 
 REDACTED = "<redacted>"
 
@@ -108,27 +109,22 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     return _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
 
 
-def config_secrets(cfg: Any) -> list[str]:
-    """Every credential value a loaded config holds (tokens, header values, URL userinfo)."""
-    out: list[str] = []
-    server = getattr(cfg, "server", None)
-    alerts = getattr(cfg, "alerts", None)
-    for v in (getattr(server, "token", None), getattr(server, "metrics_token", None)):
-        if v:
-            out.append(str(v))
-    if alerts is not None:
-        slack = alerts.slack
-        for v in (slack.token, slack.webhook_url):
-            if v:
-                out.append(str(v))
-        for name, v in alerts.webhook.headers.items():
+def config_secrets(cfg: object) -> list[str]:
+    """Every credential value a loaded config holds (tokens, header values, URL userinfo), as
+    its sections declare them (``settings.opt(secret=..., url=..., secret_headers=...)``)."""
+    known = credential_keys(type(cfg))
+    out = [str(v) for v in (dotted_value(cfg, k) for k in known.secrets) if v]
+    for key in known.headers:
+        for name, v in (dotted_value(cfg, key) or {}).items():
             if v and secret_header(name):
                 out.append(str(v))
                 _, _, cred = str(v).partition(" ")
                 if len(cred) >= 6:
                     out.append(cred)
-        links = [alerts.grafana_url or "", alerts.report_url or ""]
-        for url in [*alerts.webhook.urls, *alerts.alertmanager.urls, *links]:
+    for key in known.urls:
+        value = dotted_value(cfg, key)
+        urls = [value] if isinstance(value, str) else list(value or ())  # a mapping: its keys
+        for url in urls:
             try:
                 pw = urlsplit(url).password
             except ValueError:

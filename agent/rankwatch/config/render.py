@@ -152,38 +152,29 @@ def redacted(cfg: Config) -> Config:
     copied into config files: a token becomes the ``${VAR}`` it should come from (so the copy
     loads back, from the environment), header values ``<redacted>``, and URLs keep their host
     but lose their userinfo, secret query values and key-like path segments."""
-    from rankwatch.config.loader import SECRET_KEYS
+    from rankwatch.config.loader import credentials
     from rankwatch.config.redact import redact_url
+    from rankwatch.config.settings import dotted_value
     from rankwatch.config.snapshot import replaced
 
+    known = credentials()
     changes: dict[str, Any] = {}
-    for dotted in [*SECRET_KEYS, "alerts.webhook.headers"]:
-        *parents, leaf = dotted.split(".")
-        section: Any = cfg
-        for p in parents:
-            section = getattr(section, p, None)
-        value = getattr(section, leaf, None)
-        if isinstance(value, dict):
-            changes[dotted] = {k: REDACTED for k in value}
-        elif value:
-            changes[dotted] = EnvRef(f"${{{SECRET_KEYS[dotted]}}}")
-    out = replaced(cfg, changes)
-    alerts = getattr(out, "alerts", None)
-    if alerts is None:
-        return out
-    more: dict[str, Any] = {}
-    for name in ("webhook", "alertmanager"):
-        sink = getattr(alerts, name)
-        more[f"alerts.{name}.urls"] = type(sink.urls)(redact_url(u) for u in sink.urls)
-        more[f"alerts.{name}.names"] = {redact_url(u): n for u, n in sink.names.items()}
-    if alerts.grafana_url:
-        more["alerts.grafana_url"] = redact_url(alerts.grafana_url)
-    if alerts.report_url:
-        more["alerts.report_url"] = redact_url(alerts.report_url)
-    if alerts.slack.base_url:
-        more["alerts.slack.base_url"] = redact_url(alerts.slack.base_url)
-    out = replaced(out, more)
-    return out
+    for dotted, var in known.secrets.items():
+        if dotted_value(cfg, dotted):
+            changes[dotted] = EnvRef(f"${{{var}}}")
+    for dotted in known.headers:
+        headers = dotted_value(cfg, dotted)
+        if isinstance(headers, dict):
+            changes[dotted] = dict.fromkeys(headers, REDACTED)
+    for dotted in known.urls:
+        value = dotted_value(cfg, dotted)
+        if isinstance(value, str) and value:
+            changes[dotted] = redact_url(value)
+        elif isinstance(value, dict):
+            changes[dotted] = {redact_url(u): v for u, v in value.items()}
+        elif isinstance(value, (tuple, list)):
+            changes[dotted] = type(value)(redact_url(u) for u in value)
+    return replaced(cfg, changes)
 
 
 def render_config(cfg: Config, *, redact: bool = True) -> str:

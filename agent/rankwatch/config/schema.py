@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,6 +28,7 @@ from rankwatch.config.settings import Size as Size
 from rankwatch.config.settings import climb_problem as _climb_problem
 from rankwatch.config.settings import opt as opt
 from rankwatch.config.settings import section as section
+from rankwatch.events import median_save_gap
 from rankwatch.sources import parsers as _parsers
 
 # logs.format: "auto" or a registered format (rankwatch.sources.parsers.registry): a parser
@@ -284,8 +286,11 @@ class ServerConfig:
         "bearer token for / and /api/* (use ${RANKWATCH_TOKEN}, never a literal); unset: the agent uses "
         "this user's token in $XDG_RUNTIME_DIR/rankwatch/token (else <tmp>/rankwatch-<uid>/token), made "
         "at start, 0600, which `rankwatch url` and `rankwatch top` read. A browser logs in with /?token=...",
+        secret="RANKWATCH_TOKEN",
     )
-    metrics_token: str | None = opt(None, "bearer token required on /metrics (default: open)")
+    metrics_token: str | None = opt(
+        None, "bearer token required on /metrics (default: open)", secret="RANKWATCH_METRICS_TOKEN"
+    )
     web_config: str | None = opt(
         None,
         "exporter-toolkit web config file (--web.config.file): tls_server_config (cert_file, key_file, "
@@ -332,12 +337,15 @@ class AlertsCore(PluginSections):
         Duration(30.0), "a peer that should send a grouped alert and has not after this long is taken over"
     )
     grafana_url: str | None = opt(
-        None, "link template in messages, e.g. https://grafana/d/rankwatch-run?var-run={run}&var-rank={rank}"
+        None,
+        "link template in messages, e.g. https://grafana/d/rankwatch-run?var-run={run}&var-rank={rank}",
+        url=True,
     )
     report_url: str | None = opt(
         None,
         "link template to the incident's report in messages, e.g. "
         "https://{node}:9478/incidents/{incident}?run={run} (also {rank}, {kind})",
+        url=True,
     )
 
 
@@ -468,6 +476,14 @@ class CheckpointConfig:
     def problems(self) -> list[tuple[str, str]]:
         why = _regex_problem(self.step_regex) if self.step_regex else None
         return [("step_regex", why)] if why else []
+
+    def stale_limit(self, save_times: Sequence[float]) -> float | None:
+        """How old the newest good save may get: ``max_age`` when set, else ``stale_factor``
+        times the run's median save interval (never under ``stale_min``); None before two saves."""
+        if self.max_age is not None:
+            return float(self.max_age)
+        gap = median_save_gap(save_times)
+        return None if gap is None else max(float(self.stale_min), self.stale_factor * gap)
 
 
 @dataclass(frozen=True)

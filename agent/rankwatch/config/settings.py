@@ -29,14 +29,36 @@ Size = NewType("Size", int)
 _T = TypeVar("_T")
 
 
-def opt(default: Any, doc: str, *, min: float | None = None, zero_off: bool = False) -> Any:
+def opt(
+    default: Any,
+    doc: str,
+    *,
+    min: float | None = None,
+    zero_off: bool = False,
+    secret: str | None = None,
+    url: bool = False,
+    secret_headers: str | None = None,
+) -> Any:
     """A key with its default and help; ``min`` is the smallest value the loader accepts
     (with ``zero_off``, 0 is also accepted: it means "off"), so an interval that would
-    spin a core next to the rank (``poll_interval: 0s``) is refused with the key named."""
+    spin a core next to the rank (``poll_interval: 0s``) is refused with the key named.
+
+    Credentials are declared where the key is: ``secret`` (the environment variable the docs
+    suggest) for a key that is a credential, ``url`` for URLs that may carry one in their
+    userinfo, query or path (a string, a list of them, or a mapping keyed by them), and
+    ``secret_headers`` (the variable suggested) for a mapping of HTTP headers whose
+    authorization-like values are credentials. The loader warns when one is written as a
+    literal, and ``config show`` prints them redacted (``credential_keys``)."""
     meta: dict[str, Any] = {"doc": doc}
     if min is not None:
         meta["min"] = min
         meta["zero_off"] = zero_off
+    if secret is not None:
+        meta["secret"] = secret
+    if url:
+        meta["url"] = True
+    if secret_headers is not None:
+        meta["secret_headers"] = secret_headers
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -80,6 +102,47 @@ def climb_problem(window: float, resolution: float, what: str) -> str | None:
         f"is judged from at least {CLIMB_POINTS}, so the rule could never fire: make it at least "
         f"{(CLIMB_POINTS - 1) * resolution:g}s or lower the resolution"
     )
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The keys of a configuration that hold credentials, by dotted key (``credential_keys``)."""
+
+    secrets: dict[str, str]  # key -> the environment variable the docs suggest
+    urls: tuple[str, ...]  # keys holding URLs (a string, a list, or a mapping keyed by URLs)
+    headers: dict[str, str]  # keys holding HTTP headers -> the variable suggested
+
+
+def dotted_value(within: object, dotted: str) -> Any:
+    """The value of the dotted key ``dotted`` (``"alerts.slack.token"``), None where absent."""
+    node: Any = within
+    for part in dotted.split("."):
+        node = getattr(node, part, None)
+    return node
+
+
+def credential_keys(cls: type, prefix: str = "") -> Credentials:
+    """Every key of the section ``cls`` (and its nested sections, plugins' included) declared
+    a credential with ``opt(secret=...)``, ``opt(url=True)`` or ``opt(secret_headers=...)``."""
+    secrets: dict[str, str] = {}
+    urls: list[str] = []
+    headers: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        inner = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if isinstance(inner, type) and dataclasses.is_dataclass(inner):
+            sub = credential_keys(inner, f"{key}.")
+            secrets.update(sub.secrets)
+            urls.extend(sub.urls)
+            headers.update(sub.headers)
+            continue
+        if "secret" in f.metadata:
+            secrets[key] = f.metadata["secret"]
+        if f.metadata.get("url"):
+            urls.append(key)
+        if "secret_headers" in f.metadata:
+            headers[key] = f.metadata["secret_headers"]
+    return Credentials(secrets, tuple(urls), headers)
 
 
 # --- plugin settings ---------------------------------------------------------------------------
@@ -141,12 +204,23 @@ def assemble(core: type[_T], parent: str, name: str, *, discover: str) -> type[_
     return made
 
 
-def settings_of(parent: object, cls: type[_T]) -> _T:
-    """The plugin section of type ``cls`` within the assembled section ``parent``, typed
-    (``settings_of(cfg.alerts, SlackConfig)``; ``cfg.alerts.slack`` is the same object)."""
+def settings_of(within: object, cls: type[_T]) -> _T:
+    """The plugin section of type ``cls``, typed, from the whole configuration or from the
+    assembled section it is part of: ``settings_of(cfg, SlackConfig)`` and
+    ``settings_of(cfg.alerts, SlackConfig)`` are ``cfg.alerts.slack``, which a type checker
+    only knows as ``Any``."""
     for p in _REGISTRY.values():
-        if p.cls is cls:
-            return cast(_T, getattr(parent, p.key))
+        if p.cls is not cls:
+            continue
+        found = getattr(within, p.key, None)
+        if not isinstance(found, cls):
+            parent: Any = within
+            for part in p.parent.split("."):
+                parent = getattr(parent, part, None)
+            found = getattr(parent, p.key, None)
+        if not isinstance(found, cls):
+            raise LookupError(f"{type(within).__qualname__} holds no {p.parent}.{p.key} ({cls.__qualname__})")
+        return found
     raise LookupError(f"{cls.__qualname__} is not registered with @settings")
 
 

@@ -1,5 +1,5 @@
 """What runs around the rank watchers in a live agent: the HTTP server, the alert
-dispatcher, the GPU sampler and the checkpoint watcher.
+dispatcher, the GPU sampler and the polled sources (disk, checkpoint folder, timers, ...).
 
 Each one is optional and independent: one that cannot start (port taken, NVML absent,
 no checkpoint directory) logs one line, counts an internal error, and the others run on.
@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
@@ -22,11 +22,8 @@ from prometheus_client import CollectorRegistry
 from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
-from rankwatch.detectors.checkpoints import POISON_KINDS
 from rankwatch.engine import RankEngine
 from rankwatch.events import (
-    CheckpointScan,
-    CheckpointStatus,
     Event,
     GpuRound,
     GpuSample,
@@ -35,12 +32,13 @@ from rankwatch.events import (
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.gpu.backend import GpuBackend
 from rankwatch.offloop import in_daemon
-from rankwatch.records import Finding
+from rankwatch.records import POISON_KINDS, EvalRecord, Finding, StepRecord
 from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource, hand_over
 from rankwatch.runtime.watcher import RankWatcher
-from rankwatch.sources.polled import PolledSource, SourceContext, blocks, build_sources, scope_of
+from rankwatch.sources.polled import PolledSource, Poller, SourceContext, build_sources, scope_of
+from rankwatch.sources.polled.checkpoint_scan import SHARED_KEY as CHECKPOINT_WATCHER
 from rankwatch.sources.polled.disk import DiskSource
 
 log = logging.getLogger("rankwatch.services")
@@ -60,14 +58,6 @@ def _environ(pid: int) -> dict[str, str]:
 def _on_clock(event: Event, now: float) -> Event:
     """``event`` with ``now`` read from a rank's clock (the events of a per-rank source have it)."""
     return cast(Event, dataclasses.replace(cast(Any, event), now=now))
-
-
-@dataclasses.dataclass
-class _Polled:
-    source: PolledSource
-    inflight: asyncio.Future[list[Event]] | None = None
-    hung_logged: bool = False
-    failing: str | None = None  # the failure last logged: the same one again is only counted
 
 
 class Services:
@@ -100,7 +90,8 @@ class Services:
         # and NVML itself when no watcher is the agent's own rank (a node daemon); keyed by the
         # rank their findings carry.
         self.engines: dict[int | None, RankEngine] = {}
-        self.polled: dict[str, _Polled] = {}
+        self.polled: dict[str, Poller] = {}
+        self.sources: SourceContext | None = None  # what the polled sources were built from
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
 
@@ -117,7 +108,7 @@ class Services:
 
         self._start_reload()
         self.dispatcher = self._make_dispatcher()
-        self.checkpoints = self._make_checkpoints()
+        self._build_polled()
         # The one place a finding's way from the detectors to the sinks is declared.
         self.agent.wire(
             cross_rank=CrossRank(self.agent, self.cfg),
@@ -126,7 +117,6 @@ class Services:
         )
         self._start_alerts()
         await self._start_gpu()
-        self._start_checkpoints()
         self._start_polled()
         if self.cfg.dumps.on_stall and float(self.cfg.dumps.join_peers) > 0:
             if self.agent.identity.run == "default":
@@ -308,41 +298,11 @@ class Services:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
 
-    def _make_checkpoints(self) -> Any:
-        """The checkpoint watcher, or None (no folder configured, or it cannot be watched)."""
-        c = self.cfg.checkpoints
-        if not c.dir:
-            return None
-        from rankwatch.checkpoints.watcher import CheckpointWatcher
-
-        try:
-            return CheckpointWatcher(
-                Path(c.dir),
-                c,
-                emit=self.agent.emit,
-                rank=self.agent.identity.rank,
-                on_records=self._checkpoint_history,
-                on_scan=self._checkpoint_scan,
-            )
-        except Exception as e:
-            self._failed("checkpoints", "checkpoint watching disabled: %s", e)
-            return None
-
-    def _start_checkpoints(self) -> None:
-        cw = self.checkpoints
-        if cw is None:
-            return
-        self._tasks.append(asyncio.create_task(cw.run(self._stop), name="checkpoints"))
-
-    def _checkpoint_scan(self, scan: CheckpointScan) -> None:
-        """Each scan of the checkpoint folder, on the loop, to this agent's engine: its stale
-        and free-space rules judge it once, whatever the number of ranks watched."""
-        self.push(scan, agent=True)
-
-    def _checkpoint_history(self, records: list[Any]) -> None:
-        """HF log_history, with exact step numbers, for the detectors of a rank whose log shows
-        no steps (none followed, or no step lines): else a NaN seen only there finds nothing.
-        Once the log has steps of its own it is the source, and history would count twice."""
+    def _history(self, records: list[Any]) -> None:
+        """A trainer's own history read by a source (HF log_history, with exact step numbers),
+        for the detectors of a rank whose log shows no steps (none followed, or no step lines):
+        else a NaN seen only there finds nothing. Once the log has steps of its own it is the
+        source, and history would count twice."""
         ws = self.agent.watchers
         w = next((w for w in ws if w.rank == self.agent.identity.rank), None)
         if w is None and ws:  # a node daemon: rank 0 is the one that writes HF checkpoints
@@ -370,19 +330,6 @@ class Services:
             text = f"Last good checkpoint to resume from: {good.path}{where}."
             evidence = {"last_good_checkpoint": str(good.path), "last_good_step": good.step}
         return dataclasses.replace(f, message=f"{f.message} {text}", evidence={**f.evidence, **evidence})
-
-    def checkpoint_status(self) -> CheckpointStatus:
-        """The checkpoint watcher's state now (read on the loop by ``sources/polled/checkpoints``)."""
-        cw = self.checkpoints
-        snap = cw.snapshot()
-        return CheckpointStatus(
-            now=0.0,
-            scans=cw.scans,
-            writing=bool(cw.writing),
-            write_age=cw.write_age(),
-            last_saved=snap.get("last_checkpoint_timestamp_seconds"),
-            next_due=snap.get("next_save_due_timestamp_seconds"),
-        )
 
     async def _join_peer_incidents(self) -> None:
         """Add this agent's stacks to a stall incident a peer agent of the run opened.
@@ -427,31 +374,42 @@ class Services:
             out.setdefault(str(self.cfg.alerts.spool_dir), "spool")
         return out
 
-    # --- polled sources (sources/polled: disk, checkpoints, deadline, ...) ----------------------
-    def _start_polled(self) -> None:
-        ctx = SourceContext(
+    # --- polled sources (sources/polled: disk, checkpoint folder, deadline, ...) ----------------
+    def _build_polled(self) -> None:
+        """Every registered source this configuration turns on (once)."""
+        if self.sources is not None:
+            return
+        ctx = self.sources = SourceContext(
             cfg=self.cfg,
             folders=self.disk_folders,
             job_end=self.agent.identity.job_end,
-            checkpoints=self.checkpoint_status if self.checkpoints is not None else None,
         )
-        try:
-            sources = build_sources(ctx)
-        except Exception:
-            self._failed("sources", "polled sources could not be built")
-            return
-        for src in sources:
+        for src in build_sources(ctx, self.agent.internal_errors_by_component):
             self.add_source(src)
-            self._tasks.append(asyncio.create_task(self._poll_loop(src.name), name=f"source-{src.name}"))
+        self.checkpoints = ctx.shared.get(CHECKPOINT_WATCHER)  # for the findings it annotates
+
+    def _start_polled(self) -> None:
+        self._build_polled()
+        for name, poller in self.polled.items():
+            deliver = functools.partial(self._sampled, poller.source)
+            self._tasks.append(asyncio.create_task(poller.run(self._stop, deliver), name=f"source-{name}"))
 
     def add_source(self, src: PolledSource) -> None:
         """``src`` may be polled (``poll``); its errors are exported from 0."""
-        self.polled[src.name] = _Polled(src)
-        self.agent.internal_errors_by_component.setdefault(src.name, 0)
+        self.polled[src.name] = Poller(src, self.agent.internal_errors_by_component)
+
+    def _sampled(self, src: PolledSource, events: list[Event]) -> None:
+        self.agent.sampled[src.name] = tuple(events)
+        self._deliver(src, events)
 
     def _deliver(self, src: PolledSource, events: list[Event]) -> None:
         """Events to the engines the source's scope names: the agent's rank's, or every
-        watched rank's with ``now`` on that rank's clock."""
+        watched rank's with ``now`` on that rank's clock. Records (a trainer's own history
+        read elsewhere than its log) go to the agent's rank as history."""
+        records = [e for e in events if isinstance(e, (StepRecord, EvalRecord))]
+        if records:
+            self._history(records)
+            events = [e for e in events if not isinstance(e, (StepRecord, EvalRecord))]
         if scope_of(src) == "agent":
             for event in events:
                 self.push(event, agent=True)
@@ -462,62 +420,18 @@ class Services:
 
     async def poll(self, name: str, timeout: float | None = None) -> list[Event] | None:
         """One sample of the polled source ``name`` (at most one in flight: a hung one is waited
-        for, never doubled), its events fed to the agent's engine; None when it failed or hung."""
+        for, never doubled), its events delivered; None when it failed or hung."""
         p = self.polled.get(name)
         if p is None:
             return None
-        src = p.source
-        wait = src.timeout if timeout is None else timeout
-        if p.inflight is None:
-            if blocks(src):
-                p.inflight = in_daemon(src.sample, src.inputs(), name=f"rankwatch-{name}")
-            else:  # it only reads what inputs() read: on the loop, no thread
-                p.inflight = asyncio.get_running_loop().create_future()
-                try:
-                    p.inflight.set_result(src.sample(src.inputs()))
-                except Exception as e:
-                    p.inflight.set_exception(e)
-        try:
-            events = await asyncio.wait_for(asyncio.shield(p.inflight), wait)
-        except asyncio.TimeoutError:
-            if not p.hung_logged:
-                p.hung_logged = True
-                self._failed(name, "%s sample hung for %.0fs (a dead mount? a stuck driver?)", name, wait)
-            return None
-        except Exception as e:
-            p.inflight = None
-            why = f"{type(e).__name__}: {e}"
-            if p.failing == why:  # the same cause every interval (an unwritable folder): count it
-                errs = self.agent.internal_errors_by_component
-                errs[name] = errs.get(name, 0) + 1
-            else:
-                p.failing = why
-                self._failed(
-                    name, "%s sample failed: %s (again: counted in rankwatch_internal_errors_total)", name, e
-                )
-            return None
-        p.inflight = None
-        p.hung_logged = False
-        if p.failing is not None:
-            p.failing = None
-            log.info("%s sample works again", name)
-        self.agent.sampled[name] = tuple(events)
-        self._deliver(src, events)
+        events = await p.poll(timeout)
+        if events is not None:
+            self._sampled(p.source, events)
         return events
 
     async def sample_disks(self, timeout: float | None = None) -> list[Event] | None:
         """The free space of the agent's folders now (run mode asks when the child died)."""
         return await self.poll(DiskSource.name, timeout)
-
-    async def _poll_loop(self, name: str) -> None:
-        src = self.polled[name].source
-        while not self._stop.is_set():
-            try:
-                await self.poll(name)
-            except Exception:
-                self._failed(name, "%s sample failed", name)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), src.interval)
 
     def registry(self) -> CollectorRegistry:
         """The metrics registry: every registered collector over the agent's snapshots, which

@@ -37,9 +37,11 @@ if TYPE_CHECKING:
 @settings("alerts", "alertmanager", "Prometheus Alertmanager v2 API")
 @dataclass(frozen=True)
 class AlertmanagerConfig:
-    urls: tuple[str, ...] = opt((), "Alertmanager base URLs; alerts go to <url>/api/v2/alerts")
+    urls: tuple[str, ...] = opt((), "Alertmanager base URLs; alerts go to <url>/api/v2/alerts", url=True)
     names: dict[str, str] = opt(
-        {}, "URL -> sink name (sink label, spool routing); default alertmanager (-<URL hash> if several)"
+        {},
+        "URL -> sink name (sink label, spool routing); default alertmanager (-<URL hash> if several)",
+        url=True,
     )
     timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
 

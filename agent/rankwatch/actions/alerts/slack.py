@@ -52,10 +52,12 @@ if TYPE_CHECKING:
 @settings("alerts", "slack", "Slack (slack-sdk)")
 @dataclass(frozen=True)
 class SlackConfig:
-    token: str | None = opt(None, "bot token (xoxb-...), from ${SLACK_BOT_TOKEN}")
+    token: str | None = opt(None, "bot token (xoxb-...), from ${SLACK_BOT_TOKEN}", secret="SLACK_BOT_TOKEN")
     channel: str | None = opt(None, "channel id or name for chat.postMessage")
-    webhook_url: str | None = opt(None, "incoming-webhook URL, instead of token + channel")
-    base_url: str | None = opt(None, "Slack Web API base URL (tests, proxies); default slack-sdk's")
+    webhook_url: str | None = opt(
+        None, "incoming-webhook URL, instead of token + channel", secret="SLACK_WEBHOOK_URL"
+    )
+    base_url: str | None = opt(None, "Slack Web API base URL (tests, proxies); default slack-sdk's", url=True)
     timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
 
     def problems(self) -> list[tuple[str, str]]:

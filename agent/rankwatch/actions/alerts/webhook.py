@@ -30,11 +30,13 @@ if TYPE_CHECKING:
 @settings("alerts", "webhook", "generic JSON webhook")
 @dataclass(frozen=True)
 class WebhookConfig:
-    urls: tuple[str, ...] = opt((), "generic JSON webhooks (POST)")
+    urls: tuple[str, ...] = opt((), "generic JSON webhooks (POST)", url=True)
     names: dict[str, str] = opt(
-        {}, "URL -> sink name (sink label, spool routing); default webhook (-<URL hash> if several)"
+        {}, "URL -> sink name (sink label, spool routing); default webhook (-<URL hash> if several)", url=True
     )
-    headers: dict[str, str] = opt({}, "extra headers, e.g. Authorization: Bearer ${HOOK_TOKEN}")
+    headers: dict[str, str] = opt(
+        {}, "extra headers, e.g. Authorization: Bearer ${HOOK_TOKEN}", secret_headers="HOOK_TOKEN"
+    )
     timeout: Duration = opt(Duration(10.0), "per-request timeout", min=0.1)
 
     def problems(self) -> list[tuple[str, str]]:

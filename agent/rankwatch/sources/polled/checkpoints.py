@@ -2,16 +2,18 @@
 in progress (and when its files last changed) or one just finished is progress, and the save
 cadence tells when the next one is due (the job's time-limit rule).
 
-The checkpoint watcher scans the folder off the loop on its own schedule; this reads what it
-found (on the loop: ``inputs``), so the sample itself blocks on nothing.
+The checkpoint watcher scans the folder off the loop (``checkpoint_scan``); this reads what
+it found (on the loop: ``inputs``), so the sample itself blocks on nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from rankwatch.events import CheckpointStatus, Event
 from rankwatch.sources.polled import EveryRank, SourceContext, register_source
+from rankwatch.sources.polled.checkpoint_scan import checkpoint_watcher
 
 INTERVAL_S = 1.0
 
@@ -21,16 +23,18 @@ class CheckpointActivity(EveryRank):
     name: ClassVar[str] = "checkpoints"
     interval = INTERVAL_S
 
-    def __init__(self, ctx: SourceContext) -> None:
-        self.ctx = ctx
+    def __init__(self, read: Callable[[], CheckpointStatus | None]) -> None:
+        self.read = read
 
     @classmethod
     def create(cls, ctx: SourceContext) -> CheckpointActivity | None:
-        return cls(ctx) if ctx.checkpoints is not None else None
+        if ctx.checkpoints is not None:
+            return cls(ctx.checkpoints)
+        watcher = checkpoint_watcher(ctx)
+        return cls(watcher.status) if watcher is not None else None
 
     def inputs(self) -> CheckpointStatus | None:
-        read = self.ctx.checkpoints
-        return read() if read is not None else None
+        return self.read()
 
     def sample(self, inputs: CheckpointStatus | None) -> list[Event]:
         return [inputs] if inputs is not None else []
