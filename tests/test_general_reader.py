@@ -654,10 +654,11 @@ def test_ray_tune_result_block_is_one_record_at_its_training_iteration() -> None
     assert [(r.step, r.grad_norm, r.learning_rate) for r in s if isinstance(r, StepRecord)] == [
         (1, 0.18033289909362793, 0.0005)
     ]
-    # Unforced, the first block gives the format away only at its end; the whole log is read.
+    # Unforced, the first block's episode statistics give the format away: the whole log is read,
+    # its first block too.
     whole = Path(__file__).parent / "data/wild/batch5/rllib_tune_dqn_shogi_grad_explodes.log"
     s = steps(whole.read_text())
-    assert [r.step for r in s[:3]] == [6, 11, 15] and s[0].grad_norm == 0.4098327159881592
+    assert [r.step for r in s[:3]] == [1, 6, 11] and s[0].grad_norm == 0.18033289909362793
 
 
 def test_rsl_rl_iteration_block_value_function_loss_is_a_training_loss(tmp_path: Path) -> None:
@@ -1323,3 +1324,54 @@ def test_noisy_per_batch_losses_are_no_divergence(tmp_path: Path) -> None:
     assert "loss_divergence" not in [k for k, _, _ in serious(run(tmp_path, text))]
     loud = replaced(Config(), {"detectors.loss_divergence.noise_factor": 0.0})
     assert "loss_divergence" in [k for k, _, _ in serious(run(tmp_path, text, cfg=loud))]
+
+
+# ---------------------------------------------------------------- headerless rows, RLlib episode statistics
+
+# https://github.com/yitu-opensource/T2T-ViT/issues/26 (timm train.py's summary.csv, pasted without
+# its header; timm/utils/summary.py update_summary writes epoch, train_* and eval_* metrics, lr)
+TIMM_SUMMARY_ROWS = """
+207,4.37085485458374,4.158743778991699,7.820000009155273,24.019999743652345
+208,4.367704391479492,4.161868629837036,7.62000002746582,23.86000018310547
+209,nan,4.160795520019532,7.7200000274658205,24.01999976196289
+210,nan,nan,1.0,5.0
+"""
+
+
+def test_headerless_rows_of_a_rising_counter_are_records_and_a_nan_cell_is_a_nan_loss(tmp_path: Path) -> None:
+    s = steps(TIMM_SUMMARY_ROWS)
+    assert [r.step for r in s] == [207, 208, 209, 210]
+    assert s[0].loss is None and s[1].loss is None  # unnamed finite cells: no loss to judge
+    assert s[2].loss is not None and math.isnan(s[2].loss)
+    assert serious(run(tmp_path, TIMM_SUMMARY_ROWS))[:1] == [("nan_loss", 0, 209)]
+    # A first column that does not rise, or rows of changing width: no table of bare rows.
+    assert steps("10,1.5,2.5\n5,1.4,2.4\n30,1.3,2.3\n40,1.2,nan\n") == []
+    assert steps("10,1.5,2.5\n20,1.4\n30,1.3,2.3\n40,1.2,nan\n") == []
+
+
+def test_a_header_still_names_the_columns_of_the_rows_after_it() -> None:
+    # YOLOv5's results.csv (header with an epoch and loss columns): its rows are CSV rows, not bare.
+    text = "epoch,train/box_loss,train/obj_loss,metrics/mAP_0.5\n0,0.1,0.05,0.2\n1,0.09,0.04,0.3\n2,0.08,0.03,0.4\n"
+    s = steps(text)
+    assert [(r.step, r.loss) for r in s] == [(0, 0.1 + 0.05), (1, 0.09 + 0.04), (2, 0.08 + 0.03)]
+
+
+# https://github.com/ray-project/ray/issues/10416 (RLlib's pretty_print of a result in which no episode
+# ended: summarize_episodes writes float("nan") for the reward and length statistics then)
+RLLIB_NO_EPISODE = """
+episode_len_mean: .nan
+episode_reward_max: .nan
+episode_reward_mean: .nan
+episode_reward_min: .nan
+episodes_this_iter: 0
+episodes_total: 0
+"""
+
+
+def test_rllib_episode_statistics_are_one_iteration_record_with_no_loss(tmp_path: Path) -> None:
+    s = steps(RLLIB_NO_EPISODE)
+    assert len(s) == 1 and s[0].loss is None
+    result = run(tmp_path, RLLIB_NO_EPISODE)
+    assert result.recognised_any and serious(result) == []
+    # The same statistics without the iteration's episode counter: no record (a stats dump).
+    assert steps("episode_len_mean: .nan\nepisode_reward_mean: .nan\n") == []

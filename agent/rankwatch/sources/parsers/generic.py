@@ -218,6 +218,16 @@ _HEADED["validation"] = _HEADED["eval"] = _HEADED["test"] = "eval_loss"
 # a NaN there with no loss written is a NaN loss.
 _UPDATE_STATS = frozenset({"kl", "approxkl", "approx_kl", "entropy", "policy_entropy"})
 _CSV_WORD = re.compile(r"[^\W\d][\w/.:() -]{0,80}")
+# The episode statistics RLlib's result of one training iteration holds (rllib/evaluation/
+# metrics.py summarize_episodes: episode_reward_max/min/mean, episode_len_mean and
+# episodes_this_iter, the first four float("nan") when no episode ended in the iteration), as
+# pretty_print dumps them one per line. ``episodes_this_iter`` is written only in a result, never
+# in a settings dump: a block naming it is one iteration's record, with no loss to judge.
+_RL_EPISODE_STATS = frozenset(
+    {"episodes_this_iter", "episode_reward_mean", "episode_reward_min", "episode_reward_max",
+     "episode_len_mean"}
+)  # fmt: skip
+_RL_ITERATION = "episodes_this_iter"
 
 
 _EVAL_WORD = re.compile(r"\b(?:valid(?:ation)?|val|eval(?:uation)?|test|dev)\b", re.IGNORECASE)
@@ -239,13 +249,36 @@ _JOINED_LINE = re.compile(
     r"^\s*(?:[^\W\d_][^\W\d]{0,30}_[-+]?(?:\d[\d.]*(?:[eE][-+]?\d+)?|nan|inf)[:,;|]?\s*){2,8}$"
 )
 _JOINED_KEY = re.compile(r"(?<![\w.])([^\W\d_][^\W\d]{0,30})_(?=[-+]?(?:\d|nan|inf))")
-# A bare "step value" row ("76980 nan": YANMTT's print(ctr, loss)). Alone it could be any two
-# numbers, so a stream is read as such rows only while its first column keeps rising, from
-# ``_BARE_CONFIRM`` rows on, and never once a named metric has been read from it.
-_BARE_ROW = re.compile(rf"^\s*(\d{{1,12}})\s+({_NUMBER})\s*$", re.IGNORECASE)
+# A bare row of a counter and numbers with no header: "76980 nan" (YANMTT's print(ctr, loss)),
+# "209,nan,4.16,7.72,24.02" (timm's summary.csv, utils/summary.py update_summary: epoch, then
+# train_* and eval_* metrics and lr; the header is written once, so a pasted excerpt or an
+# appended resume has none). Alone it could be any numbers, so a stream is read as such rows
+# only while its first column keeps rising, from ``_BARE_CONFIRM`` rows of one width on, and
+# never once a named metric has been read from it.
 _BARE_CONFIRM = 3
+_BARE_MAX_CELLS = 32  # a bound on the cells a row may have, as a tab-separated header's
 _BESIDE_LOSS = frozenset({"learning_rate", "grad_norm"})
 _LOSS_WORD = re.compile(r"\bloss\b", re.IGNORECASE)
+
+
+def _bare_cells(text: str) -> tuple[float, list[float]] | None:
+    """(counter, the numbers after it) of a bare row, cells split by commas or by blanks."""
+    s = text.strip()
+    if not s[:1].isdigit():
+        return None
+    cells = s.split(",") if "," in s else s.split()
+    if not 2 <= len(cells) <= _BARE_MAX_CELLS:
+        return None
+    first = cells[0].strip()
+    if not first.isdigit() or len(first) > 12:
+        return None
+    vals: list[float] = []
+    for c in cells[1:]:
+        v = to_float(c)
+        if v is None:
+            return None
+        vals.append(v)
+    return float(first), vals
 
 
 def _count(v: float) -> bool:
@@ -351,7 +384,8 @@ class KvParser:
     # "G " the GPU memory cell of a headerless YOLO results.txt row; Ray Tune's result counter).
     hints: ClassVar[tuple[str, ...]] = (
         "oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ", "training_iteration", "INFO [",
-        "s/it]", "it/s]", "----", "0 ", "1 ", "2 ", "3 ", "4 ", "5 ", "6 ", "7 ", "8 ", "9 ",
+        "s/it]", "it/s]", "----", "episode", "0 ", "1 ", "2 ", "3 ", "4 ", "5 ", "6 ", "7 ", "8 ", "9 ",
+        "0,", "1,", "2,", "3,", "4,", "5,", "6,", "7,", "8,", "9,",
     )  # fmt: skip
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
     order: ClassVar[int] = 210  # sniffed after smaller orders (registry.py)
@@ -375,15 +409,16 @@ class KvParser:
         self._epoch_before: float | None = None  # ... on the line before this one
         # Bare "step value" rows not yet confirmed by a rising first column; None once this
         # stream is no log of such rows.
-        self._bare: list[tuple[float, float, LogLine]] | None = []
+        self._bare: list[tuple[float, list[float], LogLine]] | None = []
         self._bare_step = -1.0  # the last bare row's step once confirmed
+        self._bare_width = 0  # numbers after the counter in this stream's bare rows
 
     # -- sniffing (stateless) --------------------------------------------------------------------
 
     def sniff(self, text: str) -> bool:
         if not text.isascii():
             text = text.translate(_FULLWIDTH)
-        if text[:1].isdigit() and _BARE_ROW.match(text) is not None:
+        if text[:1].isdigit() and _bare_cells(text) is not None:
             return True
         if "_" in text and _JOINED_LINE.match(text) is not None:
             text = _JOINED_KEY.sub(r"\1: ", text)
@@ -411,7 +446,8 @@ class KvParser:
             key = row["k"].strip()
             if _framed(text) and canonical(_flat_key(key)) == "epoch":
                 return not _specific(text)  # a logger table's epoch row ("| epoch | 3 |")
-            return (key.lower() in _UPDATE_STATS or _is_part(key)) and not _specific(text)
+            low = key.lower()
+            return (low in _UPDATE_STATS or low in _RL_EPISODE_STATS or _is_part(key)) and not _specific(text)
         if JsonParser._load(text) is not None:
             return False  # a JSON object is the JSON reader's
         text = strip_ansi(text)
@@ -571,32 +607,46 @@ class KvParser:
             out = self._flush_blocks()
         # An epoch told on a line of its own holds for the next line only.
         self._epoch_before, self._epoch = self._epoch, None
-        if self._bare is not None:
-            bare = _BARE_ROW.match(text)
+        if self._bare is not None and self._csv is None and self._cols is None and self._tsv is None:
+            bare = _bare_cells(text) if text[:1].isdigit() or text[:1] == " " else None
             if bare is not None:
-                return out + self._bare_row(line, float(bare[1]), to_float(bare[2]))
+                return out + self._bare_row(line, *bare)
         recs = self._line(line, text)
         if self._bare is not None and any(isinstance(r, StepRecord) for r in (*out, *recs)):
             self._bare = None  # a log of named metrics: a bare pair of numbers in it is no record
         return out + recs
 
-    def _bare_row(self, line: LogLine, step: float, value: float | None) -> list[Record]:
+    def _bare_row(self, line: LogLine, step: float, values: list[float]) -> list[Record]:
         held = self._bare
-        if held is None or value is None:
+        if held is None:
             return []
         confirmed = self._bare_step >= 0
+        if len(values) != self._bare_width:
+            if self._bare_width and not confirmed:
+                self._bare = None  # rows of changing width: no table of bare rows
+                return []
+            if self._bare_width:
+                return []
+            self._bare_width = len(values)
         if step <= (self._bare_step if confirmed else held[-1][0] if held else -1.0):
             if not confirmed:
                 self._bare = None  # the first column does not count: no log of bare rows
             return []
-        held.append((step, value, line))
+        held.append((step, values, line))
         if not confirmed and len(held) < _BARE_CONFIRM:
             return []
         out: list[Record] = []
-        for st, v, ln in held:
-            bag = MetricBag()
-            bag.fields["step"], bag.fields["loss"] = st, v
-            out.extend(_records(bag, ln))
+        for st, vals, ln in held:
+            if len(vals) == 1:
+                bag = MetricBag()
+                bag.fields["step"], bag.fields["loss"] = st, vals[0]
+                out.extend(_records(bag, ln))
+            else:
+                # Unnamed cells (timm's losses, accuracies, LR): which is the loss is not told, so
+                # only a non-finite one says anything, as in a row with "----" placeholders. The
+                # row is still a record at its counter: the run is read.
+                nan = not all(map(math.isfinite, vals))
+                out.append(step_record(ln, step=int(st), loss=math.nan if nan else None))
         self._bare_step = step
         held.clear()
         return out
@@ -754,7 +804,7 @@ class KvParser:
         bag = MetricBag()
         f = bag.fields
         parts: list[float] = []
-        stats_nan = told_epoch = False
+        stats_nan = told_epoch = rl_result = False
         for raw_key, raw in rows:
             key = _flat_key(raw_key.strip().strip("\"'"))
             v = to_float(raw[1:] if raw[:1] == "." and raw[1:2].isalpha() else raw)  # YAML's .nan
@@ -767,6 +817,7 @@ class KvParser:
                     parts.append(v)
                 elif low in _UPDATE_STATS and not math.isfinite(v):
                     stats_nan = True
+                rl_result = rl_result or low == _RL_ITERATION
                 continue
             if field == "step":
                 if "step" not in f or low in _STEP_WORDS:
@@ -778,6 +829,10 @@ class KvParser:
         if "step" not in f and self._carry is not None:
             f["step"] = self._carry[0]
         if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
+            if rl_result and not _framed(line.text):
+                # RLlib's iteration result cut before (or printed without) its counter: one
+                # record, numbered by position when no step was told.
+                return [step_record(line, step=to_int(f.get("step")), epoch=f.get("epoch"))]
             return self._counted_table(f, line)
         if "step" not in f and told_epoch and _whole(f.get("epoch")):
             # A block that counts epochs on a row of its own ("Epoch    :  5" over "LOSS     :
