@@ -1375,3 +1375,30 @@ def test_rllib_episode_statistics_are_one_iteration_record_with_no_loss(tmp_path
     assert result.recognised_any and serious(result) == []
     # The same statistics without the iteration's episode counter: no record (a stats dump).
     assert steps("episode_len_mean: .nan\nepisode_reward_mean: .nan\n") == []
+
+
+# deepspeedai/DeepSpeedExamples@45b4b7156c8794a3452a5a7d03dbd8d797068569:applications/DeepSpeed-Chat/
+# training/step3_rlhf_finetuning/training_log_output/actor_opt-1.3b_critic_opt-350m_globalBatchSize64.log
+# (a healthy PPO run: the actor's and critic's losses swing and change sign) and
+# https://github.com/deepspeedai/DeepSpeedExamples/issues/444 (the same print going inf)
+DSCHAT_PPO = """
+epoch: 0|step: 107|ppo_ep: 1|act_loss: 0.1241455078125|cri_loss: 0.10479736328125|unsuper_loss: 0.0
+epoch: 0|step: 108|ppo_ep: 1|act_loss: -1.0703125|cri_loss: -0.34423828125|unsuper_loss: 0.0
+epoch: 0|step: 109|ppo_ep: 1|act_loss: -0.70654296875|cri_loss: -0.2393798828125|unsuper_loss: 0.0
+epoch: 0|step: 110|ppo_ep: 1|act_loss: 0.35400390625|cri_loss: 0.2198486328125|unsuper_loss: 0.0
+epoch: 0|step: 111|ppo_ep: 1|act_loss: 1.591796875|cri_loss: 0.94677734375|unsuper_loss: 0.0
+epoch: 0|step: 112|ppo_ep: 1|act_loss: 2.216796875|cri_loss: 1.3603515625|unsuper_loss: 0.0
+epoch: 0|step: 113|ppo_ep: 1|act_loss: 1.38671875|cri_loss: 0.8466796875|unsuper_loss: 0.0
+"""
+DSCHAT_INF = "epoch: 0|step: 3184|ppo_ep: 1|act_loss: inf|cri_loss: inf|unsuper_loss: 0.0\n"
+
+
+def test_rl_objectives_are_records_judged_only_for_nan(tmp_path: Path) -> None:
+    s = steps(DSCHAT_PPO)
+    assert [r.step for r in s] == list(range(107, 114)) and all(r.loss is None for r in s)
+    assert serious(run(tmp_path, DSCHAT_PPO)) == []
+    s = steps(DSCHAT_PPO + DSCHAT_INF)
+    assert s[-1].step == 3184 and s[-1].loss is not None and math.isnan(s[-1].loss)
+    assert ("nan_loss", 0, 3184) in serious(run(tmp_path, DSCHAT_PPO + DSCHAT_INF))
+    # A loss that is no RL objective is still summed from its parts and judged as before.
+    assert steps("step: 5|loss_cls: 0.5|loss_box: 0.25\n")[0].loss == 0.75

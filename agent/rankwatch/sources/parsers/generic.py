@@ -350,10 +350,42 @@ def _flat_key(key: str) -> str:
     return _json_key(key.strip()) if "/" in key else key.strip()
 
 
+# Words that name a reinforcement-learning objective among a loss's parts: an actor's or policy's
+# surrogate (PPO's clipped objective, its sign and size set by the batch's advantages) and a
+# critic's or value function's regression onto returns that move as the policy improves. Neither
+# is expected to fall, so their sum is judged only for NaN/inf, never for a rise. By the trainers'
+# own prints: DeepSpeed-Chat step3 "act_loss", "cri_loss"; RSL-RL "Value function loss",
+# "Surrogate loss"; SB3 "policy_gradient_loss", "value_loss"; CleanRL "losses/policy_loss",
+# "losses/qf1_loss", "losses/actor_loss"; OpenAI baselines "loss_pol_surr", "loss_vf_loss";
+# OpenRLHF "policy_loss", "critic_loss". The healthy DeepSpeed-Chat PPO log (batch3
+# dschat_step3_ppo_opt13b) swings act_loss + cri_loss from -1.4 to 3.6 and back.
+_RL_WORDS = frozenset(
+    {"act", "actor", "cri", "critic", "policy", "pg", "pol", "surr", "surrogate", "value", "vf", "qf", "qf1",
+     "qf2", "q1", "q2"}
+)  # fmt: skip
+_RL_SPLIT = re.compile(r"[_/ .:-]+")
+
+
+def _rl_objective(key: str) -> bool:
+    """A loss part named as an RL actor, critic, policy or value objective."""
+    return any(w in _RL_WORDS for w in _RL_SPLIT.split(key.lower()))
+
+
 def _finish_bag(
-    bag: MetricBag, parts: list[float], stats_nan: bool, d_parts: list[float] | None = None
+    bag: MetricBag,
+    parts: list[float],
+    stats_nan: bool,
+    d_parts: list[float] | None = None,
+    rl_parts: list[float] | None = None,
 ) -> None:
     f = bag.fields
+    if "loss" not in f and rl_parts:
+        # An RL update's loss: its value is no progress measure, a non-finite one is a NaN loss.
+        if all(map(math.isfinite, rl_parts + parts + (d_parts or []))) and not stats_nan:
+            bag.objective = True
+        else:
+            f["loss"] = math.nan
+        return
     if "loss" not in f:
         if d_parts and not parts:
             parts = d_parts  # the only losses the line has
@@ -400,7 +432,7 @@ class KvParser:
         self._carry: tuple[float, float | None] | None = None  # a step told on a line of its own
         self._block: list[tuple[str, str]] = []  # one-key rows waiting for their block to end
         self._block_line: LogLine | None = None
-        self._triple: tuple[int, list[float], LogLine] | None = None
+        self._triple: tuple[int, list[float], list[float], LogLine] | None = None
         self._block_steps = False  # a block of this stream named its step
         self._tsv: list[str] | None = None  # columns of a tab-separated table (after its step column)
         self._epoch_steps = True  # a whole epoch with nothing else counting is the step
@@ -463,13 +495,13 @@ class KvParser:
             return not _specific(text)
         bag = self._bag(text, bare=True)
         f = bag.fields
-        if not ({"loss", "eval_loss"} & f.keys()):
+        if not ({"loss", "eval_loss"} & f.keys()) and not bag.objective:
             return False
         # A counter named "epoch" is a step counter when it is a whole number ("epoch: 3442
         # loss: 0.21"); a fraction (HF's 'epoch': 0.53) is not.
         epoch = f.get("epoch")
         whole = epoch is not None and math.isfinite(epoch) and epoch == int(epoch)
-        if "step" not in f and not whole and not (_BESIDE_LOSS & f.keys() and "loss" in f):
+        if "step" not in f and not whole and not (_BESIDE_LOSS & f.keys() and ("loss" in f or bag.objective)):
             return False
         return not _specific(text)
 
@@ -486,6 +518,7 @@ class KvParser:
         step_tot: float | None = None
         parts: list[float] = []
         d_parts: list[float] = []  # a GAN discriminator's: not summed into the generator's loss
+        rl_parts: list[float] = []  # an RL actor's, critic's, policy's or value function's
         stats_nan = False
         unnamed: float | None = None
         heading = _LOSS_WORD.search(text) if "oss" in text else None
@@ -513,7 +546,10 @@ class KvParser:
                     continue
                 if _is_part(key) or (whole is not key and _is_part(whole)):
                     # "Train Loss mse: 0.0097, Train Loss ce: 0.0194" (BAGEL)
-                    (d_parts if _DISCRIMINATOR.search(whole) else parts).append(v)
+                    if _DISCRIMINATOR.search(whole):
+                        d_parts.append(v)
+                    else:
+                        (rl_parts if _rl_objective(whole) else parts).append(v)
                 elif low in _UPDATE_STATS and not math.isfinite(v):
                     stats_nan = True
                 elif (
@@ -569,7 +605,7 @@ class KvParser:
                 elif unnamed is not None:
                     f["step"] = unnamed
                     step_unnamed = True
-        _finish_bag(bag, parts, stats_nan, d_parts)
+        _finish_bag(bag, parts, stats_nan, d_parts, rl_parts)
         if plain_loss_at > 0 and "eval_loss" not in f and "loss" in f:
             # "VALID SET 0 LOSS:0.178", "| valid on 'valid' subset | loss 9.329": a plain "loss"
             # after a word naming the eval split, on a line that names no training, is the eval loss.
@@ -703,7 +739,7 @@ class KvParser:
                 return list(ovf)
         trip = _TRIPLE.match(text)
         if trip is not None:
-            self._triple = (int(trip["s"]), [], line)
+            self._triple = (int(trip["s"]), [], [], line)
             self._triple_add(trip, line)
             return []
         row = _ROW.match(text)
@@ -715,7 +751,7 @@ class KvParser:
         f = bag.fields
         if f.get("epoch") == 0:
             self._zero_epoch = True
-        if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
+        if not ({"loss", "eval_loss", "grad_norm"} & f.keys()) and not bag.objective:
             if "step" in f:
                 self._carry = (f["step"], f.get("total_steps"))
             return []
@@ -781,17 +817,17 @@ class KvParser:
         assert self._triple is not None
         v = to_float(m["v"])
         if v is not None and _is_part(m["k"]):
-            self._triple[1].append(v)
+            (self._triple[2] if _rl_objective(m["k"]) else self._triple[1]).append(v)
 
     def _flush_blocks(self) -> list[Record]:
         out: list[Record] = []
         if self._triple is not None:
-            step, parts, line = self._triple
+            step, parts, rl_parts, line = self._triple
             self._triple = None
-            if parts:
+            if parts or rl_parts:
                 bag = MetricBag()
                 bag.fields["step"] = float(step)
-                _finish_bag(bag, parts, False)
+                _finish_bag(bag, parts, False, None, rl_parts)
                 out.extend(_records(bag, line))
         if self._block:
             rows, self._block = self._block, []
@@ -804,6 +840,7 @@ class KvParser:
         bag = MetricBag()
         f = bag.fields
         parts: list[float] = []
+        rl_parts: list[float] = []
         stats_nan = told_epoch = rl_result = False
         for raw_key, raw in rows:
             key = _flat_key(raw_key.strip().strip("\"'"))
@@ -814,7 +851,7 @@ class KvParser:
             low = key.lower()
             if field is None:
                 if _is_part(key):
-                    parts.append(v)
+                    (rl_parts if _rl_objective(key) else parts).append(v)
                 elif low in _UPDATE_STATS and not math.isfinite(v):
                     stats_nan = True
                 rl_result = rl_result or low == _RL_ITERATION
@@ -825,10 +862,10 @@ class KvParser:
                 continue
             told_epoch = told_epoch or low == "epoch"
             bag.put(key, v)
-        _finish_bag(bag, parts, stats_nan)
+        _finish_bag(bag, parts, stats_nan, None, rl_parts)
         if "step" not in f and self._carry is not None:
             f["step"] = self._carry[0]
-        if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
+        if not ({"loss", "eval_loss", "grad_norm"} & f.keys()) and not bag.objective:
             if rl_result and not _framed(line.text):
                 # RLlib's iteration result cut before (or printed without) its counter: one
                 # record, numbered by position when no step was told.
@@ -940,6 +977,7 @@ class KvParser:
         assert self._csv is not None
         bag = MetricBag()
         parts: list[float] = []
+        rl_parts: list[float] = []
         for col, cell in zip(self._csv, text.split(","), strict=False):
             v = to_float(cell) if cell.strip() else None
             if v is None:
@@ -947,14 +985,14 @@ class KvParser:
             key = _flat_key(col)
             if canonical(key) is None:
                 if _is_part(col):
-                    parts.append(v)
+                    (rl_parts if _rl_objective(col) else parts).append(v)
                 continue
             bag.put(key, v)
-        _finish_bag(bag, parts, False)
+        _finish_bag(bag, parts, False, None, rl_parts)
         f = bag.fields
         if "step" not in f and "epoch" in f:
             f["step"] = f["epoch"]
-        if "loss" in f or "eval_loss" in f:
+        if "loss" in f or "eval_loss" in f or bag.objective:
             return _records(bag, line)
         # An RL progress.csv with no loss column (a DQN's per-episode rewards): a record at its
         # step all the same, so the run is read, with no loss to judge.
