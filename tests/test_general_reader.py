@@ -1205,9 +1205,14 @@ LLAMAFACTORY_DOUBLED = """
 """
 
 
-def test_llamafactory_current_steps_is_the_step_and_a_doubled_record_counts_once() -> None:
+def test_llamafactory_current_steps_is_the_step_and_a_doubled_record_counts_once(tmp_path: Path) -> None:
     s = steps(LLAMAFACTORY_DOUBLED)
     assert [(r.step, r.loss) for r in s] == [(1000, 0.5602), (1010, 0.5479), (1020, 0.5624)]
+    # logs.json_repeat_window: the copy of 1010 comes 2 kept records after it; a window of 1 misses it.
+    assert Config().logs.json_repeat_window == 4
+    short = replaced(Config(), {"logs.json_repeat_window": 1})
+    assert [r.steps for r in run(tmp_path, LLAMAFACTORY_DOUBLED, "t.jsonl").ranks] == [3]
+    assert [r.steps for r in run(tmp_path, LLAMAFACTORY_DOUBLED, "t.jsonl", cfg=short).ranks] == [4]
 
 
 # LLaMA-Factory trainer_log.jsonl (batch9 llamafactory_mistral_translator_healthy.jsonl).
@@ -1402,3 +1407,20 @@ def test_rl_objectives_are_records_judged_only_for_nan(tmp_path: Path) -> None:
     assert ("nan_loss", 0, 3184) in serious(run(tmp_path, DSCHAT_PPO + DSCHAT_INF))
     # A loss that is no RL objective is still summed from its parts and judged as before.
     assert steps("step: 5|loss_cls: 0.5|loss_box: 0.25\n")[0].loss == 0.75
+
+
+def test_an_iteration_still_rising_when_the_epoch_moves_on_counts_the_run() -> None:
+    # 3DETR's engine.py prints Iter [curr_iter/max_iters] with curr_iter = curr_epoch *
+    # len(loader) + batch: at its first epoch change (these two lines follow that print, the
+    # loader 661 batches long as 713880 / 1080 says) the step goes on from 660, not from 713880.
+    text = DETR3D_ITERS + (
+        "Epoch [0/1080]; Iter [660/713880]; Loss 30.12; LR 6.00e-05; Iter time 0.47; ETA 3 days, 21:00:00; "
+        "Mem 11358.37MB\n"
+        "Epoch [1/1080]; Iter [670/713880]; Loss 30.05; LR 6.10e-05; Iter time 0.47; ETA 3 days, 21:00:00; "
+        "Mem 11358.37MB\n"
+    )
+    s = steps(text)
+    assert [r.step for r in s] == [0, 10, 20, 660, 670] and s[-1].total_steps == 713880
+    # The tutorial's counter starts again at each epoch: it counts within it (steps keep rising).
+    s = steps(TUTORIAL_STEPS)
+    assert s[0].step is not None and s[1].step is not None and s[1].step > s[0].step

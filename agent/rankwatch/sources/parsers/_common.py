@@ -190,7 +190,7 @@ _STEP_FIELDS = (
 class MetricBag:
     """Collects canonical fields from key/value pairs in whatever units they came."""
 
-    __slots__ = ("eval_metrics", "fields", "objective")
+    __slots__ = ("counted", "eval_metrics", "fields", "objective")
 
     def __init__(self) -> None:
         self.fields: dict[str, float] = {}
@@ -198,6 +198,9 @@ class MetricBag:
         # A finite objective was read that is no loss to judge (an RL policy's): the line is a
         # record at its step all the same.
         self.objective = False
+        # (epoch, iteration, the iteration's total) when the step was composed from an epoch and
+        # an iteration taken to count within it; the stream may learn it counts the run instead.
+        self.counted: tuple[float, float, float] | None = None
 
     def put(self, key: str, value: float | None, unit: str = "") -> bool:
         """Record ``key``; True when it was recognised."""

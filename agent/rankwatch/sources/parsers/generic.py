@@ -94,6 +94,14 @@ def _json_key(key: str) -> str:
     return key
 
 
+# How many recent (step, fields) keys a JSON stream remembers to drop a record written twice
+# (logs.json_repeat_window): two writers appending one log interleave their copies. The one real
+# case (batch9 llamafactory_trainer_log_doubled_lines_healthy, 200 doubled records) has each copy
+# at most 3 lines after the first; a resumed run re-tells old steps too, but only after the
+# window has moved on, so a window this short never takes a restart for a copy.
+JSON_REPEAT_WINDOW = 4
+
+
 @register_parser
 class JsonParser:
     name: ClassVar[str] = "json"
@@ -101,10 +109,10 @@ class JsonParser:
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
     order: ClassVar[int] = 200  # sniffed after smaller orders (registry.py)
 
-    def __init__(self) -> None:
+    def __init__(self, repeat_window: int = JSON_REPEAT_WINDOW) -> None:
         self._epoch_steps = True  # a whole epoch with no step key is the step
         self._last_epoch_step: float | None = None
-        self._recent: deque[tuple[float, frozenset[str]]] = deque(maxlen=_JSON_RECENT)
+        self._recent: deque[tuple[float, frozenset[str]]] = deque(maxlen=max(1, repeat_window))
 
     def sniff(self, text: str) -> bool:
         obj = self._load(text)
@@ -157,9 +165,9 @@ class JsonParser:
         # is a training step all the same, numbered by its position.
         stepless = "step" not in f and "loss" in f and bool({"learning_rate", "grad_norm"} & f.keys())
         if "step" in f:
-            # A step told again with the same fields among the last few records (LLaMA-Factory's
-            # trainer_log.jsonl when two processes append to it, their lines interleaved) is one
-            # step, not two.
+            # A step told again with the same fields among the last ``repeat_window`` records
+            # (LLaMA-Factory's trainer_log.jsonl when two processes append to it, their lines
+            # interleaved) is one step, not two.
             told = (f["step"], frozenset(f))
             if told in self._recent:
                 return []
@@ -167,9 +175,6 @@ class JsonParser:
         return _records(bag, line, need_step=not stepless)
 
 
-# How many recent (step, fields) keys a JSON stream remembers to drop a record written twice:
-# two writers appending the same log interleave their lines by one or two records.
-_JSON_RECENT = 4
 _HELD_OUT_MODES = frozenset({"val", "valid", "validation", "test", "eval"})
 _TRAIN_FIELDS = frozenset({"loss", "grad_norm"})
 
@@ -444,6 +449,8 @@ class KvParser:
         self._bare: list[tuple[float, list[float], LogLine]] | None = []
         self._bare_step = -1.0  # the last bare row's step once confirmed
         self._bare_width = 0  # numbers after the counter in this stream's bare rows
+        self._counted: tuple[float, float] | None = None  # the last (epoch, iteration) pair told
+        self._run_wide = False  # that iteration counts the run, not the epoch
 
     # -- sniffing (stateless) --------------------------------------------------------------------
 
@@ -581,8 +588,10 @@ class KvParser:
                 continue
             bag.put(key, to_float(m.group("v")), unit)
         if "step" in f and not step_word and step_tot and "epoch" in f and math.isfinite(f["epoch"]):
-            # "epoch: 2/300, iter: 10/47": the iteration counts within the epoch.
+            # "epoch: 2/300, iter: 10/47": the iteration counts within the epoch (the stream may
+            # learn otherwise at the next epoch: ``KvParser._counter``).
             ep = f["epoch"]
+            bag.counted = (ep, f["step"], step_tot)
             f["step"] = (ep if zero_epoch else max(ep - 1, 0)) * step_tot + f["step"]
         clu = _CLU_STEP.search(text) if "step" not in f and "] [" in text else None
         if clu is not None:
@@ -749,6 +758,8 @@ class KvParser:
             return []
         bag = self._bag(text, bare=True, zero_epoch=self._zero_epoch)
         f = bag.fields
+        if bag.counted is not None:
+            self._counter(f, bag.counted)
         if f.get("epoch") == 0:
             self._zero_epoch = True
         if not ({"loss", "eval_loss", "grad_norm"} & f.keys()) and not bag.objective:
@@ -792,12 +803,29 @@ class KvParser:
         the metrics that follow on their own line belong to it."""
         bag = self._bag(text, zero_epoch=self._zero_epoch)
         f = bag.fields
+        if bag.counted is not None:
+            self._counter(f, bag.counted)
         if f.get("epoch") == 0:
             self._zero_epoch = True
         if "step" in f:
             self._carry = (f["step"], f.get("total_steps"))
         elif _whole(f.get("epoch")):
             self._epoch = f["epoch"]
+
+    def _counter(self, f: dict[str, float], counted: tuple[float, float, float]) -> None:
+        """An "Epoch [e/E] ... Iter [i/N]" pair: the iteration counts within the epoch (the
+        PyTorch tutorial's "Epoch [2/10], Step [100/600]" starts again at each epoch) or the whole
+        run (3DETR's engine.py prints curr_iter = curr_epoch * len(loader) + batch against
+        max_iters = max_epoch * len(loader)). One line cannot tell them apart, and over the first
+        epoch both read the same step; an iteration still rising when the epoch moves on counts
+        the run, and from then on it is the step."""
+        ep, it, tot = counted
+        last, self._counted = self._counted, (ep, it)
+        if not self._run_wide and last is not None and ep > last[0] and it > last[1]:
+            self._run_wide = True
+        if self._run_wide:
+            f["step"] = it
+            f.setdefault("total_steps", tot)
 
     def _in_epoch(self, f: dict[str, float], text: str, epoch: float) -> None:
         """Metrics on the line right after "Epoch 3/15" (Keras fit): one record of that epoch. A
