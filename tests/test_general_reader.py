@@ -654,10 +654,11 @@ def test_ray_tune_result_block_is_one_record_at_its_training_iteration() -> None
     assert [(r.step, r.grad_norm, r.learning_rate) for r in s if isinstance(r, StepRecord)] == [
         (1, 0.18033289909362793, 0.0005)
     ]
-    # Unforced, the first block gives the format away only at its end; the whole log is read.
+    # Unforced, the first block's episode statistics give the format away: the whole log is read,
+    # its first block too.
     whole = Path(__file__).parent / "data/wild/batch5/rllib_tune_dqn_shogi_grad_explodes.log"
     s = steps(whole.read_text())
-    assert [r.step for r in s[:3]] == [6, 11, 15] and s[0].grad_norm == 0.4098327159881592
+    assert [r.step for r in s[:3]] == [1, 6, 11] and s[0].grad_norm == 0.18033289909362793
 
 
 def test_rsl_rl_iteration_block_value_function_loss_is_a_training_loss(tmp_path: Path) -> None:
@@ -1204,9 +1205,14 @@ LLAMAFACTORY_DOUBLED = """
 """
 
 
-def test_llamafactory_current_steps_is_the_step_and_a_doubled_record_counts_once() -> None:
+def test_llamafactory_current_steps_is_the_step_and_a_doubled_record_counts_once(tmp_path: Path) -> None:
     s = steps(LLAMAFACTORY_DOUBLED)
     assert [(r.step, r.loss) for r in s] == [(1000, 0.5602), (1010, 0.5479), (1020, 0.5624)]
+    # logs.json_repeat_window: the copy of 1010 comes 2 kept records after it; a window of 1 misses it.
+    assert Config().logs.json_repeat_window == 4
+    short = replaced(Config(), {"logs.json_repeat_window": 1})
+    assert [r.steps for r in run(tmp_path, LLAMAFACTORY_DOUBLED, "t.jsonl").ranks] == [3]
+    assert [r.steps for r in run(tmp_path, LLAMAFACTORY_DOUBLED, "t.jsonl", cfg=short).ranks] == [4]
 
 
 # LLaMA-Factory trainer_log.jsonl (batch9 llamafactory_mistral_translator_healthy.jsonl).
@@ -1323,3 +1329,98 @@ def test_noisy_per_batch_losses_are_no_divergence(tmp_path: Path) -> None:
     assert "loss_divergence" not in [k for k, _, _ in serious(run(tmp_path, text))]
     loud = replaced(Config(), {"detectors.loss_divergence.noise_factor": 0.0})
     assert "loss_divergence" in [k for k, _, _ in serious(run(tmp_path, text, cfg=loud))]
+
+
+# ---------------------------------------------------------------- headerless rows, RLlib episode statistics
+
+# https://github.com/yitu-opensource/T2T-ViT/issues/26 (timm train.py's summary.csv, pasted without
+# its header; timm/utils/summary.py update_summary writes epoch, train_* and eval_* metrics, lr)
+TIMM_SUMMARY_ROWS = """
+207,4.37085485458374,4.158743778991699,7.820000009155273,24.019999743652345
+208,4.367704391479492,4.161868629837036,7.62000002746582,23.86000018310547
+209,nan,4.160795520019532,7.7200000274658205,24.01999976196289
+210,nan,nan,1.0,5.0
+"""
+
+
+def test_headerless_rows_of_a_rising_counter_are_records_and_a_nan_cell_is_a_nan_loss(tmp_path: Path) -> None:
+    s = steps(TIMM_SUMMARY_ROWS)
+    assert [r.step for r in s] == [207, 208, 209, 210]
+    assert s[0].loss is None and s[1].loss is None  # unnamed finite cells: no loss to judge
+    assert s[2].loss is not None and math.isnan(s[2].loss)
+    assert serious(run(tmp_path, TIMM_SUMMARY_ROWS))[:1] == [("nan_loss", 0, 209)]
+    # A first column that does not rise, or rows of changing width: no table of bare rows.
+    assert steps("10,1.5,2.5\n5,1.4,2.4\n30,1.3,2.3\n40,1.2,nan\n") == []
+    assert steps("10,1.5,2.5\n20,1.4\n30,1.3,2.3\n40,1.2,nan\n") == []
+
+
+def test_a_header_still_names_the_columns_of_the_rows_after_it() -> None:
+    # YOLOv5's results.csv (header with an epoch and loss columns): its rows are CSV rows, not bare.
+    text = "epoch,train/box_loss,train/obj_loss,metrics/mAP_0.5\n0,0.1,0.05,0.2\n1,0.09,0.04,0.3\n2,0.08,0.03,0.4\n"
+    s = steps(text)
+    assert [(r.step, r.loss) for r in s] == [(0, 0.1 + 0.05), (1, 0.09 + 0.04), (2, 0.08 + 0.03)]
+
+
+# https://github.com/ray-project/ray/issues/10416 (RLlib's pretty_print of a result in which no episode
+# ended: summarize_episodes writes float("nan") for the reward and length statistics then)
+RLLIB_NO_EPISODE = """
+episode_len_mean: .nan
+episode_reward_max: .nan
+episode_reward_mean: .nan
+episode_reward_min: .nan
+episodes_this_iter: 0
+episodes_total: 0
+"""
+
+
+def test_rllib_episode_statistics_are_one_iteration_record_with_no_loss(tmp_path: Path) -> None:
+    s = steps(RLLIB_NO_EPISODE)
+    assert len(s) == 1 and s[0].loss is None
+    result = run(tmp_path, RLLIB_NO_EPISODE)
+    assert result.recognised_any and serious(result) == []
+    # The same statistics without the iteration's episode counter: no record (a stats dump).
+    assert steps("episode_len_mean: .nan\nepisode_reward_mean: .nan\n") == []
+
+
+# deepspeedai/DeepSpeedExamples@45b4b7156c8794a3452a5a7d03dbd8d797068569:applications/DeepSpeed-Chat/
+# training/step3_rlhf_finetuning/training_log_output/actor_opt-1.3b_critic_opt-350m_globalBatchSize64.log
+# (a healthy PPO run: the actor's and critic's losses swing and change sign) and
+# https://github.com/deepspeedai/DeepSpeedExamples/issues/444 (the same print going inf)
+DSCHAT_PPO = """
+epoch: 0|step: 107|ppo_ep: 1|act_loss: 0.1241455078125|cri_loss: 0.10479736328125|unsuper_loss: 0.0
+epoch: 0|step: 108|ppo_ep: 1|act_loss: -1.0703125|cri_loss: -0.34423828125|unsuper_loss: 0.0
+epoch: 0|step: 109|ppo_ep: 1|act_loss: -0.70654296875|cri_loss: -0.2393798828125|unsuper_loss: 0.0
+epoch: 0|step: 110|ppo_ep: 1|act_loss: 0.35400390625|cri_loss: 0.2198486328125|unsuper_loss: 0.0
+epoch: 0|step: 111|ppo_ep: 1|act_loss: 1.591796875|cri_loss: 0.94677734375|unsuper_loss: 0.0
+epoch: 0|step: 112|ppo_ep: 1|act_loss: 2.216796875|cri_loss: 1.3603515625|unsuper_loss: 0.0
+epoch: 0|step: 113|ppo_ep: 1|act_loss: 1.38671875|cri_loss: 0.8466796875|unsuper_loss: 0.0
+"""
+DSCHAT_INF = "epoch: 0|step: 3184|ppo_ep: 1|act_loss: inf|cri_loss: inf|unsuper_loss: 0.0\n"
+
+
+def test_rl_objectives_are_records_judged_only_for_nan(tmp_path: Path) -> None:
+    s = steps(DSCHAT_PPO)
+    assert [r.step for r in s] == list(range(107, 114)) and all(r.loss is None for r in s)
+    assert serious(run(tmp_path, DSCHAT_PPO)) == []
+    s = steps(DSCHAT_PPO + DSCHAT_INF)
+    assert s[-1].step == 3184 and s[-1].loss is not None and math.isnan(s[-1].loss)
+    assert ("nan_loss", 0, 3184) in serious(run(tmp_path, DSCHAT_PPO + DSCHAT_INF))
+    # A loss that is no RL objective is still summed from its parts and judged as before.
+    assert steps("step: 5|loss_cls: 0.5|loss_box: 0.25\n")[0].loss == 0.75
+
+
+def test_an_iteration_still_rising_when_the_epoch_moves_on_counts_the_run() -> None:
+    # 3DETR's engine.py prints Iter [curr_iter/max_iters] with curr_iter = curr_epoch *
+    # len(loader) + batch: at its first epoch change (these two lines follow that print, the
+    # loader 661 batches long as 713880 / 1080 says) the step goes on from 660, not from 713880.
+    text = DETR3D_ITERS + (
+        "Epoch [0/1080]; Iter [660/713880]; Loss 30.12; LR 6.00e-05; Iter time 0.47; ETA 3 days, 21:00:00; "
+        "Mem 11358.37MB\n"
+        "Epoch [1/1080]; Iter [670/713880]; Loss 30.05; LR 6.10e-05; Iter time 0.47; ETA 3 days, 21:00:00; "
+        "Mem 11358.37MB\n"
+    )
+    s = steps(text)
+    assert [r.step for r in s] == [0, 10, 20, 660, 670] and s[-1].total_steps == 713880
+    # The tutorial's counter starts again at each epoch: it counts within it (steps keep rising).
+    s = steps(TUTORIAL_STEPS)
+    assert s[0].step is not None and s[1].step is not None and s[1].step > s[0].step

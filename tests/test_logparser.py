@@ -59,7 +59,7 @@ def stub_sniff(text: str) -> str | None:
 def stub(monkeypatch: pytest.MonkeyPatch) -> list[StubParser]:
     built: list[StubParser] = []
 
-    def make(name: str, *, regex: str | None = None) -> StubParser:
+    def make(name: str, *, regex: str | None = None, repeat_window: int = 4) -> StubParser:
         if name not in ("stub", "json", "nanogpt", "regex"):
             raise ValueError(f"unknown log format {name!r}")
         p = StubParser(name, regex)

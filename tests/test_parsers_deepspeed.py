@@ -111,3 +111,41 @@ def test_each_ranks_copy_of_one_reduction_is_one_overflow() -> None:
     # step lines after them their scale.
     grown = [(r.step, r.loss_scale) for r in steps_of(recs) if r.loss_scale is not None]
     assert grown[-1] == (1370, 2048.0)
+
+
+# https://github.com/deepspeedai/DeepSpeedExamples/issues/307 (DeepSpeed-Chat step 3: the fused
+# optimizer's scaler at its floor, then the PPO record with a NaN actor loss)
+DSCHAT_307 = [
+    "[2023-04-15 05:51:04,058] [INFO] [fused_optimizer.py:362:_update_scale]",
+    "Grad overflow on iteration 1860",
+    "[2023-04-15 05:51:04,058] [INFO] [fused_optimizer.py:363:_update_scale] "
+    "Reducing dynamic loss scale from 1 to 1",
+    "[2023-04-15 05:51:04,058] [INFO] [logging.py:96:log_dist] [Rank 0] Overflow detected. Skipping step. "
+    "Attempted loss scale: 1, reducing to 1",
+    "epoch: 0|step: 3721|ppo_ep: 1|act_loss: nan|cri_loss: nan|unsuper_loss: 0.0",
+]
+
+
+def test_a_trainers_own_records_under_deepspeed_are_read_by_the_general_reader() -> None:
+    parser = LogParser()
+    recs = [r for i, x in enumerate(DSCHAT_307, 1) for r in parser.feed(x, i)]
+    s = steps_of(recs)
+    assert [r.step for r in s] == [3721] and s[0].loss is not None and s[0].loss != s[0].loss
+
+
+def test_a_reduction_from_the_floor_to_the_floor_is_a_loss_scale_collapse() -> None:
+    from rankwatch.records import ErrorRecord
+
+    parser = LogParser()
+    recs = [r for i, x in enumerate(DSCHAT_307[:4], 1) for r in parser.feed(x, i)]
+    errs = [r for r in recs if isinstance(r, ErrorRecord)]
+    assert [(e.kind, e.line, e.details["loss_scale"]) for e in errs] == [("loss_scale_collapse", 3, 1.0)]
+    # A reduction that lowers the scale is calibration; the "Attempted ... reducing to" form with
+    # equal scales is printed during hysteresis too: neither is a collapse by itself.
+    for line in (
+        "[2023-12-11 16:39:34,450] [INFO] [fused_optimizer.py:345:_update_scale] Reducing dynamic loss scale "
+        "from 65536 to 32768.0",
+        "[2021-11-27 00:36:54,800] [INFO] [stage2.py:1628:step] [deepscale] OVERFLOW! Rank 0 Skipping step. "
+        "Attempted loss scale: 1, reducing to 1",
+    ):
+        assert not [r for r in LogParser().feed(line, 1) if isinstance(r, ErrorRecord)]

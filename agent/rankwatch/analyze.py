@@ -154,6 +154,7 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
         sniff_lines=cfg.logs.sniff_lines,
         max_ranks=cfg.logs.max_ranks,
         world_size=cfg.run.world_size,
+        json_repeat_window=cfg.logs.json_repeat_window,
     )
     engines: dict[int | None, tuple[RankEngine, list[Finding]]] = {}
 

@@ -102,6 +102,13 @@ class LogsConfig:
         "with format 'regex': a Python regex with named groups (step, loss, grad_norm, lr, ...)",
     )
     sniff_lines: int = opt(200, "how many parseable lines auto-detection looks at before deciding")
+    json_repeat_window: int = opt(
+        _parsers.JSON_REPEAT_WINDOW,
+        "JSON lines: a record whose step and field names repeat one of this many records before it "
+        "is a copy (two processes appending one trainer_log.jsonl interleave their copies), counted "
+        "once",
+        min=1,
+    )
     max_line_bytes: Size = opt(Size(1 << 20), "longer lines are cut here and counted (bounded memory)")
     poll_interval: Duration = opt(
         Duration(0.25), "upper bound between two reads of a followed log (at least 10ms)", min=0.01

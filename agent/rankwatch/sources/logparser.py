@@ -82,6 +82,7 @@ class LogParser:
         sniff_lines: int = 200,
         max_ranks: int = 1024,
         world_size: int | None = None,
+        json_repeat_window: int = _formats.JSON_REPEAT_WINDOW,
     ) -> None:
         self.default_rank = default_rank
         self.max_ranks = max(1, max_ranks)
@@ -93,6 +94,7 @@ class LogParser:
         self._auto = fmt == "auto"
         self.format: str | None = None if self._auto else fmt
         self._regex = regex
+        self._repeat_window = json_repeat_window
         self._sniff_lines = max(0, sniff_lines)
         self._upgrade_left = 0
         self._matchers: dict[int | None, SignatureMatcher] = {}
@@ -104,7 +106,9 @@ class LogParser:
         self._prev: dict[int | None, str] = {}  # each rank's last line while the format is unknown
         if not self._auto:
             # Build one now so that an unknown format or a bad regex fails at startup.
-            self._parsers[default_rank] = _formats.make_parser(fmt, regex=regex)
+            self._parsers[default_rank] = _formats.make_parser(
+                fmt, regex=regex, repeat_window=json_repeat_window
+            )
 
     # -- public -------------------------------------------------------------------------------
 
@@ -308,7 +312,9 @@ class LogParser:
         out: list[Record] = []
         if parser is None:
             try:
-                parser = _formats.make_parser(self.format or "", regex=self._regex)
+                parser = _formats.make_parser(
+                    self.format or "", regex=self._regex, repeat_window=self._repeat_window
+                )
             except Exception:
                 self._error("make_parser", f"cannot build a parser for format {self.format!r}")
                 return []

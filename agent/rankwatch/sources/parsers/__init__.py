@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import FormatParser, LogLine
-from .generic import RegexParser
+from .generic import JSON_REPEAT_WINDOW, JsonParser, RegexParser
 from .registry import REGISTRY, load_all, register_parser
 
 # The format registry: every parser, in sniff order. A format's name, its detection hints,
@@ -42,11 +42,15 @@ def _make_might_sniff(words: tuple[str, ...]) -> Callable[[str], bool]:
 _might_sniff = _make_might_sniff(HINTS)
 
 
-def make_parser(name: str, *, regex: str | None = None) -> FormatParser:
+def make_parser(
+    name: str, *, regex: str | None = None, repeat_window: int = JSON_REPEAT_WINDOW
+) -> FormatParser:
     """A fresh parser (parsers keep per-stream state, so never share one)."""
     cls = REGISTRY.get(name)
     if cls is None:
         raise ValueError(f"unknown log format {name!r}; known: {', '.join(FORMATS)}")
+    if cls is JsonParser:
+        return JsonParser(repeat_window)
     if cls is RegexParser:  # chosen by name only, built from the user's pattern
         if not regex:
             raise ValueError("format 'regex' needs a pattern (logs.regex)")
@@ -68,6 +72,7 @@ __all__ = [
     "FORMATS",
     "GENERIC",
     "HINTS",
+    "JSON_REPEAT_WINDOW",
     "PARSERS",
     "REGISTRY",
     "FormatParser",

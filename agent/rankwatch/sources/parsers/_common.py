@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from rankwatch.records import EvalRecord, OverflowRecord, StepRecord
+from rankwatch.records import ErrorRecord, EvalRecord, OverflowRecord, Severity, StepRecord
 
 from .base import LogLine
 
@@ -190,11 +190,17 @@ _STEP_FIELDS = (
 class MetricBag:
     """Collects canonical fields from key/value pairs in whatever units they came."""
 
-    __slots__ = ("eval_metrics", "fields")
+    __slots__ = ("counted", "eval_metrics", "fields", "objective")
 
     def __init__(self) -> None:
         self.fields: dict[str, float] = {}
         self.eval_metrics: dict[str, float] = {}
+        # A finite objective was read that is no loss to judge (an RL policy's): the line is a
+        # record at its step all the same.
+        self.objective = False
+        # (epoch, iteration, the iteration's total) when the step was composed from an epoch and
+        # an iteration taken to count within it; the stream may learn it counts the run instead.
+        self.counted: tuple[float, float, float] | None = None
 
     def put(self, key: str, value: float | None, unit: str = "") -> bool:
         """Record ``key``; True when it was recognised."""
@@ -237,7 +243,7 @@ class MetricBag:
 
     def step_record(self, line: LogLine, *, need_step: bool = True) -> StepRecord | None:
         f = self.fields
-        if not any(k in f for k in _STEP_FIELDS):
+        if not self.objective and not any(k in f for k in _STEP_FIELDS):
             return None
         step = to_int(f.get("step"))
         if need_step and step is None and "epoch" not in f:
@@ -311,6 +317,28 @@ _OVF_APEX = re.compile(r"Gradient overflow\.\s+Skipping step,.{0,40}reducing los
 _OVF_FAIRSEQ = re.compile(r"overflow detected,.{0,60}?setting loss scale to:?\s+([-\w.+]+)")
 
 
+def _at_floor(line: LogLine, scale: float) -> ErrorRecord:
+    """DeepSpeed's fused/unfused optimizer ``_update_scale`` prints "Reducing dynamic loss scale
+    from A to B" on every overflow, B = max(A / scale_factor, min_loss_scale), with no hysteresis:
+    B == A says the scale already sat at its floor and the step overflowed anyway. DeepSpeed's
+    DynamicLossScaler raises on this very event ("Current loss scale already at minimum",
+    raise_error_at_min_scale=True by default). Real cases: DeepSpeedExamples#307 ("from 1 to 1",
+    then act_loss nan); HF#14531's stage-2 "Attempted loss scale: 1, reducing to 1" on every step
+    is the same state, but that form is printed during hysteresis too, so only this one counts."""
+    shown = f"{scale:g}"
+    return ErrorRecord(
+        kind="loss_scale_collapse",
+        summary=f"fp16 loss scale at its floor ({shown}) and the step still overflowed: no scale is small "
+        "enough, the gradients are inf/NaN",
+        evidence=[line.text],
+        severity=Severity.WARNING,
+        details={"loss_scale": scale},
+        rank=line.rank,
+        line=line.lineno,
+        time=line.time,
+    )
+
+
 def _scale(raw: str) -> float | None:
     return to_float(raw.rstrip("."))
 
@@ -361,7 +389,7 @@ class OverflowTracker:
         """The scaler grew: the next reduction equal to the last one is a new event."""
         self._told = None
 
-    def feed(self, line: LogLine, text: str) -> list[OverflowRecord] | None:
+    def feed(self, line: LogLine, text: str) -> list[OverflowRecord | ErrorRecord] | None:
         """Records for an overflow line, or None when the line is not about overflows."""
         m = _OVF_GRAD.search(text)
         if m is not None:
@@ -369,7 +397,11 @@ class OverflowTracker:
             return []
         m = _OVF_REDUCE.search(text)
         if m is not None:
-            return self._emit(line, _scale(m.group(1)), _scale(m.group(2)), dedup=False)
+            old, new = _scale(m.group(1)), _scale(m.group(2))
+            out = self._emit(line, old, new, dedup=False)
+            if old is not None and old == new:
+                out.append(_at_floor(line, old))
+            return out
         m = _OVF_ATTEMPT.search(text)
         if m is not None:
             return self._emit(line, _scale(m.group(1)), _scale(m.group(2)), dedup=True)
@@ -386,7 +418,7 @@ class OverflowTracker:
 
     def _emit(
         self, line: LogLine, old: float | None, new: float | None, *, dedup: bool
-    ) -> list[OverflowRecord]:
+    ) -> list[OverflowRecord | ErrorRecord]:
         last = self._last
         self._last = None
         near = dedup and last is not None and line.lineno - last[2] <= 3

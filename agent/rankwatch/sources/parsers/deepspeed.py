@@ -4,7 +4,9 @@
 DeepSpeed is a runtime under another framework (HF Trainer, Megatron-DeepSpeed,
 Lightning), and its lines often come first in the log, so auto-detection picks this
 parser for those runs. It therefore hands every line it does not own to the host
-framework's parser, locked on the first one that yields a record.
+framework's parser, locked on the first one that yields a record. The general reader is the
+last host: a trainer no parser here knows (DeepSpeed-Chat's "epoch: 0|step: 3721|...|act_loss:
+nan") prints its records in forms it reads.
 
 One step is told up to three times (``log_dist``'s ``step=`` line, the throughput timer's
 ``global_step=`` line, the pipeline engine's ``steps:`` line), each with different fields.
@@ -25,6 +27,7 @@ from rankwatch.records import Record, StepRecord
 
 from ._common import GIB, OverflowTracker, step_record, strip_ansi, to_float, to_int
 from .base import FormatParser, LogLine
+from .generic import KvParser
 from .hf import HFParser
 from .lightning import LightningParser
 from .megatron import MegatronParser
@@ -77,7 +80,7 @@ class DeepSpeedParser:
         self._overflow = OverflowTracker()
         self._skipped: int | None = None
         self._grown: float | None = None  # a scale the scaler grew to, for the next step line
-        self._hosts: list[FormatParser] = [MegatronParser(), HFParser(), LightningParser()]
+        self._hosts: list[FormatParser] = [MegatronParser(), HFParser(), LightningParser(), KvParser()]
         self._host: FormatParser | None = None
         self._held: StepRecord | None = None  # a step record that more lines may complete
         self._done: StepRecord | None = None  # the last step record handed out
@@ -158,9 +161,17 @@ class DeepSpeedParser:
         if self._host is not None:
             return self._host.parse(line)
         text = line.text
-        if "|" not in text and "'" not in text and "Epoch " not in text and "optimization steps" not in text:
+        if (
+            "|" not in text
+            and "'" not in text
+            and "Epoch " not in text
+            and "optimization steps" not in text
+            and "oss" not in text
+        ):
             return []  # none of the hosts could use it
         for host in self._hosts:
+            if host.generic and any(h.sniff(text) for h in self._hosts if not h.generic):
+                break  # a framework's line (a dict still being held back) is never the general reader's
             out = host.parse(line)
             if out:
                 if any(isinstance(r, StepRecord) for r in out):

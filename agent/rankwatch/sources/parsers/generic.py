@@ -94,6 +94,14 @@ def _json_key(key: str) -> str:
     return key
 
 
+# How many recent (step, fields) keys a JSON stream remembers to drop a record written twice
+# (logs.json_repeat_window): two writers appending one log interleave their copies. The one real
+# case (batch9 llamafactory_trainer_log_doubled_lines_healthy, 200 doubled records) has each copy
+# at most 3 lines after the first; a resumed run re-tells old steps too, but only after the
+# window has moved on, so a window this short never takes a restart for a copy.
+JSON_REPEAT_WINDOW = 4
+
+
 @register_parser
 class JsonParser:
     name: ClassVar[str] = "json"
@@ -101,10 +109,10 @@ class JsonParser:
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
     order: ClassVar[int] = 200  # sniffed after smaller orders (registry.py)
 
-    def __init__(self) -> None:
+    def __init__(self, repeat_window: int = JSON_REPEAT_WINDOW) -> None:
         self._epoch_steps = True  # a whole epoch with no step key is the step
         self._last_epoch_step: float | None = None
-        self._recent: deque[tuple[float, frozenset[str]]] = deque(maxlen=_JSON_RECENT)
+        self._recent: deque[tuple[float, frozenset[str]]] = deque(maxlen=max(1, repeat_window))
 
     def sniff(self, text: str) -> bool:
         obj = self._load(text)
@@ -157,9 +165,9 @@ class JsonParser:
         # is a training step all the same, numbered by its position.
         stepless = "step" not in f and "loss" in f and bool({"learning_rate", "grad_norm"} & f.keys())
         if "step" in f:
-            # A step told again with the same fields among the last few records (LLaMA-Factory's
-            # trainer_log.jsonl when two processes append to it, their lines interleaved) is one
-            # step, not two.
+            # A step told again with the same fields among the last ``repeat_window`` records
+            # (LLaMA-Factory's trainer_log.jsonl when two processes append to it, their lines
+            # interleaved) is one step, not two.
             told = (f["step"], frozenset(f))
             if told in self._recent:
                 return []
@@ -167,9 +175,6 @@ class JsonParser:
         return _records(bag, line, need_step=not stepless)
 
 
-# How many recent (step, fields) keys a JSON stream remembers to drop a record written twice:
-# two writers appending the same log interleave their lines by one or two records.
-_JSON_RECENT = 4
 _HELD_OUT_MODES = frozenset({"val", "valid", "validation", "test", "eval"})
 _TRAIN_FIELDS = frozenset({"loss", "grad_norm"})
 
@@ -218,6 +223,16 @@ _HEADED["validation"] = _HEADED["eval"] = _HEADED["test"] = "eval_loss"
 # a NaN there with no loss written is a NaN loss.
 _UPDATE_STATS = frozenset({"kl", "approxkl", "approx_kl", "entropy", "policy_entropy"})
 _CSV_WORD = re.compile(r"[^\W\d][\w/.:() -]{0,80}")
+# The episode statistics RLlib's result of one training iteration holds (rllib/evaluation/
+# metrics.py summarize_episodes: episode_reward_max/min/mean, episode_len_mean and
+# episodes_this_iter, the first four float("nan") when no episode ended in the iteration), as
+# pretty_print dumps them one per line. ``episodes_this_iter`` is written only in a result, never
+# in a settings dump: a block naming it is one iteration's record, with no loss to judge.
+_RL_EPISODE_STATS = frozenset(
+    {"episodes_this_iter", "episode_reward_mean", "episode_reward_min", "episode_reward_max",
+     "episode_len_mean"}
+)  # fmt: skip
+_RL_ITERATION = "episodes_this_iter"
 
 
 _EVAL_WORD = re.compile(r"\b(?:valid(?:ation)?|val|eval(?:uation)?|test|dev)\b", re.IGNORECASE)
@@ -239,13 +254,36 @@ _JOINED_LINE = re.compile(
     r"^\s*(?:[^\W\d_][^\W\d]{0,30}_[-+]?(?:\d[\d.]*(?:[eE][-+]?\d+)?|nan|inf)[:,;|]?\s*){2,8}$"
 )
 _JOINED_KEY = re.compile(r"(?<![\w.])([^\W\d_][^\W\d]{0,30})_(?=[-+]?(?:\d|nan|inf))")
-# A bare "step value" row ("76980 nan": YANMTT's print(ctr, loss)). Alone it could be any two
-# numbers, so a stream is read as such rows only while its first column keeps rising, from
-# ``_BARE_CONFIRM`` rows on, and never once a named metric has been read from it.
-_BARE_ROW = re.compile(rf"^\s*(\d{{1,12}})\s+({_NUMBER})\s*$", re.IGNORECASE)
+# A bare row of a counter and numbers with no header: "76980 nan" (YANMTT's print(ctr, loss)),
+# "209,nan,4.16,7.72,24.02" (timm's summary.csv, utils/summary.py update_summary: epoch, then
+# train_* and eval_* metrics and lr; the header is written once, so a pasted excerpt or an
+# appended resume has none). Alone it could be any numbers, so a stream is read as such rows
+# only while its first column keeps rising, from ``_BARE_CONFIRM`` rows of one width on, and
+# never once a named metric has been read from it.
 _BARE_CONFIRM = 3
+_BARE_MAX_CELLS = 32  # a bound on the cells a row may have, as a tab-separated header's
 _BESIDE_LOSS = frozenset({"learning_rate", "grad_norm"})
 _LOSS_WORD = re.compile(r"\bloss\b", re.IGNORECASE)
+
+
+def _bare_cells(text: str) -> tuple[float, list[float]] | None:
+    """(counter, the numbers after it) of a bare row, cells split by commas or by blanks."""
+    s = text.strip()
+    if not s[:1].isdigit():
+        return None
+    cells = s.split(",") if "," in s else s.split()
+    if not 2 <= len(cells) <= _BARE_MAX_CELLS:
+        return None
+    first = cells[0].strip()
+    if not first.isdigit() or len(first) > 12:
+        return None
+    vals: list[float] = []
+    for c in cells[1:]:
+        v = to_float(c)
+        if v is None:
+            return None
+        vals.append(v)
+    return float(first), vals
 
 
 def _count(v: float) -> bool:
@@ -317,10 +355,42 @@ def _flat_key(key: str) -> str:
     return _json_key(key.strip()) if "/" in key else key.strip()
 
 
+# Words that name a reinforcement-learning objective among a loss's parts: an actor's or policy's
+# surrogate (PPO's clipped objective, its sign and size set by the batch's advantages) and a
+# critic's or value function's regression onto returns that move as the policy improves. Neither
+# is expected to fall, so their sum is judged only for NaN/inf, never for a rise. By the trainers'
+# own prints: DeepSpeed-Chat step3 "act_loss", "cri_loss"; RSL-RL "Value function loss",
+# "Surrogate loss"; SB3 "policy_gradient_loss", "value_loss"; CleanRL "losses/policy_loss",
+# "losses/qf1_loss", "losses/actor_loss"; OpenAI baselines "loss_pol_surr", "loss_vf_loss";
+# OpenRLHF "policy_loss", "critic_loss". The healthy DeepSpeed-Chat PPO log (batch3
+# dschat_step3_ppo_opt13b) swings act_loss + cri_loss from -1.4 to 3.6 and back.
+_RL_WORDS = frozenset(
+    {"act", "actor", "cri", "critic", "policy", "pg", "pol", "surr", "surrogate", "value", "vf", "qf", "qf1",
+     "qf2", "q1", "q2"}
+)  # fmt: skip
+_RL_SPLIT = re.compile(r"[_/ .:-]+")
+
+
+def _rl_objective(key: str) -> bool:
+    """A loss part named as an RL actor, critic, policy or value objective."""
+    return any(w in _RL_WORDS for w in _RL_SPLIT.split(key.lower()))
+
+
 def _finish_bag(
-    bag: MetricBag, parts: list[float], stats_nan: bool, d_parts: list[float] | None = None
+    bag: MetricBag,
+    parts: list[float],
+    stats_nan: bool,
+    d_parts: list[float] | None = None,
+    rl_parts: list[float] | None = None,
 ) -> None:
     f = bag.fields
+    if "loss" not in f and rl_parts:
+        # An RL update's loss: its value is no progress measure, a non-finite one is a NaN loss.
+        if all(map(math.isfinite, rl_parts + parts + (d_parts or []))) and not stats_nan:
+            bag.objective = True
+        else:
+            f["loss"] = math.nan
+        return
     if "loss" not in f:
         if d_parts and not parts:
             parts = d_parts  # the only losses the line has
@@ -351,7 +421,8 @@ class KvParser:
     # "G " the GPU memory cell of a headerless YOLO results.txt row; Ray Tune's result counter).
     hints: ClassVar[tuple[str, ...]] = (
         "oss", "OSS", "xent", "Epoch", "epoch", "KL", "kl", "entropy", "G ", "training_iteration", "INFO [",
-        "s/it]", "it/s]", "----", "0 ", "1 ", "2 ", "3 ", "4 ", "5 ", "6 ", "7 ", "8 ", "9 ",
+        "s/it]", "it/s]", "----", "episode", "0 ", "1 ", "2 ", "3 ", "4 ", "5 ", "6 ", "7 ", "8 ", "9 ",
+        "0,", "1,", "2,", "3,", "4,", "5,", "6,", "7,", "8,", "9,",
     )  # fmt: skip
     generic: ClassVar[bool] = True  # claims lines a specific format prints too: may be overtaken
     order: ClassVar[int] = 210  # sniffed after smaller orders (registry.py)
@@ -366,7 +437,7 @@ class KvParser:
         self._carry: tuple[float, float | None] | None = None  # a step told on a line of its own
         self._block: list[tuple[str, str]] = []  # one-key rows waiting for their block to end
         self._block_line: LogLine | None = None
-        self._triple: tuple[int, list[float], LogLine] | None = None
+        self._triple: tuple[int, list[float], list[float], LogLine] | None = None
         self._block_steps = False  # a block of this stream named its step
         self._tsv: list[str] | None = None  # columns of a tab-separated table (after its step column)
         self._epoch_steps = True  # a whole epoch with nothing else counting is the step
@@ -375,15 +446,18 @@ class KvParser:
         self._epoch_before: float | None = None  # ... on the line before this one
         # Bare "step value" rows not yet confirmed by a rising first column; None once this
         # stream is no log of such rows.
-        self._bare: list[tuple[float, float, LogLine]] | None = []
+        self._bare: list[tuple[float, list[float], LogLine]] | None = []
         self._bare_step = -1.0  # the last bare row's step once confirmed
+        self._bare_width = 0  # numbers after the counter in this stream's bare rows
+        self._counted: tuple[float, float] | None = None  # the last (epoch, iteration) pair told
+        self._run_wide = False  # that iteration counts the run, not the epoch
 
     # -- sniffing (stateless) --------------------------------------------------------------------
 
     def sniff(self, text: str) -> bool:
         if not text.isascii():
             text = text.translate(_FULLWIDTH)
-        if text[:1].isdigit() and _BARE_ROW.match(text) is not None:
+        if text[:1].isdigit() and _bare_cells(text) is not None:
             return True
         if "_" in text and _JOINED_LINE.match(text) is not None:
             text = _JOINED_KEY.sub(r"\1: ", text)
@@ -411,7 +485,8 @@ class KvParser:
             key = row["k"].strip()
             if _framed(text) and canonical(_flat_key(key)) == "epoch":
                 return not _specific(text)  # a logger table's epoch row ("| epoch | 3 |")
-            return (key.lower() in _UPDATE_STATS or _is_part(key)) and not _specific(text)
+            low = key.lower()
+            return (low in _UPDATE_STATS or low in _RL_EPISODE_STATS or _is_part(key)) and not _specific(text)
         if JsonParser._load(text) is not None:
             return False  # a JSON object is the JSON reader's
         text = strip_ansi(text)
@@ -427,13 +502,13 @@ class KvParser:
             return not _specific(text)
         bag = self._bag(text, bare=True)
         f = bag.fields
-        if not ({"loss", "eval_loss"} & f.keys()):
+        if not ({"loss", "eval_loss"} & f.keys()) and not bag.objective:
             return False
         # A counter named "epoch" is a step counter when it is a whole number ("epoch: 3442
         # loss: 0.21"); a fraction (HF's 'epoch': 0.53) is not.
         epoch = f.get("epoch")
         whole = epoch is not None and math.isfinite(epoch) and epoch == int(epoch)
-        if "step" not in f and not whole and not (_BESIDE_LOSS & f.keys() and "loss" in f):
+        if "step" not in f and not whole and not (_BESIDE_LOSS & f.keys() and ("loss" in f or bag.objective)):
             return False
         return not _specific(text)
 
@@ -450,6 +525,7 @@ class KvParser:
         step_tot: float | None = None
         parts: list[float] = []
         d_parts: list[float] = []  # a GAN discriminator's: not summed into the generator's loss
+        rl_parts: list[float] = []  # an RL actor's, critic's, policy's or value function's
         stats_nan = False
         unnamed: float | None = None
         heading = _LOSS_WORD.search(text) if "oss" in text else None
@@ -477,7 +553,10 @@ class KvParser:
                     continue
                 if _is_part(key) or (whole is not key and _is_part(whole)):
                     # "Train Loss mse: 0.0097, Train Loss ce: 0.0194" (BAGEL)
-                    (d_parts if _DISCRIMINATOR.search(whole) else parts).append(v)
+                    if _DISCRIMINATOR.search(whole):
+                        d_parts.append(v)
+                    else:
+                        (rl_parts if _rl_objective(whole) else parts).append(v)
                 elif low in _UPDATE_STATS and not math.isfinite(v):
                     stats_nan = True
                 elif (
@@ -509,8 +588,10 @@ class KvParser:
                 continue
             bag.put(key, to_float(m.group("v")), unit)
         if "step" in f and not step_word and step_tot and "epoch" in f and math.isfinite(f["epoch"]):
-            # "epoch: 2/300, iter: 10/47": the iteration counts within the epoch.
+            # "epoch: 2/300, iter: 10/47": the iteration counts within the epoch (the stream may
+            # learn otherwise at the next epoch: ``KvParser._counter``).
             ep = f["epoch"]
+            bag.counted = (ep, f["step"], step_tot)
             f["step"] = (ep if zero_epoch else max(ep - 1, 0)) * step_tot + f["step"]
         clu = _CLU_STEP.search(text) if "step" not in f and "] [" in text else None
         if clu is not None:
@@ -533,7 +614,7 @@ class KvParser:
                 elif unnamed is not None:
                     f["step"] = unnamed
                     step_unnamed = True
-        _finish_bag(bag, parts, stats_nan, d_parts)
+        _finish_bag(bag, parts, stats_nan, d_parts, rl_parts)
         if plain_loss_at > 0 and "eval_loss" not in f and "loss" in f:
             # "VALID SET 0 LOSS:0.178", "| valid on 'valid' subset | loss 9.329": a plain "loss"
             # after a word naming the eval split, on a line that names no training, is the eval loss.
@@ -571,32 +652,46 @@ class KvParser:
             out = self._flush_blocks()
         # An epoch told on a line of its own holds for the next line only.
         self._epoch_before, self._epoch = self._epoch, None
-        if self._bare is not None:
-            bare = _BARE_ROW.match(text)
+        if self._bare is not None and self._csv is None and self._cols is None and self._tsv is None:
+            bare = _bare_cells(text) if text[:1].isdigit() or text[:1] == " " else None
             if bare is not None:
-                return out + self._bare_row(line, float(bare[1]), to_float(bare[2]))
+                return out + self._bare_row(line, *bare)
         recs = self._line(line, text)
         if self._bare is not None and any(isinstance(r, StepRecord) for r in (*out, *recs)):
             self._bare = None  # a log of named metrics: a bare pair of numbers in it is no record
         return out + recs
 
-    def _bare_row(self, line: LogLine, step: float, value: float | None) -> list[Record]:
+    def _bare_row(self, line: LogLine, step: float, values: list[float]) -> list[Record]:
         held = self._bare
-        if held is None or value is None:
+        if held is None:
             return []
         confirmed = self._bare_step >= 0
+        if len(values) != self._bare_width:
+            if self._bare_width and not confirmed:
+                self._bare = None  # rows of changing width: no table of bare rows
+                return []
+            if self._bare_width:
+                return []
+            self._bare_width = len(values)
         if step <= (self._bare_step if confirmed else held[-1][0] if held else -1.0):
             if not confirmed:
                 self._bare = None  # the first column does not count: no log of bare rows
             return []
-        held.append((step, value, line))
+        held.append((step, values, line))
         if not confirmed and len(held) < _BARE_CONFIRM:
             return []
         out: list[Record] = []
-        for st, v, ln in held:
-            bag = MetricBag()
-            bag.fields["step"], bag.fields["loss"] = st, v
-            out.extend(_records(bag, ln))
+        for st, vals, ln in held:
+            if len(vals) == 1:
+                bag = MetricBag()
+                bag.fields["step"], bag.fields["loss"] = st, vals[0]
+                out.extend(_records(bag, ln))
+            else:
+                # Unnamed cells (timm's losses, accuracies, LR): which is the loss is not told, so
+                # only a non-finite one says anything, as in a row with "----" placeholders. The
+                # row is still a record at its counter: the run is read.
+                nan = not all(map(math.isfinite, vals))
+                out.append(step_record(ln, step=int(st), loss=math.nan if nan else None))
         self._bare_step = step
         held.clear()
         return out
@@ -653,7 +748,7 @@ class KvParser:
                 return list(ovf)
         trip = _TRIPLE.match(text)
         if trip is not None:
-            self._triple = (int(trip["s"]), [], line)
+            self._triple = (int(trip["s"]), [], [], line)
             self._triple_add(trip, line)
             return []
         row = _ROW.match(text)
@@ -663,9 +758,11 @@ class KvParser:
             return []
         bag = self._bag(text, bare=True, zero_epoch=self._zero_epoch)
         f = bag.fields
+        if bag.counted is not None:
+            self._counter(f, bag.counted)
         if f.get("epoch") == 0:
             self._zero_epoch = True
-        if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
+        if not ({"loss", "eval_loss", "grad_norm"} & f.keys()) and not bag.objective:
             if "step" in f:
                 self._carry = (f["step"], f.get("total_steps"))
             return []
@@ -706,12 +803,29 @@ class KvParser:
         the metrics that follow on their own line belong to it."""
         bag = self._bag(text, zero_epoch=self._zero_epoch)
         f = bag.fields
+        if bag.counted is not None:
+            self._counter(f, bag.counted)
         if f.get("epoch") == 0:
             self._zero_epoch = True
         if "step" in f:
             self._carry = (f["step"], f.get("total_steps"))
         elif _whole(f.get("epoch")):
             self._epoch = f["epoch"]
+
+    def _counter(self, f: dict[str, float], counted: tuple[float, float, float]) -> None:
+        """An "Epoch [e/E] ... Iter [i/N]" pair: the iteration counts within the epoch (the
+        PyTorch tutorial's "Epoch [2/10], Step [100/600]" starts again at each epoch) or the whole
+        run (3DETR's engine.py prints curr_iter = curr_epoch * len(loader) + batch against
+        max_iters = max_epoch * len(loader)). One line cannot tell them apart, and over the first
+        epoch both read the same step; an iteration still rising when the epoch moves on counts
+        the run, and from then on it is the step."""
+        ep, it, tot = counted
+        last, self._counted = self._counted, (ep, it)
+        if not self._run_wide and last is not None and ep > last[0] and it > last[1]:
+            self._run_wide = True
+        if self._run_wide:
+            f["step"] = it
+            f.setdefault("total_steps", tot)
 
     def _in_epoch(self, f: dict[str, float], text: str, epoch: float) -> None:
         """Metrics on the line right after "Epoch 3/15" (Keras fit): one record of that epoch. A
@@ -731,17 +845,17 @@ class KvParser:
         assert self._triple is not None
         v = to_float(m["v"])
         if v is not None and _is_part(m["k"]):
-            self._triple[1].append(v)
+            (self._triple[2] if _rl_objective(m["k"]) else self._triple[1]).append(v)
 
     def _flush_blocks(self) -> list[Record]:
         out: list[Record] = []
         if self._triple is not None:
-            step, parts, line = self._triple
+            step, parts, rl_parts, line = self._triple
             self._triple = None
-            if parts:
+            if parts or rl_parts:
                 bag = MetricBag()
                 bag.fields["step"] = float(step)
-                _finish_bag(bag, parts, False)
+                _finish_bag(bag, parts, False, None, rl_parts)
                 out.extend(_records(bag, line))
         if self._block:
             rows, self._block = self._block, []
@@ -754,7 +868,8 @@ class KvParser:
         bag = MetricBag()
         f = bag.fields
         parts: list[float] = []
-        stats_nan = told_epoch = False
+        rl_parts: list[float] = []
+        stats_nan = told_epoch = rl_result = False
         for raw_key, raw in rows:
             key = _flat_key(raw_key.strip().strip("\"'"))
             v = to_float(raw[1:] if raw[:1] == "." and raw[1:2].isalpha() else raw)  # YAML's .nan
@@ -764,9 +879,10 @@ class KvParser:
             low = key.lower()
             if field is None:
                 if _is_part(key):
-                    parts.append(v)
+                    (rl_parts if _rl_objective(key) else parts).append(v)
                 elif low in _UPDATE_STATS and not math.isfinite(v):
                     stats_nan = True
+                rl_result = rl_result or low == _RL_ITERATION
                 continue
             if field == "step":
                 if "step" not in f or low in _STEP_WORDS:
@@ -774,10 +890,14 @@ class KvParser:
                 continue
             told_epoch = told_epoch or low == "epoch"
             bag.put(key, v)
-        _finish_bag(bag, parts, stats_nan)
+        _finish_bag(bag, parts, stats_nan, None, rl_parts)
         if "step" not in f and self._carry is not None:
             f["step"] = self._carry[0]
-        if not ({"loss", "eval_loss", "grad_norm"} & f.keys()):
+        if not ({"loss", "eval_loss", "grad_norm"} & f.keys()) and not bag.objective:
+            if rl_result and not _framed(line.text):
+                # RLlib's iteration result cut before (or printed without) its counter: one
+                # record, numbered by position when no step was told.
+                return [step_record(line, step=to_int(f.get("step")), epoch=f.get("epoch"))]
             return self._counted_table(f, line)
         if "step" not in f and told_epoch and _whole(f.get("epoch")):
             # A block that counts epochs on a row of its own ("Epoch    :  5" over "LOSS     :
@@ -885,6 +1005,7 @@ class KvParser:
         assert self._csv is not None
         bag = MetricBag()
         parts: list[float] = []
+        rl_parts: list[float] = []
         for col, cell in zip(self._csv, text.split(","), strict=False):
             v = to_float(cell) if cell.strip() else None
             if v is None:
@@ -892,14 +1013,14 @@ class KvParser:
             key = _flat_key(col)
             if canonical(key) is None:
                 if _is_part(col):
-                    parts.append(v)
+                    (rl_parts if _rl_objective(col) else parts).append(v)
                 continue
             bag.put(key, v)
-        _finish_bag(bag, parts, False)
+        _finish_bag(bag, parts, False, None, rl_parts)
         f = bag.fields
         if "step" not in f and "epoch" in f:
             f["step"] = f["epoch"]
-        if "loss" in f or "eval_loss" in f:
+        if "loss" in f or "eval_loss" in f or bag.objective:
             return _records(bag, line)
         # An RL progress.csv with no loss column (a DQN's per-episode rewards): a record at its
         # step all the same, so the run is read, with no loss to judge.
