@@ -171,6 +171,10 @@ class NvmlBackend:
         # How each GPU's NVLink throughput is read: "sum" (scopeId UINT_MAX), "links" (one
         # value per link: a driver that does not sum), "none" (neither answers: 0, as before).
         self._nvlink_mode: dict[int, str] = {}
+        # Free and reserved framebuffer from the memory record ``memory`` read this round, for
+        # ``memory_detail``: one NVML call a GPU and round gives all four numbers (three on v1).
+        self._memory_detail: dict[int, tuple[int, int | None]] = {}
+        self._memory_v1_only: set[int] = set()  # drivers before r510: no v2 record
 
     def _call(self, fn: Any, *args: Any) -> Any:
         nv = self._nvml
@@ -229,6 +233,7 @@ class NvmlBackend:
                 nv.nvmlGpmSampleFree(prev)
                 nv.nvmlGpmSampleFree(spare)
             self._gpm.clear()
+            self._memory_detail.clear()
             if self._events is not None:
                 nv.nvmlEventSetFree(self._events)
             nv.nvmlShutdown()
@@ -292,7 +297,27 @@ class NvmlBackend:
         )
 
     def memory(self, index: int) -> tuple[int, int]:
-        m = self._call(self._nvml.nvmlDeviceGetMemoryInfo, self._handle(index))
+        """Used (allocated and reserved, as the v1 record counts it) and total framebuffer.
+
+        Read from the v2 record where the driver has one: ``total - free`` is v1's ``used``
+        (nvml.h: v1 ``used`` is reserved plus allocated, and ``free`` is the same in both), and
+        the record's free and reserved are kept for ``memory_detail`` of the same round.
+        """
+        nv, h = self._nvml, self._handle(index)
+        self._memory_detail.pop(index, None)
+        if index not in self._memory_v1_only:
+            try:
+                m = self._call(nv.nvmlDeviceGetMemoryInfo, h, nv.nvmlMemory_v2)
+            except GpuError as e:
+                if e.kind != "not_supported":
+                    raise
+                self._memory_v1_only.add(index)
+            else:
+                total, free = int(m.total), int(m.free)
+                self._memory_detail[index] = (free, int(m.reserved))
+                return total - free, total
+        m = self._call(nv.nvmlDeviceGetMemoryInfo, h)
+        self._memory_detail[index] = (int(m.free), None)
         return int(m.used), int(m.total)
 
     def utilization(self, index: int) -> tuple[float, float]:
@@ -390,13 +415,18 @@ class NvmlBackend:
 
     def memory_detail(self, index: int) -> tuple[int, int | None]:
         """Free and driver-reserved framebuffer; drivers before r510 lack v2 and give free only."""
+        kept = self._memory_detail.pop(index, None)
+        if kept is not None:  # read by ``memory`` a moment ago, in the same call
+            return kept
         nv, h = self._nvml, self._handle(index)
-        try:
-            m = self._call(nv.nvmlDeviceGetMemoryInfo, h, nv.nvmlMemory_v2)
-            return int(m.free), int(m.reserved)
-        except GpuError as e:
-            if e.kind != "not_supported":
-                raise
+        if index not in self._memory_v1_only:
+            try:
+                m = self._call(nv.nvmlDeviceGetMemoryInfo, h, nv.nvmlMemory_v2)
+                return int(m.free), int(m.reserved)
+            except GpuError as e:
+                if e.kind != "not_supported":
+                    raise
+                self._memory_v1_only.add(index)
         m = self._call(nv.nvmlDeviceGetMemoryInfo, h)
         return int(m.free), None
 
