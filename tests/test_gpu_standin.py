@@ -222,11 +222,12 @@ def _call_counts(folder: Path) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("build", ["full", "minimal"])
-def test_memory_is_one_nvml_call_a_gpu_and_round(
+def test_memory_and_the_field_values_are_one_nvml_call_a_gpu_and_round(
     standin: dict[str, Path], tmp_path: Path, build: str
 ) -> None:
     """Used, total, free and reserved come from one v2 record per GPU and round; a driver
-    without v2 (r510-) is read through v1 once per round, its v2 never asked again."""
+    without v2 (r510-) is read through v1 once per round, its v2 never asked again. The
+    readings themselves are checked in the tests above, over the same calls."""
     calls = tmp_path / "calls"
     calls.mkdir()
     rounds = probe(standin[build], tmp_path, [{"sample": 3}], calls=calls)["rounds"]
@@ -234,6 +235,11 @@ def test_memory_is_one_nvml_call_a_gpu_and_round(
     n = _call_counts(calls)
     v1, v2 = n.get("nvmlDeviceGetMemoryInfo", 0), n.get("nvmlDeviceGetMemoryInfo_v2", 0)
     assert (v1, v2) == ((0, 2 * 3) if build == "full" else (2 * 3, 0))  # 2 GPUs, 3 rounds
+    if build == "full":
+        # GPU 0's NVLink counters ride in its memory-temperature field request once they are
+        # known to be read summed: 3 requests in round 1 (with the link count), then 1 a round;
+        # GPU 1 (no HBM sensor, no NVLink) is asked twice in round 1, then never.
+        assert n["nvmlDeviceGetFieldValues"] == (3 + 1 + 1) + 2
 
 
 def test_not_supported_code_skips_that_reading_only(standin: dict[str, Path], tmp_path: Path) -> None:
