@@ -240,6 +240,14 @@ def test_memory_and_the_field_values_are_one_nvml_call_a_gpu_and_round(
         # known to be read summed: 3 requests in round 1 (with the link count), then 1 a round;
         # GPU 1 (no HBM sensor, no NVLink) is asked twice in round 1, then never.
         assert n["nvmlDeviceGetFieldValues"] == (3 + 1 + 1) + 2
+        # Links that answer neither summed nor per link (the bench's GPUs): asked summed each
+        # round, in the same request; one more request in round 1 for the per-link try.
+        silent = "".join(line + "\n" for line in HEALTHY.splitlines() if ".field13" not in line)
+        calls = tmp_path / "calls-silent"
+        calls.mkdir()
+        rounds = probe(standin[build], tmp_path, [{"sample": 3}], state=silent, calls=calls)["rounds"]
+        assert all((r["samples"][0]["nvlink_tx"], r["samples"][0]["nvlink_rx"]) == (0.0, 0.0) for r in rounds)
+        assert _call_counts(calls)["nvmlDeviceGetFieldValues"] == (4 + 1 + 1) + 2
 
 
 def test_not_supported_code_skips_that_reading_only(standin: dict[str, Path], tmp_path: Path) -> None:

@@ -338,12 +338,12 @@ class NvmlBackend:
         return float(self._call(nv.nvmlDeviceGetTemperature, self._handle(index), nv.NVML_TEMPERATURE_GPU))
 
     def memory_temperature(self, index: int) -> float:
-        """HBM temperature. On a GPU whose NVLink counters are read summed, their fields ride in
-        the same field request and are kept for ``nvlink`` of this round (one call, not two)."""
+        """HBM temperature. On a GPU whose NVLink counters are asked for summed, their fields ride
+        in the same field request and are kept for ``nvlink`` of this round (one call, not two)."""
         nv = self._nvml
         self._nvlink_kept.pop(index, None)
         ids: list[Any] = [nv.NVML_FI_DEV_MEMORY_TEMP]
-        rider = self._nvlink_mode.get(index) == "sum"
+        rider = self._nvlink_mode.get(index) in ("sum", "none")  # the summed request, each round
         if rider:
             ids += _NVLINK_SUM_IDS  # one request; the values after the first are NVLink's
         values = self._call(nv.nvmlDeviceGetFieldValues, self._handle(index), ids)
