@@ -11,7 +11,9 @@ ratio is rankwatch / peer from this one run (lower is better for all of them).
 Light (issue 30): in the same run a "floor" process imports the agent's own stack
 (aiohttp.web, prometheus_client, psutil, yaml, pynvml, watchdog.observers) and does
 nothing; rankwatch's RSS is set against it (target: within 10%), and its idle CPU (between
-scrapes, over the idle window) against nvitop-exporter's (target: no higher). rankwatch
+scrapes, over the idle window) against nvitop-exporter's (target: no higher); the stand-in
+counts each process's NVML calls (RANKWATCH_NVML_STANDIN_CALLS), printed per second over the
+same window with the most frequent functions. rankwatch
 runs from a byte-compiled copy of the package it would import, as a pip install leaves it:
 the peers' site-packages are byte-compiled, and a tree run with PYTHONDONTWRITEBYTECODE
 compiles every module at each start (about 1 MB more RSS).
