@@ -11,7 +11,9 @@ ratio is rankwatch / peer from this one run (lower is better for all of them).
 Light (issue 30): in the same run a "floor" process imports the agent's own stack
 (aiohttp.web, prometheus_client, psutil, yaml, pynvml, watchdog.observers) and does
 nothing; rankwatch's RSS is set against it (target: within 10%), and its idle CPU (between
-scrapes, over the idle window) against nvitop-exporter's (target: no higher). rankwatch
+scrapes, over the idle window) against nvitop-exporter's (target: no higher); the stand-in
+counts each process's NVML calls (RANKWATCH_NVML_STANDIN_CALLS), printed per second over the
+same window with the most frequent functions. rankwatch
 runs from a byte-compiled copy of the package it would import, as a pip install leaves it:
 the peers' site-packages are byte-compiled, and a tree run with PYTHONDONTWRITEBYTECODE
 compiles every module at each start (about 1 MB more RSS).
@@ -108,11 +110,30 @@ def measure(arms: dict[str, tuple[int, int]], n: int) -> dict[str, dict[str, flo
     return out
 
 
-def idle_cpu(arms: dict[str, tuple[int, int]], seconds: float) -> dict[str, float]:
-    """CPU share of one core each exporter uses between scrapes (its own sampling loop)."""
+def nvml_calls(calls_dir: Path, pid: int) -> dict[str, int]:
+    """The stand-in's call counts of process ``pid`` by NVML function (written once a second)."""
+    try:
+        text = (calls_dir / f"calls-{pid}.txt").read_text()
+    except OSError:
+        return {}
+    return {fn: int(n) for fn, n in (line.split() for line in text.splitlines() if line)}
+
+
+def idle_cpu(
+    arms: dict[str, tuple[int, int]], seconds: float, calls_dir: Path
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """CPU share of one core each exporter uses between scrapes (its own sampling loop), and
+    the NVML calls per second it makes meanwhile, by function."""
     c0 = {a: cpu_s(pid) for a, (_, pid) in arms.items()}
+    n0 = {a: nvml_calls(calls_dir, pid) for a, (_, pid) in arms.items()}
     time.sleep(seconds)
-    return {a: (cpu_s(pid) - c0[a]) / seconds * 100 for a, (_, pid) in arms.items()}
+    cpu = {a: (cpu_s(pid) - c0[a]) / seconds * 100 for a, (_, pid) in arms.items()}
+    rates: dict[str, dict[str, float]] = {}
+    for a, (_, pid) in arms.items():
+        n1 = nvml_calls(calls_dir, pid)
+        if n1:
+            rates[a] = {fn: (n - n0[a].get(fn, 0)) / seconds for fn, n in n1.items() if n > n0[a].get(fn, 0)}
+    return cpu, rates
 
 
 def main() -> None:
@@ -131,7 +152,13 @@ def main() -> None:
     lib = build_nvml_standin(tmp)
     state = tmp / "nvml-state.txt"
     state.write_text(nvml_standin_state(args.gpus))
-    env = agent_env(RANKWATCH_NVML_STANDIN=str(state), LD_LIBRARY_PATH=str(lib))
+    calls_dir = tmp / "nvml-calls"
+    calls_dir.mkdir()
+    env = agent_env(
+        RANKWATCH_NVML_STANDIN=str(state),
+        RANKWATCH_NVML_STANDIN_CALLS=str(calls_dir),
+        LD_LIBRARY_PATH=str(lib),
+    )
     site = installed_copy(tmp)
     rw_env = dict(env, PYTHONPATH=os.pathsep.join(x for x in (site, env.get("PYTHONPATH")) if x))
     procs: list[subprocess.Popen] = []
@@ -181,7 +208,7 @@ def main() -> None:
         time.sleep(3.0)  # both GPU exporters have sampled a few times
         for a in arms:
             scrape(arms[a][0])  # warm
-        idle = idle_cpu(arms, idle_s)
+        idle, calls = idle_cpu(arms, idle_s, calls_dir)
         idle_rss = {a: rss_mb(pid) for a, (_port, pid) in arms.items()}
         floor_rss = rss_mb(floor.pid) if floor.poll() is None else float("nan")
         threads = psutil.Process(rw.pid).num_threads()
@@ -216,6 +243,12 @@ def main() -> None:
         print(
             f"  nvitop-exporter RSS at idle {nv['idle_rss_mb']:.1f} MB = {nv['idle_rss_mb'] / floor_rss:.2f} x floor"
         )
+    for a, rates in calls.items():
+        top = ", ".join(
+            f"{fn.removeprefix('nvmlDevice')} {r:.0f}"
+            for fn, r in sorted(rates.items(), key=lambda x: -x[1])[:6]
+        )
+        print(f"  NVML calls/s at idle, {a}: {sum(rates.values()):.0f} ({top}, ...)")
     for peer in ("nvitop-exporter", "node-exporter"):
         if peer not in res:
             continue

@@ -95,13 +95,23 @@ def _env(lib: Path, state: Path) -> dict[str, str]:
 
 
 def probe(
-    lib: Path, tmp: Path, steps: list[dict[str, Any]], *, state: str = HEALTHY, timeout: float = 5.0
+    lib: Path,
+    tmp: Path,
+    steps: list[dict[str, Any]],
+    *,
+    state: str = HEALTHY,
+    timeout: float = 5.0,
+    calls: Path | None = None,
 ) -> dict:
+    """``calls``: a folder where the stand-in writes the probe's NVML call counts."""
     path = tmp / "nvml-state.txt"
     path.write_text(state)
+    env = _env(lib, path)
+    if calls is not None:
+        env["RANKWATCH_NVML_STANDIN_CALLS"] = str(calls)
     res = subprocess.run(
         [sys.executable, str(HERE / "probe.py"), str(path), json.dumps(steps), str(timeout)],
-        env=_env(lib, path), capture_output=True, text=True, timeout=120,
+        env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
@@ -131,7 +141,8 @@ def test_healthy_readings_reach_samples_and_metrics_in_base_units(
     assert g0["uuid"].startswith("GPU-") and g0["name"] == "NVIDIA H100 80GB HBM3"
     assert g0["pci_bus_id"] == "00000000:18:00.0"
     assert g0["utilization"] == pytest.approx(0.87) and g0["memory_utilization"] == pytest.approx(0.41)
-    assert g0["memory_used"] == 42949672960 and g0["memory_total"] == 85520809984
+    # memory_used counts as v1 does (allocated plus reserved), read from the one v2 record.
+    assert g0["memory_used"] == 42949672960 + 553648128 and g0["memory_total"] == 85520809984
     assert g0["memory_reserved"] == 553648128
     assert g0["memory_free"] == 85520809984 - 553648128 - 42949672960
     assert g0["temperature"] == 64.0 and g0["memory_temperature"] == 71.0
@@ -203,6 +214,40 @@ def test_functions_an_old_driver_lacks_are_not_supported_once_never_errors(
         assert said[0].startswith("INFO")
     assert not [x for x in log if x.startswith(("WARNING", "ERROR"))], log
     assert doc["devices"]["0"]["compute_capability"] is None
+
+
+def _call_counts(folder: Path) -> dict[str, int]:
+    (written,) = folder.glob("calls-*.txt")  # the one probe process, its counts at exit
+    return {fn: int(n) for fn, n in (line.split() for line in written.read_text().splitlines())}
+
+
+@pytest.mark.parametrize("build", ["full", "minimal"])
+def test_memory_and_the_field_values_are_one_nvml_call_a_gpu_and_round(
+    standin: dict[str, Path], tmp_path: Path, build: str
+) -> None:
+    """Used, total, free and reserved come from one v2 record per GPU and round; a driver
+    without v2 (r510-) is read through v1 once per round, its v2 never asked again. The
+    readings themselves are checked in the tests above, over the same calls."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    rounds = probe(standin[build], tmp_path, [{"sample": 3}], calls=calls)["rounds"]
+    assert all(r["samples"][0]["memory_free"] is not None for r in rounds)
+    n = _call_counts(calls)
+    v1, v2 = n.get("nvmlDeviceGetMemoryInfo", 0), n.get("nvmlDeviceGetMemoryInfo_v2", 0)
+    assert (v1, v2) == ((0, 2 * 3) if build == "full" else (2 * 3, 0))  # 2 GPUs, 3 rounds
+    if build == "full":
+        # GPU 0's NVLink counters ride in its memory-temperature field request once they are
+        # known to be read summed: 3 requests in round 1 (with the link count), then 1 a round;
+        # GPU 1 (no HBM sensor, no NVLink) is asked twice in round 1, then never.
+        assert n["nvmlDeviceGetFieldValues"] == (3 + 1 + 1) + 2
+        # Links that answer neither summed nor per link (the bench's GPUs): asked summed each
+        # round, in the same request; one more request in round 1 for the per-link try.
+        silent = "".join(line + "\n" for line in HEALTHY.splitlines() if ".field13" not in line)
+        calls = tmp_path / "calls-silent"
+        calls.mkdir()
+        rounds = probe(standin[build], tmp_path, [{"sample": 3}], state=silent, calls=calls)["rounds"]
+        assert all((r["samples"][0]["nvlink_tx"], r["samples"][0]["nvlink_rx"]) == (0.0, 0.0) for r in rounds)
+        assert _call_counts(calls)["nvmlDeviceGetFieldValues"] == (4 + 1 + 1) + 2
 
 
 def test_not_supported_code_skips_that_reading_only(standin: dict[str, Path], tmp_path: Path) -> None:

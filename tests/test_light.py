@@ -10,6 +10,7 @@ period is guarded beside the code that does it: no walk over every process on th
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -36,6 +37,17 @@ NOT_LOADED = {
     "rankwatch.dumps.flight": "dumps diff",
     "rankwatch.actions.alerts.dispatcher": "an alert sink",
     "difflib": "a config key that is not known",
+    "rankwatch.dumps.cli": "the dumps command",
+    "rankwatch.report": "the report command or an incident page",
+    "rankwatch.checkpoints.cli": "the checkpoints command",
+    "rankwatch.analyze": "the analyze command",
+    "rankwatch.top": "the top command",
+    "rankwatch.demo": "the demo command",
+    "rankwatch.completion": "the completion command",
+    "rankwatch.config.render": "config show",
+    "rankwatch.k8s.node": "kubernetes node mode (watch --k8s)",
+    "rankwatch.runtime.podwatch": "kubernetes node mode (watch --k8s)",
+    "grpc": "kubernetes node mode (the kubelet's pod-resources API)",
 }
 
 
@@ -152,3 +164,52 @@ def test_every_thread_of_the_idle_agent_runs_at_its_lowered_priority(tmp_path: P
         for p in job:
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> set[str]:
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return set(sub.choices)
+
+
+@pytest.mark.unit
+def test_live_commands_build_no_parser_of_the_package_subcommands() -> None:
+    """Building the dumps, report and checkpoints parsers imports those packages, which an
+    agent would then keep for its lifetime: ``run`` and ``watch`` build only their own."""
+    from rankwatch.cli import PACKAGE_COMMANDS, build_parser, command_of
+
+    assert command_of(["-v", "run", "--", "python", "train.py"]) == "run"
+    assert command_of(["--version"]) is None
+    for argv in (["run", "--", "python", "-c", "pass"], ["-q", "watch", "--pid", "1"], ["analyze", "x.log"]):
+        assert not _subcommands(build_parser(command_of(argv))) & set(PACKAGE_COMMANDS)
+    # Their own commands, --help, no command and a typo (argparse lists every choice) get all.
+    for argv in (["dumps", "list"], ["-v", "report", "x"], ["checkpoints", "verify"], ["-h"], [], ["dump"]):
+        assert set(PACKAGE_COMMANDS) <= _subcommands(build_parser(command_of(argv)))
+
+
+@pytest.mark.unit
+def test_package_subcommands_still_parse_through_main(capsys: pytest.CaptureFixture[str]) -> None:
+    from rankwatch.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["dumps", "list", "--help"])
+    assert e.value.code == 0 and "usage: rankwatch dumps list" in capsys.readouterr().out
+
+
+@pytest.mark.unit
+def test_dumps_package_names_resolve_on_first_use() -> None:
+    import rankwatch.dumps as dumps
+    from rankwatch.dumps.diff import format_diff
+    from rankwatch.dumps.store import DumpStore
+
+    assert dumps.format_diff is format_diff and dumps.DumpStore is DumpStore
+    assert all(getattr(dumps, name) is not None for name in dumps.__all__)
+    with pytest.raises(AttributeError):
+        _ = dumps.no_such_name
+
+
+@pytest.mark.unit
+def test_release_startup_memory_is_safe_to_call_again() -> None:
+    from rankwatch.cli import release_startup_memory
+
+    release_startup_memory()
+    release_startup_memory()

@@ -251,9 +251,35 @@ def _live_services(args: argparse.Namespace) -> dict[str, Any]:
     services: dict[str, Any] = {}
     if path is not None:
         services["config_source"] = ConfigSource(path, lambda: _live_config(args))
-    if getattr(args, "sd_file", None):
-        services["on_start"] = lambda s: _write_sd_file(args.sd_file, s)
+    sd_file = getattr(args, "sd_file", None)
+
+    def on_start(s: Services) -> None:
+        if sd_file:
+            _write_sd_file(sd_file, s)
+        release_startup_memory()
+
+    services["on_start"] = on_start
     return services
+
+
+def release_startup_memory() -> None:
+    """Hand back to the system what starting up left free: the config's YAML, the parsers'
+    and argparse's scratch objects are garbage once the agent runs, but the C allocator keeps
+    the freed pages in the process (a few MB of its RSS for the agent's lifetime) until
+    ``malloc_trim`` returns them. glibc only; elsewhere only the cycle collection."""
+    import gc
+
+    gc.collect()
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own symbols: glibc's, if linked
+    except (OSError, AttributeError):  # musl has none: nothing to trim
+        return
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
 
 
 def _write_sd_file(path: str, services: Services) -> None:
@@ -480,7 +506,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(workdir=args.workdir, ranks=args.ranks, keep=args.keep)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Subcommands whose parsers live in their own packages: building them imports those packages.
+PACKAGE_COMMANDS = ("dumps", "report", "checkpoints")
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (the top-level
+    options, -v -q --version, take no value)."""
+    for a in argv:
+        if a == "--":
+            return None
+        if not a.startswith("-"):
+            return a
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with ``command`` one of the subcommands defined here, without the
+    ``dumps``, ``report`` and ``checkpoints`` parsers, whose modules a live agent (``run``,
+    ``watch``) would otherwise import at every start and keep for its lifetime."""
     p = argparse.ArgumentParser(
         prog="rankwatch",
         description="Watches every rank of a distributed training job from outside its process: "
@@ -675,13 +719,14 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("file", help="the YAML config file to validate")
     cc.set_defaults(func=cmd_config_check)
 
-    from rankwatch.checkpoints.cli import add_subcommands as add_checkpoints
-    from rankwatch.dumps.cli import add_subcommands as add_dumps
-    from rankwatch.report.cli import add_subcommands as add_report
+    if command is None or command in PACKAGE_COMMANDS or command not in sub.choices:
+        from rankwatch.checkpoints.cli import add_subcommands as add_checkpoints
+        from rankwatch.dumps.cli import add_subcommands as add_dumps
+        from rankwatch.report.cli import add_subcommands as add_report
 
-    add_dumps(sub)
-    add_report(sub)
-    add_checkpoints(sub)
+        add_dumps(sub)
+        add_report(sub)
+        add_checkpoints(sub)
 
     comp = sub.add_parser(
         "completion",
@@ -696,8 +741,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_of(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
@@ -712,6 +757,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    del parser  # not kept for a live agent's lifetime (argparse's objects hold cycles: gc frees them)
     from rankwatch.config.loader import ConfigError
 
     try:

@@ -16,6 +16,10 @@
  *   xid.1 0:79                      Xid 79 on GPU 0, delivered once through nvmlEventSetWait_v2
  *   gpu0.no_link_sum 1              NVLink throughput with scopeId UINT_MAX is not summed (per link only)
  *
+ * With RANKWATCH_NVML_STANDIN_CALLS naming a folder, each process counts the calls it makes
+ * by function and writes "function count" lines to <folder>/calls-<pid>.txt at most once a
+ * second (benchmarks compare how often two exporters call NVML).
+ *
  * Built with -DSTANDIN_MINIMAL it leaves out the newer functions, so pynvml raises
  * NVMLError_FunctionNotFound for them as it does on an old driver.
  */
@@ -26,6 +30,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define OK 0
 #define E_UNINIT 1
@@ -115,6 +120,50 @@ static unsigned long long unum(int gpu, const char *key, unsigned long long dflt
     return v ? strtoull(v, NULL, 0) : dflt;
 }
 
+#define MAX_FNS 128
+static const char *fn_names[MAX_FNS]; /* the callers' string literals */
+static unsigned long fn_calls[MAX_FNS];
+static int nfns;
+static time_t calls_written;
+
+static void write_calls_locked(const char *dir) {
+    char path[3000], tmp[3100];
+    snprintf(path, sizeof path, "%.2900s/calls-%d.txt", dir, (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    for (int j = 0; j < nfns; j++) fprintf(f, "%s %lu\n", fn_names[j], fn_calls[j]);
+    fclose(f);
+    rename(tmp, path);
+}
+
+/* One more call of fn; the counts written out when a new second has begun. */
+static void count_call(const char *fn) {
+    const char *dir = getenv("RANKWATCH_NVML_STANDIN_CALLS");
+    if (!dir) return;
+    pthread_mutex_lock(&mu);
+    int i = 0;
+    while (i < nfns && strcmp(fn_names[i], fn) != 0) i++;
+    if (i == nfns && nfns < MAX_FNS) fn_names[nfns++] = fn;
+    if (i < nfns) fn_calls[i]++;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec != calls_written) {
+        calls_written = now.tv_sec;
+        write_calls_locked(dir);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+/* The final counts of a process that exits normally (a killed one keeps the last second's). */
+__attribute__((destructor)) static void write_calls_at_exit(void) {
+    const char *dir = getenv("RANKWATCH_NVML_STANDIN_CALLS");
+    if (!dir || !nfns) return;
+    pthread_mutex_lock(&mu);
+    write_calls_locked(dir);
+    pthread_mutex_unlock(&mu);
+}
+
 static void nap_ms(int ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -128,6 +177,7 @@ static int count(void) {
 /* Everything every call does first: scripted hangs, a vanished driver, forced codes, lost GPUs. */
 static int enter(const char *fn, int gpu) {
     char key[128];
+    count_call(fn);
     snprintf(key, sizeof key, "hang.%s", fn);
     for (int waited = 0; get(-1, key) && waited < 600000; waited += 20) nap_ms(20);
     const char *v = get(-1, "vanish");
@@ -267,7 +317,13 @@ typedef struct { unsigned int version; unsigned long long total, reserved, free,
 int nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m) {
     DEV_ENTER("nvmlDeviceGetMemoryInfo");
     m->total = unum(g, "mem_total", 85520809984ULL);
+    /* nvml.h: v1 "used" is reserved plus allocated memory; mem_used is the allocated part (v2's
+     * "used"). A driver without the v2 record (STANDIN_MINIMAL) reports no reserved part. */
+#ifdef STANDIN_MINIMAL
     m->used = unum(g, "mem_used", 1073741824ULL);
+#else
+    m->used = unum(g, "mem_used", 1073741824ULL) + unum(g, "mem_reserved", 553648128ULL);
+#endif
     m->free = m->total - m->used;
     return OK;
 }

@@ -70,6 +70,12 @@ _FI_NVLINK_TX_DATA_KIB = 138
 _FI_NVLINK_RX_DATA_KIB = 139
 NVLINK_ERROR_FIELDS = {"crc_flit": 38, "crc_data": 45, "replay": 52, "recovery": 59}
 _ALL_SCOPES = 0xFFFFFFFF
+# NVLink read summed over links (scopeId UINT_MAX): data moved each way, then the error counters.
+_NVLINK_SUM_IDS: tuple[Any, ...] = (
+    (_FI_NVLINK_TX_DATA_KIB, _ALL_SCOPES),
+    (_FI_NVLINK_RX_DATA_KIB, _ALL_SCOPES),
+    *NVLINK_ERROR_FIELDS.values(),
+)
 
 # GPM metric ids (Hopper and later) -> GpuSample attribute; NVML reports them in percent.
 GPM_METRICS = {2: "sm_active", 3: "sm_occupancy", 5: "tensor_active", 10: "dram_active"}
@@ -171,6 +177,12 @@ class NvmlBackend:
         # How each GPU's NVLink throughput is read: "sum" (scopeId UINT_MAX), "links" (one
         # value per link: a driver that does not sum), "none" (neither answers: 0, as before).
         self._nvlink_mode: dict[int, str] = {}
+        # Free and reserved framebuffer from the memory record ``memory`` read this round, for
+        # ``memory_detail``: one NVML call a GPU and round gives all four numbers (three on v1).
+        self._memory_detail: dict[int, tuple[int, int | None]] = {}
+        self._memory_v1_only: set[int] = set()  # drivers before r510: no v2 record
+        # NVLink counters read in ``memory_temperature``'s field request this round, for ``nvlink``.
+        self._nvlink_kept: dict[int, list[float | None]] = {}
 
     def _call(self, fn: Any, *args: Any) -> Any:
         nv = self._nvml
@@ -229,6 +241,8 @@ class NvmlBackend:
                 nv.nvmlGpmSampleFree(prev)
                 nv.nvmlGpmSampleFree(spare)
             self._gpm.clear()
+            self._memory_detail.clear()
+            self._nvlink_kept.clear()
             if self._events is not None:
                 nv.nvmlEventSetFree(self._events)
             nv.nvmlShutdown()
@@ -292,7 +306,27 @@ class NvmlBackend:
         )
 
     def memory(self, index: int) -> tuple[int, int]:
-        m = self._call(self._nvml.nvmlDeviceGetMemoryInfo, self._handle(index))
+        """Used (allocated and reserved, as the v1 record counts it) and total framebuffer.
+
+        Read from the v2 record where the driver has one: ``total - free`` is v1's ``used``
+        (nvml.h: v1 ``used`` is reserved plus allocated, and ``free`` is the same in both), and
+        the record's free and reserved are kept for ``memory_detail`` of the same round.
+        """
+        nv, h = self._nvml, self._handle(index)
+        self._memory_detail.pop(index, None)
+        if index not in self._memory_v1_only:
+            try:
+                m = self._call(nv.nvmlDeviceGetMemoryInfo, h, nv.nvmlMemory_v2)
+            except GpuError as e:
+                if e.kind != "not_supported":
+                    raise
+                self._memory_v1_only.add(index)
+            else:
+                total, free = int(m.total), int(m.free)
+                self._memory_detail[index] = (free, int(m.reserved))
+                return total - free, total
+        m = self._call(nv.nvmlDeviceGetMemoryInfo, h)
+        self._memory_detail[index] = (int(m.free), None)
         return int(m.used), int(m.total)
 
     def utilization(self, index: int) -> tuple[float, float]:
@@ -304,8 +338,18 @@ class NvmlBackend:
         return float(self._call(nv.nvmlDeviceGetTemperature, self._handle(index), nv.NVML_TEMPERATURE_GPU))
 
     def memory_temperature(self, index: int) -> float:
+        """HBM temperature. On a GPU whose NVLink counters are asked for summed, their fields ride
+        in the same field request and are kept for ``nvlink`` of this round (one call, not two)."""
         nv = self._nvml
-        v = self._call(nv.nvmlDeviceGetFieldValues, self._handle(index), [nv.NVML_FI_DEV_MEMORY_TEMP])[0]
+        self._nvlink_kept.pop(index, None)
+        ids: list[Any] = [nv.NVML_FI_DEV_MEMORY_TEMP]
+        rider = self._nvlink_mode.get(index) in ("sum", "none")  # the summed request, each round
+        if rider:
+            ids += _NVLINK_SUM_IDS  # one request; the values after the first are NVLink's
+        values = self._call(nv.nvmlDeviceGetFieldValues, self._handle(index), ids)
+        if rider:
+            self._nvlink_kept[index] = self._field_values(values[1:])
+        v = values[0]
         if v.nvmlReturn != nv.NVML_SUCCESS:
             raise GpuError(error_kind(v.nvmlReturn), f"memory temperature: NVML code {v.nvmlReturn}")
         value = _field_value(nv, v)
@@ -390,13 +434,18 @@ class NvmlBackend:
 
     def memory_detail(self, index: int) -> tuple[int, int | None]:
         """Free and driver-reserved framebuffer; drivers before r510 lack v2 and give free only."""
+        kept = self._memory_detail.pop(index, None)
+        if kept is not None:  # read by ``memory`` a moment ago, in the same call
+            return kept
         nv, h = self._nvml, self._handle(index)
-        try:
-            m = self._call(nv.nvmlDeviceGetMemoryInfo, h, nv.nvmlMemory_v2)
-            return int(m.free), int(m.reserved)
-        except GpuError as e:
-            if e.kind != "not_supported":
-                raise
+        if index not in self._memory_v1_only:
+            try:
+                m = self._call(nv.nvmlDeviceGetMemoryInfo, h, nv.nvmlMemory_v2)
+                return int(m.free), int(m.reserved)
+            except GpuError as e:
+                if e.kind != "not_supported":
+                    raise
+                self._memory_v1_only.add(index)
         m = self._call(nv.nvmlDeviceGetMemoryInfo, h)
         return int(m.free), None
 
@@ -425,8 +474,11 @@ class NvmlBackend:
         return out
 
     def _fields(self, index: int, ids: list[Any]) -> list[float | None]:
+        return self._field_values(self._call(self._nvml.nvmlDeviceGetFieldValues, self._handle(index), ids))
+
+    def _field_values(self, values: Any) -> list[float | None]:
+        """Each field's value, None where NVML answered it with an error; a GPU gone raises."""
         nv = self._nvml
-        values = self._call(nv.nvmlDeviceGetFieldValues, self._handle(index), ids)
         out: list[float | None] = []
         for v in values:
             if v.nvmlReturn != nv.NVML_SUCCESS:
@@ -452,9 +504,9 @@ class NvmlBackend:
             n = self._nvlink_links[index] = int(links)
         errors_ids: list[Any] = list(NVLINK_ERROR_FIELDS.values())
         mode = self._nvlink_mode.get(index)
+        kept = self._nvlink_kept.pop(index, None)  # read with the memory temperature just now
         if mode != "links":
-            whole = [(_FI_NVLINK_TX_DATA_KIB, _ALL_SCOPES), (_FI_NVLINK_RX_DATA_KIB, _ALL_SCOPES)]
-            got = self._fields(index, whole + errors_ids)
+            got = kept if kept is not None else self._fields(index, list(_NVLINK_SUM_IDS))
             if got[0] is not None or got[1] is not None or mode == "none":
                 self._nvlink_mode[index] = "sum" if mode is None else mode
                 return (got[0] or 0.0) * 1024.0, (got[1] or 0.0) * 1024.0, _nvlink_errors(got[2:])
