@@ -1255,10 +1255,13 @@ def test_async_watcher_picks_up_a_new_checkpoint(tmp_path: Path, mode: str) -> N
         return waited, saw_writing
 
     waited, _saw_writing = asyncio.run(scenario())
-    # auto: only events can be this fast (its poll is 30 s, 5 s while the folder is missing).
-    # Whether it is seen "writing" first is a race: a save whose completion marker
-    # (trainer_state.json) is already there when the watcher looks is judged at once.
-    assert waited < 3.0
+    assert waited < 10, "the new checkpoint was never taken as the last good one"
+    if mode == "auto":
+        # Only events can be this fast (its poll is 30 s, 5 s while the folder is missing); a
+        # poll every 0.1 s proves nothing by its speed, so a loaded machine does not fail it.
+        # Whether it is seen "writing" first is a race: a save whose completion marker
+        # (trainer_state.json) is already there when the watcher looks is judged at once.
+        assert waited < 3.0
     assert kinds(emitted) == [("checkpoint_corrupt", "critical", False)]
     assert "scheduler.pt: zero bytes" in emitted[0].message
 
