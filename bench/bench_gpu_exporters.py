@@ -219,6 +219,7 @@ def main() -> None:
     finally:
         for p in procs:
             stop(p)
+        shutil.rmtree(tmp, ignore_errors=True)  # the stand-in build, the copy, logs: ~10 MB a run
 
     print(f"\n{args.gpus} GPUs on the NVML stand-in; {n} scrapes per exporter, round-robin")
     print(f"{'exporter':<18}{'series':>8}{'p50 ms':>9}{'p99 ms':>9}{'us/series p99':>15}"
