@@ -858,3 +858,34 @@ def test_board_names_of_subject_records_are_bounded_and_plain_records_unchanged(
     assert not v.covered((3, "0" * 16), "resolved", us)
     marker = json.loads(next(folder.glob("sent-resolved-*.json")).read_text())
     assert marker["covers"] == {"3": us}  # what an agent of the previous version reads
+
+
+def test_one_failure_seen_by_four_agents_is_one_message(tmp_path: Path) -> None:
+    """Rank 1 runs out of memory; the agents of ranks 0, 2 and 3 each report their rank's crash
+    as its consequence (gloo lost rank 1), naming rank 1 as the first failure: one problem, so
+    one message between the four agents, the first failure's, suspect rank 1."""
+    from rankwatch.records import FirstFailure
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        pairs = [agent(tmp_path, r, 4, clock, board) for r in range(4)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        first = FirstFailure(1, "oom", clock.t, "CUDA out of memory")
+        async with all_running(ds):
+            oom = Finding("oom", Severity.CRITICAL, 1, "CUDA out of memory", 8, time=clock.t)
+            oom.diagnosed(suspects=(1,), first_failure=first)
+            ds[1].send(oom)
+            for r in (0, 2, 3):
+                crash = Finding("crash", Severity.CRITICAL, r, "rank 1 failed first", 7, time=clock.t + 1)
+                crash.diagnosed(suspects=(1,), first_failure=first)
+                ds[r].send(crash)
+            await until(lambda: all(state(board, r, "crash") == "firing" for r in (0, 2, 3)))
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) >= 1)
+            for _ in range(3):
+                await tick(ds, clock, 5.1)
+        titles = [a.title for a in sent(sinks)]
+        assert titles == ["oom on rank 1, suspect rank 1"], titles
+
+    asyncio.run(go())

@@ -113,12 +113,11 @@ def named_after_rank_1(c: Cell) -> None:
 
 
 def one_alert_per_problem(c: Cell, form: str) -> None:
-    """One alert for the failure. Agents of one job group alerts of one kind between them (the
-    board), not yet a rank's OOM with a peer's gloo error: an agent per rank sends at most one."""
+    """One alert for the failure, however many agents see it: a rank's OOM and its peer's gloo
+    error after it are one problem, within one agent (the alert policy) and between the agents
+    of a job (the alert board folds a consequence into the first failure's alert)."""
     failures = [a for a in c.firing() if a["kind"] != "stall"]
-    agents = WORLD if form in PER_RANK else 1
-    assert 1 <= len(failures) <= agents, c.debug()
-    assert len({a["kind"] for a in failures}) == len(failures), c.debug()
+    assert len(failures) == 1, (form, c.debug())
 
 
 def no_agent_failed(c: Cell) -> None:
@@ -212,12 +211,15 @@ def test_a_healthy_run_ends_silent(tmp_path: Path, form: str) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("form", ["tee", "redirects", "no-python", "pid", "sidecar"])
+@pytest.mark.parametrize("form", ["plain", "tee", "redirects", "no-python", "pid", "sidecar"])
 def test_a_data_loader_hang_names_its_rank(tmp_path: Path, form: str) -> None:
     """Rank 1's DataLoader worker blocks at step 8: both ranks stall, each stall names rank 1
     (in data loading), one stall alert with suspect rank 1; the user's stop ends every process
-    of the job, the hung worker included."""
+    of the job, the hung worker included, and is the exit status the user sees. Under plain
+    ``run -- torchrun`` the workers' step lines carry no rank: the run's step lines are each
+    worker's progress, so each stalls as a stepping rank, at the run's last step."""
     c = cell(tmp_path, form, fault("loader_hang"), hang=True)
+    assert c.rc not in (0, None), c.debug()  # stopped by the user, not ended on its own
     for r in (0, 1):
         [stall, *_] = c.on(r, "stall")
         assert stall["step"] == 8 and f"{SUSPECT_1}: in data loading" in stall["message"], c.debug()
@@ -284,6 +286,30 @@ def test_torchrun_restart_reports_the_first_attempts_crash(tmp_path: Path) -> No
     named_after_rank_1(c)
     [alert] = c.firing()
     assert alert["kind"] == "crash" and alert["summary"] == "crash on rank 1, suspect rank 1", alert
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_restart_with_redirects_follows_the_new_attempts_files(tmp_path: Path) -> None:
+    """`run -- torchrun --max-restarts 1 --redirects 3 --log-dir D`: each worker writes
+    ``D/<run>/attempt_<n>/<local rank>/stdout.log``. Rank 1 raises at step 6 in attempt 0 (its
+    crash is reported from attempt 0's files), and its inputs go NaN from step 6 in attempt 1:
+    that NaN is found, from attempt 1's files, which only a pipeline that follows the new
+    attempt reads. The job's own end is clean."""
+    env = {"FAULT": "raise_then_nan", "FAULT_RANK": "1", "FAULT_STEP": "6", "STEPS": "12"}
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # see the restart test above
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    logs = ["--redirects", "3", "--log-dir", str(tmp_path / "torchrun-logs")]
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url)
+        launcher = torchrun(WORLD, "--max-restarts", "1", *rdzv, *logs)
+        c = finish(run_launcher(tmp_path, cfg, launcher, env), tmp_path, posted)
+    assert c.rc == 0, c.debug()
+    [crash] = c.on(1, "crash")
+    assert "rank 1 hit a bad batch at step 6" in crash["message"], c.debug()
+    assert "/attempt_0/" in (crash["path"] or ""), c.debug()
+    nan = c.on(1, "nan_loss")
+    assert nan and nan[0]["step"] == 6 and "/attempt_1/" in nan[0]["path"], c.debug()
+    assert {a["kind"] for a in c.firing()} == {"crash", "nan_loss"}, c.debug()
 
 
 @pytest.mark.timeout(300)

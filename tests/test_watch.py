@@ -328,3 +328,99 @@ def test_one_log_for_several_pids_is_a_usage_error(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert out.returncode == 2 and "one --log for several --pid" in out.stderr
+
+
+@pytest.mark.process
+def test_watch_one_pid_without_log_follows_its_output_file(tmp_path: Path) -> None:
+    """`watch --pid P` and no --log, P's stdout a file (`python train.py > out.txt`): the agent
+    follows that file (the NaN at its step is found) and says so in its log."""
+    out = tmp_path / "out.txt"
+    trainer = _trainer(out, "12", "--steps", "100000", "--fault", "nan@40")
+    found = tmp_path / "f.jsonl"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "rankwatch", "-v", "watch", "--config", str(_config(tmp_path)),
+         "--pid", str(trainer.pid), "--findings-jsonl", str(found)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert _wait(lambda: any(f["kind"] == "nan_loss" for f in _findings(found))), _findings(found)
+        nan = next(f for f in _findings(found) if f["kind"] == "nan_loss")
+        assert nan["step"] == 40 and nan["path"] == str(out), nan
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=20)
+        assert f"pid {trainer.pid}: no --log given: following its output in {out}" in err, err[-3000:]
+    finally:
+        for p in (agent, trainer):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+@pytest.mark.process
+def test_watch_one_pid_whose_output_is_a_pipe_says_no_log_is_followed(tmp_path: Path) -> None:
+    """P's stdout and stderr are a pipe: nothing to follow, and the agent's log says why; once P
+    is gone the agent is done."""
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    err = tmp_path / "agent.err"
+    with open(err, "wb") as fh:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "watch", "--config", str(_config(tmp_path)),
+             "--pid", str(trainer.pid)],
+            stdout=subprocess.DEVNULL, stderr=fh,
+        )  # fmt: skip
+    said = f"pid {trainer.pid}: its stdout is a FIFO; its stderr is a FIFO: no log followed"
+    try:
+        assert _wait(lambda: said in err.read_text()), err.read_text()[-3000:]
+        trainer.kill()
+        trainer.wait(10)
+        assert agent.wait(timeout=30) == 0
+    finally:
+        for p in (agent, trainer):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+@pytest.mark.process
+def test_a_process_output_file_is_followed_only_when_it_is_safe(tmp_path: Path) -> None:
+    """What ``watch --pid`` may follow of a process's output: its own regular file under that
+    name (where a rename took it); not a deleted file whose name is now a symlink, or another
+    user's file."""
+    from rankwatch.runtime.workers import checked_output_files
+
+    def sleeper(out: Path) -> subprocess.Popen:
+        with open(out, "ab") as fh:
+            return subprocess.Popen(["sleep", "60"], stdout=fh, stderr=subprocess.DEVNULL)
+
+    procs = []
+    try:
+        good = tmp_path / "good.log"
+        procs.append(sleeper(good))
+        assert checked_output_files(procs[-1].pid) == ([good], ["its stderr is a character device"])
+
+        swapped = tmp_path / "swapped.log"
+        procs.append(sleeper(swapped))
+        swapped.rename(tmp_path / "old.log")  # rotated: the process writes on under the new name
+        swapped.write_text("another file\n")
+        files, _ = checked_output_files(procs[-1].pid)
+        assert files == [tmp_path / "old.log"], files
+
+        linked = tmp_path / "linked.log"
+        procs.append(sleeper(linked))
+        linked.unlink()
+        linked.symlink_to("/etc/passwd")
+        files, why = checked_output_files(procs[-1].pid)
+        assert files == [] and "no longer under a name" in why[0], why
+
+        if os.geteuid() == 0:
+            theirs = tmp_path / "theirs.log"
+            procs.append(sleeper(theirs))
+            os.chown(theirs, 65534, 65534)
+            files, why = checked_output_files(procs[-1].pid)
+            assert files == [] and "owned by UID 65534" in why[0], why
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)

@@ -13,6 +13,8 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   nan          the rank's inputs become NaN, so its real loss is NaN from then on;
   raise        the rank raises a RuntimeError, in the first attempt only (a torchrun restart
                runs on: ``TORCHELASTIC_RESTART_COUNT``);
+  raise_then_nan  raise in the first attempt, and after torchrun's restart NaN inputs from
+               the same step (what the restarted worker prints shows where it is read from);
   exit         the rank returns from ``main`` with exit status 0 while its peers go on;
   save_hang    the rank saves a checkpoint (``torch.save`` into ``CKPT_DIR``) whose writes
                stop after the first bytes, as on a hung NFS server: it hangs inside torch.save;
@@ -156,9 +158,10 @@ def main() -> None:
             allocate_activations(step)
         if faulty and FAULT == "barrier" and step == FAULT_STEP:
             sync_metrics()
-        if faulty and FAULT == "nan":
+        restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+        if faulty and (FAULT == "nan" or (FAULT == "raise_then_nan" and restarted)):
             x = x * float("nan")
-        if faulty and FAULT == "raise" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        if faulty and FAULT in ("raise", "raise_then_nan") and not restarted:
             raise RuntimeError(f"rank {rank} hit a bad batch at step {step}")
         if faulty and FAULT == "save_hang":
             save_checkpoint(model, step)

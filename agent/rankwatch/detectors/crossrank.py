@@ -25,6 +25,61 @@ class RankLagConfig:
     min_lag_steps: int = opt(1, "steps behind the leading rank that count as lagging at the end")
 
 
+@dataclass(frozen=True, slots=True)
+class PeerFailure:
+    """One rank's failure as the cross-rank judgement weighs it: from a finished log's
+    findings (``analyze``) or from a live agent's record in the run folder (runtime/diagnose.py).
+
+    ``time``: wall-clock seconds, when known; ``line``: its first line in ``path`` (a combined
+    log orders the ranks' failures when no line carries a time); ``consequence``: what a rank
+    says when a peer failed (a lost connection, a collective timeout), never a cause itself;
+    ``exit``: a clean exit, the cause only of what waited for that rank."""
+
+    rank: int | None
+    time: float | None = None
+    line: int | None = None
+    path: str | None = None
+    consequence: bool = False
+    exit: bool = False
+
+
+def first_failures(
+    failures: Sequence[PeerFailure],
+    *,
+    of: PeerFailure | None = None,
+    window: float | None = None,
+    slack: float = 0.0,
+) -> list[PeerFailure]:
+    """The failures that may be the first failure, the first one first: the one judgement of
+    "which rank failed first", for ``analyze`` and the live agent alike.
+
+    A consequence is never the first failure. ``of``: the failure to explain: only other ranks'
+    failures count, dated no later than it (``slack`` seconds later for a consequence, whose
+    cause's record may be written after it) and no earlier than ``window`` seconds before it;
+    a clean exit explains only a consequence (a rank that left is what its peers waited for,
+    never the cause of a peer's own error). Order: by time when the failures carry one (those
+    that do not are passed over), else by line within one file (``torchrun --tee``), else by
+    rank."""
+    out = [f for f in failures if not f.consequence]
+    if of is not None:
+        out = [f for f in out if f.rank != of.rank and (of.consequence or not f.exit)]
+        if of.time is not None:
+            late = of.time + (slack if of.consequence else 0.0)
+            early = of.time - window if window is not None else None
+            out = [
+                f for f in out if f.time is None or ((early is None or early <= f.time) and f.time <= late)
+            ]
+    timed = [f for f in out if f.time is not None]
+    if timed:
+        return sorted(timed, key=lambda f: (f.time, f.rank is None, f.rank or 0))
+    one_file = len({f.path for f in out}) == 1
+
+    def order(f: PeerFailure) -> tuple[int, bool, int]:
+        return (f.line if one_file and f.line is not None else 0, f.rank is None, f.rank or 0)
+
+    return sorted(out, key=order)
+
+
 def _first_time(findings: Sequence[Finding], kinds: tuple[str, ...]) -> tuple[bool, float | None, int | None]:
     hits = [f for f in findings if f.kind in kinds and not f.resolved]
     if not hits:
@@ -63,18 +118,8 @@ def cross_rank(
             secondary.append(s.rank)
 
     if primary and secondary:
-        timed = [(t, r) for r, (t, _) in primary.items() if t is not None]
-        if timed:
-            culprit = min(timed)[1]
-        else:
-            # No timestamps: within one file (torchrun --tee) the earlier line failed first.
-            one_file = len({by_rank[r].path for r in primary}) == 1
-
-            def order(r: int | None) -> tuple[int, bool, int]:
-                line = primary[r][1]
-                return (line if one_file and line is not None else 0, r is None, r or 0)
-
-            culprit = min(primary, key=order)
+        own = [PeerFailure(r, t, line, by_rank[r].path) for r, (t, line) in primary.items()]
+        culprit = first_failures(own)[0].rank
         st = by_rank[culprit]
         others = [r for r in secondary if r != culprit]
         if others:

@@ -68,7 +68,7 @@ class ExitDetector(Detector):
             signal=signal,
             tail=list(e.tail),
             rank=self.rank,
-            path=self.path,
+            path=state.path or self.path,  # the log it writes now (a restart may move it)
             disk_full=e.disk_full,
         )
         if crash is not None:
@@ -85,7 +85,7 @@ class ExitDetector(Detector):
             rank=self.rank,
             message=message,
             step=state.last_step,
-            path=self.path,
+            path=state.path or self.path,  # the log it writes now (a restart may move it)
             time=wall,
         )
 

@@ -321,7 +321,7 @@ class StallDetector(Detector):
                 self.episode.close()
                 msg = f"signs of life again ({self.signal_what}) after {_secs(now - self.quiet_from)}"
                 return [self._resolved(msg, state.last_step)]
-        if not stalled or not self.episode.open(state.last_step):
+        if not stalled or not self.episode.open(self._step(state)):
             return []
         self.stalled_at = now
         self.quiet_from = now - since
@@ -345,6 +345,11 @@ class StallDetector(Detector):
         if cpu <= self.cfg.idle_cpu_percent:
             return "idle", cpu
         return "partly busy", cpu
+
+    def _step(self, state: RankState) -> int | None:
+        """The rank's step: its own step lines', else the last one its progress events carried (a
+        launcher's workers without ``--tee``: the run's unprefixed step lines keep their clock)."""
+        return state.last_step if state.last_step is not None else self.last_step
 
     def _fire(self, state: RankState, sample: ProcessSample, since: float) -> Finding:
         cls, cpu = self._classify()
@@ -372,7 +377,13 @@ class StallDetector(Detector):
                 f"no sign of life for {_secs(since)} (timeout {_secs(timeout)} for a rank that prints no "
                 f"step lines, {after})"
             )
-        last = f"last step {state.last_step}" if state.last_step is not None else "no step line seen yet"
+        step = self._step(state)
+        if state.last_step is not None:
+            last = f"last step {step}"
+        elif step is not None:
+            last = f"last step {step} (of the step lines it follows, none of them its own)"
+        else:
+            last = "no step line seen yet"
         alive = "process stopped" if cls == "stopped" else "process alive"
         if self.gpu_activity not in (None, "unknown"):
             text += f"; GPU {self.gpu_activity}"
@@ -382,7 +393,7 @@ class StallDetector(Detector):
         evidence = {
             "seconds_since_progress": since,
             "timeout": timeout,
-            "last_step": state.last_step,
+            "last_step": step,
             "signals": signals,
             "classification": cls,
             "cpu_percent": cpu,
@@ -390,7 +401,7 @@ class StallDetector(Detector):
         }
         if self.gpu_activity is not None:
             evidence["gpu_activity"] = self.gpu_activity
-        return finding("stall", Severity.CRITICAL, state, msg, step=state.last_step, evidence=evidence)
+        return finding("stall", Severity.CRITICAL, state, msg, step=step, evidence=evidence)
 
     def _resolved(self, msg: str, step: int | None) -> Finding:
         """Carries the rank of the stall it ends, so the alert router can pair the two."""

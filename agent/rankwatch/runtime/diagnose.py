@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 from rankwatch import offloop, runfolder
 from rankwatch.config.schema import Config
+from rankwatch.detectors.crossrank import PeerFailure, first_failures
 from rankwatch.dumps.capture import find_py_spy
 from rankwatch.dumps.classify import COLLECTIVE, KIND_TEXT, classify_dump, collective_text, describe
 from rankwatch.dumps.diff import MISMATCH, MISSING, NOT_IN_COLLECTIVE, ONLY_IN_COLLECTIVE, diff_incident
@@ -58,6 +59,7 @@ STALL_WAIT_S = 10.0  # how long a stall finding waits for its peers' stacks
 FAILURE_POLL_S = 0.2  # ... re-reading the folder this often
 FAILURE_IO_S = 3.0  # how long a failure waits for the shared folder before it goes out unnamed
 FAILURE_WINDOW_S = 600.0  # a peer's failure older than this is another incident
+CAUSE_LATE_S = 30.0  # a consequence's cause may be recorded this long after it (its agent is slower)
 PROFILE_SAMPLES = 8
 PROFILE_GAP_S = 0.25
 PROFILE_WAIT_S = 12.0
@@ -547,17 +549,13 @@ class CrossRank:
         it was is the rank that left (else the earliest, as without it)."""
         if entries is None:
             entries = self._read_all("failed-", run)
-        others = sorted(
-            (
-                d
-                for d in entries
-                if d["rank"] != rank
-                and not d["consequence"]
-                and (consequence or not d.get("exit"))
-                and t - FAILURE_WINDOW_S <= d["time"] <= t + (30.0 if consequence else 0.0)
-            ),
-            key=lambda d: (d["time"], d["rank"]),
-        )
+        named = {
+            PeerFailure(d["rank"], d["time"], consequence=d["consequence"], exit=bool(d.get("exit"))): d
+            for d in entries
+        }
+        this = PeerFailure(rank, t, consequence=consequence)
+        chosen = first_failures(list(named), of=this, window=FAILURE_WINDOW_S, slack=CAUSE_LATE_S)
+        others = [named[p] for p in chosen]
         reads = 0
         earliest = None
         for entry in others[:FIRST_TRIES]:

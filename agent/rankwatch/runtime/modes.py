@@ -562,7 +562,8 @@ def _look(
         new = new[:1]
     out: dict[int, _Found] = {}
     for p in new:
-        stdout, pod = _stdout_file(p), None
+        files, _ = workers.checked_output_files(p)  # the node daemon's log of a rank: its stdout first
+        stdout, pod = (files[0] if files else None), None
         if stdout is None:
             pc = kubepods.container_log(p)  # a pod's process: its stdout is the kubelet's log file
             if pc is not None:
@@ -572,17 +573,6 @@ def _look(
             *_read_process_env(p), stdout, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup
         )
     return pids, out
-
-
-def _stdout_file(pid: int) -> Path | None:
-    """The rank's stdout when it is a regular file (`> rank-0.log`, Slurm's --output)."""
-    try:
-        target = os.readlink(f"/proc/{pid}/fd/1")
-        if os.path.isfile(target):
-            return Path(target)
-    except OSError:
-        pass
-    return None
 
 
 async def watch_processes(
@@ -646,11 +636,39 @@ class _ProcessWatch:
     tasks: list[asyncio.Task[Any]] = dataclasses.field(default_factory=list)
     started: bool = False  # watchers added from now on start running at once
     per_process: bool = False
+    own_output: bool = False  # one --pid and no --log: the files its stdout and stderr go to
 
     def __post_init__(self, logs: Sequence[Path]) -> None:
         self.per_process = not logs and ((bool(self.match) and not self.pids) or len(self.pids) > 1)
-        if not self.per_process:
+        self.own_output = not self.per_process and not logs and len(self.pids) == 1
+        if not self.per_process and not self.own_output:
             self._watch_logs(logs)
+
+    async def _watch_output(self, pid: int) -> None:
+        """``watch --pid P`` with no ``--log``: P's log is where its output goes, when that is a
+        file the agent may follow (``workers.checked_output_files``); a log line says which
+        files are followed, and why none is when none is (a pipe, a terminal, another user's
+        file)."""
+        try:
+            files, why = await offloop.proc(
+                workers.checked_output_files,
+                pid,
+                name="rankwatch-proc-attach",
+                errors=self.agent.internal_errors_by_component,
+            )
+        except asyncio.TimeoutError:
+            files, why = [], ["its /proc entries did not answer"]
+        if files:
+            log.info("pid %d: no --log given: following its output in %s", pid, ", ".join(map(str, files)))
+        if why:
+            log.log(
+                logging.INFO if files else logging.WARNING,
+                "pid %d: %s: %s (give --log PATH to follow its log)",
+                pid,
+                "; ".join(why),
+                "not followed" if files else "no log followed, only its process is watched",
+            )
+        self.watchers.append(self.agent.add_watcher(files, from_end=True, replay=True))
 
     def _watch_logs(self, logs: Sequence[Path]) -> None:
         if len(logs) <= 1:
@@ -762,6 +780,8 @@ class _ProcessWatch:
             return None
 
     async def first_look(self) -> None:
+        if self.own_output and not self.watchers:
+            await self._watch_output(self.pids[0])
         await self.assign(list(self.pids) or ((await self.matching() or []) if self.match else []))
 
     # --- the loop -----------------------------------------------------------------------

@@ -151,6 +151,8 @@ class RankWatcher:
         self.lines = 0
         self._held: list[tuple[float, Finding]] = []
         self._stop = asyncio.Event()
+        self._follows: dict[Stream, asyncio.Task[None]] = {}  # each stream's reader, while running
+        self._running = False
         self.replayed: list[Finding] = []  # what the replayed history held, for the alert dispatcher
         self.history_fed = 0  # step records taken from the checkpoints' trainer_state.json
         # Set over the process's environment when its GPUs are mapped (node mode on Kubernetes:
@@ -400,22 +402,48 @@ class RankWatcher:
         """Everything still in the files, then every held line and traceback (on exit). Read
         in turns of ``logs.read_bytes_per_turn`` (bounded memory), thinned as the live tail is
         while far behind (a backlog at exit is worked off in about a second, not a minute)."""
-        budget = int(self.cfg.logs.read_bytes_per_turn)
         for s in self.streams:
-            while True:
-                before = s.follower.stats.bytes_read
-                batch = self._shed(s, s.follower.read_available(budget, self._thin(s)))
-                if batch:
-                    self.feed_lines(s, batch)
-                if not s.follower.behind and (not batch or s.follower.stats.bytes_read == before):
-                    break
-            rest = s.follower.flush()
-            if rest:
-                self.feed_lines(s, rest)
-            held = s.cri.flush() if s.cri is not None else []
-            if held:
-                self.feed_lines(s, held)  # the last line of a container that never got its F
+            self._drain(s)
         self.release_quiet(force=True)
+
+    def _drain(self, s: Stream) -> None:
+        budget = int(self.cfg.logs.read_bytes_per_turn)
+        while True:
+            before = s.follower.stats.bytes_read
+            batch = self._shed(s, s.follower.read_available(budget, self._thin(s)))
+            if batch:
+                self.feed_lines(s, batch)
+            if not s.follower.behind and (not batch or s.follower.stats.bytes_read == before):
+                break
+        rest = s.follower.flush()
+        if rest:
+            self.feed_lines(s, rest)
+        held = s.cri.flush() if s.cri is not None else []
+        if held:
+            self.feed_lines(s, held)  # the last line of a container that never got its F
+
+    def follow_instead(self, old: Sequence[Path], new: Sequence[Path]) -> list[Stream]:
+        """The process restarted into files of its own that are new (torchelastic's
+        ``<log-dir>/<run>/attempt_<n>/<local rank>/``): what is left in the ``old`` ones is
+        read, they are closed, and the ``new`` ones are followed from their start, in the same
+        pipeline. Returns the new streams."""
+        gone = [s for s in self.streams if s.path in old]
+        for s in gone:
+            self._drain(s)
+            task = self._follows.pop(s, None)
+            if task is not None:
+                task.cancel()
+            s.follower.close()
+        added = [Stream(p, self.cfg, self.rank, False, self.identity.world_size) for p in new]
+        self.streams = added + [s for s in self.streams if s not in gone]
+        if added and gone and self.path in {str(s.path) for s in gone}:
+            self.path = str(added[0].path)  # what the findings of the rank's log name from now on
+            for eng in self.engines.values():
+                eng.state.path = self.path
+        if self._running and not self._stop.is_set():
+            for s in added:
+                self._follows[s] = asyncio.create_task(self._follow(s), name=f"follow:{s.path}")
+        return added
 
     async def _follow(self, stream: Stream) -> None:
         interval = self.cfg.logs.poll_interval
@@ -520,7 +548,9 @@ class RankWatcher:
     async def run(self) -> None:
         """Follow every log and sample the process until ``stop()``."""
         await self._number_lines()
-        tasks = [asyncio.create_task(self._follow(s), name=f"follow:{s.path}") for s in self.streams]
+        self._running = True
+        for s in self.streams:
+            self._follows[s] = asyncio.create_task(self._follow(s), name=f"follow:{s.path}")
         try:
             while not self._stop.is_set():
                 await self.sample_once()
@@ -531,6 +561,7 @@ class RankWatcher:
                     await asyncio.wait_for(self._stop.wait(), self.cfg.process.sample_interval)
         finally:
             self._stop.set()
+            tasks = list(self._follows.values())
             for t in tasks:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(t, 2.0)

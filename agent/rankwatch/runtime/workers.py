@@ -19,14 +19,16 @@ import logging
 import os
 import re
 import signal
+import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from rankwatch import offloop
+from rankwatch import offloop, safeio
+from rankwatch.events import Progress
 from rankwatch.identity import LOCAL_RANK_VARS, RANK_VARS, WORLD_VARS
 from rankwatch.sources.process import descendants
 
@@ -147,6 +149,51 @@ def output_files(pid: int) -> list[Path]:
     return out
 
 
+def checked_output_files(pid: int) -> tuple[list[Path], list[str]]:
+    """The files a watched process's stdout and stderr go to that the agent may follow, and why
+    each other one is not followed. The agent may read with more rights than the job: a name is
+    followed only when it still holds the very file the process writes (same device and inode
+    as ``/proc/<pid>/fd/<n>``), is a regular file reached through no symlink, and is owned by
+    the process's own user; a pipe, a terminal or a deleted file is no log to follow."""
+    try:
+        uids = psutil.Process(pid).uids()
+    except psutil.Error as e:
+        return [], [f"pid {pid} cannot be looked at ({e.__class__.__name__})"]
+    users = {uids.real, uids.effective}
+    files: list[Path] = []
+    why: list[str] = []
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        link = f"/proc/{pid}/fd/{fd}"
+        try:
+            target = os.readlink(link)
+            opened = os.stat(link)  # the open file itself, whatever its name is now
+        except OSError as e:
+            why.append(f"its {name} cannot be read ({e.strerror or e})")
+            continue
+        if not stat.S_ISREG(opened.st_mode):
+            why.append(f"its {name} is {safeio.kind_of(opened.st_mode)}")
+            continue
+        if not target.startswith("/") or target.endswith(" (deleted)"):
+            why.append(f"its {name} is a file no longer under a name ({target[:200]!r})")
+            continue
+        try:
+            st = os.lstat(target)
+            real = os.path.realpath(target)
+        except OSError as e:
+            why.append(f"its {name} file {target[:200]!r} cannot be looked at ({e.strerror or e})")
+            continue
+        if not stat.S_ISREG(st.st_mode) or real != target:
+            what = safeio.kind_of(st.st_mode)
+            why.append(f"its {name} file's name {target[:200]!r} is now {what}, or reached through a link")
+        elif (st.st_dev, st.st_ino) != (opened.st_dev, opened.st_ino):
+            why.append(f"its {name} file's name {target[:200]!r} now holds another file")
+        elif st.st_uid not in users:
+            why.append(f"its {name} file {target[:200]!r} is owned by UID {st.st_uid}, not by the process's")
+        elif Path(target) not in files:
+            files.append(Path(target))
+    return files, why
+
+
 def rank_workers(root: int) -> list[tuple[int, dict[str, str]]]:
     """The rank processes under a launcher (``torchrun``): descendants with a RANK in their
     environment whose parent has none (a rank's own DataLoader workers inherit its RANK)."""
@@ -215,10 +262,14 @@ def _worker_watcher_class() -> type:
             if mine:
                 super().feed_lines(stream, mine)
 
+        # The run's pipeline: told each step the run's lines reach (``Fleet.share_progress``).
+        on_progress: Callable[[float, int], None] | None = None
+
         def _records(self, records):  # type: ignore[no-untyped-def]
             if not self.launcher:
                 return super()._records(records)
             emit = self.emit
+            before = self.engine.state.last_step
             # A failure in the run's lines (the launcher's account of a worker, a worker's text
             # before its rank prefix) is the worker pipelines' to report, or the launcher's exit.
             self.emit = lambda f: None if f.kind in LAUNCHER_HELD else emit(f)
@@ -226,6 +277,9 @@ def _worker_watcher_class() -> type:
                 return super()._records(records)
             finally:
                 self.emit = emit
+                step = self.engine.state.last_step
+                if step is not None and step != before and self.on_progress is not None:
+                    self.on_progress(self.clock(), step)
 
     return WorkerWatcher
 
@@ -366,6 +420,8 @@ class Fleet:
         self.run_pipeline = run_pipeline  # the run's own lines: a worker's unprefixed traceback
         self.attached_at: dict[int, float] = {}
         self.crashed: set[int | None] = set()  # ranks whose worker crashed (found held or not)
+        if run_pipeline is not None:
+            run_pipeline.on_progress = self.share_progress
 
     def _add(self, pid: int, env: dict[str, str], own: list[Path] | None = None) -> None:
         rank = env_int(env, RANK_VARS)
@@ -380,6 +436,13 @@ class Fleet:
                     self._judge(w, final=True)
                 self.restarts[rank] = self.restarts.get(rank, 0) + 1
                 log.info("launcher worker: rank %d restarted as pid %d", rank, pid)
+                new = [p for p in own or [] if p not in w.own]
+                if new:
+                    # torchelastic gives each attempt a folder of its own (attempt_<n>): the new
+                    # worker's output is there, and nothing more comes to the old files.
+                    w.follow_instead(list(w.own), new)
+                    w.own = frozenset(new)
+                    log.info("launcher worker: rank %d now writes to %s", rank, ", ".join(map(str, new)))
                 w.attach(pid)
                 self.attached_at[rank] = time.time()
             return
@@ -411,6 +474,21 @@ class Fleet:
         self.by_rank[rank] = w
         self.tasks.append(asyncio.create_task(w.run(), name=f"rank-{rank}"))
         log.info("launcher worker: rank %d is pid %d", rank, pid)
+
+    def share_progress(self, now: float, step: int) -> None:
+        """The run's lines reached ``step``: progress for every worker with no step line of its
+        own. Without ``--tee`` the workers' step lines carry no rank prefix and reach only the
+        run's pipeline; the ranks of a synchronous job step together, so the run's step is each
+        worker's, and a worker whose clock it keeps stalls as a stepping rank (at the run's last
+        step, after its measured step interval), not after the silent-rank timeout."""
+        for w in self.by_rank.values():
+            if not w.exited and w.engine.state.step_count == 0:
+                w.push(Progress(now, step))
+
+    def _new_process(self, pid: int, env: dict[str, str]) -> bool:
+        """``pid`` is a rank's first worker, or a restarted one (its own files may be new)."""
+        w = self.by_rank.get(env_int(env, RANK_VARS))  # type: ignore[arg-type]
+        return w is None or w.prober is None or w.prober.pid != pid
 
     def _judge(self, w: Any, *, final: bool = False) -> bool:
         """Report the end of ``w``'s process when its status is known; False while it waits for
@@ -501,7 +579,7 @@ class Fleet:
                 found = []  # a process in D state (logged and counted by offloop): next period
             await self._read_launcher_log()
             for pid, env in found:
-                own = await self._own_files(pid) if env_int(env, RANK_VARS) not in self.by_rank else []
+                own = await self._own_files(pid) if self._new_process(pid, env) else []
                 self._add(pid, env, own)
             self.check()
             with contextlib.suppress(asyncio.TimeoutError):

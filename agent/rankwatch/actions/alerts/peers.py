@@ -62,7 +62,7 @@ from rankwatch.actions.alerts.board import (
     stamp,
 )
 from rankwatch.actions.alerts.message import AlertMember
-from rankwatch.actions.alerts.policy import Group, Key
+from rankwatch.actions.alerts.policy import FAILURE_FAMILY, FOLD_WINDOW_S, Group, Key
 from rankwatch.offloop import in_daemon
 from rankwatch.records import Diagnosis, Severity
 
@@ -300,6 +300,11 @@ class PeerGroups:
         if self._drop_covered(g, view, now):
             self._drop(h)
             return
+        if g.status == "firing" and await self._drop_folded(g, now):
+            self._drop(h)
+            return
+        if h not in self._held:
+            return
         open_members = view.open(g.status)
         mine = _members(g)
         if not mine or not mine <= set(open_members):  # our record is not there: the board lost it
@@ -324,6 +329,42 @@ class PeerGroups:
             self.stats["grouped_by_peer"] += len(covered)
             self.host.announced(g, covered, now)
             for k in covered:
+                g.members.pop(k, None)
+        return not g.members
+
+    async def _drop_folded(self, g: Group, now: float) -> bool:
+        """Our failures that follow another rank's (the first failure their diagnosis names),
+        when that rank's failure alert of another kind is on the board: one problem, one message
+        across agents, that rank's (its agent sends it; ``policy._problem_of`` does the same
+        within one agent). A rank's OOM and its peers' gloo crashes after it are one alert, not
+        an OOM alert and a "crash on 3 of 4 ranks" one. Failures of one kind are grouped by the
+        board already. True when none of ours is left to send."""
+        if g.kind not in FAILURE_FAMILY:
+            return False
+        causes: dict[Key, tuple[int, float]] = {}
+        for k, m in g.members.items():
+            cause = m.diagnosis.suspect if m.diagnosis is not None else None
+            if cause is not None and k[1] is not None and cause != k[1]:
+                causes[k] = (cause, m.starts_at)
+        if not causes:
+            return False
+        firing: dict[int, list[float]] = {}
+        for kind in sorted(FAILURE_FAMILY - {g.kind}):
+            view = await self._io(self.board.view, kind, self.wall(), sorted(_ranks(g)))
+            if view is None:
+                return False  # in doubt, ours goes out
+            for e in view.records.values():
+                if e.state == "firing" and not e.tag:
+                    firing.setdefault(e.rank, []).append(e.us / 1e6)
+        folded = [
+            k
+            for k, (cause, starts) in causes.items()
+            if any(abs(t - starts) <= FOLD_WINDOW_S for t in firing.get(cause, ()))
+        ]
+        if folded:
+            self.stats["grouped_by_peer"] += len(folded)
+            self.host.announced(g, folded, now)
+            for k in folded:
                 g.members.pop(k, None)
         return not g.members
 

@@ -51,6 +51,7 @@ from rankwatch.actions.alerts.message import (
 from rankwatch.actions.alerts.state import EVENT_KINDS, INHERIT_HOLD_S, Remembered, prune_ended
 from rankwatch.actions.dump_outcome import DumpOutcome, dump_link
 from rankwatch.config.schema import AlertsConfig
+from rankwatch.errorkinds import OWN_FAILURES, PEER_FAILURES
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
 
@@ -59,9 +60,7 @@ log = logging.getLogger("rankwatch.alerts")
 Key = tuple[str, int | None, str, str | None]  # (run, rank, kind, subject): Finding.key and the run
 # A job's failures: one rank's crash after its own OOM, its peers' gloo errors after it, are one
 # problem and one alert (``_problem_of``), within this long of the first (diagnose's window).
-FAILURE_FAMILY = frozenset(
-    {"crash", "oom", "cuda_error", "xid", "gpu_lost", "peer_error", "nccl_error", "nccl_timeout"}
-)
+FAILURE_FAMILY = frozenset({*OWN_FAILURES, *PEER_FAILURES})  # the cross-rank judgement's kinds
 FOLD_WINDOW_S = 600.0
 GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
 
