@@ -1215,6 +1215,22 @@ def test_llamafactory_current_steps_is_the_step_and_a_doubled_record_counts_once
     assert [r.steps for r in run(tmp_path, LLAMAFACTORY_DOUBLED, "t.jsonl", cfg=short).ranks] == [4]
 
 
+def test_the_live_reader_honours_the_logs_keys_analyze_does(tmp_path: Path) -> None:
+    """The live agent's stream builds its reader from ``logs:`` as ``analyze`` does: the same
+    doubled records give the same steps under the same config, in both."""
+    from rankwatch.runtime.watcher import Stream
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(LLAMAFACTORY_DOUBLED.strip("\n") + "\n")
+    for window, want in ((4, 3), (1, 4)):
+        cfg = replaced(Config(), {"logs.json_repeat_window": window})
+        parser = Stream(path, cfg, 0, False).parser
+        got = [r for i, line in enumerate(path.read_text().splitlines(), 1) for r in parser.feed(line, i)]
+        got += parser.finish()
+        assert len([r for r in got if isinstance(r, StepRecord)]) == want
+        assert [r.steps for r in run(tmp_path, LLAMAFACTORY_DOUBLED, "t.jsonl", cfg=cfg).ranks] == [want]
+
+
 # LLaMA-Factory trainer_log.jsonl (batch9 llamafactory_mistral_translator_healthy.jsonl).
 LLAMAFACTORY = """
 {"current_steps": 10, "total_steps": 8660, "loss": 2.4977, "learning_rate": 5.773672055427253e-07, "epoch": 0.004618937644341801, "percentage": 0.12, "elapsed_time": "0:00:24", "remaining_time": "5:58:33", "throughput": "0.00", "total_tokens": 0}

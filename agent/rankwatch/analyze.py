@@ -147,15 +147,7 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
     """Run one file through a parser and one engine per rank seen in it. ``prefetch``: a big
     file may be read by a second process while this one parses (a core to spare)."""
     name_rank = rank_from_path(path)
-    parser = LogParser(
-        default_rank=name_rank,
-        fmt=cfg.logs.format,
-        regex=cfg.logs.regex,
-        sniff_lines=cfg.logs.sniff_lines,
-        max_ranks=cfg.logs.max_ranks,
-        world_size=cfg.run.world_size,
-        json_repeat_window=cfg.logs.json_repeat_window,
-    )
+    parser = LogParser.configured(cfg.logs, default_rank=name_rank, world_size=cfg.run.world_size)
     engines: dict[int | None, tuple[RankEngine, list[Finding]]] = {}
 
     def feed(records: list[Any]) -> None:

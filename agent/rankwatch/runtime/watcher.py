@@ -78,14 +78,7 @@ class Stream:
         )
         self.dropped = 0
         self.uncounted = from_end  # lines before the start: counted off the loop in ``run``
-        self.parser = LogParser(
-            default_rank=rank,
-            fmt=cfg.logs.format,
-            regex=cfg.logs.regex,
-            sniff_lines=cfg.logs.sniff_lines,
-            max_ranks=cfg.logs.max_ranks,
-            world_size=world_size,
-        )
+        self.parser = LogParser.configured(cfg.logs, default_rank=rank, world_size=world_size)
         self.last_data = 0.0
         self.shedding = False
         self.thinned = 0  # the follower's thinned_lines already counted

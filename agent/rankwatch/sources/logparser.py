@@ -29,13 +29,16 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankwatch.records import ErrorRecord, Record, StepRecord
 from rankwatch.sources import parsers as _formats
 from rankwatch.sources.decorations import strip
 from rankwatch.sources.parsers.base import FormatParser, LogLine
 from rankwatch.sources.signatures import SignatureMatcher
+
+if TYPE_CHECKING:
+    from rankwatch.config.schema import LogsConfig
 
 __all__ = ["LogParser", "ParseStats"]
 
@@ -109,6 +112,20 @@ class LogParser:
             self._parsers[default_rank] = _formats.make_parser(
                 fmt, regex=regex, repeat_window=json_repeat_window
             )
+
+    @classmethod
+    def configured(cls, logs: LogsConfig, *, default_rank: int | None, world_size: int | None) -> LogParser:
+        """The reader ``logs:`` describes: the live agent and ``analyze`` both build theirs here,
+        so a key one of them reads the other cannot miss."""
+        return cls(
+            default_rank=default_rank,
+            fmt=logs.format,
+            regex=logs.regex,
+            sniff_lines=logs.sniff_lines,
+            max_ranks=logs.max_ranks,
+            world_size=world_size,
+            json_repeat_window=logs.json_repeat_window,
+        )
 
     # -- public -------------------------------------------------------------------------------
 
