@@ -108,42 +108,46 @@ def test_watch_match_finds_a_restarted_process(tmp_path: Path) -> None:
     log = tmp_path / "rank-0.log"
     log.touch()
     found = tmp_path / "f.jsonl"
+    errfile = tmp_path / "agent.err"
     marker = "90210"
     first = _trainer(log, marker, "--steps", "100000")
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-u",
-            "-m",
-            "rankwatch",
-            "-v",
-            "watch",
-            "--config",
-            str(_config(tmp_path)),
-            "--match",
-            f"--seed {marker}",
-            "--log",
-            str(log),
-            "--findings-jsonl",
-            str(found),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with errfile.open("w") as err_out:
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-u",
+                "-m",
+                "rankwatch",
+                "-v",
+                "watch",
+                "--config",
+                str(_config(tmp_path)),
+                "--match",
+                f"--seed {marker}",
+                "--log",
+                str(log),
+                "--findings-jsonl",
+                str(found),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err_out,
+            text=True,
+        )
     second = None
+
+    def said(text: str) -> bool:
+        return text in errfile.read_text(errors="replace")
+
     try:
-        time.sleep(1.5)
+        # Each step waits on the line that says it happened, never on a fixed pause.
+        assert _wait(lambda: said(f"watching pid {first.pid}"), 60), errfile.read_text()[-2000:]
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
-        assert _wait(lambda: any(f["kind"] in ("crash", "process_exit") for f in _findings(found)))
+        assert _wait(lambda: any(f["kind"] in ("crash", "process_exit") for f in _findings(found)), 60)
         second = _trainer(log, marker, "--steps", "100000")
-        agent_err: list[str] = []
-        time.sleep(2.0)
+        assert _wait(lambda: said(f"watching pid {second.pid}"), 60), errfile.read_text()[-2000:]
         agent.send_signal(signal.SIGTERM)
-        _, err = agent.communicate(timeout=20)
-        agent_err.append(err)
-        assert f"watching pid {second.pid}" in err, err[-2000:]
+        agent.wait(timeout=20)
     finally:
         for p in (agent, first, second):
             if p is not None and p.poll() is None:
