@@ -9,6 +9,7 @@ later samples are skipped instead of starting more threads that would hang as we
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -195,38 +196,48 @@ class GpuSampler:
         return time.monotonic() - self._hung_since if self._hung else None
 
     async def start(self) -> bool:
-        """Initialise NVML; on failure log one line and stay disabled (everything else runs on)."""
+        """``open`` on a daemon thread, given up after ``call_timeout``."""
+        if not self.cfg.enabled:
+            return self.open()
+        try:
+            return await self._in_thread(self.open)
+        except asyncio.TimeoutError:
+            return self.unavailable(f"nvmlInit did not return within {self.cfg.call_timeout:g}s")
+
+    def open(self) -> bool:
+        """Initialise NVML (blocking); on failure log one line and stay disabled (everything
+        else runs on)."""
         if not self.cfg.enabled:
             self.reason = "disabled in the configuration"
             log.info("GPU sampling disabled in the configuration")
             return False
         try:
-            infos = await self._in_thread(self._init)
-        except asyncio.TimeoutError:
-            self.reason = f"nvmlInit did not return within {self.cfg.call_timeout:g}s"
+            infos = self._init()
         except GpuError as e:
-            self.reason = str(e) or e.kind
+            return self.unavailable(str(e) or e.kind)
         except Exception as e:  # a broken binding must not take the agent down
-            self.reason = f"{type(e).__name__}: {e}"
-        else:
-            if not infos:
-                self.reason = "no GPU visible to NVML"
-            else:
-                self.devices = {i.index: i for i in infos}
-                self.available = True
-                if self.cfg.devices:
-                    for i in self.watch(self.cfg.devices):
-                        self.attribution[i] = "configured"
-                names = sorted({i.name for i in infos if i.name})
-                log.info("NVML: %d GPU(s) %s", len(infos), ", ".join(names))
-                return True
+            return self.unavailable(f"{type(e).__name__}: {e}")
+        if not infos:
+            return self.unavailable("no GPU visible to NVML")
+        self.devices = {i.index: i for i in infos}
+        self.available = True
+        if self.cfg.devices:
+            for i in self.watch(self.cfg.devices):
+                self.attribution[i] = "configured"
+        names = sorted({i.name for i in infos if i.name})
+        log.info("NVML: %d GPU(s) %s", len(infos), ", ".join(names))
+        return True
+
+    def unavailable(self, reason: str) -> bool:
+        """NVML cannot be used (``reason``): said in one line; returns False."""
+        self.reason = reason
         # A CPU-only node (no NVIDIA library, or no GPU) is normal, not worth a WARNING at
         # every start; a GPU node whose NVML fails otherwise (driver, timeout) is.
-        quiet = self.reason == "no GPU visible to NVML" or "library not found" in self.reason.lower()
+        quiet = reason == "no GPU visible to NVML" or "library not found" in reason.lower()
         log.log(
             logging.INFO if quiet else logging.WARNING,
             "NVML not available: %s; GPU metrics disabled",
-            self.reason,
+            reason,
         )
         return False
 
@@ -245,11 +256,18 @@ class GpuSampler:
     async def close(self) -> None:
         if not self.available:
             return
-        self.available = False
         try:
-            await self._in_thread(self.backend.shutdown)
-        except (asyncio.TimeoutError, NvmlBusy, GpuError):
-            pass
+            await self._in_thread(self.shutdown)
+        except (asyncio.TimeoutError, NvmlBusy):
+            self.available = False
+
+    def shutdown(self) -> None:
+        """Release NVML (blocking); the sampler is disabled from now on."""
+        if not self.available:
+            return
+        self.available = False
+        with contextlib.suppress(GpuError):
+            self.backend.shutdown()
 
     # --- which GPUs ----------------------------------------------------------------------
 
@@ -290,6 +308,11 @@ class GpuSampler:
             procs: dict[int, list[int]] | None = await self._in_thread(self._compute_pids)
         except (asyncio.TimeoutError, NvmlBusy):
             procs = None
+        return self._gpus_of(pids, env, procs)
+
+    def _gpus_of(
+        self, pids: Iterable[int], env: Mapping[str, str], procs: Mapping[int, list[int]] | None
+    ) -> list[int] | None:
         wanted: set[int] = set()
         for pid in pids:
             wanted |= namespace_pids(pid)
@@ -306,17 +329,37 @@ class GpuSampler:
     async def map_ranks(
         self, trees: Iterable[tuple[int | None, Sequence[int], Mapping[str, str]]]
     ) -> dict[int, int | None]:
-        """Tie GPUs to ranks and watch them: ``trees`` holds each watched process tree's rank,
-        PIDs and environment. Returns GPU index -> rank (the first rank that maps it).
+        """``map`` with NVML's process lists read on a daemon thread (given up after
+        ``call_timeout``: then the environment alone decides)."""
+        if not self.available:
+            return {}
+        try:
+            procs: dict[int, list[int]] | None = await self._in_thread(self._compute_pids)
+        except (asyncio.TimeoutError, NvmlBusy):
+            procs = None
+        return self._map(trees, procs)
+
+    def map(
+        self, trees: Iterable[tuple[int | None, Sequence[int], Mapping[str, str]]]
+    ) -> dict[int, int | None]:
+        """Tie GPUs to ranks and watch them (blocking: reads NVML's process lists): ``trees``
+        holds each watched process tree's rank, PIDs and environment. Returns GPU index ->
+        rank (the first rank that maps it).
 
         Configured ``devices`` win; when no GPU maps to any rank, every GPU is watched (and a
-        warning says they may be other jobs'). The agent's GPU loop calls this, so the tests
-        that call it take the agent's path."""
-        owner: dict[int, int | None] = {}
+        warning says they may be other jobs')."""
         if not self.available:
-            return owner
+            return {}
+        return self._map(trees, self._compute_pids())
+
+    def _map(
+        self,
+        trees: Iterable[tuple[int | None, Sequence[int], Mapping[str, str]]],
+        procs: Mapping[int, list[int]] | None,
+    ) -> dict[int, int | None]:
+        owner: dict[int, int | None] = {}
         for rank, pids, env in trees:
-            for i in await self.gpus_of(pids, env) or []:
+            for i in self._gpus_of(pids, env, procs) or []:
                 owner.setdefault(i, rank)
         if self.cfg.devices:
             if self.watched is None:
@@ -345,9 +388,8 @@ class GpuSampler:
         """One sample of every watched GPU; ``[]`` when disabled, timed out or still hung."""
         if not self.available:
             return []
-        indices = sorted(self.devices) if self.watched is None else list(self.watched)
         try:
-            samples = await self._in_thread(self._collect, indices)
+            samples = await self._in_thread(self._collect, self._indices())
         except NvmlBusy:
             self.skipped += 1
             self._latest = []  # no stale readings in /metrics while NVML hangs
@@ -357,6 +399,35 @@ class GpuSampler:
             return []
         self._latest = samples
         return samples
+
+    def sample(self) -> list[GpuSample]:
+        """One sample of every watched GPU (blocking); ``[]`` when disabled. A sample that
+        returns ends a hang (``hung``)."""
+        if not self.available:
+            return []
+        samples = self._latest = self._collect(self._indices())
+        self.answered()
+        return samples
+
+    def _indices(self) -> list[int]:
+        return sorted(self.devices) if self.watched is None else list(self.watched)
+
+    def hung(self, seconds: float) -> None:
+        """A sample has not returned for ``seconds``: no stale readings in /metrics, ``up``
+        is 0, and the first time it is said in one line and counted in ``timeouts``."""
+        self._latest = []
+        if not self._hung:
+            self._hung = True
+            self.timeouts += 1
+            log.warning(
+                "NVML did not answer within %gs; GPU samples are skipped until it does", self.cfg.call_timeout
+            )
+        self._hung_since = time.monotonic() - seconds
+
+    def answered(self) -> None:
+        if self._hung:
+            self._hung = False
+            log.warning("NVML answers again")
 
     async def run(
         self, on_samples: Callable[[list[GpuSample]], object], stop: asyncio.Event | None = None
