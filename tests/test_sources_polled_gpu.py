@@ -118,3 +118,40 @@ def test_nvml_absent_is_one_line_never_sampled_never_counted(
     assert lines == ["NVML not available: NVML Shared Library Not Found; GPU metrics disabled"]
     assert fb.calls["init"] == 1 and fb.calls["memory"] == 0 and p.errors["gpu"] == 0
     assert svc.agent.gpu_latest is not None and svc.agent.gpu_latest() == ({}, False)  # "sampler down"
+
+
+def test_an_environment_read_stuck_in_d_state_never_holds_a_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rank's /proc environ read blocks (a process in D state): samples go on with every
+    GPU and no "none is tied" warning; past the /proc timeout the GPUs are tied without it
+    (here by the environment the agent gave the rank), said once and counted."""
+    from conftest import until
+    from rankwatch import offloop
+    from rankwatch.sources.polled import SourceContext
+    from rankwatch.sources.polled import gpu as gpu_source
+
+    release = threading.Event()
+    monkeypatch.setattr(gpu_source, "_environ", lambda pid: release.wait(30) and {})
+    monkeypatch.setattr(offloop, "PROC_TIMEOUT_S", 0.3)
+    fb = FakeBackend([healthy(0), healthy(1)])
+    cfg = replaced(Config(), {"gpu.call_timeout": 0.2})
+    ranks = [WatchedRank(0, (4242,), frozenset({4242}), {"CUDA_VISIBLE_DEVICES": "1"})]
+    src = GpuSource.create(
+        SourceContext(cfg=cfg, folders=dict, ranks=lambda: ranks, rank=0, backends={"gpu": fb})
+    )
+    assert src is not None and src.open()
+
+    def gpus() -> list[int]:
+        return sorted(
+            s.index for e in src.sample(src.inputs()) if isinstance(e, ToRank) for s in e.event.samples
+        )
+
+    try:
+        assert gpus() == [0, 1] and src.owner == {}  # still being read: every GPU, tied later
+        asyncio.run(until(lambda: gpus() == [1], 5.0))
+        assert src.owner == {1: 0} and src.env_given_up == 1 and src.failed == 1
+    finally:
+        release.set()
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(said) == 1 and "environment of pid 4242 not read" in said[0], said
