@@ -85,7 +85,8 @@ async def start_collectors(agent: Agent, cfg: Config) -> Services:
     await services.start()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        gpus = services.sampler.latest() if services.sampler is not None else []
+        gpu = services.source("gpu")
+        gpus = gpu.sampler.latest() if gpu is not None else []
         snap = services.checkpoints.snapshot() if services.checkpoints is not None else {}
         if len(gpus) == GPUS and snap.get("last_good_step") is not None:
             return services

@@ -102,7 +102,7 @@ def test_run_mode_serves_metrics_alerts_gpu_and_checkpoints(tmp_path: Path) -> N
         try:
             assert await _until(lambda: _true(bool(started)), 20)
             svc = started[0]
-            assert svc.server is not None and svc.sampler is not None and svc.checkpoints is not None
+            assert svc.server is not None and svc.source("gpu") is not None and svc.checkpoints is not None
             base = svc.server.url
 
             async def nan_alerted() -> bool:
@@ -191,7 +191,8 @@ def test_services_degrade_without_nvml_and_with_port_taken(
         assert rc == 0
         svc = started[0]
         assert svc.server is None and svc.agent.internal_errors_by_component.get("server") == 1
-        if svc.sampler is None:  # no NVML on this machine (the usual case in CI)
+        gpu = svc.source("gpu")
+        if gpu is None or not gpu.sampler.available:  # no NVML on this machine (the usual case in CI)
             gpu_lines = [r for r in caplog.records if "NVML" in r.getMessage() or "GPU" in r.getMessage()]
             assert len(gpu_lines) == 1, [r.getMessage() for r in gpu_lines]
 

@@ -334,7 +334,7 @@ def test_nvml_failing_hanging_and_losing_the_gpu_mid_run(
 
     async def main() -> None:
         async with live_watch(cfg, [log], gpu_backend=fb) as live:
-            sampler = live.svc.sampler
+            sampler = live.svc.source("gpu").sampler
 
             async def up() -> float | None:
                 return metric(await live.metrics(), "rankwatch_gpu_collector_up")

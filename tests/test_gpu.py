@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,8 @@ from gpufake import (
     unsupported,
 )
 from gpufake import exposition as gpufake_exposition
-from rankwatch.config.schema import Duration
+from rankwatch.config.schema import Config, Duration
+from rankwatch.config.snapshot import replaced
 from rankwatch.detectors.gpu import (
     ACTIVITY_AMBIGUOUS,
     ACTIVITY_BUSY,
@@ -44,11 +46,14 @@ from rankwatch.detectors.gpu import (
     staircase_step,
 )
 from rankwatch.detectors.trend import FloorHistory, sustained_climb
+from rankwatch.events import NvmlHang
 from rankwatch.gpu import GpuConfig, GpuInfo, GpuSample
 from rankwatch.gpu.backend import GpuError, error_kind
 from rankwatch.gpu.collector import gpu_metric_families
 from rankwatch.gpu.sampler import GpuSampler, map_pids_to_gpus
 from rankwatch.records import Finding, Severity
+from rankwatch.sources.polled import Poller, SourceContext, ToRank
+from rankwatch.sources.polled.gpu import GpuSource
 
 INTERVAL = 5.0
 # call_timeout of the hang tests, waited out for real: short, yet a healthy fake sample (a
@@ -66,15 +71,12 @@ def drive(
     sampler = GpuSampler(cfg, backend=fb, clock=lambda: 1000.0 + fb.tick * INTERVAL)
     det = GpuDetector(cfg, rank=0)
 
-    async def go() -> list[tuple[int, Finding]]:
-        assert await sampler.start()
-        out: list[tuple[int, Finding]] = []
-        for t in range(ticks):
-            out.extend((t, f) for f in det.observe_all(await sampler.sample_once()))
-            fb.advance()
-        return out
-
-    return asyncio.run(go()), sampler, fb
+    assert sampler.open()
+    out: list[tuple[int, Finding]] = []
+    for t in range(ticks):
+        out.extend((t, f) for f in det.observe_all(sampler.sample()))
+        fb.advance()
+    return out, sampler, fb
 
 
 def kinds(findings: list[tuple[int, Finding]]) -> list[tuple[str, bool]]:
@@ -283,15 +285,12 @@ def _per_tick(
     fb = FakeBackend(gpus)
     sampler = GpuSampler(cfg or GpuConfig(), backend=fb, clock=lambda: 1000.0 + fb.tick * INTERVAL)
 
-    async def go() -> list[list[GpuSample]]:
-        assert await sampler.start()
-        out = []
-        for _ in range(ticks):
-            out.append(await sampler.sample_once())
-            fb.advance()
-        return out
-
-    return asyncio.run(go()), dict(fb.calls)
+    assert sampler.open()
+    out = []
+    for _ in range(ticks):
+        out.append(sampler.sample())
+        fb.advance()
+    return out, dict(fb.calls)
 
 
 @pytest.mark.unit
@@ -383,13 +382,22 @@ def test_xid_events_not_supported_disable_the_event_wait() -> None:
     fb = FakeBackend([healthy(0)], xid_supported=False)
     sampler = GpuSampler(backend=fb)
 
-    async def go() -> None:
-        assert await sampler.start()
-        for _ in range(3):
-            assert len(await sampler.sample_once()) == 1
-
-    asyncio.run(go())
+    assert sampler.open()
+    for _ in range(3):
+        assert len(sampler.sample()) == 1
     assert fb.calls["xid_events"] == 1
+
+
+def _source(fb: FakeBackend, cfg: GpuConfig) -> tuple[Poller, GpuSource]:
+    """The agent's path: the registered GPU source under the polled sources' policy."""
+    ctx = SourceContext(cfg=replaced(Config(), gpu=cfg), folders=dict, rank=0, backends={"gpu": fb})
+    src = GpuSource.create(ctx)
+    assert src is not None
+    return Poller(src, {}), src
+
+
+def _samples(events: list[Any] | None) -> list[GpuSample]:
+    return [s for e in events or [] if isinstance(e, ToRank) for s in e.event.samples]
 
 
 @pytest.mark.unit
@@ -397,22 +405,19 @@ def test_xid_events_not_supported_disable_the_event_wait() -> None:
 def test_hung_call_returns_within_timeout_and_does_not_pile_up_threads() -> None:
     release = threading.Event()
     fb = FakeBackend([healthy(0, hang={"temperature": release})])
-    sampler = GpuSampler(GpuConfig(call_timeout=HANG_TIMEOUT), backend=fb)
-
-    def nvml_threads() -> int:
-        return sum(t.name == "rankwatch-nvml" for t in threading.enumerate())
+    poller, src = _source(fb, GpuConfig(call_timeout=HANG_TIMEOUT))
 
     async def go() -> None:
-        assert await sampler.start()
-        assert await sampler.sample_once() == []  # a call not timed out hangs (test timeout)
-        assert not sampler.up and sampler.timeouts == 1
-        for _ in range(3):  # skipped, not called again: nothing waits on the hung call
-            assert await sampler.sample_once() == []
-        assert sampler.skipped == 3 and fb.calls["temperature"] == 1 and nvml_threads() == 1
+        assert await poller.open()
+        assert _samples(await poller.once(HANG_TIMEOUT)) == []  # a call not timed out hangs (test timeout)
+        assert not src.sampler.up and src.sampler.timeouts == 1
+        for _ in range(3):  # waited for again, not called again: no second thread on the hung call
+            assert _samples(await poller.once(HANG_TIMEOUT)) == []
+        assert fb.calls["temperature"] == 1 and src.sampler.timeouts == 1
         release.set()
-        await until(lambda: sampler.up, timeout=2.0)
+        await until(lambda: src.sampler.up, timeout=2.0)
         fb.gpus[0].hang.clear()
-        samples = await sampler.sample_once()
+        samples = _samples(await poller.once(5.0))
         assert len(samples) == 1 and samples[0].temperature == 62.0
 
     try:
@@ -427,11 +432,8 @@ def test_no_nvml_logs_one_line_and_exports_collector_down(caplog: pytest.LogCapt
     fb = FakeBackend([], init_error="NVML Shared Library Not Found")
     sampler = GpuSampler(backend=fb)
 
-    async def go() -> list[GpuSample]:
-        assert not await sampler.start()
-        return await sampler.sample_once()
-
-    assert asyncio.run(go()) == []
+    assert not sampler.open()
+    assert sampler.sample() == []
     assert [r.getMessage() for r in caplog.records] == [
         "NVML not available: NVML Shared Library Not Found; GPU metrics disabled"
     ]
@@ -446,7 +448,7 @@ def test_no_nvml_logs_one_line_and_exports_collector_down(caplog: pytest.LogCapt
 def test_nvml_failing_on_a_gpu_node_is_still_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="rankwatch.gpu")
     sampler = GpuSampler(backend=FakeBackend([], init_error="Driver/library version mismatch"))
-    assert not asyncio.run(sampler.start())
+    assert not sampler.open()
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.WARNING, "NVML not available: Driver/library version mismatch; GPU metrics disabled")
     ]
@@ -454,21 +456,18 @@ def test_nvml_failing_on_a_gpu_node_is_still_a_warning(caplog: pytest.LogCapture
 
 @pytest.mark.unit
 def test_run_loop_samples_until_stopped() -> None:
-    fb = FakeBackend([healthy(0)])
-    sampler = GpuSampler(GpuConfig(interval=0.002), backend=fb)
-    got: list[list[GpuSample]] = []
+    poller, _ = _source(FakeBackend([healthy(0)]), GpuConfig(interval=Duration(0.05)))
+    got: list[list[Any]] = []
 
     async def go() -> None:
-        assert await sampler.start()
         stop = asyncio.Event()
-        task = asyncio.create_task(sampler.run(got.append, stop))
+        task = asyncio.create_task(poller.run(stop, got.append))
         await until(lambda: len(got) >= 3, timeout=2.0)
         stop.set()
         await asyncio.wait_for(task, 1.0)
-        await sampler.close()
 
     asyncio.run(go())
-    assert len(got) >= 3 and fb.calls["shutdown"] == 1
+    assert all(len(_samples(events)) == 1 for events in got)
 
 
 @pytest.mark.unit
@@ -521,15 +520,11 @@ def test_sampler_watches_the_gpu_holding_the_pid() -> None:
     fb = FakeBackend(gpus)
     sampler = GpuSampler(backend=fb)
 
-    async def go() -> tuple[list[int], list[int], list[int]]:
-        assert await sampler.start()
-        by_pid = await sampler.map_ranks([(0, [1, 7002], {"LOCAL_RANK": "0"})])
-        indices = [s.index for s in await sampler.sample_once()]
-        by_env = await sampler.map_ranks([(1, [1], {"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_RANK": "1"})])
-        assert by_pid == {2: 0} and by_env == {1: 1}
-        return sorted(by_pid), indices, sorted(by_env)
-
-    assert asyncio.run(go()) == ([2], [2], [1])
+    assert sampler.open()
+    by_pid = sampler.map([(0, [1, 7002], {"LOCAL_RANK": "0"})])
+    indices = [s.index for s in sampler.sample()]
+    by_env = sampler.map([(1, [1], {"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_RANK": "1"})])
+    assert by_pid == {2: 0} and by_env == {1: 1} and indices == [2]
 
 
 @pytest.mark.unit
@@ -537,12 +532,9 @@ def test_configured_devices_win_and_accept_uuids() -> None:
     fb = FakeBackend([healthy(i) for i in range(4)])
     sampler = GpuSampler(GpuConfig(devices=["3", "GPU-00000001"]), backend=fb)
 
-    async def go() -> list[int]:
-        assert await sampler.start()
-        await sampler.map_ranks([(0, [1], {"LOCAL_RANK": "0"})])
-        return [s.index for s in await sampler.sample_once()]
-
-    assert asyncio.run(go()) == [1, 3]
+    assert sampler.open()
+    sampler.map([(0, [1], {"LOCAL_RANK": "0"})])
+    assert [s.index for s in sampler.sample()] == [1, 3]
 
 
 # --- activity ------------------------------------------------------------------------------
@@ -974,17 +966,17 @@ def test_a_hang_clears_the_last_readings_and_a_long_one_is_a_finding() -> None:
 
     release = threading.Event()
     fb = FakeBackend([healthy(0)])
-    sampler = GpuSampler(GpuConfig(call_timeout=HANG_TIMEOUT), backend=fb)
+    poller, src = _source(fb, GpuConfig(call_timeout=HANG_TIMEOUT))
+    sampler = src.sampler
 
     async def go() -> None:
-        assert await sampler.start()
-        assert len(await sampler.sample_once()) == 1 and len(sampler.latest()) == 1
+        assert await poller.open()
+        assert len(_samples(await poller.once(5.0))) == 1 and len(sampler.latest()) == 1
         assert sampler.hung_for() is None
         fb.gpus[0].hang["temperature"] = release
-        assert await sampler.sample_once() == []
-        assert sampler.latest() == []
-        hung = sampler.hung_for()
-        assert hung is not None and hung >= 0.0
+        (hang,) = await poller.once(HANG_TIMEOUT) or []
+        assert sampler.latest() == [] and src.view() == ({}, False)
+        assert isinstance(hang, NvmlHang) and hang.hung_for is not None and hang.hung_for >= 0.0
         release.set()
         await until(lambda: sampler.up, timeout=2.0)
         assert sampler.hung_for() is None

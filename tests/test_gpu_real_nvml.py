@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
@@ -56,17 +55,17 @@ def test_real_nvml_backend(caplog: pytest.LogCaptureFixture) -> None:
     backend = NvmlBackend()
     sampler = GpuSampler(GpuConfig(call_timeout=30.0), backend=backend)
 
-    async def go() -> tuple[bool, bool, list[GpuSample], list[GpuSample], dict[int, int | None], list]:
-        ok = await sampler.start()
-        first = await sampler.sample_once()
-        watched = await sampler.map_ranks([(0, [os.getpid()], {})]) if ok else {}
-        second = await sampler.sample_once()
+    def go() -> tuple[bool, bool, list[GpuSample], list[GpuSample], dict[int, int | None], list]:
+        ok = sampler.open()
+        first = sampler.sample()
+        watched = sampler.map([(0, [os.getpid()], {})]) if ok else {}
+        second = sampler.sample()
         up = sampler.up
         xids = backend.xid_events(0.01) if ok else []  # a healthy GPU: the wait times out cleanly
-        await sampler.close()
+        sampler.shutdown()
         return ok, up, first, second, watched, xids
 
-    ok, up, first, second, watched, xids = asyncio.run(go())
+    ok, up, first, second, watched, xids = go()
     families = gpu_metric_families({0: second}, LABELS, up=up)
 
     if not ok:

@@ -109,8 +109,9 @@ def _exported_names(tmp_path: Path) -> set[str]:
 
     async def sample() -> None:
         await w.sample_once()
-        assert await sampler.start()
-        await sampler.sample_once()
+
+    assert sampler.open()
+    sampler.sample()
 
     asyncio.run(sample())
     snap: dict[str, Any] = {key: 1.0 for _, _, key in CHECKPOINT_GAUGES}

@@ -101,3 +101,49 @@ def test_two_sources_of_one_name_are_refused() -> None:
         register_source(_Hanging)
         register_source(Other)
     polled.REGISTRY.remove(_Hanging)
+
+
+class _Partial:
+    """A source whose samples return with some readings failed (it logs which, once)."""
+
+    name: ClassVar[str] = "test-partial"
+    interval = 3600.0
+    timeout = 5.0
+
+    def __init__(self, opens: bool | None) -> None:
+        self.opens = opens  # None: its open hangs
+        self.failed = 0
+        self.release = threading.Event()
+
+    def open(self) -> bool:
+        if self.opens is None:
+            self.release.wait(10)
+        return bool(self.opens)
+
+    def inputs(self) -> None:
+        return None
+
+    def sample(self, inputs: Any) -> list[Event]:
+        self.failed += 2
+        return [Tick(now=1.0, wall=2.0)]
+
+
+def test_a_sample_with_failed_readings_counts_once_and_a_source_that_does_not_open_is_never_sampled() -> None:
+    async def main() -> None:
+        errors: dict[str, int] = {}
+        src = _Partial(opens=True)
+        p = polled.Poller(src, errors)
+        assert await p.open()
+        assert await p.poll() == [Tick(now=1.0, wall=2.0)] and errors["test-partial"] == 1
+        assert await p.poll() and errors["test-partial"] == 2  # once a sample, not once a reading
+
+        for opens, counted in ((False, 0), (None, 1)):  # says no (its own line) / hangs (counted)
+            src = _Partial(opens)
+            src.timeout = 0.05
+            errors = {}
+            got: list[object] = []
+            await asyncio.wait_for(polled.Poller(src, errors).run(asyncio.Event(), got.append), 5.0)
+            src.release.set()
+            assert got == [] and src.failed == 0 and errors["test-partial"] == counted
+
+    asyncio.run(main())

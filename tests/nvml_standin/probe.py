@@ -4,7 +4,8 @@ Run in its own process, with LD_LIBRARY_PATH pointing at the stand-in, because t
 loader reads that variable only at process start and pynvml keeps the library it loaded.
 argv: the stand-in's state file, then a JSON list of steps:
 ``{"set": {key: value-or-null}}`` edits the state file, ``{"sample": n}`` takes n samples,
-``{"map": {"pids": [...], "env": {...}}}`` ties processes to GPUs. Prints one JSON document.
+``{"map": {"pids": [...], "env": {...}}}`` makes them rank 0's processes (tied to GPUs at the
+next sample). Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: the exposition helper
 from gpufake import exposition
-from rankwatch.config.schema import GpuConfig
+from rankwatch.config.schema import Config
+from rankwatch.config.snapshot import replaced
+from rankwatch.events import GpuRound
 from rankwatch.gpu.backend import NvmlBackend
-from rankwatch.gpu.sampler import GpuSampler
+from rankwatch.sources.polled import Poller, SourceContext, ToRank, WatchedRank
+from rankwatch.sources.polled.gpu import GpuSource
 
 LABELS = {"run": "standin", "rank": "0", "local_rank": "0", "node": "n1"}
 
@@ -57,20 +61,36 @@ def _edit(state: Path, changes: dict[str, Any]) -> None:
 
 
 async def main(state: Path, steps: list[dict[str, Any]], timeout: float) -> dict[str, Any]:
+    """The agent's path: the registered GPU source under the polled-source policy (``Poller``)."""
     keep = _Keep()
     logging.getLogger("rankwatch").addHandler(keep)
     logging.getLogger("rankwatch").setLevel(logging.INFO)
-    sampler = GpuSampler(GpuConfig(call_timeout=timeout, xid_wait=0.05), backend=NvmlBackend())
-    out: dict[str, Any] = {"started": await sampler.start(), "reason": sampler.reason, "rounds": []}
+    ranks: list[WatchedRank] = []
+    cfg = replaced(Config(), {"gpu.call_timeout": timeout, "gpu.xid_wait": 0.05})
+    ctx = SourceContext(cfg=cfg, folders=dict, ranks=lambda: ranks, rank=0, backends={"gpu": NvmlBackend()})
+    source = GpuSource.create(ctx)
+    assert source is not None
+    sampler = source.sampler
+    poller = Poller(source, {})
+    started = await poller.open()
+    out: dict[str, Any] = {"started": started, "reason": sampler.reason, "rounds": []}
     out["devices"] = {i: dataclasses.asdict(d) for i, d in sampler.devices.items()}
     for step in steps:
         if "set" in step:
             _edit(state, step["set"])
         if "map" in step:
-            owner = await sampler.map_ranks([(0, step["map"]["pids"], step["map"].get("env", {}))])
-            out["mapped"] = sorted(owner)  # the agent's own mapping call (Services._map_gpus)
+            pids = step["map"]["pids"]
+            ranks[:] = [WatchedRank(0, tuple(pids), frozenset(pids), step["map"].get("env", {}))]
         for _ in range(int(step.get("sample", 0))):
-            samples = await sampler.sample_once()
+            events = (await poller.once() or []) if started else []
+            samples = [
+                s
+                for e in events
+                if isinstance(e, ToRank) and isinstance(e.event, GpuRound)
+                for s in e.event.samples
+            ]
+            if ranks:
+                out["mapped"] = sorted(source.owner)
             out["rounds"].append(
                 {
                     "samples": [_plain(s) for s in samples],
@@ -79,9 +99,10 @@ async def main(state: Path, steps: list[dict[str, Any]], timeout: float) -> dict
                     "errors": sampler.errors,
                 }
             )
-    out["metrics"] = exposition({0: sampler.latest()}, LABELS, sampler.up)
+    by_rank, up = source.view()
+    out["metrics"] = exposition(by_rank, LABELS, up)
     out["log"] = keep.lines
-    await sampler.close()
+    source.close()
     return out
 
 

@@ -1,22 +1,21 @@
-"""Periodic GPU samples for the live agent, safe against missing, partial and hung drivers.
+"""GPU samples for the live agent, safe against missing and partial drivers.
 
-NVML calls run in one daemon thread at a time, awaited with a timeout. A daemon thread
-rather than ``asyncio.to_thread``: executor workers are joined at interpreter exit, so a
-driver call hung for good would keep the agent from exiting. While a call is still hung,
-later samples are skipped instead of starting more threads that would hang as well.
+The calls block; the polled source ``sources.polled.gpu`` runs them off the loop under the
+polled sources' policy (one daemon thread at a time, given up after ``gpu.call_timeout``,
+later samples skipped while one is stuck), which is what keeps a hung driver from hanging
+the agent or piling up threads.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from rankwatch import offloop
 from rankwatch.events import GpuInfo, GpuSample
 from rankwatch.gpu import GpuConfig
 from rankwatch.gpu.backend import FIELDS, HEALTH_FIELDS, GpuBackend, GpuError, NvmlBackend
@@ -24,12 +23,7 @@ from rankwatch.identity import LOCAL_RANK_VARS
 
 log = logging.getLogger("rankwatch.gpu")
 
-T = TypeVar("T")
 _NO_DEVICES = frozenset({"", "nodevfiles", "none", "void"})
-
-
-class NvmlBusy(RuntimeError):
-    """An earlier NVML call has not returned yet."""
 
 
 def _parse_visible(value: str, devices: Sequence[GpuInfo]) -> list[int]:
@@ -136,17 +130,12 @@ class _Lost:
     probed: float
 
 
-def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(result)
-
-
 class GpuSampler:
-    """Samples the watched GPUs; ``start`` once, then ``sample_once`` or ``run``, then ``close``."""
+    """Samples the watched GPUs; ``open`` once, then ``map`` and ``sample``, then ``shutdown``.
+
+    Every method blocks on NVML: the agent calls them through its polled source
+    (``sources.polled.gpu``), off the loop with a timeout; ``hung`` and ``answered`` are how
+    that policy tells the sampler a call is stuck."""
 
     def __init__(
         self,
@@ -163,9 +152,7 @@ class GpuSampler:
         self.devices: dict[int, GpuInfo] = {}
         self.watched: list[int] | None = None  # None: every device
         self.timeouts = 0
-        self.skipped = 0
         self.errors = 0
-        self._busy: asyncio.Future[Any] | None = None
         self._hung = False
         self._hung_since = 0.0
         self._failing: str | None = None  # why every reading of every watched GPU failed last round
@@ -194,39 +181,40 @@ class GpuSampler:
         """Seconds NVML has not answered a call (real time: the call hangs in real time), or None."""
         return time.monotonic() - self._hung_since if self._hung else None
 
-    async def start(self) -> bool:
-        """Initialise NVML; on failure log one line and stay disabled (everything else runs on)."""
+    def open(self) -> bool:
+        """Initialise NVML (blocking); on failure log one line and stay disabled (everything
+        else runs on)."""
         if not self.cfg.enabled:
             self.reason = "disabled in the configuration"
             log.info("GPU sampling disabled in the configuration")
             return False
         try:
-            infos = await self._in_thread(self._init)
-        except asyncio.TimeoutError:
-            self.reason = f"nvmlInit did not return within {self.cfg.call_timeout:g}s"
+            infos = self._init()
         except GpuError as e:
-            self.reason = str(e) or e.kind
+            return self.unavailable(str(e) or e.kind)
         except Exception as e:  # a broken binding must not take the agent down
-            self.reason = f"{type(e).__name__}: {e}"
-        else:
-            if not infos:
-                self.reason = "no GPU visible to NVML"
-            else:
-                self.devices = {i.index: i for i in infos}
-                self.available = True
-                if self.cfg.devices:
-                    for i in self.watch(self.cfg.devices):
-                        self.attribution[i] = "configured"
-                names = sorted({i.name for i in infos if i.name})
-                log.info("NVML: %d GPU(s) %s", len(infos), ", ".join(names))
-                return True
+            return self.unavailable(f"{type(e).__name__}: {e}")
+        if not infos:
+            return self.unavailable("no GPU visible to NVML")
+        self.devices = {i.index: i for i in infos}
+        self.available = True
+        if self.cfg.devices:
+            for i in self.watch(self.cfg.devices):
+                self.attribution[i] = "configured"
+        names = sorted({i.name for i in infos if i.name})
+        log.info("NVML: %d GPU(s) %s", len(infos), ", ".join(names))
+        return True
+
+    def unavailable(self, reason: str) -> bool:
+        """NVML cannot be used (``reason``): said in one line; returns False."""
+        self.reason = reason
         # A CPU-only node (no NVIDIA library, or no GPU) is normal, not worth a WARNING at
         # every start; a GPU node whose NVML fails otherwise (driver, timeout) is.
-        quiet = self.reason == "no GPU visible to NVML" or "library not found" in self.reason.lower()
+        quiet = reason == "no GPU visible to NVML" or "library not found" in reason.lower()
         log.log(
             logging.INFO if quiet else logging.WARNING,
             "NVML not available: %s; GPU metrics disabled",
-            self.reason,
+            reason,
         )
         return False
 
@@ -242,14 +230,13 @@ class GpuSampler:
                     self._mark_lost(i, str(e), self.clock())
         return infos
 
-    async def close(self) -> None:
+    def shutdown(self) -> None:
+        """Release NVML (blocking); the sampler is disabled from now on."""
         if not self.available:
             return
         self.available = False
-        try:
-            await self._in_thread(self.backend.shutdown)
-        except (asyncio.TimeoutError, NvmlBusy, GpuError):
-            pass
+        with contextlib.suppress(GpuError):
+            self.backend.shutdown()
 
     # --- which GPUs ----------------------------------------------------------------------
 
@@ -282,14 +269,9 @@ class GpuSampler:
         self.watched = sorted(set(chosen)) if chosen else None
         return sorted(self.devices) if self.watched is None else list(self.watched)
 
-    async def gpus_of(self, pids: Iterable[int], env: Mapping[str, str]) -> list[int] | None:
-        """The GPUs of one process tree (see ``map_pids_to_gpus``); ``None`` when unknown."""
-        if not self.available:
-            return []
-        try:
-            procs: dict[int, list[int]] | None = await self._in_thread(self._compute_pids)
-        except (asyncio.TimeoutError, NvmlBusy):
-            procs = None
+    def _gpus_of(
+        self, pids: Iterable[int], env: Mapping[str, str], procs: Mapping[int, list[int]] | None
+    ) -> list[int] | None:
         wanted: set[int] = set()
         for pid in pids:
             wanted |= namespace_pids(pid)
@@ -303,20 +285,27 @@ class GpuSampler:
             self.attribution.setdefault(i, how)
         return mapped
 
-    async def map_ranks(
+    def map(
         self, trees: Iterable[tuple[int | None, Sequence[int], Mapping[str, str]]]
     ) -> dict[int, int | None]:
-        """Tie GPUs to ranks and watch them: ``trees`` holds each watched process tree's rank,
-        PIDs and environment. Returns GPU index -> rank (the first rank that maps it).
+        """Tie GPUs to ranks and watch them (blocking: reads NVML's process lists): ``trees``
+        holds each watched process tree's rank, PIDs and environment. Returns GPU index ->
+        rank (the first rank that maps it).
 
         Configured ``devices`` win; when no GPU maps to any rank, every GPU is watched (and a
-        warning says they may be other jobs'). The agent's GPU loop calls this, so the tests
-        that call it take the agent's path."""
-        owner: dict[int, int | None] = {}
+        warning says they may be other jobs')."""
         if not self.available:
-            return owner
+            return {}
+        return self._map(trees, self._compute_pids())
+
+    def _map(
+        self,
+        trees: Iterable[tuple[int | None, Sequence[int], Mapping[str, str]]],
+        procs: Mapping[int, list[int]] | None,
+    ) -> dict[int, int | None]:
+        owner: dict[int, int | None] = {}
         for rank, pids, env in trees:
-            for i in await self.gpus_of(pids, env) or []:
+            for i in self._gpus_of(pids, env, procs) or []:
                 owner.setdefault(i, rank)
         if self.cfg.devices:
             if self.watched is None:
@@ -341,45 +330,34 @@ class GpuSampler:
     def latest(self) -> list[GpuSample]:
         return list(self._latest)
 
-    async def sample_once(self) -> list[GpuSample]:
-        """One sample of every watched GPU; ``[]`` when disabled, timed out or still hung."""
+    def sample(self) -> list[GpuSample]:
+        """One sample of every watched GPU (blocking); ``[]`` when disabled. A sample that
+        returns ends a hang (``hung``)."""
         if not self.available:
             return []
-        indices = sorted(self.devices) if self.watched is None else list(self.watched)
-        try:
-            samples = await self._in_thread(self._collect, indices)
-        except NvmlBusy:
-            self.skipped += 1
-            self._latest = []  # no stale readings in /metrics while NVML hangs
-            return []
-        except asyncio.TimeoutError:
-            self._latest = []
-            return []
-        self._latest = samples
+        samples = self._latest = self._collect(self._indices())
+        self.answered()
         return samples
 
-    async def run(
-        self, on_samples: Callable[[list[GpuSample]], object], stop: asyncio.Event | None = None
-    ) -> None:
-        """Sample every ``interval`` until ``stop`` is set; ``on_samples`` must not block."""
-        if not self.available:
-            return
-        stop = stop or asyncio.Event()
-        loop = asyncio.get_running_loop()
-        while not stop.is_set():
-            started = loop.time()
-            try:
-                samples = await self.sample_once()
-                if samples:
-                    on_samples(samples)
-            except Exception:
-                self.errors += 1
-                log.exception("GPU sampling round failed")
-            delay = max(0.0, self.cfg.interval - (loop.time() - started))
-            try:
-                await asyncio.wait_for(stop.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
+    def _indices(self) -> list[int]:
+        return sorted(self.devices) if self.watched is None else list(self.watched)
+
+    def hung(self, seconds: float) -> None:
+        """A sample has not returned for ``seconds``: no stale readings in /metrics, ``up``
+        is 0, and the first time it is said in one line and counted in ``timeouts``."""
+        self._latest = []
+        if not self._hung:
+            self._hung = True
+            self.timeouts += 1
+            log.warning(
+                "NVML did not answer within %gs; GPU samples are skipped until it does", self.cfg.call_timeout
+            )
+        self._hung_since = time.monotonic() - seconds
+
+    def answered(self) -> None:
+        if self._hung:
+            self._hung = False
+            log.warning("NVML answers again")
 
     def _collect(self, indices: Sequence[int]) -> list[GpuSample]:
         now = self.clock()
@@ -529,54 +507,6 @@ class GpuSampler:
             return
         self._logged.add((what, kind))
         (log.info if kind == "not_supported" else log.warning)(msg, *args)
-
-    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run one NVML job in a daemon thread; only one may be outstanding at a time."""
-        if self._busy is not None and not self._busy.done():
-            raise NvmlBusy(getattr(fn, "__name__", "nvml"))
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-
-        done: list[tuple[Any, BaseException | None]] = []
-
-        def work() -> None:
-            result: Any = None
-            exc: BaseException | None = None
-            try:
-                result = fn(*args)
-            except BaseException as e:
-                exc = e
-            done.append((result, exc))
-
-        def report() -> None:
-            try:
-                loop.call_soon_threadsafe(_settle, fut, *done[0])
-            except RuntimeError:  # the loop closed while the call hung
-                pass
-
-        self._busy = fut
-        offloop.start(work, "rankwatch-nvml", then=report)
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.cfg.call_timeout)
-        except asyncio.TimeoutError:
-            self.timeouts += 1
-            if not self._hung:
-                self._hung = True
-                self._hung_since = time.monotonic()
-                log.warning(
-                    "NVML did not answer within %gs (%s); GPU samples are skipped until it does",
-                    self.cfg.call_timeout,
-                    getattr(fn, "__name__", "nvml"),
-                )
-            fut.add_done_callback(self._unhang)
-            raise
-
-    def _unhang(self, fut: asyncio.Future[Any]) -> None:
-        if not fut.cancelled():
-            fut.exception()  # retrieved, so asyncio does not warn about it
-        if self._hung:
-            self._hung = False
-            log.warning("NVML answers again")
 
 
 def _assign(s: GpuSample, name: str, v: Any) -> None:

@@ -1,5 +1,5 @@
 """What runs around the rank watchers in a live agent: the HTTP server, the alert
-dispatcher, the GPU sampler and the polled sources (disk, checkpoint folder, timers, ...).
+dispatcher and the polled sources (NVML, disk, checkpoint folder, timers, ...).
 
 Each one is optional and independent: one that cannot start (port taken, NVML absent,
 no checkpoint directory) logs one line, counts an internal error, and the others run on.
@@ -14,21 +14,15 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
-from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.engine import RankEngine
-from rankwatch.events import (
-    Event,
-    GpuRound,
-    GpuSample,
-    NvmlHang,
-)
+from rankwatch.events import Event
 from rankwatch.exporter.metrics import make_registry
 from rankwatch.gpu.backend import GpuBackend
 from rankwatch.offloop import in_daemon
@@ -37,22 +31,20 @@ from rankwatch.runtime.agent import Agent
 from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource, hand_over
 from rankwatch.runtime.watcher import RankWatcher
-from rankwatch.sources.polled import PolledSource, Poller, SourceContext, build_sources, scope_of
+from rankwatch.sources.polled import (
+    PolledSource,
+    Poller,
+    Sampled,
+    SourceContext,
+    ToRank,
+    WatchedRank,
+    build_sources,
+    scope_of,
+)
 from rankwatch.sources.polled.checkpoint_scan import SHARED_KEY as CHECKPOINT_WATCHER
 from rankwatch.sources.polled.disk import DiskSource
 
 log = logging.getLogger("rankwatch.services")
-
-GPU_REMAP_S = 30.0
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        import psutil
-
-        return dict(psutil.Process(pid).environ())
-    except Exception:
-        return {}
 
 
 def _on_clock(event: Event, now: float) -> Event:
@@ -82,9 +74,7 @@ class Services:
         self.reloader: ConfigReloader | None = None
         self.server: Any = None
         self.dispatcher: Any = None
-        self.sampler: Any = None
         self.checkpoints: Any = None
-        self.gpu_owner: dict[int, int | None] = {}
         # One engine per rank: events about a watched rank go to its watcher's engine. These
         # are for what no watcher owns: GPUs tied to no watched rank, and the agent's folders
         # and NVML itself when no watcher is the agent's own rank (a node daemon); keyed by the
@@ -116,7 +106,6 @@ class Services:
             alerts=self.dispatcher,
         )
         self._start_alerts()
-        await self._start_gpu()
         self._start_polled()
         if self.cfg.dumps.on_stall and float(self.cfg.dumps.join_peers) > 0:
             if self.agent.identity.run == "default":
@@ -180,43 +169,6 @@ class Services:
         self.agent.cfg = replaced(self.agent.cfg, detectors=cfg.detectors, stall=cfg.stall, alerts=cfg.alerts)
         return cfg
 
-    async def _start_gpu(self) -> None:
-        from rankwatch.gpu.sampler import GpuSampler
-
-        if not self.cfg.gpu.enabled:
-            return
-        self.agent.gpu_latest = self.gpu_by_rank  # the status page shows "sampler down" until up
-        sampler = GpuSampler(self.cfg.gpu, backend=self.gpu_backend)
-        if not await sampler.start():
-            return  # the sampler logged its one line
-        self.sampler = sampler
-        await self._map_gpus()
-        self._tasks.append(asyncio.create_task(self._gpu_loop(), name="gpu"))
-
-    async def _map_gpus(self) -> None:
-        """Which GPUs each watched rank uses: configured devices, NVML's process list, env."""
-        trees: list[tuple[int | None, list[int], dict[str, str]]] = []
-        for w in self.agent.watchers:
-            pids = w.pids()
-            if not pids:
-                continue
-            try:
-                env = await offloop.proc(
-                    _environ,
-                    pids[0],
-                    name=f"rankwatch-proc-env-pid{pids[0]}",
-                    errors=self.agent.internal_errors_by_component,
-                )
-            except asyncio.TimeoutError:
-                env = {}  # as when it cannot be read; logged and counted by offloop
-            trees.append((w.rank, pids, {**env, **w.gpu_env}))
-        self.gpu_owner = await self.sampler.map_ranks(trees)
-
-    def _rank_of(self, sample: GpuSample) -> int | None:
-        if sample.index in self.gpu_owner:
-            return self.gpu_owner[sample.index]
-        return self.agent.identity.rank if len(self.agent.watchers) <= 1 else None
-
     def own_pipeline(self) -> RankWatcher | None:
         """The watcher of the agent's own rank and run (in run mode and ``watch --pid``, the
         rank it watches): what the agent samples of itself (its folders' free space, NVML, the
@@ -246,57 +198,6 @@ class Services:
             return
         for f in self.engine(rank, agent=agent).feed(event):
             self.agent.emit(f)
-
-    def on_gpu_samples(self, samples: list[GpuSample]) -> None:
-        """One round: each rank's GPUs go to that rank's watcher (the only one, in a rank's
-        own agent), whose engine judges the GPUs, and what they mean for a stall or a
-        starved input pipeline; GPUs of no watched rank are judged here."""
-        by_rank: dict[int | None, list[GpuSample]] = {}
-        for s in samples:
-            by_rank.setdefault(self._rank_of(s), []).append(s)
-        watchers = self.agent.watchers
-        for rank, mine in by_rank.items():
-            targets = [w for w in watchers if w.rank == rank or len(watchers) == 1]
-            for w in targets:
-                w.push(GpuRound(w.clock(), tuple(mine)))
-            if not targets:
-                self.push(GpuRound(time.monotonic(), tuple(mine)), rank)
-
-    def gpu_by_rank(self) -> tuple[Mapping[Any, list[GpuSample]], bool]:
-        out: dict[Any, list[GpuSample]] = {}
-        if self.sampler is None:
-            return out, False
-        for s in self.sampler.latest():
-            rank = self._rank_of(s)
-            out.setdefault(rank if rank is not None else "", []).append(s)
-        return out, self.sampler.up
-
-    async def _gpu_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_map = loop.time() + GPU_REMAP_S
-        known: set[int] = set()
-        while not self._stop.is_set():
-            started = loop.time()
-            pids = {p for w in self.agent.watchers for p in w.known_pids()}
-            if pids != known or started >= next_map:
-                known, next_map = pids, started + GPU_REMAP_S
-                with contextlib.suppress(Exception):
-                    await self._map_gpus()
-            failures = self.sampler.errors + self.sampler.timeouts
-            try:
-                samples = await self.sampler.sample_once()
-                if samples:
-                    self.on_gpu_samples(samples)
-            except Exception:
-                self._failed("gpu", "GPU sampling round failed")
-            self.push(NvmlHang(loop.time(), self.sampler.hung_for()), agent=True)
-            if self.sampler.errors + self.sampler.timeouts > failures:
-                # The sampler logged it once; a round with failed NVML calls still counts.
-                errs = self.agent.internal_errors_by_component
-                errs["gpu"] = errs.get("gpu", 0) + 1
-            delay = max(0.0, self.cfg.gpu.interval - (loop.time() - started))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay)
 
     def _history(self, records: list[Any]) -> None:
         """A trainer's own history read by a source (HF log_history, with exact step numbers),
@@ -383,6 +284,9 @@ class Services:
             cfg=self.cfg,
             folders=self.disk_folders,
             job_end=self.agent.identity.job_end,
+            ranks=self.watched_ranks,
+            rank=self.agent.identity.rank,
+            backends={} if self.gpu_backend is None else {"gpu": self.gpu_backend},
         )
         for src in build_sources(ctx, self.agent.internal_errors_by_component):
             self.add_source(src)
@@ -395,21 +299,45 @@ class Services:
             self._tasks.append(asyncio.create_task(poller.run(self._stop, deliver), name=f"source-{name}"))
 
     def add_source(self, src: PolledSource) -> None:
-        """``src`` may be polled (``poll``); its errors are exported from 0."""
+        """``src`` may be polled (``poll``); its errors are exported from 0, and what it shows
+        between samples (``view``) is read through the agent's hook its ``face`` names."""
         self.polled[src.name] = Poller(src, self.agent.internal_errors_by_component)
+        face = getattr(src, "face", None)
+        if face is not None:
+            if not hasattr(self.agent, face):
+                raise TypeError(f"polled source {src.name!r}: the agent has no hook {face!r}")
+            setattr(self.agent, face, src.view)  # type: ignore[attr-defined]
 
-    def _sampled(self, src: PolledSource, events: list[Event]) -> None:
-        self.agent.sampled[src.name] = tuple(events)
+    def source(self, name: str) -> Any:
+        """The polled source ``name`` when this configuration runs it, else None."""
+        p = self.polled.get(name)
+        return p.source if p is not None else None
+
+    def watched_ranks(self) -> list[WatchedRank]:
+        """The watched ranks as the polled sources see them (read on the loop)."""
+        return [
+            WatchedRank(w.rank, tuple(w.pids()), frozenset(w.known_pids()), dict(w.gpu_env))
+            for w in self.agent.watchers
+        ]
+
+    def _sampled(self, src: PolledSource, events: list[Sampled]) -> None:
+        self.agent.sampled[src.name] = tuple(e.event if isinstance(e, ToRank) else e for e in events)
         self._deliver(src, events)
 
-    def _deliver(self, src: PolledSource, events: list[Event]) -> None:
+    def _deliver(self, src: PolledSource, sampled: list[Sampled]) -> None:
         """Events to the engines the source's scope names: the agent's rank's, or every
         watched rank's with ``now`` on that rank's clock. Records (a trainer's own history
         read elsewhere than its log) go to the agent's rank as history."""
-        records = [e for e in events if isinstance(e, (StepRecord, EvalRecord))]
+        records = [e for e in sampled if isinstance(e, (StepRecord, EvalRecord))]
         if records:
             self._history(records)
-            events = [e for e in events if not isinstance(e, (StepRecord, EvalRecord))]
+            sampled = [e for e in sampled if not isinstance(e, (StepRecord, EvalRecord))]
+        events: list[Event] = []
+        for e in sampled:
+            if isinstance(e, ToRank):
+                self._to_rank(e)
+            else:
+                events.append(e)
         if scope_of(src) == "agent":
             for event in events:
                 self.push(event, agent=True)
@@ -418,18 +346,29 @@ class Services:
             for event in events:
                 w.push(_on_clock(event, w.clock()))
 
-    async def poll(self, name: str, timeout: float | None = None) -> list[Event] | None:
+    def _to_rank(self, routed: ToRank) -> None:
+        """An event about one rank to that rank's watcher (the only one, in a rank's own
+        agent), on its clock; about a rank no watcher owns, to an engine kept here."""
+        watchers = self.agent.watchers
+        targets = [w for w in watchers if w.rank == routed.rank or len(watchers) == 1]
+        for w in targets:
+            w.push(_on_clock(routed.event, w.clock()))
+        if not targets:
+            self.push(_on_clock(routed.event, time.monotonic()), routed.rank)
+
+    async def poll(self, name: str, timeout: float | None = None) -> list[Sampled] | None:
         """One sample of the polled source ``name`` (at most one in flight: a hung one is waited
-        for, never doubled), its events delivered; None when it failed or hung."""
+        for, never doubled), its events delivered (while it hangs, what the source's
+        ``overdue`` says); None when it failed or hung."""
         p = self.polled.get(name)
         if p is None:
             return None
-        events = await p.poll(timeout)
+        events = await p.once(timeout)
         if events is not None:
             self._sampled(p.source, events)
         return events
 
-    async def sample_disks(self, timeout: float | None = None) -> list[Event] | None:
+    async def sample_disks(self, timeout: float | None = None) -> list[Sampled] | None:
         """The free space of the agent's folders now (run mode asks when the child died)."""
         return await self.poll(DiskSource.name, timeout)
 
@@ -470,9 +409,6 @@ class Services:
                     pass
                 except Exception:
                     log.exception("task %s failed", t.get_name())
-        if self.sampler is not None:
-            with contextlib.suppress(Exception):
-                await self.sampler.close()
         if self.server is not None:
             with contextlib.suppress(Exception):
                 await self.server.close()

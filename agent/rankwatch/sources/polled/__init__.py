@@ -15,10 +15,24 @@ every watched rank judges on its own (the checkpoint folder's activity, a timer)
 watched rank's engine with ``now`` set from that rank's clock. The engine routes them to
 the detectors that accept them.
 
-Two hooks are optional. ``bind(wake)`` hands a source that learns of news between periods
-(filesystem events) a thread-safe ``wake()`` that starts its next sample early; ``min_gap``
-is then the shortest time between two samples (a storm of events is one rescan). ``close()``
-is called off the loop when the agent stops. Records a source hands on (``StepRecord``,
+An event a source wraps in ``ToRank(rank, event)`` goes to that rank's engine instead (the
+only watched rank's, when the agent watches one), with ``now`` on that rank's clock: a
+source that ties what it reads to ranks (the GPUs of each rank's processes) routes each
+part itself. What a source knows of the watched ranks (their rank, PIDs and the environment
+the agent gave them) it reads on the loop through ``ctx.ranks``.
+
+The other hooks are optional. ``open()``, blocking, runs off the loop once before the first
+sample (given up after ``timeout``, like a sample); a source whose ``open`` returns False or
+fails is never sampled (it says why in its one line: NVML absent on a CPU node is normal).
+``overdue(seconds)``, on the loop, is asked for events each period a sample has been
+stuck for ``seconds`` (a hung driver call is itself news: the GPUs stopped answering).
+``failed``, a count that only grows, is how a sample that returned says some of its
+readings failed: a sample during which it grew is counted once. ``view()`` with ``face``
+naming one of the agent's read hooks (``gpu_latest``) is what the status page and /metrics
+read of the source between samples. ``bind(wake)`` hands a source that learns of news
+between periods (filesystem events) a thread-safe ``wake()`` that starts its next sample
+early; ``min_gap`` is then the shortest time between two samples (a storm of events is one
+rescan). ``close()`` is called off the loop when the agent stops. Records a source hands on (``StepRecord``,
 ``EvalRecord``: a trainer's own history read elsewhere than its log) go to the agent's rank
 as history, judged only while that rank's log shows no steps of its own. Sources of one
 agent may share a component they both read through ``ctx.shared`` (made by whichever asks
@@ -41,7 +55,7 @@ import contextlib
 import importlib
 import logging
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast
@@ -56,16 +70,41 @@ log = logging.getLogger("rankwatch.sources")
 @dataclass(frozen=True)
 class SourceContext:
     """What a source may know of the agent: its configuration and, read on the loop, the
-    folders it writes to or reads from (``{path: role}``, role ``log``, ``dumps`` or ``spool``);
-    when the job must end (wall time, from the scheduler); ``checkpoints``, a reading of the
-    checkpoint state to use instead of the watcher's own (tests); ``shared``, components the
-    sources of one agent share (the checkpoint watcher)."""
+    folders it writes to or reads from (``{path: role}``, role ``log``, ``dumps`` or ``spool``)
+    and the watched ranks; when the job must end (wall time, from the scheduler);
+    ``checkpoints``, a reading of the checkpoint state to use instead of the watcher's own
+    (tests); ``shared``, components the sources of one agent share (the checkpoint watcher)."""
 
     cfg: Config
     folders: Callable[[], Mapping[str, str]]
     job_end: float | None = None
     checkpoints: Callable[[], CheckpointStatus | None] | None = None
     shared: dict[str, Any] = field(default_factory=dict, compare=False)
+    ranks: Callable[[], Sequence[WatchedRank]] = tuple
+    rank: int | None = None  # the agent's own rank
+    backends: Mapping[str, Any] = field(default_factory=dict)  # by source name: a driver a test scripts
+
+
+@dataclass(frozen=True)
+class WatchedRank:
+    """One watched rank as a source sees it: its PIDs (the process tree's root first), every
+    PID of its tree, and the environment the agent gave it (``CUDA_VISIBLE_DEVICES``)."""
+
+    rank: int | None
+    pids: tuple[int, ...]
+    known: frozenset[int] = frozenset()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToRank:
+    """``event`` for the engine of ``rank`` (the only watched rank's when there is one)."""
+
+    rank: int | None
+    event: Event
+
+
+Sampled = Event | ToRank  # what a sample hands on
 
 
 class PolledSource(Protocol):
@@ -85,7 +124,7 @@ class PolledSource(Protocol):
         """Read on the event loop just before a sample: must not block."""
         ...
 
-    def sample(self, inputs: Any) -> list[Event]:
+    def sample(self, inputs: Any) -> Sequence[Sampled]:
         """Blocking: runs on a daemon thread."""
         ...
 
@@ -162,20 +201,23 @@ class Poller:
         self.source = source
         self.errors = errors if errors is not None else {}
         self.errors.setdefault(source.name, 0)
-        self.inflight: asyncio.Future[list[Event]] | None = None
+        self.inflight: asyncio.Future[Sequence[Sampled]] | None = None
+        self.began = 0.0  # loop time the sample in flight started
         self.hung_logged = False
         self.failing: str | None = None  # the failure last logged: the same one again is only counted
+        self.failed = int(getattr(source, "failed", 0))
 
     def _count(self) -> None:
         name = self.source.name
         self.errors[name] = self.errors.get(name, 0) + 1
 
-    async def poll(self, timeout: float | None = None) -> list[Event] | None:
+    async def poll(self, timeout: float | None = None) -> list[Sampled] | None:
         """One sample's events; None when it failed or hung."""
         src = self.source
         name = src.name
         wait = src.timeout if timeout is None else timeout
         if self.inflight is None:
+            self.began = asyncio.get_running_loop().time()
             if blocks(src):
                 self.inflight = in_daemon(src.sample, src.inputs(), name=f"rankwatch-{name}")
             else:  # it only reads what inputs() read: on the loop, no thread
@@ -202,12 +244,47 @@ class Poller:
             return None
         self.inflight = None
         self.hung_logged = False
+        failed = int(getattr(src, "failed", 0))
+        if failed > self.failed:  # it logged which readings failed, once: counted here
+            self._count()
+        self.failed = failed
         if self.failing is not None:
             self.failing = None
             log.info("%s sample works again", name)
+        return list(events)
+
+    async def once(self, timeout: float | None = None) -> list[Sampled] | None:
+        """One period's events: a sample's, or while a sample is stuck what the source's
+        ``overdue`` says of it; None when it failed (or hung, for a source without
+        ``overdue``)."""
+        events = await self.poll(timeout)
+        overdue = getattr(self.source, "overdue", None)
+        if events is None and self.inflight is not None and overdue is not None:
+            return list(overdue(asyncio.get_running_loop().time() - self.began))
         return events
 
-    async def run(self, stop: asyncio.Event, deliver: Callable[[list[Event]], None]) -> None:
+    async def open(self, stop: asyncio.Future[Any] | None = None) -> bool:
+        """The source's ``open`` off the loop (True when it has none): False when it says no,
+        fails, or has not returned after its ``timeout`` (then logged and counted)."""
+        src = self.source
+        opener = getattr(src, "open", None)
+        if opener is None:
+            return True
+        fut = in_daemon(opener, name=f"rankwatch-{src.name}")
+        waiting: set[asyncio.Future[Any]] = {fut} if stop is None else {fut, stop}
+        await asyncio.wait(waiting, timeout=src.timeout, return_when="FIRST_COMPLETED")
+        if not fut.done():
+            if stop is None or not stop.done():
+                self._count()
+                log.error("%s did not start within %gs; not sampled", src.name, src.timeout)
+            return False
+        if fut.exception() is not None:
+            self._count()
+            log.error("%s did not start: %s; not sampled", src.name, fut.exception())
+            return False
+        return bool(fut.result())
+
+    async def run(self, stop: asyncio.Event, deliver: Callable[[list[Sampled]], None]) -> None:
         """Sample every ``interval`` (earlier when woken) until ``stop``; each sample's events
         to ``deliver``, on the loop. Ends with the source's ``close`` off the loop."""
         src = self.source
@@ -218,11 +295,13 @@ class Poller:
             bind(threadsafe_waker(loop, woken))
         stop_task = asyncio.ensure_future(stop.wait())
         try:
+            if not await self.open(stop_task):
+                return
             while not stop.is_set():
                 began = loop.time()
                 woken.clear()
                 try:
-                    events = await self.poll()
+                    events = await self.once()
                     if events is not None:
                         deliver(events)
                 except Exception:
@@ -269,8 +348,11 @@ __all__ = [
     "EveryRank",
     "PolledSource",
     "Poller",
+    "Sampled",
     "Scope",
     "SourceContext",
+    "ToRank",
+    "WatchedRank",
     "blocks",
     "build_sources",
     "register_source",
