@@ -255,3 +255,26 @@ def test_real_vlm_fine_tune_warming_up_for_ten_minutes_then_level_stays_silent()
         Config(), {"detectors.host_memory.window": 480.0, "detectors.host_memory.min_growth": 512 * MiB}
     )
     assert [f for _, f in replay(pts, short) if not f.resolved]
+
+
+def test_a_finding_names_the_log_the_rank_writes_now() -> None:
+    """A torchrun restart with ``--redirects`` moves the rank's log to attempt_1's file: the
+    engine's state follows it, and so does what this rule's finding names."""
+    eng = RankEngine(Config(), rank=1, path="attempt_0/1/stdout.log")
+    eng.state.path = "attempt_1/1/stdout.log"
+    base, per_min = 4 * GiB, 400 * MiB
+    found = []
+    for i in range(int(60 * 60 / EVERY)):
+        t = i * EVERY
+        r = int(leak(base, per_min)(t))
+        s = ProcessSample(
+            time=1000.0 + t,
+            pid=7,
+            alive=True,
+            rss_bytes=r,
+            state="running",
+            memory_limit_bytes=24 * GiB,
+            memory_available_bytes=max(0, 24 * GiB - r),
+        )
+        found.extend(f for f in eng.feed(s) if f.kind == KIND)
+    assert found and {f.path for f in found} == {"attempt_1/1/stdout.log"}

@@ -111,3 +111,27 @@ def test_memory_stays_bounded_without_gpu_readings() -> None:
     off.on_step(1.0, 1)
     off.on_cpu(1.0, 50.0)
     assert not off.steps and not off.cpu
+
+
+@pytest.mark.unit
+def test_a_finding_names_the_log_the_rank_writes_now() -> None:
+    """Fed through the rank's engine: after a ``--redirects`` restart the engine's state names
+    attempt_1's file, and so does what this rule finds."""
+    from rankwatch.config.schema import Config
+    from rankwatch.engine import RankEngine
+    from rankwatch.events import GpuRound, GpuSample, ProcessSample, Progress
+
+    eng = RankEngine(Config(), rank=2, path="attempt_0/2/stdout.log")
+    eng.state.path = "attempt_1/2/stdout.log"
+    found: list[Finding] = []
+    step = 0
+    for t in range(0, 700):
+        if t % 2 == 0:
+            step += 1
+            found += eng.feed(Progress(now=float(t), step=step))
+        found += eng.feed(ProcessSample(time=float(t), pid=7, alive=True, cpu_percent=350.0, state="running"))
+        if t % 5 == 0:
+            round_ = GpuRound(now=float(t), samples=(GpuSample(index=0, time=float(t), utilization=0.12),))
+            found += eng.feed(round_)
+    mine = [f for f in found if f.kind == "dataloader_stall"]
+    assert mine and {f.path for f in mine} == {"attempt_1/2/stdout.log"}

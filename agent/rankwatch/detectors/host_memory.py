@@ -80,6 +80,7 @@ class HostMemoryDetector(Detector):
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not isinstance(record, ProcessSample) or not self.cfg.enabled:
             return []
+        self.path = state.path or self.path  # the log the rank writes now (a restart may move it)
         s = record
         if not s.alive:
             if self.episode.close():

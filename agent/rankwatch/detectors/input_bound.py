@@ -42,6 +42,7 @@ class DataloaderStallDetector(Detector):
         return cls(cfg.gpu, ctx.rank, ctx.path)
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
+        self.path = state.path or self.path  # the log the rank writes now (a restart may move it)
         e = record
         if isinstance(e, Progress):
             self.on_step(e.now, e.step)
