@@ -57,7 +57,7 @@ class DataloaderStallDetector(Detector):
     def __init__(self, cfg: GpuConfig, rank: int | None, path: str | None = None) -> None:
         self.cfg = cfg
         self.rank = rank
-        self.path = path
+        self.path: str | None = path
         self.gpu: deque[tuple[float, float]] = deque()
         self.cpu: deque[tuple[float, float]] = deque()
         self.steps: deque[float] = deque()
