@@ -36,6 +36,7 @@ class DataloaderStallDetector(Detector):
     kinds = ("dataloader_stall",)
     accepts = (Progress, ProcessSample, GpuRound)
     section = "gpu"
+    path: str | None  # the log the rank writes now
 
     @classmethod
     def create(cls, cfg: Config, ctx: DetectorContext) -> DataloaderStallDetector:
@@ -57,7 +58,7 @@ class DataloaderStallDetector(Detector):
     def __init__(self, cfg: GpuConfig, rank: int | None, path: str | None = None) -> None:
         self.cfg = cfg
         self.rank = rank
-        self.path: str | None = path
+        self.path = path
         self.gpu: deque[tuple[float, float]] = deque()
         self.cpu: deque[tuple[float, float]] = deque()
         self.steps: deque[float] = deque()
