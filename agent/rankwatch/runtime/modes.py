@@ -718,11 +718,31 @@ class _ProcessWatch:
             None,
         )
 
+    def _left_behind(self, pid: int, ident: Identity) -> bool:
+        """A rank's own child that outlives it (its DataLoader worker after a SIGKILL, with the
+        rank's command line and RANK) is no restart of the rank: it is still in the process
+        group the rank led. (Slurm puts a step's tasks in task 0's group: another rank there
+        has another rank number.)"""
+        try:
+            group = os.getpgid(pid)
+        except OSError:
+            return False
+        return any(
+            w.prober is not None
+            and w.prober.pid == group
+            and w.rank == ident.rank
+            and w.identity.run == ident.run
+            for w in self.watchers
+        )
+
     def _assign_per_process(self, found: Sequence[int], seen: dict[int, _Found], attached: set[int]) -> None:
         for pid in found:
             if pid in attached:
                 continue
-            again = self._restarted(self._identity_of(seen[pid]))
+            ident = self._identity_of(seen[pid])
+            if self._left_behind(pid, ident):
+                continue
+            again = self._restarted(ident)
             if again is not None:
                 again.attach(pid, seen[pid].prober)  # the rank restarted: same state and labels
             else:
