@@ -274,13 +274,15 @@ def run_launcher(tmp: Path, cfg: Path, launcher: list[str], env: dict[str, str])
     )  # fmt: skip
 
 
-def agent_under_torchrun(tmp: Path, cfg: Path, world: int, env: dict[str, str]) -> Running:
+def agent_under_torchrun(tmp: Path, cfg: Path, world: int, env: dict[str, str], *extra: str) -> Running:
     """``torchrun --no-python rankwatch run -- python ddp_train.py``: torchrun starts one agent
-    per worker, each launching its rank with the identity torchrun gave it."""
+    per worker, each launching its rank with the identity torchrun gave it (``extra``: more of
+    torchrun's options, ``--max-restarts``)."""
     tag = uuid.uuid4().hex
     found = tmp / "f.jsonl"
     exe = shutil.which("rankwatch", path=str(Path(sys.executable).parent)) or "rankwatch"
-    cmd = torchrun(world, "--no-python", exe, "run", "--config", str(cfg), "--findings-jsonl", str(found))
+    cmd = torchrun(world, *extra, "--no-python", exe, "run", "--config", str(cfg))
+    cmd += ["--findings-jsonl", str(found)]
     cmd += ["--", sys.executable, str(WORKLOAD)]
     launcher = _popen(cmd, job_env(tag, env), tmp / "torchrun.out")
     return Running(
@@ -289,17 +291,21 @@ def agent_under_torchrun(tmp: Path, cfg: Path, world: int, env: dict[str, str]) 
     )  # fmt: skip
 
 
-def _ranks_by_hand(tmp: Path, tag: str, world: int, env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
-    """The ranks started as a user's own script starts them (`python train.py > rank-N.log`)."""
+def _ranks_by_hand(
+    tmp: Path, tag: str, world: int, env: dict[str, str], args: Sequence[str] = (), *, slurm: bool = False
+) -> list[subprocess.Popen[bytes]]:
+    """The ranks started as a user's own script starts them (`python train.py > rank-N.log`),
+    or as srun starts its tasks (``slurm``: each with its SLURM_PROCID)."""
     port = str(free_port())
     (tmp / "logs").mkdir(exist_ok=True)
     ranks = []
     for r in range(world):
         renv = job_env(tag, {**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world)})
         renv.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        ranks.append(
-            _popen([sys.executable, str(WORKLOAD)], renv, tmp / "logs" / f"rank-{r}.log", session=True)
-        )
+        if slurm:
+            renv.update(SLURM_PROCID=str(r), SLURM_LOCALID=str(r))
+        cmd = [sys.executable, str(WORKLOAD), *args]
+        ranks.append(_popen(cmd, renv, tmp / "logs" / f"rank-{r}.log", session=True))
     return ranks
 
 
@@ -327,6 +333,31 @@ def watch_pids(tmp: Path, cfg: Path, world: int, env: dict[str, str]) -> Running
         tag, ranks, _exit_status(ranks), lambda: _term_groups(ranks), [found],
         lambda: sorted((tmp / "logs").glob("*.log")), [tmp / "agent.out"], [agent],
     )  # fmt: skip
+
+
+def node_daemon(tmp: Path, cfg: Path, world: int, env: dict[str, str]) -> Running:
+    """The node daemon (deploy/systemd/rankwatch.service): one ``rankwatch watch --match``
+    already running on the node, no ``--log``; the job's ranks start after it, as ``srun
+    --output=rank-%t.log python train.py`` starts them (Slurm's variables, stdout a file), and
+    the daemon follows each rank's own stdout with the identity read from its environment. The
+    match is the job's own argument, so the daemon sees this cell's ranks only; it is stopped
+    (``systemctl stop``) once the job has ended."""
+    tag = uuid.uuid4().hex
+    found = tmp / "f.jsonl"
+    cmd = rankwatch("watch", "--config", str(cfg), f"--match=--rw-job={tag}", "--findings-jsonl", str(found))
+    agent = _popen(cmd, job_env(tag, {}), tmp / "agent.out")
+    slurm = {"SLURM_JOB_ID": "4243", "SLURM_NTASKS": str(world), **env}
+    ranks = _ranks_by_hand(tmp, tag, world, slurm, [f"--rw-job={tag}"], slurm=True)
+
+    def stop_agent() -> None:
+        _term([agent])
+
+    running = Running(
+        tag, ranks, _exit_status(ranks), lambda: _term_groups(ranks), [found],
+        lambda: sorted((tmp / "logs").glob("*.log")), [tmp / "agent.out"], [agent],
+    )  # fmt: skip
+    running.stop_agents = stop_agent
+    return running
 
 
 def one_agent_per_rank(tmp: Path, cfg: Path, world: int, env: dict[str, str]) -> Running:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -132,6 +133,15 @@ def save_checkpoint(model: nn.Module, step: int) -> None:
     torch.save(model.state_dict(), StuckFile(os.path.join(os.environ["CKPT_DIR"], f"ckpt_step{step}.pt")))
 
 
+def say(line: str) -> None:
+    """One line in one write(2). Under PYTHONUNBUFFERED=1 ``print`` writes the text and its
+    newline in two, and workers sharing torchrun's stdout pipe (no --tee) then interleave
+    mid-line: ``step=12 loss=1.05 ...step=12 loss=nan ...`` on one line, the NaN hidden behind
+    its peer's record. A write of up to PIPE_BUF bytes to a pipe is atomic."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def sync_metrics() -> None:
     """An extra barrier that only one rank takes: a collective mismatch."""
     dist.barrier()
@@ -149,7 +159,7 @@ def main() -> None:
     model: nn.Module = CausalBlock() if alone else DDP(CausalBlock())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(Tokens(rank), batch_size=BATCH, num_workers=1, prefetch_factor=1)
-    print(f"rank {rank}/{world} pid {os.getpid()} starting", flush=True)
+    say(f"rank {rank}/{world} pid {os.getpid()} starting")
     for step, (x, y) in enumerate(loader, 1):
         faulty = rank == FAULT_RANK and step >= FAULT_STEP
         if faulty and FAULT == "sigkill":
@@ -166,13 +176,13 @@ def main() -> None:
         if faulty and FAULT == "save_hang":
             save_checkpoint(model, step)
         if faulty and FAULT == "exit":
-            print(f"rank {rank} leaves early at step {step}", flush=True)
+            say(f"rank {rank} leaves early at step {step}")
             return
         slow = SLOW_FACTOR if faulty and FAULT == "slow" else 1.0
         t0 = time.perf_counter()
         loss = train_step(model, opt, x, y, slow)
         dt = time.perf_counter() - t0
-        print(f"step={step} loss={loss.item():.4f} lr=1e-3 step_time={dt:.4f}", flush=True)
+        say(f"step={step} loss={loss.item():.4f} lr=1e-3 step_time={dt:.4f}")
         if step >= STEPS:
             break
     if not alone:

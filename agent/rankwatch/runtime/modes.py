@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -537,6 +538,7 @@ class _Found:
     pod: str | None = None  # namespace/pod/container when the log is the kubelet's
     user: str | None = None  # the process's owner
     cgroup: str | None = None  # /proc/<pid>/cgroup: a Kubernetes pod names the run
+    born: float | None = None  # its start, wall clock (psutil's create_time)
 
 
 def _owner_and_cgroup(pid: int) -> tuple[str | None, str | None]:
@@ -569,9 +571,13 @@ def _look(
             if pc is not None:
                 stdout, pod = pc.log, str(pc)
         user, cgroup = _owner_and_cgroup(p)
+        born: float | None = None
+        with contextlib.suppress(psutil.Error):
+            born = psutil.Process(p).create_time()
         out[p] = _Found(
-            *_read_process_env(p), stdout, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup
-        )
+            *_read_process_env(p), stdout, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup,
+            born=born,
+        )  # fmt: skip
     return pids, out
 
 
@@ -718,11 +724,29 @@ class _ProcessWatch:
             None,
         )
 
+    def _left_behind(self, found: _Found, ident: Identity) -> bool:
+        """A rank's own child that outlives it (its DataLoader worker after a SIGKILL, with the
+        rank's command line and RANK) is no restart of the rank: it was born while the rank was
+        still seen alive, and a restarted rank only after its predecessor ended."""
+        if found.born is None:
+            return False
+        now_wall, now = time.time(), self.agent.clock()
+        return any(
+            w.alive_at is not None
+            and w.rank == ident.rank
+            and w.identity.run == ident.run
+            and found.born < now_wall - (now - w.alive_at)
+            for w in self.watchers
+        )
+
     def _assign_per_process(self, found: Sequence[int], seen: dict[int, _Found], attached: set[int]) -> None:
         for pid in found:
             if pid in attached:
                 continue
-            again = self._restarted(self._identity_of(seen[pid]))
+            ident = self._identity_of(seen[pid])
+            if self._left_behind(seen[pid], ident):
+                continue
+            again = self._restarted(ident)
             if again is not None:
                 again.attach(pid, seen[pid].prober)  # the rank restarted: same state and labels
             else:
@@ -730,15 +754,19 @@ class _ProcessWatch:
 
     def _assign_by_rank(self, found: Sequence[int], seen: dict[int, _Found], free: list[RankWatcher]) -> None:
         if len(self.watchers) == 1:
-            self.watchers[0].attach(found[0], seen[found[0]].prober)
+            only = self.watchers[0]
+            if found[0] in seen and not self._left_behind(seen[found[0]], only.identity):
+                only.attach(found[0], seen[found[0]].prober)
             return
         by_rank = {w.rank: w for w in free}
         for pid in found:
             if pid not in seen:
                 continue  # attached to a watcher that is not free
             _note_unreadable(self.agent, pid, seen[pid].problem)
-            w = by_rank.pop(_env_int(seen[pid].env, RANK_VARS), None)
-            if w is not None:
+            rank = _env_int(seen[pid].env, RANK_VARS)
+            w = by_rank.get(rank)
+            if w is not None and not self._left_behind(seen[pid], w.identity):
+                del by_rank[w.rank]
                 w.attach(pid, seen[pid].prober)
 
     async def assign(self, found: Sequence[int]) -> None:

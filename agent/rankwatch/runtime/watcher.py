@@ -138,6 +138,7 @@ class RankWatcher:
         # one of them left on a hung process (a restarted rank's new pid is sampled at once).
         self.proc_io = f"rankwatch-proc-{self.rank}"
         self.last_sample: ProcessSample | None = None
+        self.alive_at: float | None = None  # the prober's clock at the last sample that found it alive
         self.exited = False
         self.internal_errors = 0
         self.sample_errors = 0
@@ -220,6 +221,7 @@ class RankWatcher:
         self.prober = prober if prober is not None else ProcessProber(pid, clock=self.clock)
         self.proc_io = f"rankwatch-proc-{self.rank}-pid{pid}"
         self.last_sample = None
+        self.alive_at = None
         self.exited = False
         log.info("rank %s: watching pid %d", self.rank, pid)
 
@@ -479,6 +481,8 @@ class RankWatcher:
                 )  # a timeout: offloop logged it once already
             return []
         self.last_sample = sample
+        if sample.alive:
+            self.alive_at = sample.time
         return self.push(sample)
 
     def on_exit(

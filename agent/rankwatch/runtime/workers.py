@@ -420,6 +420,9 @@ class Fleet:
         self.run_pipeline = run_pipeline  # the run's own lines: a worker's unprefixed traceback
         self.attached_at: dict[int, float] = {}
         self.crashed: set[int | None] = set()  # ranks whose worker crashed (found held or not)
+        # Workers judged clean because the launcher said nothing within the grace: pid -> its
+        # pipeline. On a loaded node torchrun's word can come later; then it is judged again.
+        self.presumed_clean: dict[int, Any] = {}
         if run_pipeline is not None:
             run_pipeline.on_progress = self.share_progress
 
@@ -510,6 +513,8 @@ class Fleet:
             # The launcher, its parent, saw it end (it logs every failed worker within its monitor
             # interval, and the ones it stops) and said nothing: a clean exit.
             code = 0
+            if pid is not None:
+                self.presumed_clean[pid] = w
         if code != 0 and not requested:
             self._lend_cause(w)
         if code < 0:
@@ -534,8 +539,21 @@ class Fleet:
         if mine:
             w.engine.state.errors.append(dataclasses.replace(mine[-1], rank=w.rank))
 
+    def _late_word(self) -> None:
+        """A worker judged clean for the launcher's silence that its log now names failed (its
+        ``failed (exitcode`` line or failure box came after the grace): its end is judged again."""
+        for pid, w in list(self.presumed_clean.items()):
+            code, _ = self.launcher_log.fate(pid)
+            if code is None:
+                continue
+            del self.presumed_clean[pid]
+            if code != 0 and w.prober is not None and w.prober.pid == pid:
+                w.exited = False
+                self._judge(w, final=True)
+
     def check(self) -> None:
         """Report workers that ended since the last look, once their status is known."""
+        self._late_word()
         for w in self.by_rank.values():
             s = w.last_sample
             if s is not None and not s.alive and not w.exited:
@@ -602,6 +620,7 @@ class Fleet:
     async def close(self) -> bool:
         """Every worker's end reported, the launcher's last words read; True when one crashed."""
         await self._read_launcher_log()
+        self._late_word()
         self._unseen()
         for w in self.by_rank.values():
             w.stop()
