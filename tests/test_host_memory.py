@@ -33,10 +33,11 @@ def run(
     limit: int = 64 * GiB,
     others: int = 0,
     cfg: Config | None = None,
+    eng: RankEngine | None = None,
 ) -> list[tuple[float, Finding]]:
     """Samples every 5 s for ``minutes``; available = limit - others - rss (others: the rest of
     the cgroup or host). Returns (minute, finding) pairs."""
-    eng = RankEngine(cfg or Config(), rank=1, path="rank-1.log")
+    eng = eng or RankEngine(cfg or Config(), rank=1, path="rank-1.log")
     out: list[tuple[float, Finding]] = []
     for i in range(int(minutes * 60 / EVERY)):
         t = i * EVERY
@@ -262,19 +263,5 @@ def test_a_finding_names_the_log_the_rank_writes_now() -> None:
     engine's state follows it, and so does what this rule's finding names."""
     eng = RankEngine(Config(), rank=1, path="attempt_0/1/stdout.log")
     eng.state.path = "attempt_1/1/stdout.log"
-    base, per_min = 4 * GiB, 400 * MiB
-    found = []
-    for i in range(int(60 * 60 / EVERY)):
-        t = i * EVERY
-        r = int(leak(base, per_min)(t))
-        s = ProcessSample(
-            time=1000.0 + t,
-            pid=7,
-            alive=True,
-            rss_bytes=r,
-            state="running",
-            memory_limit_bytes=24 * GiB,
-            memory_available_bytes=max(0, 24 * GiB - r),
-        )
-        found.extend(f for f in eng.feed(s) if f.kind == KIND)
-    assert found and {f.path for f in found} == {"attempt_1/1/stdout.log"}
+    found = run(leak(4 * GiB, 400 * MiB), 60, limit=24 * GiB, eng=eng)
+    assert found and {f.path for _, f in found} == {"attempt_1/1/stdout.log"}

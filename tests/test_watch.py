@@ -38,6 +38,14 @@ def _wait(pred, timeout: float = 30.0) -> bool:
     return False
 
 
+def _reap(*procs: subprocess.Popen | None) -> None:
+    """Whatever a test started and is still running is killed and waited for."""
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
 def _trainer(log: Path, marker: str, *args: str) -> subprocess.Popen:
     fh = open(log, "ab")  # noqa: SIM115 - handed to the child
     try:
@@ -98,9 +106,7 @@ def test_watch_pid_and_log_finds_nan_then_sees_the_exit(tmp_path: Path) -> None:
         assert agent.wait(timeout=20) == 0  # --pid alone: nothing can come back, the agent is done
         assert trainer.returncode == 0
     finally:
-        for p in (agent, trainer):
-            if p.poll() is None:
-                p.kill()
+        _reap(agent, trainer)
 
 
 @pytest.mark.process
@@ -149,9 +155,7 @@ def test_watch_match_finds_a_restarted_process(tmp_path: Path) -> None:
         agent.send_signal(signal.SIGTERM)
         agent.wait(timeout=20)
     finally:
-        for p in (agent, first, second):
-            if p is not None and p.poll() is None:
-                p.kill()
+        _reap(agent, first, second)
 
 
 @pytest.mark.process
@@ -318,10 +322,7 @@ def test_watch_several_pids_without_logs_watches_each_rank(tmp_path: Path) -> No
         _, err = agent.communicate(timeout=20)
         assert "rank 0: pid" in err and "rank 1: pid" in err, err[-3000:]
     finally:
-        for p in (*procs, agent):
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        _reap(*procs, agent)
 
 
 @pytest.mark.process
@@ -354,10 +355,7 @@ def test_watch_one_pid_without_log_follows_its_output_file(tmp_path: Path) -> No
         _, err = agent.communicate(timeout=20)
         assert f"pid {trainer.pid}: no --log given: following its output in {out}" in err, err[-3000:]
     finally:
-        for p in (agent, trainer):
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        _reap(agent, trainer)
 
 
 @pytest.mark.process
@@ -381,10 +379,7 @@ def test_watch_one_pid_whose_output_is_a_pipe_says_no_log_is_followed(tmp_path: 
         trainer.wait(10)
         assert agent.wait(timeout=30) == 0
     finally:
-        for p in (agent, trainer):
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        _reap(agent, trainer)
 
 
 @pytest.mark.process
