@@ -618,7 +618,7 @@ class LossDivergenceDetector(Detector):
             return []
         self.episode.open(record.step)
         self.resolve_below = low * (1 + cfg.rise_ratio)
-        shown = ", ".join(f"{s}: {fmt(v)}" if s is not None else fmt(v) for s, v in list(self.recent)[-6:])
+        shown = self._shown()
         return [
             finding(
                 "loss_divergence",
@@ -631,6 +631,10 @@ class LossDivergenceDetector(Detector):
                 evidence={"lowest": low, "recent": last},
             )
         ]
+
+    def _shown(self) -> str:
+        """The last six logged losses with their steps, as a finding quotes them."""
+        return ", ".join(f"{s}: {fmt(v)}" if s is not None else fmt(v) for s, v in list(self.recent)[-6:])
 
     def _recovered(self, state: RankState, record: StepRecord) -> list[Finding]:
         level = self.resolve_below
@@ -665,7 +669,7 @@ class LossDivergenceDetector(Detector):
             return []
         self.episode.open(record.step)
         self.resolve_below = 2 * base
-        shown = ", ".join(f"{s}: {fmt(v)}" if s is not None else fmt(v) for s, v in list(self.recent)[-6:])
+        shown = self._shown()
         return [
             finding(
                 "loss_divergence",
