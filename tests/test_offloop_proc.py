@@ -31,9 +31,9 @@ from rankwatch.events import ProcessSample
 from rankwatch.identity import Identity
 from rankwatch.runtime import agent as agent_mod
 from rankwatch.runtime import modes
-from rankwatch.runtime import watcher as watcher_mod
 from rankwatch.runtime.services import Services
 from rankwatch.runtime.watcher import RankWatcher
+from rankwatch.sources.polled import process as process_source
 from rankwatch.sources.process import ProcessProber
 
 pytestmark = pytest.mark.unit
@@ -70,8 +70,8 @@ class Stuck:
 def stuck(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stuck]:
     monkeypatch.setattr(offloop, "PROC_TIMEOUT_S", TIMEOUT)
     monkeypatch.setattr(offloop, "timeouts", {})
-    # Absent before the fix (2 s was written in the code): the old code is shown failing without it.
-    monkeypatch.setattr(watcher_mod, "SAMPLE_TIMEOUT_MIN_S", TIMEOUT, raising=False)
+    # The process source's floor on its timeout (2 s): a blocking call is given TIMEOUT here.
+    monkeypatch.setattr(process_source, "SAMPLE_TIMEOUT_MIN_S", TIMEOUT)
     s = Stuck()
     yield s
     s.release.set()

@@ -193,11 +193,9 @@ async def call(
     and, given the agent's ``errors`` counters, in ``errors[component]``. ``one_stuck`` (the
     filesystem calls): while a call of this ``name`` that timed out has not returned, the next
     one times out at once instead of leaving one more thread on the hung mount."""
-    if one_stuck:
-        stuck = _stuck.get(name)
-        if stuck is not None and not stuck.is_set():
-            gave_up(name, timeout, errors, component, hint=hint)
-            raise asyncio.TimeoutError(f"{name}: an earlier call is still blocked")
+    if one_stuck and stuck(name):
+        gave_up(name, timeout, errors, component, hint=hint)
+        raise asyncio.TimeoutError(f"{name}: an earlier call is still blocked")
     returned = threading.Event()
 
     def run(*a: Any) -> T:
@@ -217,6 +215,13 @@ async def call(
 
 # name -> "the call given up on has returned", for ``one_stuck`` calls
 _stuck: dict[str, threading.Event] = {}
+
+
+def stuck(name: str) -> bool:
+    """Whether a ``one_stuck`` call of ``name`` given up on has not returned yet (the next one
+    would time out at once)."""
+    returned = _stuck.get(name)
+    return returned is not None and not returned.is_set()
 
 
 async def fs(

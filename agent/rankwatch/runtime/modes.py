@@ -853,10 +853,6 @@ class _ProcessWatch:
         """Kubernetes stops a native sidecar as soon as the trainer has exited: a process that
         ended since the last sample is judged before the agent goes, not lost with it."""
         for w in self.watchers:
-            if w.prober is not None and not w.exited:
-                with contextlib.suppress(Exception):
-                    s = await offloop.proc(
-                        w.prober.sample, name=w.proc_io, errors=self.agent.internal_errors_by_component
-                    )
-                    if not s.alive:
-                        w.on_exit(s.exit_code, None, disk_full=self.agent.log_disk_full(w))
+            with contextlib.suppress(Exception):
+                await w.sample_once()
+        lifecycle.judge_exits(self.agent, self.watchers)

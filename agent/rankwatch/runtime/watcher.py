@@ -1,8 +1,11 @@
 """One watched rank, live: its logs, its process, its detectors.
 
 Log data flows follower -> parser -> engine exactly as in ``analyze``; on top of that a
-rank has a process (sampled off the event loop) and a stall detector fed with monotonic
-time. Everything found goes to ``emit``; this module does no alerting or dumping itself.
+rank has a process and a stall detector fed with monotonic time. The process is a polled
+source made for each rank (``sources/polled/process.py``, scope ``"rank"``) under the
+sources' policy: the watcher attaches the process it samples and polls it every period
+(``sample_once``); any other source made for each rank runs beside it. Everything found
+goes to ``emit``; this module does no alerting or dumping itself.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from rankwatch.k8s.crilog import Joiner
 from rankwatch.records import Finding, Record, Severity, StepRecord
 from rankwatch.sources.follower import NOISE, LogFollower, follow
 from rankwatch.sources.logparser import LogParser
+from rankwatch.sources.polled import Poller, RankContext, Sampled, ToRank, build_rank_sources
+from rankwatch.sources.polled.process import ProcessSource
 from rankwatch.sources.process import ProcessProber, ProcessSample
 from rankwatch.sources.signatures import may_hold_signature
 
@@ -53,9 +58,6 @@ def _non_finite(text: str) -> bool:
 
 
 LINE_COUNT_S = 10.0
-# A sample reads /proc of the process tree: milliseconds, unless a process sits in D state or
-# holds its memory map lock (then cmdline, environ and smaps block for minutes).
-SAMPLE_TIMEOUT_MIN_S = 2.0
 
 
 class Stream:
@@ -141,8 +143,14 @@ class RankWatcher:
         self.alive_at: float | None = None  # the prober's clock at the last sample that found it alive
         self.exited = False
         self.internal_errors = 0
-        self.sample_errors = 0
         self.lines = 0
+        # The sources made for this rank (its process), each polled under the sources' policy;
+        # their failures by source name.
+        self.source_errors: dict[str, int] = {}
+        ctx = RankContext(cfg, self.rank, clock, prober=self._attached, io=lambda: self.proc_io)
+        self.pollers = {
+            s.name: Poller(s, self.source_errors) for s in build_rank_sources(ctx, self.source_errors)
+        }
         self._held: list[tuple[float, Finding]] = []
         self._stop = asyncio.Event()
         self._follows: dict[Stream, asyncio.Task[None]] = {}  # each stream's reader, while running
@@ -224,6 +232,16 @@ class RankWatcher:
         self.alive_at = None
         self.exited = False
         log.info("rank %s: watching pid %d", self.rank, pid)
+
+    def _attached(self) -> ProcessProber | None:
+        """The process the rank's sources sample: none before the first attach, or after its exit."""
+        return None if self.exited else self.prober
+
+    @property
+    def sample_errors(self) -> int:
+        """Samples of the rank's sources that failed or hung (each period one is stuck counts),
+        exported as the ``sampler`` internal errors."""
+        return sum(self.source_errors.values())
 
     def pids(self) -> list[int]:
         if self.prober is None:
@@ -463,27 +481,30 @@ class RankWatcher:
 
     # --- process -----------------------------------------------------------------------
     async def sample_once(self) -> list[Finding]:
-        if self.prober is None or self.exited:
+        """One sample of the rank's process (its source, ``sources/polled/process.py``), through
+        its engine. While a sample is stuck (a process in D state) each period fails at once and
+        is counted: no sample means no verdict, so stall and exit are judged from samples only."""
+        poller = self.pollers.get(ProcessSource.name)
+        if poller is None or self.prober is None or self.exited:
             return []
-        timeout = max(SAMPLE_TIMEOUT_MIN_S, self.cfg.process.sample_interval * 5)
-        try:
-            # offloop, not the loop's executor: a sample stuck on a D-state process leaves one
-            # daemon thread (one_stuck: the next periods fail at once until it returns), starves
-            # no other caller and is not joined when the agent exits.
-            sample = await offloop.proc(self.prober.sample, name=self.proc_io, timeout=timeout)
-        except Exception as e:
-            # Counted as the ``sampler`` internal error (``sample_errors``); no sample means no
-            # verdict: stall and exit are judged from samples only, so none is claimed meanwhile.
-            self.sample_errors += 1
-            if self.sample_errors == 1 and not isinstance(e, asyncio.TimeoutError):
-                log.warning(
-                    "rank %s: process sampling failed (%s); further failures only counted", self.rank, e
-                )  # a timeout: offloop logged it once already
-            return []
-        self.last_sample = sample
-        if sample.alive:
-            self.alive_at = sample.time
-        return self.push(sample)
+        events = await poller.once()
+        return [] if events is None else self._sampled(events)
+
+    def _deliver(self, events: list[Sampled]) -> None:
+        self._sampled(events)
+
+    def _sampled(self, events: Sequence[Sampled]) -> list[Finding]:
+        """What a source of this rank sampled, through its engine; a process sample is also
+        the rank's last reading of its process."""
+        found: list[Finding] = []
+        for e in events:
+            event = e.event if isinstance(e, ToRank) else e
+            if isinstance(event, ProcessSample):
+                self.last_sample = event
+                if event.alive:
+                    self.alive_at = event.time
+            found += self.push(event)
+        return found
 
     def on_exit(
         self,
@@ -548,6 +569,11 @@ class RankWatcher:
         self._running = True
         for s in self.streams:
             self._follows[s] = asyncio.create_task(self._follow(s), name=f"follow:{s.path}")
+        others = [
+            asyncio.create_task(p.run(self._stop, self._deliver), name=f"source-{name}-{self.rank}")
+            for name, p in self.pollers.items()
+            if name != ProcessSource.name  # sampled below, each period
+        ]
         try:
             while not self._stop.is_set():
                 await self.sample_once()
@@ -558,7 +584,7 @@ class RankWatcher:
                     await asyncio.wait_for(self._stop.wait(), self.cfg.process.sample_interval)
         finally:
             self._stop.set()
-            tasks = list(self._follows.values())
+            tasks = [*self._follows.values(), *others]
             for t in tasks:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(t, 2.0)

@@ -12,8 +12,11 @@ sources and the detection never wait for it.
 Where the events go is the source's ``scope``: ``"agent"`` (the default), events about the
 agent's own rank (its folders, its node), to that rank's one engine; ``"ranks"``, events
 every watched rank judges on its own (the checkpoint folder's activity, a timer), to each
-watched rank's engine with ``now`` set from that rank's clock. The engine routes them to
-the detectors that accept them.
+watched rank's engine with ``now`` set from that rank's clock; ``"rank"``, a source made
+for each watched rank (its process), whose ``create`` gets a ``RankContext`` instead: what
+that rank's pipeline knows of it, read on the loop (its process as last attached: a
+restart attaches a new one, an exit none). Its events go to that rank's engine; the rank's
+watcher polls it. The engine routes them to the detectors that accept them.
 
 An event a source wraps in ``ToRank(rank, event)`` goes to that rank's engine instead (the
 only watched rank's, when the agent watches one), with ``now`` on that rank's clock: a
@@ -38,6 +41,17 @@ as history, judged only while that rank's log shows no steps of its own. Sources
 agent may share a component they both read through ``ctx.shared`` (made by whichever asks
 first, never by import order).
 
+What a source's sample does while it hangs is the policy's, tuned by four optional
+attributes. ``when_stuck``: ``"wait"`` (the default) waits for the sample in flight again
+each period, for its ``timeout``, and hands on its late result; ``"fail"`` gives up at
+once while a sample given up on has not returned (a read of a process in D state can block
+for minutes: no period waits for it again, none leaves a second thread), drops its late
+result and samples anew once it has. ``count_hung``: ``"once"`` (the default) counts a hang
+once however long it lasts; ``"period"`` counts every period that went without a sample
+(a rate of missed samples). ``hint``: the likely cause the one line about a hang names.
+``thread``: the name of the thread a sample runs on (read each period: a source may name
+one per process it samples), by which ``offloop`` counts the hangs of ``"fail"`` sources.
+
 ``Poller`` is the policy, the same for every source: the live agent runs one per source, and
 so may a test.
 
@@ -58,11 +72,15 @@ import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, cast
 
+from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.events import CheckpointStatus, Event
 from rankwatch.offloop import in_daemon, threadsafe_waker
+
+if TYPE_CHECKING:
+    from rankwatch.sources.process import ProcessProber
 
 log = logging.getLogger("rankwatch.sources")
 
@@ -94,6 +112,22 @@ class WatchedRank:
     pids: tuple[int, ...]
     known: frozenset[int] = frozenset()
     env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a source made for one watched rank (scope ``"rank"``) may know of it: the
+    configuration, its rank and its clock, and, read on the loop, its process as the rank's
+    pipeline last attached it (``prober()``: None before the first attach and once the
+    process has exited; a restart attaches a new one) with the name of the thread its reads
+    of that process run on (``io()``: one per process, so a restarted rank's new process is
+    sampled at once while a read of the old one is stuck)."""
+
+    cfg: Config
+    rank: int | None
+    clock: Callable[[], float]
+    prober: Callable[[], ProcessProber | None] = lambda: None
+    io: Callable[[], str] = lambda: "rankwatch-proc"
 
 
 @dataclass(frozen=True)
@@ -136,13 +170,27 @@ class SourceFactory(Protocol):
     def create(cls, ctx: SourceContext) -> PolledSource | None: ...
 
 
-_S = TypeVar("_S", bound=type[SourceFactory])
+class RankSourceFactory(Protocol):
+    """A source made for each watched rank (``scope = "rank"``)."""
 
-REGISTRY: list[type[SourceFactory]] = []
+    name: ClassVar[str]
+    scope: ClassVar[str]
+
+    @classmethod
+    def create(cls, ctx: RankContext) -> PolledSource | None: ...
+
+
+Factory = type[SourceFactory] | type[RankSourceFactory]
+_S = TypeVar("_S", bound=Factory)
+
+REGISTRY: list[Factory] = []
 _loaded = False
 
 
-Scope = Literal["agent", "ranks"]
+Scope = Literal["agent", "ranks", "rank"]
+Stuck = Literal["wait", "fail"]
+Counted = Literal["once", "period"]
+HANG_HINT = "a dead mount? a stuck driver?"
 
 
 class EveryRank:
@@ -162,14 +210,42 @@ class EveryRank:
 def scope_of(src: PolledSource) -> Scope:
     """Where ``src``'s events go (its ``scope``, ``"agent"`` when it declares none)."""
     scope = getattr(src, "scope", "agent")
-    if scope not in ("agent", "ranks"):
-        raise TypeError(f"polled source {src.name!r}: scope {scope!r} is not 'agent' or 'ranks'")
+    if scope not in ("agent", "ranks", "rank"):
+        raise TypeError(f"polled source {src.name!r}: scope {scope!r} is not 'agent', 'ranks' or 'rank'")
     return cast(Scope, scope)
 
 
 def blocks(src: PolledSource) -> bool:
     """Whether ``src``'s sample runs off the loop (its ``blocking``, True when it declares none)."""
     return bool(getattr(src, "blocking", True))
+
+
+def _choice(src: PolledSource, attr: str, choices: tuple[str, ...]) -> str:
+    value = getattr(src, attr, choices[0])
+    if value not in choices:
+        raise TypeError(f"polled source {src.name!r}: {attr} {value!r} is not one of {choices}")
+    return str(value)
+
+
+def when_stuck(src: PolledSource) -> Stuck:
+    """What a period does while ``src``'s sample hangs (its ``when_stuck``, ``"wait"`` when it
+    declares none)."""
+    return cast(Stuck, _choice(src, "when_stuck", ("wait", "fail")))
+
+
+def count_hung(src: PolledSource) -> Counted:
+    """How ``src``'s hangs are counted (its ``count_hung``, ``"once"`` when it declares none)."""
+    return cast(Counted, _choice(src, "count_hung", ("once", "period")))
+
+
+def thread_of(src: PolledSource) -> str:
+    """The name of the thread ``src``'s samples run on (its ``thread``, ``rankwatch-<name>``)."""
+    return str(getattr(src, "thread", None) or f"rankwatch-{src.name}")
+
+
+def hint_of(src: PolledSource) -> str:
+    """The likely cause of a hang of ``src`` (its ``hint``)."""
+    return str(getattr(src, "hint", None) or HANG_HINT)
 
 
 def register_source(cls: _S) -> _S:
@@ -194,32 +270,43 @@ def _load() -> None:
 
 class Poller:
     """One source under the policy: its sample off the loop (unless it says it need not),
-    one in flight at a time, given up after its ``timeout`` (waited for again, never
-    doubled), a failure logged once per cause and counted in ``errors[name]``."""
+    one in flight at a time, given up after its ``timeout`` (``when_stuck``: waited for
+    again, never doubled; or failed at once while it has not returned), a hang counted once
+    or every period (``count_hung``) and logged once with its likely cause (``hint``), any
+    other failure logged once per cause and counted in ``errors[name]``."""
 
     def __init__(self, source: PolledSource, errors: dict[str, int] | None = None) -> None:
         self.source = source
         self.errors = errors if errors is not None else {}
         self.errors.setdefault(source.name, 0)
         self.inflight: asyncio.Future[Sequence[Sampled]] | None = None
-        self.began = 0.0  # loop time the sample in flight started
-        self.hung_logged = False
+        self.began = 0.0  # loop time the sample in flight (or the one stuck) started
+        self.hung_logged = False  # the hang going on is logged (and, counted once, counted)
         self.failing: str | None = None  # the failure last logged: the same one again is only counted
         self.failed = int(getattr(source, "failed", 0))
+        self.thread: str | None = None  # ``"fail"`` sources: the thread of the last sample started
 
     def _count(self) -> None:
         name = self.source.name
         self.errors[name] = self.errors.get(name, 0) + 1
 
+    @property
+    def stuck(self) -> bool:
+        """A sample given up on has not returned."""
+        if self.thread is not None:
+            return offloop.stuck(self.thread)
+        return self.inflight is not None and not self.inflight.done()
+
     async def poll(self, timeout: float | None = None) -> list[Sampled] | None:
         """One sample's events; None when it failed or hung."""
         src = self.source
-        name = src.name
         wait = src.timeout if timeout is None else timeout
+        if blocks(src) and when_stuck(src) == "fail":
+            return await self._poll_anew(wait)
         if self.inflight is None:
             self.began = asyncio.get_running_loop().time()
             if blocks(src):
-                self.inflight = in_daemon(src.sample, src.inputs(), name=f"rankwatch-{name}")
+                self.inflight = in_daemon(src.sample, src.inputs(), name=thread_of(src))
             else:  # it only reads what inputs() read: on the loop, no thread
                 self.inflight = asyncio.get_running_loop().create_future()
                 try:
@@ -229,20 +316,60 @@ class Poller:
         try:
             events = await asyncio.wait_for(asyncio.shield(self.inflight), wait)
         except asyncio.TimeoutError:
-            if not self.hung_logged:  # one count per hang, however often it is waited for
-                self.hung_logged = True
-                self._count()
-                log.error("%s sample hung for %.0fs (a dead mount? a stuck driver?)", name, wait)
+            self._hung(wait)
             return None
         except Exception as e:
             self.inflight = None
-            self._count()
-            why = f"{type(e).__name__}: {e}"
-            if self.failing != why:  # the same cause every interval (an unwritable folder): counted
-                self.failing = why
-                log.error("%s sample failed: %s (again: counted in rankwatch_internal_errors_total)", name, e)
+            self._failed(e)
             return None
         self.inflight = None
+        return self._returned(events)
+
+    async def _poll_anew(self, wait: float) -> list[Sampled] | None:
+        """``when_stuck = "fail"``: a new sample each period through ``offloop.call`` with
+        ``one_stuck`` (which fails at once while the one given up on has not returned, counts
+        every period in ``offloop.timeouts[thread]`` and logs the first with the hint)."""
+        src = self.source
+        thread = self.thread = thread_of(src)
+        fresh = not offloop.stuck(thread)
+        if fresh:
+            self.began = asyncio.get_running_loop().time()
+        try:
+            events = await offloop.call(
+                src.sample, src.inputs(), timeout=wait, name=thread, one_stuck=True, hint=hint_of(src)
+            )
+        except asyncio.TimeoutError:
+            if fresh:
+                self.hung_logged = False  # a new hang (the last one ended failing, not returning)
+            self._hung(wait, said=True)
+            return None
+        except Exception as e:
+            self._failed(e)
+            return None
+        return self._returned(events)
+
+    def _hung(self, wait: float, *, said: bool = False) -> None:
+        """A period without a sample, its sample stuck: counted (once, or every period), and
+        the first time logged (``said``: offloop did)."""
+        src = self.source
+        if count_hung(src) == "period" or not self.hung_logged:
+            self._count()
+        if not self.hung_logged:
+            self.hung_logged = True
+            if not said:
+                log.error("%s sample hung for %.0fs (%s)", src.name, wait, hint_of(src))
+
+    def _failed(self, e: Exception) -> None:
+        self.hung_logged = False
+        self._count()
+        why = f"{type(e).__name__}: {e}"
+        if self.failing != why:  # the same cause every interval (an unwritable folder): counted
+            self.failing = why
+            who = self.source.name if self.thread is None else f"{self.source.name} ({self.thread})"
+            log.error("%s sample failed: %s (again: counted in rankwatch_internal_errors_total)", who, e)
+
+    def _returned(self, events: Sequence[Sampled]) -> list[Sampled]:
+        src = self.source
         self.hung_logged = False
         failed = int(getattr(src, "failed", 0))
         if failed > self.failed:  # it logged which readings failed, once: counted here
@@ -250,7 +377,7 @@ class Poller:
         self.failed = failed
         if self.failing is not None:
             self.failing = None
-            log.info("%s sample works again", name)
+            log.info("%s sample works again", src.name)
         return list(events)
 
     async def once(self, timeout: float | None = None) -> list[Sampled] | None:
@@ -259,7 +386,7 @@ class Poller:
         ``overdue``)."""
         events = await self.poll(timeout)
         overdue = getattr(self.source, "overdue", None)
-        if events is None and self.inflight is not None and overdue is not None:
+        if events is None and self.stuck and overdue is not None:
             return list(overdue(asyncio.get_running_loop().time() - self.began))
         return events
 
@@ -325,12 +452,12 @@ class Poller:
                     in_daemon(close, name=f"rankwatch-{src.name}-close")  # may join a thread: not awaited
 
 
-def build_sources(ctx: SourceContext, errors: dict[str, int] | None = None) -> list[PolledSource]:
-    """The sources this configuration turns on, in registration order. One that cannot be
-    made (a folder it cannot watch) is logged and counted in ``errors[name]``; the others run."""
+def _build(ctx: Any, rank: bool, errors: dict[str, int] | None) -> list[PolledSource]:
     _load()
     out: list[PolledSource] = []
     for cls in REGISTRY:
+        if (getattr(cls, "scope", "agent") == "rank") != rank:
+            continue
         try:
             src = cls.create(ctx)
         except Exception as e:
@@ -343,18 +470,38 @@ def build_sources(ctx: SourceContext, errors: dict[str, int] | None = None) -> l
     return out
 
 
+def build_sources(ctx: SourceContext, errors: dict[str, int] | None = None) -> list[PolledSource]:
+    """The sources this configuration turns on, in registration order (those made for each
+    watched rank aside: ``build_rank_sources``). One that cannot be made (a folder it cannot
+    watch) is logged and counted in ``errors[name]``; the others run."""
+    return _build(ctx, False, errors)
+
+
+def build_rank_sources(ctx: RankContext, errors: dict[str, int] | None = None) -> list[PolledSource]:
+    """The sources (scope ``"rank"``) this configuration turns on for the watched rank ``ctx``
+    describes, as ``build_sources`` does for the agent's."""
+    return _build(ctx, True, errors)
+
+
 __all__ = [
+    "HANG_HINT",
     "REGISTRY",
     "EveryRank",
     "PolledSource",
     "Poller",
+    "RankContext",
     "Sampled",
     "Scope",
     "SourceContext",
     "ToRank",
     "WatchedRank",
     "blocks",
+    "build_rank_sources",
     "build_sources",
+    "count_hung",
+    "hint_of",
     "register_source",
     "scope_of",
+    "thread_of",
+    "when_stuck",
 ]
