@@ -281,6 +281,87 @@ def test_a_woken_source_is_one_file(tmp_path: Path) -> None:
     assert res.stdout.split() == ["first", "True", "woken", "True", "closed"], res.stdout + res.stderr
 
 
+RANK_SOURCE = """
+    \"\"\"A source made for each watched rank: it reads that rank's process as last attached.\"\"\"
+    from __future__ import annotations
+
+    import threading
+    import time
+    from typing import Any
+
+    from rankwatch.events import Event, Tick
+    from rankwatch.sources.polled import RankContext, register_source
+
+
+    @register_source
+    class OpenFiles:
+        name = "open_files"
+        scope = "rank"  # one per watched rank, made from a RankContext; its events to that rank
+        when_stuck = "fail"  # a read of a process in D state: the next periods fail at once
+        interval = 0.05
+        timeout = 5.0
+
+        def __init__(self, ctx: RankContext) -> None:
+            self.ctx = ctx
+
+        @classmethod
+        def create(cls, ctx: RankContext) -> OpenFiles:
+            return cls(ctx)
+
+        @property
+        def thread(self) -> str:
+            return f"rankwatch-open-files-{self.ctx.rank}"
+
+        def inputs(self) -> Any:
+            return self.ctx.prober()  # None before the first attach and after the exit
+
+        def sample(self, prober: Any) -> list[Event]:
+            pid = prober.pid if prober is not None else None
+            print("sampled", self.ctx.rank, threading.current_thread().name, pid, flush=True)
+            return [Tick(0.0, time.time())]
+"""
+
+
+def test_a_source_of_each_rank_is_one_file(tmp_path: Path) -> None:
+    """A source of scope ``"rank"`` is made for each watched rank and run by that rank's live
+    pipeline, beside its process source, from its file alone: it samples the process the rank
+    attached, on the thread it names, and its events reach that rank's engine."""
+    root = _copy(tmp_path, "sources/polled/open_files.py", RANK_SOURCE)
+    code = """
+        import asyncio, os
+        from pathlib import Path
+        from rankwatch.config.schema import Config
+        from rankwatch.identity import Identity
+        from rankwatch.runtime.agent import Agent
+
+        agent = Agent(Config(), Identity(run="ext", rank=3, local_rank=0, world_size=4, node="n"))
+        w = agent.add_watcher([Path("rank-3.log").resolve()])
+        print(sorted(w.pollers))
+        w.attach(os.getpid())
+        got = []
+        w.push = lambda e: got.append(type(e).__name__) or []
+
+        async def main():
+            task = asyncio.create_task(w.run())
+            for _ in range(500):
+                if "Tick" in got:
+                    break
+                await asyncio.sleep(0.01)
+            w.stop()
+            await task
+            print("delivered", "Tick" in got, os.getpid())
+
+        asyncio.run(main())
+    """
+    res = _run(root, code=code, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    pid = lines[-1].split()[-1]
+    assert lines[0] == "['open_files', 'process']", res.stdout
+    assert f"sampled 3 rankwatch-open-files-3 {pid}" in lines, res.stdout
+    assert lines[-1] == f"delivered True {pid}", res.stdout + res.stderr
+
+
 def test_a_log_format_is_one_file(tmp_path: Path) -> None:
     """Auto-detection finds the new format, ``logs.format`` and ``--format`` take its name (the
     config schema's choices come from the registry), and the real package refuses the name
