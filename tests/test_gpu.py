@@ -9,7 +9,7 @@ import random
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -50,7 +50,7 @@ from rankwatch.events import NvmlHang
 from rankwatch.gpu import GpuConfig, GpuInfo, GpuSample
 from rankwatch.gpu.backend import GpuError, error_kind
 from rankwatch.gpu.collector import gpu_metric_families
-from rankwatch.gpu.sampler import GpuSampler, map_pids_to_gpus
+from rankwatch.gpu.sampler import GpuSampler, attribute_pids_to_gpus
 from rankwatch.records import Finding, Severity
 from rankwatch.sources.polled import Poller, SourceContext, ToRank
 from rankwatch.sources.polled.gpu import GpuSource
@@ -484,6 +484,17 @@ def test_error_kinds_from_nvml_codes() -> None:
 # --- PID -> GPU mapping ----------------------------------------------------------------------
 
 DEVICES = [GpuInfo(i, uuid=f"GPU-{i}abc{i}-0000-1111", name="H100") for i in range(8)]
+
+
+def map_pids_to_gpus(
+    pids: Iterable[int],
+    env: Mapping[str, str],
+    *,
+    processes: Mapping[int, Iterable[int]] | None = None,
+    devices: Sequence[GpuInfo] = (),
+) -> list[int] | None:
+    """``attribute_pids_to_gpus`` (what the GPU source ties each rank's GPUs with) without the how."""
+    return attribute_pids_to_gpus(pids, env, processes=processes, devices=devices)[0]
 
 
 @pytest.mark.unit

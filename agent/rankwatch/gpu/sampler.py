@@ -92,17 +92,6 @@ def attribute_pids_to_gpus(
     return None, "unattributed"
 
 
-def map_pids_to_gpus(
-    pids: Iterable[int],
-    env: Mapping[str, str],
-    *,
-    processes: Mapping[int, Iterable[int]] | None = None,
-    devices: Sequence[GpuInfo] = (),
-) -> list[int] | None:
-    """``attribute_pids_to_gpus`` without the how."""
-    return attribute_pids_to_gpus(pids, env, processes=processes, devices=devices)[0]
-
-
 def namespace_pids(pid: int, proc: str = "/proc") -> set[int]:
     """Every PID this process has in nested PID namespaces (``NSpid`` in its status file).
 
