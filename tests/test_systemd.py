@@ -98,6 +98,8 @@ def test_unit_filesystem_hardening() -> None:
 @pytest.mark.unit
 def test_unit_runs_watch_with_restart_and_secrets_from_the_env_file() -> None:
     svc = _service()
+    assert svc["Type"] == "notify"  # started once watching: rankwatch.runtime.modes.notify_ready
+    assert svc.get("NotifyAccess", "main") == "main"  # the agent itself says it is ready
     assert svc["Restart"] == "on-failure"
     assert svc["EnvironmentFile"] == "-/etc/rankwatch/rankwatch.env"
     argv = svc["ExecStart"].split()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -423,3 +424,47 @@ def test_a_process_output_file_is_followed_only_when_it_is_safe(tmp_path: Path) 
         for p in procs:
             p.kill()
             p.wait(10)
+
+
+@pytest.mark.process
+def test_watch_match_tells_systemd_it_is_ready_once_it_watches_the_ranks(tmp_path: Path) -> None:
+    """Under ``Type=notify`` (systemd/rankwatch.service) the node daemon sends ``READY=1`` once
+    its first look is done: a rank already running is attached by then, so a job started after
+    ``systemctl start`` returns has every step line read as it comes."""
+    import socket
+
+    marker = "77003"
+    out = tmp_path / "out-0.txt"
+    trainer = _trainer(out, marker, "--rank", "0", "--steps", "100000")
+    addr = Path(tempfile.mkdtemp(prefix="rw-notify-")) / "notify"  # sun_path holds 108 bytes
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(addr))
+    sock.settimeout(30)
+    agent = None
+    try:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "-v", "watch", "--config", str(_config(tmp_path)),
+             "--match", f"--seed {marker}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, NOTIFY_SOCKET=str(addr)),
+        )  # fmt: skip
+        assert sock.recv(4096) == b"READY=1"
+        assert agent.stderr is not None
+        os.set_blocking(agent.stderr.fileno(), False)
+        said = agent.stderr.read() or b""  # what it logged before it said so
+        assert f"rank 0: pid {trainer.pid}".encode() in said, said[-3000:]
+    finally:
+        sock.close()
+        addr.unlink(missing_ok=True)
+        addr.parent.rmdir()
+        _reap(agent, trainer)
+
+
+@pytest.mark.unit
+def test_readiness_never_fails_the_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NOTIFY_SOCKET nobody listens on is logged, not raised: the agent watches on."""
+    from rankwatch.runtime.modes import notify_ready
+
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "nobody"))
+    notify_ready()
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    notify_ready()

@@ -20,10 +20,12 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -335,9 +337,46 @@ def watch_pids(tmp: Path, cfg: Path, world: int, env: dict[str, str]) -> Running
     )  # fmt: skip
 
 
+@contextlib.contextmanager
+def systemd_notify(
+    timeout: float = 120.0,
+) -> Iterator[tuple[dict[str, str], Callable[[subprocess.Popen[bytes], Path], None]]]:
+    """What systemd does for a ``Type=notify`` unit (systemd/rankwatch.service): a datagram
+    socket named in ``NOTIFY_SOCKET``, and ``systemctl start`` returning once the service has
+    sent ``READY=1``. Yields the environment to start the service with and ``ready(proc, out)``,
+    which waits (bounded) for that message; a service that ends or never says it fails the
+    test (and one still running is killed)."""
+    folder = Path(tempfile.mkdtemp(prefix="rw-notify-"))  # a short path: sun_path holds 108 bytes
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind(str(folder / "notify"))
+        sock.settimeout(0.2)
+        said: list[bytes] = []
+
+        def ready(proc: subprocess.Popen[bytes], out: Path) -> None:
+            def heard() -> bool:
+                with contextlib.suppress(TimeoutError):
+                    said.append(sock.recv(4096))
+                assert proc.poll() is None, f"the service ended: {out.read_text(errors='replace')[-2000:]}"
+                return any(b"READY=1" in m.split(b"\n") for m in said)
+
+            try:
+                wait_for(heard, timeout, "the service's READY=1", 0.0)
+            except BaseException:
+                proc.kill()
+                proc.wait(timeout=10)
+                raise
+
+        yield {"NOTIFY_SOCKET": str(folder / "notify")}, ready
+    finally:
+        sock.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def node_daemon(tmp: Path, cfg: Path, world: int, env: dict[str, str]) -> Running:
-    """The node daemon (deploy/systemd/rankwatch.service): one ``rankwatch watch --match``
-    already running on the node, no ``--log``; the job's ranks start after it, as ``srun
+    """The node daemon (systemd/rankwatch.service): one ``rankwatch watch --match`` already
+    running on the node (started as systemd starts it: the job waits for its ``READY=1``), no
+    ``--log``; the job's ranks start after it, as ``srun
     --output=rank-%t.log python train.py`` starts them (Slurm's variables, stdout a file), and
     the daemon follows each rank's own stdout with the identity read from its environment. The
     match is the job's own argument, so the daemon sees this cell's ranks only; it is stopped
@@ -345,7 +384,9 @@ def node_daemon(tmp: Path, cfg: Path, world: int, env: dict[str, str]) -> Runnin
     tag = uuid.uuid4().hex
     found = tmp / "f.jsonl"
     cmd = rankwatch("watch", "--config", str(cfg), f"--match=--rw-job={tag}", "--findings-jsonl", str(found))
-    agent = _popen(cmd, job_env(tag, {}), tmp / "agent.out")
+    with systemd_notify() as (notify_env, ready):
+        agent = _popen(cmd, job_env(tag, notify_env), tmp / "agent.out")
+        ready(agent, tmp / "agent.out")
     slurm = {"SLURM_JOB_ID": "4243", "SLURM_NTASKS": str(world), **env}
     ranks = _ranks_by_hand(tmp, tag, world, slurm, [f"--rw-job={tag}"], slurm=True)
 

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -609,6 +610,28 @@ async def watch_processes(
         guard.restore()
 
 
+def notify_ready() -> None:
+    """Tell systemd the agent is watching (sd_notify(3), ``Type=notify`` in the unit): its first
+    look at the node's processes is done and each rank it found is being read. Until then a
+    rank's step lines are written with nobody reading them, and the ones read later arrive in
+    one burst that measures no step interval (the stall rule keeps its startup grace). Units
+    ordered after rankwatch.service (slurmd, a job's prolog) start once this is sent, not once
+    the agent's Python has been exec'd. Nothing is sent outside systemd (no ``NOTIFY_SOCKET``);
+    the datagram is never waited on."""
+    addr = os.environ.get("NOTIFY_SOCKET", "")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]  # an abstract socket
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.setblocking(False)
+            s.connect(addr)
+            s.send(b"READY=1")
+    except OSError as e:
+        log.warning("cannot tell systemd the agent is ready (NOTIFY_SOCKET=%s): %s", addr[:200], e)
+
+
 def _usage_problem(pids: Sequence[int], logs: Sequence[Path]) -> str | None:
     """What in ``watch``'s arguments cannot work, said before anything starts."""
     missing = [p for p in pids if not psutil.pid_exists(p)]
@@ -832,6 +855,7 @@ class _ProcessWatch:
         await self.first_look()
         extras = await lifecycle.start(self.agent, self.cfg, services, stop=stop)
         self.start()
+        notify_ready()
         try:
             while not stop.is_set():
                 lifecycle.judge_exits(self.agent, self.watchers)
