@@ -353,6 +353,10 @@ class Agent:
             if outcome.link is not None and self.cross_rank is not None:
                 try:  # a launcher's workers in the stacks (mp.spawn): judged as peers
                     judged = await self.cross_rank.launcher_workers(f, Path(outcome.link))
+                except (asyncio.TimeoutError, OSError) as e:  # the folder: the finding goes as it is
+                    log.warning(
+                        "cannot read the stacks back from %s: %s", outcome.link, e or type(e).__name__
+                    )
                 except Exception:
                     log.exception("judging a launcher's workers failed")
             if judged:
