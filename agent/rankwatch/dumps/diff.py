@@ -90,7 +90,8 @@ class DiffResult:
     peers: dict[int, list[Peer]] = field(default_factory=dict)
     suspect_pids: list[int] = field(default_factory=list)
 
-    def _peer_names(self, pids: list[int]) -> str:
+    def peer_names(self, pids: list[int]) -> str:
+        """``pid 7167 (spawn process 1)``: how the faces name a launcher's workers."""
         names = {p.pid: p.name() for ps in self.peers.values() for p in ps}
         return ", ".join(names.get(pid, f"pid {pid}") for pid in pids)
 
@@ -128,7 +129,7 @@ class DiffResult:
             noun = "rank" if len(self.suspects) == 1 else "ranks"
             return f"suspect: {noun} {format_ranks(self.suspects)} ({self.reason})"
         if self.suspect_pids:
-            return f"suspect: {self._peer_names(self.suspect_pids)} ({self.reason})"
+            return f"suspect: {self.peer_names(self.suspect_pids)} ({self.reason})"
         return f"no suspect: {self.reason}" if self.reason else "no suspect"
 
 
@@ -331,7 +332,7 @@ def _judge_peers(result: DiffResult) -> None:
         return
     acts = {p.pid: p.activity for p in peers}
     suspects, reason, verdict = judge(
-        acts, [], who=result._peer_names, nouns=("worker process", "worker processes")
+        acts, [], who=result.peer_names, nouns=("worker process", "worker processes")
     )
     result.suspect_pids, result.reason, result.verdict = suspects, reason, verdict
 
