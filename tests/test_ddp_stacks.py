@@ -254,3 +254,25 @@ def test_ranks_waiting_in_different_process_groups_are_two_groups() -> None:
     text = format_diff(result)
     assert "train.py:40" in text and "train.py:44" in text, text
     assert result.verdict != "same_collective"
+
+
+def test_a_spawn_launchers_workers_are_judged_as_peers_by_pid() -> None:
+    """One dump holds a torch.multiprocessing.spawn launcher and its workers (their ranks set
+    inside them): the worker that is not in the collective is named by pid and spawn index, and
+    no rank is claimed for it; the process picked for "rank 0" is no verdict."""
+    result = diff_incident(_load("spawn_hang"))
+    assert [(p.pid, p.index) for p in result.peers[0]] == [(15715, 0), (15716, 1)]
+    assert result.suspects == [] and result.suspect_pids == [15716]
+    assert result.verdict == NOT_IN_COLLECTIVE
+    assert result.diagnosis().suspect is None and result.diagnosis().suspect_pids == (15716,)
+    text = format_diff(result)
+    assert "rank 0: a launcher waiting for 2 worker processes" in text
+    assert "  pid 15715 (spawn process 0): waiting in all_reduce (DDP gradient all-reduce" in text
+    assert "  pid 15716 (spawn process 1): blocked in a wait of its own" in text
+    assert "suspect: pid 15716 (spawn process 1) (the only worker process not waiting in a collective" in text
+    assert "no suspect" not in text and "all ranks wait" not in text
+
+
+def test_a_ranks_dataloader_workers_are_no_peers() -> None:
+    """A rank's DataLoader workers run the training code too, but under a rank, not a launcher."""
+    assert diff_incident(_load("loader_hang"), world_size=4).peers == {}

@@ -110,6 +110,13 @@ def test_loader_hang_names_rank_2_what_it_does_and_its_peers_as_consequences(
     assert "read_shard_forever" in html and "▶" in html  # the suspect's path through its stack
 
 
+def test_a_spawn_launchers_hung_worker_is_the_pages_suspect_by_pid(tmp_path: Path) -> None:
+    """The page says what `dumps diff` says: the worker the others wait for, by pid."""
+    v = report_of(tmp_path, "spawn_hang").verdict
+    assert v.headline == "suspect: pid 15716 (spawn process 1)" and v.kind == "not_in_collective"
+    assert v.suspects == []  # no rank was learned for it
+
+
 def test_extra_barrier_is_a_mismatch_shown_with_both_call_sites(tmp_path: Path) -> None:
     rep = report_of(tmp_path, "barrier")
     v = rep.verdict

@@ -70,3 +70,31 @@ def test_a_signal_the_loop_refuses_otherwise_is_counted_not_raised(
         got = signals.on_signal(Refusing(), signal.SIGTERM, lambda: None, errors=errors)  # type: ignore[arg-type]
     assert got is False and errors == {"signals": 1}
     assert caplog.text.count("no signal handlers in this event loop") == 1
+
+
+def test_the_signal_that_ended_a_command_is_the_one_its_status_names() -> None:
+    from rankwatch.runtime.signals import ended_by
+
+    sent = [signal.SIGINT, signal.SIGTERM]
+    assert ended_by(-signal.SIGTERM, sent) == signal.SIGTERM  # killed by the second one
+    assert ended_by(128 + signal.SIGINT, sent) == signal.SIGINT  # exited 130 from its handler
+    assert ended_by(-signal.SIGKILL, sent) is None and ended_by(1, sent) is None
+
+
+@pytest.mark.parametrize(
+    ("last", "stop"),
+    [
+        ("KeyboardInterrupt", True),
+        ("SystemExit: 130", True),
+        ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 2", True),
+        ("RuntimeError: CUDA error: an illegal memory access was encountered", False),
+        ("ValueError: KeyboardInterrupt in the message is no interrupt", False),
+    ],
+)
+def test_an_interrupt_is_a_traceback_that_ends_in_a_stop_signals_exception(last: str, stop: bool) -> None:
+    from rankwatch.runtime.signals import is_interrupt
+
+    assert (
+        is_interrupt(["Traceback (most recent call last):", '  File "t.py", line 1, in <module>', last, ""])
+        is stop
+    )

@@ -622,8 +622,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         parents=[live],
         help="launch CMD as the watched rank, following its output file",
         description="Launch CMD as the watched rank. Its output goes to a log file (runner.log_dir) that "
-        "the agent follows and echoes; SIGTERM/SIGINT/SIGHUP/SIGUSR2 are forwarded; SIGUSR1 captures stack "
-        "dumps. The exit status is the child's (128+N for signal N).",
+        "the agent follows and echoes; SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR2 are forwarded "
+        "(SIGINT/SIGHUP/SIGQUIT to CMD's process group, as a terminal sends them); SIGUSR1 captures "
+        "stack dumps. The exit status is the child's (128+N for signal N).",
     )
     r.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the rank's command line, after --"

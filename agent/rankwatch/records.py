@@ -260,6 +260,9 @@ class Diagnosis:
     dumps: DumpOutcome | None = None
     world_size: int | None = None
     missing: tuple[int, ...] = ()
+    # The processes the others wait for, by pid, where their ranks are unknown to the agent (a
+    # launcher's workers whose rank was set inside them): named, never given a rank.
+    suspect_pids: tuple[int, ...] = ()
 
     @property
     def suspect(self) -> int | None:
@@ -291,6 +294,7 @@ class Diagnosis:
             "dumps": self.dumps.to_json() if self.dumps is not None else None,
             "world_size": self.world_size,
             "missing": list(self.missing),
+            "suspect_pids": list(self.suspect_pids),
         }
 
     @classmethod
@@ -307,6 +311,7 @@ class Diagnosis:
             DumpOutcome.from_json(d.get("dumps")),
             _int_or_none(d.get("world_size")),
             _ints(d.get("missing")),
+            _ints(d.get("suspect_pids")),
         )
 
 

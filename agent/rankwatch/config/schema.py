@@ -277,7 +277,9 @@ class RunModeConfig:
     log_file: str | None = opt(None, "run mode: exact output file (overrides log_dir)")
     echo: bool = opt(True, "echo the child's output to the agent's stdout")
     unbuffered: bool = opt(True, "set PYTHONUNBUFFERED=1 for the child")
-    term_grace: Duration = opt(Duration(30.0), "after forwarding SIGTERM, wait this long, then SIGKILL")
+    term_grace: Duration = opt(
+        Duration(30.0), "after forwarding a stop signal, wait this long, then SIGKILL the process group"
+    )
 
 
 @dataclass(frozen=True)

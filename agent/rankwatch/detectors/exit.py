@@ -10,6 +10,7 @@ its own in the log makes it a ``crash``, and then a warning.
 
 from __future__ import annotations
 
+import re
 import signal as _signal
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,10 @@ from rankwatch.state import RankState
 
 if TYPE_CHECKING:
     from rankwatch.config.schema import Config
+
+
+# multiprocessing's line before a worker's traceback: "Process SpawnProcess-1:".
+_MP_HEADER = re.compile(r"^Process \S+:$")
 
 
 @register
@@ -49,7 +54,9 @@ class ExitDetector(Detector):
         status = f"signal {signal}" if signal else f"exit code {exit_code}"
         if requested:
             cause, _ = pick_cause(state)
-            interrupted = cause is not None and _interrupt(cause.summary)
+            interrupted = cause is not None and (
+                _interrupt(cause.summary) or _only_interrupts(cause.evidence)
+            )
             if cause is None or interrupted or cause.severity < Severity.CRITICAL:
                 how = (
                     f"{_signame(requested)} {e.stopped_by}"
@@ -101,3 +108,18 @@ def _interrupt(summary: str) -> bool:
     """The traceback a stop signal itself prints (Python's default SIGINT handler, sys.exit,
     torchelastic's handler: ``SignalException: Process N got signal: 15``)."""
     return "KeyboardInterrupt" in summary or "SystemExit" in summary or "SignalException" in summary
+
+
+def _only_interrupts(lines: object) -> bool:
+    """A traceback with no exception line but interrupts: the tracebacks that the processes of
+    one process group print together on one Ctrl-C (a launcher's workers) interleave into pieces
+    with no final line of their own, or only a KeyboardInterrupt; after a stop that is the stop's
+    doing, not an error of the process's own."""
+    if not isinstance(lines, (list, tuple)) or not lines or not str(lines[0]).startswith("Traceback ("):
+        return False
+    raised = [
+        x
+        for x in map(str, lines)
+        if x.strip() and not x[0].isspace() and not x.startswith("Traceback (") and not _MP_HEADER.match(x)
+    ]
+    return all(_interrupt(x) for x in raised)

@@ -103,7 +103,14 @@ def _process_info(pid: int) -> dict[str, Any]:
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            return {"pid": pid, "ppid": proc.ppid(), "cmdline": " ".join(proc.cmdline()) or proc.name()}
+            # ``started`` orders a launcher's children by their start (torch.multiprocessing.spawn
+            # starts process i before i+1): dumps/classify.py numbers them by it.
+            return {
+                "pid": pid,
+                "ppid": proc.ppid(),
+                "cmdline": " ".join(proc.cmdline()) or proc.name(),
+                "started": proc.create_time(),
+            }
     except (psutil.Error, OSError):
         return {"pid": pid, "ppid": None, "cmdline": None}
 

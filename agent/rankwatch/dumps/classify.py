@@ -320,6 +320,81 @@ def main_thread(dump: dict[str, Any]) -> Frame | None:
     return best
 
 
+# torch.multiprocessing.spawn: the launcher waits in ProcessContext.join / start_processes, and
+# each child runs ``_wrap(fn, i, ...)``, where ``i`` is the process index torch passes to ``fn``.
+_SPAWN_RE = re.compile(r"torch[/\\]multiprocessing[/\\]spawn\.py$")
+_SPAWN_WAITS = frozenset({"join", "start_processes", "spawn"})
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One worker process of a launcher whose ranks the agent saw as one process tree.
+
+    ``index``: the process index torch.multiprocessing.spawn gave it (``fn(i, ...)``), from the
+    order its processes were started; the script usually makes it the rank, but nothing the
+    agent read says so, so it is never reported as one."""
+
+    pid: int
+    index: int | None
+    activity: Activity
+
+    def name(self) -> str:
+        return f"pid {self.pid}" + (f" (spawn process {self.index})" if self.index is not None else "")
+
+
+def _is_launcher(frames: list[Frame]) -> bool:
+    return any(
+        _LAUNCHER_RE.search(_file(f)) or (_SPAWN_RE.search(_file(f)) and short_name(f) in _SPAWN_WAITS)
+        for f in frames
+    )
+
+
+def launcher_peers(dump: dict[str, Any]) -> list[Peer]:
+    """The ranks inside one dump: when the dumped process is a launcher waiting for its workers
+    (torch.multiprocessing.spawn's join, torchelastic's agent) and at least two of its processes
+    run the training code, each is a peer of the others. Their ranks were set inside them (not
+    in their environment), so the agent knew one process tree; they are judged as peers, named
+    by pid. Empty otherwise (a rank with its DataLoader workers, a rank and one helper)."""
+    threads = [t for t in dump.get("threads") or [] if isinstance(t, dict)]
+    pid_ = dump.get("pid")
+    root = pid_ if isinstance(pid_, int) else -1
+    procs = group_by_process(threads, root)
+    if not _is_launcher(_frames(_main_thread(procs.get(root, [])))):
+        return []
+    found: list[tuple[int, list[Frame], bool | None]] = []
+    for pid, proc_threads in procs.items():
+        main = _main_thread(proc_threads)
+        frames = _frames(main)
+        if pid == root or _score(frames) <= 0:
+            continue
+        active = (main or {}).get("active")
+        found.append((pid, frames, active if isinstance(active, bool) else None))
+    if len(found) < 2:
+        return []
+    started: dict[int, tuple[float, int]] = {}
+    for p in dump.get("processes") or []:
+        if isinstance(p, dict) and isinstance(p.get("pid"), int):
+            t = p.get("started")
+            started[p["pid"]] = (float(t) if isinstance(t, (int, float)) else float("inf"), p["pid"])
+    spawned = sorted(
+        (
+            pid
+            for pid, frames, _ in found
+            if any(_SPAWN_RE.search(_file(f)) and short_name(f) == "_wrap" for f in frames)
+        ),
+        key=lambda pid: started.get(pid, (float("inf"), pid)),
+    )
+    # The index is known only when every spawn child was dumped and its start time read.
+    known = len(spawned) == len(found) and all(
+        started.get(pid, (float("inf"),))[0] < float("inf") for pid in spawned
+    )
+    index = {pid: i for i, pid in enumerate(spawned)} if known else {}
+    return [
+        Peer(pid, index.get(pid), classify_frames(frames, active=active))
+        for pid, frames, active in sorted(found, key=lambda x: (index.get(x[0], len(found)), x[0]))
+    ]
+
+
 def _worker_place(dump: dict[str, Any]) -> str | None:
     """Where the rank's DataLoader workers are: the user's frame in each ``_worker_loop`` process."""
     threads = [t for t in dump.get("threads") or [] if isinstance(t, dict)]

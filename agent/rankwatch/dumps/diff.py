@@ -18,6 +18,7 @@ groups with two call sites.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,10 +27,12 @@ from rankwatch.dumps.classify import (
     COLLECTIVE,
     KIND_TEXT,
     Activity,
+    Peer,
     classify_dump,
     collective_text,
     describe,
     label,
+    launcher_peers,
     main_thread,
 )
 from rankwatch.dumps.show import basename, is_training_frame
@@ -82,6 +85,15 @@ class DiffResult:
     activities: dict[int, Activity] = field(default_factory=dict)
     world_size: int | None = None
     missing: list[int] = field(default_factory=list)  # ranks of the world with no usable stack
+    # A launcher's workers found inside a rank's dump (their ranks unknown to the agent), by the
+    # dump's rank; and, when the ranks name no suspect, the workers the others wait for.
+    peers: dict[int, list[Peer]] = field(default_factory=dict)
+    suspect_pids: list[int] = field(default_factory=list)
+
+    def peer_names(self, pids: list[int]) -> str:
+        """``pid 7167 (spawn process 1)``: how the faces name a launcher's workers."""
+        names = {p.pid: p.name() for ps in self.peers.values() for p in ps}
+        return ", ".join(names.get(pid, f"pid {pid}") for pid in pids)
 
     def diagnosis(self, incident: str | None = None) -> Diagnosis:
         """The judgement as the typed data every face reads (the alert, the page, the CLI)."""
@@ -91,6 +103,7 @@ class DiffResult:
             incident=incident,
             world_size=self.world_size,
             missing=tuple(self.missing),
+            suspect_pids=tuple(self.suspect_pids),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,6 +116,11 @@ class DiffResult:
             "reason": self.reason,
             "verdict": self.verdict,
             "ranks": {str(r): a.to_dict() for r, a in sorted(self.activities.items())},
+            "peers": {
+                str(r): [{"pid": p.pid, "index": p.index, "activity": p.activity.to_dict()} for p in ps]
+                for r, ps in sorted(self.peers.items())
+            },
+            "suspect_pids": self.suspect_pids,
         }
 
     def summary(self) -> str:
@@ -110,6 +128,8 @@ class DiffResult:
         if self.suspects:
             noun = "rank" if len(self.suspects) == 1 else "ranks"
             return f"suspect: {noun} {format_ranks(self.suspects)} ({self.reason})"
+        if self.suspect_pids:
+            return f"suspect: {self.peer_names(self.suspect_pids)} ({self.reason})"
         return f"no suspect: {self.reason}" if self.reason else "no suspect"
 
 
@@ -178,9 +198,15 @@ def _ops(acts: dict[int, Activity], ranks: list[int]) -> str:
 
 
 def judge(
-    acts: dict[int, Activity], failed: list[int], world_size: int | None = None
+    acts: dict[int, Activity],
+    failed: list[int],
+    world_size: int | None = None,
+    *,
+    who: Callable[[list[int]], str] = _who,
+    nouns: tuple[str, str] = ("rank", "ranks"),
 ) -> tuple[list[int], str, str]:
-    """(suspects, reason, verdict) from each rank's activity."""
+    """(suspects, reason, verdict) from each rank's activity (``who`` and ``nouns`` name them:
+    a launcher's peers are judged by pid the same way)."""
     ranks = sorted(acts)
     missing = sorted(set(failed) | ({r for r in range(world_size) if r not in acts} if world_size else set()))
     if not ranks:
@@ -190,14 +216,14 @@ def judge(
     if waiting and elsewhere:
         if len(elsewhere) <= len(waiting):
             kinds = sorted({KIND_TEXT.get(acts[r].kind, acts[r].kind) for r in elsewhere})
-            noun = "rank" if len(elsewhere) == 1 else "ranks"
+            noun = nouns[0] if len(elsewhere) == 1 else nouns[1]
             return (
                 elsewhere,
                 f"the only {noun} not waiting in a collective: {' / '.join(kinds)}; "
-                f"{_who(waiting)} wait for it ({_ops(acts, waiting)})",
+                f"{who(waiting)} wait for it ({_ops(acts, waiting)})",
                 NOT_IN_COLLECTIVE,
             )
-        noun = "rank" if len(waiting) == 1 else "ranks"
+        noun = nouns[0] if len(waiting) == 1 else nouns[1]
         return (
             waiting,
             f"the only {noun} in a collective the others never entered: {_ops(acts, waiting)} "
@@ -208,7 +234,7 @@ def judge(
         if missing:
             return (
                 missing,
-                f"every dumped rank waits in a collective; {_who(missing)} could not be dumped and "
+                f"every dumped rank waits in a collective; {who(missing)} could not be dumped and "
                 "may be the one that never arrived",
                 MISSING,
             )
@@ -226,7 +252,7 @@ def judge(
             )
         sides = sorted(by_op.values(), key=lambda rs: (len(rs), rs[0]))
         text = "; ".join(
-            f"{_who(rs)} in {collective_text(acts[rs[0]])} called from {_at(acts[rs[0]])}" for rs in sides
+            f"{who(rs)} in {collective_text(acts[rs[0]])} called from {_at(acts[rs[0]])}" for rs in sides
         )
         smallest = sides[0]
         unique = len(sides) > 1 and len(smallest) < len(sides[1])
@@ -290,12 +316,39 @@ def diff_incident(ranks: dict[int, dict[str, Any]], world_size: int | None = Non
         reason = "all ranks share one stack: the cause is likely outside the dumped ranks"
     never = {r for r in range(world_size) if r not in ranks} if world_size else set()
     missing = sorted(set(failed) | never)
-    return DiffResult(groups, failed, suspects, reason, verdict, acts, world_size, missing)
+    result = DiffResult(groups, failed, suspects, reason, verdict, acts, world_size, missing)
+    result.peers = {r: ps for r in sorted(ranks) if ranks[r].get("ok") and (ps := launcher_peers(ranks[r]))}
+    if result.peers and not suspects:
+        _judge_peers(result)
+    return result
+
+
+def _judge_peers(result: DiffResult) -> None:
+    """The ranks the agent knows name no suspect, and a launcher's workers sit inside a rank's
+    dump: they are the job's ranks as far as their stacks tell, so they are judged as peers
+    (by pid: their ranks were set inside them), and the worker the others wait for is named."""
+    peers = [p for ps in result.peers.values() for p in ps]
+    if len({p.pid for p in peers}) != len(peers):  # one pid in two dumps (two nodes): no telling
+        return
+    acts = {p.pid: p.activity for p in peers}
+    suspects, reason, verdict = judge(
+        acts, [], who=result.peer_names, nouns=("worker process", "worker processes")
+    )
+    result.suspect_pids, result.reason, result.verdict = suspects, reason, verdict
 
 
 def format_diff(result: DiffResult) -> str:
     lines: list[str] = []
+    for rank, peers in sorted(result.peers.items()):
+        lines.append(
+            f"rank {rank}: a launcher waiting for {len(peers)} worker processes, whose ranks were set "
+            "inside them (unknown to the agent):"
+        )
+        for p in peers:
+            lines.append(f"  {p.name()}: {describe(p.activity)}")
     for group in result.groups:
+        if all(r in result.peers for r in group.ranks):
+            continue  # said process by process above
         act = result.activities.get(group.ranks[0])
         if act is not None and act.kind != "unknown":
             lines.append(f"{_who(group.ranks)}: {describe(act)}")

@@ -440,6 +440,8 @@ def _verdict(
         why = f"rank {first.rank} failed first: {first.how} at {utc(first.time)}"
     if suspects:
         headline = f"suspect: {describe_ranks(suspects)}"
+    elif result.suspect_pids:  # a launcher's workers, named by pid (no rank learned for them)
+        headline = f"suspect: {result.peer_names(result.suspect_pids)}"
     elif fr is not None and fr.suspects:
         headline = f"suspect: {describe_ranks(fr.suspects)} (flight recorder)"
     else:

@@ -35,7 +35,7 @@ from rankwatch.events import DiskSample, Event
 from rankwatch.identity import Identity
 from rankwatch.records import Finding
 from rankwatch.runtime.faces import SnapshotBuilder
-from rankwatch.runtime.signals import on_signal
+from rankwatch.runtime.signals import is_interrupt, on_signal
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.snapshot import AgentSnapshot, HttpCounters, PodView
 
@@ -130,6 +130,11 @@ class CrossRankJudge(Protocol):
         """A watched rank exited with status 0 (rank, last step, wall time, its run)."""
         ...
 
+    async def launcher_workers(self, f: Finding, folder: Path) -> bool:
+        """A stall of one pipeline whose stacks hold a launcher's workers: completed as their
+        peers' hang (the worker the others wait for named); False when they hold none."""
+        ...
+
 
 class Agent:
     def __init__(
@@ -171,6 +176,8 @@ class Agent:
         self.last_incident: Path | None = None
         self.last_dump_problem: str | None = None
         self.launched = False  # run mode: the rank is our child and named us its ptracer
+        # The stop signals the agent forwarded to what it launched (the user's Ctrl-C, a SIGTERM).
+        self.stops_sent: list[int] = []
         self.fr_prefix = fr_prefix  # (pipe prefix, trace file prefix) for PyTorch's flight recorder
         self._dump_lock = asyncio.Lock()
         self._joined: set[str] = set()  # incidents this agent dumped into or decided to leave
@@ -250,6 +257,8 @@ class Agent:
     def emit(self, f: Finding) -> None:
         if f.time is None:
             f.time = time.time()  # when the agent saw it (a stall has no log line to date it)
+        if self._own_stop(f):
+            return
         if self.cross_rank is not None:
             try:
                 if self.cross_rank.hold(f):
@@ -283,6 +292,26 @@ class Agent:
             self._held_stalls[f.rank].append(f)  # after the stall it ends, never before
             return
         self._publish(f)
+
+    def _own_stop(self, f: Finding) -> bool:
+        """A ``traceback`` from a process still running that is the interrupt the agent's own
+        forwarded stop raised (a Ctrl-C's KeyboardInterrupt in a launcher waiting for its workers):
+        the user's stop, which the escalation (``runner.term_grace``) ends, not a finding. Without
+        a stop from the agent, an interrupt in a rank that goes on running stays a finding: someone
+        else stopped it, and it did not end."""
+        if f.kind != "traceback" or f.resolved or not self.stops_sent:
+            return False
+        lines = [str(x) for x in (f.evidence.get("lines") or [])]
+        if not is_interrupt(lines):
+            return False
+        log.info(
+            "rank %s: the %s the forwarded %s raised (log line %s) is the stop, not a finding",
+            f.rank,
+            next((x.strip() for x in reversed(lines) if x.strip()), "interrupt")[:80],
+            _signame(self.stops_sent[0]),
+            f.line,
+        )
+        return True
 
     def _publish(self, f: Finding) -> None:
         if self.enrich is not None:
@@ -319,7 +348,21 @@ class Agent:
                 waiting = asyncio.ensure_future(stacks.wait())
                 await asyncio.wait({capture, waiting}, return_when=asyncio.FIRST_COMPLETED)
                 waiting.cancel()
-            with_outcome(f, self._outcome())
+            outcome = self._outcome()
+            judged = False
+            if outcome.link is not None and self.cross_rank is not None:
+                try:  # a launcher's workers in the stacks (mp.spawn): judged as peers
+                    judged = await self.cross_rank.launcher_workers(f, Path(outcome.link))
+                except (asyncio.TimeoutError, OSError) as e:  # the folder: the finding goes as it is
+                    log.warning(
+                        "cannot read the stacks back from %s: %s", outcome.link, e or type(e).__name__
+                    )
+                except Exception:
+                    log.exception("judging a launcher's workers failed")
+            if judged:
+                f.diagnosed(dumps=outcome)  # the judgement names the folder in its own words
+            else:
+                with_outcome(f, outcome)
         except Exception:
             log.exception("stall dumps failed")
             with_outcome(f, DumpOutcome("error"))
@@ -780,3 +823,10 @@ def _mtime(path: Path) -> float | None:
 def _fresh(path: Path, before: float | None) -> bool:
     m = _mtime(path)
     return m is not None and (before is None or m > before)
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"

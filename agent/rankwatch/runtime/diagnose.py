@@ -663,6 +663,23 @@ class CrossRank:
                 log.exception("stall diagnosis failed")
             self._release(f)
 
+    async def launcher_workers(self, f: Finding, folder: Path) -> bool:
+        """One pipeline stands for a whole launcher whose ranks were set inside its workers
+        (torch.multiprocessing.spawn, RANK put in ``os.environ`` by each child): the agent knew one
+        process tree, but its stacks show the workers, and those are peers. Their stall is judged
+        as a hang of ranks is, the worker the others wait for named by pid; False (the finding
+        left as it is) when the stacks hold no such workers."""
+        info = await self._store_io(self.store.find, str(folder), name=READ_IO)
+        dumps = await self._store_io(
+            lambda: {r: self.store.load_rank(info, r) for r in info.ranks}, name=READ_IO
+        )
+        result = diff_incident(dumps, world_size=self.world())
+        if not result.peers:
+            return False
+        await self._record_incident(folder, result, None)
+        self._complete_stall(f, folder, result, None, None)
+        return True
+
     async def _record_incident(self, folder: Path, result: Any, first: dict[str, Any] | None) -> None:
         """The judgement goes into the incident folder (``diagnosis.json``): the world size, the
         ranks with no stack, a peer that failed first. `dumps diff` reads it and blames the rank
@@ -732,7 +749,9 @@ class CrossRank:
             lambda: {r: self.store.load_rank(info, r) for r in info.ranks}, name=READ_IO
         )
         result = diff_incident(dumps, world_size=world)
-        return result, {r: a for r, a in result.activities.items()}
+        # A launcher's dump holds its workers: the one process picked from them says nothing of
+        # "this rank" (the peers are named one by one instead).
+        return result, {r: a for r, a in result.activities.items() if r not in result.peers}
 
     def _complete_stall(
         self,
@@ -800,6 +819,7 @@ class CrossRank:
             verdict=result.verdict,
             world_size=result.world_size,
             missing=tuple(result.missing),
+            suspect_pids=tuple(result.suspect_pids),
         )
         f.evidence = {**f.evidence, "activity": own.to_dict() if own is not None else None}
 
@@ -824,6 +844,12 @@ class CrossRank:
             if own.kind == "io":
                 return "Usual fix: check the filesystem this rank reads or writes (NFS/Lustre, disk full)."
             return f"Usual fix: read this rank's stack (`rankwatch dumps show`): it is {KIND_TEXT[own.kind]}."
+        if not suspects and result.suspect_pids:
+            pids = ", ".join(str(p) for p in result.suspect_pids)
+            return (
+                f"Usual fix: read the stack of pid {pids} (`rankwatch dumps show`): the other workers wait "
+                "for it; the log shows what it did last."
+            )
         if suspects and result.verdict in (NOT_IN_COLLECTIVE, ONLY_IN_COLLECTIVE, MISSING):
             waits = f" in {collective_text(own)}" if own is not None and own.kind == COLLECTIVE else ""
             return f"This rank only waits{waits} for {who}: fix {who}, not this one."

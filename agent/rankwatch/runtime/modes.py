@@ -35,7 +35,7 @@ from rankwatch.runtime import lifecycle, workers
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.echo import Echo
 from rankwatch.runtime.services import Services
-from rankwatch.runtime.signals import on_signal
+from rankwatch.runtime.signals import deliver, ended_by, on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.sources import kubepods
@@ -43,8 +43,10 @@ from rankwatch.sources.process import ProcessProber, find_processes
 
 log = logging.getLogger("rankwatch.run")
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
-STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # forwarded, they ask the child to end
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
+# Forwarded, they ask the command to end (SIGINT, SIGHUP, SIGQUIT to its whole process group,
+# as a terminal sends them: runtime/signals.py).
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 # How a child ends when asked to stop: killed by the signal, or exiting with 128+N itself.
 STOP_STATUSES = frozenset({-s for s in STOPS} | {128 + s for s in STOPS})
 
@@ -217,9 +219,10 @@ async def run_command(
 
 class _Launch:
     """``rankwatch run``: the child started in its own session, writing into the log file the
-    agent follows; the agent's stop signals forwarded to it (SIGKILL to its process group
-    ``runner.term_grace`` after a SIGTERM it ignores); its end judged, and what a stop left of
-    the job reaped."""
+    agent follows; the agent's stop signals forwarded to it as a terminal would deliver them
+    (SIGINT, SIGHUP, SIGQUIT to its whole process group; SIGTERM to the child), and SIGKILL to
+    its process group when it still runs ``runner.term_grace`` after the first stop; its end
+    judged, and what a stop left of the job reaped."""
 
     def __init__(self, cfg: Config, identity: Identity, cmd: Sequence[str], agent: Agent) -> None:
         self.cfg = cfg
@@ -230,6 +233,7 @@ class _Launch:
         self.child: subprocess.Popen[bytes] | None = None
         self.kill_handle: list[asyncio.TimerHandle] = []
         self.stop_requested: list[signal.Signals] = []
+        self.killed = False  # term_grace ran out and the process group got SIGKILL
         # Under a launcher (torchrun) every worker is a rank of its own, with its own watcher (and
         # stall clock, dump file, identity); the run's watcher only stands for the launcher's exit.
         self.launcher = workers.is_launcher(self.cmd)
@@ -245,13 +249,13 @@ class _Launch:
     def _forward(self, sig: signal.Signals) -> None:
         if sig in STOPS:
             self.stop_requested.append(sig)
+            self.agent.stops_sent.append(int(sig))
         child = self.child
         assert child is not None
         if child.poll() is not None:  # srun/scancel signal the whole step: the child may be gone already
             return
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(sig)
-        if sig == signal.SIGTERM and not self.kill_handle:
+        deliver(child.pid, sig)
+        if sig in STOPS and not self.kill_handle:
             self.kill_handle.append(self.loop.call_later(self.cfg.runner.term_grace, self._kill))
 
     def _kill(self) -> None:
@@ -259,9 +263,11 @@ class _Launch:
         assert child is not None
         if child.poll() is None:
             log.warning(
-                "child did not exit %.0fs after SIGTERM: sending SIGKILL to its process group",
+                "child did not exit %.0fs after %s: sending SIGKILL to its process group",
                 self.cfg.runner.term_grace,
+                self.stop_requested[0].name if self.stop_requested else "the stop",
             )
+            self.killed = True
             # The child leads its own session: its workers and launcher children go with it.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.pid, signal.SIGKILL)
@@ -317,8 +323,21 @@ class _Launch:
 
     def requested(self, rc: int) -> bool | int:
         """After a stop we forwarded, any way the child ends (its handler's exit code, the
-        signal, our SIGKILL after term_grace) is the stop: a clean exit is no finding at all."""
-        return int(self.stop_requested[0]) if self.stop_requested and rc != 0 else False
+        signal, our SIGKILL after term_grace) is the stop: a clean exit is no finding at all.
+        The number is the signal that ended it: our SIGKILL, the forwarded one it died of or
+        exited 128+N on, else the last one forwarded."""
+        if not self.stop_requested or rc == 0:
+            return False
+        if self.killed and rc == -signal.SIGKILL:
+            return int(signal.SIGKILL)
+        return ended_by(rc, self.stop_requested) or int(self.stop_requested[-1])
+
+    def stopped_by(self, rc: int) -> str:
+        """Who sent the signal ``requested`` names, for the exit finding's words."""
+        if self.killed and rc == -signal.SIGKILL:
+            first = self.stop_requested[0].name if self.stop_requested else "the stop"
+            return f"we sent {self.cfg.runner.term_grace:.0f}s (runner.term_grace) after forwarding {first}"
+        return "we forwarded"
 
     async def judge(self, rc: int, watcher: RankWatcher, extras: Services, worker_crashed: bool) -> None:
         disk_full = None
@@ -330,7 +349,11 @@ class _Launch:
         if not worker_crashed:  # else the launcher ended because a worker failed: that worker's crash says so
             died_of = -rc if rc < 0 else None
             watcher.on_exit(
-                rc if rc >= 0 else None, died_of, requested=self.requested(rc), disk_full=disk_full
+                rc if rc >= 0 else None,
+                died_of,
+                requested=self.requested(rc),
+                disk_full=disk_full,
+                stopped_by=self.stopped_by(rc),
             )
 
     async def reap(self, tree: workers.Tree) -> None:
