@@ -44,15 +44,19 @@ def test_a_lightning_oom_is_one_alert_on_the_rank_lightning_started(tmp_path: Pa
     [peer] = c.on(0, "peer_error")
     assert peer["message"].startswith(("rank 1 failed first", "the connection gloo lost")), c.debug()
     assert peer["diagnosis"]["suspect"] == 1, c.debug()
-    # No death told twice, none left unexplained: no crash at all, every end tied to its error.
-    assert not c.of("crash"), c.debug()
+    # Rank 1's death told once (its OOM); its end tied to it. Its status is unknown to the
+    # agent (Lightning is its parent), its cause is not; the step is the run's (rank 1 prints
+    # no progress bar of its own): 10 batches done.
+    assert not c.on(1, "crash"), c.debug()
+    [end] = c.on(1, "process_exit")
+    assert end["evidence"]["cause_kind"] == "oom" and end["step"] == 10, c.debug()
+    # The script's own exit (rank 0, status 1) is the consequence of rank 1's OOM, said so;
+    # nothing says no error was recognised.
+    [crash] = c.of("crash")
+    assert crash["rank"] == 0 and crash["evidence"]["exit_code"] == 1, c.debug()
+    assert crash["message"].startswith("rank 1 failed first: torch.OutOfMemoryError"), c.debug()
+    assert crash["diagnosis"]["suspect"] == 1, c.debug()
     assert not any("No error was recognised" in f["message"] for f in c.findings), c.debug()
-    ends = {f["rank"]: f for f in c.of("process_exit")}
-    assert ends[0]["evidence"]["exit_code"] == 1, c.debug()  # the script's own status
-    assert ends[0]["evidence"]["cause_kind"] == "peer_error", c.debug()
-    # Its status is unknown to the agent (Lightning is its parent), its cause is not; the step
-    # is the run's (rank 1 prints no progress bar of its own): 10 batches done.
-    assert ends[1]["evidence"]["cause_kind"] == "oom" and ends[1]["step"] == 10, c.debug()
     # One alert for the one problem: the OOM, suspect rank 1.
     firing = c.firing()
     assert [(a["kind"], a["rank"], a["suspect"]) for a in firing] == [("oom", 1, 1)], c.debug()

@@ -110,7 +110,10 @@ def test_a_death_by_an_error_not_told_yet_is_a_crash_with_its_cause() -> None:
     )
     f = _exit(st, 1)
     assert f is not None and f.kind == "crash" and f.severity is Severity.CRITICAL
-    st.errors[-1].kind = "peer_error"  # a peer lost: told (and named after the first failure)
+    st.errors[-1].kind = "peer_error"  # gloo's lost peer, a warning: the death is the crash
+    f = _exit(st, 1)
+    assert f is not None and f.kind == "crash" and f.evidence["cause_kind"] == "peer_error"
+    st.errors[-1].severity = Severity.CRITICAL
     f = _exit(st, 1)
     assert f is not None and f.kind == "process_exit" and f.evidence["cause_reported"] is True
     assert _exit(st, 0) is None  # a clean exit stays no finding

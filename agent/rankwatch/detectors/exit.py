@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from rankwatch.detectors.base import Detector, DetectorContext
 from rankwatch.detectors.crash import crash_finding, how_it_ended, pick_cause
 from rankwatch.detectors.registry import register
-from rankwatch.errorkinds import RECORDED_FAILURES
 from rankwatch.events import Event, ProcessExit, Progress
 from rankwatch.records import ErrorRecord, Finding, Severity
 from rankwatch.state import RankState
@@ -72,12 +71,12 @@ class ExitDetector(Detector):
             return found
         cause, _ = pick_cause(state)
         clean = exit_code == 0 and signal is None
-        # A warning told first (an NCCL WARN) does not say the rank died: the crash does. A peer
-        # lost is a failure of its own (named after the peer that failed first).
+        # A warning told first (an NCCL WARN, gloo's lost peer) does not say the rank died: the
+        # crash does (a lost peer's, named after the rank that failed first).
         if (
             cause is not None
             and cause.reported
-            and (cause.severity >= Severity.CRITICAL or cause.kind in RECORDED_FAILURES)
+            and cause.severity >= Severity.CRITICAL
             and not (requested or clean or e.disk_full is not None)
         ):
             return self._told(state, e, cause)
@@ -98,9 +97,9 @@ class ExitDetector(Detector):
         return crash
 
     def _told(self, state: RankState, e: ProcessExit, cause: ErrorRecord) -> Finding:
-        """The death of a process whose fatal error already went out as a finding (an ``oom``,
-        a ``cuda_error``, a peer's ``peer_error``): one finding per death, so its end is the
-        record of how it ended, tied to that error, not a second critical finding."""
+        """The death of a process whose fatal error already went out as a critical finding (an
+        ``oom``, a ``cuda_error``): one finding per death, so its end is the record of how it
+        ended, tied to that error, not a second critical finding."""
         where = f" (line {cause.line})" if cause.line is not None else ""
         how = how_it_ended(state, e.exit_code, e.signal, self.run_step)
         msg = f"{how}: its {cause.kind} finding above{where} is the cause: {cause.summary[:300]}"
