@@ -53,7 +53,7 @@ def test_a_lightning_oom_is_one_alert_on_the_rank_lightning_started(tmp_path: Pa
     # The script's own exit (rank 0, status 1) is the consequence of rank 1's OOM, said so;
     # nothing says no error was recognised.
     [crash] = c.of("crash")
-    assert crash["rank"] == 0 and crash["evidence"]["exit_code"] == 1, c.debug()
+    assert crash["rank"] == 0 and crash["evidence"]["exit_code"] == 1 and crash["step"] == 10, c.debug()
     assert crash["message"].startswith("rank 1 failed first: torch.OutOfMemoryError"), c.debug()
     assert crash["diagnosis"]["suspect"] == 1, c.debug()
     assert not any("No error was recognised" in f["message"] for f in c.findings), c.debug()

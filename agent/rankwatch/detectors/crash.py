@@ -115,12 +115,15 @@ def crash_finding(
     rank: int | None,
     path: str | None,
     disk_full: str | None = None,
+    run_step: int | None = None,
 ) -> Finding | None:
     """A finding for a process that ended, or None for a clean exit.
 
     ``disk_full``: the agent found the log's filesystem full when the process died (what it
     says about it). In run mode the log is the child's stdout: its writes fail with ENOSPC,
     and the traceback of that failure cannot be written either, so the log alone shows nothing.
+
+    ``run_step``: the run's step, for a rank that prints none of its own.
 
     ``exit_code`` follows subprocess: negative means killed by that signal. A shell or
     launcher reports 128+N instead; both are decoded. Unknown status (a sidecar cannot
@@ -141,7 +144,7 @@ def crash_finding(
             return None
         if cause is None:
             severity = Severity.WARNING
-    parts = [how_it_ended(state, exit_code, signal) + "."]
+    parts = [how_it_ended(state, exit_code, signal, run_step) + "."]
     if disk_full is not None and (
         cause is None or "No space left" in cause.summary or "ENOSPC" in cause.summary
     ):
@@ -169,7 +172,7 @@ def crash_finding(
         severity=severity,
         rank=rank if rank is not None else state.rank,
         message=" ".join(parts),
-        step=state.last_step,
+        step=state.last_step if state.last_step is not None else run_step,
         line=cause.line if cause is not None else None,
         path=cause.source if cause is not None and cause.source else path if path is not None else state.path,
         time=cause.time if cause is not None else None,

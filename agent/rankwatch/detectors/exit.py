@@ -88,6 +88,7 @@ class ExitDetector(Detector):
             rank=self.rank,
             path=state.path or self.path,  # the log it writes now (a restart may move it)
             disk_full=e.disk_full,
+            run_step=self.run_step,
         )
         if crash is not None:
             crash.time = crash.time or e.wall
