@@ -206,7 +206,8 @@ def test_a_run_folder_another_user_made_first_is_refused_and_nothing_in_it_is_fo
         sent = list(posted)
     logs = err.read_text(errors="replace")
     findings = [json.loads(x) for x in found.read_text().splitlines()] if found.exists() else []
-    crash = [f for f in findings if f["kind"] == "crash"]
+    # The death is told once: by its CUDA error (detectors/exit.py), or a crash naming it.
+    crash = [f for f in findings if f["kind"] in ("crash", "cuda_error")]
     assert crash, logs
     # Nothing planted was followed: the root-owned file is unchanged, the secret never read.
     assert victim.read_text() == "ORIGINAL\n"

@@ -156,6 +156,18 @@ def one_alert_per_problem(c: Cell, form: str) -> None:
     assert len(failures) == 1, (form, c.debug())
 
 
+def one_finding_per_death(c: Cell, rank: int, kind: str) -> None:
+    """The rank's death is told once, by the finding of what killed it (README: one finding per
+    death): no second critical finding for it, however its log is split (``--redirects``: steps
+    in stdout, the traceback in stderr), and its end, where told, names that error."""
+    critical = [
+        f for f in c.findings if f["rank"] == rank and f["severity"] == "critical" and f["kind"] != "stall"
+    ]  # a loaded node may see the dying rank stall first: another problem, the stall rule's
+    assert [f["kind"] for f in critical if not f.get("resolved")] == [kind], c.debug()
+    for f in c.on(rank, "process_exit"):
+        assert f["evidence"].get("cause_kind") == kind, c.debug()
+
+
 def no_agent_failed(c: Cell) -> None:
     assert all(rc == 0 for rc in c.extra["agent_rcs"]), c.debug()
 
@@ -189,6 +201,7 @@ def test_an_oom_is_named_on_its_rank_and_by_its_peer(tmp_path: Path, form: str) 
     [oom] = c.on(1, "oom")
     assert oom["step"] == 7 and "CUDA out of memory" in oom["message"], c.debug()
     assert c.rc not in (0, None), c.debug()
+    one_finding_per_death(c, 1, "oom")
     named_after_rank_1(c)
     one_alert_per_problem(c, form)
     assert any(a["kind"] == "oom" for a in c.firing()), c.debug()

@@ -120,12 +120,16 @@ def test_crash_with_traceback_is_classified(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     out = run_agent(agent_cmd(cfg, tmp_path, 0, "--steps", "50", "--fault", "crash@20"))
     assert out.returncode == 1
-    crash = [f for f in findings(tmp_path, 0) if f["kind"] == "crash"]
-    assert len(crash) == 1
-    ev = crash[0]["evidence"]
-    assert ev["exit_code"] == 1 and ev["cause_kind"] == "cuda_error"
-    assert any("Traceback" in line for line in ev["traceback"])
-    assert "illegal memory access" in crash[0]["message"]
+    found = findings(tmp_path, 0)
+    # One finding per death: the CUDA error, the moment it is printed, with its traceback; the
+    # exit is the record of how the process ended, tied to it (not a second critical finding).
+    [error] = [f for f in found if f["severity"] == "critical"]
+    assert error["kind"] == "cuda_error" and "illegal memory access" in error["message"]
+    assert any("Traceback" in line for line in error["evidence"]["lines"])
+    [end] = [f for f in found if f["kind"] == "process_exit"]
+    ev = end["evidence"]
+    assert ev["exit_code"] == 1 and ev["cause_kind"] == "cuda_error" and ev["cause_reported"] is True
+    assert end["message"].startswith("process exited with code 1 after step ")
 
 
 @pytest.mark.process

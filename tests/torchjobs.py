@@ -276,6 +276,21 @@ def run_launcher(tmp: Path, cfg: Path, launcher: list[str], env: dict[str, str])
     )  # fmt: skip
 
 
+def run_script(tmp: Path, cfg: Path, script: Path, env: dict[str, str]) -> Running:
+    """``rankwatch run -- python script.py``: one agent for a script that may start its other
+    ranks itself (Lightning's subprocess launcher)."""
+    tag = uuid.uuid4().hex
+    found = tmp / "f.jsonl"
+    cmd = rankwatch(
+        "run", "--config", str(cfg), "--findings-jsonl", str(found), "--", sys.executable, str(script)
+    )
+    agent = _popen(cmd, job_env(tag, env), tmp / "agent.out")
+    return Running(
+        tag, [agent], agent.poll, lambda: _term([agent]), [found],
+        lambda: sorted((tmp / "logs").glob("*.log")), [tmp / "agent.out"],
+    )  # fmt: skip
+
+
 def agent_under_torchrun(tmp: Path, cfg: Path, world: int, env: dict[str, str], *extra: str) -> Running:
     """``torchrun --no-python rankwatch run -- python ddp_train.py``: torchrun starts one agent
     per worker, each launching its rank with the identity torchrun gave it (``extra``: more of

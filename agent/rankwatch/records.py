@@ -51,6 +51,9 @@ class StepRecord:
     rank: int | None = None
     line: int | None = None
     time: float | None = None  # seconds since epoch, from a log timestamp or the clock
+    # The file ``line`` counts in (the live reader's stream): a rank may be read from several
+    # (torchrun's --redirects: stdout and stderr apart), and line numbers order one file only.
+    source: str | None = None
 
 
 @dataclass(slots=True)
@@ -63,6 +66,7 @@ class EvalRecord:
     rank: int | None = None
     line: int | None = None
     time: float | None = None
+    source: str | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +86,10 @@ class ErrorRecord:
     rank: int | None = None
     line: int | None = None
     time: float | None = None
+    source: str | None = None
+    # A finding made of it went out (the live reader sets it): the process's death it caused
+    # is then told by that finding, not by a second one.
+    reported: bool = False
 
 
 @dataclass(slots=True)
@@ -94,6 +102,7 @@ class OverflowRecord:
     rank: int | None = None
     line: int | None = None
     time: float | None = None
+    source: str | None = None
 
 
 Record = StepRecord | EvalRecord | ErrorRecord | OverflowRecord

@@ -42,12 +42,15 @@ def _signame(n: int) -> str:
 
 
 def _after_last_step(state: RankState, errors: list[ErrorRecord]) -> list[ErrorRecord]:
+    """Line numbers order the lines of one file only: a rank read from two (torchrun's
+    ``--redirects`` puts its steps in stdout and its traceback in stderr) is ordered by the
+    time each line was read."""
     if not state.steps:
         return errors
     last = state.steps[-1]
     out = []
     for e in errors:
-        if e.line is not None and last.line is not None:
+        if e.line is not None and last.line is not None and e.source == last.source:
             keep = e.line >= last.line
         elif e.time is not None and last.time is not None:
             keep = e.time >= last.time
@@ -79,6 +82,30 @@ def pick_cause(state: RankState) -> tuple[ErrorRecord | None, list[str]]:
     return cause, list(tbs[-1].evidence if tbs else cause.evidence)
 
 
+def _shell_signal(exit_code: int | None) -> int | None:
+    return exit_code - 128 if exit_code is not None and 128 < exit_code < 128 + 65 else None
+
+
+def how_it_ended(state: RankState, exit_code: int | None, signal: int | None, step: int | None = None) -> str:
+    """``killed by signal 9 (SIGKILL) after step 40``, ``process exited with code 1``...
+    ``step``: the run's, for a rank that prints no step of its own."""
+    if signal is None and exit_code is not None and exit_code < 0:
+        signal = -exit_code
+    shell_sig = _shell_signal(exit_code)
+    if signal is not None:
+        how = f"killed by signal {signal} ({_signame(signal)})"
+    elif exit_code is not None:
+        how = f"process exited with code {exit_code}"
+        if shell_sig is not None:
+            how += f" (128+{shell_sig}: {_signame(shell_sig)})"
+    else:
+        how = "process exited (exit status unknown: not our child)"
+    step = state.last_step if state.last_step is not None else step
+    if step is not None:
+        how += f" after step {step}"
+    return how
+
+
 def crash_finding(
     state: RankState,
     *,
@@ -88,12 +115,15 @@ def crash_finding(
     rank: int | None,
     path: str | None,
     disk_full: str | None = None,
+    run_step: int | None = None,
 ) -> Finding | None:
     """A finding for a process that ended, or None for a clean exit.
 
     ``disk_full``: the agent found the log's filesystem full when the process died (what it
     says about it). In run mode the log is the child's stdout: its writes fail with ENOSPC,
     and the traceback of that failure cannot be written either, so the log alone shows nothing.
+
+    ``run_step``: the run's step, for a rank that prints none of its own.
 
     ``exit_code`` follows subprocess: negative means killed by that signal. A shell or
     launcher reports 128+N instead; both are decoded. Unknown status (a sidecar cannot
@@ -107,23 +137,14 @@ def crash_finding(
     cause, traceback = pick_cause(state)
     last_lines = [x.rstrip("\n") for x in list(tail)[-TAIL:]]
     severity = Severity.CRITICAL
-    shell_sig = exit_code - 128 if exit_code is not None and 128 < exit_code < 128 + 65 else None
-    if signal is not None:
-        how = f"killed by signal {signal} ({_signame(signal)})"
-    elif exit_code is not None:
-        how = f"process exited with code {exit_code}"
-        if shell_sig is not None:
-            how += f" (128+{shell_sig}: {_signame(shell_sig)})"
-    else:
+    shell_sig = _shell_signal(exit_code)
+    if signal is None and exit_code is None:
         done = state.total_steps is not None and state.last_step is not None
         if cause is None and done and state.last_step >= state.total_steps:  # type: ignore[operator]
             return None
-        how = "process exited (exit status unknown: not our child)"
         if cause is None:
             severity = Severity.WARNING
-    if state.last_step is not None:
-        how += f" after step {state.last_step}"
-    parts = [how + "."]
+    parts = [how_it_ended(state, exit_code, signal, run_step) + "."]
     if disk_full is not None and (
         cause is None or "No space left" in cause.summary or "ENOSPC" in cause.summary
     ):
@@ -151,9 +172,9 @@ def crash_finding(
         severity=severity,
         rank=rank if rank is not None else state.rank,
         message=" ".join(parts),
-        step=state.last_step,
+        step=state.last_step if state.last_step is not None else run_step,
         line=cause.line if cause is not None else None,
-        path=path if path is not None else state.path,
+        path=cause.source if cause is not None and cause.source else path if path is not None else state.path,
         time=cause.time if cause is not None else None,
         evidence={
             "exit_code": exit_code,

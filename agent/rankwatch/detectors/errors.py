@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from rankwatch.detectors.base import Detector, DetectorContext, finding
 from rankwatch.detectors.registry import register
 from rankwatch.errorkinds import FIXES
-from rankwatch.events import Event
+from rankwatch.events import Event, Progress
 from rankwatch.records import ErrorRecord, Finding
 from rankwatch.state import RankState
 
@@ -23,7 +23,9 @@ class ErrorSignatureDetector(Detector):
     """One finding per distinct error; a flood of identical NCCL WARN lines becomes one."""
 
     kinds = tuple(FIXES)
-    accepts = (ErrorRecord,)
+    # Progress: the step the run reached where the rank prints none of its own (a launcher's
+    # worker whose step lines reach the run's pipeline only), to place its error.
+    accepts = (ErrorRecord, Progress)
     section = None  # every signature is reported; the catalogue decides what is one
 
     @classmethod
@@ -33,8 +35,12 @@ class ErrorSignatureDetector(Detector):
     def __init__(self) -> None:
         self.seen: set[tuple[str, str]] = set()
         self.per_kind: dict[str, int] = {}
+        self.run_step: int | None = None
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
+        if isinstance(record, Progress):
+            self.run_step = record.step
+            return []
         if not isinstance(record, ErrorRecord):
             return []
         key = (record.kind, record.summary[:200])
@@ -45,11 +51,14 @@ class ErrorSignatureDetector(Detector):
         fix = FIXES.get(record.kind, "")
         # An error that names its own step (detectron2's "at iteration=2137") is placed there.
         said = record.details.get("step")
-        step = said if isinstance(said, int) else state.last_step
-        where = f" (last step {state.last_step})" if state.last_step is not None and step != said else ""
+        last = state.last_step if state.last_step is not None else self.run_step
+        step = said if isinstance(said, int) else last
+        where = f" (last step {last})" if last is not None and step != said else ""
         msg = f"{record.summary}{where}. {fix}".strip()
         ev = {"lines": record.evidence, **record.details}
         f = finding(record.kind, record.severity, state, msg, record=record, step=step, evidence=ev)
+        if record.source:
+            f.path = record.source  # the file its line number counts in
         return [f]
 
 

@@ -2,6 +2,8 @@
 
 Judged from the ``ProcessExit`` event and what the rank printed (its state): a crash
 finding unless it ended cleanly, on the stop signal the agent forwarded, or nothing tells.
+One finding per death: when the error that killed it already went out as a finding (an
+``oom`` the moment it was printed), the end is an info ``process_exit`` naming that error.
 ``requested``: the agent forwarded a stop (SIGTERM, SIGINT, SIGHUP; the number when known).
 However the child then ends (killed by it, or exiting non-zero from its handler, with a
 KeyboardInterrupt traceback) it did what it was told: no critical crash. Only an error of
@@ -15,9 +17,9 @@ import signal as _signal
 from typing import TYPE_CHECKING
 
 from rankwatch.detectors.base import Detector, DetectorContext
-from rankwatch.detectors.crash import crash_finding, pick_cause
+from rankwatch.detectors.crash import crash_finding, how_it_ended, pick_cause
 from rankwatch.detectors.registry import register
-from rankwatch.events import Event, ProcessExit
+from rankwatch.events import Event, ProcessExit, Progress
 from rankwatch.records import ErrorRecord, Finding, Severity
 from rankwatch.state import RankState
 
@@ -32,7 +34,8 @@ _MP_HEADER = re.compile(r"^Process \S+:$")
 @register
 class ExitDetector(Detector):
     kinds = ("process_exit", "crash")
-    accepts = (ProcessExit,)
+    # Progress: the run's step, for a launcher's worker that prints none of its own.
+    accepts = (ProcessExit, Progress)
     section = "process"  # process.tail_lines: the output kept for the crash's evidence
 
     @classmethod
@@ -42,8 +45,12 @@ class ExitDetector(Detector):
     def __init__(self, rank: int | None, path: str | None) -> None:
         self.rank = rank
         self.path = path
+        self.run_step: int | None = None
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
+        if isinstance(record, Progress):
+            self.run_step = record.step
+            return []
         if not isinstance(record, ProcessExit):
             return []
         f = self.judge(state, record)
@@ -69,6 +76,17 @@ class ExitDetector(Detector):
             found = self._exit(state, msg, e.wall)
             found.evidence = {"status_known": False}  # a possible first failure (runtime/diagnose.py)
             return found
+        cause, _ = pick_cause(state)
+        clean = exit_code == 0 and signal is None
+        # A warning told first (an NCCL WARN, gloo's lost peer) does not say the rank died: the
+        # crash does (a lost peer's, named after the rank that failed first).
+        if (
+            cause is not None
+            and cause.reported
+            and cause.severity >= Severity.CRITICAL
+            and not (requested or clean or e.disk_full is not None)
+        ):
+            return self._told(state, e, cause)
         crash = crash_finding(
             state,
             exit_code=exit_code,
@@ -77,6 +95,7 @@ class ExitDetector(Detector):
             rank=self.rank,
             path=state.path or self.path,  # the log it writes now (a restart may move it)
             disk_full=e.disk_full,
+            run_step=self.run_step,
         )
         if crash is not None:
             crash.time = crash.time or e.wall
@@ -85,13 +104,29 @@ class ExitDetector(Detector):
                 crash.message = f"after the stop signal {e.stopped_by}: {crash.message}"
         return crash
 
+    def _told(self, state: RankState, e: ProcessExit, cause: ErrorRecord) -> Finding:
+        """The death of a process whose fatal error already went out as a critical finding (an
+        ``oom``, a ``cuda_error``): one finding per death, so its end is the record of how it
+        ended, tied to that error, not a second critical finding."""
+        where = f" (line {cause.line})" if cause.line is not None else ""
+        how = how_it_ended(state, e.exit_code, e.signal, self.run_step)
+        msg = f"{how}: its {cause.kind} finding above{where} is the cause: {cause.summary[:300]}"
+        found = self._exit(state, msg, e.wall)
+        found.evidence = {
+            "exit_code": e.exit_code,
+            "signal": e.signal,
+            "cause_kind": cause.kind,
+            "cause_reported": True,  # a death all the same (runtime/workers.py counts it)
+        }
+        return found
+
     def _exit(self, state: RankState, message: str, wall: float | None) -> Finding:
         return Finding(
             kind="process_exit",
             severity=Severity.INFO,
             rank=self.rank,
             message=message,
-            step=state.last_step,
+            step=state.last_step if state.last_step is not None else self.run_step,
             path=state.path or self.path,  # the log it writes now (a restart may move it)
             time=wall,
         )

@@ -281,9 +281,14 @@ class _Launch:
 
     # --- start --------------------------------------------------------------------------
     def watcher_for(self, path: Path, logged: bool) -> RankWatcher:
-        if self.launcher and logged:  # the run's own lines of the combined log (no rank prefix)
+        if logged:  # the run's own lines of the combined log (no rank prefix): see workers.Fleet
             w: RankWatcher = workers.run_watcher(
-                self.cfg, self.identity, path, emit=self.agent.emit, clock=self.agent.clock
+                self.cfg,
+                self.identity,
+                path,
+                emit=self.agent.emit,
+                clock=self.agent.clock,
+                script=not self.launcher,
             )
             self.agent.adopt(w)
             return w
@@ -426,8 +431,9 @@ async def _run_child(
             start=start,
             cmd=launch.cmd,
             run_pipeline=watcher,
+            script=not launch.launcher,  # a script that starts its own ranks (Lightning)
         )
-        if launch.launcher
+        if launch.launcher or out is not None
         else None
     )
     lower_priority(nice)
@@ -458,6 +464,7 @@ async def _run_child(
         await asyncio.wait_for(watch_task, 5.0)
     worker_crashed = False
     if fleet is not None and fleet_task is not None:
+        fleet.exit_status[child.pid] = rc
         worker_crashed = await _close_fleet(fleet, fleet_task, fleet_stop, watcher, path, start)
     await launch.judge(rc, watcher, extras, worker_crashed)
     await launch.reap(tree)

@@ -27,7 +27,7 @@ from rankwatch.engine import RankEngine
 from rankwatch.events import Event, LogActivity, ProcessExit, ProcessStart, Progress
 from rankwatch.identity import Identity
 from rankwatch.k8s.crilog import Joiner
-from rankwatch.records import Finding, Record, Severity, StepRecord
+from rankwatch.records import ErrorRecord, Finding, Record, Severity, StepRecord
 from rankwatch.sources.follower import NOISE, LogFollower, follow
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.polled import Poller, RankContext, Sampled, ToRank, build_rank_sources
@@ -323,6 +323,8 @@ class RankWatcher:
                     self._held.append((now, f))
                 else:
                     self.emit(f)
+                    if type(rec) is ErrorRecord and f.kind == rec.kind:
+                        rec.reported = True  # the death it causes is told by this finding
 
     def release_held(self, force: bool = False) -> None:
         """Crash text from a process that is still running: a handled exception, not a crash."""
@@ -401,7 +403,7 @@ class RankWatcher:
             if recs:
                 out.extend(recs)
         if out:
-            self._records(out)
+            self._records(_from(out, stream))
 
     def release_quiet(self, force: bool = False) -> None:
         now = self.clock()
@@ -409,7 +411,7 @@ class RankWatcher:
             if force or now - s.last_data >= QUIET_RELEASE_S:
                 recs = s.parser.finish() if force else s.parser.release_pending()
                 if recs:
-                    self._records(recs)
+                    self._records(_from(recs, s))
 
     def drain(self) -> None:
         """Everything still in the files, then every held line and traceback (on exit). Read
@@ -631,6 +633,14 @@ def _latest_redraws(batch: list[Any], stats: object) -> list[Any]:
         stats.lines += skipped  # type: ignore[attr-defined]
         stats.unparsed += skipped  # type: ignore[attr-defined]
     return out
+
+
+def _from(records: list[Record], stream: Stream) -> list[Record]:
+    """The records of ``stream``'s lines, each marked with the file its line number counts in."""
+    source = str(stream.path)
+    for r in records:
+        r.source = source
+    return records
 
 
 def _may_be_handled(f: Finding) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -30,6 +31,7 @@ import psutil
 from rankwatch import offloop, safeio
 from rankwatch.events import Progress
 from rankwatch.identity import LOCAL_RANK_VARS, RANK_VARS, WORLD_VARS
+from rankwatch.records import ErrorRecord, Finding
 from rankwatch.sources.process import descendants
 
 log = logging.getLogger("rankwatch.run")
@@ -194,9 +196,31 @@ def checked_output_files(pid: int) -> tuple[list[Path], list[str]]:
     return files, why
 
 
-def rank_workers(root: int) -> list[tuple[int, dict[str, str]]]:
+def started_rank(env: dict[str, str], parent: int, root: int) -> dict[str, str] | None:
+    """The environment of a rank that a training script started itself, with its RANK: Lightning's
+    ``_SubprocessScriptLauncher`` (lightning/fabric/strategies/launchers/subprocess_script.py)
+    runs the script again for local ranks 1..N-1 with ``LOCAL_RANK``, ``NODE_RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` and no RANK; its global rank is
+    ``NODE_RANK * N + LOCAL_RANK``, which on node 0 is its LOCAL_RANK (N, the devices per node,
+    is in no variable: on another node the rank stays unknown). The script's own process
+    (``root``) is local rank 0: it set those variables in its own ``os.environ``, which
+    ``/proc/<pid>/environ`` does not show."""
+    if parent != root or env_int(env, RANK_VARS) is not None:
+        return None
+    local = env.get("LOCAL_RANK", "").strip()
+    node = env.get("NODE_RANK", env.get("GROUP_RANK", "0")).strip()
+    if not local.isdigit() or int(local) < 1 or node != "0" or "MASTER_PORT" not in env:
+        return None  # local rank 0 is the script itself (a forked DataLoader worker shows none)
+    if env_int(env, WORLD_VARS) is None:
+        return None
+    return {**env, "RANK": local}
+
+
+def rank_workers(root: int, *, script: bool = False) -> list[tuple[int, dict[str, str]]]:
     """The rank processes under a launcher (``torchrun``): descendants with a RANK in their
-    environment whose parent has none (a rank's own DataLoader workers inherit its RANK)."""
+    environment whose parent has none (a rank's own DataLoader workers inherit its RANK).
+    ``script``: ``root`` is a training script that may start its other ranks itself
+    (``started_rank``); once one is found, ``root`` is rank 0 of their world."""
     try:
         kids = psutil.Process(root).children(recursive=True)
     except psutil.Error:
@@ -206,6 +230,22 @@ def rank_workers(root: int) -> list[tuple[int, dict[str, str]]]:
         with contextlib.suppress(psutil.Error):
             envs[k.pid] = k.environ()
     out: list[tuple[int, dict[str, str]]] = []
+    if script:
+        try:
+            if "LOCAL_RANK" in psutil.Process(root).environ():
+                return []  # started as a rank by someone else: it starts none (Lightning's rule)
+        except psutil.Error:
+            return []
+        for k in kids:
+            env = envs.get(k.pid)
+            with contextlib.suppress(psutil.Error):
+                started = started_rank(env, k.ppid(), root) if env is not None else None
+                if started is not None:
+                    out.append((k.pid, started))
+        if out:
+            world = out[0][1]["WORLD_SIZE"]
+            out.insert(0, (root, {"RANK": "0", "LOCAL_RANK": "0", "NODE_RANK": "0", "WORLD_SIZE": world}))
+        return out
     for k in kids:
         env = envs.get(k.pid)
         if env is None or env_int(env, RANK_VARS) is None:
@@ -254,9 +294,11 @@ def _worker_watcher_class() -> type:
         reads: int | None = None
         launcher = False  # the run's own pipeline: its failures are judged at the launcher's exit
         own: frozenset[Path] = frozenset()  # files only this worker writes: every line is its own
+        # A script's own pipeline before it started ranks of its own (Lightning): every line.
+        everything = False
 
         def feed_lines(self, stream, batch):  # type: ignore[no-untyped-def]
-            if stream.path in self.own:
+            if stream.path in self.own or self.everything:
                 return super().feed_lines(stream, batch)
             mine = [fl for fl in batch if fl.cut or strip(fl.text)[1] == self.reads]
             if mine:
@@ -277,6 +319,9 @@ def _worker_watcher_class() -> type:
                 return super()._records(records)
             finally:
                 self.emit = emit
+                for r in records:
+                    if isinstance(r, ErrorRecord) and r.kind in LAUNCHER_HELD:
+                        r.reported = False  # held back, not told: the launcher's exit tells it
                 step = self.engine.state.last_step
                 if step is not None and step != before and self.on_progress is not None:
                     self.on_progress(self.clock(), step)
@@ -284,10 +329,14 @@ def _worker_watcher_class() -> type:
     return WorkerWatcher
 
 
-def run_watcher(cfg: Any, identity: Any, log_path: Path, *, emit: Any, clock: Any) -> Any:
-    """The launcher's own pipeline: the run's lines of its combined log (see WorkerWatcher)."""
+def run_watcher(
+    cfg: Any, identity: Any, log_path: Path, *, emit: Any, clock: Any, script: bool = False
+) -> Any:
+    """The launcher's own pipeline: the run's lines of its combined log (see WorkerWatcher).
+    ``script``: a training script's pipeline, every line its own until it starts ranks of its
+    own (``Fleet``, ``started_rank``); then it reads the run's lines, as a launcher's does."""
     w = _worker_watcher_class()(cfg, identity, [log_path], emit=emit, clock=clock, from_end=True)
-    w.reads, w.launcher = None, True
+    w.reads, w.launcher, w.everything = None, not script, script
     return w
 
 
@@ -403,8 +452,14 @@ class Fleet:
         start: int = 0,
         cmd: list[str] | None = None,
         run_pipeline: Any = None,
+        script: bool = False,
     ) -> None:
         self.agent = agent
+        # ``root`` is a training script, not a launcher: the ranks it starts itself (Lightning's)
+        # are its workers, and it is rank 0 of their world (``rank_workers``). No launcher logs
+        # their ends: a worker's status is unknown to the agent, the script's own is its exit.
+        self.script = script
+        self.exit_status: dict[int, int] = {}  # pid -> status, of the workers that are our children
         self.cfg = cfg
         self.log_path = log_path
         self.root = root
@@ -500,6 +555,17 @@ class Fleet:
         pid = w.prober.pid if w.prober is not None else None
         code = s.exit_code if s is not None else None
         requested = bool(self.stop_requested)
+        if code is None and pid is not None and self.script:
+            code = self.exit_status.get(pid)
+            if code is None and pid == self.root and not final:
+                return False  # the script itself: its status comes with its end (``exit_status``)
+            if code is None:
+                waited = w.clock() - s.time if s is not None else self.grace
+                if not final and waited < self.grace:
+                    return False  # its traceback may still be on its way into the log
+                f = w.on_exit(None, None, requested=requested)
+                self._note(w, f)
+                return True
         if code is None and pid is not None:
             code, stop = self.launcher_log.fate(pid)
             if code is None and stop is not None:
@@ -521,9 +587,12 @@ class Fleet:
             f = w.on_exit(None, -code, requested=requested)
         else:
             f = w.on_exit(code, None, requested=requested)
-        if f is not None and f.kind == "crash":
-            self.crashed.add(w.rank)
+        self._note(w, f)
         return True
+
+    def _note(self, w: Any, f: Finding | None) -> None:
+        if f is not None and died(f):
+            self.crashed.add(w.rank)
 
     def _lend_cause(self, w: Any) -> None:
         """A failed worker with no error in its own lines: without ``--tee`` (and before
@@ -588,20 +657,33 @@ class Fleet:
         while not stop.is_set():
             try:
                 found = await offloop.proc(
-                    rank_workers,
+                    functools.partial(rank_workers, script=self.script),
                     self.root,
                     name="rankwatch-proc-workers",
                     errors=self.agent.internal_errors_by_component,
                 )
             except asyncio.TimeoutError:
                 found = []  # a process in D state (logged and counted by offloop): next period
-            await self._read_launcher_log()
+            if not self.script:
+                await self._read_launcher_log()
+            elif found and not self.by_rank:
+                self._script_started_ranks()
             for pid, env in found:
                 own = await self._own_files(pid) if self._new_process(pid, env) else []
                 self._add(pid, env, own)
             self.check()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
+
+    def _script_started_ranks(self) -> None:
+        """The script started ranks of its own: its pipeline becomes the run's (the lines with
+        no rank prefix, as a launcher's), and the script's process is rank 0's, a worker."""
+        run = self.run_pipeline
+        if run is None:
+            return
+        run.everything, run.launcher = False, True
+        run.prober = None  # rank 0's pipeline watches the process now
+        log.info("the command started ranks of its own (Lightning): each gets its own pipeline")
 
     def _unseen(self) -> None:
         """Workers the launcher's failure box names that ended before a look found them (a rank
@@ -619,7 +701,8 @@ class Fleet:
 
     async def close(self) -> bool:
         """Every worker's end reported, the launcher's last words read; True when one crashed."""
-        await self._read_launcher_log()
+        if not self.script:
+            await self._read_launcher_log()
         self._late_word()
         self._unseen()
         for w in self.by_rank.values():
@@ -632,9 +715,15 @@ class Fleet:
             if not w.exited:
                 self._judge(w, final=True)
             crashed = crashed or w.rank in self.crashed
-            crashed = crashed or any(f.kind == "crash" and f.rank == w.rank for f in self.agent.findings)
+            crashed = crashed or any(died(f) and f.rank == w.rank for f in self.agent.findings)
             w.close()
         return crashed
+
+
+def died(f: Finding) -> bool:
+    """A worker's end that is a death: a crash, or the end of one whose fatal error was told
+    already (detectors/exit.py: one finding per death)."""
+    return f.kind == "crash" or bool(f.evidence.get("cause_reported"))
 
 
 def last_lines(path: Path, start: int, n: int) -> list[str]:
