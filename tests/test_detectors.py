@@ -180,6 +180,24 @@ def test_a_healthy_ddp_runs_noisy_first_batches_are_no_spike() -> None:
     assert [f for f in result.findings if f.severity >= Severity.WARNING] == []
 
 
+def test_the_combined_log_of_two_ranks_is_judged_as_one_ranks_log() -> None:
+    """``run -- torchrun`` without ``--tee`` (s35, c01): both ranks print each step into one
+    log. Its one finding is rank 1's NaN at step 20; a loss printed again for the same step is
+    not one more loss after a jump, so a jump is judged as on one rank's log."""
+    path = Path(__file__).parent / "data" / "torchrun" / "ddp_plain_combined_nan_rank-0.log"
+    result = analyze([str(path)], Config(), jobs=1)
+    assert [(f.kind, f.step) for f in result.findings if f.severity >= Severity.WARNING] == [("nan_loss", 20)]
+    up_three_steps = [5.0, 5.1, 4.9, 20.0, 18.0, 17.0, 16.0, 5.0, 4.9, 5.1, 4.8, 5.0, 4.7]
+    for losses in (
+        up_three_steps,
+        [float(v) for v in (4.437, 11.33, 10.59, 9.22, 5.75, 4.63, 8.48, 8.27, 1.97)],
+    ):
+        one = [StepRecord(step=i + 1, loss=v) for i, v in enumerate(losses)]
+        two = [StepRecord(step=i + 1, loss=v) for i, v in enumerate(losses) for _ in range(2)]
+        spikes = [[f.step for f in run(recs) if f.kind == "loss_spike"] for recs in (one, two)]
+        assert spikes == [[], []]
+
+
 def test_a_short_logs_jump_counts_when_the_loss_stays_up_over_the_window() -> None:
     """MLX LoRA (ml-explore/mlx-examples#620): 1.59, 1.41, then 3.32 and up to 4.60 at its last
     record (continued here at that level to show the live timing): a spike at its step, told

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from itertools import islice
 from operator import attrgetter
@@ -344,6 +344,17 @@ SPIKE_MEMORY = 1000  # logged steps a past jump is remembered as "this run's nor
 SPIKE_RECORD_MARGIN = 1.25  # and a new one must beat it by this much to be news
 
 
+@dataclass(eq=False)
+class _Held:
+    """A short log's jump above every earlier loss, until the losses after it decide."""
+
+    record: StepRecord
+    top: float  # the largest loss before it
+    prior: list[float]  # the losses before it
+    last: int  # the step of the last loss judged
+    after: list[bool] = field(default_factory=list)  # each loss after it: still up?
+
+
 @register
 class LossSpikeDetector(Detector):
     """A jump far above the recent mean, beyond the run's own noise, larger than any lately.
@@ -366,7 +377,7 @@ class LossSpikeDetector(Detector):
         self.ratios: deque[float] = deque(maxlen=SPIKE_MEMORY)  # loss / rolling mean, per logged step
         # A short log's jump above every earlier loss, its top, the losses before it and, for
         # each loss after it, whether it stayed up: until most of a window says.
-        self.held: tuple[StepRecord, float, list[float], list[bool]] | None = None
+        self.held: _Held | None = None
         # A jump over a full window, until the next loss says whether it stayed up.
         self.pending: tuple[StepRecord, float, float, list[float], float] | None = None
         self.last_epoch = -math.inf
@@ -429,7 +440,7 @@ class LossSpikeDetector(Detector):
     def finish(self, state: RankState) -> list[Finding]:
         pending, self.pending = self.pending, None
         held, self.held = self.held, None
-        if held is not None and held[3] and 2 * sum(held[3]) > len(held[3]):
+        if held is not None and held.after and 2 * sum(held.after) > len(held.after):
             # The log ended while the jump was still up in most of what came after it.
             return [self._held_spike(state, held)]
         return [self._spike(state, *pending)] if pending is not None else []
@@ -450,7 +461,7 @@ class LossSpikeDetector(Detector):
             return []
         top = max(prior)
         if top > 0 and loss > cfg.factor * top and loss - top >= cfg.min_delta:
-            self.held = (record, top, prior, [])
+            self.held = _Held(record, top, prior, step)
         return []
 
     def _after_held(self, state: RankState, loss: float, step: int) -> list[Finding]:
@@ -460,8 +471,11 @@ class LossSpikeDetector(Detector):
         the loss coming back: it is dropped as soon as most of the window can no longer stay up."""
         held = self.held
         assert held is not None
+        if step == held.last:
+            return []  # the same step's loss again (the ranks of a combined log): not a loss after it
+        held.last = step
         cfg = self.cfg
-        top, after = held[1], held[3]
+        top, after = held.top, held.after
         after.append(loss > cfg.factor * top and loss - top >= cfg.min_delta)
         need = cfg.window // 2 + 1
         up = sum(after)
@@ -473,10 +487,8 @@ class LossSpikeDetector(Detector):
             self.held = None  # came back: the noise of a log too short to measure it
         return []
 
-    def _held_spike(
-        self, state: RankState, held: tuple[StepRecord, float, list[float], list[bool]]
-    ) -> Finding:
-        rec, _, prior, _ = held
+    def _held_spike(self, state: RankState, held: _Held) -> Finding:
+        rec, prior = held.record, held.prior
         return self._spike(state, rec, rec.loss or 0.0, sum(prior) / len(prior), prior, 0.0)
 
     def _extreme(
