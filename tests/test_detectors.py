@@ -210,6 +210,9 @@ def test_a_short_logs_jump_counts_when_the_loss_stays_up_over_the_window() -> No
             (i, f.step) for f in eng.feed(StepRecord(step=25 * (i + 1), loss=v)) if f.kind == "loss_spike"
         ]
     assert told == [(8, 75)]  # six of the losses after the jump up: most of a window of ten
+    # A jump of extreme_factor x the earlier losses while one is held is told at once.
+    recs = [StepRecord(step=i + 1, loss=v) for i, v in enumerate([2.0, 5.0, 5.5, 900.0, 2.0, 2.1, 2.0])]
+    assert [f.step for f in run(recs) if f.kind == "loss_spike"] == [4]
     # The same jump that comes back (a noisy batch or two of a short log): silent.
     back = [1.593, 1.406, 3.316, 3.4, 1.5, 1.45, 1.6, 1.3, 1.4, 1.5, 1.35, 1.38]
     assert [

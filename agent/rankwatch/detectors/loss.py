@@ -403,7 +403,11 @@ class LossSpikeDetector(Detector):
         step = record.step if record.step is not None else state.position()
         cfg = self.cfg
         if self.held is not None:
-            return self._after_held(state, loss, step)
+            told = self._after_held(state, loss, step)
+            if told or step <= self.quiet_until:
+                return told
+            vals = state.recent("loss", cfg.window + 1)  # a far larger jump meanwhile is told at once
+            return self._extreme(state, record, loss, step, vals[:-1]) if len(vals) > cfg.min_records else []
         pending, self.pending = self.pending, None
         if pending is not None and loss > cfg.factor * pending[2]:
             # The loss after the jump is still up: a spike, told at the jump.
