@@ -125,3 +125,86 @@ def test_a_more_severe_failure_of_a_rank_after_its_sent_warning_is_news() -> Non
     clock.t += 5.0
     p.pump(clock())
     assert [m.title for m in out[2:]] == ["peer_error on rank 2, suspect rank 1"]
+
+
+def _nan(rank: int, step: int | None, t: float, *, run: str = "89663ef6", world: int | None = 2) -> Finding:
+    f = Finding("nan_loss", Severity.CRITICAL, rank, f"NaN/Inf at step {step}: loss is nan.", step, time=t)
+    f.run, f.world_size = run, world  # stamped by the rank's pipeline from its process's identity
+    return f
+
+
+def _watcher_policy() -> tuple[AlertPolicy, list[AlertMessage], Clock]:
+    """An agent whose own identity knows no world (``watch --pid``, the node daemon)."""
+    out: list[AlertMessage] = []
+    clock = Clock()
+    cfg = AlertsConfig(startup_quiet=0.0, group_wait=5.0, repeat_interval=0.0)
+    ident = Identity(run="default", rank=None, local_rank=None, world_size=None, node="n")
+    p = AlertPolicy(cfg, ident, out.append, clock=clock, wall=clock)
+    p.restart([], None, {})
+    p.start(clock())
+    return p, out, clock
+
+
+def test_the_rank_that_went_nan_first_is_named_with_its_world() -> None:
+    """The s35 tester's real DDP run under ``watch --pid``: rank 1 went NaN at step 20, rank 0 at
+    21 through the all-reduce. The webhook's one alert names rank 1 (top-level rank, suspect,
+    title, the typed first failure) and the world size both workers' environment says (2)."""
+    from rankwatch.actions.alerts.webhook import payload
+
+    p, out, clock = _watcher_policy()
+    p.take(_nan(1, 20, 1000.0))
+    p.take(_nan(0, 21, 1000.3))
+    clock.t += 5.0
+    p.pump(clock())
+    (doc,) = [payload(m) for m in out]
+    assert doc["summary"] == "nan_loss on 2 of 2 ranks, suspect rank 1"
+    assert (doc["rank"], doc["ranks"], doc["suspect"], doc["step"]) == (1, [0, 1], 1, 20)
+    assert doc["message"].startswith("NaN/Inf at step 20")
+    assert doc["world_size"] == 2 and doc["run"] == "89663ef6"
+    d = doc["diagnosis"]
+    assert (d["suspect"], d["verdict"], d["world_size"]) == (1, "first_failure", 2)
+    assert (d["first_failure"]["rank"], d["first_failure"]["kind"]) == (1, "nan_loss")
+    assert d["first_failure"]["how"] == "nan_loss at step 20"
+
+
+def test_ranks_that_went_nan_together_name_nobody() -> None:
+    """The same step on both ranks is a tie: no first failure, the lowest rank at top level.
+    With no steps the earlier start decides; a tie there names nobody either."""
+    from rankwatch.actions.alerts.webhook import payload
+
+    p, out, clock = _watcher_policy()
+    p.take(_nan(1, 20, 1000.0))
+    p.take(_nan(0, 20, 1000.3))
+    clock.t += 5.0
+    p.pump(clock())
+    p.take(_nan(3, None, 1010.0, run="b"))
+    p.take(_nan(2, None, 1009.0, run="b"))
+    p.take(_nan(5, None, 1009.0, run="c"))
+    p.take(_nan(4, None, 1009.0, run="c"))
+    clock.t += 5.0
+    p.pump(clock())
+    docs = [payload(m) for m in out]
+    assert [(d["run"], d["rank"], d["suspect"], d["diagnosis"]) for d in docs] == [
+        ("89663ef6", 0, None, None),
+        ("b", 2, 2, docs[1]["diagnosis"]),
+        ("c", 4, None, None),
+    ]
+    assert docs[0]["summary"] == "nan_loss on 2 of 2 ranks"
+    assert docs[1]["diagnosis"]["first_failure"]["rank"] == 2
+
+
+def test_a_diagnosis_carries_the_alerts_world_size() -> None:
+    """One agent per rank (srun): the first-failure diagnosis made without the world's size
+    (rank 0's gloo error after rank 1 left) carries the world the payload states."""
+    from rankwatch.actions.alerts.webhook import payload
+    from rankwatch.records import FirstFailure
+
+    p, out, clock = policy()
+    f = Finding("peer_error", Severity.CRITICAL, 0, "rank 1 failed first", 14, time=1000.0)
+    f.diagnosed(first_failure=FirstFailure(1, "exit", 999.0, "exited with status 0 at step 14"))
+    p.take(f)
+    clock.t += 5.0
+    p.pump(clock())
+    (doc,) = [payload(m) for m in out]
+    assert (doc["suspect"], doc["world_size"], doc["diagnosis"]["world_size"]) == (1, 4, 4)
+    assert doc["diagnosis"]["first_failure"]["rank"] == 1

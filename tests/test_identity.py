@@ -79,3 +79,28 @@ def test_two_jobs_rank_0_nan_at_once_are_two_alerts(tmp_path: Path) -> None:
     alerts = asyncio.run(go())
     assert sorted(a.run for a in alerts) == ["job-a", "job-b"]
     assert all(a.ranks == [0] for a in alerts)
+
+
+def test_every_finding_carries_its_processs_world_size(tmp_path: Path) -> None:
+    """``watch --pid`` and the node daemon: the agent's own identity knows no world, each watched
+    worker's environment says WORLD_SIZE=2. Its pipeline's findings carry 2, and so do the
+    findings stream's lines (the alert takes it from there: tests/test_alerts_policy.py)."""
+    import json
+
+    from rankwatch.actions.console import JsonlSink
+    from rankwatch.config.schema import Config
+    from rankwatch.runtime.watcher import RankWatcher
+
+    env = {"TORCHELASTIC_RUN_ID": "89663ef6", "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+    ident = identity_of_process(RunConfig(), env, AGENT)
+    log = tmp_path / "stdout.log"
+    log.write_text("step=19 loss=2.1 lr=0.01 rank=1\nstep=20 loss=nan lr=0.01 rank=1\n")
+    found: list = []
+    w = RankWatcher(Config(), ident, [log], emit=found.append)
+    w.feed_lines(w.streams[0], w.streams[0].follower.read_available())
+    (nan,) = [f for f in found if f.kind == "nan_loss"]
+    assert (nan.run, nan.rank, nan.world_size) == ("89663ef6", 1, 2)
+    sink = JsonlSink(tmp_path / "f.jsonl", AGENT)
+    sink.send(nan)
+    doc = json.loads((tmp_path / "f.jsonl").read_text())
+    assert (doc["run"], doc["rank"], doc["world_size"]) == ("89663ef6", 1, 2)

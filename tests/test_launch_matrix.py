@@ -180,7 +180,9 @@ ALL_FORMS = ["plain", "tee", *NEW_FORMS]
 @pytest.mark.parametrize("form", NEW_FORMS)
 def test_nan_is_found_on_its_rank_at_its_step(tmp_path: Path, form: str) -> None:
     """Rank 1's inputs go NaN at step 8 (rank 0 follows at step 9 through the all-reduce): the
-    first NaN is rank 1's at step 8, one nan_loss alert, the job's own exit status 0."""
+    first NaN is rank 1's at step 8, one nan_loss alert that names rank 1 first (its rank, and
+    on both ranks its suspect and first failure) with the workers' world size, the job's own
+    exit status 0."""
     c = cell(tmp_path, form, fault("nan", steps=20))
     first = min(c.of("nan_loss"), key=lambda f: (f["step"], f["rank"]), default=None)
     assert first is not None and (first["rank"], first["step"]) == (1, 8), c.debug()
@@ -188,6 +190,11 @@ def test_nan_is_found_on_its_rank_at_its_step(tmp_path: Path, form: str) -> None
     assert not c.of("crash"), c.debug()
     [alert] = c.alerts_of("nan_loss")
     assert alert["summary"].startswith("nan_loss on"), alert
+    assert (alert["rank"], alert["step"], alert["world_size"]) == (1, 8, WORLD), alert
+    if len(alert["ranks"]) > 1:
+        assert alert["suspect"] == 1 and alert["summary"].endswith(", suspect rank 1"), alert
+        assert alert["diagnosis"]["first_failure"]["rank"] == 1, alert
+        assert alert["diagnosis"]["world_size"] == WORLD, alert
     assert [a["kind"] for a in c.firing()] == ["nan_loss"], c.debug()
     no_agent_failed(c)
 

@@ -70,3 +70,32 @@ def test_a_worker_judged_clean_for_the_launchers_silence_is_judged_again_on_its_
     assert w.ends == [(0, None), (None, 9)]
     fleet.check()
     assert w.ends == [(0, None), (None, 9)]  # once
+
+
+HEALTHY = Path(__file__).parent / "data" / "torchrun" / "ddp_healthy_noisy_start_rank-0.log"
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_teed_workers_lines_are_read_once(tmp_path: Path, whole: bool) -> None:
+    """``--tee 3``: a worker's stdout and stderr are files of its own, and torchrun copies each
+    line to the combined log with its ``[defaultN]:`` prefix. Its pipeline reads them once, as
+    ``analyze`` reads its file (read twice, each step came twice and the detectors judged another
+    history: live and analyze disagreed on the s35 tester's healthy run). When only its stdout
+    is a file of its own, what it writes elsewhere reaches only the combined log: read there."""
+    from rankwatch.config.schema import Config
+    from rankwatch.identity import Identity
+    from rankwatch.runtime.workers import _worker_watcher_class
+
+    lines = HEALTHY.read_text().splitlines()
+    own = tmp_path / "attempt_0" / "0" / "stdout.log"
+    own.parent.mkdir(parents=True)
+    own.write_text("".join(f"{line}\n" for line in lines))
+    combined = tmp_path / "rank-0.log"
+    teed = lines if whole else ["step=41 loss=0.61 lr=0.01 rank=0"]
+    combined.write_text("".join(f"[default0]:{line}\n" for line in teed))
+    ident = Identity(run="t", rank=0, local_rank=0, world_size=2, node="n")
+    w = _worker_watcher_class()(Config(), ident, [own, combined], emit=lambda f: None)
+    w.own, w.reads, w.whole = frozenset([own]), 0, whole
+    for stream in w.streams:
+        w.feed_lines(stream, stream.follower.read_available())
+    assert w.engine.state.step_count == (40 if whole else 41)

@@ -355,6 +355,8 @@ class Finding:
     diagnosis: Diagnosis | None = None
     # The job the rank belongs to (the watched process's own run): a node daemon watches many.
     run: str | None = None
+    # That job's world size, from the watched process's own environment (WORLD_SIZE, ...).
+    world_size: int | None = None
 
     @property
     def key(self) -> tuple[str, int | None, str | None]:

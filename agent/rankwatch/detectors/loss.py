@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from itertools import islice
 from operator import attrgetter
@@ -67,11 +67,17 @@ class LossSpikeConfig:
         "step noise (robust sd) at or above this fraction of the loss level: a spike must still be up "
         "at the next logged step to count",
     )
+    # A short log has no step noise to judge a jump against, so the losses after it decide: a
+    # rise that stays (MLX LoRA 1.41 -> 3.32 -> 6.44 .. 4.60, ml-explore/mlx-examples#620; a
+    # resumed Qwen3 pre-training 1.47 -> 13.85 .. 14.4, batch10) against per-batch noise that
+    # comes back within the window (Horovod deeplab rank 1: 3.40 -> 11.08 -> 3.98,
+    # horovod/horovod#1737; a torch DDP run's fresh batches 4.44 -> 11.33 -> 10.59 -> 9.22 ->
+    # 5.75 .. 0.64, tests/data/torchrun/ddp_healthy_noisy_start_rank-0.log).
     min_records: int = opt(
         1,
         "earlier logged steps a spike is judged against at the least; with fewer than `window` the "
-        "loss and the one after it must exceed factor x the largest of them (a short log is judged "
-        "against what there is)",
+        "loss and most of the `window` losses after it (all the log has, when it ends first) must "
+        "exceed factor x the largest of them (a short log is judged against what there is)",
         min=1,
     )
     # Real per-batch noise rises a few times the loss level at most (YOLOX VOC at batch size 1:
@@ -338,6 +344,17 @@ SPIKE_MEMORY = 1000  # logged steps a past jump is remembered as "this run's nor
 SPIKE_RECORD_MARGIN = 1.25  # and a new one must beat it by this much to be news
 
 
+@dataclass(eq=False)
+class _Held:
+    """A short log's jump above every earlier loss, until the losses after it decide."""
+
+    record: StepRecord
+    top: float  # the largest loss before it
+    prior: list[float]  # the losses before it
+    last: int  # the step of the last loss judged
+    after: list[bool] = field(default_factory=list)  # each loss after it: still up?
+
+
 @register
 class LossSpikeDetector(Detector):
     """A jump far above the recent mean, beyond the run's own noise, larger than any lately.
@@ -358,9 +375,9 @@ class LossSpikeDetector(Detector):
         self.warmup = warmup_steps
         self.quiet_until = -1
         self.ratios: deque[float] = deque(maxlen=SPIKE_MEMORY)  # loss / rolling mean, per logged step
-        # A short log's jump above every earlier loss, its top and the losses before it, until
-        # the next loss says whether it stayed up.
-        self.held: tuple[StepRecord, float, list[float]] | None = None
+        # A short log's jump above every earlier loss, its top, the losses before it and, for
+        # each loss after it, whether it stayed up: until most of a window says.
+        self.held: _Held | None = None
         # A jump over a full window, until the next loss says whether it stayed up.
         self.pending: tuple[StepRecord, float, float, list[float], float] | None = None
         self.last_epoch = -math.inf
@@ -375,7 +392,7 @@ class LossSpikeDetector(Detector):
                 # The epoch went back: a new run in the same log (a second trainer.train(), a
                 # restart). Its losses are no spike against the last run's: judged once a
                 # window of its own is there.
-                self.fresh, self.pending = self.cfg.window, None
+                self.fresh, self.pending, self.held = self.cfg.window, None, None
             self.last_epoch = epoch
         loss = record.loss
         if loss is None or loss - loss != 0:  # absent, NaN or inf: the NaN detector's
@@ -385,6 +402,12 @@ class LossSpikeDetector(Detector):
             return []
         step = record.step if record.step is not None else state.position()
         cfg = self.cfg
+        if self.held is not None:
+            told = self._after_held(state, loss, step)
+            if told or step <= self.quiet_until:
+                return told
+            vals = state.recent("loss", cfg.window + 1)  # a far larger jump meanwhile is told at once
+            return self._extreme(state, record, loss, step, vals[:-1]) if len(vals) > cfg.min_records else []
         pending, self.pending = self.pending, None
         if pending is not None and loss > cfg.factor * pending[2]:
             # The loss after the jump is still up: a spike, told at the jump.
@@ -420,35 +443,57 @@ class LossSpikeDetector(Detector):
 
     def finish(self, state: RankState) -> list[Finding]:
         pending, self.pending = self.pending, None
+        held, self.held = self.held, None
+        if held is not None and held.after and 2 * sum(held.after) > len(held.after):
+            # The log ended while the jump was still up in most of what came after it.
+            return [self._held_spike(state, held)]
         return [self._spike(state, *pending)] if pending is not None else []
 
     def _short(self, state: RankState, record: StepRecord, loss: float, step: int) -> list[Finding]:
         """A log shorter than ``window``: judged against what there is, and stricter for it. A
-        loss above every earlier one by ``factor`` is a candidate; it is a spike when the next
-        loss stays that high too (a single noisy batch of a short log comes straight back)."""
+        loss above every earlier one by ``factor`` is a candidate (``_after_held`` judges it)."""
         cfg = self.cfg
         vals = state.recent("loss", cfg.window + 1)
         if not vals or vals[-1] != loss:
             return []
-        held, self.held = self.held, None
-        if held is None and len(vals) > cfg.min_records:
+        if len(vals) > cfg.min_records:
             found = self._extreme(state, record, loss, step, vals[:-1])
             if found:
                 return found
-        if held is not None:
-            rec, top, prior = held
-            if loss > cfg.factor * top and loss - top >= cfg.min_delta:
-                self.quiet_until = step + cfg.window
-                mean = sum(prior) / len(prior)
-                return [self._spike(state, rec, rec.loss or 0.0, mean, prior, 0.0)]
-            return []
         prior = vals[:-1]
         if len(prior) < cfg.min_records:
             return []
         top = max(prior)
         if top > 0 and loss > cfg.factor * top and loss - top >= cfg.min_delta:
-            self.held = (record, top, prior)
+            self.held = _Held(record, top, prior, step)
         return []
+
+    def _after_held(self, state: RankState, loss: float, step: int) -> list[Finding]:
+        """A short log's jump is a spike when the loss stays above ``factor`` x the earlier top
+        for most of the ``window`` losses after it. With no step noise measured before it, one
+        noisy batch or a few (fresh per-batch losses early in a run) are told from a rise only by
+        the loss coming back: it is dropped as soon as most of the window can no longer stay up."""
+        held = self.held
+        assert held is not None
+        if step == held.last:
+            return []  # the same step's loss again (the ranks of a combined log): not a loss after it
+        held.last = step
+        cfg = self.cfg
+        top, after = held.top, held.after
+        after.append(loss > cfg.factor * top and loss - top >= cfg.min_delta)
+        need = cfg.window // 2 + 1
+        up = sum(after)
+        if up >= need:
+            self.held = None
+            self.quiet_until = step + cfg.window
+            return [self._held_spike(state, held)]
+        if len(after) - up > cfg.window - need:
+            self.held = None  # came back: the noise of a log too short to measure it
+        return []
+
+    def _held_spike(self, state: RankState, held: _Held) -> Finding:
+        rec, prior = held.record, held.prior
+        return self._spike(state, rec, rec.loss or 0.0, sum(prior) / len(prior), prior, 0.0)
 
     def _extreme(
         self, state: RankState, record: StepRecord, loss: float, step: int, prior: list[float]

@@ -139,16 +139,22 @@ def env_int(env: dict[str, str], names: Iterable[str]) -> int | None:
     return None
 
 
-def output_files(pid: int) -> list[Path]:
+def output_targets(pid: int) -> tuple[list[Path], bool]:
     """The regular files a process's stdout and stderr go to (``/proc/<pid>/fd/1`` and ``2``),
-    in that order, without repeats."""
+    in that order, without repeats; and whether both go to regular files."""
     out: list[Path] = []
+    both = True
     for fd in (1, 2):
-        with contextlib.suppress(OSError):
+        try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target.startswith("/") and os.path.isfile(target) and Path(target) not in out:
-                out.append(Path(target))
-    return out
+        except OSError:
+            both = False
+            continue
+        if not (target.startswith("/") and os.path.isfile(target)):
+            both = False
+        elif Path(target) not in out:
+            out.append(Path(target))
+    return out, both
 
 
 def checked_output_files(pid: int) -> tuple[list[Path], list[str]]:
@@ -296,10 +302,16 @@ def _worker_watcher_class() -> type:
         own: frozenset[Path] = frozenset()  # files only this worker writes: every line is its own
         # A script's own pipeline before it started ranks of its own (Lightning): every line.
         everything = False
+        # Its stdout and stderr both go to its own files: under ``--tee`` the lines with its prefix
+        # in the combined log are torchrun's copies of them, and read twice every step would count
+        # twice (the detectors would judge a history that is not the log's).
+        whole = False
 
         def feed_lines(self, stream, batch):  # type: ignore[no-untyped-def]
             if stream.path in self.own or self.everything:
                 return super().feed_lines(stream, batch)
+            if self.whole:
+                return None
             mine = [fl for fl in batch if fl.cut or strip(fl.text)[1] == self.reads]
             if mine:
                 super().feed_lines(stream, mine)
@@ -481,7 +493,8 @@ class Fleet:
         if run_pipeline is not None:
             run_pipeline.on_progress = self.share_progress
 
-    def _add(self, pid: int, env: dict[str, str], own: list[Path] | None = None) -> None:
+    def _add(self, pid: int, env: dict[str, str], own: list[Path] | None = None, whole: bool = False) -> None:
+        """``whole``: ``own`` holds both the worker's stdout and its stderr."""
         rank = env_int(env, RANK_VARS)
         if rank is None:
             return
@@ -500,6 +513,7 @@ class Fleet:
                     # worker's output is there, and nothing more comes to the old files.
                     w.follow_instead(list(w.own), new)
                     w.own = frozenset(new)
+                    w.whole = whole
                     log.info("launcher worker: rank %d now writes to %s", rank, ", ".join(map(str, new)))
                 w.attach(pid)
                 self.attached_at[rank] = time.time()
@@ -525,6 +539,7 @@ class Fleet:
         # its end: what is there is the run's and earlier workers'). Its log is its stdout file.
         w.streams[: len(own)] = [Stream(p, self.cfg, rank, False, ident.world_size) for p in own]
         w.own = frozenset(own)
+        w.whole = whole and bool(own)
         w.reads = rank
         w.attach(pid)
         self.attached_at[rank] = time.time()
@@ -628,21 +643,22 @@ class Fleet:
             if s is not None and not s.alive and not w.exited:
                 self._judge(w)
 
-    async def _own_files(self, pid: int) -> list[Path]:
-        """A worker's own output files: torchrun's ``--redirects 3 --log-dir D`` sends each
-        worker's stdout and stderr to files of its own (``D/<run>/attempt_<n>/<local rank>/``),
-        and nothing of it reaches the combined log."""
+    async def _own_files(self, pid: int) -> tuple[list[Path], bool]:
+        """A worker's own output files, and whether they hold all it writes: torchrun's
+        ``--redirects 3 --log-dir D`` sends each worker's stdout and stderr to files of its own
+        (``D/<run>/attempt_<n>/<local rank>/``); ``--tee 3`` copies them to the combined log too."""
         try:
-            files = await offloop.proc(
-                output_files,
+            files, both = await offloop.proc(
+                output_targets,
                 pid,
                 name="rankwatch-proc-workers",
                 errors=self.agent.internal_errors_by_component,
             )
         except asyncio.TimeoutError:
-            return []
+            return [], False
         combined = os.path.realpath(self.log_path)
-        return [f for f in files if os.path.realpath(f) != combined]
+        own = [f for f in files if os.path.realpath(f) != combined]
+        return own, both and len(own) == len(files)
 
     async def _read_launcher_log(self) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -669,8 +685,8 @@ class Fleet:
             elif found and not self.by_rank:
                 self._script_started_ranks()
             for pid, env in found:
-                own = await self._own_files(pid) if self._new_process(pid, env) else []
-                self._add(pid, env, own)
+                own, whole = await self._own_files(pid) if self._new_process(pid, env) else ([], False)
+                self._add(pid, env, own, whole)
             self.check()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)

@@ -14,8 +14,9 @@ from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 from urllib.parse import quote
 
+from rankwatch.errorkinds import OWN_FAILURES
 from rankwatch.ranksets import describe_ranks, format_ranks
-from rankwatch.records import Diagnosis, Severity
+from rankwatch.records import Diagnosis, FirstFailure, Severity
 
 Status = Literal["firing", "resolved"]
 
@@ -60,7 +61,7 @@ class AlertMessage:
 
     @property
     def suspect(self) -> int | None:
-        return suspect_rank(self.members)
+        return suspect_rank(self.members, self.kind)
 
     @property
     def rank(self) -> int | None:
@@ -123,10 +124,29 @@ class AlertMessage:
 
     @property
     def diagnosis(self) -> Diagnosis | None:
-        """The lead member's diagnosis (the suspect's own, else the first one that has one)."""
+        """The lead member's diagnosis (the suspect's own, else the first one that has one);
+        with none, the first failure among the members (``first_member``). It carries the
+        alert's world size where the judgement that made it did not know it."""
         lead = next((m for m in self.members if m.rank == self.rank and m.diagnosis is not None), None)
         lead = lead or next((m for m in self.members if m.diagnosis is not None), None)
-        return lead.diagnosis if lead is not None else None
+        if lead is not None:
+            d = lead.diagnosis
+            assert d is not None
+        else:
+            first = first_member(self.members, self.kind)
+            if first is None or first.rank is None:
+                return None
+            at = f" at step {first.step}" if first.step is not None else ""
+            d = Diagnosis(
+                suspects=(first.rank,),
+                verdict="first_failure",
+                first_failure=FirstFailure(
+                    first.rank, self.kind, first.starts_at or None, f"{self.kind}{at}", node=first.node
+                ),
+            )
+        if d.world_size is None and self.world_size:
+            d = d.but(world_size=self.world_size)
+        return d
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -145,11 +165,13 @@ class AlertMessage:
         return cls(**d)
 
 
-def suspect_rank(members: list[AlertMember]) -> int | None:
+def suspect_rank(members: list[AlertMember], kind: str | None = None) -> int | None:
     """The rank a human should look at first, kept deliberately simple.
 
     1. The rank a member's :class:`~rankwatch.records.Diagnosis` names (the cross-rank judgement).
-    2. Else, with three or more ranks, the single rank whose evidence ``classification``
+    2. Else, for a rank's own failure on several ranks (``FIRST_FAILURE_KINDS``), the rank that
+       failed first, when that is unambiguous (``first_member``).
+    3. Else, with three or more ranks, the single rank whose evidence ``classification``
        differs from the one all the others share (e.g. the one busy rank among idle ones
        waiting in a collective).
     Otherwise none.
@@ -158,6 +180,9 @@ def suspect_rank(members: list[AlertMember]) -> int | None:
         s = m.diagnosis.suspect if m.diagnosis is not None else None
         if s is not None:
             return s
+    first = first_member(members, kind)
+    if first is not None:
+        return first.rank
     if len(members) < 3:
         return None
     classes = [m.evidence.get("classification") for m in members]
@@ -168,6 +193,34 @@ def suspect_rank(members: list[AlertMember]) -> int | None:
         return None
     odd = [m for m in members if classes.count(m.evidence.get("classification")) == 1]
     return odd[0].rank if len(odd) == 1 else None
+
+
+# A rank's own failure at a point of the training. In a synchronous job its peers follow a step
+# or a collective later: DDP's all-reduce carries one rank's NaN gradients to every rank, whose
+# loss is NaN the step after (the s35 tester's torch 2.13 gloo run: rank 1 at step 20, rank 0 at
+# 21); a rank's crash ends its peers' next collective (``detectors.crossrank.first_failures``
+# orders those by time). The earliest is the one to look at.
+FIRST_FAILURE_KINDS = frozenset({*OWN_FAILURES, "nan_loss"})
+
+
+def first_member(members: list[AlertMember], kind: str | None) -> AlertMember | None:
+    """The member of a ``FIRST_FAILURE_KINDS`` alert on several ranks that failed first, when
+    that is unambiguous: the lowest step when every member has one, else the earliest start
+    when every member has one. A tie names nobody (ranks that went NaN at the same step did
+    not follow one another), nor does a member of no known rank."""
+    if kind not in FIRST_FAILURE_KINDS or len({m.rank for m in members}) < 2:
+        return None
+    if any(m.rank is None for m in members):
+        return None
+    steps = [m.step for m in members]
+    starts = [m.starts_at or None for m in members]
+    for values in (steps, starts):
+        known = [v for v in values if v is not None]
+        if len(known) < len(values):
+            continue
+        firsts = [m for m, v in zip(members, values, strict=True) if v == min(known)]
+        return firsts[0] if len({m.rank for m in firsts}) == 1 else None
+    return None
 
 
 def rank_list(ranks: list[int | None]) -> str:

@@ -62,6 +62,7 @@ Key = tuple[str, int | None, str, str | None]  # (run, rank, kind, subject): Fin
 # problem and one alert (``_problem_of``), within this long of the first (diagnose's window).
 FAILURE_FAMILY = frozenset({*OWN_FAILURES, *PEER_FAILURES})  # the cross-rank judgement's kinds
 FOLD_WINDOW_S = 600.0
+MAX_RUN_WORLDS = 256  # runs whose world size is remembered (a node daemon outlives many jobs)
 GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
 
 
@@ -144,6 +145,9 @@ class AlertPolicy:
         self._pending: dict[GroupKey, Group] = {}
         self._dumps: dict[int | None, str] = {}
         self._t0: float | None = None
+        # Each run's world size, as its findings carry it (the watched processes' own): a node
+        # daemon's or a ``watch --pid`` agent's own identity has none. The newest runs kept.
+        self._worlds: dict[str, int] = {}
 
     def start(self, now: float) -> None:
         """The startup quiet window begins."""
@@ -196,6 +200,11 @@ class AlertPolicy:
         key: Key = (f.run or self.identity.run, rank, f.kind, f.subject)  # two jobs' rank 0: two alerts
         if rank is not None:
             self.ranks.add(rank)
+        if f.world_size and self._worlds.get(key[0]) != f.world_size:
+            self._worlds.pop(key[0], None)
+            self._worlds[key[0]] = f.world_size
+            while len(self._worlds) > MAX_RUN_WORLDS:
+                del self._worlds[next(iter(self._worlds))]
         if f.resolved:
             self._resolve(key, f)
         elif f.severity >= self.min_severity:
@@ -676,15 +685,19 @@ class AlertPolicy:
                 status,
                 members,
                 self.identity.node,
-                self.identity.world_size,
-                saw_all=self.saw_all(),
+                self.world_of(run),
+                saw_all=self.saw_all(run=run),
                 repeat=repeat,
             )
         )
 
-    def saw_all(self, extra: set[int] | None = None) -> bool:
+    def world_of(self, run: str) -> int | None:
+        """The run's world size: its processes' own, else the agent's for its own run."""
+        return self._worlds.get(run) or (self.identity.world_size if run == self.identity.run else None)
+
+    def saw_all(self, extra: set[int] | None = None, run: str | None = None) -> bool:
         """Every rank of the world is known to exist, so "N of WORLD ranks" is a fact."""
-        world = self.identity.world_size
+        world = self.world_of(run if run is not None else self.identity.run)
         if not world:
             return False
         known = self.ranks | (extra or set())
@@ -714,8 +727,8 @@ class AlertPolicy:
                 g.status,
                 members,
                 self.identity.node,
-                self.identity.world_size,
-                saw_all=self.saw_all() if saw_all is None else saw_all,
+                self.world_of(run),
+                saw_all=self.saw_all(run=run) if saw_all is None else saw_all,
                 repeat=g.repeat,
             )
             self.out(self._finish(msg))
