@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import re
 import time
 from collections.abc import Callable
@@ -265,15 +266,21 @@ class CrossRank:
             return
         exits = [d for d in self._read_all("failed-", run) if d["exit"] and _of_job(d, since)]
         if {d["rank"] for d in exits} >= set(range(world)):
-            self._unlink([d["name"] for d in exits], run)
+            # Ranks that end together may all see the set complete: each takes the names in an
+            # order of its own and stops at one already gone (another agent is at it), so 1,024
+            # agents do not each try 1,024 unlinks.
+            names = [d["name"] for d in exits]
+            random.shuffle(names)
+            self._unlink(names, run, contended=True)
 
-    def _unlink(self, names: list[str], run: str | None) -> None:
+    def _unlink(self, names: list[str], run: str | None, *, contended: bool = False) -> None:
         if not names:
             return
         try:
             with self._folder(run).open(create=False) as d:
                 for name in names:
-                    d.unlink(name)
+                    if not d.unlink(name) and contended:
+                        return
         except OSError as e:
             log.debug("cannot withdraw exit records: %s", e)
             return
