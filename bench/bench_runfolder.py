@@ -13,6 +13,8 @@ did:
   "Connection closed by peer") and records it, names the first failure; each agent's stall
   check reads the first failure again; a slowdown makes every agent write its profile and judge
   the straggler from one listing;
+- a clean end: every rank exits 0; each agent records it and lists the folder, and the one
+  that finds every rank's exit record withdraws them all (a healthy job leaves nothing);
 - an alert: every agent posts its stall record and presence on the alert board and reads the
   board; the leader (lowest rank) reads its peers' records, claims them and writes its marker;
   every follower reads the board once more and finds the marker.
@@ -121,6 +123,31 @@ def incident(root: Path, n: int) -> dict[str, Any]:
     return out
 
 
+def clean_end(root: Path, n: int) -> dict[str, Any]:
+    """Every rank exits 0, one after the other: each records its exit and looks whether the
+    whole world has; the last one withdraws the set (the job ended well, nothing is left)."""
+    since = time.time() - 60
+    crosses = [_cross(root, r, n) for r in range(n)]
+    for c in crosses:  # each agent's rank, as its process started
+        ident = c.agent.identity
+        c.agent.watchers = [
+            SimpleNamespace(rank=ident.rank, identity=ident, prober=SimpleNamespace(started=since))
+        ]
+    per: list[Counter[str]] = []
+    for c in crosses:
+        r = c.agent.identity.rank
+        mine = {"rank": r, "kind": "exit", "time": since + 30, "how": "exited with status 0"}
+        before = _ops()
+        c._record_failure(r, since + 30, False, mine)
+        per.append(_delta(before))
+    left = len(list((root / RUN / ".ranks").glob("failed-*")))
+    return {
+        "clean end: exit record + the world's check": _summary(per[:-1]),
+        "clean end: the last agent (withdraws every record)": _summary(per[-1:]),
+        "clean end: records left": f"{left}",
+    }
+
+
 def alert(root: Path, n: int) -> dict[str, Any]:
     now = time.time()
     boards = [Board(runfolder.RunFolder(root, RUN, ".alerts"), RUN, 600.0, world=n) for _ in range(n)]
@@ -178,6 +205,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="rw-bench-runfolder-") as tmp:
             started = time.perf_counter()
             rows[n] = {**incident(Path(tmp) / "dumps", n), **alert(Path(tmp) / "dumps", n)}
+            rows[n].update(clean_end(Path(tmp) / "clean", n))
             rows[n]["wall time (all agents, this process)"] = f"{time.perf_counter() - started:.2f} s"
     for n, row in rows.items():
         print(f"\n== {n} agents of one run ==")
@@ -194,6 +222,7 @@ def main() -> None:
         "slowdown: profile + peers' listing",
     ]
     keys.append("alert: each follower")
+    keys.append("clean end: exit record + the world's check")
     flat = all(mean_of(rows[big], k) <= mean_of(rows[small], k) + 0.5 for k in keys)
     print(
         f"\nper-agent operations flat from {small} to {big} agents (O(1), not O(ranks)): "

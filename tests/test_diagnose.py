@@ -521,3 +521,101 @@ def test_a_launchers_worker_that_listened_on_the_lost_address_is_named_without_a
     [f] = sent
     assert f.message.startswith("the connection gloo lost (127.0.0.1:28370) was to rank 1: look at rank 1")
     assert f.diagnosis is not None and f.diagnosis.suspect == 1
+
+
+def _process(agent: Agent, rank: int, started: float) -> None:
+    """A watched process of ``agent`` (rank ``rank``) that started at ``started`` (wall clock)."""
+    from types import SimpleNamespace
+
+    agent.watchers.append(
+        SimpleNamespace(  # type: ignore[arg-type]
+            rank=rank,
+            identity=agent.identity,
+            path=f"/logs/rank-{rank}.log",
+            prober=SimpleNamespace(addresses=(), started=started),
+            pids=lambda: [],
+        )
+    )
+
+
+def _records(tmp: Path, run: str = "job") -> list[str]:
+    return sorted(p.name for p in (tmp / "dumps" / run / ".ranks").glob("failed-*"))
+
+
+def test_a_job_whose_ranks_all_end_well_leaves_no_failure_record(tmp_path: Path) -> None:
+    """One agent per rank (srun): rank 0 ends first, and its exit record stays while rank 1 may
+    still need it; once rank 1 ends too, every rank of the world ended well: no record is left
+    for the next job in the same run folder to believe."""
+    agent0, _, _ = _agent(tmp_path, 0, world=2)
+    agent1, _, _ = _agent(tmp_path, 1, world=2)
+    _process(agent0, 0, 990.0)
+    _process(agent1, 1, 990.1)
+    agent0.clean_exit(0, 80, 1000.0)
+    assert [n[-6:] for n in _records(tmp_path)] == ["x.json"]
+    agent1.clean_exit(1, 80, 1000.1)
+    assert _records(tmp_path) == []
+
+
+def test_the_launchers_exit_0_withdraws_its_workers_exit_records(tmp_path: Path) -> None:
+    """`run -- torchrun` on one node of two: its workers (ranks 0, 1 of 4) end well and torchrun
+    exits 0; their exit records are withdrawn, after they were written (on threads of their
+    own), while another node's rank 2 keeps its own."""
+    agent, _, _ = _agent(tmp_path, 0, world=4)
+    other, _, _ = _agent(tmp_path, 2, world=4)
+    agent.launched = True
+    _process(agent, 0, 990.0)
+    _process(agent, 1, 990.0)
+    _process(other, 2, 990.0)
+    other.clean_exit(2, 80, 999.0)
+
+    async def scenario() -> None:
+        agent.clean_exit(0, 80, 1000.0, "job")
+        agent.clean_exit(1, 80, 1000.1, "job")
+        agent.clean_exit(None, None, 1000.2, "job")  # the launcher's exit 0
+        await agent.settle(10)
+
+    asyncio.run(scenario())
+    assert [n.split("-")[1] for n in _records(tmp_path)] == ["r2"]
+
+
+def test_an_earlier_jobs_records_are_never_this_jobs_first_failure(tmp_path: Path) -> None:
+    """A job of the same run name left records (rank 1's exit at step 80, and rank 0's); a new
+    job started at 995 in the same folder, where rank 1 raises at 1000.1 and rank 0's gloo
+    error follows: rank 1's failure is recorded (the old record is no incident of this job) and
+    rank 0 names it, not the earlier job's exit."""
+    old0, _, _ = _agent(tmp_path, 0, world=2)
+    old1, _, _ = _agent(tmp_path, 1, world=2)
+    old0.clean_exit(0, 80, 970.0)
+    old1.clean_exit(1, 80, 970.1)  # no process start known: kept (an agent that cannot tell)
+    assert len(_records(tmp_path)) == 2
+    agent0, _, sent0 = _agent(tmp_path, 0, world=2)
+    agent1, _, sent1 = _agent(tmp_path, 1, world=2)
+    _process(agent0, 0, 995.0)
+    _process(agent1, 1, 995.0)
+    agent1.emit(
+        _crash(1, "process exited with code 1. Cause (crash): RuntimeError: bad batch at step 10", t=1000.1)
+    )
+    [own] = sent1
+    assert "failed first" not in own.message and own.diagnosis is not None and own.diagnosis.suspect == 1
+    assert any(n.startswith("failed-r1-1000100000-f") for n in _records(tmp_path)), _records(tmp_path)
+    agent0.emit(_crash(0, f"process exited with code 1. Cause (crash): {GLOO_CLOSED}.", None, 1000.5))
+    [f] = sent0
+    assert f.message.startswith("rank 1 failed first: process exited with code 1"), f.message
+    assert "step 80" not in f.message
+    assert f.diagnosis is not None and f.diagnosis.first_failure is not None
+    assert f.diagnosis.first_failure.time == pytest.approx(1000.1)
+
+
+def test_a_failure_after_its_own_exit_record_replaces_it(tmp_path: Path) -> None:
+    """A launcher's worker judged clean before the launcher's word came (exit record), then
+    reported failed: its failure replaces the exit record, and a peer names the failure."""
+    agent, _, _ = _agent(tmp_path, 1, world=2)
+    agent0, _, sent0 = _agent(tmp_path, 0, world=2)
+    _process(agent, 1, 990.0)
+    _process(agent0, 0, 990.0)
+    agent.clean_exit(1, 12, 1000.0)
+    agent.emit(_crash(1, "killed by signal 9 (SIGKILL) after step 12", 9, 1000.2))
+    assert [n[-6:] for n in _records(tmp_path)] == ["f.json"]
+    agent0.emit(_crash(0, f"process exited with code 1. Cause (crash): {GLOO_CLOSED}.", None, 1000.5))
+    [f] = sent0
+    assert f.message.startswith("rank 1 failed first: killed by signal 9"), f.message

@@ -166,3 +166,16 @@ def test_find_processes_bad_regex() -> None:
 
     with pytest.raises(re.error):
         find_processes("(")
+
+
+@pytest.mark.process
+def test_a_process_start_is_read_to_the_clock_tick() -> None:
+    """When a rank's process started, on the wall clock: what tells a job's failure records
+    from an earlier job's in the same run folder. psutil's create_time is up to a second early
+    (the boot time in whole seconds); this is within a few ticks of the spawn."""
+    before = time.time()
+    with spawn(SLEEP) as p:
+        after = time.time()
+        started = ProcessProber(p.pid).started
+        assert started is not None and before - 0.05 <= started <= after + 0.05, (before, started, after)
+    assert ProcessProber(p.pid).started is None  # gone: unknown, never a guess

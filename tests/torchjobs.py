@@ -112,8 +112,9 @@ def agent_config(
 ) -> Path:
     """The agents' config: a short stall floor (the workload steps every ~50 ms), the loopback
     webhook, and a run folder shared by the agents of one job when there are several
-    (``board``: one alert per problem between them). ``named``: the run's name is the agent's
-    own (a node daemon takes each job's from its processes)."""
+    (``board``: one alert per problem between them). ``named``: the run's name is the one the
+    user chose (``run.name``); else each job's is read from its processes (Slurm's job id,
+    torchrun's run id), by the node daemon and under ``run -- torchrun`` alike."""
     cfg = tmp / "rw.yaml"
     alerts = ""
     if url is not None:

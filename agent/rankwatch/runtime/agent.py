@@ -451,6 +451,12 @@ class Agent:
         ]
         return sorted(found, key=lambda i: (i.time, i.name))
 
+    def job_run(self) -> str:
+        """The run of what the agent watches when that is one job (``run -- torchrun``: the
+        workers' run id), else the agent's own: where a capture of every rank goes (SIGUSR1)."""
+        runs = {w.identity.run for w in self.watchers if w.rank is not None}
+        return runs.pop() if len(runs) == 1 else self.identity.run
+
     def run_folder(self, run: str | None = None) -> runfolder.RunFolder:
         """``<dumps.dir>/<run>``: made 0700 (0750 with ``dumps.group``) and refused when anyone
         else owns it or may write to it (another user can pre-create a run's folder on /scratch).
@@ -562,7 +568,7 @@ class Agent:
         run: str | None = None,
     ) -> Path | None:
         c = self.cfg.dumps
-        store_run = run or self.identity.run
+        store_run = run or self.job_run()
         if incident is None:
             try:
                 incident = await self.dumps_io(self._incident, reason, store_run, name=INCIDENT_IO)

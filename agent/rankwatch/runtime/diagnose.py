@@ -5,10 +5,13 @@ One agent sees one rank (or one launcher's workers); the answer needs all of the
 a run already share the dumps folder (``<dumps.dir>/<run>/``), so they tell each other
 through small files there, in ``.ranks/`` (a name ``dumps list`` ignores):
 
-- ``failed-r<r>-<us>-<f|c>.json``: rank r's process died or reported a fatal error at ``us``
-  (wall-clock microseconds), as a first failure (``f``) or a consequence (``c``); inside, how
-  and where its log is. A peer whose own crash or stall came later names rank r as the first failure;
-  gloo's ``Connection closed by peer`` and NCCL's watchdog texts are consequences, not causes.
+- ``failed-r<r>-<us>-<f|c|x>.json``: rank r's process died or reported a fatal error at ``us``
+  (wall-clock microseconds), as a first failure (``f``) or a consequence (``c``), or left with
+  status 0 while its peers may go on (``x``); inside, how and where its log is. A peer whose own
+  crash or stall came later names rank r as the first failure; gloo's ``Connection closed by
+  peer`` and NCCL's watchdog texts are consequences, not causes. A clean exit is only a
+  possible first failure: once every rank of the world has one, or the launcher of the agent's
+  ranks exits 0, the job ended well and they are withdrawn.
 - ``profile-r<r>-<us>-w<permille>.json``: on a sustained slowdown each agent samples its own
   rank with py-spy and writes how often its main thread waited in a collective. In a synchronous job every
   rank slows down; the straggler is the one that works while its peers wait.
@@ -18,7 +21,10 @@ not one read per rank (1,024 agents on Lustre): the first failure is the earlies
 and only that record is read; the straggler is judged from the names alone. The folder and
 every file in it go through :mod:`rankwatch.runfolder` (owned by the job's user, no link
 followed, capped reads), and a record is believed only when it is of this run, its rank lies
-within the world and its time is not beyond ``dumps.clock_skew`` in the future.
+within the world and its time is not beyond ``dumps.clock_skew`` in the future. The folder
+outlives a job and a run name may be reused (``run.name``, a fixed ``--rdzv-id``, a torchrun
+restart): a record dated before the job began (the watched process's start, to the clock tick;
+for a job the agent launched, the agent's start) is another job's, never this one's first failure.
 
 A stall finding is held until the incident's stacks are in (every rank of the world, or a
 bounded wait), so the alert itself names the rank the others wait for. A failure finding is
@@ -33,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import re
 import time
 from collections.abc import Callable
@@ -127,6 +134,11 @@ def _listened(peer: str, addresses: Any) -> bool:
     return False
 
 
+def _of_job(entry: dict[str, Any], since: float | None) -> bool:
+    """A record named by ``_read_all`` is of the job that began at ``since`` (None: unknown)."""
+    return since is None or float(entry["time"]) >= since
+
+
 def _now_text(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M:%S UTC")
 
@@ -151,6 +163,7 @@ class CrossRank:
         self._holding: dict[int | None, int] = {}
         self._failing: dict[int | None, int] = {}
         self._profiled: dict[int | None, float] = {}
+        self._exits: set[asyncio.Task[Any]] = set()  # exit records being written
 
     # --- what the agent calls (runtime/agent.py: CrossRankJudge) ------------------------
     def clean_exit(
@@ -159,8 +172,15 @@ class CrossRank:
         """A rank of many exited with status 0 (or with a status this agent cannot know: ``how``
         says so): recorded as a possible first failure. If its peers go on into the next
         collective, their hang or their gloo ``Connection closed by peer`` follows it, and they
-        name it; a job that ends well leaves records nobody reads."""
-        if not self.multi_rank() or rank is None:
+        name it. It stays only while a peer may still need it: once every rank of the world has
+        ended so, or the launcher of this agent's ranks (``rank`` None) exited 0, the job ended
+        well and the records are withdrawn (``_close_exits``, ``_withdraw``): the next job in the
+        same run folder finds no failure of this one."""
+        if not self.multi_rank():
+            return
+        if rank is None:
+            if how is None and getattr(self.agent, "launched", False):
+                self._withdraw_later(run)  # the launcher it started exited 0: its ranks all ended well
             return
         at = f" at step {step}" if step is not None else ""
         mine = {
@@ -182,7 +202,10 @@ class CrossRank:
         except RuntimeError:
             self._record_failure(rank, t, False, mine, run)
             return
-        self._spawn(self._record_exit(rank, t, mine, run))
+        task = self._spawn(self._record_exit(rank, t, mine, run))
+        if task is not None:
+            self._exits.add(task)
+            task.add_done_callback(self._exits.discard)
 
     async def _record_exit(self, rank: int, t: float, mine: dict[str, Any], run: str | None) -> None:
         try:
@@ -191,6 +214,96 @@ class CrossRank:
             pass  # logged once and counted by offloop
         except Exception:
             log.exception("recording rank %s's exit in %s failed", rank, self.shared)
+
+    def _withdraw_later(self, run: str | None) -> None:
+        ranks = sorted(
+            {
+                w.rank
+                for w in self.agent.watchers
+                if w.rank is not None and (run is None or w.identity.run == run)
+            }
+        )
+        if not ranks:
+            return
+        since = self._since(None, run)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._withdraw(ranks, run, since)
+            return
+        self._spawn(self._withdraw_after_exits(ranks, run, since))
+
+    async def _withdraw_after_exits(self, ranks: list[int], run: str | None, since: float | None) -> None:
+        """After the exit records still being written (their writes run on threads of their own)."""
+        pending = [t for t in self._exits if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=FAILURE_IO_S * 2)
+        try:
+            await self._store_io(self._withdraw, ranks, run, since, timeout=FAILURE_IO_S)
+        except asyncio.TimeoutError:
+            pass  # logged once and counted by offloop
+        except Exception:
+            log.exception("withdrawing the exit records in %s failed", self.shared)
+
+    def _withdraw(self, ranks: list[int], run: str | None, since: float | None) -> None:
+        """The launcher of ``ranks`` exited 0: their exit records of this job go (blocking)."""
+        mine = set(ranks)
+        done = [
+            d["name"]
+            for d in self._read_all("failed-", run)
+            if d["exit"] and d["rank"] in mine and _of_job(d, since)
+        ]
+        self._unlink(done, run)
+
+    def _close_exits(self, run: str | None, since: float | None) -> None:
+        """Every rank of the world ended with an exit record of this job: nobody is left to
+        wait for any of them, so none is a failure (blocking, listed after this rank's own
+        record is written: of two agents writing at once, the later listing sees both; two that
+        withdraw the same set are harmless). Without a known job start or world size nothing is
+        withdrawn: an earlier job's records could complete the set."""
+        world = self.world()
+        if since is None or not world or world < 2:
+            return
+        exits = [d for d in self._read_all("failed-", run) if d["exit"] and _of_job(d, since)]
+        if {d["rank"] for d in exits} >= set(range(world)):
+            # Ranks that end together may all see the set complete: each takes the names in an
+            # order of its own and stops at one already gone (another agent is at it), so 1,024
+            # agents do not each try 1,024 unlinks.
+            names = [d["name"] for d in exits]
+            random.shuffle(names)
+            self._unlink(names, run, contended=True)
+
+    def _unlink(self, names: list[str], run: str | None, *, contended: bool = False) -> None:
+        if not names:
+            return
+        try:
+            with self._folder(run).open(create=False) as d:
+                for name in names:
+                    if not d.unlink(name) and contended:
+                        return
+        except OSError as e:
+            log.debug("cannot withdraw exit records: %s", e)
+            return
+        log.info(
+            "the job ended well: %d exit record(s) withdrawn from %s", len(names), self._folder(run).path
+        )
+
+    def _since(self, rank: int | None, run: str | None) -> float | None:
+        """When this job began, for a judgement about ``rank`` (None: every watched rank of
+        ``run``): when its process started (this incarnation: a launcher's restart starts it
+        anew), else, for a job the agent launched, when the agent started. A record dated before
+        it is another job's or an earlier attempt's, whatever its run name: the run folder
+        outlives jobs, and a run name (``run.name``, a reused ``--rdzv-id``) may be reused."""
+        starts = [
+            float(started)
+            for w in self.agent.watchers
+            if (rank is None or w.rank == rank)
+            and (run is None or w.identity.run == run)
+            and (started := getattr(w.prober, "started", None)) is not None
+        ]
+        if starts:
+            return min(starts)
+        return float(self.agent.started_at) if getattr(self.agent, "launched", False) else None
 
     def _addresses(self, rank: int | None, run: str | None = None) -> list[str]:
         """The local ends of the rank's process's TCP sockets (its gloo pairs, the c10d store)."""
@@ -478,11 +591,20 @@ class CrossRank:
         failure (no rank) is no peer another rank could wait for: not written. ``run``: the
         failing process's job (a node daemon watches several), else the agent's."""
         entries = self._read_all("failed-", run)
+        since = self._since(rank, run)
+        exit_ = mine.get("kind") == "exit"
         own = sorted((d for d in entries if d["rank"] == rank), key=lambda d: d["time"])
-        if rank is not None and (not own or own[-1]["time"] < t - FAILURE_WINDOW_S):  # a new incident
-            tag = "x" if mine.get("kind") == "exit" else "c" if consequence else "f"
+        current = [d for d in own if _of_job(d, since)]  # an earlier job's is no incident of this one
+        # A new incident; or a failure after its own exit record (a worker judged clean before the
+        # launcher's word on it came): the failure says more.
+        new = not current or current[-1]["time"] < t - FAILURE_WINDOW_S or (current[-1]["exit"] and not exit_)
+        if rank is not None and new:
+            tag = "x" if exit_ else "c" if consequence else "f"
             name = f"failed-r{rank}-{round(t * 1e6)}-{tag}.json"
             self._write(name, mine, tuple(d["name"] for d in own), run)
+        if exit_:
+            self._close_exits(run, since)
+            return None
         return self._first_failure(rank, t, consequence, entries, run, peer)
 
     async def _failure(self, f: Finding, t: float, consequence: bool, mine: dict[str, Any]) -> None:
@@ -549,6 +671,8 @@ class CrossRank:
         it was is the rank that left (else the earliest, as without it)."""
         if entries is None:
             entries = self._read_all("failed-", run)
+        since = self._since(rank, run)
+        entries = [d for d in entries if _of_job(d, since)]
         named = {
             PeerFailure(d["rank"], d["time"], consequence=d["consequence"], exit=bool(d.get("exit"))): d
             for d in entries

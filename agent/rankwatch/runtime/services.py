@@ -172,9 +172,15 @@ class Services:
     def own_pipeline(self) -> RankWatcher | None:
         """The watcher of the agent's own rank and run (in run mode and ``watch --pid``, the
         rank it watches): what the agent samples of itself (its folders' free space, NVML, the
-        checkpoint folder) is that rank's, judged by that rank's one engine."""
+        checkpoint folder) is that rank's, judged by that rank's one engine. Every pipeline of
+        run mode is of the one job the agent launched, whose run its workers name (torchrun's
+        run id): there the rank alone picks it."""
         me = self.agent.identity
-        return next((w for w in self.agent.watchers if w.rank == me.rank and w.identity.run == me.run), None)
+        launched = self.agent.launched
+        return next(
+            (w for w in self.agent.watchers if w.rank == me.rank and (launched or w.identity.run == me.run)),
+            None,
+        )
 
     def engine(self, rank: int | None = None, *, agent: bool = False) -> RankEngine:
         """The engine of events about ``rank`` (``agent``: this agent's rank): its watcher's,

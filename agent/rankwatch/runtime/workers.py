@@ -30,7 +30,7 @@ import psutil
 
 from rankwatch import offloop, safeio
 from rankwatch.events import Progress
-from rankwatch.identity import LOCAL_RANK_VARS, RANK_VARS, WORLD_VARS
+from rankwatch.identity import LOCAL_RANK_VARS, RANK_VARS, WORLD_VARS, identity_of_process
 from rankwatch.records import ErrorRecord, Finding
 from rankwatch.sources.process import descendants
 
@@ -518,12 +518,17 @@ class Fleet:
                 w.attach(pid)
                 self.attached_at[rank] = time.time()
             return
+        # Its identity is its own (issue 28): torchrun's run id (TORCHELASTIC_RUN_ID), world size
+        # and local rank from its environment; the run name the user chose wins (run.name,
+        # RANKWATCH_RUN). The run's own pipeline then carries the same run.
         ident = dataclasses.replace(
-            self.agent.identity,
+            identity_of_process(self.cfg.run, env, self.agent.identity),
             rank=rank,
             local_rank=env_int(env, LOCAL_RANK_VARS),
             world_size=env_int(env, WORLD_VARS) or self.agent.identity.world_size,
         )
+        if self.run_pipeline is not None and self.run_pipeline.identity.run != ident.run:
+            self.run_pipeline.identity = dataclasses.replace(self.run_pipeline.identity, run=ident.run)
         from rankwatch.runtime.watcher import Stream
 
         own = own or []

@@ -77,6 +77,22 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 _CGROUP_DEPTH = 16
 
 
+def started_at(pid: int, proc: str = "/proc") -> float | None:
+    """Wall-clock time ``pid`` started, to the clock tick: ``starttime`` in its ``stat`` is in
+    ticks since boot, and ``/proc/uptime`` says how long ago that was. (psutil's
+    ``create_time`` adds the boot time in whole seconds, up to a second early.) None when the
+    process is gone or its ``stat`` is unreadable."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as fh:
+            stat = fh.read(4096)
+        with open(f"{proc}/uptime", "rb") as fh:
+            uptime = float(fh.read(64).split()[0])
+        ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])  # field 22, after comm and state
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _read_int(path: str) -> int | None:
     """An integer file of cgroupfs; None for "max", absent or unreadable."""
     try:
@@ -274,6 +290,9 @@ class ProcessProber:
         self._kids: list[psutil.Process] = []
         self._samples = 0
         self.addresses: tuple[str, ...] = ()  # "host:port" of its sockets' local ends, kept after it died
+        # When this process (this incarnation of the rank) started, wall clock: records of the run
+        # dated before it are an earlier job's or attempt's (runtime/diagnose.py).
+        self.started: float | None = started_at(pid)
         if self._proc is not None:
             self._cmdline = _safe(self._proc.cmdline, [])
             self._kids = self._descendants(self._proc)
