@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import until
-from rankwatch import offloop
+from rankwatch import offloop, safeio
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
 from rankwatch.identity import Identity
@@ -104,8 +104,8 @@ def test_new_attempt_files_are_read_at_once_while_a_read_of_the_old_one_is_stuck
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torchelastic restarted the rank into new files while a read of its old one hangs: the
-    switch does not wait for that read (it was given up on), and the new file is read on a
-    thread of its own."""
+    switch does not wait for that read (it was given up on) nor touch the new file's folder on
+    the loop, and the new file is read on a thread of its own."""
     monkeypatch.setattr(offloop, "FS_TIMEOUT_S", 0.1)
     monkeypatch.setattr(watcher, "DRAIN_WAIT_S", 2 * FROZEN_S)  # a wait would outlast the block
     found: list[Finding] = []
@@ -124,14 +124,31 @@ def test_new_attempt_files_are_read_at_once_while_a_read_of_the_old_one_is_stuck
         return read(*args, **kwargs)
 
     monkeypatch.setattr(follower, "read_available", stuck_read)
+    switching = False
+    touched: list[str] = []  # the folder looked up or opened on the loop during the switch
+
+    def noting(fn: Any) -> Any:
+        def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if switching and threading.current_thread() is threading.main_thread():
+                touched.append(f"{fn.__name__}({path})")
+            return fn(path, *args, **kwargs)
+
+        return call
+
+    for name in ("resolve_dir", "open_dir"):
+        monkeypatch.setattr(safeio, name, noting(getattr(safeio, name)))
 
     async def go() -> None:
+        nonlocal switching
         task = asyncio.create_task(w.run())
         try:
             await until(blocked.is_set, what="the old file's read started")
             stuck_on = w.log_io
             await until(lambda: offloop.stuck(stuck_on), what="the read given up on")
+            switching = True
             w.follow_instead([old], [new])
+            switching = False
+            assert touched == [], "the new file was looked up on the loop"
             assert w.log_io != stuck_on and [s.path for s in w.streams] == [new]
             new.write_text("step=1 loss=2.5\nstep=2 loss=nan\n")
             await until(lambda: w.engine.state.last_step == 2, what="the new file's lines parsed")

@@ -78,8 +78,16 @@ class Stream:
     )  # fmt: skip
 
     def __init__(
-        self, path: Path, cfg: Config, rank: int | None, from_end: bool, world_size: int | None = None
+        self,
+        path: Path,
+        cfg: Config,
+        rank: int | None,
+        from_end: bool,
+        world_size: int | None = None,
+        *,
+        lazy: bool = False,
     ) -> None:
+        """``lazy``: the file is first touched by its first read, off the loop (``LogFollower``)."""
         self.path = path
         # NCCL INFO chatter is skipped before parsing, as ``analyze`` does: it is often most of
         # a burst and never evidence; it is still counted (unparsed) and still a sign of life.
@@ -89,6 +97,7 @@ class Stream:
             from_end=from_end,
             drop=NOISE,
             encoding=cfg.logs.encoding,
+            lazy=lazy,
         )
         # Its reads run off the loop, on the rank's log source's thread (sources/polled/logs.py).
         self.reader = LogReader(self.follower, int(cfg.logs.read_bytes_per_turn), thin=self.thin)
@@ -494,7 +503,7 @@ class RankWatcher:
         for s in gone:
             self._drain(s)
             s.reader.close(self._drain_wait())
-        added = [Stream(p, self.cfg, self.rank, False, self.identity.world_size) for p in new]
+        added = [Stream(p, self.cfg, self.rank, False, self.identity.world_size, lazy=True) for p in new]
         self.streams = added + [s for s in self.streams if s not in gone]
         if gone:
             self.log_io = f"rankwatch-log-{self.rank}-{next(_LOG_SETS)}"

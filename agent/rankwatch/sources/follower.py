@@ -62,9 +62,15 @@ class LogFollower:
         from_end: bool = False,
         drop: str | None = None,
         encoding: str = "utf-8",
+        lazy: bool = False,
     ) -> None:
+        """``lazy``: touch nothing on disk until the first ``read_available``, which resolves
+        the folder and opens the file on whatever thread reads (a log made on the event loop
+        for a folder that may sit on a hung mount). Not with ``from_end``."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
+        if lazy and from_end:
+            raise ValueError("a lazy follower starts at the file's start")
         self.path = pathlib.Path(path)
         self.stats = FollowerStats()
         self.chunk_size = chunk_size
@@ -75,14 +81,20 @@ class LogFollower:
         self._mark = b""
         self._behind = False
         self._open_error_logged = False
+        self._dir, self._dir_owners = os.path.abspath(self.path.parent), frozenset[int]()
+        self._resolved = False
+        self._owner: int | None = None  # pinned by the first file read
+        self._refused: str | None = None  # the refusal last logged and counted
+        if not lazy and self._open() and from_end:
+            self._seek_to_end()
+
+    def _resolve(self) -> None:
+        """The folder as configured, resolved once (before the first open)."""
+        self._resolved = True
         try:
             self._dir, self._dir_owners = safeio.resolve_dir(self.path.parent)
         except OSError:  # a symlink loop: every open is then refused, and says so
-            self._dir, self._dir_owners = os.path.abspath(self.path.parent), frozenset()
-        self._owner: int | None = None  # pinned by the first file read
-        self._refused: str | None = None  # the refusal last logged and counted
-        if self._open() and from_end:
-            self._seek_to_end()
+            pass
 
     @property
     def position(self) -> int:
@@ -209,6 +221,8 @@ class LogFollower:
         return out
 
     def _open(self) -> bool:
+        if not self._resolved:
+            self._resolve()
         try:
             fd, st = self._open_checked()
         except FileNotFoundError:
