@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -457,26 +458,30 @@ class RankWatcher:
         self.release_quiet(force=True)
 
     def _drain(self, s: Stream) -> None:
-        """What the log's reads queued, then the rest of the file, on the loop; a log whose read
-        is in flight is waited for at most ``DRAIN_WAIT_S``, one given up on not at all: it is
-        left (and said)."""
-        budget = int(self.cfg.logs.read_bytes_per_turn)
-        with s.reader.owned(self._drain_wait()) as mine:
-            while (queued := s.reader.take()) is not None:  # read before: parsed first
-                self._feed_read(s, queued)
-            if not mine:
+        """What the log's reads queued, then the rest of the file in turns of at most
+        ``logs.read_bytes_per_turn``, each read on a thread and waited for at most
+        ``DRAIN_WAIT_S`` (not at all once the rank's reads are stuck): a log on a hung mount is
+        left, and said, instead of freezing the agent as it stops."""
+        while (queued := s.reader.take()) is not None:  # read before: parsed first
+            self._feed_read(s, queued)
+        if s.reader.closed:
+            return
+        wait = self._drain_wait()
+        while True:
+            before = s.follower.stats.bytes_read
+            behind = _fill_within(s.reader, wait, f"{self.log_io}-drain")
+            if behind is None:
                 log.warning("%s: not read to its end: a read of it has not returned (%s)", s.path, LOG_HINT)
                 return
-            if s.reader.closed:
-                return
-            while True:
-                before = s.follower.stats.bytes_read
-                batch = self._shed(s, s.follower.read_available(budget, self._thin(s)))
+            got = False
+            while (batch := s.reader.take()) is not None:
                 if batch:
-                    self.feed_lines(s, batch)
-                if not s.follower.behind and (not batch or s.follower.stats.bytes_read == before):
-                    break
-            rest = s.follower.flush()
+                    got = True
+                    self._feed_read(s, batch)
+            if not behind and (not got or s.follower.stats.bytes_read == before):
+                break
+        with s.reader.owned(wait) as mine:
+            rest = s.follower.flush() if mine else []
         if rest:
             self.feed_lines(s, rest)
         held = s.cri.flush() if s.cri is not None else []
@@ -669,6 +674,29 @@ class RankWatcher:
     def close(self) -> None:
         for s in self.streams:
             s.reader.close(self._drain_wait())
+
+
+def _fill_within(reader: LogReader, wait: float, name: str) -> bool | None:
+    """One ``reader.fill()`` on a thread, waited for at most ``wait`` seconds (the caller may be
+    the event loop): whether more is waiting, or None when it did not return in time (the
+    reader is then marked abandoned: it is not waited for again)."""
+    if wait <= 0 or reader.abandoned:
+        return None
+    done = threading.Event()
+    out: list[bool] = []
+
+    def work() -> None:
+        try:
+            out.append(reader.fill())
+        except Exception:
+            log.exception("%s: read failed", reader.follower.path)
+            out.append(False)
+
+    offloop.start(work, name, then=done.set)
+    if not done.wait(wait) or not out:
+        reader.abandoned = True
+        return None
+    return out[0]
 
 
 def _latest_redraws(batch: list[Any], stats: object) -> list[Any]:
