@@ -108,7 +108,7 @@ def test_a_live_backlog_yields_to_the_loop_between_turns(tmp_path: Path) -> None
                 await asyncio.sleep(0)
 
         t = asyncio.create_task(ticker())
-        follow = asyncio.create_task(w._follow(w.streams[0]))
+        follow = asyncio.create_task(w._follow())
         try:
             for _ in range(20_000):
                 if any(f.kind == "nan_loss" for f in found):

@@ -357,7 +357,7 @@ def test_a_source_of_each_rank_is_one_file(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     pid = lines[-1].split()[-1]
-    assert lines[0] == "['open_files', 'process']", res.stdout
+    assert lines[0] == "['logs', 'open_files', 'process']", res.stdout
     assert f"sampled 3 rankwatch-open-files-3 {pid}" in lines, res.stdout
     assert lines[-1] == f"delivered True {pid}", res.stdout + res.stderr
 

@@ -1,19 +1,24 @@
 """One watched rank, live: its logs, its process, its detectors.
 
 Log data flows follower -> parser -> engine exactly as in ``analyze``; on top of that a
-rank has a process and a stall detector fed with monotonic time. The process is a polled
-source made for each rank (``sources/polled/process.py``, scope ``"rank"``) under the
-sources' policy: the watcher attaches the process it samples and polls it every period
-(``sample_once``); any other source made for each rank runs beside it. Everything found
-goes to ``emit``; this module does no alerting or dumping itself.
+rank has a process and a stall detector fed with monotonic time. The process and the logs
+are polled sources made for each rank (``sources/polled/process.py`` and ``logs.py``, scope
+``"rank"``) under the sources' policy: the watcher attaches the process it samples and
+polls it every period (``sample_once``); the logs are read off the loop, on the rank's own
+thread, and the watcher parses what they read on the loop, in slices (``_follow``), so a
+log on a hung mount stops that rank's lines only. Any other source made for each rank runs
+beside them. Everything found goes to ``emit``; this module does no alerting or dumping
+itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -28,9 +33,10 @@ from rankwatch.events import Event, LogActivity, ProcessExit, ProcessStart, Prog
 from rankwatch.identity import Identity
 from rankwatch.k8s.crilog import Joiner
 from rankwatch.records import ErrorRecord, Finding, Record, Severity, StepRecord
-from rankwatch.sources.follower import NOISE, LogFollower, follow
+from rankwatch.sources.follower import NOISE, LogFollower, LogReader
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.polled import Poller, RankContext, Sampled, ToRank, build_rank_sources
+from rankwatch.sources.polled.logs import LOG_HINT, LogSource
 from rankwatch.sources.polled.process import ProcessSource
 from rankwatch.sources.process import ProcessProber, ProcessSample
 from rankwatch.sources.signatures import may_hold_signature
@@ -58,16 +64,31 @@ def _non_finite(text: str) -> bool:
 
 
 LINE_COUNT_S = 10.0
+# At exit, how long the loop waits for a log's read in flight before it leaves that log (a read
+# from the page cache takes milliseconds; one on a dead mount never returns).
+DRAIN_WAIT_S = 2.0
+# Numbers the sets of log files the agent's watchers follow: each set's reads have a thread
+# name of their own (two watchers of unknown rank, or a rank's attempts, never share one).
+_LOG_SETS = itertools.count()
 
 
 class Stream:
     __slots__ = (
-        "cri", "dropped", "follower", "last_data", "parser", "path", "shedding", "thinned", "uncounted",
+        "cri", "dropped", "follower", "last_data", "parser", "path", "reader", "shed_backlog", "shedding",
+        "thinned", "uncounted",
     )  # fmt: skip
 
     def __init__(
-        self, path: Path, cfg: Config, rank: int | None, from_end: bool, world_size: int | None = None
+        self,
+        path: Path,
+        cfg: Config,
+        rank: int | None,
+        from_end: bool,
+        world_size: int | None = None,
+        *,
+        lazy: bool = False,
     ) -> None:
+        """``lazy``: the file is first touched by its first read, off the loop (``LogFollower``)."""
         self.path = path
         # NCCL INFO chatter is skipped before parsing, as ``analyze`` does: it is often most of
         # a burst and never evidence; it is still counted (unparsed) and still a sign of life.
@@ -77,7 +98,11 @@ class Stream:
             from_end=from_end,
             drop=NOISE,
             encoding=cfg.logs.encoding,
+            lazy=lazy,
         )
+        # Its reads run off the loop, on the rank's log source's thread (sources/polled/logs.py).
+        self.reader = LogReader(self.follower, int(cfg.logs.read_bytes_per_turn), thin=self.thin)
+        self.shed_backlog = int(cfg.logs.shed_backlog)
         self.dropped = 0
         self.uncounted = from_end  # lines before the start: counted off the loop in ``run``
         self.parser = LogParser.configured(cfg.logs, default_rank=rank, world_size=world_size)
@@ -86,6 +111,28 @@ class Stream:
         self.thinned = 0  # the follower's thinned_lines already counted
         # A kubelet container log (node mode on Kubernetes): CRI prefixes off, cut lines joined.
         self.cri: Joiner | None = None
+
+    def thin(self) -> Callable[[str], bool] | None:
+        """Before a read (on the thread that reads): the follower's ``thin`` test while the
+        log's unread bytes exceed ``logs.shed_backlog`` (the agent far behind), else None
+        (every line is parsed)."""
+        limit = self.shed_backlog
+        behind = self.follower.backlog() if limit > 0 else 0
+        if behind <= limit:
+            if self.shedding:
+                self.shedding = False
+                log.info("%s: caught up; every line is parsed again", self.path)
+            return None
+        if not self.shedding:
+            self.shedding = True
+            log.warning(
+                "%s: %.1f MiB behind the log: until caught up only lines that may hold an error or a "
+                "non-finite value (and the last of each read) are parsed; the rest are counted "
+                '(rankwatch_log_lines_total{result="shed"})',
+                self.path,
+                behind / (1 << 20),
+            )
+        return matters
 
 
 def matters(text: str) -> bool:
@@ -147,14 +194,23 @@ class RankWatcher:
         # The sources made for this rank (its process), each polled under the sources' policy;
         # their failures by source name.
         self.source_errors: dict[str, int] = {}
-        ctx = RankContext(cfg, self.rank, clock, prober=self._attached, io=lambda: self.proc_io)
+        # offloop's name for the thread of the rank's log reads: a new one for each set of files
+        # (``follow_instead``), so new attempt files are read while a read of the old ones is stuck.
+        self.log_io = f"rankwatch-log-{self.rank}-{next(_LOG_SETS)}"
+        ctx = RankContext(
+            cfg,
+            self.rank,
+            clock,
+            prober=self._attached,
+            io=lambda: self.proc_io,
+            logs=lambda: [st.reader for st in self.streams],
+            log_io=lambda: self.log_io,
+        )
         self.pollers = {
             s.name: Poller(s, self.source_errors) for s in build_rank_sources(ctx, self.source_errors)
         }
         self._held: list[tuple[float, Finding]] = []
         self._stop = asyncio.Event()
-        self._follows: dict[Stream, asyncio.Task[None]] = {}  # each stream's reader, while running
-        self._running = False
         self.replayed: list[Finding] = []  # what the replayed history held, for the alert dispatcher
         self.history_fed = 0  # step records taken from the checkpoints' trainer_state.json
         # Set over the process's environment when its GPUs are mapped (node mode on Kubernetes:
@@ -342,25 +398,7 @@ class RankWatcher:
         self._held = keep
 
     def _thin(self, stream: Stream) -> Callable[[str], bool] | None:
-        """Before a read: the follower's ``thin`` test while the log's unread bytes exceed
-        ``logs.shed_backlog`` (the agent far behind), else None (every line is parsed)."""
-        limit = int(self.cfg.logs.shed_backlog)
-        behind = stream.follower.backlog() if limit > 0 else 0
-        if behind <= limit:
-            if stream.shedding:
-                stream.shedding = False
-                log.info("%s: caught up; every line is parsed again", stream.path)
-            return None
-        if not stream.shedding:
-            stream.shedding = True
-            log.warning(
-                "%s: %.1f MiB behind the log: until caught up only lines that may hold an error or a "
-                "non-finite value (and the last of each read) are parsed; the rest are counted "
-                '(rankwatch_log_lines_total{result="shed"})',
-                stream.path,
-                behind / (1 << 20),
-            )
-        return matters
+        return stream.thin()
 
     def _shed(self, stream: Stream, batch: list[Any]) -> list[Any]:
         """``batch`` as read while shedding: the pieces the follower kept, thinned to the lines
@@ -424,63 +462,92 @@ class RankWatcher:
         self.release_quiet(force=True)
 
     def _drain(self, s: Stream) -> None:
-        budget = int(self.cfg.logs.read_bytes_per_turn)
+        """What the log's reads queued, then the rest of the file in turns of at most
+        ``logs.read_bytes_per_turn``, each read on a thread and waited for at most
+        ``DRAIN_WAIT_S`` (not at all once the rank's reads are stuck): a log on a hung mount is
+        left, and said, instead of freezing the agent as it stops."""
+        while (queued := s.reader.take()) is not None:  # read before: parsed first
+            self._feed_read(s, queued)
+        if s.reader.closed:
+            return
+        wait = self._drain_wait()
         while True:
             before = s.follower.stats.bytes_read
-            batch = self._shed(s, s.follower.read_available(budget, self._thin(s)))
-            if batch:
-                self.feed_lines(s, batch)
-            if not s.follower.behind and (not batch or s.follower.stats.bytes_read == before):
+            behind = _fill_within(s.reader, wait, f"{self.log_io}-drain")
+            if behind is None:
+                log.warning("%s: not read to its end: a read of it has not returned (%s)", s.path, LOG_HINT)
+                return
+            got = False
+            while (batch := s.reader.take()) is not None:
+                if batch:
+                    got = True
+                    self._feed_read(s, batch)
+            if not behind and (not got or s.follower.stats.bytes_read == before):
                 break
-        rest = s.follower.flush()
+        with s.reader.owned(wait) as mine:
+            rest = s.follower.flush() if mine else []
         if rest:
             self.feed_lines(s, rest)
         held = s.cri.flush() if s.cri is not None else []
         if held:
             self.feed_lines(s, held)  # the last line of a container that never got its F
 
+    def _drain_wait(self) -> float:
+        """How long the loop may wait for a read of the rank's logs in flight: not at all for
+        one given up on (the source's thread is stuck)."""
+        return 0.0 if offloop.stuck(self.log_io) else DRAIN_WAIT_S
+
+    def _feed_read(self, s: Stream, batch: list[Any]) -> None:
+        batch = self._shed(s, batch)
+        for i in range(0, max(1, len(batch)), FEED_SLICE):
+            self.feed_lines(s, batch[i : i + FEED_SLICE])
+
     def follow_instead(self, old: Sequence[Path], new: Sequence[Path]) -> list[Stream]:
         """The process restarted into files of its own that are new (torchelastic's
         ``<log-dir>/<run>/attempt_<n>/<local rank>/``): what is left in the ``old`` ones is
         read, they are closed, and the ``new`` ones are followed from their start, in the same
-        pipeline. Returns the new streams."""
+        pipeline (on a thread of their own: a read of the old ones may be stuck). Returns the
+        new streams."""
         gone = [s for s in self.streams if s.path in old]
         for s in gone:
             self._drain(s)
-            task = self._follows.pop(s, None)
-            if task is not None:
-                task.cancel()
-            s.follower.close()
-        added = [Stream(p, self.cfg, self.rank, False, self.identity.world_size) for p in new]
+            s.reader.close(self._drain_wait())
+        added = [Stream(p, self.cfg, self.rank, False, self.identity.world_size, lazy=True) for p in new]
         self.streams = added + [s for s in self.streams if s not in gone]
+        if gone:
+            self.log_io = f"rankwatch-log-{self.rank}-{next(_LOG_SETS)}"
         if added and gone and self.path in {str(s.path) for s in gone}:
             self.path = str(added[0].path)  # what the findings of the rank's log name from now on
             for eng in self.engines.values():
                 eng.state.path = self.path
-        if self._running and not self._stop.is_set():
-            for s in added:
-                self._follows[s] = asyncio.create_task(self._follow(s), name=f"follow:{s.path}")
         return added
 
-    async def _follow(self, stream: Stream) -> None:
-        interval = self.cfg.logs.poll_interval
-        budget = int(self.cfg.logs.read_bytes_per_turn)
-        async with contextlib.aclosing(
-            follow(
-                stream.follower,
-                poll_interval=interval,
-                stop=self._stop,
-                max_bytes=budget,
-                thin=lambda: self._thin(stream),
-            )
-        ) as it:
-            async for batch in it:
-                batch = self._shed(stream, batch)
-                if len(batch) <= FEED_SLICE:
-                    self.feed_lines(stream, batch)
-                    continue
-                for i in range(0, len(batch), FEED_SLICE):
-                    self.feed_lines(stream, batch[i : i + FEED_SLICE])
+    async def _follow(self) -> None:
+        """Read the rank's logs (its log source, ``sources/polled/logs.py``, off the loop) until
+        ``stop()``, then what they hold by then; every batch parsed on the loop, in slices."""
+        poller = self.pollers.get(LogSource.name)
+        if poller is None:
+            return
+        try:
+            await poller.run(self._stop, self._take_lines)
+            while self.streams:  # the old follower read on after the stop until caught up
+                if await poller.once() is None:
+                    break
+                await self._take_lines([])
+                if not any(s.reader.behind for s in self.streams):
+                    break
+        finally:
+            for s in self.streams:
+                s.reader.unwatch()
+
+    async def _take_lines(self, _: list[Sampled]) -> None:
+        """What the rank's log reads queued, through the parser, yielding to the loop after
+        every slice of ``FEED_SLICE`` lines: /healthz, /metrics and the other ranks run between."""
+        for s in list(self.streams):
+            while (batch := s.reader.take()) is not None:
+                batch = self._shed(s, batch)
+                for i in range(0, max(1, len(batch)), FEED_SLICE):
+                    self.feed_lines(s, batch[i : i + FEED_SLICE])
                     await asyncio.sleep(0)
 
     # --- process -----------------------------------------------------------------------
@@ -570,14 +637,13 @@ class RankWatcher:
     async def run(self) -> None:
         """Follow every log and sample the process until ``stop()``."""
         await self._number_lines()
-        self._running = True
-        for s in self.streams:
-            self._follows[s] = asyncio.create_task(self._follow(s), name=f"follow:{s.path}")
         others = [
             asyncio.create_task(p.run(self._stop, self._deliver), name=f"source-{name}-{self.rank}")
             for name, p in self.pollers.items()
-            if name != ProcessSource.name  # sampled below, each period
+            # the process is sampled below, each period; the logs are read by ``_follow``
+            if name not in (ProcessSource.name, LogSource.name)
         ]
+        others.append(asyncio.create_task(self._follow(), name=f"logs-{self.rank}"))
         try:
             while not self._stop.is_set():
                 await self.sample_once()
@@ -588,7 +654,7 @@ class RankWatcher:
                     await asyncio.wait_for(self._stop.wait(), self.cfg.process.sample_interval)
         finally:
             self._stop.set()
-            tasks = [*self._follows.values(), *others]
+            tasks = others
             for t in tasks:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(t, 2.0)
@@ -611,7 +677,30 @@ class RankWatcher:
 
     def close(self) -> None:
         for s in self.streams:
-            s.follower.close()
+            s.reader.close(self._drain_wait())
+
+
+def _fill_within(reader: LogReader, wait: float, name: str) -> bool | None:
+    """One ``reader.fill()`` on a thread, waited for at most ``wait`` seconds (the caller may be
+    the event loop): whether more is waiting, or None when it did not return in time (the
+    reader is then marked abandoned: it is not waited for again)."""
+    if wait <= 0 or reader.abandoned:
+        return None
+    done = threading.Event()
+    out: list[bool] = []
+
+    def work() -> None:
+        try:
+            out.append(reader.fill())
+        except Exception:
+            log.exception("%s: read failed", reader.follower.path)
+            out.append(False)
+
+    offloop.start(work, name, then=done.set)
+    if not done.wait(wait) or not out:
+        reader.abandoned = True
+        return None
+    return out[0]
 
 
 def _latest_redraws(batch: list[Any], stats: object) -> list[Any]:

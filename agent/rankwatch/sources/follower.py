@@ -16,6 +16,7 @@ counted (``FollowerStats.refused_opens``); it is never opened.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -27,9 +28,19 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 from rankwatch import safeio
+from rankwatch.offloop import threadsafe_waker
 from rankwatch.sources.lines import NOISE, RESCUE, FollowedLine, FollowerStats, Splitter, read_lines
 
-__all__ = ["NOISE", "RESCUE", "FollowedLine", "FollowerStats", "LogFollower", "follow", "read_lines"]
+__all__ = [
+    "NOISE",
+    "RESCUE",
+    "FollowedLine",
+    "FollowerStats",
+    "LogFollower",
+    "LogReader",
+    "follow",
+    "read_lines",
+]
 
 log = logging.getLogger("rankwatch.follower")
 
@@ -51,9 +62,15 @@ class LogFollower:
         from_end: bool = False,
         drop: str | None = None,
         encoding: str = "utf-8",
+        lazy: bool = False,
     ) -> None:
+        """``lazy``: touch nothing on disk until the first ``read_available``, which resolves
+        the folder and opens the file on whatever thread reads (a log made on the event loop
+        for a folder that may sit on a hung mount). Not with ``from_end``."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
+        if lazy and from_end:
+            raise ValueError("a lazy follower starts at the file's start")
         self.path = pathlib.Path(path)
         self.stats = FollowerStats()
         self.chunk_size = chunk_size
@@ -64,14 +81,20 @@ class LogFollower:
         self._mark = b""
         self._behind = False
         self._open_error_logged = False
+        self._dir, self._dir_owners = os.path.abspath(self.path.parent), frozenset[int]()
+        self._resolved = False
+        self._owner: int | None = None  # pinned by the first file read
+        self._refused: str | None = None  # the refusal last logged and counted
+        if not lazy and self._open() and from_end:
+            self._seek_to_end()
+
+    def _resolve(self) -> None:
+        """The folder as configured, resolved once (before the first open)."""
+        self._resolved = True
         try:
             self._dir, self._dir_owners = safeio.resolve_dir(self.path.parent)
         except OSError:  # a symlink loop: every open is then refused, and says so
-            self._dir, self._dir_owners = os.path.abspath(self.path.parent), frozenset()
-        self._owner: int | None = None  # pinned by the first file read
-        self._refused: str | None = None  # the refusal last logged and counted
-        if self._open() and from_end:
-            self._seek_to_end()
+            pass
 
     @property
     def position(self) -> int:
@@ -198,6 +221,8 @@ class LogFollower:
         return out
 
     def _open(self) -> bool:
+        if not self._resolved:
+            self._resolve()
         try:
             fd, st = self._open_checked()
         except FileNotFoundError:
@@ -380,18 +405,20 @@ def quiet_watchdog_stop_race() -> None:
 
 
 class _Waker:
-    """Watchdog observer on the parent directory; events reach the loop only as a wake-up."""
+    """Watchdog observer on the parent directory; its events only call ``wake`` (thread-safe,
+    coalescing: ``offloop.threadsafe_waker``). Started and stopped from any thread: a log's
+    reads, the watch among them, run off the loop."""
 
-    def __init__(self, path: pathlib.Path, loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+    def __init__(self, path: pathlib.Path, wake: Callable[[], None]) -> None:
         self._path = path
-        self._loop = loop
-        self._event = event
-        self._scheduled = threading.Lock()
+        self._wake = wake
         self._observer: Any = None
         self._next_try = 0.0
+        self._lock = threading.Lock()
+        self._stopped = False
 
     def ensure_started(self) -> None:
-        if self._observer is not None or time.monotonic() < self._next_try:
+        if self._observer is not None or self._stopped or time.monotonic() < self._next_try:
             return
         self._next_try = time.monotonic() + _OBSERVER_RETRY_S
         try:
@@ -412,7 +439,7 @@ class _Waker:
         if not parent.is_dir():
             return
         name = self._path.name
-        waker = self
+        wake = self._wake
 
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event: FileSystemEvent) -> None:
@@ -420,7 +447,7 @@ class _Waker:
                     return
                 for p in (event.src_path, getattr(event, "dest_path", "")):
                     if p and os.path.basename(os.fsdecode(p)) == name:
-                        waker._wake_threadsafe()
+                        wake()
                         return
 
         quiet_watchdog_stop_race()
@@ -437,26 +464,114 @@ class _Waker:
             with contextlib.suppress(Exception):
                 observer.stop()
             return
-        self._observer = observer
-
-    def _wake_threadsafe(self) -> None:
-        # Coalesce bursts of writes into one pending callback.
-        if not self._scheduled.acquire(blocking=False):
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:  # loop closed
-            self._scheduled.release()
-
-    def _wake(self) -> None:
-        self._scheduled.release()
-        self._event.set()
+        with self._lock:
+            late = self._stopped
+            if not late:
+                self._observer = observer
+        if late:  # stopped while it started
+            observer.stop()
+            observer.join(timeout=2)
 
     def stop(self) -> None:
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(timeout=2)
-            self._observer = None
+        with self._lock:
+            self._stopped = True
+            observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+            observer.join(timeout=2)
+
+
+class LogReader:
+    """One followed log read off the event loop: ``fill`` (blocking, on the thread of the
+    rank's log source) reads what is new into ``ready``; the loop ``take``s the batches.
+
+    The follower is not thread-safe, so ``lock`` makes one owner of its descriptor and
+    offset at a time: the source's thread while it reads, the loop (``owned``, a bounded
+    wait) while it drains at exit or closes. A read that hangs (a dead NFS or Lustre mount)
+    holds the lock: the loop gives up on it after its wait and goes on without that log. A
+    read that returns after its sample was given up on keeps its lines in ``ready``: they
+    are taken with the next ones, never lost."""
+
+    def __init__(
+        self,
+        follower: LogFollower,
+        max_bytes: int = _FOLLOW_BATCH_BYTES,
+        thin: Callable[[], Callable[[str], bool] | None] | None = None,
+    ) -> None:
+        self.follower = follower
+        self.max_bytes = max_bytes
+        self.thin = thin
+        self.lock = threading.Lock()
+        self.ready: collections.deque[list[FollowedLine]] = collections.deque()
+        self.behind = False  # the last read stopped at ``max_bytes`` with more to read
+        self.closed = False
+        self.abandoned = False  # the loop gave up waiting for a read of it (hung): never waited for again
+        self._wake: Callable[[], None] | None = None
+        self._waker = _Waker(follower.path, self._woken)
+
+    def _woken(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            wake()
+
+    def fill(self, wake: Callable[[], None] | None = None) -> bool:
+        """Blocking: one read of at most ``max_bytes``, its lines queued (an empty batch when
+        the file grew by dropped noise only: still a sign of life); with ``wake``, the
+        folder's watch is started first (its events call ``wake``). True when more is waiting."""
+        with self.lock:
+            if self.closed:
+                return False
+            if wake is not None:
+                self._wake = wake
+                self._waker.ensure_started()
+            f = self.follower
+            before = f.stats.bytes_read
+            batch = f.read_available(self.max_bytes, self.thin() if self.thin is not None else None)
+            if batch or f.stats.bytes_read != before:
+                self.ready.append(batch)
+            self.behind = f.behind
+            self.abandoned = False
+            return self.behind
+
+    def take(self) -> list[FollowedLine] | None:
+        """The oldest batch read and not taken yet (None: none); any thread."""
+        try:
+            return self.ready.popleft()
+        except IndexError:
+            return None
+
+    @contextlib.contextmanager
+    def owned(self, wait: float) -> Iterator[bool]:
+        """The follower for the loop: True once no read of it is in flight (waiting at most
+        ``wait`` seconds, and not at all for a read that hung before), False when one is stuck."""
+        got = self.lock.acquire(timeout=0 if self.abandoned else wait)
+        if not got:
+            self.abandoned = True
+        try:
+            yield got
+        finally:
+            if got:
+                self.lock.release()
+
+    def unwatch(self) -> None:
+        """Stop the folder's watch (joins its thread); no later read starts it again."""
+        self._waker.stop()
+
+    def close(self, wait: float) -> None:
+        """No read after this; the descriptor closed (by the stuck read's thread, when one is
+        stuck, once it returns) and the watch stopped."""
+        self.closed = True
+        self.unwatch()
+        with self.owned(wait) as mine:
+            if mine:
+                self.follower.close()
+                return
+
+        def later() -> None:
+            with self.lock:
+                self.follower.close()
+
+        threading.Thread(target=later, name="rankwatch-log-close", daemon=True).start()
 
 
 async def follow(
@@ -477,7 +592,7 @@ async def follow(
     """
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
-    waker = _Waker(follower.path, loop, wake)
+    waker = _Waker(follower.path, threadsafe_waker(loop, wake))
     stop_task = asyncio.ensure_future(stop.wait()) if stop is not None else None
     try:
         while stop is None or not stop.is_set():

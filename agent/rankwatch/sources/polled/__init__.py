@@ -69,7 +69,7 @@ import contextlib
 import importlib
 import logging
 import pkgutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, cast
@@ -80,6 +80,7 @@ from rankwatch.events import CheckpointStatus, Event
 from rankwatch.offloop import in_daemon, threadsafe_waker
 
 if TYPE_CHECKING:
+    from rankwatch.sources.follower import LogReader
     from rankwatch.sources.process import ProcessProber
 
 log = logging.getLogger("rankwatch.sources")
@@ -121,13 +122,17 @@ class RankContext:
     pipeline last attached it (``prober()``: None before the first attach and once the
     process has exited; a restart attaches a new one) with the name of the thread its reads
     of that process run on (``io()``: one per process, so a restarted rank's new process is
-    sampled at once while a read of the old one is stuck)."""
+    sampled at once while a read of the old one is stuck); and its logs' readers (``logs()``:
+    the files it follows now, which a restart into new files changes) with the name of the
+    thread their reads run on (``log_io()``: one per set of files)."""
 
     cfg: Config
     rank: int | None
     clock: Callable[[], float]
     prober: Callable[[], ProcessProber | None] = lambda: None
     io: Callable[[], str] = lambda: "rankwatch-proc"
+    logs: Callable[[], Sequence[LogReader]] = tuple
+    log_io: Callable[[], str] = lambda: "rankwatch-log"
 
 
 @dataclass(frozen=True)
@@ -411,9 +416,13 @@ class Poller:
             return False
         return bool(fut.result())
 
-    async def run(self, stop: asyncio.Event, deliver: Callable[[list[Sampled]], None]) -> None:
+    async def run(
+        self, stop: asyncio.Event, deliver: Callable[[list[Sampled]], Awaitable[None] | None]
+    ) -> None:
         """Sample every ``interval`` (earlier when woken) until ``stop``; each sample's events
-        to ``deliver``, on the loop. Ends with the source's ``close`` off the loop."""
+        to ``deliver``, on the loop (awaited when it is a coroutine: a big delivery may yield
+        to the loop in slices, and the next sample waits for it). Ends with the source's
+        ``close`` off the loop."""
         src = self.source
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
@@ -430,7 +439,9 @@ class Poller:
                 try:
                     events = await self.once()
                     if events is not None:
-                        deliver(events)
+                        delivered = deliver(events)
+                        if delivered is not None:
+                            await delivered
                 except Exception:
                     self._count()
                     log.exception("%s sample failed", src.name)

@@ -1,0 +1,165 @@
+"""A rank's log is read off the event loop, by its log source under the polled sources' policy
+(``sources/polled/logs.py``): a read that hangs (a dead NFS or Lustre mount) holds up that
+rank's lines only. The other ranks' lines, the agent's other tasks and the stall clock go on;
+the hang is logged once with its likely cause and counted once; and what the stuck read
+returns at last is parsed, not lost."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import until
+from rankwatch import offloop, safeio
+from rankwatch.config.schema import Config
+from rankwatch.config.snapshot import replaced
+from rankwatch.identity import Identity
+from rankwatch.records import Finding
+from rankwatch.runtime import watcher
+from rankwatch.runtime.watcher import RankWatcher
+from rankwatch.sources.polled.logs import LOG_HINT, LogSource
+
+# Bounds the stand-in's block: on a loop that reads logs itself, the loop is frozen that long
+# and the test fails instead of hanging.
+FROZEN_S = 5.0
+
+
+def _watcher(tmp_path: Path, rank: int, found: list[Finding]) -> RankWatcher:
+    conf = replaced(
+        Config(), {"dumps.dir": str(tmp_path / "dumps"), "logs.format": "kv", "logs.poll_interval": 0.02}
+    )
+    ident = Identity(run="t", rank=rank, local_rank=rank, world_size=2, node="n")
+    return RankWatcher(conf, ident, [tmp_path / f"rank-{rank}.log"], emit=found.append)
+
+
+@pytest.mark.unit
+def test_a_log_whose_read_hangs_stops_neither_the_loop_nor_another_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(offloop, "FS_TIMEOUT_S", 0.1)
+    found: list[Finding] = []
+    hung, ok = _watcher(tmp_path, 70, found), _watcher(tmp_path, 71, found)
+    (tmp_path / "rank-70.log").write_text("step=1 loss=2.5\nstep=2 loss=nan\n")
+    blocked, release = threading.Event(), threading.Event()
+    froze: list[bool] = []
+    follower = hung.streams[0].follower
+    read = follower.read_available
+
+    def stuck_read(*args: Any, **kwargs: Any) -> Any:
+        blocked.set()
+        if not release.wait(FROZEN_S):
+            froze.append(True)  # nobody could release it: the loop itself was blocked here
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(follower, "read_available", stuck_read)
+    thread = hung.log_io
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    async def go() -> None:
+        tasks = [asyncio.create_task(w.run()) for w in (hung, ok)]
+        tick = asyncio.create_task(ticker())
+        try:
+            await until(blocked.is_set, what="rank 70's read started")
+            before = ticks
+            with (tmp_path / "rank-71.log").open("a") as fh:
+                fh.write("step=1 loss=2.5\nstep=2 loss=2.4\nstep=3 loss=nan\n")
+            await until(lambda: ok.engine.state.last_step == 3, what="rank 71's lines parsed")
+            await until(lambda: offloop.timeouts.get(thread, 0) >= 3, what="periods failed at once")
+            assert ticks > before, "the agent's other tasks stopped"
+            assert hung.lines == 0 and hung.engine.state.last_step is None
+            assert hung.source_errors[LogSource.name] == 1, "one hang is counted once"
+            hung.drain()  # the rank exits meanwhile: its stuck log is left, the loop goes on
+            release.set()
+            await until(lambda: hung.engine.state.last_step == 2, what="the late read's lines parsed")
+        finally:
+            release.set()
+            for w in (hung, ok):
+                w.stop()
+            await asyncio.wait_for(asyncio.gather(*tasks), 10)
+            tick.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="rankwatch.offloop"):
+        asyncio.run(go())
+    assert not froze, "the hung read blocked the event loop"
+    said = [r.getMessage() for r in caplog.records if thread in r.getMessage()]
+    assert len(said) == 1 and LOG_HINT in said[0], said
+    kinds = {(f.rank, f.kind) for f in found}
+    assert (71, "nan_loss") in kinds and (70, "nan_loss") in kinds
+    for w in (hung, ok):
+        w.close()
+
+
+@pytest.mark.unit
+def test_new_attempt_files_are_read_at_once_while_a_read_of_the_old_one_is_stuck(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchelastic restarted the rank into new files while a read of its old one hangs: the
+    switch does not wait for that read (it was given up on) nor touch the new file's folder on
+    the loop, and the new file is read on a thread of its own."""
+    monkeypatch.setattr(offloop, "FS_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(watcher, "DRAIN_WAIT_S", 2 * FROZEN_S)  # a wait would outlast the block
+    found: list[Finding] = []
+    w = _watcher(tmp_path, 72, found)
+    old, new = tmp_path / "rank-72.log", tmp_path / "attempt_1.log"
+    old.write_text("step=1 loss=2.5\n")
+    blocked, release = threading.Event(), threading.Event()
+    froze: list[bool] = []
+    follower = w.streams[0].follower
+    read = follower.read_available
+
+    def stuck_read(*args: Any, **kwargs: Any) -> Any:
+        blocked.set()
+        if not release.wait(FROZEN_S):
+            froze.append(True)
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(follower, "read_available", stuck_read)
+    switching = False
+    touched: list[str] = []  # the folder looked up or opened on the loop during the switch
+
+    def noting(fn: Any) -> Any:
+        def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if switching and threading.current_thread() is threading.main_thread():
+                touched.append(f"{fn.__name__}({path})")
+            return fn(path, *args, **kwargs)
+
+        return call
+
+    for name in ("resolve_dir", "open_dir"):
+        monkeypatch.setattr(safeio, name, noting(getattr(safeio, name)))
+
+    async def go() -> None:
+        nonlocal switching
+        task = asyncio.create_task(w.run())
+        try:
+            await until(blocked.is_set, what="the old file's read started")
+            stuck_on = w.log_io
+            await until(lambda: offloop.stuck(stuck_on), what="the read given up on")
+            switching = True
+            w.follow_instead([old], [new])
+            switching = False
+            assert touched == [], "the new file was looked up on the loop"
+            assert w.log_io != stuck_on and [s.path for s in w.streams] == [new]
+            new.write_text("step=1 loss=2.5\nstep=2 loss=nan\n")
+            await until(lambda: w.engine.state.last_step == 2, what="the new file's lines parsed")
+            assert not froze
+        finally:
+            release.set()
+            w.stop()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(go())
+    assert not froze, "the switch waited for the stuck read"
+    assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
+    w.close()
