@@ -468,3 +468,23 @@ def test_readiness_never_fails_the_agent(tmp_path: Path, monkeypatch: pytest.Mon
     notify_ready()
     monkeypatch.delenv("NOTIFY_SOCKET")
     notify_ready()
+
+
+@pytest.mark.unit
+def test_watch_logs_of_torchrun_worker_folders_are_one_pipeline_per_worker(tmp_path: Path) -> None:
+    """``watch --log`` over torchrun's ``--redirects 3 --log-dir`` files numbers them as analyze
+    does (``sources/logfiles.py``): each worker folder is one rank, its stdout.log and stderr.log
+    one pipeline (as under ``run -- torchrun``), not four ranks by position."""
+    from rankwatch.config.schema import Config
+    from rankwatch.config.snapshot import replaced
+    from rankwatch.identity import Identity
+    from rankwatch.runtime.agent import Agent
+    from rankwatch.runtime.modes import _ProcessWatch
+
+    root = Path(__file__).resolve().parent / "data" / "torchrun" / "redirects_oom"
+    logs = sorted(root.glob("*/attempt_0/*/*.log"))
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    ident = Identity(run="t", rank=None, local_rank=None, world_size=2, node="n")
+    watch = _ProcessWatch(cfg, ident, Agent(cfg, ident), pids=[], match=None, logs=logs)
+    got = [(w.rank, w.identity.local_rank, sorted(s.path.name for s in w.streams)) for w in watch.watchers]
+    assert got == [(0, 0, ["stderr.log", "stdout.log"]), (1, 1, ["stderr.log", "stdout.log"])]
