@@ -663,6 +663,35 @@ def test_active_alerts_are_reposted_to_refreshing_sinks(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+def test_no_spool_folder_until_an_alert_must_be_remembered(tmp_path: Path) -> None:
+    """The spool folder (``alerts.spool_dir``, relative to the job's working directory by
+    default) holds undelivered alerts and what a restarted agent must know: an alert firing or
+    announced. A run with nothing of that leaves no folder behind; an announced one is kept."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        d = AlertDispatcher(config(tmp_path, group_wait=5.0), IDENT, sinks=[sink], clock=clock)
+        async with running(d):
+            d.send(finding("loss_plateau", 0, Severity.INFO))  # below min_severity: no alert
+            d.send(stall(1))
+            d.send(stall(1, resolved=True))  # cleared before its group left: never announced
+            clock.advance(6)
+            await settle(d)
+        assert sink.alerts == [] and not (tmp_path / "spool").exists()
+        d = AlertDispatcher(config(tmp_path), IDENT, sinks=[sink])
+        async with running(d):
+            d.send(stall(2))
+            await until(lambda: len(sink.alerts) == 1)
+            await settle(d)
+        assert [p.name for p in (tmp_path / "spool").iterdir()] == [
+            f"{IDENT.run}.rank-{IDENT.rank}.state.json"
+        ]
+
+    asyncio.run(go())
+
+
+@pytest.mark.unit
 def test_below_min_severity_never_alerts(tmp_path: Path) -> None:
     async def go() -> None:
         sink = RecordingSink()

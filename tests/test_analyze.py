@@ -314,3 +314,71 @@ def test_counted_hf_steps_are_said_to_be_counted(tmp_path: Path) -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     (nan,) = [f for f in json.loads(out.stdout)["findings"] if f["kind"] == "nan_loss"]
     assert nan["step"] == 31 and "counted log records" in nan["message"]
+
+
+TORCHRUN = Path(__file__).resolve().parent / "data" / "torchrun"
+
+
+def _ranks_by_file(doc: dict, root: Path) -> dict[str, int | None]:
+    return {str(Path(r["path"]).relative_to(root)): r["rank"] for r in doc["ranks"]}
+
+
+@pytest.mark.unit
+def test_torchrun_log_dir_layout_takes_ranks_from_the_worker_folders(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """torchrun ``--redirects 3 --log-dir D`` (a real torch 2.13 job, rank 1 raising a CUDA OOM
+    at step 12): ``D/<run>/attempt_0/<local rank>/{stdout,stderr}.log``. Each folder is one
+    worker, whose stdout.log (steps, no prefixes) is its rank as much as its stderr.log."""
+    root = TORCHRUN / "redirects_oom"
+    files = sorted(str(p) for p in root.glob("*/attempt_0/*/*.log"))
+    code, doc = run_json(capsys, *files)
+    check_contract(doc)
+    assert code == 1
+    ranks = {k.split("/attempt_0/")[1]: v for k, v in _ranks_by_file(doc, root).items()}
+    assert ranks == {"0/stderr.log": 0, "0/stdout.log": 0, "1/stderr.log": 1, "1/stdout.log": 1}
+    crit = [(f["kind"], f["rank"]) for f in doc["findings"] if f["severity"] == "critical"]
+    assert crit[:2] == [("rank_lagging", 1), ("oom", 1)], crit
+    first = doc["findings"][0]
+    # The worker's traceback is in its stderr.log; its steps in its stdout.log.
+    assert first["path"].endswith("/1/stderr.log") and first["step"] == 11, first
+    assert "lost peers on rank(s) 0 are" in first["message"], first["message"]
+
+
+@pytest.mark.unit
+def test_torchrun_worker_folder_of_a_second_node_takes_the_rank_its_lines_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On node rank 1 the worker folder ``0/`` holds global rank 1 (a real two-node torchrun job
+    on one host, ``--redirects 3 --log-dir``, rank 1 raising at step 4): the ``[rank1]:`` lines of
+    its stderr.log say so, and its stdout.log, which names no rank, follows them."""
+    root = TORCHRUN / "two_nodes_crash"
+    files = sorted(str(p) for p in root.glob("n*/*/attempt_0/*/*.log"))
+    code, doc = run_json(capsys, *files)
+    assert code == 1
+    ranks = {
+        k.split("/")[0] + ":" + k.split("/attempt_0/")[1]: v for k, v in _ranks_by_file(doc, root).items()
+    }
+    assert ranks == {"n0:0/stderr.log": 0, "n0:0/stdout.log": 0, "n1:0/stderr.log": 1, "n1:0/stdout.log": 1}
+    first = doc["findings"][0]
+    assert (first["kind"], first["rank"]) == ("rank_lagging", 1), doc["findings"]
+    assert first["path"].startswith(str(root / "n1")) and first["step"] == 3, first
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("path", "rank", "local", "worker"),
+    [
+        ("D/run_x1/attempt_0/3/stdout.log", 3, 3, "D/run_x1/attempt_0/3"),
+        ("D/run_x1/attempt_2/0/stderr.log.gz", 0, 0, "D/run_x1/attempt_2/0"),
+        ("D/run_x1/attempt_0/3/rank-7.log", 7, None, None),  # the file's own name wins
+        ("D/run_x1/attempt_0/3/error.json", 5, None, None),  # not a log: numbered by position
+        ("D/run_x1/attempts/3/stdout.log", 5, None, None),
+        ("D/run_x1/attempt_0/x3/stdout.log", 5, None, None),
+    ],
+)
+def test_place_of_a_log_file(path: str, rank: int, local: int | None, worker: str | None) -> None:
+    from rankwatch.sources.logfiles import log_place
+
+    place = log_place(path, 5)
+    assert (place.rank, place.local_rank, place.worker) == (rank, local, worker)

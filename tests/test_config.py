@@ -656,6 +656,47 @@ def test_parse_override_reads_values_as_yaml() -> None:
     assert with_overrides(Config(), {key: value}).detectors.nan.enabled is False
 
 
+@pytest.mark.unit
+def test_set_text_is_a_yaml_flow_value_where_a_list_or_mapping_is_expected(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--set alerts.webhook.urls='["http://..."]'``: a list key takes a YAML flow list, a
+    mapping or section key a flow mapping; where a string is expected the text stays itself (a
+    regex opening with ``[``, a Slack channel ``#train``); bad input names its key."""
+    from rankwatch.cli import main
+
+    cfg = with_overrides(
+        Config(),
+        {
+            "alerts.webhook.urls": '["http://127.0.0.1:1/h", http://b/x]',
+            "alerts.webhook.names": "{http://b/x: oncall}",
+            "logs.regex": r"[0-9]+ step=(?P<step>\d+)",
+            "alerts.slack.channel": "#train",
+        },
+    )
+    assert list(cfg.alerts.webhook.urls) == ["http://127.0.0.1:1/h", "http://b/x"]
+    assert cfg.alerts.webhook.names == {"http://b/x": "oncall"}
+    assert cfg.logs.regex == r"[0-9]+ step=(?P<step>\d+)" and cfg.alerts.slack.channel == "#train"
+    section = with_overrides(Config(), {"alerts.webhook": "{urls: [http://a/h]}"})
+    assert list(section.alerts.webhook.urls) == ["http://a/h"]
+    assert not with_overrides(Config(), {"alerts.webhook.urls": "[]"}).alerts.webhook.urls
+    flow = "alerts.webhook.urls: expected a list as a YAML flow value such as [a, b]"
+    bad = {
+        "[http://a/h": f"{flow}: expected ','",
+        "http://a/h": "alerts.webhook.urls: expected a list, got a string ('http://a/h'): write it as [a, b]",
+        "{a: b}": "alerts.webhook.urls: expected a list, got a mapping",
+        "[[x]]": "alerts.webhook.urls[0]: expected a string, got a list",
+    }
+    for text, said in bad.items():
+        with pytest.raises(ConfigError) as info:
+            with_overrides(Config(), {"alerts.webhook.urls": text})
+        assert str(info.value).startswith("<overrides>: " + said), info.value
+    assert main(["config", "show", "--set", "alerts.webhook.urls=[http://a/h"]) == 2
+    err = capsys.readouterr().err
+    assert "alerts.webhook.urls: expected a list as a YAML flow value such as [a, b]" in err
+    assert "Traceback" not in err
+
+
 # -- rendering --------------------------------------------------------------------------------
 
 

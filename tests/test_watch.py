@@ -468,3 +468,58 @@ def test_readiness_never_fails_the_agent(tmp_path: Path, monkeypatch: pytest.Mon
     notify_ready()
     monkeypatch.delenv("NOTIFY_SOCKET")
     notify_ready()
+
+
+@pytest.mark.unit
+def test_watch_logs_of_torchrun_worker_folders_are_one_pipeline_per_worker(tmp_path: Path) -> None:
+    """``watch --log`` over torchrun's ``--redirects 3 --log-dir`` files numbers them as analyze
+    does (``sources/logfiles.py``): each worker folder is one rank, its stdout.log and stderr.log
+    one pipeline (as under ``run -- torchrun``), not four ranks by position."""
+    from rankwatch.config.schema import Config
+    from rankwatch.config.snapshot import replaced
+    from rankwatch.identity import Identity
+    from rankwatch.runtime.agent import Agent
+    from rankwatch.runtime.modes import _ProcessWatch
+
+    root = Path(__file__).resolve().parent / "data" / "torchrun" / "redirects_oom"
+    logs = sorted(root.glob("*/attempt_0/*/*.log"))
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    ident = Identity(run="t", rank=None, local_rank=None, world_size=2, node="n")
+    watch = _ProcessWatch(cfg, ident, Agent(cfg, ident), pids=[], match=None, logs=logs)
+    got = [(w.rank, w.identity.local_rank, sorted(s.path.name for s in w.streams)) for w in watch.watchers]
+    assert got == [(0, 0, ["stderr.log", "stdout.log"]), (1, 1, ["stderr.log", "stdout.log"])]
+
+
+@pytest.mark.unit
+def test_a_restarted_worker_has_no_step_until_it_logs_one() -> None:
+    """torchrun ``--redirects 3 --max-restarts 1`` (a real run): rank 1 SIGKILLed after step 9 in
+    attempt 0; its attempt-1 worker fails in ``init_process_group``. As the launcher's pipeline
+    does it (runtime/workers.py ``Fleet._add``): the old worker's end judged, its new files
+    followed, the new pid attached. The new worker's failure is no "after step 9": it never
+    reached a step, and what it logs from step 1 on is progress again."""
+    from rankwatch.config.schema import Config
+    from rankwatch.identity import Identity
+    from rankwatch.records import Finding, StepRecord
+    from rankwatch.runtime.watcher import RankWatcher
+
+    run = next((Path(__file__).resolve().parent / "data" / "torchrun" / "restart_init_failure").iterdir())
+    old = [run / "attempt_0" / "1" / "stdout.log", run / "attempt_0" / "1" / "stderr.log"]
+    new = [run / "attempt_1" / "1" / "stdout.log", run / "attempt_1" / "1" / "stderr.log"]
+    found: list[Finding] = []
+    t = [1000.0]
+    ident = Identity(rank=1, local_rank=1, world_size=2, node="n", run="t")
+    w = RankWatcher(Config(), ident, old, emit=found.append, clock=lambda: t[0], wall=lambda: 1.7e9 + t[0])
+    w.attach(os.getpid())
+    killed = w.on_exit(None, signal.SIGKILL)
+    assert killed is not None and "killed by signal 9 (SIGKILL) after step 9" in killed.message
+    w.follow_instead(old, new)
+    w.attach(os.getppid())
+    assert w.engine.state.last_step is None
+    t[0] += 10.0
+    failed = w.on_exit(1, None)
+    assert failed is not None and failed.kind == "crash", found
+    assert failed.message.startswith("process exited with code 1."), failed.message
+    assert "Gloo connectFullMesh failed" in failed.message and failed.step is None
+    w.attach(os.getpid())  # a third worker, that trains from step 1 again
+    w.push(StepRecord(step=1, loss=4.4, time=1.7e9 + t[0]))
+    assert w.engine.state.last_step == 1 and w.engine.state.last_progress_time == 1.7e9 + t[0]

@@ -1,13 +1,15 @@
 """Offline analysis: the live pipeline's parsers and detectors over finished log files.
 
-One file per rank (rank from the file name) or one file holding many ranks (rank from
-each line's launcher prefix); gzip, bzip2 and xz files are read as the text they hold.
+One file per rank (rank from the file name, or its torchrun ``--log-dir`` worker folder:
+``sources/logfiles.py``) or one file holding many ranks (rank from each line's launcher
+prefix); gzip, bzip2 and xz files are read as the text they hold.
 The output shapes are the ``analyze --json`` contract of DESIGN.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import stat
 import sys
@@ -19,12 +21,14 @@ from rankwatch.config.schema import Config
 from rankwatch.config.settings import settings_of
 from rankwatch.detectors.crossrank import RankLagConfig, cross_rank
 from rankwatch.engine import RankEngine
-from rankwatch.identity import rank_from_path
+from rankwatch.errorkinds import OWN_FAILURES
 from rankwatch.records import Finding, Severity
 from rankwatch.sanitize import visible
 from rankwatch.sources.compressed import compression_of, open_decompressed, require_readable
 from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
+from rankwatch.sources.logfiles import LogPlace, log_place, places_of
 from rankwatch.sources.logparser import LogParser
+from rankwatch.state import RankState
 
 if TYPE_CHECKING:
     from rankwatch.sources.suggest import Diagnosis
@@ -101,6 +105,8 @@ class FileResult:
     cut_lines: int
     ranks: list[tuple[RankEngine, list[Finding]]]
     records: int = 0
+    said: frozenset[int] = frozenset()  # the ranks the file's own lines named
+    fell_back: bool = False  # its one rank is ``fallback_rank``: nothing in it named one
 
 
 PARALLEL_MIN_BYTES = 64 << 20  # below this a worker's start-up (~0.3 s) costs more than it saves
@@ -146,7 +152,8 @@ def _lines(path: str, cfg: Config, prefetch: bool) -> Iterator[FollowedLine]:
 def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bool = False) -> FileResult:
     """Run one file through a parser and one engine per rank seen in it. ``prefetch``: a big
     file may be read by a second process while this one parses (a core to spare)."""
-    name_rank = rank_from_path(path)
+    place = log_place(path)
+    name_rank = place.rank if place.named else None
     parser = LogParser.configured(cfg.logs, default_rank=name_rank, world_size=cfg.run.world_size)
     engines: dict[int | None, tuple[RankEngine, list[Finding]]] = {}
 
@@ -173,15 +180,13 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
     for eng, found in engines.values():
         found.extend(eng.finish())
     _merge_launcher_crashes(engines)
+    said = frozenset(r for r in engines if r is not None)
     if not engines:
         engines[name_rank] = (RankEngine(cfg.detectors, name_rank, path), [])
-    if None in engines and len(engines) == 1:
-        # No rank in the name and no prefixes: this file is one rank, numbered by position.
-        eng, found = engines.pop(None)
-        eng.state.rank = fallback_rank
-        for f in found:
-            f.rank = fallback_rank
-        engines[fallback_rank] = (eng, found)
+    fell_back = None in engines and len(engines) == 1
+    if fell_back:
+        # No rank in the name and no prefixes: this file is one rank, the one its place says.
+        engines[fallback_rank] = _renumbered(engines.pop(None), fallback_rank)
     order = sorted(engines, key=lambda r: (r is None, r if r is not None else 0))
     return FileResult(
         format=parser.framework,
@@ -190,7 +195,36 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
         cut_lines=cut,
         ranks=[engines[k] for k in order],
         records=n_records,
+        said=said,
+        fell_back=fell_back,
     )
+
+
+def _renumbered(
+    entry: tuple[RankEngine, list[Finding]], rank: int | None
+) -> tuple[RankEngine, list[Finding]]:
+    eng, found = entry
+    eng.state.rank = rank
+    for f in found:
+        f.rank = rank
+    return entry
+
+
+def _worker_ranks(places: Sequence[LogPlace], results: Sequence[FileResult]) -> None:
+    """A torchrun worker folder's number is a local rank; when the worker's own lines name its
+    rank (``[rank5]:`` in its stderr.log), its files that name none (its stdout.log) are that
+    rank too: the log's word over the folder's."""
+    said: dict[str, set[int]] = {}
+    for place, res in zip(places, results, strict=True):
+        if place.worker is not None:
+            said.setdefault(place.worker, set()).update(res.said)
+    for place, res in zip(places, results, strict=True):
+        named = said.get(place.worker or "", set())
+        if not res.fell_back or len(named) != 1:
+            continue
+        (rank,) = named
+        if rank != place.rank:
+            res.ranks[:] = [_renumbered(entry, rank) for entry in res.ranks]
 
 
 def _merge_launcher_crashes(engines: dict[int | None, tuple[RankEngine, list[Finding]]]) -> None:
@@ -243,7 +277,31 @@ def _fold_launcher_boxes(reports: list[RankReport], by_rank: dict[int | None, li
                     rep.findings.remove(box)
 
 
-def _file_results(paths: Sequence[str], cfg: Config, jobs: int | None) -> list[FileResult]:
+def _one_state_per_rank(
+    states: Sequence[RankState], by_rank: dict[int | None, list[Finding]]
+) -> list[RankState]:
+    """The cross-rank judgement weighs ranks, not files: a rank in several files (a torchrun
+    worker's stdout.log and stderr.log) is weighed by the steps of the file that has the most,
+    and named by the file that holds its first own failure (where its traceback is)."""
+    mine: dict[int | None, list[RankState]] = {}
+    for st in states:
+        mine.setdefault(st.rank, []).append(st)
+    out: list[RankState] = []
+    for rank, group in mine.items():
+        if len(group) == 1:
+            out.extend(group)
+            continue
+        st = copy.copy(max(group, key=lambda s: s.step_count))
+        own = [f for f in by_rank.get(rank, []) if f.kind in OWN_FAILURES and f.path is not None]
+        if own:
+            st.path = min(own, key=lambda f: (f.time is None, f.time or 0.0, f.line or 0)).path
+        out.append(st)
+    return out
+
+
+def _file_results(
+    paths: Sequence[str], cfg: Config, jobs: int | None, fallbacks: Sequence[int | None]
+) -> list[FileResult]:
     """One file per rank is independent until ``cross_rank``: files go to worker processes
     when there are several, they are big, and more than one core is allowed. Files read in
     this process are read by a second one when big and a core is spare (``jobs`` unset)."""
@@ -261,7 +319,7 @@ def _file_results(paths: Sequence[str], cfg: Config, jobs: int | None) -> list[F
             jobs = 1
     jobs = max(1, min(jobs, n))
     if jobs == 1:
-        return [analyze_file(str(p), cfg, i, prefetch) for i, p in enumerate(paths)]
+        return [analyze_file(str(p), cfg, r, prefetch) for p, r in zip(paths, fallbacks, strict=True)]
     # Here, not at the top: most calls never start a pool. spawn, not fork: no inherited
     # locks or threads, the same on every platform.
     import multiprocessing
@@ -269,7 +327,7 @@ def _file_results(paths: Sequence[str], cfg: Config, jobs: int | None) -> list[F
 
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        return list(pool.map(analyze_file, [str(p) for p in paths], [cfg] * n, range(n)))
+        return list(pool.map(analyze_file, [str(p) for p in paths], [cfg] * n, fallbacks))
 
 
 def analyze(paths: Sequence[str], cfg: Config, *, jobs: int | None = None) -> Analysis:
@@ -278,7 +336,10 @@ def analyze(paths: Sequence[str], cfg: Config, *, jobs: int | None = None) -> An
     reports: list[RankReport] = []
     states = []
     by_rank: dict[int | None, list[Finding]] = {}
-    for path, res in zip(paths, _file_results(paths, cfg, jobs), strict=True):
+    places = places_of(paths)
+    results = _file_results(paths, cfg, jobs, [p.rank for p in places])
+    _worker_ranks(places, results)
+    for path, res in zip(paths, results, strict=True):
         for eng, found in res.ranks:
             st = eng.state
             active = [f for f in found if not f.resolved]
@@ -300,7 +361,7 @@ def analyze(paths: Sequence[str], cfg: Config, *, jobs: int | None = None) -> An
                 )
             )
     _fold_launcher_boxes(reports, by_rank)
-    extra = cross_rank(states, by_rank, settings_of(cfg, RankLagConfig))
+    extra = cross_rank(_one_state_per_rank(states, by_rank), by_rank, settings_of(cfg, RankLagConfig))
     for f in extra:
         for rep in reports:
             if rep.rank == f.rank and rep.path == f.path:

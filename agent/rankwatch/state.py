@@ -73,6 +73,13 @@ class RankState:
             return self.last_step
         return self.step_count
 
+    def restarted(self) -> None:
+        """A new process of the rank (a launcher's restart, a requeue): its step is unknown
+        until it logs one (it may start again from step 1, or from a checkpoint's), and the
+        errors its predecessor printed, judged with that one's end, are not its own."""
+        self.last_step = None
+        self.errors.clear()
+
     def add(self, record: Record) -> None:
         if isinstance(record, StepRecord):
             self._add_step(record)

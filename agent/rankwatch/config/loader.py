@@ -420,7 +420,28 @@ class _Builder:
                 continue
         self.fail(f"expected {describe_type(hint)}, got {_describe_node(node)}", node, path)
 
+    def _flow(self, node: Node, want: str, example: str, path: str) -> Node:
+        """Override text where ``want`` is expected: the text read as a YAML flow value."""
+        if not isinstance(node, _TextNode) or node.tag == NULL:
+            return node
+        try:
+            flow = yaml.compose(node.value, Loader=yaml.SafeLoader)
+        except (yaml.YAMLError, RecursionError) as e:
+            self.fail(f"expected {want} as a YAML flow value such as {example}: {_problem(e)}", None, path)
+        if not isinstance(flow, (SequenceNode, MappingNode)):
+            self.fail(f"expected {want}, got {_describe_node(node)}: write it as {example}", None, path)
+        stack: list[Node] = [flow]
+        while stack:  # positions inside the one-line text would read as lines of a file
+            n = stack.pop()
+            n.start_mark = n.end_mark = None
+            if isinstance(n, SequenceNode):
+                stack.extend(n.value)
+            elif isinstance(n, MappingNode):
+                stack.extend(x for pair in n.value for x in pair)
+        return flow
+
     def _list(self, node: Node, hint: Any, origin: Any, path: str) -> list[Any] | tuple[Any, ...]:
+        node = self._flow(node, "a list", "[a, b]", path)
         args = typing.get_args(hint)
         item = args[0] if args else Any
         if isinstance(node, ScalarNode) and node.tag == NULL:
@@ -432,6 +453,7 @@ class _Builder:
         return tuple(items) if origin is tuple or hint is tuple else items
 
     def _dict(self, node: Node, hint: Any, path: str) -> dict[Any, Any]:
+        node = self._flow(node, "a mapping", "{key: value}", path)
         args = typing.get_args(hint)
         key_hint, value_hint = args if len(args) == 2 else (Any, Any)
         if isinstance(node, ScalarNode) and node.tag == NULL:
@@ -474,6 +496,7 @@ class _Builder:
         return [(key, k, v) for key, (k, v) in merged.items()]
 
     def section(self, node: Node, cls: type, path: str) -> Any:
+        node = self._flow(node, "a section", "{key: value}", path)
         if isinstance(node, ScalarNode) and node.tag == NULL:
             return self._instantiate(cls, {}, node, path)
         if not isinstance(node, MappingNode):
@@ -603,16 +626,24 @@ def load_config(path: str | os.PathLike[str] | None, *, env: Mapping[str, str] |
 
 
 class _Text(str):
-    """An override given as text (a CLI flag): typed like an unquoted YAML scalar."""
+    """An override given as text (a CLI flag): typed like an unquoted YAML scalar, or read as
+    a YAML flow value where a list or a mapping is expected (``_TextNode``)."""
 
     __slots__ = ()
+
+
+class _TextNode(ScalarNode):
+    """A scalar made from override text (``--set KEY=VALUE``). Where the schema wants a list,
+    a mapping or a section, the text is read as a YAML flow value (``[a, b]``, ``{k: v}``);
+    anywhere else it is the plain scalar, so a regex or a channel name starting with ``[`` or
+    ``#`` stays the text it is."""
 
 
 def _to_node(value: Any, path: str, source: str) -> Node:
     if isinstance(value, enum.Enum):
         return _to_node(value.value, path, source)
     if isinstance(value, _Text):
-        return ScalarNode(_plain_tag(str(value)), str(value))
+        return _TextNode(_plain_tag(str(value)), str(value))
     if isinstance(value, Mapping):
         pairs = [
             (_to_node(k, path, source), _to_node(v, _join(path, str(k)), source)) for k, v in value.items()

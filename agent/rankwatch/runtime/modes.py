@@ -30,7 +30,7 @@ import psutil
 from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
-from rankwatch.identity import RANK_VARS, Identity, identity_of_process, rank_from_path
+from rankwatch.identity import RANK_VARS, Identity, identity_of_process
 from rankwatch.runtime import lifecycle, workers
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.echo import Echo
@@ -39,6 +39,7 @@ from rankwatch.runtime.signals import deliver, ended_by, on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.sources import kubepods
+from rankwatch.sources.logfiles import LogPlace, places_of
 from rankwatch.sources.process import ProcessProber, find_processes
 
 log = logging.getLogger("rankwatch.run")
@@ -733,10 +734,15 @@ class _ProcessWatch:
         if len(logs) <= 1:
             self.watchers.append(self.agent.add_watcher(list(logs), from_end=True, replay=True))
             return
-        for i, p in enumerate(logs):
-            r = rank_from_path(p)
-            ident = dataclasses.replace(self.identity, rank=r if r is not None else i, local_rank=i)
-            self.watchers.append(self.agent.add_watcher([p], ident, from_end=True, replay=True))
+        # Whose each file is: the rule analyze uses (sources/logfiles.py); a torchrun worker's
+        # stdout.log and stderr.log are one process, so one pipeline.
+        by_worker: dict[str | Path, tuple[int, LogPlace, list[Path]]] = {}
+        for i, (p, place) in enumerate(zip(logs, places_of(logs), strict=True)):
+            by_worker.setdefault(place.worker or p, (i, place, []))[2].append(p)
+        for i, place, files in by_worker.values():
+            local = place.local_rank if place.local_rank is not None else i
+            ident = dataclasses.replace(self.identity, rank=place.rank, local_rank=local)
+            self.watchers.append(self.agent.add_watcher(files, ident, from_end=True, replay=True))
 
     # --- finding the ranks --------------------------------------------------------------
     def _identity_of(self, seen: _Found) -> Identity:

@@ -279,10 +279,10 @@ class RankWatcher:
     def attach(self, pid: int, prober: ProcessProber | None = None) -> None:
         """Watch ``pid``; ``prober``: one made off the loop (making one reads the process's
         command line, which a process in D state blocks)."""
-        # A new pid after a restart (torchrun, a requeue) gets the startup grace again, and the
-        # errors its predecessor printed (judged with its end) are not the new process's.
+        # A new pid after a restart (torchrun, a requeue) gets the startup grace again, and
+        # starts with no step and none of its predecessor's errors (judged with its end).
         if self.prober is not None and self.prober.pid != pid:
-            self.engine.state.errors.clear()
+            self.engine.state.restarted()
         self.engine.feed(ProcessStart(self.clock(), pid))
         self.prober = prober if prober is not None else ProcessProber(pid, clock=self.clock)
         self.proc_io = f"rankwatch-proc-{self.rank}-pid{pid}"

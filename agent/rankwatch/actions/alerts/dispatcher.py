@@ -115,6 +115,7 @@ class AlertDispatcher:
             state_path(cfg.spool_dir, identity.run, identity.rank), group=folder_group, errors=self.errors
         )
         self._saved_doc: Any = None
+        self._state_on_disk = False  # a state file was read at start or written since
         self._saving: asyncio.Future[Any] | None = None
         self._state_retry_at = -float("inf")
         self._state_errors = 0
@@ -272,6 +273,7 @@ class AlertDispatcher:
         by_key: dict[Key, tuple[AlertMessage, AlertMember]] = {
             (run, r, kind, subject): v for (r, kind, subject), v in spooled.items()
         }
+        self._state_on_disk = self.state.saved_at is not None or bool(remembered)
         self.policy.restart(remembered, self.state.saved_at, by_key, str(self.state.path))
         self._wake.set()
 
@@ -346,6 +348,10 @@ class AlertDispatcher:
         if self._saving is not None and not self._saving.done():
             return  # its end wakes the loop, which comes back here
         alerts = self.policy.remembered()
+        if not self._state_on_disk and not any(a.sent or a.ended is None for a in alerts):
+            # Nothing a restarted agent needs (no alert firing, none announced): no file, and
+            # no spool folder made for it in the job's working directory.
+            return
         doc = [dataclasses.asdict(a) for a in alerts]
         if doc == self._saved_doc:
             return
@@ -358,6 +364,7 @@ class AlertDispatcher:
             await off_loop(
                 self.state.save, alerts, meta, timeout=STATE_TIMEOUT_S, name="rankwatch-alert-state"
             )
+            self._state_on_disk = True
             return True
         except Exception as e:
             self._saved_doc = None  # written again at the next try
