@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from rankwatch.detectors.base import Detector, DetectorContext, finding
 from rankwatch.detectors.registry import register
 from rankwatch.errorkinds import FIXES
-from rankwatch.events import Event, Progress
+from rankwatch.events import Event, ProcessStart, Progress
 from rankwatch.records import ErrorRecord, Finding
 from rankwatch.state import RankState
 
@@ -24,8 +24,9 @@ class ErrorSignatureDetector(Detector):
 
     kinds = tuple(FIXES)
     # Progress: the step the run reached where the rank prints none of its own (a launcher's
-    # worker whose step lines reach the run's pipeline only), to place its error.
-    accepts = (ErrorRecord, Progress)
+    # worker whose step lines reach the run's pipeline only), to place its error; a restart
+    # (ProcessStart of a new pid) has reached none of it yet.
+    accepts = (ErrorRecord, Progress, ProcessStart)
     section = None  # every signature is reported; the catalogue decides what is one
 
     @classmethod
@@ -36,10 +37,16 @@ class ErrorSignatureDetector(Detector):
         self.seen: set[tuple[str, str]] = set()
         self.per_kind: dict[str, int] = {}
         self.run_step: int | None = None
+        self.pid: int | None = None
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if isinstance(record, Progress):
             self.run_step = record.step
+            return []
+        if isinstance(record, ProcessStart):
+            if self.pid is not None and record.pid != self.pid:
+                self.run_step = None
+            self.pid = record.pid
             return []
         if not isinstance(record, ErrorRecord):
             return []

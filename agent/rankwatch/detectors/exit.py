@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from rankwatch.detectors.base import Detector, DetectorContext
 from rankwatch.detectors.crash import crash_finding, how_it_ended, pick_cause
 from rankwatch.detectors.registry import register
-from rankwatch.events import Event, ProcessExit, Progress
+from rankwatch.events import Event, ProcessExit, ProcessStart, Progress
 from rankwatch.records import ErrorRecord, Finding, Severity
 from rankwatch.state import RankState
 
@@ -35,7 +35,7 @@ _MP_HEADER = re.compile(r"^Process \S+:$")
 class ExitDetector(Detector):
     kinds = ("process_exit", "crash")
     # Progress: the run's step, for a launcher's worker that prints none of its own.
-    accepts = (ProcessExit, Progress)
+    accepts = (ProcessExit, Progress, ProcessStart)
     section = "process"  # process.tail_lines: the output kept for the crash's evidence
 
     @classmethod
@@ -46,10 +46,18 @@ class ExitDetector(Detector):
         self.rank = rank
         self.path = path
         self.run_step: int | None = None
+        self.pid: int | None = None
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if isinstance(record, Progress):
             self.run_step = record.step
+            return []
+        if isinstance(record, ProcessStart):
+            # A restarted worker has reached no step of the run's yet: its end is not "after"
+            # the step its predecessor reached.
+            if self.pid is not None and record.pid != self.pid:
+                self.run_step = None
+            self.pid = record.pid
             return []
         if not isinstance(record, ProcessExit):
             return []
