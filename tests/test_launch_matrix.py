@@ -30,7 +30,14 @@ sidecar    N    O    K        X     H        S        N/A
 srun       N    O    K        X     H        S        N/A
 daemon     N    O    K        X     H        S        N/A (a new job on the same ranks: the
                                                       two-users test)
+daemon-r   -    O    K        -     -        -        -
+pid-r      -    O    K        -     -        -        -
 =========  ===  ===  =======  ====  =======  =======  =======================================
+
+``daemon-r`` / ``pid-r`` (``daemon-redirects``, ``pid-redirects``): the node daemon and ``watch
+--pid W0 --pid W1`` on a job started outside rankwatch by ``torchrun --redirects 3 --log-dir D``,
+each worker's stderr a file of its own; the cells where the evidence is on stderr (a raise, a
+peer's gloo error after a SIGKILL).
 
 N test_nan_is_found_on_its_rank_at_its_step, P test_plain_torchrun_nan_is_found_in_the_combined_log,
 E test_torchrun_tee_nan_is_found_on_its_rank, O test_an_oom_is_named_on_its_rank_and_by_its_peer,
@@ -69,6 +76,7 @@ from torchjobs import (
     run_launcher,
     sidecars,
     torchrun,
+    torchrun_outside,
     watch_pids,
     webhook,
 )
@@ -98,12 +106,18 @@ FORMS: dict[str, Form] = {
     "sidecar": lambda tmp, cfg, env, more: sidecars(tmp, cfg, WORLD, env),
     "srun": lambda tmp, cfg, env, more: one_agent_per_rank(tmp, cfg, WORLD, env),
     "daemon": lambda tmp, cfg, env, more: node_daemon(tmp, cfg, WORLD, env),
+    # A job started by `torchrun --redirects 3 --log-dir D` outside rankwatch: each worker's
+    # stderr (its traceback, gloo's errors) is a file of its own, next to its stdout.
+    "daemon-redirects": lambda tmp, cfg, env, more: torchrun_outside(tmp, cfg, WORLD, env, by="daemon"),
+    "pid-redirects": lambda tmp, cfg, env, more: torchrun_outside(tmp, cfg, WORLD, env, by="pid"),
 }
 # Forms with an agent per rank: they share a run folder (the alert board), as a job's agents do.
 PER_RANK = frozenset({"no-python", "sidecar", "srun"})
 # Forms whose agent is not the ranks' parent and has no launcher to ask: a rank's end is "exit
 # status unknown" there.
-WATCHING = frozenset({"pid", "sidecar", "daemon"})
+WATCHING = frozenset({"pid", "sidecar", "daemon", "daemon-redirects", "pid-redirects"})
+# Forms watching a job with separate stdout and stderr files per rank: the failure cells.
+REDIRECTED = ["daemon-redirects", "pid-redirects"]
 
 
 def cell(
@@ -119,7 +133,8 @@ def cell(
         pytest.skip("a pod's PID namespace (unshare, nsenter) needs root")
     with webhook() as (url, posted):
         # The node daemon names each run from its processes (Slurm's job id), not from its config.
-        cfg = agent_config(tmp, url=url, board=form in PER_RANK, named=form != "daemon")
+        named = form not in ("daemon", "daemon-redirects")
+        cfg = agent_config(tmp, url=url, board=form in PER_RANK, named=named)
         running = FORMS[form](tmp, cfg, env, more)
 
         def stalled(rows: list[dict[str, Any]]) -> bool:
@@ -181,7 +196,7 @@ def test_nan_is_found_on_its_rank_at_its_step(tmp_path: Path, form: str) -> None
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("form", NEW_FORMS)
+@pytest.mark.parametrize("form", [*NEW_FORMS, *REDIRECTED])
 def test_an_oom_is_named_on_its_rank_and_by_its_peer(tmp_path: Path, form: str) -> None:
     """Rank 1 raises CUDA's OOM at step 8: an ``oom`` finding on rank 1 after step 7, rank 0's
     gloo error named after it, alerts naming rank 1, the job's exit status non-zero."""
@@ -198,7 +213,7 @@ def test_an_oom_is_named_on_its_rank_and_by_its_peer(tmp_path: Path, form: str) 
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("form", ["redirects", "no-python", "pid", "sidecar", "srun", "daemon"])
+@pytest.mark.parametrize("form", [*NEW_FORMS, *REDIRECTED])
 def test_a_sigkilled_rank_is_named(tmp_path: Path, form: str) -> None:
     """Rank 1 is SIGKILLed at step 8 (the OOM killer): its end is reported on rank 1 (with the
     signal where the agent or launcher knows it), and what rank 0 reports names rank 1."""

@@ -529,12 +529,12 @@ def _leaves(pids: Sequence[int]) -> list[int]:
 @dataclasses.dataclass(frozen=True)
 class _Found:
     """What attaching a found process takes, read off the loop: its environment (or why it is
-    unreadable), its stdout file, and a prober that has read its command line. A process in D
+    unreadable), its output files, and a prober that has read its command line. A process in D
     state or holding its memory map lock blocks those reads (environ, cmdline) for minutes."""
 
     env: dict[str, str]
     problem: str | None
-    stdout: Path | None
+    logs: tuple[Path, ...]  # its stdout and stderr files (torchrun --redirects: two), checked
     prober: ProcessProber
     pod: str | None = None  # namespace/pod/container when the log is the kubelet's
     user: str | None = None  # the process's owner
@@ -565,18 +565,20 @@ def _look(
         new = new[:1]
     out: dict[int, _Found] = {}
     for p in new:
-        files, _ = workers.checked_output_files(p)  # the node daemon's log of a rank: its stdout first
-        stdout, pod = (files[0] if files else None), None
-        if stdout is None:
+        # A rank's log is every file its output goes to: with torchrun's --redirects its
+        # traceback and its peer's gloo error are in stderr.log, its steps in stdout.log.
+        files, _ = workers.checked_output_files(p)
+        logs, pod = tuple(files), None
+        if not logs:
             pc = kubepods.container_log(p)  # a pod's process: its stdout is the kubelet's log file
             if pc is not None:
-                stdout, pod = pc.log, str(pc)
+                logs, pod = (pc.log,), str(pc)
         user, cgroup = _owner_and_cgroup(p)
         born: float | None = None
         with contextlib.suppress(psutil.Error):
             born = psutil.Process(p).create_time()
         out[p] = _Found(
-            *_read_process_env(p), stdout, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup,
+            *_read_process_env(p), logs, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup,
             born=born,
         )  # fmt: skip
     return pids, out
@@ -650,8 +652,9 @@ class _ProcessWatch:
     """``rankwatch watch``: ranks found by pid or by a command-line match, attached to watchers.
 
     A node daemon (``--match`` with no pid, or several ``--pid``, and no ``--log``) gives each
-    rank process a watcher of its own, with the identity read from its environment and its
-    stdout file followed when it is one (``per_process``). Otherwise the watchers come from
+    rank process a watcher of its own, with the identity read from its environment and the
+    files its stdout and stderr go to followed, each a stream of that one pipeline
+    (``per_process``). Otherwise the watchers come from
     the logs (one, or one per ``--log`` with the rank in its name) and a found process is
     attached to the free watcher of its rank."""
 
@@ -720,14 +723,14 @@ class _ProcessWatch:
         if _env_int(seen.env, RANK_VARS) is None and pid in self.pids and len(self.pids) > 1:
             # several --pid without RANK: their order on the command line
             ident = dataclasses.replace(ident, rank=list(self.pids).index(pid))
-        out = seen.stdout
-        w = self.agent.add_watcher([out] if out is not None else [], ident, from_end=True, replay=True)
+        # One pipeline, one stream per file, as a launcher's worker with its own files is read.
+        w = self.agent.add_watcher(list(seen.logs), ident, from_end=True, replay=True)
         w.attach(pid, seen.prober)
         self.watchers.append(w)
         if self.started:
             self.tasks.append(asyncio.create_task(w.run()))
         pod = f" (pod {seen.pod})" if seen.pod else ""
-        following = f", following {out}" if out else ", no log file"
+        following = f", following {', '.join(map(str, seen.logs))}" if seen.logs else ", no log file"
         log.info("rank %s: pid %d%s%s", ident.rank, pid, pod, following)
 
     def _restarted(self, ident: Identity) -> RankWatcher | None:
