@@ -341,6 +341,8 @@ class Finding:
     diagnosis: Diagnosis | None = None
     # The job the rank belongs to (the watched process's own run): a node daemon watches many.
     run: str | None = None
+    # Whose process it is (a node daemon watches many users' jobs): every face shows it.
+    user: str | None = None
 
     @property
     def key(self) -> tuple[str, int | None, str | None]:

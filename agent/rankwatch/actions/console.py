@@ -67,6 +67,7 @@ class JsonlSink:
             "resolved": f.resolved,
             "time": f.time,
             "run": f.run or self.identity.run,
+            "user": f.user or self.identity.user,
             "node": self.identity.node,
             "evidence": f.evidence,
             "diagnosis": f.diagnosis.to_json() if f.diagnosis is not None else None,

@@ -47,6 +47,9 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # forwarded, they ask the child to end
 # How a child ends when asked to stop: killed by the signal, or exiting with 128+N itself.
 STOP_STATUSES = frozenset({-s for s in STOPS} | {128 + s for s in STOPS})
+# Run ids a node daemon remembers the users of (a node runs a few jobs at a time; the ids come
+# and go): the oldest is forgotten past this.
+MAX_RUNS = 4096
 
 
 def default_log_dir(run: str, env: dict[str, str] | None = None) -> Path:
@@ -669,6 +672,9 @@ class _ProcessWatch:
     started: bool = False  # watchers added from now on start running at once
     per_process: bool = False
     own_output: bool = False  # one --pid and no --log: the files its stdout and stderr go to
+    # The users whose processes said each run id, with the first pid of each (bounded).
+    claims: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    told: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # (run, user) said once
 
     def __post_init__(self, logs: Sequence[Path]) -> None:
         self.per_process = not logs and ((bool(self.match) and not self.pids) or len(self.pids) > 1)
@@ -712,14 +718,50 @@ class _ProcessWatch:
             self.watchers.append(self.agent.add_watcher([p], ident, from_end=True, replay=True))
 
     # --- finding the ranks --------------------------------------------------------------
-    def _identity_of(self, seen: _Found) -> Identity:
+    def _identity_of(self, seen: _Found, pid: int) -> Identity:
         """A node daemon watches many jobs and users: each process's identity (run, rank, local
         rank, world size, node, user) is its own, read from its environment and cgroup."""
-        return identity_of_process(self.cfg.run, seen.env, self.identity, user=seen.user, cgroup=seen.cgroup)
+        ident = identity_of_process(self.cfg.run, seen.env, self.identity, user=seen.user, cgroup=seen.cgroup)
+        return self._scoped(ident, pid)
+
+    def _scoped(self, ident: Identity, pid: int) -> Identity:
+        """Two users' processes are never one job, whatever their environment says: any user can
+        put a run id read from ``ps`` (torchrun's ``--rdzv-id``, a Slurm job id) and a RANK into
+        a process of their own. Once a second user's process says a run id, each user's
+        processes of it are watched as run ``<id>@<user>`` (the ones already watched renamed):
+        their own pipelines, alerts, cross-rank judgement and incidents, never one another's.
+        None is dropped and none keeps the bare id: which one is genuine is not for the daemon
+        to guess (the first to be seen may be the impostor), and dropping one would let another
+        user blind the watch of a real rank. Said once per user, naming both pids and users."""
+        if ident.user is None:
+            return ident
+        users = self.claims.setdefault(ident.run, {})
+        users.setdefault(ident.user, pid)
+        while len(self.claims) > MAX_RUNS:
+            del self.claims[next(iter(self.claims))]
+        if len(users) == 1:
+            return ident
+        for w in self.watchers:  # the first user's pipelines: renamed from now on
+            if w.identity.run == ident.run and w.identity.user is not None:
+                w.identity = dataclasses.replace(w.identity, run=f"{ident.run}@{w.identity.user}")
+        scoped = dataclasses.replace(ident, run=f"{ident.run}@{ident.user}")
+        if (ident.run, ident.user) not in self.told:
+            if len(self.told) >= MAX_RUNS:
+                self.told.clear()
+            self.told.add((ident.run, ident.user))
+            others = ", ".join(f"pid {p} (user {u})" for u, p in users.items() if u != ident.user)
+            log.log(
+                logging.INFO if ident.run == "default" else logging.WARNING,
+                "pid %d (user %s) says it is rank %s of run %s, as %s does: two users' processes are "
+                "never one job, so each user's are watched apart, this one as run %s (another user "
+                "posing as a rank, or two users who gave their jobs the same id)",
+                pid, ident.user, ident.rank, ident.run, others, scoped.run,
+            )  # fmt: skip
+        return scoped
 
     def _add_process(self, pid: int, seen: _Found) -> None:
         _note_unreadable(self.agent, pid, seen.problem)
-        ident = self._identity_of(seen)
+        ident = self._identity_of(seen, pid)
         if _env_int(seen.env, RANK_VARS) is None and pid in self.pids and len(self.pids) > 1:
             # several --pid without RANK: their order on the command line
             ident = dataclasses.replace(ident, rank=list(self.pids).index(pid))
@@ -753,7 +795,8 @@ class _ProcessWatch:
     def _left_behind(self, found: _Found, ident: Identity) -> bool:
         """A rank's own child that outlives it (its DataLoader worker after a SIGKILL, with the
         rank's command line and RANK) is no restart of the rank: it was born while the rank was
-        still seen alive, and a restarted rank only after its predecessor ended."""
+        still seen alive, and a restarted rank only after its predecessor ended. Such a child is
+        its rank's user's: another user's process is never taken for one."""
         if found.born is None:
             return False
         now_wall, now = time.time(), self.agent.clock()
@@ -761,6 +804,7 @@ class _ProcessWatch:
             w.alive_at is not None
             and w.rank == ident.rank
             and w.identity.run == ident.run
+            and w.identity.user == ident.user
             and found.born < now_wall - (now - w.alive_at)
             for w in self.watchers
         )
@@ -769,7 +813,7 @@ class _ProcessWatch:
         for pid in found:
             if pid in attached:
                 continue
-            ident = self._identity_of(seen[pid])
+            ident = self._identity_of(seen[pid], pid)
             if self._left_behind(seen[pid], ident):
                 continue
             again = self._restarted(ident)
