@@ -543,6 +543,17 @@ class _Found:
     user: str | None = None  # the process's owner
     cgroup: str | None = None  # /proc/<pid>/cgroup: a Kubernetes pod names the run
     born: float | None = None  # its start, wall clock (psutil's create_time)
+    launcher: bool = False  # torchrun and the like, by its command line
+
+
+def _is_launcher(pid: int) -> bool:
+    """Whether the process is a launcher (``torchrun``, ``python -m torch.distributed.run``,
+    ``python .../bin/torchrun``): its ranks are its children, it is none itself."""
+    with contextlib.suppress(psutil.Error):
+        cmd = psutil.Process(pid).cmdline()
+        script = cmd[1:] if cmd and os.path.basename(cmd[0]).startswith("python") else []
+        return workers.is_launcher(cmd) or workers.is_launcher(script)
+    return False
 
 
 def _owner_and_cgroup(pid: int) -> tuple[str | None, str | None]:
@@ -582,7 +593,7 @@ def _look(
             born = psutil.Process(p).create_time()
         out[p] = _Found(
             *_read_process_env(p), logs, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup,
-            born=born,
+            born=born, launcher=_is_launcher(p),
         )  # fmt: skip
     return pids, out
 
@@ -675,6 +686,7 @@ class _ProcessWatch:
     # The users whose processes said each run id, with the first pid of each (bounded).
     claims: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     told: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # (run, user) said once
+    launchers: set[int] = dataclasses.field(default_factory=set)  # matched launchers, never ranks
 
     def __post_init__(self, logs: Sequence[Path]) -> None:
         self.per_process = not logs and ((bool(self.match) and not self.pids) or len(self.pids) > 1)
@@ -810,8 +822,15 @@ class _ProcessWatch:
         )
 
     def _assign_per_process(self, found: Sequence[int], seen: dict[int, _Found], attached: set[int]) -> None:
+        self.launchers &= set(found)
         for pid in found:
-            if pid in attached:
+            if pid in attached or pid in self.launchers:
+                continue
+            if seen[pid].launcher and _env_int(seen[pid].env, RANK_VARS) is None:
+                # torchrun matches too (the script's arguments are in its command line): before it
+                # has started its workers, and after they have ended, it is a leaf, yet no rank;
+                # as one it would be a second pipeline (run "default") saying its workers' ends.
+                self.launchers.add(pid)
                 continue
             ident = self._identity_of(seen[pid], pid)
             if self._left_behind(seen[pid], ident):
@@ -844,6 +863,7 @@ class _ProcessWatch:
         for gone in set(self.agent.attach_problems) - set(found):
             self.agent.attach_problems.pop(gone, None)
         attached = {w.prober.pid for w in self.watchers if w.prober is not None and not w.exited}
+        attached |= self.launchers  # looked at once
         free = [w for w in self.watchers if w.prober is None or w.exited]
         if not self.per_process and (not free or not found):
             return
