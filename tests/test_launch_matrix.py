@@ -30,7 +30,14 @@ sidecar    N    O    K        X     H        S        N/A
 srun       N    O    K        X     H        S        N/A
 daemon     N    O    K        X     H        S        N/A (a new job on the same ranks: the
                                                       two-users test)
+daemon-r   -    O    K        -     -        -        -
+pid-r      -    O    K        -     -        -        -
 =========  ===  ===  =======  ====  =======  =======  =======================================
+
+``daemon-r`` / ``pid-r`` (``daemon-redirects``, ``pid-redirects``): the node daemon and ``watch
+--pid W0 --pid W1`` on a job started outside rankwatch by ``torchrun --redirects 3 --log-dir D``,
+each worker's stderr a file of its own; the cells where the evidence is on stderr (a raise, a
+peer's gloo error after a SIGKILL).
 
 N test_nan_is_found_on_its_rank_at_its_step, P test_plain_torchrun_nan_is_found_in_the_combined_log,
 E test_torchrun_tee_nan_is_found_on_its_rank, O test_an_oom_is_named_on_its_rank_and_by_its_peer,
@@ -42,6 +49,7 @@ R test_torchrun_restart_reports_the_first_attempts_crash.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -52,6 +60,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from conftest import free_port, wait_for
@@ -62,13 +71,16 @@ from torchjobs import (
     agent_config,
     agent_under_torchrun,
     finish,
+    job_env,
     job_processes,
     node_daemon,
     one_agent_per_rank,
     rankwatch,
     run_launcher,
     sidecars,
+    systemd_notify,
     torchrun,
+    torchrun_outside,
     watch_pids,
     webhook,
 )
@@ -98,12 +110,18 @@ FORMS: dict[str, Form] = {
     "sidecar": lambda tmp, cfg, env, more: sidecars(tmp, cfg, WORLD, env),
     "srun": lambda tmp, cfg, env, more: one_agent_per_rank(tmp, cfg, WORLD, env),
     "daemon": lambda tmp, cfg, env, more: node_daemon(tmp, cfg, WORLD, env),
+    # A job started by `torchrun --redirects 3 --log-dir D` outside rankwatch: each worker's
+    # stderr (its traceback, gloo's errors) is a file of its own, next to its stdout.
+    "daemon-redirects": lambda tmp, cfg, env, more: torchrun_outside(tmp, cfg, WORLD, env, by="daemon"),
+    "pid-redirects": lambda tmp, cfg, env, more: torchrun_outside(tmp, cfg, WORLD, env, by="pid"),
 }
 # Forms with an agent per rank: they share a run folder (the alert board), as a job's agents do.
 PER_RANK = frozenset({"no-python", "sidecar", "srun"})
 # Forms whose agent is not the ranks' parent and has no launcher to ask: a rank's end is "exit
 # status unknown" there.
-WATCHING = frozenset({"pid", "sidecar", "daemon"})
+WATCHING = frozenset({"pid", "sidecar", "daemon", "daemon-redirects", "pid-redirects"})
+# Forms watching a job with separate stdout and stderr files per rank: the failure cells.
+REDIRECTED = ["daemon-redirects", "pid-redirects"]
 
 
 def cell(
@@ -119,7 +137,8 @@ def cell(
         pytest.skip("a pod's PID namespace (unshare, nsenter) needs root")
     with webhook() as (url, posted):
         # The node daemon names each run from its processes (Slurm's job id), not from its config.
-        cfg = agent_config(tmp, url=url, board=form in PER_RANK, named=form != "daemon")
+        named = form not in ("daemon", "daemon-redirects")
+        cfg = agent_config(tmp, url=url, board=form in PER_RANK, named=named)
         running = FORMS[form](tmp, cfg, env, more)
 
         def stalled(rows: list[dict[str, Any]]) -> bool:
@@ -200,7 +219,7 @@ def test_nan_is_found_on_its_rank_at_its_step(tmp_path: Path, form: str) -> None
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("form", NEW_FORMS)
+@pytest.mark.parametrize("form", [*NEW_FORMS, *REDIRECTED])
 def test_an_oom_is_named_on_its_rank_and_by_its_peer(tmp_path: Path, form: str) -> None:
     """Rank 1 raises CUDA's OOM at step 8: an ``oom`` finding on rank 1 after step 7, rank 0's
     gloo error named after it, alerts naming rank 1, the job's exit status non-zero."""
@@ -218,20 +237,31 @@ def test_an_oom_is_named_on_its_rank_and_by_its_peer(tmp_path: Path, form: str) 
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("form", ["redirects", "no-python", "pid", "sidecar", "srun", "daemon"])
+@pytest.mark.parametrize("form", [*NEW_FORMS, *REDIRECTED])
 def test_a_sigkilled_rank_is_named(tmp_path: Path, form: str) -> None:
     """Rank 1 is SIGKILLed at step 8 (the OOM killer): its end is reported on rank 1 (with the
     signal where the agent or launcher knows it), and what rank 0 reports names rank 1."""
-    c = cell(tmp_path, form, fault("sigkill"))
+    env = fault("sigkill")
+    if form in REDIRECTED:
+        # Under torchrun a rank's DataLoader worker keeps its gloo sockets open after it is
+        # killed, and torchrun stops the peer before it sees the closed connection: no rank's
+        # log would say anything. Without loader workers (the black-box tester's own job) the
+        # peer's gloo error is in its stderr file, where only following stderr finds it.
+        env["LOADER_WORKERS"] = "0"
+    c = cell(tmp_path, form, env)
     assert c.rc not in (0, None), c.debug()
     own = c.on(1, "crash", "process_exit")
     # One end, not a second one for its DataLoader worker, which outlives it by up to 5 s with
     # its command line and RANK: a watcher that finds processes by a match does not take that
     # worker for the rank restarted.
+    # The node daemon matches torchrun too (the script's arguments are in its command line): it
+    # is no rank, and no second pipeline saying rank 1's end again from its failure box.
     assert len(own) == 1, c.debug()
     if form not in WATCHING:
         assert any("SIGKILL" in f["message"] for f in own), c.debug()
     named_after_rank_1(c)
+    if form in REDIRECTED:
+        one_alert_per_problem(c, form)
     no_agent_failed(c)
 
 
@@ -495,4 +525,109 @@ def test_node_daemon_keeps_two_users_jobs_apart_and_a_new_job_is_a_new_pipeline(
     alerts = [json.loads(b_) for b_ in posted]
     alerts = [a_ for a_ in alerts if a_["kind"] == "nan_loss" and a_["status"] == "firing"]
     assert sorted({a_["run"] for a_ in alerts}) == ["9001", "9002", "9003"], [a_["summary"] for a_ in alerts]
+    assert not job_processes(tag)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's process needs root for setpriv")
+def test_node_daemon_never_lets_another_user_take_a_rank_of_a_job(tmp_path: Path) -> None:
+    """One `watch --match` (systemd's node daemon) on a node running root's torchrun job
+    (``--rdzv-id``, healthy, ``--redirects 3``) and a ``nobody`` process that says it is rank 1
+    of that run (``TORCHELASTIC_RUN_ID``, ``RANK`` in its environment: the id is in torchrun's
+    argv for every user to read) and goes NaN later. The impostor starts first, so the daemon
+    sees it first. Root's real rank 1 is watched too; nobody's NaN is never reported as root's
+    job (each user's processes are run ``<id>@<user>``, the user in findings and alerts); the
+    daemon says so, naming both pids and users."""
+    tag = uuid.uuid4().hex
+    rdzv = f"job{tag[:8]}"
+    found = tmp_path / "f.jsonl"
+    os.chmod(tmp_path, 0o755)
+    fake_out = tmp_path / "fake.out"
+    fake_out.touch()
+    os.chown(fake_out, 65534, 65534)
+
+    def rows() -> list[dict[str, Any]]:
+        return [json.loads(x) for x in found.read_text().splitlines() if x.strip()] if found.exists() else []
+
+    procs: list[subprocess.Popen[bytes]] = []
+    agent_err = tmp_path / "agent.err"
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url, named=False)
+        cmd = rankwatch("watch", "--config", str(cfg), f"--match=--rw-job={tag}")
+        cmd += ["--findings-jsonl", str(found)]
+        with systemd_notify() as (notify_env, ready), open(agent_err, "wb") as err:
+            agent = subprocess.Popen(cmd, env=job_env(tag, notify_env), stdout=subprocess.DEVNULL, stderr=err)
+            ready(agent, agent_err)
+        try:
+            # NaN from step 100 at 0.2 s a step: well after root's ranks are there.
+            fenv = job_env(tag, {"DIST": "0", "FAULT": "nan", "FAULT_RANK": "1", "FAULT_STEP": "100"})
+            fenv.update(STEPS="130", STEP_S="0.2", RANK="1", WORLD_SIZE="2", LOCAL_RANK="1")
+            fenv.update(TORCHELASTIC_RUN_ID=rdzv)
+            setpriv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            with open(fake_out, "ab") as fh:
+                fake = subprocess.Popen(
+                    [*setpriv, sys.executable, str(WORKLOAD), f"--rw-job={tag}"],
+                    env=fenv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                )  # fmt: skip
+            procs.append(fake)
+            wait_for(
+                lambda: "step=1 " in fake_out.read_text(errors="replace"), 60, "the impostor's steps", 0.2
+            )
+            rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+            rendezvous += [
+                "--rdzv-id",
+                rdzv,
+                "--redirects",
+                "3",
+                "--log-dir",
+                str(tmp_path / "torchrun-logs"),
+            ]
+            job = subprocess.Popen(
+                [*torchrun(WORLD, *rendezvous), str(WORKLOAD), f"--rw-job={tag}"],
+                env=job_env(tag, {"FAULT": "none", "STEPS": "60"}), stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            procs.append(job)
+
+            def ranks() -> int:
+                with contextlib.suppress(psutil.Error):
+                    return sum("RANK" in k.environ() for k in psutil.Process(job.pid).children())
+                return 0
+
+            wait_for(lambda: ranks() == WORLD, 120, "root's ranks", 0.1)
+            assert "step=95 " not in fake_out.read_text(errors="replace"), (
+                "the impostor's NaN would come first"
+            )
+            assert job.wait(timeout=240) == 0
+            wait_for(lambda: any(f["kind"] == "nan_loss" for f in rows()), 120, "the impostor's NaN", 0.2)
+            wait_for(lambda: '"nan_loss"' in "".join(posted), 30, "the impostor's alert", 0.2)
+        finally:
+            agent.terminate()
+            try:
+                agent.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                p.wait(timeout=10)
+    said = agent_err.read_text(errors="replace")
+    findings = rows()
+    debug = (
+        f"{[(f['kind'], f['run'], f['rank'], f.get('user'), f['step']) for f in findings]}\n{said[-3000:]}"
+    )
+    # Root's real ranks were watched: each pipeline ended with the job (run <id>@root, user root).
+    ends = {(f["run"], f["rank"], f.get("user")) for f in findings if f["kind"] == "process_exit"}
+    assert {(f"{rdzv}@root", 0, "root"), (f"{rdzv}@root", 1, "root")} <= ends, debug
+    nans = [f for f in findings if f["kind"] == "nan_loss" and not f.get("resolved")]
+    assert nans and all((f["run"], f["user"]) == (f"{rdzv}@nobody", "nobody") for f in nans), debug
+    assert not [f for f in findings if f["run"] == rdzv and f["user"] == "root"], debug
+    alerts = [json.loads(b) for b in posted]
+    nan_alerts = [a for a in alerts if a["kind"] == "nan_loss" and a["status"] == "firing"]
+    assert nan_alerts, debug
+    for a in nan_alerts:
+        assert (a["run"], a["user"]) == (f"{rdzv}@nobody", "nobody"), a
+        assert all(m["user"] == "nobody" for m in a["members"]), a
+    assert f"of run {rdzv}, as pid {fake.pid} (user nobody) does" in said, debug
     assert not job_processes(tag)

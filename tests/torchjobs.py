@@ -492,3 +492,53 @@ def sidecars(tmp: Path, cfg: Path, world: int, env: dict[str, str]) -> Running:
     running.stop_agents = stop_agents
     running.cleanup = [end_pods]
     return running
+
+
+def torchrun_outside(tmp: Path, cfg: Path, world: int, env: dict[str, str], *, by: str) -> Running:
+    """A job the user started with ``torchrun --redirects 3 --log-dir D`` outside rankwatch:
+    each worker's stdout and stderr are files of their own (``D/<run>/attempt_0/<local
+    rank>/stdout.log`` and ``stderr.log``; a traceback and gloo's errors are in the second).
+    ``by``: ``daemon``, the node daemon (``watch --match``, no ``--log``, already running,
+    started as systemd starts it); ``pid``, ``watch --pid W0 --pid W1`` attached to the workers
+    once they are there (the sidecar of a job started elsewhere). The user sees torchrun's exit
+    status; the agent is stopped once the job has ended (``--pid``: it ends with the pids)."""
+    tag = uuid.uuid4().hex
+    found = tmp / "f.jsonl"
+    logs = tmp / "torchrun-logs"
+    launcher = [
+        *torchrun(world, "--redirects", "3", "--log-dir", str(logs)),
+        str(WORKLOAD),
+        f"--rw-job={tag}",
+    ]
+    agents: list[subprocess.Popen[bytes]] = []
+    if by == "daemon":
+        cmd = rankwatch(
+            "watch", "--config", str(cfg), f"--match=--rw-job={tag}", "--findings-jsonl", str(found)
+        )
+        with systemd_notify() as (notify_env, ready):
+            agents.append(_popen(cmd, job_env(tag, notify_env), tmp / "agent.out"))
+            ready(agents[0], tmp / "agent.out")
+    job = _popen(launcher, job_env(tag, env), tmp / "torchrun.out", session=True)
+
+    def workers() -> list[int]:
+        out = []
+        with contextlib.suppress(psutil.Error):
+            for k in psutil.Process(job.pid).children():  # the ranks, not their DataLoader workers
+                with contextlib.suppress(psutil.Error):
+                    if "RANK" in k.environ():
+                        out.append(k.pid)
+        return sorted(out)
+
+    if by == "pid":
+        pids = wait_for(lambda: len(workers()) == world and workers(), 60, "torchrun's workers", 0.05)
+        cmd = rankwatch("watch", "--config", str(cfg), "--findings-jsonl", str(found))
+        for p in pids:
+            cmd += ["--pid", str(p)]
+        agents.append(_popen(cmd, job_env(tag, {}), tmp / "agent.out"))
+    running = Running(
+        tag, [job], job.poll, lambda: _term_groups([job]), [found],
+        lambda: sorted(logs.rglob("*.log")), [tmp / "torchrun.out", tmp / "agent.out"], agents,
+    )  # fmt: skip
+    if by == "daemon":
+        running.stop_agents = lambda: _term(agents)
+    return running

@@ -357,6 +357,8 @@ class Finding:
     run: str | None = None
     # That job's world size, from the watched process's own environment (WORLD_SIZE, ...).
     world_size: int | None = None
+    # Whose process it is (a node daemon watches many users' jobs): every face shows it.
+    user: str | None = None
 
     @property
     def key(self) -> tuple[str, int | None, str | None]:

@@ -46,6 +46,10 @@ FAULT_STEP = int(os.environ.get("FAULT_STEP", "20"))
 STEPS = int(os.environ.get("STEPS", "1000000"))
 STEP_S = float(os.environ.get("STEP_S", "0.05"))
 SLOW_FACTOR = float(os.environ.get("SLOW_FACTOR", "3"))
+# DataLoader worker processes per rank. A worker is forked after init_process_group and holds
+# its rank's gloo sockets open until it notices its parent is gone (up to 5 s): with 0 a killed
+# rank's connections close at once, and its peer's gloo error comes before a launcher stops it.
+LOADER_WORKERS = int(os.environ.get("LOADER_WORKERS", "1"))
 SEQ, DIM, BATCH = 16, 32, 8
 
 
@@ -158,7 +162,12 @@ def main() -> None:
     torch.set_num_threads(1)
     model: nn.Module = CausalBlock() if alone else DDP(CausalBlock())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    loader = DataLoader(Tokens(rank), batch_size=BATCH, num_workers=1, prefetch_factor=1)
+    loader = DataLoader(
+        Tokens(rank),
+        batch_size=BATCH,
+        num_workers=LOADER_WORKERS,
+        prefetch_factor=1 if LOADER_WORKERS else None,
+    )
     say(f"rank {rank}/{world} pid {os.getpid()} starting")
     for step, (x, y) in enumerate(loader, 1):
         faulty = rank == FAULT_RANK and step >= FAULT_STEP

@@ -68,6 +68,7 @@ class JsonlSink:
             "time": f.time,
             "run": f.run or self.identity.run,
             "world_size": f.world_size if f.world_size is not None else self.identity.world_size,
+            "user": f.user or self.identity.user,
             "node": self.identity.node,
             "evidence": f.evidence,
             "diagnosis": f.diagnosis.to_json() if f.diagnosis is not None else None,

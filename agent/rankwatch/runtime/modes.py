@@ -50,6 +50,9 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 # How a child ends when asked to stop: killed by the signal, or exiting with 128+N itself.
 STOP_STATUSES = frozenset({-s for s in STOPS} | {128 + s for s in STOPS})
+# Run ids a node daemon remembers the users of (a node runs a few jobs at a time; the ids come
+# and go): the oldest is forgotten past this.
+MAX_RUNS = 4096
 
 
 def default_log_dir(run: str, env: dict[str, str] | None = None) -> Path:
@@ -560,17 +563,28 @@ def _leaves(pids: Sequence[int]) -> list[int]:
 @dataclasses.dataclass(frozen=True)
 class _Found:
     """What attaching a found process takes, read off the loop: its environment (or why it is
-    unreadable), its stdout file, and a prober that has read its command line. A process in D
+    unreadable), its output files, and a prober that has read its command line. A process in D
     state or holding its memory map lock blocks those reads (environ, cmdline) for minutes."""
 
     env: dict[str, str]
     problem: str | None
-    stdout: Path | None
+    logs: tuple[Path, ...]  # its stdout and stderr files (torchrun --redirects: two), checked
     prober: ProcessProber
     pod: str | None = None  # namespace/pod/container when the log is the kubelet's
     user: str | None = None  # the process's owner
     cgroup: str | None = None  # /proc/<pid>/cgroup: a Kubernetes pod names the run
     born: float | None = None  # its start, wall clock (psutil's create_time)
+    launcher: bool = False  # torchrun and the like, by its command line
+
+
+def _is_launcher(pid: int) -> bool:
+    """Whether the process is a launcher (``torchrun``, ``python -m torch.distributed.run``,
+    ``python .../bin/torchrun``): its ranks are its children, it is none itself."""
+    with contextlib.suppress(psutil.Error):
+        cmd = psutil.Process(pid).cmdline()
+        script = cmd[1:] if cmd and os.path.basename(cmd[0]).startswith("python") else []
+        return workers.is_launcher(cmd) or workers.is_launcher(script)
+    return False
 
 
 def _owner_and_cgroup(pid: int) -> tuple[str | None, str | None]:
@@ -596,19 +610,21 @@ def _look(
         new = new[:1]
     out: dict[int, _Found] = {}
     for p in new:
-        files, _ = workers.checked_output_files(p)  # the node daemon's log of a rank: its stdout first
-        stdout, pod = (files[0] if files else None), None
-        if stdout is None:
+        # A rank's log is every file its output goes to: with torchrun's --redirects its
+        # traceback and its peer's gloo error are in stderr.log, its steps in stdout.log.
+        files, _ = workers.checked_output_files(p)
+        logs, pod = tuple(files), None
+        if not logs:
             pc = kubepods.container_log(p)  # a pod's process: its stdout is the kubelet's log file
             if pc is not None:
-                stdout, pod = pc.log, str(pc)
+                logs, pod = (pc.log,), str(pc)
         user, cgroup = _owner_and_cgroup(p)
         born: float | None = None
         with contextlib.suppress(psutil.Error):
             born = psutil.Process(p).create_time()
         out[p] = _Found(
-            *_read_process_env(p), stdout, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup,
-            born=born,
+            *_read_process_env(p), logs, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup,
+            born=born, launcher=_is_launcher(p),
         )  # fmt: skip
     return pids, out
 
@@ -681,8 +697,9 @@ class _ProcessWatch:
     """``rankwatch watch``: ranks found by pid or by a command-line match, attached to watchers.
 
     A node daemon (``--match`` with no pid, or several ``--pid``, and no ``--log``) gives each
-    rank process a watcher of its own, with the identity read from its environment and its
-    stdout file followed when it is one (``per_process``). Otherwise the watchers come from
+    rank process a watcher of its own, with the identity read from its environment and the
+    files its stdout and stderr go to followed, each a stream of that one pipeline
+    (``per_process``). Otherwise the watchers come from
     the logs (one, or one per ``--log`` with the rank in its name) and a found process is
     attached to the free watcher of its rank."""
 
@@ -697,6 +714,10 @@ class _ProcessWatch:
     started: bool = False  # watchers added from now on start running at once
     per_process: bool = False
     own_output: bool = False  # one --pid and no --log: the files its stdout and stderr go to
+    # The users whose processes said each run id, with the first pid of each (bounded).
+    claims: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    told: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # (run, user) said once
+    launchers: set[int] = dataclasses.field(default_factory=set)  # matched launchers, never ranks
 
     def __post_init__(self, logs: Sequence[Path]) -> None:
         self.per_process = not logs and ((bool(self.match) and not self.pids) or len(self.pids) > 1)
@@ -745,25 +766,61 @@ class _ProcessWatch:
             self.watchers.append(self.agent.add_watcher(files, ident, from_end=True, replay=True))
 
     # --- finding the ranks --------------------------------------------------------------
-    def _identity_of(self, seen: _Found) -> Identity:
+    def _identity_of(self, seen: _Found, pid: int) -> Identity:
         """A node daemon watches many jobs and users: each process's identity (run, rank, local
         rank, world size, node, user) is its own, read from its environment and cgroup."""
-        return identity_of_process(self.cfg.run, seen.env, self.identity, user=seen.user, cgroup=seen.cgroup)
+        ident = identity_of_process(self.cfg.run, seen.env, self.identity, user=seen.user, cgroup=seen.cgroup)
+        return self._scoped(ident, pid)
+
+    def _scoped(self, ident: Identity, pid: int) -> Identity:
+        """Two users' processes are never one job, whatever their environment says: any user can
+        put a run id read from ``ps`` (torchrun's ``--rdzv-id``, a Slurm job id) and a RANK into
+        a process of their own. Once a second user's process says a run id, each user's
+        processes of it are watched as run ``<id>@<user>`` (the ones already watched renamed):
+        their own pipelines, alerts, cross-rank judgement and incidents, never one another's.
+        None is dropped and none keeps the bare id: which one is genuine is not for the daemon
+        to guess (the first to be seen may be the impostor), and dropping one would let another
+        user blind the watch of a real rank. Said once per user, naming both pids and users."""
+        if ident.user is None:
+            return ident
+        users = self.claims.setdefault(ident.run, {})
+        users.setdefault(ident.user, pid)
+        while len(self.claims) > MAX_RUNS:
+            del self.claims[next(iter(self.claims))]
+        if len(users) == 1:
+            return ident
+        for w in self.watchers:  # the first user's pipelines: renamed from now on
+            if w.identity.run == ident.run and w.identity.user is not None:
+                w.identity = dataclasses.replace(w.identity, run=f"{ident.run}@{w.identity.user}")
+        scoped = dataclasses.replace(ident, run=f"{ident.run}@{ident.user}")
+        if (ident.run, ident.user) not in self.told:
+            if len(self.told) >= MAX_RUNS:
+                self.told.clear()
+            self.told.add((ident.run, ident.user))
+            others = ", ".join(f"pid {p} (user {u})" for u, p in users.items() if u != ident.user)
+            log.log(
+                logging.INFO if ident.run == "default" else logging.WARNING,
+                "pid %d (user %s) says it is rank %s of run %s, as %s does: two users' processes are "
+                "never one job, so each user's are watched apart, this one as run %s (another user "
+                "posing as a rank, or two users who gave their jobs the same id)",
+                pid, ident.user, ident.rank, ident.run, others, scoped.run,
+            )  # fmt: skip
+        return scoped
 
     def _add_process(self, pid: int, seen: _Found) -> None:
         _note_unreadable(self.agent, pid, seen.problem)
-        ident = self._identity_of(seen)
+        ident = self._identity_of(seen, pid)
         if _env_int(seen.env, RANK_VARS) is None and pid in self.pids and len(self.pids) > 1:
             # several --pid without RANK: their order on the command line
             ident = dataclasses.replace(ident, rank=list(self.pids).index(pid))
-        out = seen.stdout
-        w = self.agent.add_watcher([out] if out is not None else [], ident, from_end=True, replay=True)
+        # One pipeline, one stream per file, as a launcher's worker with its own files is read.
+        w = self.agent.add_watcher(list(seen.logs), ident, from_end=True, replay=True)
         w.attach(pid, seen.prober)
         self.watchers.append(w)
         if self.started:
             self.tasks.append(asyncio.create_task(w.run()))
         pod = f" (pod {seen.pod})" if seen.pod else ""
-        following = f", following {out}" if out else ", no log file"
+        following = f", following {', '.join(map(str, seen.logs))}" if seen.logs else ", no log file"
         log.info("rank %s: pid %d%s%s", ident.rank, pid, pod, following)
 
     def _restarted(self, ident: Identity) -> RankWatcher | None:
@@ -786,7 +843,8 @@ class _ProcessWatch:
     def _left_behind(self, found: _Found, ident: Identity) -> bool:
         """A rank's own child that outlives it (its DataLoader worker after a SIGKILL, with the
         rank's command line and RANK) is no restart of the rank: it was born while the rank was
-        still seen alive, and a restarted rank only after its predecessor ended."""
+        still seen alive, and a restarted rank only after its predecessor ended. Such a child is
+        its rank's user's: another user's process is never taken for one."""
         if found.born is None:
             return False
         now_wall, now = time.time(), self.agent.clock()
@@ -794,15 +852,23 @@ class _ProcessWatch:
             w.alive_at is not None
             and w.rank == ident.rank
             and w.identity.run == ident.run
+            and w.identity.user == ident.user
             and found.born < now_wall - (now - w.alive_at)
             for w in self.watchers
         )
 
     def _assign_per_process(self, found: Sequence[int], seen: dict[int, _Found], attached: set[int]) -> None:
+        self.launchers &= set(found)
         for pid in found:
-            if pid in attached:
+            if pid in attached or pid in self.launchers:
                 continue
-            ident = self._identity_of(seen[pid])
+            if seen[pid].launcher and _env_int(seen[pid].env, RANK_VARS) is None:
+                # torchrun matches too (the script's arguments are in its command line): before it
+                # has started its workers, and after they have ended, it is a leaf, yet no rank;
+                # as one it would be a second pipeline (run "default") saying its workers' ends.
+                self.launchers.add(pid)
+                continue
+            ident = self._identity_of(seen[pid], pid)
             if self._left_behind(seen[pid], ident):
                 continue
             again = self._restarted(ident)
@@ -833,6 +899,7 @@ class _ProcessWatch:
         for gone in set(self.agent.attach_problems) - set(found):
             self.agent.attach_problems.pop(gone, None)
         attached = {w.prober.pid for w in self.watchers if w.prober is not None and not w.exited}
+        attached |= self.launchers  # looked at once
         free = [w for w in self.watchers if w.prober is None or w.exited]
         if not self.per_process and (not free or not found):
             return

@@ -224,13 +224,15 @@ class RankWatcher:
 
     def _stamped(self, emit: Callable[[Finding], None]) -> Callable[[Finding], None]:
         """Every finding of this pipeline carries its process's run (the alert key, the
-        incident folder and the cross-rank records are the run's) and world size."""
+        incident folder and the cross-rank records are the run's), world size and user."""
 
         def stamped(f: Finding) -> None:
             if f.run is None:
                 f.run = self.identity.run
             if f.world_size is None:
                 f.world_size = self.identity.world_size
+            if f.user is None:
+                f.user = self.identity.user
             emit(f)
 
         return stamped

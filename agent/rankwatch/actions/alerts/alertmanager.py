@@ -80,6 +80,8 @@ def payload(alert: AlertMessage, now: float) -> list[dict[str, Any]]:
         annotations = {"description": annotation(m.message)}
         if m.dump_path:
             annotations["dump_path"] = annotation(m.dump_path)
+        if m.user is not None:  # an annotation: a label would regroup and re-route existing alerts
+            annotations["user"] = annotation(m.user)
         if alert.suspect is not None:
             annotations["suspect"] = str(alert.suspect)
             summary += f", suspect rank {alert.suspect}"

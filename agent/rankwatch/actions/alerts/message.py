@@ -34,6 +34,7 @@ class AlertMember:
     node: str | None = None  # set when a peer agent's rank joins the message (another node)
     subject: str | None = None  # what within the rank it is about (a GPU's UUID): Finding.subject
     diagnosis: Diagnosis | None = None  # Finding.diagnosis: suspect, first failure, stacks
+    user: str | None = None  # Finding.user: whose process the rank is (a node daemon's many users)
 
 
 @dataclass(eq=False)

@@ -222,6 +222,7 @@ class AlertPolicy:
             None,
             subject=f.subject,
             diagnosis=f.diagnosis,
+            user=f.user,
         )
 
     def _fire(self, key: Key, f: Finding) -> None:

@@ -68,6 +68,7 @@ def _raw(alert: AlertMessage, lead: Any) -> dict[str, Any]:
         "status": alert.status,
         "id": alert.id,
         "run": alert.run,
+        "user": lead.user,
         "rank": alert.rank,
         "ranks": alert.ranks,
         "world_size": alert.world_size,
@@ -89,6 +90,7 @@ def _raw(alert: AlertMessage, lead: Any) -> dict[str, Any]:
         "members": [
             {
                 "rank": m.rank,
+                "user": m.user,
                 "node": m.node or alert.node,
                 "subject": m.subject,
                 "step": m.step,
