@@ -261,10 +261,22 @@ class AlertPolicy:
         if problem is not None:
             # Part of a failure this agent already alerts: no message of its own. It stays
             # active (its resolve, its escalation above an announced alert, are its own).
-            a.pending = False
+            lead = self._active[problem]
             g = next(
                 (g for g in self._pending.values() if problem in g.members and g.status == "firing"), None
             )
+            if g is not None and f.severity > lead.severity and g.kind != key[2]:
+                # Not yet sent, and this member is worse (rank 0's crash after its gloo warning):
+                # it leads the problem's alert, so the message's kind and severity are the job's
+                # death, not its first symptom. The old lead is folded into it.
+                g.members.pop(problem, None)
+                g.times.pop(problem, None)
+                lead.pending = False
+                if self.coord is not None:
+                    self._peers_call(self.coord.forget, problem, "firing")
+                self._add(key, a.member, "firing", f.severity, a.board_time)
+                return
+            a.pending = False
             if g is not None:
                 g.severity = max(g.severity, f.severity)
             return
@@ -274,9 +286,10 @@ class AlertPolicy:
         """The failure alert of this agent that ``f`` is part of: one problem, one alert. A rank's
         crash after its own OOM, CUDA or peer error is that error's end; a rank's failure whose
         first failure is another rank's (gloo's ``Connection closed by peer`` after rank 1 died)
-        is part of the first failure's alert, however severe. A failure that is its own first
-        failure is never folded into another rank's alert, and one more severe than the announced
-        alert of its own rank is news."""
+        is part of the first failure's alert. A failure that is its own first failure is never
+        folded into another rank's alert. One more severe than the alert it would join, once that
+        is sent, is news (an alert routed on ``min_severity: critical`` must page when the job
+        dies, whatever warning went first); before it is sent, it leads it (``_new_episode``)."""
         if key[2] not in FAILURE_FAMILY:
             return None
         d = f.diagnosis
@@ -293,8 +306,8 @@ class AlertPolicy:
                 continue
             if abs(a.member.starts_at - starts) > FOLD_WINDOW_S:
                 continue
-            if not consequence and a.sent and f.severity > a.severity:
-                continue  # its own failure worse than announced: news
+            if a.sent and f.severity > a.severity:
+                continue  # worse than announced (a crash after a sent warning): news, it pages
             if not a.pending and not a.sent:
                 continue  # itself folded into another: fold into that one instead
             theirs = a.member.diagnosis.suspect if a.member.diagnosis is not None else None
