@@ -260,3 +260,29 @@ def test_a_diagnosis_carries_the_alerts_world_size() -> None:
     (doc,) = [payload(m) for m in out]
     assert (doc["suspect"], doc["world_size"], doc["diagnosis"]["world_size"]) == (1, 4, 4)
     assert doc["diagnosis"]["first_failure"]["rank"] == 1
+
+
+def _slow(kind: str, rank: int, *, straggler: int | None) -> Finding:
+    f = Finding(kind, Severity.WARNING, rank, f"{kind} on {rank}", 30, time=1000.0)
+    if straggler is not None:
+        f.diagnosed(suspects=(straggler,), verdict="straggler")
+    return f
+
+
+def test_a_straggler_and_the_drops_it_explains_are_one_alert() -> None:
+    """The straggler finding folds into the drop alert that names the same rank, and a drop
+    that comes after that alert went out adds nothing; a drop no straggler explains, or one
+    naming another rank, is its own alert."""
+    p, out, clock = policy(group_wait=2.0)
+    p.take(_slow("throughput_drop", 0, straggler=1))
+    p.take(_slow("straggler", 1, straggler=1))
+    clock.t += 2.0
+    p.pump(clock())
+    p.take(_slow("throughput_drop", 1, straggler=1))
+    p.take(_slow("throughput_drop", 3, straggler=2))
+    clock.t += 2.0
+    p.pump(clock())
+    assert [(m.title, m.suspect) for m in out] == [
+        ("throughput_drop on rank 0, suspect rank 1", 1),
+        ("throughput_drop on rank 3, suspect rank 2", 2),
+    ]

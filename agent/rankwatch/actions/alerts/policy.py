@@ -62,6 +62,9 @@ Key = tuple[str, int | None, str, str | None]  # (run, rank, kind, subject): Fin
 # problem and one alert (``_problem_of``), within this long of the first (diagnose's window).
 FAILURE_FAMILY = frozenset({*OWN_FAILURES, *PEER_FAILURES})  # the cross-rank judgement's kinds
 FOLD_WINDOW_S = 600.0
+# A slow rank's problem: its straggler finding and every rank's throughput drop that the
+# straggler verdict explains (their diagnosis names it) are one alert (``_problem_of``).
+SLOWDOWN_FAMILY = frozenset({"straggler", "throughput_drop"})
 MAX_RUN_WORLDS = 256  # runs whose world size is remembered (a node daemon outlives many jobs)
 GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
 
@@ -290,6 +293,8 @@ class AlertPolicy:
         folded into another rank's alert. One more severe than the alert it would join, once that
         is sent, is news (an alert routed on ``min_severity: critical`` must page when the job
         dies, whatever warning went first); before it is sent, it leads it (``_new_episode``)."""
+        if key[2] in SLOWDOWN_FAMILY:
+            return self._slowdown_of(key, f, starts)
         if key[2] not in FAILURE_FAMILY:
             return None
         d = f.diagnosis
@@ -312,6 +317,30 @@ class AlertPolicy:
                 continue  # itself folded into another: fold into that one instead
             theirs = a.member.diagnosis.suspect if a.member.diagnosis is not None else None
             if k[1] == key[1] or (consequence and caused_by in (k[1], theirs)):
+                return k
+        return None
+
+    def _slowdown_of(self, key: Key, f: Finding, starts: float) -> Key | None:
+        """The alert of this run's slowdown that names the same straggler as ``f``: a rank that
+        works while its peers wait slows every rank, and the straggler finding and the drops it
+        explains are one problem, one alert naming that rank. One of the same kind still
+        waiting joins its group instead (the alert counts the ranks)."""
+        suspect = f.diagnosis.suspect if f.diagnosis is not None else None
+        if suspect is None:
+            return None
+        for k, a in self._active.items():
+            if k == key or k[0] != key[0] or k[2] not in SLOWDOWN_FAMILY:
+                continue
+            if a.pending and k[2] == key[2]:
+                continue  # the same kind waiting to leave: join its group
+            if not a.pending and not a.sent:
+                continue  # itself folded into another
+            if abs(a.member.starts_at - starts) > FOLD_WINDOW_S:
+                continue
+            if a.sent and f.severity > a.severity:
+                continue  # worse than announced: news
+            theirs = a.member.diagnosis.suspect if a.member.diagnosis is not None else None
+            if theirs == suspect:
                 return k
         return None
 
