@@ -286,3 +286,28 @@ def test_a_straggler_and_the_drops_it_explains_are_one_alert() -> None:
         ("throughput_drop on rank 0, suspect rank 1", 1),
         ("throughput_drop on rank 3, suspect rank 2", 2),
     ]
+
+
+def test_each_run_counts_its_own_ranks_toward_its_world() -> None:
+    """A node daemon (its own run "node") watching two jobs of world 3: job A's three ranks and
+    job B's two stall. A's alert says "3 of 3"; B's must not borrow A's rank 2 to claim "2 of 3"
+    (its rank 2 was never seen), so it lists its ranks."""
+    from rankwatch.actions.alerts.webhook import payload
+
+    out: list[AlertMessage] = []
+    clock = Clock()
+    cfg = AlertsConfig(startup_quiet=0.0, group_wait=5.0, repeat_interval=0.0)
+    p = AlertPolicy(cfg, Identity("node", None, None, None, "n"), out.append, clock=clock, wall=clock)
+    p.restart([], None, {})
+    p.start(clock())
+    for run, ranks in (("jobA", (0, 1, 2)), ("jobB", (0, 1))):
+        for r in ranks:
+            f = stall(r)
+            f.run, f.world_size = run, 3
+            p.take(f)
+    clock.t += 5.0
+    p.pump(clock())
+    assert sorted((d["run"], d["summary"]) for d in map(payload, out)) == [
+        ("jobA", "stall on 3 of 3 ranks"),
+        ("jobB", "stall on 2 ranks (0-1)"),
+    ]

@@ -139,6 +139,9 @@ class AlertPolicy:
         self.ranks: set[int] = {r for r in ranks if r is not None}
         if identity.rank is not None:
             self.ranks.add(identity.rank)
+        # The ranks known to exist, per run: a node daemon's two jobs each count their own
+        # toward "N of WORLD" (``self.ranks``, every run's, is what the board is told).
+        self._run_ranks: dict[str, set[int]] = {identity.run: set(self.ranks)}
         self._ended: dict[Key, Remembered] = {}  # alerts that ended (replay tells old from new)
         self._inherited: dict[Key, float] = {}  # firing at start, not yet seen again -> deadline
         self._owed: set[Key] = set()  # resolves owed from before the restart, not yet announced
@@ -201,8 +204,7 @@ class AlertPolicy:
             return
         rank = f.rank if f.rank is not None else self.identity.rank
         key: Key = (f.run or self.identity.run, rank, f.kind, f.subject)  # two jobs' rank 0: two alerts
-        if rank is not None:
-            self.ranks.add(rank)
+        self._saw(key[0], rank)
         if f.world_size and self._worlds.get(key[0]) != f.world_size:
             self._worlds.pop(key[0], None)
             self._worlds[key[0]] = f.world_size
@@ -212,6 +214,17 @@ class AlertPolicy:
             self._resolve(key, f)
         elif f.severity >= self.min_severity:
             self._fire(key, f)
+
+    def _saw(self, run: str, rank: int | None) -> None:
+        """``rank`` of ``run`` exists; the newest ``MAX_RUN_WORLDS`` runs are kept."""
+        if rank is None:
+            return
+        self.ranks.add(rank)
+        known = self._run_ranks.pop(run, None) or set()
+        known.add(rank)
+        self._run_ranks[run] = known
+        while len(self._run_ranks) > MAX_RUN_WORLDS:
+            del self._run_ranks[next(iter(self._run_ranks))]
 
     def _member(self, rank: int | None, f: Finding, starts_at: float) -> AlertMember:
         dump = dump_link(f) or self._dumps.get(rank)
@@ -414,8 +427,7 @@ class AlertPolicy:
         hold = 0.0 if stale else self.inherit_hold  # an earlier incarnation's: ended at once
         for rec in remembered:
             key: Key = (self.identity.run, rec.rank, rec.kind, rec.subject)
-            if rec.rank is not None:
-                self.ranks.add(rec.rank)
+            self._saw(key[0], rec.rank)
             try:
                 sev = Severity.parse(rec.severity)
             except KeyError:
@@ -515,8 +527,7 @@ class AlertPolicy:
                     key[1],
                     f.step,
                 )
-            if key[1] is not None:
-                self.ranks.add(key[1])
+            self._saw(key[0], key[1])
             if key in self._owed:
                 # The resolve owed from before the restart may have gone out just before the
                 # kill: it is sent (again), and this firing is a new episode, not a flap.
@@ -739,10 +750,11 @@ class AlertPolicy:
 
     def saw_all(self, extra: set[int] | None = None, run: str | None = None) -> bool:
         """Every rank of the world is known to exist, so "N of WORLD ranks" is a fact."""
-        world = self.world_of(run if run is not None else self.identity.run)
+        run = run if run is not None else self.identity.run
+        world = self.world_of(run)
         if not world:
             return False
-        known = self.ranks | (extra or set())
+        known = self._run_ranks.get(run, set()) | (extra or set())
         return all(r in known for r in range(world))
 
     def _finish(self, msg: AlertMessage) -> AlertMessage:
