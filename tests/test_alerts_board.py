@@ -889,3 +889,38 @@ def test_one_failure_seen_by_four_agents_is_one_message(tmp_path: Path) -> None:
         assert titles == ["oom on rank 1, suspect rank 1"], titles
 
     asyncio.run(go())
+
+
+def test_a_crash_after_the_suspects_warning_pages_across_agents(tmp_path: Path) -> None:
+    """Rank 1's own NCCL timeout is a warning; rank 0's crash that follows it (critical, naming
+    rank 1) is the job's death. Between the two agents it is not folded into the warning: the
+    crash goes out critical, still naming rank 1, so routing on ``min_severity: critical``
+    pages."""
+    from rankwatch.records import FirstFailure
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        pairs = [agent(tmp_path, r, 2, clock, board) for r in range(2)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        first = FirstFailure(1, "nccl_timeout", clock.t, "watchdog timeout")
+        async with all_running(ds):
+            nccl = Finding("nccl_timeout", Severity.WARNING, 1, "watchdog timeout", 8, time=clock.t)
+            nccl.diagnosed(suspects=(1,), first_failure=first)
+            ds[1].send(nccl)
+            crash = Finding("crash", Severity.CRITICAL, 0, "rank 1 failed first", 7, time=clock.t + 1)
+            crash.diagnosed(first_failure=first)
+            ds[0].send(crash)
+            await until(
+                lambda: state(board, 0, "crash") == "firing" and state(board, 1, "nccl_timeout") == "firing"
+            )
+            for _ in range(4):
+                await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) >= 2)
+        got = sorted((a.title, a.severity.label) for a in sent(sinks))
+        assert got == [
+            ("crash on rank 0, suspect rank 1", "critical"),
+            ("nccl_timeout on rank 1, suspect rank 1", "warning"),
+        ], got
+
+    asyncio.run(go())

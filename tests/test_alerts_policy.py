@@ -105,8 +105,8 @@ def test_one_failure_is_one_alert_whatever_its_echoes() -> None:
 
 def test_a_more_severe_failure_of_a_rank_after_its_sent_warning_is_news() -> None:
     """Rank 0's own NCCL timeout (a warning, its own first failure) is sent; its crash
-    (critical) after that is an escalation: sent, not folded away. A consequence of another
-    rank's failure is folded however severe."""
+    (critical) after that is an escalation: sent, not folded away. So is a consequence of
+    another rank's failure (rank 2's crash after its sent gloo warning): the job died."""
     p, out, clock = policy()
     p.take(_failure("nccl_timeout", 0, Severity.WARNING, first=0, t=1000.0))
     clock.t += 5.0
@@ -124,7 +124,59 @@ def test_a_more_severe_failure_of_a_rank_after_its_sent_warning_is_news() -> Non
     p.take(_failure("crash", 2, Severity.CRITICAL, first=1, t=1016.0))
     clock.t += 5.0
     p.pump(clock())
-    assert [m.title for m in out[2:]] == ["peer_error on rank 2, suspect rank 1"]
+    assert [(m.title, m.severity) for m in out[2:]] == [
+        ("peer_error on rank 2, suspect rank 1", Severity.WARNING),
+        ("crash on rank 2, suspect rank 1", Severity.CRITICAL),
+    ]
+
+
+def _left_early(kind: str, severity: Severity, t: float) -> Finding:
+    """Rank 0's failure after rank 1 returned from main with status 0 (the s35 tester's c25,
+    torch 2.13 gloo under ``torchrun --tee 3``): the cross-rank judgement names rank 1."""
+    from rankwatch.records import FirstFailure
+
+    f = Finding(kind, severity, 0, "rank 1 failed first: exited with status 0 at step 14", 14, time=t)
+    f.diagnosed(first_failure=FirstFailure(1, "exit", t - 5.0, "exited with status 0 at step 14"))
+    return f
+
+
+def test_a_dead_job_pages_when_its_crash_follows_a_sent_warning() -> None:
+    """c25: rank 0's gloo error (warning) went out; its crash (critical), held while the
+    first failure was judged, comes after. The webhook gets a critical alert for the crash,
+    naming rank 1: with ``min_severity: critical`` routing, the job's death pages."""
+    from rankwatch.actions.alerts.webhook import payload
+
+    p, out, clock = policy(group_wait=2.0)
+    p.take(_left_early("peer_error", Severity.WARNING, 1000.0))
+    clock.t += 2.0
+    p.pump(clock())
+    clock.t += 3.0
+    p.take(_left_early("crash", Severity.CRITICAL, 1000.25))
+    clock.t += 2.0
+    p.pump(clock())
+    docs = [payload(m) for m in out]
+    assert [(d["summary"], d["severity"], d["suspect"]) for d in docs] == [
+        ("peer_error on rank 0, suspect rank 1", "warning", 1),
+        ("crash on rank 0, suspect rank 1", "critical", 1),
+    ]
+
+
+def test_a_folded_alert_is_led_by_its_most_severe_member() -> None:
+    """The same two findings within ``group_wait``: one alert, at the crash's severity and
+    titled by it (the job died), still naming rank 1."""
+    from rankwatch.actions.alerts.webhook import payload
+
+    p, out, clock = policy(group_wait=2.0)
+    p.take(_left_early("peer_error", Severity.WARNING, 1000.0))
+    clock.t += 1.0
+    p.take(_left_early("crash", Severity.CRITICAL, 1000.25))
+    clock.t += 2.0
+    p.pump(clock())
+    p.pump(clock() + 10.0)
+    docs = [payload(m) for m in out]
+    assert [(d["summary"], d["severity"], d["suspect"], d["kind"]) for d in docs] == [
+        ("crash on rank 0, suspect rank 1", "critical", 1, "crash")
+    ]
 
 
 def _nan(rank: int, step: int | None, t: float, *, run: str = "89663ef6", world: int | None = 2) -> Finding:
@@ -208,3 +260,54 @@ def test_a_diagnosis_carries_the_alerts_world_size() -> None:
     (doc,) = [payload(m) for m in out]
     assert (doc["suspect"], doc["world_size"], doc["diagnosis"]["world_size"]) == (1, 4, 4)
     assert doc["diagnosis"]["first_failure"]["rank"] == 1
+
+
+def _slow(kind: str, rank: int, *, straggler: int | None) -> Finding:
+    f = Finding(kind, Severity.WARNING, rank, f"{kind} on {rank}", 30, time=1000.0)
+    if straggler is not None:
+        f.diagnosed(suspects=(straggler,), verdict="straggler")
+    return f
+
+
+def test_a_straggler_and_the_drops_it_explains_are_one_alert() -> None:
+    """The straggler finding folds into the drop alert that names the same rank, and a drop
+    that comes after that alert went out adds nothing; a drop no straggler explains, or one
+    naming another rank, is its own alert."""
+    p, out, clock = policy(group_wait=2.0)
+    p.take(_slow("throughput_drop", 0, straggler=1))
+    p.take(_slow("straggler", 1, straggler=1))
+    clock.t += 2.0
+    p.pump(clock())
+    p.take(_slow("throughput_drop", 1, straggler=1))
+    p.take(_slow("throughput_drop", 3, straggler=2))
+    clock.t += 2.0
+    p.pump(clock())
+    assert [(m.title, m.suspect) for m in out] == [
+        ("throughput_drop on rank 0, suspect rank 1", 1),
+        ("throughput_drop on rank 3, suspect rank 2", 2),
+    ]
+
+
+def test_each_run_counts_its_own_ranks_toward_its_world() -> None:
+    """A node daemon (its own run "node") watching two jobs of world 3: job A's three ranks and
+    job B's two stall. A's alert says "3 of 3"; B's must not borrow A's rank 2 to claim "2 of 3"
+    (its rank 2 was never seen), so it lists its ranks."""
+    from rankwatch.actions.alerts.webhook import payload
+
+    out: list[AlertMessage] = []
+    clock = Clock()
+    cfg = AlertsConfig(startup_quiet=0.0, group_wait=5.0, repeat_interval=0.0)
+    p = AlertPolicy(cfg, Identity("node", None, None, None, "n"), out.append, clock=clock, wall=clock)
+    p.restart([], None, {})
+    p.start(clock())
+    for run, ranks in (("jobA", (0, 1, 2)), ("jobB", (0, 1))):
+        for r in ranks:
+            f = stall(r)
+            f.run, f.world_size = run, 3
+            p.take(f)
+    clock.t += 5.0
+    p.pump(clock())
+    assert sorted((d["run"], d["summary"]) for d in map(payload, out)) == [
+        ("jobA", "stall on 3 of 3 ranks"),
+        ("jobB", "stall on 2 ranks (0-1)"),
+    ]

@@ -185,7 +185,51 @@ def test_straggler_verdict(tmp_path: Path) -> None:
     even = [{"rank": r, "waiting": 0.5} for r in range(4)]
     f2 = Finding(kind="throughput_drop", severity=Severity.WARNING, rank=0, message=drop)
     cross0._judge_straggler(f2, even[0], even)
-    assert f2.message == drop
+    assert f2.message == drop and f2.diagnosis is None
+    # The verdict is typed: the straggler finding and both drops name rank 1 in their diagnosis.
+    for f in (straggler, f1, f0):
+        assert f.diagnosis is not None and (f.diagnosis.suspect, f.diagnosis.verdict) == (1, "straggler")
+
+
+def test_a_straggler_is_one_alert_naming_it(tmp_path: Path) -> None:
+    """c16 (s35 tester, torch 2.13 gloo, ``torchrun --tee 3``, rank 1 5x slower): rank 0's
+    throughput drop, rank 1's straggler finding and rank 1's own drop, in the order the agent
+    emitted them, through the alert policy to the webhook payload: one alert, suspect rank 1."""
+    from rankwatch.actions.alerts.message import AlertMessage
+    from rankwatch.actions.alerts.policy import AlertPolicy
+    from rankwatch.actions.alerts.webhook import payload
+    from rankwatch.config.schema import AlertsConfig
+
+    _, cross, sent = _agent(tmp_path, 0, world=2)
+    waiting = [{"rank": 0, "waiting": 0.625, "top": None}, {"rank": 1, "waiting": 0.0, "top": None}]
+    drop = "throughput dropped to 0.99 steps/s, 25% of its baseline 4 steps/s. Usual causes: a straggler GPU"
+
+    def judged(rank: int) -> Finding:
+        f = Finding("throughput_drop", Severity.WARNING, rank, drop, 30, time=1000.0)
+        cross._judge_straggler(f, waiting[rank], waiting)
+        return f
+
+    f0 = judged(0)
+    f1 = judged(1)
+    [straggler] = [f for f in sent if f.kind == "straggler"]
+    out: list[AlertMessage] = []
+    t = [2000.0]
+    cfg = AlertsConfig(startup_quiet=0.0, group_wait=2.0, repeat_interval=0.0)
+    p = AlertPolicy(
+        cfg, Identity("default", None, None, None, "n"), out.append, clock=lambda: t[0], wall=lambda: t[0]
+    )
+    p.restart([], None, {})
+    p.start(t[0])
+    for f in (f0, straggler, f1):
+        p.take(f)
+    t[0] += 2.0
+    p.pump(t[0])
+    p.pump(t[0] + 60.0)
+    docs = [payload(m) for m in out]
+    assert [(d["summary"], d["suspect"]) for d in docs] == [
+        ("throughput_drop on 2 ranks (0-1), suspect rank 1", 1)
+    ]
+    assert docs[0]["diagnosis"]["verdict"] == "straggler"
 
 
 # --- the shared folder off the loop ------------------------------------------------------

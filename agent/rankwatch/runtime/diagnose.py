@@ -56,7 +56,7 @@ from rankwatch.dumps.diff import MISMATCH, MISSING, NOT_IN_COLLECTIVE, ONLY_IN_C
 from rankwatch.dumps.diff import format_ranks as fmt_ranks
 from rankwatch.dumps.store import DumpStore, sanitise_run
 from rankwatch.errorkinds import RECORDED_FAILURES
-from rankwatch.records import Finding, FirstFailure, Severity
+from rankwatch.records import Diagnosis, Finding, FirstFailure, Severity
 from rankwatch.runtime.agent import DUMPS_IO, capture_off_loop
 
 log = logging.getLogger("rankwatch.diagnose")
@@ -1086,6 +1086,9 @@ class CrossRank:
         srank = least.get("rank")
         peers = fmt_ranks(sorted(r for r in by_rank if r != srank and isinstance(r, int)))
         evidence = {"straggler": srank, "waiting": {str(r): d["waiting"] for r, d in by_rank.items()}}
+        # The suspect as typed data, as every cross-rank judgement gives it: the alert's title
+        # and payload read the diagnosis, never this evidence's keys.
+        verdict = Diagnosis(suspects=(srank,), verdict="straggler") if isinstance(srank, int) else None
         head, _, _ = f.message.partition(" Usual causes:")
         if srank == f.rank:
             where = f" ({least.get('top')})" if least.get("top") else ""
@@ -1105,6 +1108,7 @@ class CrossRank:
                     path=f.path,
                     time=f.time,
                     evidence={**evidence, "cross_rank": True},
+                    diagnosis=verdict,
                 )
             )
             f.message = f"{head} This rank is the straggler (see its straggler finding)."
@@ -1115,3 +1119,7 @@ class CrossRank:
                 f"look at rank {srank}."
             )
         f.evidence = {**f.evidence, **evidence}
+        if verdict is not None:
+            f.diagnosis = (
+                verdict if f.diagnosis is None else f.diagnosis.but(suspects=(srank,), verdict="straggler")
+            )

@@ -307,6 +307,7 @@ VERDICT_WHY = {
     "majority": "its stack differs from the majority's",
     "same_collective": "every rank waits in the same collective: the cause is outside the dumped ranks",
     "first_failure": "it failed first; the others' failures and stalls are consequences",
+    "straggler": "it works while its peers wait in collectives for it; their slowdown is its",
 }
 
 

@@ -336,9 +336,10 @@ class PeerGroups:
         """Our failures that follow another rank's (the first failure their diagnosis names),
         when that rank's failure alert of another kind is on the board: one problem, one message
         across agents, that rank's (its agent sends it; ``policy._problem_of`` does the same
-        within one agent). A rank's OOM and its peers' gloo crashes after it are one alert, not
-        an OOM alert and a "crash on 3 of 4 ranks" one. Failures of one kind are grouped by the
-        board already. True when none of ours is left to send."""
+        within one agent), when that alert is at least as severe as ours. A rank's OOM and its
+        peers' gloo crashes after it are one alert, not an OOM alert and a "crash on 3 of 4
+        ranks" one. Failures of one kind are grouped by the board already. True when none of
+        ours is left to send."""
         if g.kind not in FAILURE_FAMILY:
             return False
         causes: dict[Key, tuple[int, float]] = {}
@@ -349,12 +350,22 @@ class PeerGroups:
         if not causes:
             return False
         firing: dict[int, list[float]] = {}
+        wanted = {cause for cause, _ in causes.values()}
         for kind in sorted(FAILURE_FAMILY - {g.kind}):
             view = await self._io(self.board.view, kind, self.wall(), sorted(_ranks(g)))
             if view is None:
                 return False  # in doubt, ours goes out
-            for e in view.records.values():
-                if e.state == "firing" and not e.tag:
+            entries = [
+                e for e in view.records.values() if e.state == "firing" and not e.tag and e.rank in wanted
+            ]
+            if not entries:
+                continue
+            # Only an alert at least as severe as ours may take ours in: a crash after the
+            # suspect's warning is the job's death, and an alert routed on critical must page.
+            loaded = await self._load(kind, entries)
+            for e in entries:
+                rec = loaded.get(e.member)
+                if rec is not None and Severity.parse(rec.severity) >= g.severity:
                     firing.setdefault(e.rank, []).append(e.us / 1e6)
         folded = [
             k

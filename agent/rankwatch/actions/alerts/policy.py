@@ -62,6 +62,9 @@ Key = tuple[str, int | None, str, str | None]  # (run, rank, kind, subject): Fin
 # problem and one alert (``_problem_of``), within this long of the first (diagnose's window).
 FAILURE_FAMILY = frozenset({*OWN_FAILURES, *PEER_FAILURES})  # the cross-rank judgement's kinds
 FOLD_WINDOW_S = 600.0
+# A slow rank's problem: its straggler finding and every rank's throughput drop that the
+# straggler verdict explains (their diagnosis names it) are one alert (``_problem_of``).
+SLOWDOWN_FAMILY = frozenset({"straggler", "throughput_drop"})
 MAX_RUN_WORLDS = 256  # runs whose world size is remembered (a node daemon outlives many jobs)
 GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
 
@@ -136,6 +139,9 @@ class AlertPolicy:
         self.ranks: set[int] = {r for r in ranks if r is not None}
         if identity.rank is not None:
             self.ranks.add(identity.rank)
+        # The ranks known to exist, per run: a node daemon's two jobs each count their own
+        # toward "N of WORLD" (``self.ranks``, every run's, is what the board is told).
+        self._run_ranks: dict[str, set[int]] = {identity.run: set(self.ranks)}
         self._ended: dict[Key, Remembered] = {}  # alerts that ended (replay tells old from new)
         self._inherited: dict[Key, float] = {}  # firing at start, not yet seen again -> deadline
         self._owed: set[Key] = set()  # resolves owed from before the restart, not yet announced
@@ -198,8 +204,7 @@ class AlertPolicy:
             return
         rank = f.rank if f.rank is not None else self.identity.rank
         key: Key = (f.run or self.identity.run, rank, f.kind, f.subject)  # two jobs' rank 0: two alerts
-        if rank is not None:
-            self.ranks.add(rank)
+        self._saw(key[0], rank)
         if f.world_size and self._worlds.get(key[0]) != f.world_size:
             self._worlds.pop(key[0], None)
             self._worlds[key[0]] = f.world_size
@@ -209,6 +214,17 @@ class AlertPolicy:
             self._resolve(key, f)
         elif f.severity >= self.min_severity:
             self._fire(key, f)
+
+    def _saw(self, run: str, rank: int | None) -> None:
+        """``rank`` of ``run`` exists; the newest ``MAX_RUN_WORLDS`` runs are kept."""
+        if rank is None:
+            return
+        self.ranks.add(rank)
+        known = self._run_ranks.pop(run, None) or set()
+        known.add(rank)
+        self._run_ranks[run] = known
+        while len(self._run_ranks) > MAX_RUN_WORLDS:
+            del self._run_ranks[next(iter(self._run_ranks))]
 
     def _member(self, rank: int | None, f: Finding, starts_at: float) -> AlertMember:
         dump = dump_link(f) or self._dumps.get(rank)
@@ -262,10 +278,22 @@ class AlertPolicy:
         if problem is not None:
             # Part of a failure this agent already alerts: no message of its own. It stays
             # active (its resolve, its escalation above an announced alert, are its own).
-            a.pending = False
+            lead = self._active[problem]
             g = next(
                 (g for g in self._pending.values() if problem in g.members and g.status == "firing"), None
             )
+            if g is not None and f.severity > lead.severity and g.kind != key[2]:
+                # Not yet sent, and this member is worse (rank 0's crash after its gloo warning):
+                # it leads the problem's alert, so the message's kind and severity are the job's
+                # death, not its first symptom. The old lead is folded into it.
+                g.members.pop(problem, None)
+                g.times.pop(problem, None)
+                lead.pending = False
+                if self.coord is not None:
+                    self._peers_call(self.coord.forget, problem, "firing")
+                self._add(key, a.member, "firing", f.severity, a.board_time)
+                return
+            a.pending = False
             if g is not None:
                 g.severity = max(g.severity, f.severity)
             return
@@ -275,9 +303,12 @@ class AlertPolicy:
         """The failure alert of this agent that ``f`` is part of: one problem, one alert. A rank's
         crash after its own OOM, CUDA or peer error is that error's end; a rank's failure whose
         first failure is another rank's (gloo's ``Connection closed by peer`` after rank 1 died)
-        is part of the first failure's alert, however severe. A failure that is its own first
-        failure is never folded into another rank's alert, and one more severe than the announced
-        alert of its own rank is news."""
+        is part of the first failure's alert. A failure that is its own first failure is never
+        folded into another rank's alert. One more severe than the alert it would join, once that
+        is sent, is news (an alert routed on ``min_severity: critical`` must page when the job
+        dies, whatever warning went first); before it is sent, it leads it (``_new_episode``)."""
+        if key[2] in SLOWDOWN_FAMILY:
+            return self._slowdown_of(key, f, starts)
         if key[2] not in FAILURE_FAMILY:
             return None
         d = f.diagnosis
@@ -294,12 +325,36 @@ class AlertPolicy:
                 continue
             if abs(a.member.starts_at - starts) > FOLD_WINDOW_S:
                 continue
-            if not consequence and a.sent and f.severity > a.severity:
-                continue  # its own failure worse than announced: news
+            if a.sent and f.severity > a.severity:
+                continue  # worse than announced (a crash after a sent warning): news, it pages
             if not a.pending and not a.sent:
                 continue  # itself folded into another: fold into that one instead
             theirs = a.member.diagnosis.suspect if a.member.diagnosis is not None else None
             if k[1] == key[1] or (consequence and caused_by in (k[1], theirs)):
+                return k
+        return None
+
+    def _slowdown_of(self, key: Key, f: Finding, starts: float) -> Key | None:
+        """The alert of this run's slowdown that names the same straggler as ``f``: a rank that
+        works while its peers wait slows every rank, and the straggler finding and the drops it
+        explains are one problem, one alert naming that rank. One of the same kind still
+        waiting joins its group instead (the alert counts the ranks)."""
+        suspect = f.diagnosis.suspect if f.diagnosis is not None else None
+        if suspect is None:
+            return None
+        for k, a in self._active.items():
+            if k == key or k[0] != key[0] or k[2] not in SLOWDOWN_FAMILY:
+                continue
+            if a.pending and k[2] == key[2]:
+                continue  # the same kind waiting to leave: join its group
+            if not a.pending and not a.sent:
+                continue  # itself folded into another
+            if abs(a.member.starts_at - starts) > FOLD_WINDOW_S:
+                continue
+            if a.sent and f.severity > a.severity:
+                continue  # worse than announced: news
+            theirs = a.member.diagnosis.suspect if a.member.diagnosis is not None else None
+            if theirs == suspect:
                 return k
         return None
 
@@ -373,8 +428,7 @@ class AlertPolicy:
         hold = 0.0 if stale else self.inherit_hold  # an earlier incarnation's: ended at once
         for rec in remembered:
             key: Key = (self.identity.run, rec.rank, rec.kind, rec.subject)
-            if rec.rank is not None:
-                self.ranks.add(rec.rank)
+            self._saw(key[0], rec.rank)
             try:
                 sev = Severity.parse(rec.severity)
             except KeyError:
@@ -474,8 +528,7 @@ class AlertPolicy:
                     key[1],
                     f.step,
                 )
-            if key[1] is not None:
-                self.ranks.add(key[1])
+            self._saw(key[0], key[1])
             if key in self._owed:
                 # The resolve owed from before the restart may have gone out just before the
                 # kill: it is sent (again), and this firing is a new episode, not a flap.
@@ -698,10 +751,11 @@ class AlertPolicy:
 
     def saw_all(self, extra: set[int] | None = None, run: str | None = None) -> bool:
         """Every rank of the world is known to exist, so "N of WORLD ranks" is a fact."""
-        world = self.world_of(run if run is not None else self.identity.run)
+        run = run if run is not None else self.identity.run
+        world = self.world_of(run)
         if not world:
             return False
-        known = self.ranks | (extra or set())
+        known = self._run_ranks.get(run, set()) | (extra or set())
         return all(r in known for r in range(world))
 
     def _finish(self, msg: AlertMessage) -> AlertMessage:
