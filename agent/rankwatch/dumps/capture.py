@@ -27,7 +27,6 @@ from typing import Any
 
 import psutil
 
-
 MAX_CHILDREN = 32
 
 INSTALL_HINT = (

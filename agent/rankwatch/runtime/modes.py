@@ -37,7 +37,6 @@ from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
-from rankwatch.sources import kubepods
 from rankwatch.sources.process import ProcessProber, find_processes
 
 log = logging.getLogger("rankwatch.run")
@@ -567,6 +566,8 @@ def _look(
         files, _ = workers.checked_output_files(p)  # the node daemon's log of a rank: its stdout first
         stdout, pod = (files[0] if files else None), None
         if stdout is None:
+            from rankwatch.sources import kubepods  # a node daemon's, not every agent's
+
             pc = kubepods.container_log(p)  # a pod's process: its stdout is the kubelet's log file
             if pc is not None:
                 stdout, pod = pc.log, str(pc)

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankwatch import offloop
 from rankwatch.config.schema import Config
@@ -23,12 +23,14 @@ from rankwatch.detectors.liveness import Liveness
 from rankwatch.engine import RankEngine
 from rankwatch.events import Event, LogActivity, ProcessExit, ProcessStart, Progress
 from rankwatch.identity import Identity
-from rankwatch.k8s.crilog import Joiner
 from rankwatch.records import Finding, Record, Severity, StepRecord
 from rankwatch.sources.follower import NOISE, LogFollower, follow
 from rankwatch.sources.logparser import LogParser
 from rankwatch.sources.process import ProcessProber, ProcessSample
 from rankwatch.sources.signatures import may_hold_signature
+
+if TYPE_CHECKING:  # set by the node daemon (runtime/podwatch.py), which imports it
+    from rankwatch.k8s.crilog import Joiner
 
 log = logging.getLogger("rankwatch.watcher")
 
