@@ -59,6 +59,7 @@ NOT_LOADED = {
     "rankwatch.dumps.diff": "a stall's stacks",
     "rankwatch.dumps.show": "a dump taken",
     "rankwatch.k8s.crilog": "kubernetes node mode",
+    "pkgutil": "nothing: each plugin family lists its folder (config.settings.plugin_modules)",
 }
 
 

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from rankwatch.config.settings import plugin_modules
 
 if TYPE_CHECKING:  # the schema imports the sinks (their settings) while it is being built
     from rankwatch.actions.alerts.message import AlertSink
@@ -61,9 +62,9 @@ def load_all() -> dict[str, SinkBuilder]:
     global _loaded
     if not _loaded:
         package = __name__.rpartition(".")[0]
-        for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            if mod.name not in MACHINERY and not mod.name.startswith("_"):
-                importlib.import_module(f"{package}.{mod.name}")
+        for name in plugin_modules(Path(__file__).parent):
+            if name not in MACHINERY and not name.startswith("_"):
+                importlib.import_module(f"{package}.{name}")
         _loaded = True
     return dict(REGISTRY)
 
