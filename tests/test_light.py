@@ -59,8 +59,36 @@ NOT_LOADED = {
     "rankwatch.dumps.diff": "a stall's stacks",
     "rankwatch.dumps.show": "a dump taken",
     "rankwatch.k8s.crilog": "kubernetes node mode",
+    "rankwatch.runtime.diagnose": "ranks of a job of more than one (world size > 1)",
     "pkgutil": "nothing: each plugin family lists its folder (config.settings.plugin_modules)",
 }
+
+
+@pytest.mark.unit
+def test_the_cross_rank_diagnosis_is_made_once_the_agent_has_peers(tmp_path: Path) -> None:
+    """An agent of one rank holds no finding and records no exit (runtime/diagnose.py returns
+    at once for it), so it gets a stand-in; a second watched rank makes the real one."""
+    from rankwatch.config.loader import load_config
+    from rankwatch.identity import Identity
+    from rankwatch.records import Finding, Severity
+    from rankwatch.runtime.agent import Agent
+    from rankwatch.runtime.diagnose import CrossRank
+    from rankwatch.runtime.judge import CrossRankWhenPeers
+
+    cfg_path = tmp_path / "rw.yaml"
+    cfg_path.write_text(f"dumps: {{dir: {tmp_path / 'dumps'}}}\n")
+    cfg = load_config(str(cfg_path))
+    agent = Agent(cfg, Identity("job", None, None, None, "n"), sinks=[])
+    judge = CrossRankWhenPeers(agent, cfg)
+    stall = Finding(kind="stall", severity=Severity.CRITICAL, rank=0, message="no progress")
+    assert not judge.hold(stall)
+    judge.clean_exit(0, 5, 1000.0)
+    assert judge.judge is None and not (tmp_path / "dumps").exists()
+    agent.watchers.extend([object(), object()])  # a launcher's two workers, attached later
+    assert not judge.hold(Finding(kind="loss_plateau", severity=Severity.INFO, rank=0, message="flat"))
+    assert isinstance(judge.judge, CrossRank)
+    many = Agent(cfg, Identity("job", 1, 1, 4, "n"), sinks=[])
+    assert isinstance(CrossRankWhenPeers(many, cfg).judge, CrossRank)  # a job of 4: at once
 
 
 def _imported(stderr: str) -> set[str]:

@@ -47,7 +47,7 @@ from rankwatch.dumps.capture import find_py_spy
 from rankwatch.dumps.store import DumpStore, sanitise_run
 from rankwatch.errorkinds import RECORDED_FAILURES
 from rankwatch.records import Finding, FirstFailure, Severity
-from rankwatch.runtime.agent import DUMPS_IO, capture_off_loop
+from rankwatch.runtime.agent import DUMPS_IO, capture_off_loop, multi_rank
 
 log = logging.getLogger("rankwatch.diagnose")
 T = TypeVar("T")
@@ -247,8 +247,7 @@ class CrossRank:
         )
 
     def multi_rank(self) -> bool:
-        world = self.agent.identity.world_size
-        return bool(world and world > 1) or len(self.agent.watchers) > 1
+        return multi_rank(self.agent)
 
     def world(self) -> int | None:
         world: int | None = self.agent.identity.world_size
