@@ -718,7 +718,7 @@ class CrossRank:
                     )
 
     async def _diff_when_complete(self, folder: Path) -> tuple[Any, dict[int | None, Any]]:
-        from rankwatch.dumps.diff import diff_incident
+        from rankwatch.dumps.diff import diff_incident  # the stack readers: at a stall, not at start
 
         world = self.world()
         deadline = time.monotonic() + STALL_WAIT_S

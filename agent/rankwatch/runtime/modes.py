@@ -566,7 +566,7 @@ def _look(
         files, _ = workers.checked_output_files(p)  # the node daemon's log of a rank: its stdout first
         stdout, pod = (files[0] if files else None), None
         if stdout is None:
-            from rankwatch.sources import kubepods  # a node daemon's, not every agent's
+            from rankwatch.sources import kubepods  # only for a process whose stdout is no file
 
             pc = kubepods.container_log(p)  # a pod's process: its stdout is the kubelet's log file
             if pc is not None:
