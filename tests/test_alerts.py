@@ -22,12 +22,12 @@ from aiohttp import web
 
 from conftest import FakeClock, until
 from rankwatch.actions.alerts import AlertDispatcher, AlertMessage, DeliveryError, sinks_from_config
-from rankwatch.actions.alerts.alertmanager import alertname
-from rankwatch.actions.alerts.alertmanager import payload as am_payload
+from rankwatch.actions.alerts._alertmanager import alertname
+from rankwatch.actions.alerts._alertmanager import payload as am_payload
+from rankwatch.actions.alerts._slack import SlackSink
+from rankwatch.actions.alerts._webhook import WebhookSink
 from rankwatch.actions.alerts.message import AlertMember, rank_list, suspect_rank
-from rankwatch.actions.alerts.slack import SlackSink
 from rankwatch.actions.alerts.spool import Spool, SpoolEntry, spool_path
-from rankwatch.actions.alerts.webhook import WebhookSink
 from rankwatch.actions.dump_outcome import DumpOutcome
 from rankwatch.config.schema import AlertmanagerConfig, AlertsConfig, SlackConfig, WebhookConfig
 from rankwatch.identity import Identity
@@ -996,7 +996,7 @@ def _unescaped_sequences(text: str) -> list[str]:
 
 @pytest.mark.unit
 def test_slack_text_and_blocks_escape_log_text(tmp_path: Path) -> None:
-    from rankwatch.actions.alerts.slack import build_blocks, fallback_text
+    from rankwatch.actions.alerts._slack import build_blocks, fallback_text
 
     url = "https://grafana.example/d/rw?var-run={run}"
     alert = _hostile_alert(grafana_url=url.format(run="x>|<!channel>"))
@@ -1142,7 +1142,7 @@ def test_slack_webhook_and_alertmanager_show_escapes_never_send_them(tmp_path: P
 
 @pytest.mark.unit
 def test_alertmanager_and_webhook_payloads_show_controls() -> None:
-    from rankwatch.actions.alerts.webhook import payload as hook_payload
+    from rankwatch.actions.alerts._webhook import payload as hook_payload
 
     alert = _hostile_alert(run="r\x1bc", node="n\u202e1")
     alert.members[0].message = TERMINAL_HOSTILE

@@ -723,8 +723,8 @@ def test_one_hot_gpu_on_each_rank_of_a_node_is_one_message(tmp_path: Path) -> No
 def test_first_gpu_to_cool_resolves_only_itself_when_grouped_with_peers(tmp_path: Path) -> None:
     """Rank 0 has two hot GPUs, rank 1 one: one message for the three. GPU-aaa cools first:
     the resolve names it alone, the other two are still firing (and resolve together later)."""
-    from rankwatch.actions.alerts.alertmanager import payload as am_payload
-    from rankwatch.actions.alerts.slack import build_blocks, fallback_text
+    from rankwatch.actions.alerts._alertmanager import payload as am_payload
+    from rankwatch.actions.alerts._slack import build_blocks, fallback_text
 
     async def go() -> None:
         clock = FakeClock()

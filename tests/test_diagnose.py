@@ -353,9 +353,9 @@ def test_what_a_rank_reports_while_its_failure_is_held_comes_after_it(
 def test_the_stall_alert_names_the_suspect_the_diagnosis_found(tmp_path: Path) -> None:
     """The diagnosis's suspect reaches the alert title, the webhook and Alertmanager payloads, and
     survives the spool: one typed structure between the layers, not string keys."""
-    from rankwatch.actions.alerts.alertmanager import payload as am_payload
+    from rankwatch.actions.alerts._alertmanager import payload as am_payload
+    from rankwatch.actions.alerts._webhook import payload as hook_payload
     from rankwatch.actions.alerts.message import AlertMember, AlertMessage
-    from rankwatch.actions.alerts.webhook import payload as hook_payload
 
     _, cross, _ = _agent(tmp_path, 1)
     folder = tmp_path / "loader_hang"

@@ -21,11 +21,11 @@ from aiohttp import web
 
 from conftest import FakeClock, fuzz_examples, until
 from rankwatch.actions.alerts import AlertDispatcher
-from rankwatch.actions.alerts.alertmanager import AlertmanagerSink
+from rankwatch.actions.alerts._alertmanager import AlertmanagerSink
+from rankwatch.actions.alerts._webhook import WebhookSink
 from rankwatch.actions.alerts.delivery import Delivery
 from rankwatch.actions.alerts.dispatcher import retry_window
 from rankwatch.actions.alerts.message import AlertMessage, DeliveryError
-from rankwatch.actions.alerts.webhook import WebhookSink
 from rankwatch.config.schema import AlertsConfig
 from rankwatch.config.snapshot import replaced
 from rankwatch.identity import Identity

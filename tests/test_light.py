@@ -48,7 +48,47 @@ NOT_LOADED = {
     "rankwatch.k8s.node": "kubernetes node mode (watch --k8s)",
     "rankwatch.runtime.podwatch": "kubernetes node mode (watch --k8s)",
     "grpc": "kubernetes node mode (the kubelet's pod-resources API)",
+    "statistics": "nothing: records.median (statistics loads decimal and fractions)",
+    "decimal": "a size with a unit in a config file",
+    "rankwatch.actions.alerts.message": "an alert sink",
+    "rankwatch.actions.alerts._slack": "alerts.slack set",
+    "rankwatch.actions.alerts._webhook": "alerts.webhook.urls set",
+    "rankwatch.actions.alerts._alertmanager": "alerts.alertmanager.urls set",
+    "rankwatch.actions.alerts.threads": "alerts.slack set",
+    "rankwatch.dumps.classify": "a stall's or a profile's stacks",
+    "rankwatch.dumps.diff": "a stall's stacks",
+    "rankwatch.dumps.show": "a dump taken",
+    "rankwatch.k8s.crilog": "kubernetes node mode",
+    "rankwatch.runtime.diagnose": "ranks of a job of more than one (world size > 1)",
+    "pkgutil": "nothing: each plugin family lists its folder (config.settings.plugin_modules)",
 }
+
+
+@pytest.mark.unit
+def test_the_cross_rank_diagnosis_is_made_once_the_agent_has_peers(tmp_path: Path) -> None:
+    """An agent of one rank holds no finding and records no exit (runtime/diagnose.py returns
+    at once for it), so it gets a stand-in; a second watched rank makes the real one."""
+    from rankwatch.config.loader import load_config
+    from rankwatch.identity import Identity
+    from rankwatch.records import Finding, Severity
+    from rankwatch.runtime.agent import Agent
+    from rankwatch.runtime.diagnose import CrossRank
+    from rankwatch.runtime.judge import CrossRankWhenPeers
+
+    cfg_path = tmp_path / "rw.yaml"
+    cfg_path.write_text(f"dumps: {{dir: {tmp_path / 'dumps'}}}\n")
+    cfg = load_config(str(cfg_path))
+    agent = Agent(cfg, Identity("job", None, None, None, "n"), sinks=[])
+    judge = CrossRankWhenPeers(agent, cfg)
+    stall = Finding(kind="stall", severity=Severity.CRITICAL, rank=0, message="no progress")
+    assert not judge.hold(stall)
+    judge.clean_exit(0, 5, 1000.0)
+    assert judge.judge is None and not (tmp_path / "dumps").exists()
+    agent.watchers.extend([object(), object()])  # a launcher's two workers, attached later
+    assert not judge.hold(Finding(kind="loss_plateau", severity=Severity.INFO, rank=0, message="flat"))
+    assert isinstance(judge.judge, CrossRank)
+    many = Agent(cfg, Identity("job", 1, 1, 4, "n"), sinks=[])
+    assert isinstance(CrossRankWhenPeers(many, cfg).judge, CrossRank)  # a job of 4: at once
 
 
 def _imported(stderr: str) -> set[str]:
@@ -107,6 +147,8 @@ def test_the_config_schema_loads_the_sinks_settings_but_no_network_stack() -> No
     mods = set(res.stdout.split())
     assert {"rankwatch.actions.alerts.slack", "rankwatch.actions.alerts.webhook"} <= mods, res.stderr[-2000:]
     assert not {"asyncio", "aiohttp", "slack_sdk"} & mods
+    # ... and the settings only: the sinks' code is imported by a builder that builds one.
+    assert not {"rankwatch.actions.alerts._slack", "rankwatch.actions.alerts.message"} & mods
 
 
 def _metrics(port: int) -> str:

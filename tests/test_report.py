@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import fuzz_examples
+from rankwatch.actions.alerts._slack import build_blocks
 from rankwatch.actions.alerts.message import AlertMember, AlertMessage, render_report_link, verdict_lines
-from rankwatch.actions.alerts.slack import build_blocks
 from rankwatch.cli import main
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced

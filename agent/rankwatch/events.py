@@ -11,13 +11,12 @@ or a job's end.
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import ClassVar, Literal
 
-from rankwatch.records import ErrorRecord, EvalRecord, OverflowRecord, Record, StepRecord
+from rankwatch.records import ErrorRecord, EvalRecord, OverflowRecord, Record, StepRecord, median
 
 __all__ = [
     "CheckpointCleared",
@@ -303,7 +302,7 @@ def median_save_gap(save_times: Sequence[float]) -> float | None:
     """The run's save cadence: the median gap between its good saves (None before two)."""
     times = sorted(save_times)
     gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
-    return statistics.median(gaps) if gaps else None
+    return median(gaps) if gaps else None
 
 
 def next_save_due(save_times: Sequence[float]) -> float | None:

@@ -6,14 +6,13 @@ one. Detectors read from here and keep only their own episode bookkeeping.
 
 from __future__ import annotations
 
-import statistics
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
 from operator import attrgetter
 
-from rankwatch.records import ErrorRecord, EvalRecord, OverflowRecord, Record, StepRecord
+from rankwatch.records import ErrorRecord, EvalRecord, OverflowRecord, Record, StepRecord, median
 
 HISTORY = 4096
 # Upper bounds (seconds) of the printed step-time histogram: from 50 ms micro-steps to
@@ -241,7 +240,7 @@ def step_duration(state: RankState, rate: float | None) -> float | None:
     """Median of the recent printed step times; else derived from the step rate."""
     printed = state.recent("step_time_s", DURATION_WINDOW)
     if printed:
-        return statistics.median(printed)
+        return median(printed)
     return 1.0 / rate if rate else None
 
 

@@ -15,12 +15,11 @@ import json
 import math
 import os
 import re
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankwatch.records import EvalRecord, StepRecord
+from rankwatch.records import EvalRecord, StepRecord, median
 
 HF = "hf"
 HF_MODEL = "hf_model"
@@ -480,7 +479,7 @@ def first_bad_step(records: list[StepRecord | EvalRecord]) -> tuple[int, str] | 
             inf_at = r.step
         else:
             inf_at = None
-        if r.loss == 0 and len(losses) >= 3 and statistics.median(losses[-20:]) > 0.05:
+        if r.loss == 0 and len(losses) >= 3 and median(losses[-20:]) > 0.05:
             return r.step, "loss 0 (NaN losses filtered out of the logged mean)"
         if r.loss is not None:
             losses.append(r.loss)

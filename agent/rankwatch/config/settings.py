@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NewType, TypeVar, cast
@@ -146,6 +148,29 @@ def credential_keys(cls: type, prefix: str = "") -> Credentials:
 
 
 # --- plugin settings ---------------------------------------------------------------------------
+
+
+def plugin_modules(folder: str | os.PathLike[str]) -> list[str]:
+    """The modules of the package in ``folder``, as ``pkgutil.iter_modules`` lists them (in
+    name order, each once whatever its suffix, a folder with an ``__init__`` as a package;
+    ``__init__`` itself left out), without loading pkgutil into every agent: each plugin
+    family discovers its modules with this."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    out: list[str] = []
+    for name in names:
+        mod = inspect.getmodulename(name)
+        if mod is None and "." not in name and os.path.isdir(os.path.join(folder, name)):
+            try:
+                inside = os.listdir(os.path.join(folder, name))
+            except OSError:
+                inside = []
+            mod = name if any(inspect.getmodulename(f) == "__init__" for f in inside) else None
+        if mod and mod != "__init__" and "." not in mod and mod not in out:
+            out.append(mod)
+    return out
 
 
 @dataclass(frozen=True)

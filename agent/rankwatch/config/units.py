@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
 
 _DURATION_UNITS: dict[str, float] = {
     "us": 1e-6,
@@ -114,6 +113,8 @@ def parse_size(text: str | int | float) -> int:
         raise ValueError(
             f"invalid size {text!r}: unknown unit {m.group(2)!r} (use B, KiB, MiB, GiB, TiB, kB, MB, GB)"
         )
+    from decimal import Decimal, InvalidOperation  # a size with a unit, in a config file only
+
     try:
         exact = Decimal(m.group(1).replace("_", "")) * _SIZE_UNITS[unit]
     except InvalidOperation as e:

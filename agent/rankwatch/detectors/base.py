@@ -10,7 +10,6 @@ same code.
 from __future__ import annotations
 
 import math
-import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from rankwatch.events import Event
 from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Record, Severity, StepRecord
+from rankwatch.records import median as _median
 from rankwatch.state import RankState
 
 if TYPE_CHECKING:
@@ -71,15 +71,15 @@ class Detector(ABC):
 
 
 def median(xs: Sequence[float]) -> float:
-    return statistics.median(xs) if xs else math.nan
+    return _median(xs) if xs else math.nan
 
 
 def mad(xs: Sequence[float]) -> float:
     """Median absolute deviation: a spread that one wild value cannot inflate."""
     if not xs:
         return math.nan
-    m = statistics.median(xs)
-    return statistics.median([abs(x - m) for x in xs])
+    m = _median(xs)
+    return _median([abs(x - m) for x in xs])
 
 
 def step_noise(xs: Sequence[float]) -> float:

@@ -11,7 +11,6 @@ CPU/gloo backend sits idle.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,7 +28,7 @@ from rankwatch.events import (
     ProcessStart,
     Progress,
 )
-from rankwatch.records import Finding, Severity
+from rankwatch.records import Finding, Severity, median
 from rankwatch.state import RankState
 
 if TYPE_CHECKING:
@@ -332,7 +331,7 @@ class StallDetector(Detector):
 
     def _classify(self) -> tuple[str, float]:
         alive = [s for s in self.samples if s.alive]
-        cpu = statistics.median(s.cpu_percent for s in alive) if alive else 0.0
+        cpu = median(s.cpu_percent for s in alive) if alive else 0.0
         if not alive:
             return "unknown", cpu
         if alive[-1].state == "stopped":

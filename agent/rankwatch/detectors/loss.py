@@ -6,7 +6,6 @@ import math
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
-from decimal import Decimal
 from itertools import islice
 from operator import attrgetter
 from typing import Any
@@ -792,9 +791,15 @@ class _Flat:
 
 def _last_digit(v: float) -> float:
     """The place of a printed number's last digit, relative to the number (10.8259: 9e-6;
-    2.0: 0.5), read from its shortest representation."""
-    exp = Decimal(repr(v)).normalize().as_tuple().exponent
-    return 10.0**exp / abs(v) if isinstance(exp, int) else math.inf
+    2.0: 0.5), read from its shortest representation: the exponent of its last nonzero digit,
+    as ``Decimal(repr(v)).normalize()`` has it, without loading ``decimal`` in every agent."""
+    if not math.isfinite(v):
+        return math.inf
+    mantissa, _, e = repr(v).partition("e")
+    whole, _, frac = mantissa.lstrip("-").partition(".")
+    digits = whole + frac
+    exp = (int(e) if e else 0) - len(frac) + len(digits) - len(digits.rstrip("0")) if digits.strip("0") else 0
+    return 10.0**exp / abs(v)
 
 
 @register

@@ -11,11 +11,11 @@ to be found.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from rankwatch.config.settings import plugin_modules
 from rankwatch.detectors.base import Detector, DetectorContext
 
 if TYPE_CHECKING:
@@ -42,8 +42,8 @@ def load_all() -> list[type[Detector]]:
     global _loaded
     if not _loaded:
         package = __name__.rpartition(".")[0]  # discovered, so a detector's module needs no import line
-        for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            importlib.import_module(f"{package}.{mod.name}")
+        for name in plugin_modules(Path(__file__).parent):
+            importlib.import_module(f"{package}.{name}")
         _loaded = True
     return sorted(REGISTRY, key=_order)
 

@@ -8,10 +8,11 @@ rules can be tested with plain numbers. Times are seconds, memory is bytes.
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from rankwatch.records import median
 
 MiB = float(1 << 20)
 LEAK_NOISE = 1 * MiB  # a steady training job's NVML "used" does not move by a byte between steps
@@ -38,7 +39,7 @@ def staircase_step(values: Sequence[float], *, min_steps: int, min_growth: float
     if len(rises) < min_steps:
         return None
     sizes = [d for _, d in rises]
-    med = statistics.median(sizes)
+    med = median(sizes)
     if any(d > med * LEAK_STEP_SPREAD or d < med / LEAK_STEP_SPREAD for d in sizes):
         return None
     third = max(1, len(diffs) // 3)

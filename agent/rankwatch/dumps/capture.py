@@ -27,8 +27,6 @@ from typing import Any
 
 import psutil
 
-from rankwatch.dumps.show import render_threads
-
 MAX_CHILDREN = 32
 
 INSTALL_HINT = (
@@ -325,5 +323,7 @@ def capture(
         # saying that there were none.
         text, error = child_failures[0] if child_failures else failed
         return result(False, [], text, error, processes=[_process_info(pid)], notes=notes)
+    from rankwatch.dumps.show import render_threads  # at the first dump, not in every idle agent
+
     rendered = render_threads(threads, pid=pid, processes=processes)
     return result(True, threads, rendered, None, processes=processes, notes=notes)

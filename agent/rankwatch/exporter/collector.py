@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import pkgutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -25,6 +24,7 @@ from pathlib import Path
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rankwatch.config.settings import plugin_modules
 from rankwatch.snapshot import RANK_LABELS, AgentSnapshot, Source, snapshot_fn
 
 log = logging.getLogger("rankwatch.exporter")
@@ -75,8 +75,8 @@ def _load_all() -> None:
     global _loaded
     if not _loaded:
         package = __name__.rpartition(".")[0]
-        for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            importlib.import_module(f"{package}.{mod.name}")
+        for name in plugin_modules(Path(__file__).parent):
+            importlib.import_module(f"{package}.{name}")
         _loaded = True
 
 

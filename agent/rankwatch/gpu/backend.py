@@ -166,9 +166,10 @@ class NvmlBackend:
         self._events: Any = None
         self._event_indices: dict[int, int] = {}
         # Per GPU: the last GPM sample, a spare one the next is taken into, and the metrics
-        # request (its metric ids set once): two NVML calls a round instead of four, and no
-        # 50 KB request struct built per GPU and round.
+        # request, one for all GPUs (its metric ids set once): two NVML calls a round instead
+        # of four, and no request struct built per GPU and round.
         self._gpm: dict[int, list[Any]] = {}
+        self._gpm_request: Any = None
         self._driver: str | None = None
         # What a board supports does not change while the driver is loaded: asked once per GPU
         # (16 of the ~300 NVML calls a second of 8 GPUs at 1 s).
@@ -241,6 +242,7 @@ class NvmlBackend:
                 nv.nvmlGpmSampleFree(prev)
                 nv.nvmlGpmSampleFree(spare)
             self._gpm.clear()
+            self._gpm_request = None
             self._memory_detail.clear()
             self._nvlink_kept.clear()
             if self._events is not None:
@@ -536,12 +538,16 @@ class NvmlBackend:
             except GpuError:
                 self._call(nv.nvmlGpmSampleFree, first)
                 raise
-            req = nv.c_nvmlGpmMetricsGet_t()
-            req.version = nv.NVML_GPM_METRICS_GET_VERSION
-            req.numMetrics = len(GPM_METRICS)
-            for i, metric in enumerate(GPM_METRICS):
-                req.metrics[i].metricId = metric
-            self._gpm[index] = [first, spare, req]
+            if self._gpm_request is None:
+                # One request for every GPU (~19 KB in pynvml), filled and read in turn on the
+                # sampling thread: the GPUs' calls differ only in the two samples.
+                req = nv.c_nvmlGpmMetricsGet_t()
+                req.version = nv.NVML_GPM_METRICS_GET_VERSION
+                req.numMetrics = len(GPM_METRICS)
+                for i, metric in enumerate(GPM_METRICS):
+                    req.metrics[i].metricId = metric
+                self._gpm_request = req
+            self._gpm[index] = [first, spare, self._gpm_request]
             return {}
         prev, cur, req = kept
         self._call(nv.nvmlGpmSampleGet, h, cur)

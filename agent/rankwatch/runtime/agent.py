@@ -119,6 +119,13 @@ class AlertSink(Sink, Protocol):
     def dumps_taken(self, outcome: DumpOutcome) -> None: ...
 
 
+def multi_rank(agent: Any) -> bool:
+    """The agent watches ranks of a job of more than one (its own world size, or several
+    watched ranks): what the cross-rank diagnosis needs before it has anything to do."""
+    world = agent.identity.world_size
+    return bool(world and world > 1) or len(agent.watchers) > 1
+
+
 class CrossRankJudge(Protocol):
     """The cross-rank diagnosis (runtime/diagnose.py), as the agent uses it."""
 

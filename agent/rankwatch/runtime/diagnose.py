@@ -51,13 +51,10 @@ from rankwatch import offloop, runfolder
 from rankwatch.config.schema import Config
 from rankwatch.detectors.crossrank import PeerFailure, first_failures
 from rankwatch.dumps.capture import find_py_spy
-from rankwatch.dumps.classify import COLLECTIVE, KIND_TEXT, classify_dump, collective_text, describe
-from rankwatch.dumps.diff import MISMATCH, MISSING, NOT_IN_COLLECTIVE, ONLY_IN_COLLECTIVE, diff_incident
-from rankwatch.dumps.diff import format_ranks as fmt_ranks
 from rankwatch.dumps.store import DumpStore, sanitise_run
 from rankwatch.errorkinds import RECORDED_FAILURES
 from rankwatch.records import Diagnosis, Finding, FirstFailure, Severity
-from rankwatch.runtime.agent import DUMPS_IO, capture_off_loop
+from rankwatch.runtime.agent import DUMPS_IO, capture_off_loop, multi_rank
 
 log = logging.getLogger("rankwatch.diagnose")
 T = TypeVar("T")
@@ -363,8 +360,7 @@ class CrossRank:
         )
 
     def multi_rank(self) -> bool:
-        world = self.agent.identity.world_size
-        return bool(world and world > 1) or len(self.agent.watchers) > 1
+        return multi_rank(self.agent)
 
     def world(self) -> int | None:
         world: int | None = self.agent.identity.world_size
@@ -793,6 +789,8 @@ class CrossRank:
         process tree, but its stacks show the workers, and those are peers. Their stall is judged
         as a hang of ranks is, the worker the others wait for named by pid; False (the finding
         left as it is) when the stacks hold no such workers."""
+        from rankwatch.dumps.diff import diff_incident  # the stack readers: at a stall
+
         info = await self._store_io(self.store.find, str(folder), name=READ_IO)
         dumps = await self._store_io(
             lambda: {r: self.store.load_rank(info, r) for r in info.ranks}, name=READ_IO
@@ -824,6 +822,8 @@ class CrossRank:
         """A rank inside backward with Python frames only may wait for its peers' gradients or
         compute: its native frames tell (``c10d::Reducer`` or kernels), so it is dumped again
         with them, into the same incident."""
+        from rankwatch.dumps.classify import COLLECTIVE, classify_dump
+
         if self.cfg.dumps.native:
             return
         info = await self._store_io(self.store.find, str(folder), name=READ_IO)
@@ -861,6 +861,8 @@ class CrossRank:
                     )
 
     async def _diff_when_complete(self, folder: Path) -> tuple[Any, dict[int | None, Any]]:
+        from rankwatch.dumps.diff import diff_incident  # the stack readers: at a stall, not at start
+
         world = self.world()
         deadline = time.monotonic() + STALL_WAIT_S
         while True:
@@ -886,6 +888,9 @@ class CrossRank:
         first: dict[str, Any] | None,
         problems: list[str] | None = None,
     ) -> None:
+        from rankwatch.dumps.classify import describe
+        from rankwatch.dumps.diff import format_ranks as fmt_ranks
+
         head, _, _ = f.message.partition(" Usual fix:")
         parts = [head.rstrip()]
         if first is not None and first.get("rank") != f.rank:
@@ -949,6 +954,10 @@ class CrossRank:
 
     @staticmethod
     def _advice(rank: int | None, result: Any, own: Any) -> str:
+        from rankwatch.dumps.classify import COLLECTIVE, KIND_TEXT, collective_text
+        from rankwatch.dumps.diff import MISMATCH, MISSING, NOT_IN_COLLECTIVE, ONLY_IN_COLLECTIVE
+        from rankwatch.dumps.diff import format_ranks as fmt_ranks
+
         suspects = result.suspects
         who = f"rank {fmt_ranks(suspects)}" if suspects else "the suspect"
         if result.verdict == MISMATCH:
@@ -999,6 +1008,8 @@ class CrossRank:
     async def _sample(self, pid: int) -> tuple[float, str | None]:
         """Fraction of py-spy samples in which the main thread waited in a collective, and the
         most common place it was otherwise."""
+        from rankwatch.dumps.classify import COLLECTIVE, KIND_TEXT, classify_dump
+
         waits, other = 0, dict[str, int]()
         n = 0
         for i in range(PROFILE_SAMPLES):
@@ -1073,6 +1084,8 @@ class CrossRank:
             await asyncio.sleep(0.5)
 
     def _judge_straggler(self, f: Finding, mine: dict[str, Any], docs: list[dict[str, Any]]) -> None:
+        from rankwatch.dumps.diff import format_ranks as fmt_ranks
+
         by_rank = {d.get("rank"): d for d in docs if isinstance(d.get("waiting"), (int, float))}
         if f.rank in by_rank:
             by_rank[f.rank] = mine  # this rank's own, with what it did (read from no file)

@@ -38,7 +38,6 @@ from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import deliver, ended_by, on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
-from rankwatch.sources import kubepods
 from rankwatch.sources.logfiles import LogPlace, places_of
 from rankwatch.sources.process import ProcessProber, find_processes
 
@@ -615,6 +614,8 @@ def _look(
         files, _ = workers.checked_output_files(p)
         logs, pod = tuple(files), None
         if not logs:
+            from rankwatch.sources import kubepods  # only for a process whose output is no file
+
             pc = kubepods.container_log(p)  # a pod's process: its stdout is the kubelet's log file
             if pc is not None:
                 logs, pod = (pc.log,), str(pc)

@@ -28,6 +28,7 @@ from rankwatch.gpu.backend import GpuBackend
 from rankwatch.offloop import in_daemon
 from rankwatch.records import POISON_KINDS, EvalRecord, Finding, StepRecord
 from rankwatch.runtime.agent import Agent
+from rankwatch.runtime.judge import CrossRankWhenPeers
 from rankwatch.runtime.loopmon import LoopMonitor
 from rankwatch.runtime.reload import ConfigReloader, ConfigSource, hand_over
 from rankwatch.runtime.watcher import RankWatcher
@@ -94,14 +95,12 @@ class Services:
     async def start(self) -> None:
         mon = self.agent.loop_monitor = LoopMonitor()
         self._tasks.append(asyncio.create_task(mon.run(self._stop), name="loop-monitor"))
-        from rankwatch.runtime.diagnose import CrossRank
-
         self._start_reload()
         self.dispatcher = self._make_dispatcher()
         self._build_polled()
         # The one place a finding's way from the detectors to the sinks is declared.
         self.agent.wire(
-            cross_rank=CrossRank(self.agent, self.cfg),
+            cross_rank=CrossRankWhenPeers(self.agent, self.cfg),
             enrich=self._with_last_good if self.checkpoints is not None else None,
             alerts=self.dispatcher,
         )

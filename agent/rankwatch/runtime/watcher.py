@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankwatch import offloop
 from rankwatch.config.schema import Config
@@ -31,7 +31,6 @@ from rankwatch.detectors.liveness import Liveness
 from rankwatch.engine import RankEngine
 from rankwatch.events import Event, LogActivity, ProcessExit, ProcessStart, Progress
 from rankwatch.identity import Identity
-from rankwatch.k8s.crilog import Joiner
 from rankwatch.records import ErrorRecord, Finding, Record, Severity, StepRecord
 from rankwatch.sources.follower import NOISE, LogFollower, LogReader
 from rankwatch.sources.logparser import LogParser
@@ -40,6 +39,9 @@ from rankwatch.sources.polled.logs import LOG_HINT, LogSource
 from rankwatch.sources.polled.process import ProcessSource
 from rankwatch.sources.process import ProcessProber, ProcessSample
 from rankwatch.sources.signatures import may_hold_signature
+
+if TYPE_CHECKING:  # set by the node daemon (runtime/podwatch.py), which imports it
+    from rankwatch.k8s.crilog import Joiner
 
 log = logging.getLogger("rankwatch.watcher")
 

@@ -123,7 +123,7 @@ class AlertDispatcher:
         self._starting: asyncio.Future[None] | None = None
         self._closed = False
         self._sleeping_until: float | None = None  # the timer loop waits for this time (or a wake)
-        from rankwatch.actions.alerts.alertmanager import AlertmanagerSink  # as sinks_from_config
+        from rankwatch.actions.alerts._alertmanager import AlertmanagerSink  # as sinks_from_config
 
         path = board_path(self.cfg.board_dir, dumps_dir, self.identity.run)
         if (

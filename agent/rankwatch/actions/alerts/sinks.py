@@ -5,8 +5,12 @@ settings are empty). ``sinks_from_config`` imports every module of this package 
 the dispatcher's own, ``MACHINERY``: an agent without sinks never loads them), so a
 sink in a new file (``actions/alerts/<name>.py``: a class with ``name`` and
 ``async send(alert)``, see ``message.AlertSink``, plus its builder) needs no other line;
-``webhook.py`` is the smallest example. Sinks are built in the order their names sort, so a
-configuration always yields the same list.
+README's ``file.py`` is the smallest example. Sinks are built in the order their names sort, so
+a configuration always yields the same list. A module whose name starts with ``_`` is not a
+sink: the built-in sinks keep their code there (``_slack``, ``_webhook``, ``_alertmanager``)
+and their module (``slack.py``, ...) holds the settings and a builder that imports it only
+when the configuration names the sink, so an agent without sinks loads none of it (nor
+``message``).
 
 A sink's settings are a frozen dataclass in its own module, registered with
 ``@settings("alerts", <key>, <doc>)`` (``config.settings``): the config schema imports the
@@ -20,17 +24,17 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rankwatch.actions.alerts.message import AlertSink
+from rankwatch.config.settings import plugin_modules
 
 if TYPE_CHECKING:  # the schema imports the sinks (their settings) while it is being built
+    from rankwatch.actions.alerts.message import AlertSink
     from rankwatch.config.schema import AlertsConfig
 
-SinkBuilder = Callable[["AlertsConfig"], list[AlertSink]]
+SinkBuilder = Callable[["AlertsConfig"], "list[AlertSink]"]
 
 REGISTRY: dict[str, SinkBuilder] = {}
 _loaded = False
@@ -58,9 +62,9 @@ def load_all() -> dict[str, SinkBuilder]:
     global _loaded
     if not _loaded:
         package = __name__.rpartition(".")[0]
-        for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            if mod.name not in MACHINERY:
-                importlib.import_module(f"{package}.{mod.name}")
+        for name in plugin_modules(Path(__file__).parent):
+            if name not in MACHINERY and not name.startswith("_"):
+                importlib.import_module(f"{package}.{name}")
         _loaded = True
     return dict(REGISTRY)
 

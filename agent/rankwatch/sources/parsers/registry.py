@@ -14,9 +14,10 @@ specific ones print too. The order is each parser's own declaration, not an impo
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from pathlib import Path
 from typing import TypeVar
+
+from rankwatch.config.settings import plugin_modules
 
 from .base import FormatParser
 
@@ -44,8 +45,8 @@ def load_all() -> tuple[type[FormatParser], ...]:
     global _loaded
     if not _loaded:
         package = __name__.rpartition(".")[0]  # discovered, so a parser's module needs no import line
-        for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            if not mod.name.startswith("_"):
-                importlib.import_module(f"{package}.{mod.name}")
+        for name in plugin_modules(Path(__file__).parent):
+            if not name.startswith("_"):
+                importlib.import_module(f"{package}.{name}")
         _loaded = True
     return tuple(sorted(REGISTRY.values(), key=lambda c: (getattr(c, "order", DEFAULT_ORDER), c.name)))

@@ -68,7 +68,6 @@ import asyncio
 import contextlib
 import importlib
 import logging
-import pkgutil
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +75,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, cas
 
 from rankwatch import offloop
 from rankwatch.config.schema import Config
+from rankwatch.config.settings import plugin_modules
 from rankwatch.events import CheckpointStatus, Event
 from rankwatch.offloop import in_daemon, threadsafe_waker
 
@@ -268,8 +268,8 @@ def _load() -> None:
     global _loaded
     if _loaded:
         return
-    for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        importlib.import_module(f"{__name__}.{mod.name}")
+    for name in plugin_modules(Path(__file__).parent):
+        importlib.import_module(f"{__name__}.{name}")
     _loaded = True
 
 
