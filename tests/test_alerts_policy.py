@@ -144,7 +144,7 @@ def test_a_dead_job_pages_when_its_crash_follows_a_sent_warning() -> None:
     """c25: rank 0's gloo error (warning) went out; its crash (critical), held while the
     first failure was judged, comes after. The webhook gets a critical alert for the crash,
     naming rank 1: with ``min_severity: critical`` routing, the job's death pages."""
-    from rankwatch.actions.alerts.webhook import payload
+    from rankwatch.actions.alerts._webhook import payload
 
     p, out, clock = policy(group_wait=2.0)
     p.take(_left_early("peer_error", Severity.WARNING, 1000.0))
@@ -164,7 +164,7 @@ def test_a_dead_job_pages_when_its_crash_follows_a_sent_warning() -> None:
 def test_a_folded_alert_is_led_by_its_most_severe_member() -> None:
     """The same two findings within ``group_wait``: one alert, at the crash's severity and
     titled by it (the job died), still naming rank 1."""
-    from rankwatch.actions.alerts.webhook import payload
+    from rankwatch.actions.alerts._webhook import payload
 
     p, out, clock = policy(group_wait=2.0)
     p.take(_left_early("peer_error", Severity.WARNING, 1000.0))
@@ -201,7 +201,7 @@ def test_the_rank_that_went_nan_first_is_named_with_its_world() -> None:
     """The s35 tester's real DDP run under ``watch --pid``: rank 1 went NaN at step 20, rank 0 at
     21 through the all-reduce. The webhook's one alert names rank 1 (top-level rank, suspect,
     title, the typed first failure) and the world size both workers' environment says (2)."""
-    from rankwatch.actions.alerts.webhook import payload
+    from rankwatch.actions.alerts._webhook import payload
 
     p, out, clock = _watcher_policy()
     p.take(_nan(1, 20, 1000.0))
@@ -222,7 +222,7 @@ def test_the_rank_that_went_nan_first_is_named_with_its_world() -> None:
 def test_ranks_that_went_nan_together_name_nobody() -> None:
     """The same step on both ranks is a tie: no first failure, the lowest rank at top level.
     With no steps the earlier start decides; a tie there names nobody either."""
-    from rankwatch.actions.alerts.webhook import payload
+    from rankwatch.actions.alerts._webhook import payload
 
     p, out, clock = _watcher_policy()
     p.take(_nan(1, 20, 1000.0))
@@ -248,7 +248,7 @@ def test_ranks_that_went_nan_together_name_nobody() -> None:
 def test_a_diagnosis_carries_the_alerts_world_size() -> None:
     """One agent per rank (srun): the first-failure diagnosis made without the world's size
     (rank 0's gloo error after rank 1 left) carries the world the payload states."""
-    from rankwatch.actions.alerts.webhook import payload
+    from rankwatch.actions.alerts._webhook import payload
     from rankwatch.records import FirstFailure
 
     p, out, clock = policy()
@@ -292,7 +292,7 @@ def test_each_run_counts_its_own_ranks_toward_its_world() -> None:
     """A node daemon (its own run "node") watching two jobs of world 3: job A's three ranks and
     job B's two stall. A's alert says "3 of 3"; B's must not borrow A's rank 2 to claim "2 of 3"
     (its rank 2 was never seen), so it lists its ranks."""
-    from rankwatch.actions.alerts.webhook import payload
+    from rankwatch.actions.alerts._webhook import payload
 
     out: list[AlertMessage] = []
     clock = Clock()

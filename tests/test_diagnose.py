@@ -195,9 +195,9 @@ def test_a_straggler_is_one_alert_naming_it(tmp_path: Path) -> None:
     """c16 (s35 tester, torch 2.13 gloo, ``torchrun --tee 3``, rank 1 5x slower): rank 0's
     throughput drop, rank 1's straggler finding and rank 1's own drop, in the order the agent
     emitted them, through the alert policy to the webhook payload: one alert, suspect rank 1."""
+    from rankwatch.actions.alerts._webhook import payload
     from rankwatch.actions.alerts.message import AlertMessage
     from rankwatch.actions.alerts.policy import AlertPolicy
-    from rankwatch.actions.alerts.webhook import payload
     from rankwatch.config.schema import AlertsConfig
 
     _, cross, sent = _agent(tmp_path, 0, world=2)
