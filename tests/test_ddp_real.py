@@ -7,7 +7,6 @@ The workload (tests/workloads/ddp_train.py) is a tiny causal block with a regist
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -23,16 +22,10 @@ import psutil
 import pytest
 
 from conftest import free_port
-from torchjobs import WORKLOAD, agent_config, job_env, job_processes
+from torchjobs import REAL_TORCH, WORKLOAD, agent_config, job_env, job_processes
 
 # find_spec, not importorskip: collecting this module (as `-m unit` does) must not import torch
-pytestmark = [
-    pytest.mark.tool,
-    pytest.mark.torch,
-    pytest.mark.skipif(
-        importlib.util.find_spec("torch") is None, reason="PyTorch not installed (CI installs torch==2.13.0)"
-    ),
-]
+pytestmark = REAL_TORCH
 
 WORLD = 4
 SUSPECT_2 = "suspect: rank 2 (the only rank not waiting in a collective"

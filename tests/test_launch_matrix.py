@@ -50,7 +50,6 @@ R test_torchrun_restart_reports_the_first_attempts_crash.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -65,6 +64,7 @@ import pytest
 
 from conftest import free_port, wait_for
 from torchjobs import (
+    REAL_TORCH,
     WORKLOAD,
     Cell,
     Running,
@@ -85,13 +85,7 @@ from torchjobs import (
     webhook,
 )
 
-pytestmark = [
-    pytest.mark.tool,
-    pytest.mark.torch,
-    pytest.mark.skipif(
-        importlib.util.find_spec("torch") is None, reason="PyTorch not installed (CI installs torch==2.13.0)"
-    ),
-]
+pytestmark = REAL_TORCH
 
 WORLD = 2
 SUSPECT_1 = "suspect: rank 1 (the only rank not waiting in a collective"

@@ -13,22 +13,15 @@ next.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from conftest import free_port
-from torchjobs import Cell, agent_config, finish, run_launcher, torchrun, webhook
+from torchjobs import REAL_TORCH, Cell, agent_config, finish, run_launcher, torchrun, webhook
 
-pytestmark = [
-    pytest.mark.tool,
-    pytest.mark.torch,
-    pytest.mark.skipif(
-        importlib.util.find_spec("torch") is None, reason="PyTorch not installed (CI installs torch==2.13.0)"
-    ),
-]
+pytestmark = REAL_TORCH
 
 WORLD = 2
 FORMS = {

@@ -12,7 +12,6 @@ signal that ended it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import signal
@@ -26,6 +25,7 @@ import pytest
 
 from conftest import free_port, wait_for
 from torchjobs import (
+    REAL_TORCH,
     RUN_S,
     agent_config,
     job_env,
@@ -36,13 +36,7 @@ from torchjobs import (
     webhook,
 )
 
-pytestmark = [
-    pytest.mark.tool,
-    pytest.mark.torch,
-    pytest.mark.skipif(
-        importlib.util.find_spec("torch") is None, reason="PyTorch not installed (CI installs torch==2.13.0)"
-    ),
-]
+pytestmark = REAL_TORCH
 
 SPAWN = Path(__file__).parent / "workloads" / "spawn_train.py"
 # Long enough for the job to end on the Ctrl-C alone, as in a terminal (gloo's peer notices the

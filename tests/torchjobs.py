@@ -16,6 +16,7 @@ its end (or, for a hang, until the findings show it, then stops it) and returns 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -31,11 +32,20 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from conftest import free_port, wait_for
 from faultlib import webhook  # noqa: F401 - the webhook of every cell: with webhook() as (url, posted)
 
 WORKLOAD = Path(__file__).parent / "workloads" / "ddp_train.py"
+# Every test file that starts real torch jobs: ``pytestmark = REAL_TORCH``.
+REAL_TORCH = [
+    pytest.mark.tool,
+    pytest.mark.torch,
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch") is None, reason="PyTorch not installed (CI installs torch==2.13.0)"
+    ),
+]
 # A rank's identity from the test runner's own environment would leak into the job.
 JOB_VARS = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from rankwatch.events import Event
+from rankwatch.events import Event, ProcessStart, Progress
 from rankwatch.records import ErrorRecord, EvalRecord, Finding, OverflowRecord, Record, Severity, StepRecord
 from rankwatch.records import median as _median
 from rankwatch.state import RankState
@@ -166,3 +166,26 @@ class Episode:
             return False
         self.active = False
         return True
+
+
+class RunStep:
+    """The step the run reached, for a rank that prints none of its own (a launcher's worker
+    whose step lines reach the run's pipeline only), to place its error or its end. A restarted
+    process (a new pid) has reached none of it yet: its failure at start-up is not "after step N"
+    of the attempt before."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.pid: int | None = None
+
+    def observe(self, record: Event) -> bool:
+        """True when ``record`` was one of this tracker's (a Progress or a ProcessStart)."""
+        if isinstance(record, Progress):
+            self.step = record.step
+            return True
+        if isinstance(record, ProcessStart):
+            if self.pid is not None and record.pid != self.pid:
+                self.step = None
+            self.pid = record.pid
+            return True
+        return False

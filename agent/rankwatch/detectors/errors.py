@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rankwatch.detectors.base import Detector, DetectorContext, finding
+from rankwatch.detectors.base import Detector, DetectorContext, RunStep, finding
 from rankwatch.detectors.registry import register
 from rankwatch.errorkinds import FIXES
 from rankwatch.events import Event, ProcessStart, Progress
@@ -36,17 +36,10 @@ class ErrorSignatureDetector(Detector):
     def __init__(self) -> None:
         self.seen: set[tuple[str, str]] = set()
         self.per_kind: dict[str, int] = {}
-        self.run_step: int | None = None
-        self.pid: int | None = None
+        self.run = RunStep()
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
-        if isinstance(record, Progress):
-            self.run_step = record.step
-            return []
-        if isinstance(record, ProcessStart):
-            if self.pid is not None and record.pid != self.pid:
-                self.run_step = None
-            self.pid = record.pid
+        if self.run.observe(record):
             return []
         if not isinstance(record, ErrorRecord):
             return []
@@ -58,7 +51,7 @@ class ErrorSignatureDetector(Detector):
         fix = FIXES.get(record.kind, "")
         # An error that names its own step (detectron2's "at iteration=2137") is placed there.
         said = record.details.get("step")
-        last = state.last_step if state.last_step is not None else self.run_step
+        last = state.last_step if state.last_step is not None else self.run.step
         step = said if isinstance(said, int) else last
         where = f" (last step {last})" if last is not None and step != said else ""
         msg = f"{record.summary}{where}. {fix}".strip()

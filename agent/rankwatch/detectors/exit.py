@@ -16,7 +16,7 @@ import re
 import signal as _signal
 from typing import TYPE_CHECKING
 
-from rankwatch.detectors.base import Detector, DetectorContext
+from rankwatch.detectors.base import Detector, DetectorContext, RunStep
 from rankwatch.detectors.crash import crash_finding, how_it_ended, pick_cause
 from rankwatch.detectors.registry import register
 from rankwatch.events import Event, ProcessExit, ProcessStart, Progress
@@ -45,19 +45,10 @@ class ExitDetector(Detector):
     def __init__(self, rank: int | None, path: str | None) -> None:
         self.rank = rank
         self.path = path
-        self.run_step: int | None = None
-        self.pid: int | None = None
+        self.run = RunStep()
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
-        if isinstance(record, Progress):
-            self.run_step = record.step
-            return []
-        if isinstance(record, ProcessStart):
-            # A restarted worker has reached no step of the run's yet: its end is not "after"
-            # the step its predecessor reached.
-            if self.pid is not None and record.pid != self.pid:
-                self.run_step = None
-            self.pid = record.pid
+        if self.run.observe(record):
             return []
         if not isinstance(record, ProcessExit):
             return []
@@ -103,7 +94,7 @@ class ExitDetector(Detector):
             rank=self.rank,
             path=state.path or self.path,  # the log it writes now (a restart may move it)
             disk_full=e.disk_full,
-            run_step=self.run_step,
+            run_step=self.run.step,
         )
         if crash is not None:
             crash.time = crash.time or e.wall
@@ -117,7 +108,7 @@ class ExitDetector(Detector):
         ``oom``, a ``cuda_error``): one finding per death, so its end is the record of how it
         ended, tied to that error, not a second critical finding."""
         where = f" (line {cause.line})" if cause.line is not None else ""
-        how = how_it_ended(state, e.exit_code, e.signal, self.run_step)
+        how = how_it_ended(state, e.exit_code, e.signal, self.run.step)
         msg = f"{how}: its {cause.kind} finding above{where} is the cause: {cause.summary[:300]}"
         found = self._exit(state, msg, e.wall)
         found.evidence = {
@@ -134,7 +125,7 @@ class ExitDetector(Detector):
             severity=Severity.INFO,
             rank=self.rank,
             message=message,
-            step=state.last_step if state.last_step is not None else self.run_step,
+            step=state.last_step if state.last_step is not None else self.run.step,
             path=state.path or self.path,  # the log it writes now (a restart may move it)
             time=wall,
         )
