@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -194,7 +195,8 @@ def test_straggler_verdict(tmp_path: Path) -> None:
 def test_a_straggler_is_one_alert_naming_it(tmp_path: Path) -> None:
     """c16 (s35 tester, torch 2.13 gloo, ``torchrun --tee 3``, rank 1 5x slower): rank 0's
     throughput drop, rank 1's straggler finding and rank 1's own drop, in the order the agent
-    emitted them, through the alert policy to the webhook payload: one alert, suspect rank 1."""
+    emitted them, through the alert policy to the webhook payload: one alert, suspect rank 1, in
+    the job's run (s35 batch 2, d18: the straggler finding went out under the agent's own run)."""
     from rankwatch.actions.alerts._webhook import payload
     from rankwatch.actions.alerts.message import AlertMessage
     from rankwatch.actions.alerts.policy import AlertPolicy
@@ -205,7 +207,10 @@ def test_a_straggler_is_one_alert_naming_it(tmp_path: Path) -> None:
     drop = "throughput dropped to 0.99 steps/s, 25% of its baseline 4 steps/s. Usual causes: a straggler GPU"
 
     def judged(rank: int) -> Finding:
-        f = Finding("throughput_drop", Severity.WARNING, rank, drop, 30, time=1000.0)
+        # Stamped by its pipeline with its job's run (torchrun's id, not the agent's `default`).
+        f = Finding(
+            "throughput_drop", Severity.WARNING, rank, drop, 30, time=1000.0, run="job18", world_size=2
+        )
         cross._judge_straggler(f, waiting[rank], waiting)
         return f
 
@@ -227,9 +232,10 @@ def test_a_straggler_is_one_alert_naming_it(tmp_path: Path) -> None:
     p.pump(t[0] + 60.0)
     docs = [payload(m) for m in out]
     assert [(d["summary"], d["suspect"]) for d in docs] == [
-        ("throughput_drop on 2 ranks (0-1), suspect rank 1", 1)
+        ("throughput_drop on 2 of 2 ranks, suspect rank 1", 1)
     ]
     assert docs[0]["diagnosis"]["verdict"] == "straggler"
+    assert (docs[0]["run"], docs[0]["world_size"]) == ("job18", 2)  # the straggler's job, not the agent's
 
 
 # --- the shared folder off the loop ------------------------------------------------------
@@ -663,3 +669,46 @@ def test_a_failure_after_its_own_exit_record_replaces_it(tmp_path: Path) -> None
     agent0.emit(_crash(0, f"process exited with code 1. Cause (crash): {GLOO_CLOSED}.", None, 1000.5))
     [f] = sent0
     assert f.message.startswith("rank 1 failed first: killed by signal 9"), f.message
+
+
+# The lines rank 0 wrote after the user's Ctrl-C (s35 black-box batch 2, cell d17: torch 2.13 gloo,
+# `rankwatch run -- torchrun --nproc-per-node 2 --tee 3`, rank 1 hung, then SIGINT): its peer died
+# first on the same SIGINT, and its own KeyboardInterrupt is chained on the lost connection.
+CTRL_C_CHAINED = [
+    "Traceback (most recent call last):",
+    '  File "/work/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 979, in '
+    "_engine_run_backward",
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+    "by peer [127.0.0.1]:912. This is typically caused by a remote worker crashing.",
+    "During handling of the above exception, another exception occurred:",
+    "Traceback (most recent call last):",
+    '  File "/work/bb2/train.py", line 44, in main',
+    '  File "/work/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 989, in '
+    "_engine_run_backward",
+    "KeyboardInterrupt",
+]
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_lost_peer_ending_in_the_users_own_ctrl_c_is_no_finding(tmp_path: Path, stopped: bool) -> None:
+    """After the agent forwarded the user's SIGINT, a rank's lost connection with the interrupt
+    chained on it is the stop: no `peer_error`, and no failure record that would make the rank
+    "the first failure" of a later diagnosis. Without a stop from the agent it stays a finding."""
+    agent, _, sent = _agent(tmp_path, 0, world=2)
+    if stopped:
+        agent.stops_sent.append(signal.SIGINT)
+    f = Finding(
+        kind="peer_error",
+        severity=Severity.WARNING,
+        rank=0,
+        message="KeyboardInterrupt (last step 7). The collective backend (gloo) or the c10d store lost its "
+        "connection to a peer",
+        step=7,
+        path="/logs/rank-0.log",
+        time=1000.0,
+        evidence={"lines": CTRL_C_CHAINED},
+    )
+    agent.emit(f)
+    assert bool([s for s in sent if s.kind == "peer_error"]) is not stopped
+    if stopped:
+        assert not list((tmp_path / "dumps").rglob("failed-*")), "the stop is no rank's failure"

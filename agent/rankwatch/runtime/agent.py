@@ -46,6 +46,9 @@ DUMPS_IO = "rankwatch-dumps"  # writing stacks
 INCIDENT_IO = "rankwatch-dumps-incident"  # listing and opening incidents (joining peers)
 
 log = logging.getLogger("rankwatch.agent")
+# Findings a forwarded stop's own interrupt makes (runtime/signals.py ``is_interrupt``): the
+# traceback itself, and the lost peer of a rank whose peer the same stop ended first.
+STOP_TRACEBACKS = frozenset({"traceback", "peer_error"})
 
 # Agents of the ranks of one job each see the same hang within a sample interval or two of
 # each other; joining a recent incident of the same reason keeps their dumps in one folder.
@@ -305,8 +308,10 @@ class Agent:
         forwarded stop raised (a Ctrl-C's KeyboardInterrupt in a launcher waiting for its workers):
         the user's stop, which the escalation (``runner.term_grace``) ends, not a finding. Without
         a stop from the agent, an interrupt in a rank that goes on running stays a finding: someone
-        else stopped it, and it did not end."""
-        if f.kind != "traceback" or f.resolved or not self.stops_sent:
+        else stopped it, and it did not end. A rank whose peer died first on the same stop gets
+        the lost connection with the interrupt chained on it (``During handling of the above
+        exception``): a ``peer_error`` that ends in the interrupt is the stop too."""
+        if f.kind not in STOP_TRACEBACKS or f.resolved or not self.stops_sent:
             return False
         lines = [str(x) for x in (f.evidence.get("lines") or [])]
         if not is_interrupt(lines):

@@ -1122,6 +1122,10 @@ class CrossRank:
                     time=f.time,
                     evidence={**evidence, "cross_rank": True},
                     diagnosis=verdict,
+                    # The job of the drop it comes from: made here, it passes no pipeline's stamp.
+                    run=f.run,
+                    world_size=f.world_size,
+                    user=f.user,
                 )
             )
             f.message = f"{head} This rank is the straggler (see its straggler finding)."
