@@ -1,0 +1,2 @@
+import torch
+import flash_attn_does_not_exist
