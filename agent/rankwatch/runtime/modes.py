@@ -39,7 +39,7 @@ from rankwatch.runtime.signals import deliver, ended_by, on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
 from rankwatch.sources.logfiles import LogPlace, places_of
-from rankwatch.sources.process import ProcessProber, find_processes
+from rankwatch.sources.process import ProcessProber, find_processes, started_at
 
 log = logging.getLogger("rankwatch.run")
 
@@ -620,9 +620,9 @@ def _look(
             if pc is not None:
                 logs, pod = (pc.log,), str(pc)
         user, cgroup = _owner_and_cgroup(p)
-        born: float | None = None
-        with contextlib.suppress(psutil.Error):
-            born = psutil.Process(p).create_time()
+        # To the clock tick: psutil's create_time is up to a second early, which took a rank
+        # restarted within that second of its predecessor's last sample for a left-behind child.
+        born = started_at(p)
         out[p] = _Found(
             *_read_process_env(p), logs, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup,
             born=born, launcher=_is_launcher(p),
