@@ -391,6 +391,10 @@ async def _close_fleet(
     stop.set()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(task, 5.0)
+    # The command is gone: the run's lines are all written. Read them to their end, and what the
+    # parsers hold (a progress bar Rich draws once, at its stop), before the workers' ends are
+    # judged on what they relay (the run's step, a traceback printed without its rank prefix).
+    watcher.drain()
     fleet.check()
     worker_crashed = await fleet.close()
     if not watcher.tail:  # the run's pipeline read none of it (every line had a rank prefix)

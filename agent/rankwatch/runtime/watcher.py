@@ -465,11 +465,19 @@ class RankWatcher:
             self._drain(s)
         self.release_quiet(force=True)
 
-    def _drain(self, s: Stream) -> None:
+    def catch_up(self) -> None:
+        """Every complete line the files hold now, parsed (a line still being written stays,
+        the parsers keep what they hold): before another pipeline's end is judged on what this
+        one relays (the run's step), so that the judgement does not race this one's reads."""
+        for s in self.streams:
+            self._drain(s, final=False)
+
+    def _drain(self, s: Stream, *, final: bool = True) -> None:
         """What the log's reads queued, then the rest of the file in turns of at most
         ``logs.read_bytes_per_turn``, each read on a thread and waited for at most
         ``DRAIN_WAIT_S`` (not at all once the rank's reads are stuck): a log on a hung mount is
-        left, and said, instead of freezing the agent as it stops."""
+        left, and said, instead of freezing the agent as it stops. ``final``: the last line
+        even with no newline yet (the writer is gone)."""
         while (queued := s.reader.take()) is not None:  # read before: parsed first
             self._feed_read(s, queued)
         if s.reader.closed:
@@ -488,6 +496,8 @@ class RankWatcher:
                     self._feed_read(s, batch)
             if not behind and (not got or s.follower.stats.bytes_read == before):
                 break
+        if not final:
+            return
         with s.reader.owned(wait) as mine:
             rest = s.follower.flush() if mine else []
         if rest:

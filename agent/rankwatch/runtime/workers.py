@@ -583,6 +583,7 @@ class Fleet:
                 waited = w.clock() - s.time if s is not None else self.grace
                 if not final and waited < self.grace:
                     return False  # its traceback may still be on its way into the log
+                self._catch_up(w)
                 f = w.on_exit(None, None, requested=requested)
                 self._note(w, f)
                 return True
@@ -590,6 +591,7 @@ class Fleet:
             code, stop = self.launcher_log.fate(pid)
             if code is None and stop is not None:
                 # The launcher stopped it, after another worker failed: not this worker's failure.
+                self._catch_up(w)
                 w.on_exit(None, stop, requested=stop, stopped_by="the launcher sent")
                 return True
         if code is None:
@@ -601,6 +603,7 @@ class Fleet:
             code = 0
             if pid is not None:
                 self.presumed_clean[pid] = w
+        self._catch_up(w)
         if code != 0 and not requested:
             self._lend_cause(w)
         if code < 0:
@@ -609,6 +612,15 @@ class Fleet:
             f = w.on_exit(code, None, requested=requested)
         self._note(w, f)
         return True
+
+    def _catch_up(self, w: Any) -> None:
+        """Before ``w``'s end is judged: the run's lines written so far, read. They carry the
+        run's step to a worker that prints none (``share_progress``) and the traceback a worker
+        printed without its prefix (``_lend_cause``); read on the run pipeline's own turn they
+        could come after the end they explain."""
+        run = self.run_pipeline
+        if run is not None and run is not w and not run.exited:
+            run.catch_up()
 
     def _note(self, w: Any, f: Finding | None) -> None:
         if f is not None and died(f):
