@@ -115,12 +115,12 @@ def _glued(body: str) -> list[str]:
 
 
 def _drawn(body: str) -> bool:
-    """A progress bar's drawing or tqdm's clearing of it: indented by tqdm's own padding
-    ("  2%|▏ | 1/60", a run of spaces), never a continuation of the line above. Under the plain
-    ``run -- torchrun`` form rank 0's unprefixed bar follows another rank's ``[rank1]:`` warning,
-    and every later line starts with the bar: taken as continuations, all of rank 0's records
-    were rank 1's (tests/data/blackbox/s35b/repro/hf_plain_torchrun_healthy.log)."""
-    return "%|" in body or not body.strip()
+    """A progress bar's drawing: indented by tqdm's own padding ("  2%|▏ | 1/60"), never a
+    continuation of the line above. Under the plain ``run -- torchrun`` form rank 0's
+    unprefixed bar follows another rank's ``[rank1]:`` warning, and every later line starts with
+    the bar: taken as continuations, all of rank 0's records were rank 1's
+    (tests/data/blackbox/s35b/repro/hf_plain_torchrun_healthy.log)."""
+    return "%|" in body
 
 
 class LogParser:
