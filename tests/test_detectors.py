@@ -182,11 +182,17 @@ def test_a_healthy_ddp_runs_noisy_first_batches_are_no_spike() -> None:
 
 def test_the_combined_log_of_two_ranks_is_judged_as_one_ranks_log() -> None:
     """``run -- torchrun`` without ``--tee`` (s35, c01): both ranks print each step into one
-    log. Its one finding is rank 1's NaN at step 20; a loss printed again for the same step is
-    not one more loss after a jump, so a jump is judged as on one rank's log."""
+    log, each line naming its rank (``rank=1``): each rank's lines are its own, rank 1's NaN at
+    step 20 and rank 0's at 21 (DDP spreads it). Where nothing names the rank, a loss printed
+    again for the same step is not one more loss after a jump, so a jump is judged as on one
+    rank's log."""
     path = Path(__file__).parent / "data" / "torchrun" / "ddp_plain_combined_nan_rank-0.log"
     result = analyze([str(path)], Config(), jobs=1)
-    assert [(f.kind, f.step) for f in result.findings if f.severity >= Severity.WARNING] == [("nan_loss", 20)]
+    assert [(f.kind, f.rank, f.step) for f in result.findings if f.severity >= Severity.WARNING] == [
+        ("nan_loss", 0, 21),
+        ("nan_loss", 1, 20),
+    ]
+    assert [(r.rank, r.steps, r.last_step) for r in result.ranks] == [(0, 40, 40), (1, 40, 40)]
     up_three_steps = [5.0, 5.1, 4.9, 20.0, 18.0, 17.0, 16.0, 5.0, 4.9, 5.1, 4.8, 5.0, 4.7]
     for losses in (
         up_three_steps,

@@ -262,7 +262,9 @@ def _fold_launcher_boxes(reports: list[RankReport], by_rank: dict[int | None, li
         own = [
             f
             for f in found
-            if f.kind in _OWN_ERRORS and "failed_rank" not in f.evidence and "exception" in f.evidence
+            if f.kind in _OWN_ERRORS
+            and "failed_rank" not in f.evidence
+            and ("exception" in f.evidence or "script" in f.evidence)  # a traceback, or no start
         ]
         if not own:
             continue

@@ -193,6 +193,10 @@ class NanDetector(Detector):
         # A first-window record with a non-finite grad norm and a finite loss, held until the
         # next record says whether it was fp16 loss-scale calibration.
         self.held: tuple[StepRecord, str] | None = None
+        # The latest step of a non-finite record in the open episode: a finite record at that
+        # step or before is another rank's of the same step where one log interleaves ranks
+        # (plain ``run -- torchrun``, mp.spawn), not a recovery.
+        self.bad_step: int | None = None
 
     def observe(self, state: RankState, record: Event) -> list[Finding]:
         if not self.cfg.enabled:
@@ -268,8 +272,15 @@ class NanDetector(Detector):
                     "(NaN losses filtered out of the logged mean, e.g. HF logging_nan_inf_filter)"
                 )
         if reasons:
+            step = record.step
+            if step is not None and (self.bad_step is None or step > self.bad_step):
+                self.bad_step = step
             return self._fire(state, record, " and ".join(reasons))
+        bad = self.bad_step
+        if bad is not None and (record.step is None or record.step <= bad):
+            return []
         if finite(record.loss) and record.loss != 0 and self.episode.close():
+            self.bad_step = None
             return [
                 finding(
                     "nan_loss",

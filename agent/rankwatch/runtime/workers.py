@@ -379,6 +379,9 @@ def monitor_interval(cmd: list[str]) -> float:
     return MONITOR_INTERVAL_S
 
 
+_READ_BACK_MAX = 1 << 20  # the end of the run's log a worker seen late reads back
+
+
 class LauncherLog:
     """What the launcher said of its workers' ends, read from the combined log as it grows:
     ``failed`` pid -> exit status (negative: that signal), ``stopped`` pid -> the signal it
@@ -480,6 +483,7 @@ class Fleet:
         self.tasks: list[Any] = []
         self._cls = _worker_watcher_class()
         self.launcher_log = LauncherLog(Path(log_path), start)
+        self.start = start  # where this run's lines begin in the combined log
         # How long a worker's end may wait for the launcher's word on it: a few monitor intervals,
         # and a second for the log line to be written and read.
         self.grace = 1.0 + 10 * monitor_interval(cmd or [])
@@ -731,6 +735,20 @@ class Fleet:
                 break
             self._add(pid, {"RANK": str(rank), "LOCAL_RANK": str(local)})
             log.info("launcher worker: rank %d (pid %d) ended before it was seen", rank, pid)
+            w = self.by_rank.get(rank)
+            if w is not None:
+                self._read_back(w)
+
+    def _read_back(self, w: Any) -> None:
+        """A worker seen only in the launcher's box printed its lines before its pipeline began
+        reading the combined log at its end (CPython's "can't open file" of a mistyped script,
+        an ImportError): they are read back from the run's start, its own by their prefix."""
+        stream = w.streams[-1]  # the combined log: a worker seen late has no files of its own
+        fol = stream.follower
+        end = fol.position
+        lines = fol.read_back_lines(max(self.start, end - _READ_BACK_MAX), end)
+        if lines:
+            w.feed_lines(stream, lines)
 
     async def close(self) -> bool:
         """Every worker's end reported, the launcher's last words read; True when one crashed."""

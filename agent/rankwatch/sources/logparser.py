@@ -26,6 +26,7 @@ forged ``[rankN]:`` prefixes cost no parser, engine or label set each.
 from __future__ import annotations
 
 import logging
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,6 +74,53 @@ def _about_other_rank(records: list[Record], admit: Callable[[int], bool]) -> No
                 failed = rec.details.get("failed_rank")
                 if isinstance(failed, int) and admit(failed):
                     rec.rank = failed
+
+
+# A rank the line's own text names as a key=value field, where no launcher prefixed it: OLMo's
+# "[olmo.util:158, rank=0]" header, and scripts that print "step=15 loss=nan lr=0.01 rank=3"
+# into the one log that plain ``run -- torchrun`` and torch.multiprocessing.spawn share
+# (tests/data/blackbox/s35b/repro/d39_plain_4rank_nan.log). "local_rank=", "node_rank=" and
+# "--local_rank=0" are other numbers; a line naming two ranks (two records glued by a cut) names none.
+_SAID_RANK = re.compile(r"(?<![\w.-])rank=(\d{1,7})(?!\d)")
+
+
+def _said_rank(body: str) -> int | None:
+    found = {int(m) for m in _SAID_RANK.findall(body, 0, 4096)}
+    return found.pop() if len(found) == 1 else None
+
+
+_FIRST_KEY = re.compile(r"\s*([A-Za-z_][\w.]{0,40}=)")
+
+
+def _glued(body: str) -> list[str]:
+    """Two ranks' key=value records run together where the workers of one log raced (no
+    newline between them: "step=16 loss=nan lr=0.01 rank=1step=16 loss=nan lr=0.01 rank=2" in
+    tests/data/blackbox/s35b/repro/d39_plain_4rank_nan.log): cut after each ``rank=N`` that is
+    followed at once by the line's own first key. Empty when the line is no such thing."""
+    first = _FIRST_KEY.match(body)
+    if first is None:
+        return []
+    key = first[1]
+    pieces: list[str] = []
+    start = 0
+    for m in _SAID_RANK.finditer(body, 0, 4096):
+        end = m.end()
+        if body.startswith(key, end):
+            pieces.append(body[start:end])
+            start = end
+    if not pieces:
+        return []
+    pieces.append(body[start:])
+    return pieces
+
+
+def _drawn(body: str) -> bool:
+    """A progress bar's drawing: indented by tqdm's own padding ("  2%|▏ | 1/60"), never a
+    continuation of the line above. Under the plain ``run -- torchrun`` form rank 0's
+    unprefixed bar follows another rank's ``[rank1]:`` warning, and every later line starts with
+    the bar: taken as continuations, all of rank 0's records were rank 1's
+    (tests/data/blackbox/s35b/repro/hf_plain_torchrun_healthy.log)."""
+    return "%|" in body
 
 
 class LogParser:
@@ -137,16 +185,30 @@ class LogParser:
         st = self.stats
         st.lines += 1
         body, prank, ts = strip(text)
+        if prank is None and "rank=" in body:
+            pieces = _glued(body)
+            if pieces:
+                # Two ranks' records one line: each goes its own way, as a \r segment would.
+                st.lines -= 1
+                when = ts if ts is not None else now
+                return [rec for piece in pieces for rec in self.feed(piece, lineno, now=when)]
         if prank is not None:
             if prank not in self.ranks_seen and not self._admit(prank):
                 st.rank_refused += 1
                 self._last_lineno, self._last_rank = lineno, None
                 return []
             rank: int | None = prank
+        elif "rank=" in body and (said := _said_rank(body)) is not None and self._admits(said):
+            rank = said
         elif lineno == self._last_lineno:
             # A \r segment (tqdm) of a line whose launcher prefix came with its first segment.
             rank = self._last_rank
-        elif self._last_lineno == lineno - 1 and body[:1] in (" ", "\t") and self._last_rank is not None:
+        elif (
+            self._last_lineno == lineno - 1
+            and body[:1] in (" ", "\t")
+            and self._last_rank is not None
+            and not _drawn(body)
+        ):
             # An indented line right after a prefixed one continues its record (OLMo's metrics
             # under a "host:0 olmo.train INFO [step=N]" header, a traceback's frames).
             rank = self._last_rank

@@ -19,6 +19,15 @@ The step of a dict is the Trainer's global step, found in this order:
 - Otherwise the step is not known: the record carries none and the state counts it,
   which findings say. A step never exceeds the bar's total and never goes backwards.
 
+Where the dicts and the bar reach the log through two pipes (torchrun ``--tee``, whose
+stdout and stderr readers each write whole lines; a block-buffered stdout beside an
+unbuffered stderr), a dict is no longer beside its redraw: tqdm's clearing is followed at
+once by the redraw, and the dict lands lines before or after it. Each clearing-and-redraw
+still marks one ``tqdm.write`` in order, so once one comes with no dict between, dicts and
+such redraws are paired first to first (every dict the Trainer prints — a step's, an
+evaluation's, the summary — is one write). On a real ``--tee`` log the bar drawn next to a
+dict lagged it by up to 7 steps, and the steps learnt from it ran past the bar's total.
+
 A Trainer that printed no loss dict at all (``logging_strategy="no"``) still drew its
 bar: at the end of the stream, once a Trainer dict (its summary, an evaluation) showed
 the log is the Trainer's, the steps the bar showed become the step records.
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from typing import ClassVar
 
 from rankwatch.records import Record, StepRecord
@@ -80,6 +90,7 @@ def _same_dict(a: dict[str, float], b: dict[str, float]) -> bool:
 
 
 _MAX_PENDING = 4096
+_MAX_QUEUE = 64  # dicts (or redraws) one pipe may run ahead of the other before they are let go
 _PENDING_LINES = 4
 _MAX_BAR_ONLY = 1 << 16  # bar positions kept while no dict came
 _EPOCH_RAW = re.compile(r"'epoch'\s*:\s*(?P<q>'?)(?P<v>[-+0-9.eE]{1,40})")
@@ -148,6 +159,13 @@ class HFParser:
         self._train_dicts = 0
         self._trainer_seen = False  # a Trainer dict (summary, evaluation) was read
         self._bar_only: list[tuple[int, float | None, int]] = []  # (n, step time, line) before any dict
+        # Two pipes (module docstring): the redraws that followed a clearing with no dict
+        # between, and the dicts waiting for theirs (None: an evaluation's or the summary's).
+        self._clear_seen = False  # the previous segment was tqdm's clearing (a run of spaces)
+        self._split = False
+        self._redraws: deque[int] = deque(maxlen=_MAX_QUEUE)
+        self._queue: deque[tuple[StepRecord, float] | None] = deque()
+        self._written = 0  # dicts printed before the pipes were seen apart: their redraws pass
 
     def sniff(self, text: str) -> bool:
         if "{'" not in text:
@@ -183,6 +201,7 @@ class HFParser:
         out = self._out + self._flush()
         self._out = []
         out.extend(self._release_held())
+        out.extend(self._release_queue())
         if not self._train_dicts and self._trainer_seen and self._bar_only:
             total = self._bar_total
             out.extend(
@@ -198,7 +217,7 @@ class HFParser:
         if self._echo is not None:
             self._settle_echo("")
         out, self._out = self._out, []
-        return out + self._release_held()
+        return out + self._release_held() + self._release_queue()
 
     def parse(self, line: LogLine) -> list[Record]:
         if self._echo is None and "{'" not in line.text:
@@ -219,8 +238,11 @@ class HFParser:
         if self._pending is None and "'" not in text and "|" not in text:
             if not text or text.isspace():
                 self._after_clear = True
+                if text:
+                    self._clear_seen = True
                 return []
             self._after_clear = False
+            self._clear_seen = False
             if OverflowTracker.maybe(text):
                 return list(self._overflow.feed(line, strip_ansi(text)) or ())
             if "optimization steps" in text:
@@ -267,7 +289,7 @@ class HFParser:
         synced = self._after_clear or line.lineno == self._bar_line
         self._after_clear = False
         if "%|" in text:
-            text = self._cut_bars(text, line.lineno)
+            text = self._cut_bars(text, line.lineno, self._clear_seen)
             synced = False  # glued to a bar in one segment: not written by tqdm.write
             if self._pending is None and "'" not in text:  # a bare bar redraw
                 if OverflowTracker.maybe(text):
@@ -301,11 +323,14 @@ class HFParser:
             out.extend(self._overflow.feed(line, leftover) or ())
         return out
 
-    def _cut_bars(self, text: str, lineno: int) -> str:
+    def _cut_bars(self, text: str, lineno: int, cleared: bool) -> str:
+        self._clear_seen = False
         pieces: list[str] = []
         pos = 0
         for m in TQDM_BAR.finditer(text):
-            self._on_bar(text[pos : m.start()], m, lineno)
+            # Only a bar that opens the segment right after the clearing is tqdm.write's redraw.
+            redraw = cleared and pos == 0 and not text[: m.start()].strip()
+            self._on_bar(text[pos : m.start()], m, lineno, redraw)
             pieces.append(text[pos : m.start()])
             pos = m.end()
         if not pieces:
@@ -313,7 +338,7 @@ class HFParser:
         pieces.append(text[pos:])
         return "".join(pieces)
 
-    def _on_bar(self, before: str, m: re.Match[str], lineno: int) -> None:
+    def _on_bar(self, before: str, m: re.Match[str], lineno: int, redraw: bool = False) -> None:
         if before.rstrip().endswith(":"):
             return  # a described bar ("Map:", "Loading checkpoint shards:"), not training
         info = m.group("info")
@@ -352,6 +377,62 @@ class HFParser:
             self._held = None
             self._place(held[0], held[1], exact=n, learn_spe=held[2])
             self._out.append(held[0])
+            if not held[2] and not redraw:
+                self._written += 1  # an update, not this dict's redraw: that may come yet
+        elif redraw and total == self._bar_total and n > 0:
+            self._on_redraw(n)
+
+    def _on_redraw(self, n: int) -> None:
+        """A redraw right after a clearing, with no dict between: the dict went down the
+        other pipe. The first such redraw shows the pipes apart; the dicts printed before it
+        had their redraws already (or will: those pass unpaired)."""
+        if not self._split:
+            self._split = True
+            self._exact_last = self._interval = None  # learnt from bars that were not theirs
+        if self._written > 0:
+            self._written -= 1
+            return
+        if self._queue:
+            item = self._queue.popleft()
+            if item is not None:
+                self._place(item[0], item[1], exact=n, learn_spe=True)
+                self._out.append(item[0])
+            return
+        self._redraws.append(n)
+
+    def _wrote(self, synced: bool) -> None:
+        """A dict that is no step (an evaluation's, the summary) was a write with a redraw too."""
+        if self._split:
+            self._out.extend(self._paired(None, math.inf))
+        elif not synced:
+            self._written += 1
+
+    def _paired(self, rec: StepRecord | None, eps: float) -> list[Record]:
+        """Two pipes: ``rec`` (None: a non-training dict) takes the first redraw not yet
+        taken, or waits for it behind the dicts already waiting."""
+        if not self._queue and self._redraws:
+            n = self._redraws.popleft()
+            if rec is None:
+                return []
+            self._place(rec, eps, exact=n, learn_spe=True)
+            return [rec]
+        self._queue.append(None if rec is None else (rec, eps))
+        if len(self._queue) > _MAX_QUEUE:
+            return self._release_queue(1)
+        return []
+
+    def _release_queue(self, count: int | None = None) -> list[Record]:
+        """Waiting dicts placed without their redraw (the stream went quiet or ended, or one
+        pipe ran far ahead): by the epoch or the interval, as a dict no bar names."""
+        out: list[Record] = []
+        while self._queue and (count is None or count > 0):
+            item = self._queue.popleft()
+            if count is not None:
+                count -= 1
+            if item is not None:
+                self._place(item[0], item[1], exact=None)
+                out.append(item[0])
+        return out
 
     def _pause_training(self) -> None:
         train = self._train_bar
@@ -390,6 +471,8 @@ class HFParser:
         held, self._held = self._held, None
         if held is None:
             return []
+        if not held[2]:
+            self._written += 1  # placed before any redraw named it: its redraw may come yet
         self._place(held[0], held[1], exact=None)
         return [held[0]]
 
@@ -398,9 +481,12 @@ class HFParser:
         vals = _dict_values(flat)
         if not vals or "train_runtime" in vals or "train_samples_per_second" in vals:
             self._trainer_seen = self._trainer_seen or bool(vals)
+            if vals:
+                self._wrote(synced)
             return self._release_held()  # the end-of-training summary is not a step
         if any(k.startswith("eval_") for k in vals):
             self._trainer_seen = True
+            self._wrote(synced)
             out = self._release_held()
             self._pause_training()
             metrics = {k: v for k, v in vals.items() if k.startswith("eval_") and k != "eval_loss"}
@@ -436,6 +522,9 @@ class HFParser:
             self._learn(int(own), rec.epoch, eps)
             self._last_step, self._bar_seen_n = int(own), self._bar_n
             out.append(rec)
+            return out
+        if self._split:
+            out.extend(self._paired(rec, eps))
             return out
         if synced and self._bar_total is not None:
             self._held = (rec, eps, True)  # the redraw that follows names the step

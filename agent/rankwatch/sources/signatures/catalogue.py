@@ -18,6 +18,7 @@ from rankwatch.records import Severity
 from rankwatch.sources.signatures.rules import (
     _AVG_IGNORED,
     _C,
+    _CANT_OPEN,
     _CPU_ALLOC,
     _CUDA_ERR,
     _DEVICE_ASSERT,
@@ -65,6 +66,7 @@ from rankwatch.sources.signatures.rules import (
     _WHAT,
     _XID,
     Hit,
+    _cant_open,
     _cpu_alloc,
     _cuda,
     _dataloader_killed,
@@ -538,6 +540,16 @@ SIGNATURES: tuple[Signature, ...] = (
         rule=_cpp_terminate,
         patterns=(_WHAT,),
         example="  what():  std::bad_alloc",
+    ),
+    Signature(
+        name="cant_open_script",
+        kinds=("crash",),
+        severity=_C,
+        triggers=("can't open file",),
+        rule=_cant_open,
+        patterns=(_CANT_OPEN,),
+        example="/work/venv/bin/python3: can't open file '/work/bb2/trian.py': [Errno 2] No such file or "
+        "directory",
     ),
     Signature(
         name="fatal_python",

@@ -82,6 +82,14 @@ _PEER_WHERE = ("gloo", "pair.cc", "TCPStore", "c10d", "ProcessGroup")
 
 # --- frameworks that log the exception that ended the run on one line -----------------------
 # OLMo: "CRITICAL [olmo.util:158, rank=0] Uncaught OLMoThreadError: generator thread data thread 3 failed".
+# CPython's interpreter could not open the script it was given (Modules/main.c,
+# pymain_run_file_obj: "%S: can't open file %R: [Errno %d] %s"; before 3.10 the path in plain
+# quotes, "%ls: can't open file '%ls': [Errno %d] %s"): the process exits 2 before any code ran.
+# Real: torchrun --tee 3 of a mistyped path, "[default0]:/work/venv/bin/python3: can't open file
+# '/work/bb2/trian.py': [Errno 2] No such file or directory" (tests/data/blackbox/s35b/repro).
+_CANT_OPEN = re.compile(
+    r"^(\S{1,512}): can't open file (['\"])(.{1,4096})\2: \[Errno (\d{1,4})\] (.{1,200})$"
+)
 _UNCAUGHT = re.compile(r"\bUncaught ([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
 
 # --- the rank a message names, for lines no launcher prefixed ------------------------------
@@ -807,6 +815,15 @@ def _uncaught(t: str) -> Hit | None:
     if m is None:
         return None
     return Hit("crash", _C, _short(f"{m[1]}: {m[2]}"), {"exception": m[1], "message": m[2].strip()})
+
+
+def _cant_open(t: str) -> Hit | None:
+    m = _CANT_OPEN.match(t.strip())
+    if m is None:
+        return None
+    d: dict[str, Any] = {"script": m[3], "errno": int(m[4]), "message": m[5].strip()}
+    summary = _short(f"{m[1]} could not open the script {m[3]!r}: [Errno {m[4]}] {m[5].strip()}")
+    return Hit("crash", _C, summary, d)
 
 
 def _fatal_python(t: str) -> Hit | None:
