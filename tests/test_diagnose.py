@@ -712,3 +712,39 @@ def test_a_lost_peer_ending_in_the_users_own_ctrl_c_is_no_finding(tmp_path: Path
     assert bool([s for s in sent if s.kind == "peer_error"]) is not stopped
     if stopped:
         assert not list((tmp_path / "dumps").rglob("failed-*")), "the stop is no rank's failure"
+
+
+def test_a_rank_the_launcher_stopped_is_never_the_first_failure(tmp_path: Path) -> None:
+    """Both ranks raise at the same step (the s35b tester's d31/d47): torchrun saw rank 1 exit 1,
+    then sent SIGTERM to rank 0, still tearing down; rank 0's end is judged first. A death by the
+    launcher's stop signal is a consequence (tagged ``c``): rank 1's own failure, judged after it,
+    is the first failure and names nobody before it, and rank 0's names rank 1."""
+    from rankwatch.detectors.exit import ExitDetector
+    from rankwatch.events import ProcessExit
+    from rankwatch.records import ErrorRecord
+    from rankwatch.state import RankState
+
+    state = RankState(rank=0)
+    state.errors.append(
+        ErrorRecord(
+            kind="crash",
+            severity=Severity.CRITICAL,
+            summary="RuntimeError: injected failure in rank 0 at step 12",
+            rank=0,
+            evidence=["Traceback (most recent call last):", "RuntimeError: injected failure in rank 0"],
+        )
+    )
+    stopped = ExitDetector(0, "/logs/rank-0.log").judge(
+        state, ProcessExit(None, 15, requested=15, wall=1000.0, stopped_by="the launcher sent")
+    )
+    assert stopped is not None and stopped.message.startswith("after the stop signal the launcher sent")
+    assert stopped.evidence["stopped_by"] == "the launcher sent"
+    agent0, _, _ = _agent(tmp_path, 0, world=2)
+    agent1, _, sent1 = _agent(tmp_path, 1, world=2)
+    agent0.emit(stopped)
+    assert [p.name[-6:] for p in (tmp_path / "dumps" / "job" / ".ranks").glob("failed-r0-*")] == ["c.json"]
+    agent1.emit(_crash(1, "process exited with code 1. Cause (crash): RuntimeError: injected", t=1000.2))
+    [own] = sent1
+    assert "failed first" not in own.message
+    assert own.diagnosis is not None and own.diagnosis.suspect == 1
+    assert own.diagnosis.first_failure is not None and own.diagnosis.first_failure.rank == 1

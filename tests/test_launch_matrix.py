@@ -625,3 +625,21 @@ def test_node_daemon_never_lets_another_user_take_a_rank_of_a_job(tmp_path: Path
         assert all(m["user"] == "nobody" for m in a["members"]), a
     assert f"of run {rdzv}, as pid {fake.pid} (user nobody) does" in said, debug
     assert not job_processes(tag)
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_ranks_failing_together_never_blame_the_rank_the_launcher_stopped(tmp_path: Path) -> None:
+    """Every rank raises at step 6 (the s35b tester's d31; d47 is every rank's ImportError):
+    torchrun sees rank 1's exit 1 and sends SIGTERM to rank 0, still tearing down. A death by the
+    launcher's stop signal is never the first failure: no finding names it first, no alert
+    names it suspect; one alert; torchrun's exit status."""
+    c = cell(tmp_path, "tee", {"FAULT": "raise_all", "FAULT_RANK": "1", "FAULT_STEP": "6", "STEPS": "12"})
+    assert c.rc == 1, c.debug()
+    stopped = {f["rank"] for f in c.findings if f["message"].startswith("after the stop signal the launcher")}
+    for f in c.findings:
+        assert "failed first: after the stop signal" not in f["message"], c.debug()
+        first = (f.get("diagnosis") or {}).get("first_failure") or {}
+        assert first.get("rank") is None or first["rank"] not in stopped, c.debug()
+    for a in c.firing():
+        assert a["suspect"] is None or a["suspect"] not in stopped, c.debug()
+    one_alert_per_problem(c, "tee")

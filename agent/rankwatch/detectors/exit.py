@@ -101,6 +101,9 @@ class ExitDetector(Detector):
             if requested:
                 crash.severity = Severity.WARNING
                 crash.message = f"after the stop signal {e.stopped_by}: {crash.message}"
+                # A death by a stop signal (the launcher's, after a peer failed; the user's) is
+                # never a first failure: the cross-rank judgement reads this (runtime/diagnose.py).
+                crash.evidence = {**crash.evidence, "stopped_by": e.stopped_by}
         return crash
 
     def _told(self, state: RankState, e: ProcessExit, cause: ErrorRecord) -> Finding:

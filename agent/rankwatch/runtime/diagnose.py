@@ -549,7 +549,10 @@ class CrossRank:
         sig = f.evidence.get("signal")
         how = f.message.split(". ")[0].strip().rstrip(".")
         text = " ".join([f.message, *[str(x) for x in f.evidence.get("traceback") or []][-5:]])
-        consequence = bool(PEER_FAILURE_RE.search(text))
+        # A rank that died of the stop signal its launcher sent after a peer failed (or the
+        # user's) ended because of that failure: a consequence, never the first failure, even
+        # when its log holds an error of its own from the same step (every rank failing at once).
+        consequence = bool(PEER_FAILURE_RE.search(text)) or bool(f.evidence.get("stopped_by"))
         mine = {
             "rank": f.rank,
             "kind": f.kind,
