@@ -16,8 +16,8 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   raise_then_nan  raise in the first attempt, and after torchrun's restart NaN inputs from
                the same step (what the restarted worker prints shows where it is read from);
   raise_always the rank raises a RuntimeError in every attempt (torchrun's restarts run out);
-  raise_all    every rank raises a RuntimeError at the same step; all but FAULT_RANK are slow to
-               exit after it, so the launcher stops them (no rank fails first of its own);
+  raise_all    every rank raises a RuntimeError at the same step, in every attempt; with a
+               FAULT_RANK all others are slow to exit after it, so the launcher stops them;
   hang_init    the rank sleeps before ``init_process_group`` (its peers wait inside it);
   exit         the rank returns from ``main`` with exit status 0 while its peers go on;
   save_hang    the rank saves a checkpoint (``torch.save`` into ``CKPT_DIR``) whose writes
@@ -192,7 +192,7 @@ def main() -> None:
         if faulty and FAULT == "raise_always":
             raise RuntimeError(f"rank {rank} hit a bad batch at step {step}")
         if FAULT == "raise_all" and step >= FAULT_STEP:
-            if rank != FAULT_RANK:
+            if 0 <= FAULT_RANK != rank:
                 # A slow teardown after the traceback (DataLoader workers joining, a process
                 # group's shutdown): the launcher sees FAULT_RANK's exit first and stops this one.
                 atexit.register(time.sleep, 30)
