@@ -748,3 +748,28 @@ def test_a_rank_the_launcher_stopped_is_never_the_first_failure(tmp_path: Path) 
     assert "failed first" not in own.message
     assert own.diagnosis is not None and own.diagnosis.suspect == 1
     assert own.diagnosis.first_failure is not None and own.diagnosis.first_failure.rank == 1
+
+
+def test_a_consequence_waiting_across_a_restart_still_finds_its_attempts_first_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`torchrun --max-restarts`: rank 0's gloo error (attempt 0, process started at 990) waits
+    for rank 1's crash record; before it comes, torchrun restarts rank 0 (its new process starts
+    at 1003). Rank 1's record (1000.0) is of rank 0's failed attempt: it is named, not passed
+    over as an earlier attempt's (the s35b tester's d11, once its stale record went)."""
+    monkeypatch.setattr(diagnose, "FAILURE_POLL_S", 0.02)
+
+    async def scenario() -> list[Finding]:
+        agent0, _, sent0 = _agent(tmp_path, 0, world=2)
+        agent1, _, _ = _agent(tmp_path, 1, world=2)
+        _process(agent0, 0, 990.0)
+        _process(agent1, 1, 990.0)
+        agent0.emit(_crash(0, f"process exited with code 1. Cause (crash): {GLOO_CLOSED}.", None, 1000.4))
+        await asyncio.sleep(0.06)
+        agent0.watchers[-1].prober.started = 1003.0  # type: ignore[union-attr]  # the restart
+        agent1.emit(_crash(1, "process exited with code 1. Cause (crash): RuntimeError: boom", None, 1000.0))
+        await agent0.settle(5)
+        return sent0
+
+    [f] = asyncio.run(scenario())
+    assert f.message.startswith("rank 1 failed first"), f.message

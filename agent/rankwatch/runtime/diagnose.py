@@ -571,7 +571,11 @@ class CrossRank:
             self._conclude(f, self._record_failure(f.rank, t, consequence, mine, f.run, peer), mine, peer)
             return False
         self._held(f.rank, failure=True)
-        if self._spawn(self._failure(f, t, consequence, mine)) is None:
+        # When the failing process began, taken now: while its failure waits for the first
+        # failure's record, a launcher's restart may give the rank a new process, whose start
+        # would pass the peer's record (this attempt's) for an earlier attempt's.
+        since = self._since(f.rank, f.run)
+        if self._spawn(self._failure(f, t, consequence, mine, since)) is None:
             self._release(f, failure=True)  # cannot happen with a running loop; never lose it
         return True
 
@@ -583,6 +587,7 @@ class CrossRank:
         mine: dict[str, Any],
         run: str | None = None,
         peer: str | None = None,
+        since: float | None = None,
     ) -> dict[str, Any] | None:
         """In the shared folder (blocking: off the loop): write this rank's failure record unless
         it already has one of the same incident, and return the first failure it follows. One
@@ -590,7 +595,7 @@ class CrossRank:
         failure (no rank) is no peer another rank could wait for: not written. ``run``: the
         failing process's job (a node daemon watches several), else the agent's."""
         entries = self._read_all("failed-", run)
-        since = self._since(rank, run)
+        since = self._since(rank, run) if since is None else since
         exit_ = mine.get("kind") == "exit"
         own = sorted((d for d in entries if d["rank"] == rank), key=lambda d: d["time"])
         current = [d for d in own if _of_job(d, since)]  # an earlier job's is no incident of this one
@@ -604,19 +609,21 @@ class CrossRank:
         if exit_:
             self._close_exits(run, since)
             return None
-        return self._first_failure(rank, t, consequence, entries, run, peer)
+        return self._first_failure(rank, t, consequence, entries, run, peer, since)
 
-    async def _failure(self, f: Finding, t: float, consequence: bool, mine: dict[str, Any]) -> None:
+    async def _failure(
+        self, f: Finding, t: float, consequence: bool, mine: dict[str, Any], since: float | None = None
+    ) -> None:
         """The held failure, emitted once whatever the folder does: named after the first failure
         when its record is there (a consequence waits ``dumps.first_failure_wait`` for it), as it is when
         the folder hangs (``FAILURE_IO_S``, counted under ``dumps`` by offloop) or fails."""
         peer = peer_address(f) if consequence else None
         try:
             first = await self._store_io(
-                self._record_failure, f.rank, t, consequence, mine, f.run, peer, timeout=FAILURE_IO_S
+                self._record_failure, f.rank, t, consequence, mine, f.run, peer, since, timeout=FAILURE_IO_S
             )
             if first is None and consequence:
-                first = await self._wait_first_failure(f.rank, t, f.run, peer)
+                first = await self._wait_first_failure(f.rank, t, f.run, peer, since)
             self._conclude(f, first, mine, peer)
         except asyncio.TimeoutError:  # logged once and counted by offloop
             f.evidence = {
@@ -662,6 +669,7 @@ class CrossRank:
         entries: list[dict[str, Any]] | None = None,
         run: str | None = None,
         peer: str | None = None,
+        since: float | None = None,
     ) -> dict[str, Any] | None:
         """The earliest failure of another rank that this one's failure (at ``t``) may follow:
         chosen from the names, then read; a record that fails validation is skipped (counted).
@@ -670,7 +678,7 @@ class CrossRank:
         it was is the rank that left (else the earliest, as without it)."""
         if entries is None:
             entries = self._read_all("failed-", run)
-        since = self._since(rank, run)
+        since = self._since(rank, run) if since is None else since
         entries = [d for d in entries if _of_job(d, since)]
         named = {
             PeerFailure(d["rank"], d["time"], consequence=d["consequence"], exit=bool(d.get("exit"))): d
@@ -710,7 +718,12 @@ class CrossRank:
         f.diagnosed(first_failure=FirstFailure.from_json(first))
 
     async def _wait_first_failure(
-        self, rank: int | None, t: float, run: str | None = None, peer: str | None = None
+        self,
+        rank: int | None,
+        t: float,
+        run: str | None = None,
+        peer: str | None = None,
+        since: float | None = None,
     ) -> dict[str, Any] | None:
         """A consequence came first: the first failure's record may follow within seconds."""
         wait = float(self.cfg.dumps.first_failure_wait)
@@ -726,6 +739,7 @@ class CrossRank:
                     None,
                     run,
                     peer,
+                    since,
                     timeout=FAILURE_IO_S,
                 )
             except asyncio.TimeoutError:
