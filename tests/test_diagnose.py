@@ -773,3 +773,31 @@ def test_a_consequence_waiting_across_a_restart_still_finds_its_attempts_first_f
 
     [f] = asyncio.run(scenario())
     assert f.message.startswith("rank 1 failed first"), f.message
+
+
+def test_gloos_failed_setup_is_a_consequence_so_ranks_failing_so_together_name_nobody(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """d11's attempt 1 (the tester's real text): both ranks fail in init_process_group with gloo's
+    `connectFullMesh failed ... Connection refused` within 60 ms, rank 1 first. Neither is the
+    other's cause (the peer each could not reach was the last attempt's): no rank is named."""
+    monkeypatch.setattr(diagnose, "FAILURE_POLL_S", 0.02)
+    text = (
+        "process exited with code 1. Cause (crash): RuntimeError: Gloo connectFullMesh failed with "
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:152] timed out connecting: "
+        "SO_ERROR: Connection refused, remote=[127.0.0.1]:38304$0."
+    )
+
+    async def scenario() -> list[Finding]:
+        agent0, _, sent0 = _agent(tmp_path, 0, world=2, dumps="first_failure_wait: 0.1s")
+        agent1, _, _ = _agent(tmp_path, 1, world=2, dumps="first_failure_wait: 0.1s")
+        agent1.emit(_crash(1, text.replace("38304$0", "30111$1"), None, 1000.47))
+        agent0.emit(_crash(0, text, None, 1000.53))
+        await agent1.settle(5)
+        await agent0.settle(5)
+        return sent0
+
+    [f] = asyncio.run(scenario())
+    assert "failed first" not in f.message, f.message
+    assert f.diagnosis is None or f.diagnosis.suspect is None, f.diagnosis
+    assert all(n.endswith("-c.json") for n in _records(tmp_path)), _records(tmp_path)
