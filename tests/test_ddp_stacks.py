@@ -62,6 +62,23 @@ def test_extra_barrier_is_a_collective_mismatch_with_both_call_sites(name: str) 
     assert "real error" not in format_diff(result)
 
 
+@pytest.mark.parametrize(("name", "waiting", "hung"), [("init_hang", 0, 1), ("init_hang_by_hand", 1, 0)])
+def test_a_rank_that_never_reached_init_process_group_is_the_suspect(
+    name: str, waiting: int, hung: int
+) -> None:
+    """The s35b tester's d49: a rank sleeps before ``init_process_group`` while its peer waits
+    inside it (under torchrun in gloo's setup on the store, by hand in the env:// rendezvous):
+    the peer waits for it as in a collective, so the rank not there is the suspect."""
+    dumps = _load(name)
+    act = classify_dump(dumps[waiting])
+    assert (act.kind, act.op) == (COLLECTIVE, "init_process_group"), act
+    assert classify_dump(dumps[hung]).kind == BLOCKED
+    result = diff_incident(dumps, world_size=2)
+    assert result.suspects == [hung] and result.verdict == NOT_IN_COLLECTIVE
+    assert f"rank {hung} never reached init_process_group" in result.reason, result.reason
+    assert f"suspect: rank {hung}" in format_diff(result)
+
+
 def test_a_missing_rank_is_suspected_when_every_dumped_rank_waits() -> None:
     dumps = _load("loader_hang")
     del dumps[2]

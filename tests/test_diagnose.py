@@ -712,3 +712,92 @@ def test_a_lost_peer_ending_in_the_users_own_ctrl_c_is_no_finding(tmp_path: Path
     assert bool([s for s in sent if s.kind == "peer_error"]) is not stopped
     if stopped:
         assert not list((tmp_path / "dumps").rglob("failed-*")), "the stop is no rank's failure"
+
+
+def test_a_rank_the_launcher_stopped_is_never_the_first_failure(tmp_path: Path) -> None:
+    """Both ranks raise at the same step (the s35b tester's d31/d47): torchrun saw rank 1 exit 1,
+    then sent SIGTERM to rank 0, still tearing down; rank 0's end is judged first. A death by the
+    launcher's stop signal is a consequence (tagged ``c``): rank 1's own failure, judged after it,
+    is the first failure and names nobody before it, and rank 0's names rank 1."""
+    from rankwatch.detectors.exit import ExitDetector
+    from rankwatch.events import ProcessExit
+    from rankwatch.records import ErrorRecord
+    from rankwatch.state import RankState
+
+    state = RankState(rank=0)
+    state.errors.append(
+        ErrorRecord(
+            kind="crash",
+            severity=Severity.CRITICAL,
+            summary="RuntimeError: injected failure in rank 0 at step 12",
+            rank=0,
+            evidence=["Traceback (most recent call last):", "RuntimeError: injected failure in rank 0"],
+        )
+    )
+    stopped = ExitDetector(0, "/logs/rank-0.log").judge(
+        state, ProcessExit(None, 15, requested=15, wall=1000.0, stopped_by="the launcher sent")
+    )
+    assert stopped is not None and stopped.message.startswith("after the stop signal the launcher sent")
+    assert stopped.evidence["stopped_by"] == "the launcher sent"
+    agent0, _, _ = _agent(tmp_path, 0, world=2)
+    agent1, _, sent1 = _agent(tmp_path, 1, world=2)
+    agent0.emit(stopped)
+    assert [p.name[-6:] for p in (tmp_path / "dumps" / "job" / ".ranks").glob("failed-r0-*")] == ["c.json"]
+    agent1.emit(_crash(1, "process exited with code 1. Cause (crash): RuntimeError: injected", t=1000.2))
+    [own] = sent1
+    assert "failed first" not in own.message
+    assert own.diagnosis is not None and own.diagnosis.suspect == 1
+    assert own.diagnosis.first_failure is not None and own.diagnosis.first_failure.rank == 1
+
+
+def test_a_consequence_waiting_across_a_restart_still_finds_its_attempts_first_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`torchrun --max-restarts`: rank 0's gloo error (attempt 0, process started at 990) waits
+    for rank 1's crash record; before it comes, torchrun restarts rank 0 (its new process starts
+    at 1003). Rank 1's record (1000.0) is of rank 0's failed attempt: it is named, not passed
+    over as an earlier attempt's (the s35b tester's d11, once its stale record went)."""
+    monkeypatch.setattr(diagnose, "FAILURE_POLL_S", 0.02)
+
+    async def scenario() -> list[Finding]:
+        agent0, _, sent0 = _agent(tmp_path, 0, world=2)
+        agent1, _, _ = _agent(tmp_path, 1, world=2)
+        _process(agent0, 0, 990.0)
+        _process(agent1, 1, 990.0)
+        agent0.emit(_crash(0, f"process exited with code 1. Cause (crash): {GLOO_CLOSED}.", None, 1000.4))
+        await asyncio.sleep(0.06)
+        agent0.watchers[-1].prober.started = 1003.0  # type: ignore[union-attr]  # the restart
+        agent1.emit(_crash(1, "process exited with code 1. Cause (crash): RuntimeError: boom", None, 1000.0))
+        await agent0.settle(5)
+        return sent0
+
+    [f] = asyncio.run(scenario())
+    assert f.message.startswith("rank 1 failed first"), f.message
+
+
+def test_gloos_failed_setup_is_a_consequence_so_ranks_failing_so_together_name_nobody(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """d11's attempt 1 (the tester's real text): both ranks fail in init_process_group with gloo's
+    `connectFullMesh failed ... Connection refused` within 60 ms, rank 1 first. Neither is the
+    other's cause (the peer each could not reach was the last attempt's): no rank is named."""
+    monkeypatch.setattr(diagnose, "FAILURE_POLL_S", 0.02)
+    text = (
+        "process exited with code 1. Cause (crash): RuntimeError: Gloo connectFullMesh failed with "
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:152] timed out connecting: "
+        "SO_ERROR: Connection refused, remote=[127.0.0.1]:38304$0."
+    )
+
+    async def scenario() -> list[Finding]:
+        agent0, _, sent0 = _agent(tmp_path, 0, world=2, dumps="first_failure_wait: 0.1s")
+        agent1, _, _ = _agent(tmp_path, 1, world=2, dumps="first_failure_wait: 0.1s")
+        agent1.emit(_crash(1, text.replace("38304$0", "30111$1"), None, 1000.47))
+        agent0.emit(_crash(0, text, None, 1000.53))
+        await agent1.settle(5)
+        await agent0.settle(5)
+        return sent0
+
+    [f] = asyncio.run(scenario())
+    assert "failed first" not in f.message, f.message
+    assert f.diagnosis is None or f.diagnosis.suspect is None, f.diagnosis
+    assert all(n.endswith("-c.json") for n in _records(tmp_path)), _records(tmp_path)

@@ -625,3 +625,70 @@ def test_node_daemon_never_lets_another_user_take_a_rank_of_a_job(tmp_path: Path
         assert all(m["user"] == "nobody" for m in a["members"]), a
     assert f"of run {rdzv}, as pid {fake.pid} (user nobody) does" in said, debug
     assert not job_processes(tag)
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_ranks_failing_together_never_blame_the_rank_the_launcher_stopped(tmp_path: Path) -> None:
+    """Every rank raises at step 6 (the s35b tester's d31; d47 is every rank's ImportError):
+    torchrun sees rank 1's exit 1 and sends SIGTERM to rank 0, still tearing down. A death by the
+    launcher's stop signal is never the first failure: no finding names it first, no alert
+    names it suspect; one alert; torchrun's exit status."""
+    c = cell(tmp_path, "tee", {"FAULT": "raise_all", "FAULT_RANK": "1", "FAULT_STEP": "6", "STEPS": "12"})
+    assert c.rc == 1, c.debug()
+    stopped = {f["rank"] for f in c.findings if f["message"].startswith("after the stop signal the launcher")}
+    for f in c.findings:
+        assert "failed first: after the stop signal" not in f["message"], c.debug()
+        first = (f.get("diagnosis") or {}).get("first_failure") or {}
+        assert first.get("rank") is None or first["rank"] not in stopped, c.debug()
+    for a in c.firing():
+        assert a["suspect"] is None or a["suspect"] not in stopped, c.debug()
+    one_alert_per_problem(c, "tee")
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_restarts_exhausted_is_told_naming_the_root_cause(tmp_path: Path) -> None:
+    """`run -- torchrun --tee 3 --max-restarts 2`, rank 1 raises at step 5 in every attempt (the
+    s35b tester's d11): each attempt's crash is rank 1's, nothing says a rank exited cleanly or
+    with status 0, nothing names rank 0 first; when torchrun gives up, the job's death is an
+    alert of its own: restarts exhausted (2 of 2), root cause rank 1 at its step."""
+    env = {"FAULT": "raise_always", "FAULT_RANK": "1", "FAULT_STEP": "5", "STEPS": "30"}
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # see the restart test above
+    rdzv = ("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
+    c = cell(tmp_path, "tee", env, more=("--max-restarts", "2", *rdzv))
+    assert c.rc == 1, c.debug()
+    assert c.log.count("rank 1 hit a bad batch at step 5") >= 3, c.debug()
+    for f in c.findings:
+        assert "exited cleanly" not in f["message"] and "exited with status 0" not in f["message"], c.debug()
+        assert not f["message"].startswith("rank 0 failed first"), c.debug()
+        assert (f.get("diagnosis") or {}).get("suspect") in (None, 1), c.debug()
+    assert any("rank 1 hit a bad batch at step 5" in f["message"] for f in c.on(1, "crash")), c.debug()
+    [gave_up] = c.of("restarts_exhausted")
+    assert gave_up["rank"] == 1 and gave_up["severity"] == "critical", c.debug()
+    assert "restarts exhausted (2 of 2)" in gave_up["message"], c.debug()
+    assert "root cause rank 1 at step 4: RuntimeError: rank 1 hit a bad batch" in gave_up["message"], (
+        c.debug()
+    )
+    [alert] = c.alerts_of("restarts_exhausted")
+    assert alert["suspect"] == 1 and alert["summary"].endswith(", suspect rank 1"), alert
+    for a in c.firing():
+        assert a["suspect"] in (None, 1), c.debug()
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_ranks_that_fail_in_one_poll_are_no_clean_exits(tmp_path: Path) -> None:
+    """Every rank raises at step 5 in every attempt, `--max-restarts 1`: torchrun logs one
+    `failed (exitcode: 1)` line per attempt, for the first failure its poll saw; the other rank,
+    failed in the same poll, gets no line of its own until the last attempt's failure box. Its
+    end is no clean exit (nothing says "exited cleanly" or "exited with status 0"), and the job's
+    death is told as restarts exhausted (1 of 1)."""
+    env = {"FAULT": "raise_all", "FAULT_RANK": "-1", "FAULT_STEP": "5", "STEPS": "30"}
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # see the restart test above
+    rdzv = ("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
+    c = cell(tmp_path, "tee", env, more=("--max-restarts", "1", *rdzv))
+    assert c.rc == 1, c.debug()
+    for f in c.findings:
+        assert "exited cleanly" not in f["message"] and "exited with status 0" not in f["message"], c.debug()
+    for r in (0, 1):
+        assert c.on(r, "crash"), c.debug()
+    [gave_up] = c.of("restarts_exhausted")
+    assert "restarts exhausted (1 of 1)" in gave_up["message"], c.debug()

@@ -14,6 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from rankwatch.detectors.exit import restarts_exhausted
+from rankwatch.records import ErrorRecord
 from rankwatch.runtime.workers import Fleet, LauncherLog
 
 pytestmark = pytest.mark.unit
@@ -99,3 +101,49 @@ def test_a_teed_workers_lines_are_read_once(tmp_path: Path, whole: bool) -> None
     for stream in w.streams:
         w.feed_lines(stream, stream.follower.read_available())
     assert w.engine.state.step_count == (40 if whole else 41)
+
+
+RESTARTS = Path(__file__).parent / "data" / "torchrun" / "restarts2_every_attempt_fails.log"
+
+
+def test_the_failure_box_names_the_root_cause() -> None:
+    launcher = LauncherLog(RESTARTS, 0)
+    launcher.read()
+    assert launcher.failed == {1643: 1, 1680: 1, 1711: 1}  # one line per attempt
+    assert launcher.root_cause == (1, 1)  # "Root Cause (first observed failure)": rank 1, exit 1
+
+
+def _upto(tmp: Path, line: int) -> Path:
+    log = tmp / "rank-0.log"
+    log.write_text("\n".join(RESTARTS.read_text().splitlines()[:line]) + "\n")
+    return log
+
+
+@pytest.mark.parametrize("traceback", [True, False])
+def test_a_worker_that_failed_in_the_same_poll_as_the_named_one_is_no_clean_exit(
+    tmp_path: Path, traceback: bool
+) -> None:
+    """d11's attempt 1: both workers fail in init_process_group within 60 ms and torchrun names
+    rank 0's (pid 1680) alone; rank 1's worker (its pid unnamed) printed its gloo traceback.
+    Its end is of unknown status (a crash with that cause), not a clean exit. A worker unnamed
+    with no error in its log ended cleanly, as before (a rank that leaves early)."""
+    log = _upto(tmp_path, 88)  # up to attempt 1's failure line
+    fleet = Fleet(SimpleNamespace(), SimpleNamespace(), log, 1, [], cmd=[])
+    w = _Worker(1681)
+    errors = [ErrorRecord("crash", "RuntimeError: Gloo connectFullMesh failed with ...", rank=1)]
+    w.engine = SimpleNamespace(state=SimpleNamespace(errors=errors if traceback else []))  # type: ignore[attr-defined]
+    fleet.by_rank[1] = w
+    fleet.failed_before[1] = 1  # attempt 0's failure was named before this worker began
+    fleet.launcher_log.read()
+    fleet.check()
+    assert w.ends == ([(None, None)] if traceback else [(0, None)])
+
+
+def test_restarts_exhausted_names_the_root_cause() -> None:
+    f = restarts_exhausted(
+        restarts=2, max_restarts=2, status=1, root_rank=1, root_step=4, cause="RuntimeError: boom"
+    )
+    assert f.kind == "restarts_exhausted" and f.rank == 1 and f.severity.label == "critical"
+    assert "restarts exhausted (2 of 2)" in f.message and "(exit status 1)" in f.message
+    assert "root cause rank 1 at step 4: RuntimeError: boom" in f.message
+    assert f.diagnosis is not None and f.diagnosis.suspect == 1

@@ -15,6 +15,10 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
                runs on: ``TORCHELASTIC_RESTART_COUNT``);
   raise_then_nan  raise in the first attempt, and after torchrun's restart NaN inputs from
                the same step (what the restarted worker prints shows where it is read from);
+  raise_always the rank raises a RuntimeError in every attempt (torchrun's restarts run out);
+  raise_all    every rank raises a RuntimeError at the same step, in every attempt; with a
+               FAULT_RANK all others are slow to exit after it, so the launcher stops them;
+  hang_init    the rank sleeps before ``init_process_group`` (its peers wait inside it);
   exit         the rank returns from ``main`` with exit status 0 while its peers go on;
   save_hang    the rank saves a checkpoint (``torch.save`` into ``CKPT_DIR``) whose writes
                stop after the first bytes, as on a hung NFS server: it hangs inside torch.save;
@@ -26,6 +30,7 @@ is about the launcher and not the collectives (the node daemon's jobs).
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
 import signal
@@ -156,6 +161,8 @@ def main() -> None:
     if alone:
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     else:
+        if FAULT == "hang_init" and int(os.environ.get("RANK", "-1")) == FAULT_RANK:
+            threading.Event().wait()  # a rank that never reaches the rendezvous
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -181,6 +188,14 @@ def main() -> None:
         if faulty and (FAULT == "nan" or (FAULT == "raise_then_nan" and restarted)):
             x = x * float("nan")
         if faulty and FAULT in ("raise", "raise_then_nan") and not restarted:
+            raise RuntimeError(f"rank {rank} hit a bad batch at step {step}")
+        if faulty and FAULT == "raise_always":
+            raise RuntimeError(f"rank {rank} hit a bad batch at step {step}")
+        if FAULT == "raise_all" and step >= FAULT_STEP:
+            if 0 <= FAULT_RANK != rank:
+                # A slow teardown after the traceback (DataLoader workers joining, a process
+                # group's shutdown): the launcher sees FAULT_RANK's exit first and stops this one.
+                atexit.register(time.sleep, 30)
             raise RuntimeError(f"rank {rank} hit a bad batch at step {step}")
         if faulty and FAULT == "save_hang":
             save_checkpoint(model, step)

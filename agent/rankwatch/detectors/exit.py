@@ -101,6 +101,9 @@ class ExitDetector(Detector):
             if requested:
                 crash.severity = Severity.WARNING
                 crash.message = f"after the stop signal {e.stopped_by}: {crash.message}"
+                # A death by a stop signal (the launcher's, after a peer failed; the user's) is
+                # never a first failure: the cross-rank judgement reads this (runtime/diagnose.py).
+                crash.evidence = {**crash.evidence, "stopped_by": e.stopped_by}
         return crash
 
     def _told(self, state: RankState, e: ProcessExit, cause: ErrorRecord) -> Finding:
@@ -157,3 +160,43 @@ def _only_interrupts(lines: object) -> bool:
         if x.strip() and not x[0].isspace() and not x.startswith("Traceback (") and not _MP_HEADER.match(x)
     ]
     return all(_interrupt(x) for x in raised)
+
+
+def restarts_exhausted(
+    *,
+    restarts: int,
+    max_restarts: int,
+    status: int,
+    root_rank: int | None,
+    root_step: int | None,
+    cause: str | None,
+    time: float | None = None,
+) -> Finding:
+    """The launcher gave up: its last attempt failed with no restart left (torchrun's
+    ``--max-restarts``), so the job is dead, whatever alert its first failure already raised.
+    Each attempt's failure is told by the ranks' own findings; this is the end of the job, a
+    problem of its own (kind ``restarts_exhausted``), naming the launcher's root cause (its
+    failure box's "Root Cause (first observed failure)") as the suspect."""
+    how = f"exit status {status}" if status >= 0 else f"signal {-status} ({_signame(-status)})"
+    root = ""
+    if root_rank is not None:
+        at = f" at step {root_step}" if root_step is not None else ""
+        root = f"; root cause rank {root_rank}{at}"
+        if cause:
+            root += f": {cause[:300]}"
+    f = Finding(
+        kind="restarts_exhausted",
+        severity=Severity.CRITICAL,
+        rank=root_rank,
+        message=(
+            f"the launcher gave up: restarts exhausted ({restarts} of {max_restarts}), every attempt "
+            f"failed and the job is dead ({how}){root}. Restarting cannot help while the cause is "
+            "there: fix it, then start the job again."
+        ),
+        step=root_step,
+        time=time,
+        evidence={"restarts": restarts, "max_restarts": max_restarts, "exit_code": status},
+    )
+    if root_rank is not None:
+        f.diagnosed(suspects=(root_rank,))
+    return f

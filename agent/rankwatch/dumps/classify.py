@@ -117,6 +117,14 @@ _DDP_INIT = frozenset(
     {"_sync_params_and_buffers", "_sync_module_states", "_verify_param_shape_across_processes"}
 )
 _BACKWARD = frozenset({"_engine_run_backward", "run_backward", "backward"})
+# Process group setup waits for every rank of the group (torch 2.13): under torchrun, rank 0 in
+# ``_new_process_group_helper`` (gloo's connectFullMesh reads its peers' addresses from the
+# store) <- ``init_process_group``; by hand (env://), a rank whose store host has not come up in
+# ``_create_c10d_store`` <- ``_env_rendezvous_handler`` (rendezvous.py) <- ``init_process_group``
+# (tests/data/ddp_stacks/init_hang*). A peer never there is the one they wait for.
+INIT_OP = "init_process_group"
+_SETUP_NAMES = frozenset({"init_process_group", "_new_process_group_helper", "new_group", "new_subgroups"})
+_RENDEZVOUS_RE = re.compile(r"torch[/\\]distributed[/\\]rendezvous\.py$")
 _COLLECTIVE_NAME_RE = re.compile(
     r"(?:^|_)(all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier|all_?to_?all)(?:_|$)", re.I
 )
@@ -199,6 +207,11 @@ def _collective(frames: list[Frame], i: int) -> tuple[str, str, bool] | None:
             return "all_gather", "FSDP parameter all-gather", True
         if "reduce_scatter" in low or "reduce_grad" in low or "foreach_reduce" in low:
             return "reduce_scatter", "FSDP gradient reduce-scatter", True
+    if (name in _SETUP_NAMES and _C10D_RE.search(path)) or _RENDEZVOUS_RE.search(path):
+        whole = any(short_name(g) == "init_process_group" for g in frames[i:]) or _RENDEZVOUS_RE.search(path)
+        if whole:
+            return INIT_OP, "process group setup: waiting for every rank to join", True
+        return "new_group", "process group setup (new_group): waiting for every rank to join", True
     op = c10d_op(name) if _C10D_RE.search(path) else None
     if op is not None:
         if any(_FSDP_RE.search(_file(g)) for g in frames[i + 1 :]):  # FSDP called it

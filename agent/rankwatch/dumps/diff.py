@@ -25,6 +25,7 @@ from typing import Any
 from rankwatch import ranksets
 from rankwatch.dumps.classify import (
     COLLECTIVE,
+    INIT_OP,
     KIND_TEXT,
     Activity,
     Peer,
@@ -217,10 +218,18 @@ def judge(
         if len(elsewhere) <= len(waiting):
             kinds = sorted({KIND_TEXT.get(acts[r].kind, acts[r].kind) for r in elsewhere})
             noun = nouns[0] if len(elsewhere) == 1 else nouns[1]
+            # The others wait inside init_process_group: the job hangs at startup because these
+            # never got there (a slow import, a rank-dependent branch before init).
+            never = (
+                f"; {who(elsewhere)} never reached {INIT_OP}"
+                if all(acts[r].op == INIT_OP for r in waiting)
+                else ""
+            )
             return (
                 elsewhere,
                 f"the only {noun} not waiting in a collective: {' / '.join(kinds)}; "
-                f"{who(waiting)} wait for it ({_ops(acts, waiting)})",
+                f"{who(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for it "
+                f"({_ops(acts, waiting)}){never}",
                 NOT_IN_COLLECTIVE,
             )
         noun = nouns[0] if len(waiting) == 1 else nouns[1]

@@ -84,7 +84,12 @@ PEER_FAILURE_RE = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
     r"ncclRemoteError|NCCL communicator was aborted|Watchdog caught collective operation timeout|"
     r"DistNetworkError|DistBackendError|Timed out waiting|Socket Timeout|RecvTimeout|"
-    r"Failed to recv|SIGTERM from the launcher|failed \(exitcode",
+    r"Failed to recv|SIGTERM from the launcher|failed \(exitcode|"
+    # gloo's setup could not reach a peer's listener (torch 2.13: "Gloo connectFullMesh failed
+    # with [...pair.cc:152] timed out connecting: SO_ERROR: Connection refused, remote=[...]"):
+    # that peer is gone or never came, as on a restart over a store holding the last attempt's
+    # addresses (every rank fails so; the s35b tester's d11).
+    r"connectFullMesh failed",
     re.I,
 )
 
@@ -549,7 +554,10 @@ class CrossRank:
         sig = f.evidence.get("signal")
         how = f.message.split(". ")[0].strip().rstrip(".")
         text = " ".join([f.message, *[str(x) for x in f.evidence.get("traceback") or []][-5:]])
-        consequence = bool(PEER_FAILURE_RE.search(text))
+        # A rank that died of the stop signal its launcher sent after a peer failed (or the
+        # user's) ended because of that failure: a consequence, never the first failure, even
+        # when its log holds an error of its own from the same step (every rank failing at once).
+        consequence = bool(PEER_FAILURE_RE.search(text)) or bool(f.evidence.get("stopped_by"))
         mine = {
             "rank": f.rank,
             "kind": f.kind,
@@ -568,7 +576,11 @@ class CrossRank:
             self._conclude(f, self._record_failure(f.rank, t, consequence, mine, f.run, peer), mine, peer)
             return False
         self._held(f.rank, failure=True)
-        if self._spawn(self._failure(f, t, consequence, mine)) is None:
+        # When the failing process began, taken now: while its failure waits for the first
+        # failure's record, a launcher's restart may give the rank a new process, whose start
+        # would pass the peer's record (this attempt's) for an earlier attempt's.
+        since = self._since(f.rank, f.run)
+        if self._spawn(self._failure(f, t, consequence, mine, since)) is None:
             self._release(f, failure=True)  # cannot happen with a running loop; never lose it
         return True
 
@@ -580,6 +592,7 @@ class CrossRank:
         mine: dict[str, Any],
         run: str | None = None,
         peer: str | None = None,
+        since: float | None = None,
     ) -> dict[str, Any] | None:
         """In the shared folder (blocking: off the loop): write this rank's failure record unless
         it already has one of the same incident, and return the first failure it follows. One
@@ -587,7 +600,7 @@ class CrossRank:
         failure (no rank) is no peer another rank could wait for: not written. ``run``: the
         failing process's job (a node daemon watches several), else the agent's."""
         entries = self._read_all("failed-", run)
-        since = self._since(rank, run)
+        since = self._since(rank, run) if since is None else since
         exit_ = mine.get("kind") == "exit"
         own = sorted((d for d in entries if d["rank"] == rank), key=lambda d: d["time"])
         current = [d for d in own if _of_job(d, since)]  # an earlier job's is no incident of this one
@@ -601,19 +614,21 @@ class CrossRank:
         if exit_:
             self._close_exits(run, since)
             return None
-        return self._first_failure(rank, t, consequence, entries, run, peer)
+        return self._first_failure(rank, t, consequence, entries, run, peer, since)
 
-    async def _failure(self, f: Finding, t: float, consequence: bool, mine: dict[str, Any]) -> None:
+    async def _failure(
+        self, f: Finding, t: float, consequence: bool, mine: dict[str, Any], since: float | None = None
+    ) -> None:
         """The held failure, emitted once whatever the folder does: named after the first failure
         when its record is there (a consequence waits ``dumps.first_failure_wait`` for it), as it is when
         the folder hangs (``FAILURE_IO_S``, counted under ``dumps`` by offloop) or fails."""
         peer = peer_address(f) if consequence else None
         try:
             first = await self._store_io(
-                self._record_failure, f.rank, t, consequence, mine, f.run, peer, timeout=FAILURE_IO_S
+                self._record_failure, f.rank, t, consequence, mine, f.run, peer, since, timeout=FAILURE_IO_S
             )
             if first is None and consequence:
-                first = await self._wait_first_failure(f.rank, t, f.run, peer)
+                first = await self._wait_first_failure(f.rank, t, f.run, peer, since)
             self._conclude(f, first, mine, peer)
         except asyncio.TimeoutError:  # logged once and counted by offloop
             f.evidence = {
@@ -659,6 +674,7 @@ class CrossRank:
         entries: list[dict[str, Any]] | None = None,
         run: str | None = None,
         peer: str | None = None,
+        since: float | None = None,
     ) -> dict[str, Any] | None:
         """The earliest failure of another rank that this one's failure (at ``t``) may follow:
         chosen from the names, then read; a record that fails validation is skipped (counted).
@@ -667,7 +683,7 @@ class CrossRank:
         it was is the rank that left (else the earliest, as without it)."""
         if entries is None:
             entries = self._read_all("failed-", run)
-        since = self._since(rank, run)
+        since = self._since(rank, run) if since is None else since
         entries = [d for d in entries if _of_job(d, since)]
         named = {
             PeerFailure(d["rank"], d["time"], consequence=d["consequence"], exit=bool(d.get("exit"))): d
@@ -707,7 +723,12 @@ class CrossRank:
         f.diagnosed(first_failure=FirstFailure.from_json(first))
 
     async def _wait_first_failure(
-        self, rank: int | None, t: float, run: str | None = None, peer: str | None = None
+        self,
+        rank: int | None,
+        t: float,
+        run: str | None = None,
+        peer: str | None = None,
+        since: float | None = None,
     ) -> dict[str, Any] | None:
         """A consequence came first: the first failure's record may follow within seconds."""
         wait = float(self.cfg.dumps.first_failure_wait)
@@ -723,6 +744,7 @@ class CrossRank:
                     None,
                     run,
                     peer,
+                    since,
                     timeout=FAILURE_IO_S,
                 )
             except asyncio.TimeoutError:

@@ -319,6 +319,21 @@ def _worker_watcher_class() -> type:
         # The run's pipeline: told each step the run's lines reach (``Fleet.share_progress``).
         on_progress: Callable[[float, int], None] | None = None
 
+        def on_exit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            """Dated when the process was first seen dead, not when its end is judged: the
+            launcher's word on it may come seconds later, after a restart's new worker began,
+            and a record of this end dated after that start would pass for the new attempt's."""
+            s = self.last_sample
+            if s is None or s.alive:
+                return super().on_exit(*args, **kwargs)
+            died = self.wall() - max(0.0, self.clock() - s.time)
+            wall = self.wall
+            self.wall = lambda: died
+            try:
+                return super().on_exit(*args, **kwargs)
+            finally:
+                self.wall = wall
+
         def _records(self, records):  # type: ignore[no-untyped-def]
             if not self.launcher:
                 return super()._records(records)
@@ -396,6 +411,9 @@ class LauncherLog:
         self.boxed: dict[int, int] = {}  # the failure box: the workers it stopped are there too
         self.ranks: dict[int, tuple[int, int]] = {}  # pid -> (rank, local rank), from the box
         self._box_rank: tuple[int, int] | None = None
+        # The box's "Root Cause (first observed failure)": (rank, exit status) of that worker.
+        self.root_cause: tuple[int, int] | None = None
+        self._in_root = False
 
     def fate(self, pid: int) -> tuple[int | None, int | None]:
         """(exit status, stop signal the launcher sent): its failure line first, then a stop
@@ -423,6 +441,9 @@ class LauncherLog:
         lines = (self._rest + data).split(b"\n")
         self._rest = lines.pop()[-4096:]
         for raw in lines:
+            if b"Root Cause" in raw:
+                self._in_root = True
+                continue
             if b"rank" in raw and (r := _BOX_RANK_RE.search(raw.decode("utf-8", "replace"))) is not None:
                 self._box_rank = (int(r.group(1)), int(r.group(2)))
                 continue
@@ -437,7 +458,9 @@ class LauncherLog:
                 self.boxed[int(b.group(2))] = int(b.group(1))
                 if self._box_rank is not None:
                     self.ranks[int(b.group(2))] = self._box_rank
-                self._box_rank = None
+                    if self._in_root:
+                        self.root_cause = (self._box_rank[0], int(b.group(1)))
+                self._box_rank, self._in_root = None, False
             c = _CLOSING_RE.search(text)
             if c is not None:
                 with contextlib.suppress(AttributeError):
@@ -494,6 +517,13 @@ class Fleet:
         # Workers judged clean because the launcher said nothing within the grace: pid -> its
         # pipeline. On a loaded node torchrun's word can come later; then it is judged again.
         self.presumed_clean: dict[int, Any] = {}
+        # rank -> how many workers the launcher had named failed when this rank's worker began:
+        # one named since then failed in this worker's attempt (``_failed_with_group``).
+        self.failed_before: dict[int, int] = {}
+        # torchelastic's own count, from its workers' environment: the attempt running now and
+        # the restarts it allows (``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_MAX_RESTARTS``).
+        self.restart_count = 0
+        self.max_restarts: int | None = None
         if run_pipeline is not None:
             run_pipeline.on_progress = self.share_progress
 
@@ -502,13 +532,19 @@ class Fleet:
         rank = env_int(env, RANK_VARS)
         if rank is None:
             return
+        count = env_int(env, ("TORCHELASTIC_RESTART_COUNT",))
+        self.restart_count = max(self.restart_count, count or 0)
+        self.max_restarts = env_int(env, ("TORCHELASTIC_MAX_RESTARTS",)) or self.max_restarts
         w = self.by_rank.get(rank)
+        if w is None:
+            self.failed_before[rank] = len(self.launcher_log.failed)
         if w is not None:
             if w.prober is None or w.prober.pid != pid:
                 # torchrun restarted it: the old worker's end first (its crash, with its traceback),
                 # then the same pipeline goes on with the new process (startup grace again).
                 if w.prober is not None and not w.exited:
                     self._judge(w, final=True)
+                self.failed_before[rank] = len(self.launcher_log.failed)
                 self.restarts[rank] = self.restarts.get(rank, 0) + 1
                 log.info("launcher worker: rank %d restarted as pid %d", rank, pid)
                 new = [p for p in own or [] if p not in w.own]
@@ -602,6 +638,8 @@ class Fleet:
             waited = w.clock() - s.time if s is not None else self.grace
             if not final and waited < self.grace:
                 return False
+            if pid is not None and self._failed_with_group(w):
+                return True
             # The launcher, its parent, saw it end (it logs every failed worker within its monitor
             # interval, and the ones it stops) and said nothing: a clean exit.
             code = 0
@@ -614,6 +652,27 @@ class Fleet:
             f = w.on_exit(None, -code, requested=requested)
         else:
             f = w.on_exit(code, None, requested=requested)
+        self._note(w, f)
+        return True
+
+    def _failed_with_group(self, w: Any) -> bool:
+        """Judged here (True) when ``w`` ended unnamed in an attempt the launcher named another
+        worker failed in, and its log holds a fatal error: it failed with that worker, status
+        unknown. torchrun logs one ``failed (exitcode`` line per attempt, for the first failure
+        of its poll (``_poll`` in torch/distributed/elastic/multiprocessing/api.py): workers
+        that failed in the same poll (every rank's gloo connectFullMesh at a restart) get no
+        line of their own, and its failure box comes only when it gives up. A worker that ended
+        unnamed with no error in its log ended cleanly (a rank that left early), as before."""
+        rank = w.rank
+        if rank is None or len(self.launcher_log.failed) <= self.failed_before.get(rank, 0):
+            return False
+        requested = bool(self.stop_requested)
+        self._catch_up(w)
+        if not requested:
+            self._lend_cause(w)
+        if not any(e.kind in LAUNCHER_HELD for e in w.engine.state.errors):
+            return False
+        f = w.on_exit(None, None, requested=requested)
         self._note(w, f)
         return True
 
@@ -767,8 +826,36 @@ class Fleet:
                 self._judge(w, final=True)
             crashed = crashed or w.rank in self.crashed
             crashed = crashed or any(died(f) and f.rank == w.rank for f in self.agent.findings)
+        self._gave_up()
+        for w in self.by_rank.values():
             w.close()
         return crashed
+
+    def _gave_up(self) -> None:
+        """The launcher failed with its restarts used up (torchelastic's own count): the job is
+        dead. Told once, naming the root cause its failure box gives."""
+        from rankwatch.detectors.crash import pick_cause
+        from rankwatch.detectors.exit import restarts_exhausted
+
+        rc = self.exit_status.get(self.root)
+        if self.script or not rc or self.stop_requested or not self.max_restarts:
+            return
+        if self.restart_count < self.max_restarts:
+            return  # it ended for another reason (a rendezvous closed, its own error)
+        root = self.launcher_log.root_cause
+        w = self.by_rank.get(root[0]) if root is not None else None
+        cause = pick_cause(w.engine.state)[0] if w is not None else None
+        f = restarts_exhausted(
+            restarts=self.restart_count,
+            max_restarts=self.max_restarts,
+            status=rc,
+            root_rank=root[0] if root is not None else None,
+            root_step=w.engine.state.last_step if w is not None else None,
+            cause=cause.summary if cause is not None else None,
+            time=time.time(),
+        )
+        emitter = w if w is not None else self.run_pipeline
+        (emitter.emit if emitter is not None else self.agent.emit)(f)
 
 
 def died(f: Finding) -> bool:
