@@ -22,6 +22,7 @@ from rankwatch.identity import Identity
 from rankwatch.records import Finding
 from rankwatch.runtime import watcher
 from rankwatch.runtime.watcher import RankWatcher
+from rankwatch.sources.follower import LogFollower
 from rankwatch.sources.polled.logs import LOG_HINT, LogSource
 
 # Bounds the stand-in's block: on a loop that reads logs itself, the loop is frozen that long
@@ -163,3 +164,84 @@ def test_new_attempt_files_are_read_at_once_while_a_read_of_the_old_one_is_stuck
     assert not froze, "the switch waited for the stuck read"
     assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
     w.close()
+
+
+@pytest.mark.unit
+def test_a_log_whose_open_replay_and_close_hang_leaves_the_loop_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent attaching to a running rank whose log sits on a dead mount: the log's first
+    open (at its end), the read-back of its history and its close each block, one after the
+    other. Each runs on the thread of the rank's log reads: the loop's other tasks go on
+    meanwhile, the history is replayed once it is read (not emitted), and the live lines
+    follow it."""
+    log = tmp_path / "rank-73.log"
+    log.write_text("step=1 loss=2.5\nstep=2 loss=nan\n")
+    phases = ("open", "replay", "close")
+    release = {p: threading.Event() for p in phases}
+    entered: dict[str, str] = {}  # phase -> the thread it blocked
+    froze: list[str] = []
+
+    def gated(phase: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            entered.setdefault(phase, threading.current_thread().name)
+            if not release[phase].wait(FROZEN_S):
+                froze.append(phase)  # nobody could release it: the loop itself was blocked here
+            return fn(*args, **kwargs)
+
+        return call
+
+    for phase, name in zip(phases, ("_open_checked", "read_back_lines", "close"), strict=True):
+        monkeypatch.setattr(LogFollower, name, gated(phase, getattr(LogFollower, name)))
+    found: list[Finding] = []
+    conf = replaced(
+        Config(), {"dumps.dir": str(tmp_path / "dumps"), "logs.format": "kv", "logs.poll_interval": 0.02}
+    )
+    ident = Identity(run="t", rank=73, local_rank=0, world_size=1, node="n")
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def responsive(phase: str) -> None:
+        await until(lambda: phase in entered, what=f"the log's {phase} started")
+        before = ticks
+        await until(lambda: ticks > before + 10, what=f"the loop ran while the {phase} blocked")
+        release[phase].set()
+
+    async def go() -> RankWatcher:
+        tick = asyncio.create_task(ticker())
+        w = RankWatcher(conf, ident, [log], emit=found.append, from_end=True, replay=True)
+        task = asyncio.create_task(w.run())
+        try:
+            await responsive("open")
+            await responsive("replay")
+            await until(lambda: w.engine.state.last_step == 2, what="the history replayed")
+            with log.open("a") as fh:
+                fh.write("step=3 loss=2.4\n")
+            await until(lambda: w.engine.state.last_step == 3, what="the live line after the history")
+        finally:
+            release["open"].set()
+            release["replay"].set()
+            w.stop()
+            await asyncio.wait_for(task, 10)
+        w.close()
+        assert w.streams[0].follower.is_open, "the close waits on its thread"
+        await responsive("close")
+        await until(lambda: not w.streams[0].follower.is_open, what="the log closed")
+        tick.cancel()
+        return w
+
+    try:
+        w = asyncio.run(go())
+    finally:
+        for event in release.values():
+            event.set()
+    assert not froze, f"the event loop was blocked in the log's {froze}"
+    assert "MainThread" not in entered.values(), entered
+    assert [f.kind for f in w.replayed if f.kind == "nan_loss"] == ["nan_loss"]
+    # The history's NaN is not sent again; the live line's recovery from it is news.
+    assert [(f.step, f.resolved) for f in found if f.kind == "nan_loss"] == [(3, True)]

@@ -67,6 +67,7 @@ def _live(cfg: Config, log: Path) -> RankWatcher:
 
 def _replayed(cfg: Config, log: Path) -> RankWatcher:
     w = RankWatcher(cfg, IDENT, [log], emit=lambda f: None, from_end=True, replay=True)
+    w.catch_up()  # the history is read back off the loop, with the first open: parsed here
     w.close()
     return w
 
