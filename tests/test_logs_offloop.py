@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,24 @@ from rankwatch.sources.polled.logs import LOG_HINT, LogSource
 FROZEN_S = 5.0
 
 
-def _watcher(tmp_path: Path, rank: int, found: list[Finding]) -> RankWatcher:
+def _watcher(tmp_path: Path, rank: int, found: list[Finding], **kw: Any) -> RankWatcher:
     conf = replaced(
         Config(), {"dumps.dir": str(tmp_path / "dumps"), "logs.format": "kv", "logs.poll_interval": 0.02}
     )
     ident = Identity(run="t", rank=rank, local_rank=rank, world_size=2, node="n")
-    return RankWatcher(conf, ident, [tmp_path / f"rank-{rank}.log"], emit=found.append)
+    return RankWatcher(conf, ident, [tmp_path / f"rank-{rank}.log"], emit=found.append, **kw)
+
+
+class Ticker:
+    """Another task of the loop: ``ticks`` grows while the loop runs."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    async def run(self) -> None:
+        while True:
+            self.ticks += 1
+            await asyncio.sleep(0)
 
 
 @pytest.mark.unit
@@ -59,25 +72,19 @@ def test_a_log_whose_read_hangs_stops_neither_the_loop_nor_another_rank(
 
     monkeypatch.setattr(follower, "read_available", stuck_read)
     thread = hung.log_io
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.005)
+    ticker = Ticker()
 
     async def go() -> None:
         tasks = [asyncio.create_task(w.run()) for w in (hung, ok)]
-        tick = asyncio.create_task(ticker())
+        tick = asyncio.create_task(ticker.run())
         try:
             await until(blocked.is_set, what="rank 70's read started")
-            before = ticks
+            before = ticker.ticks
             with (tmp_path / "rank-71.log").open("a") as fh:
                 fh.write("step=1 loss=2.5\nstep=2 loss=2.4\nstep=3 loss=nan\n")
             await until(lambda: ok.engine.state.last_step == 3, what="rank 71's lines parsed")
             await until(lambda: offloop.timeouts.get(thread, 0) >= 3, what="periods failed at once")
-            assert ticks > before, "the agent's other tasks stopped"
+            assert ticker.ticks > before, "the agent's other tasks stopped"
             assert hung.lines == 0 and hung.engine.state.last_step is None
             assert hung.source_errors[LogSource.name] == 1, "one hang is counted once"
             hung.drain()  # the rank exits meanwhile: its stuck log is left, the loop goes on
@@ -194,27 +201,17 @@ def test_a_log_whose_open_replay_and_close_hang_leaves_the_loop_running(
     for phase, name in zip(phases, ("_open_checked", "read_back_lines", "close"), strict=True):
         monkeypatch.setattr(LogFollower, name, gated(phase, getattr(LogFollower, name)))
     found: list[Finding] = []
-    conf = replaced(
-        Config(), {"dumps.dir": str(tmp_path / "dumps"), "logs.format": "kv", "logs.poll_interval": 0.02}
-    )
-    ident = Identity(run="t", rank=73, local_rank=0, world_size=1, node="n")
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
+    ticker = Ticker()
 
     async def responsive(phase: str) -> None:
         await until(lambda: phase in entered, what=f"the log's {phase} started")
-        before = ticks
-        await until(lambda: ticks > before + 10, what=f"the loop ran while the {phase} blocked")
+        before = ticker.ticks
+        await until(lambda: ticker.ticks > before + 10, what=f"the loop ran while the {phase} blocked")
         release[phase].set()
 
     async def go() -> RankWatcher:
-        tick = asyncio.create_task(ticker())
-        w = RankWatcher(conf, ident, [log], emit=found.append, from_end=True, replay=True)
+        tick = asyncio.create_task(ticker.run())
+        w = _watcher(tmp_path, 73, found, from_end=True, replay=True)
         task = asyncio.create_task(w.run())
         try:
             await responsive("open")
@@ -245,3 +242,27 @@ def test_a_log_whose_open_replay_and_close_hang_leaves_the_loop_running(
     assert [f.kind for f in w.replayed if f.kind == "nan_loss"] == ["nan_loss"]
     # The history's NaN is not sent again; the live line's recovery from it is news.
     assert [(f.step, f.resolved) for f in found if f.kind == "nan_loss"] == [(3, True)]
+
+
+@pytest.mark.unit
+def test_a_rank_source_counts_its_failures_under_its_own_component(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """node_exporter's model: each source's failures under its name, not summed into one."""
+    from rankwatch.exporter import render
+    from rankwatch.runtime.agent import Agent
+
+    conf = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    agent = Agent(conf, Identity(run="t", rank=0, local_rank=0, world_size=1, node="n"))
+    w = agent.add_watcher([tmp_path / "rank-0.log"])
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("EIO")
+
+    monkeypatch.setattr(w.streams[0].follower, "read_available", broken)
+    assert asyncio.run(w.pollers[LogSource.name].once()) is None  # the sample failed
+    errors = agent.snapshot().internal_errors
+    assert errors[LogSource.name] == 1 and errors.get("process", 0) == 0 and "sampler" not in errors
+    text = render(agent).decode()
+    assert re.search(r'rankwatch_internal_errors_total\{[^}]*component="logs"[^}]*\} 1', text), text[-2000:]
+    w.close()

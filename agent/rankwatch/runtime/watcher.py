@@ -233,8 +233,12 @@ class RankWatcher:
         self.on_replayed: Callable[[list[Finding]], None] | None = None
         if from_end:
             # A log followed from its end starts where it is now: its first open is started
-            # at once, on the thread of its reads, not at the first poll.
-            offloop.start(functools.partial(_attach, list(self.streams)), self.log_io)
+            # at once, under the name of its reads' thread, not at the first poll. A thread of
+            # its own, ended once it returns: run mode makes the watcher before it lowers the
+            # agent's priority, and a kept thread (``offloop.start``) would keep the old one.
+            threading.Thread(
+                target=functools.partial(_attach, list(self.streams)), name=self.log_io, daemon=True
+            ).start()
 
     def _stamped(self, emit: Callable[[Finding], None]) -> Callable[[Finding], None]:
         """Every finding of this pipeline carries its process's run (the alert key, the
