@@ -528,7 +528,7 @@ class LogReader:
         self.replay = replay
         self.lock = threading.Lock()
         self.ready: collections.deque[list[FollowedLine]] = collections.deque()
-        self.history: list[FollowedLine] | None = None  # the replayed history, until taken
+        self.history: collections.deque[list[FollowedLine]] = collections.deque()  # to replay, until taken
         self.attached = False
         self.behind = False  # the last read stopped at ``max_bytes`` with more to read
         self.closed = False
@@ -570,14 +570,16 @@ class LogReader:
             try:
                 # The one splitter, as live reading: a form feed or U+2028 inside a line is no
                 # line break, and the segments of a \r progress bar keep their line's number.
-                self.history = f.read_back_lines(max(0, end - self.replay), end)
+                self.history.append(f.read_back_lines(max(0, end - self.replay), end))
             except OSError as e:
                 log.warning("%s: cannot replay its history: %s", f.path, e)
 
     def take_history(self) -> list[FollowedLine] | None:
-        """The history ``attach`` read back, once (None: none, or not read yet)."""
-        history, self.history = self.history, None
-        return history
+        """The history ``attach`` read back, once (None: none, or not read yet); any thread."""
+        try:
+            return self.history.popleft()
+        except IndexError:
+            return None
 
     def fill(self, wake: Callable[[], None] | None = None) -> bool:
         """Blocking: one read of at most ``max_bytes``, its lines queued (an empty batch when
