@@ -54,6 +54,7 @@ def _agent(tmp_path: Path) -> Agent:
     log = tmp_path / "rank-0.log"
     log.touch()
     w = agent.add_watcher([log], dataclasses.replace(IDENT))
+    w.streams[0].reader.fill()  # its log source's read (off the loop in the agent) opens it
     w._records([StepRecord(step=i, loss=2.0, time=time.time() - 10 + i / 10) for i in range(1, 50)])
     return agent
 

@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import fuzz_examples
-from rankwatch.sources.follower import FollowedLine, LogFollower, follow, read_lines
+from followlib import follow
+from rankwatch.sources.follower import FollowedLine, LogFollower, read_lines
 
 pytestmark = pytest.mark.unit
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from rankwatch.identity import Identity
 from rankwatch.records import Finding
 from rankwatch.runtime import watcher
 from rankwatch.runtime.watcher import RankWatcher
+from rankwatch.sources.follower import LogFollower
 from rankwatch.sources.polled.logs import LOG_HINT, LogSource
 
 # Bounds the stand-in's block: on a loop that reads logs itself, the loop is frozen that long
@@ -29,12 +31,24 @@ from rankwatch.sources.polled.logs import LOG_HINT, LogSource
 FROZEN_S = 5.0
 
 
-def _watcher(tmp_path: Path, rank: int, found: list[Finding]) -> RankWatcher:
+def _watcher(tmp_path: Path, rank: int, found: list[Finding], **kw: Any) -> RankWatcher:
     conf = replaced(
         Config(), {"dumps.dir": str(tmp_path / "dumps"), "logs.format": "kv", "logs.poll_interval": 0.02}
     )
     ident = Identity(run="t", rank=rank, local_rank=rank, world_size=2, node="n")
-    return RankWatcher(conf, ident, [tmp_path / f"rank-{rank}.log"], emit=found.append)
+    return RankWatcher(conf, ident, [tmp_path / f"rank-{rank}.log"], emit=found.append, **kw)
+
+
+class Ticker:
+    """Another task of the loop: ``ticks`` grows while the loop runs."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    async def run(self) -> None:
+        while True:
+            self.ticks += 1
+            await asyncio.sleep(0)
 
 
 @pytest.mark.unit
@@ -58,25 +72,19 @@ def test_a_log_whose_read_hangs_stops_neither_the_loop_nor_another_rank(
 
     monkeypatch.setattr(follower, "read_available", stuck_read)
     thread = hung.log_io
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.005)
+    ticker = Ticker()
 
     async def go() -> None:
         tasks = [asyncio.create_task(w.run()) for w in (hung, ok)]
-        tick = asyncio.create_task(ticker())
+        tick = asyncio.create_task(ticker.run())
         try:
             await until(blocked.is_set, what="rank 70's read started")
-            before = ticks
+            before = ticker.ticks
             with (tmp_path / "rank-71.log").open("a") as fh:
                 fh.write("step=1 loss=2.5\nstep=2 loss=2.4\nstep=3 loss=nan\n")
             await until(lambda: ok.engine.state.last_step == 3, what="rank 71's lines parsed")
             await until(lambda: offloop.timeouts.get(thread, 0) >= 3, what="periods failed at once")
-            assert ticks > before, "the agent's other tasks stopped"
+            assert ticker.ticks > before, "the agent's other tasks stopped"
             assert hung.lines == 0 and hung.engine.state.last_step is None
             assert hung.source_errors[LogSource.name] == 1, "one hang is counted once"
             hung.drain()  # the rank exits meanwhile: its stuck log is left, the loop goes on
@@ -162,4 +170,99 @@ def test_new_attempt_files_are_read_at_once_while_a_read_of_the_old_one_is_stuck
     asyncio.run(go())
     assert not froze, "the switch waited for the stuck read"
     assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
+    w.close()
+
+
+@pytest.mark.unit
+def test_a_log_whose_open_replay_and_close_hang_leaves_the_loop_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent attaching to a running rank whose log sits on a dead mount: the log's first
+    open (at its end), the read-back of its history and its close each block, one after the
+    other. Each runs on the thread of the rank's log reads: the loop's other tasks go on
+    meanwhile, the history is replayed once it is read (not emitted), and the live lines
+    follow it."""
+    log = tmp_path / "rank-73.log"
+    log.write_text("step=1 loss=2.5\nstep=2 loss=nan\n")
+    phases = ("open", "replay", "close")
+    release = {p: threading.Event() for p in phases}
+    entered: dict[str, str] = {}  # phase -> the thread it blocked
+    froze: list[str] = []
+
+    def gated(phase: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            entered.setdefault(phase, threading.current_thread().name)
+            if not release[phase].wait(FROZEN_S):
+                froze.append(phase)  # nobody could release it: the loop itself was blocked here
+            return fn(*args, **kwargs)
+
+        return call
+
+    for phase, name in zip(phases, ("_open_checked", "read_back_lines", "close"), strict=True):
+        monkeypatch.setattr(LogFollower, name, gated(phase, getattr(LogFollower, name)))
+    found: list[Finding] = []
+    ticker = Ticker()
+
+    async def responsive(phase: str) -> None:
+        await until(lambda: phase in entered, what=f"the log's {phase} started")
+        before = ticker.ticks
+        await until(lambda: ticker.ticks > before + 10, what=f"the loop ran while the {phase} blocked")
+        release[phase].set()
+
+    async def go() -> RankWatcher:
+        tick = asyncio.create_task(ticker.run())
+        w = _watcher(tmp_path, 73, found, from_end=True, replay=True)
+        task = asyncio.create_task(w.run())
+        try:
+            await responsive("open")
+            await responsive("replay")
+            await until(lambda: w.engine.state.last_step == 2, what="the history replayed")
+            with log.open("a") as fh:
+                fh.write("step=3 loss=2.4\n")
+            await until(lambda: w.engine.state.last_step == 3, what="the live line after the history")
+        finally:
+            release["open"].set()
+            release["replay"].set()
+            w.stop()
+            await asyncio.wait_for(task, 10)
+        w.close()
+        assert w.streams[0].follower.is_open, "the close waits on its thread"
+        await responsive("close")
+        await until(lambda: not w.streams[0].follower.is_open, what="the log closed")
+        tick.cancel()
+        return w
+
+    try:
+        w = asyncio.run(go())
+    finally:
+        for event in release.values():
+            event.set()
+    assert not froze, f"the event loop was blocked in the log's {froze}"
+    assert "MainThread" not in entered.values(), entered
+    assert [f.kind for f in w.replayed if f.kind == "nan_loss"] == ["nan_loss"]
+    # The history's NaN is not sent again; the live line's recovery from it is news.
+    assert [(f.step, f.resolved) for f in found if f.kind == "nan_loss"] == [(3, True)]
+
+
+@pytest.mark.unit
+def test_a_rank_source_counts_its_failures_under_its_own_component(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """node_exporter's model: each source's failures under its name, not summed into one."""
+    from rankwatch.exporter import render
+    from rankwatch.runtime.agent import Agent
+
+    conf = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    agent = Agent(conf, Identity(run="t", rank=0, local_rank=0, world_size=1, node="n"))
+    w = agent.add_watcher([tmp_path / "rank-0.log"])
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("EIO")
+
+    monkeypatch.setattr(w.streams[0].follower, "read_available", broken)
+    assert asyncio.run(w.pollers[LogSource.name].once()) is None  # the sample failed
+    errors = agent.snapshot().internal_errors
+    assert errors[LogSource.name] == 1 and errors.get("process", 0) == 0 and "sampler" not in errors
+    text = render(agent).decode()
+    assert re.search(r'rankwatch_internal_errors_total\{[^}]*component="logs"[^}]*\} 1', text), text[-2000:]
     w.close()

@@ -157,8 +157,8 @@ def test_a_hung_sample_leaves_one_thread_keeps_the_loop_turning_and_claims_nothi
     _, took, fired = _bounded_run(stuck, go)
     assert not fired and took < EXIT_S
     assert stuck.calls == 1
-    # Each period counted, as rankwatch_internal_errors_total{component="sampler"}.
-    assert w.sample_errors == periods
+    # Each period counted, as rankwatch_internal_errors_total{component="process"}.
+    assert w.source_errors["process"] == periods
     assert offloop.timeouts == {"rankwatch-proc-0": periods}
     said = [m for m in (r.getMessage() for r in caplog.records) if "rankwatch-proc-" in m or "sampling" in m]
     assert len(said) == 1 and "D state" in said[0], said  # logged once, with the likely cause
@@ -202,8 +202,8 @@ def test_the_agent_exits_while_a_process_sample_is_stuck(
             )
         )  # fmt: skip
         try:
-            await until(lambda: started and started[0].agent.watchers[0].sample_errors >= 3, 10)
-            errors = started[0].agent.snapshot().internal_errors["sampler"]  # what /metrics shows
+            await until(lambda: started and started[0].agent.watchers[0].source_errors["process"] >= 3, 10)
+            errors = started[0].agent.snapshot().internal_errors["process"]  # what /metrics shows
         finally:
             stop.set()
         return await asyncio.wait_for(task, EXIT_S), errors

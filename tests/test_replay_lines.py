@@ -67,6 +67,7 @@ def _live(cfg: Config, log: Path) -> RankWatcher:
 
 def _replayed(cfg: Config, log: Path) -> RankWatcher:
     w = RankWatcher(cfg, IDENT, [log], emit=lambda f: None, from_end=True, replay=True)
+    w.catch_up()  # the history is read back off the loop, with the first open: parsed here
     w.close()
     return w
 
@@ -145,3 +146,26 @@ def test_an_encoding_lines_cannot_be_split_in_is_a_config_error(tmp_path: Path, 
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert (e.value.line, e.value.key) == (3, "logs.encoding") and why in e.value.message
+
+
+def test_a_history_replayed_after_the_alerts_started_still_reaches_them(tmp_path: Path) -> None:
+    """The history is read back off the loop, so it may land after the alert dispatcher took
+    the watchers' ``replayed`` at its start: the agent hands it on then."""
+    from rankwatch.runtime.agent import Agent
+
+    log = tmp_path / "rank-0.log"
+    log.write_bytes(b"step=1 loss=2.5\nstep=2 loss=nan\n")
+    cfg = replaced(_cfg(), {"dumps.dir": str(tmp_path / "dumps")})
+    told: list[Finding] = []
+
+    class Alerts:
+        def replayed(self, findings: list[Finding]) -> None:
+            told.extend(findings)
+
+    agent = Agent(cfg, IDENT)
+    agent.alerts = Alerts()  # type: ignore[assignment]
+    w = agent.add_watcher([log], from_end=True, replay=True)
+    w.catch_up()
+    w.close()
+    assert [f.kind for f in told if not f.resolved] == ["nan_loss"]
+    assert told == w.replayed

@@ -43,6 +43,7 @@ def _agent(tmp_path: Path, ranks: int = 2, logs: bool = True) -> Agent:
         if logs:
             log.touch()
         w = agent.add_watcher([log], dataclasses.replace(IDENT, rank=r, local_rank=r))
+        w.streams[0].reader.fill()  # its log source's read (off the loop in the agent) opens it
         w._records(
             [
                 StepRecord(step=i, total_steps=500, loss=2.0, tokens_per_s=9000.0, time=now - 50 + i / 4)
@@ -183,6 +184,7 @@ def test_nan_loss_survives_into_json(tmp_path: Path) -> None:
 def test_readyz_is_503_until_a_source_is_attached(tmp_path: Path) -> None:
     agent = _agent(tmp_path, ranks=2, logs=False)
     (tmp_path / "rank-0.log").touch()
+    agent.watchers[0].streams[0].reader.fill()  # what the log source does each period, off the loop
 
     async def go() -> None:
         async with _serve(agent) as (srv, s):
@@ -192,6 +194,7 @@ def test_readyz_is_503_until_a_source_is_attached(tmp_path: Path) -> None:
                 assert doc["ready"] is False and len(doc["detail"]) == 1
                 assert "rank 1" in doc["detail"][0] and "rank-1.log" in doc["detail"][0]
             (tmp_path / "rank-1.log").touch()
+            await asyncio.to_thread(agent.watchers[1].streams[0].reader.fill)
             async with s.get(srv.url + "/readyz") as r:
                 assert r.status == 200
 

@@ -20,7 +20,7 @@ COMPONENTS = (
     "parser",
     "watcher",
     "detector",
-    "sampler",
+    "logs",
     "sink",
     "exporter",
     "server",

@@ -226,8 +226,16 @@ class Agent:
     def adopt(self, w: RankWatcher) -> None:
         """A watcher made elsewhere (a launcher's worker, the run's own pipeline) joins the agent."""
         w.on_clean_exit = lambda rank, step, wall: self.clean_exit(rank, step, wall, w.identity.run)
+        w.on_replayed = self._replayed
         if w not in self.watchers:
             self.watchers.append(w)
+
+    def _replayed(self, found: list[Finding]) -> None:
+        """A watcher's replayed history, read after the alerts started (before, they take it
+        from ``replayed`` as they start)."""
+        hook = getattr(self.alerts, "replayed", None)
+        if hook is not None:
+            hook(found)
 
     def wire(
         self,

@@ -162,7 +162,8 @@ def sources_status(w: RankWatcher) -> SourcesView:
     who = f"rank {_s(w.rank) or '?'}"
     if w.prober is not None:
         return SourcesView(True, f"{who}: process {w.prober.pid} attached")
-    present = [s for s in w.streams if s.follower.stats.bytes_read > 0 or s.path.exists()]
+    # What the log's reads (off the loop) found: a stat here would block on a hung mount.
+    present = [s for s in w.streams if s.follower.stats.bytes_read > 0 or s.follower.is_open]
     if present:
         return SourcesView(True, f"{who}: following {len(present)} of {len(w.streams)} log file(s)")
     if not w.streams:
@@ -380,12 +381,13 @@ class SnapshotBuilder:
         """By component: watcher-level counters, sink failures and whatever the agent counts
         under ``internal_errors_by_component`` (alerts, dumps, ...), and the server's."""
         agent = self.agent
-        out = {"parser": 0, "watcher": 0, "sampler": 0, "detector": 0}
+        out = {"parser": 0, "watcher": 0, "detector": 0}
         if "ranks" not in broken:
             for w in _own_watchers(agent, views):
                 out["parser"] += sum(s.parser.stats.errors for s in w.streams)
                 out["watcher"] += w.internal_errors
-                out["sampler"] += w.sample_errors
+                for name, n in list(w.source_errors.items()):
+                    out[name] = out.get(name, 0) + n  # each source under its own name (logs, process)
                 out["detector"] += sum(e.internal_errors for e in list(w.engines.values()))
         out["sink"] = sum(agent.sink_errors.values())
         for name, n in list(agent.internal_errors_by_component.items()):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import re
@@ -77,7 +78,7 @@ _LOG_SETS = itertools.count()
 class Stream:
     __slots__ = (
         "cri", "dropped", "follower", "last_data", "parser", "path", "reader", "shed_backlog", "shedding",
-        "thinned", "uncounted",
+        "thinned",
     )  # fmt: skip
 
     def __init__(
@@ -88,9 +89,11 @@ class Stream:
         from_end: bool,
         world_size: int | None = None,
         *,
-        lazy: bool = False,
+        replay: int = 0,
     ) -> None:
-        """``lazy``: the file is first touched by its first read, off the loop (``LogFollower``)."""
+        """Touches nothing on disk: the file's first open, from its end with ``from_end`` (its
+        earlier lines counted, ``replay`` bytes of its history read back), every read and its
+        close run on the rank's log source's thread (``LogReader``, ``sources/polled/logs.py``)."""
         self.path = path
         # NCCL INFO chatter is skipped before parsing, as ``analyze`` does: it is often most of
         # a burst and never evidence; it is still counted (unparsed) and still a sign of life.
@@ -100,13 +103,18 @@ class Stream:
             from_end=from_end,
             drop=NOISE,
             encoding=cfg.logs.encoding,
-            lazy=lazy,
+            lazy=True,
         )
-        # Its reads run off the loop, on the rank's log source's thread (sources/polled/logs.py).
-        self.reader = LogReader(self.follower, int(cfg.logs.read_bytes_per_turn), thin=self.thin)
+        self.reader = LogReader(
+            self.follower,
+            int(cfg.logs.read_bytes_per_turn),
+            thin=self.thin,
+            count=from_end,
+            replay=replay,
+            count_s=LINE_COUNT_S,
+        )
         self.shed_backlog = int(cfg.logs.shed_backlog)
         self.dropped = 0
-        self.uncounted = from_end  # lines before the start: counted off the loop in ``run``
         self.parser = LogParser.configured(cfg.logs, default_rank=rank, world_size=world_size)
         self.last_data = 0.0
         self.shedding = False
@@ -180,7 +188,8 @@ class RankWatcher:
         self.clock = clock
         self.wall = wall
         self.path = str(logs[0]) if logs else None
-        self.streams = [Stream(p, cfg, self.rank, from_end, identity.world_size) for p in logs]
+        budget = int(cfg.logs.replay) if replay and from_end else 0
+        self.streams = [Stream(p, cfg, self.rank, from_end, identity.world_size, replay=budget) for p in logs]
         self.engines: dict[int | None, RankEngine] = {}
         self._engine(self.rank)  # its liveness rules start their grace now
         self.tail: deque[str] = deque(maxlen=max(1, cfg.process.tail_lines))
@@ -193,8 +202,8 @@ class RankWatcher:
         self.exited = False
         self.internal_errors = 0
         self.lines = 0
-        # The sources made for this rank (its process), each polled under the sources' policy;
-        # their failures by source name.
+        # The sources made for this rank (its process, its logs), each polled under the sources'
+        # policy; their failures by source name, exported under that name (``logs``, ``process``).
         self.source_errors: dict[str, int] = {}
         # offloop's name for the thread of the rank's log reads: a new one for each set of files
         # (``follow_instead``), so new attempt files are read while a read of the old ones is stuck.
@@ -220,9 +229,16 @@ class RankWatcher:
         self.gpu_env: dict[str, str] = {}
         # Told of a clean exit (status 0): rank, last step, wall time. Set by the agent.
         self.on_clean_exit: Callable[[int | None, int | None, float], None] | None = None
-        if replay and from_end and int(cfg.logs.replay) > 0:
-            for stream in self.streams:
-                self._replay(stream, int(cfg.logs.replay))
+        # Told of what each replayed history held (``replayed`` keeps it too). Set by the agent.
+        self.on_replayed: Callable[[list[Finding]], None] | None = None
+        if from_end:
+            # A log followed from its end starts where it is now: its first open is started
+            # at once, under the name of its reads' thread, not at the first poll. A thread of
+            # its own, ended once it returns: run mode makes the watcher before it lowers the
+            # agent's priority, and a kept thread (``offloop.start``) would keep the old one.
+            threading.Thread(
+                target=functools.partial(_attach, list(self.streams)), name=self.log_io, daemon=True
+            ).start()
 
     def _stamped(self, emit: Callable[[Finding], None]) -> Callable[[Finding], None]:
         """Every finding of this pipeline carries its process's run (the alert key, the
@@ -299,12 +315,6 @@ class RankWatcher:
         """The process the rank's sources sample: none before the first attach, or after its exit."""
         return None if self.exited else self.prober
 
-    @property
-    def sample_errors(self) -> int:
-        """Samples of the rank's sources that failed or hung (each period one is stuck counts),
-        exported as the ``sampler`` internal errors."""
-        return sum(self.source_errors.values())
-
     def pids(self) -> list[int]:
         if self.prober is None:
             return []
@@ -323,20 +333,14 @@ class RankWatcher:
             return []
 
     # --- logs --------------------------------------------------------------------------
-    def _replay(self, stream: Stream, budget: int) -> None:
+    def _replay(self, stream: Stream, batch: list[Any]) -> None:
         """An agent started (or restarted) next to a running rank: rebuild its windows from the
-        log's recent history, as ``analyze`` would, so baselines and the last step are known at
-        once. Its findings are not emitted again: they are kept in ``replayed`` for the alert
-        dispatcher, whose state file tells what was reported before the restart (and so what
-        happened while no agent ran)."""
-        end = stream.follower.position
-        try:
-            # The one splitter, as live reading: a form feed or U+2028 inside a line is no line
-            # break, and the segments of a \r progress bar keep their line's number.
-            batch = stream.follower.read_back_lines(max(0, end - budget), end)
-        except OSError as e:
-            log.warning("%s: cannot replay its history: %s", stream.path, e)
-            return
+        log's recent history (read back off the loop, ``LogReader.attach``), as ``analyze``
+        would, so baselines and the last step are known before its live lines. Its findings are
+        not emitted again: they go to ``replayed`` and ``on_replayed``, for the alert dispatcher,
+        whose state file tells what was reported before the restart (and so what happened while
+        no agent ran)."""
+        found: list[Finding] = []
         if len(batch) > 1 and batch[-1].lineno - batch[0].lineno + 1 < len(batch):
             batch = _latest_redraws(batch, stream.parser.stats)
         kinds: dict[str, int] = {}
@@ -352,11 +356,14 @@ class RankWatcher:
                 eng = self._engine(rec.rank if rec.rank is not None else self.rank)
                 try:
                     for f in eng.feed(rec):
-                        self.replayed.append(f)
+                        found.append(f)
                         if not f.resolved:
                             kinds[f.kind] = kinds.get(f.kind, 0) + 1
                 except Exception:
                     self.internal_errors += 1
+        self.replayed += found
+        if found and self.on_replayed is not None:
+            self.on_replayed(found)
         state = self.engine.state
         if state.last_step is not None:
             self.engine.feed(Progress(self.clock(), state.last_step))  # the stall clock starts from it
@@ -478,6 +485,7 @@ class RankWatcher:
         ``DRAIN_WAIT_S`` (not at all once the rank's reads are stuck): a log on a hung mount is
         left, and said, instead of freezing the agent as it stops. ``final``: the last line
         even with no newline yet (the writer is gone)."""
+        self._take_history(s)
         while (queued := s.reader.take()) is not None:  # read before: parsed first
             self._feed_read(s, queued)
         if s.reader.closed:
@@ -490,6 +498,7 @@ class RankWatcher:
                 log.warning("%s: not read to its end: a read of it has not returned (%s)", s.path, LOG_HINT)
                 return
             got = False
+            self._take_history(s)
             while (batch := s.reader.take()) is not None:
                 if batch:
                     got = True
@@ -511,6 +520,11 @@ class RankWatcher:
         one given up on (the source's thread is stuck)."""
         return 0.0 if offloop.stuck(self.log_io) else DRAIN_WAIT_S
 
+    def _take_history(self, s: Stream) -> None:
+        history = s.reader.take_history()
+        if history is not None:
+            self._replay(s, history)
+
     def _feed_read(self, s: Stream, batch: list[Any]) -> None:
         batch = self._shed(s, batch)
         for i in range(0, max(1, len(batch)), FEED_SLICE):
@@ -525,8 +539,8 @@ class RankWatcher:
         gone = [s for s in self.streams if s.path in old]
         for s in gone:
             self._drain(s)
-            s.reader.close(self._drain_wait())
-        added = [Stream(p, self.cfg, self.rank, False, self.identity.world_size, lazy=True) for p in new]
+            s.reader.close(self.log_io)
+        added = [Stream(p, self.cfg, self.rank, False, self.identity.world_size) for p in new]
         self.streams = added + [s for s in self.streams if s not in gone]
         if gone:
             self.log_io = f"rankwatch-log-{self.rank}-{next(_LOG_SETS)}"
@@ -552,12 +566,13 @@ class RankWatcher:
                     break
         finally:
             for s in self.streams:
-                s.reader.unwatch()
+                s.reader.unwatch_on(self.log_io)
 
     async def _take_lines(self, _: list[Sampled]) -> None:
         """What the rank's log reads queued, through the parser, yielding to the loop after
         every slice of ``FEED_SLICE`` lines: /healthz, /metrics and the other ranks run between."""
         for s in list(self.streams):
+            self._take_history(s)
             while (batch := s.reader.take()) is not None:
                 batch = self._shed(s, batch)
                 for i in range(0, max(1, len(batch)), FEED_SLICE):
@@ -629,28 +644,8 @@ class RankWatcher:
         return next((f for f in found if f.kind in ("crash", "process_exit")), None)
 
     # --- lifecycle ---------------------------------------------------------------------
-    async def _number_lines(self) -> None:
-        """A log followed from its end: line numbers count from the file's start, as an editor
-        shows them. Counting a big file takes a while, so it runs on a thread, bounded; past
-        the bound the numbers count from where reading started (and the agent's log says so)."""
-        for s in self.streams:
-            if not s.uncounted:
-                continue
-            s.uncounted = False
-            try:
-                n = await offloop.call(
-                    s.follower.count_lines_before, timeout=LINE_COUNT_S, name="rankwatch-lines"
-                )
-            except (asyncio.TimeoutError, OSError) as e:
-                log.warning(
-                    "%s: lines not counted (%s): line numbers start where reading did", s.path, e or "slow"
-                )
-                continue
-            s.follower.number_from(n + 1)
-
     async def run(self) -> None:
         """Follow every log and sample the process until ``stop()``."""
-        await self._number_lines()
         others = [
             asyncio.create_task(p.run(self._stop, self._deliver), name=f"source-{name}-{self.rank}")
             for name, p in self.pollers.items()
@@ -690,8 +685,18 @@ class RankWatcher:
             self.release_held(force=True)
 
     def close(self) -> None:
+        """Every log closed, on the thread of its reads; returns at once."""
         for s in self.streams:
-            s.reader.close(self._drain_wait())
+            s.reader.close(self.log_io)
+
+
+def _attach(streams: list[Stream]) -> None:
+    """Each log's first open (and history), on the thread of its reads."""
+    for s in streams:
+        try:
+            s.reader.attach()
+        except Exception:
+            log.exception("%s: cannot open it", s.path)
 
 
 def _fill_within(reader: LogReader, wait: float, name: str) -> bool | None:

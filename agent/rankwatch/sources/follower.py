@@ -15,7 +15,6 @@ counted (``FollowerStats.refused_opens``); it is never opened.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import logging
@@ -24,11 +23,10 @@ import pathlib
 import stat
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from rankwatch import safeio
-from rankwatch.offloop import threadsafe_waker
+from rankwatch import offloop, safeio
 from rankwatch.sources.lines import NOISE, RESCUE, FollowedLine, FollowerStats, Splitter, read_lines
 
 __all__ = [
@@ -38,7 +36,6 @@ __all__ = [
     "FollowerStats",
     "LogFollower",
     "LogReader",
-    "follow",
     "read_lines",
 ]
 
@@ -64,13 +61,12 @@ class LogFollower:
         encoding: str = "utf-8",
         lazy: bool = False,
     ) -> None:
-        """``lazy``: touch nothing on disk until the first ``read_available``, which resolves
-        the folder and opens the file on whatever thread reads (a log made on the event loop
-        for a folder that may sit on a hung mount). Not with ``from_end``."""
+        """``lazy``: touch nothing on disk until the first ``ensure_open`` or
+        ``read_available``, which resolves the folder and opens the file (``from_end``: at its
+        end then) on whatever thread reads (a log made on the event loop for a folder that may
+        sit on a hung mount)."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
-        if lazy and from_end:
-            raise ValueError("a lazy follower starts at the file's start")
         self.path = pathlib.Path(path)
         self.stats = FollowerStats()
         self.chunk_size = chunk_size
@@ -85,8 +81,9 @@ class LogFollower:
         self._resolved = False
         self._owner: int | None = None  # pinned by the first file read
         self._refused: str | None = None  # the refusal last logged and counted
-        if not lazy and self._open() and from_end:
-            self._seek_to_end()
+        self._from_end = from_end  # the first open attempt starts at the end (if the file is there)
+        if not lazy:
+            self._open()
 
     def _resolve(self) -> None:
         """The folder as configured, resolved once (before the first open)."""
@@ -101,15 +98,27 @@ class LogFollower:
         """Bytes of the current file consumed so far (after ``from_end``: where live reading starts)."""
         return self._offset
 
-    def count_lines_before(self) -> int:
-        """Newlines before the read position (after ``from_end``: lines the file held already).
-        Only reads (``pread``), so it may run on another thread before the first
-        ``read_available``; ~1 GB/s from the page cache."""
+    def ensure_open(self) -> bool:
+        """Open the file now if it is not (a lazy follower's first touch); whether it is open."""
+        return self._fd is not None or self._open()
+
+    @property
+    def is_open(self) -> bool:
+        """The file is open (found and accepted by the last open): no filesystem call, so the
+        loop may ask while a read of it is in flight on another thread."""
+        return self._fd is not None
+
+    def count_lines_before(self, deadline: float | None = None) -> int | None:
+        """Newlines before the read position (after ``from_end``: lines the file held already);
+        None once ``time.monotonic()`` passes ``deadline`` (a file too big to count in time).
+        Only reads (``pread``); ~1 GB/s from the page cache."""
         fd, end = self._fd, self._offset
         if fd is None:
             return 0
         n = pos = 0
         while pos < end:
+            if deadline is not None and time.monotonic() > deadline:
+                return None
             chunk = os.pread(fd, min(1 << 20, end - pos), pos)
             if not chunk:
                 break
@@ -223,6 +232,7 @@ class LogFollower:
     def _open(self) -> bool:
         if not self._resolved:
             self._resolve()
+        from_end, self._from_end = self._from_end, False  # the first attempt only
         try:
             fd, st = self._open_checked()
         except FileNotFoundError:
@@ -246,6 +256,8 @@ class LogFollower:
             self._splitter.reset()
         self._fd = fd
         self._open_error_logged = False
+        if from_end:
+            self._seek_to_end()
         return True
 
     def _open_checked(self) -> tuple[int, os.stat_result]:
@@ -484,25 +496,40 @@ class _Waker:
 class LogReader:
     """One followed log read off the event loop: ``fill`` (blocking, on the thread of the
     rank's log source) reads what is new into ``ready``; the loop ``take``s the batches.
+    Every filesystem call on the log runs there: the first open (``attach``: at the end of
+    a file followed from its end, its earlier lines counted and up to ``replay`` bytes of
+    its history read back into ``history``), every read, and the close (``close``).
 
     The follower is not thread-safe, so ``lock`` makes one owner of its descriptor and
     offset at a time: the source's thread while it reads, the loop (``owned``, a bounded
-    wait) while it drains at exit or closes. A read that hangs (a dead NFS or Lustre mount)
-    holds the lock: the loop gives up on it after its wait and goes on without that log. A
-    read that returns after its sample was given up on keeps its lines in ``ready``: they
-    are taken with the next ones, never lost."""
+    wait) while it flushes the held line at exit. A read that hangs (a dead NFS or Lustre
+    mount) holds the lock: the loop gives up on it after its wait and goes on without that
+    log. A read that returns after its sample was given up on keeps its lines in ``ready``:
+    they are taken with the next ones, never lost."""
 
     def __init__(
         self,
         follower: LogFollower,
         max_bytes: int = _FOLLOW_BATCH_BYTES,
         thin: Callable[[], Callable[[str], bool] | None] | None = None,
+        *,
+        count: bool = False,
+        replay: int = 0,
+        count_s: float = 10.0,
     ) -> None:
+        """``count``: number the lines from the file's start (a follower started at the end)
+        when counting them takes at most ``count_s``; ``replay``: bytes of history before the
+        start read back by ``attach``."""
         self.follower = follower
         self.max_bytes = max_bytes
         self.thin = thin
+        self.count = count
+        self.count_s = count_s
+        self.replay = replay
         self.lock = threading.Lock()
         self.ready: collections.deque[list[FollowedLine]] = collections.deque()
+        self.history: collections.deque[list[FollowedLine]] = collections.deque()  # to replay, until taken
+        self.attached = False
         self.behind = False  # the last read stopped at ``max_bytes`` with more to read
         self.closed = False
         self.abandoned = False  # the loop gave up waiting for a read of it (hung): never waited for again
@@ -514,6 +541,46 @@ class LogReader:
         if wake is not None:
             wake()
 
+    def attach(self) -> None:
+        """Blocking, once: the file's first open; its earlier lines counted and its history
+        read back (see the class). Any thread; ``fill`` does it first when nobody has."""
+        with self.lock:
+            self._attach()
+
+    def _attach(self) -> None:
+        if self.attached or self.closed:
+            return
+        self.attached = True
+        f = self.follower
+        if not f.ensure_open():
+            return
+        if self.count:
+            try:
+                n = f.count_lines_before(time.monotonic() + self.count_s)
+            except OSError as e:
+                n, why = None, str(e)
+            else:
+                why = "slow"
+            if n is None:
+                log.warning("%s: lines not counted (%s): line numbers start where reading did", f.path, why)
+            else:
+                f.number_from(n + 1)
+        if self.replay > 0:
+            end = f.position
+            try:
+                # The one splitter, as live reading: a form feed or U+2028 inside a line is no
+                # line break, and the segments of a \r progress bar keep their line's number.
+                self.history.append(f.read_back_lines(max(0, end - self.replay), end))
+            except OSError as e:
+                log.warning("%s: cannot replay its history: %s", f.path, e)
+
+    def take_history(self) -> list[FollowedLine] | None:
+        """The history ``attach`` read back, once (None: none, or not read yet); any thread."""
+        try:
+            return self.history.popleft()
+        except IndexError:
+            return None
+
     def fill(self, wake: Callable[[], None] | None = None) -> bool:
         """Blocking: one read of at most ``max_bytes``, its lines queued (an empty batch when
         the file grew by dropped noise only: still a sign of life); with ``wake``, the
@@ -521,6 +588,7 @@ class LogReader:
         with self.lock:
             if self.closed:
                 return False
+            self._attach()
             if wake is not None:
                 self._wake = wake
                 self._waker.ensure_started()
@@ -554,70 +622,32 @@ class LogReader:
                 self.lock.release()
 
     def unwatch(self) -> None:
-        """Stop the folder's watch (joins its thread); no later read starts it again."""
+        """Blocking: stop the folder's watch (joins its thread); no later read starts it again."""
         self._waker.stop()
 
-    def close(self, wait: float) -> None:
-        """No read after this; the descriptor closed (by the stuck read's thread, when one is
-        stuck, once it returns) and the watch stopped."""
-        self.closed = True
-        self.unwatch()
-        with self.owned(wait) as mine:
-            if mine:
-                self.follower.close()
-                return
+    def unwatch_on(self, thread: str) -> None:
+        """``unwatch`` on the thread named ``thread`` (an inotify watch's removal on a hung
+        mount blocks); returns at once."""
+        offloop.start(self._quietly(self.unwatch), thread)
 
-        def later() -> None:
+    def close(self, thread: str) -> None:
+        """No read after this; returns at once. The watch is stopped and the descriptor closed
+        on the thread named ``thread`` (the rank's log source's), after any read in flight
+        returns: a close on a hung mount blocks that thread, never the caller."""
+        self.closed = True
+
+        def work() -> None:
+            self.unwatch()
             with self.lock:
                 self.follower.close()
 
-        threading.Thread(target=later, name="rankwatch-log-close", daemon=True).start()
+        offloop.start(self._quietly(work), thread)
 
-
-async def follow(
-    follower: LogFollower,
-    *,
-    poll_interval: float = 0.25,
-    stop: asyncio.Event | None = None,
-    max_bytes: int = _FOLLOW_BATCH_BYTES,
-    thin: Callable[[], Callable[[str], bool] | None] | None = None,
-) -> AsyncGenerator[list[FollowedLine], None]:
-    """Batches as they appear; each read is at most ``max_bytes``, and the loop runs other
-    tasks between two reads, so a backlog of any size costs bounded memory and latency.
-    A batch may be empty when the file grew by lines the follower drops (``drop``).
-    ``thin``: asked before each read for the ``thin`` test of ``read_available`` (or None).
-
-    Close it with ``contextlib.aclosing`` (or ``aclose()``) when leaving early so the
-    watchdog thread is joined at once rather than at garbage collection.
-    """
-    loop = asyncio.get_running_loop()
-    wake = asyncio.Event()
-    waker = _Waker(follower.path, threadsafe_waker(loop, wake))
-    stop_task = asyncio.ensure_future(stop.wait()) if stop is not None else None
-    try:
-        while stop is None or not stop.is_set():
-            waker.ensure_started()
-            wake.clear()
-            before = follower.stats.bytes_read
-            batch = follower.read_available(max_bytes, thin() if thin else None)
-            if batch or follower.stats.bytes_read != before:
-                yield batch  # empty: the file grew by dropped noise only (still a sign of life)
-            if follower.behind:
-                await asyncio.sleep(0)
-                continue
-            wake_task = asyncio.ensure_future(wake.wait())
-            waiting = {wake_task} if stop_task is None else {wake_task, stop_task}
+    def _quietly(self, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
             try:
-                await asyncio.wait(waiting, timeout=poll_interval, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                wake_task.cancel()
-        while True:
-            batch = follower.read_available(max_bytes, thin() if thin else None)
-            if batch:
-                yield batch
-            if not follower.behind:
-                break
-    finally:
-        if stop_task is not None:
-            stop_task.cancel()
-        waker.stop()
+                fn()
+            except Exception:
+                log.exception("%s: closing it failed", self.follower.path)
+
+        return run

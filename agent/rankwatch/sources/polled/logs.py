@@ -3,8 +3,10 @@
 created, moved or closed after a write): one read of each file the rank follows now.
 
 A read is an ``fstat``, a ``read`` and, at the end of a file, an ``lstat`` of its name (a
-rotation), each of which blocks for as long as a dead NFS or Lustre mount does. So the
-reads run on the rank's own thread, never on the loop, and while one given up on has not
+rotation), each of which blocks for as long as a dead NFS or Lustre mount does; so do the
+first open (with the count of the lines before the end and the history read back for the
+replay, ``LogReader.attach``) and the close. So all of them run on the rank's own thread,
+never on the loop, and while one given up on has not
 returned every period fails at once: one hang is logged once and counted, the rank's lines
 wait, and every other rank, /healthz, stall detection and dumps go on. The thread is
 named per set of files (``RankContext.log_io``): after torchelastic restarts a rank into
