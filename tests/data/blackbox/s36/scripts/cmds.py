@@ -40,4 +40,5 @@ C = {
 'e37': 'FAULT=fifo FAULT_STEP=8 STEPS=300 timeout --preserve-status -s INT 55 torchrun --nproc-per-node 2 --master-port 29841 --rdzv-id job37 --no-python rankwatch run -c e37/cfg.yaml --no-server --findings-jsonl e37/f.jsonl --dumps-dir e37/dumps -- python /work/bb3/t3.py  (webhook recorder on 18837)',
 'e38': f'HP=18838 FAULT=segv FAULT_RANK=0 FAULT_STEP=10 MASTER_PORT=29842 ./cell.sh e38 80 -- {R} python /work/bb3/spawn3.py',
 'e39': f'HP=18839 FAULT=nan FAULT_RANK=0 FAULT_STEP=12 LOGFMT=logging STEPS=30 ./cell.sh e39 80 -- {R} torchrun --nproc-per-node 2 --master-port 29843 --rdzv-id job39 /work/bb3/t3.py',
+'e40': f'HP=18840 FAULT=fifo FAULT_STEP=1 STEPS=300 ./cell.sh e40 80 -- {R} torchrun --nproc-per-node 2 --master-port 29844 --rdzv-id job40 --tee 3 /work/bb3/t3.py',
 }
