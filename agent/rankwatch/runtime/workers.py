@@ -582,6 +582,8 @@ class Fleet:
         )
         # A worker's own files are new with it: read from their start (the combined log from
         # its end: what is there is the run's and earlier workers'). Its log is its stdout file.
+        for s in w.streams[: len(own)]:
+            s.reader.close(w.log_io)  # made to be followed from their end: not read, closed
         w.streams[: len(own)] = [Stream(p, self.cfg, rank, False, ident.world_size) for p in own]
         w.own = frozenset(own)
         w.whole = whole and bool(own)
