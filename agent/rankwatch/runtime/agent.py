@@ -607,6 +607,13 @@ class Agent:
                 subprocesses=True,
                 nonblocking=c.nonblocking,
                 timeout=c.timeout,
+                # The ranks a script started itself (Lightning) are its children and ranks of
+                # their own, each dumped by its own pipeline: not part of this rank's dump.
+                others=frozenset(
+                    o.prober.pid
+                    for o in self.watchers
+                    if o is not w and o.prober is not None and not o.exited
+                ),
             )
             meta = {
                 "run": w.identity.run,
