@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -435,7 +436,8 @@ class Delivery:
     ) -> None:
         """Queue for every sink (or ``workers``); never blocks: each sink's task delivers."""
         for w in self.workers.values() if workers is None else workers:
-            w.queue.append(Item(msg, f"{msg.id}:{w.name}", refresh=refresh))
+            # A repeat and the resolve carry their firing's id: each queued copy its own entry.
+            w.queue.append(Item(msg, f"{msg.id}:{uuid.uuid4().hex[:12]}:{w.name}", refresh=refresh))
             while len(w.queue) > MAX_QUEUE:
                 self._drop(w, w.queue.popleft(), "the in-memory queue is full")
             w.wake.set()

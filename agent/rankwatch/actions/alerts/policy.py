@@ -78,6 +78,9 @@ class Active:
     last_sent: float = 0.0
     board_time: float = 0.0  # wall clock of this episode's board record
     resolved_at: float = 0.0  # wall clock of its resolve's board record
+    # The id of the message that first announced this episode: its repeats and its resolve
+    # carry it, so a receiver that matches by id closes what it opened.
+    alert_id: str | None = None
 
 
 @dataclass(eq=False)
@@ -731,19 +734,19 @@ class AlertPolicy:
     ) -> AlertMessage:
         members = [dataclasses.replace(a.member) for _, a in sorted(actives, key=_rank_order)]
         sev = max(a.severity for _, a in actives)
-        return self._finish(
-            AlertMessage(
-                run,
-                kind,
-                sev,
-                status,
-                members,
-                self.identity.node,
-                self.world_of(run),
-                saw_all=self.saw_all(run=run),
-                repeat=repeat,
-            )
+        msg = AlertMessage(
+            run,
+            kind,
+            sev,
+            status,
+            members,
+            self.identity.node,
+            self.world_of(run),
+            saw_all=self.saw_all(run=run),
+            repeat=repeat,
         )
+        _episode_id(msg, [a for _, a in actives])
+        return self._finish(msg)
 
     def world_of(self, run: str) -> int | None:
         """The run's world size: its processes' own, else the agent's for its own run."""
@@ -772,6 +775,7 @@ class AlertPolicy:
     def emit(self, g: Group, now: float, *, saw_all: bool | None = None) -> None:
         """Send the group now (``saw_all``: the coordinator's word on "N of WORLD")."""
         keys = sorted(g.members, key=_key_order)
+        owners = {k: self._active.get(k) or self._resolving.get(k) for k in keys}
         self.announced(g, keys, now)
         for run in sorted({k[0] for k in keys}):  # one message per run: a node daemon's jobs apart
             members = [dataclasses.replace(g.members[k]) for k in keys if k[0] == run]
@@ -786,6 +790,7 @@ class AlertPolicy:
                 saw_all=self.saw_all(run=run) if saw_all is None else saw_all,
                 repeat=g.repeat,
             )
+            _episode_id(msg, [a for k in keys if k[0] == run and (a := owners[k]) is not None])
             self.out(self._finish(msg))
 
     def announced(self, g: Group, keys: list[Key], now: float) -> None:
@@ -797,6 +802,19 @@ class AlertPolicy:
             elif g.status == "resolved":
                 self._resolving.pop(k, None)
                 self._owed.discard(k)
+
+
+def _episode_id(msg: AlertMessage, actives: list[Active]) -> None:
+    """The message carries its episode's id: the firing that announced every one of its members
+    (a repeat, a resolve); a firing of members not yet announced names them after itself."""
+    ids = {a.alert_id for a in actives}
+    only = next(iter(ids)) if len(ids) == 1 else None
+    if only is not None:
+        msg.id = only
+    elif msg.status == "firing":
+        for a in actives:
+            if a.alert_id is None:
+                a.alert_id = msg.id
 
 
 def _incident_of(msg: AlertMessage) -> str | None:
