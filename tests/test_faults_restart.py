@@ -270,6 +270,9 @@ def test_kill_9_and_restart_still_resolves_and_reports_a_nan_no_agent_saw_once(t
             fh.write(_lines(36, 45))
         assert _wait(lambda: len(_nan_alerts(hook)) >= 2), err.read_text()
         assert _nan_alerts(hook) == ["firing", "resolved"]  # FIFO: a re-sent firing would come first
+        # The successor's resolve closes the firing its predecessor sent: the same id.
+        fired, cleared = (p for p in hook.posted if p["kind"] == "nan_loss")
+        assert cleared["id"] == fired["id"], hook.posted
         assert _wait(lambda: '"ended_step":36' in _state(spool))
         kill9()
 

@@ -386,6 +386,7 @@ class AlertPolicy:
             ended=self.wall(),
             ended_step=f.step,
             subject=key[3],
+            alert_id=a.alert_id,
         )
         if not a.sent or not self.cfg.send_resolved:
             if self.coord is not None and self.cfg.send_resolved:
@@ -452,7 +453,7 @@ class AlertPolicy:
                 if rec.resolve_pending and rec.sent and self.cfg.send_resolved and key not in self._active:
                     # Killed before its resolve went out: it is still owed.
                     a = Active(sev, member, sent=True, pending=False, board_time=rec.since)
-                    a.resolved_at = rec.ended
+                    a.resolved_at, a.alert_id = rec.ended, rec.alert_id
                     self._resolving[key] = a
                     self._owed.add(key)
                     self._add(key, member, "resolved", sev, rec.ended)
@@ -461,12 +462,14 @@ class AlertPolicy:
             if live is not None:  # a live finding came first: the same episode
                 if rec.sent and not live.sent:
                     live.sent, live.pending, live.board_time = True, False, rec.since
+                    live.alert_id = rec.alert_id
                     for repeat in (False, True):
                         group = self._pending.get((key[2], "firing", repeat))
                         if group is not None:
                             group.members.pop(key, None)
                 continue
             a = Active(sev, member, sent=rec.sent, pending=not rec.sent, last_sent=now, board_time=rec.since)
+            a.alert_id = rec.alert_id if rec.sent else None
             self._active[key] = a
             self._inherited[key] = now + hold
             if rec.sent:
@@ -494,11 +497,12 @@ class AlertPolicy:
                 a = Active(
                     alert.severity, member, sent=True, pending=False, last_sent=now, board_time=m.starts_at
                 )
+                a.alert_id = alert.id
                 self._active[key] = a
                 self._inherited[key] = now + self.inherit_hold
                 self._post(key, member, "firing", alert.severity, a.board_time)
             elif not a.sent:
-                a.sent, a.pending = True, False
+                a.sent, a.pending, a.alert_id = True, False, alert.id
                 for repeat in (False, True):
                     group = self._pending.get((key[2], "firing", repeat))
                     if group is not None:
@@ -590,7 +594,15 @@ class AlertPolicy:
             member = _member_doc(a.member)
             out.append(
                 Remembered(
-                    rank, kind, a.severity.label, a.board_time, a.sent, a.member.step, member, subject=subject
+                    rank,
+                    kind,
+                    a.severity.label,
+                    a.board_time,
+                    a.sent,
+                    a.member.step,
+                    member,
+                    subject=subject,
+                    alert_id=a.alert_id,
                 )
             )
         prune_ended(self._ended, self.wall())
