@@ -900,6 +900,36 @@ def test_spool_survives_restart_and_delivers_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+def test_a_resolve_names_the_suspect_of_the_firing_it_closes(tmp_path: Path) -> None:
+    """A stall on ranks 0 and 1, suspect rank 1: its resolve (progress resumed: no diagnosis of
+    its own) carries the same suspect and so the same rank in its payload, not the lowest rank."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        d = AlertDispatcher(config(tmp_path, group_wait=5.0), IDENT, sinks=[sink], clock=clock)
+        async with running(d):
+            for r in (0, 1):
+                f = stall(r)
+                f.diagnosed(suspects=(1,))
+                d.send(f)
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 1)
+            for r in (0, 1):
+                d.send(stall(r, resolved=True))
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 2)
+        firing, resolve = sink.alerts
+        assert (firing.status, firing.suspect, firing.rank) == ("firing", 1, 1)
+        assert (resolve.status, resolve.suspect, resolve.rank) == ("resolved", 1, 1)
+        assert resolve.id == firing.id
+
+    asyncio.run(go())
+
+
+@pytest.mark.unit
 def test_a_spooled_firing_and_its_resolve_are_both_delivered_after_a_restart(tmp_path: Path) -> None:
     """The resolve carries its firing's id: in the spool each is still an entry of its own, so
     the next start loads both (one id per entry: the second was read as a duplicate) and a

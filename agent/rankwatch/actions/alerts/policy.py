@@ -375,6 +375,9 @@ class AlertPolicy:
             self._peers_call(self.coord.forget, key, "firing")
         m = self._member(key[1], f, a.member.starts_at)
         m.dump_path = m.dump_path or a.member.dump_path
+        # Its firing's verdict: the resolve names the same suspect (the payload's rank) as the
+        # firing it closes, not the lowest rank (black-box d02, d15, d17).
+        m.diagnosis = m.diagnosis or a.member.diagnosis
         self._ended[key] = Remembered(
             key[1],
             key[2],
