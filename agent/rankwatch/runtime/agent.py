@@ -572,6 +572,13 @@ class Agent:
             component="dumps",
         )
 
+    def other_ranks(self, w: RankWatcher) -> frozenset[int]:
+        """The processes of the ranks other than ``w``'s: a script's dump leaves out the ranks it
+        started itself (Lightning), each a rank of its own, dumped by its own pipeline."""
+        return frozenset(
+            o.prober.pid for o in self.watchers if o is not w and o.prober is not None and not o.exited
+        )
+
     async def _capture(
         self,
         reason: str,
@@ -607,13 +614,7 @@ class Agent:
                 subprocesses=True,
                 nonblocking=c.nonblocking,
                 timeout=c.timeout,
-                # The ranks a script started itself (Lightning) are its children and ranks of
-                # their own, each dumped by its own pipeline: not part of this rank's dump.
-                others=frozenset(
-                    o.prober.pid
-                    for o in self.watchers
-                    if o is not w and o.prober is not None and not o.exited
-                ),
+                others=self.other_ranks(w),
             )
             meta = {
                 "run": w.identity.run,
