@@ -588,6 +588,52 @@ def test_two_gpus_of_one_rank_are_two_alerts_and_each_resolves_alone(tmp_path: P
     asyncio.run(go())
 
 
+@pytest.mark.unit
+def test_a_resolve_and_a_repeat_carry_the_id_of_their_firing(tmp_path: Path) -> None:
+    """A webhook receiver that matches a resolve to its firing by `id` (the payload's own
+    identifier) closes what it opened: the repeat and the resolve of an alert carry its firing's
+    id; the next episode has its own (black-box d02, d15, d17: every message had a new id)."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        d = AlertDispatcher(
+            config(tmp_path, group_wait=5.0, repeat_interval=100.0), IDENT, sinks=[sink], clock=clock
+        )
+        async with running(d):
+            d.send(gpu_hot("GPU-aaa"))
+            d.send(gpu_hot("GPU-aaa", rank=4))
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 1)
+            clock.advance(101)  # still active: repeated
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 2)
+            d.send(gpu_hot("GPU-aaa", resolved=True))
+            d.send(gpu_hot("GPU-aaa", rank=4, resolved=True))
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 3)
+            d.send(gpu_hot("GPU-aaa"))  # a new episode
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 4)
+        got = [(a.status, a.repeat, a.ranks) for a in sink.alerts]
+        assert got == [
+            ("firing", False, [3, 4]),
+            ("firing", True, [3, 4]),
+            ("resolved", False, [3, 4]),
+            ("firing", False, [3]),
+        ]
+        firing, repeat, resolve, again = sink.alerts
+        assert repeat.id == firing.id and resolve.id == firing.id
+        assert again.id != firing.id
+        # Two episodes, two ids.
+        assert len({a.to_json()["id"] for a in sink.alerts}) == 2
+
+    asyncio.run(go())
+
+
 @pytest.mark.process
 def test_slack_resolve_of_one_gpu_goes_in_that_gpus_thread(tmp_path: Path) -> None:
     async def go() -> None:
@@ -849,6 +895,67 @@ def test_spool_survives_restart_and_delivers_once(tmp_path: Path) -> None:
             headers = [b["blocks"][0]["text"]["text"] for b in srv.bodies()]
             assert "stall on rank 3" in headers[0] and "nan_loss on rank 3" in headers[1]
             assert d2.stats["slack"]["sent"] == 2
+
+    asyncio.run(go())
+
+
+@pytest.mark.unit
+def test_a_resolve_names_the_suspect_of_the_firing_it_closes(tmp_path: Path) -> None:
+    """A stall on ranks 0 and 1, suspect rank 1: its resolve (progress resumed: no diagnosis of
+    its own) carries the same suspect and so the same rank in its payload, not the lowest rank."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        sink = RecordingSink()
+        d = AlertDispatcher(config(tmp_path, group_wait=5.0), IDENT, sinks=[sink], clock=clock)
+        async with running(d):
+            for r in (0, 1):
+                f = stall(r)
+                f.diagnosed(suspects=(1,))
+                d.send(f)
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 1)
+            for r in (0, 1):
+                d.send(stall(r, resolved=True))
+            clock.advance(6)
+            await settle(d)
+            await until(lambda: len(sink.alerts) == 2)
+        firing, resolve = sink.alerts
+        assert (firing.status, firing.suspect, firing.rank) == ("firing", 1, 1)
+        assert (resolve.status, resolve.suspect, resolve.rank) == ("resolved", 1, 1)
+        assert resolve.id == firing.id
+
+    asyncio.run(go())
+
+
+@pytest.mark.unit
+def test_a_spooled_firing_and_its_resolve_are_both_delivered_after_a_restart(tmp_path: Path) -> None:
+    """The resolve carries its firing's id: in the spool each is still an entry of its own, so
+    the next start loads both (one id per entry: the second was read as a duplicate) and a
+    delivered firing takes only its own entry away."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        cfg = config(tmp_path, backoff_max=1e6)
+        down = RecordingSink(fail=1_000)
+        d1 = AlertDispatcher(cfg, IDENT, sinks=[down], clock=clock, backoff_base=1e5)
+        async with running(d1, close_timeout=0.05):
+            d1.send(gpu_hot("GPU-aaa"))
+            await until(lambda: down.attempts == 1)
+            d1.send(gpu_hot("GPU-aaa", resolved=True))
+            clock.advance(1)
+            await settle(d1)
+        entries = d1.spool.load()
+        assert [e.alert["status"] for e in entries] == ["firing", "resolved"]
+        assert len({e.alert["id"] for e in entries}) == 1 and len({e.id for e in entries}) == 2
+        up = RecordingSink()
+        d2 = AlertDispatcher(cfg, IDENT, sinks=[up], clock=clock)
+        async with running(d2):
+            await until(lambda: len(up.alerts) == 2)
+            await until(lambda: d2.spool.load() == [])
+        assert [a.status for a in up.alerts] == ["firing", "resolved"]
+        assert up.alerts[0].id == up.alerts[1].id
 
     asyncio.run(go())
 

@@ -154,3 +154,33 @@ def test_a_stall_of_job_a_never_dumps_job_b(tmp_path: Path, monkeypatch: pytest.
     assert folder is not None and folder.parent.name == "job-a"
     assert dumped == [os.getpid()] and os.getppid() not in dumped
     assert not (tmp_path / "dumps" / "job-b").exists()
+
+
+def test_each_rank_is_dumped_without_the_ranks_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run -- python pl_train.py``: the script is rank 0 and rank 1 is its child, each with a
+    pipeline of its own. Rank 0's capture sets rank 1's process apart (``others``): it would
+    otherwise dump its descendants, rank 1 among them, and `dumps diff` saw one stack on every
+    rank and named no suspect."""
+    asked: dict[int, frozenset[int]] = {}
+
+    def capture(pid: int, **kw: Any) -> DumpResult:
+        asked[pid] = kw.get("others", frozenset())
+        return _fake_capture(pid, **kw)
+
+    monkeypatch.setattr("rankwatch.runtime.agent.capture", capture)
+    cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "dumps")})
+    node = Identity(run="job", rank=None, local_rank=None, world_size=2, node="n")
+
+    async def go() -> Path | None:
+        agent = Agent(cfg, node)
+        script = agent.add_watcher([], Identity("job", 0, 0, 2, "n"))
+        child = agent.add_watcher([], Identity("job", 1, 1, 2, "n"))
+        script.attach(os.getppid())
+        child.attach(os.getpid())
+        return await agent.capture_dumps("stall")
+
+    assert asyncio.run(go()) is not None
+    assert os.getpid() in asked[os.getppid()]  # the script's dump leaves its child rank out
+    assert os.getppid() in asked[os.getpid()]  # capture only sets apart the pids below it

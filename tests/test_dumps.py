@@ -147,6 +147,24 @@ def test_capture_launcher_dumps_python_child(launched: subprocess.Popen[bytes]) 
 
 @pytest.mark.tool
 @needs_py_spy
+def test_capture_leaves_out_a_child_that_is_a_rank_of_its_own(launched: subprocess.Popen[bytes]) -> None:
+    """A script that started its other ranks itself (Lightning's DDP): each child rank is dumped
+    by its own pipeline, so the script's dump holds its own stacks only; with both in one dump
+    `dumps diff` read the hung rank and its waiting peer as one rank."""
+    child = psutil.Process(launched.pid).children()[0].pid
+    result = capture(launched.pid, timeout=10, others=frozenset({child}))
+    assert result.ok, result.text
+    assert not _names(result.threads, child), result.text
+    assert _names(result.threads, launched.pid), result.text
+    assert [p["pid"] for p in result.processes] == [launched.pid]
+    assert "Parent Process" not in result.text and f"Process {child}" not in result.text
+    # A pid that is not its descendant (the launcher's own pipeline) takes nothing away.
+    alone = capture(child, timeout=10, others=frozenset({launched.pid}))
+    assert "wait_for_peer" in _names(alone.threads, child), alone.text
+
+
+@pytest.mark.tool
+@needs_py_spy
 def test_capture_with_locals(blocked: subprocess.Popen[bytes]) -> None:
     result = capture(blocked.pid, locals_=True, subprocesses=False, timeout=10)
     assert result.ok and "--locals" in result.command and "--subprocesses" not in result.command

@@ -30,11 +30,22 @@ class Hook:
         self.down = True
         self.posted: list[dict] = []
         self.refused = 0
+        # ``hold``: the next POST is read and left unanswered until ``release`` is set (an
+        # attempt in flight); it is not counted as delivered.
+        self.hold = False
+        self.held = threading.Event()
+        self.release = threading.Event()
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if hook.hold:
+                    hook.hold = False
+                    hook.held.set()
+                    hook.release.wait(60)
+                    self.close_connection = True
+                    return
                 if hook.down:
                     hook.refused += 1
                     self.send_response(503)
@@ -153,6 +164,60 @@ def test_agent_sigkilled_and_restarted_sends_the_spooled_alert_once_and_rebuilds
         hook.close()
 
 
+def test_agent_sigkilled_while_an_alert_is_in_flight_the_restarted_one_delivers_it(tmp_path: Path) -> None:
+    """The agent is SIGKILLed while its first attempt to post a NaN alert is in flight (the
+    webhook has read the request and not answered), after its state file says the alert was
+    announced: the restarted agent delivers it (from the outbox), once."""
+    hook = Hook()
+    hook.down, hook.hold = False, True
+    log = tmp_path / "rank-0.log"
+    log.write_text(_lines(1, 30))
+    spool = tmp_path / "spool"
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(
+        f"run: {{name: inflight, rank: 0}}\ndetectors: {{warmup_steps: 5}}\n"
+        f"process: {{sample_interval: 200ms}}\ndumps: {{dir: {tmp_path / 'dumps'}}}\n"
+        f"gpu: {{enabled: false}}\n"
+        f"alerts: {{startup_quiet: 0s, group_wait: 0s, backoff_max: 1s, spool_dir: {spool},"
+        f" webhook: {{urls: ['{hook.url}'], timeout: 60s}}}}\n"
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    agents: list[subprocess.Popen] = []
+    try:
+        err1, err2 = tmp_path / "agent1.err", tmp_path / "agent2.err"
+        agents.append(_agent(cfg, trainer.pid, log, err1))
+        assert _wait(lambda: _port(err1) is not None), err1.read_text()
+        assert _wait(lambda: _status(err1)["ranks"][0].get("step") == 30)
+        with log.open("a") as fh:
+            fh.write(_lines(31, 40, loss="nan"))
+        assert hook.held.wait(30), err1.read_text()  # the attempt is in flight
+        assert _wait(lambda: '"kind":"nan_loss"' in _state(spool) and '"sent":true' in _state(spool))
+        agents[0].send_signal(signal.SIGKILL)
+        agents[0].wait(timeout=10)
+        hook.release.set()
+        assert not hook.posted
+
+        agents.append(_agent(cfg, trainer.pid, log, err2))
+        assert _wait(lambda: _port(err2) is not None), err2.read_text()
+        assert _wait(lambda: len(hook.posted) >= 1), err2.read_text()
+        agents[1].send_signal(signal.SIGTERM)
+        assert agents[1].wait(timeout=30) == 0, err2.read_text()
+        assert [p["kind"] for p in hook.posted] == ["nan_loss"], hook.posted
+        assert hook.posted[0]["status"] == "firing"
+    finally:
+        hook.release.set()
+        for a in agents:
+            if a.poll() is None:
+                a.send_signal(signal.SIGTERM)
+                try:
+                    a.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    a.kill()
+        trainer.kill()
+        trainer.wait(10)
+        hook.close()
+
+
 def _nan_alerts(hook: Hook) -> list[str]:
     return [p["status"] for p in hook.posted if p["kind"] == "nan_loss"]
 
@@ -205,6 +270,9 @@ def test_kill_9_and_restart_still_resolves_and_reports_a_nan_no_agent_saw_once(t
             fh.write(_lines(36, 45))
         assert _wait(lambda: len(_nan_alerts(hook)) >= 2), err.read_text()
         assert _nan_alerts(hook) == ["firing", "resolved"]  # FIFO: a re-sent firing would come first
+        # The successor's resolve closes the firing its predecessor sent: the same id.
+        fired, cleared = (p for p in hook.posted if p["kind"] == "nan_loss")
+        assert cleared["id"] == fired["id"], hook.posted
         assert _wait(lambda: '"ended_step":36' in _state(spool))
         kill9()
 

@@ -108,12 +108,14 @@ FORMS: dict[str, Form] = {
     # stderr (its traceback, gloo's errors) is a file of its own, next to its stdout.
     "daemon-redirects": lambda tmp, cfg, env, more: torchrun_outside(tmp, cfg, WORLD, env, by="daemon"),
     "pid-redirects": lambda tmp, cfg, env, more: torchrun_outside(tmp, cfg, WORLD, env, by="pid"),
+    # `torchrun train.py > job.log 2>&1` outside rankwatch: every worker and torchrun write one file.
+    "daemon-shared": lambda tmp, cfg, env, more: torchrun_outside(tmp, cfg, WORLD, env, by="shared"),
 }
 # Forms with an agent per rank: they share a run folder (the alert board), as a job's agents do.
 PER_RANK = frozenset({"no-python", "sidecar", "srun"})
 # Forms whose agent is not the ranks' parent and has no launcher to ask: a rank's end is "exit
 # status unknown" there.
-WATCHING = frozenset({"pid", "sidecar", "daemon", "daemon-redirects", "pid-redirects"})
+WATCHING = frozenset({"pid", "sidecar", "daemon", "daemon-redirects", "pid-redirects", "daemon-shared"})
 # Forms watching a job with separate stdout and stderr files per rank: the failure cells.
 REDIRECTED = ["daemon-redirects", "pid-redirects"]
 
@@ -131,7 +133,7 @@ def cell(
         pytest.skip("a pod's PID namespace (unshare, nsenter) needs root")
     with webhook() as (url, posted):
         # The node daemon names each run from its processes (Slurm's job id), not from its config.
-        named = form not in ("daemon", "daemon-redirects")
+        named = form not in ("daemon", "daemon-redirects", "daemon-shared")
         cfg = agent_config(tmp, url=url, board=form in PER_RANK, named=named)
         running = FORMS[form](tmp, cfg, env, more)
 
@@ -443,6 +445,25 @@ def test_torchrun_tee_nan_is_found_on_its_rank(tmp_path: Path) -> None:
     first = {f["rank"]: f["step"] for f in reversed(c.of("nan_loss"))}
     assert first.get(0) == 12, c.debug()
     assert not c.of("crash") and not [f for f in c.findings if "unknown" in f["message"]], c.debug()
+
+
+@pytest.mark.timeout(300)
+def test_node_daemon_on_one_shared_log_names_only_the_rank_that_raised(tmp_path: Path) -> None:
+    """The node daemon next to `torchrun train.py > job.log 2>&1`: the workers and torchrun write
+    one file, and only tracebacks carry a `[rankN]:` prefix. Rank 1 raises at step 8: the crash
+    is rank 1's alone (torchrun's unprefixed `failed (exitcode: 1) local_rank: 1` line and its
+    failure box are no other rank's), rank 0 is a consequence (its gloo error named after rank 1,
+    or stopped by the launcher), one alert, suspect rank 1."""
+    c = cell(tmp_path, "daemon-shared", fault("raise"))
+    assert c.rc not in (0, None), c.debug()
+    assert c.on(1, "crash"), c.debug()
+    assert not c.on(0, "crash", "oom"), c.debug()  # not a crash "on 2 of 2 ranks"
+    for f in c.on(0, "peer_error"):
+        assert f["message"].startswith(NAMED_1), c.debug()
+    crashes = c.alerts_of("crash")
+    assert len(crashes) == 1 and crashes[0]["suspect"] == 1 and crashes[0]["rank"] == 1, c.debug()
+    one_alert_per_problem(c, "daemon-shared")
+    no_agent_failed(c)
 
 
 # --- the node daemon: `watch --match`, two users' jobs --------------------------------------

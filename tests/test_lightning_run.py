@@ -12,11 +12,13 @@ command explained by it, not "No error was recognised in the log". Harness: test
 from __future__ import annotations
 
 import importlib.util
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from torchjobs import agent_config, finish, run_script, webhook
+from torchjobs import agent_config, finish, rankwatch, run_script, webhook
 
 pytestmark = [
     pytest.mark.tool,
@@ -62,3 +64,32 @@ def test_a_lightning_oom_is_one_alert_on_the_rank_lightning_started(tmp_path: Pa
     firing = c.firing()
     assert [(a["kind"], a["rank"], a["suspect"]) for a in firing] == [("oom", 1, 1)], c.debug()
     assert firing[0]["summary"] == "oom on rank 1, suspect rank 1", c.debug()
+
+
+@pytest.mark.timeout(300)
+def test_a_lightning_hang_dumps_each_rank_alone_and_names_the_hung_one(tmp_path: Path) -> None:
+    """Rank 1 (Lightning's child) sleeps in its training step; rank 0, the script and rank 1's
+    parent, waits in DDP's all-reduce. Each rank's dump holds its own process only (rank 0's
+    used to hold rank 1's stacks too, so `dumps diff` saw one stack on every rank and named no
+    suspect), and the diff names rank 1."""
+    env = {"FAULT": "hang", "FAULT_RANK": "1", "FAULT_STEP": "10", "STEPS": "100000"}
+
+    def stalled(rows: list[dict[str, object]]) -> bool:
+        return any(f["kind"] == "stall" and f.get("diagnosis") for f in rows)
+
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url)
+        # Lightning prints no step line off a terminal: the ranks are silent ranks, judged after
+        # the silent-rank timeout (the black-box tester's own settings).
+        text = cfg.read_text().replace("startup_grace: 120s", "startup_grace: 30s, silent_rank_timeout: 15s")
+        cfg.write_text(text)
+        c = finish(run_script(tmp_path, cfg, WORKLOAD, env), tmp_path, posted, hang=stalled)
+    [incident] = [p for p in (tmp_path / "dumps").glob("*/*_stall") if p.is_dir()]
+    texts = {p.name: p.read_text() for p in incident.glob("rank-*.txt")}
+    assert set(texts) == {"rank-0.txt", "rank-1.txt"}, c.debug()
+    for name, text in texts.items():
+        assert len(re.findall(r"(?m)^Process ", text)) == 1, (name, text[:3000])
+    out = subprocess.run(
+        rankwatch("dumps", "diff", str(incident)), capture_output=True, text=True, timeout=60
+    ).stdout
+    assert "suspect: rank 1 " in out, out

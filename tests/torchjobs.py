@@ -511,17 +511,16 @@ def torchrun_outside(tmp: Path, cfg: Path, world: int, env: dict[str, str], *, b
     ``by``: ``daemon``, the node daemon (``watch --match``, no ``--log``, already running,
     started as systemd starts it); ``pid``, ``watch --pid W0 --pid W1`` attached to the workers
     once they are there (the sidecar of a job started elsewhere). The user sees torchrun's exit
-    status; the agent is stopped once the job has ended (``--pid``: it ends with the pids)."""
+    status; the agent is stopped once the job has ended (``--pid``: it ends with the pids).
+    ``shared``: the node daemon on ``torchrun ... > job.log 2>&1`` (no ``--redirects``, no
+    ``--tee``): every worker and the launcher write the one file."""
     tag = uuid.uuid4().hex
     found = tmp / "f.jsonl"
     logs = tmp / "torchrun-logs"
-    launcher = [
-        *torchrun(world, "--redirects", "3", "--log-dir", str(logs)),
-        str(WORKLOAD),
-        f"--rw-job={tag}",
-    ]
+    redirects = ["--redirects", "3", "--log-dir", str(logs)] if by != "shared" else []
+    launcher = [*torchrun(world, *redirects), str(WORKLOAD), f"--rw-job={tag}"]
     agents: list[subprocess.Popen[bytes]] = []
-    if by == "daemon":
+    if by in ("daemon", "shared"):
         cmd = rankwatch(
             "watch", "--config", str(cfg), f"--match=--rw-job={tag}", "--findings-jsonl", str(found)
         )
@@ -547,8 +546,9 @@ def torchrun_outside(tmp: Path, cfg: Path, world: int, env: dict[str, str], *, b
         agents.append(_popen(cmd, job_env(tag, {}), tmp / "agent.out"))
     running = Running(
         tag, [job], job.poll, lambda: _term_groups([job]), [found],
-        lambda: sorted(logs.rglob("*.log")), [tmp / "torchrun.out", tmp / "agent.out"], agents,
+        lambda: sorted(logs.rglob("*.log")) or [tmp / "torchrun.out"],
+        [tmp / "torchrun.out", tmp / "agent.out"], agents,
     )  # fmt: skip
-    if by == "daemon":
+    if by in ("daemon", "shared"):
         running.stop_agents = lambda: _term(agents)
     return running

@@ -7,12 +7,14 @@ the first process is rank 0. A Linear(8, 1) model on random data, ``STEPS`` opti
 
 ``FAULT=oom``: global rank ``FAULT_RANK`` raises torch.OutOfMemoryError (CUDA's text; this CPU
 job can only raise it) in its training step at ``global_step == FAULT_STEP``; its peer's next
-all-reduce then fails with gloo's "Connection closed by peer".
+all-reduce then fails with gloo's "Connection closed by peer". ``FAULT=hang``: that rank sleeps
+forever in its training step instead (its peer waits in DDP's all-reduce of the backward).
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import lightning as L
 import torch
@@ -37,6 +39,9 @@ class Tiny(L.LightningModule):
                 "CUDA out of memory. Tried to allocate 12.00 GiB. GPU 1 has a total capacity of 79.15 GiB "
                 "of which 2.10 GiB is free."
             )
+        if FAULT == "hang" and self.global_rank == FAULT_RANK and self.global_step == FAULT_STEP:
+            while True:
+                time.sleep(0.5)
         self.log("train_loss", loss, prog_bar=True)
         return loss
 

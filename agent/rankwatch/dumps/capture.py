@@ -261,10 +261,14 @@ def capture(
     nonblocking: bool = False,
     timeout: float = 10.0,
     clock: Callable[[], float] = time.monotonic,
+    others: frozenset[int] = frozenset(),
 ) -> DumpResult:
     """Dump ``pid`` (and its python descendants) once each; never raises for expected failures.
 
-    ``timeout`` bounds the whole capture, children included.
+    ``timeout`` bounds the whole capture, children included. ``others``: descendants that are
+    ranks of their own (a Lightning script's child ranks, each watched and dumped by its own
+    pipeline): neither they nor their own descendants are in this dump, or a rank's dump
+    would hold another rank's stacks and a cross-rank diff would read the two as one.
     """
     start = clock()
     captured_at = datetime.now(timezone.utc)
@@ -303,8 +307,13 @@ def capture(
         notes.append(f"pid {pid} ({cmd}) is not a Python process: its Python descendants were dumped")
         failed, threads, processes = (text, error), [], []
     if subprocesses:
-        seen = {t.get("pid") for t in threads}
-        for child in [c for c in _children(pid) if c not in seen][:MAX_CHILDREN]:
+        kids = _children(pid)
+        # Only descendants of ``pid`` are set apart: a launcher's pipeline is another rank's
+        # parent, and this rank's own children (its DataLoader workers) stay in its dump.
+        apart = {q for o in others if o in kids for q in (o, *_children(o))}
+        threads = [t for t in threads if t.get("pid") not in apart]
+        seen = {t.get("pid") for t in threads} | apart
+        for child in [c for c in kids if c not in seen][:MAX_CHILDREN]:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 notes.append("timeout reached before all child processes were dumped")

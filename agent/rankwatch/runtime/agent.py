@@ -580,6 +580,13 @@ class Agent:
             component="dumps",
         )
 
+    def other_ranks(self, w: RankWatcher) -> frozenset[int]:
+        """The processes of the ranks other than ``w``'s: a script's dump leaves out the ranks it
+        started itself (Lightning), each a rank of its own, dumped by its own pipeline."""
+        return frozenset(
+            o.prober.pid for o in self.watchers if o is not w and o.prober is not None and not o.exited
+        )
+
     async def _capture(
         self,
         reason: str,
@@ -615,6 +622,7 @@ class Agent:
                 subprocesses=True,
                 nonblocking=c.nonblocking,
                 timeout=c.timeout,
+                others=self.other_ranks(w),
             )
             meta = {
                 "run": w.identity.run,

@@ -864,6 +864,7 @@ class CrossRank:
                 py_spy=self.cfg.dumps.py_spy,
                 native=True,
                 timeout=float(self.cfg.dumps.timeout),
+                others=self.agent.other_ranks(w),
             )
             if res.ok:
                 meta = {

@@ -31,7 +31,7 @@ from rankwatch import offloop
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
 from rankwatch.identity import RANK_VARS, Identity, identity_of_process
-from rankwatch.runtime import lifecycle, workers
+from rankwatch.runtime import lifecycle, sharedlog, workers
 from rankwatch.runtime.agent import Agent, Sink
 from rankwatch.runtime.echo import Echo
 from rankwatch.runtime.services import Services
@@ -723,6 +723,7 @@ class _ProcessWatch:
     claims: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     told: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # (run, user) said once
     launchers: set[int] = dataclasses.field(default_factory=set)  # matched launchers, never ranks
+    shared: sharedlog.SharedLogs = dataclasses.field(default_factory=sharedlog.SharedLogs)
 
     def __post_init__(self, logs: Sequence[Path]) -> None:
         self.per_process = not logs and ((bool(self.match) and not self.pids) or len(self.pids) > 1)
@@ -818,8 +819,12 @@ class _ProcessWatch:
         if _env_int(seen.env, RANK_VARS) is None and pid in self.pids and len(self.pids) > 1:
             # several --pid without RANK: their order on the command line
             ident = dataclasses.replace(ident, rank=list(self.pids).index(pid))
-        # One pipeline, one stream per file, as a launcher's worker with its own files is read.
-        w = self.agent.add_watcher(list(seen.logs), ident, from_end=True, replay=True)
+        # One pipeline, one stream per file, as a launcher's worker with its own files is read;
+        # of a file other ranks write too (``torchrun ... > job.log``), only this rank's lines.
+        w = sharedlog.make_watcher(
+            self.cfg, ident, list(seen.logs), emit=self.agent.emit, clock=self.agent.clock, shared=self.shared
+        )
+        self.agent.adopt(w)
         w.attach(pid, seen.prober)
         self.watchers.append(w)
         if self.started:

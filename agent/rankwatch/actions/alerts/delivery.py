@@ -12,11 +12,12 @@ down for 10 minutes loses nothing; full jitter could draw twelve short waits and
 a minute or two. A resolve never reaches a sink that gave up its firing (the members whose
 firing it dropped are left out of it). A sink may bring its own ``retry_policy``.
 
-Spool: while a sink fails, every alert queued for it, and whatever is undelivered at
-``stop``, is written to a per run+rank spool file and removed once delivered; the next start
-loads it and delivers it (with a fresh retry budget). Delivery is at-least-once: a crash
-between delivery and removal re-sends one alert. Alerts held back by the rate limit are
-spooled too. What a SIGKILL can still lose: an alert whose first attempt is in flight.
+Spool: it is the outbox. Every alert is written to a per run+rank spool file before its first
+attempt (the alert state file counts it as announced from then on: ``outbox_pending``), and
+removed once its sink acknowledged it; the next start loads what is left and delivers it (with
+a fresh retry budget). So an agent SIGKILLed while an attempt is in flight loses nothing: the
+restarted one sends it again. Delivery is at-least-once: a crash between delivery and removal
+re-sends one alert; in the normal case nothing is sent twice.
 
 Sinks with ``refresh_interval`` (Alertmanager) get the active alerts re-posted that often,
 best effort (never retried nor spooled; skipped while that sink has a backlog).
@@ -33,6 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -162,6 +164,13 @@ class Delivery:
         }
         self._spool_lock = asyncio.Lock()
         self._spool_errors = 0
+        # Told when alerts reached the outbox (the dispatcher writes its state file only then).
+        self.on_outboxed: Callable[[], None] | None = None
+
+    def outbox_pending(self) -> bool:
+        """An alert is queued and not yet in the outbox: a state file saying it was announced
+        would, after a SIGKILL now, make a restarted agent take it for delivered."""
+        return any(not (i.spooled or i.refresh or i.dropped) for w in self.workers.values() for i in w.queue)
 
     def refresh_policy(self, cfg: AlertsConfig) -> None:
         """A reloaded config: each sink's retry policy is built again (a sink's own one stays)."""
@@ -297,6 +306,11 @@ class Delivery:
                 if item.spooled:
                     await self._spool_op(self.spool.remove, {item.entry_id})
                 continue
+            if not (item.spooled or item.refresh):
+                # The outbox first: a SIGKILL during the attempt leaves it for the next start.
+                await self._spool_backlog(w)
+                if self.on_outboxed is not None:
+                    self.on_outboxed()
             w.bucket.take()
             try:
                 await asyncio.wait_for(w.sink.deliver(alert), hard_timeout)
@@ -422,7 +436,8 @@ class Delivery:
     ) -> None:
         """Queue for every sink (or ``workers``); never blocks: each sink's task delivers."""
         for w in self.workers.values() if workers is None else workers:
-            w.queue.append(Item(msg, f"{msg.id}:{w.name}", refresh=refresh))
+            # A repeat and the resolve carry their firing's id: each queued copy its own entry.
+            w.queue.append(Item(msg, f"{msg.id}:{uuid.uuid4().hex[:12]}:{w.name}", refresh=refresh))
             while len(w.queue) > MAX_QUEUE:
                 self._drop(w, w.queue.popleft(), "the in-memory queue is full")
             w.wake.set()

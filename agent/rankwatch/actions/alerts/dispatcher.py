@@ -11,8 +11,10 @@ the timer loop (policy timers, the board's steps, refreshes, the state file), ``
 what can be sent and spools the rest. Restarts: what is firing (announced or not) and what
 ended recently are kept in a state file beside the spool (``state.py``, written off the loop
 whenever they change); a new dispatcher reads it and the spool and hands both to the policy.
-What a SIGKILL of the agent can still lose: an alert whose first attempt is in flight, and
-findings not yet made alerts (inside ``group_wait`` or ``startup_quiet``), which live in memory.
+An alert is counted announced in that file only once it is in the outbox (the spool, written
+before its first attempt), so a SIGKILL during an attempt loses nothing. What a SIGKILL of the
+agent can still lose: findings not yet made alerts (inside ``group_wait`` or ``startup_quiet``),
+which live in memory.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class AlertDispatcher:
             errors=self.errors,
         )
         self.stats = self.delivery.stats
+        self.delivery.on_outboxed = self.wake_loop
         self.spool = spool
         self.policy = AlertPolicy(
             cfg,
@@ -216,6 +219,10 @@ class AlertDispatcher:
             self.cfg = self.policy.cfg = cfg
         self.policy.refresh_policy()
         self.delivery.refresh_policy(self.cfg)
+        self._wake.set()
+
+    def wake_loop(self) -> None:
+        """The timer loop acts again (the outbox took what the state file may now call sent)."""
         self._wake.set()
 
     def wake(self) -> None:
@@ -336,15 +343,19 @@ class AlertDispatcher:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._saving), STATE_TIMEOUT_S)
         self._state_retry_at = -float("inf")
-        self._save_state()
+        self._save_state(final=True)
         if self._saving is not None and not self._saving.done():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._saving), STATE_TIMEOUT_S)
 
-    def _save_state(self) -> None:
-        """Write the state file if it changed (on a daemon thread; one write at a time)."""
+    def _save_state(self, *, final: bool = False) -> None:
+        """Write the state file if it changed (on a daemon thread; one write at a time). Not
+        while an alert it would call announced is still only in memory (``outbox_pending``):
+        the sink's task writes it to the outbox, then wakes the loop to come back here."""
         if not self.policy.loaded or self.clock() < self._state_retry_at:
             return  # not loaded yet (never overwrite what we have not read), or failing
+        if not final and self.delivery.outbox_pending():
+            return
         if self._saving is not None and not self._saving.done():
             return  # its end wakes the loop, which comes back here
         alerts = self.policy.remembered()

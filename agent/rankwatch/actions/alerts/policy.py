@@ -78,6 +78,9 @@ class Active:
     last_sent: float = 0.0
     board_time: float = 0.0  # wall clock of this episode's board record
     resolved_at: float = 0.0  # wall clock of its resolve's board record
+    # The id of the message that first announced this episode: its repeats and its resolve
+    # carry it, so a receiver that matches by id closes what it opened.
+    alert_id: str | None = None
 
 
 @dataclass(eq=False)
@@ -372,6 +375,9 @@ class AlertPolicy:
             self._peers_call(self.coord.forget, key, "firing")
         m = self._member(key[1], f, a.member.starts_at)
         m.dump_path = m.dump_path or a.member.dump_path
+        # Its firing's verdict: the resolve names the same suspect (the payload's rank) as the
+        # firing it closes, not the lowest rank (black-box d02, d15, d17).
+        m.diagnosis = m.diagnosis or a.member.diagnosis
         self._ended[key] = Remembered(
             key[1],
             key[2],
@@ -383,6 +389,7 @@ class AlertPolicy:
             ended=self.wall(),
             ended_step=f.step,
             subject=key[3],
+            alert_id=a.alert_id,
         )
         if not a.sent or not self.cfg.send_resolved:
             if self.coord is not None and self.cfg.send_resolved:
@@ -449,7 +456,7 @@ class AlertPolicy:
                 if rec.resolve_pending and rec.sent and self.cfg.send_resolved and key not in self._active:
                     # Killed before its resolve went out: it is still owed.
                     a = Active(sev, member, sent=True, pending=False, board_time=rec.since)
-                    a.resolved_at = rec.ended
+                    a.resolved_at, a.alert_id = rec.ended, rec.alert_id
                     self._resolving[key] = a
                     self._owed.add(key)
                     self._add(key, member, "resolved", sev, rec.ended)
@@ -458,12 +465,14 @@ class AlertPolicy:
             if live is not None:  # a live finding came first: the same episode
                 if rec.sent and not live.sent:
                     live.sent, live.pending, live.board_time = True, False, rec.since
+                    live.alert_id = rec.alert_id
                     for repeat in (False, True):
                         group = self._pending.get((key[2], "firing", repeat))
                         if group is not None:
                             group.members.pop(key, None)
                 continue
             a = Active(sev, member, sent=rec.sent, pending=not rec.sent, last_sent=now, board_time=rec.since)
+            a.alert_id = rec.alert_id if rec.sent else None
             self._active[key] = a
             self._inherited[key] = now + hold
             if rec.sent:
@@ -491,11 +500,12 @@ class AlertPolicy:
                 a = Active(
                     alert.severity, member, sent=True, pending=False, last_sent=now, board_time=m.starts_at
                 )
+                a.alert_id = alert.id
                 self._active[key] = a
                 self._inherited[key] = now + self.inherit_hold
                 self._post(key, member, "firing", alert.severity, a.board_time)
             elif not a.sent:
-                a.sent, a.pending = True, False
+                a.sent, a.pending, a.alert_id = True, False, alert.id
                 for repeat in (False, True):
                     group = self._pending.get((key[2], "firing", repeat))
                     if group is not None:
@@ -587,7 +597,15 @@ class AlertPolicy:
             member = _member_doc(a.member)
             out.append(
                 Remembered(
-                    rank, kind, a.severity.label, a.board_time, a.sent, a.member.step, member, subject=subject
+                    rank,
+                    kind,
+                    a.severity.label,
+                    a.board_time,
+                    a.sent,
+                    a.member.step,
+                    member,
+                    subject=subject,
+                    alert_id=a.alert_id,
                 )
             )
         prune_ended(self._ended, self.wall())
@@ -731,19 +749,19 @@ class AlertPolicy:
     ) -> AlertMessage:
         members = [dataclasses.replace(a.member) for _, a in sorted(actives, key=_rank_order)]
         sev = max(a.severity for _, a in actives)
-        return self._finish(
-            AlertMessage(
-                run,
-                kind,
-                sev,
-                status,
-                members,
-                self.identity.node,
-                self.world_of(run),
-                saw_all=self.saw_all(run=run),
-                repeat=repeat,
-            )
+        msg = AlertMessage(
+            run,
+            kind,
+            sev,
+            status,
+            members,
+            self.identity.node,
+            self.world_of(run),
+            saw_all=self.saw_all(run=run),
+            repeat=repeat,
         )
+        _episode_id(msg, [a for _, a in actives])
+        return self._finish(msg)
 
     def world_of(self, run: str) -> int | None:
         """The run's world size: its processes' own, else the agent's for its own run."""
@@ -772,6 +790,7 @@ class AlertPolicy:
     def emit(self, g: Group, now: float, *, saw_all: bool | None = None) -> None:
         """Send the group now (``saw_all``: the coordinator's word on "N of WORLD")."""
         keys = sorted(g.members, key=_key_order)
+        owners = {k: self._active.get(k) or self._resolving.get(k) for k in keys}
         self.announced(g, keys, now)
         for run in sorted({k[0] for k in keys}):  # one message per run: a node daemon's jobs apart
             members = [dataclasses.replace(g.members[k]) for k in keys if k[0] == run]
@@ -786,6 +805,7 @@ class AlertPolicy:
                 saw_all=self.saw_all(run=run) if saw_all is None else saw_all,
                 repeat=g.repeat,
             )
+            _episode_id(msg, [a for k in keys if k[0] == run and (a := owners[k]) is not None])
             self.out(self._finish(msg))
 
     def announced(self, g: Group, keys: list[Key], now: float) -> None:
@@ -797,6 +817,19 @@ class AlertPolicy:
             elif g.status == "resolved":
                 self._resolving.pop(k, None)
                 self._owed.discard(k)
+
+
+def _episode_id(msg: AlertMessage, actives: list[Active]) -> None:
+    """The message carries its episode's id: the firing that announced every one of its members
+    (a repeat, a resolve); a firing of members not yet announced names them after itself."""
+    ids = {a.alert_id for a in actives}
+    only = next(iter(ids)) if len(ids) == 1 else None
+    if only is not None:
+        msg.id = only
+    elif msg.status == "firing":
+        for a in actives:
+            if a.alert_id is None:
+                a.alert_id = msg.id
 
 
 def _incident_of(msg: AlertMessage) -> str | None:

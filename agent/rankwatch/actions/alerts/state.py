@@ -69,6 +69,7 @@ class Remembered:
     ended_step: int | None = None
     resolve_pending: bool = False  # ended, its resolve not yet announced
     subject: str | None = None  # Finding.subject (a GPU's UUID): part of the alert's identity
+    alert_id: str | None = None  # the id its firing went out with: its resolve carries it too
 
     @classmethod
     def from_json(cls, d: Any) -> Remembered | None:
@@ -82,6 +83,7 @@ class Remembered:
         ended, step, ended_step = d.get("ended"), d.get("step"), d.get("ended_step")
         member = d.get("member")
         subject = d.get("subject")
+        alert_id = d.get("alert_id")
         return cls(
             rank,
             kind,
@@ -94,6 +96,7 @@ class Remembered:
             ended_step if _is_int(ended_step) else None,
             bool(d.get("resolve_pending")),
             subject if isinstance(subject, str) else None,
+            alert_id if isinstance(alert_id, str) and 0 < len(alert_id) <= 64 else None,
         )
 
 
