@@ -108,20 +108,28 @@ def _status(err: Path) -> dict:
         return json.loads(r.read())
 
 
+def _setup(tmp_path: Path, hook: Hook, run: str, webhook: str = "") -> tuple[Path, Path, Path]:
+    """A rank log of 30 healthy steps and an agent config posting to ``hook`` with a spool:
+    (log, spool, config). ``webhook``: more keys of the webhook sink."""
+    log = tmp_path / "rank-0.log"
+    log.write_text(_lines(1, 30))
+    spool = tmp_path / "spool"
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(
+        f"run: {{name: {run}, rank: 0}}\ndetectors: {{warmup_steps: 5}}\n"
+        f"process: {{sample_interval: 200ms}}\ndumps: {{dir: {tmp_path / 'dumps'}}}\n"
+        f"gpu: {{enabled: false}}\n"
+        f"alerts: {{startup_quiet: 0s, group_wait: 0s, backoff_max: 1s, spool_dir: {spool},"
+        f" webhook: {{urls: ['{hook.url}']{webhook}}}}}\n"
+    )
+    return log, spool, cfg
+
+
 def test_agent_sigkilled_and_restarted_sends_the_spooled_alert_once_and_rebuilds_from_the_log(
     tmp_path: Path,
 ) -> None:
     hook = Hook()
-    log = tmp_path / "rank-0.log"
-    log.write_text(_lines(1, 30))
-    cfg = tmp_path / "rw.yaml"
-    cfg.write_text(
-        f"run: {{name: restart, rank: 0}}\ndetectors: {{warmup_steps: 5}}\n"
-        f"process: {{sample_interval: 200ms}}\ndumps: {{dir: {tmp_path / 'dumps'}}}\n"
-        f"gpu: {{enabled: false}}\n"
-        f"alerts: {{startup_quiet: 0s, group_wait: 0s, backoff_max: 1s, spool_dir: {tmp_path / 'spool'},"
-        f" webhook: {{urls: ['{hook.url}']}}}}\n"
-    )
+    log, _, cfg = _setup(tmp_path, hook, "restart")
     trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     agents: list[subprocess.Popen] = []
     try:
@@ -170,17 +178,7 @@ def test_agent_sigkilled_while_an_alert_is_in_flight_the_restarted_one_delivers_
     announced: the restarted agent delivers it (from the outbox), once."""
     hook = Hook()
     hook.down, hook.hold = False, True
-    log = tmp_path / "rank-0.log"
-    log.write_text(_lines(1, 30))
-    spool = tmp_path / "spool"
-    cfg = tmp_path / "rw.yaml"
-    cfg.write_text(
-        f"run: {{name: inflight, rank: 0}}\ndetectors: {{warmup_steps: 5}}\n"
-        f"process: {{sample_interval: 200ms}}\ndumps: {{dir: {tmp_path / 'dumps'}}}\n"
-        f"gpu: {{enabled: false}}\n"
-        f"alerts: {{startup_quiet: 0s, group_wait: 0s, backoff_max: 1s, spool_dir: {spool},"
-        f" webhook: {{urls: ['{hook.url}'], timeout: 60s}}}}\n"
-    )
+    log, spool, cfg = _setup(tmp_path, hook, "inflight", ", timeout: 60s")
     trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     agents: list[subprocess.Popen] = []
     try:
@@ -232,17 +230,7 @@ def test_kill_9_and_restart_still_resolves_and_reports_a_nan_no_agent_saw_once(t
     reported by the next one, once, and its resolve follows."""
     hook = Hook()
     hook.down = False
-    log = tmp_path / "rank-0.log"
-    log.write_text(_lines(1, 30))
-    spool = tmp_path / "spool"
-    cfg = tmp_path / "rw.yaml"
-    cfg.write_text(
-        f"run: {{name: restart2, rank: 0}}\ndetectors: {{warmup_steps: 5}}\n"
-        f"process: {{sample_interval: 200ms}}\ndumps: {{dir: {tmp_path / 'dumps'}}}\n"
-        f"gpu: {{enabled: false}}\n"
-        f"alerts: {{startup_quiet: 0s, group_wait: 0s, backoff_max: 1s, spool_dir: {spool},"
-        f" webhook: {{urls: ['{hook.url}']}}}}\n"
-    )
+    log, spool, cfg = _setup(tmp_path, hook, "restart2")
     trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     agents: list[subprocess.Popen] = []
 
