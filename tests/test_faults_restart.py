@@ -251,6 +251,8 @@ def test_kill_9_and_restart_still_resolves_and_reports_a_nan_no_agent_saw_once(t
             fh.write(_lines(31, 35, loss="nan"))
         assert _wait(lambda: _nan_alerts(hook) == ["firing"])
         assert _wait(lambda: '"kind":"nan_loss"' in _state(spool) and '"sent":true' in _state(spool))
+        # Acknowledged, not only posted: an alert killed in flight is sent again (at least once).
+        assert _wait(lambda: not any(p.stat().st_size for p in spool.glob("*.jsonl")))
         kill9()
 
         err = start(2, 35)
