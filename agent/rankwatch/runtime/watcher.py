@@ -169,6 +169,10 @@ def shed(batch: list[Any]) -> list[Any]:
 
 
 class RankWatcher:
+    # The run's pipeline of a launcher (``runtime/workers.py``): the failures in its lines are
+    # held for the launcher's exit to tell, so they are never its own cause (``_records``).
+    launcher = False
+
     def __init__(
         self,
         cfg: Config,
@@ -394,6 +398,11 @@ class RankWatcher:
                     self.emit(f)
                     if type(rec) is ErrorRecord and f.kind == rec.kind:
                         rec.reported = True  # the death it causes is told by this finding
+                        if eng is not self.engine and f.severity >= Severity.CRITICAL and not self.launcher:
+                            # This process printed another rank's fatal error as its own end
+                            # (torch.multiprocessing.spawn re-raises its worker's traceback):
+                            # its exit is that error's, told by that rank's finding.
+                            self.engine.state.errors.append(rec)
 
     def release_held(self, force: bool = False) -> None:
         """Crash text from a process that is still running: a handled exception, not a crash."""
