@@ -311,3 +311,135 @@ def test_each_run_counts_its_own_ranks_toward_its_world() -> None:
         ("jobA", "stall on 3 of 3 ranks"),
         ("jobB", "stall on 2 ranks (0-1)"),
     ]
+
+
+class HoldingBoard:
+    """A coordinator (``policy.Coordinator``) that holds every due group, as the alert board
+    does while it decides who sends it; ``settle`` sends what it holds, as its leader would."""
+
+    def __init__(self, host: AlertPolicy) -> None:
+        self.host = host
+        self.stats = {"led": 0, "took_over": 0, "grouped_by_peer": 0, "fallback": 0}
+        self.held: list = []
+
+    @property
+    def where(self) -> str:
+        return "board"
+
+    def usable(self, now: float) -> bool:
+        return True
+
+    def post(self, *args: object) -> None:
+        pass
+
+    def hold(self, g, now: float) -> bool:  # type: ignore[no-untyped-def]
+        self.held.append(g)
+        return True
+
+    def forget(self, key, status: str) -> None:  # type: ignore[no-untyped-def]
+        for g in self.held:
+            if g.status == status:
+                g.members.pop(key, None)
+
+    def watch(self, *args: object) -> bool:
+        return False
+
+    def abandon(self) -> tuple[list, list]:
+        return [], []
+
+    def settle(self, now: float) -> None:
+        held, self.held = self.held, []
+        for g in held:
+            if g.members:
+                # PeerGroups asks its host with the ranks the board saw (the agent's own run's).
+                self.host.emit(g, now, saw_all=self.host.saw_all({k[1] for k in g.members}))
+
+
+def test_a_dead_job_pages_when_its_crash_comes_while_the_board_holds_its_warning() -> None:
+    """s36 e04 (``run -- torchrun --redirects``, rank 0 returned with status 0 at step 10):
+    rank 1's gloo warning was handed to the alert board at the agent's close, and rank 1's
+    crash (critical, the job's death) came while the board decided. One alert, the crash,
+    critical, naming rank 0; the warning never leaves on its own."""
+    from rankwatch.actions.alerts._webhook import payload
+    from rankwatch.records import FirstFailure
+
+    p, out, clock = policy(group_wait=2.0)
+    board = HoldingBoard(p)
+    p.coord = board
+
+    def left(kind: str, severity: Severity) -> Finding:
+        f = Finding(kind, severity, 1, "rank 0 failed first: exited with status 0 at step 9", 9, time=1000.0)
+        f.diagnosed(first_failure=FirstFailure(0, "exit", 995.0, "exited with status 0 at step 9"))
+        return f
+
+    p.take(left("peer_error", Severity.WARNING))
+    p.hold_pending(clock())  # the agent closes: the board takes the waiting group
+    p.take(left("crash", Severity.CRITICAL))
+    board.settle(clock())
+    p.pump(clock(), force=True)
+    docs = [payload(m) for m in out]
+    assert [(d["kind"], d["severity"], d["suspect"], d["summary"]) for d in docs] == [
+        ("crash", "critical", 0, "crash on rank 1, suspect rank 0")
+    ]
+
+
+INCIDENT = "dumps/job16/20261128T145323Z_stall"
+
+
+def _hang(rank: int, t: float, *, suspect: int = 1, incident: str = INCIDENT) -> Finding:
+    f = Finding("stall", Severity.CRITICAL, rank, f"stall on rank {rank}", 6, time=t)
+    f.run, f.world_size = "job16", 2
+    f.diagnosed(suspects=(suspect,), verdict="not_in_collective", incident=incident)
+    return f
+
+
+def test_a_rank_judged_stalled_later_joins_the_hangs_alert() -> None:
+    """s36 e16 (HF Trainer, rank 1 blocked in its data collator, HF prints steps on rank 0
+    only): rank 0's stall went out; rank 1, a silent rank, is judged stalled 19 s later with
+    the same suspect and incident. One stall alert for the one hang; its resolve is one
+    message. A stall naming another suspect and incident is another hang: its own alert."""
+    p, out, clock = policy(group_wait=2.0)
+    p.take(_hang(0, 1000.0))
+    clock.t += 2.0
+    p.pump(clock())
+    clock.t += 19.0
+    p.take(_hang(1, 1019.0))
+    clock.t += 2.0
+    p.pump(clock())
+    assert [(m.status, m.title) for m in out] == [("firing", "stall on rank 0, suspect rank 1")]
+    for r in (0, 1):
+        p.take(Finding("stall", Severity.CRITICAL, r, "ok", 6, resolved=True, run="job16"))
+    clock.t += 2.0
+    p.pump(clock())
+    assert [(m.status, m.ranks) for m in out[1:]] == [("resolved", [0])]
+    p.take(_hang(0, 1100.0))
+    clock.t += 2.0
+    p.pump(clock())
+    p.take(_hang(1, 1110.0, suspect=0, incident="dumps/job16/20261128T150000Z_stall"))
+    clock.t += 2.0
+    p.pump(clock())
+    titles = [m.title for m in out[2:]]
+    assert titles == ["stall on rank 0, suspect rank 1", "stall on rank 1, suspect rank 0"]
+
+
+def test_the_title_counts_the_world_the_workers_know_under_a_launcher() -> None:
+    """s36 e26 (``run -- python -m torch.distributed.run --nproc-per-node 4``): the agent's own
+    run is "default" with no world, the workers' findings carry run job26 and world 4, and the
+    alert board sends the group. "stall on 4 of 4 ranks", as one agent per rank says."""
+    out: list[AlertMessage] = []
+    clock = Clock()
+    cfg = AlertsConfig(startup_quiet=0.0, group_wait=2.0, repeat_interval=0.0)
+    ident = Identity(run="default", rank=None, local_rank=None, world_size=None, node="n")
+    p = AlertPolicy(cfg, ident, out.append, clock=clock, wall=clock)
+    p.restart([], None, {})
+    p.start(clock())
+    board = HoldingBoard(p)
+    p.coord = board
+    for r in range(4):
+        f = _hang(r, 1000.0, suspect=2)
+        f.run, f.world_size = "job26", 4
+        p.take(f)
+    clock.t += 2.0
+    p.pump(clock())
+    board.settle(clock())
+    assert [m.title for m in out] == ["stall on 4 of 4 ranks, suspect rank 2"]

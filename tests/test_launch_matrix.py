@@ -54,6 +54,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -713,3 +714,90 @@ def test_torchrun_ranks_that_fail_in_one_poll_are_no_clean_exits(tmp_path: Path)
         assert c.on(r, "crash"), c.debug()
     [gave_up] = c.of("restarts_exhausted")
     assert "restarts exhausted (1 of 1)" in gave_up["message"], c.debug()
+
+
+# --- s36: one alert per problem with the alert board on (its default: the dumps folder) ---------
+
+
+def board_cell(
+    tmp: Path,
+    form: str,
+    env: dict[str, str],
+    *,
+    more: Sequence[str] = (),
+    hang: bool = False,
+    stuck: tuple[int, ...] = (0, 1),
+    stall: str = "",
+    grace: str = "120s",
+    react_s: float = 0.0,
+) -> Cell:
+    """A cell with the alert board on, as a user's default config has it, and the run named
+    from torchrun's ``--rdzv-id`` (the agent's own run is "default", the workers' the id).
+    ``react_s``: the user stops a hang this long after the last stuck rank's stall is found (a
+    pager's reaction, not at once: whatever that stall would send has had its group wait)."""
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp, url=url, board=True, named=False, stall=stall, grace=grace)
+        running = FORMS[form](tmp, cfg, env, ("--rdzv-id", f"job{uuid.uuid4().hex[:6]}", *more))
+        found_at: list[float] = []
+
+        def stalled(rows: list[dict[str, Any]]) -> bool:
+            if not {f["rank"] for f in rows if f["kind"] == "stall" and not f.get("resolved")} >= set(stuck):
+                return False
+            found_at[:] = found_at or [time.monotonic()]
+            return time.monotonic() - found_at[0] >= react_s
+
+        return finish(running, tmp, posted, hang=stalled if hang else None)
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_leaves_early_pages_once_at_the_jobs_death(tmp_path: Path) -> None:
+    """s36 e04: rank 0 (the store's host) returns from main with status 0 at step 10 under
+    ``run -- torchrun --redirects 3 --log-dir``; rank 1 dies in its next collective (its gloo
+    warning, then its crash as the agent closes and the board holds the warning). ONE alert for
+    the dead job, at critical severity (a route on ``min_severity: critical`` pages), naming
+    rank 0, the rank that left first."""
+    env = {"FAULT": "exit", "FAULT_RANK": "0", "FAULT_STEP": "10", "STEPS": "60"}
+    c = board_cell(tmp_path, "redirects", env, hang=True, stuck=(1,))
+    assert "rank 0 leaves early at step 10" in c.log, c.debug()
+    assert c.rc not in (0, None), c.debug()
+    failures = [a for a in c.firing() if a["kind"] != "stall"]
+    if c.on(1, "crash"):
+        [alert] = failures or [None]
+        assert alert is not None and alert["severity"] == "critical", c.debug()
+    else:  # gloo hung instead of erroring out: the stall names rank 0
+        assert not failures, c.debug()
+        [alert] = c.alerts_of("stall")
+    assert alert["suspect"] == 0 and alert["summary"].endswith(", suspect rank 0"), c.debug()
+
+
+@pytest.mark.timeout(300)
+def test_a_silent_rank_judged_later_joins_the_hangs_one_alert(tmp_path: Path) -> None:
+    """s36 e16: only rank 0 prints step lines (as HF Trainer does), rank 1's DataLoader worker
+    blocks at step 8. Rank 0 stalls after the step-interval timeout and its alert goes out;
+    rank 1, a silent rank, is judged stalled after ``silent_rank_timeout``, naming the same
+    suspect and incident: it joins that alert. One stall alert for the one hang."""
+    env = {**fault("loader_hang", step=8, steps=60), "LOG_RANKS": "0"}
+    c = board_cell(
+        tmp_path, "tee", env, hang=True, stall=", silent_rank_timeout: 8s", grace="30s", react_s=4.0
+    )
+    for r in (0, 1):
+        [stall, *_] = c.on(r, "stall")
+        assert stall["diagnosis"]["suspect"] == 1, c.debug()
+    alerts = c.alerts_of("stall")
+    assert len(alerts) == 1, c.debug()
+    [alert] = alerts
+    assert alert["suspect"] == 1 and alert["summary"].endswith(", suspect rank 1"), c.debug()
+
+
+@pytest.mark.timeout(300)
+def test_the_stall_title_counts_the_world_under_torchrun(tmp_path: Path) -> None:
+    """s36 e26: under ``run -- torchrun`` the workers' world is known (WORLD_SIZE), so a stall of
+    every rank is "stall on 2 of 2 ranks", as the srun form says, also when the alert board
+    sends it."""
+    c = board_cell(tmp_path, "redirects", fault("loader_hang", step=8, steps=60), hang=True)
+    [alert] = c.alerts_of("stall")
+    assert alert["world_size"] == 2, c.debug()
+    if len(alert["ranks"]) == 2:
+        assert alert["summary"] == "stall on 2 of 2 ranks, suspect rank 1", c.debug()
+    else:  # one rank judged first; the other joined its alert
+        assert alert["summary"].endswith(", suspect rank 1"), c.debug()

@@ -124,3 +124,43 @@ def test_spawn_hang_names_the_hung_worker_and_ctrl_c_ends_the_whole_job(tmp_path
     assert f"pid {pids[1]} (spawn process 1): blocked in a wait of its own" in text, text
     assert f"suspect: pid {pids[1]} (spawn process 1)" in text, text
     assert "no suspect" not in text, text
+
+
+@pytest.mark.timeout(300)
+def test_spawn_worker_oom_is_one_alert_and_explains_the_scripts_exit(tmp_path: Path) -> None:
+    """s36 e25: worker 1 of ``torch.multiprocessing.spawn`` fails a real CPU allocation at step
+    10; the script re-raises it (``ProcessRaisedException``) and exits 1. One finding per death:
+    the oom on rank 1, and the script's end an info ``process_exit`` naming that oom (no second
+    critical ``crash`` saying "No error was recognised"); one alert, the oom on rank 1."""
+    tag = uuid.uuid4().hex
+    found = tmp_path / "f.jsonl"
+    env = job_env(
+        tag, {"FAULT": "cpuoom", "FAULT_RANK": "1", "FAULT_STEP": "10", "MASTER_PORT": str(free_port())}
+    )
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url)
+        cmd = rankwatch(
+            "run", "--config", str(cfg), "--findings-jsonl", str(found), "--", sys.executable, str(SPAWN)
+        )
+        with open(tmp_path / "agent.out", "ab") as out:
+            agent = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        try:
+            rc = agent.wait(timeout=RUN_S)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+            left = reap_leftovers(tag)
+    rows = read_jsonl([found])
+    alerts = [json.loads(b) for b in posted]
+    debug = f"rc={rc}\n{[(f['kind'], f['rank'], f['message'][:300]) for f in rows]}\n{alerts}"
+    assert not left and rc == 1, debug
+    serious = [f for f in rows if f["severity"] != "info" and not f.get("resolved")]
+    assert [(f["kind"], f["rank"]) for f in serious] == [("oom", 1)], debug
+    assert "can't allocate memory" in serious[0]["message"], debug
+    [end] = [f for f in rows if f["kind"] == "process_exit" and f["rank"] is None]
+    assert end["evidence"]["cause_kind"] == "oom", debug
+    assert "rank 1's oom finding above" in end["message"], debug
+    firing = [a for a in alerts if a["status"] == "firing"]
+    assert [(a["kind"], a["rank"], a["severity"]) for a in firing] == [("oom", 1, "critical")], debug

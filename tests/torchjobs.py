@@ -119,12 +119,15 @@ def agent_config(
     extra: str = "",
     board: bool = False,
     named: bool = True,
+    stall: str = "",
+    grace: str = "120s",
 ) -> Path:
     """The agents' config: a short stall floor (the workload steps every ~50 ms), the loopback
     webhook, and a run folder shared by the agents of one job when there are several
     (``board``: one alert per problem between them). ``named``: the run's name is the one the
     user chose (``run.name``); else each job's is read from its processes (Slurm's job id,
-    torchrun's run id), by the node daemon and under ``run -- torchrun`` alike."""
+    torchrun's run id), by the node daemon and under ``run -- torchrun`` alike. ``stall``: more
+    keys of the stall rule (``", silent_rank_timeout: 10s"``); ``grace``: its startup grace."""
     cfg = tmp / "rw.yaml"
     alerts = ""
     if url is not None:
@@ -135,7 +138,7 @@ def agent_config(
         )
     cfg.write_text(
         (f"run: {{name: job-{uuid.uuid4().hex[:8]}}}\n" if named else "")
-        + f"stall: {{startup_grace: 120s, floor: {floor}, factor: 10}}\n"
+        + f"stall: {{startup_grace: {grace}, floor: {floor}, factor: 10{stall}}}\n"
         "process: {sample_interval: 250ms}\n"
         f"dumps: {{dir: {tmp / 'dumps'}}}\n"
         f"runner: {{log_dir: {tmp / 'logs'}, term_grace: 3s, echo: false}}\n"

@@ -23,6 +23,8 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   save_hang    the rank saves a checkpoint (``torch.save`` into ``CKPT_DIR``) whose writes
                stop after the first bytes, as on a hung NFS server: it hangs inside torch.save;
   none         healthy.
+``LOG_RANKS`` (comma-separated): only these ranks print their step lines, as HF Trainer and
+Megatron log on one rank only (default: every rank).
 Rank identity comes from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 ``DIST=0`` runs each rank alone (no process group, no DDP): the cheapest real job for what
 is about the launcher and not the collectives (the node daemon's jobs).
@@ -51,6 +53,7 @@ FAULT_STEP = int(os.environ.get("FAULT_STEP", "20"))
 STEPS = int(os.environ.get("STEPS", "1000000"))
 STEP_S = float(os.environ.get("STEP_S", "0.05"))
 SLOW_FACTOR = float(os.environ.get("SLOW_FACTOR", "3"))
+LOG_RANKS = {int(r) for r in os.environ.get("LOG_RANKS", "").split(",") if r.strip()}
 # DataLoader worker processes per rank. A worker is forked after init_process_group and holds
 # its rank's gloo sockets open until it notices its parent is gone (up to 5 s): with 0 a killed
 # rank's connections close at once, and its peer's gloo error comes before a launcher stops it.
@@ -206,7 +209,8 @@ def main() -> None:
         t0 = time.perf_counter()
         loss = train_step(model, opt, x, y, slow)
         dt = time.perf_counter() - t0
-        say(f"step={step} loss={loss.item():.4f} lr=1e-3 step_time={dt:.4f}")
+        if not LOG_RANKS or rank in LOG_RANKS:
+            say(f"step={step} loss={loss.item():.4f} lr=1e-3 step_time={dt:.4f}")
         if step >= STEPS:
             break
     if not alone:

@@ -112,7 +112,9 @@ class ExitDetector(Detector):
         ended, tied to that error, not a second critical finding."""
         where = f" (line {cause.line})" if cause.line is not None else ""
         how = how_it_ended(state, e.exit_code, e.signal, self.run.step)
-        msg = f"{how}: its {cause.kind} finding above{where} is the cause: {cause.summary[:300]}"
+        # A launching script's end after its worker's error (mp.spawn re-raises it): that rank's.
+        whose = "its" if cause.rank is None or cause.rank == self.rank else f"rank {cause.rank}'s"
+        msg = f"{how}: {whose} {cause.kind} finding above{where} is the cause: {cause.summary[:300]}"
         found = self._exit(state, msg, e.wall)
         found.evidence = {
             "exit_code": e.exit_code,

@@ -169,6 +169,10 @@ def shed(batch: list[Any]) -> list[Any]:
 
 
 class RankWatcher:
+    # The run's pipeline of a launcher (``runtime/workers.py``): the failures in its lines are
+    # held for the launcher's exit to tell, so they are never its own cause (``_records``).
+    launcher = False
+
     def __init__(
         self,
         cfg: Config,
@@ -394,6 +398,20 @@ class RankWatcher:
                     self.emit(f)
                     if type(rec) is ErrorRecord and f.kind == rec.kind:
                         rec.reported = True  # the death it causes is told by this finding
+                        if self._own_end(eng, f):
+                            self.engine.state.errors.append(rec)
+
+    def _own_end(self, eng: RankEngine, f: Finding) -> bool:
+        """A fatal error of another rank that this process, no rank itself, printed as its own
+        end (torch.multiprocessing.spawn re-raises its worker's traceback): its exit is that
+        error's, told by that rank's finding. A rank's own pipeline keeps its own causes, and a
+        launcher's run pipeline holds its failures for the launcher's exit (``launcher``)."""
+        return (
+            eng is not self.engine
+            and self.rank is None
+            and not self.launcher
+            and f.severity >= Severity.CRITICAL
+        )
 
     def release_held(self, force: bool = False) -> None:
         """Crash text from a process that is still running: a handled exception, not a crash."""

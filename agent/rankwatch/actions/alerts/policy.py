@@ -65,6 +65,9 @@ FOLD_WINDOW_S = 600.0
 # A slow rank's problem: its straggler finding and every rank's throughput drop that the
 # straggler verdict explains (their diagnosis names it) are one alert (``_problem_of``).
 SLOWDOWN_FAMILY = frozenset({"straggler", "throughput_drop"})
+# A hang's problem: every rank's stall that names the same suspect or incident is one alert,
+# however late a rank is judged (``_problem_of``).
+HANG_FAMILY = frozenset({"stall"})
 MAX_RUN_WORLDS = 256  # runs whose world size is remembered (a node daemon outlives many jobs)
 GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
 
@@ -285,12 +288,17 @@ class AlertPolicy:
             g = next(
                 (g for g in self._pending.values() if problem in g.members and g.status == "firing"), None
             )
-            if g is not None and f.severity > lead.severity and g.kind != key[2]:
-                # Not yet sent, and this member is worse (rank 0's crash after its gloo warning):
+            # Not in a waiting group, yet not announced: the coordinator holds its group (the
+            # board decides who sends it; at close, the agent's last findings come meanwhile).
+            held = g is None and lead.pending and not lead.sent
+            if (g is not None or held) and f.severity > lead.severity and problem[2] != key[2]:
+                # Not yet sent, and this member is worse (rank 1's crash after its gloo warning):
                 # it leads the problem's alert, so the message's kind and severity are the job's
-                # death, not its first symptom. The old lead is folded into it.
-                g.members.pop(problem, None)
-                g.times.pop(problem, None)
+                # death, not its first symptom. The old lead is folded into it (taken back from
+                # the coordinator: a page routed on critical must not leave as a warning).
+                if g is not None:
+                    g.members.pop(problem, None)
+                    g.times.pop(problem, None)
                 lead.pending = False
                 if self.coord is not None:
                     self._peers_call(self.coord.forget, problem, "firing")
@@ -312,6 +320,8 @@ class AlertPolicy:
         dies, whatever warning went first); before it is sent, it leads it (``_new_episode``)."""
         if key[2] in SLOWDOWN_FAMILY:
             return self._slowdown_of(key, f, starts)
+        if key[2] in HANG_FAMILY:
+            return self._hang_of(key, f, starts)
         if key[2] not in FAILURE_FAMILY:
             return None
         d = f.diagnosis
@@ -360,6 +370,36 @@ class AlertPolicy:
             if theirs == suspect:
                 return k
         return None
+
+    def _hang_of(self, key: Key, f: Finding, starts: float) -> Key | None:
+        """The stall alert of this run, already out (or held by the coordinator), that this
+        rank's stall is part of: one hang, one alert. A rank judged later than its peers (one
+        that prints no step lines waits ``stall.silent_rank_timeout``) joins the hang its
+        diagnosis names: the same suspect or the same incident folder. One still waiting joins
+        that group instead (the alert counts the ranks)."""
+        d = f.diagnosis
+        suspect = d.suspect if d is not None else None
+        incident = d.incident if d is not None else None
+        if suspect is None and not incident:
+            return None
+        for k, a in self._active.items():
+            if k == key or k[0] != key[0] or k[2] != key[2] or k[1] == key[1]:
+                continue
+            if not a.sent and (not a.pending or self._waiting(k)):
+                continue  # folded into another, or waiting to leave: join its group
+            if abs(a.member.starts_at - starts) > FOLD_WINDOW_S or f.severity > a.severity:
+                continue
+            theirs = a.member.diagnosis
+            if theirs is None:
+                continue
+            same_incident = bool(incident) and theirs.incident == incident
+            if (suspect is not None and theirs.suspect == suspect) or same_incident:
+                return k
+        return None
+
+    def _waiting(self, key: Key) -> bool:
+        """``key`` is a member of a firing group still waiting here (not with the coordinator)."""
+        return any(key in g.members for g in self._pending.values() if g.status == "firing")
 
     def _resolve(self, key: Key, f: Finding) -> None:
         a = self._active.pop(key, None)
@@ -757,7 +797,7 @@ class AlertPolicy:
             members,
             self.identity.node,
             self.world_of(run),
-            saw_all=self.saw_all(run=run),
+            saw_all=self.saw_all({m.rank for m in members if m.rank is not None}, run=run),
             repeat=repeat,
         )
         _episode_id(msg, [a for _, a in actives])
@@ -794,6 +834,9 @@ class AlertPolicy:
         self.announced(g, keys, now)
         for run in sorted({k[0] for k in keys}):  # one message per run: a node daemon's jobs apart
             members = [dataclasses.replace(g.members[k]) for k in keys if k[0] == run]
+            # The members' ranks exist, and so do the run's ranks this agent saw (its own world
+            # known from its processes: a launcher's workers); the coordinator adds the board's.
+            here = {m.rank for m in members if m.rank is not None}
             msg = AlertMessage(
                 run,
                 g.kind,
@@ -802,7 +845,7 @@ class AlertPolicy:
                 members,
                 self.identity.node,
                 self.world_of(run),
-                saw_all=self.saw_all(run=run) if saw_all is None else saw_all,
+                saw_all=bool(saw_all) or self.saw_all(here, run=run),
                 repeat=g.repeat,
             )
             _episode_id(msg, [a for k in keys if k[0] == run and (a := owners[k]) is not None])
