@@ -686,6 +686,11 @@ class Fleet:
         run = self.run_pipeline
         if run is not None and run is not w and not run.exited:
             run.catch_up()
+        if not w.tail and not w.own and w.streams and run is not w:
+            # Nothing of its own read: a worker seen after it printed (a mistyped script's
+            # "can't open file" on a loaded node) has its prefixed lines before where its
+            # pipeline began reading the combined log.
+            self._read_back(w)
 
     def _note(self, w: Any, f: Finding | None) -> None:
         if f is not None and died(f):
@@ -806,8 +811,9 @@ class Fleet:
         an ImportError): they are read back from the run's start, its own by their prefix."""
         stream = w.streams[-1]  # the combined log: a worker seen late has no files of its own
         fol = stream.follower
-        end = fol.position
-        lines = fol.read_back_lines(max(self.start, end - _READ_BACK_MAX), end)
+        with stream.reader.owned(w._drain_wait()) as mine:
+            end = fol.position
+            lines = fol.read_back_lines(max(self.start, end - _READ_BACK_MAX), end) if mine else []
         if lines:
             w.feed_lines(stream, lines)
 
