@@ -82,6 +82,26 @@ def test_from_end_skips_history_but_completes_the_line_being_written(tmp_path: P
     f.close()
 
 
+def test_a_lazy_open_from_a_known_start_loses_nothing_written_before_it(tmp_path: Path) -> None:
+    """Run mode knows where its child's output begins (the log's size before the child starts);
+    the first open runs later, on the rank's log thread: what the child wrote meanwhile (a
+    mistyped script's one line, and its exit) is read, the earlier run's lines are not."""
+    p = tmp_path / "rank-0.log"
+    p.write_text("an earlier run's line\n")
+    start = p.stat().st_size
+    late = LogFollower(p, from_end=True, lazy=True, start_at=start)
+    plain = LogFollower(p, from_end=True, lazy=True)
+    append(p, "python: can't open file '/x/trian.py': [Errno 2] No such file or directory\n")
+    assert [t for t, _, _ in items(read_all(late))] == [
+        "python: can't open file '/x/trian.py': [Errno 2] No such file or directory"
+    ]
+    assert items(read_all(plain)) == []  # from the end at its open: the line is lost
+    # A file shorter than the start (truncated, replaced meanwhile): from its end, as before.
+    q = tmp_path / "other.log"
+    q.write_text("x\n")
+    assert items(read_all(LogFollower(q, from_end=True, lazy=True, start_at=100))) == []
+
+
 def test_partial_line_written_in_pieces_is_emitted_once(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.log"
     path.touch()

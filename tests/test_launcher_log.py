@@ -43,6 +43,9 @@ class _Worker:
         self.exited = False
         self.rank = 1
         self.ends: list[tuple[int | None, int | None]] = []
+        self.tail = ["its last line"]  # it printed: nothing to read back
+        self.own: frozenset[Path] = frozenset()
+        self.streams: list[object] = []
 
     def clock(self) -> float:
         return 10.0  # past the grace since its last sample

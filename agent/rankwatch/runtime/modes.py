@@ -283,7 +283,8 @@ class _Launch:
             h.cancel()
 
     # --- start --------------------------------------------------------------------------
-    def watcher_for(self, path: Path, logged: bool) -> RankWatcher:
+    def watcher_for(self, path: Path, logged: bool, start: int = 0) -> RankWatcher:
+        """``start``: the log's size before the child starts writing (its lines begin there)."""
         if logged:  # the run's own lines of the combined log (no rank prefix): see workers.Fleet
             w: RankWatcher = workers.run_watcher(
                 self.cfg,
@@ -292,6 +293,7 @@ class _Launch:
                 emit=self.agent.emit,
                 clock=self.agent.clock,
                 script=not self.launcher,
+                start_at=start,
             )
             self.agent.adopt(w)
             return w
@@ -419,7 +421,7 @@ async def _run_child(
     launch.forward_signals()
     with out if out is not None else contextlib.nullcontext() as fh:
         start = fh.tell() if fh is not None else 0
-        watcher = launch.watcher_for(path, fh is not None)
+        watcher = launch.watcher_for(path, fh is not None, start)
         failed = launch.start_child(fh, env)
         if failed is not None:
             return failed

@@ -90,6 +90,7 @@ class Stream:
         world_size: int | None = None,
         *,
         replay: int = 0,
+        start_at: int | None = None,
     ) -> None:
         """Touches nothing on disk: the file's first open, from its end with ``from_end`` (its
         earlier lines counted, ``replay`` bytes of its history read back), every read and its
@@ -104,6 +105,7 @@ class Stream:
             drop=NOISE,
             encoding=cfg.logs.encoding,
             lazy=True,
+            start_at=start_at,
         )
         self.reader = LogReader(
             self.follower,
@@ -184,7 +186,10 @@ class RankWatcher:
         wall: Callable[[], float] = time.time,
         from_end: bool = False,
         replay: bool = False,
+        start_at: int | None = None,
     ) -> None:
+        """``start_at`` (with ``from_end``): where the lines of its last log (a run's combined
+        log) begin, known now; its first open, on its reads' thread, starts there."""
         self.cfg = cfg
         self.identity = identity
         self.rank = identity.rank
@@ -193,7 +198,18 @@ class RankWatcher:
         self.wall = wall
         self.path = str(logs[0]) if logs else None
         budget = int(cfg.logs.replay) if replay and from_end else 0
-        self.streams = [Stream(p, cfg, self.rank, from_end, identity.world_size, replay=budget) for p in logs]
+        self.streams = [
+            Stream(
+                p,
+                cfg,
+                self.rank,
+                from_end,
+                identity.world_size,
+                replay=budget,
+                start_at=start_at if i == len(logs) - 1 else None,
+            )
+            for i, p in enumerate(logs)
+        ]
         self.engines: dict[int | None, RankEngine] = {}
         self._engine(self.rank)  # its liveness rules start their grace now
         self.tail: deque[str] = deque(maxlen=max(1, cfg.process.tail_lines))

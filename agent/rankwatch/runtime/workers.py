@@ -357,12 +357,21 @@ def _worker_watcher_class() -> type:
 
 
 def run_watcher(
-    cfg: Any, identity: Any, log_path: Path, *, emit: Any, clock: Any, script: bool = False
+    cfg: Any,
+    identity: Any,
+    log_path: Path,
+    *,
+    emit: Any,
+    clock: Any,
+    script: bool = False,
+    start_at: int | None = None,
 ) -> Any:
     """The launcher's own pipeline: the run's lines of its combined log (see WorkerWatcher).
     ``script``: a training script's pipeline, every line its own until it starts ranks of its
     own (``Fleet``, ``started_rank``); then it reads the run's lines, as a launcher's does."""
-    w = _worker_watcher_class()(cfg, identity, [log_path], emit=emit, clock=clock, from_end=True)
+    w = _worker_watcher_class()(
+        cfg, identity, [log_path], emit=emit, clock=clock, from_end=True, start_at=start_at
+    )
     w.reads, w.launcher, w.everything = None, not script, script
     return w
 
@@ -579,6 +588,7 @@ class Fleet:
             emit=self.agent.emit,
             clock=self.agent.clock,
             from_end=True,
+            start_at=self._combined_start(),
         )
         # A worker's own files are new with it: read from their start (the combined log from
         # its end: what is there is the run's and earlier workers'). Its log is its stdout file.
@@ -594,6 +604,15 @@ class Fleet:
         self.by_rank[rank] = w
         self.tasks.append(asyncio.create_task(w.run(), name=f"rank-{rank}"))
         log.info("launcher worker: rank %d is pid %d", rank, pid)
+
+    def _combined_start(self) -> int:
+        """Where a new worker's pipeline starts in the combined log: the run's start, or at
+        most ``_READ_BACK_MAX`` before what the run's pipeline has read. A rank's prefixed lines
+        since the run began are its own (a restart keeps its pipeline), and a worker found
+        after it printed (its first open comes on a thread, later still) loses none of them."""
+        run = self.run_pipeline
+        read = run.streams[-1].follower.position if run is not None and run.streams else 0
+        return max(self.start, read - _READ_BACK_MAX)
 
     def share_progress(self, now: float, step: int) -> None:
         """The run's lines reached ``step``: progress for every worker with no step line of its

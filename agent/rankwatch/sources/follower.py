@@ -60,11 +60,15 @@ class LogFollower:
         drop: str | None = None,
         encoding: str = "utf-8",
         lazy: bool = False,
+        start_at: int | None = None,
     ) -> None:
         """``lazy``: touch nothing on disk until the first ``ensure_open`` or
         ``read_available``, which resolves the folder and opens the file (``from_end``: at its
         end then) on whatever thread reads (a log made on the event loop for a folder that may
-        sit on a hung mount)."""
+        sit on a hung mount). ``start_at`` (with ``from_end``): the byte where the lines of
+        interest began, known when the follower was made (the file a job's output starts to
+        go to): the first open starts there instead of at the end, so that a lazy open that
+        comes late loses nothing written meanwhile (the end if the file is shorter)."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         self.path = pathlib.Path(path)
@@ -82,6 +86,7 @@ class LogFollower:
         self._owner: int | None = None  # pinned by the first file read
         self._refused: str | None = None  # the refusal last logged and counted
         self._from_end = from_end  # the first open attempt starts at the end (if the file is there)
+        self._start_at = start_at
         if not lazy:
             self._open()
 
@@ -257,7 +262,10 @@ class LogFollower:
         self._fd = fd
         self._open_error_logged = False
         if from_end:
-            self._seek_to_end()
+            if self._start_at is not None and 0 <= self._start_at <= st.st_size:
+                self._seek_to(self._start_at)
+            else:
+                self._seek_to_end()
         return True
 
     def _open_checked(self) -> tuple[int, os.stat_result]:
@@ -306,6 +314,13 @@ class LogFollower:
         if not self._open_error_logged:
             self._open_error_logged = True
             log.warning("%s: cannot open: %s", self.path, exc)
+
+    def _seek_to(self, offset: int) -> None:
+        assert self._fd is not None
+        self._offset = offset
+        os.lseek(self._fd, offset, os.SEEK_SET)
+        n = min(_MARK_BYTES, offset)
+        self._mark = os.pread(self._fd, n, offset - n) if n else b""
 
     def _seek_to_end(self) -> None:
         """Start after the last complete line so the first item is never a line fragment."""
