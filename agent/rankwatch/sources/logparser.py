@@ -84,8 +84,18 @@ def _about_other_rank(records: list[Record], admit: Callable[[int], bool]) -> No
 _SAID_RANK = re.compile(r"(?<![\w.-])rank=(\d{1,7})(?!\d)")
 
 
+# accelerate's ``MultiProcessAdapter.process`` (accelerate/logging.py, the logger
+# ``accelerate.logging.get_logger`` returns) puts ``f"[RANK {state.process_index}] {msg}"``
+# before every message, after whatever the logging format prints first ("11/28/2026 14:54:14 -
+# INFO - __main__ - [RANK 1] step 15: loss nan", tests/data/blackbox/s36/repro); with
+# ``main_process_only=False`` every process logs into the one pipe ``accelerate launch`` shares.
+_MARKED_RANK = re.compile(r"\[RANK (\d{1,7})\] ")
+
+
 def _said_rank(body: str) -> int | None:
     found = {int(m) for m in _SAID_RANK.findall(body, 0, 4096)}
+    if "[RANK " in body:
+        found.update(int(m) for m in _MARKED_RANK.findall(body, 0, 4096))
     return found.pop() if len(found) == 1 else None
 
 
@@ -198,7 +208,11 @@ class LogParser:
                 self._last_lineno, self._last_rank = lineno, None
                 return []
             rank: int | None = prank
-        elif "rank=" in body and (said := _said_rank(body)) is not None and self._admits(said):
+        elif (
+            ("rank=" in body or "[RANK " in body)
+            and (said := _said_rank(body)) is not None
+            and self._admits(said)
+        ):
             rank = said
         elif lineno == self._last_lineno:
             # A \r segment (tqdm) of a line whose launcher prefix came with its first segment.

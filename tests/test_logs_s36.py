@@ -1,0 +1,51 @@
+"""Black-box batch s36 (issue 28): the real logs of the failed cells e08 and e18/e32
+(tests/data/blackbox/s36/repro/README.md; each log as the tester's agent echoed it).
+
+- e18/e32: ``accelerate launch`` with accelerate's own logger (``get_logger(...).info(...,
+  main_process_only=False)``): every process's lines in the one log, each marked ``[RANK n]``.
+- e08: plain ``run -- torchrun``: rank 1 prints ``ERROR: ...`` on stderr and exits 3.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rankwatch.analyze import analyze
+from rankwatch.config.schema import Config
+from rankwatch.records import StepRecord
+from rankwatch.sources.logparser import LogParser
+
+REPRO = Path(__file__).parent / "data" / "blackbox" / "s36" / "repro"
+
+
+def _accelerate_lines(tmp: Path) -> Path:
+    """The e18 log's own job (lines 1-120 are another job's, written into the same file): the
+    lines e32 kept with ``grep -E '^[0-9]{2}/[0-9]{2}/[0-9]{4}.*\\[RANK'``."""
+    text = (REPRO / "e18_accelerate_nan_with_foreign_lines.log").read_text()
+    out = tmp / "acc.log"
+    out.write_text("".join(x for x in text.splitlines(keepends=True) if "[RANK " in x))
+    return out
+
+
+@pytest.mark.unit
+def test_accelerate_rank_marker_names_the_rank(tmp_path: Path) -> None:
+    """e32: before, one rank 0 with 80 steps and the NaN on rank 0 at step 15."""
+    result = analyze([str(_accelerate_lines(tmp_path))], Config(), jobs=1)
+    assert [(r.rank, r.steps, r.last_step) for r in result.ranks] == [(0, 40, 40), (1, 40, 40)]
+    nan = {f.rank: f.step for f in result.findings if f.kind == "nan_loss"}
+    assert nan == {1: 15, 0: 16}
+
+
+@pytest.mark.unit
+def test_accelerate_rank_marker_in_the_live_reader() -> None:
+    """The run pipeline's reader (default rank None, as under ``run -- accelerate launch``)
+    gives each marked line its rank; two ranks named, or a marker past the world, name none."""
+    parser = LogParser(default_rank=None, world_size=2)
+    line = "11/28/2026 14:54:18 - INFO - __main__ - [RANK 1] step 15: loss nan lr 0.01"
+    recs = parser.feed(line, 1)
+    assert [(type(r), r.rank, getattr(r, "step", None)) for r in recs] == [(StepRecord, 1, 15)]
+    assert [r.rank for r in parser.feed("INFO - [RANK 0] step 16: loss 1.0 lr 0.01", 2)] == [0]
+    assert [r.rank for r in parser.feed("INFO - [RANK 7] step 17: loss 1.0", 3)] == [None]
+    assert [r.rank for r in parser.feed("[RANK 0] [RANK 1] step 18: loss 1.0", 4)] == [None]
