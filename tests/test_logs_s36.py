@@ -15,6 +15,8 @@ import pytest
 from rankwatch.analyze import analyze
 from rankwatch.config.schema import Config
 from rankwatch.records import StepRecord
+from rankwatch.runtime.workers import lent_lines
+from rankwatch.sources.decorations import strip
 from rankwatch.sources.logparser import LogParser
 
 REPRO = Path(__file__).parent / "data" / "blackbox" / "s36" / "repro"
@@ -49,3 +51,17 @@ def test_accelerate_rank_marker_in_the_live_reader() -> None:
     assert [r.rank for r in parser.feed("INFO - [RANK 0] step 16: loss 1.0 lr 0.01", 2)] == [0]
     assert [r.rank for r in parser.feed("INFO - [RANK 7] step 17: loss 1.0", 3)] == [None]
     assert [r.rank for r in parser.feed("[RANK 0] [RANK 1] step 18: loss 1.0", 4)] == [None]
+
+
+@pytest.mark.unit
+def test_a_worker_that_printed_nothing_of_its_own_is_quoted_from_the_run_lines() -> None:
+    """e08: the run pipeline's unprefixed lines of the combined log (what plain ``run --
+    torchrun`` reads for the run), lent to rank 1 when it exits 3 with no prefixed line: its
+    ``ERROR:`` line is the last, rank 0's ``rank=0`` lines and torchrun's teardown are not."""
+    text = (REPRO / "e08_plain_torchrun_sysexit3_combined.log").read_text()
+    unprefixed = [(0.0, x) for x in text.splitlines() if strip(x)[1] is None]
+    lent = lent_lines(unprefixed, 0.0, 1)
+    assert lent[-1].startswith("ERROR: tokenizer vocab mismatch (expected 50257, got 32000)")
+    assert "step=9 loss=1.97467 lr=0.01 rank=1" in lent
+    assert not any("rank=0" in x or "torch/distributed" in x for x in lent)
+    assert lent_lines(unprefixed, 1.0, 1) == []  # none read since the worker started

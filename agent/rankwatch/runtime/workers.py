@@ -22,6 +22,7 @@ import re
 import signal
 import stat
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -307,6 +308,10 @@ def _worker_watcher_class() -> type:
         # twice (the detectors would judge a history that is not the log's).
         whole = False
 
+        # The run's pipeline: the lines with no rank prefix it read, with when (bounded): a failed
+        # worker that printed nothing with its prefix is quoted from them (``Fleet._lend_cause``).
+        unprefixed: deque[tuple[float, str]] | None = None
+
         def feed_lines(self, stream, batch):  # type: ignore[no-untyped-def]
             if stream.path in self.own or self.everything:
                 return super().feed_lines(stream, batch)
@@ -314,6 +319,9 @@ def _worker_watcher_class() -> type:
                 return None
             mine = [fl for fl in batch if fl.cut or strip(fl.text)[1] == self.reads]
             if mine:
+                if self.unprefixed is not None:
+                    now = self.wall()
+                    self.unprefixed.extend((now, fl.text[:_LENT_CHARS]) for fl in mine if not fl.cut)
                 super().feed_lines(stream, mine)
 
         # The run's pipeline: told each step the run's lines reach (``Fleet.share_progress``).
@@ -364,7 +372,38 @@ def run_watcher(
     own (``Fleet``, ``started_rank``); then it reads the run's lines, as a launcher's does."""
     w = _worker_watcher_class()(cfg, identity, [log_path], emit=emit, clock=clock, from_end=True)
     w.reads, w.launcher, w.everything = None, not script, script
+    w.unprefixed = deque(maxlen=_LENT_LINES)
     return w
+
+
+# The run's unprefixed lines kept for a failed worker that printed nothing with its prefix: a
+# torchrun teardown (its own traceback and failure box, ~40 lines) still leaves the worker's last
+# lines in them. Each line cut to a length a message quotes.
+_LENT_LINES = 256
+_LENT_CHARS = 4096
+# torchrun's own log lines (glog format, from its modules): no worker's output.
+_LAUNCHER_LINE = re.compile(r"torch/distributed/(?:elastic/|run\.py|launch)")
+_SAID_RANK = re.compile(r"(?<![\w.-])rank=(\d{1,7})(?!\d)|\[RANK (\d{1,7})\] ")
+
+
+def lent_lines(lines: Iterable[tuple[float, str]], since: float, rank: int) -> list[str]:
+    """What a worker printed without its prefix, as far as the run's lines tell: those read
+    since it started, up to the launcher's first word on a failure (``Sending process ... closing
+    signal``, ``failed (exitcode``: what follows is the teardown), less the launcher's own lines
+    and the lines that name another rank (``rank=0``, accelerate's ``[RANK 0]``)."""
+    out: list[str] = []
+    for t, text in lines:
+        if t < since:
+            continue
+        if _LAUNCHER_LINE.search(text):
+            if _FAILED_RE.search(text) or _CLOSING_RE.search(text):
+                break
+            continue
+        said = {int(a or b) for a, b in _SAID_RANK.findall(text)}
+        if said and said != {rank}:
+            continue
+        out.append(text)
+    return out
 
 
 # torchrun's own account of its workers (torch/distributed/elastic/multiprocessing/api.py): each
@@ -697,9 +736,15 @@ class Fleet:
         pipeline. The launcher names the worker that failed, so the latest such error printed
         since this worker started is its cause."""
         run = self.run_pipeline
-        if run is None or w.engine.state.errors or w.rank is None:
+        if run is None or w.rank is None:
             return
         since = self.attached_at.get(w.rank, 0.0) - 1.0
+        if not w.tail and run.unprefixed:
+            # Nothing with its prefix: its last lines are the run's since it started (never
+            # "printed nothing" while the combined log holds its ``ERROR: ...`` line).
+            w.tail.extend(lent_lines(run.unprefixed, since, w.rank))
+        if w.engine.state.errors:
+            return
         mine = [e for e in run.engine.state.errors if (e.time or 0.0) >= since and e.kind in LAUNCHER_HELD]
         mine = [e for e in mine if "torchelastic" not in e.summary]  # the launcher's own account
         if mine:
