@@ -289,6 +289,7 @@ def is_launcher(cmd: list[str]) -> bool:
 
 def _worker_watcher_class() -> type:
     from rankwatch.runtime.watcher import RankWatcher
+    from rankwatch.runtime.watcher import _from as from_stream
     from rankwatch.sources.decorations import strip
 
     class WorkerWatcher(RankWatcher):
@@ -312,8 +313,20 @@ def _worker_watcher_class() -> type:
         # worker that printed nothing with its prefix is quoted from them (``Fleet._lend_cause``).
         unprefixed: deque[tuple[float, str]] | None = None
 
+        # Its stdout file, when its stdout and stderr are two files of its own (torchrun's
+        # ``--tee``/``--redirects``): an HF Trainer's dicts (``tqdm.write``) go to stdout, the
+        # bar's clearing and redraw that mark each write to stderr. The parser of the stdout file
+        # is also given the stderr file's bar segments (``_relay_bars``), as the combined log
+        # shows them to ``analyze``: the dicts get the Trainer's step, not a count of records.
+        bars_to: Path | None = None
+
         def feed_lines(self, stream, batch):  # type: ignore[no-untyped-def]
             if stream.path in self.own or self.everything:
+                if self.bars_to is not None and stream.path in self.own:
+                    if stream.path == self.bars_to:
+                        stream.parser.pipes_apart()
+                    else:
+                        self._relay_bars(batch)
                 return super().feed_lines(stream, batch)
             if self.whole:
                 return None
@@ -323,6 +336,31 @@ def _worker_watcher_class() -> type:
                     now = self.wall()
                     self.unprefixed.extend((now, fl.text[:_LENT_CHARS]) for fl in mine if not fl.cut)
                 super().feed_lines(stream, mine)
+
+        def _relay_bars(self, batch: list[Any]) -> None:
+            """The bar's segments of a stderr batch (each ``\\r`` redraw and tqdm's clearing, before
+            the watcher thins the redraws) fed to the stdout file's parser, with line numbers of
+            their own (negative: never taken for a stdout line's); not counted as its lines."""
+            target = next((s for s in self.streams if s.path == self.bars_to), None)
+            if target is None or target.parser.format != "hf":
+                return  # another format may read a bar as steps: they would be counted twice
+            target.parser.pipes_apart()
+            parser = target.parser
+            st = parser.stats
+            counts = (st.lines, st.parsed, st.unparsed)
+            now = self.wall()
+            out: list[Any] = []
+            for fl in batch:
+                text = fl.text
+                if fl.cut or not text or not ("%|" in text or text.isspace()):
+                    continue
+                try:
+                    out.extend(parser.feed(text, -fl.lineno, now=now, clean=True))
+                except Exception:
+                    self.internal_errors += 1
+            st.lines, st.parsed, st.unparsed = counts
+            if out:
+                self._records(from_stream(out, target))  # type: ignore[no-untyped-call]
 
         # The run's pipeline: told each step the run's lines reach (``Fleet.share_progress``).
         on_progress: Callable[[float, int], None] | None = None
@@ -593,6 +631,7 @@ class Fleet:
                     w.follow_instead(list(w.own), new)
                     w.own = frozenset(new)
                     w.whole = whole
+                    w.bars_to = new[0] if whole and len(new) == 2 else None
                     log.info("launcher worker: rank %d now writes to %s", rank, ", ".join(map(str, new)))
                 w.attach(pid)
                 self.attached_at[rank] = time.time()
@@ -626,6 +665,7 @@ class Fleet:
         w.streams[: len(own)] = [Stream(p, self.cfg, rank, False, ident.world_size) for p in own]
         w.own = frozenset(own)
         w.whole = whole and bool(own)
+        w.bars_to = own[0] if w.whole and len(own) == 2 else None
         w.reads = rank
         w.attach(pid)
         self.attached_at[rank] = time.time()

@@ -133,6 +133,12 @@ def _drawn(body: str) -> bool:
     return "%|" in body
 
 
+def _pipes_apart(parser: Any) -> None:
+    apart = getattr(parser, "pipes_apart", None)
+    if callable(apart):
+        apart()
+
+
 class LogParser:
     def __init__(
         self,
@@ -165,6 +171,7 @@ class LogParser:
         self._before: deque[tuple[str, int, int | None, float | None]] = deque(maxlen=_REPLAY_LINES)
         self._logged: set[Any] = set()
         self._prev: dict[int | None, str] = {}  # each rank's last line while the format is unknown
+        self._apart = False  # see pipes_apart
         if not self._auto:
             # Build one now so that an unknown format or a bad regex fails at startup.
             self._parsers[default_rank] = _formats.make_parser(
@@ -186,6 +193,15 @@ class LogParser:
         )
 
     # -- public -------------------------------------------------------------------------------
+
+    def pipes_apart(self) -> None:
+        """Another stream's bar segments are fed here too (a worker's stderr file relayed to
+        its stdout file's reader): a format that pairs records with a bar's redraws (HF's)
+        pairs them as through two pipes from the start."""
+        if not self._apart:
+            self._apart = True
+            for parser in self._parsers.values():
+                _pipes_apart(parser)
 
     def feed(
         self, text: str, lineno: int, *, cut: bool = False, now: float | None = None, clean: bool = False
@@ -412,6 +428,8 @@ class LogParser:
                 self._error("make_parser", f"cannot build a parser for format {self.format!r}")
                 return []
             self._parsers[rank] = parser
+            if self._apart:
+                _pipes_apart(parser)
             if self._before:
                 out = self._replay(parser, rank)
         out.extend(self._run(parser, body, lineno, rank, when))
