@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from rankwatch.analyze import analyze
-from rankwatch.config.schema import Config
 from torchjobs import agent_config, finish, run_launcher, torchrun, webhook
 
 pytestmark = [
@@ -29,16 +27,16 @@ WORKLOAD = Path(__file__).parent / "workloads" / "hf_trainer.py"
 
 
 @pytest.mark.timeout(300)
-def test_hf_trainer_nan_under_tee_is_told_at_the_trainers_step_as_analyze_tells_it(tmp_path: Path) -> None:
+def test_hf_trainer_nan_under_tee_is_told_at_the_trainers_step(tmp_path: Path) -> None:
     env = {"FAULT": "nan", "FAULT_RANK": "1", "FAULT_STEP": "32", "STEPS": "60", "OUT": str(tmp_path / "hf")}
     with webhook() as (url, posted):
         cfg = agent_config(tmp_path, url=url)
         c = finish(run_launcher(tmp_path, cfg, torchrun(2, "--tee", "3"), env, WORKLOAD), tmp_path, posted)
     live = c.on(0, "nan_loss")
     assert live, c.debug()
-    combined = next((tmp_path / "logs").glob("rank-0*.log"))
-    offline = [f for f in analyze([str(combined)], Config(), jobs=1).findings if f.kind == "nan_loss"]
-    assert offline and offline[0].rank == 0, c.debug()
-    # The Trainer's global step (a dict every 2 steps, the NaN from step 32), live as offline.
-    assert 32 <= live[0]["step"] <= 36 and live[0]["step"] == offline[0].step, (offline[0].step, c.debug())
+    # The loss is NaN from the step computed at global step 32 (the 33rd); the Trainer logs
+    # every 2 steps: its dict at step 34 is the first NaN one. (``analyze`` on the combined log
+    # says the same on an idle node; torchrun's tee cuts the bar's line wherever its reader
+    # finds the file's end, so on a loaded one the combined log itself is out of order.)
+    assert live[0]["step"] == 34, c.debug()
     assert "counted log records" not in live[0]["message"], c.debug()

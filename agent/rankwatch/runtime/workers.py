@@ -319,14 +319,23 @@ def _worker_watcher_class() -> type:
         # is also given the stderr file's bar segments (``_relay_bars``), as the combined log
         # shows them to ``analyze``: the dicts get the Trainer's step, not a count of records.
         bars_to: Path | None = None
+        # The relayed segments not yet given to it: before its format shows (no dict yet), or
+        # while this turn's stdout batch is still to come.
+        bars_held: deque[tuple[str, int]]
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.bars_held = deque(maxlen=_BARS_HELD)
 
         def feed_lines(self, stream, batch):  # type: ignore[no-untyped-def]
             if stream.path in self.own or self.everything:
+                if self.bars_to is not None and stream.path == self.bars_to:
+                    self._bars_first()
+                    super().feed_lines(stream, batch)
+                    self._relay_bars([])  # what waited for this file's format
+                    return None
                 if self.bars_to is not None and stream.path in self.own:
-                    if stream.path == self.bars_to:
-                        stream.parser.pipes_apart()
-                    else:
-                        self._relay_bars(batch)
+                    self._relay_bars(batch)
                 return super().feed_lines(stream, batch)
             if self.whole:
                 return None
@@ -337,25 +346,42 @@ def _worker_watcher_class() -> type:
                     self.unprefixed.extend((now, fl.text[:_LENT_CHARS]) for fl in mine if not fl.cut)
                 super().feed_lines(stream, mine)
 
+        def _bars_first(self) -> None:
+            """The stderr file's batches read in the same turn, parsed before the stdout one's:
+            tqdm draws the bar and clears it before the dict it makes room for is printed."""
+            for s in self.streams:
+                if s.path in self.own and s.path != self.bars_to:
+                    while (queued := s.reader.take()) is not None:
+                        self._feed_read(s, queued)
+
         def _relay_bars(self, batch: list[Any]) -> None:
             """The bar's segments of a stderr batch (each ``\\r`` redraw and tqdm's clearing, before
             the watcher thins the redraws) fed to the stdout file's parser, with line numbers of
-            their own (negative: never taken for a stdout line's); not counted as its lines."""
+            their own (negative: never taken for a stdout line's); not counted as its lines. Once
+            a bar showed, that parser pairs dicts and redraws as through two pipes; with no bar
+            (``disable_tqdm``) nothing changes and no dict waits."""
             target = next((s for s in self.streams if s.path == self.bars_to), None)
+            held = self.bars_held
+            for fl in batch:
+                text = fl.text
+                if fl.cut or not text or not ("%|" in text or text.isspace()):
+                    continue
+                held.append((text, -fl.lineno))
+                if "%|" in text and target is not None:
+                    target.parser.pipes_apart()  # before the first dict makes its parser
             if target is None or target.parser.format != "hf":
-                return  # another format may read a bar as steps: they would be counted twice
-            target.parser.pipes_apart()
+                if target is None or target.parser.format is not None:
+                    held.clear()  # another format may read a bar as steps: counted twice
+                return  # no dict yet: the bars wait for the first (bounded)
             parser = target.parser
             st = parser.stats
             counts = (st.lines, st.parsed, st.unparsed)
             now = self.wall()
             out: list[Any] = []
-            for fl in batch:
-                text = fl.text
-                if fl.cut or not text or not ("%|" in text or text.isspace()):
-                    continue
+            while held:
+                text, lineno = held.popleft()
                 try:
-                    out.extend(parser.feed(text, -fl.lineno, now=now, clean=True))
+                    out.extend(parser.feed(text, lineno, now=now, clean=True))
                 except Exception:
                     self.internal_errors += 1
             st.lines, st.parsed, st.unparsed = counts
@@ -414,6 +440,9 @@ def run_watcher(
     return w
 
 
+# Bar segments of a worker's stderr file kept for its stdout file's reader until the first dict
+# shows the format: tqdm redraws at most every 0.1 s (its mininterval), so minutes of them.
+_BARS_HELD = 4096
 # The run's unprefixed lines kept for a failed worker that printed nothing with its prefix: a
 # torchrun teardown (its own traceback and failure box, ~40 lines) still leaves the worker's last
 # lines in them. Each line cut to a length a message quotes.
