@@ -17,6 +17,7 @@ from rankwatch.config.schema import Config
 from rankwatch.records import StepRecord
 from rankwatch.runtime.workers import lent_lines
 from rankwatch.sources.decorations import strip
+from rankwatch.sources.lines import NOISE, read_lines
 from rankwatch.sources.logparser import LogParser
 
 REPRO = Path(__file__).parent / "data" / "blackbox" / "s36" / "repro"
@@ -65,3 +66,33 @@ def test_a_worker_that_printed_nothing_of_its_own_is_quoted_from_the_run_lines()
     assert "step=9 loss=1.97467 lr=0.01 rank=1" in lent
     assert not any("rank=0" in x or "torch/distributed" in x for x in lent)
     assert lent_lines(unprefixed, 1.0, 1) == []  # none read since the worker started
+
+
+def _segments(name: str) -> list[tuple[str, int]]:
+    return [
+        (fl.text, fl.lineno)
+        for fl in read_lines(str(REPRO / name), max_line_bytes=1 << 20, drop=NOISE)
+        if not fl.cut
+    ]
+
+
+@pytest.mark.unit
+def test_hf_dicts_and_bars_read_from_two_files_get_the_trainers_steps() -> None:
+    """d16 live: a worker's stdout file (the Trainer's dicts) and stderr file (tqdm's bar) are
+    read apart. With the bar's segments relayed to the stdout file's reader (``pipes_apart``),
+    here all of them after all the dicts, as in one turn of a fast job: every dict gets the
+    Trainer's step (2..40), the NaN grad norm from the dict at step 22. Without: counted records."""
+    dicts = _segments("d16_hf_tqdm_redirects_rank0_stdout.log")
+    bars = [
+        (t, -n) for t, n in _segments("d16_hf_tqdm_redirects_rank0_stderr.log") if "%|" in t or t.isspace()
+    ]
+    parser = LogParser(default_rank=0)
+    parser.pipes_apart()
+    recs = [r for t, n in dicts + bars for r in parser.feed(t, n)] + parser.finish()
+    steps = [(r.step, r.grad_norm) for r in recs if isinstance(r, StepRecord)]
+    assert [s for s, _ in steps] == list(range(2, 41, 2))
+    # HF's logging_nan_inf_filter keeps the NaN out of the loss: the grad norm shows it.
+    assert next(s for s, norm in steps if norm is not None and norm != norm) == 22
+    plain = LogParser(default_rank=0)
+    counted = [r for t, n in dicts for r in plain.feed(t, n)] + plain.finish()
+    assert [r.step for r in counted if isinstance(r, StepRecord)] != list(range(2, 41, 2))
