@@ -330,11 +330,19 @@ def _worker_watcher_class() -> type:
         def feed_lines(self, stream, batch):  # type: ignore[no-untyped-def]
             if stream.path in self.own or self.everything:
                 if self.bars_to is not None and stream.path == self.bars_to:
-                    self._bars_first()
+                    taken = self._bars_first()
                     super().feed_lines(stream, batch)
                     self._relay_bars([])  # what waited for this file's format
+                    # Then the stderr batches themselves, after the stdout one as before: an
+                    # error's place after the last step record is what makes it the cause.
+                    self.relayed = True
+                    try:
+                        for s, queued in taken:
+                            self._feed_read(s, queued)
+                    finally:
+                        self.relayed = False
                     return None
-                if self.bars_to is not None and stream.path in self.own:
+                if self.bars_to is not None and stream.path in self.own and not self.relayed:
                     self._relay_bars(batch)
                 return super().feed_lines(stream, batch)
             if self.whole:
@@ -346,13 +354,19 @@ def _worker_watcher_class() -> type:
                     self.unprefixed.extend((now, fl.text[:_LENT_CHARS]) for fl in mine if not fl.cut)
                 super().feed_lines(stream, mine)
 
-        def _bars_first(self) -> None:
-            """The stderr file's batches read in the same turn, parsed before the stdout one's:
-            tqdm draws the bar and clears it before the dict it makes room for is printed."""
+        relayed = False  # the stderr batches being fed had their bars relayed already
+
+        def _bars_first(self) -> list[tuple[Any, list[Any]]]:
+            """The stderr file's batches read in the same turn, taken and their bar segments
+            relayed before the stdout batch is parsed (tqdm draws the bar and clears it before
+            the dict it makes room for is printed); the batches, to be parsed after it."""
+            taken: list[tuple[Any, list[Any]]] = []
             for s in self.streams:
                 if s.path in self.own and s.path != self.bars_to:
                     while (queued := s.reader.take()) is not None:
-                        self._feed_read(s, queued)
+                        self._relay_bars(queued)
+                        taken.append((s, queued))
+            return taken
 
         def _relay_bars(self, batch: list[Any]) -> None:
             """The bar's segments of a stderr batch (each ``\\r`` redraw and tqdm's clearing, before
