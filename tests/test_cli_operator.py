@@ -25,7 +25,7 @@ from rankwatch.events import Event
 from rankwatch.identity import Identity
 from rankwatch.records import Finding, Severity
 from rankwatch.runtime.agent import Agent
-from rankwatch.runtime.modes import default_log_dir
+from rankwatch.runtime.modes import default_log_dir, open_child_log
 from rankwatch.runtime.services import Services
 from rankwatch.sources.follower import quiet_watchdog_stop_race
 
@@ -157,6 +157,47 @@ def test_default_log_dir_follows_xdg_and_keeps_the_run_name_one_component() -> N
     assert default_log_dir("../../etc", {"XDG_STATE_HOME": "/s"}) == Path("/s/rankwatch/logs/_.._etc")
     assert default_log_dir("x", {}) == Path.home() / ".local/state/rankwatch/logs/x"
     assert default_log_dir("x", {"XDG_STATE_HOME": "rel"}) == Path.home() / ".local/state/rankwatch/logs/x"
+
+
+@pytest.mark.unit
+def test_a_run_log_another_job_holds_is_never_shared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """s36 e11/e18: two jobs at once both appended to ``rank-0.log`` and read each other's lines.
+    The log is held while its job runs: a second job gets the name with its agent's pid; once
+    the first lets go, the usual name is free again."""
+    path = tmp_path / "logs" / "rank-0.log"
+    first, got = open_child_log(path)
+    assert first is not None and got == path
+    second, other = open_child_log(path)
+    assert second is not None and other == path.with_name(f"rank-0.{os.getpid()}.log")
+    assert "written by another running job" in capsys.readouterr().err
+    second.write(b"job B\n")
+    second.close()
+    first.write(b"job A\n")
+    first.close()
+    assert (path.read_bytes(), other.read_bytes()) == (b"job A\n", b"job B\n")
+    again, same = open_child_log(path)
+    assert again is not None and same == path
+    again.close()
+
+
+@pytest.mark.unit
+def test_a_run_log_name_that_is_a_symlink_or_fifo_is_not_written_through(tmp_path: Path) -> None:
+    """A link or FIFO put at the log's name (a shared runner.log_dir) is never opened for the
+    job's output: the job writes to a file of its own beside it."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"keep\n")
+    for make in (lambda p: p.symlink_to(secret), os.mkfifo):
+        folder = tmp_path / f"logs-{make is os.mkfifo}"
+        folder.mkdir()
+        path = folder / "rank-0.log"
+        make(path)
+        fh, got = open_child_log(path)
+        assert fh is not None and got == path.with_name(f"rank-0.{os.getpid()}.log")
+        fh.write(b"out\n")
+        fh.close()
+        assert got.read_bytes() == b"out\n" and secret.read_bytes() == b"keep\n"
 
 
 @pytest.mark.unit

@@ -352,6 +352,19 @@ def test_plain_torchrun_nan_is_found_in_the_combined_log(tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(300)
+def test_plain_torchrun_a_worker_that_exits_after_an_error_line_is_quoted(tmp_path: Path) -> None:
+    """s36 e08: `run -- torchrun` without --tee, rank 1 prints ``ERROR: ...`` on stderr and
+    calls ``sys.exit(3)``: its crash quotes that line (the combined log holds it, unprefixed),
+    never "No error was recognised in the log and it printed nothing"."""
+    c = cell(tmp_path, "plain", {"FAULT": "sysexit", "FAULT_RANK": "1", "FAULT_STEP": "6", "STEPS": "30"})
+    [crash] = c.on(1, "crash")
+    assert "exited with code 3" in crash["message"], c.debug()
+    assert "printed nothing" not in crash["message"], c.debug()
+    assert "ERROR: tokenizer vocab mismatch on rank 1 at step 6" in crash["message"], c.debug()
+    assert c.rc == 1, c.debug()
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("form", ["plain", "tee", "no-python"])
 def test_torchrun_restart_reports_the_first_attempts_crash(tmp_path: Path, form: str) -> None:
     """`torchrun --max-restarts 1` (under `run`, or starting an agent per worker), rank 1 raises

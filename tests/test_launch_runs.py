@@ -6,6 +6,8 @@ next.
   the id standalone torchrun makes), as the README says ("the run name defaults to
   SLURM_JOB_ID or the torchrun run id"): every finding, alert and incident folder carries it,
   so two jobs of one user on a node are two runs, not both ``default``.
+- Two jobs at once on one host (the same user, the same ``runner.log_dir``) never share the
+  log file their agents write and follow: the second takes ``rank-0.<its pid>.log``.
 - A healthy job leaves no failure record in the run folder (a clean exit is only a possible
   first failure while peers go on), and a job in the same place (the same run name) is judged
   on its own records only.
@@ -14,11 +16,12 @@ next.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, wait_for
 from torchjobs import REAL_TORCH, Cell, agent_config, finish, run_launcher, torchrun, webhook
 
 pytestmark = REAL_TORCH
@@ -119,3 +122,35 @@ def test_a_healthy_job_leaves_no_failure_and_the_next_job_is_judged_on_its_own(t
         json.loads((tmp_path / "dumps" / run / ".ranks" / n).read_text()) for n in _records(tmp_path, run)
     ]
     assert [(r["rank"], r["kind"]) for r in records if not r["consequence"]] == [(1, "crash")], records
+
+
+@pytest.mark.timeout(300)
+def test_two_jobs_at_once_each_read_and_echo_only_their_own_lines(tmp_path: Path) -> None:
+    """s36 e11/e18: two `run -- torchrun --tee 3` jobs at once from two folders, one config
+    (one log folder): both agents appended to ``rank-0.log``, so each echoed the other's lines
+    and judged them as its own (another job's NaN, or its Ctrl-C traceback, as this job's). Job
+    A goes NaN from step 3 and runs on; job B, started once A steps, is healthy: B's echo, log
+    and findings hold none of A's NaN lines, A's hold them, and each log file is one job's."""
+    cfg = agent_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace("echo: false", "echo: true"))
+    work_a, work_b = tmp_path / "a", tmp_path / "b"
+    work_a.mkdir()
+    work_b.mkdir()
+    nan = {"FAULT": "nan", "FAULT_RANK": "0", "FAULT_STEP": "3", "STEPS": "300"}
+    job_a = run_launcher(work_a, cfg, torchrun(1, "--tee", "3"), nan)
+    try:
+        echo_a = work_a / "agent.out"
+        wait_for(lambda: "loss=nan" in echo_a.read_text(errors="replace"), 120, "A's NaN", 0.2)
+        job_b = run_launcher(work_b, cfg, torchrun(1, "--tee", "3"), {"FAULT": "none", "STEPS": "20"})
+        b = finish(job_b, work_b, [])
+    finally:
+        a = finish(job_a, work_a, [])
+    assert a.rc == 0 and b.rc == 0, (a.debug(), b.debug())
+    assert a.of("nan_loss") and not b.of("nan_loss"), (a.debug(), b.debug())
+    assert "loss=nan" in a.out and "starting" in b.out, b.out
+    assert "loss=nan" not in (work_b / "agent.out").read_text(errors="replace")
+    logs = sorted((tmp_path / "logs").iterdir(), key=lambda p: len(p.name))
+    assert logs[0].name == "rank-0.log" and re.fullmatch(r"rank-0\.\d+\.log", logs[1].name), logs
+    texts = [p.read_text(errors="replace") for p in logs]
+    assert [t.count(" starting") for t in texts] == [1, 1], texts
+    assert sorted("loss=nan" in t for t in texts) == [False, True]

@@ -276,12 +276,14 @@ def finish(
 # --- launch forms -------------------------------------------------------------------------------
 
 
-def run_launcher(tmp: Path, cfg: Path, launcher: list[str], env: dict[str, str]) -> Running:
+def run_launcher(
+    tmp: Path, cfg: Path, launcher: list[str], env: dict[str, str], workload: Path = WORKLOAD
+) -> Running:
     """``rankwatch run -- <launcher> ddp_train.py``: one agent for the whole launcher."""
     tag = uuid.uuid4().hex
     found = tmp / "f.jsonl"
     cmd = rankwatch(
-        "run", "--config", str(cfg), "--findings-jsonl", str(found), "--", *launcher, str(WORKLOAD)
+        "run", "--config", str(cfg), "--findings-jsonl", str(found), "--", *launcher, str(workload)
     )
     agent = _popen(cmd, job_env(tag, env), tmp / "agent.out")
     return Running(

@@ -20,6 +20,8 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
                FAULT_RANK all others are slow to exit after it, so the launcher stops them;
   hang_init    the rank sleeps before ``init_process_group`` (its peers wait inside it);
   exit         the rank returns from ``main`` with exit status 0 while its peers go on;
+  sysexit      the rank prints an ``ERROR: ...`` line on stderr and calls ``sys.exit(3)`` (no
+               traceback: a script's own check that gives up);
   save_hang    the rank saves a checkpoint (``torch.save`` into ``CKPT_DIR``) whose writes
                stop after the first bytes, as on a hung NFS server: it hangs inside torch.save;
   none         healthy.
@@ -202,6 +204,10 @@ def main() -> None:
             raise RuntimeError(f"rank {rank} hit a bad batch at step {step}")
         if faulty and FAULT == "save_hang":
             save_checkpoint(model, step)
+        if faulty and FAULT == "sysexit":
+            sys.stderr.write(f"ERROR: tokenizer vocab mismatch on rank {rank} at step {step}; aborting\n")
+            sys.stderr.flush()
+            sys.exit(3)
         if faulty and FAULT == "exit":
             say(f"rank {rank} leaves early at step {step}")
             return

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
+import fcntl
 import functools
 import logging
 import os
@@ -17,6 +19,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -27,7 +30,7 @@ from typing import Any, BinaryIO
 
 import psutil
 
-from rankwatch import offloop
+from rankwatch import offloop, safeio
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
 from rankwatch.identity import RANK_VARS, Identity, identity_of_process
@@ -73,16 +76,83 @@ def child_log_path(cfg: Config, identity: Identity) -> Path:
     return folder / f"rank-{rank}.log"
 
 
+# O_NOFOLLOW: a symlink put at the log's name (a shared runner.log_dir) must not make the agent
+# append the job's output to a file the link names; O_NONBLOCK: a FIFO put there fails the open
+# instead of hanging it (and is refused as no regular file).
+_LOG_FLAGS = (
+    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
+)
+
+
+class _Taken(Exception):
+    """Another live job writes this log: its agent (or the child it gave the file to) holds it."""
+
+
+def _claim(path: Path) -> BinaryIO:
+    """``path`` opened for appending and held: an exclusive ``flock`` on the file, which the
+    child inherits with its stdout (the lock belongs to the open file, so it lasts while any of
+    the job's processes or the agent still hold it). Two jobs on one host with the same run name
+    would otherwise append to one file and each read and echo the other's lines as its own."""
+    try:
+        fd = os.open(path, _LOG_FLAGS, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise safeio.Refused(path, "is a symlink, not a regular file") from None
+        if e.errno == errno.ENXIO:
+            raise safeio.Refused(path, "is a FIFO, not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise safeio.Refused(path, f"is {safeio.kind_of(st.st_mode)}, not a regular file")
+        if st.st_uid != os.geteuid():
+            raise safeio.Refused(path, f"is owned by uid {st.st_uid}, not uid {os.geteuid()}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _Taken(path) from None
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _other_name(path: Path) -> Path:
+    """The log's name when another job holds the usual one: the agent's pid before the suffix
+    (``rank-0.4242.log``), which still names its rank for ``analyze``."""
+    return path.with_name(f"{path.stem}.{os.getpid()}{path.suffix}")
+
+
 def open_child_log(path: Path) -> tuple[BinaryIO | None, Path]:
-    """The child's output file, opened for appending. A folder the agent cannot write (a
-    read-only home, a typo in runner.log_dir) must not keep the trainer from starting: the
-    output then goes to a private temporary folder (0700), said on stderr. When even that
-    fails, (None, path): the child inherits the agent's stdout and only its process is watched."""
+    """The child's output file, opened for appending and held by this job alone (``_claim``):
+    when another job on the host holds ``path``, the same name with this agent's pid in it.
+    A folder the agent cannot write (a read-only home, a typo in runner.log_dir) must not keep
+    the trainer from starting: the output then goes to a private temporary folder (0700), said
+    on stderr. When even that fails, (None, path): the child inherits the agent's stdout and
+    only its process is watched."""
+    why = ""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return open(path, "ab"), path
     except OSError as e:
         why = f"{e.filename or path}: {e.strerror or e}"
+    if not why:
+        for i, name in enumerate((path, _other_name(path))):
+            try:
+                fh = _claim(name)
+            except _Taken:
+                why = f"{name} is written by another running job"
+                if i == 0:
+                    continue
+                break
+            except OSError as e:
+                why = str(e) if isinstance(e, safeio.Refused) else f"{e.filename or name}: {e.strerror or e}"
+                if i == 0 and isinstance(e, safeio.Refused):
+                    continue
+                break
+            if i:
+                print(f"rankwatch: {why}: this job's output goes to {name}", file=sys.stderr)
+            return fh, name
     try:
         fallback = Path(tempfile.mkdtemp(prefix="rankwatch-logs-")) / path.name
         fh = open(fallback, "ab")  # noqa: SIM115 - the caller holds it for the child
@@ -419,6 +489,27 @@ async def _run_child(
     cfg = agent.cfg
     launch = _Launch(cfg, agent.identity, cmd, agent)
     launch.forward_signals()
+    # The log stays claimed (``open_child_log``) until this agent has read its last line, not
+    # only while the child holds it: a job started meanwhile must not append to it.
+    claim = os.dup(out.fileno()) if out is not None else None
+    try:
+        return await _run_claimed(agent, launch, out, path, env, services=services, nice=nice)
+    finally:
+        if claim is not None:
+            os.close(claim)
+
+
+async def _run_claimed(
+    agent: Agent,
+    launch: _Launch,
+    out: BinaryIO | None,
+    path: Path,
+    env: dict[str, str],
+    *,
+    services: dict[str, Any] | None,
+    nice: int,
+) -> int:
+    cfg = agent.cfg
     with out if out is not None else contextlib.nullcontext() as fh:
         start = fh.tell() if fh is not None else 0
         watcher = launch.watcher_for(path, fh is not None, start)

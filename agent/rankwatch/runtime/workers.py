@@ -22,6 +22,7 @@ import re
 import signal
 import stat
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -288,6 +289,7 @@ def is_launcher(cmd: list[str]) -> bool:
 
 def _worker_watcher_class() -> type:
     from rankwatch.runtime.watcher import RankWatcher
+    from rankwatch.runtime.watcher import _from as from_stream
     from rankwatch.sources.decorations import strip
 
     class WorkerWatcher(RankWatcher):
@@ -307,14 +309,98 @@ def _worker_watcher_class() -> type:
         # twice (the detectors would judge a history that is not the log's).
         whole = False
 
+        # The run's pipeline: the lines with no rank prefix it read, with when (bounded): a failed
+        # worker that printed nothing with its prefix is quoted from them (``Fleet._lend_cause``).
+        unprefixed: deque[tuple[float, str]] | None = None
+
+        # Its stdout file, when its stdout and stderr are two files of its own (torchrun's
+        # ``--tee``/``--redirects``): an HF Trainer's dicts (``tqdm.write``) go to stdout, the
+        # bar's clearing and redraw that mark each write to stderr. The parser of the stdout file
+        # is also given the stderr file's bar segments (``_relay_bars``), as the combined log
+        # shows them to ``analyze``: the dicts get the Trainer's step, not a count of records.
+        bars_to: Path | None = None
+        # The relayed segments not yet given to it: before its format shows (no dict yet), or
+        # while this turn's stdout batch is still to come.
+        bars_held: deque[tuple[str, int]]
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.bars_held = deque(maxlen=_BARS_HELD)
+
         def feed_lines(self, stream, batch):  # type: ignore[no-untyped-def]
             if stream.path in self.own or self.everything:
+                if self.bars_to is not None and stream.path == self.bars_to:
+                    taken = self._bars_first()
+                    super().feed_lines(stream, batch)
+                    self._relay_bars([])  # what waited for this file's format
+                    # Then the stderr batches themselves, after the stdout one as before: an
+                    # error's place after the last step record is what makes it the cause.
+                    self.relayed = True
+                    try:
+                        for s, queued in taken:
+                            self._feed_read(s, queued)
+                    finally:
+                        self.relayed = False
+                    return None
+                if self.bars_to is not None and stream.path in self.own and not self.relayed:
+                    self._relay_bars(batch)
                 return super().feed_lines(stream, batch)
             if self.whole:
                 return None
             mine = [fl for fl in batch if fl.cut or strip(fl.text)[1] == self.reads]
             if mine:
+                if self.unprefixed is not None:
+                    now = self.wall()
+                    self.unprefixed.extend((now, fl.text[:_LENT_CHARS]) for fl in mine if not fl.cut)
                 super().feed_lines(stream, mine)
+
+        relayed = False  # the stderr batches being fed had their bars relayed already
+
+        def _bars_first(self) -> list[tuple[Any, list[Any]]]:
+            """The stderr file's batches read in the same turn, taken and their bar segments
+            relayed before the stdout batch is parsed (tqdm draws the bar and clears it before
+            the dict it makes room for is printed); the batches, to be parsed after it."""
+            taken: list[tuple[Any, list[Any]]] = []
+            for s in self.streams:
+                if s.path in self.own and s.path != self.bars_to:
+                    while (queued := s.reader.take()) is not None:
+                        self._relay_bars(queued)
+                        taken.append((s, queued))
+            return taken
+
+        def _relay_bars(self, batch: list[Any]) -> None:
+            """The bar's segments of a stderr batch (each ``\\r`` redraw and tqdm's clearing, before
+            the watcher thins the redraws) fed to the stdout file's parser, with line numbers of
+            their own (negative: never taken for a stdout line's); not counted as its lines. Once
+            a bar showed, that parser pairs dicts and redraws as through two pipes; with no bar
+            (``disable_tqdm``) nothing changes and no dict waits."""
+            target = next((s for s in self.streams if s.path == self.bars_to), None)
+            held = self.bars_held
+            for fl in batch:
+                text = fl.text
+                if fl.cut or not text or not ("%|" in text or text.isspace()):
+                    continue
+                held.append((text, -fl.lineno))
+                if "%|" in text and target is not None:
+                    target.parser.pipes_apart()  # before the first dict makes its parser
+            if target is None or target.parser.format != "hf":
+                if target is None or target.parser.format is not None:
+                    held.clear()  # another format may read a bar as steps: counted twice
+                return  # no dict yet: the bars wait for the first (bounded)
+            parser = target.parser
+            st = parser.stats
+            counts = (st.lines, st.parsed, st.unparsed)
+            now = self.wall()
+            out: list[Any] = []
+            while held:
+                text, lineno = held.popleft()
+                try:
+                    out.extend(parser.feed(text, lineno, now=now, clean=True))
+                except Exception:
+                    self.internal_errors += 1
+            st.lines, st.parsed, st.unparsed = counts
+            if out:
+                self._records(from_stream(out, target))  # type: ignore[no-untyped-call]
 
         # The run's pipeline: told each step the run's lines reach (``Fleet.share_progress``).
         on_progress: Callable[[float, int], None] | None = None
@@ -373,7 +459,41 @@ def run_watcher(
         cfg, identity, [log_path], emit=emit, clock=clock, from_end=True, start_at=start_at
     )
     w.reads, w.launcher, w.everything = None, not script, script
+    w.unprefixed = deque(maxlen=_LENT_LINES)
     return w
+
+
+# Bar segments of a worker's stderr file kept for its stdout file's reader until the first dict
+# shows the format: tqdm redraws at most every 0.1 s (its mininterval), so minutes of them.
+_BARS_HELD = 4096
+# The run's unprefixed lines kept for a failed worker that printed nothing with its prefix: a
+# torchrun teardown (its own traceback and failure box, ~40 lines) still leaves the worker's last
+# lines in them. Each line cut to a length a message quotes.
+_LENT_LINES = 256
+_LENT_CHARS = 4096
+# torchrun's own log lines (glog format, from its modules): no worker's output.
+_LAUNCHER_LINE = re.compile(r"torch/distributed/(?:elastic/|run\.py|launch)")
+_SAID_RANK = re.compile(r"(?<![\w.-])rank=(\d{1,7})(?!\d)|\[RANK (\d{1,7})\] ")
+
+
+def lent_lines(lines: Iterable[tuple[float, str]], since: float, rank: int) -> list[str]:
+    """What a worker printed without its prefix, as far as the run's lines tell: those read
+    since it started, up to the launcher's first word on a failure (``Sending process ... closing
+    signal``, ``failed (exitcode``: what follows is the teardown), less the launcher's own lines
+    and the lines that name another rank (``rank=0``, accelerate's ``[RANK 0]``)."""
+    out: list[str] = []
+    for t, text in lines:
+        if t < since:
+            continue
+        if _LAUNCHER_LINE.search(text):
+            if _FAILED_RE.search(text) or _CLOSING_RE.search(text):
+                break
+            continue
+        said = {int(a or b) for a, b in _SAID_RANK.findall(text)}
+        if said and said != {rank}:
+            continue
+        out.append(text)
+    return out
 
 
 # torchrun's own account of its workers (torch/distributed/elastic/multiprocessing/api.py): each
@@ -563,6 +683,7 @@ class Fleet:
                     w.follow_instead(list(w.own), new)
                     w.own = frozenset(new)
                     w.whole = whole
+                    w.bars_to = new[0] if whole and len(new) == 2 else None
                     log.info("launcher worker: rank %d now writes to %s", rank, ", ".join(map(str, new)))
                 w.attach(pid)
                 self.attached_at[rank] = time.time()
@@ -597,6 +718,7 @@ class Fleet:
         w.streams[: len(own)] = [Stream(p, self.cfg, rank, False, ident.world_size) for p in own]
         w.own = frozenset(own)
         w.whole = whole and bool(own)
+        w.bars_to = own[0] if w.whole and len(own) == 2 else None
         w.reads = rank
         w.attach(pid)
         self.attached_at[rank] = time.time()
@@ -721,9 +843,15 @@ class Fleet:
         pipeline. The launcher names the worker that failed, so the latest such error printed
         since this worker started is its cause."""
         run = self.run_pipeline
-        if run is None or w.engine.state.errors or w.rank is None:
+        if run is None or w.rank is None:
             return
         since = self.attached_at.get(w.rank, 0.0) - 1.0
+        if not w.tail and run.unprefixed:
+            # Nothing with its prefix: its last lines are the run's since it started (never
+            # "printed nothing" while the combined log holds its ``ERROR: ...`` line).
+            w.tail.extend(lent_lines(run.unprefixed, since, w.rank))
+        if w.engine.state.errors:
+            return
         mine = [e for e in run.engine.state.errors if (e.time or 0.0) >= since and e.kind in LAUNCHER_HELD]
         mine = [e for e in mine if "torchelastic" not in e.summary]  # the launcher's own account
         if mine:

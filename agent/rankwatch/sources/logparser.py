@@ -84,8 +84,18 @@ def _about_other_rank(records: list[Record], admit: Callable[[int], bool]) -> No
 _SAID_RANK = re.compile(r"(?<![\w.-])rank=(\d{1,7})(?!\d)")
 
 
+# accelerate's ``MultiProcessAdapter.process`` (accelerate/logging.py, the logger
+# ``accelerate.logging.get_logger`` returns) puts ``f"[RANK {state.process_index}] {msg}"``
+# before every message, after whatever the logging format prints first ("11/28/2026 14:54:14 -
+# INFO - __main__ - [RANK 1] step 15: loss nan", tests/data/blackbox/s36/repro); with
+# ``main_process_only=False`` every process logs into the one pipe ``accelerate launch`` shares.
+_MARKED_RANK = re.compile(r"\[RANK (\d{1,7})\] ")
+
+
 def _said_rank(body: str) -> int | None:
     found = {int(m) for m in _SAID_RANK.findall(body, 0, 4096)}
+    if "[RANK " in body:
+        found.update(int(m) for m in _MARKED_RANK.findall(body, 0, 4096))
     return found.pop() if len(found) == 1 else None
 
 
@@ -123,6 +133,12 @@ def _drawn(body: str) -> bool:
     return "%|" in body
 
 
+def _pipes_apart(parser: Any) -> None:
+    apart = getattr(parser, "pipes_apart", None)
+    if callable(apart):
+        apart()
+
+
 class LogParser:
     def __init__(
         self,
@@ -155,6 +171,7 @@ class LogParser:
         self._before: deque[tuple[str, int, int | None, float | None]] = deque(maxlen=_REPLAY_LINES)
         self._logged: set[Any] = set()
         self._prev: dict[int | None, str] = {}  # each rank's last line while the format is unknown
+        self._apart = False  # see pipes_apart
         if not self._auto:
             # Build one now so that an unknown format or a bad regex fails at startup.
             self._parsers[default_rank] = _formats.make_parser(
@@ -177,6 +194,15 @@ class LogParser:
 
     # -- public -------------------------------------------------------------------------------
 
+    def pipes_apart(self) -> None:
+        """Another stream's bar segments are fed here too (a worker's stderr file relayed to
+        its stdout file's reader): a format that pairs records with a bar's redraws (HF's)
+        pairs them as through two pipes from the start."""
+        if not self._apart:
+            self._apart = True
+            for parser in self._parsers.values():
+                _pipes_apart(parser)
+
     def feed(
         self, text: str, lineno: int, *, cut: bool = False, now: float | None = None, clean: bool = False
     ) -> list[Record]:
@@ -198,7 +224,11 @@ class LogParser:
                 self._last_lineno, self._last_rank = lineno, None
                 return []
             rank: int | None = prank
-        elif "rank=" in body and (said := _said_rank(body)) is not None and self._admits(said):
+        elif (
+            ("rank=" in body or "[RANK " in body)
+            and (said := _said_rank(body)) is not None
+            and self._admits(said)
+        ):
             rank = said
         elif lineno == self._last_lineno:
             # A \r segment (tqdm) of a line whose launcher prefix came with its first segment.
@@ -398,6 +428,8 @@ class LogParser:
                 self._error("make_parser", f"cannot build a parser for format {self.format!r}")
                 return []
             self._parsers[rank] = parser
+            if self._apart:
+                _pipes_apart(parser)
             if self._before:
                 out = self._replay(parser, rank)
         out.extend(self._run(parser, body, lineno, rank, when))

@@ -167,6 +167,14 @@ class HFParser:
         self._queue: deque[tuple[StepRecord, float] | None] = deque()
         self._written = 0  # dicts printed before the pipes were seen apart: their redraws pass
 
+    def pipes_apart(self) -> None:
+        """The dicts and the bar are known to come through two pipes from the start (the live
+        agent reads a worker's stdout and stderr files apart and relays the bar's segments):
+        every dict waits for its redraw, none is placed by a bar read beside it."""
+        if not self._split:
+            self._split = True
+            self._exact_last = self._interval = None
+
     def sniff(self, text: str) -> bool:
         if "{'" not in text:
             return False
