@@ -383,6 +383,31 @@ def test_a_dead_job_pages_when_its_crash_comes_while_the_board_holds_its_warning
     ]
 
 
+def test_a_crash_after_a_peers_alerted_failure_stays_with_the_board() -> None:
+    """One agent per rank (srun, sidecar): rank 1's OOM is alerted by rank 1's agent; rank 0's
+    gloo warning, then its crash, both name it first. The board holds rank 0's warning to fold
+    it into rank 1's alert; the crash follows it there, not a second critical page of its own
+    (CI: "oom" and "crash" both critical, two alerts for one OOM)."""
+    from rankwatch.records import FirstFailure
+
+    p, out, clock = policy(group_wait=2.0)
+    board = HoldingBoard(p)
+    p.coord = board
+
+    def after_oom(kind: str, severity: Severity) -> Finding:
+        f = Finding(kind, severity, 0, "rank 1 failed first: torch.OutOfMemoryError", 7, time=1000.0)
+        f.diagnosed(suspects=(1,), first_failure=FirstFailure(1, "oom", 995.0, "torch.OutOfMemoryError"))
+        return f
+
+    p.take(after_oom("peer_error", Severity.WARNING))
+    p.hold_pending(clock())
+    p.take(after_oom("crash", Severity.CRITICAL))
+    p.pump(clock(), force=True)
+    p.hold_pending(clock())
+    assert [sorted(k[2] for k in g.members) for g in board.held] == [["peer_error"]]
+    assert out == []
+
+
 INCIDENT = "dumps/job16/20261128T145323Z_stall"
 
 

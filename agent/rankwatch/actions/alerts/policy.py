@@ -290,7 +290,13 @@ class AlertPolicy:
             )
             # Not in a waiting group, yet not announced: the coordinator holds its group (the
             # board decides who sends it; at close, the agent's last findings come meanwhile).
-            held = g is None and lead.pending and not lead.sent
+            # Not when the problem's first failure is another rank's alerted failure (rank 1's
+            # OOM, seen by its own agent): the board folds the held lead into that alert, and
+            # this member follows it there; a rank that left cleanly has no alert of its own.
+            d = f.diagnosis
+            ff = d.first_failure if d is not None else None
+            elsewhere = ff is not None and ff.rank not in (None, key[1]) and ff.kind != "exit"
+            held = g is None and lead.pending and not lead.sent and not elsewhere
             if (g is not None or held) and f.severity > lead.severity and problem[2] != key[2]:
                 # Not yet sent, and this member is worse (rank 1's crash after its gloo warning):
                 # it leads the problem's alert, so the message's kind and severity are the job's
