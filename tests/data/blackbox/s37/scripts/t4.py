@@ -1,5 +1,5 @@
 # tiny real DDP job over gloo, fault PLACEMENTS for batch s37. Env:
-#  FAULT=crash_bwd|hang_dlw|crash_opt|crash_eval|crash_save|crash_dlw|crash|nan|hang_eval|hang_bwd
+#  FAULT=crash_bwd|kill_opt|hang_dlw|crash_opt|crash_eval|crash_save|crash_dlw|crash|nan|hang_eval|hang_bwd
 #  FAULT_RANK FAULT_STEP STEPS STEP_DELAY EVAL_EVERY CKPT_DIR CKPT_EVERY NUM_WORKERS
 #  LOGFMT=plain|custom (logging, custom Formatter)|buffered (print, no flush)|jsonfile (JSON lines to metrics-rank{r}.jsonl)
 #  SILENT_START=seconds (print nothing before training)
@@ -43,6 +43,11 @@ def main():
         def pre(o, a, k):
             if r == FR and state["step"] == FS: raise RuntimeError(f"optimizer state corrupted: exp_avg shape mismatch on rank {r}")
         opt.register_step_pre_hook(pre)
+    if F == "kill_opt":
+        import signal
+        def pre2(o, a, k):
+            if r == FR and state["step"] == FS: os.kill(os.getpid(), signal.SIGKILL)
+        opt.register_step_pre_hook(pre2)
     def out(step, v):
         if fmt == "custom": log.info("it %d :: loss=%.5f lr=0.01", step, v)
         elif fmt == "buffered": print(f"step={step} loss={v:.5f} lr=0.01 rank={r}")
