@@ -108,6 +108,20 @@ def _status(err: Path) -> dict:
         return json.loads(r.read())
 
 
+def _teardown(agents: list[subprocess.Popen], trainer: subprocess.Popen, hook: Hook) -> None:
+    """Every agent still running stopped (killed past 15 s), the trainer and the hook closed."""
+    for a in agents:
+        if a.poll() is None:
+            a.send_signal(signal.SIGTERM)
+            try:
+                a.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                a.kill()
+    trainer.kill()
+    trainer.wait(10)
+    hook.close()
+
+
 def _setup(tmp_path: Path, hook: Hook, run: str, webhook: str = "") -> tuple[Path, Path, Path]:
     """A rank log of 30 healthy steps and an agent config posting to ``hook`` with a spool:
     (log, spool, config). ``webhook``: more keys of the webhook sink."""
@@ -160,16 +174,7 @@ def test_agent_sigkilled_and_restarted_sends_the_spooled_alert_once_and_rebuilds
         assert len(hook.posted) == 1, hook.posted
         assert not any(p.stat().st_size for p in spool.glob("*.jsonl"))
     finally:
-        for a in agents:
-            if a.poll() is None:
-                a.send_signal(signal.SIGTERM)
-                try:
-                    a.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    a.kill()
-        trainer.kill()
-        trainer.wait(10)
-        hook.close()
+        _teardown(agents, trainer, hook)
 
 
 def test_agent_sigkilled_while_an_alert_is_in_flight_the_restarted_one_delivers_it(tmp_path: Path) -> None:
@@ -204,16 +209,7 @@ def test_agent_sigkilled_while_an_alert_is_in_flight_the_restarted_one_delivers_
         assert hook.posted[0]["status"] == "firing"
     finally:
         hook.release.set()
-        for a in agents:
-            if a.poll() is None:
-                a.send_signal(signal.SIGTERM)
-                try:
-                    a.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    a.kill()
-        trainer.kill()
-        trainer.wait(10)
-        hook.close()
+        _teardown(agents, trainer, hook)
 
 
 def _nan_alerts(hook: Hook) -> list[str]:
@@ -278,13 +274,4 @@ def test_kill_9_and_restart_still_resolves_and_reports_a_nan_no_agent_saw_once(t
         assert nan[2]["step"] >= 51 and nan[1]["step"] >= 36  # the NaN no agent saw, and its clear
         assert trainer.poll() is None  # the rank never noticed
     finally:
-        for a in agents:
-            if a.poll() is None:
-                a.send_signal(signal.SIGTERM)
-                try:
-                    a.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    a.kill()
-        trainer.kill()
-        trainer.wait(10)
-        hook.close()
+        _teardown(agents, trainer, hook)
