@@ -1044,6 +1044,29 @@ def test_suspect_rank_and_rank_list() -> None:
 
 
 @pytest.mark.unit
+def test_ranks_each_judged_alone_do_not_outvote_each_other() -> None:
+    """Two ranks' crashes judged at once, each before the other's record was there: each names
+    itself. Alike (d46: a script that cannot start, the real text): no suspect, and the payload's
+    diagnosis says so. Different: the one that started failing first."""
+    typo = (
+        "/work/venv/bin/python3 could not open the script '/x/trian.py': [Errno 2] No such file or directory."
+    )
+
+    def own(r: int, message: str, t: float) -> AlertMember:
+        return AlertMember(r, message, diagnosis=Diagnosis(suspects=(r,)), starts_at=t)
+
+    alike = AlertMessage(
+        "job", "crash", Severity.CRITICAL, "firing", [own(0, typo, 5.0), own(1, typo, 4.9)], "n"
+    )
+    assert alike.suspect is None and alike.title == "crash on 2 ranks (0-1)"
+    assert alike.diagnosis is not None and alike.diagnosis.verdict == "same_failure"
+    assert alike.diagnosis.suspect is None
+    bad = "process exited with code 1. Cause (crash): RuntimeError: bad batch 160."
+    apart = [own(0, typo, 5.0), own(1, bad, 4.9)]
+    assert suspect_rank(apart, "crash") == 1
+
+
+@pytest.mark.unit
 def test_alertmanager_payload_labels_and_resolve() -> None:
     assert alertname("nan_loss") == "RankwatchNanLoss"
     assert alertname("stall") == "RankwatchStall"

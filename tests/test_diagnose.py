@@ -801,3 +801,59 @@ def test_gloos_failed_setup_is_a_consequence_so_ranks_failing_so_together_name_n
     assert "failed first" not in f.message, f.message
     assert f.diagnosis is None or f.diagnosis.suspect is None, f.diagnosis
     assert all(n.endswith("-c.json") for n in _records(tmp_path)), _records(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        # s35b d46 (a typo in the script's path under torchrun; CPython's Modules/main.c text)
+        "/work/venv/bin/python3 could not open the script '/work/bb2/trian.py': [Errno 2] No such file "
+        "or directory",
+        # s35b d47 (a missing module imported by every rank)
+        "process exited with code 1. Cause (crash): ModuleNotFoundError: No module named 'flash_attn_x'",
+    ],
+)
+def test_ranks_that_failed_the_same_way_name_no_suspect(tmp_path: Path, how: str) -> None:
+    """Both ranks fail with the same error (d46, d47): the second is no consequence of the first
+    — whichever agent recorded first — and no rank is the one to look at."""
+    agent0, _, sent0 = _agent(tmp_path, 0, world=2)
+    agent1, _, sent1 = _agent(tmp_path, 1, world=2)
+    agent1.emit(_crash(1, how.replace("rank 0", "rank 1") + ".", None, 1000.30))
+    agent0.emit(_crash(0, how + ".", None, 1000.31))
+    [f1], [f0] = sent1, sent0
+    assert f0.message.startswith("rank 1 failed the same way, at once: a cause common to the ranks"), (
+        f0.message
+    )
+    assert "consequence" not in f0.message
+    assert (
+        f0.diagnosis is not None and f0.diagnosis.suspect is None and f0.diagnosis.verdict == "same_failure"
+    )
+    assert f1.diagnosis is not None and f1.diagnosis.suspect == 1  # alone so far: its own first failure
+    # One alert for both: no suspect in its title or payload, whichever member leads it.
+    from rankwatch.actions.alerts._webhook import payload as hook_payload
+    from rankwatch.actions.alerts.message import AlertMember, AlertMessage
+
+    for order in ((f1, f0), (f0, f1)):
+        members = [AlertMember(f.rank, f.message, diagnosis=f.diagnosis, starts_at=1.0) for f in order]
+        alert = AlertMessage(
+            "job", "crash", Severity.CRITICAL, "firing", members, "n", world_size=2, saw_all=True
+        )
+        assert alert.title == "crash on 2 of 2 ranks", alert.title
+        doc = hook_payload(alert)
+        assert doc["suspect"] is None and doc["diagnosis"]["verdict"] == "same_failure", doc
+
+
+def test_ranks_that_failed_differently_still_name_the_first(tmp_path: Path) -> None:
+    """The same rule must not swallow a real first failure: rank 1's RuntimeError, then rank 0's
+    own (different) error a moment later: rank 1 failed first."""
+    agent0, _, sent0 = _agent(tmp_path, 0, world=2)
+    agent1, _, _ = _agent(tmp_path, 1, world=2)
+    agent1.emit(
+        _crash(1, "process exited with code 1. Cause (crash): RuntimeError: bad batch 160.", None, 1000.3)
+    )
+    agent0.emit(
+        _crash(0, "process exited with code 1. Cause (crash): ValueError: shapes differ.", None, 1000.5)
+    )
+    [f0] = sent0
+    assert f0.message.startswith("rank 1 failed first"), f0.message
+    assert f0.diagnosis is not None and f0.diagnosis.suspect == 1

@@ -14,6 +14,7 @@ rules to it).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "PEER_FAILURES",
     "RECORDED_FAILURES",
     "ErrorKind",
+    "cause_text",
+    "same_cause",
 ]
 
 
@@ -132,3 +135,20 @@ PEER_FAILURES: tuple[str, ...] = ("nccl_timeout", "nccl_error", "peer_error")
 # are read: its own failures, and a lost peer it reports itself. The NCCL watchdog's texts are
 # judged by the crash or stall they end in, which is recorded in their place.
 RECORDED_FAILURES: frozenset[str] = frozenset({*OWN_FAILURES, "peer_error"})
+
+
+_CAUSE_RE = re.compile(r"Cause \([^)]{1,40}\): (.{1,300})")
+_NUMBERS_RE = re.compile(r"\d+")
+
+
+def cause_text(message: str) -> str:
+    """What a failure finding says the error was: its quoted cause (``Cause (crash): ...``),
+    else its first sentence (``could not open the script ...``)."""
+    m = _CAUSE_RE.search(message)
+    return (m[1] if m else message.split(". ")[0]).strip().rstrip(".")[:300]
+
+
+def same_cause(a: str, b: str) -> bool:
+    """Two ranks' causes read the same but for their numbers (a rank, a device, a port, an
+    address): one error common to the ranks, not one rank's failure that took the other down."""
+    return bool(a) and _NUMBERS_RE.sub("#", a) == _NUMBERS_RE.sub("#", b)

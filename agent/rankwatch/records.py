@@ -290,6 +290,8 @@ class Diagnosis:
         """The one rank to point a human at, when there is one."""
         if len(self.suspects) == 1:
             return self.suspects[0]
+        if self.verdict == "same_failure":  # the first of ranks failing alike is no suspect
+            return None
         if not self.suspects and self.first_failure is not None:
             return self.first_failure.rank
         return None

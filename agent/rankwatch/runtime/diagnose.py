@@ -52,7 +52,7 @@ from rankwatch.config.schema import Config
 from rankwatch.detectors.crossrank import PeerFailure, first_failures
 from rankwatch.dumps.capture import find_py_spy
 from rankwatch.dumps.store import DumpStore, sanitise_run
-from rankwatch.errorkinds import RECORDED_FAILURES
+from rankwatch.errorkinds import RECORDED_FAILURES, cause_text, same_cause
 from rankwatch.records import Diagnosis, Finding, FirstFailure, Severity
 from rankwatch.runtime.agent import DUMPS_IO, capture_off_loop, multi_rank
 
@@ -139,6 +139,18 @@ def _listened(peer: str, addresses: Any) -> bool:
 def _of_job(entry: dict[str, Any], since: float | None) -> bool:
     """A record named by ``_read_all`` is of the job that began at ``since`` (None: unknown)."""
     return since is None or float(entry["time"]) >= since
+
+
+def same_failure(first: dict[str, Any], mine: dict[str, Any]) -> bool:
+    """Two ranks' own failures that read the same but for their numbers (a rank, a device, a
+    port): one cause common to the ranks (the code, the data, the configuration, the
+    environment), not one rank's failure that took the other down. A consequence reads
+    otherwise (a lost peer, a timeout), so neither may be one; a clean exit is no error."""
+    if first.get("consequence") or mine.get("consequence") or first.get("kind") != mine.get("kind"):
+        return False
+    if mine.get("kind") == "exit":
+        return False
+    return same_cause(str(first.get("cause") or ""), str(mine.get("cause") or ""))
 
 
 def _now_text(t: float) -> str:
@@ -538,6 +550,7 @@ class CrossRank:
             "kind": runfolder.bounded(doc.get("kind"), 64),
             "time": entry["time"],
             "how": runfolder.bounded(doc.get("how"), 300) or "failed",
+            "cause": runfolder.bounded(doc.get("cause"), 300),
             "signal": sig if isinstance(sig, int) and not isinstance(sig, bool) else None,
             "consequence": bool(doc.get("consequence")),
             "log": runfolder.bounded(doc.get("log"), 1000),
@@ -563,6 +576,7 @@ class CrossRank:
             "kind": f.kind,
             "time": t,
             "how": how[:300],
+            "cause": cause_text(f.message),
             "signal": sig,
             "consequence": consequence,
             "log": f.path[:1000] if f.path else None,
@@ -647,7 +661,9 @@ class CrossRank:
         self, f: Finding, first: dict[str, Any] | None, mine: dict[str, Any], peer: str | None
     ) -> None:
         """Name the first failure ``f`` follows, or the rank gloo lost, or ``f``'s own rank."""
-        if first is not None:
+        if first is not None and same_failure(first, mine):
+            self._name_same(f, first)
+        elif first is not None:
             self._name_first(f, first, peer)
         elif (known := self._peer_rank(peer, f.rank, f.run)) is not None:
             # No record of its end (yet), but this agent watched the process whose socket was
@@ -721,6 +737,20 @@ class CrossRank:
             f"is a consequence: look at rank {first.get('rank')}, not this one. " + f.message
         )
         f.diagnosed(first_failure=FirstFailure.from_json(first))
+
+    def _name_same(self, f: Finding, first: dict[str, Any]) -> None:
+        """Every failing rank failed the same way: no rank is the first failure to look at."""
+        when = first.get("time")
+        gap = ""
+        if isinstance(when, (int, float)):
+            mine = f.time or self.wall()
+            gap = f", {abs(mine - when):.1f}s apart" if abs(mine - when) >= 0.05 else ", at once"
+        f.message = (
+            f"rank {first.get('rank')} failed the same way{gap}: a cause common to the ranks (the code, "
+            "the data, the configuration or the environment), not one rank that took the others "
+            "down. " + f.message
+        )
+        f.diagnosed(suspects=(), verdict="same_failure", first_failure=FirstFailure.from_json(first))
 
     async def _wait_first_failure(
         self,

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 from urllib.parse import quote
 
-from rankwatch.errorkinds import OWN_FAILURES
+from rankwatch.errorkinds import OWN_FAILURES, cause_text, same_cause
 from rankwatch.ranksets import describe_ranks, format_ranks
 from rankwatch.records import Diagnosis, FirstFailure, Severity
 
@@ -128,7 +128,10 @@ class AlertMessage:
         """The lead member's diagnosis (the suspect's own, else the first one that has one);
         with none, the first failure among the members (``first_member``). It carries the
         alert's world size where the judgement that made it did not know it."""
-        lead = next((m for m in self.members if m.rank == self.rank and m.diagnosis is not None), None)
+        lead = same_failure_member(self.members)
+        lead = lead or next(
+            (m for m in self.members if m.rank == self.rank and m.diagnosis is not None), None
+        )
         lead = lead or next((m for m in self.members if m.diagnosis is not None), None)
         if lead is not None:
             d = lead.diagnosis
@@ -145,6 +148,8 @@ class AlertMessage:
                     first.rank, self.kind, first.starts_at or None, f"{self.kind}{at}", node=first.node
                 ),
             )
+        if d.suspect is not None and self.suspect is None and failed_alike(self.members, self.kind):
+            d = d.but(suspects=(), verdict="same_failure")
         if d.world_size is None and self.world_size:
             d = d.but(world_size=self.world_size)
         return d
@@ -166,6 +171,22 @@ class AlertMessage:
         return cls(**d)
 
 
+def failed_alike(members: list[AlertMember], kind: str | None) -> bool:
+    """A rank's own failure that every member reports alike (a script that cannot start, a
+    module missing on every rank): a cause common to the ranks, no rank to blame."""
+    if kind not in OWN_FAILURES or len({m.rank for m in members}) < 2:
+        return False
+    cause = cause_text(members[0].message)
+    return all(same_cause(cause, cause_text(m.message)) for m in members)
+
+
+def same_failure_member(members: list[AlertMember]) -> AlertMember | None:
+    """The member judged to have failed the same way as another rank, if any."""
+    return next(
+        (m for m in members if m.diagnosis is not None and m.diagnosis.verdict == "same_failure"), None
+    )
+
+
 def suspect_rank(members: list[AlertMember], kind: str | None = None) -> int | None:
     """The rank a human should look at first, kept deliberately simple.
 
@@ -175,12 +196,22 @@ def suspect_rank(members: list[AlertMember], kind: str | None = None) -> int | N
     3. Else, with three or more ranks, the single rank whose evidence ``classification``
        differs from the one all the others share (e.g. the one busy rank among idle ones
        waiting in a collective).
-    Otherwise none.
+    Otherwise none; and none when a member failed the same way as another (``same_failure``:
+    a cause common to the ranks, whichever was judged first).
     """
-    for m in members:
-        s = m.diagnosis.suspect if m.diagnosis is not None else None
-        if s is not None:
-            return s
+    if same_failure_member(members) is not None:
+        return None
+    named = [(m, m.diagnosis.suspect) for m in members if m.diagnosis is not None]
+    named = [(m, s) for m, s in named if s is not None]
+    if len(named) >= 2 and all(s == m.rank for m, s in named):
+        # Each judged alone, before the other's record was there: each its own first failure.
+        # They do not outvote each other: which failed first, or alike (``first_member``).
+        first = first_member(members, kind)
+        if first is not None:
+            return first.rank
+        return None if failed_alike(members, kind) else named[0][1]
+    if named:
+        return named[0][1]
     first = first_member(members, kind)
     if first is not None:
         return first.rank
@@ -208,11 +239,14 @@ def first_member(members: list[AlertMember], kind: str | None) -> AlertMember | 
     """The member of a ``FIRST_FAILURE_KINDS`` alert on several ranks that failed first, when
     that is unambiguous: the lowest step when every member has one, else the earliest start
     when every member has one. A tie names nobody (ranks that went NaN at the same step did
-    not follow one another), nor does a member of no known rank."""
+    not follow one another), nor does a member of no known rank, nor an error every member
+    reports alike (a script that cannot start, a module missing on every rank)."""
     if kind not in FIRST_FAILURE_KINDS or len({m.rank for m in members}) < 2:
         return None
     if any(m.rank is None for m in members):
         return None
+    if failed_alike(members, kind):
+        return None  # every rank failed the same way: a common cause, whichever was seen first
     steps = [m.step for m in members]
     starts = [m.starts_at or None for m in members]
     for values in (steps, starts):
@@ -308,6 +342,8 @@ VERDICT_WHY = {
     "same_collective": "every rank waits in the same collective: the cause is outside the dumped ranks",
     "first_failure": "it failed first; the others' failures and stalls are consequences",
     "straggler": "it works while its peers wait in collectives for it; their slowdown is its",
+    "same_failure": "the ranks failed the same way: a cause common to them (code, data, configuration, "
+    "environment), not one rank",
 }
 
 

@@ -331,6 +331,14 @@ class AlertPolicy:
         if key[2] not in FAILURE_FAMILY:
             return None
         d = f.diagnosis
+        # Failed as another rank did: one problem. While that one's alert waits, this joins its
+        # group (the alert counts both ranks and names no suspect); once sent, it folds.
+        if (
+            d is not None
+            and d.verdict == "same_failure"
+            and any(k != key and k[0] == key[0] and k[2] == key[2] and self._waiting(k) for k in self._active)
+        ):
+            return None
         first = d.first_failure.rank if d is not None and d.first_failure is not None else None
         caused_by = d.suspect if d is not None and d.suspect is not None else first
         consequence = caused_by is not None and caused_by != key[1]
