@@ -69,6 +69,25 @@ def test_steps_naming_a_rank_are_that_ranks_when_read_mid_run(tmp_path: Path) ->
     assert held is None or held.state.step_count == 0  # none of rank 1's steps kept by rank 0
 
 
+def test_a_ranks_end_is_told_at_its_last_step_the_owner_had_not_read_yet(tmp_path: Path) -> None:
+    """Rank 1's end judged while the owner's reads are behind (its step 39 and its traceback
+    written after the owner's last read): the owner reads first, and the crash is "after step
+    39", not the step the owner had reached."""
+    lines = _lines(after_step=14)
+    cut = next(i for i, t in enumerate(lines) if t.startswith("step=30 "))
+    ws, found = _sharers(tmp_path, "".join(lines[:cut]))
+    for w in ws:
+        w.feed_lines(w.streams[0], _read(w))
+    r1 = ws[1]
+    assert r1.engine.state.last_step == 29
+    with open(tmp_path / "job.log", "a") as fh:
+        fh.write("".join(lines[cut:]))
+    r1.on_exit(None, None)
+    [crash] = [f for f in found if f.kind == "crash" and f.rank == 1]
+    assert crash.step == 39
+    assert "injected failure in rank 1 at step 40" in crash.message
+
+
 def test_a_shared_logs_history_is_replayed_once_each_record_by_its_rank(tmp_path: Path) -> None:
     """The read-back of the log at attach: each rank's pipeline replays its own steps; neither
     keeps the other's in an engine of its own (counted twice, found twice)."""

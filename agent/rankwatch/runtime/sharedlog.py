@@ -142,6 +142,8 @@ class SharedLogWatcher(RankWatcher):
     ) -> Finding | None:
         """A worker the launcher stopped (after another one failed) did what it was told: the
         launcher's word in the shared log, read to its end first, says so; not a failure."""
+        if not self.exited and self.shared is not None:
+            self._owners_catch_up()
         if not self.exited and self.shared is not None and exit_code is None and signal is None:
             self.drain()
             if self.stopped_by_launcher is not None:
@@ -152,6 +154,15 @@ class SharedLogWatcher(RankWatcher):
         return super().on_exit(
             exit_code, signal, requested=requested, disk_full=disk_full, stopped_by=stopped_by
         )
+
+    def _owners_catch_up(self) -> None:
+        """What the owner of each shared file has not read yet, read now: this rank's step lines
+        reach it through the owner (``_hand_over``), and its end is told at its last step."""
+        assert self.shared is not None
+        for s in self.streams:
+            owner = self.shared.owner(Path(s.path))
+            if owner is not None and owner is not self and not owner.exited:
+                owner.catch_up()
 
     def _records(self, records: list[Record]) -> None:
         if self.shared is not None:
