@@ -196,8 +196,9 @@ class SharedLogWatcher(RankWatcher):
         return self.shared.owner(path) is self
 
     def _hand_over(self, records: list[Record]) -> list[Record]:
-        """The records that are this pipeline's; each one that names another rank following the
-        same file (the rank the parser read in its text) is given to that rank's live pipeline.
+        """The records that are this pipeline's; each one that names another rank of the same job
+        following the same file (the rank the parser read in its text) is given to that rank's
+        live pipeline (never to another user's or job's that writes the same path).
         Errors stay: a launcher's account of a worker is routed by its pid (``_mine``) and a
         rank's traceback by its prefix."""
         assert self.shared is not None
@@ -221,7 +222,10 @@ class SharedLogWatcher(RankWatcher):
             (
                 w
                 for w in self.shared.sharers(Path(rec.source))
-                if w is not self and w.rank == rec.rank and not w.exited
+                if w is not self
+                and w.rank == rec.rank
+                and not w.exited
+                and (w.identity.run, w.identity.user) == (self.identity.run, self.identity.user)
             ),
             None,
         )
