@@ -27,6 +27,10 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   none         healthy.
 ``LOG_RANKS`` (comma-separated): only these ranks print their step lines, as HF Trainer and
 Megatron log on one rank only (default: every rank).
+``SAY_RANK=1``: each step line ends with ``rank=N``, as scripts that print into the one log of a
+plain torchrun job do (tests/data/blackbox/s37/scripts/t4.py: ``step=39 loss=2.94673 lr=0.01
+rank=1``). ``FAULT_GATE``: a file; the fault waits for it to exist (from ``FAULT_STEP`` on), so a
+test can attach an agent mid-run and have the rank fail only after that.
 Rank identity comes from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 ``DIST=0`` runs each rank alone (no process group, no DDP): the cheapest real job for what
 is about the launcher and not the collectives (the node daemon's jobs).
@@ -56,6 +60,8 @@ STEPS = int(os.environ.get("STEPS", "1000000"))
 STEP_S = float(os.environ.get("STEP_S", "0.05"))
 SLOW_FACTOR = float(os.environ.get("SLOW_FACTOR", "3"))
 LOG_RANKS = {int(r) for r in os.environ.get("LOG_RANKS", "").split(",") if r.strip()}
+SAY_RANK = os.environ.get("SAY_RANK", "0") == "1"
+FAULT_GATE = os.environ.get("FAULT_GATE")
 # DataLoader worker processes per rank. A worker is forked after init_process_group and holds
 # its rank's gloo sockets open until it notices its parent is gone (up to 5 s): with 0 a killed
 # rank's connections close at once, and its peer's gloo error comes before a launcher stops it.
@@ -182,7 +188,7 @@ def main() -> None:
     )
     say(f"rank {rank}/{world} pid {os.getpid()} starting")
     for step, (x, y) in enumerate(loader, 1):
-        faulty = rank == FAULT_RANK and step >= FAULT_STEP
+        faulty = rank == FAULT_RANK and step >= FAULT_STEP and (not FAULT_GATE or os.path.exists(FAULT_GATE))
         if faulty and FAULT == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if faulty and FAULT == "oom":
@@ -216,7 +222,8 @@ def main() -> None:
         loss = train_step(model, opt, x, y, slow)
         dt = time.perf_counter() - t0
         if not LOG_RANKS or rank in LOG_RANKS:
-            say(f"step={step} loss={loss.item():.4f} lr=1e-3 step_time={dt:.4f}")
+            said = f" rank={rank}" if SAY_RANK else ""
+            say(f"step={step} loss={loss.item():.4f} lr=1e-3 step_time={dt:.4f}{said}")
         if step >= STEPS:
             break
     if not alone:

@@ -10,9 +10,12 @@ pipeline takes:
 - the lines carrying its own prefix (``[rank3]:``, what PyTorch puts before a rank's traceback);
 - the launcher's lines that name its process (torchrun logs the pid of each worker it failed or
   stopped, and its failure box names each one's pid); the launcher's other lines are no rank's;
-- any other unprefixed line (the workers' own prints, which carry no rank) goes to one pipeline
-  only, the lowest live rank's: the ranks of a synchronous job step together, so the steps it
-  reads are shared as progress with the ranks that read none of their own.
+- any other unprefixed line (the workers' own prints) is parsed by one pipeline only, the
+  lowest live rank's. A record of it that names another rank of the file (``step=39 ... rank=1``,
+  each piece of two ranks' records glued into one line) is handed to that rank's pipeline, so
+  each rank's steps are its own wherever the agent began reading (``_hand_over``); the steps of
+  records that name no rank are shared as progress with the ranks that read none of their own
+  (the ranks of a synchronous job step together).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rankwatch.events import Progress
-from rankwatch.records import Finding, Record
+from rankwatch.records import ErrorRecord, Finding, Record
 from rankwatch.runtime.watcher import RankWatcher, Stream
 from rankwatch.sources.decorations import strip
 
@@ -139,6 +142,8 @@ class SharedLogWatcher(RankWatcher):
     ) -> Finding | None:
         """A worker the launcher stopped (after another one failed) did what it was told: the
         launcher's word in the shared log, read to its end first, says so; not a failure."""
+        if not self.exited and self.shared is not None:
+            self._owners_catch_up()
         if not self.exited and self.shared is not None and exit_code is None and signal is None:
             self.drain()
             if self.stopped_by_launcher is not None:
@@ -150,7 +155,20 @@ class SharedLogWatcher(RankWatcher):
             exit_code, signal, requested=requested, disk_full=disk_full, stopped_by=stopped_by
         )
 
+    def _owners_catch_up(self) -> None:
+        """What the owner of each shared file has not read yet, read now: this rank's step lines
+        reach it through the owner (``_hand_over``), and its end is told at its last step."""
+        assert self.shared is not None
+        for s in self.streams:
+            owner = self.shared.owner(Path(s.path))
+            if owner is not None and owner is not self and not owner.exited:
+                owner.catch_up()
+
     def _records(self, records: list[Record]) -> None:
+        if self.shared is not None:
+            records = self._hand_over(records)
+            if not records:
+                return
         before = self.engine.state.last_step
         super()._records(records)
         step = self.engine.state.last_step
@@ -162,6 +180,55 @@ class SharedLogWatcher(RankWatcher):
             for w in self.shared.sharers(path):
                 if w is not self and not w.exited and w.engine.state.step_count == 0:
                     w.push(Progress(self.clock(), step))
+
+    def _replays(self, stream: Stream, rec: Record) -> bool:
+        """Each record of a shared file's history replayed once, where its live twin goes: a
+        rank's own in its pipeline (its steps known before its live lines), one that names no
+        rank of the file in the owner's."""
+        if self.shared is None:
+            return True
+        path = Path(stream.path)
+        ws = self.shared.sharers(path)
+        if len(ws) < 2 or rec.rank == self.rank:
+            return True
+        if rec.rank is not None and any(w is not self and w.rank == rec.rank for w in ws):
+            return False
+        return self.shared.owner(path) is self
+
+    def _hand_over(self, records: list[Record]) -> list[Record]:
+        """The records that are this pipeline's; each one that names another rank of the same job
+        following the same file (the rank the parser read in its text) is given to that rank's
+        live pipeline (never to another user's or job's that writes the same path).
+        Errors stay: a launcher's account of a worker is routed by its pid (``_mine``) and a
+        rank's traceback by its prefix."""
+        assert self.shared is not None
+        keep: list[Record] = []
+        given: dict[int, tuple[RankWatcher, list[Record]]] = {}
+        for rec in records:
+            taker = self._taker(rec)
+            if taker is None:
+                keep.append(rec)
+            else:
+                given.setdefault(id(taker), (taker, []))[1].append(rec)
+        for taker, recs in given.values():
+            taker._records(recs)
+        return keep
+
+    def _taker(self, rec: Record) -> RankWatcher | None:
+        assert self.shared is not None
+        if rec.rank is None or rec.rank == self.rank or rec.source is None or isinstance(rec, ErrorRecord):
+            return None
+        return next(
+            (
+                w
+                for w in self.shared.sharers(Path(rec.source))
+                if w is not self
+                and w.rank == rec.rank
+                and not w.exited
+                and (w.identity.run, w.identity.user) == (self.identity.run, self.identity.user)
+            ),
+            None,
+        )
 
 
 def make_watcher(

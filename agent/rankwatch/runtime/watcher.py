@@ -373,6 +373,8 @@ class RankWatcher:
                 self.internal_errors += 1
                 continue
             for rec in recs:
+                if not self._replays(stream, rec):
+                    continue
                 eng = self._engine(rec.rank if rec.rank is not None else self.rank)
                 try:
                     for f in eng.feed(rec):
@@ -393,6 +395,11 @@ class RankWatcher:
                 "rank %s: replayed the last %d lines of %s: %d steps, last step %s; findings then: %s",
                 self.rank, lines, stream.path, state.step_count, state.last_step, seen,
             )  # fmt: skip
+
+    def _replays(self, stream: Stream, rec: Record) -> bool:
+        """Whether a record of the replayed history is this pipeline's (a file several pipelines
+        follow replays each record once: ``runtime/sharedlog.py``)."""
+        return True
 
     def _records(self, records: list[Record]) -> None:
         now = self.clock()

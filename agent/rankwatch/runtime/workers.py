@@ -420,9 +420,16 @@ def _worker_watcher_class() -> type:
             finally:
                 self.wall = wall
 
+        # The run's pipeline: the worker pipeline of a rank, where there is one (``Fleet.by_rank``).
+        worker_of: Callable[[int], Any] | None = None
+
         def _records(self, records):  # type: ignore[no-untyped-def]
             if not self.launcher:
                 return super()._records(records)
+            if self.worker_of is not None:
+                records = self._hand_over(records)
+                if not records:
+                    return None
             emit = self.emit
             before = self.engine.state.last_step
             # A failure in the run's lines (the launcher's account of a worker, a worker's text
@@ -438,6 +445,21 @@ def _worker_watcher_class() -> type:
                 step = self.engine.state.last_step
                 if step is not None and step != before and self.on_progress is not None:
                     self.on_progress(self.clock(), step)
+
+        def _hand_over(self, records: list[Any]) -> list[Any]:
+            """Without ``--tee`` a worker's step lines reach the run's lines only; one that names
+            its rank (``step=11 ... rank=0``) is that worker's, given to its pipeline: its crash
+            is then told at its own last step. Errors stay: the launcher's exit tells them."""
+            keep = []
+            for rec in records:
+                w = None
+                if rec.rank is not None and not isinstance(rec, ErrorRecord):
+                    w = self.worker_of(rec.rank) if self.worker_of is not None else None
+                if w is None or w is self or w.exited:
+                    keep.append(rec)
+                else:
+                    w._records([rec])
+            return keep
 
     return WorkerWatcher
 
@@ -655,6 +677,7 @@ class Fleet:
         self.max_restarts: int | None = None
         if run_pipeline is not None:
             run_pipeline.on_progress = self.share_progress
+            run_pipeline.worker_of = self.by_rank.get
 
     def _add(self, pid: int, env: dict[str, str], own: list[Path] | None = None, whole: bool = False) -> None:
         """``whole``: ``own`` holds both the worker's stdout and its stderr."""
