@@ -468,3 +468,31 @@ def test_the_title_counts_the_world_the_workers_know_under_a_launcher() -> None:
     p.pump(clock())
     board.settle(clock())
     assert [m.title for m in out] == ["stall on 4 of 4 ranks, suspect rank 2"]
+
+
+@pytest.mark.parametrize("new_job", [False, True])
+def test_run_again_in_the_same_folder_is_a_new_job(new_job: bool) -> None:
+    """`rankwatch run` again in the same folder, minutes after the last job crashed (the same
+    mistyped script; s37 coordinator's rerun of d46): the state file holds that crash as firing
+    and sent. An agent that restarted beside a running job (``watch``) takes it for the same
+    episode; one that started the job itself (``run``) knows it is not: the new job's crash
+    pages, and the old job's stall, still firing when its agent stopped, is resolved."""
+    from rankwatch.actions.alerts.state import Remembered
+
+    out: list[AlertMessage] = []
+    clock = Clock()
+    cfg = AlertsConfig(startup_quiet=0.0, group_wait=1.0, repeat_interval=0.0)
+    p = AlertPolicy(cfg, IDENT, out.append, clock=clock, wall=clock, new_job=new_job)
+    old_crash = Remembered(0, "crash", "critical", 900.0, True, member={"message": "old"}, alert_id="a1")
+    old_stall = Remembered(0, "stall", "critical", 900.0, True, member={"message": "hung"}, alert_id="a2")
+    p.restart([old_crash, old_stall], 950.0, {})
+    p.take(Finding("crash", Severity.CRITICAL, 0, "could not open the script 'x.py'", time=1000.0))
+    clock.t += 2.0
+    p.pump(clock())
+    sent = [(m.status, m.kind) for m in out]
+    if new_job:
+        assert sorted(sent) == [("firing", "crash"), ("resolved", "stall")], sent
+        [resolved] = [m for m in out if m.status == "resolved"]
+        assert "its job ended" in resolved.message and resolved.id == "a2"
+    else:
+        assert ("firing", "crash") not in sent, sent

@@ -139,6 +139,7 @@ class Services:
                 dumps_dir=self.cfg.dumps.dir,
                 folder_group=runfolder.resolve_group(self.cfg.dumps.group),
                 clock_skew=float(self.cfg.dumps.clock_skew),
+                new_job=self.agent.launched,
             )
         except Exception as e:
             self._failed("alerts", "alerting disabled: %s", e)

@@ -71,10 +71,12 @@ class AlertDispatcher:
         inherit_hold: float = INHERIT_HOLD_S,
         folder_group: int | None = None,
         clock_skew: float = runfolder.CLOCK_SKEW_S,
+        new_job: bool = False,
     ) -> None:
         """``ranks``: the ranks this agent watches (for "N of WORLD"); ``dumps_dir``: where the
         alert board lives by default (``alerts.board_dir`` unset); ``folder_group`` and
-        ``clock_skew``: the run folder's rules (``dumps.group``, ``dumps.clock_skew``)."""
+        ``clock_skew``: the run folder's rules (``dumps.group``, ``dumps.clock_skew``); ``new_job``:
+        the agent started the job (``run``): the state file's firing alerts are an earlier job's."""
         self.folder_group = folder_group
         self.clock_skew = clock_skew
         self.cfg = cfg
@@ -113,6 +115,7 @@ class AlertDispatcher:
             errors=self.errors,
             ranks=ranks,
             inherit_hold=inherit_hold,
+            new_job=new_job,
         )
         self.state = StateFile(
             state_path(cfg.spool_dir, identity.run, identity.rank), group=folder_group, errors=self.errors

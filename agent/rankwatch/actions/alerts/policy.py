@@ -128,9 +128,12 @@ class AlertPolicy:
         errors: dict[str, int] | None = None,
         ranks: Iterable[int] = (),
         inherit_hold: float = INHERIT_HOLD_S,
+        new_job: bool = False,
     ) -> None:
         """``out``: where a message goes once decided; ``ranks``: the ranks this agent watches
-        (for "N of WORLD"); ``errors``: the agent's internal-error counters."""
+        (for "N of WORLD"); ``errors``: the agent's internal-error counters; ``new_job``: the
+        agent started the job itself (``run``), so what the state file holds as firing is of an
+        earlier job, never this one's (``_restore``)."""
         self.cfg = cfg
         self.identity = identity
         self.out = out
@@ -139,6 +142,7 @@ class AlertPolicy:
         self.errors = errors if errors is not None else {}
         self.min_severity = Severity.parse(cfg.min_severity)
         self.inherit_hold = float(inherit_hold)
+        self.new_job = new_job
         self.coord: Coordinator | None = None
         self.closed = False
         self.peer_errors = 0
@@ -515,6 +519,9 @@ class AlertPolicy:
                     self._owed.add(key)
                     self._add(key, member, "resolved", sev, rec.ended)
                 continue
+            if self.new_job:
+                self._end_earlier_job(key, rec, sev, member)
+                continue
             live = self._active.get(key)
             if live is not None:  # a live finding came first: the same episode
                 if rec.sent and not live.sent:
@@ -601,6 +608,23 @@ class AlertPolicy:
                 self._new_episode(key, f)
                 continue
             self._fire(key, f)
+
+    def _end_earlier_job(self, key: Key, rec: Remembered, sev: Severity, member: AlertMember) -> None:
+        """An alert firing when the agent of an earlier job under this run name stopped (``run``
+        again in the same folder within ``INHERIT_HOLD_S``). That job is gone: an event (a crash)
+        is over, and a condition it announced is resolved, saying why. Either way the new job's
+        own findings of that kind are news, never taken for the old episode."""
+        ended = Remembered(rec.rank, rec.kind, rec.severity, rec.since, rec.sent, rec.step, ended=self.wall())
+        ended.subject = rec.subject
+        if key[2] in EVENT_KINDS or not rec.sent or key in self._active or not self.cfg.send_resolved:
+            self._ended[key] = ended
+            return
+        a = Active(sev, member, sent=True, pending=False, board_time=rec.since)
+        a.alert_id = rec.alert_id
+        self._active[key] = a
+        what = f"{key[2]} on rank {key[1]}" if key[1] is not None else key[2]
+        msg = f"{what}: its job ended (a new job was started under the same run name), so resolved"
+        self._resolve(key, Finding(key[2], sev, key[1], msg, resolved=True, subject=key[3]))
 
     def _expire_inherited(self, now: float) -> float:
         """Alerts inherited from before a restart that this agent has not seen again (the rule
