@@ -652,7 +652,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--match", metavar="REGEX", help="watch processes whose command line matches (found again on restart)"
     )
     w.add_argument(
-        "--log", action="append", metavar="PATH", help="log file to follow (repeatable; rank from its name)"
+        "--log",
+        action="append",
+        metavar="PATH",
+        help="log file to follow (repeatable; rank from its name as in analyze, one file too; "
+        "run.rank wins over the name, the name over RANK)",
     )
     w.add_argument(
         "--k8s",

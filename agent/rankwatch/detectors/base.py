@@ -108,6 +108,42 @@ COUNTED_NOTE = (
     " (Step numbers are counted log records: this log prints none, so the trainer's step is "
     "about logging_steps times this.)"
 )
+# A counted record that carries a whole epoch: HF's logging_strategy="epoch" logs once per epoch
+# (trainer_callback.DefaultFlowCallback.on_epoch_end), so the logging_steps rule is wrong there;
+# the epoch is what the log says.
+EPOCH_NOTE = (
+    " (This log prints no step number: this is its logged record {n}, which says epoch {epoch}; the "
+    "trainer's step is the epoch times its steps per epoch.)"
+)
+
+
+def counted_epoch(record: object) -> int | None:
+    """The whole epoch a record with a counted step carries (HF's ``'epoch': '2'`` under
+    ``logging_strategy="epoch"``), else None. A fractional epoch (``logging_strategy="steps"``,
+    ``'epoch': '1.5'``) is None: there the count times ``logging_steps`` is the step."""
+    if not isinstance(record, StepRecord) or not record.step_inferred:
+        return None
+    e = record.epoch
+    if e is None or not math.isfinite(e) or e < 1 or e > 1e9 or abs(e - round(e)) > 1e-6 * e:
+        return None
+    return round(e)
+
+
+def last_counted_epoch(state: RankState) -> int | None:
+    """``counted_epoch`` of the rank's last step record: its "last step" is then only a count."""
+    if not state.steps or state.last_step is None or state.steps[-1].step != state.last_step:
+        return None
+    return counted_epoch(state.steps[-1])
+
+
+def at_step(record: StepRecord | EvalRecord, step: int | None = None) -> str:
+    """Where a record is, in a message: ``step 16``, or ``epoch 2`` for a record whose step is
+    only its count in a log that logs whole epochs (``counted_epoch``)."""
+    epoch = counted_epoch(record)
+    if epoch is not None:
+        return f"epoch {epoch}"
+    s = record.step if step is None else step
+    return f"step {s}" if s is not None else "an unknown step"
 
 
 def finding(
@@ -126,7 +162,15 @@ def finding(
     if step is None and record is not None:
         step = getattr(record, "step", None)
     t = getattr(record, "time", None) if record is not None else None
-    if step is not None and getattr(record, "step_inferred", False) and not resolved:
+    epoch = counted_epoch(record) if step is not None and step == getattr(record, "step", None) else None
+    if epoch is not None:
+        # The record count is no step of the trainer's, and none is known: the finding has no
+        # step (a wrong one would mislead the alert, the checkpoints judged bad, the reader).
+        if not resolved:
+            message += EPOCH_NOTE.format(n=step, epoch=epoch)
+        evidence = {**(evidence or {}), "step_counted": True, "epoch": epoch, "logged_record": step}
+        step = None
+    elif step is not None and getattr(record, "step_inferred", False) and not resolved:
         # HF prints no step number without its progress bar: the N-th logged record is "step N".
         message += COUNTED_NOTE
         evidence = {**(evidence or {}), "step_counted": True}

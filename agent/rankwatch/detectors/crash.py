@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal as _signal
 from collections.abc import Sequence
 
+from rankwatch.detectors.base import last_counted_epoch
 from rankwatch.errorkinds import CRASH_PRIORITY, FIXES
 from rankwatch.records import ErrorRecord, Finding, Severity
 from rankwatch.state import RankState
@@ -100,8 +101,11 @@ def how_it_ended(state: RankState, exit_code: int | None, signal: int | None, st
             how += f" (128+{shell_sig}: {_signame(shell_sig)})"
     else:
         how = "process exited (exit status unknown: not our child)"
+    epoch = last_counted_epoch(state)
     step = state.last_step if state.last_step is not None else step
-    if step is not None:
+    if epoch is not None:  # a count of epoch records is no step (base.counted_epoch)
+        how += f" after epoch {epoch}"
+    elif step is not None:
         how += f" after step {step}"
     return how
 
@@ -172,7 +176,11 @@ def crash_finding(
         severity=severity,
         rank=rank if rank is not None else state.rank,
         message=" ".join(parts),
-        step=state.last_step if state.last_step is not None else run_step,
+        step=None
+        if last_counted_epoch(state) is not None
+        else state.last_step
+        if state.last_step is not None
+        else run_step,
         line=cause.line if cause is not None else None,
         path=cause.source if cause is not None and cause.source else path if path is not None else state.path,
         time=cause.time if cause is not None else None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rankwatch.detectors.base import Detector, DetectorContext, RunStep, finding
+from rankwatch.detectors.base import Detector, DetectorContext, RunStep, finding, last_counted_epoch
 from rankwatch.detectors.registry import register
 from rankwatch.errorkinds import FIXES
 from rankwatch.events import Event, ProcessStart, Progress
@@ -54,6 +54,9 @@ class ErrorSignatureDetector(Detector):
         last = state.last_step if state.last_step is not None else self.run.step
         step = said if isinstance(said, int) else last
         where = f" (last step {last})" if last is not None and step != said else ""
+        epoch = last_counted_epoch(state) if last is not None and step != said else None
+        if epoch is not None:  # a count of epoch records is no step (base.counted_epoch)
+            where, step = f" (last logged epoch {epoch})", None
         msg = f"{record.summary}{where}. {fix}".strip()
         ev = {"lines": record.evidence, **record.details}
         f = finding(record.kind, record.severity, state, msg, record=record, step=step, evidence=ev)

@@ -11,7 +11,7 @@ from operator import attrgetter
 from typing import Any
 
 from rankwatch.config.settings import opt, settings
-from rankwatch.detectors.base import Detector, Episode, finding, fmt, median, step_noise
+from rankwatch.detectors.base import Detector, Episode, at_step, finding, fmt, median, step_noise
 from rankwatch.detectors.registry import register
 from rankwatch.events import Event
 from rankwatch.records import EvalRecord, Finding, Severity, StepRecord
@@ -286,7 +286,7 @@ class NanDetector(Detector):
                     "nan_loss",
                     Severity.CRITICAL,
                     state,
-                    f"loss is finite again at step {record.step}",
+                    f"loss is finite again at {at_step(record)}",
                     record=record,
                     resolved=True,
                 )
@@ -328,7 +328,7 @@ class NanDetector(Detector):
         if not self.episode.open(record.step):
             return []
         story, evidence = self._story(state)
-        where = f"step {record.step}" if record.step is not None else "an unknown step"
+        where = at_step(record)
         first = "eval at " if isinstance(record, EvalRecord) else ""
         return [
             finding(
@@ -527,7 +527,7 @@ class LossSpikeDetector(Detector):
             "loss_spike",
             Severity.WARNING,
             state,
-            f"loss spiked to {fmt(loss)} at step {record.step}, "
+            f"loss spiked to {fmt(loss)} at {at_step(record)}, "
             + (f"{loss / mean:.1f}x the mean " if mean > 0 else "from a mean of ")
             + f"{fmt(mean)} of the previous {len(window)} logged steps. One spike that recovers "
             "is survivable; repeated spikes usually mean the LR is too high or a bad batch: "
@@ -730,7 +730,7 @@ class LossDivergenceDetector(Detector):
                 "loss_divergence",
                 Severity.WARNING,
                 state,
-                f"loss is blowing up: {fmt(record.loss)} at step {record.step}, at least {low / base:.1f}x "
+                f"loss is blowing up: {fmt(record.loss)} at {at_step(record)}, at least {low / base:.1f}x "
                 f"the run's first losses (lowest {fmt(base)}) for {k} logged steps ({shown}). A loss that "
                 "multiplies in the first steps is an LR far too high (or no warmup), a wrong loss scale "
                 "or bad data. Usual fix: lower the LR, add warmup, enable gradient clipping.",

@@ -41,7 +41,7 @@ from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import deliver, ended_by, on_signal
 from rankwatch.runtime.stdio import StderrGuard
 from rankwatch.runtime.watcher import RankWatcher
-from rankwatch.sources.logfiles import LogPlace, places_of
+from rankwatch.sources.logfiles import LogPlace, log_identity, places_of
 from rankwatch.sources.process import ProcessProber, find_processes, started_at
 
 log = logging.getLogger("rankwatch.run")
@@ -852,7 +852,8 @@ class _ProcessWatch:
 
     def _watch_logs(self, logs: Sequence[Path]) -> None:
         if len(logs) <= 1:
-            self.watchers.append(self.agent.add_watcher(list(logs), from_end=True, replay=True))
+            ident = log_identity(self.identity, self.cfg.run, logs)  # a rank-1.log is rank 1
+            self.watchers.append(self.agent.add_watcher(list(logs), ident, from_end=True, replay=True))
             return
         # Whose each file is: the rule analyze uses (sources/logfiles.py); a torchrun worker's
         # stdout.log and stderr.log are one process, so one pipeline.

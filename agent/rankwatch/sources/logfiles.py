@@ -12,16 +12,20 @@ Files that say nothing of a rank are numbered by their position among the files 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rankwatch.identity import rank_from_path
+from rankwatch.config.schema import RunConfig
+from rankwatch.identity import Identity, rank_from_path
 from rankwatch.sources.compressed import SUFFIXES
 
-__all__ = ["LogPlace", "log_place", "places_of"]
+__all__ = ["LogPlace", "log_identity", "log_place", "places_of"]
+
+log = logging.getLogger("rankwatch.logs")
 
 _ATTEMPT = re.compile(r"attempt_\d+")
 _WORKER_FILES = ("stdout.log", "stderr.log")
@@ -66,3 +70,28 @@ def log_place(path: str | os.PathLike[str], position: int | None = None) -> LogP
 def places_of(paths: Sequence[str | os.PathLike[str]]) -> list[LogPlace]:
     """The place of each of several files, each numbered by position where nothing else says."""
     return [log_place(p, i) for i, p in enumerate(paths)]
+
+
+def log_identity(identity: Identity, run: RunConfig, logs: Sequence[str | os.PathLike[str]]) -> Identity:
+    """The identity of the one rank ``watch --log PATH`` follows through a single file.
+
+    The file's place names its rank as it does for several files and for ``analyze``
+    (``rank-1.log``, a torchrun worker folder); only ``run.rank`` in the config (or ``--set``)
+    wins over it, being the user's own word for this agent. The agent's environment (``RANK``,
+    ``SLURM_PROCID``) says less: an ``srun --overlap`` step beside the job has a task id of its
+    own. A file whose place names no rank leaves ``identity`` as it is (the environment's rank,
+    or none)."""
+    if len(logs) != 1 or run.rank is not None:
+        return identity
+    path = logs[0]
+    place = log_place(path)
+    if place.rank is None:
+        return identity
+    if identity.rank is not None and identity.rank != place.rank:
+        log.warning(
+            "%s is rank %d by its name, the agent's environment says rank %d: watching it as "
+            "rank %d (set run.rank to say otherwise)",
+            path, place.rank, identity.rank, place.rank,
+        )  # fmt: skip
+    local = place.local_rank if place.local_rank is not None else identity.local_rank
+    return replace(identity, rank=place.rank, local_rank=local)

@@ -93,6 +93,9 @@ _MAX_PENDING = 4096
 _MAX_QUEUE = 64  # dicts (or redraws) one pipe may run ahead of the other before they are let go
 _PENDING_LINES = 4
 _MAX_BAR_ONLY = 1 << 16  # bar positions kept while no dict came
+# A launcher's per-line header (torchrun's "[default0]:", "[trainer0|0]:") then a dict, right
+# behind a bar on one line.
+_HEADER_THEN_DICT = re.compile(r"\s{0,8}\[[A-Za-z_][\w.-]{0,63}?\d{1,7}(?:\|\d{1,7})?\]:\s{0,8}\{'")
 _EPOCH_RAW = re.compile(r"'epoch'\s*:\s*(?P<q>'?)(?P<v>[-+0-9.eE]{1,40})")
 
 
@@ -343,6 +346,13 @@ class HFParser:
             pos = m.end()
         if not pieces:
             return text
+        if _HEADER_THEN_DICT.match(text, pos):
+            # torchrun's --tee tails a worker's stdout and stderr files each on its own and
+            # writes a partial line as it is (torch/distributed/elastic/multiprocessing/
+            # tail_log.py): a dict glued behind the bar under a header of its own came through
+            # the other pipe, and the bar it follows is not its redraw (it lags by up to a
+            # logging interval).
+            self.pipes_apart()
         pieces.append(text[pos:])
         return "".join(pieces)
 
