@@ -39,6 +39,13 @@ pid-r      -    O    K        -     -        -        -
 each worker's stderr a file of its own; the cells where the evidence is on stderr (a raise, a
 peer's gloo error after a SIGKILL).
 
+torchrun that is not the command given to rankwatch (``bash-c``: ``run -- bash -c 'cd . &&
+torchrun --tee 3 ...'``; ``bash-exec``: ``bash -c 'exec torchrun ...'``; ``script``: ``run --
+bash launch.sh``, plain torchrun then ``echo``; ``launcher-pid``: ``watch --pid`` on a
+``torchrun --tee 3 ... > job.log 2>&1`` started by hand): a raise on rank 1, the cell that
+shows whether the launcher was found in the process tree
+(test_a_launcher_the_agent_was_not_given_is_found_in_the_tree).
+
 N test_nan_is_found_on_its_rank_at_its_step, P test_plain_torchrun_nan_is_found_in_the_combined_log,
 E test_torchrun_tee_nan_is_found_on_its_rank, O test_an_oom_is_named_on_its_rank_and_by_its_peer,
 F test_torchrun_a_failing_rank_is_named_by_its_peer, K test_a_sigkilled_rank_is_named,
@@ -78,10 +85,12 @@ from torchjobs import (
     one_agent_per_rank,
     rankwatch,
     run_launcher,
+    run_wrapper,
     sidecars,
     systemd_notify,
     torchrun,
     torchrun_outside,
+    watch_launcher,
     watch_pids,
     webhook,
 )
@@ -111,6 +120,18 @@ FORMS: dict[str, Form] = {
     "pid-redirects": lambda tmp, cfg, env, more: torchrun_outside(tmp, cfg, WORLD, env, by="pid"),
     # `torchrun train.py > job.log 2>&1` outside rankwatch: every worker and torchrun write one file.
     "daemon-shared": lambda tmp, cfg, env, more: torchrun_outside(tmp, cfg, WORLD, env, by="shared"),
+    # torchrun not the command given to rankwatch: `run -- bash -c 'cd . && torchrun --tee 3 ...'`
+    # (`bash -c 'exec torchrun ...'`: torchrun is the agent's child, not its command line),
+    # `run -- bash launch.sh` (plain torchrun, then echo: exit 0), and `watch --pid <torchrun>` on
+    # `torchrun --tee 3 ... > job.log 2>&1` started by hand.
+    "bash-c": lambda tmp, cfg, env, more: run_wrapper(
+        tmp, cfg, torchrun(WORLD, "--tee", "3"), env, script=False
+    ),
+    "bash-exec": lambda tmp, cfg, env, more: run_wrapper(
+        tmp, cfg, torchrun(WORLD, "--tee", "3"), env, script=False, exec_=True
+    ),
+    "script": lambda tmp, cfg, env, more: run_wrapper(tmp, cfg, torchrun(WORLD), env, script=True),
+    "launcher-pid": lambda tmp, cfg, env, more: watch_launcher(tmp, cfg, torchrun(WORLD, "--tee", "3"), env),
 }
 # Forms with an agent per rank: they share a run folder (the alert board), as a job's agents do.
 PER_RANK = frozenset({"no-python", "sidecar", "srun"})
@@ -824,3 +845,28 @@ def test_the_stall_title_counts_the_world_under_torchrun(tmp_path: Path) -> None
         assert alert["summary"] == "stall on 2 of 2 ranks, suspect rank 1", c.debug()
     else:  # one rank judged first; the other joined its alert
         assert alert["summary"].endswith(", suspect rank 1"), c.debug()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("form", "status"), [("bash-c", 1), ("bash-exec", 1), ("script", 0), ("launcher-pid", 1)]
+)
+def test_a_launcher_the_agent_was_not_given_is_found_in_the_tree(
+    tmp_path: Path, form: str, status: int
+) -> None:
+    """torchrun run by a wrapper (``bash -c``, with or without ``exec``, a script that exits 0 after
+    it) or followed by its
+    pid (``watch --pid``) is handled as ``run -- torchrun`` is: rank 1's RuntimeError at step 8 is
+    its crash, quoted; rank 0's gloo error is named after it; one alert, suspect rank 1; the
+    wrapper's exit 0 is never read as a worker's clean exit ("then exited cleanly"). The status
+    the user sees is the wrapper's (the script's echo: 0) or torchrun's (1)."""
+    c = cell(tmp_path, form, fault("raise", steps=30))
+    assert c.rc == status, c.debug()
+    [crash] = c.on(1, "crash")
+    assert "RuntimeError: rank 1 hit a bad batch at step 8" in crash["message"], c.debug()
+    assert crash["world_size"] == WORLD, c.debug()
+    assert not c.of("traceback"), c.debug()
+    assert not [f for f in c.serious() if f["rank"] is None], c.debug()
+    named_after_rank_1(c)
+    one_alert_per_problem(c, form)
+    no_agent_failed(c)
