@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -870,3 +871,24 @@ def test_a_launcher_the_agent_was_not_given_is_found_in_the_tree(
     named_after_rank_1(c)
     one_alert_per_problem(c, form)
     no_agent_failed(c)
+
+
+@pytest.mark.timeout(300)
+def test_an_agent_following_a_launcher_stopped_mid_run_judges_no_live_worker(tmp_path: Path) -> None:
+    """``watch --pid <torchrun>`` stopped (Ctrl-C) while the job runs: the agent ends with
+    status 0 and says nothing of its workers' ends (they still run: no clean exit, no crash, no
+    "exit status unknown"), and the job goes on to its own end."""
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url)
+        env = {"FAULT": "none", "STEPS": "100000"}
+        running = watch_launcher(tmp_path, cfg, torchrun(WORLD, "--tee", "3"), env, verbose=True)
+        [agent] = running.agents
+        out = tmp_path / "agent.out"
+        wait_for(lambda: "rank 1 is pid" in out.read_text(errors="replace"), 120, "rank 1's worker", 0.25)
+        agent.send_signal(signal.SIGINT)
+        assert agent.wait(timeout=60) == 0, out.read_text(errors="replace")[-3000:]
+        assert running.procs[0].poll() is None, "the job ended with the agent"
+        running.stop()  # the user's own stop of the job, once the agent is gone
+        c = finish(running, tmp_path, posted)
+    assert not [f for f in c.findings if f["kind"] in ("process_exit", "crash", "traceback")], c.debug()
+    assert not c.firing(), c.debug()

@@ -334,15 +334,20 @@ def run_wrapper(
     )  # fmt: skip
 
 
-def watch_launcher(tmp: Path, cfg: Path, launcher: list[str], env: dict[str, str]) -> Running:
+def watch_launcher(
+    tmp: Path, cfg: Path, launcher: list[str], env: dict[str, str], *, verbose: bool = False
+) -> Running:
     """``torchrun ... > job.log 2>&1 &`` started by hand, then ``rankwatch watch --pid $!``: the
     agent follows the launcher's pid (the one a user has), its workers found under it and the
     combined log read from the launcher's stdout file. The agent ends with the launcher; the
-    user sees torchrun's status."""
+    user sees torchrun's status. ``verbose``: the agent logs what it attaches (``-v``)."""
     tag = uuid.uuid4().hex
     found = tmp / "f.jsonl"
     job = _popen([*launcher, str(WORKLOAD)], job_env(tag, env), tmp / "job.log", session=True)
-    cmd = rankwatch("watch", "--config", str(cfg), "--findings-jsonl", str(found), "--pid", str(job.pid))
+    more = ["-v"] if verbose else []
+    cmd = rankwatch(
+        *more, "watch", "--config", str(cfg), "--findings-jsonl", str(found), "--pid", str(job.pid)
+    )
     agent = _popen(cmd, job_env(tag, {}), tmp / "agent.out")
     return Running(
         tag, [job], job.poll, lambda: _term_groups([job]), [found],

@@ -1089,6 +1089,16 @@ class _ProcessWatch:
         fleet = self.fleet
         if fleet is None or self.fleet_task is None:
             return
+        if not self._root_gone():
+            # The agent was stopped, the job goes on: no worker's end to judge (a live worker
+            # judged "final" would pass for a clean exit); its pipelines stop with the others.
+            self.fleet_stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.fleet_task, 5.0)
+            self.watchers.extend(fleet.by_rank.values())
+            self.tasks.extend(fleet.tasks)
+            self.fleet_task = None
+            return
         run = self.watchers[0]
         run.stop()
         with contextlib.suppress(Exception):
