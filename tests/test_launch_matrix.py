@@ -892,3 +892,17 @@ def test_an_agent_following_a_launcher_stopped_mid_run_judges_no_live_worker(tmp
         c = finish(running, tmp_path, posted)
     assert not [f for f in c.findings if f["kind"] in ("process_exit", "crash", "traceback")], c.debug()
     assert not c.firing(), c.debug()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("form", "status"), [("bash-c", 0), ("script", 0), ("launcher-pid", 0)])
+def test_a_healthy_launcher_the_agent_was_not_given_ends_silent(
+    tmp_path: Path, form: str, status: int
+) -> None:
+    """Two healthy workers under a wrapper's torchrun, or under a torchrun followed by pid: no
+    finding at all (not even "exit status unknown": torchrun's silence on every worker it saw
+    end is their clean exit, and its own), no alert, exit status 0."""
+    c = cell(tmp_path, form, {"FAULT": "none", "STEPS": "15"})
+    assert c.rc == status, c.debug()
+    assert not c.findings and not c.alerts, c.debug()
+    no_agent_failed(c)

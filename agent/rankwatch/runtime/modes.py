@@ -1103,10 +1103,23 @@ class _ProcessWatch:
         run.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.tasks[0], 5.0)
+        for w in fleet.by_rank.values():  # each worker's end seen, before its last is judged
+            with contextlib.suppress(Exception):
+                await w.sample_once()
+        ended = bool(fleet.by_rank) and all(
+            w.exited or (w.last_sample is not None and not w.last_sample.alive)
+            for w in fleet.by_rank.values()
+        )
         crashed = await _close_fleet(fleet, self.fleet_task, self.fleet_stop, run, fleet.log_path, 0)
         self.fleet_task = None
         if not crashed:
-            run.on_exit(fleet.launcher_status(), None)
+            status = fleet.launcher_status()
+            said = fleet.launcher_log
+            if status is None and ended and not (said.failed or said.stopped or said.boxed):
+                # torchrun returns 0 when its workers all did, and names each one that did not
+                # (its failure lines, its stops, its box): every worker seen to end, none named.
+                status = 0
+            run.on_exit(status, None)
 
     def _root_gone(self) -> bool:
         root = self.root
