@@ -39,6 +39,13 @@ pid-r      -    O    K        -     -        -        -
 each worker's stderr a file of its own; the cells where the evidence is on stderr (a raise, a
 peer's gloo error after a SIGKILL).
 
+torchrun that is not the command given to rankwatch (``bash-c``: ``run -- bash -c 'cd . &&
+torchrun --tee 3 ...'``; ``bash-exec``: ``bash -c 'exec torchrun ...'``; ``script``: ``run --
+bash launch.sh``, plain torchrun then ``echo``; ``launcher-pid``: ``watch --pid`` on a
+``torchrun --tee 3 ... > job.log 2>&1`` started by hand): a raise on rank 1, the cell that
+shows whether the launcher was found in the process tree
+(test_a_launcher_the_agent_was_not_given_is_found_in_the_tree).
+
 N test_nan_is_found_on_its_rank_at_its_step, P test_plain_torchrun_nan_is_found_in_the_combined_log,
 E test_torchrun_tee_nan_is_found_on_its_rank, O test_an_oom_is_named_on_its_rank_and_by_its_peer,
 F test_torchrun_a_failing_rank_is_named_by_its_peer, K test_a_sigkilled_rank_is_named,
@@ -52,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -78,10 +86,12 @@ from torchjobs import (
     one_agent_per_rank,
     rankwatch,
     run_launcher,
+    run_wrapper,
     sidecars,
     systemd_notify,
     torchrun,
     torchrun_outside,
+    watch_launcher,
     watch_pids,
     webhook,
 )
@@ -111,6 +121,18 @@ FORMS: dict[str, Form] = {
     "pid-redirects": lambda tmp, cfg, env, more: torchrun_outside(tmp, cfg, WORLD, env, by="pid"),
     # `torchrun train.py > job.log 2>&1` outside rankwatch: every worker and torchrun write one file.
     "daemon-shared": lambda tmp, cfg, env, more: torchrun_outside(tmp, cfg, WORLD, env, by="shared"),
+    # torchrun not the command given to rankwatch: `run -- bash -c 'cd . && torchrun --tee 3 ...'`
+    # (`bash -c 'exec torchrun ...'`: torchrun is the agent's child, not its command line),
+    # `run -- bash launch.sh` (plain torchrun, then echo: exit 0), and `watch --pid <torchrun>` on
+    # `torchrun --tee 3 ... > job.log 2>&1` started by hand.
+    "bash-c": lambda tmp, cfg, env, more: run_wrapper(
+        tmp, cfg, torchrun(WORLD, "--tee", "3"), env, script=False
+    ),
+    "bash-exec": lambda tmp, cfg, env, more: run_wrapper(
+        tmp, cfg, torchrun(WORLD, "--tee", "3"), env, script=False, exec_=True
+    ),
+    "script": lambda tmp, cfg, env, more: run_wrapper(tmp, cfg, torchrun(WORLD), env, script=True),
+    "launcher-pid": lambda tmp, cfg, env, more: watch_launcher(tmp, cfg, torchrun(WORLD, "--tee", "3"), env),
 }
 # Forms with an agent per rank: they share a run folder (the alert board), as a job's agents do.
 PER_RANK = frozenset({"no-python", "sidecar", "srun"})
@@ -824,3 +846,63 @@ def test_the_stall_title_counts_the_world_under_torchrun(tmp_path: Path) -> None
         assert alert["summary"] == "stall on 2 of 2 ranks, suspect rank 1", c.debug()
     else:  # one rank judged first; the other joined its alert
         assert alert["summary"].endswith(", suspect rank 1"), c.debug()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("form", "status"), [("bash-c", 1), ("bash-exec", 1), ("script", 0), ("launcher-pid", 1)]
+)
+def test_a_launcher_the_agent_was_not_given_is_found_in_the_tree(
+    tmp_path: Path, form: str, status: int
+) -> None:
+    """torchrun run by a wrapper (``bash -c``, with or without ``exec``, a script that exits 0 after
+    it) or followed by its
+    pid (``watch --pid``) is handled as ``run -- torchrun`` is: rank 1's RuntimeError at step 8 is
+    its crash, quoted; rank 0's gloo error is named after it; one alert, suspect rank 1; the
+    wrapper's exit 0 is never read as a worker's clean exit ("then exited cleanly"). The status
+    the user sees is the wrapper's (the script's echo: 0) or torchrun's (1)."""
+    c = cell(tmp_path, form, fault("raise", steps=30))
+    assert c.rc == status, c.debug()
+    [crash] = c.on(1, "crash")
+    assert "RuntimeError: rank 1 hit a bad batch at step 8" in crash["message"], c.debug()
+    assert crash["world_size"] == WORLD, c.debug()
+    assert not c.of("traceback"), c.debug()
+    assert not [f for f in c.serious() if f["rank"] is None], c.debug()
+    named_after_rank_1(c)
+    one_alert_per_problem(c, form)
+    no_agent_failed(c)
+
+
+@pytest.mark.timeout(300)
+def test_an_agent_following_a_launcher_stopped_mid_run_judges_no_live_worker(tmp_path: Path) -> None:
+    """``watch --pid <torchrun>`` stopped (Ctrl-C) while the job runs: the agent ends with
+    status 0 and says nothing of its workers' ends (they still run: no clean exit, no crash, no
+    "exit status unknown"), and the job goes on to its own end."""
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url)
+        env = {"FAULT": "none", "STEPS": "100000"}
+        running = watch_launcher(tmp_path, cfg, torchrun(WORLD, "--tee", "3"), env, verbose=True)
+        [agent] = running.agents
+        out = tmp_path / "agent.out"
+        wait_for(lambda: "rank 1 is pid" in out.read_text(errors="replace"), 120, "rank 1's worker", 0.25)
+        agent.send_signal(signal.SIGINT)
+        assert agent.wait(timeout=60) == 0, out.read_text(errors="replace")[-3000:]
+        assert running.procs[0].poll() is None, "the job ended with the agent"
+        running.stop()  # the user's own stop of the job, once the agent is gone
+        c = finish(running, tmp_path, posted)
+    assert not [f for f in c.findings if f["kind"] in ("process_exit", "crash", "traceback")], c.debug()
+    assert not c.firing(), c.debug()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("form", "status"), [("bash-c", 0), ("script", 0), ("launcher-pid", 0)])
+def test_a_healthy_launcher_the_agent_was_not_given_ends_silent(
+    tmp_path: Path, form: str, status: int
+) -> None:
+    """Two healthy workers under a wrapper's torchrun, or under a torchrun followed by pid: no
+    finding at all (not even "exit status unknown": torchrun's silence on every worker it saw
+    end is their clean exit, and its own), no alert, exit status 0."""
+    c = cell(tmp_path, form, {"FAULT": "none", "STEPS": "15"})
+    assert c.rc == status, c.debug()
+    assert not c.findings and not c.alerts, c.debug()
+    no_agent_failed(c)

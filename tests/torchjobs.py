@@ -19,6 +19,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -304,6 +305,53 @@ def run_script(tmp: Path, cfg: Path, script: Path, env: dict[str, str]) -> Runni
     return Running(
         tag, [agent], agent.poll, lambda: _term([agent]), [found],
         lambda: sorted((tmp / "logs").glob("*.log")), [tmp / "agent.out"],
+    )  # fmt: skip
+
+
+def run_wrapper(
+    tmp: Path, cfg: Path, launcher: list[str], env: dict[str, str], *, script: bool, exec_: bool = False
+) -> Running:
+    """``rankwatch run`` on a command that runs the launcher without being it: ``bash -c 'cd . &&
+    torchrun ...'`` (bash stays torchrun's parent), ``exec_``: ``bash -c 'exec torchrun ...'``
+    (torchrun replaces bash: the agent's child, its command line not the one given), or
+    ``script``: ``bash launch.sh``, a user's
+    wrapper that runs torchrun (not exec) and then ``echo``, so it exits 0 whatever torchrun
+    did. The status the user sees is the wrapper's."""
+    tag = uuid.uuid4().hex
+    found = tmp / "f.jsonl"
+    line = shlex.join([*launcher, str(WORKLOAD)])
+    if script:
+        sh = tmp / "launch.sh"
+        sh.write_text(f'#!/bin/bash\necho "launching"\n{line}\necho "torchrun finished with $?"\n')
+        wrapped = ["bash", str(sh)]
+    else:
+        wrapped = ["bash", "-c", f"exec {line}" if exec_ else f"cd . && {line}"]
+    cmd = rankwatch("run", "--config", str(cfg), "--findings-jsonl", str(found), "--", *wrapped)
+    agent = _popen(cmd, job_env(tag, env), tmp / "agent.out")
+    return Running(
+        tag, [agent], agent.poll, lambda: _term([agent]), [found],
+        lambda: sorted((tmp / "logs").glob("*.log")), [tmp / "agent.out"],
+    )  # fmt: skip
+
+
+def watch_launcher(
+    tmp: Path, cfg: Path, launcher: list[str], env: dict[str, str], *, verbose: bool = False
+) -> Running:
+    """``torchrun ... > job.log 2>&1 &`` started by hand, then ``rankwatch watch --pid $!``: the
+    agent follows the launcher's pid (the one a user has), its workers found under it and the
+    combined log read from the launcher's stdout file. The agent ends with the launcher; the
+    user sees torchrun's status. ``verbose``: the agent logs what it attaches (``-v``)."""
+    tag = uuid.uuid4().hex
+    found = tmp / "f.jsonl"
+    job = _popen([*launcher, str(WORKLOAD)], job_env(tag, env), tmp / "job.log", session=True)
+    more = ["-v"] if verbose else []
+    cmd = rankwatch(
+        *more, "watch", "--config", str(cfg), "--findings-jsonl", str(found), "--pid", str(job.pid)
+    )
+    agent = _popen(cmd, job_env(tag, {}), tmp / "agent.out")
+    return Running(
+        tag, [job], job.poll, lambda: _term_groups([job]), [found],
+        lambda: [tmp / "job.log"], [tmp / "job.log", tmp / "agent.out"], [agent],
     )  # fmt: skip
 
 

@@ -309,6 +309,8 @@ class _Launch:
         self.killed = False  # term_grace ran out and the process group got SIGKILL
         # Under a launcher (torchrun) every worker is a rank of its own, with its own watcher (and
         # stall clock, dump file, identity); the run's watcher only stands for the launcher's exit.
+        # A command that runs one (a wrapper script, ``bash -c 'torchrun ...'``) gets the same
+        # once the launcher shows in its process tree (``workers.Fleet.launched_by``).
         self.launcher = workers.is_launcher(self.cmd)
 
     # --- signals ------------------------------------------------------------------------
@@ -674,12 +676,9 @@ class _Found:
 
 
 def _is_launcher(pid: int) -> bool:
-    """Whether the process is a launcher (``torchrun``, ``python -m torch.distributed.run``,
-    ``python .../bin/torchrun``): its ranks are its children, it is none itself."""
+    """Whether the process is a launcher: its ranks are its children, it is none itself."""
     with contextlib.suppress(psutil.Error):
-        cmd = psutil.Process(pid).cmdline()
-        script = cmd[1:] if cmd and os.path.basename(cmd[0]).startswith("python") else []
-        return workers.is_launcher(cmd) or workers.is_launcher(script)
+        return workers.launcher_process(psutil.Process(pid))
     return False
 
 
@@ -817,6 +816,12 @@ class _ProcessWatch:
     told: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # (run, user) said once
     launchers: set[int] = dataclasses.field(default_factory=set)  # matched launchers, never ranks
     shared: sharedlog.SharedLogs = dataclasses.field(default_factory=sharedlog.SharedLogs)
+    # One --pid that is a launcher or runs one (``watch --pid $!`` on ``torchrun ... > job.log``):
+    # its workers, as under ``rankwatch run -- torchrun`` (``_follow_launcher``).
+    fleet: workers.Fleet | None = None
+    fleet_stop: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    fleet_task: asyncio.Task[Any] | None = None
+    root: psutil.Process | None = None  # the watched pid, while the fleet's
 
     def __post_init__(self, logs: Sequence[Path]) -> None:
         self.per_process = not logs and ((bool(self.match) and not self.pids) or len(self.pids) > 1)
@@ -1037,14 +1042,105 @@ class _ProcessWatch:
         except asyncio.TimeoutError:
             return None
 
+    async def _follow_launcher(self, pid: int) -> bool:
+        """``pid`` is a launcher (torchrun), or runs one (a wrapper script): the job is watched as
+        ``rankwatch run -- torchrun`` watches it, when the launcher's output goes to one file the
+        agent may follow (``> job.log 2>&1``): its workers found as its children with their
+        identity from their environment, each a pipeline reading its lines of that combined log,
+        and the launcher's account of their ends used. False: not so (no launcher, or its output
+        is no such file): the pid is followed as any process."""
+        errors = self.agent.internal_errors_by_component
+        try:
+            got = await offloop.proc(workers.find_launcher, pid, name="rankwatch-proc-attach", errors=errors)
+            if got is None:
+                return False
+            files, why = await offloop.proc(
+                workers.checked_output_files, got[0], name="rankwatch-proc-attach", errors=errors
+            )
+            root = psutil.Process(pid)
+        except (asyncio.TimeoutError, psutil.Error):
+            return False
+        if len(files) != 1:
+            why = why or [f"its stdout and stderr are two files ({', '.join(map(str, files))})"]
+            log.warning(
+                "pid %d: the launcher pid %d's output is not one file the agent may follow (%s): its "
+                "workers are not told apart",
+                pid, got[0], "; ".join(why),
+            )  # fmt: skip
+            return False
+        path = files[0]
+        run = workers.run_watcher(
+            self.cfg, self.identity, path, emit=self.agent.emit, clock=self.agent.clock,
+            script=True, replay=True,
+        )  # fmt: skip
+        self.agent.adopt(run)
+        self.fleet = workers.Fleet(
+            self.agent, self.cfg, path, pid, [], cmd=got[1], run_pipeline=run, script=True
+        )
+        self.fleet.launched_by(*got)
+        self.root = root
+        self.watchers.append(run)
+        log.info("pid %d: following the launcher's combined log %s", pid, path)
+        return True
+
+    async def close_fleet(self) -> None:
+        """The launcher is gone: its workers' ends judged (one that crashed says why the job
+        ended), else the launcher's own end, its status from its failure box when it printed
+        one (a non-parent reads no exit status)."""
+        fleet = self.fleet
+        if fleet is None or self.fleet_task is None:
+            return
+        if not self._root_gone():
+            # The agent was stopped, the job goes on: no worker's end to judge (a live worker
+            # judged "final" would pass for a clean exit); its pipelines stop with the others.
+            self.fleet_stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.fleet_task, 5.0)
+            self.watchers.extend(fleet.by_rank.values())
+            self.tasks.extend(fleet.tasks)
+            self.fleet_task = None
+            return
+        run = self.watchers[0]
+        run.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.tasks[0], 5.0)
+        for w in fleet.by_rank.values():  # each worker's end seen, before its last is judged
+            with contextlib.suppress(Exception):
+                await w.sample_once()
+        ended = bool(fleet.by_rank) and all(
+            w.exited or (w.last_sample is not None and not w.last_sample.alive)
+            for w in fleet.by_rank.values()
+        )
+        crashed = await _close_fleet(fleet, self.fleet_task, self.fleet_stop, run, fleet.log_path, 0)
+        self.fleet_task = None
+        if not crashed:
+            status = fleet.launcher_status()
+            said = fleet.launcher_log
+            if status is None and ended and not (said.failed or said.stopped or said.boxed):
+                # torchrun returns 0 when its workers all did, and names each one that did not
+                # (its failure lines, its stops, its box): every worker seen to end, none named.
+                status = 0
+            run.on_exit(status, None)
+
+    def _root_gone(self) -> bool:
+        root = self.root
+        try:
+            return root is None or not root.is_running() or root.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return True
+
     async def first_look(self) -> None:
-        if self.own_output and not self.watchers:
+        if self.own_output and not self.watchers and not await self._follow_launcher(self.pids[0]):
             await self._watch_output(self.pids[0])
+        if self.fleet is not None:
+            return
         await self.assign(list(self.pids) or ((await self.matching() or []) if self.match else []))
 
     # --- the loop -----------------------------------------------------------------------
     def all_gone(self) -> bool:
         """Every --pid has exited, and nothing can bring one back (no --match to find a restart)."""
+        if self.fleet is not None:
+            return self._root_gone()
         attached = [w for w in self.watchers if w.prober is not None]
         return bool(self.pids) and not self.match and bool(attached) and all(w.exited for w in attached)
 
@@ -1056,6 +1152,8 @@ class _ProcessWatch:
 
     def start(self) -> None:
         self.tasks.extend(asyncio.create_task(w.run()) for w in self.watchers)
+        if self.fleet is not None:
+            self.fleet_task = asyncio.create_task(self.fleet.run(self.fleet_stop))
         self.started = True
 
     async def run(self, stop: asyncio.Event, services: dict[str, Any] | None) -> int:
@@ -1077,6 +1175,7 @@ class _ProcessWatch:
                     await asyncio.wait_for(stop.wait(), self.cfg.process.sample_interval)
         finally:
             await self.last_look()
+            await self.close_fleet()
             await lifecycle.stop_watchers(self.agent, extras, self.watchers, self.tasks)
         return 0
 

@@ -287,6 +287,32 @@ def is_launcher(cmd: list[str]) -> bool:
     return any(a == "-m" and b in LAUNCHER_MODULES for a, b in itertools.pairwise(cmd))
 
 
+def launcher_process(proc: psutil.Process) -> bool:
+    """Whether the process is a launcher by its command line (``torchrun``, ``python -m
+    torch.distributed.run``, ``python .../bin/torchrun``): its ranks are its children."""
+    with contextlib.suppress(psutil.Error):
+        cmd = proc.cmdline()
+        script = cmd[1:] if cmd and os.path.basename(cmd[0]).startswith("python") else []
+        return is_launcher(cmd) or is_launcher(script)
+    return False
+
+
+def find_launcher(root: int) -> tuple[int, list[str]] | None:
+    """The launcher the job runs, wherever it is in the tree: ``root`` itself (``bash -c 'exec
+    torchrun ...'`` became it) or the first of its descendants that is one (a wrapper script,
+    ``bash -c 'cd . && torchrun ...'``); its pid and command line. Blocking: off the loop."""
+    try:
+        top = psutil.Process(root)
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return None
+    for p in procs:
+        if launcher_process(p):
+            with contextlib.suppress(psutil.Error):
+                return p.pid, p.cmdline()
+    return None
+
+
 def _worker_watcher_class() -> type:
     from rankwatch.runtime.watcher import RankWatcher
     from rankwatch.runtime.watcher import _from as from_stream
@@ -473,12 +499,15 @@ def run_watcher(
     clock: Any,
     script: bool = False,
     start_at: int | None = None,
+    replay: bool = False,
 ) -> Any:
     """The launcher's own pipeline: the run's lines of its combined log (see WorkerWatcher).
     ``script``: a training script's pipeline, every line its own until it starts ranks of its
-    own (``Fleet``, ``started_rank``); then it reads the run's lines, as a launcher's does."""
+    own (``Fleet``, ``started_rank``) or a launcher is found running under it
+    (``Fleet.launched_by``); then it reads the run's lines, as a launcher's does. ``replay``: a
+    log found mid-run (``watch --pid``) has its recent history read back (``logs.replay``)."""
     w = _worker_watcher_class()(
-        cfg, identity, [log_path], emit=emit, clock=clock, from_end=True, start_at=start_at
+        cfg, identity, [log_path], emit=emit, clock=clock, from_end=True, start_at=start_at, replay=replay
     )
     w.reads, w.launcher, w.everything = None, not script, script
     w.unprefixed = deque(maxlen=_LENT_LINES)
@@ -648,6 +677,9 @@ class Fleet:
         # are its workers, and it is rank 0 of their world (``rank_workers``). No launcher logs
         # their ends: a worker's status is unknown to the agent, the script's own is its exit.
         self.script = script
+        # The launcher's pid: ``root`` when the command is one; found in the tree when the command
+        # runs it (``launched_by``), or None while none is seen.
+        self.launcher_pid: int | None = None if script else root
         self.exit_status: dict[int, int] = {}  # pid -> status, of the workers that are our children
         self.cfg = cfg
         self.log_path = log_path
@@ -928,6 +960,8 @@ class Fleet:
     async def run(self, stop: Any) -> None:
         interval = max(0.25, float(self.cfg.process.sample_interval))
         while not stop.is_set():
+            if self.script and not self.by_rank:
+                await self._look_for_launcher()
             try:
                 found = await offloop.proc(
                     functools.partial(rank_workers, script=self.script),
@@ -947,6 +981,45 @@ class Fleet:
             self.check()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
+
+    async def _look_for_launcher(self) -> None:
+        """A command that is no launcher itself may run one (a wrapper script, ``bash -c
+        'torchrun ...'``, or exec into it): looked for until found or the script starts ranks."""
+        try:
+            got = await offloop.proc(
+                find_launcher,
+                self.root,
+                name="rankwatch-proc-workers",
+                errors=self.agent.internal_errors_by_component,
+            )
+        except asyncio.TimeoutError:
+            return
+        if got is not None:
+            self.launched_by(*got)
+
+    def launched_by(self, pid: int, cmd: list[str]) -> None:
+        """The job's launcher is ``pid`` (``cmd`` its command line), found in the process tree:
+        from now on the job is read as under ``rankwatch run -- torchrun``: its workers each a
+        pipeline of their own with the identity from their environment, the combined log split
+        by rank, the launcher's account of their ends used. The run's pipeline reads the lines
+        with no rank prefix and holds their failures for the workers; the command's own exit
+        (a wrapper's ``exit 0`` after torchrun failed) is never taken for a worker's."""
+        self.script, self.launcher_pid = False, pid
+        self.grace = 1.0 + 10 * monitor_interval(cmd)
+        run = self.run_pipeline
+        if run is not None:
+            run.everything, run.launcher = False, True
+            run.prober = None  # the workers' processes are watched, each by its own pipeline
+        what = " ".join(cmd)[:200]
+        log.info("the job's launcher is pid %d (%s): its workers get a pipeline each", pid, what)
+
+    def launcher_status(self) -> int | None:
+        """The launcher's exit status: ours to read when it is our child; else its failure box
+        says it failed (torchrun raises ChildFailedError: status 1), and None when unknown."""
+        rc = self.exit_status.get(self.launcher_pid if self.launcher_pid is not None else self.root)
+        if rc is None and self.launcher_log.root_cause is not None:
+            return 1
+        return rc
 
     def _script_started_ranks(self) -> None:
         """The script started ranks of its own: its pipeline becomes the run's (the lines with
@@ -1015,7 +1088,7 @@ class Fleet:
         from rankwatch.detectors.crash import pick_cause
         from rankwatch.detectors.exit import restarts_exhausted
 
-        rc = self.exit_status.get(self.root)
+        rc = self.launcher_status()
         if self.script or not rc or self.stop_requested or not self.max_restarts:
             return
         if self.restart_count < self.max_restarts:
