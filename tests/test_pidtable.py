@@ -146,10 +146,11 @@ def test_real_tree_same_as_psutil() -> None:
 
 @pytest.mark.unit
 def test_the_job_tree_and_the_prober_walk_the_shared_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Guard: neither asks psutil for its walk over every process on the node."""
+    """Guard: none asks psutil for its walk over every process on the node (the launcher's
+    and the script's worker search, ``rank_workers``, runs every process sample)."""
     import os
 
-    from rankwatch.runtime.workers import Tree
+    from rankwatch.runtime.workers import Tree, rank_workers
     from rankwatch.sources.process import ProcessProber
 
     def full_walk(self: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
@@ -161,3 +162,4 @@ def test_the_job_tree_and_the_prober_walk_the_shared_table(monkeypatch: pytest.M
     assert {p.pid for p in Tree(me).remember()} == mine
     prober = ProcessProber(me)
     assert prober.sample().children == len(mine)
+    assert rank_workers(me) == [] and rank_workers(me, script=True) == []  # no RANK below this test
