@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import wait_for
+from conftest import FakeClock, wait_for
 from rankwatch.sources.process import PidTable, descendants
 
 
@@ -85,14 +85,22 @@ def test_a_pid_that_left_and_came_back_is_read_again(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
-def test_a_pid_handed_out_again_between_two_walks_is_found_by_the_next_full_read(tmp_path: Path) -> None:
+def test_a_pid_handed_out_again_between_two_walks_is_found_by_the_next_full_read(
+    tmp_path: Path, fake_clock: FakeClock
+) -> None:
     root = _node(tmp_path)
-    t = PidTable(str(root))
+    t = PidTable(str(root), clock=fake_clock)
     t.walk(10)
     _proc(root, 21, 13)  # 21 ended and its pid went to a new process of the job, unseen
-    walks = [sorted(t.walk(10) or []) for _ in range(PidTable.FULL_READ_EVERY)]
-    assert walks[0] == [11, 12, 13]  # its parent as read for the old process
-    assert walks[-1] == [11, 12, 13, 21]  # the full read (12th walk) finds it
+    walks = []
+    for _ in range(50):  # walks at run mode's worker-search cadence (every 1 s sample)
+        fake_clock.advance(1.0)
+        walks.append(sorted(t.walk(10) or []))
+    assert walks[0] == walks[-1] == [11, 12, 13]  # its parent as read for the old process
+    reads = t.stat_reads
+    fake_clock.advance(PidTable.FULL_READ_S)
+    assert sorted(t.walk(10) or []) == [11, 12, 13, 21]  # the full read finds it
+    assert t.stat_reads - reads == sum(d.name.isdigit() for d in root.iterdir())  # every pid again
 
 
 @pytest.mark.unit
