@@ -61,6 +61,7 @@ NOT_LOADED = {
     "rankwatch.k8s.crilog": "kubernetes node mode",
     "rankwatch.runtime.diagnose": "ranks of a job of more than one (world size > 1)",
     "pkgutil": "nothing: each plugin family lists its folder (config.settings.plugin_modules)",
+    "rankwatch.server.webconfig": "server.web_config set (TLS, basic auth)",
 }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import wait_for
+from conftest import FakeClock, wait_for
 from rankwatch.sources.process import PidTable, descendants
 
 
@@ -85,14 +85,22 @@ def test_a_pid_that_left_and_came_back_is_read_again(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
-def test_a_pid_handed_out_again_between_two_walks_is_found_by_the_next_full_read(tmp_path: Path) -> None:
+def test_a_pid_handed_out_again_between_two_walks_is_found_by_the_next_full_read(
+    tmp_path: Path, fake_clock: FakeClock
+) -> None:
     root = _node(tmp_path)
-    t = PidTable(str(root))
+    t = PidTable(str(root), clock=fake_clock)
     t.walk(10)
     _proc(root, 21, 13)  # 21 ended and its pid went to a new process of the job, unseen
-    walks = [sorted(t.walk(10) or []) for _ in range(PidTable.FULL_READ_EVERY)]
-    assert walks[0] == [11, 12, 13]  # its parent as read for the old process
-    assert walks[-1] == [11, 12, 13, 21]  # the full read (12th walk) finds it
+    walks = []
+    for _ in range(50):  # walks at run mode's worker-search cadence (every 1 s sample)
+        fake_clock.advance(1.0)
+        walks.append(sorted(t.walk(10) or []))
+    assert walks[0] == walks[-1] == [11, 12, 13]  # its parent as read for the old process
+    reads = t.stat_reads
+    fake_clock.advance(PidTable.FULL_READ_S)
+    assert sorted(t.walk(10) or []) == [11, 12, 13, 21]  # the full read finds it
+    assert t.stat_reads - reads == sum(d.name.isdigit() for d in root.iterdir())  # every pid again
 
 
 @pytest.mark.unit
@@ -146,10 +154,11 @@ def test_real_tree_same_as_psutil() -> None:
 
 @pytest.mark.unit
 def test_the_job_tree_and_the_prober_walk_the_shared_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Guard: neither asks psutil for its walk over every process on the node."""
+    """Guard: none asks psutil for its walk over every process on the node (the launcher's
+    and the script's worker search, ``rank_workers``, runs every process sample)."""
     import os
 
-    from rankwatch.runtime.workers import Tree
+    from rankwatch.runtime.workers import Tree, rank_workers
     from rankwatch.sources.process import ProcessProber
 
     def full_walk(self: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
@@ -161,3 +170,4 @@ def test_the_job_tree_and_the_prober_walk_the_shared_table(monkeypatch: pytest.M
     assert {p.pid for p in Tree(me).remember()} == mine
     prober = ProcessProber(me)
     assert prober.sample().children == len(mine)
+    assert rank_workers(me) == [] and rank_workers(me, script=True) == []  # no RANK below this test

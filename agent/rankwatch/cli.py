@@ -183,13 +183,16 @@ def _check_server_start(cfg: Config, file: str) -> None:
     from rankwatch.config.loader import ConfigError
     from rankwatch.server import parse_listen
     from rankwatch.server.app import load_server_web_config
-    from rankwatch.server.webconfig import WebConfigError
     from rankwatch.slurm import resolve_listen
 
     try:
         parse_listen(resolve_listen(cfg.server.listen))
     except ValueError as e:
         raise ConfigError(str(e), file=file, key="server.listen") from None
+    if not cfg.server.web_config:
+        return  # the web config's module (TLS, bcrypt) is loaded only by an agent that has one
+    from rankwatch.server.webconfig import WebConfigError
+
     try:
         load_server_web_config(cfg.server)
     except WebConfigError as e:

@@ -229,7 +229,7 @@ def rank_workers(root: int, *, script: bool = False) -> list[tuple[int, dict[str
     ``script``: ``root`` is a training script that may start its other ranks itself
     (``started_rank``); once one is found, ``root`` is rank 0 of their world."""
     try:
-        kids = psutil.Process(root).children(recursive=True)
+        kids = descendants(psutil.Process(root))  # the shared pid table: asked every process sample
     except psutil.Error:
         return []
     envs: dict[int, dict[str, str]] = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -35,7 +35,9 @@ from rankwatch.server.protocol import (
     track,
 )
 from rankwatch.server.routes import add_routes, errors
-from rankwatch.server.webconfig import WebConfig, WebConfigError, load_web_config
+
+if TYPE_CHECKING:
+    from rankwatch.server.webconfig import WebConfig
 from rankwatch.snapshot import Source, snapshot_fn
 
 log = logging.getLogger("rankwatch.server")
@@ -138,6 +140,9 @@ def load_server_web_config(cfg: ServerConfig) -> WebConfig | None:
     (the server then does not start: never plain HTTP where TLS was asked for)."""
     if not cfg.web_config:
         return None
+    # Imported here: an agent without a web config never loads its module (TLS, bcrypt, hmac).
+    from rankwatch.server.webconfig import WebConfigError, load_web_config
+
     web_cfg = load_web_config(cfg.web_config)
     if web_cfg.users and cfg.metrics_token:
         raise WebConfigError(

@@ -21,13 +21,16 @@ import ipaddress
 import logging
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from rankwatch.config.schema import ServerConfig
 from rankwatch.server.keys import CFG, NO_STORE, WEB, Handler, error_reply
 from rankwatch.server.tokenfile import ensure_token
-from rankwatch.server.webconfig import WebConfig
+
+if TYPE_CHECKING:
+    from rankwatch.server.webconfig import WebConfig
 
 log = logging.getLogger("rankwatch.server")
 

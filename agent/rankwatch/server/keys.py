@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from rankwatch.config.schema import ServerConfig
 from rankwatch.server.status import json_safe
-from rankwatch.server.webconfig import WebConfig
 from rankwatch.snapshot import AgentSnapshot, HttpCounters, SnapshotFn
+
+if TYPE_CHECKING:
+    from rankwatch.server.webconfig import WebConfig
 
 SNAPSHOT: web.AppKey[SnapshotFn] = web.AppKey("snapshot")
 COUNTERS = web.AppKey("counters", HttpCounters)
 CFG = web.AppKey("cfg", ServerConfig)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 LOGGED = web.AppKey("logged", set)
-WEB = web.AppKey("web", WebConfig)
+# Typed by annotation only: the web config's module is loaded only by an agent that has one.
+WEB: web.AppKey[WebConfig] = web.AppKey("web")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -169,18 +169,21 @@ class PidTable:
     its parent need not be read again while its pid stays listed. A pid that left the listing
     and came back is read again like a new one; one that ended and was handed out again between
     two walks (the kernel hands pids out in turn, so ``pid_max`` forks in between) is caught
-    by a full read every ``FULL_READ_EVERY`` walks. What a walk returns is what psutil's returns
-    for the same /proc: the same re-parenting, the same children older than their parent
-    dropped. One table per agent, shared by every walk (each rank's prober, the job's tree),
-    behind a lock: the walks run on offloop threads.
+    by a full read every ``FULL_READ_S`` seconds (by the clock, not by walks: the walkers'
+    cadences add up, run mode's worker search alone walks at every process sample). What a
+    walk returns is what psutil's returns for the same /proc: the same re-parenting, the same
+    children older than their parent dropped. One table per agent, shared by every walk (each
+    rank's prober, the job's tree, the worker search), behind a lock: the walks run on
+    offloop threads.
     """
 
-    FULL_READ_EVERY = 12  # ~1 min of run mode's 5 s walks
+    FULL_READ_S = 60.0
 
-    def __init__(self, proc: str = "/proc") -> None:
+    def __init__(self, proc: str = "/proc", clock: Callable[[], float] = time.monotonic) -> None:
         self.proc = proc
         self.stat_reads = 0  # for tests and benchmarks: /proc/<pid>/stat files read
-        self._walks = 0
+        self._clock = clock
+        self._full_read_at = clock() + self.FULL_READ_S  # the first walk reads everything anyway
         self._ppid: dict[int, int] = {}
         self._trees: dict[int, set[int]] = {}  # root -> its last walk's members, re-read each walk
         self._lock = threading.Lock()
@@ -207,9 +210,10 @@ class PidTable:
                 listed = {int(n) for n in os.listdir(self.proc) if n.isdigit()}
             except OSError:
                 return None
-            self._walks += 1
-            if self._walks % self.FULL_READ_EVERY == 0:
+            now = self._clock()
+            if now >= self._full_read_at:
                 self._ppid.clear()
+                self._full_read_at = now + self.FULL_READ_S
             ppid = self._ppid
             for gone in ppid.keys() - listed:
                 del ppid[gone]
