@@ -85,6 +85,7 @@ from torchjobs import (
     node_daemon,
     one_agent_per_rank,
     rankwatch,
+    reap_leftovers,
     run_launcher,
     run_wrapper,
     sidecars,
@@ -882,12 +883,20 @@ def test_an_agent_following_a_launcher_stopped_mid_run_judges_no_live_worker(tmp
         cfg = agent_config(tmp_path, url=url)
         env = {"FAULT": "none", "STEPS": "100000"}
         running = watch_launcher(tmp_path, cfg, torchrun(WORLD, "--tee", "3"), env, verbose=True)
-        [agent] = running.agents
-        out = tmp_path / "agent.out"
-        wait_for(lambda: "rank 1 is pid" in out.read_text(errors="replace"), 120, "rank 1's worker", 0.25)
-        agent.send_signal(signal.SIGINT)
-        assert agent.wait(timeout=60) == 0, out.read_text(errors="replace")[-3000:]
-        assert running.procs[0].poll() is None, "the job ended with the agent"
+        try:
+            [agent] = running.agents
+            out = tmp_path / "agent.out"
+            wait_for(lambda: "rank 1 is pid" in out.read_text(errors="replace"), 120, "rank 1's worker", 0.25)
+            agent.send_signal(signal.SIGINT)
+            assert agent.wait(timeout=60) == 0, out.read_text(errors="replace")[-3000:]
+            assert running.procs[0].poll() is None, "the job ended with the agent"
+        except BaseException:
+            # A job of 100,000 steps must not outlive a failed test (torchrun runs in the background).
+            for p in [*running.procs, *running.agents]:
+                if p.poll() is None:
+                    p.kill()
+            reap_leftovers(running.tag, grace=0)
+            raise
         running.stop()  # the user's own stop of the job, once the agent is gone
         c = finish(running, tmp_path, posted)
     assert not [f for f in c.findings if f["kind"] in ("process_exit", "crash", "traceback")], c.debug()
