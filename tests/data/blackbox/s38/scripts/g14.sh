@@ -9,5 +9,5 @@ sleep 3
 timeout -s INT 50 rankwatch watch -c cfg.yaml --no-server --findings-jsonl f.jsonl --dumps-dir dumps --pid $p0 --pid $p1 > out.txt 2> err.txt
 echo "watch rc=$? load=$(cut -d' ' -f1-3 /proc/loadavg) at=$(date -u +%T)" | tee rc.txt
 echo "ranks alive after the agent: $(kill -0 $p0 2>&1 && echo r0) $(kill -0 $p1 2>&1 && echo r1)" | tee -a rc.txt
-kill -9 $p0 $p1; wait
+kill -9 $p0 $p1; wait $p0 $p1
 finish

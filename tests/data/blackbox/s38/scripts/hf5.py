@@ -1,5 +1,5 @@
 # HF Trainer, tiny random GPT-2 under torchrun (CPU/gloo), batch s38. Env:
-#  FAULT=none|oom_eval (rank FAULT_RANK raises torch.OutOfMemoryError in its first eval pass at/after FAULT_STEP)
+#  FAULT=none|nan (rank FAULT_RANK's training loss NaN from global step FAULT_STEP)|oom_eval (rank FAULT_RANK raises torch.OutOfMemoryError in its first eval pass at/after FAULT_STEP)
 #  LR (learning rate; 1e-3 default; a far too high one diverges), STEPS, LOG_STEPS, EVAL_STEPS (0: no eval), SAVE_STEPS (0: no save)
 #  ACCUM (gradient_accumulation_steps), EVAL_DELAY (seconds per eval batch: a slow eval), TQDM=1, OUT
 import os, time, torch
@@ -18,7 +18,9 @@ class T(Trainer):
             if ED: time.sleep(ED)
             if F == "oom_eval" and R == FR and self.state.global_step >= FS:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.50 GiB. GPU 1 has a total capacity of 79.10 GiB of which 1.12 GiB is free. Of the allocated memory 74.31 GiB is allocated by PyTorch, and 2.07 GiB is reserved by PyTorch but unallocated.")
-        return super().compute_loss(model, inputs, return_outputs, **kw)
+        loss = super().compute_loss(model, inputs, return_outputs, **kw)
+        if F == "nan" and model.training and R == FR and self.state.global_step >= FS: loss = loss * float("nan")
+        return loss
 m = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=1, n_head=2))
 ev = int(os.environ.get("EVAL_STEPS", "0")); sv = int(os.environ.get("SAVE_STEPS", "0"))
 args = TrainingArguments(output_dir=os.environ.get("OUT", "hf_out"), per_device_train_batch_size=4, per_device_eval_batch_size=4,

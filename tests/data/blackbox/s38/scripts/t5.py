@@ -7,11 +7,14 @@ import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 F = os.environ.get("FAULT", "none")
 if os.environ.get("ONLY_ATTEMPT") and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != os.environ["ONLY_ATTEMPT"]: F = "none"
+if os.environ.get("FAULT_A1") and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "1": F = os.environ["FAULT_A1"]  # attempt 1's own fault
 FR = int(os.environ.get("FAULT_RANK", "1")); FS = int(os.environ.get("FAULT_STEP", "20"))
 class DS(torch.utils.data.Dataset):
     def __init__(self, r): self.r = r
     def __len__(self): return 100000
     def __getitem__(self, i):
+        if F == "segv_dlw" and self.r == FR and i >= FS * 16:
+            import signal; os.kill(os.getpid(), signal.SIGSEGV)
         if F == "memerr_dlw" and self.r == FR and i >= FS * 16:
             raise MemoryError(f"cannot allocate decode buffer for sample {i}")
         g = torch.Generator().manual_seed(i); x = torch.randn(8, generator=g); return x, x.sum(0, keepdim=True)
@@ -84,5 +87,8 @@ def main():
             elif r == 0:
                 os.makedirs(ck, exist_ok=True); torch.save({"model": m.state_dict(), "step": step}, os.path.join(ck, f"step{step:05d}.pt"))
         time.sleep(delay)
+    if F == "hang_end" and r == FR:
+        print(f"rank {r} uploading final artifacts", flush=True)
+        while True: time.sleep(1)
     dist.barrier(); dist.destroy_process_group(); print(f"rank {r} done", flush=True)
 if __name__ == "__main__": main()
