@@ -1,0 +1,10 @@
+#!/bin/bash
+source /work/bb5/man.sh g47 18957
+for r in 0 1; do
+  RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29657 FAULT=crash FAULT_RANK=1 FAULT_STEP=10 STEPS=40 \
+    timeout -s INT 90 rankwatch run -c cfg.yaml --no-server --findings-jsonl f.jsonl --dumps-dir dumps -- python /work/bb5/t5.py > out-$r.txt 2> err-$r.txt &
+  eval p$r=$!
+done
+wait $p0; r0=$?; wait $p1; r1=$?
+echo "rc0=$r0 rc1=$r1 load=$(cut -d' ' -f1-3 /proc/loadavg) at=$(date -u +%T)" | tee rc.txt
+finish
