@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import math
 import os
 import re
 import shutil
+import struct
 import time
 import warnings
 import weakref
+import zipfile
 from collections.abc import Callable
 from pathlib import Path, PurePath
 from types import SimpleNamespace
@@ -28,7 +31,7 @@ from rankwatch.checkpoints import CheckpointConfig
 from rankwatch.checkpoints import layouts as L
 from rankwatch.checkpoints.catalog import Catalog, OpenProblems
 from rankwatch.checkpoints.cli import add_subcommands
-from rankwatch.checkpoints.verify import check_safetensors, check_torch, verify_candidate
+from rankwatch.checkpoints.verify import check_safetensors, check_torch, dcp_items, verify_candidate
 from rankwatch.checkpoints.watcher import CheckpointWatcher, open_for_writing
 from rankwatch.config.schema import Config
 from rankwatch.config.snapshot import replaced
@@ -1152,6 +1155,66 @@ def _cli(argv: list[str]) -> Callable[[], int]:
     add_subcommands(parser.add_subparsers())
     args = parser.parse_args(argv)
     return lambda: args.func(args)
+
+
+@pytest.mark.tool  # torch
+def test_dcp_save_with_a_cut_data_file_is_corrupt_quick_and_deep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``.distcp`` shorter than the items its ``.metadata`` places in it cannot load."""
+    torch = _torch()
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    now = time.time()
+    steps = []
+    for step in (20, 30):
+        d = tmp_path / f"step{step:05d}"
+        sd = {"model": {"w": torch.arange(12.0).reshape(3, 4), "b": torch.ones(4)}, "step": step}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(sd, storage_writer=FileSystemWriter(str(d)))
+        _touch(d, now - 3600 + step)
+        steps.append(d)
+    for deep in (False, True):
+        v = verify_candidate(L.scan(steps[1]).candidates[0], deep=deep)
+        assert v.ok and not v.problems, v.problems
+    data = steps[1] / "__0_0.distcp"
+    full = data.stat().st_size
+    with open(data, "r+b") as fh:
+        fh.truncate(full // 2)
+    _touch(steps[1], now - 3600 + 30)
+    for deep in (False, True):
+        v = verify_candidate(L.scan(steps[1]).candidates[0], deep=deep)
+        assert [(p.file, p.check) for p in v.problems] == [("__0_0.distcp", "truncated")]
+        assert f"the file holds {full // 2}" in str(v.problems[0])
+        argv = ["checkpoints", str(tmp_path), "--settle", "0", *(["--deep"] if deep else [])]
+        assert _cli(argv)() == 1
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.startswith("step00030"))
+        assert "corrupt: __0_0.distcp: truncated" in row
+        assert out.splitlines()[-1].startswith("last good: step00020 (step 20, ")
+
+    # Same size, one tensor byte flipped: only --deep reads the items' bytes (CRC-32).
+    flipped = tmp_path / "step00040"
+    shutil.copytree(steps[0], flipped)
+    with open(flipped / ".metadata", "rb") as fh:
+        last = max(dcp_items(fh), key=lambda i: i.offset)
+    blob = bytearray((flipped / last.relative_path).read_bytes())
+    with zipfile.ZipFile(io.BytesIO(bytes(blob[last.offset : last.offset + last.length]))) as zf:
+        info = next(i for i in zf.infolist() if i.filename.endswith("/data/0"))
+    n, extra = struct.unpack(
+        "<HH", blob[last.offset + info.header_offset + 26 : last.offset + info.header_offset + 30]
+    )
+    blob[last.offset + info.header_offset + 30 + n + extra] ^= 0xFF
+    (flipped / last.relative_path).write_bytes(bytes(blob))
+    assert verify_candidate(L.scan(flipped).candidates[0]).ok
+    v = verify_candidate(L.scan(flipped).candidates[0], deep=True)
+    assert [(p.check, p.message) for p in v.problems] == [("crc", "member 'archive/data/0' fails its CRC-32")]
+
+    (flipped / last.relative_path).unlink()
+    v = verify_candidate(L.scan(flipped).candidates[0])
+    assert ("__0_0.distcp", "missing") in [(p.file, p.check) for p in v.problems]
 
 
 @pytest.mark.tool  # torch

@@ -17,6 +17,7 @@ import pickletools
 import re
 import struct
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -216,15 +217,18 @@ _STORAGE_BYTES = {
 }
 
 
-def legacy_storages(fh: BinaryIO) -> dict[str, int] | None:
-    """Bytes each storage takes after the pickles, from ``('storage', type, key, loc, numel)`` ids.
+Token = tuple[str, Any] | None
 
-    None when a storage type is unknown. Memo references are followed because the
-    pickler writes a repeated type or location once and refers back to it.
+
+def pickle_tokens(fh: BinaryIO | bytes) -> Iterator[Token]:
+    """A pickle's strings (``s``), globals (``g``) and ints (``i``) in order, never executed.
+
+    Memo references are followed because the pickler writes a repeated value once and
+    refers back to it; any other opcode yields None, so neighbours in the stream are
+    neighbours in the pickled container.
     """
-    memo: dict[int, tuple[str, Any] | None] = {}
-    seq: list[tuple[str, Any] | None] = []
-    last: tuple[str, Any] | None = None
+    memo: dict[int, Token] = {}
+    last: Token = None
     for op, arg, _pos in pickletools.genops(fh):
         name = op.name
         if name in ("BINPUT", "LONG_BINPUT", "PUT"):
@@ -243,7 +247,15 @@ def legacy_storages(fh: BinaryIO) -> dict[str, int] | None:
             last = memo.get(int(arg or 0))
         else:
             last = None
-        seq.append(last)
+        yield last
+
+
+def legacy_storages(fh: BinaryIO) -> dict[str, int] | None:
+    """Bytes each storage takes after the pickles, from ``('storage', type, key, loc, numel)`` ids.
+
+    None when a storage type is unknown.
+    """
+    seq = list(pickle_tokens(fh))
     out: dict[str, int] = {}
     for i in range(len(seq) - 4):
         head, typ, key, _loc, numel = seq[i : i + 5]
@@ -396,7 +408,7 @@ def verify_candidate(cand: L.Candidate, *, deep: bool = False) -> Verdict:
         v.problems.extend(c.problems)
     names = set(cand.files)
     _check_indexes(cand, checks, v)
-    _check_dcp_folders(cand, names, v)
+    _check_dcp_folders(cand, names, v, deep)
     layout = cand.layout
     if layout in (L.HF, L.HF_MODEL):
         _check_hf(cand, names, checks, v)
@@ -499,8 +511,9 @@ def _check_hf(cand: L.Candidate, names: set[str], checks: dict[str, FileCheck], 
             v.notes.append("no rng_state*.pth: data order and dropout differ on resume")
 
 
-def _check_dcp_folders(cand: L.Candidate, names: set[str], v: Verdict) -> None:
-    """torch.distributed.checkpoint: every folder of ``.distcp`` shards needs its ``.metadata``."""
+def _check_dcp_folders(cand: L.Candidate, names: set[str], v: Verdict, deep: bool) -> None:
+    """torch.distributed.checkpoint: every folder of ``.distcp`` shards needs its ``.metadata``,
+    and every shard the items its ``.metadata`` records."""
     folders: dict[str, set[str]] = {}
     for n in names:
         folder, _, leaf = n.rpartition("/")
@@ -517,6 +530,151 @@ def _check_dcp_folders(cand: L.Candidate, names: set[str], v: Verdict) -> None:
             v.problems.append(Problem(where, "missing", "a .metadata but no .distcp shard files"))
         elif cand.layout == L.DCP and not folder and not shards:
             v.problems.append(Problem("", "missing", "no .metadata and no .distcp shard files"))
+        if meta:
+            _check_dcp_data(cand, folder, leaves, v, deep)
+
+
+@dataclass(slots=True, frozen=True)
+class DcpItem:
+    """One ``_StorageInfo`` of a DCP ``.metadata``: where a saved item lies in its data file."""
+
+    relative_path: str
+    offset: int
+    length: int
+    transformed: bool  # stored through an extension (compression...): not a plain torch.save archive
+
+
+_DCP_KEYS = ("relative_path", "offset", "length")
+_DCP_LEAF = re.compile(r"[^/\\\x00-\x1f\x7f]{1,255}\Z")
+
+
+def dcp_items(data: BinaryIO | bytes) -> list[DcpItem]:
+    """The storage items a DCP ``.metadata`` records, read as pickle opcodes, never executed.
+
+    torch's FileSystemWriter pickles each ``_StorageInfo`` as the state dict
+    ``{relative_path, offset, length[, transform_descriptors]}`` (filesystem.py), so the
+    items are runs of six tokens: key, str, key, int, key, int.
+    """
+    out: list[DcpItem] = []
+    window: list[Token] = []
+    for tok in pickle_tokens(data):
+        window.append(tok)
+        if len(window) < 7:
+            continue
+        item = _dcp_item(window)
+        if item is not None:
+            out.append(item)
+        del window[0]
+    while window:
+        item = _dcp_item(window)
+        if item is not None:
+            out.append(item)
+        del window[0]
+    return out
+
+
+def _dcp_item(w: list[Token]) -> DcpItem | None:
+    if (
+        len(w) < 6
+        or w[0] != ("s", _DCP_KEYS[0])
+        or w[2] != ("s", _DCP_KEYS[1])
+        or w[4] != ("s", _DCP_KEYS[2])
+    ):
+        return None
+    path, off, length = w[1], w[3], w[5]
+    if path is None or path[0] != "s" or off is None or off[0] != "i" or length is None or length[0] != "i":
+        return None
+    transformed = len(w) > 6 and w[6] == ("s", "transform_descriptors")
+    return DcpItem(str(path[1]), int(off[1]), int(length[1]), transformed)
+
+
+class _Slice:
+    """A read-only window ``[offset, offset + length)`` of an open file, for ``zipfile``."""
+
+    def __init__(self, fh: BinaryIO, offset: int, length: int) -> None:
+        self._fh, self._base, self._len, self._pos = fh, offset, length, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = (0, self._pos, self._len)[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(0, self._len - self._pos)
+        n = left if n is None or n < 0 else min(n, left)
+        self._fh.seek(self._base + self._pos)
+        data = self._fh.read(n)
+        self._pos += len(data)
+        return data
+
+
+def _check_dcp_data(cand: L.Candidate, folder: str, leaves: set[str], v: Verdict, deep: bool) -> None:
+    """Each ``.distcp`` must hold every item its ``.metadata`` places in it.
+
+    ``dcp.load`` reads each item at the offset and length the metadata records, so a
+    data file shorter than its last item's end cannot load (torch fails with "failed
+    finding central directory"). ``deep`` also opens each item's torch.save archive
+    and checks its CRCs. Paths named by the metadata are only looked up among the
+    files the scan found, never opened from the metadata's text.
+    """
+    prefix = f"{folder}/" if folder else ""
+    items: list[DcpItem] = []
+    for leaf in sorted(leaves):
+        if not (leaf == ".metadata" or re.match(r"__\d+\.metadata$", leaf)):
+            continue
+        st = cand.files.get(prefix + leaf)
+        if st is None or not 0 < st.size <= _MAX_PICKLE_SCAN:
+            continue
+        try:
+            with open(cand.file_path(prefix + leaf), "rb") as fh:
+                items.extend(dcp_items(fh))
+        except (ValueError, EOFError, struct.error) as e:
+            v.problems.append(Problem(prefix + leaf, "pickle", f"does not parse ({str(e)[:80]})"))
+            return
+    by_file: dict[str, list[DcpItem]] = {}
+    for it in items:
+        by_file.setdefault(it.relative_path, []).append(it)
+    for name, its in sorted(by_file.items()):
+        if not _DCP_LEAF.match(name):
+            continue  # not a file of this folder: a path or control text is not looked up or shown
+        rel = prefix + name
+        st = cand.files.get(rel)
+        if st is None:
+            v.problems.append(Problem(rel, "missing", "missing: the .metadata places saved items in it"))
+            continue
+        need = max(it.offset + it.length for it in its)
+        if st.size < need:
+            v.problems.append(
+                Problem(
+                    rel,
+                    "truncated",
+                    f"truncated: the .metadata places items up to byte {need}, the file holds {st.size}",
+                )
+            )
+            continue
+        if deep:
+            _check_dcp_items(cand.file_path(rel), rel, its, v)
+
+
+def _check_dcp_items(path: Path, rel: str, items: list[DcpItem], v: Verdict) -> None:
+    with open(path, "rb") as fh:
+        for it in sorted(items, key=lambda i: i.offset):
+            if it.transformed:
+                continue
+            fh.seek(it.offset)
+            if fh.read(4) != _ZIP_LOCAL:
+                continue  # raw bytes or safetensors: no archive of its own to check
+            out = FileCheck()
+            _check_zip(_Slice(fh, it.offset, it.length), f"{rel} @{it.offset}", it.length, out, True)
+            if out.problems:
+                v.problems.append(out.problems[0])
+                return
 
 
 def _check_megatron(names: set[str], checks: dict[str, FileCheck], v: Verdict) -> None:
