@@ -180,6 +180,51 @@ def test_a_healthy_ddp_runs_noisy_first_batches_are_no_spike() -> None:
     assert [f for f in result.findings if f.severity >= Severity.WARNING] == []
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        Path(__file__).parent / "data" / "accelerate" / "acc_healthy_low_first_loss_rank-0.log",
+        Path(__file__).parent / "data" / "blackbox" / "s38" / "repro" / "g23" / "rank-0.head.log",
+    ],
+    ids=["acc5_60_steps", "s38_g23_head"],
+)
+def test_a_healthy_run_whose_first_loss_is_a_low_draw_raises_no_loss_warning(path: Path) -> None:
+    """accelerate's per-batch MSE (black-box s38, item C; tests/data/accelerate/README.md):
+    1.449 first, then 11.28, 9.19, 10.05, 6.44 .. back to 2.13 at step 9 and noise around 6.
+    One low first loss is no level: neither a spike above it nor a blow-up from it."""
+    result = analyze([str(path)], Config(), jobs=1)
+    assert result.ranks[0].steps >= 9
+    assert [f for f in result.findings if f.kind in ("loss_spike", "loss_divergence")] == []
+
+
+def test_the_low_first_loss_keys_restore_judging_against_one_loss() -> None:
+    """With ``level_records`` and ``blowup_level_records`` at 1 the accelerate run's first loss
+    is a baseline again: the spike at step 2 and the blow-up at step 4 come back."""
+    path = Path(__file__).parent / "data" / "accelerate" / "acc_healthy_low_first_loss_rank-0.log"
+    cfg = replaced(
+        Config(),
+        {"detectors.loss_spike.level_records": 1, "detectors.loss_divergence.blowup_level_records": 1},
+    )
+    found = [(f.kind, f.step) for f in analyze([str(path)], cfg, jobs=1).findings if not f.resolved]
+    assert sorted(found) == [("loss_divergence", 4), ("loss_spike", 2)]
+
+
+# The golden corpus's hf_lr5 (tests/golden/gen_hf.py: transformers Trainer, learning_rate 5.0, no
+# warmup, no clipping, logging_steps 1), its first 24 logged losses as the Trainer printed them.
+HF_LR5 = [
+    3.901, 236.2, 206.6, 599.5, 451.8, 593.0, 608.7, 687.0, 620.2, 795.7, 596.0, 608.9,
+    465.6, 336.5, 584.0, 444.2, 445.5, 598.4, 474.3, 762.1, 520.8, 400.3, 431.0, 268.0,
+]  # fmt: skip
+
+
+def test_a_blow_up_from_one_first_loss_is_told_once_it_stayed_up() -> None:
+    """One low first loss is no level, so a blow-up from it waits for ``short_records`` losses
+    that all stayed up: the HF run at lr 5 (3.90, then 236 .. 762) still diverges, at step 21."""
+    recs = [StepRecord(step=i, loss=v) for i, v in enumerate(HF_LR5, 1)]
+    fs = [f for f in alarms(run(recs)) if f.kind == "loss_divergence"]
+    assert [f.step for f in fs] == [21] and "lowest 3.901" in fs[0].message
+
+
 def test_the_combined_log_of_two_ranks_is_judged_as_one_ranks_log() -> None:
     """``run -- torchrun`` without ``--tee`` (s35, c01): both ranks print each step into one
     log, each line naming its rank (``rank=1``): each rank's lines are its own, rank 1's NaN at
