@@ -445,6 +445,29 @@ def test_torchrun_restart_with_redirects_follows_the_new_attempts_files(tmp_path
 
 
 @pytest.mark.timeout(300)
+def test_node_daemon_on_a_restarted_torchrun_follows_the_new_attempts_files(tmp_path: Path) -> None:
+    """The node daemon (`watch --match`) next to `torchrun --max-restarts 1 --redirects 3
+    --log-dir D` started by hand (s38 g11b): rank 1 raises at step 6 in attempt 0, and its inputs
+    go NaN from step 6 in attempt 1. The restarted worker's output is in attempt_1's files, its
+    new process's own: the NaN is found there, at its step."""
+    env = {"FAULT": "raise_then_nan", "FAULT_RANK": "1", "FAULT_STEP": "6", "STEPS": "12"}
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # see the restart test above
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url)
+        more = ["--max-restarts", "1", *rdzv]
+        running = torchrun_outside(tmp_path, cfg, WORLD, env, by="daemon", extra=more)
+        c = finish(running, tmp_path, posted)
+    assert c.rc == 0, c.debug()
+    [crash] = c.on(1, "crash")
+    assert "rank 1 hit a bad batch at step 6" in crash["message"], c.debug()
+    assert "/attempt_0/" in (crash["path"] or ""), c.debug()
+    nan = c.on(1, "nan_loss")
+    assert nan and nan[0]["step"] == 6 and "/attempt_1/" in nan[0]["path"], c.debug()
+    assert {a["kind"] for a in c.firing()} == {"crash", "nan_loss"}, c.debug()
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("form", ["plain", "tee"])
 def test_torchrun_a_rank_that_leaves_early_is_named(tmp_path: Path, form: str) -> None:
     """Rank 1 returns from main with status 0 at step 30 while rank 0 enters the next collective:

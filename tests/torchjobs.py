@@ -557,7 +557,9 @@ def sidecars(tmp: Path, cfg: Path, world: int, env: dict[str, str]) -> Running:
     return running
 
 
-def torchrun_outside(tmp: Path, cfg: Path, world: int, env: dict[str, str], *, by: str) -> Running:
+def torchrun_outside(
+    tmp: Path, cfg: Path, world: int, env: dict[str, str], *, by: str, extra: Sequence[str] = ()
+) -> Running:
     """A job the user started with ``torchrun --redirects 3 --log-dir D`` outside rankwatch:
     each worker's stdout and stderr are files of their own (``D/<run>/attempt_0/<local
     rank>/stdout.log`` and ``stderr.log``; a traceback and gloo's errors are in the second).
@@ -566,12 +568,13 @@ def torchrun_outside(tmp: Path, cfg: Path, world: int, env: dict[str, str], *, b
     once they are there (the sidecar of a job started elsewhere). The user sees torchrun's exit
     status; the agent is stopped once the job has ended (``--pid``: it ends with the pids).
     ``shared``: the node daemon on ``torchrun ... > job.log 2>&1`` (no ``--redirects``, no
-    ``--tee``): every worker and the launcher write the one file."""
+    ``--tee``): every worker and the launcher write the one file. ``extra``: more of torchrun's
+    options (``--max-restarts``)."""
     tag = uuid.uuid4().hex
     found = tmp / "f.jsonl"
     logs = tmp / "torchrun-logs"
     redirects = ["--redirects", "3", "--log-dir", str(logs)] if by != "shared" else []
-    launcher = [*torchrun(world, *redirects), str(WORKLOAD), f"--rw-job={tag}"]
+    launcher = [*torchrun(world, *redirects, *extra), str(WORKLOAD), f"--rw-job={tag}"]
     agents: list[subprocess.Popen[bytes]] = []
     if by in ("daemon", "shared"):
         cmd = rankwatch(

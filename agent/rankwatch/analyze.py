@@ -15,14 +15,18 @@ import stat
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankwatch.config.schema import Config
 from rankwatch.config.settings import settings_of
+from rankwatch.detectors.crash import pick_cause
 from rankwatch.detectors.crossrank import RankLagConfig, cross_rank
+from rankwatch.detectors.exit import restarts_exhausted
 from rankwatch.engine import RankEngine
 from rankwatch.errorkinds import OWN_FAILURES
 from rankwatch.records import Finding, Severity
+from rankwatch.runtime.workers import LauncherLog
 from rankwatch.sanitize import visible
 from rankwatch.sources.compressed import compression_of, open_decompressed, require_readable
 from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
@@ -166,10 +170,12 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
             if found:
                 entry[1].extend(found)
 
+    launcher = LauncherLog(Path(path), 0)
     cut = 0
     n_records = 0
     for fl in _lines(path, cfg, prefetch):
         cut += fl.cut
+        launcher.feed(fl.text.encode("utf-8", "replace"))
         recs = parser.feed(fl.text, fl.lineno, cut=fl.cut, clean=fl.clean)
         if recs:
             n_records += len(recs)
@@ -180,6 +186,7 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
     for eng, found in engines.values():
         found.extend(eng.finish())
     _merge_launcher_crashes(engines)
+    _gave_up(launcher, engines, RankEngine(cfg.detectors, name_rank, path))
     said = frozenset(r for r in engines if r is not None)
     if not engines:
         engines[name_rank] = (RankEngine(cfg.detectors, name_rank, path), [])
@@ -198,6 +205,33 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
         said=said,
         fell_back=fell_back,
     )
+
+
+def _gave_up(
+    launcher: LauncherLog, engines: dict[int | None, tuple[RankEngine, list[Finding]]], spare: RankEngine
+) -> None:
+    """torchrun's final failure box after failed attempts it restarted: its restarts are used
+    up and the job is dead, as the live agent tells it (``restarts_exhausted``), counted from
+    the log's failure lines since no worker environment is read here."""
+    used = launcher.restarts_used()
+    if not used:
+        return
+    root = launcher.root_cause
+    entry = engines.get(root[0]) if root is not None else None
+    state = entry[0].state if entry is not None else None
+    cause = pick_cause(state)[0] if state is not None else None
+    f = restarts_exhausted(
+        restarts=used,
+        max_restarts=used,  # the box comes only when none is left
+        status=1,  # torchrun's own exit on ChildFailedError
+        root_rank=root[0] if root is not None else None,
+        root_step=state.last_step if state is not None else None,
+        cause=cause.summary if cause is not None else None,
+    )
+    f.path = spare.state.path
+    if entry is None:
+        entry = engines.get(None) or engines.setdefault(spare.state.rank, (spare, []))
+    entry[1].append(f)
 
 
 def _renumbered(
@@ -279,12 +313,37 @@ def _fold_launcher_boxes(reports: list[RankReport], by_rank: dict[int | None, li
                     rep.findings.remove(box)
 
 
+def _worker_steps(places: Sequence[LogPlace], results: Sequence[FileResult]) -> None:
+    """A torchrun worker's steps are in its stdout.log, its traceback in its stderr.log: a
+    finding of one file with no step of its own is at the last step of the same process (its
+    worker folder, so of its own attempt: a restart's new process has another folder)."""
+    last: dict[tuple[str, int | None], int] = {}
+    for place, res in zip(places, results, strict=True):
+        if place.worker is None:
+            continue
+        for eng, _ in res.ranks:
+            st = eng.state
+            if st.last_step is not None:
+                key = (place.worker, st.rank)
+                last[key] = max(last.get(key, st.last_step), st.last_step)
+    for place, res in zip(places, results, strict=True):
+        if place.worker is None:
+            continue
+        for eng, found in res.ranks:
+            step = last.get((place.worker, eng.state.rank))
+            for f in found:
+                if f.step is None and step is not None:
+                    f.step = step
+
+
 def _one_state_per_rank(
-    states: Sequence[RankState], by_rank: dict[int | None, list[Finding]]
+    states: Sequence[RankState], by_rank: dict[int | None, list[Finding]], workers: dict[str, str | None]
 ) -> list[RankState]:
     """The cross-rank judgement weighs ranks, not files: a rank in several files (a torchrun
     worker's stdout.log and stderr.log) is weighed by the steps of the file that has the most,
-    and named by the file that holds its first own failure (where its traceback is)."""
+    and named by the file that holds its first own failure (where its traceback is). A rank
+    that failed is weighed by the files of the process that failed (``workers``: file -> its
+    worker folder), not by a later attempt's new process."""
     mine: dict[int | None, list[RankState]] = {}
     for st in states:
         mine.setdefault(st.rank, []).append(st)
@@ -293,10 +352,13 @@ def _one_state_per_rank(
         if len(group) == 1:
             out.extend(group)
             continue
-        st = copy.copy(max(group, key=lambda s: s.step_count))
         own = [f for f in by_rank.get(rank, []) if f.kind in OWN_FAILURES and f.path is not None]
-        if own:
-            st.path = min(own, key=lambda f: (f.time is None, f.time or 0.0, f.line or 0)).path
+        first = min(own, key=lambda f: (f.time is None, f.time or 0.0, f.line or 0)).path if own else None
+        folder = workers.get(first) if first is not None else None
+        same = [s for s in group if folder is not None and workers.get(s.path or "") == folder]
+        st = copy.copy(max(same or group, key=lambda s: s.step_count))
+        if first is not None:
+            st.path = first
         out.append(st)
     return out
 
@@ -341,6 +403,7 @@ def analyze(paths: Sequence[str], cfg: Config, *, jobs: int | None = None) -> An
     places = places_of(paths)
     results = _file_results(paths, cfg, jobs, [p.rank for p in places])
     _worker_ranks(places, results)
+    _worker_steps(places, results)
     for path, res in zip(paths, results, strict=True):
         for eng, found in res.ranks:
             st = eng.state
@@ -363,7 +426,10 @@ def analyze(paths: Sequence[str], cfg: Config, *, jobs: int | None = None) -> An
                 )
             )
     _fold_launcher_boxes(reports, by_rank)
-    extra = cross_rank(_one_state_per_rank(states, by_rank), by_rank, settings_of(cfg, RankLagConfig))
+    workers = {str(p): place.worker for p, place in zip(paths, places, strict=True)}
+    extra = cross_rank(
+        _one_state_per_rank(states, by_rank, workers), by_rank, settings_of(cfg, RankLagConfig)
+    )
     for f in extra:
         for rep in reports:
             if rep.rank == f.rank and rep.path == f.path:

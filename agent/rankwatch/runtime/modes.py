@@ -949,6 +949,20 @@ class _ProcessWatch:
             None,
         )
 
+    def _follow_new_files(self, w: RankWatcher, logs: Sequence[Path]) -> None:
+        """A restarted rank's output goes where its new process's does: torchelastic gives each
+        attempt its own files (``--log-dir D --redirects``: ``D/<run>/attempt_<n>/<local
+        rank>/``), so the new ones are followed from their start in the same pipeline and the
+        old ones, nothing more coming to them, are read to their end and closed. A file both
+        processes write (``torchrun ... > job.log``) is followed on."""
+        new = [p for p in logs if p not in {Path(s.path) for s in w.streams}]
+        if not new:
+            return
+        old = [Path(s.path) for s in w.streams if Path(s.path) not in set(logs)]
+        w.follow_instead(old, new)
+        self.shared.add(w, new)
+        log.info("rank %s restarted: following %s", w.rank, ", ".join(map(str, new)))
+
     def _left_behind(self, found: _Found, ident: Identity) -> bool:
         """A rank's own child that outlives it (its DataLoader worker after a SIGKILL, with the
         rank's command line and RANK) is no restart of the rank: it was born while the rank was
@@ -982,6 +996,7 @@ class _ProcessWatch:
                 continue
             again = self._restarted(ident)
             if again is not None:
+                self._follow_new_files(again, seen[pid].logs)
                 again.attach(pid, seen[pid].prober)  # the rank restarted: same state and labels
             else:
                 self._add_process(pid, seen[pid])

@@ -594,6 +594,19 @@ class LauncherLog:
         # The box's "Root Cause (first observed failure)": (rank, exit status) of that worker.
         self.root_cause: tuple[int, int] | None = None
         self._in_root = False
+        # The pids of each failed attempt: the failure lines torchrun logs together on one poll,
+        # a new attempt's after any other line (its new workers' output, its own log lines).
+        self.attempts: list[set[int]] = []
+        self._gap = False
+
+    def restarts_used(self) -> int:
+        """The failed attempts before the last one, whose workers the final failure box names:
+        torchelastic restarts a failed group while it has restarts left and prints the box
+        (``ChildFailedError``) only when none is left, so with a box these are the restarts it
+        allowed, all used (0 while no box is read)."""
+        if not self.boxed:
+            return 0
+        return sum(1 for pids in self.attempts if not pids & self.boxed.keys())
 
     def fate(self, pid: int) -> tuple[int | None, int | None]:
         """(exit status, stop signal the launcher sent): its failure line first, then a stop
@@ -621,30 +634,39 @@ class LauncherLog:
         lines = (self._rest + data).split(b"\n")
         self._rest = lines.pop()[-4096:]
         for raw in lines:
-            if b"Root Cause" in raw:
-                self._in_root = True
-                continue
-            if b"rank" in raw and (r := _BOX_RANK_RE.search(raw.decode("utf-8", "replace"))) is not None:
-                self._box_rank = (int(r.group(1)), int(r.group(2)))
-                continue
-            if b"exitcode" not in raw and b"closing signal" not in raw:
-                continue
-            text = raw.decode("utf-8", "replace")
-            m = _FAILED_RE.search(text)
-            if m is not None:
-                self.failed[int(m.group(3))] = int(m.group(1))
-            b = _BOX_RE.search(text)
-            if b is not None:
-                self.boxed[int(b.group(2))] = int(b.group(1))
-                if self._box_rank is not None:
-                    self.ranks[int(b.group(2))] = self._box_rank
-                    if self._in_root:
-                        self.root_cause = (self._box_rank[0], int(b.group(1)))
-                self._box_rank, self._in_root = None, False
-            c = _CLOSING_RE.search(text)
-            if c is not None:
-                with contextlib.suppress(AttributeError):
-                    self.stopped[int(c.group(1))] = int(getattr(signal, c.group(2)))
+            self.feed(raw)
+
+    def feed(self, raw: bytes) -> None:
+        """One line of the launcher's log (``analyze`` feeds a finished log's lines here)."""
+        if b"Root Cause" in raw:
+            self._in_root = True
+            return
+        if b"rank" in raw and (r := _BOX_RANK_RE.search(raw.decode("utf-8", "replace"))) is not None:
+            self._box_rank = (int(r.group(1)), int(r.group(2)))
+            return
+        if b"exitcode" not in raw and b"closing signal" not in raw:
+            self._gap = self._gap or bool(raw.strip())
+            return
+        text = raw.decode("utf-8", "replace")
+        m = _FAILED_RE.search(text)
+        if m is not None:
+            self.failed[int(m.group(3))] = int(m.group(1))
+            if self._gap or not self.attempts:
+                self.attempts.append(set())
+            self.attempts[-1].add(int(m.group(3)))
+            self._gap = False
+        b = _BOX_RE.search(text)
+        if b is not None:
+            self.boxed[int(b.group(2))] = int(b.group(1))
+            if self._box_rank is not None:
+                self.ranks[int(b.group(2))] = self._box_rank
+                if self._in_root:
+                    self.root_cause = (self._box_rank[0], int(b.group(1)))
+            self._box_rank, self._in_root = None, False
+        c = _CLOSING_RE.search(text)
+        if c is not None:
+            with contextlib.suppress(AttributeError):
+                self.stopped[int(c.group(1))] = int(getattr(signal, c.group(2)))
 
 
 class Fleet:
