@@ -8,12 +8,16 @@ Permission problems are made real by running the CLI as root stripped of every c
 from __future__ import annotations
 
 import asyncio
+import bz2
+import gzip
 import io
 import logging
+import lzma
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -74,6 +78,25 @@ def test_analyze_dash_reads_standard_input() -> None:
     assert proc.returncode == 1, proc.stderr  # findings
     assert "CRITICAL oom" in proc.stdout and "rank 1  -:417" in proc.stdout, proc.stdout
     _one_line(_rankwatch("analyze", "-", "-", input=""), "standard input can be read once")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("pack", [gzip.compress, bz2.compress, lzma.compress])
+def test_analyze_dash_reads_a_compressed_standard_input(
+    tmp_path: Path, pack: Callable[[bytes], bytes]
+) -> None:
+    """`gzip -c slurm-1234.out | rankwatch analyze -` (s38 g35's form): read as the text it holds,
+    as a compressed file is; a format it cannot read is one line and exit 2."""
+    packed = tmp_path / "log.packed"
+    packed.write_bytes(pack(HF_OOM.read_bytes()))
+    with packed.open("rb") as log:
+        proc = _rankwatch("analyze", "-", stdin=log)
+    assert proc.returncode == 1, proc.stderr
+    assert "CRITICAL oom" in proc.stdout and "rank 1  -:417" in proc.stdout, proc.stdout
+    zstd = tmp_path / "log.zst"
+    zstd.write_bytes(b"\x28\xb5\x2f\xfd" + b"\0" * 64)
+    with zstd.open("rb") as log:
+        _one_line(_rankwatch("analyze", "-", stdin=log), "<stdin>: zstd-compressed", "zstd -dc")
 
 
 @pytest.mark.process

@@ -28,7 +28,7 @@ from rankwatch.errorkinds import OWN_FAILURES
 from rankwatch.records import Finding, Severity
 from rankwatch.runtime.workers import LauncherLog
 from rankwatch.sanitize import visible
-from rankwatch.sources.compressed import compression_of, open_decompressed, require_readable
+from rankwatch.sources.compressed import compression_of, open_decompressed, require_readable, stream_text
 from rankwatch.sources.lines import NOISE, FollowedLine, read_lines
 from rankwatch.sources.logfiles import LogPlace, log_place, places_of
 from rankwatch.sources.logparser import LogParser
@@ -132,8 +132,9 @@ STDIN = "-"  # ``rankwatch analyze -``: the log on standard input (``kubectl log
 def _lines(path: str, cfg: Config, prefetch: bool) -> Iterator[FollowedLine]:
     limit, encoding = cfg.logs.max_line_bytes, cfg.logs.encoding
     if path == STDIN:  # read in this process, as it comes (a pipe has no size and no second reader)
-        fd = os.dup(sys.stdin.fileno())
-        return read_lines(fd, max_line_bytes=limit, drop=NOISE, label="<stdin>", encoding=encoding)
+        raw = open(os.dup(sys.stdin.fileno()), "rb")  # noqa: SIM115 - closed by read_lines
+        text = stream_text(raw, "<stdin>")  # gzip -c log | rankwatch analyze -
+        return read_lines(text, max_line_bytes=limit, drop=NOISE, label="<stdin>", encoding=encoding)
     kind = compression_of(path)
     if prefetch and os.name == "posix" and encoding == "utf-8":  # the reading child decodes UTF-8
         st = os.stat(path)

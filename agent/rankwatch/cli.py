@@ -123,14 +123,19 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         if not found:
             raise UsageError("no line of these logs looks like a record a pattern could be drafted from")
         return 0
-    if sys.stderr.isatty() and not args.quiet and not args.no_progress:
-        from rankwatch.progress import DELAY, Progress
+    from rankwatch.sources.compressed import UnreadableCompression
 
-        delay = float(os.environ.get("RANKWATCH_PROGRESS_DELAY", DELAY))
-        with Progress(paths, sys.stderr, delay=delay):
+    try:  # a file's compression is checked above; standard input's only when it is read
+        if sys.stderr.isatty() and not args.quiet and not args.no_progress:
+            from rankwatch.progress import DELAY, Progress
+
+            delay = float(os.environ.get("RANKWATCH_PROGRESS_DELAY", DELAY))
+            with Progress(paths, sys.stderr, delay=delay):
+                result = analyze(paths, cfg, jobs=args.jobs)
+        else:
             result = analyze(paths, cfg, jobs=args.jobs)
-    else:
-        result = analyze(paths, cfg, jobs=args.jobs)
+    except UnreadableCompression as e:
+        raise UsageError(str(e)) from None
     if not result.recognised_any:
         # A wrong path or an unknown format must not read as a healthy run.
         names = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")

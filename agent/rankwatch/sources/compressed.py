@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import logging
 import lzma
 import os
@@ -25,6 +26,7 @@ __all__ = [
     "compression_of",
     "open_decompressed",
     "require_readable",
+    "stream_text",
 ]
 
 log = logging.getLogger("rankwatch.compressed")
@@ -113,11 +115,16 @@ class _Decompressed:
 
 def require_readable(kind: str, label: str) -> None:
     """Raise ``UnreadableCompression``, naming the file and what to do, unless ``kind`` is read here."""
-    if kind not in READABLE:
-        raise UnreadableCompression(
-            f"{label}: {kind}-compressed, which rankwatch cannot read (it reads gzip, bzip2 and xz); "
-            + (f"decompress it first: zstd -d {label}" if kind == "zstd" else "decompress it first")
-        )
+    if kind in READABLE:
+        return
+    tool = "zstd" if kind == "zstd" else kind
+    if label == "<stdin>":
+        fix = f"decompress it in the pipe: {tool} -dc FILE | rankwatch analyze -"
+    else:
+        fix = f"decompress it first: zstd -d {label}" if kind == "zstd" else "decompress it first"
+    raise UnreadableCompression(
+        f"{label}: {kind}-compressed, which rankwatch cannot read (it reads gzip, bzip2 and xz); {fix}"
+    )
 
 
 def open_decompressed(source: str | os.PathLike[str] | int, kind: str, label: str | None = None) -> BinaryIO:
@@ -127,3 +134,14 @@ def open_decompressed(source: str | os.PathLike[str] | int, kind: str, label: st
     require_readable(kind, name)
     raw = open(source, "rb")  # noqa: SIM115 - closed by the stream
     return _Decompressed(raw, kind, name)  # type: ignore[return-value]
+
+
+def stream_text(raw: io.BufferedReader, label: str) -> BinaryIO:
+    """A stream that may be compressed (``gzip -c log | rankwatch analyze -``): known by its
+    first bytes, which ``peek`` shows without taking them (a pipe cannot be read twice)."""
+    head = raw.peek(6)[:6]
+    for magic, kind in _MAGIC:
+        if head.startswith(magic):
+            require_readable(kind, label)
+            return _Decompressed(raw, kind, label)  # type: ignore[return-value]
+    return raw
