@@ -33,7 +33,7 @@ _MP_HEADER = re.compile(r"^Process \S+:$")
 
 @register
 class ExitDetector(Detector):
-    kinds = ("process_exit", "crash")
+    kinds = ("process_exit", "crash", "restarts_exhausted")  # the last: restarts_exhausted() below
     # Progress: the run's step, for a launcher's worker that prints none of its own.
     accepts = (ProcessExit, Progress, ProcessStart)
     section = "process"  # process.tail_lines: the output kept for the crash's evidence
