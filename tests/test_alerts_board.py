@@ -924,3 +924,28 @@ def test_a_crash_after_the_suspects_warning_pages_across_agents(tmp_path: Path) 
         ], got
 
     asyncio.run(go())
+
+
+def test_a_peers_member_keeps_its_user(tmp_path: Path) -> None:
+    """s38 g15: one sidecar per rank, each rank's finding carries its process's user; the one
+    grouped message names that user for the peer's member too (the webhook's ``user`` is the
+    suspect's member's, often a peer's)."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        pairs = [agent(tmp_path, r, 2, clock, board) for r in range(2)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        async with all_running(ds):
+            for r in range(2):
+                f = stall(r)
+                f.user = "alice"
+                ds[r].send(f)
+            await until(lambda: all(state(board, r) == "firing" for r in range(2)))
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) == 1)
+            await tick(ds, clock, 2.1)
+        [a] = sent(sinks)
+        assert [(m.rank, m.user) for m in a.members] == [(0, "alice"), (1, "alice")]
+
+    asyncio.run(go())

@@ -956,6 +956,32 @@ def test_spawn_exited_line_alone_is_a_crash_of_that_process(line: str, rank: int
     assert [(e.kind, e.rank) for e in errs] == [("crash", rank)]
 
 
+def test_spawn_worker_killed_traceback_is_that_ranks_kill_by_signal() -> None:
+    """s38 g21: a real ``rankwatch run -- python spawn5.py`` log (torch 2.13), worker 1 SIGKILLed:
+    the launcher's ProcessExitedException traceback is rank 1's crash, told as the signal."""
+    text = (Path(__file__).parent / "data/blackbox/s38/repro/g21/rank-0.log").read_text()
+    errs = [r for r in records(text) if isinstance(r, ErrorRecord)]
+    assert [(e.kind, e.rank) for e in errs] == [("crash", 1)]
+    assert "killed by signal 9 (SIGKILL)" in errs[0].summary
+    assert errs[0].details["signal"] == "SIGKILL"
+
+
+@pytest.mark.parametrize(
+    ("last", "told"),
+    [
+        # torch/multiprocessing/spawn.py ProcessContext.join, its two ProcessExitedException texts
+        ("process 1 terminated with signal SIGSEGV", "killed by signal 11 (SIGSEGV)"),
+        ("process 1 terminated with exit code 3", "terminated with exit code 3"),
+    ],
+)
+def test_spawn_exited_traceback_variants_name_the_process_and_how(last: str, told: str) -> None:
+    text = (Path(__file__).parent / "data/blackbox/s38/repro/g21/rank-0.log").read_text()
+    text = text.replace("process 1 terminated with signal SIGKILL", last)
+    errs = [r for r in records(text) if isinstance(r, ErrorRecord)]
+    assert [(e.kind, e.rank) for e in errs] == [("crash", 1)]
+    assert told in errs[0].summary
+
+
 # CS15B001/HER_Improvements@67d25ccf4e96ff92f565a73f85c4030b32532ff3:Logs/output_256batch_largerbuffer
 # (OpenAI baselines HER on stdout): one framed table per epoch and no loss in it.
 HER = """

@@ -164,3 +164,43 @@ def test_spawn_worker_oom_is_one_alert_and_explains_the_scripts_exit(tmp_path: P
     assert "rank 1's oom finding above" in end["message"], debug
     firing = [a for a in alerts if a["status"] == "firing"]
     assert [(a["kind"], a["rank"], a["severity"]) for a in firing] == [("oom", 1, "critical")], debug
+
+
+@pytest.mark.timeout(300)
+def test_spawn_worker_sigkill_is_a_crash_of_that_rank_by_signal(tmp_path: Path) -> None:
+    """s38 g21: worker 1 of ``torch.multiprocessing.spawn`` is SIGKILLed at step 10; the script
+    exits 1 on ``ProcessExitedException: process 1 terminated with signal SIGKILL``. One critical
+    finding, rank 1's crash "killed by signal 9 (SIGKILL)" (not the script's "No error was
+    recognised"), the script's end an info ``process_exit`` naming it; one alert, on rank 1."""
+    tag = uuid.uuid4().hex
+    found = tmp_path / "f.jsonl"
+    env = job_env(
+        tag, {"FAULT": "sigkill", "FAULT_RANK": "1", "FAULT_STEP": "10", "MASTER_PORT": str(free_port())}
+    )
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url)
+        cmd = rankwatch(
+            "run", "--config", str(cfg), "--findings-jsonl", str(found), "--", sys.executable, str(SPAWN)
+        )
+        with open(tmp_path / "agent.out", "ab") as out:
+            agent = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        try:
+            rc = agent.wait(timeout=RUN_S)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+            left = reap_leftovers(tag)
+    rows = read_jsonl([found])
+    alerts = [json.loads(b) for b in posted]
+    debug = f"rc={rc}\n{[(f['kind'], f['rank'], f['message'][:300]) for f in rows]}\n{alerts}"
+    assert not left and rc == 1, debug
+    serious = [f for f in rows if f["severity"] != "info" and not f.get("resolved")]
+    assert [(f["kind"], f["rank"]) for f in serious] == [("crash", 1)], debug
+    assert "killed by signal 9 (SIGKILL)" in serious[0]["message"], debug
+    assert serious[0]["step"] is not None and serious[0]["step"] >= 9, debug
+    [end] = [f for f in rows if f["kind"] == "process_exit" and f["rank"] is None]
+    assert "rank 1's crash finding above" in end["message"], debug
+    firing = [a for a in alerts if a["status"] == "firing"]
+    assert [(a["kind"], a["rank"], a["severity"]) for a in firing] == [("crash", 1, "critical")], debug

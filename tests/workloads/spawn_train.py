@@ -5,13 +5,15 @@ any process's environment as the kernel shows it (/proc/<pid>/environ).
 ``FAULT=hang`` on ``FAULT_RANK`` from ``FAULT_STEP``: that rank sleeps forever in the training
 loop (a rank stuck in its own code); its peer blocks in DDP's gradient all-reduce.
 ``FAULT=cpuoom``: that rank asks the CPU allocator for 256 TiB, which fails at once (PyTorch's
-``DefaultCPUAllocator: can't allocate memory``), and the launcher re-raises it. Steps every
+``DefaultCPUAllocator: can't allocate memory``), and the launcher re-raises it. ``FAULT=sigkill``:
+that rank kills itself with SIGKILL (as the host's OOM killer would), printing nothing. Steps every
 ``STEP_S`` seconds, logging ``step=N loss=X rank=R`` lines.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -38,6 +40,8 @@ def train(rank: int, world: int) -> None:
         if FAULT == "hang" and rank == FAULT_RANK and step >= FAULT_STEP:
             while True:
                 time.sleep(1)
+        if FAULT == "sigkill" and rank == FAULT_RANK and step >= FAULT_STEP:
+            os.kill(os.getpid(), signal.SIGKILL)
         if FAULT == "cpuoom" and rank == FAULT_RANK and step >= FAULT_STEP:
             torch.empty(1 << 46, dtype=torch.float32)
         opt.zero_grad()

@@ -1005,7 +1005,7 @@ class _ProcessWatch:
         if len(self.watchers) == 1:
             only = self.watchers[0]
             if found[0] in seen and not self._left_behind(seen[found[0]], only.identity):
-                only.attach(found[0], seen[found[0]].prober)
+                self._attach_found(only, found[0], seen[found[0]])
             return
         by_rank = {w.rank: w for w in free}
         for pid in found:
@@ -1016,7 +1016,19 @@ class _ProcessWatch:
             w = by_rank.get(rank)
             if w is not None and not self._left_behind(seen[pid], w.identity):
                 del by_rank[w.rank]
-                w.attach(pid, seen[pid].prober)
+                self._attach_found(w, pid, seen[pid])
+
+    def _attach_found(self, w: RankWatcher, pid: int, seen: _Found) -> None:
+        """Attach a process found for a log's watcher (``--match`` with ``--log``, ``--pid`` with
+        ``--log``): what the log and the config do not say of the job's identity (its world size,
+        its user) is the process's own, as a node daemon reads it (``_identity_of``)."""
+        own = identity_of_process(self.cfg.run, seen.env, w.identity, user=seen.user, cgroup=seen.cgroup)
+        w.identity = dataclasses.replace(
+            w.identity,
+            world_size=w.identity.world_size if w.identity.world_size is not None else own.world_size,
+            user=w.identity.user if w.identity.user is not None else own.user,
+        )
+        w.attach(pid, seen.prober)
 
     async def assign(self, found: Sequence[int]) -> None:
         """Attach what ``found`` holds that no watcher has yet (read off the loop: ``_look``)."""

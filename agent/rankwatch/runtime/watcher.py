@@ -241,6 +241,8 @@ class RankWatcher:
             s.name: Poller(s, self.source_errors) for s in build_rank_sources(ctx, self.source_errors)
         }
         self._held: list[tuple[float, Finding]] = []
+        # Held crashes of other ranks this process printed as its own end (``_own_end``).
+        self._held_own: list[tuple[Finding, ErrorRecord]] = []
         self._stop = asyncio.Event()
         self.replayed: list[Finding] = []  # what the replayed history held, for the alert dispatcher
         self.history_fed = 0  # step records taken from the checkpoints' trainer_state.json
@@ -417,6 +419,8 @@ class RankWatcher:
             for f in found:
                 if f.kind == "crash" and not f.resolved and self.prober is not None and _may_be_handled(f):
                     self._held.append((now, f))
+                    if type(rec) is ErrorRecord and self._own_end(eng, f):
+                        self._held_own.append((f, rec))
                 else:
                     self.emit(f)
                     if type(rec) is ErrorRecord and f.kind == rec.kind:
@@ -448,6 +452,7 @@ class RankWatcher:
             else:
                 keep.append((t, f))
         self._held = keep
+        self._held_own = [(f, r) for f, r in self._held_own if any(h is f for _, h in keep)]
 
     def _thin(self, stream: Stream) -> Callable[[str], bool] | None:
         return stream.thin()
@@ -669,6 +674,15 @@ class RankWatcher:
         self.exited = True
         self.drain()
         held, self._held = self._held, []
+        own, self._held_own = self._held_own, []
+        for f, rec in own:
+            # The process died: the worker traceback it printed as its end (mp.spawn's join) was
+            # no handled exception but that worker's crash, and this exit is told by it.
+            if any(h is f for _, h in held):
+                held = [(t, h) for t, h in held if h is not f]
+                self.emit(f)
+                rec.reported = True
+                self.engine.state.errors.append(rec)
         event = ProcessExit(
             exit_code, signal, tuple(self.tail), requested, disk_full, wall=self.wall(), stopped_by=stopped_by
         )

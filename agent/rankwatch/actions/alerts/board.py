@@ -205,6 +205,10 @@ class Record:
         )
 
 
+# A user name as the OS gives it (useradd caps it at 32; LDAP names run longer).
+MAX_USER = 256
+
+
 def clean_member(m: Any, t: float) -> dict[str, Any]:
     """The member fields of a record with the types the message needs (odd ones left out)."""
     m = m if isinstance(m, dict) else {}
@@ -218,6 +222,7 @@ def clean_member(m: Any, t: float) -> dict[str, Any]:
         "dump_path": dump[:MAX_TEXT] if isinstance(dump, str) and dump else None,
         "starts_at": float(starts) if _is_time(starts) else float(t),
         "diagnosis": Diagnosis.from_json(m.get("diagnosis")),
+        "user": user[:MAX_USER] if isinstance(user := m.get("user"), str) and user else None,
     }
 
 

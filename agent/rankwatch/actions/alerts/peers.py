@@ -205,6 +205,7 @@ class PeerGroups:
             "dump_path": m.dump_path,
             "starts_at": m.starts_at,
             "diagnosis": m.diagnosis.to_json() if m.diagnosis is not None else None,
+            "user": m.user,  # whose process the rank is: the peer's message names it too
         }
         rec = Record(self.run, key[2], rank, state, when, self.node, severity.label, doc, key[3])
         self._outbox = [r for r in self._outbox if (r.kind, r.id) != (rec.kind, rec.id)]
@@ -613,4 +614,5 @@ def _peer(rec: Record) -> AlertMember:
         node=rec.node or None,
         subject=rec.subject,
         diagnosis=m.get("diagnosis") if isinstance(m.get("diagnosis"), Diagnosis) else None,
+        user=m.get("user") if isinstance(m.get("user"), str) else None,
     )

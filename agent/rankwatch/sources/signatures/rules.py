@@ -8,6 +8,7 @@ lines each rule may see and in what order they are tried.
 from __future__ import annotations
 
 import re
+import signal
 from typing import Any, NamedTuple
 
 from rankwatch.records import Severity
@@ -783,14 +784,19 @@ def _spawn_exited(t: str) -> Hit | None:
     d: dict[str, Any] = {"failed_rank": int(m[1]), "local_rank": int(m[1])}
     if m[2]:
         d["signal"] = m[2]
-        how = f"signal {m[2]}"
+        number = getattr(signal.Signals, m[2], None)
+        how = (
+            f"was killed by signal {int(number)} ({m[2]})"
+            if number is not None
+            else f"terminated with {m[2]}"
+        )
         if m[2] == "SIGKILL":
             d["killed"] = True
             how += " - SIGKILL usually means the host OOM killer"
     else:
         d["exitcode"] = int(m[3])
-        how = f"exit code {m[3]}"
-    summary = f"torch.multiprocessing.spawn: process {m[1]} terminated with {how}"
+        how = f"terminated with exit code {m[3]}"
+    summary = f"torch.multiprocessing.spawn: process {m[1]} {how}"
     return Hit("crash", _C, summary, d, ("spawn_exited", int(m[1])))
 
 

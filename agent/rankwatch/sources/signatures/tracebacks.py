@@ -505,6 +505,14 @@ class SignatureMatcher:
                         return []  # the framework's one-line report of this OOM came first
             elif details.get("exception", "").endswith("KeyboardInterrupt"):
                 severity = _W
+            else:
+                # torch.multiprocessing.spawn's join() on a child that died without a traceback of
+                # its own (a signal, an exit code): the child and how it ended, not the parent's
+                # exception text.
+                spawned = next((h for h in map(classify, (x for x, _, _ in p.exc)) if _spawned(h)), None)
+                if spawned is not None:
+                    summary = spawned.summary
+                    details = {**spawned.details, **details, "said_rank": spawned.details["failed_rank"]}
             if p.box:
                 summary = self._box_summary(p, details) or summary
         elif p.box:
@@ -575,3 +583,7 @@ class SignatureMatcher:
             if root["signal"] == "SIGKILL":
                 text += " - SIGKILL usually means the host OOM killer"
         return text
+
+
+def _spawned(h: Hit | None) -> bool:
+    return h is not None and h.key is not None and h.key[0] == "spawn_exited"
