@@ -1024,3 +1024,32 @@ def test_a_consequence_waits_no_longer_than_the_takeover_for_its_first_failure(t
         assert [(a.title, a.suspect) for a in sent(sinks)] == [("crash on rank 0, suspect rank 1", 1)]
 
     asyncio.run(go())
+
+
+def test_a_throughput_drop_after_its_stragglers_alert_is_part_of_it(tmp_path: Path) -> None:
+    """One agent per rank: rank 1's straggler alert goes out; rank 0's throughput drop that the
+    straggler verdict explains (its diagnosis names rank 1) comes later from its own agent and is
+    part of that alert, not a second "throughput_drop on rank 0" (black-box batch s38, g13)."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        pairs = [agent(tmp_path, r, 2, clock, board) for r in range(2)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        async with all_running(ds):
+            slow = Finding("straggler", Severity.WARNING, 1, "rank 1 is 3x slower", 40, time=clock.t)
+            slow.diagnosed(suspects=(1,))
+            ds[1].send(slow)
+            await until(lambda: state(board, 1, "straggler") == "firing")
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) >= 1)
+            drop = Finding("throughput_drop", Severity.WARNING, 0, "steps/s down 60%", 45, time=clock.t)
+            drop.diagnosed(suspects=(1,))
+            ds[0].send(drop)
+            await until(lambda: state(board, 0, "throughput_drop") == "firing")
+            for _ in range(3):
+                await tick(ds, clock, 5.1)
+            await until(lambda: ds[0].peer_stats["grouped_by_peer"] == 1)
+        assert [a.kind for a in sent(sinks)] == ["straggler"]
+
+    asyncio.run(go())
