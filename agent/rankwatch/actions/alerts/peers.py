@@ -365,12 +365,13 @@ class PeerGroups:
             if cause is not None and k[1] is not None and cause != k[1]:
                 causes[k] = (cause, m.starts_at)
                 ff = d.first_failure if d is not None else None
-                if family is FAILURE_FAMILY and ff is not None and ff.rank == cause and ff.kind != "exit":
+                # A failure its agent alerts (not a clean exit, not a kind of another family).
+                if family is FAILURE_FAMILY and ff is not None and ff.rank == cause and ff.kind in family:
                     awaited.add(cause)
         if not causes:
             return False
         firing: dict[int, list[float]] = {}
-        posted: set[int] = set()  # suspects with a firing record of the family on the board
+        posted: set[int] = set()  # suspects with a record of the family on the board
         present: set[int] = set()
         wanted = {cause for cause, _ in causes.values()}
         for kind in sorted(family):
@@ -378,12 +379,9 @@ class PeerGroups:
             if view is None:
                 return False  # in doubt, ours goes out
             present |= view.present
-            entries = [
-                e
-                for e in view.records.values()
-                if e.state == "firing" and not e.tag and e.rank in wanted and e.rank not in _ranks(g)
-            ]
-            posted |= {e.rank for e in entries}
+            theirs = [e for e in view.records.values() if not e.tag and e.rank in wanted - _ranks(g)]
+            posted |= {e.rank for e in theirs}
+            entries = [e for e in theirs if e.state == "firing"]
             if kind == g.kind:  # one still open is the board's to group with ours
                 entries = [e for e in entries if view.covered(e.member, "firing", e.us)]
             if not entries:
