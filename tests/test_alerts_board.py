@@ -926,6 +926,135 @@ def test_a_crash_after_the_suspects_warning_pages_across_agents(tmp_path: Path) 
     asyncio.run(go())
 
 
+def test_a_consequence_after_the_first_failures_alert_of_its_kind_is_part_of_it(tmp_path: Path) -> None:
+    """One agent per rank (srun): rank 1 raises and its crash alert goes out; rank 0's gloo
+    crash after it, naming rank 1, comes to its agent only later. It is part of rank 1's alert
+    already sent (its kind is the same, so no other kind's record takes it in), not a second
+    "crash on rank 0, suspect rank 1" (black-box batch s38, g47)."""
+    from rankwatch.records import FirstFailure
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        pairs = [agent(tmp_path, r, 2, clock, board) for r in range(2)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        first = FirstFailure(1, "crash", clock.t, "RuntimeError: bad batch")
+        async with all_running(ds):
+            own = Finding("crash", Severity.CRITICAL, 1, "RuntimeError: bad batch", 8, time=clock.t)
+            own.diagnosed(suspects=(1,), first_failure=first)
+            ds[1].send(own)
+            await until(lambda: state(board, 1, "crash") == "firing")
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) >= 1)
+            crash = Finding("crash", Severity.CRITICAL, 0, "rank 1 failed first", 7, time=clock.t)
+            crash.diagnosed(suspects=(1,), first_failure=first)
+            ds[0].send(crash)
+            await until(lambda: state(board, 0, "crash") == "firing")
+            for _ in range(3):
+                await tick(ds, clock, 5.1)
+            await until(lambda: ds[0].peer_stats["grouped_by_peer"] == 1)
+        assert [a.title for a in sent(sinks)] == ["crash on rank 1, suspect rank 1"]
+
+    asyncio.run(go())
+
+
+def test_a_consequence_waits_for_its_first_failures_record(tmp_path: Path) -> None:
+    """Rank 0's crash, naming rank 1 as the first failure, is judged before rank 1's agent
+    posts rank 1's own: rank 1's agent is on the board, so rank 0's waits for that record
+    rather than go out first as an alert of its own, and the job gets one message naming rank 1."""
+    from rankwatch.records import FirstFailure
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        path = board_path(str(board), None, RUN)
+        assert path is not None
+        pairs = [agent(tmp_path, r, 3, clock, board) for r in range(3)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        first = FirstFailure(1, "crash", clock.t, "RuntimeError: bad batch")
+        async with all_running(ds):
+            await until(lambda: all((path / "present" / f"r{r}.json").exists() for r in range(3)))
+            crash = Finding("crash", Severity.CRITICAL, 0, "rank 1 failed first", 7, time=clock.t)
+            crash.diagnosed(suspects=(1,), first_failure=first)
+            ds[0].send(crash)
+            await until(lambda: state(board, 0, "crash") == "firing")
+            await tick(ds, clock, 5.1)
+            await tick(ds, clock, 2.1)
+            assert sent(sinks) == []  # waiting for rank 1's record
+            own = Finding("crash", Severity.CRITICAL, 1, "RuntimeError: bad batch", 8, time=clock.t)
+            own.diagnosed(suspects=(1,), first_failure=first)
+            ds[1].send(own)
+            await until(lambda: state(board, 1, "crash") == "firing")
+            for _ in range(4):
+                await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) >= 1)
+            for _ in range(3):
+                await tick(ds, clock, 5.1)
+        [alert] = sent(sinks)
+        assert alert.suspect == 1 and {m.rank for m in alert.members} <= {0, 1}, alert.title
+
+    asyncio.run(go())
+
+
+def test_a_consequence_waits_no_longer_than_the_takeover_for_its_first_failure(tmp_path: Path) -> None:
+    """Rank 0's crash names rank 1 as the first failure, and rank 1's agent is on the board but
+    never posts a failure (it died with its rank): rank 0's crash goes out after
+    ``alerts.board_takeover``, still naming rank 1, not never."""
+    from rankwatch.records import FirstFailure
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        path = board_path(str(board), None, RUN)
+        assert path is not None
+        pairs = [agent(tmp_path, r, 2, clock, board) for r in range(2)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        first = FirstFailure(1, "crash", clock.t, "RuntimeError: bad batch")
+        async with all_running(ds):
+            await until(lambda: all((path / "present" / f"r{r}.json").exists() for r in range(2)))
+            crash = Finding("crash", Severity.CRITICAL, 0, "rank 1 failed first", 7, time=clock.t)
+            crash.diagnosed(suspects=(1,), first_failure=first)
+            ds[0].send(crash)
+            await until(lambda: state(board, 0, "crash") == "firing")
+            await tick(ds, clock, 5.1)
+            await tick(ds, clock, TAKEOVER - 2)
+            assert sent(sinks) == []
+            await tick(ds, clock, 2.1)
+            await until(lambda: len(sent(sinks)) >= 1)
+        assert [(a.title, a.suspect) for a in sent(sinks)] == [("crash on rank 0, suspect rank 1", 1)]
+
+    asyncio.run(go())
+
+
+def test_a_throughput_drop_after_its_stragglers_alert_is_part_of_it(tmp_path: Path) -> None:
+    """One agent per rank: rank 1's straggler alert goes out; rank 0's throughput drop that the
+    straggler verdict explains (its diagnosis names rank 1) comes later from its own agent and is
+    part of that alert, not a second "throughput_drop on rank 0" (black-box batch s38, g13)."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        board = tmp_path / "board"
+        pairs = [agent(tmp_path, r, 2, clock, board) for r in range(2)]
+        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
+        async with all_running(ds):
+            slow = Finding("straggler", Severity.WARNING, 1, "rank 1 is 3x slower", 40, time=clock.t)
+            slow.diagnosed(suspects=(1,))
+            ds[1].send(slow)
+            await until(lambda: state(board, 1, "straggler") == "firing")
+            await tick(ds, clock, 5.1)
+            await until(lambda: len(sent(sinks)) >= 1)
+            drop = Finding("throughput_drop", Severity.WARNING, 0, "steps/s down 60%", 45, time=clock.t)
+            drop.diagnosed(suspects=(1,))
+            ds[0].send(drop)
+            await until(lambda: state(board, 0, "throughput_drop") == "firing")
+            for _ in range(3):
+                await tick(ds, clock, 5.1)
+            await until(lambda: ds[0].peer_stats["grouped_by_peer"] == 1)
+        assert [a.kind for a in sent(sinks)] == ["straggler"]
+
+    asyncio.run(go())
+
+
 def test_a_peers_member_keeps_its_user(tmp_path: Path) -> None:
     """s38 g15: one sidecar per rank, each rank's finding carries its process's user; the one
     grouped message names that user for the peer's member too (the webhook's ``user`` is the

@@ -296,6 +296,31 @@ def test_a_sigkilled_rank_is_named(tmp_path: Path, form: str) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_srun_with_the_default_board_sends_one_alert_for_a_crash(tmp_path: Path) -> None:
+    """The README's srun form as a user writes it: one ``rankwatch run`` per rank, no
+    ``alerts.board_dir`` (the board in the run folder under ``dumps.dir``), no run name (the
+    job's own). Rank 1 raises at step 8 and its crash alert goes out; rank 0's gloo crash after
+    it, judged later by its own agent, names rank 1 and is part of that alert, not a second
+    "crash on rank 0, suspect rank 1" (black-box batch s38, g47)."""
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url, board=None, named=False)
+        assert "board_dir" not in cfg.read_text()
+        c = finish(one_agent_per_rank(tmp_path, cfg, WORLD, fault("raise")), tmp_path, posted)
+    assert c.rc not in (0, None), c.debug()
+    assert c.on(1, "crash"), c.debug()
+    assert (tmp_path / "dumps" / "4242" / ".alerts" / "crash").is_dir(), c.debug()
+    named_after_rank_1(c)
+    # One alert, rank 1's: alone ("crash on rank 1") or, when both records wait on the board at
+    # once, the one message the lowest rank sends for both; never a second one for rank 0.
+    failures = [a for a in c.firing() if a["kind"] != "stall"]
+    assert len(failures) == 1 and failures[0]["kind"] == "crash", c.debug()
+    alert = failures[0]
+    assert (alert["rank"], alert["suspect"]) == (1, 1), c.debug()
+    assert alert["summary"].endswith(", suspect rank 1"), c.debug()
+    no_agent_failed(c)
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("form", [*NEW_FORMS])
 def test_a_rank_that_leaves_early_is_named(tmp_path: Path, form: str) -> None:
     """Rank 1 returns from main with status 0 at step 30 while rank 0 enters the next

@@ -118,24 +118,25 @@ def agent_config(
     url: str | None = None,
     floor: str = "4s",
     extra: str = "",
-    board: bool = False,
+    board: bool | None = False,
     named: bool = True,
     stall: str = "",
     grace: str = "120s",
 ) -> Path:
     """The agents' config: a short stall floor (the workload steps every ~50 ms), the loopback
     webhook, and a run folder shared by the agents of one job when there are several
-    (``board``: one alert per problem between them). ``named``: the run's name is the one the
-    user chose (``run.name``); else each job's is read from its processes (Slurm's job id,
+    (``board``: one alert per problem between them; None: ``alerts.board_dir`` not set, as a
+    user's config has it: the board in the run folder under ``dumps.dir``). ``named``: the run's
+    name is the one the user chose (``run.name``); else each job's is read from its processes (Slurm's job id,
     torchrun's run id), by the node daemon and under ``run -- torchrun`` alike. ``stall``: more
     keys of the stall rule (``", silent_rank_timeout: 10s"``); ``grace``: its startup grace."""
     cfg = tmp / "rw.yaml"
     alerts = ""
     if url is not None:
-        board_dir = f"{tmp / 'board'}" if board else "''"
+        board_dir = "" if board is None else f" board_dir: {tmp / 'board' if board else repr('')},"
         alerts = (
             f"alerts: {{startup_quiet: 0s, group_wait: 1s, spool_dir: {tmp / 'spool'},"
-            f" board_dir: {board_dir}, webhook: {{urls: ['{url}']}}}}\n"
+            f"{board_dir} webhook: {{urls: ['{url}']}}}}\n"
         )
     cfg.write_text(
         (f"run: {{name: job-{uuid.uuid4().hex[:8]}}}\n" if named else "")

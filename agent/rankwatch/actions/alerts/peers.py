@@ -62,7 +62,7 @@ from rankwatch.actions.alerts.board import (
     stamp,
 )
 from rankwatch.actions.alerts.message import AlertMember
-from rankwatch.actions.alerts.policy import FAILURE_FAMILY, FOLD_WINDOW_S, Group, Key
+from rankwatch.actions.alerts.policy import FAILURE_FAMILY, FOLD_WINDOW_S, SLOWDOWN_FAMILY, Group, Key
 from rankwatch.offloop import in_daemon
 from rankwatch.records import Diagnosis, Severity
 
@@ -301,11 +301,15 @@ class PeerGroups:
         if self._drop_covered(g, view, now):
             self._drop(h)
             return
-        if g.status == "firing" and await self._drop_folded(g, now):
+        folded = await self._drop_folded(g, now) if g.status == "firing" else False
+        if folded:
             self._drop(h)
             return
         if h not in self._held:
             return
+        if folded is None and not closing and now < h.since + self.takeover:
+            h.next_check = min(h.since + self.takeover, now + self._poll())
+            return  # the first failure's record is on its way: fold into it, not before it
         open_members = view.open(g.status)
         mine = _members(g)
         if not mine or not mine <= set(open_members):  # our record is not there: the board lost it
@@ -333,32 +337,54 @@ class PeerGroups:
                 g.members.pop(k, None)
         return not g.members
 
-    async def _drop_folded(self, g: Group, now: float) -> bool:
-        """Our failures that follow another rank's (the first failure their diagnosis names),
-        when that rank's failure alert of another kind is on the board: one problem, one message
-        across agents, that rank's (its agent sends it; ``policy._problem_of`` does the same
-        within one agent), when that alert is at least as severe as ours. A rank's OOM and its
-        peers' gloo crashes after it are one alert, not an OOM alert and a "crash on 3 of 4
-        ranks" one. Failures of one kind are grouped by the board already. True when none of
-        ours is left to send."""
-        if g.kind not in FAILURE_FAMILY:
+    async def _drop_folded(self, g: Group, now: float) -> bool | None:
+        """Our alerts that follow another rank's problem (the rank their diagnosis names), when
+        that rank's alert of the same family is on the board: one problem, one message across
+        agents, that rank's (its agent sends it; ``policy._problem_of`` does the same within one
+        agent), when that alert is at least as severe as ours. A rank's OOM and its peers' gloo
+        crashes after it are one alert, not an OOM alert and a "crash on 3 of 4 ranks" one; a
+        straggler and the throughput drops it explains are one alert. Of our own kind only a
+        record already sent (or claimed) takes ours in: one still open is grouped with ours by
+        the board (one message for both). True when none of ours is left to send; None when a
+        failure of ours names a first failure whose rank's agent is on the board but has no
+        failure record there yet (its agent posts it within moments: we wait for it, up to
+        ``takeover``, rather than send the consequence first as an alert of its own)."""
+        family = (
+            FAILURE_FAMILY
+            if g.kind in FAILURE_FAMILY
+            else SLOWDOWN_FAMILY
+            if g.kind in SLOWDOWN_FAMILY
+            else None
+        )
+        if family is None:
             return False
         causes: dict[Key, tuple[int, float]] = {}
+        awaited: set[int] = set()  # first failures of other ranks, named by a failure of ours
         for k, m in g.members.items():
-            cause = m.diagnosis.suspect if m.diagnosis is not None else None
+            d = m.diagnosis
+            cause = d.suspect if d is not None else None
             if cause is not None and k[1] is not None and cause != k[1]:
                 causes[k] = (cause, m.starts_at)
+                ff = d.first_failure if d is not None else None
+                # A failure its agent alerts (not a clean exit, not a kind of another family).
+                if family is FAILURE_FAMILY and ff is not None and ff.rank == cause and ff.kind in family:
+                    awaited.add(cause)
         if not causes:
             return False
         firing: dict[int, list[float]] = {}
+        posted: set[int] = set()  # suspects with a record of the family on the board
+        present: set[int] = set()
         wanted = {cause for cause, _ in causes.values()}
-        for kind in sorted(FAILURE_FAMILY - {g.kind}):
+        for kind in sorted(family):
             view = await self._io(self.board.view, kind, self.wall(), sorted(_ranks(g)))
             if view is None:
                 return False  # in doubt, ours goes out
-            entries = [
-                e for e in view.records.values() if e.state == "firing" and not e.tag and e.rank in wanted
-            ]
+            present |= view.present
+            theirs = [e for e in view.records.values() if not e.tag and e.rank in wanted - _ranks(g)]
+            posted |= {e.rank for e in theirs}
+            entries = [e for e in theirs if e.state == "firing"]
+            if kind == g.kind:  # one still open is the board's to group with ours
+                entries = [e for e in entries if view.covered(e.member, "firing", e.us)]
             if not entries:
                 continue
             # Only an alert at least as severe as ours may take ours in: a crash after the
@@ -378,7 +404,11 @@ class PeerGroups:
             self.host.announced(g, folded, now)
             for k in folded:
                 g.members.pop(k, None)
-        return not g.members
+        if not g.members:
+            return True
+        if (awaited & present) - posted:
+            return None
+        return False
 
     def _alone(self, h: _Held, now: float) -> None:
         if h not in self._held:
