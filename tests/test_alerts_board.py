@@ -958,33 +958,45 @@ def test_a_consequence_after_the_first_failures_alert_of_its_kind_is_part_of_it(
     asyncio.run(go())
 
 
+def _board_agents(tmp: Path, clock: FakeClock, world: int) -> tuple[list[Any], list[Any]]:
+    """One agent per rank of ``world``, on one board (``tmp/board``): the dispatchers, their sinks."""
+    pairs = [agent(tmp, r, world, clock, tmp / "board") for r in range(world)]
+    return [d for d, _ in pairs], [s for _, s in pairs]
+
+
+async def _rank_0s_consequence_of_rank_1(board: Path, ds: list[Any], clock: FakeClock) -> Any:
+    """Every agent on the board, then rank 0's crash naming rank 1 as its first failure, posted
+    and past the group wait; returns that first failure (rank 1's own crash may follow)."""
+    from rankwatch.records import FirstFailure
+
+    path = board_path(str(board), None, RUN)
+    assert path is not None
+    await until(lambda: all((path / "present" / f"r{r}.json").exists() for r in range(len(ds))))
+    first = FirstFailure(1, "crash", clock.t, "RuntimeError: bad batch")
+    crash = Finding("crash", Severity.CRITICAL, 0, "rank 1 failed first", 7, time=clock.t)
+    crash.diagnosed(suspects=(1,), first_failure=first)
+    ds[0].send(crash)
+    await until(lambda: state(board, 0, "crash") == "firing")
+    await tick(ds, clock, 5.1)
+    return first
+
+
 def test_a_consequence_waits_for_its_first_failures_record(tmp_path: Path) -> None:
     """Rank 0's crash, naming rank 1 as the first failure, is judged before rank 1's agent
     posts rank 1's own: rank 1's agent is on the board, so rank 0's waits for that record
     rather than go out first as an alert of its own, and the job gets one message naming rank 1."""
-    from rankwatch.records import FirstFailure
 
     async def go() -> None:
         clock = FakeClock()
-        board = tmp_path / "board"
-        path = board_path(str(board), None, RUN)
-        assert path is not None
-        pairs = [agent(tmp_path, r, 3, clock, board) for r in range(3)]
-        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
-        first = FirstFailure(1, "crash", clock.t, "RuntimeError: bad batch")
+        ds, sinks = _board_agents(tmp_path, clock, 3)
         async with all_running(ds):
-            await until(lambda: all((path / "present" / f"r{r}.json").exists() for r in range(3)))
-            crash = Finding("crash", Severity.CRITICAL, 0, "rank 1 failed first", 7, time=clock.t)
-            crash.diagnosed(suspects=(1,), first_failure=first)
-            ds[0].send(crash)
-            await until(lambda: state(board, 0, "crash") == "firing")
-            await tick(ds, clock, 5.1)
+            first = await _rank_0s_consequence_of_rank_1(tmp_path / "board", ds, clock)
             await tick(ds, clock, 2.1)
             assert sent(sinks) == []  # waiting for rank 1's record
             own = Finding("crash", Severity.CRITICAL, 1, "RuntimeError: bad batch", 8, time=clock.t)
             own.diagnosed(suspects=(1,), first_failure=first)
             ds[1].send(own)
-            await until(lambda: state(board, 1, "crash") == "firing")
+            await until(lambda: state(tmp_path / "board", 1, "crash") == "firing")
             for _ in range(4):
                 await tick(ds, clock, 5.1)
             await until(lambda: len(sent(sinks)) >= 1)
@@ -1000,23 +1012,12 @@ def test_a_consequence_waits_no_longer_than_the_takeover_for_its_first_failure(t
     """Rank 0's crash names rank 1 as the first failure, and rank 1's agent is on the board but
     never posts a failure (it died with its rank): rank 0's crash goes out after
     ``alerts.board_takeover``, still naming rank 1, not never."""
-    from rankwatch.records import FirstFailure
 
     async def go() -> None:
         clock = FakeClock()
-        board = tmp_path / "board"
-        path = board_path(str(board), None, RUN)
-        assert path is not None
-        pairs = [agent(tmp_path, r, 2, clock, board) for r in range(2)]
-        ds, sinks = [d for d, _ in pairs], [s for _, s in pairs]
-        first = FirstFailure(1, "crash", clock.t, "RuntimeError: bad batch")
+        ds, sinks = _board_agents(tmp_path, clock, 2)
         async with all_running(ds):
-            await until(lambda: all((path / "present" / f"r{r}.json").exists() for r in range(2)))
-            crash = Finding("crash", Severity.CRITICAL, 0, "rank 1 failed first", 7, time=clock.t)
-            crash.diagnosed(suspects=(1,), first_failure=first)
-            ds[0].send(crash)
-            await until(lambda: state(board, 0, "crash") == "firing")
-            await tick(ds, clock, 5.1)
+            await _rank_0s_consequence_of_rank_1(tmp_path / "board", ds, clock)
             await tick(ds, clock, TAKEOVER - 2)
             assert sent(sinks) == []
             await tick(ds, clock, 2.1)

@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,16 +127,13 @@ def test_spawn_hang_names_the_hung_worker_and_ctrl_c_ends_the_whole_job(tmp_path
     assert "no suspect" not in text, text
 
 
-@pytest.mark.timeout(300)
-def test_spawn_worker_oom_is_one_alert_and_explains_the_scripts_exit(tmp_path: Path) -> None:
-    """s36 e25: worker 1 of ``torch.multiprocessing.spawn`` fails a real CPU allocation at step
-    10; the script re-raises it (``ProcessRaisedException``) and exits 1. One finding per death:
-    the oom on rank 1, and the script's end an info ``process_exit`` naming that oom (no second
-    critical ``crash`` saying "No error was recognised"); one alert, the oom on rank 1."""
+def _spawn_fault(tmp_path: Path, fault: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
+    """``rankwatch run -- python spawn_train.py`` with ``fault`` on worker 1 at step 10, to its end:
+    the findings, the alerts and a debug text; the script exited 1 and left nothing running."""
     tag = uuid.uuid4().hex
     found = tmp_path / "f.jsonl"
     env = job_env(
-        tag, {"FAULT": "cpuoom", "FAULT_RANK": "1", "FAULT_STEP": "10", "MASTER_PORT": str(free_port())}
+        tag, {"FAULT": fault, "FAULT_RANK": "1", "FAULT_STEP": "10", "MASTER_PORT": str(free_port())}
     )
     with webhook() as (url, posted):
         cfg = agent_config(tmp_path, url=url)
@@ -156,6 +154,16 @@ def test_spawn_worker_oom_is_one_alert_and_explains_the_scripts_exit(tmp_path: P
     alerts = [json.loads(b) for b in posted]
     debug = f"rc={rc}\n{[(f['kind'], f['rank'], f['message'][:300]) for f in rows]}\n{alerts}"
     assert not left and rc == 1, debug
+    return rows, alerts, debug
+
+
+@pytest.mark.timeout(300)
+def test_spawn_worker_oom_is_one_alert_and_explains_the_scripts_exit(tmp_path: Path) -> None:
+    """s36 e25: worker 1 of ``torch.multiprocessing.spawn`` fails a real CPU allocation at step
+    10; the script re-raises it (``ProcessRaisedException``) and exits 1. One finding per death:
+    the oom on rank 1, and the script's end an info ``process_exit`` naming that oom (no second
+    critical ``crash`` saying "No error was recognised"); one alert, the oom on rank 1."""
+    rows, alerts, debug = _spawn_fault(tmp_path, "cpuoom")
     serious = [f for f in rows if f["severity"] != "info" and not f.get("resolved")]
     assert [(f["kind"], f["rank"]) for f in serious] == [("oom", 1)], debug
     assert "can't allocate memory" in serious[0]["message"], debug
@@ -172,30 +180,7 @@ def test_spawn_worker_sigkill_is_a_crash_of_that_rank_by_signal(tmp_path: Path) 
     exits 1 on ``ProcessExitedException: process 1 terminated with signal SIGKILL``. One critical
     finding, rank 1's crash "killed by signal 9 (SIGKILL)" (not the script's "No error was
     recognised"), the script's end an info ``process_exit`` naming it; one alert, on rank 1."""
-    tag = uuid.uuid4().hex
-    found = tmp_path / "f.jsonl"
-    env = job_env(
-        tag, {"FAULT": "sigkill", "FAULT_RANK": "1", "FAULT_STEP": "10", "MASTER_PORT": str(free_port())}
-    )
-    with webhook() as (url, posted):
-        cfg = agent_config(tmp_path, url=url)
-        cmd = rankwatch(
-            "run", "--config", str(cfg), "--findings-jsonl", str(found), "--", sys.executable, str(SPAWN)
-        )
-        with open(tmp_path / "agent.out", "ab") as out:
-            agent = subprocess.Popen(
-                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        try:
-            rc = agent.wait(timeout=RUN_S)
-        finally:
-            if agent.poll() is None:
-                agent.kill()
-            left = reap_leftovers(tag)
-    rows = read_jsonl([found])
-    alerts = [json.loads(b) for b in posted]
-    debug = f"rc={rc}\n{[(f['kind'], f['rank'], f['message'][:300]) for f in rows]}\n{alerts}"
-    assert not left and rc == 1, debug
+    rows, alerts, debug = _spawn_fault(tmp_path, "sigkill")
     serious = [f for f in rows if f["severity"] != "info" and not f.get("resolved")]
     assert [(f["kind"], f["rank"]) for f in serious] == [("crash", 1)], debug
     assert "killed by signal 9 (SIGKILL)" in serious[0]["message"], debug
