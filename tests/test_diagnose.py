@@ -857,3 +857,90 @@ def test_ranks_that_failed_differently_still_name_the_first(tmp_path: Path) -> N
     [f0] = sent0
     assert f0.message.startswith("rank 1 failed first"), f0.message
     assert f0.diagnosis is not None and f0.diagnosis.suspect == 1
+
+
+def _stopped_own(rank: int) -> Finding:
+    """Rank ``rank`` raised its own error, then died of the SIGTERM torchrun sent it (the real
+    texts of the s38 tester's g58: tests/data/blackbox/s38/repro/g58/out-1.txt)."""
+    from rankwatch.detectors.exit import ExitDetector
+    from rankwatch.events import ProcessExit
+    from rankwatch.records import ErrorRecord
+    from rankwatch.state import RankState
+
+    state = RankState(rank=rank)
+    state.errors.append(
+        ErrorRecord(
+            kind="crash",
+            severity=Severity.CRITICAL,
+            summary=f"RuntimeError: injected failure in rank {rank} at step 5",
+            rank=rank,
+            evidence=[
+                "Traceback (most recent call last):",
+                f"RuntimeError: injected failure in rank {rank} at step 5",
+            ],
+        )
+    )
+    f = ExitDetector(rank, f"/logs/rank-{rank}.log").judge(
+        state, ProcessExit(None, 15, requested=15, wall=1000.3, stopped_by="the launcher sent")
+    )
+    assert f is not None and f.severity == Severity.WARNING and f.evidence["stopped_by"]
+    return f
+
+
+def test_a_stopped_ranks_own_error_is_the_first_failure_when_no_peer_failed_on_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """g58 (a race of torch): rank 1 raised; rank 0 then aborted in gloo (a consequence), and
+    torchrun's poll saw rank 0 die first and sent SIGTERM to rank 1, still tearing down. No rank
+    failed on its own but rank 1: its error is the first failure — a critical page naming rank 1
+    — and a consequence judged after it names rank 1 too."""
+    monkeypatch.setattr(diagnose, "FAILURE_POLL_S", 0.02)
+
+    async def scenario() -> tuple[list[Finding], list[Finding]]:
+        agent0, _, sent0 = _agent(tmp_path, 0, world=2, dumps="first_failure_wait: 0.1s")
+        agent1, _, sent1 = _agent(tmp_path, 1, world=2, dumps="first_failure_wait: 0.1s")
+        agent1.emit(_stopped_own(1))
+        await agent1.settle(5)
+        agent0.emit(_crash(0, f"killed by signal 6 (SIGABRT). Cause (peer_error): {GLOO_CLOSED}.", 6, 1000.2))
+        await agent0.settle(5)
+        return sent0, sent1
+
+    sent0, sent1 = asyncio.run(scenario())
+    [own] = sent1
+    assert own.severity == Severity.CRITICAL, own.message
+    assert own.message.startswith(
+        "this rank failed first: its own error, before the stop signal the launcher sent"
+    )
+    assert "RuntimeError: injected failure in rank 1" in own.message
+    assert own.diagnosis is not None and own.diagnosis.suspect == 1
+    assert own.diagnosis.first_failure is not None and own.diagnosis.first_failure.rank == 1
+    [peer] = sent0
+    assert peer.message.startswith("rank 1 failed first"), peer.message
+    assert peer.diagnosis is not None and peer.diagnosis.suspect == 1
+
+
+def test_a_stopped_rank_whose_peer_failed_on_its_own_stays_a_consequence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """d31 live (every rank raises at once; torchrun saw rank 1's exit 1 first): rank 0, stopped
+    with an error of its own, is judged first and waits; rank 1's own failure comes: rank 0's
+    names rank 1, stays a warning, and is never promoted to a first failure."""
+    monkeypatch.setattr(diagnose, "FAILURE_POLL_S", 0.02)
+
+    async def scenario() -> tuple[list[Finding], list[Finding]]:
+        agent0, _, sent0 = _agent(tmp_path, 0, world=2, dumps="first_failure_wait: 2s")
+        agent1, _, sent1 = _agent(tmp_path, 1, world=2, dumps="first_failure_wait: 2s")
+        agent0.emit(_stopped_own(0))
+        await asyncio.sleep(0.06)
+        agent1.emit(_crash(1, "process exited with code 1. Cause (crash): RuntimeError: injected", t=1000.1))
+        await agent1.settle(5)
+        await agent0.settle(5)
+        return sent0, sent1
+
+    sent0, sent1 = asyncio.run(scenario())
+    [stopped] = sent0
+    assert stopped.severity == Severity.WARNING and stopped.message.startswith("rank 1 failed first")
+    assert stopped.diagnosis is not None and stopped.diagnosis.suspect == 1
+    [own] = sent1
+    assert own.diagnosis is not None and own.diagnosis.suspect == 1 and "failed first" not in own.message
+    assert not [n for n in _records(tmp_path) if n.startswith("failed-r0-") and n.endswith("-f.json")]

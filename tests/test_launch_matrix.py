@@ -762,6 +762,28 @@ def test_torchrun_ranks_failing_together_never_blame_the_rank_the_launcher_stopp
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", ["tee", "plain"])
+def test_a_failed_rank_the_launcher_stopped_after_its_peers_consequence_is_paged(
+    tmp_path: Path, form: str
+) -> None:
+    """The s38 tester's g58 (a race of torch, kept in tests/data/blackbox/s38/repro/g58): rank
+    1 raised and its peers lost it at once, but its own end was slow; torchrun's poll saw rank
+    0's death (the consequence) first and stopped rank 1 with SIGTERM. Rank 1's own error is
+    still the first failure: one critical alert, crash on rank 1, suspect rank 1."""
+    c = cell(tmp_path, form, fault("raise_slow_exit", step=6, steps=12))
+    assert c.rc == 1, c.debug()
+    stopped = [f for f in c.on(1, "crash") if "stop signal the launcher sent" in f["message"]]
+    assert stopped, c.debug()  # the race this cell is about happened
+    [own] = [f for f in c.on(1, "crash") if not f.get("resolved")]
+    assert own["severity"] == "critical" and own["diagnosis"]["suspect"] == 1, c.debug()
+    assert "RuntimeError: rank 1 hit a bad batch at step 6" in own["message"], c.debug()
+    named_after_rank_1(c)
+    [alert] = [a for a in c.firing() if a["kind"] != "stall"]
+    assert alert["severity"] == "critical" and alert["kind"] == "crash", c.debug()
+    assert alert["diagnosis"]["first_failure"]["rank"] == 1, c.debug()
+
+
+@pytest.mark.timeout(300)
 def test_torchrun_restarts_exhausted_is_told_naming_the_root_cause(tmp_path: Path) -> None:
     """`run -- torchrun --tee 3 --max-restarts 2`, rank 1 raises at step 5 in every attempt (the
     s35b tester's d11): each attempt's crash is rank 1's, nothing says a rank exited cleanly or

@@ -18,6 +18,9 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   raise_always the rank raises a RuntimeError in every attempt (torchrun's restarts run out);
   raise_all    every rank raises a RuntimeError at the same step, in every attempt; with a
                FAULT_RANK all others are slow to exit after it, so the launcher stops them;
+  raise_slow_exit  the rank raises a RuntimeError, closes its process group and is slow to
+               exit (the g58 race of the s38 tester): its peers lose it and end at once on
+               their error, so the launcher sees a consequence first and stops this rank;
   hang_init    the rank sleeps before ``init_process_group`` (its peers wait inside it);
   exit         the rank returns from ``main`` with exit status 0 while its peers go on;
   sysexit      the rank prints an ``ERROR: ...`` line on stderr and calls ``sys.exit(3)`` (no
@@ -39,12 +42,16 @@ is about the launcher and not the collectives (the node daemon's jobs).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import os
 import signal
+import socket
+import stat
 import sys
 import threading
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -167,6 +174,21 @@ def sync_metrics() -> None:
     dist.barrier()
 
 
+def hang_up_peers() -> None:
+    """Shut this process's TCP connections down (gloo's pairs among them): its peers see
+    "Connection closed by peer" at once, as when a process's sockets close at its end."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                s = socket.socket(fileno=int(name))
+                with contextlib.suppress(OSError):
+                    if not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):  # not a listener
+                        s.shutdown(socket.SHUT_RDWR)
+                s.detach()
+        except (OSError, ValueError):
+            pass
+
+
 def main() -> None:
     alone = os.environ.get("DIST", "1") == "0"
     if alone:
@@ -208,6 +230,14 @@ def main() -> None:
                 # group's shutdown): the launcher sees FAULT_RANK's exit first and stops this one.
                 atexit.register(time.sleep, 30)
             raise RuntimeError(f"rank {rank} hit a bad batch at step {step}")
+        if faulty and FAULT == "raise_slow_exit":
+            try:
+                raise RuntimeError(f"rank {rank} hit a bad batch at step {step}")
+            except RuntimeError:
+                sys.excepthook(*sys.exc_info())  # what an uncaught error prints (torch's hook)
+            hang_up_peers()  # the peers lose it...
+            time.sleep(30)  # ...while its end is slow (an upload, a logger's flush)
+            sys.exit(1)
         if faulty and FAULT == "save_hang":
             save_checkpoint(model, step)
         if faulty and FAULT == "sysexit":
@@ -231,4 +261,14 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if FAULT == "raise_slow_exit" and int(os.environ.get("RANK", "-1")) != FAULT_RANK:
+        # The peers end at once on their error, skipping a teardown that could wait for the
+        # failed rank (scripts that call os._exit so, to never hang in a process group's end).
+        try:
+            main()
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+    else:
+        main()

@@ -571,6 +571,10 @@ class CrossRank:
         # user's) ended because of that failure: a consequence, never the first failure, even
         # when its log holds an error of its own from the same step (every rank failing at once).
         consequence = bool(PEER_FAILURE_RE.search(text)) or bool(f.evidence.get("stopped_by"))
+        # Stopped by the launcher, but its log holds an error of its own, none a peer's: when no
+        # other rank's own failure turns up, that error is the first failure (torchrun's poll saw
+        # a consequence die first and stopped this rank, still tearing down: the s38 tester's g58).
+        own_error = bool(f.evidence.get("stopped_by")) and not PEER_FAILURE_RE.search(text)
         mine = {
             "rank": f.rank,
             "kind": f.kind,
@@ -594,7 +598,7 @@ class CrossRank:
         # failure's record, a launcher's restart may give the rank a new process, whose start
         # would pass the peer's record (this attempt's) for an earlier attempt's.
         since = self._since(f.rank, f.run)
-        if self._spawn(self._failure(f, t, consequence, mine, since)) is None:
+        if self._spawn(self._failure(f, t, consequence, mine, since, own_error)) is None:
             self._release(f, failure=True)  # cannot happen with a running loop; never lose it
         return True
 
@@ -631,18 +635,28 @@ class CrossRank:
         return self._first_failure(rank, t, consequence, entries, run, peer, since)
 
     async def _failure(
-        self, f: Finding, t: float, consequence: bool, mine: dict[str, Any], since: float | None = None
+        self,
+        f: Finding,
+        t: float,
+        consequence: bool,
+        mine: dict[str, Any],
+        since: float | None = None,
+        own_error: bool = False,
     ) -> None:
         """The held failure, emitted once whatever the folder does: named after the first failure
         when its record is there (a consequence waits ``dumps.first_failure_wait`` for it), as it is when
-        the folder hangs (``FAILURE_IO_S``, counted under ``dumps`` by offloop) or fails."""
+        the folder hangs (``FAILURE_IO_S``, counted under ``dumps`` by offloop) or fails.
+        ``own_error``: a rank the launcher stopped whose own error may be the first failure."""
         peer = peer_address(f) if consequence else None
         try:
             first = await self._store_io(
                 self._record_failure, f.rank, t, consequence, mine, f.run, peer, since, timeout=FAILURE_IO_S
             )
             if first is None and consequence:
-                first = await self._wait_first_failure(f.rank, t, f.run, peer, since)
+                first = await self._wait_first_failure(f.rank, t, f.run, peer, since, own_error)
+            if first is None and own_error and f.rank is not None:
+                await self._own_first(f, t, mine)
+                return
             self._conclude(f, first, mine, peer)
         except asyncio.TimeoutError:  # logged once and counted by offloop
             f.evidence = {
@@ -656,6 +670,28 @@ class CrossRank:
             log.exception("recording a failure in %s failed; it goes out as it is", self.shared)
         finally:
             self._release(f, failure=True)
+
+    async def _own_first(self, f: Finding, t: float, mine: dict[str, Any]) -> None:
+        """No other rank failed on its own: the stopped rank's own error came first. It pages as
+        the crash it was, and its record becomes a first failure's (``f``), so a peer's
+        consequence still waiting names it."""
+        f.severity = Severity.CRITICAL
+        stop = str(f.evidence.get("stopped_by") or "the launcher sent")
+        prefix = f"after the stop signal {stop}: "
+        body = f.message[len(prefix) :] if f.message.startswith(prefix) else f.message
+        f.message = (
+            "this rank failed first: its own error, before the stop signal "
+            f"{stop} (no other rank failed on its own; a peer's consequence ended first): {body}"
+        )
+        first = {**mine, "consequence": False, "how": f.message.split(". ")[0].strip().rstrip(".")[:300]}
+        name = f"failed-r{f.rank}-{round(t * 1e6)}-f.json"
+        try:
+            await self._store_io(self._write, name, first, (), f.run, timeout=FAILURE_IO_S)
+        except asyncio.TimeoutError:
+            pass  # logged once and counted by offloop; the finding goes out all the same
+        f.diagnosed(
+            suspects=(f.rank,) if f.rank is not None else (), first_failure=FirstFailure.from_json(first)
+        )
 
     def _conclude(
         self, f: Finding, first: dict[str, Any] | None, mine: dict[str, Any], peer: str | None
@@ -722,6 +758,11 @@ class CrossRank:
                     break
         return earliest
 
+    def _told_ranks(self, run: str | None, since: float | None) -> set[int]:
+        """The ranks with a failure record of this job (their names only: one listing)."""
+        entries = self._read_all("failed-", run)
+        return {int(d["rank"]) for d in entries if d["rank"] is not None and _of_job(d, since)}
+
     def _name_first(self, f: Finding, first: dict[str, Any], peer: str | None = None) -> None:
         when = first.get("time")
         gap = ""
@@ -759,12 +800,24 @@ class CrossRank:
         run: str | None = None,
         peer: str | None = None,
         since: float | None = None,
+        until_all: bool = False,
     ) -> dict[str, Any] | None:
-        """A consequence came first: the first failure's record may follow within seconds."""
+        """A consequence came first: the first failure's record may follow within seconds.
+        ``until_all``: no longer than until every other rank of the world has told its failure
+        (none of them its own: nothing more is coming)."""
         wait = float(self.cfg.dumps.first_failure_wait)
         deadline = time.monotonic() + wait
         first = None
+        world = self.world() if until_all else None
         while time.monotonic() < deadline:
+            if world is not None and rank is not None:
+                try:
+                    told = await self._store_io(self._told_ranks, run, since, timeout=FAILURE_IO_S)
+                except asyncio.TimeoutError:
+                    break
+                if told >= set(range(world)) - {rank}:
+                    world = None  # one more look for an own failure, then no more waiting
+                    deadline = time.monotonic()
             try:
                 first = await self._store_io(
                     self._first_failure,
