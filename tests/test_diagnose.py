@@ -944,3 +944,33 @@ def test_a_stopped_rank_whose_peer_failed_on_its_own_stays_a_consequence(
     [own] = sent1
     assert own.diagnosis is not None and own.diagnosis.suspect == 1 and "failed first" not in own.message
     assert not [n for n in _records(tmp_path) if n.startswith("failed-r0-") and n.endswith("-f.json")]
+
+
+def test_one_pipeline_whose_log_holds_the_jobs_ranks_names_its_first_own_failure(tmp_path: Path) -> None:
+    """`run -- python spawn.py` (torch.multiprocessing.spawn: no process shows a rank): one
+    pipeline, no peers, and its log is the whole job's. The first failure of a rank of its own
+    is the suspect (the s38 tester's g21); a peer's lost connection before it, or a later
+    rank's failure after it, names nobody."""
+    from rankwatch.runtime.judge import CrossRankWhenPeers
+
+    cfg_path = tmp_path / "rw.yaml"
+    cfg_path.write_text(f"dumps: {{dir: {tmp_path / 'dumps'}}}\n")
+    cfg = load_config(str(cfg_path))
+    sent: list[Finding] = []
+
+    class Sink:
+        def send(self, f: Finding) -> None:
+            sent.append(f)
+
+    agent = Agent(cfg, Identity("job", None, None, None, "n"), sinks=[Sink()])
+    judge = CrossRankWhenPeers(agent, cfg)
+    agent.wire(cross_rank=judge)
+    agent.emit(_crash(0, f"process exited with code 1. Cause (crash): {GLOO_CLOSED}.", t=1000.0))
+    agent.emit(_crash(1, "killed by signal 9 (SIGKILL) after step 9. SIGKILL usually means", 9, 1000.1))
+    agent.emit(_crash(2, "process exited with code 1. Cause (crash): RuntimeError: later", t=1000.2))
+    consequence, first, later = sent
+    assert consequence.diagnosis is None and later.diagnosis is None
+    assert first.diagnosis is not None and first.diagnosis.suspect == 1
+    assert first.diagnosis.first_failure is not None and first.diagnosis.first_failure.rank == 1
+    assert first.diagnosis.first_failure.how == "killed by signal 9 (SIGKILL) after step 9"
+    assert judge.judge is None  # no peers: the run folder's judgement is not made

@@ -172,6 +172,7 @@ def test_spawn_worker_oom_is_one_alert_and_explains_the_scripts_exit(tmp_path: P
     assert "rank 1's oom finding above" in end["message"], debug
     firing = [a for a in alerts if a["status"] == "firing"]
     assert [(a["kind"], a["rank"], a["severity"]) for a in firing] == [("oom", 1, "critical")], debug
+    assert firing[0]["suspect"] == 1, debug
 
 
 @pytest.mark.timeout(300)
@@ -189,3 +190,6 @@ def test_spawn_worker_sigkill_is_a_crash_of_that_rank_by_signal(tmp_path: Path) 
     assert "rank 1's crash finding above" in end["message"], debug
     firing = [a for a in alerts if a["status"] == "firing"]
     assert [(a["kind"], a["rank"], a["severity"]) for a in firing] == [("crash", 1, "critical")], debug
+    # The script's log is the whole job's: rank 1 failed first, and the alert names it.
+    assert firing[0]["suspect"] == 1 and firing[0]["summary"].endswith(", suspect rank 1"), debug
+    assert firing[0]["diagnosis"]["first_failure"]["rank"] == 1, debug

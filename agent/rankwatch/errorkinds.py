@@ -152,3 +152,18 @@ def same_cause(a: str, b: str) -> bool:
     """Two ranks' causes read the same but for their numbers (a rank, a device, a port, an
     address): one error common to the ranks, not one rank's failure that took the other down."""
     return bool(a) and _NUMBERS_RE.sub("#", a) == _NUMBERS_RE.sub("#", b)
+
+
+# What a rank prints when a *peer* died: gloo, NCCL, c10d store and torchelastic texts.
+PEER_FAILURE_RE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
+    r"ncclRemoteError|NCCL communicator was aborted|Watchdog caught collective operation timeout|"
+    r"DistNetworkError|DistBackendError|Timed out waiting|Socket Timeout|RecvTimeout|"
+    r"Failed to recv|SIGTERM from the launcher|failed \(exitcode|"
+    # gloo's setup could not reach a peer's listener (torch 2.13: "Gloo connectFullMesh failed
+    # with [...pair.cc:152] timed out connecting: SO_ERROR: Connection refused, remote=[...]"):
+    # that peer is gone or never came, as on a restart over a store holding the last attempt's
+    # addresses (every rank fails so; the s35b tester's d11).
+    r"connectFullMesh failed",
+    re.I,
+)

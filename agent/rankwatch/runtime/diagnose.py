@@ -52,7 +52,7 @@ from rankwatch.config.schema import Config
 from rankwatch.detectors.crossrank import PeerFailure, first_failures
 from rankwatch.dumps.capture import find_py_spy
 from rankwatch.dumps.store import DumpStore, sanitise_run
-from rankwatch.errorkinds import RECORDED_FAILURES, cause_text, same_cause
+from rankwatch.errorkinds import PEER_FAILURE_RE, RECORDED_FAILURES, cause_text, same_cause
 from rankwatch.records import Diagnosis, Finding, FirstFailure, Severity
 from rankwatch.runtime.agent import DUMPS_IO, capture_off_loop, multi_rank
 
@@ -79,19 +79,6 @@ FIRST_TRIES = 16
 # profile-r<rank>-<µs>-w<permille waiting>.json
 _NAME_RE = re.compile(r"^(failed|profile)-r(\d{1,9})-(\d{1,20})-(f|c|x|w\d{1,4})\.json$")
 MAX_RUN_FOLDERS = 64  # other jobs' .ranks folders kept open at once (a node daemon's runs)
-# What a rank prints when a *peer* died: gloo, NCCL, c10d store and torchelastic texts.
-PEER_FAILURE_RE = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
-    r"ncclRemoteError|NCCL communicator was aborted|Watchdog caught collective operation timeout|"
-    r"DistNetworkError|DistBackendError|Timed out waiting|Socket Timeout|RecvTimeout|"
-    r"Failed to recv|SIGTERM from the launcher|failed \(exitcode|"
-    # gloo's setup could not reach a peer's listener (torch 2.13: "Gloo connectFullMesh failed
-    # with [...pair.cc:152] timed out connecting: SO_ERROR: Connection refused, remote=[...]"):
-    # that peer is gone or never came, as on a restart over a store holding the last attempt's
-    # addresses (every rank fails so; the s35b tester's d11).
-    r"connectFullMesh failed",
-    re.I,
-)
 
 
 MAX_ADDRESSES = 256  # addresses a record carries (sources.process.MAX_ADDRESSES)
