@@ -303,7 +303,7 @@ def find_launcher(root: int) -> tuple[int, list[str]] | None:
     ``bash -c 'cd . && torchrun ...'``); its pid and command line. Blocking: off the loop."""
     try:
         top = psutil.Process(root)
-        procs = [top, *top.children(recursive=True)]
+        procs = [top, *descendants(top)]  # the shared pid table: asked every process sample
     except psutil.Error:
         return None
     for p in procs:
