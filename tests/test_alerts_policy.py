@@ -106,8 +106,9 @@ def test_one_failure_is_one_alert_whatever_its_echoes() -> None:
 def test_a_more_severe_failure_of_a_rank_after_its_sent_warning_is_news() -> None:
     """Rank 0's own NCCL timeout (a warning, its own first failure) is sent; its crash
     (critical) after that is an escalation: sent, not folded away. So is a consequence of
-    another rank's failure (rank 2's crash after its sent gloo warning): the job died."""
-    p, out, clock = policy()
+    another rank's failure (rank 2's crash after its sent gloo warning): the job died.
+    (``death_wait`` 0: the warning goes out at ``group_wait``, before the death.)"""
+    p, out, clock = policy(death_wait=0.0)
     p.take(_failure("nccl_timeout", 0, Severity.WARNING, first=0, t=1000.0))
     clock.t += 5.0
     p.pump(clock())
@@ -146,7 +147,7 @@ def test_a_dead_job_pages_when_its_crash_follows_a_sent_warning() -> None:
     naming rank 1: with ``min_severity: critical`` routing, the job's death pages."""
     from rankwatch.actions.alerts._webhook import payload
 
-    p, out, clock = policy(group_wait=2.0)
+    p, out, clock = policy(group_wait=2.0, death_wait=0.0)
     p.take(_left_early("peer_error", Severity.WARNING, 1000.0))
     clock.t += 2.0
     p.pump(clock())
@@ -159,6 +160,35 @@ def test_a_dead_job_pages_when_its_crash_follows_a_sent_warning() -> None:
         ("peer_error on rank 0, suspect rank 1", "warning", 1),
         ("crash on rank 0, suspect rank 1", "critical", 1),
     ]
+
+
+def test_a_peers_warning_waits_for_its_ranks_death_which_leads_one_page() -> None:
+    """c25 on a loaded node: rank 0's gloo warning, then its crash 5 s later (after
+    ``group_wait``): the warning waits ``death_wait`` for the death, so the job's death is one
+    critical alert naming rank 1, not a warning and then a page. A warning whose rank lives on
+    goes out once ``death_wait`` passed."""
+    from rankwatch.actions.alerts._webhook import payload
+
+    p, out, clock = policy(group_wait=2.0)  # death_wait: the default (10 s)
+    p.take(_left_early("peer_error", Severity.WARNING, 1000.0))
+    clock.t += 2.0
+    p.pump(clock())
+    assert out == []
+    clock.t += 3.0
+    p.take(_left_early("crash", Severity.CRITICAL, 1000.25))
+    clock.t += 2.0
+    p.pump(clock())
+    p.pump(clock() + 20.0)
+    docs = [payload(m) for m in out]
+    assert [(d["summary"], d["severity"], d["suspect"]) for d in docs] == [
+        ("crash on rank 0, suspect rank 1", "critical", 1)
+    ]
+    p2, out2, clock2 = policy(group_wait=2.0)
+    p2.take(_left_early("peer_error", Severity.WARNING, 1000.0))
+    assert p2.pump(clock2()) == clock2() + 12.0
+    clock2.t += 12.0
+    p2.pump(clock2())
+    assert [m.title for m in out2] == ["peer_error on rank 0, suspect rank 1"]
 
 
 def test_a_folded_alert_is_led_by_its_most_severe_member() -> None:

@@ -328,6 +328,12 @@ class AlertsCore(PluginSections):
     min_severity: Literal["info", "warning", "critical"] = opt("warning", "findings below this never alert")
     startup_quiet: Duration = opt(Duration(60.0), "no alerts in the first seconds after the agent starts")
     group_wait: Duration = opt(Duration(5.0), "collect findings of many ranks this long into one message")
+    death_wait: Duration = opt(
+        Duration(10.0),
+        "a peer's lost connection or collective error (a warning: gloo's 'Connection closed by peer', "
+        "NCCL's) waits this much longer than group_wait for its rank's death, which then leads one "
+        "critical alert instead of a warning followed by a page",
+    )
     repeat_interval: Duration = opt(Duration(4 * 3600.0), "re-send a still-active alert this often")
     send_resolved: bool = opt(True, "send a resolve message when a finding clears")
     rate_limit_per_minute: int = opt(20, "per sink; beyond it alerts wait in the queue", min=1)

@@ -158,7 +158,8 @@ class AlertDispatcher:
 
     def _make_peers(self, path: runfolder.RunFolder) -> PeerGroups:
         takeover = float(self.cfg.board_takeover)
-        chain = float(self.cfg.group_wait) + max_takeover_delay(takeover) + 2 * takeover
+        wait = float(self.cfg.group_wait) + float(self.cfg.death_wait)  # a peer's warning's longest
+        chain = wait + max_takeover_delay(takeover) + 2 * takeover
         stale = max(STALE_MIN_S, float(self.cfg.startup_quiet) + chain)
         return PeerGroups(
             self.policy,

@@ -720,7 +720,12 @@ class AlertPolicy:
         gk: GroupKey = (key[2], status, repeat)
         g = self._pending.get(gk)
         if g is None:
-            g = Group(key[2], status, self.clock() + self.cfg.group_wait, severity, repeat=repeat)
+            wait = float(self.cfg.group_wait)
+            if status == "firing" and not repeat and key[2] in PEER_FAILURES and severity < Severity.CRITICAL:
+                # A rank whose peer failed dies of it (gloo raises, NCCL's watchdog aborts), on a
+                # loaded node seconds later: its death leads the alert, not a second page.
+                wait += float(getattr(self.cfg, "death_wait", 0.0))
+            g = Group(key[2], status, self.clock() + wait, severity, repeat=repeat)
             self._pending[gk] = g
         g.severity = max(g.severity, severity)
         g.members[key] = m
