@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rankwatch.config.schema import RunConfig
-from rankwatch.identity import Identity, identity_of_process, pod_of
+from rankwatch.identity import Identity, identity_of_process, launcher_run_id, pod_of
 
 pytestmark = pytest.mark.unit
 
@@ -104,3 +104,22 @@ def test_every_finding_carries_its_processs_world_size(tmp_path: Path) -> None:
     sink.send(nan)
     doc = json.loads((tmp_path / "f.jsonl").read_text())
     assert (doc["run"], doc["rank"], doc["world_size"]) == ("89663ef6", 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("cmd", "env", "run"),
+    [
+        (["torchrun", "--nnodes", "2", "--rdzv-id", "j1", "train.py", "--rdzv-id", "x"], {}, "j1"),
+        (["/v/bin/torchrun", "--rdzv_id=j2", "train.py"], {}, "j2"),
+        (["python", "-m", "torch.distributed.run", "--rdzv-id", "j3", "train.py"], {}, "j3"),
+        (["torchrun", "train.py"], {"PET_RDZV_ID": "j4"}, "j4"),  # torch's argparse_util.env
+        (["torchrun", "--rdzv-id", "none", "train.py"], {}, None),  # torchrun's default
+        (["torchrun", "--standalone", "--rdzv-id", "j5", "train.py"], {}, None),  # a random id
+        (["torchrun", "train.py", "--rdzv-id", "j6"], {}, None),  # the script's own argument
+        (["python", "train.py", "--rdzv-id", "j7"], {}, None),  # no launcher
+    ],
+)
+def test_the_run_id_torchrun_will_give_its_workers_is_read_from_its_command(
+    cmd: list[str], env: dict[str, str], run: str | None
+) -> None:
+    assert launcher_run_id(cmd, env) == run

@@ -92,6 +92,7 @@ from torchjobs import (
     systemd_notify,
     torchrun,
     torchrun_outside,
+    two_nodes,
     watch_launcher,
     watch_pids,
     webhook,
@@ -317,6 +318,30 @@ def test_srun_with_the_default_board_sends_one_alert_for_a_crash(tmp_path: Path)
     alert = failures[0]
     assert (alert["rank"], alert["suspect"]) == (1, 1), c.debug()
     assert alert["summary"].endswith(", suspect rank 1"), c.debug()
+    no_agent_failed(c)
+
+
+@pytest.mark.timeout(300)
+def test_two_torchrun_nodes_send_one_alert_naming_the_rank_and_the_job(tmp_path: Path) -> None:
+    """A two-node job (``torchrun --nnodes 2 --rdzv-id J`` per node, one ``rankwatch run`` each,
+    no run name configured): NaN on global rank 3 from step 12, the other ranks a step later
+    through DDP. The agents share the job's run (torchrun's run id, read from its command line
+    before the workers start) and so its alert board: ONE alert across both nodes, "nan_loss on
+    4 of 4 ranks, suspect rank 3", run J, world size 4 (the s39 tester's k10: two alerts, one
+    under run "default" with no world size, the other with no suspect)."""
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url, board=None, named=False)
+        env = {"FAULT": "nan", "FAULT_RANK": "3", "FAULT_STEP": "12", "STEPS": "24"}
+        c = finish(two_nodes(tmp_path, cfg, 2, env), tmp_path, posted)
+    assert c.rc == 0, c.debug()
+    [nan3] = c.on(3, "nan_loss")
+    assert nan3["step"] == 12 and nan3["run"].startswith("job-"), c.debug()
+    job = nan3["run"]
+    assert {f["run"] for f in c.findings} == {job}, c.debug()
+    [alert] = c.alerts_of("nan_loss")
+    assert (alert["run"], alert["suspect"], alert["world_size"]) == (job, 3, 4), c.debug()
+    assert alert["summary"] == "nan_loss on 4 of 4 ranks, suspect rank 3", c.debug()
+    assert len(c.firing()) == 1, c.debug()
     no_agent_failed(c)
 
 

@@ -481,6 +481,28 @@ def node_daemon(tmp: Path, cfg: Path, world: int, env: dict[str, str]) -> Runnin
     return running
 
 
+def two_nodes(tmp: Path, cfg: Path, per_node: int, env: dict[str, str]) -> Running:
+    """A two-node torchrun job on one host, as each node starts it: ``rankwatch run -- torchrun
+    --nnodes 2 --node-rank N --rdzv-backend c10d --rdzv-endpoint H:P --rdzv-id J`` per node, one
+    agent each, the dumps folder shared (the run folder of a cluster's shared filesystem)."""
+    tag = uuid.uuid4().hex
+    port, job = str(free_port()), f"job-{tag[:8]}"
+    agents = []
+    for n in range(2):
+        launcher = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n),
+            "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job, "--tee", "3",
+        ]  # fmt: skip
+        cmd = rankwatch("run", "--config", str(cfg), "--findings-jsonl", str(tmp / f"f{n}.jsonl"))
+        out = tmp / f"agent-{n}.out"
+        agents.append(_popen([*cmd, "--", *launcher, str(WORKLOAD)], job_env(tag, env), out))
+    return Running(
+        tag, agents, _exit_status(agents), lambda: _term(agents), [tmp / f"f{n}.jsonl" for n in range(2)],
+        lambda: sorted(tmp.rglob("*.log")), [tmp / f"agent-{n}.out" for n in range(2)],
+    )  # fmt: skip
+
+
 def one_agent_per_rank(tmp: Path, cfg: Path, world: int, env: dict[str, str]) -> Running:
     """The srun form: one ``rankwatch run -- python train.py`` per rank, identity from Slurm's
     variables (``srun -n 2 rankwatch run -- python train.py``; the script takes its RANK from

@@ -7,6 +7,7 @@ Exit codes: 0 fine, 1 findings (analyze) or failure, 2 bad usage, bad config or 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -230,9 +231,9 @@ def _live_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def _live_setup(args: argparse.Namespace) -> tuple[Config, Identity, list[Any]]:
+def _live_setup(args: argparse.Namespace, cmd: list[str] | None = None) -> tuple[Config, Identity, list[Any]]:
     from rankwatch.actions.console import ConsoleSink, JsonlSink
-    from rankwatch.identity import identity_from_env
+    from rankwatch.identity import identity_from_env, launcher_run_id
 
     cfg = _live_config(args)
     from rankwatch.config.redact import config_secrets, install_log_redaction
@@ -246,6 +247,12 @@ def _live_setup(args: argparse.Namespace) -> tuple[Config, Identity, list[Any]]:
         except ValueError as e:
             raise UsageError(f"server.listen: {e}") from e
     identity = identity_from_env(cfg.run)
+    if cmd and cfg.run.name is None and identity.run == "default":
+        # `run -- torchrun --rdzv-id J`: the workers' run, from the start (a job's nodes' agents
+        # share its alert board and run folder; the run name the user chose still wins).
+        rid = launcher_run_id(cmd)
+        if rid is not None:
+            identity = dataclasses.replace(identity, run=rid)
     sinks: list[Any] = [ConsoleSink(identity)]
     if args.findings_jsonl:
         sinks.append(JsonlSink(args.findings_jsonl, identity))
@@ -329,7 +336,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("run: no command given (rankwatch run [options] -- CMD ARGS...)")
-    cfg, identity, sinks = _live_setup(args)
+    cfg, identity, sinks = _live_setup(args, cmd)
     nice = cfg.process.agent_nice
     return _live(args, run_command(cfg, identity, cmd, sinks=sinks, services=_live_services(args), nice=nice))
 

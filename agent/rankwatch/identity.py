@@ -10,6 +10,7 @@ user can always say what the environment cannot. These are the only lists of the
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
@@ -91,6 +92,36 @@ def identity_from_env(cfg: RunConfig, env: Mapping[str, str] | None = None) -> I
         node=cfg.node or env.get("SLURMD_NODENAME") or socket.gethostname(),
         job_end=cfg.job_end if cfg.job_end is not None else _float(env, ("SLURM_JOB_END_TIME",)),
     )
+
+
+_RDZV_ID_FLAGS = ("--rdzv-id", "--rdzv_id")
+
+
+def launcher_run_id(cmd: list[str], env: Mapping[str, str] | None = None) -> str | None:
+    """The run id torchrun gives its workers (``TORCHELASTIC_RUN_ID``), read from its command
+    line before it starts them: ``--rdzv-id X`` / ``--rdzv_id=X``, else ``PET_RDZV_ID`` (torch's
+    ``argparse_util.env``). The agents of a job's nodes then share one run (its alert board, its
+    run folder) from their start. None for another command, torchrun's default ``none``, or
+    ``--standalone`` (a random id, known only once the workers run)."""
+    env = os.environ if env is None else env
+    names = [os.path.basename(a) for a in cmd[:3]]
+    torchrun = "torchrun" in names or any(
+        a == "-m" and b in ("torch.distributed.run", "torch.distributed.launch")
+        for a, b in itertools.pairwise(cmd)
+    )
+    if not torchrun or "--standalone" in cmd:
+        return None
+    found: str | None = None
+    for i, a in enumerate(cmd):
+        if a.endswith(".py") and i > 0 and cmd[i - 1] not in _RDZV_ID_FLAGS:
+            break  # the training script: what follows is its own arguments
+        flag, eq, value = a.partition("=")
+        if flag in _RDZV_ID_FLAGS:
+            found = value if eq else (cmd[i + 1] if i + 1 < len(cmd) else None)
+    if found is None:
+        found = env.get("PET_RDZV_ID")
+    found = (found or "").strip()
+    return found if found and found != "none" else None
 
 
 def pod_of(cgroup: str | None) -> str | None:
