@@ -135,6 +135,11 @@ FORMS: dict[str, Form] = {
     ),
     "script": lambda tmp, cfg, env, more: run_wrapper(tmp, cfg, torchrun(WORLD), env, script=True),
     "launcher-pid": lambda tmp, cfg, env, more: watch_launcher(tmp, cfg, torchrun(WORLD, "--tee", "3"), env),
+    # A pod whose command is `torchrun --tee 3 ... > pod.log`, its sidecar `watch --match P --log
+    # pod.log` (P matches torchrun too): the launcher's workers told apart as under --pid.
+    "pod-match": lambda tmp, cfg, env, more: watch_launcher(
+        tmp, cfg, torchrun(WORLD, "--tee", "3"), env, match=True
+    ),
 }
 # Forms with an agent per rank: they share a run folder (the alert board), as a job's agents do.
 PER_RANK = frozenset({"no-python", "sidecar", "srun"})
@@ -946,7 +951,8 @@ def test_the_stall_title_counts_the_world_under_torchrun(tmp_path: Path) -> None
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("form", "status"), [("bash-c", 1), ("bash-exec", 1), ("script", 0), ("launcher-pid", 1)]
+    ("form", "status"),
+    [("bash-c", 1), ("bash-exec", 1), ("script", 0), ("launcher-pid", 1), ("pod-match", 1)],
 )
 def test_a_launcher_the_agent_was_not_given_is_found_in_the_tree(
     tmp_path: Path, form: str, status: int
@@ -967,6 +973,21 @@ def test_a_launcher_the_agent_was_not_given_is_found_in_the_tree(
     named_after_rank_1(c)
     one_alert_per_problem(c, form)
     no_agent_failed(c)
+
+
+@pytest.mark.timeout(300)
+def test_a_pods_sidecar_matching_its_torchrun_names_the_hung_rank(tmp_path: Path) -> None:
+    """The s39 tester's k49: a pod running `torchrun --tee 3 ... > pod.log`, its sidecar
+    `watch --match P --log pod.log` (P matches torchrun and its workers). Rank 1's DataLoader
+    hangs: the stall names rank 1 (not "pid N" of a rank-less tree), world size 2, one alert."""
+    c = cell(tmp_path, "pod-match", fault("loader_hang", steps=400), hang=True)
+    stalls = c.of("stall")
+    assert stalls and all(f["rank"] in (0, 1) and f["world_size"] == WORLD for f in stalls), c.debug()
+    for f in stalls:
+        assert f["diagnosis"]["suspect"] == 1, c.debug()
+    [alert] = c.alerts_of("stall")
+    assert alert["suspect"] == 1 and alert["summary"].endswith(", suspect rank 1"), c.debug()
+    assert alert["world_size"] == WORLD, c.debug()
 
 
 @pytest.mark.timeout(300)
@@ -999,14 +1020,17 @@ def test_an_agent_following_a_launcher_stopped_mid_run_judges_no_live_worker(tmp
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("form", "status"), [("bash-c", 0), ("script", 0), ("launcher-pid", 0)])
+@pytest.mark.parametrize(
+    ("form", "status"), [("bash-c", 0), ("script", 0), ("launcher-pid", 0), ("pod-match", 0)]
+)
 def test_a_healthy_launcher_the_agent_was_not_given_ends_silent(
     tmp_path: Path, form: str, status: int
 ) -> None:
     """Two healthy workers under a wrapper's torchrun, or under a torchrun followed by pid: no
     finding at all (not even "exit status unknown": torchrun's silence on every worker it saw
     end is their clean exit, and its own), no alert, exit status 0."""
-    c = cell(tmp_path, form, {"FAULT": "none", "STEPS": "15"})
+    # The sidecar starts once the pod's job runs: a job long enough to be seen running.
+    c = cell(tmp_path, form, {"FAULT": "none", "STEPS": "100" if form == "pod-match" else "15"})
     assert c.rc == status, c.debug()
     assert not c.findings and not c.alerts, c.debug()
     no_agent_failed(c)

@@ -336,23 +336,36 @@ def run_wrapper(
 
 
 def watch_launcher(
-    tmp: Path, cfg: Path, launcher: list[str], env: dict[str, str], *, verbose: bool = False
+    tmp: Path,
+    cfg: Path,
+    launcher: list[str],
+    env: dict[str, str],
+    *,
+    verbose: bool = False,
+    match: bool = False,
 ) -> Running:
     """``torchrun ... > job.log 2>&1 &`` started by hand, then ``rankwatch watch --pid $!``: the
     agent follows the launcher's pid (the one a user has), its workers found under it and the
     combined log read from the launcher's stdout file. The agent ends with the launcher; the
-    user sees torchrun's status. ``verbose``: the agent logs what it attaches (``-v``)."""
+    user sees torchrun's status. ``verbose``: the agent logs what it attaches (``-v``).
+    ``match``: the sidecar of a pod whose command is that torchrun, ``watch --match
+    'ddp_train[.]py' --log job.log`` (the pattern matches torchrun too), started once the job
+    runs and stopped (SIGTERM, as Kubernetes stops a native sidecar) once it ended."""
     tag = uuid.uuid4().hex
     found = tmp / "f.jsonl"
     job = _popen([*launcher, str(WORKLOAD)], job_env(tag, env), tmp / "job.log", session=True)
     more = ["-v"] if verbose else []
-    cmd = rankwatch(
-        *more, "watch", "--config", str(cfg), "--findings-jsonl", str(found), "--pid", str(job.pid)
+    target = (
+        ["--match", r"ddp_train[.]py", "--log", str(tmp / "job.log")] if match else ["--pid", str(job.pid)]
     )
+    if match:  # the pod's workers run before the sidecar looks
+        wait_for(lambda: b"step=1 " in (tmp / "job.log").read_bytes(), 120, "the pod's first step", 0.25)
+    cmd = rankwatch(*more, "watch", "--config", str(cfg), "--findings-jsonl", str(found), *target)
     agent = _popen(cmd, job_env(tag, {}), tmp / "agent.out")
     return Running(
         tag, [job], job.poll, lambda: _term_groups([job]), [found],
         lambda: [tmp / "job.log"], [tmp / "job.log", tmp / "agent.out"], [agent],
+        stop_agents=(lambda: _term([agent])) if match else None,
     )  # fmt: skip
 
 

@@ -1110,6 +1110,36 @@ class _ProcessWatch:
         log.info("pid %d: following the launcher's combined log %s", pid, path)
         return True
 
+    async def _launcher_of_the_log(self) -> None:
+        """The sidecar form on a pod whose command is ``torchrun ... > pod.log`` (``watch --match
+        P --log pod.log``): the pattern matches torchrun too (the script is in its command line).
+        When a matched launcher writes the one ``--log`` given, its workers are told apart as
+        ``watch --pid <torchrun>`` tells them (``_follow_launcher``): each a rank of its own with
+        its identity from its environment, not one rank-less tree of pids."""
+        found = await self.matching()
+        if not found:
+            return
+        [log_watcher] = self.watchers
+        wanted = {os.path.realpath(s.path) for s in log_watcher.streams}
+        errors = self.agent.internal_errors_by_component
+        for pid in found:
+            try:
+                if not await offloop.proc(_is_launcher, pid, name="rankwatch-proc-attach", errors=errors):
+                    continue
+                files, _ = await offloop.proc(
+                    workers.checked_output_files, pid, name="rankwatch-proc-attach", errors=errors
+                )
+            except asyncio.TimeoutError:
+                continue
+            if len(files) != 1 or os.path.realpath(files[0]) not in wanted:
+                continue
+            if await self._follow_launcher(pid):  # else it went meanwhile: the log as given
+                self.watchers.remove(log_watcher)
+                if log_watcher in self.agent.watchers:
+                    self.agent.watchers.remove(log_watcher)
+                log_watcher.close()
+            return
+
     async def close_fleet(self) -> None:
         """The launcher is gone: its workers' ends judged (one that crashed says why the job
         ended), else the launcher's own end, its status from its failure box when it printed
@@ -1159,6 +1189,8 @@ class _ProcessWatch:
     async def first_look(self) -> None:
         if self.own_output and not self.watchers and not await self._follow_launcher(self.pids[0]):
             await self._watch_output(self.pids[0])
+        if self.fleet is None and self.match and not self.per_process and len(self.watchers) == 1:
+            await self._launcher_of_the_log()
         if self.fleet is not None:
             return
         await self.assign(list(self.pids) or ((await self.matching() or []) if self.match else []))
@@ -1172,8 +1204,10 @@ class _ProcessWatch:
         return bool(self.pids) and not self.match and bool(attached) and all(w.exited for w in attached)
 
     def wants_match(self) -> bool:
-        """A match is looked for again: a node daemon always (new jobs), else while a watcher is free."""
-        return bool(self.match) and (
+        """A match is looked for again: a node daemon always (new jobs), else while a watcher is
+        free; never while a matched launcher's fleet tells its workers apart (its run pipeline
+        has no process of its own to be given)."""
+        return bool(self.match) and self.fleet is None and (
             self.per_process or any(w.prober is None or w.exited for w in self.watchers)
         )
 
