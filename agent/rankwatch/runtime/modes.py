@@ -1207,8 +1207,10 @@ class _ProcessWatch:
         """A match is looked for again: a node daemon always (new jobs), else while a watcher is
         free; never while a matched launcher's fleet tells its workers apart (its run pipeline
         has no process of its own to be given)."""
-        return bool(self.match) and self.fleet is None and (
-            self.per_process or any(w.prober is None or w.exited for w in self.watchers)
+        return (
+            bool(self.match)
+            and self.fleet is None
+            and (self.per_process or any(w.prober is None or w.exited for w in self.watchers))
         )
 
     def start(self) -> None:
