@@ -526,3 +526,23 @@ def test_run_again_in_the_same_folder_is_a_new_job(new_job: bool) -> None:
         assert "its job ended" in resolved.message and resolved.id == "a2"
     else:
         assert ("firing", "crash") not in sent, sent
+
+
+def test_a_peers_timeout_that_ends_a_hang_is_part_of_the_stalls_alert() -> None:
+    """k18: the stall alert named rank 1 and went out; rank 0's gloo timeout ends the hang
+    later, its crash diagnosed a consequence of that hang (suspect 1): no second page."""
+    p, out, clock = policy(group_wait=2.0)
+    for r in (0, 1):
+        s = stall(r)
+        s.diagnosed(suspects=(1,), verdict="not_in_collective")
+        p.take(s)
+    clock.t += 2.0
+    p.pump(clock())
+    assert [m.title for m in out] == ["stall on 2 ranks (0-1), suspect rank 1"]
+    clock.t += 25.0
+    crash = Finding("crash", Severity.CRITICAL, 0, "rank 1 hung first: ... Timed out", 7, time=clock())
+    crash.diagnosed(suspects=(1,), verdict="hang")
+    p.take(crash)
+    clock.t += 15.0
+    p.pump(clock())
+    assert len(out) == 1, [m.title for m in out]

@@ -974,3 +974,31 @@ def test_one_pipeline_whose_log_holds_the_jobs_ranks_names_its_first_own_failure
     assert first.diagnosis.first_failure is not None and first.diagnosis.first_failure.rank == 1
     assert first.diagnosis.first_failure.how == "killed by signal 9 (SIGKILL) after step 9"
     assert judge.judge is None  # no peers: the run folder's judgement is not made
+
+
+def test_a_peers_timeout_after_a_stall_named_the_hung_rank_is_that_hangs_consequence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The s39 tester's k18: rank 1 hung, the stall's judgement named it; 25 s later gloo's
+    timeout ends rank 0 ("Timed out waiting 25000ms for recv"), a consequence with no failure
+    record to follow. It names rank 1 (verdict ``hang``), not nobody. Rank 1's own failure
+    after its stall is no consequence of itself."""
+    monkeypatch.setattr(diagnose, "FAILURE_POLL_S", 0.02)
+    timeout = (
+        "process exited with code 1 after step 7. Cause (crash): RuntimeError: [../third_party/gloo/gloo/"
+        "transport/tcp/unbound_buffer.cc:81] Timed out waiting 25000ms for recv operation to complete"
+    )
+
+    async def scenario() -> list[Finding]:
+        agent0, cross0, sent0 = _agent(tmp_path, 0, world=2, dumps="first_failure_wait: 0.1s")
+        stall = Finding("stall", Severity.CRITICAL, 0, "no progress", 7, time=990.0)
+        stall.diagnosed(suspects=(1,), verdict="not_in_collective", incident="/d/job/x_stall")
+        cross0._remember_hang(stall)
+        agent0.emit(_crash(0, timeout, t=1000.0))
+        await agent0.settle(5)
+        return sent0
+
+    [f] = asyncio.run(scenario())
+    assert f.message.startswith("rank 1 hung first"), f.message
+    assert f.diagnosis is not None and f.diagnosis.suspect == 1 and f.diagnosis.verdict == "hang"
+    assert f.diagnosis.incident == "/d/job/x_stall"

@@ -157,6 +157,9 @@ class CrossRank:
         self._read_last = False  # the last _load read a file (not refused by its kind, owner or size)
         self.skew = float(getattr(cfg.dumps, "clock_skew", runfolder.CLOCK_SKEW_S))
         self._stalls: list[Finding] = []  # waiting for the incident's stacks
+        # The ranks each run's last stall named (suspects, wall time, incident, when a stall of it
+        # resolved): a peer's timeout that ends the hang names them.
+        self._hangs: dict[str, tuple[tuple[int, ...], float, str | None, float | None]] = {}
         self._stall_task: asyncio.Task[Any] | None = None
         # By rank: what came after a held finding and waits for it (resolutions; everything while a
         # failure is being recorded), and how many of the rank's findings are held, failures apart.
@@ -379,6 +382,10 @@ class CrossRank:
         if not self.multi_rank() or f.evidence.get("cross_rank"):
             return False
         if f.resolved:
+            if f.kind == "stall":  # its process ended, or progress came back: noted once
+                run = f.run or self.agent.identity.run
+                if run in self._hangs and self._hangs[run][3] is None:
+                    self._hangs[run] = (*self._hangs[run][:3], self.wall())
             if f.rank in self._later:
                 self._later[f.rank].append(f)
                 return True
@@ -578,14 +585,18 @@ class CrossRank:
             asyncio.get_running_loop()
         except RuntimeError:
             peer = peer_address(f) if consequence else None
-            self._conclude(f, self._record_failure(f.rank, t, consequence, mine, f.run, peer), mine, peer)
+            first = self._record_failure(f.rank, t, consequence, mine, f.run, peer)
+            self._conclude(f, first, mine, peer, self._hung_before(f) if consequence else None)
             return False
         self._held(f.rank, failure=True)
         # When the failing process began, taken now: while its failure waits for the first
         # failure's record, a launcher's restart may give the rank a new process, whose start
         # would pass the peer's record (this attempt's) for an earlier attempt's.
         since = self._since(f.rank, f.run)
-        if self._spawn(self._failure(f, t, consequence, mine, since, own_error)) is None:
+        # The hang it may end, taken now: once the launcher's restart makes progress again, the
+        # stall resolves while this failure still waits for a first failure's record.
+        hung = self._hung_before(f) if consequence else None
+        if self._spawn(self._failure(f, t, consequence, mine, since, own_error, hung)) is None:
             self._release(f, failure=True)  # cannot happen with a running loop; never lose it
         return True
 
@@ -629,6 +640,7 @@ class CrossRank:
         mine: dict[str, Any],
         since: float | None = None,
         own_error: bool = False,
+        hung: tuple[tuple[int, ...], str | None] | None = None,
     ) -> None:
         """The held failure, emitted once whatever the folder does: named after the first failure
         when its record is there (a consequence waits ``dumps.first_failure_wait`` for it), as it is when
@@ -644,7 +656,7 @@ class CrossRank:
             if first is None and own_error and f.rank is not None:
                 await self._own_first(f, t, mine)
                 return
-            self._conclude(f, first, mine, peer)
+            self._conclude(f, first, mine, peer, hung)
         except asyncio.TimeoutError:  # logged once and counted by offloop
             f.evidence = {
                 **f.evidence,
@@ -681,13 +693,29 @@ class CrossRank:
         )
 
     def _conclude(
-        self, f: Finding, first: dict[str, Any] | None, mine: dict[str, Any], peer: str | None
+        self,
+        f: Finding,
+        first: dict[str, Any] | None,
+        mine: dict[str, Any],
+        peer: str | None,
+        hung: tuple[tuple[int, ...], str | None] | None = None,
     ) -> None:
         """Name the first failure ``f`` follows, or the rank gloo lost, or ``f``'s own rank."""
         if first is not None and same_failure(first, mine):
             self._name_same(f, first)
         elif first is not None:
             self._name_first(f, first, peer)
+        elif mine["consequence"] and hung is not None:
+            suspects, incident = hung
+            names = ", ".join(str(r) for r in suspects)
+            ranks = f"rank {names}" if len(suspects) == 1 else f"ranks {names}"
+            f.message = (
+                f"{ranks} hung first (the stall judged before this rank failed named it"
+                + (f"; its stacks: {incident}" if incident else "")
+                + f"): this rank's failure is its consequence: look at {ranks}, not this one. "
+                + f.message
+            )
+            f.diagnosed(suspects=suspects, verdict="hang", incident=incident)
         elif (known := self._peer_rank(peer, f.rank, f.run)) is not None:
             # No record of its end (yet), but this agent watched the process whose socket was
             # the one gloo lost: that rank left.
@@ -744,6 +772,24 @@ class CrossRank:
                 if reads >= FIRST_READS:
                     break
         return earliest
+
+    def _hung_before(self, f: Finding) -> tuple[tuple[int, ...], str | None] | None:
+        """The ranks a stall of ``f``'s job named before ``f`` failed, when ``f``'s rank is not
+        one of them."""
+        got = self._hangs.get(f.run or self.agent.identity.run)
+        if got is None:
+            return None
+        suspects, when, incident, resolved = got
+        t = f.time or self.wall()
+        # A failure long after the stall resolved (progress came back) is no end of that hang;
+        # one at its resolve is (a rank's stall resolves as its process ends).
+        if (
+            f.rank in suspects
+            or when > t + CAUSE_LATE_S
+            or (resolved is not None and t > resolved + CAUSE_LATE_S)
+        ):
+            return None
+        return suspects, incident
 
     def _told_ranks(self, run: str | None, since: float | None) -> set[int]:
         """The ranks with a failure record of this job (their names only: one listing)."""
@@ -871,9 +917,22 @@ class CrossRank:
             f = self._stalls.pop(0)
             try:
                 self._complete_stall(f, folder, result, own.get(f.rank), first, problems)
+                self._remember_hang(f)
             except Exception:
                 log.exception("stall diagnosis failed")
             self._release(f)
+
+    def _remember_hang(self, f: Finding) -> None:
+        """The ranks a stall's judgement named, per run: a peer's collective timeout that ends
+        the hang later (gloo's "Timed out waiting ... for recv") is that hang's consequence."""
+        d = f.diagnosis
+        if d is None or not d.suspects or f.resolved:
+            return
+        run = f.run or self.agent.identity.run
+        self._hangs.pop(run, None)
+        self._hangs[run] = (tuple(d.suspects), self.wall(), d.incident, None)
+        while len(self._hangs) > MAX_RUN_FOLDERS:
+            self._hangs.pop(next(iter(self._hangs)))
 
     async def launcher_workers(self, f: Finding, folder: Path) -> bool:
         """One pipeline stands for a whole launcher whose ranks were set inside its workers

@@ -342,6 +342,7 @@ VERDICT_WHY = {
     "same_collective": "every rank waits in the same collective: the cause is outside the dumped ranks",
     "first_failure": "it failed first; the others' failures and stalls are consequences",
     "straggler": "it works while its peers wait in collectives for it; their slowdown is its",
+    "hang": "it hung first (a stall named it); the others' timeouts are consequences",
     "same_failure": "the ranks failed the same way: a cause common to them (code, data, configuration, "
     "environment), not one rank",
 }

@@ -347,10 +347,13 @@ class AlertPolicy:
         caused_by = d.suspect if d is not None and d.suspect is not None else first
         consequence = caused_by is not None and caused_by != key[1]
         for k, a in self._active.items():
+            # A consequence of a hang (a peer's collective timeout after a stall named the
+            # rank that hung) is part of that stall's alert.
+            hang = consequence and k[2] in HANG_FAMILY
             if (
                 k == key
                 or k[0] != key[0]
-                or k[2] not in FAILURE_FAMILY
+                or (k[2] not in FAILURE_FAMILY and not hang)
                 or (k[2] == key[2] and k[1] == key[1])
             ):
                 continue
