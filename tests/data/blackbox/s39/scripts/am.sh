@@ -9,7 +9,7 @@ EOA
 prometheus-alertmanager --config.file=am.yml --storage.path=amdata --web.listen-address=127.0.0.1:$3 --cluster.listen-address= > am.log 2>&1 & am=$!
 for i in $(seq 1 50); do curl -sf http://127.0.0.1:$3/-/ready >/dev/null && break; sleep 0.1; done
 printf 'alerts:\n  startup_quiet: 0s\n  group_wait: 2s\n  alertmanager: {urls: ["http://127.0.0.1:%s"]}\nstall: {startup_grace: 40s, floor: 10s, silent_rank_timeout: 20s}\nrunner: {log_dir: %s/logs}\n' $3 $PWD > cfg.yaml
-FAULT=crash FAULT_STEP=10 STEPS=40 timeout -s INT 60 rankwatch run -c cfg.yaml --no-server --findings-jsonl f.jsonl --dumps-dir dumps \
+FAULT=crash FAULT_STEP=10 STEPS=40 timeout --preserve-status -s INT 60 rankwatch run -c cfg.yaml --no-server --findings-jsonl f.jsonl --dumps-dir dumps \
   -- torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$4 --rdzv-id job$1 --tee 3 /work/bb6/t6.py > out.txt 2> err.txt; rc=$?
 sleep 4
 curl -s http://127.0.0.1:$3/api/v2/alerts > am_alerts.json

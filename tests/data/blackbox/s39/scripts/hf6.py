@@ -5,7 +5,7 @@
 import os, time, torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, default_data_collator
 F = os.environ.get("FAULT", "none"); FS = int(os.environ.get("FAULT_STEP", "20")); FR = int(os.environ.get("FAULT_RANK", "1"))
-R = int(os.environ.get("RANK", "0")); ED = float(os.environ.get("EVAL_DELAY", "0"))
+R = int(os.environ.get("RANK", "0")); ED = float(os.environ.get("EVAL_DELAY", "0")); SS = float(os.environ.get("STEP_SLEEP", "0"))  # s39: seconds per training step
 class DS(torch.utils.data.Dataset):
     def __init__(self, n, off=0): self.n, self.off = n, off
     def __len__(self): return self.n
@@ -18,6 +18,7 @@ class T(Trainer):
             if ED: time.sleep(ED)
             if F == "oom_eval" and R == FR and self.state.global_step >= FS:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.50 GiB. GPU 1 has a total capacity of 79.10 GiB of which 1.12 GiB is free. Of the allocated memory 74.31 GiB is allocated by PyTorch, and 2.07 GiB is reserved by PyTorch but unallocated.")
+        if model.training and SS: time.sleep(SS)
         loss = super().compute_loss(model, inputs, return_outputs, **kw)
         if F == "nan" and model.training and R == FR and self.state.global_step >= FS: loss = loss * float("nan")
         return loss

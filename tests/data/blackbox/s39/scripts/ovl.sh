@@ -7,7 +7,7 @@ cat > ovl.sbatch <<'EOS'
 #SBATCH -o slurm-%j.out
 srun -n 2 python /work/bb6/slurm6.py > train-%t.out 2>&1 &
 T=$!
-srun --overlap -n 1 timeout -s INT 55 rankwatch watch -c cfg.yaml --no-server --findings-jsonl f.jsonl --dumps-dir dumps --match 'slurm6\.py' > watch.out 2> watch.err
+srun --overlap -n 1 timeout --preserve-status -s INT 55 rankwatch watch -c cfg.yaml --no-server --findings-jsonl f.jsonl --dumps-dir dumps --match 'slurm6\.py' > watch.out 2> watch.err
 echo "watch rc=$?"
 kill $T; wait $T; echo "train srun rc=$?"
 EOS

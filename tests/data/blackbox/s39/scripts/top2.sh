@@ -2,7 +2,7 @@
 # top2.sh NAME HP RDZVPORT LISTENBASE: two "node" agents with servers on loopback; `rankwatch top --once` on both mid-run (NaN on rank 3)
 source /work/bb6/man.sh $1 $2
 for n in 0 1; do
-  timeout -s INT 60 rankwatch run -c cfg.yaml --listen 127.0.0.1:$(( $4 + n )) --findings-jsonl f.jsonl --dumps-dir dumps --set runner.log_dir=$PWD/logs$n \
+  timeout --preserve-status -s INT 60 rankwatch run -c cfg.yaml --listen 127.0.0.1:$(( $4 + n )) --findings-jsonl f.jsonl --dumps-dir dumps --set runner.log_dir=$PWD/logs$n \
     -- torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$3 --rdzv-id $1 --tee 3 /work/bb6/t6.py > out-$n.txt 2> err-$n.txt &
   eval a$n=$!
 done
