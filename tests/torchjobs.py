@@ -260,6 +260,10 @@ def finish(
             running.stop_agents()
         for p in running.agents:
             p.wait(timeout=60)
+    except BaseException:
+        # A failed cell leaves no job behind: a hung rank's workers outlive a killed launcher.
+        reap_leftovers(running.tag, grace=0)
+        raise
     finally:
         for p in [*running.procs, *running.agents]:
             if p.poll() is None:
