@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,30 @@ def test_the_run_id_torchrun_will_give_its_workers_is_read_from_its_command(
     cmd: list[str], env: dict[str, str], run: str | None
 ) -> None:
     assert launcher_run_id(cmd, env) == run
+
+
+def test_run_mode_takes_the_jobs_run_id_and_its_own_user_from_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rankwatch run -- torchrun --rdzv-id J ...` with no run name: the agent's identity is run
+    J before any worker starts (a multi-node job's agents share its alert board), and what it
+    runs runs as its own user: every finding says whose (README: `user` in the findings)."""
+    import argparse
+    import pwd
+
+    from rankwatch import cli
+    from rankwatch.identity import RUN_VARS
+
+    for k in (*RUN_VARS, "PET_RDZV_ID"):
+        monkeypatch.delenv(k, raising=False)
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(f"dumps: {{dir: {tmp_path / 'd'}}}\nserver: {{enabled: false}}\n")
+    args = argparse.Namespace(
+        config=str(cfg), findings_jsonl=None, no_server=True, listen=None, dumps_dir=None
+    )
+    cmd = ["torchrun", "--nnodes", "2", "--rdzv-id", "job7", "train.py"]
+    _, ident, _ = cli._live_setup(args, cmd)
+    assert ident.run == "job7"
+    assert ident.user == pwd.getpwuid(os.geteuid()).pw_name
+    _, plain, _ = cli._live_setup(args)  # watch: the user is each watched process's own
+    assert plain.run == "default" and plain.user is None

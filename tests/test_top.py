@@ -297,3 +297,12 @@ def test_top_from_a_real_prometheus_scraping_the_agents(tmp_path: Path) -> None:
         assert none.returncode == 0 and "0 rank(s)" in none.stdout
     finally:
         _stop(procs)
+
+
+@pytest.mark.unit
+def test_a_launchers_own_pipeline_is_shown_but_not_counted_as_a_rank() -> None:
+    """Two node agents of a 4-rank torchrun job each have a rank-less pipeline (torchrun's own
+    lines): the header counts the job's 4 ranks, not 6 rows (the s39 tester's k15)."""
+    rows = [Row("j", r, "n", step=10) for r in range(4)] + [Row("j", None, "n"), Row("j", None, "n2")]
+    head = render(Frame(rows, [], 2, time.time()), width=120, colour=False).splitlines()[0]
+    assert "4 rank(s)" in head, head

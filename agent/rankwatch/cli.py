@@ -231,6 +231,15 @@ def _live_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
+def _own_user() -> str | None:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name[:64]
+    except (KeyError, OSError):
+        return None
+
+
 def _live_setup(args: argparse.Namespace, cmd: list[str] | None = None) -> tuple[Config, Identity, list[Any]]:
     from rankwatch.actions.console import ConsoleSink, JsonlSink
     from rankwatch.identity import identity_from_env, launcher_run_id
@@ -253,6 +262,9 @@ def _live_setup(args: argparse.Namespace, cmd: list[str] | None = None) -> tuple
         rid = launcher_run_id(cmd)
         if rid is not None:
             identity = dataclasses.replace(identity, run=rid)
+    if cmd and identity.user is None:
+        # What `run` starts runs as the agent's own user: its findings and alerts say whose.
+        identity = dataclasses.replace(identity, user=_own_user())
     sinks: list[Any] = [ConsoleSink(identity)]
     if args.findings_jsonl:
         sinks.append(JsonlSink(args.findings_jsonl, identity))

@@ -370,8 +370,10 @@ def render(frame: Frame, *, width: int = 100, colour: bool = False, title: str =
         1 for r in frame.rows if r.stalled or any(s in ("critical", "warning") for s, _ in r.findings)
     )
     runs = sorted({r.run for r in frame.rows})
+    # A launcher's own pipeline (rank "–": torchrun's lines) is shown, but is no rank of the job.
+    ranks = sum(1 for r in frame.rows if r.rank is not None) or len(frame.rows)
     head = (
-        f"rankwatch top  {title}  run {clean(', '.join(runs) or '–', 40)}  {len(frame.rows)} rank(s)  "
+        f"rankwatch top  {title}  run {clean(', '.join(runs) or '–', 40)}  {ranks} rank(s)  "
         f"{troubled} in trouble  {stalled} stalled  {time.strftime('%H:%M:%S', time.localtime(frame.when))}"
     )
     lines = [head[:width], line([c[0] for c in cols], "FINDINGS")]

@@ -6,6 +6,8 @@ worker process, stepping every ~50 ms and logging ``step=N loss=X`` lines.
 
 Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   loader_hang  the DataLoader worker blocks forever in ``__getitem__``;
+  loader_hang_once  the same, in torchrun's first attempt only (``PG_TIMEOUT_S``, gloo's
+               timeout, then ends the hang and torchrun's restart runs clean);
   barrier      an extra ``dist.barrier()`` the other ranks never call;
   sigkill      the rank kills itself with SIGKILL (the OOM killer);
   oom          the rank raises torch.OutOfMemoryError (CUDA's text) and exits;
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime
 import io
 import os
 import signal
@@ -98,7 +101,9 @@ class Tokens(Dataset):
         return 1 << 30
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if FAULT == "loader_hang" and self.rank == FAULT_RANK and i >= FAULT_STEP * BATCH:
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        hangs = FAULT == "loader_hang" or (FAULT == "loader_hang_once" and first_attempt)
+        if hangs and self.rank == FAULT_RANK and i >= FAULT_STEP * BATCH:
             read_shard_forever()
         g = torch.Generator().manual_seed(i)
         x = torch.randn(SEQ, DIM, generator=g)
@@ -196,7 +201,12 @@ def main() -> None:
     else:
         if FAULT == "hang_init" and int(os.environ.get("RANK", "-1")) == FAULT_RANK:
             threading.Event().wait()  # a rank that never reaches the rendezvous
-        dist.init_process_group("gloo")
+        # PG_TIMEOUT_S: gloo's own timeout (torch's default 30 min), which ends a hang as a crash.
+        timeout = os.environ.get("PG_TIMEOUT_S")
+        if timeout:
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(timeout)))
+        else:
+            dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     torch.set_num_threads(1)
