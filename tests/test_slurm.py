@@ -8,6 +8,7 @@ capture every rank's stack into one incident, and leave nothing behind when the 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -18,12 +19,27 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
 import pytest
+
+from conftest import free_port
+from torchjobs import (
+    WORKLOAD,
+    Running,
+    _popen,
+    _term,
+    agent_config,
+    finish,
+    job_env,
+    rankwatch,
+    systemd_notify,
+    webhook,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 UP = REPO / "tests" / "slurm" / "slurm-single-node-up.sh"
@@ -389,6 +405,56 @@ def test_watch_sbatch_per_node_sidecar_sees_both_ranks(slurm: dict[str, str], tm
 
 
 @pytest.mark.tool
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch not installed")
+def test_the_node_daemon_beside_a_plain_srun_step_pages_the_aborted_task(
+    slurm: dict[str, str], tmp_path: Path
+) -> None:
+    """The node daemon (``watch --match``, as systemd runs it) beside ``srun -n 2 python
+    train.py`` with no agent in the step (s39 k63): srun's command line matches too, but it is
+    the step's launcher, not a rank; the tasks' output reaches the user through srun's (a
+    pipe to slurmstepd in each task), so srun's file is the tasks' log, and srun's "task 1:
+    Aborted" is rank 1's death. Rank 1 aborts (no traceback), rank 0 dies of the lost peer:
+    one alert, "crash on rank 1", suspect rank 1, of run <job id>."""
+    tag = uuid.uuid4().hex
+    with webhook() as (url, posted):
+        cfg = agent_config(tmp_path, url=url, named=False)
+        found = tmp_path / "f.jsonl"
+        watch = rankwatch(
+            "watch", "--config", str(cfg), f"--match=--rw-job={tag}", "--findings-jsonl", str(found)
+        )
+        with systemd_notify() as (notify_env, ready):
+            agent = _popen(watch, job_env(tag, notify_env), tmp_path / "agent.out")
+            ready(agent, tmp_path / "agent.out")
+        env = job_env(
+            tag,
+            {
+                **{k: v for k, v in slurm.items() if k in ("PATH", "SLURM_CONF")},
+                "FAULT": "abort", "FAULT_RANK": "1", "FAULT_STEP": "10", "MASTER_PORT": str(free_port()),
+            },
+        )  # fmt: skip
+        train = [sys.executable, "-u", str(WORKLOAD), f"--rw-job={tag}"]
+        step = _popen(["srun", "-n", "2", f"--chdir={tmp_path}", *train], env, tmp_path / "train.out")
+        running = Running(
+            tag, [step], step.poll, lambda: _term([step]), [found], lambda: [],
+            [tmp_path / "train.out", tmp_path / "agent.out"], [agent],
+        )  # fmt: skip
+        running.stop_agents = lambda: _term([agent])
+        cell = finish(running, tmp_path, posted)
+    out = (tmp_path / "train.out").read_text(errors="replace")
+    assert "task 1: Aborted" in out, cell.debug()
+    jid = next(f["run"] for f in cell.findings if f["rank"] == 1)
+    assert jid.isdigit(), cell.debug()  # the Slurm job id, read from the task's environment
+    assert cell.rc not in (0, None), cell.debug()
+    assert cell.extra["agent_rcs"] == [0], cell.debug()
+    assert not [f for f in cell.serious() if f["rank"] is None], cell.debug()  # srun is no rank
+    assert cell.on(1, "crash"), cell.debug()
+    (alert,) = cell.firing()
+    got = (alert["kind"], alert["rank"], alert["suspect"], alert["run"], alert["world_size"])
+    assert got == ("crash", 1, 1, jid, 2), cell.debug()
+
+
+@pytest.mark.tool
 def test_sbatch_scripts_pass_shellcheck() -> None:
     sc = shutil.which("shellcheck")
     if sc is None:
@@ -453,3 +519,23 @@ def test_listen_auto_takes_the_steps_reserved_port(env: dict[str, str], listen: 
     from rankwatch.slurm import resolve_listen
 
     assert resolve_listen(listen, env) == expected
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("line", "tasks"),
+    [
+        ("srun: error: vm: task 1: Aborted", {1}),
+        ("srun: error: n01: tasks 0-2,5: Exited with exit code 1", {0, 1, 2, 5}),
+        ("srun: error: n01: task 3: Killed", {3}),
+        ("srun: Job step aborted: Waiting up to 32 seconds for job step to finish.", None),
+        ("[rank0]: srun: error: vm: task 1: Aborted", None),  # a rank's own print, not srun's
+    ],
+)
+def test_srun_lines_name_the_tasks_whose_end_they_tell(line: str, tasks: set[int] | None) -> None:
+    """srun's account of its tasks' ends: the first as Slurm 22.05 printed it here
+    (tests/data/blackbox/s39/repro/k63/train.out), the others in the shape of its task-state
+    report (a range list of task ids, src/srun/task_state.c)."""
+    from rankwatch.slurm import named_tasks
+
+    assert named_tasks(line) == tasks

@@ -15,6 +15,7 @@ import json
 import os
 import pwd
 import re
+import socket
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -103,3 +104,68 @@ def write_sd_file(path: str | os.PathLike[str], target: str, labels: Mapping[str
 def remove_sd_file(path: str | os.PathLike[str]) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+# --- a plain step's launcher ---------------------------------------------------------------------
+
+# A Slurm task's stdout and stderr are pipes to its slurmstepd, which sends them to the ``srun``
+# that launched the step: what the user reads (``srun -n 2 python train.py > job.out``) is that
+# srun's output, holding every task's lines and srun's own word on each task's end ("srun: error:
+# n01: task 1: Aborted"). srun listens on the port each task's environment names for it
+# (``SLURM_SRUN_COMM_PORT``, at ``SLURM_SRUN_COMM_HOST``).
+SRUN_NAMES = frozenset({"srun"})
+# srun's account of tasks' ends (src/srun/launch.c): "srun: error: <node>: task 1: Aborted",
+# "srun: error: <node>: tasks 0-1: Exited with exit code 1"; the tasks it names, by id.
+SRUN_TASKS_RE = re.compile(r"^srun: error: \S+: tasks? ([\d,\-]{1,200}): ")
+
+
+def is_srun(cmd: list[str]) -> bool:
+    return bool(cmd) and os.path.basename(cmd[0]) in SRUN_NAMES
+
+
+def named_tasks(text: str) -> set[int] | None:
+    """The task ids an srun line says ended (``tasks 0-2,5``), or None when it is no such line."""
+    m = SRUN_TASKS_RE.match(text)
+    if m is None:
+        return None
+    out: set[int] = set()
+    for part in m.group(1).split(","):
+        lo, sep, hi = part.partition("-")
+        if lo.isdigit() and (not sep or hi.isdigit()):
+            out.update(range(int(lo), min(int(hi if sep else lo), int(lo) + 4095) + 1))
+    return out
+
+
+def _local_addresses() -> set[str]:
+    import psutil
+
+    out = {"localhost"}
+    with contextlib.suppress(OSError):
+        for addrs in psutil.net_if_addrs().values():
+            out.update(a.address.split("%")[0] for a in addrs)
+    with contextlib.suppress(OSError):
+        out.add(socket.gethostname())
+    return out
+
+
+def srun_of_task(env: Mapping[str, str], uid: int) -> int | None:
+    """The pid of the srun on this node that launched a task with this environment and owner,
+    or None (no such variables, srun on another node, gone, or not the task's user's: another
+    user's process listening on that port is never taken for it). Blocking: reads /proc."""
+    import psutil
+
+    port, host = env.get("SLURM_SRUN_COMM_PORT", ""), env.get("SLURM_SRUN_COMM_HOST", "")
+    if not port.isdigit() or not host or host not in _local_addresses():
+        return None
+    for proc in psutil.process_iter(["name", "uids"]):
+        try:
+            if proc.info["name"] not in SRUN_NAMES or proc.info["uids"] is None:
+                continue
+            if uid not in (proc.info["uids"].real, proc.info["uids"].effective):
+                continue
+            listening = {c.laddr.port for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            continue
+        if int(port) in listening:
+            return int(proc.pid)
+    return None

@@ -27,6 +27,7 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   exit         the rank returns from ``main`` with exit status 0 while its peers go on;
   sysexit      the rank prints an ``ERROR: ...`` line on stderr and calls ``sys.exit(3)`` (no
                traceback: a script's own check that gives up);
+  abort        the rank calls ``os.abort()`` (SIGABRT, no traceback: a C++ assertion);
   save_hang    the rank saves a checkpoint (``torch.save`` into ``CKPT_DIR``) whose writes
                stop after the first bytes, as on a hung NFS server: it hangs inside torch.save;
   none         healthy.
@@ -36,7 +37,9 @@ Megatron log on one rank only (default: every rank).
 plain torchrun job do (tests/data/blackbox/s37/scripts/t4.py: ``step=39 loss=2.94673 lr=0.01
 rank=1``). ``FAULT_GATE``: a file; the fault waits for it to exist (from ``FAULT_STEP`` on), so a
 test can attach an agent mid-run and have the rank fail only after that.
-Rank identity comes from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+Rank identity comes from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT); under a plain
+``srun -n N python ddp_train.py`` from Slurm's (SLURM_PROCID, SLURM_NTASKS), set in the process
+as such scripts do, so its environment as /proc shows it holds Slurm's variables only.
 ``DIST=0`` runs each rank alone (no process group, no DDP): the cheapest real job for what
 is about the launcher and not the collectives (the node daemon's jobs).
 """
@@ -195,6 +198,9 @@ def hang_up_peers() -> None:
 
 
 def main() -> None:
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+        os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_NTASKS"])
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     alone = os.environ.get("DIST", "1") == "0"
     if alone:
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -223,6 +229,8 @@ def main() -> None:
         faulty = rank == FAULT_RANK and step >= FAULT_STEP and (not FAULT_GATE or os.path.exists(FAULT_GATE))
         if faulty and FAULT == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if faulty and FAULT == "abort":
+            os.abort()
         if faulty and FAULT == "oom":
             allocate_activations(step)
         if faulty and FAULT == "barrier" and step == FAULT_STEP:

@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 import psutil
 
-from rankwatch import offloop, safeio
+from rankwatch import offloop, safeio, slurm
 from rankwatch.config.schema import Config
 from rankwatch.dumps.ptrace import tracer_preexec
 from rankwatch.identity import RANK_VARS, Identity, identity_of_process
@@ -673,13 +673,32 @@ class _Found:
     cgroup: str | None = None  # /proc/<pid>/cgroup: a Kubernetes pod names the run
     born: float | None = None  # its start, wall clock (psutil's create_time)
     launcher: bool = False  # torchrun and the like, by its command line
+    srun: bool = False  # a Slurm step's launcher: its tasks are slurmstepd's children, not its own
+    task: int | None = None  # its Slurm task id, when its log is its srun's output
 
 
-def _is_launcher(pid: int) -> bool:
-    """Whether the process is a launcher: its ranks are its children, it is none itself."""
+def _is_launcher(pid: int) -> tuple[bool, bool]:
+    """Whether the process is a launcher (its ranks are its children, it is none itself), and
+    whether it is ``srun`` (a Slurm step's launcher, whose tasks are slurmstepd's children)."""
     with contextlib.suppress(psutil.Error):
-        return workers.launcher_process(psutil.Process(pid))
-    return False
+        proc = psutil.Process(pid)
+        return workers.launcher_process(proc), slurm.is_srun(proc.cmdline())
+    return False, False
+
+
+def _srun_output(pid: int, env: dict[str, str]) -> tuple[tuple[Path, ...], int | None]:
+    """A Slurm task's log when its own output is no file: its stdout and stderr are pipes to
+    slurmstepd, which sends them to the step's srun; when that srun runs on this node, as the
+    task's user, with its output in files, those files hold this task's lines (and srun's word
+    on its end), as the user reads them. And the task's id, which srun's lines name."""
+    with contextlib.suppress(psutil.Error):
+        uid = psutil.Process(pid).uids().real
+        srun = slurm.srun_of_task(env, uid)
+        if srun is not None:
+            files, _ = workers.checked_output_files(srun)
+            if files:
+                return tuple(files), workers.env_int(env, ("SLURM_PROCID",))
+    return (), None
 
 
 def _owner_and_cgroup(pid: int) -> tuple[str | None, str | None]:
@@ -705,10 +724,13 @@ def _look(
         new = new[:1]
     out: dict[int, _Found] = {}
     for p in new:
+        env, problem = _read_process_env(p)
         # A rank's log is every file its output goes to: with torchrun's --redirects its
         # traceback and its peer's gloo error are in stderr.log, its steps in stdout.log.
         files, _ = workers.checked_output_files(p)
-        logs, pod = tuple(files), None
+        logs, pod, task = tuple(files), None, None
+        if not logs and "SLURM_SRUN_COMM_PORT" in env:
+            logs, task = _srun_output(p, env)
         if not logs:
             from rankwatch.sources import kubepods  # only for a process whose output is no file
 
@@ -719,9 +741,10 @@ def _look(
         # To the clock tick: psutil's create_time is up to a second early, which took a rank
         # restarted within that second of its predecessor's last sample for a left-behind child.
         born = started_at(p)
+        launcher, srun = _is_launcher(p)
         out[p] = _Found(
-            *_read_process_env(p), logs, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup,
-            born=born, launcher=_is_launcher(p),
+            env, problem, logs, ProcessProber(p, clock=clock), pod=pod, user=user, cgroup=cgroup,
+            born=born, launcher=launcher, srun=srun, task=task,
         )  # fmt: skip
     return pids, out
 
@@ -923,6 +946,7 @@ class _ProcessWatch:
         w = sharedlog.make_watcher(
             self.cfg, ident, list(seen.logs), emit=self.agent.emit, clock=self.agent.clock, shared=self.shared
         )
+        w.task = seen.task
         self.agent.adopt(w)
         w.attach(pid, seen.prober)
         self.watchers.append(w)
@@ -985,10 +1009,12 @@ class _ProcessWatch:
         for pid in found:
             if pid in attached or pid in self.launchers:
                 continue
-            if seen[pid].launcher and _env_int(seen[pid].env, RANK_VARS) is None:
+            if seen[pid].srun or (seen[pid].launcher and _env_int(seen[pid].env, RANK_VARS) is None):
                 # torchrun matches too (the script's arguments are in its command line): before it
                 # has started its workers, and after they have ended, it is a leaf, yet no rank;
                 # as one it would be a second pipeline (run "default") saying its workers' ends.
+                # So does srun, always a leaf (its tasks are slurmstepd's), even when a batch
+                # script's SLURM_PROCID is in its environment: its output is its tasks' log.
                 self.launchers.add(pid)
                 continue
             ident = self._identity_of(seen[pid], pid)

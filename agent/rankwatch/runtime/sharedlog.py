@@ -9,7 +9,8 @@ pipeline takes:
 
 - the lines carrying its own prefix (``[rank3]:``, what PyTorch puts before a rank's traceback);
 - the launcher's lines that name its process (torchrun logs the pid of each worker it failed or
-  stopped, and its failure box names each one's pid); the launcher's other lines are no rank's;
+  stopped, and its failure box names each one's pid; srun names the task ids whose end it tells:
+  ``srun: error: n01: task 1: Aborted``); the launcher's other lines are no rank's;
 - any other unprefixed line (the workers' own prints) is parsed by one pipeline only, the
   lowest live rank's. A record of it that names another rank of the file (``step=39 ... rank=1``,
   each piece of two ranks' records glued into one line) is handed to that rank's pipeline, so
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rankwatch import slurm
 from rankwatch.events import Progress
 from rankwatch.records import ErrorRecord, Finding, Record
 from rankwatch.runtime.watcher import RankWatcher, Stream
@@ -70,6 +72,7 @@ class SharedLogWatcher(RankWatcher):
     """A node daemon's rank pipeline: its lines of a file other ranks write too (``SharedLogs``)."""
 
     shared: SharedLogs | None = None
+    task: int | None = None  # the Slurm task id, when the file is its srun's output
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Per shared file: (whether its last line was this rank's, the launcher's block under way).
@@ -102,7 +105,10 @@ class SharedLogWatcher(RankWatcher):
             else:
                 g = _GLOG_RE.match(text)
                 named = _NAMED_PID_RE.search(text)
-                if named is not None:
+                tasks = slurm.named_tasks(text) if self.task is not None else None
+                if tasks is not None:
+                    last, block = self.task in tasks, False  # srun's word on the tasks it names
+                elif named is not None:
                     pid = int(named.group(1) or named.group(2))
                     failed = _FAILED_RE.search(text) is not None
                     # The launcher's word on a rank whose own traceback is in: that is its
