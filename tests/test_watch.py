@@ -420,6 +420,20 @@ def test_a_process_output_file_is_followed_only_when_it_is_safe(tmp_path: Path) 
             os.chown(theirs, 65534, 65534)
             files, why = checked_output_files(procs[-1].pid)
             assert files == [] and "owned by UID 65534" in why[0], why
+
+        # The agent's own output file (one shell's `> job.log` for both, srun --overlap into the
+        # job's slurm-N.out): never read back as the rank's log.
+        ours = tmp_path / "ours.log"
+        procs.append(sleeper(ours))
+        saved = os.dup(2)
+        try:
+            with open(ours, "ab") as fh:
+                os.dup2(fh.fileno(), 2)
+            files, why = checked_output_files(procs[-1].pid)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        assert files == [] and "where this agent's own output goes" in why[0], why
     finally:
         for p in procs:
             p.kill()

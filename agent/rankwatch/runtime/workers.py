@@ -158,6 +158,16 @@ def output_targets(pid: int) -> tuple[list[Path], bool]:
     return out, both
 
 
+def _own_outputs() -> set[tuple[int, int]]:
+    out: set[tuple[int, int]] = set()
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                out.add((st.st_dev, st.st_ino))
+    return out
+
+
 def checked_output_files(pid: int) -> tuple[list[Path], list[str]]:
     """The files a watched process's stdout and stderr go to that the agent may follow, and why
     each other one is not followed. The agent may read with more rights than the job: a name is
@@ -171,6 +181,7 @@ def checked_output_files(pid: int) -> tuple[list[Path], list[str]]:
     users = {uids.real, uids.effective}
     files: list[Path] = []
     why: list[str] = []
+    ours = _own_outputs()
     for fd, name in ((1, "stdout"), (2, "stderr")):
         link = f"/proc/{pid}/fd/{fd}"
         try:
@@ -198,6 +209,10 @@ def checked_output_files(pid: int) -> tuple[list[Path], list[str]]:
             why.append(f"its {name} file's name {target[:200]!r} now holds another file")
         elif st.st_uid not in users:
             why.append(f"its {name} file {target[:200]!r} is owned by UID {st.st_uid}, not by the process's")
+        elif (st.st_dev, st.st_ino) in ours:
+            # Started from one shell into one file (or srun --overlap beside the step, both into
+            # slurm-<job>.out): read, the agent's own reports would come back to it as the rank's.
+            why.append(f"its {name} file {target[:200]!r} is where this agent's own output goes")
         elif Path(target) not in files:
             files.append(Path(target))
     return files, why
