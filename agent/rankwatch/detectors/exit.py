@@ -78,12 +78,14 @@ class ExitDetector(Detector):
         cause, _ = pick_cause(state)
         clean = exit_code == 0 and signal is None
         # A warning told first (an NCCL WARN, gloo's lost peer) does not say the rank died: the
-        # crash does (a lost peer's, named after the rank that failed first).
+        # crash does (a lost peer's, named after the rank that failed first). A rank the launcher
+        # stopped after its own critical error went out (every rank's OOM at once) ended of that
+        # error: no second finding naming another rank's as the first failure.
         if (
             cause is not None
             and cause.reported
             and cause.severity >= Severity.CRITICAL
-            and not (requested or clean or e.disk_full is not None)
+            and not (clean or e.disk_full is not None)
         ):
             return self._told(state, e, cause)
         crash = crash_finding(
@@ -112,6 +114,8 @@ class ExitDetector(Detector):
         ended, tied to that error, not a second critical finding."""
         where = f" (line {cause.line})" if cause.line is not None else ""
         how = how_it_ended(state, e.exit_code, e.signal, self.run.step)
+        if e.requested:
+            how = f"{how}, on the stop signal {e.stopped_by}"
         # A launching script's end after its worker's error (mp.spawn re-raises it): that rank's.
         whose = "its" if cause.rank is None or cause.rank == self.rank else f"rank {cause.rank}'s"
         msg = f"{how}: {whose} {cause.kind} finding above{where} is the cause: {cause.summary[:300]}"
