@@ -11,7 +11,8 @@ import pytest
 from rankwatch.cli import main
 from rankwatch.identity import rank_from_path
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
 FINDING_KEYS = {"kind", "severity", "rank", "path", "step", "line", "message"}
 RANK_KEYS = {"path", "rank", "format", "steps", "last_step", "findings"}
 
@@ -382,3 +383,39 @@ def test_place_of_a_log_file(path: str, rank: int, local: int | None, worker: st
 
     place = log_place(path, 5)
     assert (place.rank, place.local_rank, place.worker) == (rank, local, worker)
+
+
+@pytest.mark.unit
+def test_rotated_backups_are_read_as_the_one_log_they_were(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``analyze train.log*`` on a RotatingFileHandler's files (s39 k53): the backups and the
+    live file are one stream, oldest first, so a NaN that began in ``.log.1`` has one onset,
+    told with its own file and line, not an onset per file. The log is a real one (mp.spawn,
+    two ranks, NaN from step 15 on rank 1), cut where a rotation would cut it."""
+    real = REPO / "tests/data/blackbox/s35b/repro/d28_spawn_nan.log"
+    lines = real.read_text().splitlines(keepends=True)
+    log = tmp_path / "train.log"
+    (tmp_path / "train.log.2").write_text("".join(lines[:20]))
+    (tmp_path / "train.log.1").write_text("".join(lines[20:40]))
+    log.write_text("".join(lines[40:]))
+    code, whole = run_json(capsys, str(real))
+    code2, doc = run_json(capsys, str(tmp_path / "train.log.2"), str(log), str(tmp_path / "train.log.1"))
+    assert code == code2 == 1
+    onsets = sorted((f["rank"], f["step"], f["line"]) for f in whole["findings"] if f["kind"] == "nan_loss")
+    got = [f for f in doc["findings"] if f["kind"] == "nan_loss"]
+    assert sorted((f["rank"], f["step"], f["line"] + 20) for f in got) == onsets, got
+    assert {f["path"] for f in got} == {str(tmp_path / "train.log.1")}, got
+    assert [r["path"] for r in doc["ranks"]] == [str(log)] * len(doc["ranks"]), doc["ranks"]
+
+
+@pytest.mark.unit
+def test_numbered_files_without_their_log_are_files_of_their_own() -> None:
+    """Slurm's ``-o train.%t`` names a file per task (``train.0``, ``train.1``): no rotation."""
+    from rankwatch.analyze import rotation_chains
+
+    assert rotation_chains(["train.0", "train.1"]) == [("train.0", ()), ("train.1", ())]
+    assert rotation_chains(["a.log.1", "a.log", "a.log.3.gz", "b.log.1"]) == [
+        ("a.log", ("a.log.3.gz", "a.log.1")),
+        ("b.log.1", ()),
+    ]

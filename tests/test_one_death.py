@@ -119,14 +119,15 @@ def test_a_death_by_an_error_not_told_yet_is_a_crash_with_its_cause() -> None:
     assert _exit(st, 0) is None  # a clean exit stays no finding
 
 
-
 def test_a_rank_stopped_after_its_own_told_error_is_that_error_not_a_second_failure() -> None:
     """Every rank OOMs at once; torchrun stops the last one while it tears down (s39 k27): its
     own OOM already went out as a critical finding, so its death on the launcher's stop is told
     by it (info), not a crash warning naming another rank's OOM as the first failure."""
     st = RankState(rank=2)
     st.add(StepRecord(step=9, line=3))
-    st.add(ErrorRecord(kind="oom", summary="torch.OutOfMemoryError: CUDA out of memory", line=4, reported=True))
+    st.add(
+        ErrorRecord(kind="oom", summary="torch.OutOfMemoryError: CUDA out of memory", line=4, reported=True)
+    )
     st.errors[-1].severity = Severity.CRITICAL
     stop = ProcessExit(None, 15, ("x",), 15, None, wall=5.0, stopped_by="the launcher sent")
     f = ExitDetector(2, None).judge(st, stop)
@@ -135,6 +136,7 @@ def test_a_rank_stopped_after_its_own_told_error_is_that_error_not_a_second_fail
     st.errors[-1].reported = False  # held, not told yet: the death is the crash, a warning after a stop
     f = ExitDetector(2, None).judge(st, stop)
     assert f is not None and (f.kind, f.severity) == ("crash", Severity.WARNING), f
+
 
 LIGHTNING_CHILD = {
     "LOCAL_RANK": "1",

@@ -2,7 +2,9 @@
 
 One file per rank (rank from the file name, or its torchrun ``--log-dir`` worker folder:
 ``sources/logfiles.py``) or one file holding many ranks (rank from each line's launcher
-prefix); gzip, bzip2 and xz files are read as the text they hold.
+prefix); gzip, bzip2 and xz files are read as the text they hold. A log's rotated backups given
+with it (``train.log.2 train.log.1 train.log``: Python's RotatingFileHandler, logrotate) are
+read as the one stream they were, oldest first.
 The output shapes are the ``analyze --json`` contract of DESIGN.md.
 """
 
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterator, Sequence
@@ -154,9 +158,56 @@ def _lines(path: str, cfg: Config, prefetch: bool) -> Iterator[FollowedLine]:
     return read_lines(path, max_line_bytes=limit, drop=NOISE, encoding=encoding)
 
 
-def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bool = False) -> FileResult:
+# A rotated backup of a log: ``train.log.1`` (RotatingFileHandler, logrotate), ``train.log.2.gz``
+# (logrotate's compress); the higher the number, the older the file.
+_ROTATED = re.compile(r"^(?P<base>.+)\.(?P<n>[1-9]\d{0,3})(?:\.(?:gz|bz2|xz))?$")
+
+
+def rotation_chains(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """Each log given, with its rotated backups given too, oldest first: (the log, its
+    backups). A numbered file whose log is not given is a file of its own (Slurm's ``-o
+    train.%t`` names one file per task ``train.0``, ``train.1``)."""
+    given = set(paths)
+    older: dict[str, list[tuple[int, str]]] = {}
+    for p in paths:
+        m = _ROTATED.match(p)
+        if m is not None and m["base"] in given and m["base"] != p:
+            older.setdefault(m["base"], []).append((int(m["n"]), p))
+    backups = {p for group in older.values() for _, p in group}
+    return [
+        (p, tuple(b for _, b in sorted(older.get(p, []), reverse=True))) for p in paths if p not in backups
+    ]
+
+
+def _chained(
+    files: Sequence[str], cfg: Config, prefetch: bool, starts: list[tuple[int, str]]
+) -> Iterator[FollowedLine]:
+    """The lines of ``files`` as one stream, numbered on across them; ``starts`` gets each
+    file's first number, to give every finding its own file and line back."""
+    base = 0
+    for path in files:
+        starts.append((base, path))
+        last = 0
+        for fl in _lines(path, cfg, prefetch):
+            last = fl.lineno
+            yield FollowedLine(fl.text, base + fl.lineno, cut=fl.cut, clean=fl.clean) if base else fl
+        base += last
+
+
+def _place_back(found: list[Finding], starts: list[tuple[int, str]]) -> None:
+    for f in found:
+        if f.line is None:
+            continue
+        first, path = next((b, p) for b, p in reversed(starts) if f.line > b)
+        f.path, f.line = path, f.line - first
+
+
+def analyze_file(
+    path: str, cfg: Config, fallback_rank: int | None, prefetch: bool = False, older: Sequence[str] = ()
+) -> FileResult:
     """Run one file through a parser and one engine per rank seen in it. ``prefetch``: a big
-    file may be read by a second process while this one parses (a core to spare)."""
+    file may be read by a second process while this one parses (a core to spare). ``older``:
+    its rotated backups, oldest first, read before it as the one stream they were."""
     place = log_place(path)
     name_rank = place.rank if place.named else None
     parser = LogParser.configured(cfg.logs, default_rank=name_rank, world_size=cfg.run.world_size)
@@ -174,7 +225,9 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
     launcher = LauncherLog(Path(path), 0)
     cut = 0
     n_records = 0
-    for fl in _lines(path, cfg, prefetch):
+    starts: list[tuple[int, str]] = []
+    lines = _chained([*older, path], cfg, prefetch, starts) if older else _lines(path, cfg, prefetch)
+    for fl in lines:
         cut += fl.cut
         launcher.feed(fl.text.encode("utf-8", "replace"))
         recs = parser.feed(fl.text, fl.lineno, cut=fl.cut, clean=fl.clean)
@@ -186,6 +239,8 @@ def analyze_file(path: str, cfg: Config, fallback_rank: int | None, prefetch: bo
     feed(last)
     for eng, found in engines.values():
         found.extend(eng.finish())
+        if older:
+            _place_back(found, starts)
     _merge_launcher_crashes(engines)
     _gave_up(launcher, engines, RankEngine(cfg.detectors, name_rank, path))
     said = frozenset(r for r in engines if r is not None)
@@ -365,7 +420,11 @@ def _one_state_per_rank(
 
 
 def _file_results(
-    paths: Sequence[str], cfg: Config, jobs: int | None, fallbacks: Sequence[int | None]
+    paths: Sequence[str],
+    cfg: Config,
+    jobs: int | None,
+    fallbacks: Sequence[int | None],
+    older: Sequence[tuple[str, ...]],
 ) -> list[FileResult]:
     """One file per rank is independent until ``cross_rank``: files go to worker processes
     when there are several, they are big, and more than one core is allowed. Files read in
@@ -377,14 +436,16 @@ def _file_results(
     if jobs is None:
         jobs = min(n, _cores())
         total = 0
-        for p in paths:
+        for p in itertools.chain(paths, *older):
             with contextlib.suppress(OSError):
                 total += os.path.getsize(p)
         if total < PARALLEL_MIN_BYTES:
             jobs = 1
     jobs = max(1, min(jobs, n))
     if jobs == 1:
-        return [analyze_file(str(p), cfg, r, prefetch) for p, r in zip(paths, fallbacks, strict=True)]
+        return [
+            analyze_file(str(p), cfg, r, prefetch, o) for p, r, o in zip(paths, fallbacks, older, strict=True)
+        ]
     # Here, not at the top: most calls never start a pool. spawn, not fork: no inherited
     # locks or threads, the same on every platform.
     import multiprocessing
@@ -392,7 +453,7 @@ def _file_results(
 
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        return list(pool.map(analyze_file, [str(p) for p in paths], [cfg] * n, fallbacks))
+        return list(pool.map(analyze_file, [str(p) for p in paths], [cfg] * n, fallbacks, [False] * n, older))
 
 
 def analyze(paths: Sequence[str], cfg: Config, *, jobs: int | None = None) -> Analysis:
@@ -401,8 +462,10 @@ def analyze(paths: Sequence[str], cfg: Config, *, jobs: int | None = None) -> An
     reports: list[RankReport] = []
     states = []
     by_rank: dict[int | None, list[Finding]] = {}
+    chains = rotation_chains([str(p) for p in paths])
+    paths = [p for p, _ in chains]
     places = places_of(paths)
-    results = _file_results(paths, cfg, jobs, [p.rank for p in places])
+    results = _file_results(paths, cfg, jobs, [p.rank for p in places], [o for _, o in chains])
     _worker_ranks(places, results)
     _worker_steps(places, results)
     for path, res in zip(paths, results, strict=True):
