@@ -419,3 +419,15 @@ def test_numbered_files_without_their_log_are_files_of_their_own() -> None:
         ("a.log", ("a.log.3.gz", "a.log.1")),
         ("b.log.1", ()),
     ]
+
+
+@pytest.mark.unit
+def test_an_eval_loss_nan_at_every_eval_is_one_finding_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    """The eval loss NaN from step 15 on, the training loss finite between evals (s39 k28, a
+    real torchrun --tee run): the finite training lines do not clear the eval's NaN, so it is
+    one finding per rank, not a fire and a clear at every eval."""
+    code, doc = run_json(capsys, str(REPO / "tests/data/torchrun/eval_nan_every_eval.log"))
+    assert code == 1
+    nan = [(f["rank"], f["step"]) for f in doc["findings"] if f["kind"] == "nan_loss"]
+    assert sorted(nan) == [(0, 15), (1, 15)], doc["findings"]
+    assert all("eval" in f["message"] for f in doc["findings"] if f["kind"] == "nan_loss")

@@ -895,3 +895,14 @@ def test_a_second_run_in_the_log_is_no_spike_against_the_first() -> None:
     # The same jump without the epoch going back is still a spike.
     same = [StepRecord(step=None, loss=v, epoch=float(i), line=i) for i, (v, _) in enumerate(TWO_RUNS, 1)]
     assert [f.kind for f in run(same) if f.kind == "loss_spike"] == ["loss_spike"]
+
+
+def test_an_eval_nan_is_resolved_by_a_finite_eval_loss_only() -> None:
+    """Training lines between two evals say nothing of the eval: its NaN stays open until an
+    eval loss is finite again, and a training NaN while it is open is the same one finding."""
+    recs: list[StepRecord | EvalRecord] = [StepRecord(step=s, loss=2.0) for s in range(1, 6)]
+    recs += [EvalRecord(eval_loss=math.nan, step=5), StepRecord(step=6, loss=2.0)]
+    recs += [StepRecord(step=7, loss=math.nan), StepRecord(step=8, loss=2.0)]
+    recs += [EvalRecord(eval_loss=math.nan, step=10), EvalRecord(eval_loss=2.1, step=15)]
+    found = [f for f in run(recs) if f.kind == "nan_loss"]
+    assert [(f.step, f.resolved) for f in found] == [(5, False), (15, True)], found

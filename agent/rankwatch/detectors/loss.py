@@ -216,6 +216,9 @@ class NanDetector(Detector):
     def __init__(self, cfg: NanConfig, warmup_steps: int) -> None:
         self.cfg = cfg
         self.episode = Episode()
+        # An eval's NaN is its own episode: the training losses between two evals are finite
+        # (s39 k28), and only a finite eval loss says the eval recovered.
+        self.eval_episode = Episode()
         self.bad_grads = 0
         # A first-window record with a non-finite grad norm and a finite loss, held until the
         # next record says whether it was fp16 loss-scale calibration.
@@ -231,6 +234,17 @@ class NanDetector(Detector):
         if isinstance(record, EvalRecord):
             if _nonfinite(record.eval_loss):
                 return self._fire(state, record, f"eval loss is {record.eval_loss}")
+            if finite(record.eval_loss) and self.eval_episode.close() and not self.episode.active:
+                return [
+                    finding(
+                        "nan_loss",
+                        Severity.CRITICAL,
+                        state,
+                        f"eval loss is finite again at eval {at_step(record)}",
+                        record=record,
+                        resolved=True,
+                    )
+                ]
             return []
         if not isinstance(record, StepRecord):
             return []
@@ -308,6 +322,8 @@ class NanDetector(Detector):
             return []
         if finite(record.loss) and record.loss != 0 and self.episode.close():
             self.bad_step = None
+            if self.eval_episode.active:
+                return []  # the NaN of the eval stays: resolved by a finite eval loss
             return [
                 finding(
                     "nan_loss",
@@ -352,8 +368,11 @@ class NanDetector(Detector):
         )
 
     def _fire(self, state: RankState, record: StepRecord | EvalRecord, what: str) -> list[Finding]:
-        if not self.episode.open(record.step):
-            return []
+        mine, other = (self.eval_episode, self.episode) if isinstance(record, EvalRecord) else (
+            self.episode, self.eval_episode
+        )  # fmt: skip
+        if not mine.open(record.step) or other.active:
+            return []  # one finding while either is open
         story, evidence = self._story(state)
         where = at_step(record)
         first = "eval at " if isinstance(record, EvalRecord) else ""
