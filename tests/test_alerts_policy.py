@@ -546,3 +546,25 @@ def test_a_peers_timeout_that_ends_a_hang_is_part_of_the_stalls_alert() -> None:
     clock.t += 15.0
     p.pump(clock())
     assert len(out) == 1, [m.title for m in out]
+
+
+def test_a_failure_found_in_a_replayed_history_waits_for_its_judged_twin() -> None:
+    """An agent that attached after rank 1 died (``watch --match`` finding a running torchrun,
+    the matrix's pod-match cell) reads its crash in the replayed log: that finding was never
+    judged against the peers, so it waits ``death_wait`` more; the live finding of the same
+    death, judged (suspect rank 1) after the cross-rank wait, names the suspect of the one
+    alert. With no live twin, the replayed failure goes out all the same."""
+    p, out, clock = policy(group_wait=1.0, death_wait=10.0)
+    p.replayed([Finding("crash", Severity.CRITICAL, 1, "crash on 1", 7, time=999.0)])
+    clock.t += 3.0
+    p.pump(clock())
+    assert out == []
+    p.take(_failure("crash", 1, Severity.CRITICAL, first=1, t=999.0))
+    clock.t += 10.0
+    p.pump(clock())
+    assert [(m.title, m.suspect) for m in out] == [("crash on rank 1, suspect rank 1", 1)]
+    q, out2, clock2 = policy(group_wait=1.0, death_wait=10.0)
+    q.replayed([Finding("oom", Severity.CRITICAL, 2, "oom on 2", 7, time=999.0)])
+    clock2.t += 11.0
+    q.pump(clock2())
+    assert [m.title for m in out2] == ["oom on rank 2"]

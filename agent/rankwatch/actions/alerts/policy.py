@@ -156,6 +156,7 @@ class AlertPolicy:
         self._inherited: dict[Key, float] = {}  # firing at start, not yet seen again -> deadline
         self._owed: set[Key] = set()  # resolves owed from before the restart, not yet announced
         self._replayed: list[Finding] | None = []  # None once the state is loaded
+        self._replaying = False  # ``_adopt`` is firing what a replayed history held
         self._active: dict[Key, Active] = {}
         self._resolving: dict[Key, Active] = {}
         self._pending: dict[GroupKey, Group] = {}
@@ -603,14 +604,18 @@ class AlertPolicy:
                     f.step,
                 )
             self._saw(key[0], key[1])
-            if key in self._owed:
-                # The resolve owed from before the restart may have gone out just before the
-                # kill: it is sent (again), and this firing is a new episode, not a flap.
-                self._owed.discard(key)
-                self._resolving.pop(key, None)
-                self._new_episode(key, f)
-                continue
-            self._fire(key, f)
+            self._replaying = True
+            try:
+                if key in self._owed:
+                    # The resolve owed from before the restart may have gone out just before the
+                    # kill: it is sent (again), and this firing is a new episode, not a flap.
+                    self._owed.discard(key)
+                    self._resolving.pop(key, None)
+                    self._new_episode(key, f)
+                    continue
+                self._fire(key, f)
+            finally:
+                self._replaying = False
 
     def _end_earlier_job(self, key: Key, rec: Remembered, sev: Severity, member: AlertMember) -> None:
         """An alert firing when the agent of an earlier job under this run name stopped (``run``
@@ -724,9 +729,13 @@ class AlertPolicy:
         g = self._pending.get(gk)
         if g is None:
             wait = float(self.cfg.group_wait)
-            if status == "firing" and not repeat and key[2] in PEER_FAILURES and severity < Severity.CRITICAL:
+            peer = key[2] in PEER_FAILURES and severity < Severity.CRITICAL
+            if status == "firing" and not repeat and (peer or (self._replaying and key[2] in OWN_FAILURES)):
                 # A rank whose peer failed dies of it (gloo raises, NCCL's watchdog aborts), on a
-                # loaded node seconds later: its death leads the alert, not a second page.
+                # loaded node seconds later: its death leads the alert, not a second page. A
+                # failure found in a replayed history (an agent that attached after the rank
+                # died) has not been judged against its peers: its live twin, judged, comes
+                # after the cross-rank wait and names the suspect before this goes out.
                 wait += float(getattr(self.cfg, "death_wait", 0.0))
             g = Group(key[2], status, self.clock() + wait, severity, repeat=repeat)
             self._pending[gk] = g
