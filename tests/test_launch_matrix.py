@@ -831,6 +831,10 @@ def test_a_peers_timeout_that_ends_a_hang_names_the_hung_rank(tmp_path: Path) ->
     assert crash["diagnosis"]["suspect"] == 1 and crash["diagnosis"]["verdict"] == "hang", c.debug()
     hang = [a for a in c.firing() if a["kind"] == "stall" or a["summary"].startswith("crash on rank 0")]
     assert hang and all(a["suspect"] == 1 for a in hang), c.debug()
+    # The hang ended (the hung process died, or torchrun restarted it): the stall alert with it.
+    fired = {a["id"] for a in c.alerts if a["kind"] == "stall" and a["status"] == "firing"}
+    ended = {a["id"] for a in c.alerts if a["kind"] == "stall" and a["status"] == "resolved"}
+    assert fired and fired <= ended, c.debug()
 
 
 @pytest.mark.timeout(300)

@@ -157,6 +157,24 @@ def test_fires_once_and_resolves_on_new_step() -> None:
     assert len(r.sample(last + 140)) == 1
 
 
+def test_a_stall_ends_when_its_rank_restarts() -> None:
+    """gloo's timeout ends a hang and torchrun restarts the ranks (s39 k18): the new process of
+    the same rank (a new pid) resolves the stall of the old one, or its alert fires for good;
+    the new process then gets the startup grace."""
+    from rankwatch.events import ProcessStart
+
+    r = Rank()
+    assert r.det.observe(r.state, ProcessStart(1000.0, 4242)) == []
+    last = r.steps(1100.0, 120, 2.0)
+    assert len(r.sample(last + 62)) == 1 and r.det.active
+    assert r.det.observe(r.state, ProcessStart(last + 70, 4242)) == []  # the same process: nothing
+    (res,) = r.det.observe(r.state, ProcessStart(last + 80, 5151))
+    assert res.resolved and res.kind == "stall" and res.rank == 3, res
+    assert res.message.startswith("the rank restarted (new process, pid 5151) after"), res.message
+    assert not r.det.active
+    assert r.samples(last + 81, last + 81 + 800, every=10.0) == []  # the startup grace (900 s)
+
+
 def test_restart_from_checkpoint_is_progress() -> None:
     r = Rank()
     last = r.steps(1100.0, 50, 2.0, first_step=1000)

@@ -118,11 +118,19 @@ class StallDetector(Detector):
         elif isinstance(e, CheckpointStatus):
             self._checkpoint(e)
         elif isinstance(e, ProcessStart):
+            ended: list[Finding] = []
             if self.pid is not None and e.pid != self.pid:
                 # The rank restarted (torchrun, a requeue): it loads its model again, so it gets
-                # the startup grace, not the old step interval's timeout.
+                # the startup grace, not the old step interval's timeout. A stall of the old
+                # process ended with it: resolved, or its alert would stay firing for good
+                # (the s39 tester's k18: gloo's timeout ended the hang, torchrun restarted).
+                if self.episode.close():
+                    waited = _secs(e.now - self.quiet_from)
+                    msg = f"the rank restarted (new process, pid {e.pid}) after {waited} without progress"
+                    ended.append(self._resolved(msg, state.last_step))
                 self._reset(self.cfg, e.now)
             self.pid = e.pid
+            return ended
         return []
 
     def _checkpoint(self, e: CheckpointStatus) -> None:
