@@ -431,3 +431,14 @@ def test_an_eval_loss_nan_at_every_eval_is_one_finding_per_rank(capsys: pytest.C
     nan = [(f["rank"], f["step"]) for f in doc["findings"] if f["kind"] == "nan_loss"]
     assert sorted(nan) == [(0, 15), (1, 15)], doc["findings"]
     assert all("eval" in f["message"] for f in doc["findings"] if f["kind"] == "nan_loss")
+
+
+@pytest.mark.unit
+def test_torchrun_role_prefixes_name_the_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    """``torchrun --role trainer --tee 3`` prefixes each line ``[trainer1]:`` (s40 l01, a real
+    run): the NaN is rank 1's at step 15, rank 0's follows at 16 through DDP, and no rank is
+    read twice (no loss_divergence made of doubled records)."""
+    code, doc = run_json(capsys, str(REPO / "tests/data/torchrun/role_trainer_nan.log"))
+    assert code == 1
+    got = sorted((f["kind"], f["rank"], f["step"]) for f in doc["findings"])
+    assert got == [("nan_loss", 0, 16), ("nan_loss", 1, 15)], doc["findings"]

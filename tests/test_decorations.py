@@ -38,6 +38,9 @@ T0 = calendar.timegm((2024, 5, 1, 10, 0, 0, 0, 0, 0))
         ("[rank3]: step 1", "step 1", 3, None),
         ("[default3]:step 1", "step 1", 3, None),
         ("[default3]:[rank11]: step 1", "step 1", 11, None),
+        # torchrun --role trainer: "[${role_name}${local_rank}]:" (local_elastic_agent.py)
+        ("[trainer1]:step=15 loss=nan", "step=15 loss=nan", 1, None),
+        ("[epoch3]: loss 2.0", "[epoch3]: loss 2.0", None, None),  # a log's own counter, no role
         ("[1,3]<stdout>:hello", "hello", 3, None),
         ('[1,5]<stderr>:  File "x.py"', '  File "x.py"', 5, None),
         # python logging prefixes

@@ -92,13 +92,26 @@ def _epoch(m: re.Match[str]) -> float | None:
     return t
 
 
+# torchrun's own prefix is ``[${role_name}${local_rank}]:`` (torch/distributed/elastic/agent/
+# server/local_elastic_agent.py): ``[default3]:``, or ``[trainer3]:`` under ``--role trainer``.
+# A role is the user's word; these words before a number are a log's own counters, not a role.
+_ROLE = re.compile(r"\[([a-z][a-z_-]{0,31})(\d{1,7})")
+_NOT_ROLES = frozenset(
+    {"rank", "epoch", "step", "iter", "iteration", "batch", "gpu", "cuda", "node", "worker"}
+)
+
+
 def _bracket_rank(head: str) -> tuple[int, bool] | None:
-    """``[rank3`` / ``[default3`` (before ``]:``): (rank, whether one following space goes too)."""
+    """``[rank3`` / ``[default3`` / ``[trainer3`` (before ``]:``): (rank, whether one following
+    space goes too)."""
     for tag, space in (("[rank", True), ("[default", False)):
         if head.startswith(tag):
             digits = head[len(tag) :]
             if 0 < len(digits) <= 7 and digits.isdecimal():
                 return int(digits), space
+    role = _ROLE.fullmatch(head)
+    if role is not None and role[1] not in _NOT_ROLES:
+        return int(role[2]), False
     # torchrun --log-line-prefix-template "[${role_name}${local_rank}|${rank}]:" (torchtune's
     # multi-node recipes print "[trainer0|0]:"): the global rank follows the bar.
     bar = head.find("|")
