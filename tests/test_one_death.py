@@ -171,3 +171,24 @@ def test_a_script_with_no_children_starts_no_ranks() -> None:
     from rankwatch.runtime.workers import rank_workers
 
     assert rank_workers(2**22 + 12345, script=True) == []  # no such process: nothing, no error
+
+
+def test_a_launcher_stopped_from_outside_is_no_crash() -> None:
+    """``run -- timeout -s TERM 12 torchrun ...`` (s40 l07, a real run's combined log): torchrun
+    got SIGTERM from ``timeout``, stopped its workers and re-raised torchelastic's
+    SignalException; ``timeout`` ended 124. A stop someone asked for: the launcher's end is info,
+    not a rank-less critical crash."""
+    from rankwatch.sources.logparser import LogParser
+
+    log = Path(__file__).parent / "data/torchrun/timeout_stops_torchrun.log"
+    parser = LogParser()
+    st = RankState(rank=None)
+    for n, line in enumerate(log.read_text().splitlines(), 1):
+        for rec in parser.feed(line, n):
+            st.add(rec)
+    for rec in parser.finish():
+        st.add(rec)
+    assert any("SignalException" in e.summary for e in st.errors), st.errors
+    f = ExitDetector(None, None).judge(st, ProcessExit(124, None, ("x",), False, None, wall=5.0))
+    assert f is not None and (f.kind, f.severity) == ("process_exit", Severity.INFO), f
+    assert "stopped from outside the agent: it got SIGTERM" in f.message, f

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 
 # multiprocessing's line before a worker's traceback: "Process SpawnProcess-1:".
 _MP_HEADER = re.compile(r"^Process \S+:$")
+# torchelastic's handler in the launcher (torch/distributed/elastic/multiprocessing/api.py):
+# the launcher itself got a stop signal, from outside the job (``timeout``, scancel, kill, a
+# pod's deletion); it stops its workers and re-raises.
+_LAUNCHER_SIGNALLED = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+_STOP_SIGNALS = frozenset({_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP})
 
 
 @register
@@ -77,6 +82,18 @@ class ExitDetector(Detector):
             return found
         cause, _ = pick_cause(state)
         clean = exit_code == 0 and signal is None
+        stopped = (
+            _LAUNCHER_SIGNALLED.search(cause.summary) if cause is not None and self.rank is None else None
+        )
+        if stopped is not None and int(stopped[1]) in _STOP_SIGNALS:
+            # A stop someone asked for (``timeout 3600 torchrun``, ``kill``): the workers the
+            # launcher stopped say so; no rank failed, so the job's end is no crash.
+            sig = _signame(int(stopped[1]))
+            msg = (
+                f"the launcher was stopped from outside the agent: it got {sig} (a `timeout`, scancel, "
+                f"kill, a pod's deletion), stopped its workers and ended ({status})"
+            )
+            return self._exit(state, msg, e.wall)
         # A warning told first (an NCCL WARN, gloo's lost peer) does not say the rank died: the
         # crash does (a lost peer's, named after the rank that failed first). A rank the launcher
         # stopped after its own critical error went out (every rank's OOM at once) ended of that
