@@ -255,6 +255,22 @@ def test_nan_is_found_on_its_rank_at_its_step(tmp_path: Path, form: str) -> None
 
 
 @pytest.mark.timeout(300)
+def test_a_nan_shared_through_the_all_reduce_names_the_rank_whose_loss_went_nan(tmp_path: Path) -> None:
+    """The s40 tester's l06: each step line carries the grad norm. Rank 1's inputs go NaN at
+    step 8; DDP's all-reduce makes rank 0's gradients NaN at the same step while its loss is
+    still finite: both ranks are NaN at step 8, and the one alert names rank 1, whose own loss
+    went NaN, as its suspect (not "no suspect" for ranks failing at the same step)."""
+    c = cell(tmp_path, "tee", {**fault("nan", steps=20), "GRAD_NORM": "1"})
+    assert c.rc == 0, c.debug()
+    at8 = {f["rank"]: f for f in c.of("nan_loss") if f["step"] == 8}
+    assert set(at8) == {0, 1}, c.debug()
+    assert "loss is nan" in at8[1]["message"] and "loss is nan" not in at8[0]["message"], c.debug()
+    [alert] = c.alerts_of("nan_loss")
+    assert alert["suspect"] == 1 and alert["summary"] == "nan_loss on 2 of 2 ranks, suspect rank 1", c.debug()
+    assert [a["kind"] for a in c.firing()] == ["nan_loss"], c.debug()
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("form", [*NEW_FORMS, *REDIRECTED])
 def test_an_oom_is_named_on_its_rank_and_by_its_peer(tmp_path: Path, form: str) -> None:
     """Rank 1 raises CUDA's OOM at step 8: an ``oom`` finding on rank 1 after step 7, rank 0's

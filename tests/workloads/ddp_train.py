@@ -33,6 +33,8 @@ Faults (``FAULT``, on rank ``FAULT_RANK`` from step ``FAULT_STEP``):
   none         healthy.
 ``LOG_RANKS`` (comma-separated): only these ranks print their step lines, as HF Trainer and
 Megatron log on one rank only (default: every rank).
+``GRAD_NORM=1``: each step line carries the total gradient norm after the backward all-reduce
+(``grad_norm=X``, as HF and Megatron log it).
 ``SAY_RANK=1``: each step line ends with ``rank=N``, as scripts that print into the one log of a
 plain torchrun job do (tests/data/blackbox/s37/scripts/t4.py: ``step=39 loss=2.94673 lr=0.01
 rank=1``). ``FAULT_GATE``: a file; the fault waits for it to exist (from ``FAULT_STEP`` on), so a
@@ -75,6 +77,8 @@ SLOW_FACTOR = float(os.environ.get("SLOW_FACTOR", "3"))
 LOG_RANKS = {int(r) for r in os.environ.get("LOG_RANKS", "").split(",") if r.strip()}
 SAY_RANK = os.environ.get("SAY_RANK", "0") == "1"
 FAULT_GATE = os.environ.get("FAULT_GATE")
+GRAD_NORM = os.environ.get("GRAD_NORM", "0") == "1"
+GRAD_NORM_SEEN = 0.0
 # DataLoader worker processes per rank. A worker is forked after init_process_group and holds
 # its rank's gloo sockets open until it notices its parent is gone (up to 5 s): with 0 a killed
 # rank's connections close at once, and its peer's gloo error comes before a launcher stops it.
@@ -126,9 +130,12 @@ def compute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, slow: float) -> 
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, slow: float):
+    global GRAD_NORM_SEEN
     opt.zero_grad()
     loss = compute(model, x, y, slow)
     loss.backward()
+    if GRAD_NORM:
+        GRAD_NORM_SEEN = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
     opt.step()
     return loss
 
@@ -271,7 +278,8 @@ def main() -> None:
         dt = time.perf_counter() - t0
         if not LOG_RANKS or rank in LOG_RANKS:
             said = f" rank={rank}" if SAY_RANK else ""
-            say(f"step={step} loss={loss.item():.4f} lr=1e-3 step_time={dt:.4f}{said}")
+            gn = f" grad_norm={GRAD_NORM_SEEN:.4f}" if GRAD_NORM else ""
+            say(f"step={step} loss={loss.item():.4f}{gn} lr=1e-3 step_time={dt:.4f}{said}")
         if step >= STEPS:
             break
     if not alone:

@@ -374,6 +374,12 @@ class NanDetector(Detector):
         if not mine.open(record.step) or other.active:
             return []  # one finding while either is open
         story, evidence = self._story(state)
+        if isinstance(record, StepRecord):
+            # Which values were not finite: under DDP one rank's NaN loss reaches every rank's
+            # gradients through the backward all-reduce at the same step, while the others'
+            # losses are still finite (``first_member`` in actions/alerts/message.py).
+            bad = {"loss": record.loss, "grad_norm": record.grad_norm, "loss_scale": record.loss_scale}
+            evidence["nonfinite"] = [k for k, v in bad.items() if _nonfinite(v)]
         where = at_step(record)
         first = "eval at " if isinstance(record, EvalRecord) else ""
         return [

@@ -239,7 +239,8 @@ def first_member(members: list[AlertMember], kind: str | None) -> AlertMember | 
     """The member of a ``FIRST_FAILURE_KINDS`` alert on several ranks that failed first, when
     that is unambiguous: the lowest step when every member has one, else the earliest start
     when every member has one. A tie names nobody (ranks that went NaN at the same step did
-    not follow one another), nor does a member of no known rank, nor an error every member
+    not follow one another; but of ranks NaN at one step only by their gradients, the one whose
+    own loss was NaN is where it came from), nor does a member of no known rank, nor an error every member
     reports alike (a script that cannot start, a module missing on every rank)."""
     if kind not in FIRST_FAILURE_KINDS or len({m.rank for m in members}) < 2:
         return None
@@ -254,7 +255,15 @@ def first_member(members: list[AlertMember], kind: str | None) -> AlertMember | 
         if len(known) < len(values):
             continue
         firsts = [m for m, v in zip(members, values, strict=True) if v == min(known)]
-        return firsts[0] if len({m.rank for m in firsts}) == 1 else None
+        if len({m.rank for m in firsts}) == 1:
+            return firsts[0]
+        if kind == "nan_loss" and values is steps:
+            # Ranks NaN at the same step, only one of them by its own loss: the others' NaN is
+            # in their gradients only, which DDP's all-reduce brought from that rank.
+            own = [m for m in firsts if "loss" in (m.evidence.get("nonfinite") or ())]
+            if len({m.rank for m in own}) == 1 and len(own) < len(firsts):
+                return own[0]
+        return None
     return None
 
 
