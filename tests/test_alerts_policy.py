@@ -568,3 +568,25 @@ def test_a_failure_found_in_a_replayed_history_waits_for_its_judged_twin() -> No
     clock2.t += 11.0
     q.pump(clock2())
     assert [m.title for m in out2] == ["oom on rank 2"]
+
+
+def test_one_ranks_loss_blowing_up_is_a_warning_and_its_escalation() -> None:
+    """The s40 tester's l13: rank 1's loss jumps at step 12 (loss_spike), keeps rising
+    (loss_divergence at 14) and overflows at 17 (nan_loss, critical): the divergence is the
+    spike's alert going on, the overflow pages as its escalation. Another rank's spike, or the
+    same rank's a long while after, is news."""
+    p, out, clock = policy(group_wait=1.0)
+    p.take(Finding("loss_spike", Severity.WARNING, 1, "jump", 12, time=clock()))
+    clock.t += 2.0
+    p.pump(clock())
+    p.take(Finding("loss_divergence", Severity.WARNING, 1, "rising", 14, time=clock()))
+    clock.t += 2.0
+    p.pump(clock())
+    p.take(Finding("nan_loss", Severity.CRITICAL, 1, "inf", 17, time=clock()))
+    clock.t += 2.0
+    p.pump(clock())
+    assert [m.title for m in out] == ["loss_spike on rank 1", "nan_loss on rank 1"]
+    p.take(Finding("loss_spike", Severity.WARNING, 0, "jump", 20, time=clock()))
+    clock.t += 2.0
+    p.pump(clock())
+    assert [m.title for m in out[2:]] == ["loss_spike on rank 0"]

@@ -68,6 +68,9 @@ SLOWDOWN_FAMILY = frozenset({"straggler", "throughput_drop"})
 # A hang's problem: every rank's stall that names the same suspect or incident is one alert,
 # however late a rank is judged (``_problem_of``).
 HANG_FAMILY = frozenset({"stall"})
+# A rank's loss blowing up: the spike, the rise that follows and the NaN or inf it ends in are
+# one problem (``_blowup_of``); the critical NaN after a sent warning still pages.
+LOSS_FAMILY = frozenset({"loss_spike", "loss_divergence", "nan_loss"})
 MAX_RUN_WORLDS = 256  # runs whose world size is remembered (a node daemon outlives many jobs)
 GroupKey = tuple[str, Status, bool]  # (kind, status, repeat)
 
@@ -333,6 +336,8 @@ class AlertPolicy:
             return self._slowdown_of(key, f, starts)
         if key[2] in HANG_FAMILY:
             return self._hang_of(key, f, starts)
+        if key[2] in LOSS_FAMILY:
+            return self._blowup_of(key, f, starts)
         if key[2] not in FAILURE_FAMILY:
             return None
         d = f.diagnosis
@@ -367,6 +372,23 @@ class AlertPolicy:
             theirs = a.member.diagnosis.suspect if a.member.diagnosis is not None else None
             if k[1] == key[1] or (consequence and caused_by in (k[1], theirs)):
                 return k
+        return None
+
+    def _blowup_of(self, key: Key, f: Finding, starts: float) -> Key | None:
+        """The alert of this rank's loss already out (or waiting) that ``f`` continues: a loss
+        that jumps, keeps rising and ends in inf or NaN (the s40 tester's l13: spike at step 12,
+        divergence at 14, inf at 17) is one problem, not three pages. Worse than what was
+        announced (the NaN, critical, after a sent warning) is news."""
+        for k, a in self._active.items():
+            if k == key or k[0] != key[0] or k[1] != key[1] or k[2] not in LOSS_FAMILY:
+                continue
+            if not a.pending and not a.sent:
+                continue  # itself folded into another
+            if abs(a.member.starts_at - starts) > FOLD_WINDOW_S:
+                continue
+            if a.sent and f.severity > a.severity:
+                continue  # worse than announced: news
+            return k
         return None
 
     def _slowdown_of(self, key: Key, f: Finding, starts: float) -> Key | None:
