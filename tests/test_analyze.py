@@ -442,3 +442,14 @@ def test_torchrun_role_prefixes_name_the_ranks(capsys: pytest.CaptureFixture[str
     assert code == 1
     got = sorted((f["kind"], f["rank"], f["step"]) for f in doc["findings"])
     assert got == [("nan_loss", 0, 16), ("nan_loss", 1, 15)], doc["findings"]
+
+
+@pytest.mark.unit
+def test_a_rich_bar_whose_metrics_wrap_onto_the_next_line_is_read_whole(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Lightning's RichProgressBar beside a CSVLogger (s40 l31, a real run): ``v_num`` fills the
+    bar's line and Rich wraps ``train_loss: nan`` onto the next one; the NaN is the bar's."""
+    code, doc = run_json(capsys, str(REPO / "tests/data/lightning/rich_bar_wrapped_nan.log"))
+    assert code == 1
+    assert [(f["kind"], f["step"]) for f in doc["findings"]] == [("nan_loss", 40)], doc["findings"]

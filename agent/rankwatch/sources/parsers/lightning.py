@@ -37,6 +37,10 @@ _RICH = re.compile(
     r"\s+\S+\s+•\s+\S+\s+(?P<rate>[\d.]+it/s|[\d.]+s/it)?(?P<info>.{0,2000})"
 )
 _POSTFIX = re.compile(r"(?P<k>[A-Za-z_][\w/.\-]{0,80})\s{0,2}[=:]\s{0,2}(?P<v>[^,\s\]]{1,400})")
+# Rich wraps a bar's metrics that do not fit its width onto the lines under it, indented to
+# where they start: "Epoch 0/-2 ━━━ 40/40 0:00:06 • 0:00:00 6.38it/s v_num: 0.000" and then
+# "          train_loss: nan" (a CSVLogger's v_num takes the room; the s40 tester's l31).
+_RICH_MORE = re.compile(r"\s{8,}(?:[A-Za-z_][\w/.\-]{0,80}: \S{1,400}\s*){1,40}")
 _EVAL_KEYS = ("val_loss", "val/loss", "valid_loss", "validation_loss", "val_loss_epoch", "eval_loss")
 
 
@@ -57,6 +61,8 @@ class LightningParser:
         self._postfix: str | None = None
         self._metrics: tuple[dict[str, float], dict[str, float], str | None] = ({}, {}, None)
         self._held: StepRecord | None = None  # the latest step, until its last drawing is known
+        # The last Rich bar: (its line number, its line, epoch, n, total, rate, postfix, last epoch).
+        self._rich: tuple[int, LogLine, str, str, str | None, str, str, int | None] | None = None
 
     def sniff(self, text: str) -> bool:
         if "Epoch " not in text:
@@ -67,9 +73,16 @@ class LightningParser:
     def parse(self, line: LogLine) -> list[Record]:
         text = line.text
         if "Epoch " not in text:
+            rich, self._rich = self._rich, None
+            if rich is not None and rich[0] + 1 == line.lineno and _RICH_MORE.fullmatch(strip_ansi(text)):
+                # The bar's metrics go on here: the same drawing, with all of its postfix.
+                _, bar, epoch, n, total, rate, info, last = rich
+                self._rich = (line.lineno, bar, epoch, n, total, rate, f"{info} {text.strip()}", last)
+                return self._bar(bar, epoch, n, total, rate, f"{info} {text.strip()}", last)
             if OverflowTracker.maybe(text):
                 return list(self._overflow.feed(line, strip_ansi(text)) or ())
             return []
+        self._rich = None
         text = strip_ansi(text)
         if "\r" in text:  # an unsplit run of redraws: the last one is current
             text = text.rstrip("\r")
@@ -90,11 +103,22 @@ class LightningParser:
                 last = None
             rate = r.group("rate") or ""
             total = r.group("total")
+            total = None if total == "--" else total
+            self._rich = (
+                line.lineno,
+                line,
+                r.group("epoch"),
+                r.group("n"),
+                total,
+                rate,
+                r.group("info"),
+                last,
+            )
             return self._bar(
                 line,
                 r.group("epoch"),
                 r.group("n"),
-                None if total == "--" else total,
+                total,
                 rate,
                 r.group("info"),
                 last,
