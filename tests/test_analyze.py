@@ -453,3 +453,18 @@ def test_a_rich_bar_whose_metrics_wrap_onto_the_next_line_is_read_whole(
     code, doc = run_json(capsys, str(REPO / "tests/data/lightning/rich_bar_wrapped_nan.log"))
     assert code == 1
     assert [(f["kind"], f["step"]) for f in doc["findings"]] == [("nan_loss", 40)], doc["findings"]
+
+
+@pytest.mark.unit
+def test_ranks_marked_by_the_script_are_told_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every accelerate process prints "[rank r] step N | loss X" into the one pipe (s40 l32 and
+    l33, real runs, some records glued on one line): rank 2's NaN at step 10 comes first, each
+    rank's steps are its own; the healthy run's noisy start (rank 0: 1.45, then 11.2 .. 4.9 and
+    back at 1.9) is no loss spike."""
+    code, doc = run_json(capsys, str(REPO / "tests/data/accelerate/marked_ranks_nan_rank2.log"))
+    assert code == 1
+    got = sorted((f["kind"], f["rank"], f["step"]) for f in doc["findings"])
+    assert got == [("nan_loss", 0, 11), ("nan_loss", 1, 11), ("nan_loss", 2, 10)], doc["findings"]
+    assert sorted((r["rank"], r["steps"]) for r in doc["ranks"]) == [(0, 30), (1, 30), (2, 30)]
+    code, doc = run_json(capsys, str(REPO / "tests/data/accelerate/marked_ranks_healthy.log"))
+    assert (code, doc["findings"]) == (0, []), doc["findings"]

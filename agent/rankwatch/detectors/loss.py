@@ -506,7 +506,12 @@ class LossSpikeDetector(Detector):
     def finish(self, state: RankState) -> list[Finding]:
         pending, self.pending = self.pending, None
         held, self.held = self.held, None
-        if held is not None and held.after and self._stayed_up(held):
+        if (
+            held is not None
+            and held.after
+            and self._stayed_up(held)
+            and not self._low_first_draw(state, held)
+        ):
             # The log ended while the jump was still up in most of what came after it.
             return [self._held_spike(state, held)]
         return [self._spike(state, *pending)] if pending is not None else []
@@ -549,11 +554,31 @@ class LossSpikeDetector(Detector):
         up = sum(after)
         if up >= need:
             self.held = None
+            if self._low_first_draw(state, held):
+                return []
             self.quiet_until = step + cfg.window
             return [self._held_spike(state, held)]
         if len(after) - up > cfg.window - need:
             self.held = None  # came back: the noise of a log too short to measure it
         return []
+
+    def _low_first_draw(self, state: RankState, held: _Held) -> bool:
+        """Against fewer than ``level_records`` earlier losses, losses after the jump this noisy
+        (a per-batch log: step noise at least ``confirm_noise_ratio`` of their level) put that
+        earlier loss within ``noise_factor`` of their own noise: it was a low draw of a noisy
+        start, not a level the loss jumped from (an accelerate job's per-rank MSE 1.45, then
+        11.2, 9.2, 6.1 .. 3.2 .. 4.9 and back to 1.9 at the 12th: the s40 tester's l33)."""
+        if len(held.prior) >= self.cfg.level_records:
+            return False
+        after = state.recent("loss", len(held.after))
+        if len(after) < 3:
+            return False
+        level, sigma = median(after), step_noise(after)
+        return (
+            level > 0
+            and sigma >= self.cfg.confirm_noise_ratio * level
+            and (level - held.top <= self.cfg.noise_factor * sigma)
+        )
 
     def _stayed_up(self, held: _Held) -> bool:
         """The losses after a held jump, where the log ended, stayed up: most of them, or all of

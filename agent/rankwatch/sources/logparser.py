@@ -25,6 +25,7 @@ forged ``[rankN]:`` prefixes cost no parser, engine or label set each.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections import deque
@@ -89,14 +90,33 @@ _SAID_RANK = re.compile(r"(?<![\w.-])rank=(\d{1,7})(?!\d)")
 # before every message, after whatever the logging format prints first ("11/28/2026 14:54:14 -
 # INFO - __main__ - [RANK 1] step 15: loss nan", tests/data/blackbox/s36/repro); with
 # ``main_process_only=False`` every process logs into the one pipe ``accelerate launch`` shares.
-_MARKED_RANK = re.compile(r"\[RANK (\d{1,7})\] ")
+# Scripts mark their lines the same way by hand: "[rank 2] step 10 | loss nan | lr 0.01" (the
+# s40 tester's accelerate script), at the line's start only (DeepSpeed's ``log_dist`` "[Rank 0]"
+# inside a line says which ranks print it, not whose the numbers are).
+_MARKED_RANK = re.compile(r"\[RANK (\d{1,7})\] |^\[rank (\d{1,7})\] ")
+
+
+def _marked(body: str) -> bool:
+    return "[RANK " in body or body.startswith("[rank ")
 
 
 def _said_rank(body: str) -> int | None:
     found = {int(m) for m in _SAID_RANK.findall(body, 0, 4096)}
-    if "[RANK " in body:
-        found.update(int(m) for m in _MARKED_RANK.findall(body, 0, 4096))
+    if _marked(body):
+        found.update(int(a or b) for a, b in _MARKED_RANK.findall(body, 0, 4096))
     return found.pop() if len(found) == 1 else None
+
+
+_GLUED_MARK = re.compile(r"\[rank \d{1,7}\] ")
+
+
+def _glued_marked(body: str) -> list[str]:
+    """Two ranks' marked records run together ("[rank 2] step 3 | loss 6.2 | lr 0.01[rank 0] step
+    3 | ..."): cut before each mark after the first, when the line starts with one."""
+    starts = [m.start() for m in _GLUED_MARK.finditer(body, 0, 4096)]
+    if len(starts) < 2 or starts[0] != 0:
+        return []
+    return [body[a:b] for a, b in itertools.pairwise([*starts, len(body)])]
 
 
 _FIRST_KEY = re.compile(r"\s*([A-Za-z_][\w.]{0,40}=)")
@@ -211,8 +231,8 @@ class LogParser:
         st = self.stats
         st.lines += 1
         body, prank, ts = strip(text)
-        if prank is None and "rank=" in body:
-            pieces = _glued(body)
+        if prank is None and ("rank=" in body or _marked(body)):
+            pieces = _glued(body) or (_glued_marked(body) if _marked(body) else [])
             if pieces:
                 # Two ranks' records one line: each goes its own way, as a \r segment would.
                 st.lines -= 1
@@ -225,7 +245,7 @@ class LogParser:
                 return []
             rank: int | None = prank
         elif (
-            ("rank=" in body or "[RANK " in body)
+            ("rank=" in body or _marked(body))
             and (said := _said_rank(body)) is not None
             and self._admits(said)
         ):
