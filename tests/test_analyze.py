@@ -468,3 +468,21 @@ def test_ranks_marked_by_the_script_are_told_apart(capsys: pytest.CaptureFixture
     assert sorted((r["rank"], r["steps"]) for r in doc["ranks"]) == [(0, 30), (1, 30), (2, 30)]
     code, doc = run_json(capsys, str(REPO / "tests/data/accelerate/marked_ranks_healthy.log"))
     assert (code, doc["findings"]) == (0, []), doc["findings"]
+
+
+@pytest.mark.unit
+def test_a_tqdm_count_drawn_twice_is_one_step_with_its_last_drawing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A real tqdm bar on a --redirects worker's stderr.log (s40 l49), ``update(1)`` then
+    ``set_postfix(loss=...)``: each count is drawn first with the step before's loss, then its
+    own. One step per count (30, not 74), its own loss: no loss_divergence on the healthy rank 0
+    made of the doubled drawings, and each rank's NaN at its step."""
+    tree = REPO / "tests/data/torchrun/redirects_tqdm_nan"
+    code, doc = run_json(capsys, *sorted(str(p) for p in tree.glob("*/attempt_0/*/*.log")))
+    assert code == 1
+    assert {(f["kind"], f["rank"], f["step"]) for f in doc["findings"]} == {
+        ("nan_loss", 0, 16),
+        ("nan_loss", 1, 15),
+    }
+    assert all(r["steps"] == 30 for r in doc["ranks"]), doc["ranks"]

@@ -451,6 +451,7 @@ class KvParser:
         self._bare_width = 0  # numbers after the counter in this stream's bare rows
         self._counted: tuple[float, float] | None = None  # the last (epoch, iteration) pair told
         self._run_wide = False  # that iteration counts the run, not the epoch
+        self._bar: StepRecord | None = None  # a tqdm bar's count, until its last drawing is known
 
     # -- sniffing (stateless) --------------------------------------------------------------------
 
@@ -789,6 +790,17 @@ class KvParser:
             else:
                 f["step"] = self._last_epoch_step = f["epoch"]
         out = _records(bag, line, need_step=not stepless)
+        if len(out) == 1 and isinstance(out[0], StepRecord) and out[0].step is not None and "%|" in text:
+            # A tqdm bar draws each count more than once: ``update(1)`` draws it with the last
+            # postfix (the step before's loss), ``set_postfix(loss=...)`` again with its own
+            # (the s40 tester's l49: "2/30 ... loss=4.4745" then "2/30 ... loss=14.5567"). One
+            # record per count, its last drawing's values, told when the count moves on.
+            held, rec = self._bar, out[0]
+            self._bar = rec
+            if held is None or held.step == rec.step:
+                return []
+            self._last = (held.step, held.loss)
+            return [held]
         if out and isinstance(out[0], StepRecord):
             # A progress bar redrawn with the same step and values (torchtune's tqdm) is one record.
             key = (out[0].step, out[0].loss)
@@ -926,10 +938,11 @@ class KvParser:
         return [step_record(line, step=int(step), epoch=f.get("epoch"))]
 
     def finish(self) -> list[Record]:
-        return self._flush_blocks()
+        return self.release()
 
     def release(self) -> list[Record]:
-        return self._flush_blocks()
+        bar, self._bar = self._bar, None
+        return [*self._flush_blocks(), *([bar] if bar is not None else [])]
 
     # -- column tables -----------------------------------------------------------------------------
 
