@@ -537,7 +537,7 @@ def test_a_watched_rank_whose_exit_status_is_unknown_is_the_first_failure_its_pe
         "process_exit",
         Severity.INFO,
         1,
-        "watched process exited (exit status unknown in watch mode; no error in its log)",
+        "watched process exited (exit status unknown: not this agent's child; no error in its log)",
         step=7,
         time=1000.0,
         evidence={"status_known": False},

@@ -76,7 +76,7 @@ class ExitDetector(Detector):
                 )
                 return self._exit(state, f"process stopped on the {how} ({status})", e.wall)
         if exit_code is None and signal is None and not any(isinstance(x, ErrorRecord) for x in state.errors):
-            msg = "watched process exited (exit status unknown in watch mode; no error in its log)"
+            msg = "watched process exited (exit status unknown: not this agent's child; no error in its log)"
             found = self._exit(state, msg, e.wall)
             found.evidence = {"status_known": False}  # a possible first failure (runtime/diagnose.py)
             return found
