@@ -590,3 +590,24 @@ def test_one_ranks_loss_blowing_up_is_a_warning_and_its_escalation() -> None:
     clock.t += 2.0
     p.pump(clock())
     assert [m.title for m in out[2:]] == ["loss_spike on rank 0"]
+
+
+def test_the_end_of_the_job_the_agent_ran_resolves_its_conditions() -> None:
+    """``rankwatch run``: the user stops a hung job (the s40 tester's l54); as the agent closes,
+    the stall alert it sent is resolved, saying the job ended; a crash (an event) is not."""
+    out: list[AlertMessage] = []
+    clock = Clock()
+    cfg = AlertsConfig(startup_quiet=0.0, group_wait=1.0, repeat_interval=0.0)
+    p = AlertPolicy(cfg, IDENT, out.append, clock=clock, wall=clock, new_job=True)
+    p.restart([], None, {})
+    p.start(clock())
+    p.take(stall(1))
+    p.take(Finding("crash", Severity.CRITICAL, 2, "boom", 5))
+    clock.t += 2.0
+    p.pump(clock())
+    assert sorted(m.title for m in out) == ["crash on rank 2", "stall on rank 1"]
+    p.job_ended()
+    clock.t += 2.0
+    p.pump(clock())
+    assert [(m.status, m.kind, m.ranks) for m in out[2:]] == [("resolved", "stall", [1])]
+    assert "its job ended" in out[2].members[0].message

@@ -324,6 +324,8 @@ class AlertDispatcher:
         await self._start()
         deadline = time.monotonic() + max(0.0, timeout)
         self.delivery.start()  # run() was cancelled with its workers: flush anyway
+        if self.policy.new_job:
+            self.policy.job_ended()  # what this agent ran is over: so are its conditions
         if self.peers is not None:
             # Agents of a crashed job close together: decide on the board now rather than
             # each sending alone, within half the budget (the rest is for delivery).

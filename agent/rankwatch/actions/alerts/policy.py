@@ -486,6 +486,17 @@ class AlertPolicy:
         a.resolved_at = self.wall()
         self._add(key, m, "resolved", a.severity, a.resolved_at)
 
+    def job_ended(self) -> None:
+        """The job this agent started has ended (``rankwatch run``, closing): a condition it left
+        firing (a stall of a hung job the user then stopped, the s40 tester's l54) cannot go on
+        without it, so its alert is resolved, saying why. An event (a crash) is over already."""
+        for key, a in list(self._active.items()):
+            if key[2] in EVENT_KINDS or not a.sent:
+                continue
+            what = f"{key[2]} on rank {key[1]}" if key[1] is not None else key[2]
+            msg = f"{what}: its job ended (the command this agent ran exited), so resolved"
+            self._resolve(key, Finding(key[2], a.severity, key[1], msg, resolved=True, subject=key[3]))
+
     def replayed(self, findings: Iterable[Finding]) -> None:
         """What the detectors found in the log's tail, replayed at start (oldest first): compared
         with the alert state file once it is loaded (see ``state.py`` for the rule)."""
