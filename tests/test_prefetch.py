@@ -6,6 +6,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,9 +112,9 @@ def test_analyze_reads_the_same_with_or_without_the_second_process(
     used: list[bool] = []
     real = analyze_mod.analyze_file
 
-    def spy(path: str, cfg: Config, fallback_rank: int | None, prefetch: bool = False):
+    def spy(path: str, cfg: Config, fallback_rank: int | None, prefetch: bool = False, older: Any = ()):
         used.append(prefetch)
-        return real(path, cfg, fallback_rank, prefetch)
+        return real(path, cfg, fallback_rank, prefetch, older)
 
     monkeypatch.setattr(analyze_mod, "analyze_file", spy)
     both = analyze([str(p)], cfg)
