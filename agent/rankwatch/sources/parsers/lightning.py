@@ -77,8 +77,9 @@ class LightningParser:
             if rich is not None and rich[0] + 1 == line.lineno and _RICH_MORE.fullmatch(strip_ansi(text)):
                 # The bar's metrics go on here: the same drawing, with all of its postfix.
                 _, bar, epoch, n, total, rate, info, last = rich
-                self._rich = (line.lineno, bar, epoch, n, total, rate, f"{info} {text.strip()}", last)
-                return self._bar(bar, epoch, n, total, rate, f"{info} {text.strip()}", last)
+                info = f"{info} {text.strip()}"
+                self._rich = (line.lineno, bar, epoch, n, total, rate, info, last)
+                return self._bar(bar, epoch, n, total, rate, info, last)
             if OverflowTracker.maybe(text):
                 return list(self._overflow.feed(line, strip_ansi(text)) or ())
             return []
