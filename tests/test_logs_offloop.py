@@ -266,3 +266,132 @@ def test_a_rank_source_counts_its_failures_under_its_own_component(
     text = render(agent).decode()
     assert re.search(r'rankwatch_internal_errors_total\{[^}]*component="logs"[^}]*\} 1', text), text[-2000:]
     w.close()
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[int]]:
+    """Counts the log source's samples (each one wakes the loop when it returns) and the reads
+    of its readers (on its thread)."""
+    from rankwatch.sources.follower import LogReader
+
+    samples: list[str] = []
+    fills = [0]
+    sample, fill = LogSource.sample, LogReader.fill
+
+    def counted_sample(self: LogSource, readers: Any) -> list[Any]:
+        out = sample(self, readers)
+        samples.append(threading.current_thread().name)
+        return out
+
+    def counted_fill(self: LogReader, wake: Any = None) -> bool:
+        fills[0] += 1
+        return fill(self, wake)
+
+    monkeypatch.setattr(LogSource, "sample", counted_sample)
+    monkeypatch.setattr(LogReader, "fill", counted_fill)
+    return samples, fills
+
+
+@pytest.mark.unit
+def test_an_idle_log_is_read_every_poll_on_its_thread_and_wakes_the_loop_only_with_news(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a rank's log is quiet its source reads it every ``logs.poll_interval`` on its own
+    thread and hands the loop nothing: the loop hears from it when a read found lines (within
+    a poll of the write), when the hold ends, or when the agent stops (at once, however long
+    the hold)."""
+    from rankwatch.sources.polled import logs as polled_logs
+
+    monkeypatch.setattr(polled_logs, "HOLD_S", 3600.0)
+    monkeypatch.setattr(offloop, "FS_TIMEOUT_S", 3 * 3600.0)
+    samples, fills = _counting(monkeypatch)
+    found: list[Finding] = []
+    w = _watcher(tmp_path, 73, found)  # logs.poll_interval: 20 ms
+    log = tmp_path / "rank-73.log"
+    log.write_text("step=1 loss=2.5\n")
+
+    async def go() -> None:
+        task = asyncio.create_task(w.run())
+        try:
+            await until(lambda: w.engine.state.last_step == 1, what="the first line parsed")
+            quiet = len(samples)
+            reads = fills[0]
+            await until(lambda: fills[0] >= reads + 10, what="ten more reads of the quiet log")
+            assert len(samples) == quiet, "a read that found nothing woke the loop"
+            with log.open("a") as fh:
+                fh.write("step=2 loss=nan\n")
+            await until(lambda: w.engine.state.last_step == 2, what="the new line parsed")
+            assert len(samples) == quiet + 1
+        finally:
+            w.stop()
+            await asyncio.wait_for(task, 10)
+        # the hold in flight ended with the stop, not after its hour
+        await until(lambda: len(samples) >= quiet + 2, what="the held sample returned on the stop")
+
+    asyncio.run(go())
+    assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
+    w.close()
+
+
+@pytest.mark.unit
+def test_a_held_read_returns_within_a_third_of_its_timeout_and_when_the_logs_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quiet log's sample gives the loop word at least every third of its timeout (a read
+    that hangs during a hold is still given up on in time), and returns at once when the
+    rank's set of logs changes (torchelastic's new attempt files are read within a poll)."""
+    monkeypatch.setattr(offloop, "FS_TIMEOUT_S", 0.6)  # a hold of 0.2 s
+    samples, fills = _counting(monkeypatch)
+    found: list[Finding] = []
+    w = _watcher(tmp_path, 74, found)
+    old, new = tmp_path / "rank-74.log", tmp_path / "attempt_1.log"
+    old.write_text("step=1 loss=2.5\n")
+
+    async def go() -> None:
+        task = asyncio.create_task(w.run())
+        try:
+            await until(lambda: w.engine.state.last_step == 1, what="the first line parsed")
+            n = len(samples)
+            await until(lambda: len(samples) >= n + 3, what="three holds ended on their own")
+            assert not offloop.stuck(w.log_io) and not found
+            new.write_text("step=1 loss=2.5\nstep=2 loss=nan\n")
+            w.follow_instead([old], [new])
+            await until(lambda: w.engine.state.last_step == 2, what="the new file's lines parsed")
+        finally:
+            w.stop()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(go())
+    assert fills[0] >= len(samples)
+    assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
+    w.close()
+
+
+@pytest.mark.unit
+def test_a_log_added_to_the_rank_is_read_at_once_whatever_the_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file the rank starts to follow beside its quiet one (nothing closed, the same thread)
+    ends the hold in flight: its lines are parsed within a poll, not after the hold."""
+    from rankwatch.sources.polled import logs as polled_logs
+
+    monkeypatch.setattr(polled_logs, "HOLD_S", 3600.0)
+    monkeypatch.setattr(offloop, "FS_TIMEOUT_S", 3 * 3600.0)
+    found: list[Finding] = []
+    w = _watcher(tmp_path, 75, found)
+    first, added = tmp_path / "rank-75.log", tmp_path / "rank-75.err"
+    first.write_text("step=1 loss=2.5\n")
+
+    async def go() -> None:
+        task = asyncio.create_task(w.run())
+        try:
+            await until(lambda: w.engine.state.last_step == 1, what="the first line parsed")
+            added.write_text("step=2 loss=nan\n")
+            w.follow_instead([], [added])
+            await until(lambda: w.engine.state.last_step == 2, timeout=10, what="the added file parsed")
+        finally:
+            w.stop()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(go())
+    assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
+    w.close()

@@ -25,10 +25,10 @@ IDENT = Identity(run="gpu", rank=0, local_rank=0, world_size=2, node="n1")
 
 
 def _services(
-    tmp_path: Path, fb: FakeBackend, **gpu: object
+    tmp_path: Path, fb: FakeBackend, ranks: list[WatchedRank] | None = None, **gpu: object
 ) -> tuple[Services, dict[int | None, list[Event]]]:
-    """Two watched ranks (0 and 1) whose processes hold GPU 0 and GPU 1; what each rank's
-    watcher is handed, by rank."""
+    """Two watched ranks (0 and 1) whose processes hold GPU 0 and GPU 1 (``ranks``: as the
+    sources see them); what each rank's watcher is handed, by rank."""
     cfg = replaced(Config(), {"dumps.dir": str(tmp_path / "d"), **{f"gpu.{k}": v for k, v in gpu.items()}})
     agent = Agent(cfg, IDENT)
     got: dict[int | None, list[Event]] = {}
@@ -36,9 +36,12 @@ def _services(
         w = agent.add_watcher([], dataclasses.replace(IDENT, rank=rank, local_rank=rank))
         w.push = lambda e, r=rank: got.setdefault(r, []).append(e) or []  # type: ignore[method-assign]
     svc = Services(agent, cfg, gpu_backend=fb, server=False)
-    svc.watched_ranks = lambda: [  # type: ignore[method-assign]
-        WatchedRank(r, (7000 + r,), frozenset({7000 + r})) for r in (0, 1)
-    ]
+    svc.watched_ranks = lambda: (
+        ranks
+        or [  # type: ignore[method-assign]
+            WatchedRank(r, (7000 + r,), frozenset({7000 + r})) for r in (0, 1)
+        ]
+    )
     svc._build_polled()
     return svc, got
 
@@ -155,3 +158,27 @@ def test_an_environment_read_stuck_in_d_state_never_holds_a_sample(
         release.set()
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(said) == 1 and "environment of pid 4242 not read" in said[0], said
+
+
+def test_the_ranks_trees_are_walked_off_the_loop_and_only_when_the_gpus_are_mapped(tmp_path: Path) -> None:
+    """What the GPU source reads of the ranks on the loop is what their last process samples
+    knew; the walk of /proc that finds a worker started since (a child process that holds a
+    GPU) runs in the sample, off the loop, and only when the GPUs are mapped to ranks anew."""
+    fb = FakeBackend([healthy(i, fields={"compute_pids": const([7100 + i])}) for i in range(2)])
+    walks: list[str] = []
+
+    def walk(rank: int) -> list[int]:
+        walks.append(threading.current_thread().name)
+        return [7000 + rank, 7100 + rank]  # a worker the last process sample did not know
+
+    ranks = [WatchedRank(r, (7000 + r,), frozenset({7000 + r}), walk=lambda r=r: walk(r)) for r in (0, 1)]
+    svc, got = _services(tmp_path, fb, ranks)
+
+    async def main() -> None:
+        assert await svc.polled["gpu"].open()
+        for _ in range(3):
+            assert await svc.poll("gpu") is not None
+
+    asyncio.run(main())
+    assert len(walks) == 2 and threading.main_thread().name not in walks  # one map, two ranks
+    assert _gpus(got[0]) == [[0]] * 3 and _gpus(got[1]) == [[1]] * 3

@@ -320,11 +320,14 @@ class Services:
         return p.source if p is not None else None
 
     def watched_ranks(self) -> list[WatchedRank]:
-        """The watched ranks as the polled sources see them (read on the loop)."""
-        return [
-            WatchedRank(w.rank, tuple(w.pids()), frozenset(w.known_pids()), dict(w.gpu_env))
-            for w in self.agent.watchers
-        ]
+        """The watched ranks as the polled sources see them (read on the loop: the PIDs the
+        last process samples knew, no walk of /proc; a source that needs the tree as it is
+        now walks it off the loop, ``WatchedRank.walk``)."""
+        out = []
+        for w in self.agent.watchers:
+            known = w.known_pids()
+            out.append(WatchedRank(w.rank, tuple(known), frozenset(known), dict(w.gpu_env), w.pids))
+        return out
 
     def _sampled(self, src: PolledSource, events: list[Sampled]) -> None:
         self.agent.sampled[src.name] = tuple(e.event if isinstance(e, ToRank) else e for e in events)

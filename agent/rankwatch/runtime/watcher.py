@@ -590,6 +590,9 @@ class RankWatcher:
         self.streams = added + [s for s in self.streams if s not in gone]
         if gone:
             self.log_io = f"rankwatch-log-{self.rank}-{next(_LOG_SETS)}"
+        poller = self.pollers.get(LogSource.name)
+        if poller is not None and isinstance(poller.source, LogSource):
+            poller.source.renew()  # a sample holding the old set returns
         if added and gone and self.path in {str(s.path) for s in gone}:
             self.path = str(added[0].path)  # what the findings of the rank's log name from now on
             for eng in self.engines.values():

@@ -238,15 +238,19 @@ def started_rank(env: dict[str, str], parent: int, root: int) -> dict[str, str] 
     return {**env, "RANK": local}
 
 
-def rank_workers(root: int, *, script: bool = False) -> list[tuple[int, dict[str, str]]]:
+def rank_workers(
+    root: int, *, script: bool = False, kids: list[psutil.Process] | None = None
+) -> list[tuple[int, dict[str, str]]]:
     """The rank processes under a launcher (``torchrun``): descendants with a RANK in their
     environment whose parent has none (a rank's own DataLoader workers inherit its RANK).
     ``script``: ``root`` is a training script that may start its other ranks itself
-    (``started_rank``); once one is found, ``root`` is rank 0 of their world."""
-    try:
-        kids = descendants(psutil.Process(root))  # the shared pid table: asked every process sample
-    except psutil.Error:
-        return []
+    (``started_rank``); once one is found, ``root`` is rank 0 of their world. ``kids``: the
+    root's descendants when the caller walked them already."""
+    if kids is None:
+        try:
+            kids = descendants(psutil.Process(root))  # the shared pid table: asked every process sample
+        except psutil.Error:
+            return []
     envs: dict[int, dict[str, str]] = {}
     for k in kids:
         with contextlib.suppress(psutil.Error):
@@ -293,6 +297,20 @@ LAUNCHER_MODULES = frozenset(
 )
 
 
+def survey(
+    root: int, *, script: bool, look: bool
+) -> tuple[tuple[int, list[str]] | None, list[tuple[int, dict[str, str]]]]:
+    """One period's look at the job's tree, one walk of it: with ``look``, the launcher it
+    runs (``find_launcher``); and its rank processes (``rank_workers``: under that launcher
+    once found, else as ``script`` says). Blocking: off the loop."""
+    try:
+        kids = descendants(psutil.Process(root))  # the shared pid table: asked every process sample
+    except psutil.Error:
+        return None, []
+    launcher = find_launcher(root, kids) if look else None
+    return launcher, rank_workers(root, script=script and launcher is None, kids=kids)
+
+
 def is_launcher(cmd: list[str]) -> bool:
     """``torchrun ...``, ``python -m torch.distributed.run ...``: the ranks are its children."""
     if not cmd:
@@ -312,13 +330,14 @@ def launcher_process(proc: psutil.Process) -> bool:
     return False
 
 
-def find_launcher(root: int) -> tuple[int, list[str]] | None:
+def find_launcher(root: int, kids: list[psutil.Process] | None = None) -> tuple[int, list[str]] | None:
     """The launcher the job runs, wherever it is in the tree: ``root`` itself (``bash -c 'exec
     torchrun ...'`` became it) or the first of its descendants that is one (a wrapper script,
-    ``bash -c 'cd . && torchrun ...'``); its pid and command line. Blocking: off the loop."""
+    ``bash -c 'cd . && torchrun ...'``); its pid and command line. Blocking: off the loop.
+    ``kids``: the root's descendants when the caller walked them already."""
     try:
         top = psutil.Process(root)
-        procs = [top, *descendants(top)]  # the shared pid table: asked every process sample
+        procs = [top, *(descendants(top) if kids is None else kids)]  # the shared pid table
     except psutil.Error:
         return None
     for p in procs:
@@ -590,6 +609,18 @@ def monitor_interval(cmd: list[str]) -> float:
 
 
 _READ_BACK_MAX = 1 << 20  # the end of the run's log a worker seen late reads back
+# A worker whose log shows a fatal error and that the launcher has not named waits this many
+# graces for the launcher's word before its end is taken for clean. torchrun names one worker
+# per attempt, the first failure its poll saw (``_poll`` in torch/distributed/elastic/
+# multiprocessing/api.py); a worker that failed in the same poll is told failed only by that
+# line, which a launcher slowed by a loaded node writes after the worker's grace (seen in
+# tests/test_launch_matrix.py's raise_all cell, 1 run in 5 on two busy cores).
+FATAL_SILENCE = 3
+
+
+def _told_fatal(w: Any) -> bool:
+    """``w``'s log showed an error a launcher's failure would follow (held or recorded)."""
+    return bool(getattr(w, "_held", None)) or any(e.kind in LAUNCHER_HELD for e in w.engine.state.errors)
 
 
 class LauncherLog:
@@ -875,6 +906,10 @@ class Fleet:
                 return False
             if pid is not None and self._failed_with_group(w):
                 return True
+            if not final and waited < FATAL_SILENCE * self.grace and _told_fatal(w):
+                # Its log says it failed: the launcher's silence is taken for a clean end only
+                # once its word on the attempt (another worker's ``failed`` line) is overdue.
+                return False
             # The launcher, its parent, saw it end (it logs every failed worker within its monitor
             # interval, and the ones it stops) and said nothing: a clean exit.
             code = 0
@@ -997,17 +1032,20 @@ class Fleet:
     async def run(self, stop: Any) -> None:
         interval = max(0.25, float(self.cfg.process.sample_interval))
         while not stop.is_set():
-            if self.script and not self.by_rank:
-                await self._look_for_launcher()
+            # A command that is no launcher itself may run one (a wrapper script, ``bash -c
+            # 'torchrun ...'``, or exec into it): looked for until found or the script starts ranks.
+            look = self.script and not self.by_rank
             try:
-                found = await offloop.proc(
-                    functools.partial(rank_workers, script=self.script),
+                launcher, found = await offloop.proc(
+                    functools.partial(survey, script=self.script, look=look),
                     self.root,
                     name="rankwatch-proc-workers",
                     errors=self.agent.internal_errors_by_component,
                 )
             except asyncio.TimeoutError:
-                found = []  # a process in D state (logged and counted by offloop): next period
+                launcher, found = None, []  # a process in D state (logged and counted by offloop)
+            if launcher is not None:
+                self.launched_by(*launcher)
             if not self.script:
                 await self._read_launcher_log()
             elif found and not self.by_rank:
@@ -1018,21 +1056,6 @@ class Fleet:
             self.check()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
-
-    async def _look_for_launcher(self) -> None:
-        """A command that is no launcher itself may run one (a wrapper script, ``bash -c
-        'torchrun ...'``, or exec into it): looked for until found or the script starts ranks."""
-        try:
-            got = await offloop.proc(
-                find_launcher,
-                self.root,
-                name="rankwatch-proc-workers",
-                errors=self.agent.internal_errors_by_component,
-            )
-        except asyncio.TimeoutError:
-            return
-        if got is not None:
-            self.launched_by(*got)
 
     def launched_by(self, pid: int, cmd: list[str]) -> None:
         """The job's launcher is ``pid`` (``cmd`` its command line), found in the process tree:

@@ -596,6 +596,10 @@ class LogReader:
         except IndexError:
             return None
 
+    def pending(self) -> bool:
+        """Something for the loop: batches or history not taken, or closed (any thread)."""
+        return bool(self.ready or self.history) or self.closed
+
     def fill(self, wake: Callable[[], None] | None = None) -> bool:
         """Blocking: one read of at most ``max_bytes``, its lines queued (an empty batch when
         the file grew by dropped noise only: still a sign of life); with ``wake``, the

@@ -35,8 +35,10 @@ naming one of the agent's read hooks (``gpu_latest``) is what the status page an
 read of the source between samples. ``bind(wake)`` hands a source that learns of news
 between periods (filesystem events) a thread-safe ``wake()`` that starts its next sample
 early; ``min_gap`` is then the shortest time between two samples (a storm of events is one
-rescan). ``close()`` is called off the loop when the agent stops. Records a source hands on (``StepRecord``,
-``EvalRecord``: a trainer's own history read elsewhere than its log) go to the agent's rank
+rescan). ``close()`` is called off the loop when the agent stops; ``stopping()``, on the loop
+as the poller stops, ends a wait a sample in flight holds on its thread (``logs``). Records a
+source hands on (``StepRecord``, ``EvalRecord``: a trainer's own history read elsewhere than
+its log) go to the agent's rank
 as history, judged only while that rank's log shows no steps of its own. Sources of one
 agent may share a component they both read through ``ctx.shared`` (made by whichever asks
 first, never by import order).
@@ -106,13 +108,20 @@ class SourceContext:
 
 @dataclass(frozen=True)
 class WatchedRank:
-    """One watched rank as a source sees it: its PIDs (the process tree's root first), every
-    PID of its tree, and the environment the agent gave it (``CUDA_VISIBLE_DEVICES``)."""
+    """One watched rank as a source sees it: its PIDs (the process tree's root first) and
+    every PID of its tree as its last process sample knew them, the environment the agent gave
+    it (``CUDA_VISIBLE_DEVICES``), and ``walk()``, blocking (a walk of /proc: off the loop,
+    in a sample), its PIDs as they are now."""
 
     rank: int | None
     pids: tuple[int, ...]
     known: frozenset[int] = frozenset()
     env: Mapping[str, str] = field(default_factory=dict)
+    walk: Callable[[], Sequence[int]] | None = field(default=None, compare=False)
+
+    def current(self) -> tuple[int, ...]:
+        """``walk()``'s PIDs (the known ones without it, or when it found none)."""
+        return tuple(self.walk() or self.pids) if self.walk is not None else self.pids
 
 
 @dataclass(frozen=True)
@@ -430,6 +439,9 @@ class Poller:
         if bind is not None:
             bind(threadsafe_waker(loop, woken))
         stop_task = asyncio.ensure_future(stop.wait())
+        stopping = getattr(src, "stopping", None)
+        if stopping is not None:
+            stop_task.add_done_callback(lambda _: stopping())
         try:
             if not await self.open(stop_task):
                 return

@@ -129,10 +129,11 @@ class GpuSource:
         """Each rank's (rank, PIDs, environment); None while an environment is being read."""
         trees: list[tuple[int | None, list[int], dict[str, str]]] = []
         roots = {r.pids[0] for r in ranks if r.pids}
+        current = [r.current() for r in ranks]  # a walk of /proc each: before the lock
         with self._lock:
             # A read takes milliseconds: waited for briefly, so a new rank is tied at its first sample.
             self._lock.wait_for(lambda: not roots & self._pending.keys(), self.timeout / 2)
-            for r in ranks:
+            for r, pids in zip(ranks, current, strict=True):
                 if not r.pids:
                     continue
                 root = r.pids[0]
@@ -150,7 +151,7 @@ class GpuSource:
                             offloop.PROC_TIMEOUT_S,
                             offloop.PROC_HINT,
                         )
-                trees.append((r.rank, list(r.pids), {**env, **r.env}))
+                trees.append((r.rank, list(pids), {**env, **r.env}))
             for pid in [p for p in self._env if p not in roots]:
                 del self._env[pid]
         return trees
