@@ -277,8 +277,8 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[int]]:
     fills = [0]
     sample, fill = LogSource.sample, LogReader.fill
 
-    def counted_sample(self: LogSource, readers: Any) -> list[Any]:
-        out = sample(self, readers)
+    def counted_sample(self: LogSource, inputs: Any) -> list[Any]:
+        out = sample(self, inputs)
         samples.append(threading.current_thread().name)
         return out
 

@@ -56,6 +56,7 @@ class LogSource:
         self._wake: Callable[[], None] | None = None
         self._news = threading.Event()  # a watch event, new inputs or the stop: a hold ends
         self._paced = False  # under the poller (``bind``) and not stopping: idle samples hold
+        self._sets = 0  # sets of logs the rank has followed (``renew``), read with the inputs
 
     @classmethod
     def create(cls, ctx: RankContext) -> LogSource:
@@ -86,6 +87,7 @@ class LogSource:
     def renew(self) -> None:
         """The rank's set of logs changed (on the loop): a held sample returns, so the next
         one reads the new set."""
+        self._sets += 1
         self._news.set()
 
     def stopping(self) -> None:
@@ -94,24 +96,25 @@ class LogSource:
         self._news.set()
 
     def inputs(self) -> Any:
-        return tuple(self.ctx.logs())
+        return self._sets, tuple(self.ctx.logs())
 
     def _hold(self) -> float:
         return min(HOLD_S, self.timeout / 3) if self._paced else 0.0
 
-    def sample(self, readers: Sequence[LogReader]) -> list[Any]:
+    def sample(self, inputs: tuple[int, Sequence[LogReader]]) -> list[Any]:
+        sets, readers = inputs
         until = self.clock() + self._hold()
         while True:
-            self._news.clear()
             behind = False
             for r in readers:
                 behind = r.fill(self._wake) or behind
             if behind and self._wake is not None:
                 self._wake()  # a reader far behind reads on at once
-            if behind or not self._paced or any(r.pending() for r in readers):
+            if behind or not self._paced or self._sets != sets or any(r.pending() for r in readers):
                 return []
             left = until - self.clock()
             if left <= 0:
                 return []
             if self._news.wait(min(self.interval, left)):
+                self._news.clear()
                 until = 0.0  # one more read (a watch event: what it told of), then back
