@@ -10,6 +10,7 @@ import asyncio
 import logging
 import re
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +292,39 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[int]]:
     return samples, fills
 
 
+def _long_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle sample holds for an hour: only news, a changed set of logs or the stop end it."""
+    from rankwatch.sources.polled import logs as polled_logs
+
+    monkeypatch.setattr(polled_logs, "HOLD_S", 3600.0)
+    monkeypatch.setattr(offloop, "FS_TIMEOUT_S", 3 * 3600.0)
+
+
+def _run_to_nan(
+    w: RankWatcher,
+    found: list[Finding],
+    body: Callable[[], Awaitable[None]],
+    after: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """``w`` running: once its first line (step 1) is parsed, ``body``; then the stop, and
+    ``after``. The NaN at step 2 that ``body`` brings in is found once."""
+
+    async def go() -> None:
+        task = asyncio.create_task(w.run())
+        try:
+            await until(lambda: w.engine.state.last_step == 1, what="the first line parsed")
+            await body()
+        finally:
+            w.stop()
+            await asyncio.wait_for(task, 10)
+        if after is not None:
+            await after()
+
+    asyncio.run(go())
+    assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
+    w.close()
+
+
 @pytest.mark.unit
 def test_an_idle_log_is_read_every_poll_on_its_thread_and_wakes_the_loop_only_with_news(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -299,37 +333,29 @@ def test_an_idle_log_is_read_every_poll_on_its_thread_and_wakes_the_loop_only_wi
     thread and hands the loop nothing: the loop hears from it when a read found lines (within
     a poll of the write), when the hold ends, or when the agent stops (at once, however long
     the hold)."""
-    from rankwatch.sources.polled import logs as polled_logs
-
-    monkeypatch.setattr(polled_logs, "HOLD_S", 3600.0)
-    monkeypatch.setattr(offloop, "FS_TIMEOUT_S", 3 * 3600.0)
+    _long_hold(monkeypatch)
     samples, fills = _counting(monkeypatch)
     found: list[Finding] = []
     w = _watcher(tmp_path, 73, found)  # logs.poll_interval: 20 ms
     log = tmp_path / "rank-73.log"
     log.write_text("step=1 loss=2.5\n")
+    quiet = 0
 
-    async def go() -> None:
-        task = asyncio.create_task(w.run())
-        try:
-            await until(lambda: w.engine.state.last_step == 1, what="the first line parsed")
-            quiet = len(samples)
-            reads = fills[0]
-            await until(lambda: fills[0] >= reads + 10, what="ten more reads of the quiet log")
-            assert len(samples) == quiet, "a read that found nothing woke the loop"
-            with log.open("a") as fh:
-                fh.write("step=2 loss=nan\n")
-            await until(lambda: w.engine.state.last_step == 2, what="the new line parsed")
-            assert len(samples) == quiet + 1
-        finally:
-            w.stop()
-            await asyncio.wait_for(task, 10)
-        # the hold in flight ended with the stop, not after its hour
+    async def body() -> None:
+        nonlocal quiet
+        quiet = len(samples)
+        reads = fills[0]
+        await until(lambda: fills[0] >= reads + 10, what="ten more reads of the quiet log")
+        assert len(samples) == quiet, "a read that found nothing woke the loop"
+        with log.open("a") as fh:
+            fh.write("step=2 loss=nan\n")
+        await until(lambda: w.engine.state.last_step == 2, what="the new line parsed")
+        assert len(samples) == quiet + 1
+
+    async def after() -> None:  # the hold in flight ended with the stop, not after its hour
         await until(lambda: len(samples) >= quiet + 2, what="the held sample returned on the stop")
 
-    asyncio.run(go())
-    assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
-    w.close()
+    _run_to_nan(w, found, body, after)
 
 
 @pytest.mark.unit
@@ -346,24 +372,16 @@ def test_a_held_read_returns_within_a_third_of_its_timeout_and_when_the_logs_cha
     old, new = tmp_path / "rank-74.log", tmp_path / "attempt_1.log"
     old.write_text("step=1 loss=2.5\n")
 
-    async def go() -> None:
-        task = asyncio.create_task(w.run())
-        try:
-            await until(lambda: w.engine.state.last_step == 1, what="the first line parsed")
-            n = len(samples)
-            await until(lambda: len(samples) >= n + 3, what="three holds ended on their own")
-            assert not offloop.stuck(w.log_io) and not found
-            new.write_text("step=1 loss=2.5\nstep=2 loss=nan\n")
-            w.follow_instead([old], [new])
-            await until(lambda: w.engine.state.last_step == 2, what="the new file's lines parsed")
-        finally:
-            w.stop()
-            await asyncio.wait_for(task, 10)
+    async def body() -> None:
+        n = len(samples)
+        await until(lambda: len(samples) >= n + 3, what="three holds ended on their own")
+        assert not offloop.stuck(w.log_io) and not found
+        new.write_text("step=1 loss=2.5\nstep=2 loss=nan\n")
+        w.follow_instead([old], [new])
+        await until(lambda: w.engine.state.last_step == 2, what="the new file's lines parsed")
 
-    asyncio.run(go())
+    _run_to_nan(w, found, body)
     assert fills[0] >= len(samples)
-    assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
-    w.close()
 
 
 @pytest.mark.unit
@@ -372,26 +390,15 @@ def test_a_log_added_to_the_rank_is_read_at_once_whatever_the_hold(
 ) -> None:
     """A file the rank starts to follow beside its quiet one (nothing closed, the same thread)
     ends the hold in flight: its lines are parsed within a poll, not after the hold."""
-    from rankwatch.sources.polled import logs as polled_logs
-
-    monkeypatch.setattr(polled_logs, "HOLD_S", 3600.0)
-    monkeypatch.setattr(offloop, "FS_TIMEOUT_S", 3 * 3600.0)
+    _long_hold(monkeypatch)
     found: list[Finding] = []
     w = _watcher(tmp_path, 75, found)
     first, added = tmp_path / "rank-75.log", tmp_path / "rank-75.err"
     first.write_text("step=1 loss=2.5\n")
 
-    async def go() -> None:
-        task = asyncio.create_task(w.run())
-        try:
-            await until(lambda: w.engine.state.last_step == 1, what="the first line parsed")
-            added.write_text("step=2 loss=nan\n")
-            w.follow_instead([], [added])
-            await until(lambda: w.engine.state.last_step == 2, timeout=10, what="the added file parsed")
-        finally:
-            w.stop()
-            await asyncio.wait_for(task, 10)
+    async def body() -> None:
+        added.write_text("step=2 loss=nan\n")
+        w.follow_instead([], [added])
+        await until(lambda: w.engine.state.last_step == 2, timeout=10, what="the added file parsed")
 
-    asyncio.run(go())
-    assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
-    w.close()
+    _run_to_nan(w, found, body)
