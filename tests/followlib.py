@@ -25,7 +25,7 @@ async def follow(
     ``stop``, then what the file holds by then. Close it with ``contextlib.aclosing`` so the
     watch's thread is joined at once."""
     wake = asyncio.Event()
-    reader = LogReader(follower, max_bytes, thin)
+    reader = LogReader(follower, max_bytes, thin, watch=True)
     waker = threadsafe_waker(asyncio.get_running_loop(), wake)
     stop_task = asyncio.ensure_future(stop.wait()) if stop is not None else None
     try:

@@ -27,7 +27,7 @@ from conftest import free_port, wait_for
 # Modules a plain `watch --pid` agent with the GPU off must not import, with what needs them.
 NOT_LOADED = {
     "slack_sdk": "alerts.slack set",
-    "watchdog": "a followed log or checkpoints.dir",
+    "watchdog": "logs.watch or checkpoints.dir",
     "pynvml": "gpu.enabled",
     "multiprocessing": "rankwatch analyze with several files",
     "zipfile": "checkpoint verification",
@@ -136,6 +136,40 @@ def test_an_agent_without_gpu_logs_checkpoints_or_slack_imports_none_of_them(tmp
     assert {"aiohttp", "prometheus_client", "rankwatch.runtime.services", "rankwatch.server.app"} <= mods
     loaded = {m: why for m, why in NOT_LOADED.items() if m in mods}
     assert not loaded, f"imported although their feature is off: {loaded}"
+
+
+@pytest.mark.process
+def test_an_agent_following_its_childs_log_imports_no_folder_watch(tmp_path: Path) -> None:
+    """Each log is read every ``logs.poll_interval``; a folder watch (watchdog, an observer and
+    two inotify threads per log) is loaded only when ``logs.watch`` asks for one."""
+    cfg = tmp_path / "rw.yaml"
+    cfg.write_text(
+        f"gpu: {{enabled: false}}\ndumps: {{dir: {tmp_path / 'dumps'}}}\n"
+        f"runner: {{log_dir: {tmp_path / 'logs'}}}\n"
+    )
+    port = free_port()
+    child = "import time; print('step=1 loss=2.5', flush=True); time.sleep(600)"
+    cmd = [sys.executable, "-X", "importtime", "-m", "rankwatch", "run", "--config", str(cfg),
+           "--listen", f"127.0.0.1:{port}", "--", sys.executable, "-c", child]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKWATCH_", "SLACK_"))}
+    agent = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+    )
+    try:
+        wait_for(
+            lambda: "rankwatch_log_lines_total{" in _metrics(port) or agent.poll() is not None,
+            timeout=60,
+            what="the child's log line counted",
+        )
+        assert agent.poll() is None, "the agent exited"
+        agent.send_signal(signal.SIGTERM)  # run mode ends the job it started
+        _, err = agent.communicate(timeout=30)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    mods = _imported(err)
+    assert "rankwatch.sources.follower" in mods and "watchdog" not in mods
 
 
 @pytest.mark.process

@@ -32,10 +32,11 @@ from rankwatch.sources.polled.logs import LOG_HINT, LogSource
 FROZEN_S = 5.0
 
 
-def _watcher(tmp_path: Path, rank: int, found: list[Finding], **kw: Any) -> RankWatcher:
-    conf = replaced(
-        Config(), {"dumps.dir": str(tmp_path / "dumps"), "logs.format": "kv", "logs.poll_interval": 0.02}
-    )
+def _watcher(
+    tmp_path: Path, rank: int, found: list[Finding], settings: dict[str, Any] | None = None, **kw: Any
+) -> RankWatcher:
+    base = {"dumps.dir": str(tmp_path / "dumps"), "logs.format": "kv", "logs.poll_interval": 0.02}
+    conf = replaced(Config(), {**base, **(settings or {})})
     ident = Identity(run="t", rank=rank, local_rank=rank, world_size=2, node="n")
     return RankWatcher(conf, ident, [tmp_path / f"rank-{rank}.log"], emit=found.append, **kw)
 
@@ -402,3 +403,54 @@ def test_a_log_added_to_the_rank_is_read_at_once_whatever_the_hold(
         await until(lambda: w.engine.state.last_step == 2, timeout=10, what="the added file parsed")
 
     _run_to_nan(w, found, body)
+
+
+def _watch_threads() -> set[threading.Thread]:
+    """Threads of watchdog's observers, emitters and inotify buffers."""
+    return {t for t in threading.enumerate() if type(t).__module__.startswith("watchdog")}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("watch", [False, True])
+def test_the_folder_watch_runs_only_when_configured_and_wakes_a_long_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watch: bool
+) -> None:
+    """``logs.watch`` (off by default: every log is read each ``logs.poll_interval``, so a
+    watch could only move a read forward by less than one poll) starts an observer and its
+    inotify threads per followed log. With it, a writer that opens, appends and closes is read
+    at once under a 30 s poll; the watch's threads end with the rank."""
+    _long_hold(monkeypatch)
+    before = _watch_threads()
+    found: list[Finding] = []
+    w = _watcher(tmp_path, 76, found, {"logs.poll_interval": 30.0, "logs.watch": watch})
+    log = tmp_path / "rank-76.log"
+    log.write_text("step=1 loss=2.5\n")
+    during: set[threading.Thread] = set()
+
+    async def body() -> None:
+        during.update(_watch_threads() - before)
+        if not watch:
+            return
+        with log.open("a") as fh:  # closed after the write: the watch's one data event
+            fh.write("step=2 loss=nan\n")
+        await until(lambda: w.engine.state.last_step == 2, timeout=5, what="read at the watch's wake")
+
+    if watch:
+        _run_to_nan(w, found, body)
+    else:
+
+        async def go() -> None:
+            task = asyncio.create_task(w.run())
+            try:
+                await until(lambda: w.engine.state.last_step == 1, what="the first line parsed")
+                await body()
+            finally:
+                w.stop()
+                await asyncio.wait_for(task, 10)
+
+        asyncio.run(go())
+        w.close()
+    assert bool(during) is watch, during
+    for t in during:
+        t.join(5)
+    assert not (_watch_threads() - before), "a watch thread outlived its rank"

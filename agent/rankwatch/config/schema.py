@@ -113,6 +113,13 @@ class LogsConfig:
     poll_interval: Duration = opt(
         Duration(0.25), "upper bound between two reads of a followed log (at least 10ms)", min=0.01
     )
+    watch: bool = opt(
+        False,
+        "also read a log between two polls when its folder's inotify watch sees it created, renamed, "
+        "deleted or closed after a write (appended data always waits for the poll): worth it with a "
+        "long poll_interval and a writer that opens, appends and closes; costs three threads per "
+        "followed log",
+    )
     replay: Size = opt(
         Size(8 << 20),
         "watch mode: how much of an existing log is re-read at start to rebuild the detectors' "

@@ -114,6 +114,7 @@ class Stream:
             count=from_end,
             replay=replay,
             count_s=LINE_COUNT_S,
+            watch=cfg.logs.watch,
         )
         self.shed_backlog = int(cfg.logs.shed_backlog)
         self.dropped = 0

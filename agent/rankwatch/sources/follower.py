@@ -531,10 +531,12 @@ class LogReader:
         count: bool = False,
         replay: int = 0,
         count_s: float = 10.0,
+        watch: bool = False,
     ) -> None:
         """``count``: number the lines from the file's start (a follower started at the end)
         when counting them takes at most ``count_s``; ``replay``: bytes of history before the
-        start read back by ``attach``."""
+        start read back by ``attach``; ``watch``: ``fill`` starts the folder's watch (an
+        observer and its inotify threads), whose events call its ``wake`` between polls."""
         self.follower = follower
         self.max_bytes = max_bytes
         self.thin = thin
@@ -549,7 +551,7 @@ class LogReader:
         self.closed = False
         self.abandoned = False  # the loop gave up waiting for a read of it (hung): never waited for again
         self._wake: Callable[[], None] | None = None
-        self._waker = _Waker(follower.path, self._woken)
+        self._waker = _Waker(follower.path, self._woken) if watch else None
 
     def _woken(self) -> None:
         wake = self._wake
@@ -602,13 +604,13 @@ class LogReader:
 
     def fill(self, wake: Callable[[], None] | None = None) -> bool:
         """Blocking: one read of at most ``max_bytes``, its lines queued (an empty batch when
-        the file grew by dropped noise only: still a sign of life); with ``wake``, the
+        the file grew by dropped noise only: still a sign of life); with ``wake`` and ``watch``, the
         folder's watch is started first (its events call ``wake``). True when more is waiting."""
         with self.lock:
             if self.closed:
                 return False
             self._attach()
-            if wake is not None:
+            if wake is not None and self._waker is not None:
                 self._wake = wake
                 self._waker.ensure_started()
             f = self.follower
@@ -642,7 +644,8 @@ class LogReader:
 
     def unwatch(self) -> None:
         """Blocking: stop the folder's watch (joins its thread); no later read starts it again."""
-        self._waker.stop()
+        if self._waker is not None:
+            self._waker.stop()
 
     def unwatch_on(self, thread: str) -> None:
         """``unwatch`` on the thread named ``thread`` (an inotify watch's removal on a hung

@@ -1,6 +1,7 @@
 """Each watched rank's logs, every ``logs.poll_interval`` (at once when a read stopped at
-``logs.read_bytes_per_turn`` with more waiting, or when the folder's watch saw the file
-created, moved or closed after a write): one read of each file the rank follows now.
+``logs.read_bytes_per_turn`` with more waiting, or, with ``logs.watch``, when the folder's
+watch saw the file created, moved or closed after a write): one read of each file the rank
+follows now.
 
 A read is an ``fstat``, a ``read`` and, at the end of a file, an ``lstat`` of its name (a
 rotation), each of which blocks for as long as a dead NFS or Lustre mount does; so do the
