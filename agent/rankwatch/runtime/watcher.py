@@ -441,6 +441,12 @@ class RankWatcher:
             and f.severity >= Severity.CRITICAL
         )
 
+    @property
+    def holds_crash(self) -> bool:
+        """Crash text from its log waits for the process's end to say what it was (a handled
+        exception while it runs on, or the cause of its death)."""
+        return bool(self._held)
+
     def release_held(self, force: bool = False) -> None:
         """Crash text from a process that is still running: a handled exception, not a crash."""
         if not force and self.last_sample is not None and not self.last_sample.alive:

@@ -620,7 +620,7 @@ FATAL_SILENCE = 3
 
 def _told_fatal(w: Any) -> bool:
     """``w``'s log showed an error a launcher's failure would follow (held or recorded)."""
-    return bool(getattr(w, "_held", None)) or any(e.kind in LAUNCHER_HELD for e in w.engine.state.errors)
+    return bool(w.holds_crash) or any(e.kind in LAUNCHER_HELD for e in w.engine.state.errors)
 
 
 class LauncherLog:
