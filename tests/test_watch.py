@@ -537,3 +537,29 @@ def test_a_restarted_worker_has_no_step_until_it_logs_one() -> None:
     w.attach(os.getpid())  # a third worker, that trains from step 1 again
     w.push(StepRecord(step=1, loss=4.4, time=1.7e9 + t[0]))
     assert w.engine.state.last_step == 1 and w.engine.state.last_progress_time == 1.7e9 + t[0]
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["TERM", "INT", "HUP"])
+def test_a_stop_signal_or_a_hangup_ends_watch_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
+    """A terminal that closes hangs up on the `watch` it started: like SIGTERM and Ctrl-C, the
+    hangup ends the agent with status 0, its finding flushed and its --sd-file removed (a
+    killed agent would leave Prometheus a target that no longer answers)."""
+    log, found, sd = tmp_path / "rank0.log", tmp_path / "f.jsonl", tmp_path / "sd.json"
+    log.write_text("step=1 loss=2.5\n")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "rankwatch", "watch", "--config", str(_config(tmp_path)), "--log", str(log),
+         "--findings-jsonl", str(found), "--sd-file", str(sd)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert _wait(sd.exists, 60), "the agent never wrote its --sd-file"
+        with log.open("a") as fh:
+            fh.write("step=2 loss=nan\n")
+        assert _wait(lambda: any(f["kind"] == "nan_loss" for f in _findings(found)), 30), _findings(found)
+        agent.send_signal(sig)
+        _, err = agent.communicate(timeout=30)
+        assert agent.returncode == 0, err[-2000:]
+        assert not sd.exists() and "Traceback" not in err, err[-2000:]
+    finally:
+        _reap(agent)

@@ -665,7 +665,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Attach to rank processes that are already running (by --pid, or every process "
         "whose command line matches --match) and follow their logs: the Kubernetes sidecar, a node "
         "daemon, or `srun --overlap` next to a job step. Nothing in the watched processes changes; "
-        "stopping the agent never affects them.",
+        "stopping the agent (SIGTERM, SIGINT or a terminal's SIGHUP: status 0) never affects them.",
     )
     w.add_argument(
         "--fail-open",

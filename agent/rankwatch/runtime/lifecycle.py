@@ -20,13 +20,15 @@ from rankwatch.runtime.services import Services
 from rankwatch.runtime.signals import on_signal
 from rankwatch.runtime.watcher import RankWatcher
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP too: a terminal that closes hangs up on the agent it started, whose default end
+# (killed, no handler) would leave its service-discovery file and unsent alerts behind.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def start(
     agent: Agent, cfg: Config, services: dict[str, Any] | None, *, stop: asyncio.Event | None = None
 ) -> Services:
-    """``stop`` (when given) set on SIGTERM and SIGINT, SIGUSR1 captures stacks, and the
+    """``stop`` (when given) set on SIGTERM, SIGINT and SIGHUP, SIGUSR1 captures stacks, and the
     services (alerts, GPUs, checkpoints, polled sources, server) started."""
     if stop is not None:
         loop = asyncio.get_running_loop()
