@@ -271,6 +271,67 @@ def test_copytruncate_restarts_at_offset_zero(tmp_path: Path, caplog: pytest.Log
     f.close()
 
 
+def test_copytruncate_gives_back_from_the_copy_what_was_written_since_the_last_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """logrotate's copytruncate between two polls: the lines written after our last read (a
+    NaN among them) are in the copy only. They are read from it, in order, before the new
+    file's; a sibling that is not the copy (other bytes before our offset, compressed) is not."""
+    path = tmp_path / "rank-0.log"
+    with open(path, "ab") as w:  # O_APPEND, as a redirected stdout is
+        w.write(b"".join(b"step %d loss 2.0\n" % i for i in range(1, 6)))
+        w.flush()
+        f = LogFollower(path)
+        assert len(f.read_available()) == 5
+        w.write(b"step 6 loss 1.9\nstep 7 loss nan\nstep 8 lo")  # after our read, before the copy
+        w.flush()
+        (tmp_path / "rank-0.log.2").write_bytes(b"x" * 200)  # an older rotation: other bytes
+        (tmp_path / "rank-0.log.3.gz").write_bytes(path.read_bytes())  # compressed: never read
+        (tmp_path / "rank-0.logger.txt").write_bytes(path.read_bytes())  # another log's name
+        shutil.copyfile(path, tmp_path / "rank-0.log.1")
+        os.truncate(path, 0)
+        w.write(b"step 9 loss nan\n")
+        w.flush()
+        got = items(f.read_available())
+    assert got == [
+        ("step 6 loss 1.9", 6, False),
+        ("step 7 loss nan", 7, False),
+        ("step 8 lo", 8, False),  # the copy's cut last line, flushed as it is
+        ("step 9 loss nan", 1, False),
+    ]
+    assert f.stats.truncations == 1 and "rank-0.log.1" in caplog.text
+    f.close()
+
+
+def test_copytruncate_copy_that_is_a_symlink_or_another_users_is_never_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The copy is opened like the log: no symlink (to a file of the same bytes elsewhere),
+    and only a file of the log's owner."""
+    path = tmp_path / "rank-0.log"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    with open(path, "ab") as w:
+        w.write(b"step 1 loss 2.0\n")
+        w.flush()
+        f = LogFollower(path)
+        assert len(f.read_available()) == 1
+        w.write(b"step 2 loss nan\n")
+        w.flush()
+        shutil.copyfile(path, outside / "copy")
+        (tmp_path / "rank-0.log.1").symlink_to(outside / "copy")
+        if os.geteuid() == 0:
+            shutil.copyfile(path, tmp_path / "rank-0.log.2")
+            os.chown(tmp_path / "rank-0.log.2", 65534, 65534)
+        os.truncate(path, 0)
+        w.write(b"step 3 loss 2.0\n")
+        w.flush()
+        got = items(f.read_available())
+    assert got == [("step 3 loss 2.0", 1, False)]
+    assert f.stats.truncations == 1 and "its copy" not in caplog.text
+    f.close()
+
+
 def test_huge_line_is_cut_with_bounded_memory(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "rank-0.log"
     block = b"0.1234, " * (1 << 17)  # 1 MiB

@@ -117,8 +117,8 @@ class LogsConfig:
         False,
         "also read a log between two polls when its folder's inotify watch sees it created, renamed, "
         "deleted or closed after a write (appended data always waits for the poll): worth it with a "
-        "long poll_interval and a writer that opens, appends and closes; costs three threads per "
-        "followed log",
+        "long poll_interval and a writer that opens, appends and closes; costs each followed log "
+        "three threads and an inotify instance (fs.inotify.max_user_instances: 128 by default)",
     )
     replay: Size = opt(
         Size(8 << 20),

@@ -1,7 +1,7 @@
-"""``tail -F`` for one log path: follows it across rotation (rename or copytruncate), a
-late start (the launcher starts before the first rank writes) and writes in pieces. The
-splitting itself (tqdm ``\\r`` redraws, multi-megabyte lines, bad UTF-8) is ``lines``'s,
-shared with the offline readers.
+"""``tail -F`` for one log path: follows it across rotation (rename, or copytruncate, whose
+copy gives back what was written since the last read), a late start (the launcher starts
+before the first rank writes) and writes in pieces. The splitting itself (tqdm ``\\r``
+redraws, multi-megabyte lines, bad UTF-8) is ``lines``'s, shared with the offline readers.
 
 The agent may read with more rights than the job (root, ``CAP_DAC_READ_SEARCH``) in a
 folder the job writes, so every open and reopen goes through ``safeio``: the folder as
@@ -45,6 +45,13 @@ _FOLLOW_BATCH_BYTES = 128 << 10  # small batches: bounded loop latency and faste
 _OBSERVER_RETRY_S = 5.0
 _MARK_BYTES = 64  # the last bytes read: copytruncate then a refill past our offset changes them
 _SELF_EVENTS = frozenset({"opened", "closed_no_write"})  # caused by our own reads
+# copytruncate's copy: at most this many recent siblings named after the log are looked at,
+# and at most this much of the one whose bytes before our offset match is read (the bytes
+# written since the last read: a poll's worth, or a backlog); a bound on the work, not a
+# threshold of detection.
+_COPY_CANDIDATES = 8
+_COPY_READ_MAX = 16 << 20
+_PACKED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".z")  # compressed copies: not text to follow
 
 
 class LogFollower:
@@ -372,13 +379,84 @@ class LogFollower:
 
     def _restart(self, why: str, out: list[FollowedLine]) -> None:
         assert self._fd is not None
-        log.warning("%s: %s, reading from the start", self.path, why)
+        copy = self._read_copy(out)
+        if copy:
+            log.warning(
+                "%s: %s, reading from the start (what was written since the last read came from its copy %s)",
+                self.path,
+                why,
+                copy,
+            )
+        else:
+            log.warning("%s: %s, reading from the start", self.path, why)
         self.stats.truncations += 1
         self._splitter.flush(out)
         self._splitter.reset()
         os.lseek(self._fd, 0, os.SEEK_SET)
         self._offset = 0
         self._mark = b""
+
+    def _read_copy(self, out: list[FollowedLine]) -> str | None:
+        """copytruncate (logrotate): the file was copied, then truncated in place, so the bytes
+        written between our last read and the copy are in the copy only. Read them from it: a
+        sibling named after the log (``train.log.1``, ``train.log-20261129``), a regular file of
+        the log's owner, whose bytes just before our offset are the last ones we read. Returns
+        its name, or None (no such copy: those bytes are lost, as ``tail -F`` loses them)."""
+        if not self._mark or self._owner is None:
+            return None
+        try:
+            dfd = safeio.open_dir(self._dir)
+        except OSError:
+            return None
+        try:
+            for name in self._copy_candidates(dfd):
+                try:
+                    fd, st = safeio.open_file_beneath(dfd, [name], label=self._dir, owners={self._owner})
+                except OSError:  # gone, refused (a symlink, another user's file): not the copy
+                    continue
+                try:
+                    n = len(self._mark)
+                    if st.st_size < self._offset or os.pread(fd, n, self._offset - n) != self._mark:
+                        continue
+                    pos, end = self._offset, min(st.st_size, self._offset + _COPY_READ_MAX)
+                    while pos < end and (data := os.pread(fd, min(self.chunk_size, end - pos), pos)):
+                        self._splitter.feed(data, out)
+                        pos += len(data)
+                    self.stats.bytes_read += pos - self._offset
+                    if st.st_size > end:
+                        log.warning(
+                            "%s: its copy %s holds %d more bytes than read back from it",
+                            self.path,
+                            name,
+                            st.st_size - end,
+                        )
+                    return name
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            log.debug("%s: looking for its copy: %s", self.path, exc)
+        finally:
+            os.close(dfd)
+        return None
+
+    def _copy_candidates(self, dfd: int) -> list[str]:
+        """Siblings named after the log (its name, then ``.``, ``-`` or ``_``), not compressed,
+        the most recently changed first."""
+        base = self.path.name
+        found: list[tuple[float, str]] = []
+        for name in os.listdir(dfd):
+            if (
+                len(name) > len(base)
+                and name.startswith(base)
+                and name[len(base)] in ".-_"
+                and not name.lower().endswith(_PACKED)
+            ):
+                try:
+                    found.append((os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime, name))
+                except OSError:
+                    continue
+        found.sort(reverse=True)
+        return [name for _, name in found[:_COPY_CANDIDATES]]
 
     def _check_generation(self, out: list[FollowedLine]) -> bool:
         """At end of file: True when reading should go on (file truncated or replaced)."""
