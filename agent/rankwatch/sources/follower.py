@@ -50,7 +50,7 @@ _SELF_EVENTS = frozenset({"opened", "closed_no_write"})  # caused by our own rea
 # written since the last read: a poll's worth, or a backlog); a bound on the work, not a
 # threshold of detection.
 _COPY_CANDIDATES = 8
-_COPY_READ_MAX = 16 << 20
+_COPY_READ_MAX = 4 << 20
 _PACKED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".z")  # compressed copies: not text to follow
 
 
