@@ -115,6 +115,12 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
     ),
 )
 
+# A crash record of a KeyboardInterrupt traceback (``details["interrupted"]``): its fix text.
+INTERRUPTED = (
+    "Interrupted by SIGINT (a Ctrl-C in its terminal, or a launcher or scheduler passing one on): "
+    "a stop from outside, not a failure; the traceback shows where the process was."
+)
+
 BY_KIND: dict[str, ErrorKind] = {k.kind: k for k in ERROR_KINDS}
 FIXES: dict[str, str] = {k.kind: k.fix for k in ERROR_KINDS}
 CRASH_PRIORITY: dict[str, int] = {

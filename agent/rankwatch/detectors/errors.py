@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from rankwatch.detectors.base import Detector, DetectorContext, RunStep, finding, last_counted_epoch
 from rankwatch.detectors.registry import register
-from rankwatch.errorkinds import FIXES
+from rankwatch.errorkinds import FIXES, INTERRUPTED
 from rankwatch.events import Event, ProcessStart, Progress
 from rankwatch.records import ErrorRecord, Finding
 from rankwatch.state import RankState
@@ -48,7 +48,7 @@ class ErrorSignatureDetector(Detector):
             return []
         self.seen.add(key)
         self.per_kind[record.kind] = self.per_kind.get(record.kind, 0) + 1
-        fix = FIXES.get(record.kind, "")
+        fix = INTERRUPTED if record.details.get("interrupted") else FIXES.get(record.kind, "")
         # An error that names its own step (detectron2's "at iteration=2137") is placed there.
         said = record.details.get("step")
         last = state.last_step if state.last_step is not None else self.run.step

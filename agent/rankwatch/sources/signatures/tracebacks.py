@@ -15,11 +15,10 @@ import re
 from collections import deque
 from typing import Any
 
-from rankwatch.records import ErrorRecord
+from rankwatch.records import ErrorRecord, Severity
 from rankwatch.sources.signatures.catalogue import _BOX_ROOT, NOT_AN_ERROR, classify, may_hold_signature
 from rankwatch.sources.signatures.rules import (
     _C,
-    _W,
     Hit,
     _host_oom,
     _short,
@@ -504,7 +503,10 @@ class SignatureMatcher:
                     if kind == "oom" and prev is not None and 0 <= line - prev <= _DEDUP_LINES:
                         return []  # the framework's one-line report of this OOM came first
             elif details.get("exception", "").endswith("KeyboardInterrupt"):
-                severity = _W
+                # SIGINT: a Ctrl-C in its terminal, or a launcher or scheduler passing one on. A
+                # stop from outside, not a failure (a hang it ended has its own stall finding).
+                severity = Severity.INFO
+                details["interrupted"] = True
             else:
                 # torch.multiprocessing.spawn's join() on a child that died without a traceback of
                 # its own (a signal, an exit code): the child and how it ended, not the parent's
