@@ -1466,3 +1466,16 @@ def test_an_iteration_still_rising_when_the_epoch_moves_on_counts_the_run() -> N
     # The tutorial's counter starts again at each epoch: it counts within it (steps keep rising).
     s = steps(TUTORIAL_STEPS)
     assert s[0].step is not None and s[1].step is not None and s[1].step > s[0].step
+
+
+# https://github.com/PaddlePaddle/PaddleOCR/issues/11054 (turn 0): ppocr/utils/stats.py formats
+# each value as '{}: {:x<6f}', so a NaN is "nanxxx" (wild batch 11).
+PADDLEOCR = """
+[2023/10/06 13:31:29] ppocr INFO: epoch: [2/500], global_step: 920, lr: 0.000243, acc: 0.000000, norm_edit_dis: 0.000000, CTCLoss: nanxxx, SARLoss: nanxxx, loss: nanxxx, avg_reader_cost: 0.00015 s, avg_batch_cost: 0.51186 s, avg_samples: 128.0, ips: 250.06955 samples/s, eta: 2 days, 21:06:39
+"""
+
+
+def test_paddleocr_pads_a_nan_with_x() -> None:
+    [s] = steps(PADDLEOCR)
+    assert s.step == 920 and s.loss is not None and math.isnan(s.loss)
+    assert s.learning_rate == 0.000243

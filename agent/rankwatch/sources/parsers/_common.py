@@ -40,6 +40,10 @@ def to_float(raw: str | None) -> float | None:
         # Lightning's tqdm bar prints a NaN loss as ``nan.0`` (and infinities as ``inf.0``).
         if s.endswith(".0") and s[:-2].lstrip("+-").lower() in ("nan", "inf"):
             return float(s[:-2])
+        # PaddleOCR and PaddleDetection format their stats as ``'{}: {:x<6f}'`` (ppocr/utils/
+        # stats.py): a NaN is ``nanxxx``, an infinity ``infxxx`` / ``-infxx``.
+        if s.endswith("x") and s.rstrip("x").lstrip("+-").lower() in ("nan", "inf"):
+            return float(s.rstrip("x"))
         return None
 
 

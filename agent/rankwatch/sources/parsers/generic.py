@@ -185,7 +185,8 @@ def _whole(v: float | None) -> bool:
 
 # ---------------------------------------------------------------- key=value text (the general reader)
 
-_NUMBER = r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?\.?(?:nan|inf(?:inity)?)\b"
+# The last: PaddleOCR's ``{:x<6f}`` pads a non-finite value with x (``nanxxx``, ``-infxx``).
+_NUMBER = r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?\.?(?:nan|inf(?:inity)?)(?:x{1,3})?\b"
 _WORD = r"[^\W\d][\w./()%-]{0,40}"
 # ``k: v``, ``k=v``, ``k v``, ``k : v``, ``k is v``, ``| k v |``, ``'k': 'v'``, ``k: [v]``, a unit
 # after the number with or without a space (``iter time: 40.78 ms``), ``k: i/n``, ``k = nan(...)``,
