@@ -543,8 +543,8 @@ def test_a_restarted_worker_has_no_step_until_it_logs_one() -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["TERM", "INT", "HUP"])
 def test_a_stop_signal_or_a_hangup_ends_watch_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
     """A terminal that closes hangs up on the `watch` it started: like SIGTERM and Ctrl-C, the
-    hangup ends the agent with status 0, its finding flushed and its --sd-file removed (a
-    killed agent would leave Prometheus a target that no longer answers)."""
+    hangup ends the agent with status 0 and its --sd-file removed (a killed agent would leave
+    Prometheus a target that no longer answers)."""
     log, found, sd = tmp_path / "rank0.log", tmp_path / "f.jsonl", tmp_path / "sd.json"
     log.write_text("step=1 loss=2.5\n")
     agent = subprocess.Popen(
