@@ -630,6 +630,7 @@ def test_registry() -> None:
     assert set(FORMATS) == {
         "hf",
         "llmc",
+        "mlagents",
         "olmo",
         "lightning",
         "lightning_csv",
@@ -696,6 +697,21 @@ def test_tolerates_stray_ansi_and_indent() -> None:
 
 
 # ---------------------------------------------------------------- llm.c, OLMo, OpenMMLab (wild formats)
+
+
+def test_mlagents_console_summaries() -> None:
+    """ML-Agents' ConsoleWriter (mlagents/trainers/stats.py): the step of each summary, no loss.
+    0.x lines from the wild batch 11 case (mlagents_findthetarget_gpu_healthy.log); the 1.x form
+    as stats.py joins its parts (". ".join, "Time Elapsed: {:0.3f} s")."""
+    log = (
+        "INFO:mlagents.trainers: gpu_test: FindTheTarget: Step: 15000. Time Elapsed: 80.900 s Mean Reward: 0.333. Std of Reward: 0.471. Training.\n"  # noqa: E501
+        "3DBall. Step: 12000. Time Elapsed: 15.112 s. Mean Reward: 1.173. Std of Reward: 0.705. Training.\n"
+        "3DBall. Step: 24000. Time Elapsed: 30.201 s. No episode was completed since last summary. Training.\n"  # noqa: E501
+        "Time Elapsed: 3 s of the data download\n"
+    )
+    recs = feed("mlagents", log)
+    assert [(r.step, r.loss) for r in recs] == [(15000, None), (12000, None), (24000, None)]
+    assert [sniff_format(t) for t in log.splitlines()] == ["mlagents", "mlagents", "mlagents", None]
 
 
 def test_llmc_logfile() -> None:
