@@ -309,6 +309,15 @@ def _run_to_nan(
 ) -> None:
     """``w`` running: once its first line (step 1) is parsed, ``body``; then the stop, and
     ``after``. The NaN at step 2 that ``body`` brings in is found once."""
+    _run(w, body, after)
+    assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
+
+
+def _run(
+    w: RankWatcher, body: Callable[[], Awaitable[None]], after: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """``w`` running: once its first line (step 1) is parsed, ``body``; then the stop, ``after``
+    and the close."""
 
     async def go() -> None:
         task = asyncio.create_task(w.run())
@@ -322,7 +331,6 @@ def _run_to_nan(
             await after()
 
     asyncio.run(go())
-    assert [(f.kind, f.step) for f in found if f.kind == "nan_loss"] == [("nan_loss", 2)]
     w.close()
 
 
@@ -438,18 +446,7 @@ def test_the_folder_watch_runs_only_when_configured_and_wakes_a_long_poll(
     if watch:
         _run_to_nan(w, found, body)
     else:
-
-        async def go() -> None:
-            task = asyncio.create_task(w.run())
-            try:
-                await until(lambda: w.engine.state.last_step == 1, what="the first line parsed")
-                await body()
-            finally:
-                w.stop()
-                await asyncio.wait_for(task, 10)
-
-        asyncio.run(go())
-        w.close()
+        _run(w, body)
     assert bool(during) is watch, during
     for t in during:
         t.join(5)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import pathlib
@@ -50,6 +51,7 @@ _SELF_EVENTS = frozenset({"opened", "closed_no_write"})  # caused by our own rea
 # written since the last read: a poll's worth, or a backlog); a bound on the work, not a
 # threshold of detection.
 _COPY_CANDIDATES = 8
+_COPY_SCAN_MAX = 4096  # names of the folder looked at: a folder another user filled stays cheap
 _COPY_READ_MAX = 4 << 20
 _PACKED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".z")  # compressed copies: not text to follow
 
@@ -441,20 +443,22 @@ class LogFollower:
 
     def _copy_candidates(self, dfd: int) -> list[str]:
         """Siblings named after the log (its name, then ``.``, ``-`` or ``_``), not compressed,
-        the most recently changed first."""
+        the most recently changed first, among the folder's first ``_COPY_SCAN_MAX`` names."""
         base = self.path.name
         found: list[tuple[float, str]] = []
-        for name in os.listdir(dfd):
-            if (
-                len(name) > len(base)
-                and name.startswith(base)
-                and name[len(base)] in ".-_"
-                and not name.lower().endswith(_PACKED)
-            ):
-                try:
-                    found.append((os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime, name))
-                except OSError:
-                    continue
+        with os.scandir(dfd) as entries:
+            for entry in itertools.islice(entries, _COPY_SCAN_MAX):
+                name = entry.name
+                if (
+                    len(name) > len(base)
+                    and name.startswith(base)
+                    and name[len(base)] in ".-_"
+                    and not name.lower().endswith(_PACKED)
+                ):
+                    try:
+                        found.append((entry.stat(follow_symlinks=False).st_mtime, name))
+                    except OSError:
+                        continue
         found.sort(reverse=True)
         return [name for _, name in found[:_COPY_CANDIDATES]]
 
